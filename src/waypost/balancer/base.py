@@ -1,0 +1,107 @@
+"""The data-plane contract between channels and load-balancing policies.
+
+A ``Policy`` instance lives as long as a channel. Each time the set of READY backends changes the
+channel calls ``policy.build(backends)`` and swaps in the returned ``Picker``; the policy keeps
+per-address statistics across builds, so backends that stay keep their history. A pick never blocks
+and never does I/O: ``picker.pick(info)`` returns the backend and a ``done`` hook the channel calls
+exactly once with the call's ``Outcome`` when the call ends.
+"""
+
+from __future__ import annotations
+
+import abc
+import random
+import time
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass, field
+from types import MappingProxyType
+from typing import Any, ClassVar
+
+import grpc
+
+Clock = Callable[[], float]  # monotonic seconds
+
+
+@dataclass(frozen=True, slots=True)
+class Backend:
+    """One backend address as the resolver produced it, with its registration metadata."""
+
+    address: str
+    metadata: Mapping[str, Any] = field(default_factory=lambda: MappingProxyType({}))
+
+    def __hash__(self) -> int:
+        return hash(self.address)
+
+    def __eq__(self, other: object) -> bool:
+        return isinstance(other, Backend) and other.address == self.address and dict(
+            other.metadata
+        ) == dict(self.metadata)
+
+
+@dataclass(frozen=True, slots=True)
+class PickInfo:
+    """What a picker may look at for one call."""
+
+    method: str = ""
+    hash_key: str | None = None  # from waypost.hash_key(...) or a configured header
+    metadata: Sequence[tuple[str, str | bytes]] = ()
+
+
+@dataclass(frozen=True, slots=True)
+class Outcome:
+    """How a call ended: its status code (OK on success) and latency in seconds."""
+
+    code: grpc.StatusCode = grpc.StatusCode.OK
+    latency: float = 0.0
+
+
+DoneHook = Callable[[Outcome], None]
+
+
+def _noop_done(outcome: Outcome) -> None:
+    return None
+
+
+@dataclass(frozen=True, slots=True)
+class PickResult:
+    backend: Backend
+    done: DoneHook = _noop_done
+
+
+class PickError(Exception):
+    """A pick failed with a gRPC status (e.g. INVALID_ARGUMENT for a missing hash key)."""
+
+    def __init__(self, code: grpc.StatusCode, message: str) -> None:
+        super().__init__(message)
+        self.code = code
+        self.message = message
+
+
+class Picker(abc.ABC):
+    """Chooses a backend per call from an immutable snapshot of READY backends."""
+
+    @abc.abstractmethod
+    def pick(self, info: PickInfo) -> PickResult:
+        """Pick a backend; raise PickError when the call must fail, NoBackendAvailable when empty."""
+
+
+class Policy(abc.ABC):
+    """A load-balancing policy; one instance per channel, keeping statistics across builds."""
+
+    #: the name used in service configs (loadBalancingConfig keys)
+    name: ClassVar[str]
+
+    def __init__(
+        self,
+        config: Mapping[str, Any] | None = None,
+        *,
+        clock: Clock = time.monotonic,
+        rng: random.Random | None = None,
+    ) -> None:
+        self.config: Mapping[str, Any] = dict(config or {})
+        self.clock = clock
+        self.rng = rng if rng is not None else random.Random()
+
+    @abc.abstractmethod
+    def build(self, backends: Sequence[Backend]) -> Picker:
+        """A picker over ``backends`` (READY ones, in resolver order). May be empty."""
