@@ -102,6 +102,22 @@ class Policy(abc.ABC):
         self.clock = clock
         self.rng = rng if rng is not None else random.Random()
 
+    @classmethod
+    def parse_config(cls, raw: Any, path: str) -> dict[str, Any]:
+        """Validate this policy's ``loadBalancingConfig`` entry; raise InvalidServiceConfig naming ``path``."""
+        return parse_config_object(raw, path)
+
     @abc.abstractmethod
     def build(self, backends: Sequence[Backend]) -> Picker:
         """A picker over ``backends`` (READY ones, in resolver order). May be empty."""
+
+
+def parse_config_object(raw: Any, path: str) -> dict[str, Any]:
+    """The common check for a policy's config: absent -> {}, otherwise a JSON object."""
+    from ..errors import InvalidServiceConfig
+
+    if raw is None:
+        return {}
+    if not isinstance(raw, Mapping):
+        raise InvalidServiceConfig(f"{path}: expected a JSON object, got {type(raw).__name__}")
+    return dict(raw)
