@@ -18,7 +18,51 @@ from .errors import (
 
 __version__ = "0.1.0"
 
+# Public names that live in heavier modules are imported on first use, so `import waypost` stays cheap
+# and a missing optional piece never breaks the rest.
+_LAZY = {
+    "connect": ("waypost.registry", "connect"),
+    "Registry": ("waypost.registry.base", "Registry"),
+    "Publisher": ("waypost.discovery", "Publisher"),
+    "Subscriber": ("waypost.discovery", "Subscriber"),
+    "serve": ("waypost.server", "serve"),
+    "serve_async": ("waypost.server", "serve_async"),
+    "dial": ("waypost.channel", "dial"),
+    "hash_key": ("waypost.balancer.hashkey", "hash_key"),
+    "parse_service_config": ("waypost.balancer.service_config", "parse_service_config"),
+    "parse_target": ("waypost.resolver.target", "parse_target"),
+    "Backend": ("waypost.balancer.base", "Backend"),
+}
+
+
+def __getattr__(name: str) -> object:
+    if name == "aio":
+        import importlib
+
+        return importlib.import_module("waypost.aio")
+    try:
+        module, attr = _LAZY[name]
+    except KeyError:
+        raise AttributeError(f"module 'waypost' has no attribute {name!r}") from None
+    import importlib
+
+    value = getattr(importlib.import_module(module), attr)
+    globals()[name] = value
+    return value
+
 __all__ = [
+    "Backend",
+    "Publisher",
+    "Registry",
+    "Subscriber",
+    "aio",
+    "connect",
+    "dial",
+    "hash_key",
+    "parse_service_config",
+    "parse_target",
+    "serve",
+    "serve_async",
     "Compacted",
     "InvalidServiceConfig",
     "InvalidTarget",
