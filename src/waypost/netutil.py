@@ -1,0 +1,275 @@
+"""Which ``host:port`` a server should advertise in the registry.
+
+Order (first that applies wins):
+
+1. ``advertise=`` given explicitly (``host`` or ``host:port``; a missing port is the bound port);
+2. the host of ``listen_on`` when it is a concrete address (not empty, not ``0.0.0.0`` / ``::``);
+3. the ``POD_IP`` environment variable (Kubernetes' downward API);
+4. a loopback address when the registry itself is on loopback (or ``memory://``): every client that can
+   read such a registry runs on this host, so loopback reaches them all (``allow_loopback=False`` turns
+   this off);
+5. the first up, non-loopback interface address, IPv4 preferred (IPv6 link-local addresses are skipped:
+   they need a zone and are useless to other hosts);
+6. the local address of a UDP socket "connected" to a public address (no packet is sent);
+7. loopback, only when ``allow_loopback=True``.
+
+Never a wildcard (``0.0.0.0``, ``::``). IPv6 hosts are written in brackets: ``[fd00::2]:8080``.
+"""
+
+from __future__ import annotations
+
+import ipaddress
+import logging
+import os
+import socket
+import struct
+import sys
+from collections.abc import Callable, Iterable, Mapping, Sequence
+from dataclasses import dataclass
+from urllib.parse import urlsplit
+
+from .errors import WaypostError
+
+log = logging.getLogger("waypost.netutil")
+
+_WILDCARDS = {"", "0.0.0.0", "::", "[::]", "*"}
+
+
+class AddressError(WaypostError, ValueError):
+    """No usable address to advertise, or an address given by the user is malformed."""
+
+
+@dataclass(frozen=True, slots=True)
+class Interface:
+    """One address of a network interface."""
+
+    name: str
+    address: str  # without brackets or zone
+    up: bool = True
+    loopback: bool = False
+
+
+def split_host_port(hostport: str, *, what: str = "address") -> tuple[str, int | None]:
+    """Split ``host:port`` / ``[v6]:port`` / ``host`` / ``v6``; the port is None when absent."""
+    s = hostport.strip()
+    if s.startswith("["):
+        end = s.find("]")
+        if end < 0:
+            raise AddressError(f"{what} {hostport!r}: missing ']' (example: [fd00::2]:8080)")
+        host, rest = s[1:end], s[end + 1:]
+        if not rest:
+            return host, None
+        if not rest.startswith(":"):
+            raise AddressError(f"{what} {hostport!r}: expected ':port' after ']'")
+        return host, _port(rest[1:], hostport, what)
+    if s.count(":") > 1:  # a bare IPv6 address without a port
+        return s, None
+    if ":" in s:
+        host, p = s.rsplit(":", 1)
+        return host, _port(p, hostport, what)
+    return s, None
+
+
+def _port(text: str, whole: str, what: str) -> int:
+    if not text.isdigit() or not 0 <= int(text) <= 65535:
+        raise AddressError(f"{what} {whole!r}: port must be a number in 0..65535 (example: 10.0.0.5:8080)")
+    return int(text)
+
+
+def join_host_port(host: str, port: int) -> str:
+    """``host:port``, with IPv6 hosts in brackets."""
+    return f"[{host}]:{port}" if ":" in host else f"{host}:{port}"
+
+
+def is_wildcard(host: str) -> bool:
+    """True for an empty host or an any-address (0.0.0.0, ::)."""
+    h = host.strip("[]")
+    if h in _WILDCARDS:
+        return True
+    try:
+        return ipaddress.ip_address(h).is_unspecified
+    except ValueError:
+        return False
+
+
+def is_loopback(host: str) -> bool:
+    """True for 127.0.0.0/8, ::1 and ``localhost``."""
+    h = host.strip("[]").lower()
+    if h == "localhost" or h.endswith(".localhost"):
+        return True
+    try:
+        return ipaddress.ip_address(h).is_loopback
+    except ValueError:
+        return False
+
+
+def registry_is_local(registry: object) -> bool:
+    """True when the registry is in-process (``memory://``) or every endpoint is on loopback.
+
+    ``registry`` is a registry URL or a Registry object (its ``url`` attribute is used).
+    """
+    url = registry if isinstance(registry, str) else getattr(registry, "url", None)
+    if not isinstance(url, str) or not url:
+        return False
+    parts = urlsplit(url)
+    if parts.scheme == "memory":
+        return True
+    netloc = parts.netloc.rsplit("@", 1)[-1]  # drop user:password
+    hosts = [h for h in netloc.split(",") if h]
+    if not hosts:
+        return False
+    try:
+        return all(is_loopback(split_host_port(h, what="registry endpoint")[0]) for h in hosts)
+    except AddressError:
+        return False
+
+
+def _check_ip(text: str, what: str) -> str:
+    try:
+        ip = ipaddress.ip_address(text.strip("[]"))
+    except ValueError:
+        raise AddressError(f"{what}={text!r} is not an IP address") from None
+    if ip.is_unspecified:
+        raise AddressError(f"{what}={text!r} is a wildcard address; advertise a reachable address")
+    return str(ip)
+
+
+def _usable(addr: str) -> ipaddress.IPv4Address | ipaddress.IPv6Address | None:
+    try:
+        ip = ipaddress.ip_address(addr.split("%", 1)[0])
+    except ValueError:
+        return None
+    if ip.is_unspecified or ip.is_loopback or ip.is_link_local or ip.is_multicast:
+        return None
+    return ip
+
+
+def pick_interface_address(interfaces: Iterable[Interface]) -> str | None:
+    """The first up, non-loopback address, IPv4 before IPv6, in interface order."""
+    v4: list[str] = []
+    v6: list[str] = []
+    for itf in interfaces:
+        if not itf.up or itf.loopback:
+            continue
+        ip = _usable(itf.address)
+        if ip is None:
+            continue
+        (v4 if ip.version == 4 else v6).append(str(ip))
+    return (v4 or v6 or [None])[0]
+
+
+def outbound_address(probes: Sequence[tuple[int, str]] = ((socket.AF_INET, "192.0.2.1"),
+                                                          (socket.AF_INET6, "2001:db8::1"))) -> str | None:
+    """The local address the OS would use towards the outside (a UDP connect sends no packet)."""
+    for family, target in probes:
+        try:
+            with socket.socket(family, socket.SOCK_DGRAM) as s:
+                s.connect((target, 9))
+                addr = str(s.getsockname()[0])
+        except OSError:
+            continue
+        if _usable(addr) is not None:
+            return addr
+    return None
+
+
+def list_interfaces() -> list[Interface]:
+    """The addresses of this host's interfaces (Linux: ioctl + /proc; elsewhere: resolve the host name)."""
+    if sys.platform.startswith("linux"):
+        try:
+            return _linux_interfaces()
+        except OSError as e:  # a sandbox without /proc or ioctl: fall through
+            log.debug("interface listing failed: %s", e)
+    found: list[Interface] = []
+    try:
+        for info in socket.getaddrinfo(socket.gethostname(), None):
+            addr = str(info[4][0])
+            found.append(Interface("?", addr, True, is_loopback(addr)))
+    except OSError:
+        pass
+    return found
+
+
+def _linux_interfaces() -> list[Interface]:
+    import fcntl
+
+    SIOCGIFFLAGS, SIOCGIFADDR = 0x8913, 0x8915
+    IFF_UP, IFF_LOOPBACK = 0x1, 0x8
+    out: list[Interface] = []
+    flags: dict[str, int] = {}
+    with socket.socket(socket.AF_INET, socket.SOCK_DGRAM) as s:
+        for _, name in socket.if_nameindex():
+            req = struct.pack("256s", name.encode()[:15])
+            try:
+                fl = struct.unpack_from("H", fcntl.ioctl(s.fileno(), SIOCGIFFLAGS, req), 16)[0]
+            except OSError:
+                continue
+            flags[name] = fl
+            try:
+                raw = fcntl.ioctl(s.fileno(), SIOCGIFADDR, req)
+            except OSError:  # no IPv4 address on this interface
+                continue
+            addr = socket.inet_ntoa(raw[20:24])
+            out.append(Interface(name, addr, bool(fl & IFF_UP), bool(fl & IFF_LOOPBACK)))
+    try:
+        with open("/proc/net/if_inet6") as f:
+            lines = f.read().splitlines()
+    except OSError:
+        lines = []
+    for line in lines:
+        parts = line.split()
+        if len(parts) < 6:
+            continue
+        addr = str(ipaddress.IPv6Address(bytes.fromhex(parts[0])))
+        name = parts[5]
+        fl = flags.get(name, IFF_UP)
+        out.append(Interface(name, addr, bool(fl & IFF_UP), bool(fl & IFF_LOOPBACK) or addr == "::1"))
+    return out
+
+
+def advertised_address(
+    listen_on: str,
+    port: int,
+    *,
+    advertise: str | None = None,
+    registry: object = None,
+    allow_loopback: bool | None = None,
+    env: Mapping[str, str] | None = None,
+    interfaces: Callable[[], Iterable[Interface]] = list_interfaces,
+    outbound: Callable[[], str | None] = outbound_address,
+) -> str:
+    """The ``host:port`` to register for a server bound on ``listen_on`` whose real port is ``port``.
+
+    ``env`` (default ``os.environ``), ``interfaces`` and ``outbound`` are injectable for tests.
+    Raises ``AddressError`` when an explicit address is malformed or nothing usable is found.
+    """
+    env = os.environ if env is None else env
+    if advertise:
+        host, p = split_host_port(advertise, what="advertise")
+        if not host or is_wildcard(host):
+            raise AddressError(f"advertise={advertise!r}: a wildcard address cannot be reached; "
+                               "give the address clients should dial (example: 10.0.0.5:8080)")
+        return join_host_port(host, p if p else port)
+
+    listen_host, _ = split_host_port(listen_on, what="listen_on")
+    if not is_wildcard(listen_host):
+        return join_host_port(listen_host, port)
+
+    pod_ip = env.get("POD_IP", "").strip()
+    if pod_ip:
+        return join_host_port(_check_ip(pod_ip, "POD_IP"), port)
+
+    local = registry_is_local(registry)
+    if allow_loopback is not False and local:
+        # IPv6-only listeners ([::1]) are rare; 127.0.0.1 is reachable through a dual-stack [::] bind too.
+        return join_host_port("127.0.0.1", port)
+
+    host = pick_interface_address(interfaces()) or outbound()
+    if host:
+        return join_host_port(host, port)
+    if allow_loopback:
+        return join_host_port("127.0.0.1", port)
+    raise AddressError(
+        "no non-loopback address found to advertise; pass advertise='HOST:PORT', set POD_IP, "
+        "or allow_loopback=True"
+    )
