@@ -1,4 +1,7 @@
-"""The registry of load-balancing policy names -> Policy classes."""
+"""The registry of load-balancing policy names -> Policy classes.
+
+Importing this module registers every built-in policy.
+"""
 
 from __future__ import annotations
 
@@ -20,3 +23,30 @@ def known_policies() -> list[str]:
 def get_policy(name: str) -> type[Policy]:
     """The Policy class for ``name``; KeyError when unknown."""
     return POLICIES[name]
+
+
+def _register_builtins() -> None:
+    # The policy modules import only .base, so there is no import cycle with this module.
+    from .consistent_hash import ConsistentHashPolicy
+    from .least_request import LeastRequestPolicy
+    from .outlier_detection import OutlierDetectionPolicy
+    from .p2c_ewma import P2CEwmaPolicy
+    from .pick_first import PickFirstPolicy
+    from .random_pick import RandomPolicy
+    from .round_robin import RoundRobinPolicy
+    from .weighted_round_robin import WeightedRoundRobinPolicy
+
+    for cls in (
+        PickFirstPolicy,
+        RoundRobinPolicy,
+        RandomPolicy,
+        WeightedRoundRobinPolicy,
+        P2CEwmaPolicy,
+        LeastRequestPolicy,
+        ConsistentHashPolicy,
+        OutlierDetectionPolicy,
+    ):
+        register_policy(cls)
+
+
+_register_builtins()

@@ -1,0 +1,129 @@
+"""consistent_hash: go-zero's hash ring, so the same key reaches the same address as a Go client.
+
+Origin: go-zero ``core/hash`` + ``zrpc/internal/balancer/consistenthash``. 100 virtual nodes per
+address at ``murmur3_64(addr + str(i))`` (no separator); murmur3 is the x64 128-bit variant's first
+64 bits with seed 0 (``mmh3.hash64(data, seed=0, x64arch=True)[0]`` as unsigned), as go-zero's
+``hash.Hash``. A key goes to the first ring point >= its hash, wrapping around. Points shared by
+several addresses (64-bit collisions) are split by ``hash("16777619:" + key)``, as go-zero does.
+
+The key is ``PickInfo.hash_key`` (set with ``waypost.hash_key(...)``), else the value of the request
+header named by the ``hashHeader`` option. No key fails the call with INVALID_ARGUMENT and go-zero's
+message. The ring is rebuilt only when the address set changes; removing or adding one of N
+addresses moves about 1/N of the keys.
+
+Thread safety: rings and pickers are immutable; ``pick`` takes no lock.
+"""
+
+from __future__ import annotations
+
+import bisect
+from collections.abc import Sequence
+from typing import Any
+
+import grpc
+import mmh3
+
+from ..errors import InvalidServiceConfig, NoBackendAvailable
+from .base import Backend, Picker, PickError, PickInfo, PickResult, Policy, parse_config_object
+from .hashkey import key_bytes
+from .stats import dedupe
+
+REPLICAS = 100
+_PRIME = 16777619
+_U64 = (1 << 64) - 1
+MISSING_KEY_MESSAGE = "[consistent_hash] missing hash key in context"
+
+
+def hash64(data: bytes) -> int:
+    """go-zero's ``hash.Hash``: murmur3 x64_128, first 64 bits, seed 0, unsigned."""
+    return mmh3.hash64(data, seed=0, x64arch=True)[0] & _U64
+
+
+class HashRing:
+    """An immutable ring of ``REPLICAS`` points per address."""
+
+    def __init__(self, addresses: Sequence[str], replicas: int = REPLICAS) -> None:
+        owners: dict[int, list[str]] = {}
+        for addr in sorted(set(addresses)):
+            for i in range(replicas):
+                owners.setdefault(hash64((addr + str(i)).encode()), []).append(addr)
+        self._points = sorted(owners)
+        self._owners = {h: tuple(a) for h, a in owners.items()}
+
+    def __len__(self) -> int:
+        return len(self._points)
+
+    def get(self, key: str) -> str | None:
+        """The address owning ``key``, or None when the ring is empty."""
+        if not self._points:
+            return None
+        idx = bisect.bisect_left(self._points, hash64(key_bytes(key))) % len(self._points)
+        owners = self._owners[self._points[idx]]
+        if len(owners) == 1:
+            return owners[0]
+        return owners[hash64(key_bytes(f"{_PRIME}:{key}")) % len(owners)]
+
+
+class ConsistentHashPicker(Picker):
+    def __init__(self, ring: HashRing, backends: Sequence[Backend], header: str | None) -> None:
+        self._ring = ring
+        self._results = {b.address: PickResult(b) for b in backends}
+        self._header = header
+
+    def _key(self, info: PickInfo) -> str | None:
+        if info.hash_key:
+            return info.hash_key
+        if self._header is not None:
+            for name, value in info.metadata:
+                if name.lower() == self._header:
+                    if isinstance(value, bytes):
+                        value = value.decode("utf-8", "surrogateescape")
+                    if value:
+                        return value
+        return None
+
+    def pick(self, info: PickInfo) -> PickResult:
+        if not self._results:
+            raise NoBackendAvailable("consistent_hash: no READY backend")
+        key = self._key(info)
+        if key is None:
+            raise PickError(grpc.StatusCode.INVALID_ARGUMENT, MISSING_KEY_MESSAGE)
+        addr = self._ring.get(key)
+        if addr is None:  # unreachable: the ring holds exactly the picker's addresses
+            raise NoBackendAvailable("consistent_hash: empty ring")
+        return self._results[addr]
+
+
+class ConsistentHashPolicy(Policy):
+    """Route each hash key to the same backend via go-zero's ring (100 virtual nodes, murmur3)."""
+
+    name = "consistent_hash"
+
+    def __init__(self, config: Any = None, **kwargs: Any) -> None:
+        super().__init__(config, **kwargs)
+        header = self.config.get("hashHeader")
+        self._header = header.lower() if isinstance(header, str) and header else None
+        self._ring_addrs: frozenset[str] | None = None
+        self._ring = HashRing(())
+
+    @classmethod
+    def parse_config(cls, raw: Any, path: str) -> dict[str, Any]:
+        cfg = parse_config_object(raw, path)
+        unknown = set(cfg) - {"hashHeader"}
+        if unknown:
+            raise InvalidServiceConfig(f"{path}.{min(unknown)}: unknown field for consistent_hash")
+        if "hashHeader" in cfg:
+            h = cfg["hashHeader"]
+            if not isinstance(h, str) or not h or h != h.strip() or h.startswith(":"):
+                raise InvalidServiceConfig(
+                    f"{path}.hashHeader: expected a non-empty header name (not a pseudo-header), got {h!r}"
+                )
+        return cfg
+
+    def build(self, backends: Sequence[Backend]) -> Picker:
+        backends = dedupe(backends)
+        addrs = frozenset(b.address for b in backends)
+        if addrs != self._ring_addrs:
+            self._ring = HashRing(sorted(addrs))
+            self._ring_addrs = addrs
+        return ConsistentHashPicker(self._ring, backends, self._header)

@@ -1,0 +1,176 @@
+"""p2c_ewma: power of two choices over an EWMA of latency, ported from go-zero (zrpc p2c_ewma).
+
+Behaviour and constants match go-zero: each backend has a time-decayed EWMA of its latency (``lag``,
+nanoseconds) and of its success (0..1000), plus its in-flight count. ``load = int(sqrt(lag + 1)) *
+(inflight + 1)``. One backend: pick it. Two: compare them. More: draw two distinct backends at
+random, up to ``PICK_TIMES`` times, until both are healthy (success > 500), then take the one with
+the lower load -- unless the other one has not been picked for more than ``FORCE_PICK`` seconds, in
+which case it is force-picked (so a backend with one bad sample is re-measured). When a call ends,
+``td`` = time since that backend's previous sample, ``w = exp(-td / DECAY_TIME)`` (0 for the first
+sample), ``lag = lag*w + rtt*(1-w)`` and ``success = success*w + (0 or 1000)*(1-w)``, failure being
+one of ``stats.FAILURE_CODES``. A statistics line ``p2c - conn: ADDR, load: N, reqs: N; ...`` is
+logged (``waypost.balancer.p2c``, INFO) when a minute has passed on the policy clock, from pick or
+done (no timer thread).
+
+Better than go-zero: the statistics live in the policy, keyed by address, so they survive picker
+rebuilds for backends that stay (go-zero resets them on every address-set change). A backend seen
+for the first time counts as picked at that moment, so it is force-picked a second later at the
+latest if plain comparison never chooses it.
+
+The latency sample is ``Outcome.latency`` as the channel measured it.
+
+Thread safety: one ``threading.Lock`` per policy (go-zero has one per picker) guards every update;
+pick and done hold it for a few arithmetic operations.
+"""
+
+from __future__ import annotations
+
+import logging
+import math
+import threading
+from collections.abc import Sequence
+from typing import Any
+
+from ..errors import NoBackendAvailable
+from .base import Backend, Outcome, Picker, PickInfo, PickResult, Policy
+from .stats import StatsTable, dedupe, is_failure
+
+log = logging.getLogger("waypost.balancer.p2c")
+
+DECAY_TIME = 10.0  # seconds (Finagle's default, as go-zero)
+FORCE_PICK = 1.0  # seconds without a pick after which the worse of a pair is picked anyway
+INIT_SUCCESS = 1000
+THROTTLE_SUCCESS = INIT_SUCCESS // 2
+PENALTY = 2**31 - 1  # load of a backend whose load computes to 0 (unreachable, kept from go-zero)
+PICK_TIMES = 3
+LOG_INTERVAL = 60.0  # seconds
+
+
+class P2CStats:
+    """What p2c knows about one backend."""
+
+    __slots__ = ("address", "inflight", "lag", "last", "picked", "requests", "success")
+
+    def __init__(self, address: str, now: float) -> None:
+        self.address = address
+        self.lag = 0  # EWMA latency, integer nanoseconds
+        self.inflight = 0
+        self.success = INIT_SUCCESS  # EWMA success, 0..1000
+        self.requests = 0  # picks since the last statistics line
+        self.last = 0.0  # time of the previous latency sample
+        self.picked = now  # time of the last pick
+
+    def healthy(self) -> bool:
+        return self.success > THROTTLE_SUCCESS
+
+    def load(self) -> int:
+        load = int(math.sqrt(self.lag + 1)) * (self.inflight + 1)
+        return PENALTY if load == 0 else load
+
+
+class P2CPicker(Picker):
+    def __init__(self, policy: P2CEwmaPolicy, backends: Sequence[Backend], stats: Sequence[P2CStats]) -> None:
+        self._policy = policy
+        self._backends = tuple(backends)
+        self._stats = tuple(stats)
+
+    def pick(self, info: PickInfo) -> PickResult:
+        n = len(self._stats)
+        if n == 0:
+            raise NoBackendAvailable("p2c_ewma: no READY backend")
+        policy = self._policy
+        now = policy.clock()
+        with policy._lock:
+            if n == 1:
+                i = self._choose(now, 0, None)
+            elif n == 2:
+                i = self._choose(now, 0, 1)
+            else:
+                rng = policy.rng
+                a = b = 0
+                for _ in range(PICK_TIMES):
+                    a = rng.randrange(n)
+                    b = rng.randrange(n - 1)
+                    if b >= a:
+                        b += 1
+                    if self._stats[a].healthy() and self._stats[b].healthy():
+                        break
+                i = self._choose(now, a, b)
+            chosen = self._stats[i]
+            chosen.inflight += 1
+            chosen.requests += 1
+        policy._maybe_log(now)
+        return PickResult(self._backends[i], policy._done_hook(chosen))
+
+    def _choose(self, now: float, i1: int, i2: int | None) -> int:
+        s1 = self._stats[i1]
+        if i2 is None:
+            s1.picked = now
+            return i1
+        s2 = self._stats[i2]
+        if s1.load() > s2.load():
+            i1, i2, s1, s2 = i2, i1, s2, s1
+        if now - s2.picked > FORCE_PICK:
+            s2.picked = now
+            return i2
+        s1.picked = now
+        return i1
+
+
+class P2CEwmaPolicy(Policy):
+    """go-zero's P2C with time-decayed EWMA latency, statistics kept across rebuilds."""
+
+    name = "p2c_ewma"
+
+    def __init__(self, config: Any = None, **kwargs: Any) -> None:
+        super().__init__(config, **kwargs)
+        self._lock = threading.Lock()
+        self._stats: StatsTable[P2CStats] = StatsTable(lambda b: P2CStats(b.address, self.clock()))
+        self._current: tuple[P2CStats, ...] = ()
+        self._log_stamp = self.clock()
+
+    def build(self, backends: Sequence[Backend]) -> Picker:
+        backends = dedupe(backends)
+        with self._lock:
+            stats = self._stats.sync(backends)
+            self._current = tuple(stats)
+        return P2CPicker(self, backends, stats)
+
+    def _done_hook(self, st: P2CStats):  # type: ignore[no-untyped-def]
+        def done(outcome: Outcome) -> None:
+            now = self.clock()
+            rtt = max(0, int(outcome.latency * 1e9))
+            with self._lock:
+                st.inflight -= 1
+                td = max(0.0, now - st.last)
+                st.last = now
+                w = math.exp(-td / DECAY_TIME)
+                if st.lag == 0:
+                    w = 0.0
+                st.lag = int(st.lag * w + rtt * (1 - w))
+                target = 0 if is_failure(outcome.code) else INIT_SUCCESS
+                st.success = int(st.success * w + target * (1 - w))
+            self._maybe_log(now)
+
+        return done
+
+    def _maybe_log(self, now: float) -> None:
+        if now - self._log_stamp < LOG_INTERVAL:
+            return
+        with self._lock:
+            if now - self._log_stamp < LOG_INTERVAL:  # another thread logged meanwhile
+                return
+            self._log_stamp = now
+            parts = []
+            for st in self._current:
+                parts.append(f"conn: {st.address}, load: {st.load()}, reqs: {st.requests}")
+                st.requests = 0
+        log.info("p2c - %s", "; ".join(parts))
+
+    def snapshot(self) -> dict[str, dict[str, int]]:
+        """address -> {lag, inflight, success, load} (for tests, metrics and debugging)."""
+        with self._lock:
+            return {
+                addr: {"lag": st.lag, "inflight": st.inflight, "success": st.success, "load": st.load()}
+                for addr, st in self._stats.items()
+            }

@@ -1,0 +1,147 @@
+"""weighted_round_robin: nginx's smooth weighted round robin with dynamic (effective) weights.
+
+Origin: nginx SWRR, as Kratos uses it and as the seed (002) explains it. Each pick adds every
+backend's effective weight to its current weight, picks the largest current weight (first one on
+ties) and subtracts the total from it; weights 10:20:30 for A, B, C give C B A C B C.
+
+Weights come from the registration metadata ``weight`` (an int or a numeric string), default 100.
+An invalid, zero or negative weight is logged once per backend and replaced by the default.
+
+Dynamic weights (seed 002, section 7): a call that ends with a failure code (``stats.FAILURE_CODES``)
+halves the backend's effective weight (floor 1, never 0) and resets its current weight to 0; each
+successful call adds 1 back, up to the configured weight (additive recovery, like nginx's
+``effective_weight++``: a halved weight of 100 needs 50 successes to be whole again). An all-zero
+total never selects anyone (it cannot happen with the floor of 1, but the guard stays).
+
+Statistics (effective and current weights) survive rebuilds for backends that stay; a changed
+``weight`` in the metadata resets the effective weight to the new configured weight.
+
+Thread safety: one ``threading.Lock`` per policy guards the weights; ``pick`` and ``done`` hold it
+for a few arithmetic operations per backend.
+"""
+
+from __future__ import annotations
+
+import logging
+import math
+import threading
+from collections.abc import Mapping, Sequence
+from typing import Any
+
+from ..errors import NoBackendAvailable
+from .base import Backend, Outcome, Picker, PickInfo, PickResult, Policy
+from .stats import StatsTable, dedupe, is_failure
+
+log = logging.getLogger("waypost.balancer.wrr")
+
+DEFAULT_WEIGHT = 100
+
+
+def parse_weight(metadata: Mapping[str, Any]) -> int | None:
+    """The ``weight`` in ``metadata`` as a positive int; None when absent; ValueError when invalid."""
+    if "weight" not in metadata:
+        return None
+    raw = metadata["weight"]
+    value: float = math.nan  # bools and other types stay NaN: "not a number"
+    if isinstance(raw, (int, float)) and not isinstance(raw, bool):
+        value = raw
+    elif isinstance(raw, (str, bytes)):
+        text = raw.decode(errors="replace") if isinstance(raw, bytes) else raw
+        try:
+            value = float(text.strip())
+        except ValueError:
+            pass
+    if math.isnan(value):
+        raise ValueError(f"weight {raw!r} is not a number")
+    if not math.isfinite(value) or value != int(value):
+        raise ValueError(f"weight {raw!r} is not an integer")
+    if value <= 0:
+        raise ValueError(f"weight {raw!r} must be positive")
+    return int(value)
+
+
+_MISSING = object()
+
+
+class _WeightState:
+    __slots__ = ("address", "current", "effective", "raw", "weight")
+
+    def __init__(self, address: str, raw: object, weight: int) -> None:
+        self.address = address
+        self.raw = raw  # the metadata value the weight was parsed from (to notice changes)
+        self.weight = weight  # configured
+        self.effective = weight  # dynamic, 1..weight
+        self.current = 0
+
+
+class WeightedRoundRobinPicker(Picker):
+    def __init__(self, policy: WeightedRoundRobinPolicy, backends: Sequence[Backend],
+                 states: Sequence[_WeightState]) -> None:
+        self._policy = policy
+        self._entries = tuple(zip(backends, states))
+
+    def pick(self, info: PickInfo) -> PickResult:
+        if not self._entries:
+            raise NoBackendAvailable("weighted_round_robin: no READY backend")
+        with self._policy._lock:
+            total = 0
+            best: tuple[Backend, _WeightState] | None = None
+            for entry in self._entries:
+                st = entry[1]
+                st.current += st.effective
+                total += st.effective
+                if best is None or st.current > best[1].current:
+                    best = entry
+            if total <= 0 or best is None:
+                raise NoBackendAvailable("weighted_round_robin: every backend has weight 0")
+            best[1].current -= total
+        backend, state = best
+        return PickResult(backend, self._policy._done_hook(state))
+
+
+class WeightedRoundRobinPolicy(Policy):
+    """Smooth weighted round robin over metadata weights, penalising failures."""
+
+    name = "weighted_round_robin"
+
+    def __init__(self, config: Any = None, **kwargs: Any) -> None:
+        super().__init__(config, **kwargs)
+        self._lock = threading.Lock()
+        self._states: StatsTable[_WeightState] = StatsTable(
+            lambda b: _WeightState(b.address, b.metadata.get("weight", _MISSING), self._weight_of(b))
+        )
+
+    def _weight_of(self, backend: Backend) -> int:
+        try:
+            weight = parse_weight(backend.metadata)
+        except ValueError as exc:
+            log.warning("backend %s: %s; using the default weight %d", backend.address, exc, DEFAULT_WEIGHT)
+            return DEFAULT_WEIGHT
+        return DEFAULT_WEIGHT if weight is None else weight
+
+    def build(self, backends: Sequence[Backend]) -> Picker:
+        backends = dedupe(backends)
+        with self._lock:
+            states = self._states.sync(backends)
+            for b, st in zip(backends, states):
+                raw = b.metadata.get("weight", _MISSING)
+                if raw != st.raw:  # a kept backend re-registered with another weight
+                    st.raw = raw
+                    st.weight = st.effective = self._weight_of(b)
+        return WeightedRoundRobinPicker(self, backends, states)
+
+    def _done_hook(self, state: _WeightState):  # type: ignore[no-untyped-def]
+        def done(outcome: Outcome) -> None:
+            with self._lock:
+                if is_failure(outcome.code):
+                    state.effective = max(1, state.effective // 2)
+                    state.current = 0
+                elif state.effective < state.weight:
+                    state.effective += 1
+
+        return done
+
+    def effective_weights(self) -> dict[str, int]:
+        """address -> current effective weight (for tests and introspection)."""
+        with self._lock:
+            return {addr: st.effective for addr, st in self._states.items()}
