@@ -1,0 +1,470 @@
+"""Dial targets -> validated ``Target``.
+
+Accepted forms (the scheme is case-insensitive):
+
+- ``direct:///10.0.0.1:8080,10.0.0.2:8080``: fixed addresses (``host:port``, IPv6 in brackets, port
+  required). gRPC's ``ipv4:a:1,b:2`` / ``ipv6:[::1]:1`` and a plain ``host:port[,host:port]`` are
+  the same thing and come out with scheme ``direct``.
+- ``etcd:///h1:2379,h2:2379?key=greet.rpc`` (go-zero's current form; the key is URL-escaped) and
+  ``discov:///...`` (the same; comes out with scheme ``etcd``).
+- ``etcd://h1:2379/greet.rpc`` (go-zero's legacy form): the etcd hosts are the authority and the key is
+  the path with its slashes trimmed, as go-zero does, so a key's leading ``/`` cannot be written in
+  this form (``etcd://h:2379//svc`` means key ``svc``); use ``?key=%2Fsvc`` for such keys. Older
+  go-zero versions wrote several comma-separated hosts in the authority; that is accepted too.
+- ``memory:///?key=K`` or ``memory://NAME/?key=K``: the in-process registry NAME.
+- ``dns:///host:port`` or ``dns://DNS_IP:DNS_PORT/host:port`` (port default 443, DNS port default 53).
+
+Query parameters of etcd targets: ``key``, ``format=gozero|etcd-naming|kratos`` (default gozero),
+``exact=1`` (go-zero's exact key match), and registry options ``user``, ``password``, ``tls=1``,
+``cacert``, ``certfile``, ``keyfile``. The TLS files have these names (not ``ca``/``cert``/``key`` as
+in a registry URL) because ``key`` is the service key in go-zero's targets. Credentials may also be
+written as ``etcd://user:pass@/h1:2379?key=K`` or ``etcd://user:pass@h:2379/K``. Memory targets take
+``key``, ``format`` and ``exact``; direct and dns targets take none. Unknown parameters are errors.
+
+Passwords never appear in ``repr(target)``, ``str(target)`` or error messages.
+"""
+
+from __future__ import annotations
+
+import difflib
+import ipaddress
+import re
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from types import MappingProxyType
+from typing import NoReturn
+from urllib.parse import quote, unquote, urlencode
+
+from ..errors import InvalidTarget
+
+KNOWN_SCHEMES = ("direct", "etcd", "discov", "memory", "dns", "ipv4", "ipv6")
+FORMATS = ("gozero", "etcd-naming", "kratos")
+DEFAULT_FORMAT = "gozero"
+DNS_DEFAULT_PORT = 443
+DNS_SERVER_DEFAULT_PORT = 53
+
+EXAMPLES = {
+    "direct": "direct:///127.0.0.1:8080,127.0.0.1:8081",
+    "etcd": "etcd:///127.0.0.1:2379?key=greet.rpc",
+    "discov": "discov:///127.0.0.1:2379?key=greet.rpc",
+    "memory": "memory:///?key=greet.rpc",
+    "dns": "dns:///greet.example.com:8080",
+    "ipv4": "ipv4:127.0.0.1:8080,127.0.0.2:8080",
+    "ipv6": "ipv6:[::1]:8080",
+}
+
+_REGISTRY_OPTIONS = ("user", "password", "tls", "cacert", "certfile", "keyfile")
+_ALLOWED_PARAMS = {
+    "etcd": ("key", "format", "exact", *_REGISTRY_OPTIONS),
+    "memory": ("key", "format", "exact"),
+    "direct": (),
+    "dns": (),
+}
+_BOOL_PARAMS = ("exact", "tls")
+_TRUE = ("1", "true")
+_FALSE = ("0", "false")
+# names people carry over from registry URLs
+_RENAMED = {"ca": "cacert", "cert": "certfile", "username": "user", "pass": "password"}
+# gRPC/go-zero schemes we know of but do not implement, for a precise message
+_UNSUPPORTED = ("k8s", "unix", "unix-abstract", "vsock", "xds", "passthrough")
+
+_SCHEME_RE = re.compile(r"[A-Za-z][A-Za-z0-9+.-]*")
+_HOSTNAME_RE = re.compile(r"[A-Za-z0-9_](?:[A-Za-z0-9_-]{0,62})(?:\.[A-Za-z0-9_](?:[A-Za-z0-9_-]{0,62}))*\.?")
+_BAD_CHARS_RE = re.compile(r"[\x00-\x20\x7f]")
+_BAD_ESCAPE_RE = re.compile(r"%(?![0-9A-Fa-f]{2})")
+
+
+@dataclass(frozen=True)
+class Target:
+    """A parsed dial target. ``endpoints`` are ``host:port`` strings: the backends for ``direct``,
+    the etcd hosts for ``etcd``, the name to resolve for ``dns``, none for ``memory``.
+    ``authority`` is the memory registry name or the DNS server (``ip:port``), else empty."""
+
+    scheme: str
+    endpoints: tuple[str, ...]
+    key: str | None = None
+    format: str = DEFAULT_FORMAT
+    options: Mapping[str, str] = field(default_factory=lambda: MappingProxyType({}))
+    raw: str = field(default="", repr=False)
+    authority: str = ""
+
+    @property
+    def uses_registry(self) -> bool:
+        """True for targets resolved through a registry (etcd, memory)."""
+        return self.scheme in ("etcd", "memory")
+
+    @property
+    def exact(self) -> bool:
+        """go-zero's exact match: subscribe to the key itself instead of the ``key/`` prefix."""
+        return self.options.get("exact") == "1"
+
+    @property
+    def redacted(self) -> str:
+        """The target text with any password replaced by ``***`` (safe to log)."""
+        return redact(self.raw)
+
+    def registry_url(self) -> str:
+        """The URL ``waypost.connect`` takes for this target's registry.
+
+        ``etcd://[user:pass@]h1:2379,h2:2379[?tls=1&ca=...&cert=...&key=...]`` or ``memory://NAME``.
+        This string carries the password, if any: do not log it.
+        """
+        if self.scheme == "memory":
+            return f"memory://{self.authority}"
+        if self.scheme != "etcd":
+            raise InvalidTarget(f"{self.scheme} targets have no registry: {self.redacted}")
+        userinfo = ""
+        if "user" in self.options:
+            userinfo = quote(self.options["user"], safe="")
+            if "password" in self.options:
+                userinfo += ":" + quote(self.options["password"], safe="")
+            userinfo += "@"
+        query = [
+            (url_name, self.options[name])
+            for name, url_name in (("tls", "tls"), ("cacert", "ca"), ("certfile", "cert"), ("keyfile", "key"))
+            if name in self.options
+        ]
+        suffix = "?" + urlencode(query, quote_via=quote, safe="/") if query else ""
+        return f"etcd://{userinfo}{','.join(self.endpoints)}{suffix}"
+
+    def __repr__(self) -> str:
+        options = {k: ("***" if k == "password" else v) for k, v in self.options.items()}
+        return (
+            f"Target(scheme={self.scheme!r}, endpoints={self.endpoints!r}, key={self.key!r}, "
+            f"format={self.format!r}, options={options!r}, authority={self.authority!r}, "
+            f"raw={self.redacted!r})"
+        )
+
+    def __str__(self) -> str:
+        return self.redacted
+
+    def __hash__(self) -> int:
+        return hash(self.raw)
+
+
+def redact(text: str) -> str:
+    """``text`` with URL passwords (``user:pass@`` and ``password=``) replaced by ``***``."""
+    head, sep, rest = text.partition("://")
+    if sep:
+        # Everything up to the last '@' may be userinfo (a password may hold an unescaped '/', '?'
+        # or '#'); over-redacting a malformed target is fine, leaking a password is not.
+        at = rest.rfind("@")
+        if at >= 0:
+            userinfo = rest[:at]
+            user, colon, _password = userinfo.partition(":")
+            if colon:
+                rest = f"{user}:***{rest[at:]}"
+        text = head + sep + rest
+    return re.sub(r"(?i)((?:^|[?&])password=)[^&#]*", r"\1***", text)
+
+
+def parse_target(target: str) -> Target:
+    """Parse and validate a dial target; raise ``InvalidTarget`` saying what is wrong, with an example."""
+    if not isinstance(target, str):
+        raise InvalidTarget(f"a target must be a string, got {type(target).__name__}")
+    if not target:
+        raise InvalidTarget(f"empty target; for example {EXAMPLES['etcd']} or {EXAMPLES['direct']}")
+    if _BAD_CHARS_RE.search(target):
+        raise InvalidTarget(f"target {redact(target)!r} contains whitespace or control characters")
+    if "://" in target:
+        scheme, _, rest = target.partition("://")
+        if not _SCHEME_RE.fullmatch(scheme):
+            if _looks_like_addresses(scheme):
+                # e.g. "127.0.0.1:80://x" -- not a scheme at all
+                _fail("", target, f"{scheme!r} is not a scheme")
+            _fail("", target, f"{scheme!r} is not a valid scheme name")
+        scheme = scheme.lower()
+        return _parse_hierarchical(scheme, rest, target)
+    head, colon, rest = target.partition(":")
+    lowered = head.lower()
+    if colon and lowered in ("ipv4", "ipv6", "dns"):
+        return _parse_opaque(lowered, rest, target)
+    if colon and lowered in ("etcd", "discov", "direct", "memory"):
+        _fail(
+            lowered,
+            target,
+            f"{lowered} targets are written {lowered}:///...; for a server named {head!r} write "
+            f"direct:///{target}",
+        )
+    if colon and lowered in _UNSUPPORTED:
+        _unknown_scheme(lowered, target)
+    # gRPC-style plain "host:port" (comma-separated list accepted): direct addresses
+    endpoints = _endpoints(target, "direct", target, what="address")
+    return Target(scheme="direct", endpoints=endpoints, raw=target)
+
+
+# ---------------------------------------------------------------------------------------------
+
+
+def _parse_hierarchical(scheme: str, rest: str, raw: str) -> Target:
+    if "#" in rest:
+        _fail(scheme, raw, "a target cannot have a '#fragment'")
+    before_query, has_query, query = rest.partition("?")
+    authority, slash, path = before_query.partition("/")
+    path = slash + path
+    if scheme not in ("direct", "etcd", "discov", "memory", "dns"):
+        if scheme in ("ipv4", "ipv6") and not authority:
+            return _parse_opaque(scheme, rest, raw)
+        _unknown_scheme(scheme, raw)
+    kind = "etcd" if scheme == "discov" else scheme
+    # An '@' past the authority is almost always a password with an unescaped '/', '?' or '#':
+    # refuse without quoting pieces of it.
+    if "@" in path or "@" in query:
+        _fail(scheme, raw, "unexpected '@' after the host list; percent-escape '@' in keys (%40) and "
+              "'/', '?', '#', '@' in passwords (%2F, %3F, %23, %40)")
+    if "@" in authority and kind != "etcd":
+        _fail(scheme, raw, f"{scheme} targets take no credentials")
+    params = _query(query, scheme, raw) if has_query else {}
+    allowed = _ALLOWED_PARAMS[kind]
+    for name in params:
+        if name not in allowed:
+            _unknown_param(scheme, raw, name, allowed)
+
+    if kind == "direct":
+        if authority:
+            _fail(scheme, raw, f"direct targets have no authority ({authority!r}): use three slashes")
+        return Target(scheme="direct", endpoints=_endpoints(path[1:], scheme, raw, what="address"), raw=raw)
+    if kind == "dns":
+        return _parse_dns(scheme, authority, path, raw)
+    if kind == "memory":
+        return _parse_memory(authority, path, params, raw)
+    return _parse_etcd(scheme, authority, path, params, raw)
+
+
+def _parse_opaque(scheme: str, rest: str, raw: str) -> Target:
+    """gRPC's ``ipv4:a:1,b:2``, ``ipv6:[::1]:1`` (port default 443) and ``dns:host:port``."""
+    if "?" in rest or "#" in rest:
+        _fail(scheme, raw, f"{scheme} targets take no parameters")
+    rest = rest.lstrip("/")
+    if scheme == "dns":
+        return _parse_dns(scheme, "", "/" + rest, raw)
+    endpoints = _endpoints(rest, scheme, raw, what="address", default_port=DNS_DEFAULT_PORT)
+    for endpoint in endpoints:
+        host = endpoint.rpartition(":")[0]
+        is_v6 = host.startswith("[")
+        if (scheme == "ipv6") != is_v6 or (scheme == "ipv4" and not _is_ipv4(host)):
+            _fail(scheme, raw, f"{endpoint!r} is not an {scheme.upper()} address")
+    return Target(scheme="direct", endpoints=endpoints, raw=raw)
+
+
+def _parse_dns(scheme: str, authority: str, path: str, raw: str) -> Target:
+    server = ""
+    if authority:
+        server = _hostport(authority, scheme, raw, default_port=DNS_SERVER_DEFAULT_PORT, what="DNS server")
+        if not _is_ip(server.rpartition(":")[0]):
+            _fail(scheme, raw, f"the DNS server {server!r} must be an IP address")
+    name = path[1:]
+    if not name:
+        _fail(scheme, raw, "missing the name to resolve")
+    if "," in name:
+        _fail(scheme, raw, "a dns target names exactly one host:port")
+    endpoint = _hostport(name, scheme, raw, default_port=DNS_DEFAULT_PORT, what="name")
+    return Target(scheme="dns", endpoints=(endpoint,), raw=raw, authority=server)
+
+
+def _parse_memory(authority: str, path: str, params: dict[str, str], raw: str) -> Target:
+    if path not in ("", "/"):
+        _fail("memory", raw, f"unexpected path {path!r}: the key goes in ?key=")
+    key = _key(params, "memory", raw)
+    fmt, options = _common_options(params, "memory", raw)
+    return Target(scheme="memory", endpoints=(), key=key, format=fmt, options=options, raw=raw,
+                  authority=authority)
+
+
+def _parse_etcd(scheme: str, authority: str, path: str, params: dict[str, str], raw: str) -> Target:
+    userinfo = ""
+    if "@" in authority:
+        userinfo, _, authority = authority.rpartition("@")
+    if authority:
+        # legacy form: hosts in the authority, key in the path (go-zero trims the slashes)
+        hosts = _endpoints(authority, scheme, raw, what="etcd host")
+        key = unquote_strict(path, scheme, raw).strip("/")
+        if key and "key" in params:
+            _fail(scheme, raw, "the key is given twice (in the path and as ?key=); use one: "
+                  f"{EXAMPLES[scheme]}")
+        if not key:
+            key = _key(params, scheme, raw)
+    else:
+        hosts = _endpoints(path[1:], scheme, raw, what="etcd host")
+        key = _key(params, scheme, raw)
+    fmt, options = _common_options(params, scheme, raw)
+    if userinfo:
+        if "user" in options or "password" in options:
+            _fail(scheme, raw, "credentials are given twice (user:pass@ and ?user=/?password=)")
+        user, colon, password = userinfo.partition(":")
+        user = unquote_strict(user, scheme, raw)
+        if not user:
+            _fail(scheme, raw, "empty user name before '@'")
+        options["user"] = user
+        if colon:
+            options["password"] = unquote_strict(password, scheme, raw)
+    if "password" in options and "user" not in options:
+        _fail(scheme, raw, "a password needs a user")
+    for name in ("user", "cacert", "certfile", "keyfile"):
+        if name in options and not options[name]:
+            _fail(scheme, raw, f"empty {name}=")
+    if ("certfile" in options) != ("keyfile" in options):
+        hint = ""
+        if "keyfile" not in options and key.endswith((".pem", ".key", ".crt")):
+            hint = " (key= is the service key; the TLS private key file is keyfile=)"
+        _fail(scheme, raw, f"certfile= and keyfile= go together{hint}")
+    return Target(scheme="etcd", endpoints=hosts, key=key, format=fmt,
+                  options=MappingProxyType(options), raw=raw)
+
+
+def _key(params: dict[str, str], scheme: str, raw: str) -> str:
+    key = params.get("key")
+    if key is None:
+        _fail(scheme, raw, f"{scheme} target needs ?key=: {EXAMPLES[scheme]}")
+    if not key:
+        _fail(scheme, raw, f"empty ?key=: {EXAMPLES[scheme]}")
+    if _BAD_CHARS_RE.search(key.replace(" ", "")):
+        _fail(scheme, raw, "the key contains control characters")
+    return key
+
+
+def _common_options(params: dict[str, str], scheme: str, raw: str) -> tuple[str, dict[str, str]]:
+    fmt = params.get("format", DEFAULT_FORMAT)
+    if fmt not in FORMATS:
+        close = _did_you_mean(fmt, FORMATS)
+        _fail(scheme, raw, f"unknown format {fmt!r}{close}; expected one of: {', '.join(FORMATS)}")
+    options: dict[str, str] = {}
+    for name, value in params.items():
+        if name in ("key", "format"):
+            continue
+        if name in _BOOL_PARAMS:
+            lowered = value.lower()
+            if lowered not in _TRUE + _FALSE:
+                _fail(scheme, raw, f"{name}= expects 1, 0, true or false, got {value!r}")
+            value = "1" if lowered in _TRUE else "0"
+        options[name] = value
+    return fmt, options
+
+
+def _query(query: str, scheme: str, raw: str) -> dict[str, str]:
+    """Go's url.ParseQuery semantics ('+' is a space, bad escapes are errors), duplicates refused."""
+    params: dict[str, str] = {}
+    for part in query.split("&"):
+        if not part:
+            continue
+        name, _, value = part.partition("=")
+        name = unquote_strict(name.replace("+", " "), scheme, raw)
+        value = unquote_strict(value.replace("+", " "), scheme, raw)
+        if not name:
+            _fail(scheme, raw, f"query parameter without a name: {redact(part)!r}")
+        if name in params:
+            _fail(scheme, raw, f"query parameter {name!r} is given twice")
+        params[name] = value
+    return params
+
+
+def unquote_strict(text: str, scheme: str, raw: str) -> str:
+    """Percent-decode ``text`` as UTF-8, refusing malformed escapes."""
+    if _BAD_ESCAPE_RE.search(text):
+        _fail(scheme, raw, "malformed %-escape (expected % followed by two hex digits)")
+    try:
+        decoded = unquote(text, errors="strict")
+    except UnicodeDecodeError:
+        _fail(scheme, raw, "%-escapes that are not UTF-8")
+    return decoded
+
+
+def _endpoints(
+    text: str, scheme: str, raw: str, *, what: str, default_port: int | None = None
+) -> tuple[str, ...]:
+    if not text:
+        plural = "addresses" if what == "address" else what + "s"
+        _fail(scheme, raw, f"no {plural} given: {EXAMPLES.get(scheme, EXAMPLES['direct'])}")
+    out: list[str] = []
+    for i, part in enumerate(text.split(",")):
+        if not part:
+            _fail(scheme, raw, f"empty {what} at position {i + 1} of the comma-separated list")
+        endpoint = _hostport(part, scheme, raw, default_port=default_port, what=what)
+        if endpoint not in out:
+            out.append(endpoint)
+    return tuple(out)
+
+
+def _hostport(text: str, scheme: str, raw: str, *, default_port: int | None, what: str) -> str:
+    """Validate one ``host:port`` (``[v6]:port``); return it in canonical form."""
+    if text.startswith("["):
+        close = text.find("]")
+        if close < 0:
+            _fail(scheme, raw, f"{what} {text!r}: '[' without ']'")
+        host, rest = text[1:close], text[close + 1 :]
+        try:
+            ipaddress.IPv6Address(host)
+        except ValueError:
+            _fail(scheme, raw, f"{what} {text!r}: {host!r} in brackets is not an IPv6 address")
+        if rest and not rest.startswith(":"):
+            _fail(scheme, raw, f"{what} {text!r}: expected ':port' after ']'")
+        port_text = rest[1:] if rest else None
+        shown = f"[{host}]"
+    else:
+        if text.count(":") > 1:
+            _fail(scheme, raw, f"{what} {text!r}: write IPv6 addresses in brackets, e.g. [::1]:8080")
+        host, colon, port = text.partition(":")
+        port_text = port if colon else None
+        if not host:
+            _fail(scheme, raw, f"{what} {text!r}: empty host")
+        if re.fullmatch(r"[0-9.]+", host):
+            if not _is_ipv4(host):
+                _fail(scheme, raw, f"{what} {text!r}: {host!r} is not a valid IPv4 address")
+        elif len(host) > 253 or not _HOSTNAME_RE.fullmatch(host):
+            _fail(scheme, raw, f"{what} {text!r}: {host!r} is not a valid host name")
+        shown = host
+    if port_text is None:
+        if default_port is None:
+            _fail(scheme, raw, f"{what} {text!r} has no port: {EXAMPLES.get(scheme, EXAMPLES['direct'])}")
+        port = default_port
+    else:
+        if not re.fullmatch(r"[0-9]{1,5}", port_text) or not 1 <= int(port_text) <= 65535:
+            _fail(scheme, raw, f"{what} {text!r}: bad port {port_text!r} (expected 1..65535)")
+        port = int(port_text)
+    return f"{shown}:{port}"
+
+
+def _is_ipv4(host: str) -> bool:
+    try:
+        ipaddress.IPv4Address(host)
+    except ValueError:
+        return False
+    return True
+
+
+def _is_ip(host: str) -> bool:
+    if host.startswith("["):
+        return True  # validated when parsed
+    return _is_ipv4(host)
+
+
+def _looks_like_addresses(text: str) -> bool:
+    return bool(re.fullmatch(r"[0-9.:\[\],]+", text))
+
+
+def _unknown_param(scheme: str, raw: str, name: str, allowed: tuple[str, ...]) -> NoReturn:
+    if not allowed:
+        _fail(scheme, raw, f"unknown query parameter {name!r}: {scheme} targets take no parameters")
+    hint = f" (did you mean {_RENAMED[name]!r}?)" if name in _RENAMED and _RENAMED[name] in allowed else ""
+    hint = hint or _did_you_mean(name, allowed)
+    _fail(scheme, raw, f"unknown query parameter {name!r}{hint}; expected one of: {', '.join(allowed)}")
+
+
+def _unknown_scheme(scheme: str, raw: str) -> NoReturn:
+    note = " (not supported by waypost)" if scheme in _UNSUPPORTED else ""
+    raise InvalidTarget(
+        f"unknown target scheme {scheme!r}{note} in {redact(raw)!r}; known schemes: {', '.join(KNOWN_SCHEMES)}"
+        f" (e.g. {EXAMPLES['etcd']})"
+    )
+
+
+def _did_you_mean(name: str, choices: tuple[str, ...]) -> str:
+    close = difflib.get_close_matches(name, list(choices), n=1, cutoff=0.7)
+    return f" (did you mean {close[0]!r}?)" if close else ""
+
+
+def _fail(scheme: str, raw: str, message: str) -> NoReturn:
+    example = EXAMPLES.get(scheme)
+    tail = f" (example: {example})" if example and example not in message else ""
+    label = f"invalid {scheme} target" if scheme else "invalid target"
+    raise InvalidTarget(f"{label} {redact(raw)!r}: {message}{tail}")
