@@ -1,0 +1,53 @@
+"""Helpers shared by the registry contract and discovery tests (no fixtures here: see conftest)."""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from collections.abc import Callable
+from typing import Any
+
+from waypost import _loop
+from waypost.registry.base import Event, Registry, Watch
+
+
+def connect(url: str) -> Registry:
+    """``waypost.connect`` when it exists; the memory registry directly otherwise."""
+    try:
+        from waypost.registry import connect as _connect  # type: ignore[attr-defined]
+    except ImportError:
+        _connect = None
+    if _connect is not None:
+        return _connect(url)  # type: ignore[no-any-return]
+    if url.startswith("memory://"):
+        from waypost.registry.memory import MemoryRegistry
+
+        return MemoryRegistry.get_or_create(url[len("memory://"):])
+    raise RuntimeError(f"waypost.connect is not available yet for {url}")
+
+
+def wait_for(cond: Callable[[], Any], timeout: float = 10.0, interval: float = 0.02) -> bool:
+    """Poll ``cond`` until it is truthy or ``timeout`` seconds pass; returns the last result's truth."""
+    deadline = time.monotonic() + timeout
+    while True:
+        if cond():
+            return True
+        if time.monotonic() >= deadline:
+            return bool(cond())
+        time.sleep(interval)
+
+
+def next_batches(watch: Watch, n: int, timeout: float = 10.0) -> list[list[Event]]:
+    """Read ``n`` event batches from a watch (on the control loop), failing after ``timeout``."""
+
+    async def read() -> list[list[Event]]:
+        out = []
+        for _ in range(n):
+            out.append(await asyncio.wait_for(watch.__anext__(), timeout))
+        return out
+
+    return _loop.run(read(), timeout + 5)
+
+
+def run(coro: Any, timeout: float = 30.0) -> Any:
+    return _loop.run(coro, timeout)
