@@ -15,7 +15,6 @@ from concurrent import futures
 
 import grpc
 from grpc_health.v1 import health, health_pb2, health_pb2_grpc
-
 from tests.backends import echo_pb2, echo_pb2_grpc
 
 

@@ -1,0 +1,54 @@
+"""Resolvers: a dial target -> the backend list, pushed to the channel as it changes.
+
+A resolver has ``start(on_update, on_error)`` (``on_update(backends)`` with the current list at once and
+after every change, from any thread; ``on_error(message)`` when resolution fails but the last list stays)
+and ``close()``. ``make_resolver(target)`` picks one by scheme.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Sequence
+from typing import Protocol
+
+from ..balancer.base import Backend
+from ..errors import InvalidTarget
+from .direct import DirectResolver
+from .registry_resolver import RegistryResolver
+from .subset import DEFAULT_SUBSET_SIZE, Subsetter, deterministic_subset
+from .target import Target, parse_target
+
+
+class Resolver(Protocol):
+    def start(self, on_update: Callable[[Sequence[Backend]], None], on_error: Callable[[str], None]) -> None: ...
+
+    def close(self) -> None: ...
+
+
+def make_resolver(target: Target | str, *, subsetter: Subsetter | None = None) -> Resolver:
+    """The resolver for ``target`` (a string is parsed first). Registry targets are subset with ``subsetter``."""
+    if isinstance(target, str):
+        target = parse_target(target)
+    if target.scheme == "direct":
+        return DirectResolver(target)
+    if target.scheme in ("etcd", "memory"):
+        return RegistryResolver(target, subsetter)
+    if target.scheme == "dns":
+        try:
+            from .dns import DnsResolver  # type: ignore[import-not-found]
+        except ImportError:
+            raise InvalidTarget(f"dns targets are not supported by this build: {target.redacted}") from None
+        return DnsResolver(target, subsetter)  # type: ignore[no-any-return]
+    raise InvalidTarget(f"no resolver for scheme {target.scheme!r}: {target.redacted}")
+
+
+__all__ = [
+    "DEFAULT_SUBSET_SIZE",
+    "DirectResolver",
+    "RegistryResolver",
+    "Resolver",
+    "Subsetter",
+    "Target",
+    "deterministic_subset",
+    "make_resolver",
+    "parse_target",
+]

@@ -1,0 +1,74 @@
+"""Everything ``dial`` decides once per channel: target, policy, per-method settings, throttling, health."""
+
+from __future__ import annotations
+
+import random
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass
+from typing import Any
+
+from ..balancer import policies
+from ..balancer.base import Policy
+from ..balancer.service_config import MethodConfig, RetryThrottle, ServiceConfig, parse_service_config
+from ..resolver import Resolver, Subsetter, make_resolver
+from ..resolver.subset import DEFAULT_SUBSET_SIZE
+from ..resolver.target import Target, parse_target
+
+#: go-zero's zrpc dial default, used when neither ``balancer`` nor the service config names a policy.
+DEFAULT_POLICY = "p2c_ewma"
+
+
+@dataclass
+class ChannelConfig:
+    target: Target
+    service_config: ServiceConfig
+    policy: Policy
+    throttle: RetryThrottle | None
+    health_service: str | None
+    rng: random.Random
+    subsetter: Subsetter | None
+
+    def method_config(self, full_method: str) -> MethodConfig | None:
+        return self.service_config.method_config(full_method)
+
+    def make_resolver(self) -> Resolver:
+        return make_resolver(self.target, subsetter=self.subsetter)
+
+
+def build_config(
+    target: str,
+    balancer: str | None,
+    service_config: Mapping[str, Any] | str | bytes | ServiceConfig | None,
+    *,
+    subset_size: int | None = None,
+    client_id: int | str | None = None,
+    rng: random.Random | None = None,
+    clock: Callable[[], float] | None = None,
+) -> ChannelConfig:
+    """Validate everything a dial needs; raises InvalidTarget / InvalidServiceConfig / ValueError."""
+    if not isinstance(target, str):
+        from ..errors import InvalidTarget
+
+        raise InvalidTarget(f"target must be a string, got {type(target).__name__}")
+    t = parse_target(target)
+    sc = parse_service_config(service_config, balancer=balancer)
+    raw = sc.raw
+    if balancer is None and "loadBalancingConfig" not in raw and "loadBalancingPolicy" not in raw:
+        sc = parse_service_config(sc, balancer=DEFAULT_POLICY)
+    rng = rng if rng is not None else random.Random()
+    cls = policies.get_policy(sc.lb_policy)
+    kw: dict[str, Any] = {"rng": random.Random(rng.getrandbits(64))}
+    if clock is not None:
+        kw["clock"] = clock
+    policy = cls(sc.lb_config, **kw)
+    subsetter = Subsetter(DEFAULT_SUBSET_SIZE if subset_size is None else subset_size, client_id=client_id,
+                          seed=rng.getrandbits(32))
+    return ChannelConfig(
+        target=t,
+        service_config=sc,
+        policy=policy,
+        throttle=sc.new_retry_throttle(),
+        health_service=sc.health_check_service_name,
+        rng=rng,
+        subsetter=subsetter,
+    )

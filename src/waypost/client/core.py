@@ -1,0 +1,376 @@
+"""The Balancer: backend set, READY tracking and picker swaps, shared by the sync and aio channels.
+
+Mutations (address updates, connectivity and health changes) take ``_lock`` and end by swapping in a new
+immutable ``_Snapshot`` (picker + the subconns it can return). The data plane reads ``_snap`` without a
+lock: a pick is one attribute read, the policy's pick, and a dict lookup.
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+import time
+import weakref
+from collections.abc import Callable, Sequence
+from typing import Any
+
+import grpc
+
+from ..balancer.base import Backend, Picker, PickInfo, PickResult, Policy
+from ..errors import NoBackendAvailable
+from .rpcerror import BalancerRpcError
+from .subconn import READY, SHUTDOWN, TRANSIENT_FAILURE, SubConn
+
+log = logging.getLogger("waypost.client")
+
+#: Removed backends keep their channel until their in-flight calls end, at most this long.
+DRAIN_TIMEOUT = 60.0
+
+
+class _Snapshot:
+    __slots__ = ("picker", "subconns")
+
+    def __init__(self, picker: Picker | None, subconns: dict[str, SubConn]) -> None:
+        self.picker = picker
+        self.subconns = subconns
+
+
+_EMPTY = _Snapshot(None, {})
+
+_live: weakref.WeakSet[Balancer] = weakref.WeakSet()
+
+
+def _after_fork_in_child() -> None:
+    # Inherited grpc channels are unusable in the child; drop them lazily on first use (no grpc calls here).
+    for b in list(_live):
+        b._stale = True
+        b._snap = _EMPTY
+
+
+if hasattr(__import__("os"), "register_at_fork"):
+    __import__("os").register_at_fork(after_in_child=_after_fork_in_child)
+
+
+class Balancer:
+    """Keeps one SubConn per backend address and the current picker over the usable ones.
+
+    ``make_channel(address)`` creates a backend channel, ``channel_state(channel, try_to_connect)`` returns
+    its connectivity as an int (0 IDLE .. 4 SHUTDOWN), ``close_channel(channel)`` releases it.
+    ``start_health(subconn)`` (optional) starts a health watch that reports through ``set_health``; it
+    returns a handle that ``stop_health(handle)`` cancels.
+    """
+
+    def __init__(
+        self,
+        target: str,
+        policy: Policy,
+        *,
+        make_channel: Callable[[str], Any],
+        channel_state: Callable[[Any, bool], int],
+        close_channel: Callable[[Any], None],
+        health_service: str | None = None,
+        start_health: Callable[[SubConn], Any] | None = None,
+        stop_health: Callable[[Any], None] | None = None,
+        clock: Callable[[], float] = time.monotonic,
+    ) -> None:
+        self.target = target
+        self.policy = policy
+        self._make_channel = make_channel
+        self._channel_state = channel_state
+        self._close_channel = close_channel
+        self.health_service = health_service
+        self._start_health = start_health
+        self._stop_health = stop_health
+        self._clock = clock
+        self._lock = threading.RLock()
+        self.cond = threading.Condition(self._lock)
+        self._snap = _EMPTY
+        self._subconns: dict[str, SubConn] = {}
+        self._order: list[Backend] = []
+        self._draining: list[SubConn] = []
+        self._resolved = False
+        self._resolver_error: str | None = None
+        self._closed = False
+        self._stale = False
+        self._listeners: list[Callable[[], None]] = []
+        self._last_backends: tuple[Backend, ...] = ()
+        self.version = 0
+        _live.add(self)
+
+    # ---- data plane -------------------------------------------------------------------------------
+
+    def pick(self, info: PickInfo) -> tuple[PickResult, SubConn] | None:
+        """A READY backend for this call, or None when there is none right now (the caller decides to wait
+        or fail). Raises PickError when the policy rejects the call."""
+        snap = self._snap
+        picker = snap.picker
+        if picker is None:
+            return None
+        try:
+            res = picker.pick(info)
+        except NoBackendAvailable:
+            return None
+        return res, snap.subconns[res.backend.address]
+
+    def should_wait(self, wait_for_ready: bool | None) -> bool:
+        """With no usable backend: wait (True) or fail at once (False)?"""
+        if self._stale:
+            self.refresh_after_fork()
+            return True
+        if self._closed:
+            return False
+        if wait_for_ready:
+            return True
+        if not self._resolved:
+            return True
+        return any(sc.connecting for sc in list(self._subconns.values()))
+
+    def unavailable(self) -> BalancerRpcError:
+        """The error for a call that cannot wait: names the target and every backend's state."""
+        if self._closed:
+            return BalancerRpcError(grpc.StatusCode.CANCELLED, f"channel to {self.target} is closed")
+        return BalancerRpcError(grpc.StatusCode.UNAVAILABLE, f"no READY backend for {self.target}: {self.describe()}")
+
+    def deadline_exceeded(self) -> BalancerRpcError:
+        return BalancerRpcError(
+            grpc.StatusCode.DEADLINE_EXCEEDED,
+            f"deadline exceeded while waiting for a READY backend of {self.target}: {self.describe()}",
+        )
+
+    def describe(self) -> str:
+        if self._resolver_error:
+            err = f" (resolver: {self._resolver_error})"
+        else:
+            err = ""
+        if not self._resolved:
+            return "address resolution pending" + err
+        scs = list(self._subconns.values())
+        if not scs:
+            return "resolver returned no backends" + err
+        return ", ".join(sc.describe() for sc in scs) + err
+
+    def call_failed(self, sc: SubConn, code: grpc.StatusCode) -> None:
+        """A call on ``sc`` ended with ``code``: on UNAVAILABLE, demote the backend at once if its connection
+        is no longer READY (the shared watcher would see it within one poll anyway)."""
+        if code is not grpc.StatusCode.UNAVAILABLE or sc.removed:
+            return
+        try:
+            st = self._channel_state(sc.channel, False)
+        except Exception:  # channel closed under us
+            return
+        if st != READY and sc.state == READY:
+            with self._lock:
+                self._set_state(sc, st)
+                self._rebuild()
+
+    # ---- control plane ----------------------------------------------------------------------------
+
+    def update(self, backends: Sequence[Backend]) -> None:
+        """The resolver's new backend list (already subset). Keeps channels of addresses that stay."""
+        if self._closed:
+            return
+        with self._lock:
+            self._last_backends = tuple(backends)
+            new: dict[str, Backend] = {}
+            for b in backends:
+                new.setdefault(b.address, b)
+            for addr, sc in list(self._subconns.items()):
+                if addr not in new:
+                    self._remove(sc)
+            for addr, b in new.items():
+                sc = self._subconns.get(addr)
+                if sc is None:
+                    self._subconns[addr] = self._create(b)
+                elif sc.backend != b:
+                    sc.backend = b  # metadata (e.g. weight) changed: the next build carries it
+            self._order = list(new.values())
+            self._resolved = True
+            self._resolver_error = None
+            self._rebuild()
+
+    def resolver_error(self, message: str) -> None:
+        """The resolver failed; keep the last addresses, remember why for error messages."""
+        with self._lock:
+            self._resolver_error = message
+            self._changed()
+
+    def _create(self, b: Backend) -> SubConn:
+        sc = SubConn(b, self._make_channel(b.address), health=self._start_health is not None)
+        try:
+            # Start connecting now so the first call does not wait for the next poll.
+            sc.state = self._channel_state(sc.channel, True)
+        except Exception:
+            log.exception("waypost: could not query backend channel %s", b.address)
+        if self._start_health is not None:
+            sc.health_task = self._start_health(sc)
+        return sc
+
+    def _remove(self, sc: SubConn) -> None:
+        del self._subconns[sc.address]
+        sc.removed = True
+        sc.removed_at = self._clock()
+        self._stop_health_of(sc)
+        if sc.inflight <= 0:
+            self._release(sc)
+        else:
+            self._draining.append(sc)
+
+    def _stop_health_of(self, sc: SubConn) -> None:
+        if sc.health_task is not None and self._stop_health is not None:
+            try:
+                self._stop_health(sc.health_task)
+            except Exception:
+                log.exception("waypost: stopping health watch of %s", sc.address)
+            sc.health_task = None
+
+    def _release(self, sc: SubConn) -> None:
+        sc.mcs.clear()
+        try:
+            self._close_channel(sc.channel)
+        except Exception:
+            log.exception("waypost: closing backend channel %s", sc.address)
+
+    def set_health(self, sc: SubConn, healthy: bool | None, note: str = "") -> None:
+        """Health watch result for ``sc`` (None: unknown, e.g. the Watch stream broke)."""
+        with self._lock:
+            if sc.removed or sc.healthy is healthy:
+                sc.health_note = note
+                return
+            if healthy is False or (sc.healthy is True and healthy is None):
+                log.info("waypost: backend %s of %s unhealthy: %s", sc.address, self.target, note or "NOT_SERVING")
+            sc.healthy = healthy
+            sc.health_note = note
+            self._rebuild()
+
+    def poll(self) -> None:
+        """Refresh every backend's connectivity (called by the shared watcher every few tens of ms)."""
+        if self._closed or self._stale:
+            return
+        changed = []
+        for sc in list(self._subconns.values()):
+            try:
+                st = self._channel_state(sc.channel, True)
+            except Exception:
+                continue
+            if st != sc.state:
+                changed.append((sc, st))
+        if changed:
+            with self._lock:
+                for sc, st in changed:
+                    if not sc.removed:
+                        self._set_state(sc, st)
+                self._rebuild()
+        if self._draining:
+            now = self._clock()
+            with self._lock:
+                keep = []
+                for sc in self._draining:
+                    if sc.inflight <= 0 or now - sc.removed_at > DRAIN_TIMEOUT:
+                        self._release(sc)
+                    else:
+                        keep.append(sc)
+                self._draining = keep
+
+    def _set_state(self, sc: SubConn, st: int) -> None:
+        old = sc.state
+        if st == READY:
+            sc.failing = False
+        elif st == TRANSIENT_FAILURE or old == READY or st == SHUTDOWN:
+            if old == READY:
+                log.info("waypost: backend %s of %s lost its connection", sc.address, self.target)
+            sc.failing = True
+        sc.state = st
+
+    def _rebuild(self) -> None:
+        # Caller holds _lock. Build the picker from usable backends in resolver order.
+        usable: dict[str, SubConn] = {}
+        backends: list[Backend] = []
+        for b in self._order:
+            sc = self._subconns.get(b.address)
+            if sc is not None and sc.usable:
+                usable[b.address] = sc
+                backends.append(sc.backend)
+        snap = self._snap
+        if backends and snap.picker is not None and list(snap.subconns) == list(usable) and all(
+            snap.subconns[a].backend is usable[a].backend for a in usable
+        ):
+            self._changed()  # same usable set: keep the picker (its state, e.g. a round-robin position)
+            return
+        picker = self.policy.build(backends) if backends else None
+        self._snap = _Snapshot(picker, usable)
+        self._changed()
+
+    def _changed(self) -> None:
+        self.version += 1
+        self.cond.notify_all()
+        for fn in list(self._listeners):
+            try:
+                fn()
+            except Exception:
+                log.exception("waypost: balancer listener failed")
+
+    def add_listener(self, fn: Callable[[], None]) -> None:
+        """fn() after every change of backend states (from whatever thread made the change)."""
+        self._listeners.append(fn)
+
+    def remove_listener(self, fn: Callable[[], None]) -> None:
+        try:
+            self._listeners.remove(fn)
+        except ValueError:
+            pass
+
+    def connectivity(self) -> int:
+        """Aggregate state: READY if any backend is usable, else CONNECTING/TRANSIENT_FAILURE/IDLE."""
+        if self._closed:
+            return SHUTDOWN
+        if self._snap.picker is not None:
+            return READY
+        scs = list(self._subconns.values())
+        if not self._resolved or any(sc.connecting for sc in scs):
+            return 1
+        return TRANSIENT_FAILURE if scs else 0
+
+    def subconns(self) -> list[SubConn]:
+        """Current backends (a copy), for tests and introspection."""
+        return list(self._subconns.values())
+
+    def ready_addresses(self) -> list[str]:
+        return list(self._snap.subconns)
+
+    def refresh_after_fork(self) -> None:
+        """In a forked child: replace every inherited backend channel with a fresh one."""
+        with self._lock:
+            if not self._stale:
+                return
+            self._stale = False
+            self._subconns = {}
+            self._draining = []
+            self._snap = _EMPTY
+            backends, self._order = self._last_backends, []
+            self._resolved = False
+        self.update(backends)
+        self._on_refork()
+
+    def _on_refork(self) -> None:
+        """Hook for the channel (restart the watcher registration)."""
+
+    def close(self) -> None:
+        """Release every backend channel; waiting calls fail at once."""
+        with self._lock:
+            if self._closed:
+                return
+            self._closed = True
+            scs = list(self._subconns.values()) + self._draining
+            self._subconns = {}
+            self._draining = []
+            self._snap = _EMPTY
+            for sc in scs:
+                sc.removed = True
+                self._stop_health_of(sc)
+                self._release(sc)
+            self._changed()
+        _live.discard(self)
+
+    @property
+    def closed(self) -> bool:
+        return self._closed
