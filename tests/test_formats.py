@@ -1,0 +1,191 @@
+"""Wire formats: exact bytes, round trips, and decode never raising on garbage."""
+
+from __future__ import annotations
+
+import json
+import logging
+
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from waypost.registry.formats import (
+    ETCD_NAMING,
+    FORMATS,
+    GOZERO,
+    KRATOS,
+    MAX_VALUE_BYTES,
+    Entry,
+    get_format,
+    valid_address,
+)
+
+
+def test_gozero_exact_bytes():
+    assert GOZERO.encode("greet.rpc", "10.0.0.5:8080", 7587844881234567890) == (
+        "greet.rpc/7587844881234567890", b"10.0.0.5:8080",
+    )
+    assert GOZERO.encode("greet.rpc", "10.0.0.5:8080", "custom") == ("greet.rpc/custom", b"10.0.0.5:8080")
+    assert GOZERO.encode_side("greet.rpc", "10.0.0.5:8080", 12) == []
+    assert GOZERO.encode_side("greet.rpc", "10.0.0.5:8080", 12, {"zone": "b", "weight": 20}) == [
+        ("_waypost/meta/greet.rpc/12", b'{"addr":"10.0.0.5:8080","metadata":{"weight":20,"zone":"b"}}'),
+    ]
+    assert GOZERO.prefix("greet.rpc") == "greet.rpc/"
+    assert GOZERO.prefix("greet.rpc", exact=True) == "greet.rpc"
+
+
+def test_gozero_side_record_round_trip():
+    (k, v), = GOZERO.encode_side("s", "1.2.3.4:5", 99, {"weight": 3})
+    meta = GOZERO.decode_side(k, v, GOZERO.side_prefix("s"))
+    assert meta is not None and (meta.id, meta.address, dict(meta.metadata)) == ("99", "1.2.3.4:5", {"weight": 3})
+    assert GOZERO.join_id("s/99", "s/") == "99"
+
+
+def test_etcd_naming_exact_bytes():
+    assert ETCD_NAMING.encode("greet", "1.2.3.4:50051") == (
+        "greet/1.2.3.4:50051", b'{"Op":0,"Addr":"1.2.3.4:50051","Metadata":null}',
+    )
+    assert ETCD_NAMING.encode("greet", "1.2.3.4:50051", 0, {"z": 1, "a": "<x>"})[1] == (
+        b'{"Op":0,"Addr":"1.2.3.4:50051","Metadata":{"a":"\\u003cx\\u003e","z":1}}'
+    )
+    e = ETCD_NAMING.decode("greet/1.2.3.4:50051", b'{"Op":0,"Addr":"1.2.3.4:50051","Metadata":{"w":2}}')
+    assert e == Entry("1.2.3.4:50051", {"w": 2})
+    # Go matches field names case-insensitively; a non-object Metadata is dropped, not fatal
+    assert ETCD_NAMING.decode("k/x", b'{"addr":"1.2.3.4:1","metadata":"s"}') == Entry("1.2.3.4:1")
+
+
+def test_kratos_exact_bytes_and_decode():
+    key, value = KRATOS.encode("helloworld", "10.0.0.1:9000", "inst-1", {"version": "v1.2", "weight": 20})
+    assert key == "/microservices/helloworld/inst-1"
+    assert value == (
+        b'{"id":"inst-1","name":"helloworld","version":"v1.2","metadata":{"weight":"20"},'
+        b'"endpoints":["grpc://10.0.0.1:9000"]}'
+    )
+    assert KRATOS.decode(key, value) == Entry("10.0.0.1:9000", {"weight": "20", "version": "v1.2"})
+    assert KRATOS.encode("svc", "1.1.1.1:1", 5)[1] == (
+        b'{"id":"5","name":"svc","version":"","metadata":null,"endpoints":["grpc://1.1.1.1:1"]}'
+    )
+    # what a Kratos server writes: http first, grpc second with a query
+    go = json.dumps({
+        "id": "x", "name": "svc", "version": "", "metadata": None,
+        "endpoints": ["http://10.0.0.2:8000?isSecure=false", "grpc://10.0.0.2:9000?isSecure=false"],
+    }).encode()
+    assert KRATOS.decode("/microservices/svc/x", go) == Entry("10.0.0.2:9000")
+    # only http: nothing to dial
+    only_http = json.dumps({"id": "x", "name": "svc", "endpoints": ["http://10.0.0.2:8000"]}).encode()
+    assert KRATOS.decode("/microservices/svc/x", only_http) is None
+    # another service's name under our prefix is skipped, as Kratos does
+    other = json.dumps({"id": "x", "name": "other", "endpoints": ["grpc://1.1.1.1:1"]}).encode()
+    assert KRATOS.decode("/microservices/svc/x", other) is None
+    assert KRATOS.prefix("svc") == "/microservices/svc/"
+
+
+@pytest.mark.parametrize(
+    "value",
+    [b"", b"not an address", b"1.2.3.4", b"1.2.3.4:0", b"1.2.3.4:70000", b"host:12a", b"\xff\xfe:80",
+     b"a b:80", b"[::1:80", b"x" * (MAX_VALUE_BYTES + 1)],
+)
+def test_gozero_rejects_bad_values(value):
+    assert GOZERO.decode("k/1", value) is None
+
+
+@pytest.mark.parametrize(
+    "value",
+    [b"[]", b"null", b"{", b'{"Addr":5}', b'{"Addr":"1.2.3.4:1","Op":"0"}', b'{"Op":0}',
+     b'{"Addr":"1.2.3.4:1","Op":true}', b'{"Addr":"bad"}'],
+)
+def test_etcd_naming_rejects_wrong_types(value):
+    assert ETCD_NAMING.decode("k/1", value) is None
+
+
+@pytest.mark.parametrize(
+    "value",
+    [b'{"endpoints":"grpc://1.1.1.1:1"}', b'{"endpoints":[1]}', b'{"id":1,"endpoints":["grpc://1.1.1.1:1"]}',
+     b'{"metadata":{"a":1},"endpoints":["grpc://1.1.1.1:1"]}', b'{"endpoints":["grpc://nope"]}'],
+)
+def test_kratos_rejects_wrong_types(value):
+    assert KRATOS.decode("/microservices/s/1", value) is None
+
+
+def test_bad_key_logged_once(caplog):
+    caplog.set_level(logging.DEBUG, logger="waypost.registry.formats")
+    for _ in range(5):
+        assert GOZERO.decode("once/1", b"garbage") is None
+    warnings = [r for r in caplog.records if r.levelno == logging.WARNING and "once/1" in r.getMessage()]
+    assert len(warnings) == 1
+    # a good value resets it: the next bad value is reported again
+    assert GOZERO.decode("once/1", b"1.2.3.4:80") == Entry("1.2.3.4:80")
+    assert GOZERO.decode("once/1", b"garbage") is None
+    warnings = [r for r in caplog.records if r.levelno == logging.WARNING and "once/1" in r.getMessage()]
+    assert len(warnings) == 2
+
+
+def test_encode_rejects_bad_input_with_a_clear_error():
+    with pytest.raises(ValueError, match="address"):
+        GOZERO.encode("k", "no-port", 1)
+    with pytest.raises(ValueError, match="id"):
+        GOZERO.encode("k", "1.2.3.4:1", "a/b")
+    with pytest.raises(ValueError, match="key"):
+        ETCD_NAMING.encode("", "1.2.3.4:1")
+    with pytest.raises(ValueError, match="known formats: etcd-naming, gozero, kratos"):
+        get_format("zookeeper")
+
+
+def test_valid_address():
+    for ok in ["1.2.3.4:1", "[::1]:80", "host.example:65535", "unix:/tmp/s.sock"]:
+        assert valid_address(ok), ok
+    for bad in ["", ":80", "h:", "h:0", "[::1:80", "h h:80", "a:b:80", "h:+80"]:
+        assert not valid_address(bad), bad
+
+
+json_values = st.recursive(
+    st.none() | st.booleans() | st.integers() | st.floats(allow_nan=False) | st.text(max_size=20),
+    lambda c: st.lists(c, max_size=4) | st.dictionaries(st.text(max_size=8), c, max_size=4),
+    max_leaves=12,
+)
+
+
+@settings(max_examples=300, deadline=None)
+@given(
+    fmt=st.sampled_from(sorted(FORMATS)),
+    value=st.one_of(
+        st.binary(max_size=300),
+        json_values.map(lambda v: json.dumps(v).encode()),
+        st.dictionaries(st.sampled_from(["Op", "Addr", "Metadata", "id", "name", "version", "metadata",
+                                         "endpoints", "addr"]), json_values, max_size=6)
+        .map(lambda v: json.dumps(v).encode()),
+        st.integers(MAX_VALUE_BYTES - 2, MAX_VALUE_BYTES + 10).map(lambda n: b"1" * n),
+    ),
+)
+def test_decode_fuzz_never_raises(fmt, value):
+    f = get_format(fmt)
+    out = f.decode(f.prefix("svc") + "k", value)
+    assert out is None or (isinstance(out, Entry) and valid_address(out.address))
+    side = f.side_prefix("svc")
+    if side is not None:
+        m = f.decode_side(side + "k", value, side)
+        assert m is None or isinstance(m.address, str)
+
+
+@settings(max_examples=100, deadline=None)
+@given(
+    fmt=st.sampled_from(sorted(FORMATS)),
+    host=st.from_regex(r"\A[a-z][a-z0-9.-]{0,20}\Z"),
+    port=st.integers(1, 65535),
+    md=st.dictionaries(st.text(min_size=1, max_size=8).filter(lambda s: s != "version"),
+                       st.text(max_size=10), max_size=3),
+    ident=st.integers(1, 2**63 - 1),
+)
+def test_round_trip(fmt, host, port, md, ident):
+    f = get_format(fmt)
+    addr = f"{host}:{port}"
+    key, value = f.encode("svc", addr, ident, md)
+    assert key.startswith(f.prefix("svc"))
+    entry = f.decode(key, value)
+    assert entry is not None and entry.address == addr
+    if fmt == "gozero":
+        for k, v in f.encode_side("svc", addr, ident, md):
+            meta = f.decode_side(k, v, f.side_prefix("svc"))
+            assert meta is not None and dict(meta.metadata) == md and meta.id == str(ident)
+    else:
+        assert dict(entry.metadata) == md
