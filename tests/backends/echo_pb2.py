@@ -24,19 +24,19 @@ _sym_db = _symbol_database.Default()
 
 
 
-DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n\x19tests/backends/echo.proto\x12\x0cwaypost.test\"\x7f\n\x0b\x45\x63hoRequest\x12\x0f\n\x07message\x18\x01 \x01(\t\x12\x10\n\x08\x64\x65lay_ms\x18\x02 \x01(\x05\x12\x12\n\nerror_code\x18\x03 \x01(\x05\x12\x15\n\rerror_details\x18\x04 \x01(\t\x12\x13\n\x0b\x65rror_after\x18\x05 \x01(\x05\x12\r\n\x05\x63ount\x18\x06 \x01(\x05\"h\n\tEchoReply\x12\x0f\n\x07message\x18\x01 \x01(\t\x12\x0e\n\x06server\x18\x02 \x01(\t\x12\r\n\x05index\x18\x03 \x01(\x05\x12\x19\n\x11previous_attempts\x18\x04 \x01(\t\x12\x10\n\x08received\x18\x05 \x01(\x05\"1\n\rHealthRequest\x12\x0f\n\x07service\x18\x01 \x01(\t\x12\x0f\n\x07serving\x18\x02 \x01(\x08\x32\xd8\x02\n\x04\x45\x63ho\x12;\n\x05Unary\x12\x19.waypost.test.EchoRequest\x1a\x17.waypost.test.EchoReply\x12\x44\n\x0cServerStream\x12\x19.waypost.test.EchoRequest\x1a\x17.waypost.test.EchoReply0\x01\x12\x44\n\x0c\x43lientStream\x12\x19.waypost.test.EchoRequest\x1a\x17.waypost.test.EchoReply(\x01\x12\x44\n\nBidiStream\x12\x19.waypost.test.EchoRequest\x1a\x17.waypost.test.EchoReply(\x01\x30\x01\x12\x41\n\tSetHealth\x12\x1b.waypost.test.HealthRequest\x1a\x17.waypost.test.EchoReplyb\x06proto3')
+DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n\x19tests/backends/echo.proto\x12\x0cwaypost.test\"\x90\x01\n\x0b\x45\x63hoRequest\x12\x0f\n\x07message\x18\x01 \x01(\t\x12\x10\n\x08\x64\x65lay_ms\x18\x02 \x01(\x05\x12\x12\n\nerror_code\x18\x03 \x01(\x05\x12\x15\n\rerror_details\x18\x04 \x01(\t\x12\x13\n\x0b\x65rror_after\x18\x05 \x01(\x05\x12\r\n\x05\x63ount\x18\x06 \x01(\x05\x12\x0f\n\x07\x66\x61il_on\x18\x07 \x01(\t\"h\n\tEchoReply\x12\x0f\n\x07message\x18\x01 \x01(\t\x12\x0e\n\x06server\x18\x02 \x01(\t\x12\r\n\x05index\x18\x03 \x01(\x05\x12\x19\n\x11previous_attempts\x18\x04 \x01(\t\x12\x10\n\x08received\x18\x05 \x01(\x05\"1\n\rHealthRequest\x12\x0f\n\x07service\x18\x01 \x01(\t\x12\x0f\n\x07serving\x18\x02 \x01(\x08\x32\xd8\x02\n\x04\x45\x63ho\x12;\n\x05Unary\x12\x19.waypost.test.EchoRequest\x1a\x17.waypost.test.EchoReply\x12\x44\n\x0cServerStream\x12\x19.waypost.test.EchoRequest\x1a\x17.waypost.test.EchoReply0\x01\x12\x44\n\x0c\x43lientStream\x12\x19.waypost.test.EchoRequest\x1a\x17.waypost.test.EchoReply(\x01\x12\x44\n\nBidiStream\x12\x19.waypost.test.EchoRequest\x1a\x17.waypost.test.EchoReply(\x01\x30\x01\x12\x41\n\tSetHealth\x12\x1b.waypost.test.HealthRequest\x1a\x17.waypost.test.EchoReplyb\x06proto3')
 
 _globals = globals()
 _builder.BuildMessageAndEnumDescriptors(DESCRIPTOR, _globals)
 _builder.BuildTopDescriptorsAndMessages(DESCRIPTOR, 'tests.backends.echo_pb2', _globals)
 if not _descriptor._USE_C_DESCRIPTORS:
   DESCRIPTOR._loaded_options = None
-  _globals['_ECHOREQUEST']._serialized_start=43
-  _globals['_ECHOREQUEST']._serialized_end=170
-  _globals['_ECHOREPLY']._serialized_start=172
-  _globals['_ECHOREPLY']._serialized_end=276
-  _globals['_HEALTHREQUEST']._serialized_start=278
-  _globals['_HEALTHREQUEST']._serialized_end=327
-  _globals['_ECHO']._serialized_start=330
-  _globals['_ECHO']._serialized_end=674
+  _globals['_ECHOREQUEST']._serialized_start=44
+  _globals['_ECHOREQUEST']._serialized_end=188
+  _globals['_ECHOREPLY']._serialized_start=190
+  _globals['_ECHOREPLY']._serialized_end=294
+  _globals['_HEALTHREQUEST']._serialized_start=296
+  _globals['_HEALTHREQUEST']._serialized_end=345
+  _globals['_ECHO']._serialized_start=348
+  _globals['_ECHO']._serialized_end=692
 # @@protoc_insertion_point(module_scope)

@@ -41,8 +41,9 @@ class EchoServicer(echo_pb2_grpc.EchoServicer):
         return echo_pb2.EchoReply(message=req.message, server=self.name, index=index,
                                   previous_attempts=_previous_attempts(ctx), received=received)
 
-    @staticmethod
-    def _maybe_fail(req: echo_pb2.EchoRequest, ctx: grpc.ServicerContext, sent: int) -> None:
+    def _maybe_fail(self, req: echo_pb2.EchoRequest, ctx: grpc.ServicerContext, sent: int) -> None:
+        if req.fail_on and self.name not in req.fail_on.split(","):
+            return
         if req.error_code and sent >= req.error_after:
             code = next(c for c in grpc.StatusCode if c.value[0] == req.error_code)
             ctx.abort(code, req.error_details or f"requested {code.name}")

@@ -156,7 +156,7 @@ class Balancer:
             return
         try:
             st = self._channel_state(sc.channel, False)
-        except Exception:  # channel closed under us
+        except Exception:  # noqa: BLE001  # channel closed under us: nothing to demote
             return
         if st != READY and sc.state == READY:
             with self._lock:
@@ -250,7 +250,7 @@ class Balancer:
         for sc in list(self._subconns.values()):
             try:
                 st = self._channel_state(sc.channel, True)
-            except Exception:
+            except Exception:  # noqa: BLE001, S112  # closed by a concurrent removal
                 continue
             if st != sc.state:
                 changed.append((sc, st))

@@ -68,6 +68,8 @@ class SubConn:
         s = STATE_NAMES[self.state] if 0 <= self.state < len(STATE_NAMES) else str(self.state)
         if self.failing and self.state != TRANSIENT_FAILURE:
             s = f"{s} (after failure)"
-        if self.state == READY and self.healthy is not True:
-            s = "READY, health " + ("pending" if self.healthy is None else "NOT_SERVING")
+        if self.healthy is False:
+            s = f"{s}, health NOT_SERVING"
+        elif self.state == READY and self.healthy is None:
+            s = "READY, health pending"
         return f"{self.address}={s}"

@@ -1,0 +1,100 @@
+"""Helpers for channel tests: server groups, bounded waits, a policy that records outcomes."""
+
+from __future__ import annotations
+
+import itertools
+import threading
+import time
+from collections.abc import Callable, Iterator, Sequence
+from contextlib import contextmanager
+from typing import Any
+
+from waypost.balancer.base import Backend, Outcome, Picker, PickInfo, PickResult, Policy
+from waypost.balancer.policies import POLICIES, register_policy
+from waypost.errors import NoBackendAvailable
+
+from .server import EchoServer
+
+
+def wait_until(cond: Callable[[], Any], timeout: float = 20.0, interval: float = 0.01, what: str = "") -> Any:
+    """Poll ``cond`` until truthy; fail the test after ``timeout`` seconds (generous: loaded CI machines)."""
+    deadline = time.monotonic() + timeout
+    while True:
+        v = cond()
+        if v:
+            return v
+        if time.monotonic() > deadline:
+            raise AssertionError(f"condition not met within {timeout} s: {what or cond}")
+        time.sleep(interval)
+
+
+@contextmanager
+def echo_servers(*names: str, **kw: Any) -> Iterator[list[EchoServer]]:
+    """In-process Echo servers on free ports, stopped afterwards."""
+    started: list[EchoServer] = []
+    try:
+        for n in names:
+            started.append(EchoServer(n, **kw).start())
+        yield started
+    finally:
+        for s in started:
+            s.stop(0)
+
+
+def direct(servers: Sequence[Any]) -> str:
+    return "direct:///" + ",".join(s.address for s in servers)
+
+
+class Recorder:
+    """Shared log of what the recording policy saw."""
+
+    def __init__(self) -> None:
+        self.lock = threading.Lock()
+        self.picks: list[str] = []
+        self.outcomes: list[tuple[str, Outcome]] = []
+        self.builds: list[list[str]] = []
+
+    def clear(self) -> None:
+        with self.lock:
+            self.picks.clear()
+            self.outcomes.clear()
+
+
+RECORDER = Recorder()
+
+
+class _RecordingPicker(Picker):
+    def __init__(self, backends: Sequence[Backend]) -> None:
+        self._backends = tuple(backends)
+        self._n = itertools.count()
+
+    def pick(self, info: PickInfo) -> PickResult:
+        if not self._backends:
+            raise NoBackendAvailable("empty")
+        b = self._backends[next(self._n) % len(self._backends)]
+        with RECORDER.lock:
+            RECORDER.picks.append(b.address)
+        done_once = []
+
+        def done(o: Outcome) -> None:
+            assert not done_once, f"done called twice for {b.address}"
+            done_once.append(o)
+            with RECORDER.lock:
+                RECORDER.outcomes.append((b.address, o))
+
+        return PickResult(b, done)
+
+
+class RecordingPolicy(Policy):
+    """round robin (from the first backend) that records every pick, outcome and build."""
+
+    name = "test_recording"
+
+    def build(self, backends: Sequence[Backend]) -> Picker:
+        with RECORDER.lock:
+            RECORDER.builds.append([b.address for b in backends])
+        return _RecordingPicker(backends)
+
+
+if "test_recording" not in POLICIES:
+    register_policy(RecordingPolicy)
