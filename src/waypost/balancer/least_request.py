@@ -16,7 +16,7 @@ from collections.abc import Sequence
 from typing import Any
 
 from ..errors import InvalidServiceConfig, NoBackendAvailable
-from .base import Backend, Outcome, Picker, PickInfo, PickResult, Policy, parse_config_object
+from .base import Backend, DoneHook, Outcome, Picker, PickInfo, PickResult, Policy, parse_config_object
 from .stats import StatsTable, dedupe
 
 DEFAULT_CHOICE_COUNT = 2
@@ -91,7 +91,7 @@ class LeastRequestPolicy(Policy):
             counters = self._counters.sync(backends)
         return LeastRequestPicker(self, backends, counters)
 
-    def _done_hook(self, counter: _Inflight):  # type: ignore[no-untyped-def]
+    def _done_hook(self, counter: _Inflight) -> DoneHook:
         def done(outcome: Outcome) -> None:
             with self._lock:
                 counter.count -= 1

@@ -56,7 +56,7 @@ DEFAULTS: dict[str, Any] = {
 }
 SUCCESS_RATE_DEFAULTS = {"stdevFactor": 1900, "enforcementPercentage": 100, "minimumHosts": 5, "requestVolume": 100}
 FAILURE_PERCENT_DEFAULTS = {"threshold": 85, "enforcementPercentage": 100, "minimumHosts": 5, "requestVolume": 50}
-DEFAULT_CHILD = [{"round_robin": {}}]
+DEFAULT_CHILD: list[dict[str, Any]] = [{"round_robin": {}}]
 
 
 def parse_duration(value: Any, path: str) -> float:
@@ -157,6 +157,16 @@ class OutlierConfig:
             child_name=child_name,
             child_config=child_config,
         )
+
+
+def _volume(counts: dict[str, tuple[int, int]], st: _AddrState) -> int:
+    ok, bad = counts[st.address]
+    return ok + bad
+
+
+def _candidates(states: Sequence[_AddrState], counts: dict[str, tuple[int, int]], volume: int) -> list[_AddrState]:
+    """Addresses with enough calls in the last interval (and at least one) to be judged."""
+    return [st for st in states if _volume(counts, st) >= max(volume, 1)]
 
 
 class _AddrState:
@@ -276,10 +286,10 @@ class OutlierDetectionPolicy(Policy):
 
     def _success_rate(self, now: float, states: Sequence[_AddrState], counts: dict[str, tuple[int, int]],
                       cfg: dict[str, int]) -> None:
-        cands = [st for st in states if sum(counts[st.address]) >= cfg["requestVolume"] and sum(counts[st.address])]
+        cands = _candidates(states, counts, cfg["requestVolume"])
         if len(cands) < cfg["minimumHosts"] or not cands:
             return
-        rates = {st.address: counts[st.address][0] / sum(counts[st.address]) for st in cands}
+        rates = {st.address: counts[st.address][0] / _volume(counts, st) for st in cands}
         mean = sum(rates.values()) / len(rates)
         stdev = math.sqrt(sum((r - mean) ** 2 for r in rates.values()) / len(rates))
         threshold = mean - stdev * (cfg["stdevFactor"] / 1000)
@@ -293,7 +303,7 @@ class OutlierDetectionPolicy(Policy):
 
     def _failure_percentage(self, now: float, states: Sequence[_AddrState], counts: dict[str, tuple[int, int]],
                             cfg: dict[str, int]) -> None:
-        cands = [st for st in states if sum(counts[st.address]) >= cfg["requestVolume"] and sum(counts[st.address])]
+        cands = _candidates(states, counts, cfg["requestVolume"])
         if len(cands) < cfg["minimumHosts"] or not cands:
             return
         for st in cands:

@@ -32,7 +32,7 @@ from collections.abc import Sequence
 from typing import Any
 
 from ..errors import NoBackendAvailable
-from .base import Backend, Outcome, Picker, PickInfo, PickResult, Policy
+from .base import Backend, DoneHook, Outcome, Picker, PickInfo, PickResult, Policy
 from .stats import StatsTable, dedupe, is_failure
 
 log = logging.getLogger("waypost.balancer.p2c")
@@ -136,7 +136,7 @@ class P2CEwmaPolicy(Policy):
             self._current = tuple(stats)
         return P2CPicker(self, backends, stats)
 
-    def _done_hook(self, st: P2CStats):  # type: ignore[no-untyped-def]
+    def _done_hook(self, st: P2CStats) -> DoneHook:
         def done(outcome: Outcome) -> None:
             now = self.clock()
             rtt = max(0, int(outcome.latency * 1e9))

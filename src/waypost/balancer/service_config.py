@@ -52,6 +52,14 @@ _NAME_FIELDS = ("service", "method")
 _RETRY_FIELDS = ("maxAttempts", "initialBackoff", "maxBackoff", "backoffMultiplier", "retryableStatusCodes")
 _RETRY_UNSUPPORTED = ("perAttemptRecvTimeout",)
 _THROTTLE_FIELDS = ("maxTokens", "tokenRatio")
+_UNSUPPORTED_WHY = {
+    "hedgingPolicy": "hedging is not supported by waypost; use retryPolicy",
+    "maxRequestMessageBytes": "per-method message size limits are not supported by waypost; "
+    "use the grpc.max_send_message_length channel option",
+    "maxResponseMessageBytes": "per-method message size limits are not supported by waypost; "
+    "use the grpc.max_receive_message_length channel option",
+    "perAttemptRecvTimeout": "per-attempt receive timeouts are not supported by waypost",
+}
 _HEALTH_FIELDS = ("serviceName",)
 
 _CODES_BY_NAME = {code.name: code for code in grpc.StatusCode}
@@ -488,7 +496,8 @@ def _check_fields(obj: dict[str, Any], path: str, known: tuple[str, ...], unsupp
             continue
         where = f"{path}.{name}" if path else name
         if name in unsupported:
-            _fail(where, "this gRPC service-config field is not supported by waypost (remove it)")
+            _fail(where, _UNSUPPORTED_WHY.get(name, "a gRPC service-config field waypost does not support")
+                  + " (remove it)")
         _fail(where, f"unknown field{_did_you_mean(name, known)}; expected one of: {', '.join(known)}")
 
 

@@ -29,7 +29,7 @@ from collections.abc import Mapping, Sequence
 from typing import Any
 
 from ..errors import NoBackendAvailable
-from .base import Backend, Outcome, Picker, PickInfo, PickResult, Policy
+from .base import Backend, DoneHook, Outcome, Picker, PickInfo, PickResult, Policy
 from .stats import StatsTable, dedupe, is_failure
 
 log = logging.getLogger("waypost.balancer.wrr")
@@ -130,7 +130,7 @@ class WeightedRoundRobinPolicy(Policy):
                     st.weight = st.effective = self._weight_of(b)
         return WeightedRoundRobinPicker(self, backends, states)
 
-    def _done_hook(self, state: _WeightState):  # type: ignore[no-untyped-def]
+    def _done_hook(self, state: _WeightState) -> DoneHook:
         def done(outcome: Outcome) -> None:
             with self._lock:
                 if is_failure(outcome.code):
