@@ -1,0 +1,85 @@
+"""Registries: ``connect(url)`` returns the process-wide shared Registry for a URL.
+
+``etcd://[user:pass@]h1:2379,h2:2379[?tls=1&ca=...&cert=...&key=...&dial_timeout=3]`` and
+``memory://[name]``. Creation is single-flight and never touches the network; the first call on
+an unreachable etcd raises ``RegistryUnavailable``. After ``fork()`` a child gets fresh objects.
+"""
+
+from __future__ import annotations
+
+import os
+import threading
+
+from .base import Registry, SyncRegistry
+from .url import RegistryURL, parse_registry_url
+
+__all__ = ["Registry", "RegistryURL", "SyncRegistry", "connect", "parse_registry_url"]
+
+_lock = threading.Lock()
+_cache: dict[tuple[object, ...], Registry] = {}
+
+
+def connect(url: str) -> Registry:
+    """The shared Registry for ``url`` (same endpoint set, user and TLS files -> same object).
+
+    Raises ``waypost.InvalidTarget`` for a malformed URL (the message names the problem and shows
+    an example). Closing the registry removes it from the cache.
+    """
+    parsed = parse_registry_url(url)
+    key = (os.getpid(), *parsed.cache_key())
+    reg = _cache.get(key)
+    if reg is not None:
+        return reg
+    with _lock:
+        reg = _cache.get(key)
+        if reg is None:
+            reg = _create(parsed)
+            _cache[key] = reg
+            _register_close(reg, key)
+        return reg
+
+
+def _create(parsed: RegistryURL) -> Registry:
+    if parsed.scheme == "memory":
+        from .memory import MemoryRegistry  # written alongside; imported lazily
+
+        return MemoryRegistry(parsed.name)
+    from ..etcd.config import EtcdConfig
+    from .etcd import EtcdRegistry
+
+    cfg = EtcdConfig(
+        endpoints=parsed.endpoints, username=parsed.username, password=parsed.password, tls=parsed.tls,
+        ca_file=parsed.ca_file, cert_file=parsed.cert_file, key_file=parsed.key_file,
+        dial_timeout=parsed.dial_timeout, request_timeout=parsed.request_timeout,
+    )
+    return EtcdRegistry(cfg, parsed.redacted)
+
+
+def _register_close(reg: Registry, key: tuple[object, ...]) -> None:
+    def forget(_: object = None) -> None:
+        with _lock:
+            if _cache.get(key) is reg:
+                del _cache[key]
+
+    hooks = getattr(reg, "_on_close", None)
+    if isinstance(hooks, list):
+        hooks.append(forget)
+        return
+    # a registry without close hooks: wrap its close()
+    orig = reg.close
+
+    async def close() -> None:
+        forget()
+        await orig()
+
+    reg.close = close  # type: ignore[method-assign]
+
+
+def _after_fork_in_child() -> None:
+    global _lock
+    _lock = threading.Lock()
+    _cache.clear()
+
+
+if hasattr(os, "register_at_fork"):
+    os.register_at_fork(after_in_child=_after_fork_in_child)

@@ -1,0 +1,1 @@
+"""Generated etcd message classes (scripts/gen_proto.sh); do not edit."""

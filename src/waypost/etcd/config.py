@@ -1,0 +1,38 @@
+"""Connection settings of an etcd client."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+
+@dataclass(frozen=True)
+class EtcdConfig:
+    """Where and how to reach etcd.
+
+    ``endpoints`` are ``host:port`` strings (hostnames allowed, IPv6 as ``[::1]:2379``).
+    The password never appears in ``repr``.
+    """
+
+    endpoints: tuple[str, ...]
+    username: str | None = None
+    password: str | None = field(default=None, repr=False)
+    tls: bool = False
+    ca_file: str | None = None
+    cert_file: str | None = None
+    key_file: str | None = None
+    #: how long a call waits for any endpoint to become connected before RegistryUnavailable
+    dial_timeout: float = 3.0
+    #: deadline of one unary call (all failover attempts included)
+    request_timeout: float = 5.0
+    #: grpc keepalive: etcd's server refuses pings more often than every 5 s (too_many_pings),
+    #: so ping every 6 s and give up 2.5 s later: a frozen member is noticed within ~9 s.
+    keepalive_time_ms: int = 6000
+    keepalive_timeout_ms: int = 2500
+    #: an endpoint that failed is tried after healthy ones for this long (never locked out)
+    failure_cooldown: float = 10.0
+
+    def __post_init__(self) -> None:
+        if not self.endpoints:
+            raise ValueError("EtcdConfig needs at least one endpoint")
+        if (self.cert_file is None) != (self.key_file is None):
+            raise ValueError("EtcdConfig: cert_file and key_file go together")

@@ -1,0 +1,189 @@
+"""A set of etcd endpoints: one grpc.aio channel each, failover, and liveness options.
+
+A call goes to the current endpoint while it is connected. When it fails with UNAVAILABLE or a
+deadline, the endpoint is marked failed and the next connected one is used; a failed endpoint
+is preferred last for ``failure_cooldown`` seconds but is never locked out, and its channel keeps
+reconnecting in the background (with a short capped backoff).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import time
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+import grpc
+import grpc.aio
+
+from ..errors import RegistryUnavailable
+from .config import EtcdConfig
+
+log = logging.getLogger("waypost.etcd")
+
+_READY = grpc.ChannelConnectivity.READY
+
+
+def channel_options(cfg: EtcdConfig) -> list[tuple[str, Any]]:
+    """gRPC channel options: liveness within ~10 s, quick reconnects, big messages, own subchannels."""
+    return [
+        ("grpc.keepalive_time_ms", cfg.keepalive_time_ms),
+        ("grpc.keepalive_timeout_ms", cfg.keepalive_timeout_ms),
+        # without this a frozen (SIGSTOPped) peer is not noticed for a minute even with keepalive
+        ("grpc.http2.ping_timeout_ms", cfg.keepalive_timeout_ms),
+        ("grpc.http2.max_pings_without_data", 0),
+        # etcd counts pings without an open stream as abuse; idle unary channels rely on deadlines
+        ("grpc.keepalive_permit_without_calls", 0),
+        ("grpc.initial_reconnect_backoff_ms", 200),
+        ("grpc.min_reconnect_backoff_ms", 200),
+        ("grpc.max_reconnect_backoff_ms", 2000),
+        ("grpc.max_receive_message_length", 256 * 1024 * 1024),
+        ("grpc.max_send_message_length", 16 * 1024 * 1024),
+        ("grpc.use_local_subchannel_pool", 1),
+        ("grpc.enable_retries", 0),
+    ]
+
+
+def _read(path: str | None, what: str) -> bytes | None:
+    if not path:
+        return None
+    try:
+        return Path(path).read_bytes()
+    except OSError as e:
+        raise RegistryUnavailable(f"cannot read etcd TLS {what} file {path!r}: {e.strerror}") from None
+
+
+def credentials(cfg: EtcdConfig) -> grpc.ChannelCredentials | None:
+    """TLS credentials from the configured files, or None for plaintext."""
+    if not (cfg.tls or cfg.ca_file or cfg.cert_file):
+        return None
+    return grpc.ssl_channel_credentials(
+        root_certificates=_read(cfg.ca_file, "CA"),
+        private_key=_read(cfg.key_file, "key"),
+        certificate_chain=_read(cfg.cert_file, "certificate"),
+    )
+
+
+class Endpoint:
+    """One etcd member address with its channel."""
+
+    def __init__(self, address: str, channel: grpc.aio.Channel) -> None:
+        self.address = address
+        self.channel = channel
+        self.failed_at: float | None = None
+        self._unary: dict[str, Any] = {}
+        self._stream: dict[str, Any] = {}
+
+    def unary(self, method: str, req_type: Any, resp_type: Any) -> Any:
+        mc = self._unary.get(method)
+        if mc is None:
+            mc = self.channel.unary_unary(
+                method, request_serializer=req_type.SerializeToString, response_deserializer=resp_type.FromString,
+            )
+            self._unary[method] = mc
+        return mc
+
+    def stream(self, method: str, req_type: Any, resp_type: Any) -> Any:
+        mc = self._stream.get(method)
+        if mc is None:
+            mc = self.channel.stream_stream(
+                method, request_serializer=req_type.SerializeToString, response_deserializer=resp_type.FromString,
+            )
+            self._stream[method] = mc
+        return mc
+
+    def __repr__(self) -> str:
+        return f"<Endpoint {self.address}>"
+
+
+class EndpointPool:
+    """The endpoints of one client. Create and use it on the control loop only."""
+
+    def __init__(self, cfg: EtcdConfig, clock: Callable[[], float] = time.monotonic) -> None:
+        self.cfg = cfg
+        self.clock = clock
+        creds = credentials(cfg)
+        opts = channel_options(cfg)
+        self.endpoints: list[Endpoint] = []
+        for addr in cfg.endpoints:
+            if creds is not None:
+                ch = grpc.aio.secure_channel(addr, creds, options=opts)
+            else:
+                ch = grpc.aio.insecure_channel(addr, options=opts)
+            self.endpoints.append(Endpoint(addr, ch))
+        self._current = 0
+        self._closed = False
+
+    def _suspect(self, ep: Endpoint, now: float) -> bool:
+        return ep.failed_at is not None and now - ep.failed_at < self.cfg.failure_cooldown
+
+    def mark_failed(self, ep: Endpoint) -> None:
+        """Prefer other endpoints for a while; move the current pointer past this one."""
+        ep.failed_at = self.clock()
+        n = len(self.endpoints)
+        if n > 1 and self.endpoints[self._current] is ep:
+            self._current = (self._current + 1) % n
+        log.info("etcd endpoint %s failed; %s", ep.address,
+                 "trying the others" if n > 1 else "will retry it")
+
+    def mark_ok(self, ep: Endpoint) -> None:
+        """A call succeeded on ``ep``: it is healthy again."""
+        ep.failed_at = None
+
+    def ready_now(self) -> Endpoint | None:
+        """The current endpoint if it is connected and not suspect (the fast path)."""
+        ep = self.endpoints[self._current]
+        if ep.channel.get_state(False) is _READY and ep.failed_at is None:
+            return ep
+        return None
+
+    async def pick(self, op: str, timeout: float | None = None) -> Endpoint:
+        """A connected endpoint, preferring the current one and healthy ones.
+
+        Waits up to ``timeout`` (default: dial_timeout) for any endpoint to connect, then raises
+        RegistryUnavailable naming the operation and the endpoints.
+        """
+        fast = self.ready_now()
+        if fast is not None:
+            return fast
+        if self._closed:
+            raise RegistryUnavailable(f"etcd {op}: the client is closed")
+        wait = self.cfg.dial_timeout if timeout is None else timeout
+        deadline = self.clock() + wait
+        delay = 0.005
+        n = len(self.endpoints)
+        while True:
+            now = self.clock()
+            fallback: int | None = None
+            for i in range(n):
+                idx = (self._current + i) % n
+                ep = self.endpoints[idx]
+                if ep.channel.get_state(True) is _READY:
+                    if not self._suspect(ep, now):
+                        if ep.failed_at is not None:
+                            ep.failed_at = None
+                        self._current = idx
+                        return ep
+                    if fallback is None:
+                        fallback = idx
+            if fallback is not None and (n == 1 or now >= deadline - wait / 2):
+                # only suspect endpoints are connected: use one rather than fail
+                self._current = fallback
+                return self.endpoints[fallback]
+            if now >= deadline or self._closed:
+                raise RegistryUnavailable(
+                    f"etcd {op}: no endpoint reachable within {wait:g}s "
+                    f"(endpoints: {', '.join(self.cfg.endpoints)})"
+                )
+            await asyncio.sleep(min(delay, max(deadline - now, 0.001)))
+            delay = min(delay * 2, 0.05)
+
+    async def close(self) -> None:
+        self._closed = True
+        for ep in self.endpoints:
+            try:
+                await ep.channel.close()
+            except Exception:  # pragma: no cover - closing is best effort
+                log.debug("closing channel to %s failed", ep.address, exc_info=True)

@@ -1,0 +1,269 @@
+"""Lease keepalive: every lease of a client renewed on ONE bidirectional LeaseKeepAlive stream.
+
+Each lease is renewed every ttl/3. The stream reconnects (to another endpoint if the member is
+gone) and keeps renewing the same lease ids: leases survive an etcd restart. A lease is reported
+lost, once, to its owners when etcd answers TTL <= 0 (it no longer exists) or when it could not be
+renewed before its TTL ran out, counted from the last successful renewal.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import collections
+import logging
+from collections.abc import Callable
+from typing import TYPE_CHECKING
+
+import grpc
+import grpc.aio
+
+from ..errors import LeaseNotFound, RegistryUnavailable
+from ..registry.base import KeepAlive
+from . import _errors
+from ._methods import LEASE_KEEPALIVE
+from ._proto import waypost_etcd_pb2 as pb
+
+if TYPE_CHECKING:
+    from .client import EtcdClient
+
+log = logging.getLogger("waypost.etcd.lease")
+
+LostCallback = Callable[[int, BaseException | None], None]
+
+
+class LeaseKeepAlive(KeepAlive):
+    """Handle of a kept-alive lease; ``cancel()`` stops renewing (without revoking)."""
+
+    def __init__(self, manager: KeepAliveManager, lease_id: int, on_lost: LostCallback) -> None:
+        self.lease_id = lease_id
+        self._manager = manager
+        self._on_lost = on_lost
+        self.lost: BaseException | None = None
+        self.cancelled = False
+
+    def cancel(self) -> None:
+        if not self.cancelled:
+            self.cancelled = True
+            self._manager.remove(self)
+
+    def _report(self, reason: BaseException) -> None:
+        if self.cancelled or self.lost is not None:
+            return
+        self.lost = reason
+        try:
+            self._on_lost(self.lease_id, reason)
+        except Exception:
+            log.exception("on_lost callback of lease %d raised", self.lease_id)
+
+    def __repr__(self) -> str:
+        state = "cancelled" if self.cancelled else "lost" if self.lost is not None else "alive"
+        return f"<LeaseKeepAlive {self.lease_id} {state}>"
+
+
+class _Lease:
+    __slots__ = ("expires", "handles", "lease_id", "next_send", "renewed", "sent", "ttl")
+
+    def __init__(self, lease_id: int, ttl: int, now: float) -> None:
+        self.lease_id = lease_id
+        self.ttl = max(int(ttl), 1)
+        self.next_send = now  # the first renewal goes out at once (it also checks existence)
+        self.expires = now + self.ttl
+        self.sent: collections.deque[float] = collections.deque()
+        self.handles: list[LeaseKeepAlive] = []
+        self.renewed = 0
+
+    @property
+    def interval(self) -> float:
+        return max(self.ttl / 3.0, 0.1)
+
+
+class _Stalled(Exception):
+    pass
+
+
+class KeepAliveManager:
+    """Runs the shared keepalive stream of one client (on the control loop)."""
+
+    def __init__(self, client: EtcdClient) -> None:
+        self.client = client
+        self.clock = client.clock
+        self._leases: dict[int, _Lease] = {}
+        self._wake = asyncio.Event()
+        self._task: asyncio.Task[None] | None = None
+        self._watchdog: asyncio.Task[None] | None = None
+        self._closed = False
+        self.connected = False
+        #: number of (re)connections of the stream, for tests and diagnostics
+        self.connects = 0
+
+    # -- membership --------------------------------------------------------------------
+
+    def add(self, lease_id: int, ttl: int, on_lost: LostCallback) -> LeaseKeepAlive:
+        """Start renewing ``lease_id`` (must be called on the control loop)."""
+        handle = LeaseKeepAlive(self, lease_id, on_lost)
+        if self._closed:
+            handle._report(RegistryUnavailable(f"etcd lease keepalive {lease_id}: the client is closed"))
+            return handle
+        st = self._leases.get(lease_id)
+        if st is None:
+            st = self._leases[lease_id] = _Lease(lease_id, ttl, self.clock())
+        st.handles.append(handle)
+        self._ensure_running()
+        self._wake.set()
+        return handle
+
+    def remove(self, handle: LeaseKeepAlive) -> None:
+        st = self._leases.get(handle.lease_id)
+        if st is None or handle not in st.handles:
+            return
+        st.handles.remove(handle)
+        if not st.handles:
+            del self._leases[handle.lease_id]
+
+    def _lose(self, st: _Lease, reason: BaseException) -> None:
+        if self._leases.get(st.lease_id) is st:
+            del self._leases[st.lease_id]
+        log.warning("etcd lease %d lost: %s", st.lease_id, reason)
+        for h in list(st.handles):
+            h._report(reason)
+
+    def _ensure_running(self) -> None:
+        if self._task is None or self._task.done():
+            self._task = asyncio.get_running_loop().create_task(self._run(), name="waypost-etcd-keepalive")
+        if self._watchdog is None or self._watchdog.done():
+            self._watchdog = asyncio.get_running_loop().create_task(self._expiry_loop(),
+                                                                    name="waypost-etcd-lease-expiry")
+
+    # -- expiry --------------------------------------------------------------------------
+
+    def check_expired(self) -> None:
+        """Report every lease whose TTL ran out since its last successful renewal."""
+        now = self.clock()
+        for st in list(self._leases.values()):
+            if now >= st.expires:
+                self._lose(st, RegistryUnavailable(
+                    f"etcd lease {st.lease_id} could not be renewed within its TTL of {st.ttl}s"))
+
+    async def _expiry_loop(self) -> None:
+        while not self._closed and self._leases:
+            self.check_expired()
+            if not self._leases:
+                break
+            nearest = min(st.expires for st in self._leases.values()) - self.clock()
+            await asyncio.sleep(min(max(nearest, 0.01), 0.25))
+
+    # -- the stream ----------------------------------------------------------------------
+
+    async def _run(self) -> None:
+        backoff = 0.1
+        while not self._closed and self._leases:
+            try:
+                await self._session()
+                backoff = 0.1
+            except asyncio.CancelledError:
+                raise
+            except _Stalled as e:
+                log.info("etcd keepalive stream stalled (%s); reconnecting", e)
+            except RegistryUnavailable as e:
+                log.info("etcd keepalive stream: %s", e)
+            except grpc.aio.AioRpcError as e:
+                log.info("etcd keepalive stream ended: %s %s", e.code().name, _errors.details(e))
+            except Exception:
+                log.exception("etcd keepalive stream failed; reconnecting")
+            finally:
+                self.connected = False
+            if self._closed or not self._leases:
+                break
+            await asyncio.sleep(backoff)
+            backoff = min(backoff * 2, 1.0)
+
+    async def _session(self) -> None:
+        client = self.client
+        ep = await client.pool.pick("lease keepalive")
+        md = await client.metadata(ep)
+        call = ep.stream(LEASE_KEEPALIVE, pb.LeaseKeepAliveRequest, pb.LeaseKeepAliveResponse)(metadata=md)
+        reader = asyncio.get_running_loop().create_task(self._read(call))
+        self.connected = True
+        self.connects += 1
+        for st in self._leases.values():
+            st.sent.clear()  # answers to requests on the old stream will never come
+            st.next_send = min(st.next_send, self.clock())
+        try:
+            while not self._closed and self._leases:
+                if reader.done():
+                    reader.result()
+                    return
+                now = self.clock()
+                oldest = None
+                for st in list(self._leases.values()):
+                    if now >= st.next_send:
+                        await call.write(pb.LeaseKeepAliveRequest(ID=st.lease_id))
+                        st.sent.append(now)
+                        st.next_send = now + st.interval
+                    if st.sent and (oldest is None or st.sent[0] < oldest[0]):
+                        oldest = (st.sent[0], st)
+                if oldest is not None:
+                    stall = max(min(oldest[1].interval, 3.0), 1.0)
+                    if now - oldest[0] > stall:
+                        client.pool.mark_failed(ep)
+                        raise _Stalled(f"no keepalive answer from {ep.address} for {now - oldest[0]:.1f}s")
+                wait = min((st.next_send for st in self._leases.values()), default=now + 1.0) - now
+                if oldest is not None:
+                    wait = min(wait, oldest[0] + max(min(oldest[1].interval, 3.0), 1.0) - now + 0.01)
+                self._wake.clear()
+                waker = asyncio.ensure_future(self._wake.wait())
+                try:
+                    await asyncio.wait({reader, waker}, timeout=max(wait, 0.005),
+                                       return_when=asyncio.FIRST_COMPLETED)
+                finally:
+                    waker.cancel()
+        except grpc.aio.AioRpcError as e:
+            self._stream_error(e, ep, md)
+            raise
+        finally:
+            call.cancel()
+            if not reader.done():
+                reader.cancel()
+
+    def _stream_error(self, e: grpc.aio.AioRpcError, ep: object, md: tuple[tuple[str, str], ...] | None) -> None:
+        if _errors.is_auth_retryable(e):
+            self.client.invalidate_token(dict(md or ()).get("token"))
+        elif e.code() in _errors.UNAVAILABLE_CODES:
+            self.client.pool.mark_failed(ep)  # type: ignore[arg-type]
+
+    async def _read(self, call: grpc.aio.StreamStreamCall) -> None:
+        while True:
+            resp = await call.read()
+            if resp is grpc.aio.EOF:
+                raise RegistryUnavailable("etcd closed the keepalive stream")
+            assert isinstance(resp, pb.LeaseKeepAliveResponse)
+            st = self._leases.get(resp.ID)
+            if st is None:
+                continue
+            sent_at = st.sent.popleft() if st.sent else self.clock()
+            if resp.TTL <= 0:
+                self._lose(st, LeaseNotFound(f"etcd lease {resp.ID} not found (expired or revoked)"))
+                continue
+            now = self.clock()
+            st.expires = max(st.expires, sent_at + resp.TTL)
+            st.next_send = min(st.next_send, now + max(resp.TTL / 3.0, 0.1))
+            st.renewed += 1
+
+    async def close(self) -> None:
+        self._closed = True
+        self._leases.clear()
+        for t in (self._task, self._watchdog):
+            if t is not None and not t.done():
+                t.cancel()
+                await _reap(t)
+
+
+
+async def _reap(task: asyncio.Task[None]) -> None:
+    """Wait for a cancelled task to finish; a failure at shutdown is only logged."""
+    try:
+        await task
+    except asyncio.CancelledError:
+        pass
+    except Exception:
+        log.debug("background task failed while closing", exc_info=True)

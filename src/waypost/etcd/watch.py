@@ -1,0 +1,390 @@
+"""Watches: many watchers multiplexed on ONE bidirectional Watch stream per client.
+
+etcd 3.5 creates the watches of a stream one at a time, so the next create request is sent only
+after the previous one was answered (``created``). Events are routed by watch id. After a
+reconnect every watcher is created again from the revision after the last event it received (or
+its start revision if it received none), so no event is missed or repeated. A start revision that
+was compacted ends the iteration with ``Compacted(compact_revision)``; a watch canceled for any
+other reason ends it with ``PermissionDenied`` or ``RegistryError`` -- never a silent dead watch.
+The stream asks for a leader (``hasleader`` metadata), so a member cut off from the cluster ends
+the stream and the watchers move to another member.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import collections
+import itertools
+import logging
+from collections.abc import AsyncIterator, Callable
+from typing import TYPE_CHECKING, Any
+
+import grpc
+import grpc.aio
+
+from .. import _loop
+from ..errors import Compacted, PermissionDenied, RegistryError, RegistryUnavailable
+from ..registry.base import Watch
+from . import _errors
+from ._methods import WATCH
+from ._proto import waypost_etcd_pb2 as pb
+
+if TYPE_CHECKING:
+    from .client import EtcdClient
+
+log = logging.getLogger("waypost.etcd.watch")
+
+_END = object()
+_order = itertools.count()
+
+
+class Watcher(Watch):
+    """One watch: an async iterator of event batches, one batch per revision, in order.
+
+    Batches are lists of ``convert(event)`` (the raw ``Event`` messages without a converter).
+    """
+
+    def __init__(self, manager: WatchManager, key: bytes, range_end: bytes, start_revision: int,
+                 prev_kv: bool, progress_notify: bool, convert: Callable[[Any], Any] | None) -> None:
+        self._manager = manager
+        self.key = key
+        self.range_end = range_end
+        self.start_revision = start_revision
+        self.prev_kv = prev_kv
+        self.progress_notify = progress_notify
+        self._convert = convert
+        self.order = next(_order)
+        #: the revision to resume from: 0 until the first ``created`` when watching "from now"
+        self.next_rev = start_revision
+        self._revision = start_revision - 1 if start_revision > 0 else 0
+        self._queue: collections.deque[Any] = collections.deque()
+        self._ready: asyncio.Event | None = None
+        self.watch_id: int | None = None
+        self.cancelled = False
+        self.failed: BaseException | None = None
+        self._fragments: list[pb.Event] = []
+        self.auth_retried = False
+
+    # -- consumer side ---------------------------------------------------------------------
+
+    def __aiter__(self) -> AsyncIterator[list[Any]]:
+        return self
+
+    async def __anext__(self) -> list[Any]:
+        while True:
+            if self._queue:
+                item = self._queue.popleft()
+                if item is _END:
+                    self._queue.appendleft(_END)
+                    raise StopAsyncIteration
+                if isinstance(item, BaseException):
+                    self._queue.appendleft(_END)
+                    raise item
+                rev, batch = item
+                self._revision = rev
+                return batch  # type: ignore[no-any-return]
+            if self.cancelled:
+                raise StopAsyncIteration
+            if self._ready is None:
+                self._ready = asyncio.Event()
+            self._ready.clear()
+            await self._ready.wait()
+
+    def cancel(self) -> None:
+        """Stop watching; pending and future iteration ends (StopAsyncIteration)."""
+        if self.cancelled:
+            return
+        self.cancelled = True
+        if _loop.in_loop():
+            self._manager.cancel(self)
+        else:
+            _loop.call_soon(self._manager.cancel, self)
+
+    @property
+    def revision(self) -> int:
+        """The revision of the last batch handed out (start_revision - 1 before any)."""
+        return self._revision
+
+    @property
+    def connected(self) -> bool:
+        """True while the watch is established on a live stream (False while reconnecting)."""
+        return self._manager.connected and self.watch_id is not None
+
+    def __repr__(self) -> str:
+        return f"<Watcher {self.key!r} next_rev={self.next_rev} id={self.watch_id}>"
+
+    # -- manager side --------------------------------------------------------------------
+
+    def _wake(self) -> None:
+        if self._ready is not None:
+            self._ready.set()
+
+    def _push(self, item: Any) -> None:
+        self._queue.append(item)
+        self._wake()
+
+    def _end(self, reason: BaseException | None) -> None:
+        if reason is not None:
+            self.failed = reason
+            self._push(reason)
+        else:
+            self._queue.clear()
+            self._push(_END)
+
+    def _deliver(self, events: list[pb.Event]) -> None:
+        batch: list[Any] = []
+        rev = 0
+        conv = self._convert
+        for ev in events:
+            mod = ev.kv.mod_revision
+            if mod < self.next_rev:
+                continue  # already delivered before a reconnect
+            if batch and mod != rev:
+                self._queue.append((rev, batch))
+                batch = []
+            rev = mod
+            batch.append(conv(ev) if conv is not None else ev)
+        if batch:
+            self._queue.append((rev, batch))
+        if rev:
+            self.next_rev = rev + 1
+            self._wake()
+
+    def create_request(self) -> pb.WatchRequest:
+        return pb.WatchRequest(create_request=pb.WatchCreateRequest(
+            key=self.key, range_end=self.range_end, start_revision=max(self.next_rev, 0),
+            progress_notify=self.progress_notify, prev_kv=self.prev_kv,
+        ))
+
+
+class _Reconnect(Exception):
+    pass
+
+
+class WatchManager:
+    """Runs the shared watch stream of one client (on the control loop)."""
+
+    def __init__(self, client: EtcdClient) -> None:
+        self.client = client
+        self._watchers: dict[Watcher, None] = {}  # insertion-ordered set
+        self._by_id: dict[int, Watcher] = {}
+        self._to_create: collections.deque[Watcher] = collections.deque()
+        self._creating: Watcher | None = None
+        self._outbox: asyncio.Queue[pb.WatchRequest] | None = None
+        self._task: asyncio.Task[None] | None = None
+        self._closed = False
+        self.connected = False
+        #: number of (re)connections of the stream, for tests and diagnostics
+        self.connects = 0
+
+    def add(self, key: bytes, range_end: bytes, *, start_revision: int, prev_kv: bool,
+            progress_notify: bool, convert: Callable[[Any], Any] | None) -> Watcher:
+        w = Watcher(self, key, range_end, start_revision, prev_kv, progress_notify, convert)
+        if self._closed:
+            w.cancelled = True
+            w._end(None)
+            return w
+        if _loop.in_loop():
+            self._attach(w)
+        else:
+            _loop.call_soon(self._attach, w)
+        return w
+
+    def _attach(self, w: Watcher) -> None:
+        if w.cancelled or self._closed:
+            return
+        self._watchers[w] = None
+        if self._task is None or self._task.done():
+            self._task = asyncio.get_running_loop().create_task(self._run(), name="waypost-etcd-watch")
+        elif self.connected:
+            self._to_create.append(w)
+            self._pump()
+
+    def cancel(self, w: Watcher) -> None:
+        w.cancelled = True
+        w._end(None)
+        self._watchers.pop(w, None)
+        try:
+            self._to_create.remove(w)
+        except ValueError:
+            pass
+        if w.watch_id is not None and self._by_id.get(w.watch_id) is w:
+            del self._by_id[w.watch_id]
+            self._send(pb.WatchRequest(cancel_request=pb.WatchCancelRequest(watch_id=w.watch_id)))
+        w.watch_id = None
+
+    def _fail(self, w: Watcher, reason: BaseException) -> None:
+        log.warning("etcd watch on %r ended: %s", w.key, reason)
+        self._watchers.pop(w, None)
+        w.watch_id = None
+        w._end(reason)
+
+    def _send(self, req: pb.WatchRequest) -> None:
+        if self._outbox is not None and self.connected:
+            self._outbox.put_nowait(req)
+
+    def _pump(self) -> None:
+        """Send the next create request if none is awaiting its ``created`` answer."""
+        while self._creating is None and self._to_create:
+            w = self._to_create.popleft()
+            if w.cancelled or w not in self._watchers:
+                continue
+            self._creating = w
+            self._send(w.create_request())
+
+    # -- the stream --------------------------------------------------------------------
+
+    async def _run(self) -> None:
+        backoff = 0.1
+        while not self._closed and self._watchers:
+            try:
+                await self._session()
+                backoff = 0.1
+            except asyncio.CancelledError:
+                raise
+            except _Reconnect as e:
+                log.info("etcd watch stream: %s; reconnecting", e)
+                backoff = 0.0
+            except RegistryUnavailable as e:
+                log.info("etcd watch stream: %s", e)
+            except grpc.aio.AioRpcError as e:
+                log.info("etcd watch stream ended: %s %s", e.code().name, _errors.details(e))
+            except Exception:
+                log.exception("etcd watch stream failed; reconnecting")
+            finally:
+                self.connected = False
+                self._outbox = None
+                self._creating = None
+                self._by_id.clear()
+                for w in self._watchers:
+                    w.watch_id = None
+                    w._fragments = []
+            if self._closed or not self._watchers:
+                break
+            await asyncio.sleep(backoff)
+            backoff = min(max(backoff, 0.1) * 2, 1.0)
+
+    async def _session(self) -> None:
+        client = self.client
+        ep = await client.pool.pick("watch")
+        md = await client.metadata(ep, require_leader=True)
+        call = ep.stream(WATCH, pb.WatchRequest, pb.WatchResponse)(metadata=md)
+        self._outbox = outbox = asyncio.Queue()
+        self._by_id.clear()
+        self._creating = None
+        self._to_create = collections.deque(sorted(self._watchers, key=lambda w: w.order))
+        self.connected = True
+        self.connects += 1
+        writer = asyncio.get_running_loop().create_task(self._write(call, outbox))
+        self._pump()
+        try:
+            while True:
+                resp = await call.read()
+                if resp is grpc.aio.EOF:
+                    raise RegistryUnavailable(f"etcd {ep.address} closed the watch stream")
+                assert isinstance(resp, pb.WatchResponse)
+                self._handle(resp, md)
+                if writer.done():
+                    writer.result()
+                if self._closed or not self._watchers:
+                    return
+        except grpc.aio.AioRpcError as e:
+            if _errors.is_auth_retryable(e):
+                client.invalidate_token(dict(md or ()).get("token"))
+            elif e.code() in _errors.UNAVAILABLE_CODES:
+                client.pool.mark_failed(ep)
+            raise
+        finally:
+            writer.cancel()
+            call.cancel()
+
+    async def _write(self, call: grpc.aio.StreamStreamCall, outbox: asyncio.Queue[pb.WatchRequest]) -> None:
+        while True:
+            req = await outbox.get()
+            await call.write(req)
+
+    def _handle(self, resp: pb.WatchResponse, md: tuple[tuple[str, str], ...] | None) -> None:
+        if resp.created:
+            w = self._creating
+            self._creating = None
+            if w is None:
+                log.warning("etcd watch: unexpected 'created' answer (watch id %d)", resp.watch_id)
+            elif resp.canceled or resp.watch_id < 0:
+                self._create_refused(w, resp, md)
+            else:
+                w.watch_id = resp.watch_id
+                w.auth_retried = False
+                self._by_id[resp.watch_id] = w
+                if w.next_rev <= 0:
+                    w.next_rev = resp.header.revision + 1
+                    w._revision = resp.header.revision
+                if w.cancelled:
+                    self.cancel(w)
+            self._pump()
+            return
+        w = self._by_id.get(resp.watch_id)
+        if resp.canceled:
+            if w is not None:
+                del self._by_id[resp.watch_id]
+                self._canceled(w, resp)
+            return
+        if w is None:
+            return  # a watcher we already canceled, or a stream-wide progress answer
+        if resp.fragment:
+            w._fragments.extend(resp.events)
+            return
+        events: list[pb.Event] = list(resp.events)
+        if w._fragments:
+            events = w._fragments + events
+            w._fragments = []
+        if events:
+            w._deliver(events)
+        elif w.progress_notify and resp.header.revision >= w.next_rev:
+            # progress: every event up to this revision has been sent
+            w.next_rev = resp.header.revision + 1
+
+    def _create_refused(self, w: Watcher, resp: pb.WatchResponse, md: tuple[tuple[str, str], ...] | None) -> None:
+        reason = resp.cancel_reason
+        if resp.compact_revision:
+            self._fail(w, Compacted(resp.compact_revision))
+            return
+        auth_like = "permission denied" in reason or _errors.is_auth_reason(reason)
+        if auth_like and self.client.cfg.username and not w.auth_retried:
+            # etcd answers a stale token (e.g. after a restart) with "permission denied": new token, new stream
+            w.auth_retried = True
+            self.client.invalidate_token(dict(md or ()).get("token"))
+            raise _Reconnect(f"watch on {w.key!r} refused ({reason}); authenticating again")
+        exc: RegistryError = (PermissionDenied if auth_like else RegistryError)(
+            f"etcd watch on {w.key!r} refused: {reason or 'canceled by the server'}")
+        self._fail(w, exc)
+
+    def _canceled(self, w: Watcher, resp: pb.WatchResponse) -> None:
+        if w.cancelled:
+            return
+        if resp.compact_revision:
+            self._fail(w, Compacted(resp.compact_revision))
+            return
+        reason = resp.cancel_reason or "canceled by the server"
+        cls = PermissionDenied if "permission denied" in reason else RegistryError
+        self._fail(w, cls(f"etcd watch on {w.key!r} canceled: {reason}"))
+
+    async def close(self) -> None:
+        self._closed = True
+        for w in list(self._watchers):
+            w.cancelled = True
+            w._end(None)
+        self._watchers.clear()
+        t = self._task
+        if t is not None and not t.done():
+            t.cancel()
+            await _reap(t)
+
+
+async def _reap(task: asyncio.Task[None]) -> None:
+    """Wait for a cancelled task to finish; a failure at shutdown is only logged."""
+    try:
+        await task
+    except asyncio.CancelledError:
+        pass
+    except Exception:
+        log.debug("background task failed while closing", exc_info=True)

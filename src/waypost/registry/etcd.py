@@ -1,0 +1,124 @@
+"""EtcdRegistry: the Registry contract (registry/base.py) on waypost's etcd client."""
+
+from __future__ import annotations
+
+import logging
+from typing import Any
+
+from .. import _loop
+from ..errors import LeaseNotFound, RegistryUnavailable
+from ..etcd.client import EtcdClient
+from ..etcd.config import EtcdConfig
+from ..etcd.keys import decode_key, encode_key, key_range
+from ..etcd.lease import LeaseKeepAlive
+from ..etcd.watch import Watcher
+from .base import DeleteResult, Event, GetResult, KeyValue, LeaseLostCallback, PutResult, Registry
+
+log = logging.getLogger("waypost.registry.etcd")
+
+
+def _kv(m: Any) -> KeyValue:
+    return KeyValue(decode_key(m.key), m.value, m.create_revision, m.mod_revision, m.version, m.lease)
+
+
+def _event(ev: Any) -> Event:
+    prev = _kv(ev.prev_kv) if ev.HasField("prev_kv") else None
+    return Event("delete" if ev.type == 1 else "put", _kv(ev.kv), prev)
+
+
+class EtcdRegistry(Registry):
+    """A Registry over one etcd endpoint set. Get shared instances with ``waypost.connect(url)``.
+
+    The gRPC client is created lazily on the control loop by the first call, so constructing a
+    registry never touches the network.
+    """
+
+    def __init__(self, config: EtcdConfig, url: str | None = None) -> None:
+        self.config = config
+        self.url = url or "etcd://" + ",".join(config.endpoints)
+        self._client: EtcdClient | None = None
+        self._closed = False
+        self._on_close: list[Any] = []
+
+    def __repr__(self) -> str:
+        return f"<EtcdRegistry {self.url}>"
+
+    @property
+    def client(self) -> EtcdClient:
+        """The underlying etcd client (created on first use; only on the control loop)."""
+        if self._closed:
+            raise RegistryUnavailable(f"{self.url}: registry is closed")
+        c = self._client
+        if c is None:
+            if not _loop.in_loop():
+                raise RuntimeError("EtcdRegistry.client must be used on the control loop (waypost._loop)")
+            c = self._client = EtcdClient(self.config)
+        return c
+
+    async def get(
+        self, key: str, *, prefix: bool = False, revision: int = 0, keys_only: bool = False,
+        count_only: bool = False, limit: int = 0,
+    ) -> GetResult:
+        k, end = key_range(key, prefix)
+        r = await self.client.range(k, end, revision=revision, limit=limit, keys_only=keys_only,
+                                    count_only=count_only)
+        return GetResult([_kv(m) for m in r.kvs], r.header.revision, r.count)
+
+    async def put(self, key: str, value: bytes, *, lease: int = 0, prev_kv: bool = False) -> PutResult:
+        r = await self.client.put(encode_key(key), bytes(value), lease=lease, prev_kv=prev_kv)
+        prev = _kv(r.prev_kv) if r.HasField("prev_kv") else None
+        return PutResult(r.header.revision, prev)
+
+    async def delete(self, key: str, *, prefix: bool = False, prev_kv: bool = False) -> DeleteResult:
+        k, end = key_range(key, prefix)
+        r = await self.client.delete_range(k, end, prev_kv=prev_kv)
+        return DeleteResult(r.header.revision, r.deleted, [_kv(m) for m in r.prev_kvs])
+
+    async def grant(self, ttl: int) -> int:
+        return int((await self.client.lease_grant(ttl)).ID)
+
+    async def revoke(self, lease_id: int) -> None:
+        try:
+            await self.client.lease_revoke(lease_id)
+        except LeaseNotFound:
+            pass  # already gone: the contract says revoking an unknown lease is fine
+
+    async def time_to_live(self, lease_id: int) -> int:
+        r = await self.client.lease_time_to_live(lease_id)
+        return int(r.TTL) if r.TTL >= 0 else -1
+
+    def keep_alive(self, lease_id: int, ttl: int, on_lost: LeaseLostCallback) -> LeaseKeepAlive:
+        return self.client.keep_alive(lease_id, ttl, on_lost)  # type: ignore[no-any-return]
+
+    def watch(self, key: str, *, prefix: bool = False, start_revision: int = 0, prev_kv: bool = False,
+              progress_notify: bool = False) -> Watcher:
+        """Watch a key or prefix; safe to call from any thread (the watch starts on the control loop)."""
+        k, end = key_range(key, prefix)
+        if self._client is None and not _loop.in_loop():
+            _loop.run(self._ensure_client(), 10)
+        client = self._client or self.client
+        return client.watch(k, end, start_revision=start_revision, prev_kv=prev_kv,  # type: ignore[no-any-return]
+                            progress_notify=progress_notify, convert=_event)
+
+    async def _ensure_client(self) -> None:
+        _ = self.client
+
+    async def compact(self, revision: int) -> None:
+        await self.client.compact(revision, physical=True)
+
+    async def status(self) -> Any:
+        """The status message of the member in use (version, leader, db size...)."""
+        return await self.client.status()
+
+    async def close(self) -> None:
+        """Close the client (keepalives stop, watches end) and drop this registry from connect's cache."""
+        if self._closed:
+            return
+        self._closed = True
+        for cb in self._on_close:
+            try:
+                cb(self)
+            except Exception:
+                log.exception("close hook failed")
+        if self._client is not None:
+            await self._client.close()
