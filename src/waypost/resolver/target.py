@@ -403,8 +403,8 @@ def _hostport(text: str, scheme: str, raw: str, *, default_port: int | None, wha
     else:
         if text.count(":") > 1:
             _fail(scheme, raw, f"{what} {text!r}: write IPv6 addresses in brackets, e.g. [::1]:8080")
-        host, colon, port = text.partition(":")
-        port_text = port if colon else None
+        host, colon, port_part = text.partition(":")
+        port_text = port_part if colon else None
         if not host:
             _fail(scheme, raw, f"{what} {text!r}: empty host")
         if re.fullmatch(r"[0-9.]+", host):

@@ -1,0 +1,271 @@
+"""Fuzzing: the config and target parsers raise only their own error (or succeed), whatever the input."""
+
+from __future__ import annotations
+
+import json
+import string
+
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+
+from waypost import InvalidServiceConfig, InvalidTarget
+from waypost.balancer.durations import DurationError, parse_duration
+from waypost.balancer.service_config import ServiceConfig, parse_service_config
+from waypost.resolver.target import Target, parse_target, redact
+
+FUZZ = settings(max_examples=250, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+
+# names that steer generated values into the parser's interesting branches
+FIELD_NAMES = [
+    "loadBalancingPolicy", "loadBalancingConfig", "methodConfig", "retryThrottling", "healthCheckConfig",
+    "name", "service", "method", "timeout", "waitForReady", "retryPolicy", "hedgingPolicy", "maxAttempts",
+    "initialBackoff", "maxBackoff", "backoffMultiplier", "retryableStatusCodes", "maxTokens", "tokenRatio",
+    "serviceName", "pick_first", "round_robin", "random", "weighted_round_robin", "p2c_ewma", "least_request",
+    "consistent_hash", "outlier_detection", "childPolicy", "choiceCount", "hashHeader", "interval",
+    "baseEjectionTime", "maxEjectionTime", "maxEjectionPercent", "successRateEjection", "failurePercentageEjection",
+    "stdevFactor", "enforcementPercentage", "minimumHosts", "requestVolume", "threshold", "unknown",
+]
+SCALARS = st.one_of(
+    st.none(),
+    st.booleans(),
+    st.integers(min_value=-(2**70), max_value=2**70),
+    st.floats(allow_nan=True, allow_infinity=True),
+    st.sampled_from(["1s", "0.1s", "0s", "-1s", "1.5", "100ms", "UNAVAILABLE", "unavailable", "OK", "", "round_robin",
+                     "P2C_EWMA", "x-hash", ":path", "1e3s", "9999999999999s"]),
+    st.text(max_size=12),
+)
+KEYS = st.one_of(st.sampled_from(FIELD_NAMES), st.text(max_size=8))
+JSON_VALUES = st.recursive(
+    SCALARS,
+    lambda children: st.one_of(
+        st.lists(children, max_size=4),
+        st.dictionaries(KEYS, children, max_size=5),
+    ),
+    max_leaves=30,
+)
+
+
+def _structured() -> st.SearchStrategy:
+    """Configs shaped like real ones, with arbitrary values in the slots."""
+    retry = st.dictionaries(
+        st.sampled_from(["maxAttempts", "initialBackoff", "maxBackoff", "backoffMultiplier", "retryableStatusCodes",
+                         "perAttemptRecvTimeout", "maxAttempt"]),
+        JSON_VALUES, max_size=6,
+    )
+    name = st.dictionaries(st.sampled_from(["service", "method", "x"]), st.one_of(st.text(max_size=6), SCALARS),
+                           max_size=2)
+    method = st.fixed_dictionaries(
+        {"name": st.one_of(st.lists(name, max_size=3), JSON_VALUES)},
+        optional={"timeout": SCALARS, "waitForReady": SCALARS, "retryPolicy": st.one_of(retry, JSON_VALUES)},
+    )
+    policy_entry = st.dictionaries(st.sampled_from(FIELD_NAMES[20:28] + ["xds", "grpclb"]),
+                                   st.one_of(st.none(), st.dictionaries(KEYS, JSON_VALUES, max_size=4)),
+                                   min_size=1, max_size=2)
+    return st.fixed_dictionaries(
+        {},
+        optional={
+            "loadBalancingConfig": st.one_of(st.lists(policy_entry, max_size=3), JSON_VALUES),
+            "loadBalancingPolicy": st.one_of(st.sampled_from(FIELD_NAMES[20:28]), SCALARS),
+            "methodConfig": st.one_of(st.lists(method, max_size=3), JSON_VALUES),
+            "retryThrottling": st.one_of(
+                st.fixed_dictionaries({"maxTokens": SCALARS, "tokenRatio": SCALARS}), JSON_VALUES),
+            "healthCheckConfig": st.one_of(st.fixed_dictionaries({"serviceName": SCALARS}), JSON_VALUES),
+        },
+    )
+
+
+def _perturbed(valid: st.SearchStrategy) -> st.SearchStrategy:
+    """Mostly-valid objects: as generated, or with one field replaced, removed or added."""
+
+    @st.composite
+    def perturb(draw):
+        obj = dict(draw(valid))
+        action = draw(st.sampled_from(["keep", "keep", "replace", "remove", "add"]))
+        if action == "replace" and obj:
+            obj[draw(st.sampled_from(sorted(obj)))] = draw(JSON_VALUES)
+        elif action == "remove" and obj:
+            obj.pop(draw(st.sampled_from(sorted(obj))))
+        elif action == "add":
+            obj[draw(KEYS)] = draw(JSON_VALUES)
+        return obj
+
+    return perturb()
+
+
+VALID_RETRY = st.fixed_dictionaries({
+    "maxAttempts": st.integers(min_value=2, max_value=9),
+    "initialBackoff": st.sampled_from(["0.1s", "1s", "0.000001s", "2.5s"]),
+    "maxBackoff": st.sampled_from(["1s", "30s", "0.5s"]),
+    "backoffMultiplier": st.one_of(st.integers(min_value=1, max_value=5), st.floats(min_value=0.1, max_value=10)),
+    "retryableStatusCodes": st.lists(st.sampled_from(["UNAVAILABLE", "unavailable", 14, 4, "Internal"]),
+                                     min_size=1, max_size=3),
+})
+VALID_NAME = st.one_of(
+    st.just({}),
+    st.fixed_dictionaries({"service": st.sampled_from(["a.S", "b.T"])},
+                          optional={"method": st.sampled_from(["M", "N", ""])}),
+)
+VALID_METHOD = st.fixed_dictionaries(
+    {"name": st.lists(_perturbed(VALID_NAME), min_size=1, max_size=3)},
+    optional={"timeout": st.sampled_from(["1s", "0.25s", "10s"]), "waitForReady": st.booleans(),
+              "retryPolicy": _perturbed(VALID_RETRY)},
+)
+VALID_LB = st.lists(
+    st.sampled_from(FIELD_NAMES[20:28] + ["xds", "grpclb"]).map(lambda name: {name: {}}), min_size=1, max_size=3)
+NEAR_VALID_CONFIG = _perturbed(st.fixed_dictionaries({}, optional={
+    "loadBalancingConfig": VALID_LB,
+    "loadBalancingPolicy": st.sampled_from(["round_robin", "PICK_FIRST", "p2c_ewma"]),
+    "methodConfig": st.lists(_perturbed(VALID_METHOD), max_size=3),
+    "retryThrottling": _perturbed(st.fixed_dictionaries({
+        "maxTokens": st.floats(min_value=0.001, max_value=1000), "tokenRatio": st.floats(min_value=0.001, max_value=5),
+    })),
+    "healthCheckConfig": _perturbed(st.fixed_dictionaries({"serviceName": st.text(max_size=5)})),
+}))
+
+
+def _check_config(raw, balancer=None) -> None:
+    try:
+        cfg = parse_service_config(raw, balancer=balancer)
+    except InvalidServiceConfig as exc:
+        assert str(exc)  # always says something
+        return
+    assert isinstance(cfg, ServiceConfig)
+    # a valid config answers lookups for any method name
+    for method in ("/a.S/M", "", "/", "x"):
+        cfg.method_config(method)
+
+
+@FUZZ
+@given(JSON_VALUES)
+def test_arbitrary_json_values(raw):
+    _check_config(raw)
+
+
+@FUZZ
+@given(_structured(), st.one_of(st.none(), st.sampled_from(FIELD_NAMES[19:28]), st.text(max_size=6)))
+def test_config_shaped_values(raw, balancer):
+    _check_config(raw, balancer)
+    # the same config as JSON text gives the same answer
+    try:
+        text = json.dumps(raw, allow_nan=False)
+    except ValueError:
+        return
+    _check_config(text, balancer)
+
+
+@FUZZ
+@given(NEAR_VALID_CONFIG, st.one_of(st.none(), st.sampled_from(["round_robin", "p2c_ewma", "nope"])))
+def test_near_valid_configs(raw, balancer):
+    _check_config(raw, balancer)
+    _check_config(json.dumps(raw), balancer)
+
+
+@FUZZ
+@given(st.text(max_size=200))
+def test_arbitrary_text(text):
+    _check_config(text)
+
+
+@FUZZ
+@given(st.binary(max_size=100))
+def test_arbitrary_bytes(data):
+    _check_config(data)
+
+
+@FUZZ
+@given(JSON_VALUES.map(lambda v: json.dumps(v)), st.integers(min_value=0, max_value=40), st.text(max_size=3))
+def test_mutated_json_text(text, pos, insert):
+    _check_config(text[:pos] + insert + text[pos:])
+
+
+@FUZZ
+@given(st.text(max_size=30))
+def test_durations(text):
+    try:
+        parse_duration(text)
+    except DurationError:
+        pass
+
+
+URL_ALPHABET = string.ascii_letters + string.digits + ":/?&=%@[],.#+-_ \t"
+TARGET_PARTS = st.sampled_from([
+    "etcd://", "discov://", "direct://", "memory://", "dns://", "ipv4:", "ipv6:", "/", "//", "///", "?", "&", "=",
+    "key=", "format=", "exact=", "user=", "password=", "tls=", "cacert=", "certfile=", "keyfile=", "kratos",
+    "gozero", "etcd-naming", "127.0.0.1", ":2379", "[::1]", ":0", ":65536", ",", "@", "u:p@", "%", "%2F", "%zz",
+    "%ff", "h", "greet.rpc", "#", "1", "true", "[", "]", ":",
+])
+
+
+def _check_target(text) -> None:
+    try:
+        target = parse_target(text)
+    except InvalidTarget as exc:
+        assert str(exc)
+        return
+    assert isinstance(target, Target)
+    assert target.scheme in ("direct", "etcd", "memory", "dns")
+    repr(target)
+    str(target)
+    if target.uses_registry:
+        assert target.key
+        target.registry_url()
+    else:
+        assert target.endpoints
+
+
+@FUZZ
+@given(st.text(max_size=80))
+def test_arbitrary_target_strings(text):
+    _check_target(text)
+
+
+@FUZZ
+@given(st.text(alphabet=URL_ALPHABET, max_size=60))
+def test_url_alphabet_targets(text):
+    _check_target(text)
+
+
+@FUZZ
+@given(st.lists(TARGET_PARTS, max_size=12).map("".join))
+def test_assembled_targets(text):
+    _check_target(text)
+
+
+HOSTS = st.sampled_from(["127.0.0.1:2379", "h1:2379", "[::1]:1", "localhost:80", "a.b.c:65535", "h", "h:0", ""])
+NEAR_VALID_TARGET = st.builds(
+    lambda scheme, auth, hosts, query: f"{scheme}{auth}/{','.join(hosts)}{'?' + '&'.join(query) if query else ''}",
+    st.sampled_from(["etcd://", "discov://", "direct://", "memory://", "dns://", "ETCD://", "foo://"]),
+    st.sampled_from(["", "", "u:p@", "127.0.0.1:2379", "reg1", "8.8.8.8"]),
+    st.lists(HOSTS, max_size=3),
+    st.lists(st.sampled_from(["key=greet.rpc", "key=%2Fa%2Fb", "key=", "format=kratos", "format=etcd-naming",
+                              "exact=1", "exact=maybe", "tls=1", "user=root", "password=pw", "cacert=%2Fca.pem",
+                              "certfile=c", "keyfile=k", "bogus=1"]), max_size=4),
+)
+
+
+@FUZZ
+@given(NEAR_VALID_TARGET, st.integers(min_value=0, max_value=60), st.text(max_size=2), st.integers(0, 2))
+def test_near_valid_targets(text, pos, insert, drop):
+    _check_target(text)
+    _check_target(text[:pos] + insert + text[pos + drop:])
+
+
+@FUZZ
+@given(st.text(alphabet=string.ascii_letters + string.digits + "!$'()+,;=-._~", min_size=1, max_size=12))
+def test_passwords_never_leak(password):
+    from urllib.parse import quote
+
+    for text in (f"etcd://root:{quote(password, safe='')}@h:2379/k",
+                 f"etcd://root:{quote(password, safe='')}@h:99999/k",
+                 f"etcd:///h:2379?key=k&user=root&password={quote(password, safe='')}&bogus=1"):
+        try:
+            target = parse_target(text)
+        except InvalidTarget as exc:
+            assert f":{password}@" not in str(exc) and f"password={password}" not in str(exc)
+            continue
+        assert target.options["password"] == password
+        shown = repr(target) + str(target)
+        assert f":{quote(password, safe='')}@" not in shown
+        assert f"'password': {password!r}" not in shown
+        assert "'password': '***'" in repr(target)
+    assert "***" in redact(f"etcd://root:{password}@h:1/k")
