@@ -127,7 +127,7 @@ def test_duplicate_addresses_are_collapsed():
     assert Counter(picks(picker, 4)) == {"a:1": 2, "b:1": 2}
 
 
-@pytest.mark.parametrize("name", ["round_robin", "random", "weighted_round_robin", "p2c_ewma", "least_request"])
+@pytest.mark.parametrize("name", ALL)
 def test_thread_safety_smoke(name):
     """8 threads x 10k picks: no exception, every pick counted once, in-flight back to 0."""
     addrs = [f"10.0.0.{i}:80" for i in range(5)]
@@ -139,8 +139,8 @@ def test_thread_safety_smoke(name):
     def work() -> None:
         c: Counter = Counter()
         try:
-            for _ in range(10_000):
-                res = picker.pick(PickInfo())
+            for i in range(10_000):
+                res = picker.pick(PickInfo(hash_key=f"user-{i}"))
                 c[res.backend.address] += 1
                 res.done(Outcome(latency=0.001))
         except BaseException as exc:  # noqa: BLE001 - reported below
@@ -156,9 +156,13 @@ def test_thread_safety_smoke(name):
     total = sum(counts, Counter())
     assert sum(total.values()) == 80_000
     assert set(total) <= set(addrs)
-    if name == "round_robin":
-        assert set(total.values()) == {16_000}  # atomic counter: exactly even
+    if name in ("round_robin", "weighted_round_robin"):
+        assert set(total.values()) == {16_000}  # atomic counter / locked SWRR: exactly even
     if name == "p2c_ewma":
         assert all(s["inflight"] == 0 for s in policy.snapshot().values())
     if name == "least_request":
         assert set(policy.inflight().values()) == {0}
+    if name == "consistent_hash":
+        assert len(total) == 5  # 10k keys spread over every address
+    if name == "pick_first":
+        assert total == {addrs[0]: 80_000}
