@@ -46,7 +46,7 @@ class Load:
                 with self._lock:
                     self.ok.append((time.monotonic(), r.server))
 
-    def __enter__(self) -> Load:
+    def __enter__(self) -> Load:  # noqa: PYI034
         for t in self._threads:
             t.start()
         return self
