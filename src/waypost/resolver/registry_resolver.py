@@ -7,10 +7,12 @@ set by ``waypost.connect`` and is not closed here.
 
 from __future__ import annotations
 
+import asyncio
 import logging
 from collections.abc import Callable, Sequence
 from typing import Any
 
+from .. import _loop
 from ..balancer.base import Backend
 from .subset import Subsetter
 from .target import Target
@@ -19,19 +21,51 @@ log = logging.getLogger("waypost.resolver")
 
 
 class RegistryResolver:
-    def __init__(self, target: Target, subsetter: Subsetter | None) -> None:
+    def __init__(self, target: Target, subsetter: Subsetter | None, *, block: bool = True,
+                 timeout: float = 5.0) -> None:
         self.target = target
         self.subsetter = subsetter
+        self.block = block
+        self.timeout = timeout
         self._sub: Any = None
         self._closed = False
 
     def start(self, on_update: Callable[[Sequence[Backend]], None], on_error: Callable[[str], None]) -> None:
+        """Blocking mode (sync dial): returns after the initial load, raising RegistryUnavailable when the
+        registry cannot be read in time. Non-blocking mode (aio dial): loads in the background; calls wait
+        for the first list meanwhile, and a failure is reported through ``on_error`` and retried."""
         from ..discovery import Subscriber
-        from ..registry import connect
 
-        registry = connect(self.target.registry_url())
-        # The Subscriber returns after its initial load (raises RegistryUnavailable when it cannot).
-        self._sub = sub = Subscriber(registry, self.target.key, exact=self.target.exact, format=self.target.format)
+        if self.block:
+            sub = Subscriber(self.target.registry_url(), self.target.key, exact=self.target.exact,
+                             format=self.target.format, timeout=self.timeout)
+            self._attach(sub, on_update)
+            return
+        _loop.submit(self._open_async(on_update, on_error))
+
+    async def _open_async(self, on_update: Callable[[Sequence[Backend]], None],
+                          on_error: Callable[[str], None]) -> None:
+        from ..discovery import Subscriber
+
+        delay = 0.5
+        while not self._closed:
+            try:
+                sub = await Subscriber.open(self.target.registry_url(), self.target.key, exact=self.target.exact,
+                                            format=self.target.format, timeout=self.timeout)
+            except Exception as e:  # noqa: BLE001  # keep trying; calls see the reason meanwhile
+                log.warning("waypost: resolving %s failed: %s", self.target.redacted, e)
+                on_error(f"{type(e).__name__}: {e}")
+                await asyncio.sleep(delay)
+                delay = min(delay * 2, 5.0)
+                continue
+            if self._closed:
+                sub.close()
+                return
+            self._attach(sub, on_update)
+            return
+
+    def _attach(self, sub: Any, on_update: Callable[[Sequence[Backend]], None]) -> None:
+        self._sub = sub
 
         def changed() -> None:
             if self._closed:
@@ -44,6 +78,10 @@ class RegistryResolver:
 
         sub.add_listener(changed)
         changed()
+        # add_listener from another thread is applied on the control loop; re-read once it is attached so a
+        # change landing in between is not missed (the loop runs callbacks in order).
+        if not _loop.in_loop():
+            _loop.call_soon(changed)
 
     def backends(self) -> Sequence[Backend]:
         return tuple(self._sub.backends()) if self._sub is not None else ()
