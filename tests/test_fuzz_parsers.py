@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import os
 import string
 
 from hypothesis import HealthCheck, given, settings
@@ -13,7 +14,12 @@ from waypost.balancer.durations import DurationError, parse_duration
 from waypost.balancer.service_config import ServiceConfig, parse_service_config
 from waypost.resolver.target import Target, parse_target, redact
 
-FUZZ = settings(max_examples=250, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+# WAYPOST_FUZZ_EXAMPLES=5000 runs a longer search locally; the suite keeps it short.
+FUZZ = settings(
+    max_examples=int(os.environ.get("WAYPOST_FUZZ_EXAMPLES", "250")),
+    deadline=None,
+    suppress_health_check=[HealthCheck.too_slow],
+)
 
 # names that steer generated values into the parser's interesting branches
 FIELD_NAMES = [

@@ -44,6 +44,10 @@ VALID = [
     ("discov://h:2379/greet.rpc?format=etcd-naming", "etcd", ("h:2379",), "greet.rpc", "etcd-naming", {}, ""),
     ("etcd://h:2379/a%20b", "etcd", ("h:2379",), "a b", "gozero", {}, ""),
     ("etcd://h:2379?key=k", "etcd", ("h:2379",), "k", "gozero", {}, ""),
+    ("etcd:///h1,h2:2380?key=k", "etcd", ("h1:2379", "h2:2380"), "k", "gozero", {}, ""),  # default etcd port
+    ("etcd://h/k", "etcd", ("h:2379",), "k", "gozero", {}, ""),
+    ("etcd:///h:1?key=k&dial_timeout=2.5&request_timeout=10", "etcd", ("h:1",), "k", "gozero",
+     {"dial_timeout": "2.5", "request_timeout": "10"}, ""),
     # credentials and TLS
     ("etcd://root:pw@h:2379/k", "etcd", ("h:2379",), "k", "gozero", {"user": "root", "password": "pw"}, ""),
     ("etcd://root:p%40ss%2Fw@/h1:2379,h2:2379?key=k", "etcd", ("h1:2379", "h2:2379"), "k", "gozero",
@@ -113,6 +117,30 @@ def test_registry_url():
     assert parse_target("memory:///?key=k").uses_registry
 
 
+def test_registry_url_is_accepted_by_connect(tmp_path):
+    from waypost.registry.url import parse_registry_url
+
+    for name in ("ca.pem", "c d.pem", "k.pem"):
+        (tmp_path / name).write_text("x")
+    ca, cert, key = (str(tmp_path / n).replace(" ", "%20") for n in ("ca.pem", "c d.pem", "k.pem"))
+    target = parse_target(
+        f"etcd://ro%3Aot:p%40ss%2Fw@/h1:2379,[::1]:2380?key=greet.rpc&tls=1&cacert={ca}&certfile={cert}"
+        f"&keyfile={key}&dial_timeout=2&request_timeout=7"
+    )
+    url = parse_registry_url(target.registry_url())
+    assert url.scheme == "etcd"
+    assert url.endpoints == ("h1:2379", "[::1]:2380")
+    assert (url.username, url.password) == ("ro:ot", "p@ss/w")
+    assert url.tls
+    assert (url.ca_file, url.cert_file, url.key_file) == (
+        str(tmp_path / "ca.pem"), str(tmp_path / "c d.pem"), str(tmp_path / "k.pem"))
+    assert (url.dial_timeout, url.request_timeout) == (2.0, 7.0)
+    plain = parse_registry_url(parse_target("etcd://127.0.0.1:2379/greet.rpc").registry_url())
+    assert plain.endpoints == ("127.0.0.1:2379",) and plain.username is None and not plain.tls
+    assert parse_registry_url(parse_target("memory://reg1/?key=k").registry_url()).name == "reg1"
+    assert parse_registry_url(parse_target("memory:///?key=k").registry_url()).name == "default"
+
+
 def test_exact_property():
     assert parse_target("etcd:///h:1?key=k&exact=true").exact
     assert not parse_target("etcd:///h:1?key=k&exact=0").exact
@@ -178,7 +206,8 @@ INVALID = [
     ("etcd:///?key=k", ["no etcd hosts given", "etcd:///127.0.0.1:2379?key=greet.rpc"]),
     ("etcd:///h:2379,?key=k", ["empty etcd host at position 2"]),
     ("etcd:///:2379?key=k", ["empty host"]),
-    ("etcd:///h?key=k", ["'h' has no port"]),
+    ("etcd:///h:1?key=k&dial_timeout=0", ["dial_timeout= expects a number of seconds > 0"]),
+    ("etcd:///h:1?key=k&request_timeout=soon", ["request_timeout= expects"]),
     ("etcd:///h:0?key=k", ["bad port '0'", "1..65535"]),
     ("etcd:///h:65536?key=k", ["bad port '65536'"]),
     ("etcd:///h:80a?key=k", ["bad port '80a'"]),

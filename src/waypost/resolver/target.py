@@ -16,7 +16,8 @@ Accepted forms (the scheme is case-insensitive):
 
 Query parameters of etcd targets: ``key``, ``format=gozero|etcd-naming|kratos`` (default gozero),
 ``exact=1`` (go-zero's exact key match), and registry options ``user``, ``password``, ``tls=1``,
-``cacert``, ``certfile``, ``keyfile``. The TLS files have these names (not ``ca``/``cert``/``key`` as
+``cacert``, ``certfile``, ``keyfile``, ``dial_timeout``, ``request_timeout`` (seconds). An etcd host
+without a port means port 2379, as in registry URLs. The TLS files have these names (not ``ca``/``cert``/``key`` as
 in a registry URL) because ``key`` is the service key in go-zero's targets. Credentials may also be
 written as ``etcd://user:pass@/h1:2379?key=K`` or ``etcd://user:pass@h:2379/K``. Memory targets take
 ``key``, ``format`` and ``exact``; direct and dns targets take none. Unknown parameters are errors.
@@ -53,7 +54,9 @@ EXAMPLES = {
     "ipv6": "ipv6:[::1]:8080",
 }
 
-_REGISTRY_OPTIONS = ("user", "password", "tls", "cacert", "certfile", "keyfile")
+_REGISTRY_OPTIONS = ("user", "password", "tls", "cacert", "certfile", "keyfile", "dial_timeout", "request_timeout")
+_SECONDS_PARAMS = ("dial_timeout", "request_timeout")
+ETCD_DEFAULT_PORT = 2379
 _ALLOWED_PARAMS = {
     "etcd": ("key", "format", "exact", *_REGISTRY_OPTIONS),
     "memory": ("key", "format", "exact"),
@@ -119,11 +122,9 @@ class Target:
             if "password" in self.options:
                 userinfo += ":" + quote(self.options["password"], safe="")
             userinfo += "@"
-        query = [
-            (url_name, self.options[name])
-            for name, url_name in (("tls", "tls"), ("cacert", "ca"), ("certfile", "cert"), ("keyfile", "key"))
-            if name in self.options
-        ]
+        renames = (("tls", "tls"), ("cacert", "ca"), ("certfile", "cert"), ("keyfile", "key"),
+                   ("dial_timeout", "dial_timeout"), ("request_timeout", "request_timeout"))
+        query = [(url_name, self.options[name]) for name, url_name in renames if name in self.options]
         suffix = "?" + urlencode(query, quote_via=quote, safe="/") if query else ""
         return f"etcd://{userinfo}{','.join(self.endpoints)}{suffix}"
 
@@ -277,7 +278,7 @@ def _parse_etcd(scheme: str, authority: str, path: str, params: dict[str, str], 
         userinfo, _, authority = authority.rpartition("@")
     if authority:
         # legacy form: hosts in the authority, key in the path (go-zero trims the slashes)
-        hosts = _endpoints(authority, scheme, raw, what="etcd host")
+        hosts = _endpoints(authority, scheme, raw, what="etcd host", default_port=ETCD_DEFAULT_PORT)
         key = unquote_strict(path, scheme, raw).strip("/")
         if key and "key" in params:
             _fail(scheme, raw, "the key is given twice (in the path and as ?key=); use one: "
@@ -285,7 +286,7 @@ def _parse_etcd(scheme: str, authority: str, path: str, params: dict[str, str], 
         if not key:
             key = _key(params, scheme, raw)
     else:
-        hosts = _endpoints(path[1:], scheme, raw, what="etcd host")
+        hosts = _endpoints(path[1:], scheme, raw, what="etcd host", default_port=ETCD_DEFAULT_PORT)
         key = _key(params, scheme, raw)
     fmt, options = _common_options(params, scheme, raw)
     if userinfo:
@@ -337,6 +338,8 @@ def _common_options(params: dict[str, str], scheme: str, raw: str) -> tuple[str,
             if lowered not in _TRUE + _FALSE:
                 _fail(scheme, raw, f"{name}= expects 1, 0, true or false, got {value!r}")
             value = "1" if lowered in _TRUE else "0"
+        elif name in _SECONDS_PARAMS and not _is_positive_number(value):
+            _fail(scheme, raw, f"{name}= expects a number of seconds > 0, got {value!r}")
         options[name] = value
     return fmt, options
 
@@ -422,6 +425,14 @@ def _hostport(text: str, scheme: str, raw: str, *, default_port: int | None, wha
             _fail(scheme, raw, f"{what} {text!r}: bad port {port_text!r} (expected 1..65535)")
         port = int(port_text)
     return f"{shown}:{port}"
+
+
+def _is_positive_number(text: str) -> bool:
+    try:
+        value = float(text)
+    except ValueError:
+        return False
+    return 0 < value < float("inf")
 
 
 def _is_ipv4(host: str) -> bool:
