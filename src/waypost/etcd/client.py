@@ -169,7 +169,8 @@ class EtcdClient:
                     continue
                 if e.code() in _errors.UNAVAILABLE_CODES:
                     self.pool.mark_failed(ep)
-                    if idempotent:
+                    # a deadline on the only endpoint would just repeat: give up at once
+                    if idempotent and (n > 1 or e.code() == grpc.StatusCode.UNAVAILABLE):
                         continue
                 if _errors.is_compacted(e):
                     rev = await self.compact_revision()

@@ -25,8 +25,8 @@ class EtcdConfig:
     #: deadline of one unary call (all failover attempts included)
     request_timeout: float = 5.0
     #: grpc keepalive: etcd's server refuses pings more often than every 5 s (too_many_pings),
-    #: so ping every 6 s and give up 2.5 s later: a frozen member is noticed within ~9 s.
-    keepalive_time_ms: int = 6000
+    #: so ping every 5.5 s and give up 2.5 s later: a frozen member is noticed within ~8 s.
+    keepalive_time_ms: int = 5500
     keepalive_timeout_ms: int = 2500
     #: an endpoint that failed is tried after healthy ones for this long (never locked out)
     failure_cooldown: float = 10.0

@@ -1,0 +1,151 @@
+"""Helpers for the etcd client tests: run on the control loop, wait with a deadline, a cuttable TCP proxy."""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import socket
+import threading
+import time
+from collections.abc import Callable, Iterator
+from typing import Any
+
+from waypost import _loop
+from waypost.etcd.config import EtcdConfig
+from waypost.registry.etcd import EtcdRegistry
+
+
+def run(coro: Any, timeout: float = 30.0) -> Any:
+    """Run a coroutine on the control-plane loop and wait for it."""
+    return _loop.run(coro, timeout)
+
+
+def on_loop(fn: Callable[[], Any], timeout: float = 10.0) -> Any:
+    """Call a plain function on the control loop (for APIs that must start there)."""
+
+    async def call() -> Any:
+        return fn()
+
+    return run(call(), timeout)
+
+
+def wait_until(pred: Callable[[], Any], timeout: float, interval: float = 0.05) -> bool:
+    """Poll ``pred`` until true or ``timeout`` seconds pass (bounded); returns the last result."""
+    deadline = time.monotonic() + timeout
+    while True:
+        ok = pred()
+        if ok or time.monotonic() >= deadline:
+            return bool(ok)
+        time.sleep(interval)
+
+
+def next_batch(watch: Any, timeout: float = 10.0) -> list[Any]:
+    return run(asyncio.wait_for(watch.__anext__(), timeout), timeout + 5)  # type: ignore[no-any-return]
+
+
+def collect_events(watch: Any, count: int, timeout: float = 15.0) -> list[Any]:
+    """The next ``count`` events of a watch (several batches), within ``timeout`` seconds."""
+
+    async def go() -> list[Any]:
+        out: list[Any] = []
+        while len(out) < count:
+            out.extend(await watch.__anext__())
+        return out
+
+    return run(asyncio.wait_for(go(), timeout), timeout + 5)  # type: ignore[no-any-return]
+
+
+def make_registry(endpoints: list[str] | str, **kw: Any) -> EtcdRegistry:
+    """A private EtcdRegistry (not from connect's cache), closed by the caller."""
+    if isinstance(endpoints, str):
+        endpoints = [endpoints]
+    return EtcdRegistry(EtcdConfig(endpoints=tuple(endpoints), **kw))
+
+
+@contextlib.contextmanager
+def registry(endpoints: list[str] | str, **kw: Any) -> Iterator[EtcdRegistry]:
+    reg = make_registry(endpoints, **kw)
+    try:
+        yield reg
+    finally:
+        run(reg.close(), 15)
+
+
+class TcpProxy:
+    """A loopback TCP proxy to one upstream that can be cut (all connections dropped, new ones
+    refused by an immediate close) and restored: a network partition between client and etcd."""
+
+    def __init__(self, upstream: tuple[str, int]) -> None:
+        self.upstream = upstream
+        self._sock = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
+        self._sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        self._sock.bind(("127.0.0.1", 0))
+        self._sock.listen(64)
+        self._sock.settimeout(0.2)
+        self.port = self._sock.getsockname()[1]
+        self.endpoint = f"127.0.0.1:{self.port}"
+        self._up = True
+        self._closed = False
+        self._conns: set[socket.socket] = set()
+        self._lock = threading.Lock()
+        self._thread = threading.Thread(target=self._accept_loop, name="test-tcp-proxy", daemon=True)
+        self._thread.start()
+
+    def _accept_loop(self) -> None:
+        while not self._closed:
+            try:
+                client, _ = self._sock.accept()
+            except TimeoutError:
+                continue
+            except OSError:
+                return
+            if not self._up:
+                client.close()
+                continue
+            try:
+                upstream = socket.create_connection(self.upstream, timeout=2)
+            except OSError:
+                client.close()
+                continue
+            upstream.settimeout(None)
+            client.settimeout(None)
+            with self._lock:
+                self._conns.update((client, upstream))
+            for a, b in ((client, upstream), (upstream, client)):
+                threading.Thread(target=self._pump, args=(a, b), daemon=True).start()
+
+    def _pump(self, src: socket.socket, dst: socket.socket) -> None:
+        try:
+            while True:
+                data = src.recv(65536)
+                if not data:
+                    break
+                dst.sendall(data)
+        except OSError:
+            pass
+        finally:
+            for s in (src, dst):
+                with contextlib.suppress(OSError):
+                    s.shutdown(socket.SHUT_RDWR)
+                s.close()
+            with self._lock:
+                self._conns.discard(src)
+                self._conns.discard(dst)
+
+    def cut(self) -> None:
+        """Drop every connection and refuse new ones until ``restore()``."""
+        self._up = False
+        with self._lock:
+            conns = list(self._conns)
+        for s in conns:
+            with contextlib.suppress(OSError):
+                s.shutdown(socket.SHUT_RDWR)
+
+    def restore(self) -> None:
+        self._up = True
+
+    def close(self) -> None:
+        self._closed = True
+        self.cut()
+        self._sock.close()
+        self._thread.join(2)
