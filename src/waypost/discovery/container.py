@@ -1,0 +1,116 @@
+"""The subscriber's local view: etcd key -> entry, address -> keys, and cached immutable snapshots.
+
+Mutations happen on the control loop only; readers on any thread get the last published tuple (one
+attribute read, no lock). Deletes are applied before adds, and an add for a key that already holds
+another entry replaces it, so a value change is never lost (go-zero's reload path loses it).
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Callable, Iterable
+from types import MappingProxyType
+
+from ..balancer.base import Backend
+from ..registry.formats import Entry
+
+log = logging.getLogger("waypost.discovery")
+
+Listener = Callable[[], None]
+
+
+class Container:
+    """Distinct addresses behind a set of keys; ``exclusive``: one key per address, the newest wins."""
+
+    def __init__(self, exclusive: bool = False) -> None:
+        self.exclusive = exclusive
+        self._mapping: dict[str, Entry] = {}
+        self._values: dict[str, list[str]] = {}  # address -> keys holding it, oldest first
+        self._snapshot: tuple[str, ...] = ()
+        self._backends: tuple[Backend, ...] = ()
+        self._listeners: list[Listener] = []
+
+    # -- reads (any thread) ---------------------------------------------------------------------
+
+    def values(self) -> tuple[str, ...]:
+        """The distinct addresses (the same tuple object until something changes)."""
+        return self._snapshot
+
+    def backends(self) -> tuple[Backend, ...]:
+        """One Backend per distinct address, with the metadata of its newest key."""
+        return self._backends
+
+    def keys(self) -> dict[str, Entry]:
+        """A copy of the key -> entry mapping."""
+        return dict(self._mapping)
+
+    # -- writes (control loop) ------------------------------------------------------------------
+
+    def add_listener(self, fn: Listener) -> None:
+        self._listeners.append(fn)
+
+    def remove_listener(self, fn: Listener) -> None:
+        try:
+            self._listeners.remove(fn)
+        except ValueError:
+            pass
+
+    def apply(self, deletes: Iterable[str] = (), adds: Iterable[tuple[str, Entry]] = ()) -> bool:
+        """Apply deletes, then adds; rebuild the snapshot and notify listeners if anything changed."""
+        changed = False
+        for key in deletes:
+            changed |= self._remove(key)
+        for key, entry in adds:
+            changed |= self._add(key, entry)
+        if changed:
+            self._rebuild()
+            self.notify()
+        return changed
+
+    def clear(self) -> None:
+        self._mapping.clear()
+        self._values.clear()
+        self._rebuild()
+
+    def _add(self, key: str, entry: Entry) -> bool:
+        old = self._mapping.get(key)
+        if old == entry:
+            return False
+        if old is not None:
+            self._remove(key)  # a changed value: drop the old address first
+        keys = self._values.get(entry.address)
+        if keys and self.exclusive:
+            for other in list(keys):
+                self._remove(other)
+        self._values.setdefault(entry.address, []).append(key)
+        self._mapping[key] = entry
+        return True
+
+    def _remove(self, key: str) -> bool:
+        entry = self._mapping.pop(key, None)
+        if entry is None:
+            return False
+        keys = self._values.get(entry.address)
+        if keys is not None:
+            try:
+                keys.remove(key)
+            except ValueError:
+                pass
+            if not keys:
+                del self._values[entry.address]
+        return True
+
+    def _rebuild(self) -> None:
+        backends = []
+        for address, keys in self._values.items():
+            md = self._mapping[keys[-1]].metadata
+            backends.append(Backend(address, md if isinstance(md, MappingProxyType) else MappingProxyType(dict(md))))
+        self._backends = tuple(backends)
+        self._snapshot = tuple(self._values)
+
+    def notify(self) -> None:
+        for fn in list(self._listeners):
+            try:
+                fn()
+            except Exception:
+                log.exception("subscriber listener %r failed", fn)

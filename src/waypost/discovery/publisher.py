@@ -1,0 +1,362 @@
+"""Publisher: keep one address registered under a key, under a lease, whatever happens to etcd.
+
+Behaviour (go-zero's ``core/discov`` Publisher, plus what it lacks):
+- ``start()`` grants a lease of ``ttl`` seconds, puts the record(s) of the chosen wire format under it,
+  keeps the lease alive on the registry's shared keepalive stream, and watches its own key. It raises
+  ``RegistryUnavailable`` if this does not succeed within ``timeout`` seconds (fail fast at start-up).
+- Own key deleted by someone else: put back at once (same lease).
+- Lease lost (revoked from outside, expired while etcd or this process was unreachable or frozen):
+  register again with a new lease, retrying every ~1 s (+-5% jitter) FOREVER; a failure is logged once
+  when the state changes, not on every retry (go-zero and Kratos can stop re-registering; we never do).
+- ``pause()`` revokes the lease (the key disappears at once, traffic drains); ``resume()`` registers
+  again; ``stop()`` revokes and is idempotent.
+- ``exclusive=True`` (a publisher-side take-over; go-zero's exclusive is a subscriber option): before
+  each registration, delete the other records under the key that hold the same address, e.g. the
+  stale key of a previous incarnation of this process. A live owner of such a key will put it back.
+- The go-zero key is ``<key>/<id>`` with id = ``id`` if given, else the lease id in decimal, so a new
+  lease means a new key (as in go-zero).
+
+All the work runs on the control loop; the sync methods block the calling thread until it is done and
+the ``a*`` twins await it from any event loop (e.g. a ``grpc.aio`` server's).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import random
+from collections.abc import Awaitable, Mapping
+from typing import Any, TypeVar
+
+from .. import _loop
+from ..errors import Compacted, LeaseNotFound, RegistryError, RegistryUnavailable
+from ..registry.base import Registry
+from ..registry.formats import WireFormat, get_format
+from .subscriber import cool_down, resolve_registry
+
+log = logging.getLogger("waypost.discovery")
+
+T = TypeVar("T")
+
+#: how long stop()/pause() wait for the revoke before leaving the key to expire by TTL
+REVOKE_TIMEOUT = 2.0
+
+
+async def _on_control_loop(coro: Awaitable[T]) -> T:
+    """Await ``coro`` on the control loop from any event loop."""
+    if _loop.in_loop():
+        return await coro
+    return await asyncio.wrap_future(_loop.submit(coro))
+
+
+class Publisher:
+    """Registers ``value`` (an address ``host:port``) under ``key`` (see the module docstring)."""
+
+    def __init__(
+        self, registry: Registry | str, key: str, value: str, ttl: int = 10, id: int | str | None = None,
+        exclusive: bool = False, metadata: Mapping[str, Any] | None = None, format: str | WireFormat = "gozero",
+        *, timeout: float = 5.0, rng: random.Random | None = None,
+    ) -> None:
+        if not isinstance(key, str) or not key:
+            raise ValueError(f"publisher key must be a non-empty string, got {key!r}")
+        if isinstance(ttl, bool) or not isinstance(ttl, int) or ttl < 1:
+            raise ValueError(f"ttl must be a positive number of seconds, got {ttl!r}")
+        if timeout <= 0:
+            raise ValueError(f"timeout must be positive, got {timeout!r}")
+        self.format = get_format(format)
+        self.metadata = dict(metadata) if metadata else None
+        # validate address, id and metadata now, with a clear error, instead of on the loop later
+        self.format.encode(key, value, id if id is not None else 1, self.metadata)
+        self.format.encode_side(key, value, id if id is not None else 1, self.metadata)
+        self.registry = resolve_registry(registry)
+        self.base_key = key
+        self.value = value
+        self.ttl = ttl
+        self.id = id
+        self.exclusive = exclusive
+        self.timeout = timeout
+        self._rng = rng or random.Random()
+        self._state = "new"  # new -> running <-> paused -> stopped
+        self._lease = 0
+        self._key: str | None = None
+        self._records: list[tuple[str, bytes]] = []
+        self._registered = False
+        self._keepalive: Any = None
+        self._guard_task: asyncio.Task[None] | None = None
+        self._retry_task: asyncio.Task[None] | None = None
+        self.registrations = 0  # successful registrations so far (1 after start, +1 per recovery)
+
+    # -- properties ------------------------------------------------------------------------------
+
+    @property
+    def key(self) -> str | None:
+        """The full etcd key registered now (None while not registered)."""
+        return self._key if self._registered else None
+
+    @property
+    def lease_id(self) -> int:
+        """The lease in use now (0 while not registered)."""
+        return self._lease if self._registered else 0
+
+    @property
+    def registered(self) -> bool:
+        return self._registered
+
+    @property
+    def state(self) -> str:
+        """``new``, ``running``, ``paused`` or ``stopped``."""
+        return self._state
+
+    def __repr__(self) -> str:
+        return (f"<Publisher {self.base_key!r}={self.value!r} format={self.format.name} {self._state}"
+                f"{' registered as ' + repr(self._key) if self._registered else ''}>")
+
+    # -- sync API --------------------------------------------------------------------------------
+
+    def _run(self, coro: Awaitable[T]) -> T:
+        if _loop.in_loop():
+            raise RuntimeError("Publisher methods block: on the control loop await the a*() twins instead")
+        return _loop.run(coro, self.timeout + REVOKE_TIMEOUT + 10)
+
+    def start(self) -> Publisher:
+        """Register and keep the registration alive; RegistryUnavailable if not done within timeout."""
+        self._run(self._start())
+        return self
+
+    def pause(self) -> None:
+        """Revoke the lease (the key disappears at once) until resume()."""
+        self._run(self._pause())
+
+    def resume(self) -> None:
+        """Register again after pause(); if that fails within timeout, raise RegistryUnavailable and keep
+        retrying in the background."""
+        self._run(self._resume())
+
+    def stop(self) -> None:
+        """Stop keeping the registration alive and revoke it. Idempotent."""
+        self._run(self._stop())
+
+    # -- async twins -----------------------------------------------------------------------------
+
+    async def astart(self) -> Publisher:
+        await _on_control_loop(self._start())
+        return self
+
+    async def apause(self) -> None:
+        await _on_control_loop(self._pause())
+
+    async def aresume(self) -> None:
+        await _on_control_loop(self._resume())
+
+    async def astop(self) -> None:
+        await _on_control_loop(self._stop())
+
+    def __enter__(self) -> Publisher:  # noqa: PYI034
+        return self.start()
+
+    def __exit__(self, *exc: object) -> None:
+        self.stop()
+
+    async def __aenter__(self) -> Publisher:  # noqa: PYI034
+        return await self.astart()
+
+    async def __aexit__(self, *exc: object) -> None:
+        await self.astop()
+
+    # -- lifecycle on the control loop -------------------------------------------------------------
+
+    async def _start(self) -> None:
+        if self._state in ("running", "paused"):
+            return
+        self._state = "running"
+        try:
+            await self._register_within_timeout()
+        except BaseException:
+            self._state = "new"
+            raise
+
+    async def _register_within_timeout(self) -> None:
+        try:
+            await asyncio.wait_for(self._register(), self.timeout)
+        except (asyncio.TimeoutError, RegistryError, RegistryUnavailable, OSError) as e:
+            why = "timed out" if isinstance(e, asyncio.TimeoutError) else str(e)
+            raise RegistryUnavailable(
+                f"could not register {self.base_key!r}={self.value!r} in {self.registry.url} "
+                f"within {self.timeout:g}s: {why}"
+            ) from e
+
+    async def _pause(self) -> None:
+        if self._state != "running":
+            return
+        self._state = "paused"
+        log.info("%r: paused, revoking lease %d", self, self._lease)
+        await self._teardown(revoke=True)
+
+    async def _resume(self) -> None:
+        if self._state != "paused":
+            return
+        self._state = "running"
+        try:
+            await self._register_within_timeout()
+        except RegistryUnavailable as e:
+            self._recover_later(e)
+            raise
+
+    async def _stop(self) -> None:
+        if self._state == "stopped":
+            return
+        was = self._state
+        self._state = "stopped"
+        if was != "new":
+            await self._teardown(revoke=True)
+
+    async def _teardown(self, revoke: bool) -> None:
+        """Stop guarding and renewing; revoke the lease (bounded; else it expires by TTL)."""
+        for task in (self._retry_task, self._guard_task):
+            if task is not None and task is not asyncio.current_task():
+                task.cancel()
+        self._retry_task = self._guard_task = None
+        if self._keepalive is not None:
+            self._keepalive.cancel()
+            self._keepalive = None
+        lease, self._lease = self._lease, 0
+        self._registered = False
+        if revoke and lease:
+            await self._revoke(lease)
+
+    async def _revoke(self, lease: int) -> None:
+        try:
+            await asyncio.wait_for(self.registry.revoke(lease), REVOKE_TIMEOUT)
+        except Exception as e:  # noqa: BLE001 (the control plane must not die)
+            log.warning("%r: could not revoke lease %d (it expires within %ds): %s", self, lease, self.ttl, e)
+
+    # -- registering -------------------------------------------------------------------------------
+
+    async def _evict_others(self, own_key: str | None) -> None:
+        prefix = self.format.prefix(self.base_key)
+        res = await self.registry.get(prefix, prefix=True)
+        side = self.format.side_prefix(self.base_key)
+        for kv in res.kvs:
+            if kv.key == own_key:
+                continue
+            entry = self.format.decode(kv.key, kv.value)
+            if entry is not None and entry.address == self.value:
+                log.info("%r: exclusive: deleting %r which also holds %s", self, kv.key, self.value)
+                await self.registry.delete(kv.key)
+                if side is not None:
+                    await self.registry.delete(side + kv.key[len(prefix):])
+
+    async def _register(self) -> None:
+        """One attempt: grant, put the records, keep alive, guard the key. Leaves nothing on failure."""
+        if self.exclusive:
+            own = self.format.record_key(self.base_key, self.value, self.id) if self.id is not None else None
+            await self._evict_others(own)
+        lease = await self.registry.grant(self.ttl)
+        try:
+            ident = self.id if self.id is not None else lease
+            main = self.format.encode(self.base_key, self.value, ident, self.metadata)
+            records = [*self.format.encode_side(self.base_key, self.value, ident, self.metadata), main]
+            rev = 0
+            for k, v in records:  # the side record first, so subscribers see metadata with the address
+                rev = (await self.registry.put(k, v, lease=lease)).revision
+            if self._state != "running":
+                raise asyncio.CancelledError
+        except BaseException:
+            asyncio.get_running_loop().create_task(self._revoke(lease))
+            raise
+        self._lease, self._key, self._records = lease, main[0], records
+        self._keepalive = self.registry.keep_alive(lease, self.ttl, self._on_lost)
+        self._guard_task = asyncio.create_task(self._guard(lease, main[0], rev), name=f"waypost-pub {main[0]}")
+        self._registered = True
+        self.registrations += 1
+        log.info("%r: registered with lease %d", self, lease)
+
+    def _on_lost(self, lease_id: int, reason: BaseException | None) -> None:
+        if not _loop.in_loop():
+            _loop.call_soon(self._on_lost, lease_id, reason)
+            return
+        if lease_id == self._lease and self._state == "running":
+            self._recover_later(reason)
+
+    def _recover_later(self, reason: BaseException | None) -> None:
+        """Start the re-registration loop (once) after the lease was lost."""
+        if self._retry_task is not None and not self._retry_task.done():
+            return
+        self._retry_task = asyncio.get_running_loop().create_task(self._recover(reason))
+
+    async def _recover(self, reason: BaseException | None) -> None:
+        old = self._lease
+        if old:
+            log.warning("%r: lease %d lost (%s); registering again", self, old, reason or "unknown reason")
+        # tear down the old registration, but keep this task running
+        if self._guard_task is not None and self._guard_task is not asyncio.current_task():
+            self._guard_task.cancel()
+        self._guard_task = None
+        if self._keepalive is not None:
+            self._keepalive.cancel()
+            self._keepalive = None
+        self._lease, self._registered = 0, False
+        if old:
+            await self._revoke(old)
+        failing = False
+        while self._state == "running":
+            try:
+                await asyncio.wait_for(self._register(), self.timeout)
+            except asyncio.CancelledError:
+                if self._state != "running":
+                    return
+                raise
+            except Exception as e:  # noqa: BLE001 (the control plane must not die)
+                if not failing:
+                    failing = True
+                    log.warning("%r: registering failed, retrying every ~%gs until it works: %s", self, 1.0, e)
+                else:
+                    log.debug("%r: registering failed again: %s", self, e)
+                await asyncio.sleep(cool_down(self._rng))
+                continue
+            if failing:
+                log.warning("%r: registered again after failures", self)
+            return
+
+    async def _guard(self, lease: int, key: str, rev: int) -> None:
+        """Watch our own key; put the records back when someone deletes it."""
+        while self._state == "running" and self._lease == lease:
+            watch = self.registry.watch(key, start_revision=rev + 1)
+            try:
+                async for batch in watch:
+                    rev = max(rev, watch.revision)
+                    if any(ev.type == "delete" for ev in batch) and self._lease == lease:
+                        log.warning("%r: %r was deleted from outside; putting it back", self, key)
+                        rev = await self._put_back(lease) or rev
+                raise RegistryError("watch of own key ended")
+            except asyncio.CancelledError:
+                raise
+            except LeaseNotFound as e:
+                self._recover_later(e)
+                return
+            except Exception as e:  # noqa: BLE001 (the control plane must not die)
+                if not isinstance(e, Compacted):
+                    log.debug("%r: watch of own key failed: %s", self, e)
+                    await asyncio.sleep(cool_down(self._rng))
+                if self._state != "running" or self._lease != lease:
+                    return
+                # we may have missed a delete: check, and continue from the current revision
+                try:
+                    res = await self.registry.get(key)
+                    if not res.kvs:
+                        rev = await self._put_back(lease) or res.revision
+                    else:
+                        rev = res.revision
+                except LeaseNotFound as e2:
+                    self._recover_later(e2)
+                    return
+                except Exception as e2:  # noqa: BLE001 (the control plane must not die)
+                    log.debug("%r: checking own key failed: %s", self, e2)
+            finally:
+                watch.cancel()
+
+    async def _put_back(self, lease: int) -> int:
+        rev = 0
+        for k, v in self._records:
+            rev = (await self.registry.put(k, v, lease=lease)).revision
+        return rev

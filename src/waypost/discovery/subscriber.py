@@ -1,0 +1,428 @@
+"""Subscriber: the live set of addresses registered under a key, kept by Get + Watch.
+
+One ``_Group`` per (registry, key, exact, format) in the process does the reading: a Get of the
+prefix (``<key>/``; exact mode: the key itself), then a Watch from the Get's revision + 1. Every
+Subscriber on that group has its own ``Container`` (so ``exclusive`` is per subscriber) fed with the
+group's decoded entries. Compaction or any watch failure triggers a reload: Get again, diff against
+the cache, apply deletes then adds, watch from the new revision; while the registry is unreachable
+the reload retries every ~1 s (jittered) and the last known addresses stay in place. The group's
+watch stops when its last subscriber closes.
+
+The go-zero format keeps metadata in side records (see ``waypost.registry.formats``); the group
+reads that prefix too and joins metadata to addresses by id.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import random
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from typing import Any
+
+from .. import _loop
+from ..balancer.base import Backend
+from ..errors import Compacted, RegistryError, RegistryUnavailable
+from ..registry.base import Event, Registry, Watch
+from ..registry.formats import Entry, MetaEntry, WireFormat, get_format
+from .container import Container, Listener
+
+log = logging.getLogger("waypost.discovery")
+
+#: go-zero's RequestTimeout for the Get and coolDownInterval (+-5%) between retries
+GET_TIMEOUT = 3.0
+COOL_DOWN = 1.0
+COOL_DOWN_DEVIATION = 0.05
+
+
+def resolve_registry(registry: Registry | str) -> Registry:
+    """A Registry as given, or ``waypost.connect(url)`` for a URL string."""
+    if isinstance(registry, str):
+        from ..registry import connect
+
+        return connect(registry)
+    if not isinstance(registry, Registry):
+        raise TypeError(f"registry must be a waypost Registry or a URL string, got {type(registry).__name__}")
+    return registry
+
+
+def cool_down(rng: random.Random | None = None, base: float = COOL_DOWN) -> float:
+    """go-zero's retry pause: ``base`` seconds +-5%."""
+    r = rng.random() if rng is not None else random.random()
+    return base * (1 - COOL_DOWN_DEVIATION + 2 * COOL_DOWN_DEVIATION * r)
+
+
+def diff(old: dict[str, bytes], new: dict[str, bytes]) -> tuple[list[str], list[str]]:
+    """Keys to delete and keys to add going from ``old`` to ``new``; a changed key is in both."""
+    deletes = [k for k, v in old.items() if new.get(k) != v]
+    adds = [k for k, v in new.items() if old.get(k) != v]
+    return deletes, adds
+
+
+@dataclass
+class _Source:
+    """One range the group reads: the main prefix, or the go-zero metadata prefix."""
+
+    key: str
+    prefix: bool
+    side: bool
+    raw: dict[str, tuple[bytes, int]] = field(default_factory=dict)  # etcd key -> (value, mod_revision)
+    revision: int = 0
+    watch: Watch | None = None
+    task: asyncio.Task[None] | None = None
+    failing: bool = False
+
+
+class _Group:
+    """The shared reader for one (registry, key, exact, format); lives on the control loop."""
+
+    def __init__(self, registry: Registry, key: str, exact: bool, fmt: WireFormat) -> None:
+        self.registry = registry
+        self.key = key
+        self.exact = exact
+        self.fmt = fmt
+        self.main = _Source(fmt.prefix(key, exact), not exact, False)
+        side = None if exact else fmt.side_prefix(key)
+        self.side = _Source(side, True, True) if side else None
+        self.entries: dict[str, tuple[Entry, int]] = {}  # main etcd key -> (joined entry, mod_revision)
+        self.meta: dict[str, MetaEntry] = {}  # id -> side record
+        self.containers: list[Container] = []
+        self.refs = 0
+        self.ready: asyncio.Future[None] | None = None
+        self.last_error: BaseException | None = None
+        self._starter: asyncio.Task[None] | None = None
+        self._closed = False
+        self.reloads = 0  # how many reloads ran (for tests and stats)
+
+    @property
+    def sources(self) -> list[_Source]:
+        return [self.main] if self.side is None else [self.main, self.side]
+
+    def __repr__(self) -> str:
+        return f"<subscription {self.main.key!r} exact={self.exact} format={self.fmt.name} on {self.registry.url}>"
+
+    # -- lifecycle ------------------------------------------------------------------------------
+
+    async def attach(self, container: Container, timeout: float) -> None:
+        if self.ready is None:
+            self.ready = asyncio.get_running_loop().create_future()
+            self._starter = asyncio.create_task(self._start(), name=f"waypost-sub-start {self.main.key}")
+        try:
+            await asyncio.wait_for(asyncio.shield(self.ready), timeout)
+        except asyncio.TimeoutError:
+            raise RegistryUnavailable(
+                f"could not read {self.main.key!r} from {self.registry.url} within {timeout:g}s"
+                + (f": {self.last_error}" if self.last_error else "")
+            ) from None
+        container.apply((), self._ordered_entries())
+        self.containers.append(container)
+
+    def detach(self, container: Container) -> None:
+        try:
+            self.containers.remove(container)
+        except ValueError:
+            pass
+
+    def close(self) -> None:
+        self._closed = True
+        if self._starter is not None:
+            self._starter.cancel()
+        for src in self.sources:
+            if src.task is not None:
+                src.task.cancel()
+            if src.watch is not None:
+                src.watch.cancel()
+        if self.ready is not None and not self.ready.done():
+            self.ready.cancel()
+
+    async def _start(self) -> None:
+        """The initial load (retried until it works or the group closes), then the watch loops."""
+        assert self.ready is not None
+        for src in reversed(self.sources):  # metadata first, so addresses appear with it
+            await self._load_until_ok(src, initial=True)
+        self.ready.set_result(None)
+        for src in self.sources:
+            src.task = asyncio.create_task(self._watch_loop(src), name=f"waypost-sub-watch {src.key}")
+
+    # -- reading --------------------------------------------------------------------------------
+
+    async def _load(self, src: _Source) -> None:
+        res = await asyncio.wait_for(self.registry.get(src.key, prefix=src.prefix), GET_TIMEOUT)
+        new = {kv.key: (kv.value, kv.mod_revision) for kv in res.kvs}
+        old = src.raw
+        deletes, adds = diff({k: v for k, (v, _) in old.items()}, {k: v for k, (v, _) in new.items()})
+        src.raw = new
+        src.revision = res.revision
+        self._changed(src, deletes, [(k, new[k][1]) for k in adds])
+
+    async def _load_until_ok(self, src: _Source, initial: bool = False) -> None:
+        while True:
+            try:
+                await self._load(src)
+            except asyncio.CancelledError:
+                raise
+            except Exception as e:  # noqa: BLE001 -- unreachable, timeout, auth...: keep the cache, retry
+                self.last_error = e
+                if not src.failing:
+                    src.failing = True
+                    log.warning("%r: %s %r failed, retrying every ~%gs: %s", self,
+                                "initial load of" if initial else "reload of", src.key, COOL_DOWN, e)
+                await asyncio.sleep(cool_down())
+                continue
+            if src.failing:
+                src.failing = False
+                log.info("%r: %r loaded again at revision %d", self, src.key, src.revision)
+            return
+
+    async def _watch_loop(self, src: _Source) -> None:
+        while not self._closed:
+            watch = src.watch = self.registry.watch(src.key, prefix=src.prefix, start_revision=src.revision + 1)
+            try:
+                async for batch in watch:
+                    self._on_events(src, batch)
+                    src.revision = max(src.revision, watch.revision)
+                if self._closed:
+                    return
+                raise RegistryError("watch ended")
+            except asyncio.CancelledError:
+                raise
+            except Compacted as e:
+                log.warning("%r: watch of %r from revision %d compacted (now %d), reloading",
+                            self, src.key, src.revision + 1, e.compact_revision)
+            except Exception as e:  # noqa: BLE001 (the control plane must not die)
+                log.warning("%r: watch of %r failed, reloading: %s", self, src.key, e)
+                self.last_error = e
+                await asyncio.sleep(cool_down())
+            finally:
+                watch.cancel()
+                src.watch = None
+            self.reloads += 1
+            await self._load_until_ok(src)
+
+    def _on_events(self, src: _Source, batch: list[Event]) -> None:
+        deletes: list[str] = []
+        puts: list[tuple[str, int]] = []
+        for ev in batch:
+            key = ev.kv.key
+            if ev.type == "put":
+                src.raw[key] = (ev.kv.value, ev.kv.mod_revision)
+                puts.append((key, ev.kv.mod_revision))
+            elif src.raw.pop(key, None) is not None:
+                deletes.append(key)
+        self._changed(src, deletes, puts)
+
+    # -- joining and fan-out --------------------------------------------------------------------
+
+    def _decode_main(self, key: str) -> Entry | None:
+        raw = self.main.raw.get(key)
+        if raw is None:
+            return None
+        entry = self.fmt.decode(key, raw[0])
+        if entry is None or self.side is None:
+            return entry
+        meta = self.meta.get(self.fmt.join_id(key, self.main.key))
+        if meta is not None and meta.address == entry.address:
+            return Entry(entry.address, meta.metadata)
+        return entry
+
+    def _changed(self, src: _Source, deletes: list[str], puts: list[tuple[str, int]]) -> None:
+        if src.side:
+            affected: list[tuple[str, int]] = []
+            for key in deletes:
+                ident = key[len(src.key):]
+                self.meta.pop(ident, None)
+                affected.append((self.main.key + ident, 0))
+            for key, rev in puts:
+                ident = key[len(src.key):]
+                meta = self.fmt.decode_side(key, src.raw[key][0], src.key)
+                if meta is None:
+                    self.meta.pop(ident, None)
+                else:
+                    self.meta[ident] = meta
+                affected.append((self.main.key + ident, rev))
+            # a metadata change keeps the main record's position (its own mod_revision)
+            main_keys = [(k, self.main.raw[k][1]) for k, _ in affected if k in self.main.raw]
+            gone = [k for k, _ in affected if k not in self.main.raw]
+        else:
+            main_keys = sorted(puts, key=lambda kr: kr[1])
+            gone = deletes
+        out_del: list[str] = []
+        out_add: list[tuple[str, Entry]] = []
+        for key in gone:
+            if self.entries.pop(key, None) is not None:
+                out_del.append(key)
+        for key, rev in main_keys:
+            entry = self._decode_main(key)
+            old = self.entries.get(key)
+            if entry is None:
+                if old is not None:
+                    del self.entries[key]
+                    out_del.append(key)
+            elif old is None or old[0] != entry:
+                self.entries[key] = (entry, rev)
+                out_add.append((key, entry))
+        if out_del or out_add:
+            for c in list(self.containers):
+                c.apply(out_del, out_add)
+
+    def _ordered_entries(self) -> list[tuple[str, Entry]]:
+        return [(k, e) for k, (e, _) in sorted(self.entries.items(), key=lambda kv: kv[1][1])]
+
+
+# (registry, key, exact, format) -> group; touched only on the control loop
+_groups: dict[tuple[Any, ...], _Group] = {}
+
+
+def _acquire(registry: Registry, key: str, exact: bool, fmt: WireFormat) -> _Group:
+    gk = (registry, key, exact, fmt.name)
+    group = _groups.get(gk)
+    if group is None or group._closed:
+        group = _groups[gk] = _Group(registry, key, exact, fmt)
+    group.refs += 1
+    return group
+
+
+def _release(group: _Group, container: Container) -> None:
+    group.detach(container)
+    group.refs -= 1
+    if group.refs <= 0:
+        gk = (group.registry, group.key, group.exact, group.fmt.name)
+        if _groups.get(gk) is group:
+            del _groups[gk]
+        group.close()
+
+
+def active_subscriptions() -> list[str]:
+    """Descriptions of the shared watches open in this process (for diagnostics and tests)."""
+    return [repr(g) for g in _groups.values()]
+
+
+class Subscriber:
+    """The distinct addresses registered under ``key``, kept up to date (see the module docstring).
+
+    ``Subscriber(registry, key)`` returns once the first Get has been applied, or raises
+    ``RegistryUnavailable`` after ``timeout`` seconds (go-zero would block and retry forever; we
+    fail fast so a misconfigured client notices). On the control loop use ``await Subscriber.open(...)``.
+    ``exclusive``: a new key for an address evicts the older keys of that address.
+    """
+
+    def __init__(
+        self, registry: Registry | str, key: str, exact: bool = False, format: str | WireFormat = "gozero",
+        *, exclusive: bool = False, timeout: float = 5.0,
+    ) -> None:
+        self._setup(registry, key, exact, format, exclusive)
+        if _loop.in_loop():
+            raise RuntimeError("Subscriber() blocks: on the control loop use `await Subscriber.open(...)`")
+        _loop.run(self._open(timeout), timeout + 10)
+
+    def _setup(self, registry: Registry | str, key: str, exact: bool, format: str | WireFormat,
+               exclusive: bool) -> None:
+        if not isinstance(key, str) or not key:
+            raise ValueError(f"subscriber key must be a non-empty string, got {key!r}")
+        self.registry = resolve_registry(registry)
+        self.key = key
+        self.exact = exact
+        self.format = get_format(format)
+        self.exclusive = exclusive
+        self._container = Container(exclusive)
+        self._group: _Group | None = None
+        self._closed = False
+
+    @classmethod
+    async def open(
+        cls, registry: Registry | str, key: str, exact: bool = False, format: str | WireFormat = "gozero",
+        *, exclusive: bool = False, timeout: float = 5.0,
+    ) -> Subscriber:
+        """Create a Subscriber without blocking a thread (from the control loop or any asyncio loop)."""
+        self = cls.__new__(cls)
+        self._setup(registry, key, exact, format, exclusive)
+        if _loop.in_loop():
+            await self._open(timeout)
+        else:
+            await asyncio.wrap_future(_loop.submit(self._open(timeout)))
+        return self
+
+    async def _open(self, timeout: float) -> None:
+        group = _acquire(self.registry, self.key, self.exact, self.format)
+        try:
+            await group.attach(self._container, timeout)
+        except BaseException:
+            _release(group, self._container)
+            raise
+        self._group = group
+
+    # -- reads (any thread, no lock) ------------------------------------------------------------
+
+    def values(self) -> list[str]:
+        """The current distinct addresses."""
+        return list(self._container.values())
+
+    def backends(self) -> tuple[Backend, ...]:
+        """The current addresses with their metadata, as ``waypost.balancer.base.Backend``."""
+        return self._container.backends()
+
+    @property
+    def container(self) -> Container:
+        return self._container
+
+    # -- listeners and lifecycle ----------------------------------------------------------------
+
+    def add_listener(self, fn: Listener) -> None:
+        """Call ``fn()`` on the control-loop thread after each change (exceptions are logged)."""
+        if not callable(fn):
+            raise TypeError(f"listener must be callable, got {fn!r}")
+        if _loop.in_loop():
+            self._container.add_listener(fn)
+        else:
+            _loop.call_soon(self._container.add_listener, fn)
+
+    def remove_listener(self, fn: Callable[[], None]) -> None:
+        if _loop.in_loop():
+            self._container.remove_listener(fn)
+        else:
+            _loop.call_soon(self._container.remove_listener, fn)
+
+    def _close_on_loop(self) -> None:
+        if self._closed:
+            return
+        self._closed = True
+        self._container._listeners.clear()
+        if self._group is not None:
+            _release(self._group, self._container)
+            self._group = None
+
+    def close(self) -> None:
+        """Stop receiving updates; the shared watch ends with its last subscriber. Idempotent."""
+        if _loop.in_loop():
+            self._close_on_loop()
+            return
+
+        async def close() -> None:
+            self._close_on_loop()
+
+        _loop.run(close(), 10)
+
+    async def aclose(self) -> None:
+        if _loop.in_loop():
+            self._close_on_loop()
+        else:
+            await asyncio.wrap_future(_loop.submit(self._aclose()))
+
+    async def _aclose(self) -> None:
+        self._close_on_loop()
+
+    def __enter__(self) -> Subscriber:  # noqa: PYI034
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+    async def __aenter__(self) -> Subscriber:  # noqa: PYI034
+        return self
+
+    async def __aexit__(self, *exc: object) -> None:
+        await self.aclose()
+
+    def __repr__(self) -> str:
+        return f"<Subscriber {self.key!r} format={self.format.name} exact={self.exact} values={len(self.values())}>"

@@ -1,0 +1,111 @@
+"""go-zero's container checks, as behaviours (pure: no registry, no loop)."""
+
+from __future__ import annotations
+
+from waypost.balancer.base import Backend
+from waypost.discovery.container import Container
+from waypost.discovery.subscriber import diff
+from waypost.registry.formats import Entry
+
+
+def add(c: Container, key: str, addr: str, **md) -> bool:
+    return c.apply((), [(key, Entry(addr, md))])
+
+
+def test_duplicate_value_survives_deletion_of_one_key():
+    c = Container()
+    add(c, "k/1", "a:1")
+    add(c, "k/2", "a:1")
+    add(c, "k/3", "b:1")
+    assert c.values() == ("a:1", "b:1")
+    c.apply(["k/1"])
+    assert c.values() == ("a:1", "b:1")
+    c.apply(["k/2"])
+    assert c.values() == ("b:1",)
+
+
+def test_delete_of_unknown_key_is_a_noop_and_fires_nothing():
+    c = Container()
+    fired = []
+    c.add_listener(lambda: fired.append(1))
+    add(c, "k/1", "a:1")
+    assert fired == [1]
+    assert c.apply(["k/404"]) is False
+    assert fired == [1] and c.values() == ("a:1",)
+
+
+def test_listener_fires_once_per_change_and_errors_are_contained(caplog):
+    c = Container()
+    calls: list[tuple[str, ...]] = []
+
+    def boom():
+        raise RuntimeError("listener bug")
+
+    c.add_listener(boom)
+    c.add_listener(lambda: calls.append(c.values()))
+    c.apply((), [("k/1", Entry("a:1")), ("k/2", Entry("b:1"))])
+    add(c, "k/1", "a:1")  # same entry again: no change, no call
+    c.apply(["k/2"])
+    assert calls == [("a:1", "b:1"), ("a:1",)]
+    assert "listener bug" in caplog.text
+
+
+def test_snapshot_is_cached_until_a_change():
+    c = Container()
+    add(c, "k/1", "a:1")
+    first = c.values()
+    assert c.values() is first and c.backends() is c.backends()
+    add(c, "k/1", "a:1")
+    assert c.values() is first
+    add(c, "k/2", "b:1")
+    assert c.values() is not first and c.values() == ("a:1", "b:1")
+
+
+def test_exclusive_newer_key_evicts_older_keys_of_the_same_value():
+    c = Container(exclusive=True)
+    add(c, "k/1", "a:1")
+    add(c, "k/2", "b:1")
+    add(c, "k/3", "a:1")
+    assert c.keys() == {"k/2": Entry("b:1"), "k/3": Entry("a:1")}
+    # the evicted key's later delete is a no-op
+    assert c.apply(["k/1"]) is False
+    assert sorted(c.values()) == ["a:1", "b:1"]
+
+
+def test_hundred_duplicate_puts_give_one_value():
+    c = Container()
+    for i in range(100):
+        add(c, f"k/{i}", "a:1")
+    assert c.values() == ("a:1",)
+    assert len(c.keys()) == 100
+
+
+def test_value_change_of_a_key_is_applied():
+    c = Container()
+    add(c, "k/1", "a:1")
+    add(c, "k/1", "b:1")
+    assert c.values() == ("b:1",)
+    c.apply(["k/1"])
+    assert c.values() == ()
+
+
+def test_reload_diff_deletes_then_adds_keeps_a_changed_value():
+    old = {"k/1": b"a:1", "k/2": b"b:1", "k/3": b"c:1"}
+    new = {"k/1": b"x:1", "k/3": b"c:1", "k/4": b"d:1"}
+    deletes, adds = diff(old, new)
+    assert sorted(deletes) == ["k/1", "k/2"] and sorted(adds) == ["k/1", "k/4"]
+    c = Container()
+    c.apply((), [(k, Entry(v.decode())) for k, v in old.items()])
+    c.apply(deletes, [(k, Entry(new[k].decode())) for k in adds])
+    # go-zero applies adds before deletes here and ends up without x:1 (and with a stale a:1)
+    assert sorted(c.values()) == ["c:1", "d:1", "x:1"]
+
+
+def test_backends_carry_the_newest_keys_metadata():
+    c = Container()
+    add(c, "k/1", "a:1", weight=1)
+    add(c, "k/2", "a:1", weight=5)
+    add(c, "k/3", "b:1")
+    assert c.backends() == (Backend("a:1", {"weight": 5}), Backend("b:1", {}))
+    c.apply(["k/2"])
+    assert dict(c.backends()[0].metadata) == {"weight": 1}

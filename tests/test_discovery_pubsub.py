@@ -1,0 +1,264 @@
+"""Publisher and Subscriber against the memory registry and a real etcd (the same tests)."""
+
+from __future__ import annotations
+
+import asyncio
+import threading
+
+import pytest
+from discovery_util import run, wait_for
+
+from waypost import _loop
+from waypost.discovery import Publisher, Subscriber, active_subscriptions
+from waypost.discovery import subscriber as submod
+from waypost.errors import RegistryUnavailable
+
+
+def _group(sub: Subscriber) -> submod._Group:
+    assert sub._group is not None
+    return sub._group
+
+
+def test_publish_then_subscribe_then_stop(registry):
+    pub = Publisher(registry, "svc.rpc", "127.0.0.1:7001", ttl=5).start()
+    try:
+        assert pub.registered and pub.lease_id > 0
+        assert pub.key == f"svc.rpc/{pub.lease_id}"  # go-zero: the lease id in decimal
+        kv = registry.sync.get(pub.key).kvs[0]
+        assert (kv.value, kv.lease) == (b"127.0.0.1:7001", pub.lease_id)
+        with Subscriber(registry, "svc.rpc") as sub:
+            assert sub.values() == ["127.0.0.1:7001"]
+            pub.stop()
+            assert registry.sync.get("svc.rpc/", prefix=True).kvs == []
+            assert wait_for(lambda: sub.values() == [], 10)
+    finally:
+        pub.stop()
+    pub.stop()  # idempotent
+    assert pub.state == "stopped" and not pub.registered and pub.key is None
+
+
+def test_custom_id_key(registry):
+    with Publisher(registry, "cid.rpc", "127.0.0.1:7002", ttl=5, id=42) as pub:
+        assert pub.key == "cid.rpc/42"
+        assert registry.sync.get("cid.rpc/42").kvs[0].value == b"127.0.0.1:7002"
+
+
+def test_pause_resume_stop(registry):
+    with Subscriber(registry, "pr.rpc") as sub, Publisher(registry, "pr.rpc", "127.0.0.1:7003", ttl=5) as pub:
+        assert wait_for(lambda: sub.values() == ["127.0.0.1:7003"], 10)
+        first = pub.lease_id
+        pub.pause()
+        assert not pub.registered and pub.state == "paused"
+        assert registry.sync.get("pr.rpc/", prefix=True).kvs == []  # gone at once
+        assert registry.sync.time_to_live(first) == -1
+        assert wait_for(lambda: sub.values() == [], 10)
+        pub.pause()  # no-op
+        pub.resume()
+        assert pub.registered and pub.lease_id not in (0, first)
+        assert wait_for(lambda: sub.values() == ["127.0.0.1:7003"], 10)
+        pub.stop()
+        assert wait_for(lambda: sub.values() == [], 10)
+        pub.resume()  # after stop: nothing happens
+        assert not pub.registered
+
+
+def test_subscriber_sees_adds_deletes_and_value_changes_on_the_watch_path(registry):
+    s = registry.sync
+    s.put("wp.rpc/1", b"10.0.0.1:1")
+    with Subscriber(registry, "wp.rpc") as sub:
+        assert sub.values() == ["10.0.0.1:1"]
+        fired = threading.Event()
+        sub.add_listener(fired.set)
+        s.put("wp.rpc/2", b"10.0.0.2:1")
+        assert fired.wait(10)
+        assert wait_for(lambda: sorted(sub.values()) == ["10.0.0.1:1", "10.0.0.2:1"], 10)
+        s.put("wp.rpc/1", b"10.0.0.3:1")  # value change of an existing key
+        assert wait_for(lambda: sorted(sub.values()) == ["10.0.0.2:1", "10.0.0.3:1"], 10)
+        s.delete("wp.rpc/2")
+        assert wait_for(lambda: sub.values() == ["10.0.0.3:1"], 10)
+        # a key outside the prefix is not ours
+        s.put("wp.rpcx/9", b"10.0.0.9:1")
+        s.put("wp.rpc/3", b"10.0.0.4:1")
+        assert wait_for(lambda: sorted(sub.values()) == ["10.0.0.3:1", "10.0.0.4:1"], 10)
+
+
+def test_hundred_duplicate_puts_one_value(registry):
+    s = registry.sync
+    with Subscriber(registry, "dup.rpc") as sub:
+        for i in range(100):
+            s.put(f"dup.rpc/{i}", b"10.0.0.1:1")
+        assert wait_for(lambda: len(sub.container.keys()) == 100, 10)
+        assert sub.values() == ["10.0.0.1:1"]
+
+
+def test_exact_mode_reads_only_the_key(registry):
+    s = registry.sync
+    s.put("ex.rpc", b"10.0.0.1:1")
+    s.put("ex.rpc/1", b"10.0.0.2:1")
+    with Subscriber(registry, "ex.rpc", exact=True) as sub:
+        assert sub.values() == ["10.0.0.1:1"]
+        s.put("ex.rpc", b"10.0.0.3:1")
+        assert wait_for(lambda: sub.values() == ["10.0.0.3:1"], 10)
+
+
+def test_exclusive_subscriber_keeps_the_newest_key(registry):
+    s = registry.sync
+    s.put("xs.rpc/1", b"10.0.0.1:1")
+    s.put("xs.rpc/2", b"10.0.0.1:1")
+    with Subscriber(registry, "xs.rpc", exclusive=True) as sub:
+        assert list(sub.container.keys()) == ["xs.rpc/2"]
+        s.put("xs.rpc/3", b"10.0.0.1:1")
+        assert wait_for(lambda: list(sub.container.keys()) == ["xs.rpc/3"], 10)
+        assert sub.values() == ["10.0.0.1:1"]
+
+
+def test_bad_values_are_skipped_and_never_hide_good_ones(registry):
+    s = registry.sync
+    s.put("bad.rpc/1", b"10.0.0.1:1")
+    s.put("bad.rpc/2", b"\xff\xfe garbage")
+    with Subscriber(registry, "bad.rpc") as sub:
+        assert sub.values() == ["10.0.0.1:1"]
+        s.put("bad.rpc/3", b"x" * 70_000)
+        s.put("bad.rpc/4", b"10.0.0.4:1")
+        assert wait_for(lambda: sorted(sub.values()) == ["10.0.0.1:1", "10.0.0.4:1"], 10)
+        s.put("bad.rpc/1", b"not an address")  # a good key turning bad disappears
+        assert wait_for(lambda: sub.values() == ["10.0.0.4:1"], 10)
+
+
+def test_metadata_reaches_backends_in_every_format(registry):
+    for fmt in ("gozero", "etcd-naming", "kratos"):
+        key = f"md-{fmt}.rpc"
+        with Subscriber(registry, key, format=fmt) as sub, \
+                Publisher(registry, key, "127.0.0.1:7010", ttl=5, metadata={"weight": 20, "zone": "b"},
+                          format=fmt, id="inst-1"):
+            assert wait_for(lambda sub=sub: len(sub.backends()) == 1, 10), fmt
+            (b,) = sub.backends()
+            want = {"weight": "20", "zone": "b"} if fmt == "kratos" else {"weight": 20, "zone": "b"}
+            assert b.address == "127.0.0.1:7010" and dict(b.metadata) == want, fmt
+
+
+def test_one_shared_watch_per_key_unmonitored_on_last_close(registry):
+    key = "share.rpc"
+    a = Subscriber(registry, key)
+    b = Subscriber(registry, key)
+    c = Subscriber(registry, key, format="etcd-naming")
+    try:
+        assert _group(a) is _group(b) and _group(c) is not _group(a)
+        mine = [d for d in active_subscriptions() if f"'{key}/'" in d]
+        assert len(mine) == 2
+        group = _group(a)
+        a.close()
+        a.close()  # idempotent
+        assert not group._closed
+        registry.sync.put(f"{key}/1", b"10.0.0.1:1")
+        assert wait_for(lambda: b.values() == ["10.0.0.1:1"], 10)
+        assert a.values() == []  # a closed subscriber gets no more updates
+        b.close()
+        assert group._closed
+        assert all(src.task is None or src.task.done() or src.task.cancelled() for src in group.sources) or \
+            wait_for(lambda: all(src.task.done() for src in group.sources if src.task), 5)
+        assert [d for d in active_subscriptions() if f"'{key}/'" in d] == [repr(_group(c))]
+        # a new subscriber after the last close starts a fresh watch and sees the current state
+        with Subscriber(registry, key) as d:
+            assert _group(d) is not group and d.values() == ["10.0.0.1:1"]
+    finally:
+        for s in (a, b, c):
+            s.close()
+
+
+def test_reload_applies_value_changes_deletes_and_adds(registry):
+    """Stall the watch, change things, compact past it: the reload diff must land every change."""
+    s = registry.sync
+    for i in range(1, 4):
+        s.put(f"rl.rpc/{i}", f"10.0.0.{i}:1".encode())
+    with Subscriber(registry, "rl.rpc") as sub:
+        group = _group(sub)
+        src = group.main
+
+        async def stall():
+            src.task.cancel()
+            await asyncio.gather(src.task, return_exceptions=True)
+
+        run(stall())
+        s.put("rl.rpc/1", b"10.0.1.1:1")  # value change
+        s.delete("rl.rpc/2")
+        r = s.put("rl.rpc/4", b"10.0.0.4:1").revision
+        s.compact(r)
+        assert sorted(sub.values()) == ["10.0.0.1:1", "10.0.0.2:1", "10.0.0.3:1"]  # last known values stay
+        reloads = group.reloads
+
+        async def resume():
+            src.task = asyncio.create_task(group._watch_loop(src))
+
+        run(resume())
+        assert wait_for(lambda: sorted(sub.values()) == ["10.0.0.3:1", "10.0.0.4:1", "10.0.1.1:1"], 10)
+        assert group.reloads >= reloads + 1
+        s.put("rl.rpc/5", b"10.0.0.5:1")  # and the watch continues after the reload
+        assert wait_for(lambda: "10.0.0.5:1" in sub.values(), 10)
+
+
+def test_key_deleted_from_outside_is_put_back(registry):
+    with Publisher(registry, "del.rpc", "127.0.0.1:7020", ttl=10, metadata={"w": 1}) as pub:
+        key, lease = pub.key, pub.lease_id
+        registry.sync.delete(key)
+        assert wait_for(lambda: registry.sync.get(key).kvs != [], 1.5), "not put back within ~1 s"
+        kv = registry.sync.get(key).kvs[0]
+        assert (kv.value, kv.lease) == (b"127.0.0.1:7020", lease)
+
+
+def test_lease_revoked_from_outside_registers_again(registry):
+    with Subscriber(registry, "rev.rpc") as sub, Publisher(registry, "rev.rpc", "127.0.0.1:7021", ttl=10) as pub:
+        old_lease = pub.lease_id
+        registry.sync.revoke(old_lease)
+        assert wait_for(lambda: pub.registered and pub.lease_id not in (0, old_lease), 10)
+        assert registry.sync.get(pub.key).kvs[0].lease == pub.lease_id
+        assert pub.registrations == 2
+        assert wait_for(lambda: sub.values() == ["127.0.0.1:7021"], 10)
+
+
+def test_exclusive_publisher_takes_over_stale_keys(registry):
+    s = registry.sync
+    s.put("tk.rpc/111", b"127.0.0.1:7030")
+    s.put("tk.rpc/222", b"127.0.0.1:7031")
+    with Publisher(registry, "tk.rpc", "127.0.0.1:7030", ttl=5, exclusive=True) as pub:
+        keys = {kv.key: kv.value for kv in s.get("tk.rpc/", prefix=True).kvs}
+        assert keys == {pub.key: b"127.0.0.1:7030", "tk.rpc/222": b"127.0.0.1:7031"}
+
+
+def test_async_twins_from_another_event_loop(registry):
+    async def main():
+        pub = Publisher(registry, "aio.rpc", "127.0.0.1:7040", ttl=5)
+        async with pub:
+            sub = await Subscriber.open(registry, "aio.rpc")
+            async with sub:
+                assert sub.values() == ["127.0.0.1:7040"]
+                await pub.apause()
+                assert not pub.registered
+                await pub.aresume()
+                assert pub.registered
+        assert pub.state == "stopped"
+
+    asyncio.run(main())
+
+
+def test_bad_arguments_fail_clearly(registry):
+    with pytest.raises(ValueError, match="address"):
+        Publisher(registry, "k", "no-port")
+    with pytest.raises(ValueError, match="ttl"):
+        Publisher(registry, "k", "1.2.3.4:1", ttl=0)
+    with pytest.raises(ValueError, match="known formats"):
+        Subscriber(registry, "k", format="consul")
+    with pytest.raises(ValueError, match="key"):
+        Subscriber(registry, "")
+    assert _loop.get_loop().is_running()
+
+
+def test_unreachable_registry_fails_fast():
+    from waypost.etcd.local import free_port
+
+    url = f"etcd://127.0.0.1:{free_port()}"
+    with pytest.raises(RegistryUnavailable):
+        Publisher(url, "un.rpc", "127.0.0.1:7050", timeout=1.0).start()
+    with pytest.raises(RegistryUnavailable):
+        Subscriber(url, "un.rpc", timeout=1.0)
+    assert not [d for d in active_subscriptions() if "'un.rpc/'" in d]
