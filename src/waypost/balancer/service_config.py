@@ -185,22 +185,11 @@ class ServiceConfig:
         (``"name": [{}]``), else None.
         """
         found = self._by_method.get(full_method)
-        if found is not None:
-            return found
-        if self._by_service:
-            if not full_method.startswith("/"):  # tolerate "pkg.Service/Method"
-                found = self._by_method.get("/" + full_method)
-                if found is not None:
-                    return found
-            service = full_method.lstrip("/").partition("/")[0]
-            found = self._by_service.get(service)
-            if found is not None:
-                return found
-        elif not full_method.startswith("/") and self._by_method:
-            found = self._by_method.get("/" + full_method)
-            if found is not None:
-                return found
-        return self._default
+        if found is None and full_method[:1] != "/" and self._by_method:
+            found = self._by_method.get("/" + full_method)  # tolerate "pkg.Service/Method"
+        if found is None and self._by_service:
+            found = self._by_service.get(full_method.lstrip("/").partition("/")[0])
+        return found if found is not None else self._default
 
     def new_retry_throttle(self) -> RetryThrottle | None:
         """A fresh token bucket for a channel, or None when the config sets no throttling."""
@@ -305,7 +294,7 @@ def _parse_lb_config_list(value: Any) -> tuple[str, dict[str, Any], str]:
         if name in POLICIES:
             if skipped:
                 log.warning("service config: skipped unknown policies %s, using %r", skipped, name)
-            return name, _policy_config(name, config, f"{entry_path}.{name}"), f"{entry_path}"
+            return name, _policy_config(name, config, f"{entry_path}.{name}"), entry_path
         skipped.append(name)
     _fail(path, f"none of the policies {skipped} is known; known policies: {_known()}")
 
