@@ -150,10 +150,10 @@ class Watcher(Watch):
             self.next_rev = rev + 1
             self._wake()
 
-    def create_request(self) -> pb.WatchRequest:
+    def create_request(self, watch_id: int) -> pb.WatchRequest:
         return pb.WatchRequest(create_request=pb.WatchCreateRequest(
             key=self.key, range_end=self.range_end, start_revision=max(self.next_rev, 0),
-            progress_notify=self.progress_notify, prev_kv=self.prev_kv,
+            progress_notify=self.progress_notify, prev_kv=self.prev_kv, watch_id=watch_id,
         ))
 
 
@@ -170,6 +170,7 @@ class WatchManager:
         self._by_id: dict[int, Watcher] = {}
         self._to_create: collections.deque[Watcher] = collections.deque()
         self._creating: Watcher | None = None
+        self._next_id = 0
         self._outbox: asyncio.Queue[pb.WatchRequest] | None = None
         self._task: asyncio.Task[None] | None = None
         self._closed = False
@@ -230,7 +231,10 @@ class WatchManager:
             if w.cancelled or w not in self._watchers:
                 continue
             self._creating = w
-            self._send(w.create_request())
+            # our own nonzero ids: etcd 3.5 answers a refused create with the requested id, and
+            # with the default 0 that answer would unregister the stream's first watch (id 0)
+            self._next_id += 1
+            self._send(w.create_request(self._next_id))
 
     # -- the stream --------------------------------------------------------------------
 
@@ -272,6 +276,7 @@ class WatchManager:
         self._outbox = outbox = asyncio.Queue()
         self._by_id.clear()
         self._creating = None
+        self._next_id = 0
         self._to_create = collections.deque(sorted(self._watchers, key=lambda w: w.order))
         self.connected = True
         self.connects += 1
