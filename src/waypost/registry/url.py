@@ -170,7 +170,7 @@ def parse_registry_url(url: str) -> RegistryURL:
         elif k in ("dial_timeout", "request_timeout"):
             opts[k] = _seconds(url, k, v)
         else:
-            opts[f"{k}_file"] = _file(url, k, v)
+            opts[f"{k}_file"] = _file(url, {"ca": "CA", "cert": "certificate"}.get(k, k), v)
     if ("cert_file" in opts) != ("key_file" in opts):
         raise _bad(url, "cert and key must be given together")
     if any(k in opts for k in ("ca_file", "cert_file")):
