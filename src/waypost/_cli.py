@@ -1,0 +1,454 @@
+"""The ``waypost`` subcommands (click + rich). Entry point: ``waypost.cli.main``.
+
+Every command prints rich tables for people and JSON with ``--json`` for scripts. Errors a user can
+cause (bad URL or target, unreachable registry, ...) end the command with ONE line on stderr and a
+non-zero status, never a traceback.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import threading
+import time
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
+from pathlib import Path
+from typing import Any
+
+import click
+from rich.console import Console
+from rich.table import Table
+
+from .errors import WaypostError
+
+DEFAULT_REGISTRY = "etcd://127.0.0.1:2379"
+
+
+class _Group(click.Group):
+    """Turns waypost's own errors into one clean line (click prints ``Error: ...`` and exits 1)."""
+
+    def invoke(self, ctx: click.Context) -> Any:
+        try:
+            return super().invoke(ctx)
+        except WaypostError as e:
+            raise click.ClickException(_one_line(e)) from None
+        except TimeoutError as e:  # a registry call that did not answer in time
+            raise click.ClickException(f"timed out: {e or 'the registry did not answer'}") from None
+
+
+def _one_line(e: BaseException) -> str:
+    text = str(e).strip().splitlines()
+    return text[0] if text else type(e).__name__
+
+
+class Ctx:
+    """What every command needs: the registry URL, the output mode and the consoles."""
+
+    def __init__(self, registry: str, as_json: bool) -> None:
+        self.registry_url = registry
+        self.as_json = as_json
+        self.out = Console(highlight=False, soft_wrap=True)
+        self.err = Console(stderr=True, highlight=False, soft_wrap=True)
+        self._registry: Any = None
+
+    def registry(self) -> Any:
+        if self._registry is None:
+            from . import connect  # type: ignore[attr-defined]
+
+            self._registry = connect(self.registry_url)
+        return self._registry
+
+    def emit(self, obj: Any) -> None:
+        click.echo(json.dumps(obj, sort_keys=True, default=str))
+
+
+pass_ctx = click.make_pass_decorator(Ctx)
+
+
+def _json_flag(f: Callable[..., Any]) -> Callable[..., Any]:
+    """``--json`` accepted after the subcommand too (``waypost ls --json``)."""
+
+    def cb(ctx: click.Context, _p: click.Parameter, value: bool) -> bool:
+        if value:
+            ctx.find_object(Ctx).as_json = True  # type: ignore[union-attr]
+        return value
+
+    return click.option("--json", "json_", is_flag=True, expose_value=False, callback=cb,
+                        help="Machine-readable output.")(f)
+
+
+@click.group(cls=_Group, context_settings={"help_option_names": ["-h", "--help"]})
+@click.option("--registry", envvar="WAYPOST_REGISTRY", default=DEFAULT_REGISTRY, show_default=True,
+              metavar="URL", help="Registry URL (env WAYPOST_REGISTRY): etcd://h1:2379,h2:2379 or memory://NAME.")
+@click.option("--json", "as_json", is_flag=True, help="Machine-readable output (JSON).")
+@click.version_option(package_name="waypost", prog_name="waypost")
+@click.pass_context
+def app(ctx: click.Context, registry: str, as_json: bool) -> None:
+    """Service registration, discovery and load balancing for Python gRPC, over etcd."""
+    ctx.obj = Ctx(registry, as_json)
+
+
+# --------------------------------------------------------------------------------------------- signals
+
+
+@contextmanager
+def _signals() -> Iterator[threading.Event]:
+    """An event set by SIGTERM/SIGINT for the duration of the block (main thread only)."""
+    stop = threading.Event()
+    if threading.current_thread() is not threading.main_thread():
+        yield stop
+        return
+    previous = {s: signal.getsignal(s) for s in (signal.SIGTERM, signal.SIGINT)}
+
+    def handler(signum: int, _frame: Any) -> None:
+        stop.set()
+
+    for s in previous:
+        signal.signal(s, handler)
+    try:
+        yield stop
+    finally:
+        for s, h in previous.items():
+            signal.signal(s, h)
+
+
+def _wait(stop: threading.Event, duration: float | None, alive: Callable[[], bool] = lambda: True) -> None:
+    deadline = None if duration is None else time.monotonic() + duration
+    while not stop.is_set() and alive():
+        if deadline is not None and time.monotonic() >= deadline:
+            return
+        stop.wait(0.2)
+
+
+# --------------------------------------------------------------------------------------------- etcd
+
+
+@app.command("etcd")
+@click.option("--port", default=2379, show_default=True, type=click.IntRange(0, 65535),
+              help="Client port on 127.0.0.1 (0: any free port).")
+@click.option("--peer-port", default=None, type=click.IntRange(0, 65535),
+              help="Peer port (default: client port + 1, or any free port).")
+@click.option("--data-dir", type=click.Path(file_okay=False, path_type=Path), default=None,
+              help="Keep the data here (default: a temporary directory removed on exit).")
+@_json_flag
+@pass_ctx
+def etcd_cmd(c: Ctx, port: int, peer_port: int | None, data_dir: Path | None) -> None:
+    """Run a single-node development etcd on 127.0.0.1 until Ctrl-C or SIGTERM."""
+    from .etcd.local import EtcdNotFound, LocalEtcd, find_binary, free_port
+
+    try:
+        find_binary("etcd")
+    except EtcdNotFound as e:
+        raise click.ClickException(str(e)) from None
+    port = port or free_port()
+    if not _port_free(port):
+        raise click.ClickException(
+            f"127.0.0.1:{port} is already in use (an etcd already running? then just use it: "
+            f"waypost --registry etcd://127.0.0.1:{port} ls)"
+        )
+    if peer_port is None:
+        peer_port = port + 1 if port < 65535 and _port_free(port + 1) else free_port()
+    elif not _port_free(peer_port):
+        raise click.ClickException(f"peer port 127.0.0.1:{peer_port} is already in use")
+    if data_dir is not None:
+        data_dir.mkdir(parents=True, exist_ok=True)
+    node = LocalEtcd(1, base_dir=data_dir, client_ports=[port])
+    node.members[0].peer_port = peer_port
+    node.members[0].initial_cluster = f"{node.members[0].name}=http://127.0.0.1:{peer_port}"
+    if data_dir is not None and (Path(data_dir) / "m0" / "member").exists():
+        node.members[0].cluster_state = "existing"
+    with _signals() as stop:
+        try:
+            node.start()
+        except WaypostError as e:
+            node.close()
+            raise click.ClickException(f"etcd did not start: {_one_line(e)}") from None
+        try:
+            member = node.members[0]
+            url = node.url()
+            info = {"endpoint": member.client_url, "registry": url, "data_dir": str(member.data_dir),
+                    "pid": member.proc.pid if member.proc else None}
+            if c.as_json:
+                c.emit(info)
+            else:
+                c.out.print(f"[bold green]etcd running[/] on {member.client_url}  (pid {info['pid']}, "
+                            f"data {member.data_dir})")
+                c.out.print(f"registry URL: [bold]{url}[/]   e.g. export WAYPOST_REGISTRY={url}")
+                c.out.print("Ctrl-C to stop")
+            sys.stdout.flush()
+            _wait(stop, None, alive=lambda: node.members[0].running)
+            if not node.members[0].running:
+                raise click.ClickException(f"etcd exited unexpectedly: {node.members[0].tail_log(300).strip()}")
+        finally:
+            node.close()
+    if not c.as_json:
+        c.out.print("etcd stopped")
+
+
+def _port_free(port: int) -> bool:
+    import socket
+
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
+        try:
+            s.bind(("127.0.0.1", port))
+        except OSError:
+            return False
+    return True
+
+
+# --------------------------------------------------------------------------------------------- ls
+
+
+@app.command("ls")
+@click.argument("prefix", default="")
+@_json_flag
+@pass_ctx
+def ls_cmd(c: Ctx, prefix: str) -> None:
+    """List services and their instances under PREFIX (all keys by default), wire format detected per key."""
+    from . import _inspect
+
+    reg = c.registry().sync
+    res = reg.get(prefix, prefix=True)
+    entries = _inspect.classify(res.kvs)
+    ttls = _inspect.lease_ttls(reg, entries)
+    if c.as_json:
+        c.emit({"revision": res.revision, "services": _inspect.group(entries, ttls)})
+        return
+    if not entries:
+        c.out.print(f"nothing under {prefix!r} in {c.registry().url} (revision {res.revision})")
+        return
+    for service, instances in _inspect.group(entries, ttls).items():
+        t = Table(title=f"{service}  ({len(instances)} instance{'s' if len(instances) != 1 else ''})",
+                  title_justify="left", title_style="bold")
+        for col in ("address", "format", "id", "lease ttl", "metadata", "key"):
+            t.add_column(col, overflow="fold")
+        for i in instances:
+            t.add_row(i["address"] or "[red]?[/]", i["format"], i["id"], _ttl_text(i["ttl"]),
+                      _meta_text(i["metadata"]), i["key"])
+        c.out.print(t)
+
+
+def _ttl_text(ttl: int | None) -> str:
+    return "-" if ttl is None else ("expired" if ttl < 0 else f"{ttl}s")
+
+
+def _meta_text(meta: Any) -> str:
+    if not meta:
+        return ""
+    if isinstance(meta, dict):
+        return ", ".join(f"{k}={v}" for k, v in sorted(meta.items()))
+    return str(meta)
+
+
+# --------------------------------------------------------------------------------------------- watch
+
+
+@app.command("watch")
+@click.argument("key")
+@click.option("--format", "fmt", default="gozero", show_default=True,
+              type=click.Choice(["gozero", "etcd-naming", "kratos"]), help="Wire format of the registrations.")
+@click.option("--exact", is_flag=True, help="Watch the key itself, not the prefix KEY/ (go-zero's exact match).")
+@click.option("--for", "duration", type=click.FloatRange(min=0), default=None, metavar="SECONDS",
+              help="Stop after SECONDS (default: until Ctrl-C).")
+@_json_flag
+@pass_ctx
+def watch_cmd(c: Ctx, key: str, fmt: str, exact: bool, duration: float | None) -> None:
+    """Show the instances of KEY, then every add and remove as it happens."""
+    from .discovery import Subscriber  # type: ignore[attr-defined]
+
+    lock = threading.Lock()
+    state: dict[str, Any] = {"known": {}}
+
+    def snapshot(sub: Any) -> dict[str, dict[str, Any]]:
+        return {b.address: dict(b.metadata) for b in sub.backends()}
+
+    def report(kind: str, addr: str, meta: dict[str, Any]) -> None:
+        if c.as_json:
+            c.emit({"event": kind, "key": key, "address": addr, "metadata": meta, "time": time.time()})
+        else:
+            style = {"add": "green", "remove": "red", "change": "yellow", "present": "cyan"}[kind]
+            sign = {"add": "+", "remove": "-", "change": "~", "present": "="}[kind]
+            stamp = time.strftime("%H:%M:%S")
+            c.out.print(f"{stamp} [{style}]{sign} {addr}[/] {_meta_text(meta)}")
+        sys.stdout.flush()
+
+    with _signals() as stop:
+        sub = Subscriber(c.registry(), key, exact=exact, format=fmt)
+        try:
+            def on_change() -> None:
+                with lock:
+                    now = snapshot(sub)
+                    old = state["known"]
+                    for addr in sorted(set(old) - set(now)):
+                        report("remove", addr, old[addr])
+                    for addr in sorted(now):
+                        if addr not in old:
+                            report("add", addr, now[addr])
+                        elif now[addr] != old[addr]:
+                            report("change", addr, now[addr])
+                    state["known"] = now
+
+            with lock:
+                state["known"] = snapshot(sub)
+                if not c.as_json:
+                    c.out.print(f"watching {key!r} ({fmt}) in {c.registry().url}: "
+                                f"{len(state['known'])} instance(s); Ctrl-C to stop")
+                for addr, meta in sorted(state["known"].items()):
+                    report("present", addr, meta)
+            sub.add_listener(on_change)
+            on_change()  # anything that changed between the snapshot and the listener
+            _wait(stop, duration)
+        finally:
+            sub.close()
+
+
+# --------------------------------------------------------------------------------------------- register
+
+
+def _parse_meta(items: tuple[str, ...]) -> dict[str, Any]:
+    meta: dict[str, Any] = {}
+    for item in items:
+        k, sep, v = item.partition("=")
+        if not sep or not k:
+            raise click.BadParameter(f"{item!r}: expected k=v (example: --meta weight=20)", param_hint="--meta")
+        try:
+            val: Any = json.loads(v)
+            if not isinstance(val, (int, float, bool)):
+                val = v
+        except ValueError:
+            val = v
+        meta[k] = val
+    return meta
+
+
+@app.command("register")
+@click.argument("key")
+@click.argument("addr")
+@click.option("--ttl", default=10, show_default=True, type=click.IntRange(1, 3600), help="Lease TTL in seconds.")
+@click.option("--meta", multiple=True, metavar="K=V", help="Metadata (repeatable); numbers and booleans are typed.")
+@click.option("--id", "id_", default=None, help="Instance id (default: the lease id, as go-zero).")
+@click.option("--format", "fmt", default="gozero", show_default=True,
+              type=click.Choice(["gozero", "etcd-naming", "kratos"]), help="Wire format.")
+@click.option("--for", "duration", type=click.FloatRange(min=0), default=None, metavar="SECONDS",
+              help="Deregister after SECONDS (default: until Ctrl-C).")
+@_json_flag
+@pass_ctx
+def register_cmd(c: Ctx, key: str, addr: str, ttl: int, meta: tuple[str, ...], id_: str | None, fmt: str,
+                 duration: float | None) -> None:
+    """Register ADDR under KEY and keep it alive until Ctrl-C (then deregister)."""
+    from .discovery import Publisher  # type: ignore[attr-defined]
+    from .netutil import split_host_port
+
+    host, port = split_host_port(addr, what="ADDR")
+    if not host or port is None:
+        raise click.BadParameter(f"{addr!r}: expected host:port (example: 10.0.0.5:8080)", param_hint="ADDR")
+    metadata = _parse_meta(meta)
+    with _signals() as stop:
+        pub = Publisher(c.registry(), key, addr, ttl=ttl, id=id_, metadata=metadata or None, format=fmt)
+        pub.start()
+        try:
+            info = {"event": "registered", "key": pub.key, "address": addr, "lease": pub.lease_id, "ttl": ttl,
+                    "metadata": metadata, "format": fmt}
+            if c.as_json:
+                c.emit(info)
+            else:
+                c.out.print(f"[green]registered[/] {pub.key} = {addr} (lease {pub.lease_id}, ttl {ttl}s"
+                            f"{', ' + _meta_text(metadata) if metadata else ''}); Ctrl-C to deregister")
+            sys.stdout.flush()
+            _wait(stop, duration)
+        finally:
+            pub.stop()
+    if c.as_json:
+        c.emit({"event": "deregistered", "key": key, "address": addr})
+    else:
+        c.out.print(f"deregistered {addr}")
+
+
+# --------------------------------------------------------------------------------------------- resolve
+
+
+@app.command("resolve")
+@click.argument("target")
+@click.option("--subset", "subset_size", default=32, show_default=True, type=click.IntRange(0),
+              help="Subset size a client keeps (0: no subsetting).")
+@click.option("--client-id", default=None, help="Deterministic subsetting: this client's id.")
+@click.option("--timeout", default=5.0, show_default=True, type=click.FloatRange(min=0.1),
+              help="Seconds to wait for the registry.")
+@_json_flag
+@pass_ctx
+def resolve_cmd(c: Ctx, target: str, subset_size: int, client_id: str | None, timeout: float) -> None:
+    """Show what a client dialing TARGET would use: addresses, metadata and its subset."""
+    from . import _inspect
+
+    result = _inspect.resolve(target, subset_size=subset_size, client_id=client_id, timeout=timeout)
+    if c.as_json:
+        c.emit(result)
+        return
+    t = Table(title=f"{result['target']}  ({result['scheme']}"
+              + (f", key {result['key']!r}, {result['format']}" if result.get("key") else "")
+              + f"): {len(result['backends'])} address(es), {sum(b['in_subset'] for b in result['backends'])} "
+              "in this client's subset", title_justify="left", title_style="bold")
+    for col in ("address", "metadata", "in subset"):
+        t.add_column(col, overflow="fold")
+    for b in result["backends"]:
+        t.add_row(b["address"], _meta_text(b["metadata"]), "yes" if b["in_subset"] else "[dim]no[/]")
+    c.out.print(t)
+    if result.get("note"):
+        c.err.print(result["note"])
+
+
+# --------------------------------------------------------------------------------------------- demo, bench
+
+
+@app.command("demo")
+@click.option("--quick", is_flag=True, help="A short run (CI): fewer calls per policy.")
+@click.option("--out", "out_dir", type=click.Path(file_okay=False, path_type=Path), default=None,
+              help="Where to write the chart (default: the current directory).")
+@click.option("--no-chart", is_flag=True, help="Skip the PNG chart.")
+@pass_ctx
+def demo_cmd(c: Ctx, quick: bool, out_dir: Path | None, no_chart: bool) -> None:
+    """Live demo: local etcd, 4 backends (one slow), every policy, a backend killed and one added under load."""
+    from .demo import run_demo
+
+    rc = run_demo(quick=quick, out_dir=out_dir, chart=not no_chart, console=c.out)
+    if rc:
+        raise click.exceptions.Exit(rc)
+
+
+def _bench_dir() -> Path | None:
+    for base in (Path.cwd(), Path(__file__).resolve().parents[2]):
+        d = base / "bench"
+        if d.is_dir() and any(d.glob("*.py")):
+            return d
+    return None
+
+
+@app.command("bench")
+@click.argument("name", required=False)
+@click.argument("args", nargs=-1, type=click.UNPROCESSED)
+@pass_ctx
+def bench_cmd(c: Ctx, name: str | None, args: tuple[str, ...]) -> None:
+    """Run the benchmark NAME from bench/ (without NAME: list them). Extra ARGS go to the script."""
+    d = _bench_dir()
+    if d is None:
+        raise click.ClickException("no bench/ directory found: run from a waypost source checkout")
+    scripts = sorted(p for p in d.glob("*.py") if not p.name.startswith("_"))
+    names = [p.stem for p in scripts]
+    if not name:
+        if c.as_json:
+            c.emit({"benchmarks": names, "dir": str(d)})
+        else:
+            c.out.print(f"benchmarks in {d}: " + ", ".join(names))
+            c.out.print("run one: waypost bench NAME [ARGS...]   (results go to bench/results/)")
+        return
+    stem = name.removesuffix(".py")
+    if stem not in names:
+        raise click.ClickException(f"unknown benchmark {name!r}; known: {', '.join(names)}")
+    env = dict(os.environ)
+    proc = subprocess.run([sys.executable, str(d / f"{stem}.py"), *args], check=False, cwd=d.parent, env=env)
+    if proc.returncode:
+        raise click.ClickException(f"benchmark {stem} exited with status {proc.returncode}")
