@@ -1,0 +1,197 @@
+"""Benchmark: waypost's etcd client beside raw generated-message calls on a plain grpc.aio channel.
+
+Measures, against a local etcd started here (LocalEtcd), in one run and on the same event loop:
+  - put latency,
+  - prefix get of 1,000 keys (waypost Registry, waypost EtcdClient, raw),
+  - put -> watch event latency (median and p99).
+Rounds of waypost and raw alternate so machine noise hits both alike. Prints a table, then the
+ratios (waypost / raw, lower is better; goal <= 1.2) as the last lines, and writes
+bench/results/etcd_client.json.
+
+    python bench/etcd_client.py [--puts 2000] [--gets 200] [--watch 1000] [--rounds 4]
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import platform
+import statistics
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+import grpc
+import grpc.aio
+
+from waypost import _loop
+from waypost.etcd import _methods
+from waypost.etcd._proto import waypost_etcd_pb2 as pb
+from waypost.etcd.config import EtcdConfig
+from waypost.etcd.local import LocalEtcd
+from waypost.registry.etcd import EtcdRegistry
+
+RESULTS = Path(__file__).resolve().parent / "results" / "etcd_client.json"
+
+
+def pct(samples: list[float], q: float) -> float:
+    s = sorted(samples)
+    return s[min(len(s) - 1, int(q * len(s)))]
+
+
+def summary(samples: list[float]) -> dict[str, float]:
+    return {"n": len(samples), "median_us": statistics.median(samples) * 1e6, "p99_us": pct(samples, 0.99) * 1e6,
+            "mean_us": statistics.fmean(samples) * 1e6}
+
+
+class Raw:
+    """Plain grpc.aio calls with our generated messages: the floor waypost is compared with."""
+
+    def __init__(self, endpoint: str) -> None:
+        self.channel = grpc.aio.insecure_channel(endpoint)
+        self.put = self.channel.unary_unary(_methods.PUT, request_serializer=pb.PutRequest.SerializeToString,
+                                            response_deserializer=pb.PutResponse.FromString)
+        self.range = self.channel.unary_unary(_methods.RANGE, request_serializer=pb.RangeRequest.SerializeToString,
+                                              response_deserializer=pb.RangeResponse.FromString)
+        self.watch = self.channel.stream_stream(_methods.WATCH,
+                                                request_serializer=pb.WatchRequest.SerializeToString,
+                                                response_deserializer=pb.WatchResponse.FromString)
+
+
+async def bench_put(reg: EtcdRegistry, raw: Raw, n: int) -> tuple[list[float], list[float]]:
+    w: list[float] = []
+    r: list[float] = []
+    for i in range(n):
+        key = f"bench/put/{i % 100}"
+        t0 = time.perf_counter()
+        await reg.put(key, b"v")
+        w.append(time.perf_counter() - t0)
+        req = pb.PutRequest(key=key.encode(), value=b"v")
+        t0 = time.perf_counter()
+        await raw.put(req, timeout=5)
+        r.append(time.perf_counter() - t0)
+    return w, r
+
+
+async def bench_get(reg: EtcdRegistry, raw: Raw, n: int) -> tuple[list[float], list[float], list[float]]:
+    client = reg.client
+    w: list[float] = []
+    c: list[float] = []
+    r: list[float] = []
+    for _ in range(n):
+        t0 = time.perf_counter()
+        got = await reg.get("bench/keys/", prefix=True)
+        w.append(time.perf_counter() - t0)
+        assert len(got.kvs) == 1000
+        t0 = time.perf_counter()
+        resp = await client.range(b"bench/keys/", b"bench/keys0")
+        c.append(time.perf_counter() - t0)
+        assert len(resp.kvs) == 1000
+        t0 = time.perf_counter()
+        resp = await raw.range(pb.RangeRequest(key=b"bench/keys/", range_end=b"bench/keys0"), timeout=5)
+        r.append(time.perf_counter() - t0)
+        assert len(resp.kvs) == 1000
+    return w, c, r
+
+
+async def bench_watch(reg: EtcdRegistry, raw: Raw, n: int) -> tuple[list[float], list[float]]:
+    """put (raw, same for both) -> event seen by a waypost watcher / by a raw watch stream."""
+    watcher = reg.watch("bench/w1/", prefix=True)
+    it = watcher.__aiter__()
+    stream = raw.watch()
+    await stream.write(pb.WatchRequest(create_request=pb.WatchCreateRequest(
+        key=b"bench/w2/", range_end=b"bench/w20")))
+    created = await stream.read()
+    assert created.created
+    await asyncio.sleep(0.2)
+    w: list[float] = []
+    r: list[float] = []
+    try:
+        for i in range(n):
+            t0 = time.perf_counter()
+            await raw.put(pb.PutRequest(key=f"bench/w1/{i % 10}".encode(), value=b"x"), timeout=5)
+            await asyncio.wait_for(it.__anext__(), 5)
+            w.append(time.perf_counter() - t0)
+            t0 = time.perf_counter()
+            await raw.put(pb.PutRequest(key=f"bench/w2/{i % 10}".encode(), value=b"x"), timeout=5)
+            while True:
+                resp = await asyncio.wait_for(stream.read(), 5)
+                if resp.events:
+                    break
+            r.append(time.perf_counter() - t0)
+    finally:
+        watcher.cancel()
+        stream.cancel()
+    return w, r
+
+
+async def main_async(args: argparse.Namespace, endpoint: str) -> dict[str, Any]:
+    reg = EtcdRegistry(EtcdConfig(endpoints=(endpoint,)))
+    raw = Raw(endpoint)
+    try:
+        # preload and warm up both paths
+        for i in range(1000):
+            await raw.put(pb.PutRequest(key=f"bench/keys/{i:04d}".encode(), value=b"10.0.0.1:8080"), timeout=5)
+        await bench_put(reg, raw, 50)
+        await bench_get(reg, raw, 5)
+        res: dict[str, list[float]] = {k: [] for k in
+                                       ("put_waypost", "put_raw", "get_waypost", "get_client", "get_raw",
+                                        "watch_waypost", "watch_raw")}
+        for _ in range(args.rounds):
+            a, b = await bench_put(reg, raw, args.puts // args.rounds)
+            res["put_waypost"] += a
+            res["put_raw"] += b
+            a, c, b = await bench_get(reg, raw, args.gets // args.rounds)
+            res["get_waypost"] += a
+            res["get_client"] += c
+            res["get_raw"] += b
+            a, b = await bench_watch(reg, raw, args.watch // args.rounds)
+            res["watch_waypost"] += a
+            res["watch_raw"] += b
+        return {k: summary(v) for k, v in res.items()}
+    finally:
+        await reg.close()
+        await raw.channel.close()
+
+
+def main(argv: list[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--puts", type=int, default=2000)
+    ap.add_argument("--gets", type=int, default=200)
+    ap.add_argument("--watch", type=int, default=1000)
+    ap.add_argument("--rounds", type=int, default=4)
+    ap.add_argument("--out", type=Path, default=RESULTS)
+    args = ap.parse_args(argv)
+    t0 = time.monotonic()
+    with LocalEtcd(1) as etcd:
+        stats = _loop.run(main_async(args, etcd.endpoint), 600)
+    ratios = {
+        "put_median": stats["put_waypost"]["median_us"] / stats["put_raw"]["median_us"],
+        "get1000_median": stats["get_waypost"]["median_us"] / stats["get_raw"]["median_us"],
+        "get1000_client_median": stats["get_client"]["median_us"] / stats["get_raw"]["median_us"],
+        "watch_median": stats["watch_waypost"]["median_us"] / stats["watch_raw"]["median_us"],
+        "watch_p99": stats["watch_waypost"]["p99_us"] / stats["watch_raw"]["p99_us"],
+    }
+    out = {
+        "benchmark": "etcd_client",
+        "python": platform.python_version(), "grpcio": grpc.__version__, "machine": platform.machine(),
+        "args": {k: (str(v) if isinstance(v, Path) else v) for k, v in vars(args).items()},
+        "seconds": round(time.monotonic() - t0, 1),
+        "stats": stats, "ratios_waypost_over_raw": ratios,
+    }
+    args.out.parent.mkdir(parents=True, exist_ok=True)
+    args.out.write_text(json.dumps(out, indent=2) + "\n")
+    print(f"{'case':<16}{'n':>7}{'median us':>12}{'p99 us':>12}")
+    for k, v in stats.items():
+        print(f"{k:<16}{v['n']:>7}{v['median_us']:>12.0f}{v['p99_us']:>12.0f}")
+    print(f"wrote {args.out}")
+    print("ratios (waypost / raw, lower is better):")
+    for k, v in ratios.items():
+        print(f"  {k:<24}{v:6.2f}x")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
