@@ -215,3 +215,15 @@ def _get_ok(reg, key):
         return reg.sync.get(key).kvs[0].value == b"1"
     except RegistryUnavailable:
         return False
+
+
+def test_keep_alive_and_cancel_from_a_plain_thread(shared_etcd, unique_key):
+    with registry(shared_etcd.endpoint) as reg:
+        lease = reg.sync.grant(1)
+        reg.sync.put(unique_key, b"v", lease=lease)
+        ka = reg.keep_alive(lease, 1, lambda *_: None)  # not on the control loop
+        assert wait_until(lambda: lease in reg.client.leases._leases
+                          and reg.client.leases._leases[lease].renewed >= 3, 15)
+        assert reg.sync.get(unique_key).kvs
+        ka.cancel()
+        assert wait_until(lambda: reg.sync.get(unique_key).kvs == [], 15)

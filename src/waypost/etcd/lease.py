@@ -17,6 +17,7 @@ from typing import TYPE_CHECKING
 import grpc
 import grpc.aio
 
+from .. import _loop
 from ..errors import LeaseNotFound, RegistryUnavailable
 from ..registry.base import KeepAlive
 from . import _errors
@@ -44,7 +45,10 @@ class LeaseKeepAlive(KeepAlive):
     def cancel(self) -> None:
         if not self.cancelled:
             self.cancelled = True
-            self._manager.remove(self)
+            if _loop.in_loop():
+                self._manager.remove(self)
+            else:
+                _loop.call_soon(self._manager.remove, self)
 
     def _report(self, reason: BaseException) -> None:
         if self.cancelled or self.lost is not None:
@@ -99,18 +103,27 @@ class KeepAliveManager:
     # -- membership --------------------------------------------------------------------
 
     def add(self, lease_id: int, ttl: int, on_lost: LostCallback) -> LeaseKeepAlive:
-        """Start renewing ``lease_id`` (must be called on the control loop)."""
+        """Start renewing ``lease_id``; callable from any thread (the work happens on the control loop)."""
         handle = LeaseKeepAlive(self, lease_id, on_lost)
+        if _loop.in_loop():
+            self._register(handle, ttl)
+        else:
+            _loop.call_soon(self._register, handle, ttl)
+        return handle
+
+    def _register(self, handle: LeaseKeepAlive, ttl: int) -> None:
+        lease_id = handle.lease_id
+        if handle.cancelled:
+            return
         if self._closed:
             handle._report(RegistryUnavailable(f"etcd lease keepalive {lease_id}: the client is closed"))
-            return handle
+            return
         st = self._leases.get(lease_id)
         if st is None:
             st = self._leases[lease_id] = _Lease(lease_id, ttl, self.clock())
         st.handles.append(handle)
         self._ensure_running()
         self._wake.set()
-        return handle
 
     def remove(self, handle: LeaseKeepAlive) -> None:
         st = self._leases.get(handle.lease_id)

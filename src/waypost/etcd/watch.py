@@ -273,7 +273,8 @@ class WatchManager:
         ep = await client.pool.pick("watch")
         md = await client.metadata(ep, require_leader=True)
         call = ep.stream(WATCH, pb.WatchRequest, pb.WatchResponse)(metadata=md)
-        self._outbox = outbox = asyncio.Queue()
+        outbox: asyncio.Queue[pb.WatchRequest] = asyncio.Queue()
+        self._outbox = outbox
         self._by_id.clear()
         self._creating = None
         self._next_id = 0

@@ -119,7 +119,11 @@ class EtcdRegistry(Registry):
         return int(r.TTL) if r.TTL >= 0 else -1
 
     def keep_alive(self, lease_id: int, ttl: int, on_lost: LeaseLostCallback) -> LeaseKeepAlive:
-        return self.client.keep_alive(lease_id, ttl, on_lost)  # type: ignore[no-any-return]
+        """Keep a lease alive on the shared stream; callable from any thread. ``on_lost`` runs on the loop."""
+        if self._client is None and not _loop.in_loop():
+            _loop.run(self._ensure_client(), 10)
+        client = self._client or self.client
+        return client.keep_alive(lease_id, ttl, on_lost)  # type: ignore[no-any-return]
 
     def watch(self, key: str, *, prefix: bool = False, start_revision: int = 0, prev_kv: bool = False,
               progress_notify: bool = False) -> Watcher:
