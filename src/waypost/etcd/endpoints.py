@@ -121,12 +121,14 @@ class EndpointPool:
 
     def mark_failed(self, ep: Endpoint) -> None:
         """Prefer other endpoints for a while; move the current pointer past this one."""
+        first = ep.failed_at is None
         ep.failed_at = self.clock()
         n = len(self.endpoints)
         if n > 1 and self.endpoints[self._current] is ep:
             self._current = (self._current + 1) % n
-        log.info("etcd endpoint %s failed; %s", ep.address,
-                 "trying the others" if n > 1 else "will retry it")
+        # once per outage at INFO; repeats while it stays down are DEBUG
+        log.log(logging.INFO if first else logging.DEBUG, "etcd endpoint %s failed; %s", ep.address,
+                "trying the others" if n > 1 else "will retry it")
 
     def mark_ok(self, ep: Endpoint) -> None:
         """A call succeeded on ``ep``: it is healthy again."""
