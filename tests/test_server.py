@@ -1,0 +1,282 @@
+"""waypost.serve(): bind, start, THEN register; graceful stop; registry down at start-up."""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import signal
+import socket
+import subprocess
+import sys
+import textwrap
+import threading
+import time
+from concurrent import futures
+from pathlib import Path
+
+import grpc
+import pytest
+from grpc_health.v1 import health_pb2, health_pb2_grpc
+
+import waypost
+from tests.backends import echo_pb2, echo_pb2_grpc
+from tests.backends.server import EchoServicer
+from waypost import _loop
+from waypost.etcd.local import free_port
+from waypost.server import BindError, serve
+
+ROOT = Path(__file__).resolve().parents[1]
+SERVING = health_pb2.HealthCheckResponse.SERVING
+NOT_SERVING = health_pb2.HealthCheckResponse.NOT_SERVING
+
+
+def wait_until(cond, timeout=15.0, what="condition"):
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        if cond():
+            return
+        time.sleep(0.02)
+    raise AssertionError(f"timed out after {timeout}s waiting for {what}")
+
+
+def new_server() -> grpc.Server:
+    s = grpc.server(futures.ThreadPoolExecutor(8))
+    echo_pb2_grpc.add_EchoServicer_to_server(EchoServicer("s1"), s)
+    return s
+
+
+def accepts(address: str) -> bool:
+    host, port = address.rsplit(":", 1)
+    try:
+        with socket.create_connection((host.strip("[]"), int(port)), timeout=1.0):
+            return True
+    except OSError:
+        return False
+
+
+def health_status(address: str, service: str = "") -> int:
+    with grpc.insecure_channel(address) as ch:
+        return health_pb2_grpc.HealthStub(ch).Check(health_pb2.HealthCheckRequest(service=service), timeout=5).status
+
+
+class PutProbe:
+    """Watches a prefix on the control loop; at each put, checks at once that the address accepts TCP."""
+
+    def __init__(self, registry, prefix: str) -> None:
+        self.seen: list[tuple[str, bool]] = []
+        self.ready = threading.Event()
+        self._watch = registry.watch(prefix, prefix=True)
+        self._fut = _loop.submit(self._run())
+
+    async def _run(self) -> None:
+        async for batch in self._watch:
+            for ev in batch:
+                if ev.type != "put":
+                    continue
+                addr = ev.kv.value.decode()
+                host, port = addr.rsplit(":", 1)
+                try:
+                    _, w = await asyncio.wait_for(asyncio.open_connection(host, int(port)), 2)
+                    w.close()
+                    ok = True
+                except (OSError, asyncio.TimeoutError):
+                    ok = False
+                self.seen.append((addr, ok))
+
+    def close(self) -> None:
+        _loop.call_soon(self._watch.cancel)
+        self._fut.result(5)  # a cancelled watch ends its iteration cleanly
+
+
+@pytest.fixture(params=["memory", "etcd"])
+def reg_url(request, shared_etcd, unique_key):
+    if request.param == "memory":
+        return f"memory://serve-{unique_key}"
+    return shared_etcd.url()
+
+
+def test_registered_only_after_port_accepts(reg_url, unique_key):
+    reg = waypost.connect(reg_url)
+    probe = PutProbe(reg, unique_key + "/")
+    handles = []
+    try:
+        time.sleep(0.2)  # the watch is created on the loop
+        for _ in range(3):
+            handles.append(serve(new_server(), unique_key, listen_on="127.0.0.1:0", registry=reg_url, grace=1))
+        wait_until(lambda: len(probe.seen) >= 3, what="three registrations seen by the watcher")
+        assert sorted(a for a, _ in probe.seen) == sorted(h.address for h in handles)
+        assert all(ok for _, ok in probe.seen), probe.seen
+        for h in handles:
+            assert h.address == f"127.0.0.1:{h.port}" and h.port > 0
+            assert h.registered_key and h.registered_key.startswith(unique_key + "/")
+    finally:
+        for h in handles:
+            h.stop()
+        probe.close()
+    assert reg.sync.get(unique_key + "/", prefix=True).kvs == []
+
+
+def test_wildcard_listen_advertises_loopback_for_loopback_registry(shared_etcd, unique_key):
+    h = serve(new_server(), unique_key, registry=shared_etcd.url(), grace=0, metadata={"weight": 20})
+    try:
+        assert h.address == f"127.0.0.1:{h.port}"
+        kvs = waypost.connect(shared_etcd.url()).sync.get(unique_key + "/", prefix=True).kvs
+        assert [kv.value for kv in kvs] == [h.address.encode()]
+        sub = waypost.Subscriber(shared_etcd.url(), unique_key)
+        try:
+            assert [(b.address, dict(b.metadata)) for b in sub.backends()] == [(h.address, {"weight": 20})]
+        finally:
+            sub.close()
+    finally:
+        h.stop()
+
+
+def test_health_pause_resume_stop(reg_url, unique_key):
+    reg = waypost.connect(reg_url)
+    h = serve(new_server(), unique_key, listen_on="127.0.0.1:0", registry=reg_url, grace=1)
+    try:
+        assert health_status(h.address) == SERVING
+        assert health_status(h.address, unique_key) == SERVING
+        h.pause()
+        assert reg.sync.get(unique_key + "/", prefix=True).kvs == []
+        assert health_status(h.address) == NOT_SERVING
+        # a paused server still answers calls that reach it (drain, not stop)
+        with grpc.insecure_channel(h.address) as ch:
+            assert echo_pb2_grpc.EchoStub(ch).Unary(echo_pb2.EchoRequest(message="x"), timeout=5).server == "s1"
+        h.resume()
+        assert [kv.value.decode() for kv in reg.sync.get(unique_key + "/", prefix=True).kvs] == [h.address]
+        assert health_status(h.address) == SERVING
+    finally:
+        h.stop()
+    assert h.stopped and reg.sync.get(unique_key + "/", prefix=True).kvs == []
+    assert not accepts(h.address)
+    h.stop()  # idempotent
+
+
+def test_wait_returns_after_stop_from_another_thread(unique_key):
+    h = serve(new_server(), unique_key, listen_on="127.0.0.1:0", registry=f"memory://{unique_key}", grace=0)
+    assert h.wait(timeout=0.05) is False  # still running
+    t = threading.Timer(0.2, h.stop)
+    t.start()
+    assert h.wait() is True
+    t.join()
+    assert h.stopped
+
+
+def test_registry_down_at_startup_raises_and_stops_server(unique_key):
+    dead = f"etcd://127.0.0.1:{free_port()}"
+    port = free_port()
+    t0 = time.monotonic()
+    with pytest.raises(waypost.RegistryUnavailable):
+        serve(new_server(), unique_key, listen_on=f"127.0.0.1:{port}", registry=dead, register_timeout=2)
+    assert time.monotonic() - t0 < 30
+    wait_until(lambda: not accepts(f"127.0.0.1:{port}"), timeout=10, what="the port to be closed again")
+
+
+def test_bad_arguments_are_clear_errors(unique_key):
+    with pytest.raises(BindError, match="cannot listen"):
+        serve(new_server(), unique_key, listen_on="256.1.1.1:0", registry=f"memory://{unique_key}")
+    with pytest.raises(ValueError, match="key"):
+        serve(new_server(), "", registry=f"memory://{unique_key}")
+    with pytest.raises(waypost.InvalidTarget):
+        serve(new_server(), unique_key, registry="etcd://")
+
+
+CHILD = textwrap.dedent("""
+    import sys
+    from concurrent import futures
+    import grpc, waypost
+    from tests.backends import echo_pb2_grpc
+    from tests.backends.server import EchoServicer
+
+    server = grpc.server(futures.ThreadPoolExecutor(8))
+    echo_pb2_grpc.add_EchoServicer_to_server(EchoServicer("child"), server)
+    handle = waypost.serve(server, sys.argv[2], listen_on="127.0.0.1:0", registry=sys.argv[1],
+                           grace=float(sys.argv[3]))
+    print("ADDRESS", handle.address, flush=True)
+    handle.wait()
+    print("EXITED", flush=True)
+""")
+
+
+def test_sigterm_deregisters_then_refuses_then_drains(shared_etcd, unique_key, tmp_path):
+    script = tmp_path / "child.py"
+    script.write_text(CHILD)
+    grace = 8.0
+    env = dict(os.environ, PYTHONPATH=str(ROOT))
+    proc = subprocess.Popen([sys.executable, str(script), shared_etcd.url(), unique_key, str(grace)],
+                            stdout=subprocess.PIPE, text=True, env=env, cwd=ROOT)
+    try:
+        line = proc.stdout.readline()
+        assert line.startswith("ADDRESS "), line
+        address = line.split()[1]
+        reg = waypost.connect(shared_etcd.url()).sync
+        assert [kv.value.decode() for kv in reg.get(unique_key + "/", prefix=True).kvs] == [address]
+
+        ch = grpc.insecure_channel(address)
+        stub = echo_pb2_grpc.EchoStub(ch)
+        stub.Unary(echo_pb2.EchoRequest(message="warm"), timeout=5)
+        inflight = stub.Unary.future(echo_pb2.EchoRequest(message="slow", delay_ms=2500), timeout=20)
+        time.sleep(0.3)  # the slow call is running in the server
+        t_signal = time.monotonic()
+        proc.send_signal(signal.SIGTERM)
+
+        # Probe with new calls on fresh connections; at the first refusal the key must already be gone.
+        refused_with_key_present = None
+        deadline = time.monotonic() + 10
+        while time.monotonic() < deadline:
+            with grpc.insecure_channel(address) as probe:
+                try:
+                    echo_pb2_grpc.EchoStub(probe).Unary(echo_pb2.EchoRequest(message="p"), timeout=1)
+                    time.sleep(0.01)
+                    continue
+                except grpc.RpcError as e:
+                    assert e.code() in (grpc.StatusCode.UNAVAILABLE, grpc.StatusCode.DEADLINE_EXCEEDED), e
+            refused_with_key_present = bool(reg.get(unique_key + "/", prefix=True).kvs)
+            break
+        assert refused_with_key_present is False, "the server refused calls while still registered"
+
+        reply = inflight.result(timeout=15)  # the in-flight call completes
+        assert reply.server == "child" and reply.message == "slow"
+        rc = proc.wait(timeout=grace + 10)
+        assert rc == 0
+        assert time.monotonic() - t_signal < grace + 5
+        assert "EXITED" in proc.stdout.read()
+        ch.close()
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait(5)
+        if proc.stdout:
+            proc.stdout.close()
+
+
+class Stuck(echo_pb2_grpc.EchoServicer):
+    """Holds every call until the server cancels it (so no worker thread outlives the test)."""
+
+    def __init__(self) -> None:
+        self.started = threading.Event()
+
+    def Unary(self, request, context):
+        self.started.set()
+        deadline = time.monotonic() + 60
+        while context.is_active() and time.monotonic() < deadline:
+            time.sleep(0.02)
+        return echo_pb2.EchoReply(message="late", server="stuck")
+
+
+def test_grace_runs_out_then_force_stop(unique_key):
+    server = grpc.server(futures.ThreadPoolExecutor(4))
+    servicer = Stuck()
+    echo_pb2_grpc.add_EchoServicer_to_server(servicer, server)
+    h = serve(server, unique_key, listen_on="127.0.0.1:0", registry=f"memory://{unique_key}", grace=0.5)
+    ch = grpc.insecure_channel(h.address)
+    stuck = echo_pb2_grpc.EchoStub(ch).Unary.future(echo_pb2.EchoRequest(message="x"), timeout=60)
+    assert servicer.started.wait(10)
+    t0 = time.monotonic()
+    h.stop()
+    assert time.monotonic() - t0 < 30  # bounded by grace, not by the 60 s the call would take
+    with pytest.raises(grpc.RpcError) as ei:
+        stuck.result(timeout=10)
+    assert ei.value.code() in (grpc.StatusCode.CANCELLED, grpc.StatusCode.UNAVAILABLE, grpc.StatusCode.ABORTED)
+    ch.close()
