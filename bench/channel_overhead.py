@@ -1,0 +1,144 @@
+"""Per-call overhead of waypost's balanced channel vs grpcio's native round_robin, side by side.
+
+The same 3 local Echo servers (subprocesses) are called through
+  - waypost.dial("direct:///...", balancer="round_robin")            (and waypost.aio.dial)
+  - grpc.insecure_channel("ipv4:127.0.0.1:p1,...", round_robin service config)  (and grpc.aio)
+in three modes: sync 1 thread, sync 8 threads, aio 64 tasks. Each (mode, impl) pair runs ``--rounds``
+times, alternating implementations to spread machine noise; the best round counts.
+Last lines: ``overhead <mode>: waypost/native throughput = <ratio>``. JSON: bench/results/channel_overhead.json.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import sys
+import threading
+import time
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT))
+sys.path.insert(0, str(ROOT / "src"))
+
+import grpc  # noqa: E402
+import grpc.aio  # noqa: E402
+
+import waypost  # noqa: E402
+import waypost.aio  # noqa: E402
+from tests.backends import echo_pb2, echo_pb2_grpc  # noqa: E402
+from tests.backends.procs import spawn_many  # noqa: E402
+
+RR = json.dumps({"loadBalancingConfig": [{"round_robin": {}}]})
+REQ = echo_pb2.EchoRequest(message="x")
+
+
+def native_sync(addrs: list[str]) -> grpc.Channel:
+    return grpc.insecure_channel("ipv4:" + ",".join(addrs), options=[("grpc.service_config", RR)])
+
+
+def native_aio(addrs: list[str]) -> grpc.aio.Channel:
+    return grpc.aio.insecure_channel("ipv4:" + ",".join(addrs), options=[("grpc.service_config", RR)])
+
+
+def run_sync(channel: grpc.Channel, threads: int, seconds: float) -> float:
+    stub = echo_pb2_grpc.EchoStub(channel)
+    for _ in range(50):  # warm every connection
+        stub.Unary(REQ, timeout=30)
+    counts = [0] * threads
+    stop = time.perf_counter() + seconds
+    start_gate = threading.Barrier(threads + 1)
+
+    def worker(i: int) -> None:
+        start_gate.wait()
+        n = 0
+        call = stub.Unary
+        while time.perf_counter() < stop:
+            call(REQ, timeout=30)
+            n += 1
+        counts[i] = n
+
+    ts = [threading.Thread(target=worker, args=(i,)) for i in range(threads)]
+    for t in ts:
+        t.start()
+    t0 = time.perf_counter()
+    stop = t0 + seconds
+    start_gate.wait()
+    for t in ts:
+        t.join()
+    return sum(counts) / (time.perf_counter() - t0)
+
+
+async def run_aio(make, tasks: int, seconds: float) -> float:
+    channel = make()
+    try:
+        stub = echo_pb2_grpc.EchoStub(channel)
+        for _ in range(50):
+            await stub.Unary(REQ, timeout=30)
+        count = 0
+        stop = time.perf_counter() + seconds
+
+        async def worker() -> None:
+            nonlocal count
+            call = stub.Unary
+            while time.perf_counter() < stop:
+                await call(REQ, timeout=30)
+                count += 1
+
+        t0 = time.perf_counter()
+        await asyncio.gather(*(worker() for _ in range(tasks)))
+        return count / (time.perf_counter() - t0)
+    finally:
+        await channel.close()
+
+
+def main() -> int:
+    ap = argparse.ArgumentParser(description=__doc__)
+    ap.add_argument("--seconds", type=float, default=2.0, help="per measurement")
+    ap.add_argument("--rounds", type=int, default=3)
+    ap.add_argument("--out", default=str(ROOT / "bench/results/channel_overhead.json"))
+    args = ap.parse_args()
+
+    procs = spawn_many(["s0", "s1", "s2"], workers=16)
+    addrs = [p.address for p in procs]
+    direct = "direct:///" + ",".join(addrs)
+    results: dict[str, dict[str, list[float]]] = {}
+    try:
+        for mode in ("sync1", "sync8", "aio64"):
+            results[mode] = {"waypost": [], "native": []}
+            for _ in range(args.rounds):
+                for impl in ("native", "waypost"):
+                    if mode.startswith("sync"):
+                        threads = int(mode[4:])
+                        ch = waypost.dial(direct, balancer="round_robin") if impl == "waypost" else native_sync(addrs)
+                        try:
+                            qps = run_sync(ch, threads, args.seconds)
+                        finally:
+                            ch.close()
+                    else:
+                        def make(impl=impl):
+                            if impl == "waypost":
+                                return waypost.aio.dial(direct, balancer="round_robin")
+                            return native_aio(addrs)
+                        qps = asyncio.run(run_aio(make, 64, args.seconds))
+                    results[mode][impl].append(qps)
+                    print(f"{mode:6s} {impl:8s} {qps:9.0f} calls/s", flush=True)
+    finally:
+        for p in procs:
+            p.close()
+
+    summary = {}
+    for mode, r in results.items():
+        best_w, best_n = max(r["waypost"]), max(r["native"])
+        summary[mode] = {"waypost_qps": r["waypost"], "native_qps": r["native"], "ratio": best_w / best_n}
+    out = Path(args.out)
+    out.parent.mkdir(parents=True, exist_ok=True)
+    out.write_text(json.dumps({"seconds": args.seconds, "rounds": args.rounds, "results": summary}, indent=2))
+    for mode, s in summary.items():
+        print(f"overhead {mode}: waypost/native throughput = {s['ratio']:.3f}")
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
