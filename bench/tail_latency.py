@@ -29,11 +29,11 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 sys.path.insert(0, str(ROOT / "src"))
 
-import grpc  # noqa: E402
+import grpc
 
-import waypost  # noqa: E402
-from tests.backends import echo_pb2, echo_pb2_grpc  # noqa: E402
-from tests.backends.procs import EchoProcess  # noqa: E402
+import waypost
+from tests.backends import echo_pb2, echo_pb2_grpc
+from tests.backends.procs import EchoProcess
 
 RR = json.dumps({"loadBalancingConfig": [{"round_robin": {}}]})
 REQ = echo_pb2.EchoRequest(message="x")
