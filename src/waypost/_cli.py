@@ -8,6 +8,7 @@ non-zero status, never a traceback.
 from __future__ import annotations
 
 import json
+import logging
 import os
 import signal
 import subprocess
@@ -26,6 +27,8 @@ from rich.table import Table
 from .errors import WaypostError
 
 DEFAULT_REGISTRY = "etcd://127.0.0.1:2379"
+#: set by ``waypost.cli.main``: the command owns the process, so it sets up logging to stderr
+CONFIGURE_LOGGING = False
 
 
 class _Group(click.Group):
@@ -85,10 +88,19 @@ def _json_flag(f: Callable[..., Any]) -> Callable[..., Any]:
 @click.option("--registry", envvar="WAYPOST_REGISTRY", default=DEFAULT_REGISTRY, show_default=True,
               metavar="URL", help="Registry URL (env WAYPOST_REGISTRY): etcd://h1:2379,h2:2379 or memory://NAME.")
 @click.option("--json", "as_json", is_flag=True, help="Machine-readable output (JSON).")
+@click.option("-v", "--verbose", count=True, help="Log more (-v: info, -vv: debug) to stderr.")
 @click.version_option(package_name="waypost", prog_name="waypost")
 @click.pass_context
-def app(ctx: click.Context, registry: str, as_json: bool) -> None:
+def app(ctx: click.Context, registry: str, as_json: bool, verbose: int) -> None:
     """Service registration, discovery and load balancing for Python gRPC, over etcd."""
+    if CONFIGURE_LOGGING:  # only as the real command: embedded use (tests) keeps its own logging set-up
+        level = logging.WARNING if verbose == 0 else logging.INFO if verbose == 1 else logging.DEBUG
+        root = logging.getLogger("waypost")
+        if not root.handlers:
+            handler = logging.StreamHandler(sys.stderr)
+            handler.setFormatter(logging.Formatter("%(asctime)s %(levelname)s %(name)s: %(message)s", "%H:%M:%S"))
+            root.addHandler(handler)
+        root.setLevel(level)
     ctx.obj = Ctx(registry, as_json)
 
 
@@ -213,7 +225,10 @@ def ls_cmd(c: Ctx, prefix: str) -> None:
 
     reg = c.registry().sync
     res = reg.get(prefix, prefix=True)
-    entries = _inspect.classify(res.kvs)
+    kvs = list(res.kvs)
+    if prefix:  # go-zero metadata lives in side records outside the prefix
+        kvs += reg.get(_inspect.GOZERO_META_ROOT + prefix, prefix=True).kvs
+    entries = _inspect.classify(kvs)
     ttls = _inspect.lease_ttls(reg, entries)
     if c.as_json:
         c.emit({"revision": res.revision, "services": _inspect.group(entries, ttls)})
@@ -224,11 +239,11 @@ def ls_cmd(c: Ctx, prefix: str) -> None:
     for service, instances in _inspect.group(entries, ttls).items():
         t = Table(title=f"{service}  ({len(instances)} instance{'s' if len(instances) != 1 else ''})",
                   title_justify="left", title_style="bold")
-        for col in ("address", "format", "id", "lease ttl", "metadata", "key"):
+        for col in ("address", "format", "id", "ttl", "metadata"):
             t.add_column(col, overflow="fold")
         for i in instances:
-            t.add_row(i["address"] or "[red]?[/]", i["format"], i["id"], _ttl_text(i["ttl"]),
-                      _meta_text(i["metadata"]), i["key"])
+            addr = i["address"] or f"[red]? {i.get('value', '')!r}[/]"
+            t.add_row(addr, i["format"], i["id"], _ttl_text(i["ttl"]), _meta_text(i["metadata"]))
         c.out.print(t)
 
 
@@ -314,7 +329,7 @@ def _parse_meta(items: tuple[str, ...]) -> dict[str, Any]:
     for item in items:
         k, sep, v = item.partition("=")
         if not sep or not k:
-            raise click.BadParameter(f"{item!r}: expected k=v (example: --meta weight=20)", param_hint="--meta")
+            raise click.ClickException(f"--meta {item!r}: expected k=v (example: --meta weight=20)")
         try:
             val: Any = json.loads(v)
             if not isinstance(val, (int, float, bool)):
@@ -345,7 +360,7 @@ def register_cmd(c: Ctx, key: str, addr: str, ttl: int, meta: tuple[str, ...], i
 
     host, port = split_host_port(addr, what="ADDR")
     if not host or port is None:
-        raise click.BadParameter(f"{addr!r}: expected host:port (example: 10.0.0.5:8080)", param_hint="ADDR")
+        raise click.ClickException(f"ADDR {addr!r}: expected host:port (example: 10.0.0.5:8080)")
     metadata = _parse_meta(meta)
     with _signals() as stop:
         pub = Publisher(c.registry(), key, addr, ttl=ttl, id=id_, metadata=metadata or None, format=fmt)

@@ -18,7 +18,10 @@ def main(argv: Sequence[str] | None = None) -> int:
             f"waypost: the command line needs {' and '.join(missing)}: pip install 'waypost[cli]'\n"
         )
         return 2
+    from . import _cli
     from ._cli import app
+
+    _cli.CONFIGURE_LOGGING = True
 
     try:
         rc = app.main(args=list(argv) if argv is not None else None, prog_name="waypost", standalone_mode=False)

@@ -1,0 +1,130 @@
+"""What the ``waypost ls`` and ``waypost resolve`` commands show, as plain data (tables are the CLI's job).
+
+``classify`` recognises each record's wire format from its shape (kratos keys under ``/microservices/``,
+etcd-naming JSON with ``Addr``, go-zero's raw ``host:port``, go-zero metadata side records) and decodes
+it with that format's own decoder, so ``ls`` shows exactly what a subscriber of that format would see.
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+from collections.abc import Iterable, Sequence
+from typing import Any
+
+from .registry.formats import ETCD_NAMING, GOZERO, GOZERO_META_ROOT, KRATOS, valid_address
+
+log = logging.getLogger("waypost.cli")
+
+#: at most this many distinct leases are asked for their TTL by ``ls``
+MAX_TTL_LOOKUPS = 256
+
+
+def classify(kvs: Iterable[Any]) -> list[dict[str, Any]]:
+    """One dict per registration: service, id, address, format, metadata, lease, key.
+
+    Records that match no format are returned with ``format="?"`` and ``address=None``.
+    """
+    entries: list[dict[str, Any]] = []
+    side: dict[tuple[str, str], dict[str, Any]] = {}
+    for kv in kvs:
+        key, value = kv.key, kv.value
+        if key.startswith(GOZERO_META_ROOT):
+            rest = key[len(GOZERO_META_ROOT):]
+            if "/" in rest:
+                service, ident = rest.rsplit("/", 1)
+                meta = GOZERO.decode_side(key, value, f"{GOZERO_META_ROOT}{service}/")
+                if meta is not None:
+                    side[(service, ident)] = {"address": meta.address, "metadata": dict(meta.metadata)}
+            continue
+        entries.append(_one(key, value, kv.lease))
+    for e in entries:  # join go-zero metadata by (service, id), only when the address agrees
+        m = side.get((e["service"], e["id"])) if e["format"] == "gozero" else None
+        if m is not None and m["address"] == e["address"]:
+            e["metadata"] = m["metadata"]
+    return entries
+
+
+def _one(key: str, value: bytes, lease: int) -> dict[str, Any]:
+    service, _, ident = key.rpartition("/")
+    if not service:  # a key without '/': go-zero's exact-match registration
+        service, ident = key, ""
+    out: dict[str, Any] = {"key": key, "service": service, "id": ident, "lease": lease, "address": None,
+                           "format": "?", "metadata": {}}
+    text = value[:65536].decode("utf-8", "replace").strip()
+    entry = None
+    if key.startswith(KRATOS.namespace + "/") and text.startswith("{"):
+        out["format"], entry = "kratos", KRATOS.decode(key, value)
+        out["service"] = service[len(KRATOS.namespace) + 1:]
+    elif text.startswith("{") and '"Addr"' in text:
+        out["format"], entry = "etcd-naming", ETCD_NAMING.decode(key, value)
+    elif valid_address(text):
+        out["format"], entry = "gozero", GOZERO.decode(key, value)
+    else:
+        out["value"] = text[:80]
+    if entry is not None:
+        out["address"] = entry.address
+        out["metadata"] = dict(entry.metadata)
+    elif out["format"] != "?":
+        out["format"] += " (bad value)"
+        out["value"] = text[:80]
+    return out
+
+
+def lease_ttls(sync_registry: Any, entries: Sequence[dict[str, Any]]) -> dict[int, int]:
+    """Remaining TTL per lease (-1: expired), for at most MAX_TTL_LOOKUPS leases."""
+    leases = sorted({e["lease"] for e in entries if e["lease"]})[:MAX_TTL_LOOKUPS]
+    return {lease: int(sync_registry.time_to_live(lease)) for lease in leases}
+
+
+def group(entries: Sequence[dict[str, Any]], ttls: dict[int, int]) -> dict[str, list[dict[str, Any]]]:
+    """Entries by service, each list sorted by address; ``ttl`` added (None: no lease or not looked up)."""
+    out: dict[str, list[dict[str, Any]]] = {}
+    for e in entries:
+        item = dict(e, ttl=ttls.get(e["lease"]) if e["lease"] else None)
+        out.setdefault(e["service"], []).append(item)
+    for items in out.values():
+        items.sort(key=lambda i: (i["address"] or "", i["key"]))
+    return dict(sorted(out.items()))
+
+
+def resolve(target: str, *, subset_size: int = 32, client_id: str | None = None,
+            timeout: float = 5.0) -> dict[str, Any]:
+    """What a client dialing ``target`` would use now: every address with its metadata, and its subset."""
+    from .resolver import Subsetter, make_resolver, parse_target
+
+    t = parse_target(target)
+    subsetter = Subsetter(subset_size, client_id=client_id) if subset_size and t.scheme != "direct" else None
+    got: list[Any] = []
+    errors: list[str] = []
+    done = threading.Event()
+
+    def on_update(backends: Sequence[Any]) -> None:
+        got[:] = list(backends)
+        done.set()
+
+    def on_error(message: str) -> None:
+        errors.append(message)
+
+    resolver = make_resolver(t)  # no subsetter: we want the full list and mark the subset ourselves
+    resolver.start(on_update, on_error)
+    try:
+        if not done.wait(timeout) and errors:
+            from .errors import RegistryUnavailable
+
+            raise RegistryUnavailable(f"could not resolve {t.redacted}: {errors[-1]}")
+        backends = list(got)
+    finally:
+        resolver.close()
+    chosen = {b.address for b in subsetter.select(backends)} if subsetter else {b.address for b in backends}
+    note = None
+    if subsetter is not None and client_id is None and len(backends) > subset_size:
+        note = (f"note: {len(backends)} addresses > subset size {subset_size}; a client keeps a stable subset "
+                "from its own random seed (this is one such subset; --client-id N for deterministic subsetting)")
+    return {
+        "target": t.redacted, "scheme": t.scheme, "key": t.key, "format": t.format if t.key else None,
+        "subset_size": subset_size if subsetter else None, "client_id": client_id,
+        "backends": [{"address": b.address, "metadata": dict(b.metadata), "in_subset": b.address in chosen}
+                     for b in backends],
+        "note": note,
+    }
