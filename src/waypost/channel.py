@@ -86,6 +86,7 @@ class _Method:
         self._retry = mc.retry_policy if mc is not None else None
         self._throttle = channel._config.throttle
         self._rng = channel._config.rng
+        self._fast_ok = self._retry is None and self._kind == "unary_unary"
 
     def _inner(self, sc: SubConn) -> Any:
         mc = sc.mcs.get(self._key)
@@ -148,38 +149,67 @@ class _UnaryRequestMethod(_Method):
 
     def __call__(self, request: Any, timeout: float | None = None, metadata: Any = None, credentials: Any = None,
                  wait_for_ready: bool | None = None, compression: Any = None) -> Any:
+        if self._fast_ok:
+            return self._once(request, timeout, metadata, credentials, wait_for_ready, compression, False)
         return self.with_call(request, timeout, metadata, credentials, wait_for_ready, compression)[0]
 
     def with_call(self, request: Any, timeout: float | None = None, metadata: Any = None, credentials: Any = None,
                   wait_for_ready: bool | None = None, compression: Any = None) -> tuple[Any, grpc.Call]:
+        if self._fast_ok:
+            return self._once(request, timeout, metadata, credentials, wait_for_ready, compression, True)
         deadline, wfr = self._settings(timeout, wait_for_ready)
-        if self._retry is None and self._kind == "unary_unary":
-            # Fast path: one attempt; falls into the retry loop only on a connection-level failure.
-            info = self._pick_info(metadata)
-            res, sc = self._pick(info, deadline, wfr)
-            mc = sc.mcs.get(self._key) or self._inner(sc)
-            sc.inflight += 1
-            t0 = _perf()
-            try:
-                out = mc.with_call(request, None if deadline is None else deadline - _mono(), metadata,
-                                   credentials, wfr, compression)
-            except grpc.RpcError as e:
-                code = e.code()
-                self._finish(res, sc, t0, code)
-                if code is not _UNAVAILABLE or not never_sent(code, e.details()):
-                    raise
-                st = self._state(deadline)
-                st.started = 1
-                st.tried.add(sc.address)
-                st.after_failure(code, e.details())
-                return self._attempts(st, request, metadata, credentials, wfr, compression, None)
-            except BaseException:
-                self._finish(res, sc, t0, _UNKNOWN)
-                raise
-            self._finish(res, sc, t0, _OK)
-            return out  # type: ignore[no-any-return]
-        replay = Replay(request) if self._kind == "stream_unary" else None
+        # Client streaming: requests are recorded for replay only when a retry policy may need them.
+        replay = Replay(request) if self._kind == "stream_unary" and self._retry is not None else None
         return self._attempts(self._state(deadline), request, metadata, credentials, wfr, compression, replay)
+
+    def _once(self, request: Any, timeout: float | None, metadata: Any, credentials: Any,
+              wait_for_ready: bool | None, compression: Any, want_call: bool) -> Any:
+        """The hot path (unary-unary, no retry policy): one pick, one attempt; a connection-level failure
+        (the request never left) falls into the attempt loop for a transparent re-pick."""
+        if timeout is None:
+            timeout = self._timeout
+        if wait_for_ready is None:
+            wait_for_ready = self._wfr
+        hk = current_hash_key()
+        info = self._info if hk is None and not metadata else PickInfo(self._method, hk, tuple(metadata or ()))
+        b = self._b
+        try:
+            r = b.pick(info)
+        except PickError as e:
+            raise BalancerRpcError(e.code, e.message) from None
+        deadline = None
+        if timeout is not None:
+            deadline = _mono() + timeout
+        if r is None:
+            r = _wait_pick(b, info, deadline, wait_for_ready)
+            if deadline is not None:
+                timeout = max(deadline - _mono(), 0.0)
+        res, sc = r
+        mc = sc.mcs.get(self._key) or self._inner(sc)
+        sc.inflight += 1
+        t0 = _perf()
+        try:
+            if want_call:
+                out = mc.with_call(request, timeout, metadata, credentials, wait_for_ready, compression)
+            else:
+                out = mc(request, timeout, metadata, credentials, wait_for_ready, compression)
+        except grpc.RpcError as e:
+            code = e.code()
+            self._finish(res, sc, t0, code)
+            if code is not _UNAVAILABLE or not never_sent(code, e.details()):
+                raise
+            st = self._state(deadline)
+            st.started = 1
+            st.tried.add(sc.address)
+            st.after_failure(code, e.details())
+            out = self._attempts(st, request, metadata, credentials, wait_for_ready, compression, None)
+            return out if want_call else out[0]
+        except BaseException:
+            self._finish(res, sc, t0, _UNKNOWN)
+            raise
+        sc.inflight -= 1
+        res.done(Outcome(_OK, _perf() - t0))
+        return out
 
     def _attempts(self, st: RetryState, request: Any, metadata: Any, credentials: Any, wfr: bool | None,
                   compression: Any, replay: Replay | None) -> tuple[Any, grpc.Call]:
@@ -197,7 +227,8 @@ class _UnaryRequestMethod(_Method):
                 code = e.code()
                 self._finish(res, sc, t0, code)
                 delay = st.after_failure(code, e.details())
-                if delay is None or (replay is not None and not replay.replayable):
+                if delay is None or (replay is not None and not replay.replayable) or (
+                        replay is None and self._kind == "stream_unary"):  # consumed requests: no replay
                     raise
                 if delay:
                     time.sleep(delay)
