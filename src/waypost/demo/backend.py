@@ -1,0 +1,84 @@
+"""A demo backend: one gRPC method that answers with the backend's name after a configurable delay.
+
+It uses no generated code (raw bytes in, raw bytes out) so the demo needs nothing but waypost. Run as
+a process: ``python -m waypost.demo.backend --registry URL --key K --name b1 [--delay-ms 2] [--weight 40]``;
+it prints ``READY <address>`` once registered and stops gracefully on SIGTERM/SIGINT.
+"""
+
+from __future__ import annotations
+
+import argparse
+import random
+import sys
+import threading
+import time
+from concurrent import futures
+from typing import Any
+
+import grpc
+
+SERVICE = "waypost.demo.Demo"
+METHOD = f"/{SERVICE}/Hello"
+
+
+class _Handler:
+    """Sleeps around ``delay_ms`` (uniform +-50%, so latency has a spread) and replies with the name."""
+
+    def __init__(self, name: str, delay_ms: float, seed: int) -> None:
+        self.name = name.encode()
+        self.delay = delay_ms / 1000.0
+        self._rng = random.Random(seed)
+        self._lock = threading.Lock()
+
+    def __call__(self, request: bytes, context: grpc.ServicerContext) -> bytes:
+        if self.delay:
+            with self._lock:
+                d = self.delay * (0.5 + self._rng.random())
+            time.sleep(d)
+        return self.name
+
+
+def build_server(name: str, delay_ms: float, workers: int = 16) -> grpc.Server:
+    """A not-yet-started grpc.server with the demo service."""
+    server = grpc.server(futures.ThreadPoolExecutor(workers, thread_name_prefix=f"demo-{name}"))
+    handler = grpc.unary_unary_rpc_method_handler(_Handler(name, delay_ms, seed=hash(name) & 0xFFFF))
+    server.add_generic_rpc_handlers((grpc.method_handlers_generic_handler(SERVICE, {"Hello": handler}),))
+    return server
+
+
+def start_backend(name: str, registry: Any, key: str, delay_ms: float = 2.0, weight: int | None = None,
+                  ttl: int = 5, grace: float = 2.0) -> Any:
+    """Start and register a demo backend in this process; returns the ``waypost.serve`` handle."""
+    from ..server import serve
+
+    metadata: dict[str, Any] = {"name": name}
+    if weight is not None:
+        metadata["weight"] = weight
+    return serve(build_server(name, delay_ms), key, listen_on="127.0.0.1:0", registry=registry,
+                 metadata=metadata, ttl=ttl, grace=grace)
+
+
+def main(argv: list[str] | None = None) -> int:
+    p = argparse.ArgumentParser(description="waypost demo backend")
+    p.add_argument("--registry", required=True)
+    p.add_argument("--key", required=True)
+    p.add_argument("--name", required=True)
+    p.add_argument("--delay-ms", type=float, default=2.0)
+    p.add_argument("--weight", type=int, default=None)
+    p.add_argument("--ttl", type=int, default=5)
+    args = p.parse_args(argv)
+    from ..errors import WaypostError
+
+    try:
+        handle = start_backend(args.name, args.registry, args.key, args.delay_ms, args.weight, args.ttl)
+    except WaypostError as e:
+        sys.stderr.write(f"backend {args.name}: {e}\n")
+        return 1
+    sys.stdout.write(f"READY {handle.address}\n")
+    sys.stdout.flush()
+    handle.wait()
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,55 @@
+"""The demo's PNG: latency CDF per policy, and share of calls per backend per policy (matplotlib, Agg)."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+from .load import Sample
+
+
+def write_chart(samples_by_policy: dict[str, list[Sample]], results: dict[str, Any],
+                path: Path) -> tuple[Path | None, str]:
+    """Write the chart to ``path``; returns (path, "") or (None, why it was skipped)."""
+    try:
+        import matplotlib
+
+        matplotlib.use("Agg")
+        import matplotlib.pyplot as plt
+        from matplotlib import ticker
+    except ImportError:
+        return None, "matplotlib is not installed (pip install 'waypost[plots]')"
+
+    fig, (ax_cdf, ax_share) = plt.subplots(1, 2, figsize=(13, 5))
+    for policy, samples in samples_by_policy.items():
+        lat = sorted(s.latency * 1000 for s in samples if s.error is None)
+        if not lat:
+            continue
+        n = len(lat)
+        ax_cdf.plot(lat, [(i + 1) / n for i in range(n)], label=policy, linewidth=1.6)
+    ax_cdf.set_xscale("log")
+    ax_cdf.xaxis.set_major_formatter(ticker.FuncFormatter(lambda v, _: f"{v:g}"))
+    ax_cdf.xaxis.set_minor_formatter(ticker.NullFormatter())
+    ax_cdf.set_xlabel("latency (ms, log scale)")
+    ax_cdf.set_ylabel("fraction of calls")
+    ax_cdf.set_title("latency CDF per policy")
+    ax_cdf.grid(True, which="both", alpha=0.3)
+    ax_cdf.legend(fontsize=8, loc="lower right")
+
+    policies = list(results["policies"])
+    backends = list(next(iter(results["policies"].values()))["backends"]) if policies else []
+    bottoms = [0.0] * len(policies)
+    for b in backends:
+        shares = [results["policies"][p]["backends"][b]["share"] * 100 for p in policies]
+        ax_share.bar(policies, shares, bottom=bottoms, label=b + (" (slow)" if b == "b4" else ""))
+        bottoms = [x + y for x, y in zip(bottoms, shares, strict=True)]
+    ax_share.set_ylabel("share of calls (%)")
+    ax_share.set_title("share per backend")
+    ax_share.tick_params(axis="x", labelrotation=30, labelsize=8)
+    ax_share.legend(fontsize=8)
+    fig.suptitle("waypost demo: 4 backends, b4 is 10x slower")
+    fig.tight_layout()
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fig.savefig(path, dpi=100)
+    plt.close(fig)
+    return path.resolve(), ""

