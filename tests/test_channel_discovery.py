@@ -11,6 +11,7 @@ import pytest
 import waypost
 from tests.backends import echo_pb2, echo_pb2_grpc
 from tests.backends.helpers import echo_servers, wait_until
+from waypost.discovery import active_subscriptions
 
 Req = echo_pb2.EchoRequest
 _n = itertools.count()
@@ -36,6 +37,8 @@ def _churn(registry, target: str, key: str) -> None:
                 wait_until(lambda: [sc.address for sc in ch.balancer.subconns()] == [b.address], 30,
                            what="deregistered backend removed")
                 assert _servers_seen(stub) == {"b"}
+            # close() stopped the resolver: no shared watch on the key is left
+            assert not any(key in s for s in active_subscriptions())
         finally:
             pub_a.stop()
             pub_b.stop()
