@@ -65,7 +65,7 @@ def deterministic_subset(addresses: Sequence[str], client_id: int, size: int) ->
 
 def _client_index(client_id: int | str) -> int:
     if isinstance(client_id, bool):
-        raise ValueError("client_id must be a non-negative integer (or a string of digits)")
+        raise TypeError("client_id must be a non-negative integer (or a string of digits)")
     if isinstance(client_id, str):
         if not client_id.isdigit():
             raise ValueError(f"client_id must be a non-negative integer (e.g. a pod ordinal), got {client_id!r}")
