@@ -244,3 +244,33 @@ async def test_sigkill_under_load_with_retry_policy_loses_nothing():
     finally:
         for p in procs:
             p.close()
+
+
+async def test_cancel_and_deadline_are_reported():
+    with echo_servers("a") as srv:
+        async with waypost.aio.dial(direct(srv), balancer="test_recording") as ch:
+            stub = echo_pb2_grpc.EchoStub(ch)
+            await stub.Unary(Req())
+            RECORDER.clear()
+            call = stub.Unary(Req(delay_ms=2000))
+            await until(lambda: any(sc.inflight for sc in ch.balancer.subconns()), 10)
+            assert call.cancel()
+            with pytest.raises(asyncio.CancelledError):
+                await call
+            assert call.cancelled() and await call.code() == grpc.StatusCode.CANCELLED
+            with pytest.raises(grpc.aio.AioRpcError) as ei:
+                await stub.Unary(Req(delay_ms=2000), timeout=0.2)
+            assert ei.value.code() == grpc.StatusCode.DEADLINE_EXCEEDED
+            await until(lambda: len(RECORDER.outcomes) == 2, 10)
+            assert [o.code for _, o in RECORDER.outcomes] == [grpc.StatusCode.CANCELLED,
+                                                              grpc.StatusCode.DEADLINE_EXCEEDED]
+            assert all(sc.inflight == 0 for sc in ch.balancer.subconns())
+
+
+async def test_dial_outside_a_running_loop_binds_on_first_use():
+    with echo_servers("a") as srv:
+        ch = await asyncio.to_thread(waypost.aio.dial, direct(srv), "round_robin")
+        try:
+            assert (await echo_pb2_grpc.EchoStub(ch).Unary(Req(), timeout=20)).server == "a"
+        finally:
+            await ch.close()

@@ -178,11 +178,11 @@ class Balancer:
                 if addr not in new:
                     self._remove(sc)
             for addr, b in new.items():
-                sc = self._subconns.get(addr)
-                if sc is None:
+                cur = self._subconns.get(addr)
+                if cur is None:
                     self._subconns[addr] = self._create(b)
-                elif sc.backend != b:
-                    sc.backend = b  # metadata (e.g. weight) changed: the next build carries it
+                elif cur.backend != b:
+                    cur.backend = b  # metadata (e.g. weight) changed: the next build carries it
             self._order = list(new.values())
             self._resolved = True
             self._resolver_error = None

@@ -23,6 +23,9 @@ log = logging.getLogger("waypost.resolver")
 class RegistryResolver:
     def __init__(self, target: Target, subsetter: Subsetter | None, *, block: bool = True,
                  timeout: float = 5.0) -> None:
+        if not target.key:
+            raise ValueError(f"registry target without a key: {target.redacted}")
+        self.key: str = target.key
         self.target = target
         self.subsetter = subsetter
         self.block = block
@@ -37,7 +40,7 @@ class RegistryResolver:
         from ..discovery import Subscriber
 
         if self.block:
-            sub = Subscriber(self.target.registry_url(), self.target.key, exact=self.target.exact,
+            sub = Subscriber(self.target.registry_url(), self.key, exact=self.target.exact,
                              format=self.target.format, timeout=self.timeout)
             self._attach(sub, on_update)
             return
@@ -50,7 +53,7 @@ class RegistryResolver:
         delay = 0.5
         while not self._closed:
             try:
-                sub = await Subscriber.open(self.target.registry_url(), self.target.key, exact=self.target.exact,
+                sub = await Subscriber.open(self.target.registry_url(), self.key, exact=self.target.exact,
                                             format=self.target.format, timeout=self.timeout)
             except Exception as e:  # noqa: BLE001  # keep trying; calls see the reason meanwhile
                 log.warning("waypost: resolving %s failed: %s", self.target.redacted, e)
