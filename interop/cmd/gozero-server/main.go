@@ -7,6 +7,7 @@ package main
 
 import (
 	"flag"
+	"time"
 
 	"github.com/zeromicro/go-zero/core/conf"
 	"github.com/zeromicro/go-zero/core/discov"
@@ -46,6 +47,9 @@ func main() {
 	c.Health = false // our own health service names the backend
 	c.Middlewares.Stat = false
 	c.CpuThreshold = 0
+	// SIGTERM: revoke at once (wrap-up), GracefulStop soon after, force-quit bound short for tests
+	c.Shutdown.WrapUpTime = 300 * time.Millisecond
+	c.Shutdown.WaitTime = 3 * time.Second
 
 	srv := zrpc.MustNewServer(c, func(s *grpc.Server) {
 		peer.RegisterHealth(s)

@@ -1,0 +1,258 @@
+"""Interop harness: build the Go programs in ``interop/`` once (cached), run them bounded, read their JSON.
+
+The binaries are cached under ``interop/bin/<hash>/`` (gitignored), keyed by a hash of the Go sources,
+``go.mod``, ``go.sum`` and ``go version``: an unchanged tree never rebuilds. A cold build of go-zero's
+dependency tree takes minutes on 2 cores, hence the generous build timeout. Without a ``go`` toolchain
+every interop test is skipped with a message saying so.
+
+Every Go process is started by ``GoProc`` and ended by it (SIGTERM, then SIGKILL after a bound): only
+processes this module started are ever signalled.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import fcntl
+import hashlib
+import json
+import os
+import queue
+import shutil
+import signal
+import subprocess
+import tempfile
+import threading
+import time
+from collections.abc import Callable, Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+ROOT = Path(__file__).resolve().parent.parent
+INTEROP = ROOT / "interop"
+BIN_ROOT = INTEROP / "bin"
+PROGRAMS = ("gozero-server", "gozero-client", "gozero-sub", "gozero-pub", "gozero-hash", "etcdnaming")
+#: a cold build (module download + compiling go-zero, grpc-go, etcd client, k8s client-go) on 2 busy cores
+BUILD_TIMEOUT = float(os.environ.get("WAYPOST_INTEROP_BUILD_TIMEOUT", "1500"))
+
+
+def go_binary() -> str | None:
+    """The ``go`` command: ``$WAYPOST_GO``, else ``go`` on PATH."""
+    env = os.environ.get("WAYPOST_GO")
+    if env:
+        return env if Path(env).exists() else None
+    return shutil.which("go")
+
+
+def _go_env() -> dict[str, str]:
+    env = dict(os.environ)
+    # never rewrite go.mod/go.sum from a test run; no VCS stamping (the clone may be partial)
+    env["GOFLAGS"] = "-mod=readonly -buildvcs=false"
+    return env
+
+
+def source_hash(go: str) -> str:
+    """Hash of everything that determines the binaries."""
+    h = hashlib.sha256()
+    version = subprocess.run([go, "version"], capture_output=True, text=True, timeout=60, check=True).stdout
+    h.update(version.encode())
+    files = [INTEROP / "go.mod", INTEROP / "go.sum"]
+    files += sorted(p for p in INTEROP.rglob("*.go") if BIN_ROOT not in p.parents)
+    for p in files:
+        h.update(str(p.relative_to(INTEROP)).encode() + b"\0")
+        h.update(p.read_bytes() + b"\0")
+    return h.hexdigest()[:16]
+
+
+def build(go: str, timeout: float = BUILD_TIMEOUT) -> dict[str, Path]:
+    """Build (or reuse) every program; returns name -> binary path. Raises RuntimeError on a failed build."""
+    digest = source_hash(go)
+    out = BIN_ROOT / digest
+    paths = {name: out / name for name in PROGRAMS}
+    if all(p.exists() for p in paths.values()):
+        return paths
+    BIN_ROOT.mkdir(parents=True, exist_ok=True)
+    # one builder at a time (two pytest sessions on one tree), the second reuses the first one's output
+    with open(BIN_ROOT / ".lock", "w") as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)
+        if all(p.exists() for p in paths.values()):
+            return paths
+        tmp = Path(tempfile.mkdtemp(prefix="build-", dir=BIN_ROOT))
+        try:
+            started = time.monotonic()
+            proc = subprocess.run(
+                [go, "build", "-trimpath", "-ldflags=-s -w", "-o", str(tmp) + os.sep, "./cmd/..."],
+                cwd=INTEROP, env=_go_env(), capture_output=True, text=True, timeout=timeout,
+            )
+            if proc.returncode != 0:
+                raise RuntimeError(f"go build failed (exit {proc.returncode}):\n{proc.stderr[-4000:]}")
+            missing = [n for n in PROGRAMS if not (tmp / n).exists()]
+            if missing:
+                raise RuntimeError(f"go build produced no binary for {missing}")
+            shutil.rmtree(out, ignore_errors=True)
+            tmp.rename(out)
+            (out / "build-seconds").write_text(f"{time.monotonic() - started:.1f}\n")
+        finally:
+            shutil.rmtree(tmp, ignore_errors=True)
+    return paths
+
+
+_built: dict[str, Path] | None = None
+_build_error: str | None = None
+
+
+def binaries() -> dict[str, Path]:
+    """Build once per process; skip when there is no Go toolchain, fail when the build itself fails."""
+    global _built, _build_error
+    go = go_binary()
+    if go is None:
+        pytest.skip("interop tests need the Go toolchain: `go` is not on PATH (or set WAYPOST_GO)")
+    if _build_error is not None:
+        pytest.fail(_build_error)
+    if _built is None:
+        try:
+            _built = build(go)
+        except (RuntimeError, subprocess.TimeoutExpired, subprocess.CalledProcessError) as e:
+            _build_error = f"building interop/ Go programs failed: {e}"
+            pytest.fail(_build_error)
+    return _built
+
+
+class GoProc:
+    """One running Go program: JSON lines from stdout on a queue, commands to stdin, bounded stop."""
+
+    def __init__(self, binary: Path, *args: str, log_dir: Path) -> None:
+        self.name = binary.name
+        self.args = [str(binary), *args]
+        log_dir.mkdir(parents=True, exist_ok=True)
+        self._stderr_path = log_dir / f"{self.name}-{time.monotonic_ns()}.stderr"
+        self._stderr = open(self._stderr_path, "wb")
+        self.proc = subprocess.Popen(self.args, stdin=subprocess.PIPE, stdout=subprocess.PIPE,
+                                     stderr=self._stderr, env=_go_env())
+        self.lines: queue.Queue[Any] = queue.Queue()
+        self._reader = threading.Thread(target=self._read, name=f"read-{self.name}", daemon=True)
+        self._reader.start()
+
+    def _read(self) -> None:
+        assert self.proc.stdout is not None
+        for raw in self.proc.stdout:
+            text = raw.decode(errors="replace").strip()
+            if not text:
+                continue
+            try:
+                self.lines.put(json.loads(text))
+            except ValueError:
+                self.lines.put({"raw": text})
+        self.lines.put(None)  # EOF
+
+    def stderr_tail(self, n: int = 3000) -> str:
+        self._stderr.flush()
+        return self._stderr_path.read_bytes()[-n:].decode(errors="replace")
+
+    def expect(self, pred: Callable[[dict[str, Any]], bool], timeout: float, what: str = "") -> dict[str, Any]:
+        """The first JSON line (from now on) satisfying ``pred``; fails after ``timeout`` seconds or on exit."""
+        deadline = time.monotonic() + timeout
+        seen: list[Any] = []
+        while True:
+            left = deadline - time.monotonic()
+            if left <= 0:
+                raise AssertionError(f"{self.name}: no line matching {what or pred} within {timeout} s; "
+                                     f"last lines {seen[-5:]}; stderr: {self.stderr_tail()}")
+            try:
+                line = self.lines.get(timeout=left)
+            except queue.Empty:
+                continue
+            if line is None:
+                self.lines.put(None)
+                raise AssertionError(f"{self.name} exited (code {self.proc.poll()}) before {what or pred}; "
+                                     f"last lines {seen[-5:]}; stderr: {self.stderr_tail()}")
+            seen.append(line)
+            if pred(line):
+                return line
+
+    def send(self, line: str) -> None:
+        assert self.proc.stdin is not None
+        self.proc.stdin.write(line.encode() + b"\n")
+        self.proc.stdin.flush()
+
+    def request(self, line: str, key: str, timeout: float) -> Any:
+        """Send a command and return the ``key`` field of the next line that has it."""
+        self.send(line)
+        return self.expect(lambda d: key in d or "error" in d, timeout, f"answer to {line!r}").get(key)
+
+    def stop(self, timeout: float = 10.0) -> int:
+        """SIGTERM (and close stdin), wait up to ``timeout`` s, then SIGKILL. Returns the exit code."""
+        if self.proc.poll() is None:
+            with contextlib.suppress(OSError):
+                self.proc.send_signal(signal.SIGTERM)
+            with contextlib.suppress(OSError, ValueError):
+                assert self.proc.stdin is not None
+                self.proc.stdin.close()
+            try:
+                self.proc.wait(timeout)
+            except subprocess.TimeoutExpired:
+                self.proc.kill()
+                self.proc.wait(10)
+        self._stderr.close()
+        return self.proc.returncode
+
+    def kill(self) -> None:
+        """SIGKILL: no deregistration (a crash)."""
+        if self.proc.poll() is None:
+            self.proc.kill()
+            self.proc.wait(10)
+
+
+class GoPeers:
+    """Starts Go programs for one test and stops every one of them at the end."""
+
+    def __init__(self, bins: dict[str, Path], log_dir: Path) -> None:
+        self.bins = bins
+        self.log_dir = log_dir
+        self.started: list[GoProc] = []
+
+    def start(self, program: str, *args: str) -> GoProc:
+        p = GoProc(self.bins[program], *args, log_dir=self.log_dir)
+        self.started.append(p)
+        return p
+
+    def run(self, program: str, *args: str, stdin: str = "", timeout: float = 60.0) -> Any:
+        """Run to completion; returns the last JSON line on stdout."""
+        proc = subprocess.run([str(self.bins[program]), *args], input=stdin.encode(), capture_output=True,
+                              timeout=timeout, env=_go_env())
+        if proc.returncode != 0:
+            raise AssertionError(f"{program} exited {proc.returncode}: {proc.stderr.decode(errors='replace')[-3000:]}")
+        lines = [ln for ln in proc.stdout.decode().splitlines() if ln.strip()]
+        return json.loads(lines[-1])
+
+    def close(self) -> None:
+        for p in reversed(self.started):
+            p.stop(timeout=8.0)
+
+
+@pytest.fixture(scope="session")
+def go_bins() -> dict[str, Path]:
+    """The interop binaries (built once per session; skipped without Go)."""
+    return binaries()
+
+
+@pytest.fixture
+def go_peers(go_bins, tmp_path) -> Iterator[GoPeers]:
+    peers = GoPeers(go_bins, tmp_path / "go-logs")
+    try:
+        yield peers
+    finally:
+        peers.close()
+
+
+def wait_until(cond: Callable[[], Any], timeout: float, what: str, interval: float = 0.05) -> Any:
+    """Poll ``cond`` until truthy; fail after ``timeout`` seconds naming ``what``."""
+    deadline = time.monotonic() + timeout
+    while True:
+        v = cond()
+        if v:
+            return v
+        if time.monotonic() > deadline:
+            raise AssertionError(f"not within {timeout} s: {what} (last: {v!r})")
+        time.sleep(interval)
