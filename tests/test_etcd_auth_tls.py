@@ -172,3 +172,17 @@ def test_concurrent_calls_share_one_authentication(auth_etcd):
             t.join(30)
         assert errors == []
         assert reg.sync.get("cc/", prefix=True, count_only=True).count == 8
+
+
+def test_refused_credentials_fail_watches_and_leases_loudly(auth_etcd):
+    with registry(auth_etcd.endpoint, username="root", password=ROOT_PW) as good:
+        lease = good.sync.grant(30)
+    with registry(auth_etcd.endpoint, username="root", password="wrong-Password") as reg:
+        w = reg.watch("svc/", prefix=True)
+        lost: list[tuple[int, BaseException | None]] = []
+        reg.keep_alive(lease, 30, lambda i, r: lost.append((i, r)))
+        with pytest.raises(PermissionDenied):
+            collect_events(w, 1, timeout=20)
+        assert wait_until(lambda: lost != [], 20)
+        assert lost[0][0] == lease and isinstance(lost[0][1], PermissionDenied)
+        assert "wrong-Password" not in str(lost[0][1])

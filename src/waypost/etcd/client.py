@@ -164,7 +164,7 @@ class EtcdClient:
                 last = e
                 if self.cfg.username and not auth_retried and _errors.is_auth_retryable(e):
                     auth_retried = True
-                    self.invalidate_token(md[0][1] if md else None)
+                    self.invalidate_token(dict(md or ()).get("token"))
                     log.info("etcd %s: auth token rejected (%s); authenticating again", op, e.code().name)
                     continue
                 if e.code() in _errors.UNAVAILABLE_CODES:
@@ -173,22 +173,26 @@ class EtcdClient:
                     if idempotent and (n > 1 or e.code() == grpc.StatusCode.UNAVAILABLE):
                         continue
                 if _errors.is_compacted(e):
-                    rev = await self.compact_revision()
+                    rev = await self.compact_revision(getattr(req, "key", b"") or b"\0waypost/compact-probe")
                     raise Compacted(rev, f"etcd {op}: {_errors.details(e)} (compacted at {rev})") from None
                 raise _errors.map_error(e, op, ep.address) from None
             self.pool.mark_ok(ep)
             return resp  # type: ignore[no-any-return]
 
-    async def compact_revision(self) -> int:
-        """The store's compaction revision (0 if unknown), found with a watch from revision 1."""
+    async def compact_revision(self, key: bytes = b"\0waypost/compact-probe") -> int:
+        """The store's compaction revision (0 if unknown), found with a watch on ``key`` from revision 1.
+
+        Only used after etcd said "compacted", so revision 1 is gone and etcd answers the watch with
+        the compaction revision instead of history. ``key`` should be one the caller may read.
+        """
         try:
             ep = await self.pool.pick("compact revision")
             md = await self.metadata(ep)
             stream = ep.stream(WATCH, pb.WatchRequest, pb.WatchResponse)(metadata=md)
             try:
-                # a key nobody uses: the answer is "created", then "canceled" with compact_revision
+                # the answer is "created", then "canceled" with compact_revision
                 await stream.write(pb.WatchRequest(create_request=pb.WatchCreateRequest(
-                    key=b"\0waypost/compact-probe", start_revision=1)))
+                    key=key, start_revision=1, watch_id=1)))
                 for _ in range(4):
                     resp = await asyncio.wait_for(stream.read(), min(self.cfg.request_timeout, 2.0))
                     if not isinstance(resp, pb.WatchResponse):

@@ -18,7 +18,7 @@ import grpc
 import grpc.aio
 
 from .. import _loop
-from ..errors import LeaseNotFound, RegistryUnavailable
+from ..errors import LeaseNotFound, PermissionDenied, RegistryError, RegistryUnavailable
 from ..registry.base import KeepAlive
 from . import _errors
 from ._methods import LEASE_KEEPALIVE
@@ -179,6 +179,12 @@ class KeepAliveManager:
                 log.info("etcd keepalive stream stalled (%s); reconnecting", e)
             except RegistryUnavailable as e:
                 log.info("etcd keepalive stream: %s", e)
+            except PermissionDenied as e:
+                # the credentials themselves were refused: no lease can be renewed
+                for st in list(self._leases.values()):
+                    self._lose(st, PermissionDenied(str(e)))
+            except RegistryError as e:
+                log.warning("etcd keepalive stream: %s; reconnecting", e)
             except grpc.aio.AioRpcError as e:
                 log.info("etcd keepalive stream ended: %s %s", e.code().name, _errors.details(e))
             except Exception:

@@ -251,6 +251,12 @@ class WatchManager:
                 backoff = 0.0
             except RegistryUnavailable as e:
                 log.info("etcd watch stream: %s", e)
+            except PermissionDenied as e:
+                # the credentials themselves were refused: every watcher fails, none dies silently
+                for w in list(self._watchers):
+                    self._fail(w, PermissionDenied(str(e)))
+            except RegistryError as e:
+                log.warning("etcd watch stream: %s; reconnecting", e)
             except grpc.aio.AioRpcError as e:
                 log.info("etcd watch stream ended: %s %s", e.code().name, _errors.details(e))
             except Exception:
