@@ -424,14 +424,38 @@ def resolve_cmd(c: Ctx, target: str, subset_size: int, client_id: str | None, ti
 @click.option("--out", "out_dir", type=click.Path(file_okay=False, path_type=Path), default=None,
               help="Where to write the chart (default: the current directory).")
 @click.option("--no-chart", is_flag=True, help="Skip the PNG chart.")
+@click.option("--summary-json", type=click.Path(dir_okay=False, path_type=Path), default=None, hidden=True,
+              help="Write the figures as JSON (for tests and scripts).")
 @pass_ctx
-def demo_cmd(c: Ctx, quick: bool, out_dir: Path | None, no_chart: bool) -> None:
-    """Live demo: local etcd, 4 backends (one slow), every policy, a backend killed and one added under load."""
+def demo_cmd(c: Ctx, quick: bool, out_dir: Path | None, no_chart: bool, summary_json: Path | None) -> None:
+    """Live demo: local etcd, 4 backends (one slow), every policy, a backend killed and one added under load.
+
+    Reuses the etcd at --registry when it answers, else starts its own (or, without an etcd binary, runs
+    everything in this process on the memory registry)."""
     from .demo import run_demo
 
-    rc = run_demo(quick=quick, out_dir=out_dir, chart=not no_chart, console=c.out)
+    with _sigterm_as_interrupt():
+        rc = run_demo(quick=quick, out_dir=out_dir, chart=not no_chart, console=c.out,
+                      registry_url=c.registry_url, summary_path=summary_json)
     if rc:
         raise click.exceptions.Exit(rc)
+
+
+@contextmanager
+def _sigterm_as_interrupt() -> Iterator[None]:
+    """SIGTERM raises KeyboardInterrupt, so ``finally`` blocks clean up the processes we started."""
+    if threading.current_thread() is not threading.main_thread():
+        yield
+        return
+
+    def handler(signum: int, _frame: Any) -> None:
+        raise KeyboardInterrupt
+
+    previous = signal.signal(signal.SIGTERM, handler)
+    try:
+        yield
+    finally:
+        signal.signal(signal.SIGTERM, previous)
 
 
 def _bench_dir() -> Path | None:

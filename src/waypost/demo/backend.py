@@ -8,6 +8,7 @@ it prints ``READY <address>`` once registered and stops gracefully on SIGTERM/SI
 from __future__ import annotations
 
 import argparse
+import os
 import random
 import sys
 import threading
@@ -66,6 +67,7 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--delay-ms", type=float, default=2.0)
     p.add_argument("--weight", type=int, default=None)
     p.add_argument("--ttl", type=int, default=5)
+    p.add_argument("--parent-pid", type=int, default=None, help="Stop when this process is gone.")
     args = p.parse_args(argv)
     from ..errors import WaypostError
 
@@ -76,8 +78,19 @@ def main(argv: list[str] | None = None) -> int:
         return 1
     sys.stdout.write(f"READY {handle.address}\n")
     sys.stdout.flush()
+    if args.parent_pid:
+        threading.Thread(target=_stop_when_orphaned, args=(handle, args.parent_pid), daemon=True).start()
     handle.wait()
     return 0
+
+
+def _stop_when_orphaned(handle: Any, parent: int) -> None:
+    """The demo was killed without cleaning up (SIGKILL): do not outlive it."""
+    while not handle.stopped:
+        if os.getppid() != parent:
+            handle.stop()
+            return
+        time.sleep(0.5)
 
 
 if __name__ == "__main__":

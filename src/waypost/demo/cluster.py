@@ -115,7 +115,8 @@ class Cluster:
         for b in new:
             b.proc = subprocess.Popen(
                 [sys.executable, "-m", "waypost.demo.backend", "--registry", self.registry_url, "--key", self.key,
-                 "--name", b.name, "--delay-ms", str(b.delay_ms), "--weight", str(b.weight), "--ttl", str(self.ttl)],
+                 "--name", b.name, "--delay-ms", str(b.delay_ms), "--weight", str(b.weight), "--ttl", str(self.ttl),
+                 "--parent-pid", str(os.getpid())],
                 stdout=subprocess.PIPE, stderr=self._log_file(b), stdin=subprocess.DEVNULL, text=True,
             )
         deadline = time.monotonic() + timeout
@@ -164,6 +165,13 @@ class Cluster:
         elif b.handle is not None:
             b.handle.server.stop(0)
             b.handle.publisher.stop()
+
+    def pids(self) -> list[int]:
+        """Every process this run started (backends and etcd)."""
+        out = [b.proc.pid for b in self.backends.values() if b.proc is not None]
+        if self._etcd is not None:
+            out += [m.proc.pid for m in self._etcd.members if m.proc is not None]
+        return out
 
     def close(self) -> None:
         """End every backend and the etcd this run started (idempotent)."""

@@ -39,12 +39,13 @@ class DemoSettings:
     failover: float  # seconds of load in the failover phase
     kill_at: float
     add_at: float
+    after_add: float  # seconds of load at least after the newcomer registered
 
     @classmethod
     def for_mode(cls, quick: bool) -> DemoSettings:
         if quick:
-            return cls(per_policy=0.8, threads=4, failover=3.0, kill_at=0.8, add_at=1.5)
-        return cls(per_policy=3.0, threads=6, failover=7.0, kill_at=2.0, add_at=3.5)
+            return cls(per_policy=0.8, threads=4, failover=3.0, kill_at=0.8, add_at=1.5, after_add=1.2)
+        return cls(per_policy=3.0, threads=6, failover=7.0, kill_at=2.0, add_at=3.5, after_add=2.5)
 
 
 def run_demo(quick: bool = False, out_dir: Path | None = None, chart: bool = True, console: Console | None = None,
@@ -104,15 +105,24 @@ def run_demo(quick: bool = False, out_dir: Path | None = None, chart: bool = Tru
         out.print(f"done in {results['seconds']:.1f} s; cleaning up")
         return 0 if ok else 1
     finally:
+        results["pids"] = cluster.pids()
         cluster.close()
         if summary_path is not None:
             summary_path.write_text(json.dumps(results, indent=1, sort_keys=True))
 
 
 def _dial(cluster: Cluster, policy: str) -> Any:
+    """A channel whose connections to every live backend are up, so each policy starts from the same
+    state (pick_first, say, would otherwise take whichever backend connected first, then move)."""
     from ..channel import dial
 
-    return dial(cluster.target, balancer=policy, service_config=SERVICE_CONFIG)
+    channel = dial(cluster.target, balancer=policy, service_config=SERVICE_CONFIG)
+    live = sum(1 for b in cluster.backends.values() if not b.killed)
+    balancer = getattr(channel, "balancer", None)
+    deadline = time.monotonic() + 10
+    while balancer is not None and time.monotonic() < deadline and len(balancer.ready_addresses()) < live:
+        time.sleep(0.02)
+    return channel
 
 
 def _run_policy(cluster: Cluster, policy: str, settings: DemoSettings) -> list[Sample]:
@@ -136,7 +146,7 @@ def _stickiness(samples: list[Sample]) -> dict[str, int]:
 def _run_failover(cluster: Cluster, settings: DemoSettings, out: Console) -> dict[str, Any]:
     channel = _dial(cluster, "p2c_ewma")
     try:
-        load = Load(channel, settings.threads, duration=settings.failover).start()
+        load = Load(channel, settings.threads).start()
         _sleep_until(load, settings.kill_at)
         t_kill = load.elapsed()
         cluster.kill(VICTIM)
@@ -145,7 +155,9 @@ def _run_failover(cluster: Cluster, settings: DemoSettings, out: Console) -> dic
         (newcomer,) = cluster.start_backends([NEWCOMER])
         t_add = newcomer.registered_at - load.t0
         out.print(f"    {t_add:4.1f}s  {newcomer.name} registered at {newcomer.address}")
-        samples = load.join(settings.failover + 30)
+        # keep the load on for a while after the newcomer joined, however long it took to start
+        _sleep_until(load, max(settings.failover, t_add + settings.after_add))
+        samples = load.stop()
     finally:
         channel.close()
     names = [b[0] for b in BACKENDS] + [NEWCOMER[0]]

@@ -1,0 +1,90 @@
+"""`waypost demo --quick` end to end: real etcd and backend processes, and the memory fallback."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+from waypost.demo.load import Sample, percentile, summarize
+from waypost.demo.runner import BACKENDS, NEWCOMER, POLICIES, VICTIM
+from waypost.etcd.local import free_port
+
+ROOT = Path(__file__).resolve().parents[1]
+
+
+def _alive(pid: int) -> bool:
+    try:
+        with open(f"/proc/{pid}/stat") as f:
+            return f.read().split(")")[-1].split()[0] != "Z"
+    except OSError:
+        return False
+
+
+def run_demo(tmp_path: Path, env: dict[str, str]) -> tuple[subprocess.CompletedProcess[str], dict]:
+    summary = tmp_path / "summary.json"
+    proc = subprocess.run(
+        [sys.executable, "-m", "waypost.cli", "--registry", f"etcd://127.0.0.1:{free_port()}", "demo", "--quick",
+         "--out", str(tmp_path), "--summary-json", str(summary)],
+        check=False, capture_output=True, text=True, timeout=180, cwd=ROOT, env=env,
+    )
+    assert summary.exists(), proc.stderr[-2000:]
+    return proc, json.loads(summary.read_text())
+
+
+def check_results(out: dict) -> None:
+    names = [b[0] for b in BACKENDS]
+    assert sorted(out["policies"]) == sorted(POLICIES)
+    for policy, s in out["policies"].items():
+        assert s["calls"] > 0 and s["errors"] == 0, (policy, s)
+        assert set(s["backends"]) == set(names)
+    # pick_first sends everything to one backend; round_robin spreads over all four
+    assert max(b["share"] for b in out["policies"]["pick_first"]["backends"].values()) == 1.0
+    assert all(b["calls"] > 0 for b in out["policies"]["round_robin"]["backends"].values())
+    ch = out["policies"]["consistent_hash"]["sticky"]
+    assert ch["keys"] > 0 and ch["always_same_backend"] == ch["keys"]
+
+    fo = out["failover"]
+    assert fo["errors"] == 0, fo  # the retry policy hides the killed backend
+    assert fo["newcomer_first_call_s"] is not None  # the new backend got traffic
+    assert fo["phases"]["after add"]["backends"][NEWCOMER[0]]["calls"] > 0
+    assert fo["victim_calls_after_kill"] == 0, f"{VICTIM} still answered after its kill"
+
+
+def test_demo_quick_with_etcd(tmp_path):
+    proc, out = run_demo(tmp_path, dict(os.environ))
+    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
+    assert out["registry_mode"] == "local etcd"
+    check_results(out)
+    assert Path(out["chart"]).is_file() and Path(out["chart"]).stat().st_size > 10_000
+    assert "chart:" in proc.stdout and "0 failed calls" in proc.stdout
+    # every process the demo started is gone
+    assert len(out["pids"]) == len(BACKENDS) + 1 + 1  # 4 backends, the newcomer, etcd
+    deadline = time.monotonic() + 10
+    while time.monotonic() < deadline and any(_alive(p) for p in out["pids"]):
+        time.sleep(0.05)
+    assert not [p for p in out["pids"] if _alive(p)]
+
+
+def test_demo_quick_without_etcd_binary_uses_memory(tmp_path):
+    env = dict(os.environ, WAYPOST_ETCD_BIN=str(tmp_path / "no-etcd-here"))
+    proc, out = run_demo(tmp_path, env)
+    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
+    assert out["registry_mode"] == "memory"
+    assert "memory registry" in proc.stdout
+    check_results(out)
+    assert out["pids"] == []  # backends ran as threads
+
+
+def test_summaries():
+    samples = [Sample(0.1, 0.002, "b1"), Sample(0.2, 0.004, "b1"), Sample(0.3, 0.030, "b4"),
+               Sample(0.4, 0.001, None, "UNAVAILABLE")]
+    s = summarize(samples, ["b1", "b4"])
+    assert (s["calls"], s["ok"], s["errors"], s["error_codes"]) == (4, 3, 1, {"UNAVAILABLE": 1})
+    assert s["backends"]["b1"]["calls"] == 2 and s["backends"]["b4"]["share"] == pytest.approx(1 / 3)
+    assert percentile([1, 2, 3, 4], 50) == 2 and percentile([1, 2, 3, 4], 99) == 4 and percentile([], 50) == 0.0
