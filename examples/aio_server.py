@@ -1,0 +1,32 @@
+"""The quick-start server on grpc.aio.
+
+    python examples/aio_server.py [--registry etcd://127.0.0.1:2379] [--key greet.rpc]
+"""
+
+import argparse
+import asyncio
+import os
+
+import grpc
+import waypost
+
+from greet_pb2_grpc import add_GreeterServicer_to_server
+from greeter import AsyncGreeter
+
+
+async def main(registry: str, key: str) -> None:
+    greeter = AsyncGreeter()
+    server = grpc.aio.server()
+    add_GreeterServicer_to_server(greeter, server)
+    handle = await waypost.serve_async(server, key, listen_on="0.0.0.0:0", registry=registry, grace=5)
+    greeter.name = handle.address
+    print("serving", key, "on", handle.address, flush=True)
+    await handle.wait()  # SIGTERM/SIGINT: deregister, refuse new calls, finish in-flight ones
+    print("stopped", flush=True)
+
+
+p = argparse.ArgumentParser()
+p.add_argument("--registry", default=os.environ.get("WAYPOST_REGISTRY", "etcd://127.0.0.1:2379"))
+p.add_argument("--key", default="greet.rpc")
+args = p.parse_args()
+asyncio.run(main(args.registry, args.key))
