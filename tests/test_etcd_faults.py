@@ -227,3 +227,29 @@ def test_keep_alive_and_cancel_from_a_plain_thread(shared_etcd, unique_key):
         assert reg.sync.get(unique_key).kvs
         ka.cancel()
         assert wait_until(lambda: reg.sync.get(unique_key).kvs == [], 15)
+
+
+def test_cluster_member_frozen_keeps_kv_keepalive_and_watch_going(etcd_cluster):
+    with registry(etcd_cluster.endpoints) as reg:
+        s = reg.sync
+        lease = s.grant(5)
+        lost = LostRecorder()
+        ka = on_loop(lambda: reg.keep_alive(lease, 5, lost))
+        w = reg.watch("fz/", prefix=True)
+        try:
+            assert wait_until(lambda: w.connected and reg.client.leases.connected, 15)
+            used = reg.client.pool.endpoints[reg.client.pool._current].address
+            member = next(m for m in etcd_cluster.members if m.endpoint == used)
+            member.pause()
+            try:
+                r = s.put("fz/1", b"1", lease=lease).revision  # fails over within the call's deadline
+                (ev,) = next_batch(w, 20)  # the watch moves once the frozen stream is noticed
+                assert (ev.kv.key, ev.kv.mod_revision) == ("fz/1", r)
+                time.sleep(2.0)
+                assert lost.calls == [], lost.calls
+                assert s.time_to_live(lease) > 0
+            finally:
+                member.resume()
+        finally:
+            ka.cancel()
+            w.cancel()

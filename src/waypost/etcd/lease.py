@@ -199,7 +199,7 @@ class KeepAliveManager:
     async def _session(self) -> None:
         client = self.client
         ep = await client.pool.pick("lease keepalive")
-        md = await client.metadata(ep)
+        md = await client.metadata(ep, require_leader=True)  # a member without leader cannot renew
         call = ep.stream(LEASE_KEEPALIVE, pb.LeaseKeepAliveRequest, pb.LeaseKeepAliveResponse)(metadata=md)
         reader = asyncio.get_running_loop().create_task(self._read(call))
         self.connected = True
