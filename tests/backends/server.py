@@ -93,7 +93,7 @@ class EchoServer:
     """An in-process Echo server on 127.0.0.1 (port 0: pick a free one)."""
 
     def __init__(self, name: str, port: int = 0, delay_ms: int = 0, with_health: bool = True,
-                 max_workers: int = 32) -> None:
+                 max_workers: int = 32, bind_host: str = "127.0.0.1") -> None:
         self.name = name
         self.server = grpc.server(futures.ThreadPoolExecutor(max_workers=max_workers),
                                   options=[("grpc.so_reuseport", 0)])
@@ -102,13 +102,14 @@ class EchoServer:
         echo_pb2_grpc.add_EchoServicer_to_server(self.servicer, self.server)
         if self.health is not None:
             health_pb2_grpc.add_HealthServicer_to_server(self.health, self.server)
-        self.port = self.server.add_insecure_port(f"127.0.0.1:{port}")
+        self.host = bind_host
+        self.port = self.server.add_insecure_port(f"{bind_host}:{port}")
         if self.port == 0:
-            raise RuntimeError(f"could not bind 127.0.0.1:{port}")
+            raise RuntimeError(f"could not bind {bind_host}:{port}")
 
     @property
     def address(self) -> str:
-        return f"127.0.0.1:{self.port}"
+        return f"{self.host}:{self.port}"
 
     def start(self) -> EchoServer:
         self.server.start()

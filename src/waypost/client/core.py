@@ -122,7 +122,8 @@ class Balancer:
         if wait_for_ready:
             return True
         if not self._resolved:
-            return True
+            # Resolution pending: wait for the first list, unless the resolver already reported a failure.
+            return self._resolver_error is None
         return any(sc.connecting for sc in list(self._subconns.values()))
 
     def unavailable(self) -> BalancerRpcError:

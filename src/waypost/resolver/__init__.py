@@ -13,6 +13,7 @@ from typing import Protocol
 from ..balancer.base import Backend
 from ..errors import InvalidTarget
 from .direct import DirectResolver
+from .dns import DnsResolver
 from .registry_resolver import RegistryResolver
 from .subset import DEFAULT_SUBSET_SIZE, Subsetter, deterministic_subset
 from .target import Target, parse_target
@@ -33,17 +34,14 @@ def make_resolver(target: Target | str, *, subsetter: Subsetter | None = None) -
     if target.scheme in ("etcd", "memory"):
         return RegistryResolver(target, subsetter)
     if target.scheme == "dns":
-        try:
-            from .dns import DnsResolver  # type: ignore[import-not-found]
-        except ImportError:
-            raise InvalidTarget(f"dns targets are not supported by this build: {target.redacted}") from None
-        return DnsResolver(target, subsetter)  # type: ignore[no-any-return]
+        return DnsResolver(target, subsetter)
     raise InvalidTarget(f"no resolver for scheme {target.scheme!r}: {target.redacted}")
 
 
 __all__ = [
     "DEFAULT_SUBSET_SIZE",
     "DirectResolver",
+    "DnsResolver",
     "RegistryResolver",
     "Resolver",
     "Subsetter",
