@@ -5,9 +5,13 @@ from __future__ import annotations
 import socket
 import threading
 
-import dns.message
-import dns.rrset
+import grpc
 import pytest
+
+dns = pytest.importorskip("dns")  # dnspython: the "dns" extra (in the dev set)
+import dns.message
+import dns.rdatatype
+import dns.rrset
 
 import waypost
 import waypost.resolver.dns as wdns
@@ -103,8 +107,6 @@ def test_unresolvable_name_fails_fast_naming_the_resolver_error(monkeypatch):
     try:
         with waypost.dial(f"dns://127.0.0.1:{dns_srv.port}/missing.test:80", balancer="round_robin") as ch:
             wait_until(lambda: ch.balancer._resolver_error is not None, 20)
-            import grpc
-
             with pytest.raises(grpc.RpcError) as ei:
                 echo_pb2_grpc.EchoStub(ch).Unary(Req(), timeout=20)
             assert ei.value.code() == grpc.StatusCode.UNAVAILABLE and "dns" in ei.value.details()
