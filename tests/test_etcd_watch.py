@@ -124,3 +124,20 @@ def test_progress_notify_advances_resume_revision(tmp_path):
                 w.cancel()
     finally:
         node.close()
+
+
+def test_delivery_groups_by_revision_and_drops_repeats():
+    from waypost.etcd._proto import waypost_etcd_pb2 as pb
+    from waypost.etcd.watch import Watcher
+
+    def ev(key: str, rev: int) -> pb.Event:
+        return pb.Event(type=pb.Event.PUT, kv=pb.KeyValue(key=key.encode(), mod_revision=rev))
+
+    w = Watcher(None, b"k", b"", 5, False, False, lambda e: (e.kv.key.decode(), e.kv.mod_revision))  # type: ignore[arg-type]
+    w._deliver([ev("a", 3), ev("b", 5), ev("c", 5), ev("d", 6)])  # 3 is before the start revision
+    w._deliver([ev("e", 6), ev("f", 7)])  # the same revision continued in the next response
+    w._deliver([ev("b", 5)])  # a repeat of an older revision
+    assert list(w._queue) == [
+        (5, [("b", 5), ("c", 5)]), (6, [("d", 6), ("e", 6)]), (7, [("f", 7)]),
+    ]
+    assert w.next_rev == 8

@@ -135,20 +135,29 @@ class Watcher(Watch):
         batch: list[Any] = []
         rev = 0
         conv = self._convert
+        last = self.next_rev - 1  # the newest revision already queued (or start_revision - 1)
         for ev in events:
             mod = ev.kv.mod_revision
-            if mod < self.next_rev:
-                continue  # already delivered before a reconnect
+            if mod < last:
+                continue  # older than what was already queued: a repeat, never delivered twice
             if batch and mod != rev:
-                self._queue.append((rev, batch))
+                self._queue_batch(rev, batch)
                 batch = []
             rev = mod
             batch.append(conv(ev) if conv is not None else ev)
         if batch:
-            self._queue.append((rev, batch))
+            self._queue_batch(rev, batch)
         if rev:
-            self.next_rev = rev + 1
+            self.next_rev = max(self.next_rev, rev + 1)
             self._wake()
+
+    def _queue_batch(self, rev: int, batch: list[Any]) -> None:
+        # etcd never splits a revision across responses (unfragmented), but if it did, keep one batch
+        tail = self._queue[-1] if self._queue else None
+        if isinstance(tail, tuple) and tail[0] == rev:
+            tail[1].extend(batch)
+        else:
+            self._queue.append((rev, batch))
 
     def create_request(self, watch_id: int) -> pb.WatchRequest:
         return pb.WatchRequest(create_request=pb.WatchCreateRequest(
