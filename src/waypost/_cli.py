@@ -94,7 +94,9 @@ def _json_flag(f: Callable[..., Any]) -> Callable[..., Any]:
 def app(ctx: click.Context, registry: str, as_json: bool, verbose: int) -> None:
     """Service registration, discovery and load balancing for Python gRPC, over etcd."""
     if CONFIGURE_LOGGING:  # only as the real command: embedded use (tests) keeps its own logging set-up
-        level = logging.WARNING if verbose == 0 else logging.INFO if verbose == 1 else logging.DEBUG
+        # one-shot commands end with one error line: their retries' warnings would only add noise
+        quiet = logging.ERROR if ctx.invoked_subcommand in ("ls", "resolve", "bench") else logging.WARNING
+        level = quiet if verbose == 0 else logging.INFO if verbose == 1 else logging.DEBUG
         root = logging.getLogger("waypost")
         if not root.handlers:
             handler = logging.StreamHandler(sys.stderr)

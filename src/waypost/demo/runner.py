@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import time
@@ -72,7 +73,8 @@ def run_demo(quick: bool = False, out_dir: Path | None = None, chart: bool = Tru
         names = [b[0] for b in BACKENDS]
         samples_by_policy: dict[str, list[Sample]] = {}
         for i, policy in enumerate(POLICIES, 1):
-            samples = _run_policy(cluster, policy, settings)
+            with _progress(out, f"policy {i}/{len(POLICIES)}: {policy}, {settings.per_policy:g} s of load ..."):
+                samples = _run_policy(cluster, policy, settings)
             samples_by_policy[policy] = samples
             summary = summarize(samples, names)
             if policy == "consistent_hash":
@@ -85,7 +87,8 @@ def run_demo(quick: bool = False, out_dir: Path | None = None, chart: bool = Tru
 
         out.print(f"[4] failover under load (p2c_ewma + retryPolicy): kill {VICTIM} at {settings.kill_at:g}s, "
                   f"add {NEWCOMER[0]} at {settings.add_at:g}s")
-        fo = _run_failover(cluster, settings, out)
+        with _progress(out, "failover under load ..."):
+            fo = _run_failover(cluster, settings, out)
         results["failover"] = fo
         out.print(_failover_table(fo))
         ok = fo["errors"] == 0 and fo["newcomer_first_call_s"] is not None
@@ -109,6 +112,11 @@ def run_demo(quick: bool = False, out_dir: Path | None = None, chart: bool = Tru
         cluster.close()
         if summary_path is not None:
             summary_path.write_text(json.dumps(results, indent=1, sort_keys=True))
+
+
+def _progress(out: Console, text: str) -> contextlib.AbstractContextManager[Any]:
+    """A spinner on a terminal (the step lines are the progress elsewhere, e.g. in CI logs)."""
+    return out.status(text) if out.is_terminal else contextlib.nullcontext()
 
 
 def _dial(cluster: Cluster, policy: str) -> Any:
