@@ -115,6 +115,8 @@ class EndpointPool:
             self.endpoints.append(Endpoint(addr, ch))
         self._current = 0
         self._closed = False
+        #: called with an endpoint when a call on it failed (streams on it may move elsewhere)
+        self.failure_listeners: list[Callable[[Endpoint], None]] = []
 
     def _suspect(self, ep: Endpoint, now: float) -> bool:
         return ep.failed_at is not None and now - ep.failed_at < self.cfg.failure_cooldown
@@ -129,6 +131,11 @@ class EndpointPool:
         # once per outage at INFO; repeats while it stays down are DEBUG
         log.log(logging.INFO if first else logging.DEBUG, "etcd endpoint %s failed; %s", ep.address,
                 "trying the others" if n > 1 else "will retry it")
+        for cb in list(self.failure_listeners):
+            try:
+                cb(ep)
+            except Exception:
+                log.exception("endpoint failure listener raised")
 
     def mark_ok(self, ep: Endpoint) -> None:
         """A call succeeded on ``ep``: it is healthy again."""

@@ -31,6 +31,7 @@ from ._proto import waypost_etcd_pb2 as pb
 
 if TYPE_CHECKING:
     from .client import EtcdClient
+    from .endpoints import Endpoint
 
 log = logging.getLogger("waypost.etcd.watch")
 
@@ -186,6 +187,18 @@ class WatchManager:
         self.connected = False
         #: number of (re)connections of the stream, for tests and diagnostics
         self.connects = 0
+        self._session_ep: Endpoint | None = None
+        self._session_call: grpc.aio.StreamStreamCall | None = None
+        self._abandoned = False
+        client.pool.failure_listeners.append(self._endpoint_failed)
+
+    def _endpoint_failed(self, ep: Endpoint) -> None:
+        """Another call found our stream's member broken: move the stream now instead of waiting
+        for gRPC keepalive to notice (the resume makes the move lossless)."""
+        call = self._session_call
+        if ep is self._session_ep and call is not None and len(self.client.pool.endpoints) > 1:
+            self._abandoned = True
+            call.cancel()
 
     def add(self, key: bytes, range_end: bytes, *, start_revision: int, prev_kv: bool,
             progress_notify: bool, convert: Callable[[Any], Any] | None) -> Watcher:
@@ -288,6 +301,7 @@ class WatchManager:
         ep = await client.pool.pick("watch")
         md = await client.metadata(ep, require_leader=True)
         call = ep.stream(WATCH, pb.WatchRequest, pb.WatchResponse)(metadata=md)
+        self._session_ep, self._session_call, self._abandoned = ep, call, False
         outbox: asyncio.Queue[pb.WatchRequest] = asyncio.Queue()
         self._outbox = outbox
         self._by_id.clear()
@@ -300,7 +314,12 @@ class WatchManager:
         self._pump()
         try:
             while True:
-                resp = await call.read()
+                try:
+                    resp = await call.read()
+                except asyncio.CancelledError:
+                    if self._abandoned and not self._closed:
+                        raise _Reconnect(f"a call on {ep.address} failed; moving the watch stream") from None
+                    raise
                 if resp is grpc.aio.EOF:
                     raise RegistryUnavailable(f"etcd {ep.address} closed the watch stream")
                 assert isinstance(resp, pb.WatchResponse)
@@ -316,6 +335,7 @@ class WatchManager:
                 client.pool.mark_failed(ep)
             raise
         finally:
+            self._session_ep = self._session_call = None
             writer.cancel()
             call.cancel()
 
