@@ -11,6 +11,7 @@ processes this module started are ever signalled.
 
 from __future__ import annotations
 
+import collections
 import contextlib
 import fcntl
 import hashlib
@@ -24,10 +25,15 @@ import tempfile
 import threading
 import time
 from collections.abc import Callable, Iterator
+from concurrent import futures
 from pathlib import Path
 from typing import Any
 
+import grpc
 import pytest
+from grpc_health.v1 import health_pb2, health_pb2_grpc
+
+import waypost
 
 ROOT = Path(__file__).resolve().parent.parent
 INTEROP = ROOT / "interop"
@@ -83,7 +89,7 @@ def build(go: str, timeout: float = BUILD_TIMEOUT) -> dict[str, Path]:
             started = time.monotonic()
             proc = subprocess.run(
                 [go, "build", "-trimpath", "-ldflags=-s -w", "-o", str(tmp) + os.sep, "./cmd/..."],
-                cwd=INTEROP, env=_go_env(), capture_output=True, text=True, timeout=timeout,
+                cwd=INTEROP, env=_go_env(), capture_output=True, text=True, timeout=timeout, check=False,
             )
             if proc.returncode != 0:
                 raise RuntimeError(f"go build failed (exit {proc.returncode}):\n{proc.stderr[-4000:]}")
@@ -127,7 +133,7 @@ class GoProc:
         self.args = [str(binary), *args]
         log_dir.mkdir(parents=True, exist_ok=True)
         self._stderr_path = log_dir / f"{self.name}-{time.monotonic_ns()}.stderr"
-        self._stderr = open(self._stderr_path, "wb")
+        self._stderr = open(self._stderr_path, "wb")  # noqa: SIM115 (closed in stop())
         self.proc = subprocess.Popen(self.args, stdin=subprocess.PIPE, stdout=subprocess.PIPE,
                                      stderr=self._stderr, env=_go_env())
         self.lines: queue.Queue[Any] = queue.Queue()
@@ -220,10 +226,10 @@ class GoPeers:
     def run(self, program: str, *args: str, stdin: str = "", timeout: float = 60.0) -> Any:
         """Run to completion; returns the last JSON line on stdout."""
         proc = subprocess.run([str(self.bins[program]), *args], input=stdin.encode(), capture_output=True,
-                              timeout=timeout, env=_go_env())
+                              timeout=timeout, env=_go_env(), check=False)
         if proc.returncode != 0:
             raise AssertionError(f"{program} exited {proc.returncode}: {proc.stderr.decode(errors='replace')[-3000:]}")
-        lines = [ln for ln in proc.stdout.decode().splitlines() if ln.strip()]
+        lines = [ln for ln in proc.stdout.decode().split("\n") if ln.strip()]  # not splitlines(): U+0085 etc.
         return json.loads(lines[-1])
 
     def close(self) -> None:
@@ -231,14 +237,15 @@ class GoPeers:
             p.stop(timeout=8.0)
 
 
-@pytest.fixture(scope="session")
-def go_bins() -> dict[str, Path]:
+@pytest.fixture(scope="session", name="go_bins")
+def fixture_go_bins() -> dict[str, Path]:
     """The interop binaries (built once per session; skipped without Go)."""
     return binaries()
 
 
-@pytest.fixture
-def go_peers(go_bins, tmp_path) -> Iterator[GoPeers]:
+@pytest.fixture(name="go_peers")
+def fixture_go_peers(go_bins: dict[str, Path], tmp_path: Path) -> Iterator[GoPeers]:
+    """Starts Go programs for one test; all of them are stopped afterwards."""
     peers = GoPeers(go_bins, tmp_path / "go-logs")
     try:
         yield peers
@@ -256,3 +263,63 @@ def wait_until(cond: Callable[[], Any], timeout: float, what: str, interval: flo
         if time.monotonic() > deadline:
             raise AssertionError(f"not within {timeout} s: {what} (last: {v!r})")
         time.sleep(interval)
+
+
+# -- the Python side: backends that name themselves, and a client that reads the name ----------------
+
+#: the header/trailer both Go and Python backends use to say who answered (interop/internal/peer)
+BACKEND_HEADER = "x-backend"
+
+
+class NameTrailer(grpc.ServerInterceptor):
+    """Sets ``x-backend: <name>`` as trailing metadata on every unary call (the Go peers do the same)."""
+
+    def __init__(self, name: str) -> None:
+        self.name = name
+
+    def intercept_service(self, continuation: Any, details: grpc.HandlerCallDetails) -> Any:
+        handler = continuation(details)
+        if handler is None or handler.unary_unary is None:
+            return handler
+        inner = handler.unary_unary
+        name = self.name
+
+        def unary(request: Any, context: grpc.ServicerContext) -> Any:
+            context.set_trailing_metadata(((BACKEND_HEADER, name),))
+            return inner(request, context)
+
+        return grpc.unary_unary_rpc_method_handler(
+            unary, request_deserializer=handler.request_deserializer,
+            response_serializer=handler.response_serializer)
+
+
+@contextlib.contextmanager
+def py_backends(names: list[str], key: str, registry_url: str, **serve_kw: Any) -> Iterator[dict[str, Any]]:
+    """``waypost.serve`` one gRPC server per name on 127.0.0.1 (health service added by serve);
+    yields name -> ServeHandle; every server still running is stopped at the end."""
+    handles: dict[str, Any] = {}
+    try:
+        for name in names:
+            server = grpc.server(futures.ThreadPoolExecutor(max_workers=4), interceptors=[NameTrailer(name)])
+            handles[name] = waypost.serve(server, key, listen_on="127.0.0.1:0", registry=registry_url,
+                                          grace=1.0, **serve_kw)
+        yield handles
+    finally:
+        for h in handles.values():
+            h.stop(0)
+
+
+def call_counts(channel: grpc.Channel, n: int, timeout: float = 5.0) -> collections.Counter[str]:
+    """``n`` health checks over ``channel``; counts the backend named in each answer's trailer
+    (failures are counted as ``error:<CODE>``)."""
+    stub = health_pb2_grpc.HealthStub(channel)
+    counts: collections.Counter[str] = collections.Counter()
+    for _ in range(n):
+        try:
+            _, call = stub.Check.with_call(health_pb2.HealthCheckRequest(), timeout=timeout)
+        except grpc.RpcError as e:
+            counts[f"error:{e.code().name}"] += 1
+            continue
+        names = [v for k, v in (call.trailing_metadata() or ()) if k == BACKEND_HEADER]
+        counts[names[0] if names else "unnamed"] += 1
+    return counts
