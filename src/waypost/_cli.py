@@ -60,7 +60,7 @@ class Ctx:
 
     def registry(self) -> Any:
         if self._registry is None:
-            from . import connect  # type: ignore[attr-defined]
+            from .registry import connect
 
             self._registry = connect(self.registry_url)
         return self._registry
@@ -275,7 +275,7 @@ def _meta_text(meta: Any) -> str:
 @pass_ctx
 def watch_cmd(c: Ctx, key: str, fmt: str, exact: bool, duration: float | None) -> None:
     """Show the instances of KEY, then every add and remove as it happens."""
-    from .discovery import Subscriber  # type: ignore[attr-defined]
+    from .discovery import Subscriber
 
     lock = threading.Lock()
     state: dict[str, Any] = {"known": {}}
@@ -357,7 +357,7 @@ def _parse_meta(items: tuple[str, ...]) -> dict[str, Any]:
 def register_cmd(c: Ctx, key: str, addr: str, ttl: int, meta: tuple[str, ...], id_: str | None, fmt: str,
                  duration: float | None) -> None:
     """Register ADDR under KEY and keep it alive until Ctrl-C (then deregister)."""
-    from .discovery import Publisher  # type: ignore[attr-defined]
+    from .discovery import Publisher
     from .netutil import split_host_port
 
     host, port = split_host_port(addr, what="ADDR")

@@ -155,7 +155,8 @@ def pick_interface_address(interfaces: Iterable[Interface]) -> str | None:
         if ip is None:
             continue
         (v4 if ip.version == 4 else v6).append(str(ip))
-    return (v4 or v6 or [None])[0]
+    found = v4 or v6
+    return found[0] if found else None
 
 
 def outbound_address(probes: Sequence[tuple[int, str]] = ((socket.AF_INET, "192.0.2.1"),
@@ -264,9 +265,9 @@ def advertised_address(
         # IPv6-only listeners ([::1]) are rare; 127.0.0.1 is reachable through a dual-stack [::] bind too.
         return join_host_port("127.0.0.1", port)
 
-    host = pick_interface_address(interfaces()) or outbound()
-    if host:
-        return join_host_port(host, port)
+    found = pick_interface_address(interfaces()) or outbound()
+    if found:
+        return join_host_port(found, port)
     if allow_loopback:
         return join_host_port("127.0.0.1", port)
     raise AddressError(

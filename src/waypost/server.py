@@ -305,7 +305,7 @@ class AsyncServeHandle(_Base):
         """Until SIGTERM/SIGINT (handlers installed only when this loop runs on the main thread) or
         ``stop()``; a signal runs the graceful stop. A second signal forces the stop."""
         loop = asyncio.get_running_loop()
-        installed: list[int] = []
+        installed: list[signal.Signals] = []
         if threading.current_thread() is threading.main_thread():
             for s in _SIGNALS:
                 try:
