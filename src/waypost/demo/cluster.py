@@ -24,7 +24,7 @@ log = logging.getLogger("waypost.demo")
 
 
 @dataclass
-class Backend:
+class DemoBackend:
     name: str
     delay_ms: float
     weight: int
@@ -71,7 +71,7 @@ class Cluster:
         self.registry_url = ""
         self.target = ""
         self.notice = ""
-        self.backends: dict[str, Backend] = {}
+        self.backends: dict[str, DemoBackend] = {}
         self._etcd: Any = None
 
     # -- registry ---------------------------------------------------------------------------------
@@ -100,9 +100,9 @@ class Cluster:
 
     # -- backends ---------------------------------------------------------------------------------
 
-    def start_backends(self, specs: list[tuple[str, float, int]], timeout: float = 30.0) -> list[Backend]:
+    def start_backends(self, specs: list[tuple[str, float, int]], timeout: float = 30.0) -> list[DemoBackend]:
         """Start backends (name, delay_ms, weight) concurrently; returns them once all are registered."""
-        new = [Backend(n, d, w) for n, d, w in specs]
+        new = [DemoBackend(n, d, w) for n, d, w in specs]
         for b in new:
             self.backends[b.name] = b
         if self.mode == "memory":
@@ -125,7 +125,7 @@ class Cluster:
             b.registered_at = time.monotonic()
         return new
 
-    def _await_ready(self, b: Backend, deadline: float) -> str:
+    def _await_ready(self, b: DemoBackend, deadline: float) -> str:
         assert b.proc is not None and b.proc.stdout is not None
         while True:
             left = deadline - time.monotonic()
@@ -141,13 +141,13 @@ class Cluster:
                     raise WaypostError(f"demo backend {b.name} exited ({b.proc.returncode}): {err[-300:]}")
 
     @staticmethod
-    def _log_file(b: Backend) -> Any:
+    def _log_file(b: DemoBackend) -> Any:
         f = tempfile.TemporaryFile("w+")  # noqa: SIM115 -- closed in close()
         b.extra["log"] = f
         return f
 
     @staticmethod
-    def _log_tail(b: Backend) -> str:
+    def _log_tail(b: DemoBackend) -> str:
         f = b.extra.get("log")
         if f is None:
             return ""
