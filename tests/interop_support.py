@@ -98,6 +98,10 @@ def build(go: str, timeout: float = BUILD_TIMEOUT) -> dict[str, Path]:
                 raise RuntimeError(f"go build produced no binary for {missing}")
             shutil.rmtree(out, ignore_errors=True)
             tmp.rename(out)
+            # older builds (other source hashes) are dead weight: keep only this one
+            for old in BIN_ROOT.iterdir():
+                if old.is_dir() and old != out and not old.name.startswith("build-"):
+                    shutil.rmtree(old, ignore_errors=True)
             (out / "build-seconds").write_text(f"{time.monotonic() - started:.1f}\n")
         finally:
             shutil.rmtree(tmp, ignore_errors=True)

@@ -270,3 +270,46 @@ def test_consistent_hash_matches_gozero_ring(go_peers, n_addrs):
     assert not mismatches, f"{len(mismatches)} keys map differently, e.g. {list(mismatches.items())[:5]}"
     if n_addrs > 1:
         assert len(set(go.values())) == n_addrs
+
+
+def _stable(read, names: set[str], who: str) -> dict[str, str]:
+    """``read()`` until two successive key maps are equal and cover every backend (a map taken while a
+    connection was still coming up is not the final ring)."""
+    prev: list[dict[str, str]] = [{}]
+
+    def settled() -> dict[str, str] | None:
+        cur = read()
+        ok = set(cur.values()) == names and cur == prev[0]
+        prev[0] = cur
+        return cur if ok else None
+
+    return wait_until(settled, SETTLE, f"{who}: a stable ring over {sorted(names)}")
+
+
+def test_consistent_hash_routes_like_gozero_client(go_peers, shared_etcd, unique_key):
+    """End to end: over the same three waypost-registered backends, go-zero's consistent_hash client and
+    waypost's route every hash key to the same backend."""
+    names = {"py-a", "py-b", "py-c"}
+    n_keys = 300
+    with py_backends(sorted(names), unique_key, shared_etcd.url()):
+        client = go_peers.start("gozero-client", "-etcd", shared_etcd.endpoint, "-key", unique_key,
+                                "-balancer", "consistent_hash")
+        _ready(client)
+        # the ring is built from READY connections: wait until go-zero's has all three and stays so
+        go_keys = _stable(lambda: client.request(f"keys {n_keys}", "keys", SETTLE), names, "go-zero")
+        channel = waypost.dial(f"etcd:///{shared_etcd.endpoint}?key={unique_key}", balancer="consistent_hash")
+        try:
+            def waypost_keys() -> dict[str, str]:
+                out = {}
+                for i in range(n_keys):
+                    with waypost.hash_key(f"key-{i}"):
+                        out[f"key-{i}"] = next(iter(call_counts(channel, 1)))
+                return out
+
+            py_keys = _stable(waypost_keys, names, "waypost")
+        finally:
+            channel.close()
+    diff = {k: (go_keys[k], py_keys.get(k)) for k in go_keys if go_keys[k] != py_keys.get(k)}
+    assert len(go_keys) == n_keys
+    assert not diff, f"{len(diff)} keys routed differently, e.g. {list(diff.items())[:5]}"
+

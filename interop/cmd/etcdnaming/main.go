@@ -56,7 +56,7 @@ func main() {
 			peer.Fatalf("dial: %v", err)
 		}
 		defer conn.Close()
-		peer.CallLoop(conn, *timeout, nil)
+		peer.CallLoop(conn, *timeout, nil, nil)
 	default:
 		peer.Fatalf("unknown -mode %q", *mode)
 	}

@@ -3,6 +3,8 @@
 // line, and answers each with one JSON line:
 //
 //	call N       N health checks; {"counts": {"<backend>": n, "error:<Code>": n}}
+//	keys N       one call per hash key "key-<i>" (use -balancer consistent_hash):
+//	             {"keys": {"key-<i>": "<backend>"}}
 //	quit         exit
 package main
 
@@ -47,5 +49,5 @@ func main() {
 			return zrpc.SetHashKey(ctx, fmt.Sprintf("key-%d", i))
 		}
 	}
-	peer.CallLoop(cli.Conn(), *timeout, ctxFn)
+	peer.CallLoop(cli.Conn(), *timeout, ctxFn, zrpc.SetHashKey)
 }

@@ -11,9 +11,14 @@ import (
 	"google.golang.org/grpc"
 )
 
-// CallLoop reads "call N" / "quit" lines from stdin and answers each "call"
-// with one JSON line {"counts": {...}} (see CallHealth).
-func CallLoop(conn grpc.ClientConnInterface, timeout time.Duration, ctxFn func(context.Context, int) context.Context) {
+// CallLoop reads commands from stdin, one per line, and answers each with one
+// JSON line:
+//
+//	call N   N health checks: {"counts": {"<backend>": n, "error:<Code>": n}} (see CallHealth)
+//	keys N   with hashKey set: one call per key "key-<i>", i < N: {"keys": {"key-<i>": "<backend>"}}
+//	quit     exit
+func CallLoop(conn grpc.ClientConnInterface, timeout time.Duration, ctxFn func(context.Context, int) context.Context,
+	hashKey func(context.Context, string) context.Context) {
 	Emit(map[string]any{"event": "ready"})
 	sc := bufio.NewScanner(os.Stdin)
 	for sc.Scan() {
@@ -31,6 +36,27 @@ func CallLoop(conn grpc.ClientConnInterface, timeout time.Duration, ctxFn func(c
 				}
 			}
 			Emit(map[string]any{"counts": CallHealth(conn, n, timeout, ctxFn)})
+		case "keys":
+			n := 1
+			if len(fields) > 1 {
+				if _, err := fmt.Sscan(fields[1], &n); err != nil {
+					Emit(map[string]any{"error": "bad count: " + fields[1]})
+					continue
+				}
+			}
+			if hashKey == nil {
+				Emit(map[string]any{"error": "keys: no hash key support in this program"})
+				continue
+			}
+			keys := map[string]string{}
+			for i := 0; i < n; i++ {
+				k := fmt.Sprintf("key-%d", i)
+				one := CallHealth(conn, 1, timeout, func(ctx context.Context, _ int) context.Context { return hashKey(ctx, k) })
+				for name := range one {
+					keys[k] = name
+				}
+			}
+			Emit(map[string]any{"keys": keys})
 		case "quit":
 			return
 		default:
