@@ -180,6 +180,13 @@ def test_bad_arguments_are_clear_errors(unique_key):
         serve(new_server(), "", registry=f"memory://{unique_key}")
     with pytest.raises(waypost.InvalidTarget):
         serve(new_server(), unique_key, registry="etcd://")
+    port = free_port()
+    with pytest.raises(ValueError, match="advertise"):
+        serve(new_server(), unique_key, listen_on=f"127.0.0.1:{port}", advertise="0.0.0.0",
+              registry=f"memory://{unique_key}")
+    with pytest.raises(ValueError, match="ttl"):
+        serve(new_server(), unique_key, listen_on=f"127.0.0.1:{port}", ttl=0, registry=f"memory://{unique_key}")
+    assert not accepts(f"127.0.0.1:{port}")  # nothing left listening
 
 
 CHILD = textwrap.dedent("""

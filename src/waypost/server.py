@@ -244,9 +244,17 @@ def serve(
     reg = _registry_of(registry)
     servicer = _add_health(server, key) if health else None
     port = _bind(server, listen_on, credentials)
-    address = advertised_address(listen_on, port, advertise=advertise, registry=reg, allow_loopback=allow_loopback)
-    publisher = Publisher(reg, key, address, ttl=ttl, id=id, metadata=metadata, format=format,
-                          timeout=register_timeout)
+    try:
+        address = advertised_address(listen_on, port, advertise=advertise, registry=reg,
+                                     allow_loopback=allow_loopback)
+        publisher = Publisher(reg, key, address, ttl=ttl, id=id, metadata=metadata, format=format,
+                              timeout=register_timeout)
+    except BaseException:
+        # grpcio keeps a bound, never-started server's socket listening even after stop(): start it
+        # (nobody knows the address yet) so that stop() really closes the port
+        server.start()
+        server.stop(0).wait(5)
+        raise
     server.start()
     try:
         publisher.start()
@@ -384,9 +392,15 @@ async def serve_async(
     reg = _registry_of(registry)
     servicer = await _add_health_async(server, key) if health else None
     port = _bind(server, listen_on, credentials)
-    address = advertised_address(listen_on, port, advertise=advertise, registry=reg, allow_loopback=allow_loopback)
-    publisher = Publisher(reg, key, address, ttl=ttl, id=id, metadata=metadata, format=format,
-                          timeout=register_timeout)
+    try:
+        address = advertised_address(listen_on, port, advertise=advertise, registry=reg,
+                                     allow_loopback=allow_loopback)
+        publisher = Publisher(reg, key, address, ttl=ttl, id=id, metadata=metadata, format=format,
+                              timeout=register_timeout)
+    except BaseException:
+        await server.start()  # see serve(): only a started server releases its port on stop()
+        await server.stop(0)
+        raise
     await server.start()
     try:
         await publisher.astart()
