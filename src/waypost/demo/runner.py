@@ -67,9 +67,10 @@ def run_demo(quick: bool = False, out_dir: Path | None = None, chart: bool = Tru
         cluster.start_registry()
         out.print(f"[1] registry: {cluster.notice}")
         started = cluster.start_backends(list(BACKENDS))
-        out.print("[2] backends registered (each one only after its port was open): " + ", ".join(
-            f"{b.name}@{b.address} ({b.delay_ms:g} ms{', SLOW' if b.name == SLOW else ''}, weight {b.weight})"
-            for b in started))
+        out.print("[2] backends up, each registered only once its port was open:")
+        for b in started:
+            out.print(f"    {b.name}  {b.address:<21} {b.delay_ms:>4g} ms{' (slow)' if b.name == SLOW else '       '}"
+                      f"  weight {b.weight}")
         names = [b[0] for b in BACKENDS]
         samples_by_policy: dict[str, list[Sample]] = {}
         for i, policy in enumerate(POLICIES, 1):
@@ -80,9 +81,7 @@ def run_demo(quick: bool = False, out_dir: Path | None = None, chart: bool = Tru
             if policy == "consistent_hash":
                 summary["sticky"] = _stickiness(samples)
             results["policies"][policy] = summary
-            out.print(f"[3] policy {i}/{len(POLICIES)} {policy}: {summary['calls']} calls, "
-                      f"{summary['errors']} errors, p99 {summary['p99_ms']:.1f} ms")
-            out.print(_policy_table(policy, summary))
+            out.print(_policy_table(f"[3] {i}/{len(POLICIES)} {policy}", summary))
         out.print(_comparison_table(results["policies"]))
 
         out.print(f"[4] failover under load (p2c_ewma + retryPolicy): kill {VICTIM} at {settings.kill_at:g}s, "
@@ -197,12 +196,12 @@ def _bar(share: float, width: int = 20) -> str:
     return "█" * n + "·" * (width - n)
 
 
-def _policy_table(policy: str, summary: dict[str, Any]) -> Table:
+def _policy_table(title: str, summary: dict[str, Any]) -> Table:
     extra = ""
     if "sticky" in summary:
         st = summary["sticky"]
         extra = f", {st['always_same_backend']}/{st['keys']} keys always on the same backend"
-    t = Table(title=f"{policy}: {summary['calls']} calls, {summary['errors']} errors, "
+    t = Table(title=f"{title}: {summary['calls']} calls, {summary['errors']} errors, "
               f"p50 {summary['p50_ms']:.1f} ms, p99 {summary['p99_ms']:.1f} ms{extra}",
               title_justify="left", title_style="bold")
     for col, justify in (("backend", "left"), ("share", "left"), ("calls", "right"), ("p50 ms", "right"),
