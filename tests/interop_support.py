@@ -43,12 +43,18 @@ PROGRAMS = ("gozero-server", "gozero-client", "gozero-sub", "gozero-pub", "gozer
 BUILD_TIMEOUT = float(os.environ.get("WAYPOST_INTEROP_BUILD_TIMEOUT", "1500"))
 
 
+#: Go's standard install location, for environments whose PATH lacks it
+GO_DEFAULT = Path("/usr/local/go/bin/go")
+#: per-test bound once the binaries exist (every wait inside a test is bounded far below this)
+TEST_TIMEOUT = 180.0
+
+
 def go_binary() -> str | None:
-    """The ``go`` command: ``$WAYPOST_GO``, else ``go`` on PATH."""
+    """The ``go`` command: ``$WAYPOST_GO``, else ``go`` on PATH, else ``/usr/local/go/bin/go``."""
     env = os.environ.get("WAYPOST_GO")
     if env:
         return env if Path(env).exists() else None
-    return shutil.which("go")
+    return shutil.which("go") or (str(GO_DEFAULT) if GO_DEFAULT.exists() else None)
 
 
 def _go_env() -> dict[str, str]:
@@ -108,6 +114,22 @@ def build(go: str, timeout: float = BUILD_TIMEOUT) -> dict[str, Path]:
     return paths
 
 
+def is_built(go: str) -> bool:
+    digest = source_hash(go)
+    return all((BIN_ROOT / digest / name).exists() for name in PROGRAMS)
+
+
+def timeout_mark() -> pytest.MarkDecorator:
+    """pytest-timeout bound for interop tests: the session's first one may have to build the programs
+    (minutes, cold), so while they are not built the bound includes the build timeout."""
+    go = go_binary()
+    try:
+        building = go is not None and not is_built(go)
+    except (OSError, subprocess.SubprocessError):
+        building = True
+    return pytest.mark.timeout(TEST_TIMEOUT + (BUILD_TIMEOUT if building else 0))
+
+
 _built: dict[str, Path] | None = None
 _build_error: str | None = None
 
@@ -160,8 +182,9 @@ class GoProc:
         self._stderr.flush()
         return self._stderr_path.read_bytes()[-n:].decode(errors="replace")
 
-    def expect(self, pred: Callable[[dict[str, Any]], bool], timeout: float, what: str = "") -> dict[str, Any]:
-        """The first JSON line (from now on) satisfying ``pred``; fails after ``timeout`` seconds or on exit."""
+    def expect(self, pred: Callable[[dict[str, Any]], bool], timeout: float,
+               what: str = "") -> dict[str, Any]:
+        """The first JSON line (from now on) satisfying ``pred``; fails after ``timeout`` s or on exit."""
         deadline = time.monotonic() + timeout
         seen: list[Any] = []
         while True:
@@ -232,7 +255,8 @@ class GoPeers:
         proc = subprocess.run([str(self.bins[program]), *args], input=stdin.encode(), capture_output=True,
                               timeout=timeout, env=_go_env(), check=False)
         if proc.returncode != 0:
-            raise AssertionError(f"{program} exited {proc.returncode}: {proc.stderr.decode(errors='replace')[-3000:]}")
+            err = proc.stderr.decode(errors="replace")[-3000:]
+            raise AssertionError(f"{program} exited {proc.returncode}: {err}")
         lines = [ln for ln in proc.stdout.decode().split("\n") if ln.strip()]  # not splitlines(): U+0085 etc.
         return json.loads(lines[-1])
 

@@ -18,11 +18,12 @@ from tests.interop_support import (  # noqa: F401  (fixture_*: pytest fixtures g
     fixture_go_bins,
     fixture_go_peers,
     py_backends,
+    timeout_mark,
     wait_until,
 )
 from waypost.etcd.local import free_port
 
-pytestmark = pytest.mark.interop
+pytestmark = [pytest.mark.interop, timeout_mark()]
 
 SETTLE = 30.0
 
@@ -36,7 +37,8 @@ def test_waypost_discovers_endpoints_manager(go_peers, shared_etcd, unique_key):
     servers = {}
     for _ in range(2):
         addr = f"127.0.0.1:{free_port()}"
-        p = go_peers.start("etcdnaming", "-mode", "serve", "-etcd", shared_etcd.endpoint, "-target", unique_key,
+        p = go_peers.start("etcdnaming", "-mode", "serve", "-etcd", shared_etcd.endpoint,
+                           "-target", unique_key,
                            "-listen", addr)
         p.expect(lambda d: d.get("event") == "ready", SETTLE, "ready")
         servers[addr] = p
@@ -73,7 +75,8 @@ def test_grpc_go_resolver_resolves_waypost(go_peers, shared_etcd, unique_key):
         assert raw == {f"{unique_key}/{h.address}": json.dumps({"Op": 0, "Addr": h.address, "Metadata": None},
                                                                 separators=(",", ":")).encode()
                        for h in handles.values()}
-        client = go_peers.start("etcdnaming", "-mode", "call", "-etcd", shared_etcd.endpoint, "-target", unique_key)
+        client = go_peers.start("etcdnaming", "-mode", "call", "-etcd", shared_etcd.endpoint,
+                                "-target", unique_key)
         client.expect(lambda d: d.get("event") == "ready", SETTLE, "ready")
         seen: collections.Counter[str] = collections.Counter()
 

@@ -22,12 +22,13 @@ from tests.interop_support import (  # noqa: F401  (fixture_*: pytest fixtures g
     fixture_go_bins,
     fixture_go_peers,
     py_backends,
+    timeout_mark,
     wait_until,
 )
 from waypost.balancer.consistent_hash import HashRing
 from waypost.etcd.local import free_port
 
-pytestmark = pytest.mark.interop
+pytestmark = [pytest.mark.interop, timeout_mark()]
 
 #: bounds for conditions that depend on processes, watches and connections (loaded 2-core machines)
 SETTLE = 30.0
@@ -50,7 +51,8 @@ def _go_server(go_peers, etcd, key: str, id: int = 0):
 def _registrations(etcd, key: str) -> dict[str, tuple[str, int]]:
     """etcd key -> (value, lease id) for every key under ``key/``."""
     out = json.loads(etcd.etcdctl("get", key + "/", "--prefix", "-w", "json"))
-    return {base64.b64decode(kv["key"]).decode(): (base64.b64decode(kv["value"]).decode(), int(kv.get("lease", 0)))
+    return {base64.b64decode(kv["key"]).decode():
+            (base64.b64decode(kv["value"]).decode(), int(kv.get("lease", 0)))
             for kv in out.get("kvs", [])}
 
 
@@ -58,7 +60,7 @@ def _registrations(etcd, key: str) -> dict[str, tuple[str, int]]:
 
 
 def test_gozero_registration_layout(go_peers, shared_etcd, unique_key):
-    """zrpc's own registration: ``<key>/<lease id>`` (default) and ``<key>/<id>`` (custom), value ``host:port``."""
+    """zrpc registers ``<key>/<lease id>`` (default) or ``<key>/<id>`` (custom), value ``host:port``."""
     _, a = _go_server(go_peers, shared_etcd, unique_key)
     _, b = _go_server(go_peers, shared_etcd, unique_key, id=42)
     regs = wait_until(lambda: (r := _registrations(shared_etcd, unique_key)) and len(r) == 2 and r, SETTLE,
@@ -89,7 +91,8 @@ def test_waypost_client_calls_gozero_servers(go_peers, shared_etcd, unique_key, 
 
         # SIGTERM: go-zero revokes its lease; all traffic moves to the survivor, without errors once settled
         srv_a.stop()
-        wait_until(lambda: call_counts(channel, 10) == {f"go-{b}": 10}, SETTLE, "traffic moved to the survivor")
+        wait_until(lambda: call_counts(channel, 10) == {f"go-{b}": 10}, SETTLE,
+                   "traffic moved to the survivor")
         assert call_counts(channel, 30) == {f"go-{b}": 30}
     finally:
         channel.close()
@@ -157,7 +160,8 @@ class _WaypostPublishers:
         self.pubs = {}
 
     def add(self, value: str, id: int) -> None:
-        self.pubs[id] = waypost.Publisher(self.etcd.url(), self.key, value, id=id, metadata=self.metadata).start()
+        pub = waypost.Publisher(self.etcd.url(), self.key, value, id=id, metadata=self.metadata)
+        self.pubs[id] = pub.start()
 
     def remove(self, id: int) -> None:
         self.pubs.pop(id).stop()
@@ -238,7 +242,8 @@ def test_gozero_subscriber_sees_waypost_like_go(go_peers, shared_etcd, unique_ke
 def test_gozero_subscriber_never_reads_metadata_as_address(go_peers, shared_etcd, unique_key):
     """waypost keeps metadata out of ``<key>/`` (side record): a go-zero subscriber sees addresses only."""
     addr = f"127.0.0.1:{free_port()}"
-    pub = waypost.Publisher(shared_etcd.url(), unique_key, addr, metadata={"weight": 20, "zone": "z1"}).start()
+    pub = waypost.Publisher(shared_etcd.url(), unique_key, addr, metadata={"weight": 20, "zone": "z1"})
+    pub.start()
     try:
         sub = _go_sub(go_peers, shared_etcd, unique_key, exclusive=False)
         view = _GoSubView(sub)
