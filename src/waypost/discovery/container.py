@@ -29,6 +29,9 @@ class Container:
         self._snapshot: tuple[str, ...] = ()
         self._backends: tuple[Backend, ...] = ()
         self._listeners: list[Listener] = []
+        # Backend objects reused across rebuilds: one change to a big set rebuilds one Backend
+        self._backend_of: dict[str, Backend] = {}
+        self._touched: set[str] = set()
 
     # -- reads (any thread) ---------------------------------------------------------------------
 
@@ -70,6 +73,7 @@ class Container:
     def clear(self) -> None:
         self._mapping.clear()
         self._values.clear()
+        self._backend_of.clear()
         self._rebuild()
 
     def _add(self, key: str, entry: Entry) -> bool:
@@ -84,12 +88,14 @@ class Container:
                 self._remove(other)
         self._values.setdefault(entry.address, []).append(key)
         self._mapping[key] = entry
+        self._touched.add(entry.address)
         return True
 
     def _remove(self, key: str) -> bool:
         entry = self._mapping.pop(key, None)
         if entry is None:
             return False
+        self._touched.add(entry.address)
         keys = self._values.get(entry.address)
         if keys is not None:
             try:
@@ -101,11 +107,18 @@ class Container:
         return True
 
     def _rebuild(self) -> None:
-        backends = []
-        for address, keys in self._values.items():
+        cache = self._backend_of
+        for address in self._touched:
+            keys = self._values.get(address)
+            if not keys:
+                cache.pop(address, None)
+                continue
             md = self._mapping[keys[-1]].metadata
-            backends.append(Backend(address, md if isinstance(md, MappingProxyType) else MappingProxyType(dict(md))))
-        self._backends = tuple(backends)
+            old = cache.get(address)
+            if old is None or old.metadata is not md:
+                cache[address] = Backend(address, md if isinstance(md, MappingProxyType) else MappingProxyType(dict(md)))
+        self._touched.clear()
+        self._backends = tuple(cache[a] for a in self._values)
         self._snapshot = tuple(self._values)
 
     def notify(self) -> None:

@@ -151,7 +151,10 @@ class _Group:
         res = await asyncio.wait_for(self.registry.get(src.key, prefix=src.prefix), GET_TIMEOUT)
         new = {kv.key: (kv.value, kv.mod_revision) for kv in res.kvs}
         old = src.raw
-        deletes, adds = diff({k: v for k, (v, _) in old.items()}, {k: v for k, (v, _) in new.items()})
+        if old:
+            deletes, adds = diff({k: v for k, (v, _) in old.items()}, {k: v for k, (v, _) in new.items()})
+        else:  # the initial load: everything is an add
+            deletes, adds = [], list(new)
         src.raw = new
         src.revision = res.revision
         self._changed(src, deletes, [(k, new[k][1]) for k in adds])
@@ -219,7 +222,7 @@ class _Group:
         if raw is None:
             return None
         entry = self.fmt.decode(key, raw[0])
-        if entry is None or self.side is None:
+        if entry is None or not self.meta:
             return entry
         meta = self.meta.get(self.fmt.join_id(key, self.main.key))
         if meta is not None and meta.address == entry.address:

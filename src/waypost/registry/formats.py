@@ -25,12 +25,13 @@ import abc
 import collections
 import json
 import logging
+import re
 import threading
 import urllib.parse
 from collections.abc import Mapping
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from types import MappingProxyType
-from typing import Any
+from typing import Any, NamedTuple
 
 log = logging.getLogger("waypost.registry.formats")
 
@@ -43,12 +44,14 @@ KRATOS_NAMESPACE = "/microservices"
 _EMPTY: Mapping[str, Any] = MappingProxyType({})
 
 
-@dataclass(frozen=True, slots=True)
-class Entry:
-    """A decoded registration: the address to dial and its metadata (read-only)."""
+class Entry(NamedTuple):
+    """A decoded registration: the address to dial and its metadata (read-only).
+
+    A NamedTuple rather than a frozen dataclass: a big initial load creates one per key.
+    """
 
     address: str
-    metadata: Mapping[str, Any] = field(default_factory=lambda: _EMPTY)
+    metadata: Mapping[str, Any] = _EMPTY
 
 
 @dataclass(frozen=True, slots=True)
@@ -86,25 +89,27 @@ class _BadLog:
 
     def forget(self, fmt: str, key: str) -> None:
         """A good value replaced the bad one: log again if it turns bad later."""
-        with self._lock:
-            self._seen.pop((fmt, key), None)
+        k = (fmt, key)
+        if k in self._seen:  # the common case (never bad) needs no lock
+            with self._lock:
+                self._seen.pop(k, None)
 
 
 bad_record = _BadLog()
 
 
+_HOSTPORT = re.compile(r"\A(?:\[[^\s\[\]/\x00-\x1f\x7f]+\]|[^\s:/\[\]\x00-\x1f\x7f]+):([0-9]{1,5})\Z")
+_UNIX = re.compile(r"\Aunix(?:-abstract)?:[^\s\x00-\x1f\x7f]+\Z")
+
+
 def valid_address(addr: str) -> bool:
     """``host:port`` (IPv6 in brackets) with a port in 1..65535, or ``unix:``/``unix-abstract:`` paths."""
-    if not addr or len(addr) > 1024 or any(c.isspace() or ord(c) < 0x20 or c == "\x7f" for c in addr):
+    if len(addr) > 1024:
         return False
-    if addr.startswith(("unix:", "unix-abstract:")):
-        return len(addr.split(":", 1)[1]) > 0
-    host, sep, port = addr.rpartition(":")
-    if not sep or not host or not port.isascii() or not port.isdigit() or not 0 < int(port) < 65536:
-        return False
-    if host.startswith("["):
-        return host.endswith("]") and len(host) > 2
-    return ":" not in host and "/" not in host
+    m = _HOSTPORT.match(addr)
+    if m is not None:
+        return 0 < int(m.group(1)) < 65536
+    return _UNIX.match(addr) is not None
 
 
 def go_json(obj: Any) -> bytes:
@@ -256,8 +261,12 @@ class GoZero(WireFormat):
         return [(f"{GOZERO_META_ROOT}{_check_key(key)}/{_id_text(id)}", value)]
 
     def decode(self, etcd_key: str, value: bytes) -> Entry | None:
-        text = _text(self.name, etcd_key, value)
+        try:  # the hot path of a big initial load: keep it to a decode and a regex match
+            text = value.decode("utf-8") if len(value) <= MAX_VALUE_BYTES else None
+        except UnicodeDecodeError:
+            text = None
         if text is None:
+            _text(self.name, etcd_key, value)  # logs why
             return None
         if not valid_address(text):
             bad_record(self.name, etcd_key, f"value {text[:80]!r} is not a host:port address")
