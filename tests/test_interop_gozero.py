@@ -85,9 +85,13 @@ def test_waypost_client_calls_gozero_servers(go_peers, shared_etcd, unique_key, 
         seen: collections.Counter[str] = collections.Counter()
         wait_until(lambda: (seen.update(call_counts(channel, 20)), set(seen) >= names)[1], SETTLE,
                    f"answers from both {names}")
-        assert set(seen) == names, f"only the registered backends answer, no errors: {seen}"
+        assert {k for k in seen if not k.startswith("error:")} == names, seen
+        # settled: no errors, only the registered backends (round_robin: an exact split)
+        counts = call_counts(channel, 60)
         if balancer == "round_robin":
-            assert call_counts(channel, 60) == {f"go-{a}": 30, f"go-{b}": 30}
+            assert counts == {f"go-{a}": 30, f"go-{b}": 30}
+        else:
+            assert set(counts) <= names and sum(counts.values()) == 60, counts
 
         # SIGTERM: go-zero revokes its lease; all traffic moves to the survivor, without errors once settled
         srv_a.stop()
