@@ -11,10 +11,17 @@ import pytest
 
 import waypost
 from tests.backends import echo_pb2, echo_pb2_grpc
-from tests.backends.helpers import RECORDER, direct, echo_servers, wait_until
+from tests.backends.helpers import (
+    RECORDER,
+    direct,
+    echo_servers,
+    recording,  # noqa: F401  # fixture used by pytestmark
+    wait_until,
+)
 from tests.backends.server import EchoServer
 
 Req = echo_pb2.EchoRequest
+pytestmark = pytest.mark.usefixtures("recording")  # the test_recording policy, for this module only
 SERVICE = "waypost.test.Echo"
 
 

@@ -9,6 +9,7 @@ from collections.abc import Callable, Iterator, Sequence
 from contextlib import contextmanager
 from typing import Any
 
+import pytest
 from waypost.balancer.base import Backend, Outcome, Picker, PickInfo, PickResult, Policy
 from waypost.balancer.policies import POLICIES, register_policy
 from waypost.errors import NoBackendAvailable
@@ -96,5 +97,13 @@ class RecordingPolicy(Policy):
         return _RecordingPicker(backends)
 
 
-if "test_recording" not in POLICIES:
+@pytest.fixture
+def recording() -> Iterator[Recorder]:
+    """Make the ``test_recording`` policy available for one test (removed afterwards, so the policy
+    registry other tests inspect stays as the library defines it)."""
     register_policy(RecordingPolicy)
+    RECORDER.clear()
+    try:
+        yield RECORDER
+    finally:
+        POLICIES.pop(RecordingPolicy.name, None)
