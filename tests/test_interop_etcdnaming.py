@@ -69,10 +69,13 @@ def test_waypost_discovers_endpoints_manager(go_peers, shared_etcd, unique_key):
         channel.close()
 
 
-def test_grpc_go_resolver_resolves_waypost(go_peers, shared_etcd, unique_key):
-    with py_backends(["py-a", "py-b"], unique_key, shared_etcd.url(), format="etcd-naming") as handles:
+@pytest.mark.parametrize("metadata", [None, {"weight": 20, "zone": "z1"}], ids=["no-metadata", "metadata"])
+def test_grpc_go_resolver_resolves_waypost(go_peers, shared_etcd, unique_key, metadata):
+    """With metadata the value's ``Metadata`` is a JSON object (grpc-go's field is ``any``): still resolved."""
+    with py_backends(["py-a", "py-b"], unique_key, shared_etcd.url(), format="etcd-naming",
+                     metadata=metadata) as handles:
         raw = _raw(shared_etcd, unique_key + "/")
-        assert raw == {f"{unique_key}/{h.address}": json.dumps({"Op": 0, "Addr": h.address, "Metadata": None},
+        assert raw == {f"{unique_key}/{h.address}": json.dumps({"Op": 0, "Addr": h.address, "Metadata": metadata},
                                                                 separators=(",", ":")).encode()
                        for h in handles.values()}
         client = go_peers.start("etcdnaming", "-mode", "call", "-etcd", shared_etcd.endpoint,
