@@ -12,18 +12,10 @@ from waypost.registry.base import Event, Registry, Watch
 
 
 def connect(url: str) -> Registry:
-    """``waypost.connect`` when it exists; the memory registry directly otherwise."""
-    try:
-        from waypost.registry import connect as _connect  # type: ignore[attr-defined]
-    except ImportError:
-        _connect = None
-    if _connect is not None:
-        return _connect(url)  # type: ignore[no-any-return]
-    if url.startswith("memory://"):
-        from waypost.registry.memory import MemoryRegistry
+    """``waypost.connect``: the process-wide shared registry for ``url``."""
+    from waypost.registry import connect as _connect
 
-        return MemoryRegistry.get_or_create(url[len("memory://"):])
-    raise RuntimeError(f"waypost.connect is not available yet for {url}")
+    return _connect(url)
 
 
 def wait_for(cond: Callable[[], Any], timeout: float = 10.0, interval: float = 0.02) -> bool:

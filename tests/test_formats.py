@@ -189,3 +189,45 @@ def test_round_trip(fmt, host, port, md, ident):
             assert meta is not None and dict(meta.metadata) == md and meta.id == str(ident)
     else:
         assert dict(entry.metadata) == md
+
+
+_fuzz_names = iter(range(10**9))
+
+
+@settings(max_examples=60, deadline=None)
+@given(
+    fmt=st.sampled_from(sorted(FORMATS)),
+    records=st.lists(
+        st.one_of(
+            st.integers(1, 65535).map(lambda p: ("good", p)),
+            st.binary(max_size=80).map(lambda b: ("bad", b)),
+            json_values.map(lambda v: ("bad", json.dumps(v).encode())),
+        ),
+        max_size=12,
+    ),
+)
+def test_subscriber_keeps_every_good_record_next_to_garbage(fmt, records):
+    """Through a real Subscriber (memory registry): garbage never hides a good record, never raises."""
+    from waypost.discovery import Subscriber
+    from waypost.registry.memory import MemoryRegistry
+
+    name = f"fuzz-{next(_fuzz_names)}"
+    reg = MemoryRegistry(name)
+    f = get_format(fmt)
+    want = set()
+    try:
+        for i, (kind, payload) in enumerate(records):
+            if kind == "good":
+                addr = f"10.0.0.{i}:{payload}"
+                key, value = f.encode("svc", addr, f"id{i}", None)
+                want.add(addr)
+            else:
+                key, value = f.prefix("svc") + f"id{i}", payload
+                out = f.decode(key, value)
+                if out is not None:  # random bytes can happen to be a valid record
+                    want.add(out.address)
+            reg.sync.put(key, value)
+        with Subscriber(reg, "svc", format=fmt) as sub:
+            assert set(sub.values()) == want
+    finally:
+        MemoryRegistry.drop(name)

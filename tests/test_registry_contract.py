@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import threading
 import time
 
@@ -216,18 +215,3 @@ def test_keep_alive_cancel_lets_lease_expire(registry):
     ka.cancel()
     assert wait_for(lambda: s.get("kc/a").kvs == [], timeout=15)
 
-
-@pytest.fixture
-def registry(registry_url):
-    """Same as conftest's, but usable before ``waypost.connect`` lands (memory only then)."""
-    from discovery_util import connect
-
-    try:
-        reg = connect(registry_url)
-    except RuntimeError as e:
-        pytest.skip(str(e))
-    try:
-        yield reg
-    finally:
-        with contextlib.suppress(Exception):
-            run(reg.close(), 10)

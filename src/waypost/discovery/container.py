@@ -60,6 +60,8 @@ class Container:
 
     def apply(self, deletes: Iterable[str] = (), adds: Iterable[tuple[str, Entry]] = ()) -> bool:
         """Apply deletes, then adds; rebuild the snapshot and notify listeners if anything changed."""
+        if not self._mapping and not self.exclusive and not deletes:
+            return self._bulk_load(adds)
         changed = False
         for key in deletes:
             changed |= self._remove(key)
@@ -69,6 +71,28 @@ class Container:
             self._rebuild()
             self.notify()
         return changed
+
+    def _bulk_load(self, adds: Iterable[tuple[str, Entry]]) -> bool:
+        """Fill an empty, non-exclusive container (a new subscriber on a big set) in one pass."""
+        mapping, values = self._mapping, self._values
+        for key, entry in adds:
+            old = mapping.get(key)
+            if old is not None:  # the same key twice in one batch: keep the last, as _add would
+                values[old.address].remove(key)
+                if not values[old.address]:
+                    del values[old.address]
+            mapping[key] = entry
+            keys = values.get(entry.address)
+            if keys is None:
+                values[entry.address] = [key]
+            else:
+                keys.append(key)
+        if not mapping:
+            return False
+        self._touched.update(values)
+        self._rebuild()
+        self.notify()
+        return True
 
     def clear(self) -> None:
         self._mapping.clear()

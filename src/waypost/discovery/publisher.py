@@ -232,7 +232,7 @@ class Publisher:
 
     # -- registering -------------------------------------------------------------------------------
 
-    async def _evict_others(self, own_key: str | None) -> None:
+    async def _evict_others(self, own_key: str) -> None:
         prefix = self.format.prefix(self.base_key)
         res = await self.registry.get(prefix, prefix=True)
         side = self.format.side_prefix(self.base_key)
@@ -249,7 +249,8 @@ class Publisher:
     async def _register(self) -> None:
         """One attempt: grant, put the records, keep alive, guard the key. Leaves nothing on failure."""
         if self.exclusive:
-            own = self.format.record_key(self.base_key, self.value, self.id) if self.id is not None else None
+            # our own key when it is known before the grant (custom id, or etcd-naming's address key)
+            own = self.format.record_key(self.base_key, self.value, self.id if self.id is not None else "")
             await self._evict_others(own)
         lease = await self.registry.grant(self.ttl)
         try:

@@ -149,14 +149,19 @@ class _Group:
 
     async def _load(self, src: _Source) -> None:
         res = await asyncio.wait_for(self.registry.get(src.key, prefix=src.prefix), GET_TIMEOUT)
-        new = {kv.key: (kv.value, kv.mod_revision) for kv in res.kvs}
         old = src.raw
-        if old:
-            deletes, adds = diff({k: v for k, (v, _) in old.items()}, {k: v for k, (v, _) in new.items()})
-        else:  # the initial load: everything is an add
-            deletes, adds = [], list(new)
-        src.raw = new
-        src.revision = res.revision
+        new: dict[str, tuple[bytes, int]] = {}
+        if not old:  # the initial load: everything is an add (one pass over a possibly big result)
+            puts = []
+            for kv in res.kvs:
+                new[kv.key] = (kv.value, kv.mod_revision)
+                puts.append((kv.key, kv.mod_revision))
+            src.raw, src.revision = new, res.revision
+            self._changed(src, [], puts)
+            return
+        new = {kv.key: (kv.value, kv.mod_revision) for kv in res.kvs}
+        deletes, adds = diff({k: v for k, (v, _) in old.items()}, {k: v for k, (v, _) in new.items()})
+        src.raw, src.revision = new, res.revision
         self._changed(src, deletes, [(k, new[k][1]) for k in adds])
 
     async def _load_until_ok(self, src: _Source, initial: bool = False) -> None:
@@ -248,8 +253,11 @@ class _Group:
             main_keys = [(k, self.main.raw[k][1]) for k, _ in affected if k in self.main.raw]
             gone = [k for k, _ in affected if k not in self.main.raw]
         else:
-            main_keys = sorted(puts, key=lambda kr: kr[1])
+            main_keys = sorted(puts, key=_by_revision)
             gone = deletes
+            if not self.entries and not self.meta and not gone:
+                self._bulk_add(main_keys)  # the initial load of a big set: one tight loop
+                return
         out_del: list[str] = []
         out_add: list[tuple[str, Entry]] = []
         for key in gone:
@@ -269,8 +277,27 @@ class _Group:
             for c in list(self.containers):
                 c.apply(out_del, out_add)
 
+    def _bulk_add(self, main_keys: list[tuple[str, int]]) -> None:
+        decode, raw, entries = self.fmt.decode, self.main.raw, self.entries
+        for key, rev in main_keys:
+            entry = decode(key, raw[key][0])
+            if entry is not None:
+                entries[key] = (entry, rev)
+        if entries:
+            adds = [(k, e) for k, (e, _) in entries.items()]
+            for c in list(self.containers):
+                c.apply((), adds)
+
     def _ordered_entries(self) -> list[tuple[str, Entry]]:
-        return [(k, e) for k, (e, _) in sorted(self.entries.items(), key=lambda kv: kv[1][1])]
+        return [(k, e) for k, (e, _) in sorted(self.entries.items(), key=_entry_revision)]
+
+
+def _by_revision(kr: tuple[str, int]) -> int:
+    return kr[1]
+
+
+def _entry_revision(item: tuple[str, tuple[Entry, int]]) -> int:
+    return item[1][1]
 
 
 # (registry, key, exact, format) -> group; touched only on the control loop

@@ -268,6 +268,10 @@ class GoZero(WireFormat):
         if text is None:
             _text(self.name, etcd_key, value)  # logs why
             return None
+        m = _HOSTPORT.match(text)
+        if m is not None and 0 < int(m.group(1)) < 65536 and len(text) <= 1024:
+            bad_record.forget(self.name, etcd_key)
+            return Entry(text)
         if not valid_address(text):
             bad_record(self.name, etcd_key, f"value {text[:80]!r} is not a host:port address")
             return None
