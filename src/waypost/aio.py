@@ -648,7 +648,11 @@ class Channel(grpc.aio.Channel):
             return
         self._closed = True
         try:
-            self._resolver.close()
+            aclose = getattr(self._resolver, "aclose", None)
+            if aclose is not None:
+                await aclose()
+            else:
+                self._resolver.close()
         except Exception:
             log.exception("waypost: closing resolver of %s", self.target)
         if self._poller is not None:

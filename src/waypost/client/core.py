@@ -93,6 +93,7 @@ class Balancer:
         self._closed = False
         self._stale = False
         self._listeners: list[Callable[[], None]] = []
+        self._dirty = False
         self._last_backends: tuple[Backend, ...] = ()
         self.version = 0
         _live.add(self)
@@ -163,6 +164,7 @@ class Balancer:
             with self._lock:
                 self._set_state(sc, st)
                 self._rebuild()
+            self._fire()
 
     # ---- control plane ----------------------------------------------------------------------------
 
@@ -188,12 +190,14 @@ class Balancer:
             self._resolved = True
             self._resolver_error = None
             self._rebuild()
+        self._fire()
 
     def resolver_error(self, message: str) -> None:
         """The resolver failed; keep the last addresses, remember why for error messages."""
         with self._lock:
             self._resolver_error = message
             self._changed()
+        self._fire()
 
     def _create(self, b: Backend) -> SubConn:
         sc = SubConn(b, self._make_channel(b.address), health=self._start_health is not None)
@@ -242,6 +246,7 @@ class Balancer:
             sc.healthy = healthy
             sc.health_note = note
             self._rebuild()
+        self._fire()
 
     def poll(self) -> None:
         """Refresh every backend's connectivity (called by the shared watcher every few tens of ms)."""
@@ -261,6 +266,7 @@ class Balancer:
                     if not sc.removed:
                         self._set_state(sc, st)
                 self._rebuild()
+            self._fire()
         if self._draining:
             now = self._clock()
             with self._lock:
@@ -302,8 +308,16 @@ class Balancer:
         self._changed()
 
     def _changed(self) -> None:
+        # Caller holds _lock: wake waiting calls now; listeners run after the lock is released (_fire).
         self.version += 1
+        self._dirty = True
         self.cond.notify_all()
+
+    def _fire(self) -> None:
+        """Run the change listeners outside the lock (they may call back into the channel)."""
+        if not self._dirty:
+            return
+        self._dirty = False
         for fn in list(self._listeners):
             try:
                 fn()
@@ -370,6 +384,7 @@ class Balancer:
                 self._stop_health_of(sc)
                 self._release(sc)
             self._changed()
+        self._fire()
         _live.discard(self)
 
     @property

@@ -93,3 +93,9 @@ class RegistryResolver:
         self._closed = True
         if self._sub is not None:
             self._sub.close()
+
+    async def aclose(self) -> None:
+        """close() without blocking an event loop."""
+        self._closed = True
+        if self._sub is not None:
+            await self._sub.aclose()
