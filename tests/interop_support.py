@@ -137,6 +137,8 @@ _build_error: str | None = None
 def binaries() -> dict[str, Path]:
     """Build once per process; skip when there is no Go toolchain, fail when the build itself fails."""
     global _built, _build_error
+    if os.environ.get("WAYPOST_INTEROP", "1") == "0":
+        pytest.skip("interop tests turned off by WAYPOST_INTEROP=0")
     go = go_binary()
     if go is None:
         pytest.skip("interop tests need the Go toolchain: `go` is not on PATH (or set WAYPOST_GO)")

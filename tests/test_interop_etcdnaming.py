@@ -69,6 +69,23 @@ def test_waypost_discovers_endpoints_manager(go_peers, shared_etcd, unique_key):
         channel.close()
 
 
+def test_waypost_reads_endpoint_metadata(go_peers, shared_etcd, unique_key):
+    """grpc-go's resolver drops an endpoint's Metadata; waypost carries it to its backends."""
+    addr = f"127.0.0.1:{free_port()}"
+    meta = {"weight": 20, "zone": "z1"}
+    p = go_peers.start("etcdnaming", "-mode", "serve", "-etcd", shared_etcd.endpoint, "-target", unique_key,
+                       "-listen", addr, "-meta", json.dumps(meta))
+    p.expect(lambda d: d.get("event") == "ready", SETTLE, "ready")
+    assert _raw(shared_etcd, unique_key + "/") == {
+        f"{unique_key}/{addr}": json.dumps({"Op": 0, "Addr": addr, "Metadata": meta}, separators=(",", ":")).encode()
+    }
+    sub = waypost.Subscriber(shared_etcd.url(), unique_key, format="etcd-naming")
+    try:
+        assert [(b.address, dict(b.metadata)) for b in sub.backends()] == [(addr, meta)]
+    finally:
+        sub.close()
+
+
 @pytest.mark.parametrize("metadata", [None, {"weight": 20, "zone": "z1"}], ids=["no-metadata", "metadata"])
 def test_grpc_go_resolver_resolves_waypost(go_peers, shared_etcd, unique_key, metadata):
     """With metadata the value's ``Metadata`` is a JSON object (grpc-go's field is ``any``): still resolved."""

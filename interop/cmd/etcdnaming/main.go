@@ -9,6 +9,7 @@ package main
 
 import (
 	"context"
+	"encoding/json"
 	"flag"
 	"fmt"
 	"time"
@@ -29,6 +30,7 @@ func main() {
 	listen := flag.String("listen", "127.0.0.1:0", "serve: listen address")
 	name := flag.String("name", "", "serve: backend name (default: bound address)")
 	ttl := flag.Int64("ttl", 10, "serve: lease TTL seconds")
+	meta := flag.String("meta", "", "serve: endpoint Metadata as a JSON value (default: none, i.e. null)")
 	timeout := flag.Duration("timeout", 2*time.Second, "call: per-call timeout")
 	flag.Parse()
 	if *target == "" {
@@ -42,7 +44,13 @@ func main() {
 
 	switch *mode {
 	case "serve":
-		serve(cli, *target, *listen, *name, *ttl)
+		var md any
+		if *meta != "" {
+			if err := json.Unmarshal([]byte(*meta), &md); err != nil {
+				peer.Fatalf("-meta: %v", err)
+			}
+		}
+		serve(cli, *target, *listen, *name, *ttl, md)
 	case "call":
 		b, err := resolver.NewBuilder(cli)
 		if err != nil {
@@ -62,7 +70,7 @@ func main() {
 	}
 }
 
-func serve(cli *clientv3.Client, target, listen, name string, ttl int64) {
+func serve(cli *clientv3.Client, target, listen, name string, ttl int64, md any) {
 	srv, addr := peer.ServeHealth(listen, name)
 	defer srv.Stop()
 	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
@@ -76,7 +84,7 @@ func serve(cli *clientv3.Client, target, listen, name string, ttl int64) {
 		peer.Fatalf("grant: %v", err)
 	}
 	key := fmt.Sprintf("%s/%s", target, addr)
-	if err := em.AddEndpoint(ctx, key, endpoints.Endpoint{Addr: addr}, clientv3.WithLease(lease.ID)); err != nil {
+	if err := em.AddEndpoint(ctx, key, endpoints.Endpoint{Addr: addr, Metadata: md}, clientv3.WithLease(lease.ID)); err != nil {
 		peer.Fatalf("add endpoint: %v", err)
 	}
 	ka, err := cli.KeepAlive(context.Background(), lease.ID)
