@@ -73,6 +73,18 @@ def test_gozero_registration_layout(go_peers, shared_etcd, unique_key):
     assert key_b == f"{unique_key}/42" and lease_b > 0
 
 
+def test_gozero_server_revokes_on_shutdown(go_peers, shared_etcd, unique_key):
+    """go-zero's shutdown (here from stdin EOF, as when the test process dies) revokes the key at once;
+    the harness relies on this so no Go server outlives its test."""
+    proc, addr = _go_server(go_peers, shared_etcd, unique_key)
+    wait_until(lambda: [v for v, _ in _registrations(shared_etcd, unique_key).values()] == [addr], SETTLE,
+               "registered")
+    assert proc.proc.stdin is not None
+    proc.proc.stdin.close()
+    wait_until(lambda: not _registrations(shared_etcd, unique_key), SETTLE, "key revoked")
+    wait_until(lambda: proc.proc.poll() is not None, SETTLE, "process exited")
+
+
 @pytest.mark.parametrize("balancer", ["round_robin", "p2c_ewma"])
 @pytest.mark.parametrize("custom_id", [False, True], ids=["lease-id", "custom-id"])
 def test_waypost_client_calls_gozero_servers(go_peers, shared_etcd, unique_key, balancer, custom_id):

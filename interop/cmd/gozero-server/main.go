@@ -2,11 +2,15 @@
 // (key "<key>/<lease id>", or "<key>/<id>" with -id). It serves
 // grpc.health.v1 and names itself in the "x-backend" trailer of every call.
 // It prints {"event":"ready",...} once the port is open (zrpc has registered
-// in etcd by then: go-zero registers before it listens).
+// in etcd by then: go-zero registers before it listens). SIGTERM or stdin EOF
+// stop it through go-zero's shutdown (revoke, then GracefulStop).
 package main
 
 import (
 	"flag"
+	"io"
+	"os"
+	"syscall"
 	"time"
 
 	"github.com/zeromicro/go-zero/core/conf"
@@ -57,6 +61,11 @@ func main() {
 		peer.Emit(map[string]any{"event": "ready", "listen": *listen, "name": *name})
 	})
 	srv.AddUnaryInterceptors(peer.NameInterceptor(*name))
+	// stdin EOF (the test process went away) is a SIGTERM: go-zero's own graceful path
+	go func() {
+		_, _ = io.Copy(io.Discard, os.Stdin)
+		_ = syscall.Kill(os.Getpid(), syscall.SIGTERM)
+	}()
 	logx.DisableStat()
 	defer srv.Stop()
 	srv.Start()
