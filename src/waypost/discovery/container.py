@@ -50,9 +50,11 @@ class Container:
     # -- writes (control loop) ------------------------------------------------------------------
 
     def add_listener(self, fn: Listener) -> None:
+        """Call ``fn()`` after each change (on the control loop; exceptions are logged)."""
         self._listeners.append(fn)
 
     def remove_listener(self, fn: Listener) -> None:
+        """Stop calling ``fn``; unknown listeners are ignored."""
         try:
             self._listeners.remove(fn)
         except ValueError:
@@ -95,6 +97,7 @@ class Container:
         return True
 
     def clear(self) -> None:
+        """Forget every key (no listener call)."""
         self._mapping.clear()
         self._values.clear()
         self._backend_of.clear()
@@ -146,6 +149,7 @@ class Container:
         self._snapshot = tuple(self._values)
 
     def notify(self) -> None:
+        """Call the listeners now."""
         for fn in list(self._listeners):
             try:
                 fn()

@@ -394,6 +394,7 @@ class Subscriber:
 
     @property
     def container(self) -> Container:
+        """This subscriber's local view (keys, entries, snapshots)."""
         return self._container
 
     # -- listeners and lifecycle ----------------------------------------------------------------
@@ -408,6 +409,7 @@ class Subscriber:
             _loop.call_soon(self._container.add_listener, fn)
 
     def remove_listener(self, fn: Callable[[], None]) -> None:
+        """Stop calling ``fn``."""
         if _loop.in_loop():
             self._container.remove_listener(fn)
         else:
@@ -434,6 +436,7 @@ class Subscriber:
         _loop.run(close(), 10)
 
     async def aclose(self) -> None:
+        """``close()`` for async code (from any event loop)."""
         if _loop.in_loop():
             self._close_on_loop()
         else:
