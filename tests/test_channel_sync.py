@@ -298,3 +298,13 @@ def test_close_releases_backends_and_subscribe_reports_ready():
         with pytest.raises(grpc.RpcError) as ei:
             echo_pb2_grpc.EchoStub(ch).Unary(Req())
         assert ei.value.code() == grpc.StatusCode.CANCELLED
+
+
+def test_failed_stream_raises_when_iterated_like_grpc():
+    with waypost.dial("direct:///127.0.0.1:1", balancer="round_robin") as ch:
+        stub = echo_pb2_grpc.EchoStub(ch)
+        stream = stub.ServerStream(Req(count=2), timeout=20)  # no exception yet
+        with pytest.raises(grpc.RpcError) as ei:
+            next(iter(stream))
+        assert ei.value.code() == grpc.StatusCode.UNAVAILABLE
+        assert stream.code() == grpc.StatusCode.UNAVAILABLE

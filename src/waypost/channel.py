@@ -285,7 +285,10 @@ class _StreamResponseMethod(_Method):
         deadline, wfr = self._settings(timeout, wait_for_ready)
         if self._retry is None:
             info = self._pick_info(metadata)
-            res, sc = self._pick(info, deadline, wfr)
+            try:
+                res, sc = self._pick(info, deadline, wfr)
+            except BalancerRpcError as e:
+                return e  # like grpc: the failed call is returned and raises when iterated
             return self._start(res, sc, request, None if deadline is None else deadline - _mono(), metadata,
                                credentials, wfr, compression)
         st = self._state(deadline)
