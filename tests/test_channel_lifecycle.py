@@ -154,3 +154,30 @@ def test_rpc_error_from_balancer_is_a_grpc_call():
         assert isinstance(e, grpc.Call)
         assert e.code() == grpc.StatusCode.UNAVAILABLE and "127.0.0.1:1" in e.details()
         assert e.trailing_metadata() == () and e.initial_metadata() == ()
+
+
+def test_address_updates_keep_channels_of_backends_that_stay():
+    name, registry = _memory("keep")
+    with echo_servers("a", "b", "c") as (a, b, c):
+        pa = waypost.Publisher(registry, "k.rpc", a.address)
+        pb = waypost.Publisher(registry, "k.rpc", b.address)
+        pc = waypost.Publisher(registry, "k.rpc", c.address)
+        pa.start()
+        pb.start()
+        try:
+            with waypost.dial(f"memory://{name}/?key=k.rpc", balancer="round_robin") as ch:
+                stub = echo_pb2_grpc.EchoStub(ch)
+                stub.Unary(Req())
+                before = {sc.address: sc.channel for sc in ch.balancer.subconns()}
+                pc.start()
+                wait_until(lambda: len(ch.balancer.subconns()) == 3, 20)
+                pb.stop()
+                wait_until(lambda: len(ch.balancer.subconns()) == 2, 20)
+                after = {sc.address: sc.channel for sc in ch.balancer.subconns()}
+                assert after[a.address] is before[a.address]  # same grpc channel, same connection
+                assert set(after) == {a.address, c.address}
+                wait_until(lambda: len(ch.balancer.ready_addresses()) == 2, 20)
+                assert {stub.Unary(Req()).server for _ in range(6)} == {"a", "c"}
+        finally:
+            for p in (pa, pb, pc):
+                p.stop()
