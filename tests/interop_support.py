@@ -61,6 +61,9 @@ def _go_env() -> dict[str, str]:
     env = dict(os.environ)
     # never rewrite go.mod/go.sum from a test run; no VCS stamping (the clone may be partial)
     env["GOFLAGS"] = "-mod=readonly -buildvcs=false"
+    if not env.get("HOME"):  # go needs somewhere for its caches; keep them beside the binaries
+        env.setdefault("GOCACHE", str(BIN_ROOT / ".gocache"))
+        env.setdefault("GOPATH", str(BIN_ROOT / ".gopath"))
     return env
 
 
@@ -106,7 +109,7 @@ def build(go: str, timeout: float = BUILD_TIMEOUT) -> dict[str, Path]:
             tmp.rename(out)
             # older builds (other source hashes) are dead weight: keep only this one
             for old in BIN_ROOT.iterdir():
-                if old.is_dir() and old != out and not old.name.startswith("build-"):
+                if old.is_dir() and old != out and not old.name.startswith(("build-", ".")):
                     shutil.rmtree(old, ignore_errors=True)
             (out / "build-seconds").write_text(f"{time.monotonic() - started:.1f}\n")
         finally:
