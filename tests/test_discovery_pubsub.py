@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import asyncio
+import logging
+import random
 import threading
 
 import pytest
@@ -12,6 +14,7 @@ from waypost import _loop
 from waypost.discovery import Publisher, Subscriber, active_subscriptions
 from waypost.discovery import subscriber as submod
 from waypost.errors import RegistryUnavailable
+from waypost.registry.memory import MemoryRegistry
 
 
 def _group(sub: Subscriber) -> submod._Group:
@@ -262,3 +265,35 @@ def test_unreachable_registry_fails_fast():
     with pytest.raises(RegistryUnavailable):
         Subscriber(url, "un.rpc", timeout=1.0)
     assert not [d for d in active_subscriptions() if "'un.rpc/'" in d]
+
+
+class _GrantFails(MemoryRegistry):
+    """The memory registry, with lease grants refused while ``failures`` > 0 (an unreachable etcd)."""
+
+    failures = 0
+
+    async def grant(self, ttl):
+        if self.failures > 0:
+            self.failures -= 1
+            raise RegistryUnavailable("etcd unreachable (injected)")
+        return await super().grant(ttl)
+
+
+def test_re_registration_logs_a_failure_once_per_state_change(caplog):
+    caplog.set_level(logging.DEBUG, logger="waypost.discovery")
+    reg = _GrantFails("log-once")
+    try:
+        with Publisher(reg, "lo.rpc", "127.0.0.1:7060", ttl=5, retry_interval=0.05,
+                       rng=random.Random(1)) as pub:
+            first = pub.lease_id
+            reg.failures = 4
+            reg.sync.revoke(first)  # lost: re-register, 4 refusals, then success
+            assert wait_for(lambda: pub.registered and pub.lease_id != first, 10)
+            msgs = [(r.levelno, r.getMessage()) for r in caplog.records if "7060" in r.getMessage()]
+            assert sum("lost" in m and lv == logging.WARNING for lv, m in msgs) == 1
+            assert sum("registering failed, retrying" in m and lv == logging.WARNING for lv, m in msgs) == 1
+            assert sum("registering failed again" in m and lv == logging.DEBUG for lv, m in msgs) == 3
+            assert sum("registered again after failures" in m for _, m in msgs) == 1
+            assert pub.registrations == 2
+    finally:
+        MemoryRegistry.drop("log-once")

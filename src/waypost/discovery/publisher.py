@@ -55,7 +55,7 @@ class Publisher:
     def __init__(
         self, registry: Registry | str, key: str, value: str, ttl: int = 10, id: int | str | None = None,
         exclusive: bool = False, metadata: Mapping[str, Any] | None = None, format: str | WireFormat = "gozero",
-        *, timeout: float = 5.0, rng: random.Random | None = None,
+        *, timeout: float = 5.0, retry_interval: float = 1.0, rng: random.Random | None = None,
     ) -> None:
         if not isinstance(key, str) or not key:
             raise ValueError(f"publisher key must be a non-empty string, got {key!r}")
@@ -75,6 +75,7 @@ class Publisher:
         self.id = id
         self.exclusive = exclusive
         self.timeout = timeout
+        self.retry_interval = retry_interval  # go-zero's 1 s; jittered +-5% with ``rng``
         self._rng = rng or random.Random()
         self._state = "new"  # new -> running <-> paused -> stopped
         self._lease = 0
@@ -228,7 +229,8 @@ class Publisher:
         try:
             await asyncio.wait_for(self.registry.revoke(lease), REVOKE_TIMEOUT)
         except Exception as e:  # noqa: BLE001 (the control plane must not die)
-            log.warning("%r: could not revoke lease %d (it expires within %ds): %s", self, lease, self.ttl, e)
+            log.warning("%r: could not revoke lease %d (it expires within %ds): %s", self, lease, self.ttl,
+                        str(e) or type(e).__name__)
 
     # -- registering -------------------------------------------------------------------------------
 
@@ -298,7 +300,9 @@ class Publisher:
             self._keepalive = None
         self._lease, self._registered = 0, False
         if old:
-            await self._revoke(old)
+            # in the background: a new lease detaches a reused key from the old one, so the order of
+            # the two does not matter, and registering must not wait on an unreachable etcd
+            asyncio.get_running_loop().create_task(self._revoke(old))
         failing = False
         while self._state == "running":
             try:
@@ -310,10 +314,11 @@ class Publisher:
             except Exception as e:  # noqa: BLE001 (the control plane must not die)
                 if not failing:
                     failing = True
-                    log.warning("%r: registering failed, retrying every ~%gs until it works: %s", self, 1.0, e)
+                    log.warning("%r: registering failed, retrying every ~%gs until it works: %s", self,
+                                self.retry_interval, str(e) or type(e).__name__)
                 else:
-                    log.debug("%r: registering failed again: %s", self, e)
-                await asyncio.sleep(cool_down(self._rng))
+                    log.debug("%r: registering failed again: %s", self, str(e) or type(e).__name__)
+                await asyncio.sleep(cool_down(self._rng, self.retry_interval))
                 continue
             if failing:
                 log.warning("%r: registered again after failures", self)
@@ -338,7 +343,7 @@ class Publisher:
             except Exception as e:  # noqa: BLE001 (the control plane must not die)
                 if not isinstance(e, Compacted):
                     log.debug("%r: watch of own key failed: %s", self, e)
-                    await asyncio.sleep(cool_down(self._rng))
+                    await asyncio.sleep(cool_down(self._rng, self.retry_interval))
                 if self._state != "running" or self._lease != lease:
                     return
                 # we may have missed a delete: check, and continue from the current revision
