@@ -493,7 +493,7 @@ class Channel(grpc.aio.Channel):
             target,
             config.policy,
             make_channel=self._make_backend_channel,
-            channel_state=_channel_state,
+            probe=_probe,
             close_channel=self._close_backend_channel,
             health_service=health,
             start_health=self._start_health if health is not None else None,
@@ -673,8 +673,11 @@ class Channel(grpc.aio.Channel):
         return f"<waypost.aio.Channel {self.target} {STATE_NAMES[self._balancer.connectivity()]}>"
 
 
-def _channel_state(channel: grpc.aio.Channel, try_to_connect: bool) -> int:
-    return channel.get_state(try_to_connect).value[0]  # type: ignore[no-any-return]
+def _probe(channel: grpc.aio.Channel) -> Callable[[bool], int]:
+    def state(try_to_connect: bool) -> int:
+        return channel.get_state(try_to_connect).value[0]  # type: ignore[no-any-return]
+
+    return state
 
 
 def _stop_task(task: asyncio.Future[Any]) -> None:

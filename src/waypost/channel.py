@@ -434,7 +434,7 @@ class Channel(grpc.Channel):
             target,
             config.policy,
             make_channel=self._make_backend_channel,
-            channel_state=_channel_state,
+            probe=_probe,
             close_channel=_close_channel,
             health_service=health,
             start_health=self._start_health if health is not None else None,
@@ -553,8 +553,9 @@ class Channel(grpc.Channel):
         return f"<waypost.Channel {self.target} {STATE_NAMES[self._balancer.connectivity()]}>"
 
 
-def _channel_state(channel: grpc.Channel, try_to_connect: bool) -> int:
-    return channel._channel.check_connectivity_state(try_to_connect)  # type: ignore[attr-defined,no-any-return]
+def _probe(channel: grpc.Channel) -> Callable[[bool], int]:
+    # The call grpc's own subscribe() polls with, bound once per backend (no Python frame per poll).
+    return channel._channel.check_connectivity_state  # type: ignore[attr-defined,no-any-return]
 
 
 def _close_channel(channel: grpc.Channel) -> None:

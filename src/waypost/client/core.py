@@ -54,8 +54,9 @@ if hasattr(__import__("os"), "register_at_fork"):
 class Balancer:
     """Keeps one SubConn per backend address and the current picker over the usable ones.
 
-    ``make_channel(address)`` creates a backend channel, ``channel_state(channel, try_to_connect)`` returns
-    its connectivity as an int (0 IDLE .. 4 SHUTDOWN), ``close_channel(channel)`` releases it.
+    ``make_channel(address)`` creates a backend channel, ``probe(channel)`` returns a function
+    ``f(try_to_connect) -> int`` giving its connectivity (0 IDLE .. 4 SHUTDOWN; it is called every poll, so
+    it should be a direct C-level bound method where possible), ``close_channel(channel)`` releases it.
     ``start_health(subconn)`` (optional) starts a health watch that reports through ``set_health``; it
     returns a handle that ``stop_health(handle)`` cancels.
     """
@@ -66,7 +67,7 @@ class Balancer:
         policy: Policy,
         *,
         make_channel: Callable[[str], Any],
-        channel_state: Callable[[Any, bool], int],
+        probe: Callable[[Any], Callable[[bool], int]],
         close_channel: Callable[[Any], None],
         health_service: str | None = None,
         start_health: Callable[[SubConn], Any] | None = None,
@@ -76,7 +77,7 @@ class Balancer:
         self.target = target
         self.policy = policy
         self._make_channel = make_channel
-        self._channel_state = channel_state
+        self._probe = probe
         self._close_channel = close_channel
         self.health_service = health_service
         self._start_health = start_health
@@ -157,7 +158,7 @@ class Balancer:
         if code is not grpc.StatusCode.UNAVAILABLE or sc.removed:
             return
         try:
-            st = self._channel_state(sc.channel, False)
+            st = sc.probe(False)
         except Exception:  # noqa: BLE001  # channel closed under us: nothing to demote
             return
         if st != READY and sc.state == READY:
@@ -201,9 +202,10 @@ class Balancer:
 
     def _create(self, b: Backend) -> SubConn:
         sc = SubConn(b, self._make_channel(b.address), health=self._start_health is not None)
+        sc.probe = self._probe(sc.channel)
         try:
             # Start connecting now so the first call does not wait for the next poll.
-            sc.state = self._channel_state(sc.channel, True)
+            sc.state = sc.probe(True)
         except Exception:
             log.exception("waypost: could not query backend channel %s", b.address)
         if self._start_health is not None:
@@ -253,9 +255,9 @@ class Balancer:
         if self._closed or self._stale:
             return
         changed = []
-        for sc in list(self._subconns.values()):
+        for sc in list(self._subconns.values()):  # hot: every backend, every poll
             try:
-                st = self._channel_state(sc.channel, True)
+                st = sc.probe(True)
             except Exception:  # noqa: BLE001, S112  # closed by a concurrent removal
                 continue
             if st != sc.state:

@@ -29,6 +29,7 @@ class SubConn:
         "healthy",
         "inflight",
         "mcs",
+        "probe",
         "removed",
         "removed_at",
         "state",
@@ -50,6 +51,7 @@ class SubConn:
         self.removed = False
         self.removed_at = 0.0
         self.health_task: Any = None
+        self.probe: Any = None  # f(try_to_connect) -> connectivity int, set by the Balancer
 
     @property
     def usable(self) -> bool:

@@ -15,7 +15,9 @@ from typing import Any
 
 log = logging.getLogger("waypost.client")
 
-INTERVAL = 0.025
+#: 40 ms: a dropped connection is noticed within one interval (calls that fail on it demote it at once);
+#: measured cost ~1.5 us per backend per poll.
+INTERVAL = 0.04
 
 
 class _Watcher:
