@@ -282,15 +282,15 @@ async def test_dial_outside_a_running_loop_binds_on_first_use():
             await ch.close()
 
 
-async def test_stream_not_retried_after_first_message(recording):
+async def test_stream_not_retried_after_first_message():
     with echo_servers("a", "b") as srv:
         async with waypost.aio.dial(direct(srv), service_config=RETRY) as ch:
             stub = echo_pb2_grpc.EchoStub(ch)
             await stub.Unary(Req())
-            recording.clear()
+            RECORDER.clear()
             got = []
             with pytest.raises(grpc.aio.AioRpcError) as ei:
                 async for r in stub.ServerStream(Req(count=3, error_code=UNAVAILABLE, error_after=1)):
                     got.append(r.index)
             assert got == [0] and ei.value.code() == grpc.StatusCode.UNAVAILABLE
-            await until(lambda: len(recording.outcomes) == 1, 10)  # one attempt only
+            await until(lambda: len(RECORDER.outcomes) == 1, 10)  # one attempt only
