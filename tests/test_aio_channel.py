@@ -293,4 +293,5 @@ async def test_stream_not_retried_after_first_message():
                 async for r in stub.ServerStream(Req(count=3, error_code=UNAVAILABLE, error_after=1)):
                     got.append(r.index)
             assert got == [0] and ei.value.code() == grpc.StatusCode.UNAVAILABLE
-            await until(lambda: len(RECORDER.outcomes) == 1, 10)  # one attempt only
+            assert len(RECORDER.picks) == 1  # a retry would have been picked before the error reached us
+            await until(lambda: len(RECORDER.outcomes) == 1, 10)
