@@ -506,14 +506,21 @@ class Channel(grpc.aio.Channel):
         self._closing: set[asyncio.Future[Any]] = set()
         self._poller: asyncio.Task[None] | None = None
         self._closed = False
+        self._resolver = config.make_resolver()  # may raise (bad target): before any task exists
+        if hasattr(self._resolver, "block"):
+            self._resolver.block = False  # never block the event loop on the registry
         try:
             self._bind(asyncio.get_running_loop())
         except RuntimeError:
             pass  # no loop yet: bind on first use
-        self._resolver = config.make_resolver()
-        if hasattr(self._resolver, "block"):
-            self._resolver.block = False  # never block the event loop on the registry
-        self._resolver.start(self._on_update, self._on_resolver_error)
+        try:
+            self._resolver.start(self._on_update, self._on_resolver_error)
+        except BaseException:
+            self._closed = True
+            if self._poller is not None:
+                self._poller.cancel()
+            self._balancer.close()
+            raise
 
     # event-loop plumbing
 

@@ -444,8 +444,8 @@ class Channel(grpc.Channel):
         self._subscribers: dict[Callable[[grpc.ChannelConnectivity], None], int] = {}
         self._sub_lock = threading.Lock()
         self._closed = False
+        self._resolver = config.make_resolver()  # may raise (bad target): before the watcher knows us
         WATCHER.add(self._balancer)
-        self._resolver = config.make_resolver()
         try:
             self._resolver.start(self._balancer.update, self._balancer.resolver_error)
         except BaseException:
