@@ -106,3 +106,13 @@ def test_metadata_weight_reaches_the_policy():
         finally:
             for p in pubs:
                 p.stop()
+
+
+def test_unreachable_registry_fails_at_dial():
+    import socket
+
+    with socket.socket() as s:  # a port nobody listens on
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    with pytest.raises(waypost.RegistryUnavailable):
+        waypost.dial(f"etcd:///127.0.0.1:{port}?key=nobody.rpc")
