@@ -297,3 +297,26 @@ def test_re_registration_logs_a_failure_once_per_state_change(caplog):
             assert pub.registrations == 2
     finally:
         MemoryRegistry.drop("log-once")
+
+
+def test_non_exclusive_subscribers_share_one_container_with_their_own_listeners(registry):
+    s = registry.sync
+    s.put("sc.rpc/1", b"10.0.0.1:1")
+    a, b = Subscriber(registry, "sc.rpc"), Subscriber(registry, "sc.rpc")
+    x = Subscriber(registry, "sc.rpc", exclusive=True)
+    try:
+        assert a.container is b.container and x.container is not a.container
+        got_a, got_b = threading.Event(), threading.Event()
+        a.add_listener(got_a.set)
+        b.add_listener(got_b.set)
+        a.close()
+        s.put("sc.rpc/2", b"10.0.0.2:1")
+        assert got_b.wait(10) and wait_for(lambda: sorted(b.values()) == ["10.0.0.1:1", "10.0.0.2:1"], 10)
+        assert not got_a.is_set() and a.values() == []
+        assert wait_for(lambda: sorted(x.values()) == ["10.0.0.1:1", "10.0.0.2:1"], 10)
+        # a subscriber opened later on the same key joins the shared container, already filled
+        with Subscriber(registry, "sc.rpc") as c:
+            assert c.container is b.container and sorted(c.values()) == ["10.0.0.1:1", "10.0.0.2:1"]
+    finally:
+        for sub in (a, b, x):
+            sub.close()

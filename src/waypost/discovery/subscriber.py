@@ -2,8 +2,8 @@
 
 One ``_Group`` per (registry, key, exact, format) in the process does the reading: a Get of the
 prefix (``<key>/``; exact mode: the key itself), then a Watch from the Get's revision + 1. Every
-Subscriber on that group has its own ``Container`` (so ``exclusive`` is per subscriber) fed with the
-group's decoded entries. Compaction or any watch failure triggers a reload: Get again, diff against
+Subscriber on that group reads a ``Container`` fed with the group's decoded entries: one shared by the
+non-exclusive subscribers, one of its own for each exclusive one (``exclusive`` is per subscriber). Compaction or any watch failure triggers a reload: Get again, diff against
 the cache, apply deletes then adds, watch from the new revision; while the registry is unreachable
 the reload retries every ~1 s (jittered) and the last known addresses stay in place. The group's
 watch stops when its last subscriber closes.
@@ -88,6 +88,9 @@ class _Group:
         self.entries: dict[str, tuple[Entry, int]] = {}  # main etcd key -> (joined entry, mod_revision)
         self.meta: dict[str, MetaEntry] = {}  # id -> side record
         self.containers: list[Container] = []
+        # non-exclusive subscribers see the same thing: they share one container (one copy of a big set)
+        self.shared: Container | None = None
+        self.shared_users = 0
         self.refs = 0
         self.ready: asyncio.Future[None] | None = None
         self.last_error: BaseException | None = None
@@ -104,7 +107,8 @@ class _Group:
 
     # -- lifecycle ------------------------------------------------------------------------------
 
-    async def attach(self, container: Container, timeout: float) -> None:
+    async def attach(self, exclusive: bool, timeout: float) -> Container:
+        """Wait for the initial load (up to ``timeout``), then hand out a container fed from now on."""
         if self.ready is None:
             self.ready = asyncio.get_running_loop().create_future()
             self._starter = asyncio.create_task(self._start(), name=f"waypost-sub-start {self.main.key}")
@@ -115,10 +119,22 @@ class _Group:
                 f"could not read {self.main.key!r} from {self.registry.url} within {timeout:g}s"
                 + (f": {self.last_error}" if self.last_error else "")
             ) from None
+        if not exclusive and self.shared is not None:
+            self.shared_users += 1
+            return self.shared
+        container = Container(exclusive)
         container.apply((), self._ordered_entries())
         self.containers.append(container)
+        if not exclusive:
+            self.shared, self.shared_users = container, 1
+        return container
 
     def detach(self, container: Container) -> None:
+        if container is self.shared:
+            self.shared_users -= 1
+            if self.shared_users > 0:
+                return
+            self.shared = None
         try:
             self.containers.remove(container)
         except ValueError:
@@ -313,8 +329,9 @@ def _acquire(registry: Registry, key: str, exact: bool, fmt: WireFormat) -> _Gro
     return group
 
 
-def _release(group: _Group, container: Container) -> None:
-    group.detach(container)
+def _release(group: _Group, container: Container | None) -> None:
+    if container is not None:
+        group.detach(container)
     group.refs -= 1
     if group.refs <= 0:
         gk = (group.registry, group.key, group.exact, group.fmt.name)
@@ -355,7 +372,8 @@ class Subscriber:
         self.exact = exact
         self.format = get_format(format)
         self.exclusive = exclusive
-        self._container = Container(exclusive)
+        self._container = Container(exclusive)  # empty until opened, and again once closed
+        self._listeners: list[Listener] = []
         self._group: _Group | None = None
         self._closed = False
 
@@ -376,11 +394,20 @@ class Subscriber:
     async def _open(self, timeout: float) -> None:
         group = _acquire(self.registry, self.key, self.exact, self.format)
         try:
-            await group.attach(self._container, timeout)
+            container = await group.attach(self.exclusive, timeout)
         except BaseException:
-            _release(group, self._container)
+            _release(group, None)
             raise
         self._group = group
+        self._container = container
+        container.add_listener(self._fire)
+
+    def _fire(self) -> None:
+        for fn in list(self._listeners):
+            try:
+                fn()
+            except Exception:
+                log.exception("subscriber listener %r failed", fn)
 
     # -- reads (any thread, no lock) ------------------------------------------------------------
 
@@ -394,7 +421,8 @@ class Subscriber:
 
     @property
     def container(self) -> Container:
-        """This subscriber's local view (keys, entries, snapshots)."""
+        """This subscriber's local view (keys, entries, snapshots); shared by the non-exclusive
+        subscribers of the same key, registry and format."""
         return self._container
 
     # -- listeners and lifecycle ----------------------------------------------------------------
@@ -403,26 +431,25 @@ class Subscriber:
         """Call ``fn()`` on the control-loop thread after each change (exceptions are logged)."""
         if not callable(fn):
             raise TypeError(f"listener must be callable, got {fn!r}")
-        if _loop.in_loop():
-            self._container.add_listener(fn)
-        else:
-            _loop.call_soon(self._container.add_listener, fn)
+        self._listeners.append(fn)  # effective at once; called from the loop on a copy of the list
 
     def remove_listener(self, fn: Callable[[], None]) -> None:
         """Stop calling ``fn``."""
-        if _loop.in_loop():
-            self._container.remove_listener(fn)
-        else:
-            _loop.call_soon(self._container.remove_listener, fn)
+        try:
+            self._listeners.remove(fn)
+        except ValueError:
+            pass
 
     def _close_on_loop(self) -> None:
         if self._closed:
             return
         self._closed = True
-        self._container._listeners.clear()
+        self._listeners.clear()
+        self._container.remove_listener(self._fire)
         if self._group is not None:
             _release(self._group, self._container)
             self._group = None
+        self._container = Container(self.exclusive)
 
     def close(self) -> None:
         """Stop receiving updates; the shared watch ends with its last subscriber. Idempotent."""
