@@ -15,6 +15,7 @@ import pytest
 from discovery_util import connect, run, wait_for
 
 from waypost.discovery import Publisher, Subscriber
+from waypost.errors import PermissionDenied
 
 
 def _registered(reg, key_prefix: str) -> dict[str, bytes]:
@@ -153,3 +154,20 @@ def test_losing_one_member_of_three_loses_nothing(etcd_cluster):
         for p in pubs:
             p.stop()
         run(reg.close(), 10)
+
+
+def test_refused_credentials_are_permission_denied_not_unavailable(etcd):
+    etcd.etcdctl("user", "add", "root", "--new-user-password=r00t-pw")
+    etcd.etcdctl("auth", "enable")
+    reg = connect(etcd.url("root", "wrong-pw"))
+    try:
+        with pytest.raises(PermissionDenied):
+            Publisher(reg, "auth.rpc", "127.0.0.1:7700", ttl=5, timeout=5).start()
+    finally:
+        run(reg.close(), 10)
+    good = connect(etcd.url("root", "r00t-pw"))
+    try:
+        with Publisher(good, "auth.rpc", "127.0.0.1:7700", ttl=5) as pub, Subscriber(good, "auth.rpc") as sub:
+            assert pub.registered and sub.values() == ["127.0.0.1:7700"]
+    finally:
+        run(good.close(), 10)

@@ -29,7 +29,7 @@ from collections.abc import Awaitable, Mapping
 from typing import Any, TypeVar
 
 from .. import _loop
-from ..errors import Compacted, LeaseNotFound, RegistryError, RegistryUnavailable
+from ..errors import Compacted, LeaseNotFound, PermissionDenied, RegistryError, RegistryUnavailable
 from ..registry.base import Registry
 from ..registry.formats import WireFormat, get_format
 from .subscriber import cool_down, resolve_registry
@@ -179,6 +179,8 @@ class Publisher:
     async def _register_within_timeout(self) -> None:
         try:
             await asyncio.wait_for(self._register(), self.timeout)
+        except PermissionDenied:
+            raise  # a refusal, not an outage: say so as it is
         except (asyncio.TimeoutError, RegistryError, RegistryUnavailable, OSError) as e:
             why = "timed out" if isinstance(e, asyncio.TimeoutError) else str(e)
             raise RegistryUnavailable(
