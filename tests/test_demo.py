@@ -62,7 +62,7 @@ def test_demo_quick_with_etcd(tmp_path):
     assert out["registry_mode"] == "local etcd"
     check_results(out)
     assert Path(out["chart"]).is_file() and Path(out["chart"]).stat().st_size > 10_000
-    assert "chart:" in proc.stdout and "0 failed calls" in proc.stdout
+    assert "chart:" in proc.stdout and "0 failed calls" in proc.stdout and "SIGKILL" in proc.stdout
     # every process the demo started is gone
     assert len(out["pids"]) == len(BACKENDS) + 1 + 1  # 4 backends, the newcomer, etcd
     deadline = time.monotonic() + 10

@@ -154,17 +154,19 @@ class Cluster:
         f.seek(0)
         return str(f.read()).strip()[-300:]
 
-    def kill(self, name: str) -> None:
-        """Crash a backend: SIGKILL for a process (its lease expires by TTL); for a thread, stop the server
-        at once and drop the registration without a graceful drain."""
+    def kill(self, name: str) -> str:
+        """Take a backend away; returns what was done, for the output. A process is SIGKILLed (its lease expires by TTL). A thread
+        cannot be killed: it gets the graceful stop instead (an in-process grpc server stopped at once
+        cancels its calls with CANCELLED, which no retry policy should retry, so that would not show what a
+        crash looks like to clients)."""
         b = self.backends[name]
         b.killed = True
         if b.proc is not None:
             b.proc.kill()
             b.proc.wait(10)
-        elif b.handle is not None:
-            b.handle.server.stop(0)
-            b.handle.publisher.stop()
+            return f"killed {name} (SIGKILL of its process)"
+        b.handle.stop(2.0)
+        return f"stopped {name} (graceful stop: in-process backends cannot be SIGKILLed)"
 
     def pids(self) -> list[int]:
         """Every process this run started (backends and etcd)."""

@@ -91,9 +91,11 @@ def run_demo(quick: bool = False, out_dir: Path | None = None, chart: bool = Tru
         results["failover"] = fo
         out.print(_failover_table(fo))
         ok = fo["errors"] == 0 and fo["newcomer_first_call_s"] is not None
-        verdict = ("[green]0 failed calls[/]" if fo["errors"] == 0 else f"[red]{fo['errors']} failed calls[/]")
+        codes = ", ".join(f"{k}: {v}" for ph in fo["phases"].values() for k, v in ph["error_codes"].items())
+        verdict = ("[green]0 failed calls[/]" if fo["errors"] == 0
+                   else f"[red]{fo['errors']} failed calls ({codes})[/]")
         first = fo["newcomer_first_call_s"]
-        out.print(f"    {verdict} while {VICTIM} was killed; {NEWCOMER[0]} served its first call "
+        out.print(f"    {verdict} while {VICTIM} went away; {NEWCOMER[0]} served its first call "
                   + (f"{first * 1000:.0f} ms after it registered" if first is not None else "[red]never[/]"))
 
         if chart:
@@ -156,8 +158,8 @@ def _run_failover(cluster: Cluster, settings: DemoSettings, out: Console) -> dic
         load = Load(channel, settings.threads).start()
         _sleep_until(load, settings.kill_at)
         t_kill = load.elapsed()
-        cluster.kill(VICTIM)
-        out.print(f"    {t_kill:4.1f}s  killed {VICTIM} (SIGKILL{' of its process' if cluster.mode != 'memory' else ''})")
+        what = cluster.kill(VICTIM)
+        out.print(f"    {t_kill:4.1f}s  {what}")
         _sleep_until(load, settings.add_at)
         (newcomer,) = cluster.start_backends([NEWCOMER])
         t_add = newcomer.registered_at - load.t0
