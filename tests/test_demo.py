@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import os
+import signal
 import subprocess
 import sys
 import time
@@ -88,3 +89,33 @@ def test_summaries():
     assert (s["calls"], s["ok"], s["errors"], s["error_codes"]) == (4, 3, 1, {"UNAVAILABLE": 1})
     assert s["backends"]["b1"]["calls"] == 2 and s["backends"]["b4"]["share"] == pytest.approx(1 / 3)
     assert percentile([1, 2, 3, 4], 50) == 2 and percentile([1, 2, 3, 4], 99) == 4 and percentile([], 50) == 0.0
+
+
+def test_demo_interrupted_cleans_up(tmp_path):
+    summary = tmp_path / "summary.json"
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "waypost.cli", "--registry", f"etcd://127.0.0.1:{free_port()}", "demo", "--quick",
+         "--no-chart", "--summary-json", str(summary)],
+        stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, cwd=ROOT,
+    )
+    try:
+        deadline = time.monotonic() + 60
+        while time.monotonic() < deadline:  # wait until the backends serve traffic
+            line = proc.stdout.readline()
+            if not line or line.startswith("[3]"):
+                break
+        assert line.startswith("[3]"), proc.stderr.read()[-2000:] if proc.poll() is not None else line
+        proc.send_signal(signal.SIGINT)
+        assert proc.wait(timeout=60) == 130
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait(5)
+        proc.stdout.close()
+        proc.stderr.close()
+    out = json.loads(summary.read_text())
+    assert len(out["pids"]) == len(BACKENDS) + 1
+    deadline = time.monotonic() + 10
+    while time.monotonic() < deadline and any(_alive(p) for p in out["pids"]):
+        time.sleep(0.05)
+    assert not [p for p in out["pids"] if _alive(p)]
