@@ -34,6 +34,9 @@ CONFIGURE_LOGGING = False
 class _Group(click.Group):
     """Turns waypost's own errors into one clean line (click prints ``Error: ...`` and exits 1)."""
 
+    def list_commands(self, ctx: click.Context) -> list[str]:
+        return list(self.commands)  # in the order they are defined: the order a new user needs them
+
     def invoke(self, ctx: click.Context) -> Any:
         try:
             return super().invoke(ctx)
@@ -141,7 +144,7 @@ def _wait(stop: threading.Event, duration: float | None, alive: Callable[[], boo
 # --------------------------------------------------------------------------------------------- etcd
 
 
-@app.command("etcd")
+@app.command("etcd", short_help="Run a local development etcd.")
 @click.option("--port", default=2379, show_default=True, type=click.IntRange(0, 65535),
               help="Client port on 127.0.0.1 (0: any free port).")
 @click.option("--peer-port", default=None, type=click.IntRange(0, 65535),
@@ -217,7 +220,7 @@ def _port_free(port: int) -> bool:
 # --------------------------------------------------------------------------------------------- ls
 
 
-@app.command("ls")
+@app.command("ls", short_help="List services and instances (format per key).")
 @click.argument("prefix", default="")
 @_json_flag
 @pass_ctx
@@ -264,7 +267,7 @@ def _meta_text(meta: Any) -> str:
 # --------------------------------------------------------------------------------------------- watch
 
 
-@app.command("watch")
+@app.command("watch", short_help="Show instances of KEY as they come and go.")
 @click.argument("key")
 @click.option("--format", "fmt", default="gozero", show_default=True,
               type=click.Choice(["gozero", "etcd-naming", "kratos"]), help="Wire format of the registrations.")
@@ -342,7 +345,7 @@ def _parse_meta(items: tuple[str, ...]) -> dict[str, Any]:
     return meta
 
 
-@app.command("register")
+@app.command("register", short_help="Register ADDR under KEY until Ctrl-C.")
 @click.argument("key")
 @click.argument("addr")
 @click.option("--ttl", default=10, show_default=True, type=click.IntRange(1, 3600), help="Lease TTL in seconds.")
@@ -388,7 +391,7 @@ def register_cmd(c: Ctx, key: str, addr: str, ttl: int, meta: tuple[str, ...], i
 # --------------------------------------------------------------------------------------------- resolve
 
 
-@app.command("resolve")
+@app.command("resolve", short_help="What a client dialing TARGET would use.")
 @click.argument("target")
 @click.option("--subset", "subset_size", default=32, show_default=True, type=click.IntRange(0),
               help="Subset size a client keeps (0: no subsetting).")
@@ -421,7 +424,7 @@ def resolve_cmd(c: Ctx, target: str, subset_size: int, client_id: str | None, ti
 # --------------------------------------------------------------------------------------------- demo, bench
 
 
-@app.command("demo")
+@app.command("demo", short_help="Live demo: every policy, a kill and an add under load.")
 @click.option("--quick", is_flag=True, help="A short run (CI): fewer calls per policy.")
 @click.option("--out", "out_dir", type=click.Path(file_okay=False, path_type=Path), default=None,
               help="Where to write the chart (default: the current directory).")
@@ -468,7 +471,7 @@ def _bench_dir() -> Path | None:
     return None
 
 
-@app.command("bench")
+@app.command("bench", short_help="Run (or list) the benchmarks in bench/.")
 @click.argument("name", required=False)
 @click.argument("args", nargs=-1, type=click.UNPROCESSED)
 @pass_ctx
