@@ -163,6 +163,10 @@ def test_refused_credentials_are_permission_denied_not_unavailable(etcd):
     try:
         with pytest.raises(PermissionDenied):
             Publisher(reg, "auth.rpc", "127.0.0.1:7700", ttl=5, timeout=5).start()
+        t0 = time.monotonic()
+        with pytest.raises(PermissionDenied):
+            Subscriber(reg, "auth.rpc", timeout=30)
+        assert time.monotonic() - t0 < 20  # refused at once, not after the load timeout
     finally:
         run(reg.close(), 10)
     good = connect(etcd.url("root", "r00t-pw"))

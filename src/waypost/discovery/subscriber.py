@@ -23,7 +23,7 @@ from typing import Any
 
 from .. import _loop
 from ..balancer.base import Backend
-from ..errors import Compacted, RegistryError, RegistryUnavailable
+from ..errors import Compacted, PermissionDenied, RegistryError, RegistryUnavailable
 from ..registry.base import Event, Registry, Watch
 from ..registry.formats import Entry, MetaEntry, WireFormat, get_format
 from .container import Container, Listener
@@ -155,8 +155,12 @@ class _Group:
     async def _start(self) -> None:
         """The initial load (retried until it works or the group closes), then the watch loops."""
         assert self.ready is not None
-        for src in reversed(self.sources):  # metadata first, so addresses appear with it
-            await self._load_until_ok(src, initial=True)
+        try:
+            for src in reversed(self.sources):  # metadata first, so addresses appear with it
+                await self._load_until_ok(src, initial=True)
+        except PermissionDenied as e:
+            self.ready.set_exception(e)
+            return
         self.ready.set_result(None)
         for src in self.sources:
             src.task = asyncio.create_task(self._watch_loop(src), name=f"waypost-sub-watch {src.key}")
@@ -186,7 +190,9 @@ class _Group:
                 await self._load(src)
             except asyncio.CancelledError:
                 raise
-            except Exception as e:  # noqa: BLE001 -- unreachable, timeout, auth...: keep the cache, retry
+            except Exception as e:  # unreachable, timeout...: keep the cache, retry
+                if initial and isinstance(e, PermissionDenied):
+                    raise  # a refusal at start-up will not heal by retrying: fail the subscribers now
                 self.last_error = e
                 if not src.failing:
                     src.failing = True
