@@ -287,3 +287,23 @@ def test_grace_runs_out_then_force_stop(unique_key):
         stuck.result(timeout=10)
     assert ei.value.code() in (grpc.StatusCode.CANCELLED, grpc.StatusCode.UNAVAILABLE, grpc.StatusCode.ABORTED)
     ch.close()
+
+
+def test_secure_port_with_credentials(unique_key):
+    import trustme
+
+    ca = trustme.CA()
+    cert = ca.issue_cert("127.0.0.1")
+    creds = grpc.ssl_server_credentials(
+        [(cert.private_key_pem.bytes(), b"".join(c.bytes() for c in cert.cert_chain_pems))])
+    h = serve(new_server(), unique_key, listen_on="127.0.0.1:0", registry=f"memory://{unique_key}", grace=0,
+              credentials=creds)
+    try:
+        client_creds = grpc.ssl_channel_credentials(root_certificates=ca.cert_pem.bytes())
+        with grpc.secure_channel(h.address, client_creds) as ch:
+            reply = echo_pb2_grpc.EchoStub(ch).Unary(echo_pb2.EchoRequest(message="tls"), timeout=10)
+        assert reply.message == "tls"
+        with grpc.insecure_channel(h.address) as ch, pytest.raises(grpc.RpcError):
+            echo_pb2_grpc.EchoStub(ch).Unary(echo_pb2.EchoRequest(message="plain"), timeout=3)
+    finally:
+        h.stop()
