@@ -356,7 +356,7 @@ class Subscriber:
 
     ``Subscriber(registry, key)`` returns once the first Get has been applied, or raises
     ``RegistryUnavailable`` after ``timeout`` seconds (go-zero would block and retry forever; we
-    fail fast so a misconfigured client notices). On the control loop use ``await Subscriber.open(...)``.
+    fail fast so a misconfigured client notices), or ``PermissionDenied`` at once if etcd refuses. On the control loop use ``await Subscriber.open(...)``.
     ``exclusive``: a new key for an address evicts the older keys of that address.
     """
 
