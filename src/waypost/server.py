@@ -93,7 +93,6 @@ class _Base:
         self.health = health
         self.grace = grace
         self._force = False
-        self._stop_requested = False
 
     @property
     def registered_key(self) -> str | None:
