@@ -145,6 +145,10 @@ def test_error_exits_are_one_clear_line(shared_etcd, unique_key):
     assert "ADDR" in err
     err = one_line_error(run("register", unique_key, "127.0.0.1:1", "--meta", "oops", registry=shared_etcd.url()))
     assert "--meta" in err
+    err = one_line_error(run("register", unique_key, "127.0.0.1:1", "--id", "a/b", registry=shared_etcd.url()))
+    assert "id" in err
+    err = one_line_error(run("resolve", "--client-id", "abc", "memory:///?key=x"))
+    assert "client_id" in err
     err = one_line_error(run("bench", "no-such-bench"))
     assert "no-such-bench" in err or "bench/" in err
 

@@ -44,6 +44,9 @@ class _Group(click.Group):
             raise click.ClickException(_one_line(e)) from None
         except TimeoutError as e:  # a registry call that did not answer in time
             raise click.ClickException(f"timed out: {e or 'the registry did not answer'}") from None
+        except ValueError as e:  # bad input caught by the library (a key, an id, metadata, ...)
+            logging.getLogger("waypost.cli").debug("invalid input", exc_info=True)
+            raise click.ClickException(_one_line(e)) from None
 
 
 def _one_line(e: BaseException) -> str:
