@@ -243,6 +243,8 @@ class KeepAliveManager:
             call.cancel()
             if not reader.done():
                 reader.cancel()
+            elif not reader.cancelled():
+                reader.exception()  # retrieved: the writer's error is the one reported
 
     def _stream_error(self, e: grpc.aio.AioRpcError, ep: object, md: tuple[tuple[str, str], ...] | None) -> None:
         if _errors.is_auth_retryable(e):
