@@ -1,0 +1,96 @@
+"""A backend node for the chaos scenarios: one Echo server on ``--ports`` loopback ports, each port
+registered by its own waypost Publisher (registered only after the port is open).
+
+Run: ``python tests/chaos_node.py --registry URL --key K --name NAME [--ports N] [--ttl S]``.
+It prints ``READY <json list of addresses>`` once every address is registered, then reads commands on stdin:
+
+- ``churn SECONDS RATE SEED``: pause/resume random publishers at about RATE changes per second for
+  SECONDS, then print ``LIVE <monotonic time the churn stopped> <json list of registered addresses>``.
+  (CLOCK_MONOTONIC is system-wide on Linux, so the test process can compare the time.)
+- ``quit`` or end of input: stop every publisher (revoking), stop the server, exit.
+
+Ending on end of input means the node never outlives the process that started it.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import random
+import sys
+import time
+from concurrent import futures
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT))
+
+import grpc  # noqa: E402
+from tests.backends import echo_pb2_grpc  # noqa: E402
+from tests.backends.server import EchoServicer  # noqa: E402
+
+from waypost.discovery import Publisher  # noqa: E402
+
+
+def _churn(pubs: list[Publisher], seconds: float, rate: float, seed: int) -> None:
+    rng = random.Random(seed)
+    interval = 1.0 / rate
+    end = time.monotonic() + seconds
+    next_at = time.monotonic()
+    while time.monotonic() < end:
+        p = rng.choice(pubs)
+        if p.state == "running":
+            p.pause()
+        else:
+            p.resume()
+        next_at += interval
+        delay = next_at - time.monotonic()
+        if delay > 0:
+            time.sleep(delay)
+
+
+def main(argv: list[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__)
+    ap.add_argument("--registry", required=True)
+    ap.add_argument("--key", required=True)
+    ap.add_argument("--name", required=True)
+    ap.add_argument("--ports", type=int, default=1)
+    ap.add_argument("--ttl", type=int, default=10)
+    ap.add_argument("--workers", type=int, default=16)
+    args = ap.parse_args(argv)
+
+    server = grpc.server(futures.ThreadPoolExecutor(max_workers=args.workers), options=[("grpc.so_reuseport", 0)])
+    echo_pb2_grpc.add_EchoServicer_to_server(EchoServicer(args.name), server)
+    ports = [server.add_insecure_port("127.0.0.1:0") for _ in range(args.ports)]
+    server.start()
+    addresses = [f"127.0.0.1:{p}" for p in ports]
+    pubs = [Publisher(args.registry, args.key, a, ttl=args.ttl, timeout=30.0) for a in addresses]
+    for p in pubs:
+        p.start()
+    sys.stdout.write(f"READY {json.dumps(addresses)}\n")
+    sys.stdout.flush()
+    try:
+        for line in sys.stdin:
+            cmd = line.split()
+            if not cmd:
+                continue
+            if cmd[0] == "churn":
+                _churn(pubs, float(cmd[1]), float(cmd[2]), int(cmd[3]))
+                t_end = time.monotonic()
+                live = [p.value for p in pubs if p.state == "running"]
+                sys.stdout.write(f"LIVE {t_end} {json.dumps(live)}\n")
+                sys.stdout.flush()
+            elif cmd[0] == "quit":
+                break
+    finally:
+        for p in pubs:
+            p.stop()
+        server.stop(0.5).wait(5)
+    return 0
+
+
+if __name__ == "__main__":
+    code = main()
+    sys.stdout.flush()
+    os._exit(code)  # do not wait for the control loop's daemon thread

@@ -1,0 +1,47 @@
+"""The chaos suite, short versions (``bench/chaos_report.py`` runs the long ones and prints the table).
+
+Each scenario runs real backend processes registered in a real etcd and a balanced channel under steady
+load in this process, injects one fault, and returns what it saw; the assertion is that the promise held:
+0 failed RPCs, 0 lost registrations, recovery within the bound (see ``tests/chaos_scenarios.py``).
+"""
+
+from __future__ import annotations
+
+import pytest
+
+import chaos_scenarios as cs
+
+pytestmark = [pytest.mark.slow, pytest.mark.timeout(180)]
+
+
+def _assert_held(*results: cs.Result) -> None:
+    text = cs.fmt_table(list(results))
+    print("\n" + text)
+    for r in results:
+        assert r.sent > 0 or r.scenario.startswith("compaction"), text
+        assert r.problems == [], text
+        assert r.failed == 0 and r.lost == 0, text
+
+
+def test_etcd_down_loses_nothing(etcd):
+    _assert_held(cs.etcd_down(etcd, down_s=3.0))
+
+
+def test_leader_killed_loses_nothing(etcd_cluster):
+    _assert_held(cs.leader_killed(etcd_cluster, observe_s=2.0))
+
+
+def test_compaction_under_churn_converges(etcd):
+    _assert_held(cs.compaction_churn(etcd, churn_s=1.5))
+
+
+def test_100_publishers_churning_converge_within_1s(etcd):
+    _assert_held(cs.publisher_churn(etcd, churn_s=2.0))
+
+
+def test_backend_sigkill_and_sigstop_with_retry_policy(etcd):
+    _assert_held(*cs.backend_kill_and_stop(etcd, stop_s=2.0))
+
+
+def test_frozen_publisher_registers_again_within_2s(etcd):
+    _assert_held(cs.publisher_frozen(etcd, ttl=2))
