@@ -5,7 +5,7 @@ Run: ``python tests/chaos_node.py --registry URL --key K --name NAME [--ports N]
 It prints ``READY <json list of addresses>`` once every address is registered, then reads commands on stdin:
 
 - ``churn SECONDS RATE SEED``: pause/resume random publishers at about RATE changes per second for
-  SECONDS, then print ``LIVE <monotonic time the churn stopped> <json list of registered addresses>``.
+  SECONDS, then print ``LIVE <monotonic time of the last change> <json list of registered addresses>``.
   (CLOCK_MONOTONIC is system-wide on Linux, so the test process can compare the time.)
 - ``quit`` or end of input: stop every publisher (revoking), stop the server, exit.
 
@@ -26,28 +26,32 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
-import grpc  # noqa: E402
-from tests.backends import echo_pb2_grpc  # noqa: E402
-from tests.backends.server import EchoServicer  # noqa: E402
+import grpc
 
-from waypost.discovery import Publisher  # noqa: E402
+from tests.backends import echo_pb2_grpc
+from tests.backends.server import EchoServicer
+from waypost.discovery import Publisher
 
 
-def _churn(pubs: list[Publisher], seconds: float, rate: float, seed: int) -> None:
+def _churn(pubs: list[Publisher], seconds: float, rate: float, seed: int) -> float:
+    """Pause/resume random publishers; returns the monotonic time the last change was made."""
     rng = random.Random(seed)
     interval = 1.0 / rate
     end = time.monotonic() + seconds
     next_at = time.monotonic()
+    last = next_at
     while time.monotonic() < end:
         p = rng.choice(pubs)
         if p.state == "running":
             p.pause()
         else:
             p.resume()
+        last = time.monotonic()
         next_at += interval
         delay = next_at - time.monotonic()
         if delay > 0:
             time.sleep(delay)
+    return last
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -76,8 +80,7 @@ def main(argv: list[str] | None = None) -> int:
             if not cmd:
                 continue
             if cmd[0] == "churn":
-                _churn(pubs, float(cmd[1]), float(cmd[2]), int(cmd[3]))
-                t_end = time.monotonic()
+                t_end = _churn(pubs, float(cmd[1]), float(cmd[2]), int(cmd[3]))
                 live = [p.value for p in pubs if p.state == "running"]
                 sys.stdout.write(f"LIVE {t_end} {json.dumps(live)}\n")
                 sys.stdout.flush()

@@ -7,9 +7,12 @@ load in this process, injects one fault, and returns what it saw; the assertion 
 
 from __future__ import annotations
 
-import pytest
+import subprocess
+import sys
+from pathlib import Path
 
 import chaos_scenarios as cs
+import pytest
 
 pytestmark = [pytest.mark.slow, pytest.mark.timeout(180)]
 
@@ -45,3 +48,16 @@ def test_backend_sigkill_and_sigstop_with_retry_policy(etcd):
 
 def test_frozen_publisher_registers_again_within_2s(etcd):
     _assert_held(cs.publisher_frozen(etcd, ttl=2))
+
+
+@pytest.mark.xfail(reason="KNOWN BUG in client/core.py: Balancer._remove closes a backend channel at once while a "
+                          "call that picked it from the previous snapshot is about to use it -> ValueError "
+                          "'Cannot invoke RPC on closed channel!' or a segfault in grpc (multicallable created "
+                          "during close). Fix: defer the close (see the helper H report). Remove this marker "
+                          "once fixed.", strict=False)
+def test_addresses_flapping_under_calls_fail_no_call():
+    """A backend address removed and re-added every ~2 ms under calls (registration churn, compressed):
+    no call may fail, and the process must not crash (it runs in a subprocess for that reason)."""
+    proc = subprocess.run([sys.executable, str(Path(__file__).with_name("chaos_race.py")), "2"],
+                          capture_output=True, text=True, timeout=90, check=False)
+    assert proc.returncode == 0, f"exit {proc.returncode}: {proc.stdout[-500:]} {proc.stderr[-1500:]}"
