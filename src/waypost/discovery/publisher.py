@@ -28,7 +28,7 @@ import random
 from collections.abc import Awaitable, Mapping
 from typing import Any, TypeVar
 
-from .. import _loop
+from .. import _loop, metrics
 from ..errors import Compacted, LeaseNotFound, PermissionDenied, RegistryError, RegistryUnavailable
 from ..registry.base import Registry
 from ..registry.formats import WireFormat, get_format
@@ -324,6 +324,9 @@ class Publisher:
                 continue
             if failing:
                 log.warning("%r: registered again after failures", self)
+            obs = metrics.current
+            if obs is not None:
+                obs.lease_reregistered(self.base_key)
             return
 
     async def _guard(self, lease: int, key: str, rev: int) -> None:
@@ -364,6 +367,9 @@ class Publisher:
                 watch.cancel()
 
     async def _put_back(self, lease: int) -> int:
+        obs = metrics.current
+        if obs is not None:
+            obs.registration_restored(self.base_key)
         rev = 0
         for k, v in self._records:
             rev = (await self.registry.put(k, v, lease=lease)).revision

@@ -21,7 +21,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
-from .. import _loop
+from .. import _loop, metrics
 from ..balancer.base import Backend
 from ..errors import Compacted, PermissionDenied, RegistryError, RegistryUnavailable
 from ..registry.base import Event, Registry, Watch
@@ -220,8 +220,10 @@ class _Group:
             except Compacted as e:
                 log.warning("%r: watch of %r from revision %d compacted (now %d), reloading",
                             self, src.key, src.revision + 1, e.compact_revision)
+                _count_reload(src.key, "compacted")
             except Exception as e:  # noqa: BLE001 (the control plane must not die)
                 log.warning("%r: watch of %r failed, reloading: %s", self, src.key, e)
+                _count_reload(src.key, "error")
                 self.last_error = e
                 await asyncio.sleep(cool_down())
             finally:
@@ -324,6 +326,12 @@ def _entry_revision(item: tuple[str, tuple[Entry, int]]) -> int:
 
 # (registry, key, exact, format) -> group; touched only on the control loop
 _groups: dict[tuple[Any, ...], _Group] = {}
+
+
+def _count_reload(key: str, reason: str) -> None:
+    obs = metrics.current
+    if obs is not None:
+        obs.watch_reload(key, reason)
 
 
 def _acquire(registry: Registry, key: str, exact: bool, fmt: WireFormat) -> _Group:

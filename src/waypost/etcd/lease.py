@@ -17,7 +17,7 @@ from typing import TYPE_CHECKING
 import grpc
 import grpc.aio
 
-from .. import _loop
+from .. import _loop, metrics
 from ..errors import LeaseNotFound, PermissionDenied, RegistryError, RegistryUnavailable
 from ..registry.base import KeepAlive
 from . import _errors
@@ -193,6 +193,9 @@ class KeepAliveManager:
                 self.connected = False
             if self._closed or not self._leases:
                 break
+            obs = metrics.current
+            if obs is not None:
+                obs.registry_reconnect("keepalive")
             await asyncio.sleep(backoff)
             backoff = min(backoff * 2, 1.0)
 

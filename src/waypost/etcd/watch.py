@@ -22,7 +22,7 @@ from typing import TYPE_CHECKING, Any
 import grpc
 import grpc.aio
 
-from .. import _loop
+from .. import _loop, metrics
 from ..errors import Compacted, PermissionDenied, RegistryError, RegistryUnavailable
 from ..registry.base import Watch
 from . import _errors
@@ -288,6 +288,9 @@ class WatchManager:
                 self._outbox = None
                 self._creating = None
                 self._by_id.clear()
+                obs = metrics.current
+                if obs is not None and not self._closed and self._watchers:
+                    obs.registry_reconnect("watch")
                 for w in self._watchers:
                     w.watch_id = None
                     w._fragments = []

@@ -1,0 +1,231 @@
+"""Optional Prometheus metrics (``pip install 'waypost[metrics]'``, i.e. prometheus-client).
+
+Off by default, and then free: the library's hooks read the module attribute ``current``, which is
+``None`` until :func:`enable` is called, so a disabled hook costs one attribute load and a compare::
+
+    obs = metrics.current
+    if obs is not None:
+        obs.call_done(target, address, code, latency)
+
+Turn it on with ``waypost.metrics.enable()`` (the default CollectorRegistry, or pass your own) or
+``waypost.metrics.serve(9464)`` (also starts prometheus-client's HTTP exporter on loopback).
+
+Metrics (all prefixed ``waypost_``; ``target`` labels are redacted, passwords never appear):
+
+===========================================  =========  =========================================================
+client_requests_total{target,backend}        counter    calls finished on a backend (one per attempt)
+client_failures_total{target,backend,code}   counter    attempts that ended with a non-OK status
+client_latency_seconds{target,backend}       histogram  attempt latency
+client_in_flight{target,backend}             gauge      calls running now (read from the channels at scrape time)
+client_backends{target,state}                gauge      backends per connectivity state (ditto)
+client_ejections_total{target,backend}       counter    outlier-detection ejections
+client_picker_rebuilds_total{target}         counter    pickers built (address set or READY set changed)
+registry_reconnects_total{stream}            counter    etcd watch / keepalive streams re-established
+watch_reloads_total{key,reason}              counter    subscriber reloads (reason: compacted, error)
+lease_reregistrations_total{key}             counter    publishers registered again after losing their lease
+registrations_restored_total{key}            counter    publisher records put back after an outside delete
+===========================================  =========  =========================================================
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+from collections.abc import Iterator
+from typing import Any
+
+import grpc
+
+log = logging.getLogger("waypost.metrics")
+
+#: latency buckets (seconds): loopback calls are sub-millisecond, remote ones tens of ms
+LATENCY_BUCKETS = (0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0)
+
+_STATE_NAMES = ("IDLE", "CONNECTING", "READY", "TRANSIENT_FAILURE", "SHUTDOWN")
+
+_lock = threading.Lock()
+
+#: the enabled observer, or None (disabled: every hook is skipped)
+current: PrometheusObserver | None = None
+
+
+def _redact(target: str) -> str:
+    from .resolver.target import redact
+
+    return redact(target)
+
+
+def _import_prometheus() -> Any:
+    try:
+        import prometheus_client
+    except ImportError:
+        raise ImportError(
+            "waypost metrics need prometheus-client: install the extra with  pip install 'waypost[metrics]'"
+        ) from None
+    return prometheus_client
+
+
+class PrometheusObserver:
+    """Receives the library's events and records them in a prometheus-client ``CollectorRegistry``.
+
+    The methods are the hooks the library calls; each is cheap and never raises into the caller.
+    """
+
+    def __init__(self, registry: Any = None) -> None:
+        pc = _import_prometheus()
+        self.registry = registry if registry is not None else pc.REGISTRY
+        r = self.registry
+        self._targets: dict[str, str] = {}  # raw target -> redacted label (computed once per target)
+        self.requests = pc.Counter("waypost_client_requests", "Calls finished on a backend (one per attempt)",
+                                   ["target", "backend"], registry=r)
+        self.failures = pc.Counter("waypost_client_failures", "Attempts that ended with a non-OK status",
+                                   ["target", "backend", "code"], registry=r)
+        self.latency = pc.Histogram("waypost_client_latency_seconds", "Attempt latency", ["target", "backend"],
+                                    buckets=LATENCY_BUCKETS, registry=r)
+        self.ejections = pc.Counter("waypost_client_ejections", "Outlier-detection ejections",
+                                    ["target", "backend"], registry=r)
+        self.rebuilds = pc.Counter("waypost_client_picker_rebuilds", "Pickers built", ["target"], registry=r)
+        self.reconnects = pc.Counter("waypost_registry_reconnects", "etcd streams re-established", ["stream"],
+                                     registry=r)
+        self.reloads = pc.Counter("waypost_watch_reloads", "Subscriber reloads", ["key", "reason"], registry=r)
+        self.reregistrations = pc.Counter("waypost_lease_reregistrations",
+                                          "Publishers registered again after losing their lease", ["key"],
+                                          registry=r)
+        self.restored = pc.Counter("waypost_registrations_restored",
+                                   "Publisher records put back after an outside delete", ["key"], registry=r)
+        self._live = _LiveCollector(self)
+        r.register(self._live)
+        self._all = [self.requests, self.failures, self.latency, self.ejections, self.rebuilds, self.reconnects,
+                     self.reloads, self.reregistrations, self.restored, self._live]
+
+    def target_label(self, target: str) -> str:
+        label = self._targets.get(target)
+        if label is None:
+            label = self._targets[target] = _redact(target)
+        return label
+
+    # -- data plane hooks (per attempt) -----------------------------------------------------------
+
+    def call_done(self, target: str, backend: str, code: grpc.StatusCode, latency: float) -> None:
+        """One attempt on ``backend`` finished with ``code`` after ``latency`` seconds."""
+        t = self.target_label(target)
+        self.requests.labels(t, backend).inc()
+        self.latency.labels(t, backend).observe(latency)
+        if code is not grpc.StatusCode.OK:
+            self.failures.labels(t, backend, code.name).inc()
+
+    # -- control plane hooks (per state change) -----------------------------------------------------
+
+    def picker_rebuilt(self, target: str) -> None:
+        self.rebuilds.labels(self.target_label(target)).inc()
+
+    def backend_ejected(self, backend: str, target: str = "") -> None:
+        self.ejections.labels(self.target_label(target), backend).inc()
+
+    def backend_removed(self, target: str, backend: str) -> None:
+        """``backend`` left ``target``'s address set: drop its series so churn does not grow the registry."""
+        t = self.target_label(target)
+        for metric, extra in ((self.requests, ()), (self.latency, ()), (self.ejections, ())):
+            try:
+                metric.remove(t, backend, *extra)
+            except KeyError:
+                pass
+        for code in grpc.StatusCode:
+            try:
+                self.failures.remove(t, backend, code.name)
+            except KeyError:
+                pass
+
+    def registry_reconnect(self, stream: str) -> None:
+        """An etcd ``stream`` (``watch`` or ``keepalive``) broke and is being re-established."""
+        self.reconnects.labels(stream).inc()
+
+    def watch_reload(self, key: str, reason: str) -> None:
+        self.reloads.labels(key, reason).inc()
+
+    def lease_reregistered(self, key: str) -> None:
+        self.reregistrations.labels(key).inc()
+
+    def registration_restored(self, key: str) -> None:
+        self.restored.labels(key).inc()
+
+    def unregister(self) -> None:
+        for m in self._all:
+            try:
+                self.registry.unregister(m)
+            except KeyError:
+                pass
+
+
+class _LiveCollector:
+    """Gauges read from the live channels at scrape time (in-flight calls, backends per state): nothing
+    on the call path."""
+
+    def __init__(self, observer: PrometheusObserver) -> None:
+        self._obs = observer
+
+    def describe(self) -> list[Any]:
+        return []  # unchecked collector: families are produced at collect time
+
+    def collect(self) -> Iterator[Any]:
+        from prometheus_client.core import GaugeMetricFamily
+
+        from .client.core import _live
+
+        inflight = GaugeMetricFamily("waypost_client_in_flight", "Calls running now", labels=["target", "backend"])
+        states = GaugeMetricFamily("waypost_client_backends", "Backends per connectivity state",
+                                   labels=["target", "state"])
+        for b in list(_live):
+            if b.closed:
+                continue
+            t = self._obs.target_label(b.target)
+            counts = dict.fromkeys(_STATE_NAMES, 0)
+            for sc in b.subconns():
+                inflight.add_metric([t, sc.address], max(sc.inflight, 0))
+                counts[_STATE_NAMES[sc.state] if 0 <= sc.state < len(_STATE_NAMES) else "SHUTDOWN"] += 1
+            for name, n in counts.items():
+                states.add_metric([t, name], n)
+        yield inflight
+        yield states
+
+
+def observer() -> PrometheusObserver | None:
+    """The enabled observer, or None when metrics are off."""
+    return current
+
+
+def enable(registry: Any = None) -> PrometheusObserver:
+    """Start recording metrics into ``registry`` (prometheus-client's default registry if None).
+
+    Idempotent for the same registry; enabling with another registry moves the metrics there. Raises
+    ImportError naming the ``waypost[metrics]`` extra if prometheus-client is not installed.
+    """
+    global current
+    with _lock:
+        if current is not None:
+            if registry is None or current.registry is registry:
+                return current
+            current.unregister()
+        current = PrometheusObserver(registry)
+        log.info("waypost metrics enabled")
+        return current
+
+
+def disable() -> None:
+    """Stop recording (the hooks become no-ops again) and unregister the metrics."""
+    global current
+    with _lock:
+        if current is not None:
+            current.unregister()
+            current = None
+
+
+def serve(port: int, addr: str = "127.0.0.1", registry: Any = None) -> Any:
+    """``enable(registry)`` and expose it over HTTP on ``addr:port`` (prometheus-client's exporter, in a
+    daemon thread). Returns the HTTP server: ``server.server_port`` is the port (``port=0`` picks a free
+    one), ``server.shutdown()`` stops it."""
+    pc = _import_prometheus()
+    obs = enable(registry)
+    started = pc.start_http_server(port, addr=addr, registry=obs.registry)
+    # prometheus-client >= 0.17 returns (server, thread); older versions return None
+    return started[0] if isinstance(started, tuple) else started
