@@ -50,13 +50,29 @@ def is_compacted(err: grpc.RpcError) -> bool:
     return code(err) == grpc.StatusCode.OUT_OF_RANGE and "compacted" in details(err)
 
 
-def map_error(err: grpc.RpcError, op: str, where: str = "") -> WaypostError:
-    """A waypost exception for a failed etcd call; the message names the operation."""
+def request_key(req: object) -> str:
+    """The key a request is about (a txn's first operation's key), for error messages; '' if none."""
+    key = getattr(req, "key", b"")
+    if not key:
+        for op in getattr(req, "success", ()) or ():
+            inner = getattr(op, op.WhichOneof("request") or "", None) if hasattr(op, "WhichOneof") else None
+            key = getattr(inner, "key", b"")
+            if key:
+                break
+    if not key:
+        return ""
+    return key.decode("utf-8", "backslashreplace") if isinstance(key, bytes) else str(key)
+
+
+def map_error(err: grpc.RpcError, op: str, where: str = "", key: str = "") -> WaypostError:
+    """A waypost exception for a failed etcd call; the message names the operation and the key."""
     c = code(err)
     d = details(err)
     at = f" on {where}" if where else ""
     name = c.name if c is not None else "UNKNOWN"
     msg = f"etcd {op} failed{at}: {name}: {d}"
+    if key:
+        msg += f" (key {key!r})"
     if c in UNAVAILABLE_CODES:
         return RegistryUnavailable(msg)
     if c == grpc.StatusCode.PERMISSION_DENIED:

@@ -151,7 +151,7 @@ class EtcdClient:
             left = deadline - self.clock()
             if left <= 0 or attempts > n + 1:
                 if last is not None:
-                    raise _errors.map_error(last, op) from None
+                    raise _errors.map_error(last, op, key=_errors.request_key(req)) from None
                 raise RegistryUnavailable(f"etcd {op}: no answer within {budget:g}s")
             ep = self.pool.ready_now() or await self.pool.pick(op, timeout=min(cfg.dial_timeout, left))
             md = await self.metadata(ep)
@@ -175,7 +175,7 @@ class EtcdClient:
                 if _errors.is_compacted(e):
                     rev = await self.compact_revision(getattr(req, "key", b"") or b"\0waypost/compact-probe")
                     raise Compacted(rev, f"etcd {op}: {_errors.details(e)} (compacted at {rev})") from None
-                raise _errors.map_error(e, op, ep.address) from None
+                raise _errors.map_error(e, op, ep.address, key=_errors.request_key(req)) from None
             self.pool.mark_ok(ep)
             return resp  # type: ignore[no-any-return]
 
