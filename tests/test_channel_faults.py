@@ -143,3 +143,17 @@ def test_sigstopped_backend_loses_its_traffic(procs):
             assert load.failed == []
         finally:
             victim.resume()
+
+
+def test_long_quiet_call_is_not_killed_by_keepalive_pings():
+    """Our keepalive (hung-backend detection) must not trip servers' ping policing ("too_many_pings")
+    on calls that send no data for several seconds (grpcio default server settings)."""
+    p = EchoProcess("quiet")
+    try:
+        with waypost.dial(direct([p]), balancer="round_robin") as ch:
+            stub = echo_pb2_grpc.EchoStub(ch)
+            quiet = stub.Unary.future(Req(delay_ms=9000), timeout=60)
+            assert [r.index for r in stub.ServerStream(Req(count=2, delay_ms=4000), timeout=60)] == [0, 1]
+            assert quiet.result(timeout=60).server == "quiet"
+    finally:
+        p.close()
