@@ -63,20 +63,16 @@ def _bad(url: str, problem: str, example: str = ETCD_EXAMPLE) -> InvalidTarget:
 
 
 def _redact_raw(url: str) -> str:
-    """Hide a password in a URL we could not parse (never echo secrets)."""
+    """Hide a password in a URL we could not parse (never echo secrets). Over-redacting a malformed URL
+    is fine: everything up to the last '@' may be userinfo (a password may hold '/', '?' or '#')."""
     scheme, sep, rest = url.partition("://")
-    if not sep:
+    if not sep or "@" in scheme:  # no scheme, or the userinfo was written before/inside it
         return url if "@" not in url else "***@" + url.rpartition("@")[2]
-    netloc_end = len(rest)
-    for ch in "/?#":
-        i = rest.find(ch)
-        if i >= 0:
-            netloc_end = min(netloc_end, i)
-    netloc = rest[:netloc_end]
-    if "@" in netloc:
-        user = netloc.rpartition("@")[0].partition(":")[0]
-        netloc = f"{user}:***@{netloc.rpartition('@')[2]}"
-    return f"{scheme}://{netloc}{rest[netloc_end:]}"
+    if "@" in rest:
+        userinfo, _, host = rest.rpartition("@")
+        user, colon, _pw = userinfo.partition(":")
+        rest = f"{user}:***@{host}" if colon else f"***@{host}"
+    return f"{scheme}://{rest}"
 
 
 def _endpoint(url: str, raw: str) -> str:
@@ -145,8 +141,18 @@ def parse_registry_url(url: str) -> RegistryURL:
         name = rest.strip("/").partition("?")[0] or "default"
         return RegistryURL(scheme="memory", name=name)
     if scheme != "etcd":
-        raise _bad(url, f"unknown scheme {scheme!r} (known: etcd, memory)")
-    parts = urllib.parse.urlsplit("etcd://" + rest)
+        shown = scheme if "@" not in scheme else "***@" + scheme.rpartition("@")[2]
+        raise _bad(url, f"unknown scheme {shown!r} (known: etcd, memory)")
+    ends = [i for i in (rest.find(c) for c in "/?#") if i >= 0]
+    if ends and "@" in rest[min(ends):]:
+        # an '@' past the host part: almost always a password holding an unescaped '/', '?' or '#'
+        # (never echo the pieces: they are probably parts of it)
+        raise _bad(url, "'@' after the host: escape '/', '?', '#' and '@' in user names and passwords "
+                        "(%2F, %3F, %23, %40)")
+    try:
+        parts = urllib.parse.urlsplit("etcd://" + rest)
+    except ValueError:  # e.g. an unbalanced '[' (urllib's message would not say where)
+        raise _bad(url, "malformed host part (unbalanced '[' or ']'; in passwords write %5B and %5D)") from None
     netloc = parts.netloc
     if parts.path not in ("", "/"):
         raise _bad(url, f"unexpected path {parts.path!r} (a registry URL names only endpoints)")
