@@ -483,7 +483,8 @@ class Channel(grpc.aio.Channel):
     def __init__(self, target: str, config: ChannelConfig, *, options: Sequence[tuple[str, Any]] | None = None,
                  credentials: grpc.ChannelCredentials | None = None, interceptors: Sequence[Any] | None = None
                  ) -> None:
-        self.target = target
+        # Only the redacted form is kept: it appears in repr, logs and error details (no password).
+        self.target = target = config.target.redacted
         self._config = config
         self._options = merge_options(options)
         self._credentials = credentials

@@ -26,13 +26,14 @@ from .client.options import merge_options
 from .client.rpcerror import BalancerRpcError
 from .client.subconn import STATE_NAMES, SubConn
 from .client.watcher import WATCHER
-from .retry import Replay, RetryingStream, RetryState, avoid_tried, never_sent
+from .retry import MAX_TRANSPARENT, Replay, RetryingStream, RetryState, avoid_tried, never_sent
 
 log = logging.getLogger("waypost.channel")
 
 _OK = grpc.StatusCode.OK
 _UNAVAILABLE = grpc.StatusCode.UNAVAILABLE
 _UNKNOWN = grpc.StatusCode.UNKNOWN
+_CANCELLED = grpc.StatusCode.CANCELLED
 _perf = time.perf_counter
 _mono = time.monotonic
 
@@ -204,6 +205,16 @@ class _UnaryRequestMethod(_Method):
             st.after_failure(code, e.details())
             out = self._attempts(st, request, metadata, credentials, wait_for_ready, compression, None)
             return out if want_call else out[0]
+        except ValueError:
+            # "Cannot invoke RPC on closed channel": the backend was removed and closed under this call
+            # before it started (nothing was sent): pick again.
+            self._finish(res, sc, t0, _CANCELLED)
+            if not sc.removed:
+                raise
+            st = self._state(deadline)
+            st.tried.add(sc.address)
+            out = self._attempts(st, request, metadata, credentials, wait_for_ready, compression, None)
+            return out if want_call else out[0]
         except BaseException:
             self._finish(res, sc, t0, _UNKNOWN)
             raise
@@ -232,6 +243,12 @@ class _UnaryRequestMethod(_Method):
                     raise
                 if delay:
                     time.sleep(delay)
+                continue
+            except ValueError:
+                self._finish(res, sc, t0, _CANCELLED)
+                if not sc.removed or st.transparent >= MAX_TRANSPARENT:
+                    raise
+                st.transparent += 1  # closed under us before the call started: nothing was sent
                 continue
             except BaseException:
                 self._finish(res, sc, t0, _UNKNOWN)
@@ -425,7 +442,8 @@ class Channel(grpc.Channel):
 
     def __init__(self, target: str, config: ChannelConfig, *, options: Sequence[tuple[str, Any]] | None = None,
                  credentials: grpc.ChannelCredentials | None = None) -> None:
-        self.target = target
+        # Only the redacted form is kept: it appears in repr, logs and error details (no password).
+        self.target = target = config.target.redacted
         self._config = config
         self._options = merge_options(options)
         self._credentials = credentials

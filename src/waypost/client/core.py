@@ -25,6 +25,10 @@ log = logging.getLogger("waypost.client")
 
 #: Removed backends keep their channel until their in-flight calls end, at most this long.
 DRAIN_TIMEOUT = 60.0
+#: ... and at least this long: a call may have picked the backend from the previous snapshot a moment before
+#: its removal and not yet started (closing a grpc channel under a call being created crashes grpc). An
+#: address that comes back meanwhile gets its old channel back (no reconnect under registration flapping).
+CLOSE_GRACE = 1.0
 
 
 class _Snapshot:
@@ -184,7 +188,7 @@ class Balancer:
             for addr, b in new.items():
                 cur = self._subconns.get(addr)
                 if cur is None:
-                    self._subconns[addr] = self._create(b)
+                    self._subconns[addr] = self._revive(b) or self._create(b)
                 elif cur.backend != b:
                     cur.backend = b  # metadata (e.g. weight) changed: the next build carries it
             self._order = list(new.values())
@@ -213,14 +217,29 @@ class Balancer:
         return sc
 
     def _remove(self, sc: SubConn) -> None:
+        # Never closed here: the poller closes it after CLOSE_GRACE once its in-flight calls ended.
         del self._subconns[sc.address]
         sc.removed = True
         sc.removed_at = self._clock()
         self._stop_health_of(sc)
-        if sc.inflight <= 0:
-            self._release(sc)
-        else:
-            self._draining.append(sc)
+        self._draining.append(sc)
+
+    def _revive(self, b: Backend) -> SubConn | None:
+        """A draining subconn for this address, back in service with its open channel (or None)."""
+        for i, sc in enumerate(self._draining):
+            if sc.address == b.address:
+                del self._draining[i]
+                sc.removed = False
+                sc.backend = b
+                try:
+                    self._set_state(sc, sc.probe(True))
+                except Exception:  # noqa: BLE001  # the next poll retries
+                    log.debug("waypost: probing revived backend %s failed", sc.address)
+                if self._start_health is not None:
+                    sc.healthy = None
+                    sc.health_task = self._start_health(sc)
+                return sc
+        return None
 
     def _stop_health_of(self, sc: SubConn) -> None:
         if sc.health_task is not None and self._stop_health is not None:
@@ -274,7 +293,8 @@ class Balancer:
             with self._lock:
                 keep = []
                 for sc in self._draining:
-                    if sc.inflight <= 0 or now - sc.removed_at > DRAIN_TIMEOUT:
+                    age = now - sc.removed_at
+                    if (sc.inflight <= 0 and age >= CLOSE_GRACE) or age > DRAIN_TIMEOUT:
                         self._release(sc)
                     else:
                         keep.append(sc)
