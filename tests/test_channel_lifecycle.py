@@ -181,3 +181,36 @@ def test_address_updates_keep_channels_of_backends_that_stay():
         finally:
             for p in (pa, pb, pc):
                 p.stop()
+
+
+def test_flapping_address_gets_its_channel_back_and_no_call_fails():
+    from waypost.balancer.base import Backend
+
+    with echo_servers("a", "b") as (a, b), waypost.dial(direct([a, b]), balancer="round_robin") as ch:
+        stub = echo_pb2_grpc.EchoStub(ch)
+        wait_until(lambda: len(ch.balancer.ready_addresses()) == 2 or stub.Unary(Req()) and False, 20)
+        original = {sc.address: sc.channel for sc in ch.balancer.subconns()}
+        errors: list[BaseException] = []
+        stop = threading.Event()
+
+        def caller() -> None:
+            while not stop.is_set():
+                try:
+                    stub.Unary(Req(), timeout=10)
+                except BaseException as e:  # noqa: BLE001  # any failure counts
+                    errors.append(e)
+
+        ts = [threading.Thread(target=caller) for _ in range(3)]
+        for t in ts:
+            t.start()
+        try:
+            for _ in range(200):  # remove and re-add b every ~1 ms, as a flapping registration would
+                ch.balancer.update([Backend(a.address)])
+                ch.balancer.update([Backend(a.address), Backend(b.address)])
+                time.sleep(0.001)
+        finally:
+            stop.set()
+            for t in ts:
+                t.join(30)
+        assert errors == []
+        assert {sc.address: sc.channel for sc in ch.balancer.subconns()} == original  # same connections
