@@ -36,6 +36,7 @@ from waypost.etcd.local import LocalEtcd
 # name -> (members, run(etcd, quick) -> results)
 SCENARIOS: dict[str, tuple[int, Callable[[LocalEtcd, bool], list[cs.Result]]]] = {
     "etcd_down": (1, lambda e, q: [cs.etcd_down(e, down_s=3.0 if q else 10.0)]),
+    "etcd_down_past_ttl": (1, lambda e, q: [cs.etcd_down(e, down_s=3.0 if q else 10.0, ttl=2 if q else 5)]),
     "leader_killed": (3, lambda e, q: [cs.leader_killed(e, observe_s=2.0 if q else 8.0)]),
     "compaction": (1, lambda e, q: [cs.compaction_churn(e, churn_s=1.5 if q else 6.0)]),
     "churn": (1, lambda e, q: [cs.publisher_churn(e, churn_s=2.0 if q else 10.0)]),

@@ -317,12 +317,14 @@ def etcd_target(endpoints: list[str], key: str) -> str:
 # ---- scenarios -----------------------------------------------------------------------------------
 
 
-def etcd_down(etcd: LocalEtcd, down_s: float = 10.0, key: str = "chaos-down.rpc") -> Result:
-    """A single etcd stopped for ``down_s`` seconds under load, then started again."""
-    r = Result(f"etcd down {down_s:g} s", bound_s=2.0, recovery_what="registrations back after etcd returns")
+def etcd_down(etcd: LocalEtcd, down_s: float = 10.0, ttl: int = 10, key: str = "chaos-down.rpc") -> Result:
+    """A single etcd stopped for ``down_s`` seconds under load, then started again. With ``down_s`` >= ``ttl``
+    the publishers count their leases as lost meanwhile and register again with new ones on etcd's return."""
+    r = Result(f"etcd down {down_s:g} s (TTL {ttl} s)", bound_s=2.0,
+               recovery_what="registrations back after etcd returns")
     probe = private_registry(etcd.endpoints)
     try:
-        with nodes(etcd.url(), key, ["a", "b"]) as (a, b), \
+        with nodes(etcd.url(), key, ["a", "b"], ttl=ttl) as (a, b), \
                 loaded_channel(etcd_target(etcd.endpoints, key), warm=2) as (_ch, load):
             want = {a.address, b.address}
             etcd.members[0].stop()

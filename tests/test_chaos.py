@@ -30,6 +30,11 @@ def test_etcd_down_loses_nothing(etcd):
     _assert_held(cs.etcd_down(etcd, down_s=3.0))
 
 
+def test_etcd_down_longer_than_the_ttl_loses_nothing(etcd):
+    # the publishers give their leases up meanwhile and register again with new ones on etcd's return
+    _assert_held(cs.etcd_down(etcd, down_s=3.0, ttl=2))
+
+
 def test_leader_killed_loses_nothing(etcd_cluster):
     _assert_held(cs.leader_killed(etcd_cluster, observe_s=2.0))
 
@@ -61,3 +66,32 @@ def test_addresses_flapping_under_calls_fail_no_call():
     proc = subprocess.run([sys.executable, str(Path(__file__).with_name("chaos_race.py")), "2"],
                           capture_output=True, text=True, timeout=90, check=False)
     assert proc.returncode == 0, f"exit {proc.returncode}: {proc.stdout[-500:]} {proc.stderr[-1500:]}"
+
+
+def test_lease_recovery_is_make_before_break(etcd):
+    """A publisher that counts its lease as lost (e.g. etcd was down longer than the TTL, but etcd's restart
+    extended the lease) registers the new record BEFORE revoking the old one: subscribers never see the
+    address missing. (Revoking first emptied every client's backend list at once when several publishers
+    recovered together: 91 failed RPCs in the 'etcd down longer than the TTL' scenario.)"""
+    from waypost import _loop
+    from waypost.discovery import Publisher, Subscriber
+
+    reg = cs.private_registry(etcd.endpoints)
+    try:
+        pubs = [Publisher(reg, "mbb.rpc", f"127.0.0.1:{7501 + i}", ttl=10).start() for i in range(3)]
+        want = sorted(p.value for p in pubs)
+        sub = Subscriber(reg, "mbb.rpc")
+        seen: list[list[str]] = []
+        sub.add_listener(lambda: seen.append(sorted(sub.values())))
+        old = {p: p.lease_id for p in pubs}
+        for p in pubs:
+            _loop.call_soon(p._on_lost, old[p], None)
+        assert cs.wait_for(lambda: all(p.registered and p.lease_id not in (0, old[p]) for p in pubs), 20)
+        # the old leases are revoked (after the new records are in): one record per publisher again
+        assert cs.wait_for(lambda: len(reg.sync.get("mbb.rpc/", prefix=True).kvs) == 3, 20)
+        assert seen and all(v == want for v in seen), seen
+        sub.close()
+        for p in pubs:
+            p.stop()
+    finally:
+        cs.close_registry(reg)

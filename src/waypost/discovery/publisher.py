@@ -301,33 +301,39 @@ class Publisher:
             self._keepalive.cancel()
             self._keepalive = None
         self._lease, self._registered = 0, False
-        if old:
-            # in the background: a new lease detaches a reused key from the old one, so the order of
-            # the two does not matter, and registering must not wait on an unreachable etcd
-            asyncio.get_running_loop().create_task(self._revoke(old))
         failing = False
-        while self._state == "running":
-            try:
-                await asyncio.wait_for(self._register(), self.timeout)
-            except asyncio.CancelledError:
-                if self._state != "running":
-                    return
-                raise
-            except Exception as e:  # noqa: BLE001 (the control plane must not die)
-                if not failing:
-                    failing = True
-                    log.warning("%r: registering failed, retrying every ~%gs until it works: %s", self,
-                                self.retry_interval, str(e) or type(e).__name__)
-                else:
-                    log.debug("%r: registering failed again: %s", self, str(e) or type(e).__name__)
-                await asyncio.sleep(cool_down(self._rng, self.retry_interval))
-                continue
-            if failing:
-                log.warning("%r: registered again after failures", self)
-            obs = metrics.current
-            if obs is not None:
-                obs.lease_reregistered(self.base_key)
-            return
+        try:
+            while self._state == "running":
+                try:
+                    await asyncio.wait_for(self._register(), self.timeout)
+                except asyncio.CancelledError:
+                    if self._state != "running":
+                        return
+                    raise
+                except Exception as e:  # noqa: BLE001 (the control plane must not die)
+                    if not failing:
+                        failing = True
+                        log.warning("%r: registering failed, retrying every ~%gs until it works: %s", self,
+                                    self.retry_interval, str(e) or type(e).__name__)
+                    else:
+                        log.debug("%r: registering failed again: %s", self, str(e) or type(e).__name__)
+                    await asyncio.sleep(cool_down(self._rng, self.retry_interval))
+                    continue
+                if failing:
+                    log.warning("%r: registered again after failures", self)
+                obs = metrics.current
+                if obs is not None:
+                    obs.lease_reregistered(self.base_key)
+                return
+        finally:
+            if old:
+                # Make before break: the old lease (which may still be alive in etcd, e.g. after an etcd
+                # restart, which extends every lease) is revoked only once the new record is in, or when we
+                # stop trying; revoking first would take this address out of every subscriber meanwhile
+                # (all of them at once when several publishers recover together). A reused key (custom
+                # id) belongs to the new lease by then, so the revoke does not delete it. In the
+                # background: it must not hold up anything on an unreachable etcd.
+                asyncio.get_running_loop().create_task(self._revoke(old))
 
     async def _guard(self, lease: int, key: str, rev: int) -> None:
         """Watch our own key; put the records back when someone deletes it."""

@@ -97,6 +97,8 @@ class KeepAliveManager:
         self._watchdog: asyncio.Task[None] | None = None
         self._closed = False
         self.connected = False
+        #: when the stream broke (None while it is up): repeated failures during one outage log at DEBUG
+        self._broken_since: float | None = None
         #: number of (re)connections of the stream, for tests and diagnostics
         self.connects = 0
 
@@ -167,35 +169,46 @@ class KeepAliveManager:
 
     # -- the stream ----------------------------------------------------------------------
 
+    def _reestablished(self) -> None:
+        """The stream is up again after a break: one log line and one count per outage."""
+        if self._broken_since is None:
+            return
+        log.info("etcd keepalive stream re-established after %.1fs", self.clock() - self._broken_since)
+        self._broken_since = None
+        obs = metrics.current
+        if obs is not None:
+            obs.registry_reconnect("keepalive")
+
     async def _run(self) -> None:
         backoff = 0.1
         while not self._closed and self._leases:
+            # the first failure of an outage logs at INFO/WARNING, the retries during it at DEBUG
+            info, warn = (logging.INFO, logging.WARNING) if self._broken_since is None else (logging.DEBUG,) * 2
             try:
                 await self._session()
                 backoff = 0.1
             except asyncio.CancelledError:
                 raise
             except _Stalled as e:
-                log.info("etcd keepalive stream stalled (%s); reconnecting", e)
+                log.log(info, "etcd keepalive stream stalled (%s); reconnecting", e)
             except RegistryUnavailable as e:
-                log.info("etcd keepalive stream: %s", e)
+                log.log(info, "etcd keepalive stream: %s", e)
             except PermissionDenied as e:
                 # the credentials themselves were refused: no lease can be renewed
                 for st in list(self._leases.values()):
                     self._lose(st, PermissionDenied(str(e)))
             except RegistryError as e:
-                log.warning("etcd keepalive stream: %s; reconnecting", e)
+                log.log(warn, "etcd keepalive stream: %s; reconnecting", e)
             except grpc.aio.AioRpcError as e:
-                log.info("etcd keepalive stream ended: %s %s", e.code().name, _errors.details(e))
+                log.log(info, "etcd keepalive stream ended: %s %s", e.code().name, _errors.details(e))
             except Exception:
                 log.exception("etcd keepalive stream failed; reconnecting")
             finally:
                 self.connected = False
+                if self._broken_since is None and not self._closed:
+                    self._broken_since = self.clock()
             if self._closed or not self._leases:
                 break
-            obs = metrics.current
-            if obs is not None:
-                obs.registry_reconnect("keepalive")
             await asyncio.sleep(backoff)
             backoff = min(backoff * 2, 1.0)
 
@@ -207,6 +220,7 @@ class KeepAliveManager:
         reader = asyncio.get_running_loop().create_task(self._read(call))
         self.connected = True
         self.connects += 1
+        self._reestablished()
         for st in self._leases.values():
             st.sent.clear()  # answers to requests on the old stream will never come
             st.next_send = min(st.next_send, self.clock())

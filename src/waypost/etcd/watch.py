@@ -16,6 +16,7 @@ import asyncio
 import collections
 import itertools
 import logging
+import time
 from collections.abc import AsyncIterator, Callable
 from typing import TYPE_CHECKING, Any
 
@@ -183,6 +184,8 @@ class WatchManager:
         self._next_id = 0
         self._outbox: asyncio.Queue[pb.WatchRequest] | None = None
         self._task: asyncio.Task[None] | None = None
+        #: when the stream broke (None while it is up): repeated failures during one outage log at DEBUG
+        self._broken_since: float | None = None
         self._closed = False
         self.connected = False
         #: number of (re)connections of the stream, for tests and diagnostics
@@ -260,27 +263,39 @@ class WatchManager:
 
     # -- the stream --------------------------------------------------------------------
 
+    def _reestablished(self) -> None:
+        """The stream is up again after a break: one log line and one count per outage."""
+        if self._broken_since is None:
+            return
+        log.info("etcd watch stream re-established after %.1fs", time.monotonic() - self._broken_since)
+        self._broken_since = None
+        obs = metrics.current
+        if obs is not None:
+            obs.registry_reconnect("watch")
+
     async def _run(self) -> None:
         backoff = 0.1
         while not self._closed and self._watchers:
+            # the first failure of an outage logs at INFO/WARNING, the retries during it at DEBUG
+            info, warn = (logging.INFO, logging.WARNING) if self._broken_since is None else (logging.DEBUG,) * 2
             try:
                 await self._session()
                 backoff = 0.1
             except asyncio.CancelledError:
                 raise
             except _Reconnect as e:
-                log.info("etcd watch stream: %s; reconnecting", e)
+                log.log(info, "etcd watch stream: %s; reconnecting", e)
                 backoff = 0.0
             except RegistryUnavailable as e:
-                log.info("etcd watch stream: %s", e)
+                log.log(info, "etcd watch stream: %s", e)
             except PermissionDenied as e:
                 # the credentials themselves were refused: every watcher fails, none dies silently
                 for w in list(self._watchers):
                     self._fail(w, PermissionDenied(str(e)))
             except RegistryError as e:
-                log.warning("etcd watch stream: %s; reconnecting", e)
+                log.log(warn, "etcd watch stream: %s; reconnecting", e)
             except grpc.aio.AioRpcError as e:
-                log.info("etcd watch stream ended: %s %s", e.code().name, _errors.details(e))
+                log.log(info, "etcd watch stream ended: %s %s", e.code().name, _errors.details(e))
             except Exception:
                 log.exception("etcd watch stream failed; reconnecting")
             finally:
@@ -288,9 +303,8 @@ class WatchManager:
                 self._outbox = None
                 self._creating = None
                 self._by_id.clear()
-                obs = metrics.current
-                if obs is not None and not self._closed and self._watchers:
-                    obs.registry_reconnect("watch")
+                if self._broken_since is None and not self._closed:
+                    self._broken_since = time.monotonic()
                 for w in self._watchers:
                     w.watch_id = None
                     w._fragments = []
@@ -313,6 +327,7 @@ class WatchManager:
         self._to_create = collections.deque(sorted(self._watchers, key=lambda w: w.order))
         self.connected = True
         self.connects += 1
+        self._reestablished()
         writer = asyncio.get_running_loop().create_task(self._write(call, outbox))
         self._pump()
         try:
