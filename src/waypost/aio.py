@@ -710,3 +710,12 @@ def dial(
     config = build_config(target, balancer, service_config, subset_size=subset_size, client_id=client_id, rng=rng)
     return Channel(target, config, options=options, credentials=credentials,
                    interceptors=list(interceptors or ()))
+
+
+def __getattr__(name: str) -> Any:
+    # ``waypost.aio.serve`` is ``waypost.serve_async`` (imported lazily: the server module is heavier)
+    if name == "serve":
+        from .server import serve_async
+
+        return serve_async
+    raise AttributeError(f"module 'waypost.aio' has no attribute {name!r}")
