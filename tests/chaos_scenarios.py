@@ -10,6 +10,7 @@ promise (empty when the scenario held), so the test asserts ``problems == []`` a
 
 from __future__ import annotations
 
+import collections
 import contextlib
 import json
 import logging
@@ -110,6 +111,38 @@ def registered_values(reg: EtcdRegistry, key: str, timeout: float = 2.0) -> set[
     except Exception:  # noqa: BLE001  # unreachable right now: the caller polls again
         return None
     return {kv.value.decode() for kv in res.kvs}
+
+
+class _RecentLog(logging.Handler):
+    """The library's INFO+ log lines with their monotonic time (bounded), to explain a failure."""
+
+    def __init__(self) -> None:
+        super().__init__(logging.INFO)
+        self.lines: collections.deque[tuple[float, str]] = collections.deque(maxlen=2000)
+
+    def emit(self, record: logging.LogRecord) -> None:
+        self.lines.append((time.monotonic(), f"{record.levelname} {record.name}: {record.getMessage()[:300]}"))
+
+    def around(self, t: float, before: float = 2.0, after: float = 0.5) -> list[str]:
+        return [f"{ts - t:+.3f}s {text}" for ts, text in list(self.lines) if t - before <= ts <= t + after][-30:]
+
+
+    @contextlib.contextmanager
+    def recording(self) -> Iterator[None]:
+        """Capture the library's INFO+ lines meanwhile (the logger's level is restored afterwards)."""
+        wp = logging.getLogger("waypost")
+        old = wp.level
+        if wp.getEffectiveLevel() > logging.INFO:
+            wp.setLevel(logging.INFO)
+        wp.addHandler(self)
+        try:
+            yield
+        finally:
+            wp.removeHandler(self)
+            wp.setLevel(old)
+
+
+LOG = _RecentLog()
 
 
 class History:
@@ -289,24 +322,28 @@ class Load:
         r.failed = len(self.failed)
         if self.failed:
             r.details["failures"] = self.failed[:5]
+            r.details["log_around_first_failure"] = LOG.around(self.failed[0][0])
         r.check(not self.failed, f"{len(self.failed)} of {self.sent} RPCs failed: {self.failed[:3]}")
 
 
 @contextlib.contextmanager
 def loaded_channel(target: str, *, threads: int = 3, warm: int = 1, **dial_kw: Any) -> Iterator[tuple[Any, Load]]:
-    """A balanced channel under steady load (started once ``warm`` backends are READY)."""
+    """A balanced channel under steady load (started once ``warm`` backends are READY); the library's log
+    lines are recorded meanwhile to explain failures."""
     ch = waypost.dial(target, service_config=RETRY_CONFIG, **dial_kw)
     load = None
     try:
-        stub = echo_pb2_grpc.EchoStub(ch)
-        wait_for(lambda: len(ch.balancer.ready_addresses()) >= warm, 30)
-        stub.Unary(Req(), timeout=30, wait_for_ready=True)
-        load = Load(stub, threads=threads).start()
-        wait_for(lambda: load.count() > 20, 20)
-        yield ch, load
+        with LOG.recording():
+            stub = echo_pb2_grpc.EchoStub(ch)
+            wait_for(lambda: len(ch.balancer.ready_addresses()) >= warm, 30)
+            stub.Unary(Req(), timeout=30, wait_for_ready=True)
+            load = Load(stub, threads=threads).start()
+            wait_for(lambda: load.count() > 20, 20)
+            try:
+                yield ch, load
+            finally:
+                load.stop()
     finally:
-        if load is not None:
-            load.stop()
         ch.close()
 
 

@@ -55,14 +55,11 @@ def test_frozen_publisher_registers_again_within_2s(etcd):
     _assert_held(cs.publisher_frozen(etcd, ttl=2))
 
 
-@pytest.mark.xfail(reason="KNOWN BUG in client/core.py: Balancer._remove closes a backend channel at once while a "
-                          "call that picked it from the previous snapshot is about to use it -> ValueError "
-                          "'Cannot invoke RPC on closed channel!' or a segfault in grpc (multicallable created "
-                          "during close). Fix: defer the close (see the helper H report). Remove this marker "
-                          "once fixed.", strict=False)
 def test_addresses_flapping_under_calls_fail_no_call():
     """A backend address removed and re-added every ~2 ms under calls (registration churn, compressed):
-    no call may fail, and the process must not crash (it runs in a subprocess for that reason)."""
+    no call may fail, and the process must not crash (it runs in a subprocess for that reason). Before
+    removed backends' channels were closed after a grace period, this segfaulted grpc (a multicallable
+    created on a channel being closed) or failed calls with "Cannot invoke RPC on closed channel!"."""
     proc = subprocess.run([sys.executable, str(Path(__file__).with_name("chaos_race.py")), "2"],
                           capture_output=True, text=True, timeout=90, check=False)
     assert proc.returncode == 0, f"exit {proc.returncode}: {proc.stdout[-500:]} {proc.stderr[-1500:]}"

@@ -266,11 +266,6 @@ def test_no_secret_in_logs_reprs_errors_or_cli_output(secure_etcd, pki, caplog, 
     assert "permission denied" in everything.lower()  # the failing paths really ran
 
 
-@pytest.mark.xfail(reason="KNOWN LEAK in channel.py/aio.py: the raw dial target (with password=) is given to "
-                          "client.core.Balancer and used in Channel.__repr__, so it appears in repr(channel), the "
-                          "'backend X of <target> lost its connection' log line and the UNAVAILABLE/DEADLINE "
-                          "error details. Fix: pass config.target.redacted instead (see the helper H report); "
-                          "remove this marker once fixed.", strict=False)
 def test_no_secret_from_a_channel_with_credentials_in_its_target(secure_etcd, pki, caplog, capsys):
     """dial() with user/password and TLS files in the target, a TLS backend that goes away: the channel's
     repr, its log lines and the errors of calls that cannot be served carry no secret."""
