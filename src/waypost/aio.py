@@ -28,7 +28,7 @@ import grpc.aio
 from .balancer.base import Outcome, PickError, PickInfo, PickResult
 from .balancer.hashkey import current_hash_key
 from .client.config import ChannelConfig, build_config
-from .client.core import Balancer
+from .client.core import Balancer, attach_resolver
 from .client.health import watch_health
 from .client.options import merge_options
 from .client.rpcerror import BalancerRpcError
@@ -508,6 +508,7 @@ class Channel(grpc.aio.Channel):
         self._poller: asyncio.Task[None] | None = None
         self._closed = False
         self._resolver = config.make_resolver()  # may raise (bad target): before any task exists
+        attach_resolver(self._resolver, self._balancer, self._options)
         if hasattr(self._resolver, "block"):
             self._resolver.block = False  # never block the event loop on the registry
         try:

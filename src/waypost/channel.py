@@ -20,7 +20,7 @@ import grpc
 from .balancer.base import Outcome, PickError, PickInfo, PickResult
 from .balancer.hashkey import current_hash_key
 from .client.config import ChannelConfig, build_config
-from .client.core import Balancer
+from .client.core import Balancer, attach_resolver
 from .client.health import watch_health
 from .client.options import merge_options
 from .client.rpcerror import BalancerRpcError
@@ -463,6 +463,7 @@ class Channel(grpc.Channel):
         self._sub_lock = threading.Lock()
         self._closed = False
         self._resolver = config.make_resolver()  # may raise (bad target): before the watcher knows us
+        attach_resolver(self._resolver, self._balancer, self._options)
         WATCHER.add(self._balancer)
         try:
             self._resolver.start(self._balancer.update, self._balancer.resolver_error)

@@ -101,6 +101,9 @@ class Balancer:
         self._dirty = False
         self._last_backends: tuple[Backend, ...] = ()
         self.version = 0
+        #: Called (under the lock, so it must not block) with a reason when a backend connection attempt fails
+        #: or an established connection is lost; the channel points it at the resolver (dns re-resolves).
+        self.on_connection_failure: Callable[[str], None] | None = None
         _live.add(self)
 
     # ---- data plane -------------------------------------------------------------------------------
@@ -307,6 +310,11 @@ class Balancer:
         elif st == TRANSIENT_FAILURE or old == READY or st == SHUTDOWN:
             if old == READY:
                 log.info("waypost: backend %s of %s lost its connection", sc.address, self.target)
+            if not sc.failing and self.on_connection_failure is not None:
+                try:
+                    self.on_connection_failure(f"connection to {sc.address} failed")
+                except Exception:
+                    log.exception("waypost: connection failure hook of %s", self.target)
             sc.failing = True
         sc.state = st
 
@@ -412,3 +420,12 @@ class Balancer:
     @property
     def closed(self) -> bool:
         return self._closed
+
+
+def attach_resolver(resolver: Any, balancer: Balancer, options: Sequence[tuple[str, Any]]) -> None:
+    """Give a resolver what it may use beyond start(): the channel options (``configure``, e.g. dns
+    intervals; may raise ValueError) and a nudge when a backend connection fails (``request_resolution``)."""
+    configure = getattr(resolver, "configure", None)
+    if configure is not None:
+        configure(options)
+    balancer.on_connection_failure = getattr(resolver, "request_resolution", None)

@@ -1,10 +1,16 @@
 """dns:///host:port and dns://DNS_IP:PORT/host:port: A/AAAA records, re-resolved periodically.
 
 gRPC's DNS resolver re-resolves only after a connection fails, so backends added behind a name are
-never used by a healthy client (grpc-go#3353). Here the name is re-resolved every ``interval`` seconds
-(default 30 s) on the control loop, and after every failure with backoff. The system resolver
-(``getaddrinfo``) is used for ``dns:///``; a DNS server in the authority needs dnspython
-(``pip install waypost[dns]``).
+never used by a healthy client (grpc-go#3353). Here the name is re-resolved on the control loop:
+
+- every ``interval`` seconds (default 30; channel option ``waypost.dns_refresh_interval_ms``), sooner
+  when the records' TTL is shorter (known only with a DNS server in the target, via dnspython), but never
+  sooner than ``min_interval`` (default 5 s; gRPC's ``grpc.dns_min_time_between_resolutions_ms``);
+- right after a backend connection fails (``request_resolution``), at most once per ``min_interval``;
+- after a failed lookup, with backoff (1 s doubling up to ``interval``), keeping the last good set.
+
+The system resolver (``getaddrinfo``) is used for ``dns:///``; a DNS server in the authority needs
+dnspython (``pip install 'waypost[dns]'``). See docs/dns.md.
 """
 
 from __future__ import annotations
@@ -13,7 +19,9 @@ import asyncio
 import ipaddress
 import logging
 import socket
-from collections.abc import Callable, Sequence
+import time
+from collections.abc import Callable, Iterable, Sequence
+from dataclasses import dataclass
 from typing import Any
 
 from .. import _loop
@@ -25,6 +33,37 @@ from .target import Target
 log = logging.getLogger("waypost.resolver.dns")
 
 DEFAULT_INTERVAL = 30.0
+DEFAULT_MIN_INTERVAL = 5.0
+#: Per lookup (A and AAAA are asked in parallel), with a DNS server in the target.
+DEFAULT_TIMEOUT = 5.0
+#: First retry delay after a failed lookup; doubles up to the interval.
+FIRST_BACKOFF = 1.0
+
+#: Channel options read by this resolver (milliseconds, like gRPC's own DNS options).
+INTERVAL_OPTION = "waypost.dns_refresh_interval_ms"
+MIN_INTERVAL_OPTION = "grpc.dns_min_time_between_resolutions_ms"
+TIMEOUT_OPTION = "grpc.dns_ares_query_timeout"
+
+
+class DnsLookupError(Exception):
+    """A lookup gave no usable address; the message names the host (and the server, if any)."""
+
+
+@dataclass(frozen=True)
+class Resolution:
+    """One successful lookup: ``ip:port`` strings (sorted, deduplicated) and the smallest record TTL in
+    seconds (None when unknown: the system resolver, or an IP literal)."""
+
+    addresses: tuple[str, ...]
+    ttl: float | None
+
+
+def next_delay(ttl: float | None, interval: float, min_interval: float) -> float:
+    """Seconds until the next periodic lookup: the TTL clamped to [min_interval, interval]; the interval
+    when the TTL is unknown. A long TTL does not delay past the interval (the point is to see scale-ups)."""
+    if ttl is None:
+        return interval
+    return min(interval, max(min_interval, ttl))
 
 
 def _split(hostport: str) -> tuple[str, int]:
@@ -36,11 +75,35 @@ def _join(ip: str, port: int) -> str:
     return f"[{ip}]:{port}" if ":" in ip else f"{ip}:{port}"
 
 
+def _seconds_option(options: dict[str, Any], name: str, default: float) -> float:
+    if name not in options:
+        return default
+    value = options[name]
+    if isinstance(value, bool) or not isinstance(value, int | float) or not 0 < value < float("inf"):
+        raise ValueError(f"channel option {name!r} expects a number of milliseconds > 0, got {value!r}")
+    return value / 1000.0
+
+
 class DnsResolver:
-    def __init__(self, target: Target, subsetter: Subsetter | None, *, interval: float | None = None) -> None:
+    """Resolves ``target`` (scheme dns) and pushes the (subset) address list to the channel on change.
+
+    ``interval``, ``min_interval`` and ``timeout`` are in seconds (None: the defaults, or the channel
+    options applied by ``configure``). ``clock`` is for tests.
+    """
+
+    def __init__(self, target: Target, subsetter: Subsetter | None, *, interval: float | None = None,
+                 min_interval: float | None = None, timeout: float | None = None,
+                 clock: Callable[[], float] = time.monotonic) -> None:
         self.target = target
         self.subsetter = subsetter
         self.interval = DEFAULT_INTERVAL if interval is None else interval
+        self.min_interval = DEFAULT_MIN_INTERVAL if min_interval is None else min_interval
+        self.timeout = DEFAULT_TIMEOUT if timeout is None else timeout
+        for name in ("interval", "min_interval", "timeout"):
+            value = getattr(self, name)
+            if not 0 < value < float("inf"):
+                raise ValueError(f"dns resolver: {name} must be a number of seconds > 0, got {value!r}")
+        self._clock = clock
         self.host, self.port = _split(target.endpoints[0])
         self._server: tuple[str, int] | None = None
         if target.authority:
@@ -53,59 +116,159 @@ class DnsResolver:
             self._server = _split(target.authority)
         self._future: Any = None
         self._closed = False
+        self._wake: asyncio.Event | None = None
+        self._last_lookup: float | None = None
+        #: Lookups done so far (introspection and tests).
+        self.lookups = 0
 
-    def start(self, on_update: Callable[[Sequence[Backend]], None], on_error: Callable[[str], None]) -> None:
-        self._future = _loop.submit(self._run(on_update, on_error))
+    # ---- configuration and hooks -------------------------------------------------------------------
 
-    async def resolve(self) -> list[str]:
-        """The current addresses (``ip:port``), sorted, deduplicated."""
+    def configure(self, options: Iterable[tuple[str, Any]]) -> None:
+        """Take the intervals from channel options (milliseconds): ``waypost.dns_refresh_interval_ms``,
+        ``grpc.dns_min_time_between_resolutions_ms``, ``grpc.dns_ares_query_timeout``. Call before start."""
+        opts = dict(options)
+        self.interval = _seconds_option(opts, INTERVAL_OPTION, self.interval)
+        self.min_interval = _seconds_option(opts, MIN_INTERVAL_OPTION, self.min_interval)
+        self.timeout = _seconds_option(opts, TIMEOUT_OPTION, self.timeout)
+
+    def request_resolution(self, reason: str = "") -> None:
+        """Re-resolve soon (a backend connection failed); from any thread, non-blocking. Rate-limited to
+        one lookup per ``min_interval``."""
+        if self._closed:
+            return
+        log.debug("waypost: re-resolution of %s requested: %s", self.target.redacted, reason)
+        try:
+            _loop.call_soon(self._set_wake)
+        except RuntimeError:  # control loop gone (interpreter exit)
+            pass
+
+    def _set_wake(self) -> None:
+        if self._wake is not None:
+            self._wake.set()
+
+    # ---- lookups ------------------------------------------------------------------------------------
+
+    def _where(self) -> str:
+        return f" via {_join(*self._server)}" if self._server is not None else ""
+
+    async def lookup(self) -> Resolution:
+        """One lookup now. Raises ``DnsLookupError`` (naming the host) when there is no usable address."""
         try:
             ipaddress.ip_address(self.host)
-            return [_join(self.host, self.port)]
+            return Resolution((_join(self.host, self.port),), None)
         except ValueError:
             pass
         if self._server is None:
-            infos = await asyncio.get_running_loop().getaddrinfo(self.host, self.port, type=socket.SOCK_STREAM)
+            try:
+                infos = await asyncio.get_running_loop().getaddrinfo(self.host, self.port, type=socket.SOCK_STREAM)
+            except socket.gaierror as e:
+                raise DnsLookupError(f"dns: cannot resolve {self.host}: {e.strerror or e}") from None
             ips = {str(info[4][0]) for info in infos}
-        else:
-            import dns.asyncresolver
-            import dns.resolver
-
-            r = dns.asyncresolver.Resolver(configure=False)
-            r.nameservers = [self._server[0]]
-            r.port = self._server[1]
-            ips = set()
-            for rdtype in ("A", "AAAA"):
-                try:
-                    ans = await r.resolve(self.host, rdtype, lifetime=5.0)
-                except (dns.resolver.NoAnswer, dns.resolver.NXDOMAIN):
-                    continue
-                ips.update(a.to_text() for a in ans)
             if not ips:
-                raise OSError(f"no A/AAAA records for {self.host}")
-        return sorted(_join(ip, self.port) for ip in ips)
+                raise DnsLookupError(f"dns: no addresses for {self.host}")
+            return Resolution(tuple(sorted(_join(ip, self.port) for ip in ips)), None)
+        return await self._lookup_server()
+
+    async def _lookup_server(self) -> Resolution:
+        import dns.asyncresolver
+        import dns.exception
+        import dns.resolver
+
+        assert self._server is not None
+        r = dns.asyncresolver.Resolver(configure=False)
+        r.nameservers = [self._server[0]]
+        r.port = self._server[1]
+        r.cache = None  # every lookup asks the server: the point is to see changes
+
+        async def ask(rdtype: str) -> Any:
+            try:
+                return await r.resolve(self.host, rdtype, lifetime=self.timeout, search=False)
+            except (dns.resolver.NoAnswer, dns.resolver.NXDOMAIN) as e:
+                return e
+
+        results = await asyncio.gather(ask("A"), ask("AAAA"), return_exceptions=True)
+        ips: set[str] = set()
+        ttls: list[float] = []
+        nxdomain = 0
+        for res in results:
+            if isinstance(res, dns.resolver.NXDOMAIN):
+                nxdomain += 1
+            elif isinstance(res, dns.resolver.NoAnswer):
+                pass
+            elif isinstance(res, dns.exception.Timeout):
+                raise DnsLookupError(f"dns: lookup of {self.host}{self._where()} timed out "
+                                     f"after {self.timeout:g} s") from None
+            elif isinstance(res, BaseException):
+                raise DnsLookupError(f"dns: lookup of {self.host}{self._where()} failed: {res}") from None
+            else:
+                ips.update(a.to_text() for a in res)
+                if res.rrset is not None:
+                    ttls.append(float(res.rrset.ttl))
+        if not ips:
+            if nxdomain:
+                raise DnsLookupError(f"dns: {self.host} does not exist (NXDOMAIN{self._where()})")
+            raise DnsLookupError(f"dns: {self.host} has no A or AAAA records{self._where()}")
+        return Resolution(tuple(sorted(_join(ip, self.port) for ip in ips)), min(ttls) if ttls else None)
+
+    async def resolve(self) -> list[str]:
+        """The current addresses (``ip:port``), sorted, deduplicated."""
+        return list((await self.lookup()).addresses)
+
+    # ---- the loop -----------------------------------------------------------------------------------
+
+    def start(self, on_update: Callable[[Sequence[Backend]], None], on_error: Callable[[str], None]) -> None:
+        """Resolve in the background on the control loop (calls wait for the first list meanwhile)."""
+        self._future = _loop.submit(self._run(on_update, on_error))
 
     async def _run(self, on_update: Callable[[Sequence[Backend]], None], on_error: Callable[[str], None]) -> None:
-        last: list[str] | None = None
-        backoff = 1.0
+        self._wake = asyncio.Event()
+        last: tuple[str, ...] | None = None
+        failures = 0
+        last_error = ""
         while not self._closed:
+            self._wake.clear()  # a request during the lookup below still wakes the next wait
+            self._last_lookup = self._clock()
+            self.lookups += 1
             try:
-                addrs = await self.resolve()
+                res = await self.lookup()
+            except asyncio.CancelledError:
+                raise
             except Exception as e:  # noqa: BLE001  # keep the last list; retry with backoff
-                log.warning("waypost: resolving %s failed: %s", self.target.redacted, e)
-                on_error(f"dns: {e}")
-                await asyncio.sleep(backoff)
-                backoff = min(backoff * 2, self.interval)
+                failures += 1
+                msg = str(e) if isinstance(e, DnsLookupError) else f"dns: resolving {self.host} failed: {e!r}"
+                # one warning per distinct failure, not one per retry
+                (log.warning if msg != last_error else log.debug)(
+                    "waypost: resolving %s failed (%s); %s", self.target.redacted, msg,
+                    "keeping the last addresses" if last is not None else "no addresses yet")
+                last_error = msg
+                on_error(msg)
+                await asyncio.sleep(min(FIRST_BACKOFF * 2 ** (failures - 1), self.interval))
                 continue
-            backoff = 1.0
-            if addrs != last:
-                last = addrs
-                backends: Sequence[Backend] = [Backend(a) for a in addrs]
+            if failures:
+                log.info("waypost: resolving %s works again after %d failed lookups", self.target.redacted,
+                         failures)
+            failures, last_error = 0, ""
+            if res.addresses != last:
+                last = res.addresses
+                backends: Sequence[Backend] = [Backend(a) for a in res.addresses]
                 if self.subsetter is not None:
                     backends = self.subsetter.select(backends)
-                log.debug("waypost: %s -> %s", self.target.redacted, addrs)
+                log.debug("waypost: %s -> %s (ttl %s)", self.target.redacted, res.addresses, res.ttl)
                 on_update(backends)
-            await asyncio.sleep(self.interval)
+            await self._wait(next_delay(res.ttl, self.interval, self.min_interval))
+
+    async def _wait(self, delay: float) -> None:
+        """Sleep ``delay`` s, or less when a re-resolution is requested, but at least until
+        ``min_interval`` after the last lookup."""
+        assert self._wake is not None
+        try:
+            await asyncio.wait_for(self._wake.wait(), delay)
+        except asyncio.TimeoutError:
+            return
+        assert self._last_lookup is not None
+        rest = self._last_lookup + min(self.min_interval, delay) - self._clock()
+        if rest > 0:
+            await asyncio.sleep(rest)
 
     def close(self) -> None:
         self._closed = True
