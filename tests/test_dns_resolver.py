@@ -158,7 +158,7 @@ def test_records_changed_while_running_are_pushed_and_failures_keep_the_last_set
         r.close()
 
 
-def test_name_removed_after_a_good_set_keeps_the_set(dnsmasq: Dnsmasq):  # noqa: F811
+def test_name_removed_after_a_good_set_keeps_the_set_until_it_returns(dnsmasq: Dnsmasq):  # noqa: F811
     dnsmasq.set({"svc.test": ["127.0.0.2"]})
     r = resolver(dnsmasq.target("svc.test", 80), interval=0.2, min_interval=0.1)
     c = Collector()
@@ -168,6 +168,10 @@ def test_name_removed_after_a_good_set_keeps_the_set(dnsmasq: Dnsmasq):  # noqa:
         dnsmasq.set({})
         wait_until(lambda: any("NXDOMAIN" in e for e in c.errors), what="NXDOMAIN reported")
         assert c.updates == [["127.0.0.2:80"]]
+        # back with the same address: pushed again all the same, which clears the channel's resolver error
+        dnsmasq.set({"svc.test": ["127.0.0.2"]})
+        wait_until(lambda: len(c.updates) == 2, what="recovery pushed")
+        assert c.updates == [["127.0.0.2:80"], ["127.0.0.2:80"]]
     finally:
         r.close()
 

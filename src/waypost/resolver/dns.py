@@ -160,9 +160,14 @@ class DnsResolver:
             pass
         if self._server is None:
             try:
-                infos = await asyncio.get_running_loop().getaddrinfo(self.host, self.port, type=socket.SOCK_STREAM)
+                # bounded like a server lookup (the executor thread finishes on the system's own timeouts)
+                infos = await asyncio.wait_for(asyncio.get_running_loop().getaddrinfo(
+                    self.host, self.port, type=socket.SOCK_STREAM), self.timeout)
             except socket.gaierror as e:
                 raise DnsLookupError(f"dns: cannot resolve {self.host}: {e.strerror or e}") from None
+            except asyncio.TimeoutError:
+                raise DnsLookupError(f"dns: resolving {self.host} (system resolver) timed out after "
+                                     f"{self.timeout:g} s") from None
             ips = {str(info[4][0]) for info in infos}
             if not ips:
                 raise DnsLookupError(f"dns: no addresses for {self.host}")
@@ -244,11 +249,13 @@ class DnsResolver:
                 on_error(msg)
                 await asyncio.sleep(min(FIRST_BACKOFF * 2 ** (failures - 1), self.interval))
                 continue
-            if failures:
+            recovered = failures > 0
+            if recovered:
                 log.info("waypost: resolving %s works again after %d failed lookups", self.target.redacted,
                          failures)
             failures, last_error = 0, ""
-            if res.addresses != last:
+            # after failures, push even an unchanged list: it clears the error the channel shows on calls
+            if res.addresses != last or recovered:
                 last = res.addresses
                 backends: Sequence[Backend] = [Backend(a) for a in res.addresses]
                 if self.subsetter is not None:
