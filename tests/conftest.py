@@ -73,7 +73,4 @@ def registry(registry_url):
     try:
         yield reg
     finally:
-        try:
-            _loop.run(reg.close(), 10)
-        except Exception:
-            pass
+        _loop.run(reg.close(), 10)
