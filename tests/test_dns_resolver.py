@@ -220,6 +220,28 @@ def test_requested_re_resolution_is_rate_limited_to_min_interval(tmp_path: Path)
         d.stop()
 
 
+def test_a_failing_callback_does_not_end_the_loop(dnsmasq: Dnsmasq, caplog):  # noqa: F811
+    dnsmasq.set({"svc.test": ["127.0.0.2"]})
+    r = resolver(dnsmasq.target("svc.test", 80), interval=0.1, min_interval=0.1)
+    c = Collector()
+    calls = []
+
+    def flaky(backends) -> None:  # type: ignore[no-untyped-def]
+        calls.append(1)
+        if len(calls) == 1:
+            raise RuntimeError("channel hiccup")
+        c.on_update(backends)
+
+    r.start(flaky, c.on_error)
+    try:
+        wait_until(lambda: c.last == ["127.0.0.2:80"], what="the list pushed again after the failed callback")
+        assert len(calls) == 2 and "resolver callback" in caplog.text
+        dnsmasq.set({"svc.test": ["127.0.0.3"]})
+        wait_until(lambda: c.last == ["127.0.0.3:80"], what="later changes still pushed")
+    finally:
+        r.close()
+
+
 async def test_close_stops_the_loop(dnsmasq: Dnsmasq):  # noqa: F811
     dnsmasq.set({"svc.test": ["127.0.0.2"]})
     r = resolver(dnsmasq.target("svc.test", 80), interval=0.1, min_interval=0.1)

@@ -246,7 +246,7 @@ class DnsResolver:
                     "waypost: resolving %s failed (%s); %s", self.target.redacted, msg,
                     "keeping the last addresses" if last is not None else "no addresses yet")
                 last_error = msg
-                on_error(msg)
+                self._notify(on_error, msg)
                 await asyncio.sleep(min(FIRST_BACKOFF * 2 ** (failures - 1), self.interval))
                 continue
             recovered = failures > 0
@@ -256,13 +256,22 @@ class DnsResolver:
             failures, last_error = 0, ""
             # after failures, push even an unchanged list: it clears the error the channel shows on calls
             if res.addresses != last or recovered:
-                last = res.addresses
                 backends: Sequence[Backend] = [Backend(a) for a in res.addresses]
                 if self.subsetter is not None:
                     backends = self.subsetter.select(backends)
                 log.debug("waypost: %s -> %s (ttl %s)", self.target.redacted, res.addresses, res.ttl)
-                on_update(backends)
+                if self._notify(on_update, backends):
+                    last = res.addresses  # else pushed again after the next lookup
             await self._wait(next_delay(res.ttl, self.interval, self.min_interval))
+
+    def _notify(self, fn: Callable[[Any], None], arg: Any) -> bool:
+        # A failing channel callback must not end the resolver loop (the control plane never dies).
+        try:
+            fn(arg)
+        except Exception:
+            log.exception("waypost: resolver callback for %s failed", self.target.redacted)
+            return False
+        return True
 
     async def _wait(self, delay: float) -> None:
         """Sleep ``delay`` s, or less when a re-resolution is requested, but at least until
