@@ -117,7 +117,8 @@ class _Group:
         except asyncio.TimeoutError:
             raise RegistryUnavailable(
                 f"could not read {self.main.key!r} from {self.registry.url} within {timeout:g}s"
-                + (f": {self.last_error}" if self.last_error else "")
+                + (f": {str(self.last_error) or type(self.last_error).__name__}" if self.last_error
+                   else ": no answer (is etcd running there?)")
             ) from None
         if not exclusive and self.shared is not None:
             self.shared_users += 1
