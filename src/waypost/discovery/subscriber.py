@@ -169,7 +169,10 @@ class _Group:
     # -- reading --------------------------------------------------------------------------------
 
     async def _load(self, src: _Source) -> None:
-        res = await asyncio.wait_for(self.registry.get(src.key, prefix=src.prefix), GET_TIMEOUT)
+        try:
+            res = await asyncio.wait_for(self.registry.get(src.key, prefix=src.prefix), GET_TIMEOUT)
+        except asyncio.TimeoutError:
+            raise RegistryUnavailable(f"get of {src.key!r} took longer than {GET_TIMEOUT:g}s") from None
         old = src.raw
         new: dict[str, tuple[bytes, int]] = {}
         if not old:  # the initial load: everything is an add (one pass over a possibly big result)
