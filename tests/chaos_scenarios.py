@@ -366,8 +366,11 @@ def etcd_down(etcd: LocalEtcd, down_s: float = 10.0, ttl: int = 10, key: str = "
             want = {a.address, b.address}
             etcd.members[0].stop()
             time.sleep(down_s)
+            close_registry(probe)
             etcd.members[0].start()
             t_back = time.monotonic()
+            # a fresh client: the time measured is the publishers', not this probe's own reconnection
+            probe = private_registry(etcd.endpoints)
             back = wait_for(lambda: registered_values(probe, key) == want, 30)
             r.recovery_s = round(time.monotonic() - t_back, 3)
             seen = registered_values(probe, key) or set()
