@@ -14,7 +14,7 @@ blocking facade for the CLI, scripts and tests.
 from __future__ import annotations
 
 import abc
-from collections.abc import AsyncIterator, Callable
+from collections.abc import AsyncIterator, Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Any, Literal
 
@@ -40,9 +40,25 @@ class Event:
 
 @dataclass(frozen=True, slots=True)
 class GetResult:
-    kvs: list[KeyValue]
+    """What ``Registry.get`` returns.
+
+    ``kvs`` is a read-only ``Sequence[KeyValue]`` in key order that compares equal to the list of
+    the same KeyValues (``res.kvs == []`` works). The memory backend gives a list; the etcd backend
+    gives a lazy sequence that builds the KeyValues on first element access, since converting a big
+    response costs more than reading it. Do not mutate it: copy with ``list(res.kvs)``.
+    """
+
+    kvs: Sequence[KeyValue]
     revision: int  # the store revision the read was served at (header revision)
     count: int = 0
+
+    def value_revisions(self) -> dict[str, tuple[bytes, int]]:
+        """``key -> (value, mod_revision)`` for every kv, in key order; a backend whose ``kvs``
+        offers ``value_revisions()`` answers without building KeyValue objects (discovery's cache)."""
+        fast = getattr(self.kvs, "value_revisions", None)
+        if fast is not None:
+            return fast()  # type: ignore[no-any-return]
+        return {kv.key: (kv.value, kv.mod_revision) for kv in self.kvs}
 
 
 @dataclass(frozen=True, slots=True)

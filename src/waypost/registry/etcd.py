@@ -4,7 +4,8 @@ from __future__ import annotations
 
 import logging
 import types
-from typing import Any
+from collections.abc import Iterator, Sequence
+from typing import Any, overload
 
 from .. import _loop
 from ..errors import LeaseNotFound, RegistryUnavailable
@@ -52,6 +53,81 @@ def _make_fast_kv() -> Any:
 _kv = _make_fast_kv()
 
 
+class _LazyKeyValues(Sequence[KeyValue]):
+    """The kvs of a Range response as a read-only Sequence of KeyValue, converted on first access.
+
+    Converting 1,000 protobuf messages to KeyValues costs more than the Range call itself, and many
+    callers only need ``len``/``count`` or (the subscriber) key, value and revision. ``len`` and
+    ``value_revisions()`` never build KeyValues; any element access converts them all once (safe
+    from any thread: a race just converts twice) and drops the response. Equal to a list (or any
+    sequence) of the same KeyValues, so ``res.kvs == []`` keeps working.
+    """
+
+    __slots__ = ("_list", "_pb")
+
+    def __init__(self, pb_kvs: Any) -> None:
+        self._pb: Any = pb_kvs
+        self._list: list[KeyValue] | None = None
+
+    # Read _pb before _list: _list is set before _pb is dropped, so a None _list means the _pb
+    # read just before was still the response (no lock needed for concurrent readers).
+    def _items(self) -> list[KeyValue]:
+        pb = self._pb
+        items = self._list
+        if items is None:
+            kv = _kv
+            items = self._list = [kv(m) for m in pb]
+            self._pb = None
+        return items
+
+    def __len__(self) -> int:
+        pb = self._pb
+        items = self._list
+        return len(pb) if items is None else len(items)
+
+    @overload
+    def __getitem__(self, i: int) -> KeyValue: ...
+
+    @overload
+    def __getitem__(self, i: slice) -> list[KeyValue]: ...
+
+    def __getitem__(self, i: int | slice) -> KeyValue | list[KeyValue]:
+        return self._items()[i]
+
+    def __iter__(self) -> Iterator[KeyValue]:
+        return iter(self._items())
+
+    def __reversed__(self) -> Iterator[KeyValue]:
+        return reversed(self._items())
+
+    def __contains__(self, x: object) -> bool:
+        return x in self._items()
+
+    def __eq__(self, other: object) -> bool:
+        if isinstance(other, _LazyKeyValues):
+            other = other._items()
+        if isinstance(other, list):  # as the list it stands for: never equal to a tuple
+            return len(self) == len(other) and self._items() == other
+        return NotImplemented
+
+    def __ne__(self, other: object) -> bool:
+        eq = self.__eq__(other)
+        return eq if eq is NotImplemented else not eq
+
+    __hash__ = None  # type: ignore[assignment]  # mutable-looking like the list it stands for
+
+    def __repr__(self) -> str:
+        return repr(self._items())
+
+    def value_revisions(self) -> dict[str, tuple[bytes, int]]:
+        """key -> (value, mod_revision) straight from the messages, building no KeyValue."""
+        pb = self._pb
+        items = self._list
+        if items is not None:
+            return {kv.key: (kv.value, kv.mod_revision) for kv in items}
+        return {m.key.decode("utf-8", "surrogateescape"): (m.value, m.mod_revision) for m in pb}
+
+
 def _event(ev: Any) -> Event:
     prev = _kv(ev.prev_kv) if ev.HasField("prev_kv") else None
     return Event("delete" if ev.type == 1 else "put", _kv(ev.kv), prev)
@@ -93,7 +169,7 @@ class EtcdRegistry(Registry):
         k, end = key_range(key, prefix)
         r = await self.client.range(k, end, revision=revision, limit=limit, keys_only=keys_only,
                                     count_only=count_only)
-        return GetResult([_kv(m) for m in r.kvs], r.header.revision, r.count)
+        return GetResult(_LazyKeyValues(r.kvs), r.header.revision, r.count)
 
     async def put(self, key: str, value: bytes, *, lease: int = 0, prev_kv: bool = False) -> PutResult:
         r = await self.client.put(encode_key(key), bytes(value), lease=lease, prev_kv=prev_kv)

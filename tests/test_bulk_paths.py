@@ -1,0 +1,135 @@
+"""The fast paths behind the two big-read benchmarks behave exactly like the plain ones.
+
+- ``GetResult.kvs`` of the etcd backend is a lazy sequence: it must look like the list it replaced;
+- ``GetResult.value_revisions()`` gives the same mapping with and without the lazy sequence.
+"""
+
+from __future__ import annotations
+
+import threading
+
+from waypost.registry.base import GetResult, KeyValue
+
+
+def _fill(s, key: str) -> None:
+    for name, value in (("b", b"2"), ("a", b"1"), ("c", b"3")):
+        s.put(f"{key}/{name}", value)
+
+
+def test_get_kvs_behave_like_a_list(registry, unique_key):
+    s = registry.sync
+    _fill(s, unique_key)
+    res = s.get(unique_key + "/", prefix=True)
+    kvs = res.kvs
+    assert len(kvs) == 3 and bool(kvs)
+    plain = list(kvs)
+    assert [kv.key for kv in plain] == [f"{unique_key}/{n}" for n in "abc"]
+    assert all(isinstance(kv, KeyValue) for kv in plain)
+    assert kvs == plain and plain == kvs
+    assert kvs.__ne__(plain) is False
+    assert kvs != [] and kvs != plain[:2] and kvs != tuple(plain)
+    assert kvs[0] == plain[0] and kvs[-1] == plain[-1] and kvs[1:] == plain[1:]
+    assert list(reversed(kvs)) == plain[::-1]
+    assert plain[1] in kvs and kvs.index(plain[2]) == 2
+    (a, b, c) = kvs
+    assert (a.value, b.value, c.value) == (b"1", b"2", b"3")
+    assert repr(kvs) == repr(plain)
+    assert res == GetResult(plain, res.revision, res.count)
+
+    empty = s.get(unique_key + "/none/", prefix=True)
+    assert empty.kvs == [] and not empty.kvs and len(empty.kvs) == 0 and list(empty.kvs) == []
+    counted = s.get(unique_key + "/", prefix=True, count_only=True)
+    assert (counted.kvs, counted.count) == ([], 3)
+
+
+def test_value_revisions_matches_the_kvs(registry, unique_key):
+    s = registry.sync
+    _fill(s, unique_key)
+    s.put(unique_key + "/a", b"1bis")
+    res = s.get(unique_key + "/", prefix=True)
+    fast = res.value_revisions()  # before any element access: straight from the response
+    expected = {kv.key: (kv.value, kv.mod_revision) for kv in res.kvs}
+    assert fast == expected and list(fast) == sorted(fast)
+    assert res.value_revisions() == expected  # after conversion: from the KeyValues
+    assert expected[unique_key + "/a"][1] > expected[unique_key + "/c"][1]
+    plain = GetResult(list(res.kvs), res.revision, res.count)
+    assert plain.value_revisions() == expected
+
+
+def test_undecodable_key_bytes_survive_the_lazy_path(registry, unique_key):
+    key = unique_key + "/\udcff\udcfe"  # bytes ff fe, kept via surrogateescape
+    registry.sync.put(key, b"v")
+    res = registry.sync.get(unique_key + "/", prefix=True)
+    assert res.value_revisions().keys() == {key}
+    assert [kv.key for kv in res.kvs] == [key]
+
+
+def test_concurrent_first_access_converts_consistently(registry, unique_key):
+    s = registry.sync
+    for i in range(200):
+        s.put(f"{unique_key}/{i:03d}", str(i).encode())
+    for _ in range(5):
+        res = s.get(unique_key + "/", prefix=True)
+        seen: list[list[str]] = []
+        errors: list[BaseException] = []
+        barrier = threading.Barrier(4)
+
+        def read(res=res, seen=seen, errors=errors, barrier=barrier) -> None:
+            try:
+                barrier.wait(10)
+                seen.append([kv.key for kv in res.kvs])
+                assert len(res.kvs) == 200
+            except BaseException as e:  # noqa: BLE001 (reported below)
+                errors.append(e)
+
+        threads = [threading.Thread(target=read) for _ in range(4)]
+        for t in threads:
+            t.start()
+        for t in threads:
+            t.join(30)
+        assert not errors
+        assert len(seen) == 4 and all(keys == [f"{unique_key}/{i:03d}" for i in range(200)] for keys in seen)
+
+
+def _one_by_one(fmt, records):
+    out = []
+    for key, value in records:
+        entry = fmt.decode(key, value)
+        if entry is not None:
+            out.append((key, entry))
+    return out
+
+
+def test_gozero_decode_many_matches_decode_on_every_port_spelling():
+    from waypost.registry.formats import GOZERO
+
+    ports = [str(p) for p in range(70000)] + ["0" * n + str(p) for n in (1, 2, 4) for p in (0, 1, 80, 6553, 65535)]
+    ports += ["", "-1", "+80", "8O80", "\u0668\u0660", "080800", "655350", "99999"]
+    records = [(f"k/{i}", f"10.0.0.1:{p}".encode()) for i, p in enumerate(ports)]
+    fast = GOZERO.decode_many(records)
+    assert fast == _one_by_one(GOZERO, records)
+    assert len(fast) == 65535 + 6  # 1..65535, and 01 080 06553 001 0080 00001 (at most 5 digits)
+
+
+def test_gozero_decode_many_matches_decode_on_odd_values():
+    from hypothesis import given, settings
+    from hypothesis import strategies as st
+
+    from waypost.registry.formats import GOZERO
+
+    samples = [b"[::1]:443", b"[fe80::1%eth0]:80", b"unix:/tmp/s.sock", b"unix-abstract:x", b"h\xc3\xa9te:1",
+               b"\xff\xfe:80", b"host:80 ", b" host:80", b"ho st:80", b"host:80\n", b"a:b:80", b"host/x:80",
+               b"x" * 1020 + b":80", b"x" * 1021 + b":80", "\u00e9".encode() * 600 + b":80", b"", b":80",
+               b"[]:80", b"[::1]", b"localhost:65535", b"localhost:65536", b"x" * 70000]
+    records = [(f"odd/{i}", v) for i, v in enumerate(samples)]
+    assert GOZERO.decode_many(records) == _one_by_one(GOZERO, records)
+
+    @settings(max_examples=300, deadline=None)
+    @given(st.lists(st.tuples(st.text(max_size=8), st.one_of(
+        st.binary(max_size=40),
+        st.builds(lambda h, p: f"{h}:{p}".encode("utf-8", "surrogatepass"), st.text(max_size=12),
+                  st.text(alphabet="0123456789", max_size=7))))))
+    def check(records):
+        assert GOZERO.decode_many(records) == _one_by_one(GOZERO, records)
+
+    check()
