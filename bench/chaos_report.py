@@ -41,6 +41,7 @@ SCENARIOS: dict[str, tuple[int, Callable[[LocalEtcd, bool], list[cs.Result]]]] =
     "compaction": (1, lambda e, q: [cs.compaction_churn(e, churn_s=1.5 if q else 6.0)]),
     "churn": (1, lambda e, q: [cs.publisher_churn(e, churn_s=2.0 if q else 10.0)]),
     "backend": (1, lambda e, q: cs.backend_kill_and_stop(e, stop_s=2.0 if q else 5.0)),
+    "graceful_stop": (1, lambda e, q: [cs.graceful_stop(e)]),
     "frozen_publisher": (1, lambda e, q: [cs.publisher_frozen(e, ttl=2 if q else 5)]),
 }
 

@@ -28,6 +28,7 @@ sys.path.insert(0, str(ROOT))
 
 import grpc
 
+import waypost
 from tests.backends import echo_pb2_grpc
 from tests.backends.server import EchoServicer
 from waypost.discovery import Publisher
@@ -62,10 +63,22 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--ports", type=int, default=1)
     ap.add_argument("--ttl", type=int, default=10)
     ap.add_argument("--workers", type=int, default=16)
+    ap.add_argument("--serve", action="store_true",
+                    help="one port, registered and stopped by waypost.serve (its own graceful stop on quit)")
     args = ap.parse_args(argv)
 
     server = grpc.server(futures.ThreadPoolExecutor(max_workers=args.workers), options=[("grpc.so_reuseport", 0)])
     echo_pb2_grpc.add_EchoServicer_to_server(EchoServicer(args.name), server)
+    if args.serve:
+        handle = waypost.serve(server, args.key, listen_on="127.0.0.1:0", registry=args.registry, ttl=args.ttl,
+                               grace=5.0, register_timeout=30.0)
+        sys.stdout.write(f"READY {json.dumps([handle.address])}\n")
+        sys.stdout.flush()
+        for line in sys.stdin:
+            if line.split()[:1] == ["quit"]:
+                break
+        handle.stop()
+        return 0
     ports = [server.add_insecure_port("127.0.0.1:0") for _ in range(args.ports)]
     server.start()
     addresses = [f"127.0.0.1:{p}" for p in ports]
@@ -89,7 +102,10 @@ def main(argv: list[str] | None = None) -> int:
     finally:
         for p in pubs:
             p.stop()
-        server.stop(0.5).wait(5)
+        # keep serving while the clients learn of the deregistration: a grpcio server refuses calls that
+        # arrive once stop() has begun with CANCELLED (not UNAVAILABLE), which no retryPolicy retries
+        time.sleep(1.0)
+        server.stop(1.0).wait(5)
     return 0
 
 

@@ -184,13 +184,14 @@ class Node:
     """A backend process (``tests/chaos_node.py``). Construct several, then ``ready()`` each: they start in
     parallel."""
 
-    def __init__(self, registry_url: str, key: str, name: str, ports: int = 1, ttl: int = 10) -> None:
+    def __init__(self, registry_url: str, key: str, name: str, ports: int = 1, ttl: int = 10,
+                 serve: bool = False) -> None:
         self.name = name
         env = dict(os.environ)
         env["PYTHONPATH"] = os.pathsep.join([str(ROOT), str(ROOT / "src"), env.get("PYTHONPATH", "")])
         self.proc = subprocess.Popen(
             [sys.executable, str(ROOT / "tests" / "chaos_node.py"), "--registry", registry_url, "--key", key,
-             "--name", name, "--ports", str(ports), "--ttl", str(ttl)],
+             "--name", name, "--ports", str(ports), "--ttl", str(ttl), *(["--serve"] if serve else [])],
             cwd=ROOT, env=env, stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
         self.addresses: list[str] = []
 
@@ -230,6 +231,17 @@ class Node:
     @property
     def address(self) -> str:
         return self.addresses[0]
+
+    def quit(self, timeout: float = 30.0) -> bool:
+        """Ask the node to stop gracefully; True if it exited within ``timeout``."""
+        assert self.proc.stdin is not None
+        self.proc.stdin.write("quit\n")
+        self.proc.stdin.flush()
+        try:
+            self.proc.wait(timeout)
+        except subprocess.TimeoutExpired:
+            return False
+        return True
 
     def signal(self, sig: int) -> None:
         if self.proc.poll() is None:
@@ -607,6 +619,25 @@ def backend_kill_and_stop(etcd: LocalEtcd, stop_s: float = 3.0, key: str = "chao
         res.check(res.recovery_s is not None and res.recovery_s <= (res.bound_s or 0),
                   f"victim left the picker only after {res.recovery_s} s")
     return [kill, stop]
+
+
+def graceful_stop(etcd: LocalEtcd, key: str = "chaos-graceful.rpc") -> Result:
+    """A backend run by ``waypost.serve`` stopped gracefully (its own stop sequence: deregister, NOT_SERVING,
+    refuse new calls, drain) while the clients call it without pause: no call may fail."""
+    r = Result("backend graceful stop (serve)", bound_s=3.0, recovery_what="victim out of the picker")
+    with nodes(etcd.url(), key, ["a", "b", "victim"], serve=True) as (_a, _b, victim), \
+            loaded_channel(etcd_target(etcd.endpoints, key), warm=3) as (ch, load):
+        t0 = time.monotonic()
+        stopped = victim.quit()
+        r.check(stopped, "the victim did not finish its graceful stop in time")
+        gone = wait_for(lambda: victim.address not in ch.balancer.ready_addresses(), 20)
+        r.recovery_s = round(time.monotonic() - t0, 3)
+        r.check(gone, "the stopped backend is still in the picker")
+        time.sleep(0.5)
+        load.stop()
+        load.fill(r)
+        r.check(r.recovery_s <= (r.bound_s or 0), f"left the picker only after {r.recovery_s} s")
+    return r
 
 
 def publisher_frozen(etcd: LocalEtcd, ttl: int = 2, key: str = "chaos-frozen.rpc") -> Result:

@@ -7,6 +7,7 @@ load in this process, injects one fault, and returns what it saw; the assertion 
 
 from __future__ import annotations
 
+import json
 import subprocess
 import sys
 from pathlib import Path
@@ -20,6 +21,9 @@ pytestmark = [pytest.mark.slow, pytest.mark.timeout(180)]
 def _assert_held(*results: cs.Result) -> None:
     text = cs.fmt_table(list(results))
     print("\n" + text)
+    for r in results:
+        if r.problems:  # what was seen, for the failure message
+            text += "\n" + json.dumps(r.details, indent=1, default=str)
     for r in results:
         assert r.sent > 0 or r.scenario.startswith("compaction"), text
         assert r.problems == [], text
@@ -92,3 +96,13 @@ def test_lease_recovery_is_make_before_break(etcd):
             p.stop()
     finally:
         cs.close_registry(reg)
+
+
+@pytest.mark.xfail(reason="KNOWN BUG in server.py (ServeHandle.stop / AsyncServeHandle.stop): server.stop(grace) "
+                          "starts right after the deregistration, before clients have seen it; grpcio answers calls "
+                          "arriving after stop() began with CANCELLED (not UNAVAILABLE), which no retryPolicy "
+                          "retries: ~1 failed call in 3 runs. Fix: keep serving ~1 s (a deregistration delay) "
+                          "between publisher.stop() and server.stop(grace) -- see the helper H report (validated: "
+                          "6/6 clean). Remove this marker once fixed.", strict=False)
+def test_graceful_stop_by_serve_under_load(etcd):
+    _assert_held(cs.graceful_stop(etcd))
