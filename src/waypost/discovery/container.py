@@ -7,9 +7,11 @@ another entry replaces it, so a value change is never lost (go-zero's reload pat
 
 from __future__ import annotations
 
+import dataclasses
 import logging
-from collections.abc import Callable, Iterable
-from types import MappingProxyType
+from collections.abc import Callable, Iterable, Mapping
+from types import MappingProxyType, MemberDescriptorType
+from typing import Any
 
 from ..balancer.base import Backend
 from ..registry.formats import Entry
@@ -17,6 +19,29 @@ from ..registry.formats import Entry
 log = logging.getLogger("waypost.discovery")
 
 Listener = Callable[[], None]
+
+
+def _backend_builder() -> Callable[[str, Mapping[str, Any]], Backend]:
+    """``Backend(address, metadata)`` without the frozen dataclass' per-field ``object.__setattr__``
+    (a big initial load builds one per address); the plain constructor if Backend changes shape."""
+    slots = [Backend.__dict__.get(f) for f in ("address", "metadata")]
+    if ([f.name for f in dataclasses.fields(Backend)] != ["address", "metadata"]
+            or hasattr(Backend, "__post_init__")
+            or not all(isinstance(s, MemberDescriptorType) for s in slots)):
+        return Backend
+    set_address, set_metadata = (s.__set__ for s in slots)  # type: ignore[union-attr]
+    new = object.__new__
+
+    def backend(address: str, metadata: Mapping[str, Any]) -> Backend:
+        b = new(Backend)
+        set_address(b, address)
+        set_metadata(b, metadata)
+        return b  # type: ignore[no-any-return]
+
+    return backend
+
+
+_new_backend = _backend_builder()
 
 
 class Container:
@@ -75,24 +100,46 @@ class Container:
         return changed
 
     def _bulk_load(self, adds: Iterable[tuple[str, Entry]]) -> bool:
-        """Fill an empty, non-exclusive container (a new subscriber on a big set) in one pass."""
+        """Fill an empty, non-exclusive container (a new subscriber on a big set) in a few tight
+        passes; the result is what ``_add`` one by one would give."""
         mapping, values = self._mapping, self._values
-        for key, entry in adds:
-            old = mapping.get(key)
-            if old is not None:  # the same key twice in one batch: keep the last, as _add would
-                values[old.address].remove(key)
-                if not values[old.address]:
-                    del values[old.address]
-            mapping[key] = entry
-            keys = values.get(entry.address)
-            if keys is None:
-                values[entry.address] = [key]
-            else:
-                keys.append(key)
+        adds = adds if isinstance(adds, list) else list(adds)
+        mapping.update(adds)
+        if len(mapping) == len(adds):  # distinct keys (the usual case)
+            for key, entry in adds:
+                keys = values.get(entry[0])
+                if keys is None:
+                    values[entry[0]] = [key]
+                else:
+                    keys.append(key)
+        else:
+            mapping.clear()
+            for key, entry in adds:
+                old = mapping.get(key)
+                if old is not None:  # the same key twice in one batch: keep the last, as _add would
+                    values[old.address].remove(key)
+                    if not values[old.address]:
+                        del values[old.address]
+                mapping[key] = entry
+                keys = values.get(entry.address)
+                if keys is None:
+                    values[entry.address] = [key]
+                else:
+                    keys.append(key)
         if not mapping:
             return False
-        self._touched.update(values)
-        self._rebuild()
+        cache = self._backend_of
+        if cache:  # not expected (an empty container holds no Backends), but stay correct
+            self._touched.update(values)
+            self._rebuild()
+        else:
+            new, proxy = _new_backend, MappingProxyType
+            for address, keys in values.items():
+                md = mapping[keys[-1]][1]
+                cache[address] = new(address, md if isinstance(md, proxy) else proxy(dict(md)))
+            self._touched.clear()
+            self._backends = tuple(cache.values())
+            self._snapshot = tuple(values)
         self.notify()
         return True
 

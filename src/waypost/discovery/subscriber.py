@@ -15,16 +15,19 @@ reads that prefix too and joins metadata to addresses by id.
 from __future__ import annotations
 
 import asyncio
+import contextlib
+import gc
 import logging
+import operator
 import random
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from typing import Any
 
 from .. import _loop, metrics
 from ..balancer.base import Backend
 from ..errors import Compacted, PermissionDenied, RegistryError, RegistryUnavailable
-from ..registry.base import Event, Registry, Watch
+from ..registry.base import Event, GetResult, Registry, Watch
 from ..registry.formats import Entry, MetaEntry, WireFormat, get_format
 from .container import Container, Listener
 
@@ -86,6 +89,8 @@ class _Group:
         side = None if exact else fmt.side_prefix(key)
         self.side = _Source(side, True, True) if side else None
         self.entries: dict[str, tuple[Entry, int]] = {}  # main etcd key -> (joined entry, mod_revision)
+        # entries as (key, entry) in revision order, kept from a bulk add until the next change
+        self._ordered: list[tuple[str, Entry]] | None = None
         self.meta: dict[str, MetaEntry] = {}  # id -> side record
         self.containers: list[Container] = []
         # non-exclusive subscribers see the same thing: they share one container (one copy of a big set)
@@ -124,7 +129,9 @@ class _Group:
             self.shared_users += 1
             return self.shared
         container = Container(exclusive)
-        container.apply((), self._ordered_entries())
+        entries = self._ordered_entries()
+        with _gc_paused(len(entries)):
+            container.apply((), entries)
         self.containers.append(container)
         if not exclusive:
             self.shared, self.shared_users = container, 1
@@ -173,17 +180,21 @@ class _Group:
             res = await asyncio.wait_for(self.registry.get(src.key, prefix=src.prefix), GET_TIMEOUT)
         except asyncio.TimeoutError:
             raise RegistryUnavailable(f"get of {src.key!r} took longer than {GET_TIMEOUT:g}s") from None
+        with _gc_paused(len(res.kvs)):
+            self._apply_get(src, res)
+
+    def _apply_get(self, src: _Source, res: GetResult) -> None:
         old = src.raw
-        new: dict[str, tuple[bytes, int]] = {}
-        if not old:  # the initial load: everything is an add (one pass over a possibly big result)
-            puts = []
-            for kv in res.kvs:
-                new[kv.key] = (kv.value, kv.mod_revision)
-                puts.append((kv.key, kv.mod_revision))
+        # key -> (value, mod_revision) straight from the response: no KeyValue per record
+        new = res.value_revisions()
+        if not old:  # the initial load: everything is an add
             src.raw, src.revision = new, res.revision
-            self._changed(src, [], puts)
+            if src is self.main and not self.entries:  # the big case: straight to the bulk add
+                self._ordered = None
+                self._bulk_add(sorted(new, key=lambda k: new[k][1]))
+                return
+            self._changed(src, [], [(k, rv[1]) for k, rv in new.items()])
             return
-        new = {kv.key: (kv.value, kv.mod_revision) for kv in res.kvs}
         deletes, adds = diff({k: v for k, (v, _) in old.items()}, {k: v for k, (v, _) in new.items()})
         src.raw, src.revision = new, res.revision
         self._changed(src, deletes, [(k, new[k][1]) for k in adds])
@@ -283,9 +294,10 @@ class _Group:
         else:
             main_keys = sorted(puts, key=_by_revision)
             gone = deletes
-            if not self.entries and not self.meta and not gone:
-                self._bulk_add(main_keys)  # the initial load of a big set: one tight loop
+            if not self.entries and not gone:
+                self._bulk_add([k for k, _ in main_keys])  # a first batch: the tight loop
                 return
+        self._ordered = None  # entries change below: attach() sorts them again
         out_del: list[str] = []
         out_add: list[tuple[str, Entry]] = []
         for key in gone:
@@ -305,19 +317,56 @@ class _Group:
             for c in list(self.containers):
                 c.apply(out_del, out_add)
 
-    def _bulk_add(self, main_keys: list[tuple[str, int]]) -> None:
-        decode, raw, entries = self.fmt.decode, self.main.raw, self.entries
-        for key, rev in main_keys:
-            entry = decode(key, raw[key][0])
-            if entry is not None:
-                entries[key] = (entry, rev)
-        if entries:
-            adds = [(k, e) for k, (e, _) in entries.items()]
+    def _bulk_add(self, keys: list[str]) -> None:
+        """Decode and add a batch of main keys (in revision order) to empty ``entries``, the same
+        as the per-key path of ``_changed`` would, in a few tight passes."""
+        raw = self.main.raw
+        adds = self.fmt.decode_many(keys, list(map(_first, map(raw.__getitem__, keys))))
+        if self.meta:  # go-zero metadata already read: join it as _decode_main does
+            meta, join_id, prefix = self.meta, self.fmt.join_id, self.main.key
+            joined = []
+            for key, entry in adds:
+                m = meta.get(join_id(key, prefix))
+                joined.append((key, Entry(entry.address, m.metadata)
+                               if m is not None and m.address == entry.address else entry))
+            adds = joined
+        self.entries = {key: (entry, raw[key][1]) for key, entry in adds}
+        if len(self.entries) != len(adds):  # a key twice in one batch: once, where it came first
+            adds = [(k, e) for k, (e, _) in self.entries.items()]
+        self._ordered = adds  # already in revision order: attach() needs no sort
+        if adds:
             for c in list(self.containers):
                 c.apply((), adds)
 
     def _ordered_entries(self) -> list[tuple[str, Entry]]:
+        if self._ordered is not None:
+            return self._ordered
         return [(k, e) for k, (e, _) in sorted(self.entries.items(), key=_entry_revision)]
+
+
+#: below this many records a load is too small for the collector to matter
+GC_PAUSE_MIN = 2_000
+
+
+@contextlib.contextmanager
+def _gc_paused(records: int) -> Iterator[None]:
+    """Keep the cyclic collector off while a big batch is turned into entries (no await inside).
+
+    A 10,000-record load allocates ~100,000 container objects; with the collector on, that starts
+    several full collections that walk the whole heap, and they cost as much as the work itself
+    (measured: bench/discovery.py). The objects form no cycles, so pausing frees nothing late.
+    """
+    if records < GC_PAUSE_MIN or not gc.isenabled():
+        yield
+        return
+    gc.disable()
+    try:
+        yield
+    finally:
+        gc.enable()
+
+
+_first = operator.itemgetter(0)
 
 
 def _by_revision(kr: tuple[str, int]) -> int:
