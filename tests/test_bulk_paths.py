@@ -189,3 +189,37 @@ def test_decode_many_needs_parallel_lists():
             fmt.decode_many(["a", "b"], [b"h:1"])
     records = [("n/1", b'{"Op":0,"Addr":"h:1","Metadata":null}'), ("n/2", b"junk")]
     assert ETCD_NAMING.decode_many(["n/1", "n/2"], [v for _, v in records]) == _one_by_one(ETCD_NAMING, records)
+
+
+def _container_state(c):
+    return list(c.values()), [(b.address, dict(b.metadata)) for b in c.backends()], c.keys()
+
+
+def test_container_bulk_fill_equals_adding_one_by_one():
+    from types import MappingProxyType
+
+    from waypost.discovery.container import Container
+    from waypost.registry.formats import Entry
+
+    md = MappingProxyType({"zone": "a"})
+    batches = [
+        [(f"k/{i}", Entry(f"10.0.0.{i}:80")) for i in range(50)],  # distinct keys and addresses
+        [("k/1", Entry("h:1")), ("k/2", Entry("h:2", md)), ("k/3", Entry("h:1", {"w": 1})), ("k/4", Entry("h:3"))],
+        [("k/1", Entry("h:1")), ("k/2", Entry("h:2")), ("k/1", Entry("h:3", md)), ("k/3", Entry("h:2", md))],
+        [("k/1", Entry("h:1", {"plain": "dict"}))],
+    ]
+    for adds in batches:
+        bulk = Container()
+        calls = []
+        bulk.add_listener(lambda calls=calls: calls.append(1))
+        assert bulk.apply((), adds) is True and calls == [1]
+        one = Container()
+        for key, entry in adds:
+            one.apply((), [(key, entry)])  # the first one fills an empty container, the rest _add
+        assert _container_state(bulk) == _container_state(one), adds
+        assert all(isinstance(b.metadata, MappingProxyType) for b in bulk.backends())
+        # later changes go through the per-key path and still agree
+        for c in (bulk, one):
+            c.apply([adds[0][0]], [("k/new", Entry("h:9"))])
+        assert _container_state(bulk) == _container_state(one)
+    assert Container().apply((), []) is False

@@ -105,13 +105,19 @@ class Container:
         mapping, values = self._mapping, self._values
         adds = adds if isinstance(adds, list) else list(adds)
         mapping.update(adds)
+        one_each = False
         if len(mapping) == len(adds):  # distinct keys (the usual case)
-            for key, entry in adds:
-                keys = values.get(entry[0])
-                if keys is None:
-                    values[entry[0]] = [key]
-                else:
-                    keys.append(key)
+            by_address = {entry[0]: [key] for key, entry in adds}
+            if len(by_address) == len(adds):  # and distinct addresses: values in the order of adds
+                values.update(by_address)
+                one_each = True
+            else:
+                for key, entry in adds:
+                    keys = values.get(entry[0])
+                    if keys is None:
+                        values[entry[0]] = [key]
+                    else:
+                        keys.append(key)
         else:
             mapping.clear()
             for key, entry in adds:
@@ -129,11 +135,20 @@ class Container:
         if not mapping:
             return False
         cache = self._backend_of
+        proxy = MappingProxyType
         if cache:  # not expected (an empty container holds no Backends), but stay correct
             self._touched.update(values)
             self._rebuild()
+        elif one_each:  # address i is the entry of adds[i]: whole-list passes
+            addresses = list(values)
+            mds = [md if isinstance(md, proxy) else proxy(dict(md)) for _, (_, md) in adds]
+            backends = list(map(_new_backend, addresses, mds))
+            cache.update(zip(addresses, backends))
+            self._touched.clear()
+            self._backends = tuple(backends)
+            self._snapshot = tuple(addresses)
         else:
-            new, proxy = _new_backend, MappingProxyType
+            new = _new_backend
             for address, keys in values.items():
                 md = mapping[keys[-1]][1]
                 cache[address] = new(address, md if isinstance(md, proxy) else proxy(dict(md)))

@@ -130,6 +130,7 @@ class _Group:
             return self.shared
         container = Container(exclusive)
         entries = self._ordered_entries()
+        self._ordered = None  # later (exclusive) subscribers sort again; a big set's list is freed
         with _gc_paused(len(entries)):
             container.apply((), entries)
         self.containers.append(container)
