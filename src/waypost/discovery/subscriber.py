@@ -160,6 +160,13 @@ class _Group:
                 src.watch.cancel()
         if self.ready is not None and not self.ready.done():
             self.ready.cancel()
+        # Drop the caches now rather than when the collector finds the group: its tasks keep it in
+        # a reference cycle, and a big set's dicts would otherwise outlive it (RSS grows when a
+        # big subscription is closed and opened again).
+        self.entries, self.meta, self._ordered = {}, {}, None
+        self.containers, self.shared = [], None
+        for src in self.sources:
+            src.raw = {}
 
     async def _start(self) -> None:
         """The initial load (retried until it works or the group closes), then the watch loops."""
