@@ -98,11 +98,5 @@ def test_lease_recovery_is_make_before_break(etcd):
         cs.close_registry(reg)
 
 
-@pytest.mark.xfail(reason="KNOWN BUG in server.py (ServeHandle.stop / AsyncServeHandle.stop): server.stop(grace) "
-                          "starts right after the deregistration, before clients have seen it; grpcio answers calls "
-                          "arriving after stop() began with CANCELLED (not UNAVAILABLE), which no retryPolicy "
-                          "retries: ~1 failed call in 3 runs. Fix: keep serving ~1 s (a deregistration delay) "
-                          "between publisher.stop() and server.stop(grace) -- see the helper H report (validated: "
-                          "6/6 clean). Remove this marker once fixed.", strict=False)
 def test_graceful_stop_by_serve_under_load(etcd):
     _assert_held(cs.graceful_stop(etcd))

@@ -12,7 +12,9 @@ Start-up (go-zero registers before the server listens; we never advertise a port
 Graceful stop (``handle.stop()``, or SIGTERM/SIGINT while ``handle.wait()`` runs):
 
 1. deregister (revoke the lease: the key disappears at once, watchers drop the address);
-2. health NOT_SERVING for every service, and refuse new calls;
+2. health NOT_SERVING for every service; keep serving for ``drain_delay`` (default 1 s, at most ``grace``)
+   so that clients see the deregistration before anything is refused -- grpcio answers calls that
+   arrive during ``server.stop`` with CANCELLED, which no retry policy retries; then refuse new calls;
 3. let in-flight calls finish ...
 4. ... and stop;
 5. cancel what is still running when ``grace`` seconds have passed (a second signal forces it at once).
@@ -37,6 +39,10 @@ from .errors import WaypostError
 from .netutil import advertised_address
 
 log = logging.getLogger("waypost.server")
+
+#: how long a stopping server keeps serving after deregistering: a watch event reaches clients in
+#: milliseconds on a healthy etcd; one second also covers a loaded client
+DEFAULT_DRAIN_DELAY = 1.0
 
 DEFAULT_REGISTRY = "etcd://127.0.0.1:2379"
 _SIGNALS = (signal.SIGTERM, signal.SIGINT)
@@ -92,6 +98,8 @@ class _Base:
         #: the grpc.health.v1 servicer added by serve (None with health=False); set your own services on it
         self.health = health
         self.grace = grace
+        #: seconds between deregistration and refusing calls (clients need it to notice); set by serve()
+        self.drain_delay = DEFAULT_DRAIN_DELAY
         self._force = False
 
     @property
@@ -194,6 +202,10 @@ class ServeHandle(_Base):
                 log.warning("%r: deregistration failed (%s); the lease will expire by its TTL", self, e)
             if self.health is not None:
                 self.health.enter_graceful_shutdown()  # (2) NOT_SERVING
+            # (2) keep serving while clients learn of the deregistration (a second signal cuts it short)
+            until = time.monotonic() + min(self.drain_delay, grace)
+            while not self._force and time.monotonic() < until:
+                time.sleep(min(0.05, max(0.0, until - time.monotonic())))
             done = self.server.stop(grace)  # (2) refuse new calls, (3)+(4) drain, (5) cancel after grace
             while not done.wait(0.1):
                 if self._force:
@@ -230,12 +242,15 @@ def serve(
     credentials: grpc.ServerCredentials | None = None,
     *,
     register_timeout: float = 5.0,
+    drain_delay: float = DEFAULT_DRAIN_DELAY,
 ) -> ServeHandle:
     """Bind, start and register a ``grpc.server`` (not started yet) under ``key``; returns its handle.
 
     ``registry`` is a registry URL or a Registry (``waypost.connect``). ``advertise`` overrides the
     detected address (see ``waypost.netutil``). Raises ``waypost.RegistryUnavailable`` (server stopped
-    again) when the registry cannot be reached within ``register_timeout`` seconds.
+    again) when the registry cannot be reached within ``register_timeout`` seconds. When stopping, the
+    server keeps serving for ``drain_delay`` seconds (at most ``grace``) after deregistering, so that
+    clients drop it before it refuses calls.
     """
     from .discovery import Publisher
 
@@ -261,6 +276,7 @@ def serve(
         server.stop(0).wait(5)
         raise
     handle = ServeHandle(server, key, address, port, reg, publisher, servicer, grace)
+    handle.drain_delay = max(0.0, float(drain_delay))
     handle._set_health(True)
     log.info("serving %r at %s (registered as %s)", key, address, publisher.key)
     return handle
@@ -351,6 +367,10 @@ class AsyncServeHandle(_Base):
                 log.warning("%r: deregistration failed (%s); the lease will expire by its TTL", self, e)
             if self.health is not None:
                 await self.health.enter_graceful_shutdown()
+            # keep serving while clients learn of the deregistration (a second signal cuts it short)
+            until = time.monotonic() + min(self.drain_delay, grace)
+            while not self._force and time.monotonic() < until:
+                await asyncio.sleep(min(0.05, max(0.0, until - time.monotonic())))
             await self.server.stop(grace)
             log.info("%r: stopped", self)
         finally:
@@ -383,6 +403,7 @@ async def serve_async(
     credentials: grpc.ServerCredentials | None = None,
     *,
     register_timeout: float = 5.0,
+    drain_delay: float = DEFAULT_DRAIN_DELAY,
 ) -> AsyncServeHandle:
     """``serve`` for a ``grpc.aio.server`` (not started yet): bind, ``await server.start()``, register."""
     from .discovery import Publisher
@@ -407,6 +428,7 @@ async def serve_async(
         await server.stop(0)
         raise
     handle = AsyncServeHandle(server, key, address, port, reg, publisher, servicer, grace)
+    handle.drain_delay = max(0.0, float(drain_delay))
     await handle._set_health(True)
     log.info("serving %r at %s (registered as %s)", key, address, publisher.key)
     return handle
