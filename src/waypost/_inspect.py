@@ -45,7 +45,13 @@ def classify(kvs: Iterable[Any]) -> list[dict[str, Any]]:
     return entries
 
 
+def printable(key: str) -> str:
+    """A registry key safe to print: undecodable bytes (kept by surrogateescape) shown as \\xNN."""
+    return key.encode("utf-8", "surrogateescape").decode("utf-8", "backslashreplace")
+
+
 def _one(key: str, value: bytes, lease: int) -> dict[str, Any]:
+    key = printable(key)
     service, _, ident = key.rpartition("/")
     if not service:  # a key without '/': go-zero's exact-match registration
         service, ident = key, ""
