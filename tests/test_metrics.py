@@ -174,3 +174,35 @@ def test_lease_loss_outside_delete_and_compaction_are_counted(prom, etcd):
         _loop.run(reg.close(), 10)
         _loop.run(cut_reg.close(), 10)
         proxy.close()
+
+
+def test_channels_report_calls_rebuilds_and_removals(prom):
+    """The hooks are wired: real calls through sync and aio channels land in the series."""
+    import asyncio
+
+    with echo_servers("a", "b") as servers:
+        target = direct(servers)
+        with waypost.dial(target, balancer="round_robin") as ch:
+            stub = echo_pb2_grpc.EchoStub(ch)
+            for _ in range(6):
+                stub.Unary(Req(), timeout=10, wait_for_ready=True)
+            with pytest.raises(grpc.RpcError):
+                stub.Unary(Req(error_code=grpc.StatusCode.INTERNAL.value[0]), timeout=10)
+            ok = sum(value(prom, "waypost_client_requests_total", target=target, backend=s.address) for s in servers)
+            failed = sum(value(prom, "waypost_client_failures_total", target=target, backend=s.address,
+                               code="INTERNAL") for s in servers)
+            assert ok == 7 and failed == 1
+            assert value(prom, "waypost_client_picker_rebuilds_total", target=target) >= 1
+
+        async def aio_calls() -> None:
+            async with waypost.aio.dial(target, balancer="round_robin") as ach:
+                astub = echo_pb2_grpc.EchoStub(ach)
+                for _ in range(4):
+                    await astub.Unary(Req(), timeout=10, wait_for_ready=True)
+                total = sum(value(prom, "waypost_client_requests_total", target=target, backend=s.address)
+                            for s in servers)
+                assert total == 4  # the sync channel's series went with its backends when it closed
+
+        asyncio.run(aio_calls())
+        assert sum(value(prom, "waypost_client_requests_total", target=target, backend=s.address)
+                   for s in servers) == 0

@@ -25,6 +25,7 @@ from typing import Any
 import grpc
 import grpc.aio
 
+from . import metrics as _metrics
 from .balancer.base import Outcome, PickError, PickInfo, PickResult
 from .balancer.hashkey import current_hash_key
 from .client.config import ChannelConfig, build_config
@@ -92,7 +93,11 @@ class _Method:
 
     def _finish(self, res: PickResult, sc: SubConn, t0: float, code: grpc.StatusCode) -> None:
         sc.inflight -= 1
-        res.done(Outcome(code, _perf() - t0))
+        latency = _perf() - t0
+        res.done(Outcome(code, latency))
+        obs = _metrics.current
+        if obs is not None:
+            obs.call_done(self._b.target, sc.address, code, latency)
         if code is _UNAVAILABLE:
             self._b.call_failed(sc, code)
 

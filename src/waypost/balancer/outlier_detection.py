@@ -40,6 +40,7 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
+from .. import metrics as _metrics
 from ..errors import InvalidServiceConfig, NoBackendAvailable
 from .base import Backend, Outcome, Picker, PickInfo, PickResult, Policy, parse_config_object
 from .stats import StatsTable, dedupe, is_failure
@@ -283,6 +284,9 @@ class OutlierDetectionPolicy(Policy):
             st.ejected_at = now
             st.multiplier += 1
             log.warning("ejecting %s: %s (multiplier %d)", st.address, why, st.multiplier)
+            obs = _metrics.current
+            if obs is not None:
+                obs.backend_ejected(st.address)
 
     def _success_rate(self, now: float, states: Sequence[_AddrState], counts: dict[str, tuple[int, int]],
                       cfg: dict[str, int]) -> None:

@@ -16,6 +16,7 @@ from typing import Any
 
 import grpc
 
+from .. import metrics as _metrics
 from ..balancer.base import Backend, Picker, PickInfo, PickResult, Policy
 from ..errors import NoBackendAvailable
 from .rpcerror import BalancerRpcError
@@ -185,6 +186,11 @@ class Balancer:
             new: dict[str, Backend] = {}
             for b in backends:
                 new.setdefault(b.address, b)
+            added = [a for a in new if a not in self._subconns]
+            gone = [a for a in self._subconns if a not in new]
+            if added or gone:  # one line per address-set change, never per call
+                log.info("waypost: %s: %d backends (+%s -%s)", self.target, len(new),
+                         ",".join(added) or "0", ",".join(gone) or "0")
             for addr, sc in list(self._subconns.items()):
                 if addr not in new:
                     self._remove(sc)
@@ -253,6 +259,9 @@ class Balancer:
             sc.health_task = None
 
     def _release(self, sc: SubConn) -> None:
+        obs = _metrics.current
+        if obs is not None:
+            obs.backend_removed(self.target, sc.address)
         sc.mcs.clear()
         try:
             self._close_channel(sc.channel)
@@ -306,6 +315,8 @@ class Balancer:
     def _set_state(self, sc: SubConn, st: int) -> None:
         old = sc.state
         if st == READY:
+            if sc.failing:
+                log.info("waypost: backend %s of %s is READY again", sc.address, self.target)
             sc.failing = False
         elif st == TRANSIENT_FAILURE or old == READY or st == SHUTDOWN:
             if old == READY:
@@ -336,6 +347,9 @@ class Balancer:
         picker = self.policy.build(backends) if backends else None
         self._snap = _Snapshot(picker, usable)
         self._changed()
+        obs = _metrics.current
+        if obs is not None:
+            obs.picker_rebuilt(self.target)
 
     def _changed(self) -> None:
         # Caller holds _lock: wake waiting calls now; listeners run after the lock is released (_fire).
