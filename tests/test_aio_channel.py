@@ -87,7 +87,8 @@ async def test_seed_experiment_pick_first_and_round_robin():
     with echo_servers("a", "b") as srv:
         async with waypost.aio.dial(direct(srv), balancer="pick_first") as ch:
             stub = echo_pb2_grpc.EchoStub(ch)
-            assert [(await stub.Unary(Req())).server for _ in range(4)] == ["a"] * 4
+            got = [(await stub.Unary(Req())).server for _ in range(4)]
+            assert len(got) == 4 and len(set(got)) == 1, got  # whichever connected first, then only it
         async with waypost.aio.dial(direct(srv), balancer="round_robin") as ch:
             stub = echo_pb2_grpc.EchoStub(ch)
             await stub.Unary(Req())

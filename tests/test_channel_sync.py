@@ -60,7 +60,7 @@ def test_seed_experiment_pick_first_vs_round_robin():
         with waypost.dial(direct(srv), balancer="pick_first") as ch:
             stub = echo_pb2_grpc.EchoStub(ch)
             got = [stub.Unary(Req()).server for _ in range(4)]
-            assert got == ["a"] * 4
+            assert len(got) == 4 and len(set(got)) == 1, got  # whichever connected first, then only it
         with waypost.dial(direct(srv), service_config={"loadBalancingConfig": [{"round_robin": {}}]}) as ch:
             stub = echo_pb2_grpc.EchoStub(ch)
             wait_until(lambda: len(ch.balancer.ready_addresses()) == 2 or stub.Unary(Req()) and False)

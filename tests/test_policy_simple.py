@@ -60,6 +60,14 @@ def test_pick_first_takes_first_in_resolver_order():
     assert picks(policy.build(backends("b:1", "c:1")), 2) == ["b:1"] * 2
 
 
+def test_pick_first_is_sticky_while_its_backend_stays_ready():
+    policy = get_policy("pick_first")()
+    assert picks(policy.build(backends("b:1")), 2) == ["b:1"] * 2  # b connected first
+    assert picks(policy.build(backends("a:1", "b:1")), 2) == ["b:1"] * 2  # a READY later: no switch
+    assert picks(policy.build(backends("a:1", "c:1")), 2) == ["a:1"] * 2  # b gone: first in order
+    assert picks(policy.build(backends("a:1", "b:1", "c:1")), 2) == ["a:1"] * 2
+
+
 def test_pick_first_shuffle_is_stable_across_rebuilds():
     addrs = [f"10.0.0.{i}:80" for i in range(8)]
     policy = get_policy("pick_first")({"shuffleAddressList": True}, rng=random.Random(3))

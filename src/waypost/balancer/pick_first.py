@@ -1,7 +1,9 @@
 """pick_first: every call goes to the first backend (gRPC's default policy).
 
 The channel builds pickers from READY backends only, so "move on when the first is not READY" falls
-out of the rebuild. With ``shuffleAddressList`` (gRPC A62) the order is randomised to spread clients
+out of the rebuild. Like gRPC's pick_first, it is sticky: once a backend is in use it stays in use while
+it is READY, even when an earlier address becomes READY later (e.g. the second address connected first
+on a fresh channel); calls then never switch between two live backends. With ``shuffleAddressList`` (gRPC A62) the order is randomised to spread clients
 over backends: each address gets a random rank from the policy's rng when it first appears, and the
 order is by rank. The order is therefore stable across rebuilds: an unchanged address set keeps its
 order, a new address lands at a random place without reshuffling the others.
@@ -38,6 +40,7 @@ class PickFirstPolicy(Policy):
         super().__init__(config, **kwargs)
         self._shuffle = bool(self.config.get("shuffleAddressList", False))
         self._ranks: StatsTable[float] = StatsTable(lambda _b: self.rng.random())
+        self._current: str | None = None  # the address in use (builds are serialized by the channel)
 
     @classmethod
     def parse_config(cls, raw: Any, path: str) -> dict[str, Any]:
@@ -61,4 +64,8 @@ class PickFirstPolicy(Policy):
 
     def build(self, backends: Sequence[Backend]) -> Picker:
         ordered = self.order(backends)
-        return PickFirstPicker(ordered[0] if ordered else None)
+        chosen = next((b for b in ordered if b.address == self._current), None)
+        if chosen is None and ordered:
+            chosen = ordered[0]
+        self._current = chosen.address if chosen is not None else None
+        return PickFirstPicker(chosen)
