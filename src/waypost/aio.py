@@ -15,6 +15,7 @@ when the requests come from a plain (sync) iterable, which is recorded for repla
 
 from __future__ import annotations
 
+import abc
 import asyncio
 import logging
 import random
@@ -102,7 +103,7 @@ class _Method:
             self._b.call_failed(sc, code)
 
 
-class _Call:
+class _Call(abc.ABC):
     """What every call kind shares: settings, the attempt start (pick, maybe wait) and the Call API."""
 
     def __init__(self, m: _Method, request: Any, timeout: float | None, metadata: Any, credentials: Any,
@@ -153,8 +154,9 @@ class _Call:
 
     # grpc.aio.Call API -------------------------------------------------------------------------
 
+    @abc.abstractmethod
     async def _final(self) -> None:
-        raise NotImplementedError
+        """Wait until the call has ended (the unary and streaming kinds know how)."""
 
     async def code(self) -> grpc.StatusCode:
         await self._final()
