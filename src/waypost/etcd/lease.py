@@ -17,11 +17,12 @@ from typing import TYPE_CHECKING
 import grpc
 import grpc.aio
 
-from .. import _loop, metrics
+from .. import _loop
 from ..errors import LeaseNotFound, PermissionDenied, RegistryError, RegistryUnavailable
 from ..registry.base import KeepAlive
 from . import _errors
 from ._methods import LEASE_KEEPALIVE
+from ._outage import StreamOutage
 from ._proto import waypost_etcd_pb2 as pb
 
 if TYPE_CHECKING:
@@ -97,8 +98,8 @@ class KeepAliveManager:
         self._watchdog: asyncio.Task[None] | None = None
         self._closed = False
         self.connected = False
-        #: when the stream broke (None while it is up): repeated failures during one outage log at DEBUG
-        self._broken_since: float | None = None
+        #: repeated failures during one outage log at DEBUG; one line when the stream is back
+        self._outage = StreamOutage("keepalive", self.clock, log)
         #: number of (re)connections of the stream, for tests and diagnostics
         self.connects = 0
 
@@ -169,21 +170,11 @@ class KeepAliveManager:
 
     # -- the stream ----------------------------------------------------------------------
 
-    def _reestablished(self) -> None:
-        """The stream is up again after a break: one log line and one count per outage."""
-        if self._broken_since is None:
-            return
-        log.info("etcd keepalive stream re-established after %.1fs", self.clock() - self._broken_since)
-        self._broken_since = None
-        obs = metrics.current
-        if obs is not None:
-            obs.registry_reconnect("keepalive")
-
     async def _run(self) -> None:
         backoff = 0.1
         while not self._closed and self._leases:
             # the first failure of an outage logs at INFO/WARNING, the retries during it at DEBUG
-            info, warn = (logging.INFO, logging.WARNING) if self._broken_since is None else (logging.DEBUG,) * 2
+            info, warn = self._outage.levels()
             try:
                 await self._session()
                 backoff = 0.1
@@ -205,8 +196,8 @@ class KeepAliveManager:
                 log.exception("etcd keepalive stream failed; reconnecting")
             finally:
                 self.connected = False
-                if self._broken_since is None and not self._closed:
-                    self._broken_since = self.clock()
+                if not self._closed:
+                    self._outage.broken()
             if self._closed or not self._leases:
                 break
             await asyncio.sleep(backoff)
@@ -220,7 +211,7 @@ class KeepAliveManager:
         reader = asyncio.get_running_loop().create_task(self._read(call))
         self.connected = True
         self.connects += 1
-        self._reestablished()
+        self._outage.reestablished()
         for st in self._leases.values():
             st.sent.clear()  # answers to requests on the old stream will never come
             st.next_send = min(st.next_send, self.clock())

@@ -23,11 +23,12 @@ from typing import TYPE_CHECKING, Any
 import grpc
 import grpc.aio
 
-from .. import _loop, metrics
+from .. import _loop
 from ..errors import Compacted, PermissionDenied, RegistryError, RegistryUnavailable
 from ..registry.base import Watch
 from . import _errors
 from ._methods import WATCH
+from ._outage import StreamOutage
 from ._proto import waypost_etcd_pb2 as pb
 
 if TYPE_CHECKING:
@@ -184,8 +185,8 @@ class WatchManager:
         self._next_id = 0
         self._outbox: asyncio.Queue[pb.WatchRequest] | None = None
         self._task: asyncio.Task[None] | None = None
-        #: when the stream broke (None while it is up): repeated failures during one outage log at DEBUG
-        self._broken_since: float | None = None
+        #: repeated failures during one outage log at DEBUG; one line when the stream is back
+        self._outage = StreamOutage("watch", time.monotonic, log)
         self._closed = False
         self.connected = False
         #: number of (re)connections of the stream, for tests and diagnostics
@@ -263,21 +264,11 @@ class WatchManager:
 
     # -- the stream --------------------------------------------------------------------
 
-    def _reestablished(self) -> None:
-        """The stream is up again after a break: one log line and one count per outage."""
-        if self._broken_since is None:
-            return
-        log.info("etcd watch stream re-established after %.1fs", time.monotonic() - self._broken_since)
-        self._broken_since = None
-        obs = metrics.current
-        if obs is not None:
-            obs.registry_reconnect("watch")
-
     async def _run(self) -> None:
         backoff = 0.1
         while not self._closed and self._watchers:
             # the first failure of an outage logs at INFO/WARNING, the retries during it at DEBUG
-            info, warn = (logging.INFO, logging.WARNING) if self._broken_since is None else (logging.DEBUG,) * 2
+            info, warn = self._outage.levels()
             try:
                 await self._session()
                 backoff = 0.1
@@ -303,8 +294,8 @@ class WatchManager:
                 self._outbox = None
                 self._creating = None
                 self._by_id.clear()
-                if self._broken_since is None and not self._closed:
-                    self._broken_since = time.monotonic()
+                if not self._closed:
+                    self._outage.broken()
                 for w in self._watchers:
                     w.watch_id = None
                     w._fragments = []
@@ -327,7 +318,7 @@ class WatchManager:
         self._to_create = collections.deque(sorted(self._watchers, key=lambda w: w.order))
         self.connected = True
         self.connects += 1
-        self._reestablished()
+        self._outage.reestablished()
         writer = asyncio.get_running_loop().create_task(self._write(call, outbox))
         self._pump()
         try:
