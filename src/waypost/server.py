@@ -252,17 +252,13 @@ def serve(
     server keeps serving for ``drain_delay`` seconds (at most ``grace``) after deregistering, so that
     clients drop it before it refuses calls.
     """
-    from .discovery import Publisher
-
     _check_args(key, grace)
     reg = _registry_of(registry)
     servicer = _add_health(server, key) if health else None
     port = _bind(server, listen_on, credentials)
     try:
-        address = advertised_address(listen_on, port, advertise=advertise, registry=reg,
-                                     allow_loopback=allow_loopback)
-        publisher = Publisher(reg, key, address, ttl=ttl, id=id, metadata=metadata, format=format,
-                              timeout=register_timeout)
+        address, publisher = _publisher(reg, key, listen_on, port, advertise, allow_loopback,
+                                        ttl=ttl, id=id, metadata=metadata, format=format, timeout=register_timeout)
     except BaseException:
         # grpcio keeps a bound, never-started server's socket listening even after stop(): start it
         # (nobody knows the address yet) so that stop() really closes the port
@@ -280,6 +276,15 @@ def serve(
     handle._set_health(True)
     log.info("serving %r at %s (registered as %s)", key, address, publisher.key)
     return handle
+
+
+def _publisher(reg: Any, key: str, listen_on: str, port: int, advertise: str | None, allow_loopback: bool | None,
+               **publisher_args: Any) -> tuple[str, Any]:
+    """The advertised address and the (not yet started) Publisher that will register it."""
+    from .discovery import Publisher
+
+    address = advertised_address(listen_on, port, advertise=advertise, registry=reg, allow_loopback=allow_loopback)
+    return address, Publisher(reg, key, address, **publisher_args)
 
 
 def _add_health(server: Any, key: str) -> Any:
@@ -406,17 +411,13 @@ async def serve_async(
     drain_delay: float = DEFAULT_DRAIN_DELAY,
 ) -> AsyncServeHandle:
     """``serve`` for a ``grpc.aio.server`` (not started yet): bind, ``await server.start()``, register."""
-    from .discovery import Publisher
-
     _check_args(key, grace)
     reg = _registry_of(registry)
     servicer = await _add_health_async(server, key) if health else None
     port = _bind(server, listen_on, credentials)
     try:
-        address = advertised_address(listen_on, port, advertise=advertise, registry=reg,
-                                     allow_loopback=allow_loopback)
-        publisher = Publisher(reg, key, address, ttl=ttl, id=id, metadata=metadata, format=format,
-                              timeout=register_timeout)
+        address, publisher = _publisher(reg, key, listen_on, port, advertise, allow_loopback,
+                                        ttl=ttl, id=id, metadata=metadata, format=format, timeout=register_timeout)
     except BaseException:
         await server.start()  # see serve(): only a started server releases its port on stop()
         await server.stop(0)
