@@ -5,8 +5,8 @@ the READY ones, outcomes reported per attempt, retries on another backend. Every
 loop the channel is used from: resolver updates from other threads are handed to it, connectivity is
 polled by one task per channel (``get_state`` is a cheap non-blocking call), health watches are tasks.
 
-Outcomes are reported by our own awaiting wrapper in ``waypost.client.aio_calls`` (``call.code()`` is a coroutine in grpc.aio, and
-interceptors wrap call objects), so they work with and without interceptors.
+Outcomes are reported by our own awaiting wrapper in ``waypost.client.aio_calls`` (``call.code()`` is a
+coroutine in grpc.aio, and interceptors wrap call objects), so they work with and without interceptors.
 
 Retries: unary-unary and unary-stream (before the first response message) always; client-streaming calls
 when the requests come from a plain (sync) iterable, which is recorded for replay. Calls fed through
