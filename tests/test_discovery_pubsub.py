@@ -135,9 +135,57 @@ def test_metadata_reaches_backends_in_every_format(registry):
                 Publisher(registry, key, "127.0.0.1:7010", ttl=5, metadata={"weight": 20, "zone": "b"},
                           format=fmt, id="inst-1"):
             assert wait_for(lambda sub=sub: len(sub.backends()) == 1, 10), fmt
+            # the first sight of the address already carries its metadata (go-zero: a side record)
             (b,) = sub.backends()
             want = {"weight": "20", "zone": "b"} if fmt == "kratos" else {"weight": 20, "zone": "b"}
             assert b.address == "127.0.0.1:7010" and dict(b.metadata) == want, fmt
+
+
+def test_gozero_metadata_arrives_with_the_address_when_the_side_watch_lags(registry):
+    # etcd does not order events across two watches: stop the side watch entirely, so the only
+    # way the metadata can arrive with the address is the subscriber reading it itself
+    key = "lagmd.rpc"
+    seen: list[tuple] = []
+    with Subscriber(registry, key) as sub:
+        group = _group(sub)
+        assert group.side is not None
+
+        async def stop_side_watch():
+            group.side.task.cancel()
+        run(stop_side_watch())
+        sub.add_listener(lambda: seen.append(sub.backends()))
+        with Publisher(registry, key, "127.0.0.1:7011", ttl=5, metadata={"weight": 7}, id="a"):
+            assert wait_for(lambda: len(sub.backends()) == 1, 10)
+            assert seen and all(dict(b.metadata) == {"weight": 7} for bs in seen for b in bs), seen
+        # a Go publisher (no side record) still appears, without metadata
+        registry.sync.put(f"{key}/9", b"127.0.0.1:7012")
+        assert wait_for(lambda: [b.address for b in sub.backends()] == ["127.0.0.1:7012"], 10)
+        assert dict(sub.backends()[0].metadata) == {}
+
+
+def test_gozero_metadata_written_between_the_two_initial_reads_is_not_lost(registry):
+    # the side prefix is read first, then the addresses: a registration landing between the two
+    # reads must still come with its metadata (the side prefix is read again)
+    key = "racemd.rpc"
+    orig = submod._Group._load
+    calls = []
+
+    async def load(self, src):
+        await orig(self, src)
+        calls.append(src.side)
+        if src.side and len(calls) == 1 and self.key == key:  # after the first side read
+            await self.registry.put(f"_waypost/meta/{key}/z", b'{"addr":"127.0.0.1:7013","metadata":{"w":1}}')
+            await self.registry.put(f"{key}/z", b"127.0.0.1:7013")
+    submod._Group._load = load
+    try:
+        with Subscriber(registry, key) as sub:
+            (b,) = sub.backends()
+            assert (b.address, dict(b.metadata)) == ("127.0.0.1:7013", {"w": 1})
+        assert calls == [True, False, True]
+    finally:
+        submod._Group._load = orig
+        registry.sync.delete(f"_waypost/meta/{key}/", prefix=True)
+        registry.sync.delete(f"{key}/", prefix=True)
 
 
 def test_one_shared_watch_per_key_unmonitored_on_last_close(registry):

@@ -174,6 +174,10 @@ class _Group:
         try:
             for src in reversed(self.sources):  # metadata first, so addresses appear with it
                 await self._load_until_ok(src, initial=True)
+            if self.side is not None and self.main.revision > self.side.revision:
+                # something was written between the two reads: a side record written just before
+                # its address may be missing, so read the metadata again (a cheap diff)
+                await self._load_until_ok(self.side, initial=True)
         except PermissionDenied as e:
             self.ready.set_exception(e)
             return
@@ -233,6 +237,8 @@ class _Group:
             watch = src.watch = self.registry.watch(src.key, prefix=src.prefix, start_revision=src.revision + 1)
             try:
                 async for batch in watch:
+                    if src is self.main and self.side is not None:
+                        await self._fetch_pending_meta(batch)
                     self._on_events(src, batch)
                     src.revision = max(src.revision, watch.revision)
                 if self._closed:
@@ -254,6 +260,43 @@ class _Group:
                 src.watch = None
             self.reloads += 1
             await self._load_until_ok(src)
+
+    async def _fetch_pending_meta(self, batch: list[Event]) -> None:
+        """Read the side records of new addresses the metadata watch has not caught up with.
+
+        A publisher writes the side record before the address, but the two prefixes are two
+        watches and etcd does not order events across watches (a watch created behind the
+        current revision catches up later). Without this a weighted or zoned backend would
+        appear for a moment without its metadata. Only new ids the side watch has not reached
+        cost a read; a Go publisher's address (no side record) costs one empty read.
+        """
+        side, plen = self.side, len(self.main.key)
+        assert side is not None
+        want = [side.key + ev.kv.key[plen:] for ev in batch
+                if ev.type == "put" and ev.kv.mod_revision > side.revision
+                and ev.kv.key[plen:] not in self.meta and ev.kv.key not in self.main.raw]
+        if not want:
+            return
+        try:
+            if len(want) > 32:  # a registration storm: one read of the whole prefix, not thousands
+                results = [await asyncio.wait_for(self.registry.get(side.key, prefix=True), GET_TIMEOUT)]
+            else:
+                results = await asyncio.wait_for(
+                    asyncio.gather(*(self.registry.get(k) for k in want)), GET_TIMEOUT)
+        except asyncio.CancelledError:
+            raise
+        except Exception as e:  # noqa: BLE001 (the side watch still delivers it, later)
+            log.debug("%r: reading metadata of %d new addresses failed: %s", self, len(want), e)
+            return
+        wanted, puts = set(want), []
+        for res in results:
+            for kv in res.kvs:
+                if kv.key not in wanted:
+                    continue
+                side.raw[kv.key] = (kv.value, kv.mod_revision)
+                puts.append((kv.key, kv.mod_revision))
+        if puts:
+            self._changed(side, [], puts)
 
     def _on_events(self, src: _Source, batch: list[Event]) -> None:
         deletes: list[str] = []
