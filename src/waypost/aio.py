@@ -8,9 +8,9 @@ polled by one task per channel (``get_state`` is a cheap non-blocking call), hea
 Outcomes are reported by our own awaiting wrapper in ``waypost.client.aio_calls`` (``call.code()`` is a
 coroutine in grpc.aio, and interceptors wrap call objects), so they work with and without interceptors.
 
-Retries: unary-unary and unary-stream (before the first response message) always; client-streaming calls
-when the requests come from a plain (sync) iterable, which is recorded for replay. Calls fed through
-``write()`` or an async iterator are not retried (their requests cannot be replayed).
+Retries: every call kind, before the first response message. Client-streaming requests (a sync or async
+iterator, or ``write()`` / ``done_writing()``) are recorded as they are sent and replayed into the next
+attempt; past ``waypost.retry.REPLAY_LIMIT`` messages the call is committed to its attempt (no more retries).
 """
 
 from __future__ import annotations

@@ -20,7 +20,7 @@ import grpc.aio
 from .. import metrics as _metrics
 from ..balancer.base import Outcome, PickError, PickInfo, PickResult
 from ..balancer.hashkey import current_hash_key
-from ..retry import Replay, RetryState, avoid_tried
+from ..retry import AsyncReplay, Replay, RetryState, WriteReplay, avoid_tried
 from .rpcerror import BalancerRpcError
 from .subconn import SubConn
 
@@ -33,9 +33,38 @@ _OK = grpc.StatusCode.OK
 _UNAVAILABLE = grpc.StatusCode.UNAVAILABLE
 _CANCELLED = grpc.StatusCode.CANCELLED
 _UNKNOWN = grpc.StatusCode.UNKNOWN
+_INTERNAL = grpc.StatusCode.INTERNAL
 _perf = time.perf_counter
 _mono = time.monotonic
 EOF_ = grpc.aio.EOF
+
+
+# A send that fails as the call ends makes grpc.aio set this stand-in status (before or after the real one,
+# which the receive side sets): retry decisions wait for the real status, up to _SETTLE_S seconds.
+_STAND_IN = "Internal error from Core"
+_SETTLE_S = 5.0
+
+
+def _stand_in(code: grpc.StatusCode, details: str | None) -> bool:
+    return code is _INTERNAL and details == _STAND_IN
+
+
+def _status_now(call: Any) -> tuple[grpc.StatusCode, str] | None:
+    """A finished grpc.aio call's status, read synchronously (from a done callback, which cannot await: the
+    coroutines return at once when the status is in). None if it is not in."""
+    out = []
+    for get in (call.code, call.details):
+        coro = get()
+        try:
+            coro.send(None)
+        except StopIteration as e:
+            out.append(e.value)
+            continue
+        except Exception:  # noqa: BLE001
+            return None
+        coro.close()
+        return None
+    return out[0], out[1]
 
 
 def _aio_error(e: BalancerRpcError | PickError) -> grpc.aio.AioRpcError:
@@ -95,9 +124,16 @@ class _Call(abc.ABC):
     """What every call kind shares: settings, the attempt start (pick, maybe wait) and the Call API."""
 
     def __init__(self, m: _Method, request: Any, timeout: float | None, metadata: Any, credentials: Any,
-                 wait_for_ready: bool | None, compression: Any, retryable: bool = True) -> None:
+                 wait_for_ready: bool | None, compression: Any, *, replay: Replay | AsyncReplay | None = None,
+                 writes: WriteReplay | None = None) -> None:
         self._m = m
         self._request = request
+        self._replay = replay  # client streaming from an iterator: its items, recorded for replay
+        self._writes = writes  # client streaming through write()/done_writing(): the written messages
+        self._decided: tuple[Any, float | None] | None = None  # (failed attempt's call, its retry delay or None)
+        self._committed = False  # streams: a response message was received (no more retries)
+        self._real: tuple[Any, grpc.StatusCode, str] | None = None  # (attempt's call, its real status)
+        self._waiters: list[asyncio.Future[None]] = []  # woken when _real or _decided changes
         if timeout is None:
             timeout = m._timeout
         self._wfr = m._wfr if wait_for_ready is None else wait_for_ready
@@ -105,7 +141,7 @@ class _Call(abc.ABC):
         self._credentials = credentials
         self._compression = compression
         deadline = None if timeout is None else _mono() + timeout
-        self._st = RetryState(m._retry if retryable else None, m._throttle, m._rng, deadline)
+        self._st = RetryState(m._retry, m._throttle, m._rng, deadline)
         self._call: Any = None  # the current attempt's grpc.aio call
         self._error: grpc.aio.AioRpcError | None = None
         self._loop = asyncio.get_running_loop()
@@ -139,6 +175,115 @@ class _Call(abc.ABC):
             self._error = e
         if not self._started.done():
             self._started.set_result(None)
+
+    # retries ------------------------------------------------------------------------------------
+
+    def _next_request(self) -> Any:
+        """The request (iterator) for a new attempt: a fresh replay of the client stream when there is one."""
+        return self._request if self._replay is None else self._replay.attempt()
+
+    def _replayable(self) -> bool:
+        """False once the requests outgrew the replay buffer: the call is committed to its attempt."""
+        return (self._replay is None or self._replay.replayable) and (self._writes is None or self._writes.replayable)
+
+    def _decide(self, call: Any, code: grpc.StatusCode, details: str | None) -> float | None:
+        """The attempt on ``call`` failed before any response message: the delay before the next attempt, or
+        None (the call ends). Decided once per attempt: a writer and the reader may both see the failure."""
+        d = self._decided
+        if d is not None and d[0] is call:
+            return d[1]
+        delay = self._st.after_failure(code, details)
+        if delay is not None and not self._replayable():
+            delay = None
+        self._decided = (call, delay)
+        self._wake()
+        return delay
+
+    def _wake(self) -> None:
+        waiters, self._waiters = self._waiters, []
+        for w in waiters:
+            if not w.done():
+                w.set_result(None)
+
+    def _change(self) -> asyncio.Future[None]:
+        """A future resolved at the next change of the attempt's real status or retry decision."""
+        w = self._loop.create_future()
+        self._waiters.append(w)
+        return w
+
+    def _note_status(self, call: Any) -> None:
+        """Done callback of a client-streaming attempt (runs each time grpc.aio sets its status): keep the real one."""
+        s = _status_now(call)
+        if s is not None and not _stand_in(*s):
+            self._real = (call, s[0], s[1])
+            self._wake()
+
+    async def _settle(self, call: Any, code: grpc.StatusCode, details: str | None
+                      ) -> tuple[grpc.StatusCode, str | None]:
+        """The real status of a failed attempt, in place of grpc.aio's stand-in (see _STAND_IN)."""
+        if not _stand_in(code, details):
+            return code, details
+        deadline = _mono() + _SETTLE_S
+        while True:
+            r = self._real
+            if r is not None and r[0] is call:
+                return r[1], r[2]
+            left = deadline - _mono()
+            if left <= 0:
+                return code, details
+            w = self._change()
+            await asyncio.wait((w,), timeout=left)
+            w.cancel()
+
+    def _current(self) -> Any:
+        return self._call
+
+    def _release_replay(self, cancelled: bool) -> None:
+        # The call is over: no task may stay parked in the request source for an abandoned attempt.
+        if isinstance(self._replay, AsyncReplay):
+            self._replay.abort(stale_only=not cancelled)
+
+    # client-streaming write API (when no request iterator was given) -----------------------------
+
+    async def write(self, request: Any) -> None:
+        """Send one request message. With retries: recorded, and replayed into the next attempt when the
+        current one fails before any response message."""
+        await self._started
+        call = self._call
+        if call is None:
+            raise self._error or grpc.aio.UsageError("call failed before it started")
+        w = self._writes
+        if w is None:  # an iterator was given (or not a client stream): grpc.aio raises its usage error
+            await call.write(request)
+            return
+        if w.closed:
+            raise asyncio.InvalidStateError("RPC is half closed after calling done_writing.")
+        recorded = w.record(request)
+        call, err = await (w.feed(self._current) if recorded else w.feed(self._current, request))
+        if err is None:
+            return
+        # The attempt is over. A recorded message goes to the next attempt if the call retries; otherwise the
+        # error is the call's, raised as grpc.aio would.
+        if recorded and await self._retrying(call):
+            return
+        raise err
+
+    async def done_writing(self) -> None:
+        """Half-close the request stream (idempotent; a retry half-closes its attempt after the replay)."""
+        await self._started
+        w = self._writes
+        if w is None:
+            if self._call is not None:
+                await self._call.done_writing()
+            return
+        if self._call is None:
+            return
+        w.closed = True
+        await w.feed(self._current)  # a finished attempt needs nothing: as grpc.aio, no error here
+
+    @abc.abstractmethod
+    async def _retrying(self, call: Any) -> bool:
+        """A write found the attempt on ``call`` over: may the call go on with another attempt?"""
 
     # grpc.aio.Call API -------------------------------------------------------------------------
 
@@ -185,46 +330,78 @@ class _Call(abc.ABC):
 class _UnaryResponseCall(_Call):
     """unary_unary and stream_unary: a task runs the attempts; awaiting the call awaits it."""
 
-    def __init__(self, *args: Any, replay: Replay | None = None, **kw: Any) -> None:
+    def __init__(self, *args: Any, **kw: Any) -> None:
         super().__init__(*args, **kw)
-        self._replay = replay
         self._task = self._loop.create_task(self._run())
 
     async def _run(self) -> Any:
         st, m = self._st, self._m
-        while True:
-            req = self._request if self._replay is None else self._replay.attempt()
-            try:
-                res, sc, call = await self._start_attempt(req)
-            except BaseException as e:
-                self._fail_start(e)
-                raise
-            t0 = _perf()
-            try:
-                resp = await call
-            except grpc.aio.AioRpcError as e:
-                code = e.code()
-                m._finish(res, sc, t0, code)
-                delay = st.after_failure(code, e.details())
-                if delay is None or (self._replay is not None and not self._replay.replayable):
-                    self._error = e
+        req = self._next_request()
+        first = True
+        cancelled = False
+        try:
+            while True:
+                try:
+                    res, sc, call = await self._start_attempt(req)
+                except BaseException as e:
+                    self._fail_start(e)
                     raise
-                if delay:
-                    await asyncio.sleep(delay)
-                continue
-            except asyncio.CancelledError:
-                m._finish(res, sc, t0, _CANCELLED)
-                call.cancel()
-                raise
-            except BaseException:
-                m._finish(res, sc, t0, _UNKNOWN)
-                raise
-            m._finish(res, sc, t0, _OK)
-            st.succeeded()
-            return resp
+                t0 = _perf()
+                if self._replay is not None or self._writes is not None:
+                    call.add_done_callback(lambda c: self._note_status(c))
+                try:
+                    if not first and self._writes is not None:
+                        await self._writes.feed(self._current)  # replay; a failure shows when awaiting the call
+                    first = False
+                    resp = await call
+                except grpc.aio.AioRpcError as e:
+                    code, details = await self._settle(call, e.code(), e.details())
+                    if code is not e.code():
+                        e = grpc.aio.AioRpcError(code, e.initial_metadata(), e.trailing_metadata(), details)
+                    m._finish(res, sc, t0, code)
+                    delay = self._decide(call, code, details)
+                    if delay is None:
+                        self._error = e
+                        raise
+                    if delay:
+                        await asyncio.sleep(delay)
+                    if not self._replayable():  # the requests outgrew the buffer during the backoff
+                        self._error = e
+                        raise
+                    req = self._next_request()
+                    continue
+                except asyncio.CancelledError:
+                    m._finish(res, sc, t0, _CANCELLED)
+                    call.cancel()
+                    raise
+                except BaseException:
+                    m._finish(res, sc, t0, _UNKNOWN)
+                    raise
+                m._finish(res, sc, t0, _OK)
+                st.succeeded()
+                return resp
+        except asyncio.CancelledError:
+            cancelled = True
+            raise
+        finally:
+            self._release_replay(cancelled)
 
     def __await__(self) -> Any:
         return self._task.__await__()
+
+    async def _retrying(self, call: Any) -> bool:
+        # The attempt task decides, from the attempt's real status: wait for it.
+        while True:
+            if self._error is not None or self._task.done():
+                return False
+            if call is not self._call:
+                return True  # the next attempt started: it gets the recorded message in its replay
+            d = self._decided
+            if d is not None and d[0] is call:
+                return d[1] is not None
+            w = self._change()
+            await asyncio.wait((self._task, w), return_when=asyncio.FIRST_COMPLETED)
+            w.cancel()
 
     async def _final(self) -> None:
         try:
@@ -257,18 +434,6 @@ class _UnaryResponseCall(_Call):
     def add_done_callback(self, callback: Callable[[Any], None]) -> None:
         self._task.add_done_callback(lambda _t: callback(self))
 
-    # stream_unary write API (only when no request iterator was given)
-    async def write(self, request: Any) -> None:
-        await self._started
-        if self._call is None:
-            raise self._error or grpc.aio.UsageError("call failed before it started")
-        await self._call.write(request)
-
-    async def done_writing(self) -> None:
-        await self._started
-        if self._call is not None:
-            await self._call.done_writing()
-
 
 class UnaryUnaryCall(_UnaryResponseCall, grpc.aio.UnaryUnaryCall):
     pass
@@ -281,19 +446,15 @@ class StreamUnaryCall(_UnaryResponseCall, grpc.aio.StreamUnaryCall):
 class _StreamResponseCall(_Call):
     """unary_stream and stream_stream: reading drives the attempts; retried only before the first message."""
 
-    def __init__(self, *args: Any, replay: Replay | None = None, **kw: Any) -> None:
+    def __init__(self, *args: Any, **kw: Any) -> None:
         super().__init__(*args, **kw)
-        self._replay = replay
-        self._committed = False
         self._cancelled = False
         self._done_fut: asyncio.Future[None] = self._loop.create_future()
-        self._attempt: tuple[PickResult, SubConn, Any] | None = None
         self._task = self._loop.create_task(self._begin())
 
     async def _begin(self) -> None:
         try:
-            req = self._request if self._replay is None else self._replay.attempt()
-            res, sc, call = await self._start_attempt(req)
+            res, sc, call = await self._start_attempt(self._next_request())
         except BaseException as e:
             self._fail_start(e)
             self._set_done()
@@ -315,11 +476,22 @@ class _StreamResponseCall(_Call):
             if self._committed or code is _OK or self._cancelled:
                 self._set_done()
 
-        call.add_done_callback(lambda _c: self._loop.create_task(report()))
+        reported = False
+
+        def on_done(_c: Any) -> None:
+            nonlocal reported
+            if self._replay is not None or self._writes is not None:
+                self._note_status(call)
+            if not reported:  # grpc.aio may set a status twice (see _STAND_IN): report the attempt once
+                reported = True
+                self._loop.create_task(report())
+
+        call.add_done_callback(on_done)
 
     def _set_done(self) -> None:
         if not self._done_fut.done():
             self._done_fut.set_result(None)
+            self._release_replay(self._cancelled)
         for cb in self._callbacks:
             try:
                 cb(self)
@@ -327,8 +499,18 @@ class _StreamResponseCall(_Call):
                 log.exception("waypost: call done callback failed")
         self._callbacks.clear()
 
+    def _end(self, e: grpc.aio.AioRpcError) -> grpc.aio.AioRpcError:
+        self._committed = True
+        self._error = e
+        self._set_done()
+        return e
+
     async def read(self) -> Any:
-        await self._task
+        try:
+            await self._task
+        except asyncio.CancelledError:
+            self.cancel()  # as grpc.aio: a cancelled read cancels the RPC
+            raise
         while True:
             if self._error is not None:
                 raise self._error
@@ -338,29 +520,49 @@ class _StreamResponseCall(_Call):
             except grpc.aio.AioRpcError as e:
                 if self._committed or self._cancelled:
                     raise
-                delay = None if (self._replay is not None and not self._replay.replayable) else \
-                    self._st.after_failure(e.code(), e.details())
-                if delay is None:
-                    self._committed = True
-                    self._error = e
-                    raise
-                if delay:
-                    await asyncio.sleep(delay)
-                req = self._request if self._replay is None else self._replay.attempt()
                 try:
-                    res, sc, call = await self._start_attempt(req)
-                except grpc.aio.AioRpcError as e2:
-                    self._committed = True
-                    self._error = e2
-                    self._set_done()
+                    await self._next_attempt(call, e)
+                except asyncio.CancelledError:
+                    self.cancel()
                     raise
-                self._watch(res, sc, call)
                 continue
+            except asyncio.CancelledError:
+                self.cancel()  # as grpc.aio: a cancelled read cancels the RPC
+                raise
             if not self._committed:
                 self._committed = True
                 if msg is not EOF_:
                     self._st.succeeded()
             return msg
+
+    async def _retrying(self, call: Any) -> bool:
+        # Reading decides (only it knows whether a response message came): go on unless the call is over.
+        return self._error is None and not self._committed and not self._cancelled
+
+    async def _next_attempt(self, call: Any, e: grpc.aio.AioRpcError) -> None:
+        """The attempt on ``call`` failed before any response message: start the next one, or end the call."""
+        code, details = await self._settle(call, e.code(), e.details())
+        if code is not e.code():
+            e = grpc.aio.AioRpcError(code, e.initial_metadata(), e.trailing_metadata(), details)
+        delay = self._decide(call, code, details)
+        if delay is None:
+            raise self._end(e)
+        if delay:
+            await asyncio.sleep(delay)
+        if self._error is not None:  # cancelled during the backoff
+            raise self._error
+        if not self._replayable():  # the requests outgrew the buffer during the backoff
+            raise self._end(e)
+        try:
+            res, sc, call = await self._start_attempt(self._next_request())
+        except grpc.aio.AioRpcError as e2:
+            raise self._end(e2) from None
+        self._watch(res, sc, call)
+        if self._cancelled:  # cancelled while waiting for a backend
+            call.cancel()
+            return
+        if self._writes is not None:
+            await self._writes.feed(self._current)  # replay; a failure shows on the next read
 
     async def _iterate(self) -> AsyncIterator[Any]:
         while True:
@@ -387,9 +589,17 @@ class _StreamResponseCall(_Call):
 
     def cancel(self) -> bool:
         self._cancelled = True
-        if self._call is not None:
-            return bool(self._call.cancel())
-        return self._task.cancel()
+        self._release_replay(True)
+        call = self._call
+        if call is None:
+            return self._task.cancel()
+        d = self._decided
+        if d is not None and d[0] is call and d[1] is not None and self._error is None:
+            # Between attempts (the last one failed, a retry was due): the call ends here, cancelled.
+            self._end(grpc.aio.AioRpcError(_CANCELLED, grpc.aio.Metadata(), grpc.aio.Metadata(),
+                                           "Locally cancelled by application!"))
+            return True
+        return bool(call.cancel())
 
     def cancelled(self) -> bool:
         if self._call is not None:
@@ -407,17 +617,6 @@ class _StreamResponseCall(_Call):
         else:
             self._callbacks.append(callback)
 
-    async def write(self, request: Any) -> None:
-        await self._started
-        if self._call is None:
-            raise self._error or grpc.aio.UsageError("call failed before it started")
-        await self._call.write(request)
-
-    async def done_writing(self) -> None:
-        await self._started
-        if self._call is not None:
-            await self._call.done_writing()
-
 
 class UnaryStreamCall(_StreamResponseCall, grpc.aio.UnaryStreamCall):
     pass
@@ -427,11 +626,14 @@ class StreamStreamCall(_StreamResponseCall, grpc.aio.StreamStreamCall):
     pass
 
 
-def _replay_for(request_iterator: Any) -> tuple[Any, Replay | None, bool]:
-    """(request for the first attempt, replay buffer, retryable)."""
-    if request_iterator is None or hasattr(request_iterator, "__aiter__"):
-        return request_iterator, None, False
-    return None, Replay(request_iterator), True
+def _requests(request_iterator: Any) -> dict[str, Any]:
+    """How a client-streaming call's requests are kept for replay into a retry (sync or async iterator, or
+    the write API when there is no iterator)."""
+    if request_iterator is None:
+        return {"writes": WriteReplay()}
+    if hasattr(request_iterator, "__aiter__"):
+        return {"replay": AsyncReplay(request_iterator)}
+    return {"replay": Replay(request_iterator)}
 
 
 class UnaryUnaryMultiCallable(_Method, grpc.aio.UnaryUnaryMultiCallable):
@@ -456,9 +658,8 @@ class StreamUnaryMultiCallable(_Method, grpc.aio.StreamUnaryMultiCallable):
     def __call__(self, request_iterator: Any = None, timeout: float | None = None, metadata: Any = None,
                  credentials: Any = None, wait_for_ready: bool | None = None, compression: Any = None
                  ) -> StreamUnaryCall:
-        req, replay, retryable = _replay_for(request_iterator)
-        return StreamUnaryCall(self, req, timeout, metadata, credentials, wait_for_ready, compression,
-                               retryable=retryable, replay=replay)
+        return StreamUnaryCall(self, None, timeout, metadata, credentials, wait_for_ready, compression,
+                               **_requests(request_iterator))
 
 
 class StreamStreamMultiCallable(_Method, grpc.aio.StreamStreamMultiCallable):
@@ -467,6 +668,5 @@ class StreamStreamMultiCallable(_Method, grpc.aio.StreamStreamMultiCallable):
     def __call__(self, request_iterator: Any = None, timeout: float | None = None, metadata: Any = None,
                  credentials: Any = None, wait_for_ready: bool | None = None, compression: Any = None
                  ) -> StreamStreamCall:
-        req, replay, retryable = _replay_for(request_iterator)
-        return StreamStreamCall(self, req, timeout, metadata, credentials, wait_for_ready, compression,
-                                retryable=retryable, replay=replay)
+        return StreamStreamCall(self, None, timeout, metadata, credentials, wait_for_ready, compression,
+                                **_requests(request_iterator))
