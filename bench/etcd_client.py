@@ -4,10 +4,13 @@ Measures, against a local etcd started here (LocalEtcd), in one run and on the s
   - put latency,
   - prefix get of 1,000 keys (waypost Registry, the same with every KeyValue built -- the Registry's
     result converts on first element access --, waypost EtcdClient, raw),
+  - the same get followed by reading every field of every record, on both sides: waypost reads its
+    KeyValues, raw reads the protobuf messages and decodes the key to str as KeyValue.key is
+    (get_wp_read_all / get_raw_read_all: the like-for-like ratio for a caller that reads them all),
   - put -> watch event latency (median and p99).
 Rounds of waypost and raw alternate so machine noise hits both alike. Prints a table, then the
-ratios (waypost / raw, lower is better; goal <= 1.2) as the last lines, and writes
-bench/results/etcd_client.json.
+ratios (waypost / raw, lower is better; goal <= 1.2), ending with the two get ratios (lazy, read
+all), and writes bench/results/etcd_client.json.
 
     python bench/etcd_client.py [--puts 2000] [--gets 200] [--watch 1000] [--rounds 4]
 """
@@ -76,33 +79,104 @@ async def bench_put(reg: EtcdRegistry, raw: Raw, n: int) -> tuple[list[float], l
     return w, r
 
 
-async def bench_get(reg: EtcdRegistry, raw: Raw, n: int
-                    ) -> tuple[list[float], list[float], list[float], list[float]]:
+def read_keyvalues(kvs: Any) -> tuple[int, str]:
+    """What a caller that reads a whole result does with waypost: every field of every KeyValue."""
+    n = 0
+    key = ""
+    for kv in kvs:
+        key = kv.key
+        value = kv.value
+        create_revision = kv.create_revision
+        mod_revision = kv.mod_revision
+        version = kv.version
+        lease = kv.lease
+        n += 1
+    del value, create_revision, mod_revision, version, lease
+    return n, key
+
+
+def read_messages(kvs: Any) -> tuple[int, str]:
+    """The same reads on raw protobuf messages, the key decoded to str as KeyValue.key is."""
+    n = 0
+    key = ""
+    for m in kvs:
+        key = m.key.decode()
+        value = m.value
+        create_revision = m.create_revision
+        mod_revision = m.mod_revision
+        version = m.version
+        lease = m.lease
+        n += 1
+    del value, create_revision, mod_revision, version, lease
+    return n, key
+
+
+async def bench_get(reg: EtcdRegistry, raw: Raw, n: int) -> dict[str, list[float]]:
+    """Each case gets the 1,000 keys; a result is dropped before the next case starts, so no case
+    pays for freeing another's objects. The two read-all cases also drop their result inside the
+    timing (a caller pays for freeing what it read) and swap order every round."""
     client = reg.client
-    w: list[float] = []
-    m: list[float] = []
-    c: list[float] = []
-    r: list[float] = []
-    for _ in range(n):
+    req = pb.RangeRequest(key=b"bench/keys/", range_end=b"bench/keys0")
+    last = (1000, "bench/keys/0999")
+
+    async def lazy() -> float:
         t0 = time.perf_counter()
         got = await reg.get("bench/keys/", prefix=True)
-        w.append(time.perf_counter() - t0)
+        dt = time.perf_counter() - t0
         assert len(got.kvs) == 1000
-        # the same get with every KeyValue built (GetResult.kvs converts on first element access)
+        return dt
+
+    async def all_kvs() -> float:  # every KeyValue built (GetResult.kvs converts on first element access)
         t0 = time.perf_counter()
         got = await reg.get("bench/keys/", prefix=True)
         kvs = list(got.kvs)
-        m.append(time.perf_counter() - t0)
+        dt = time.perf_counter() - t0
         assert len(kvs) == 1000 and kvs[0].key == "bench/keys/0000"
+        return dt
+
+    async def via_client() -> float:
         t0 = time.perf_counter()
         resp = await client.range(b"bench/keys/", b"bench/keys0")
-        c.append(time.perf_counter() - t0)
+        dt = time.perf_counter() - t0
         assert len(resp.kvs) == 1000
+        return dt
+
+    async def via_raw() -> float:
         t0 = time.perf_counter()
-        resp = await raw.range(pb.RangeRequest(key=b"bench/keys/", range_end=b"bench/keys0"), timeout=5)
-        r.append(time.perf_counter() - t0)
+        resp = await raw.range(req, timeout=5)
+        dt = time.perf_counter() - t0
         assert len(resp.kvs) == 1000
-    return w, m, c, r
+        return dt
+
+    async def read_all_waypost() -> float:
+        t0 = time.perf_counter()
+        got = await reg.get("bench/keys/", prefix=True)
+        seen = read_keyvalues(got.kvs)
+        del got
+        dt = time.perf_counter() - t0
+        assert seen == last
+        return dt
+
+    async def read_all_raw() -> float:
+        t0 = time.perf_counter()
+        resp = await raw.range(req, timeout=5)
+        seen = read_messages(resp.kvs)
+        del resp
+        dt = time.perf_counter() - t0
+        assert seen == last
+        return dt
+
+    out: dict[str, list[float]] = {k: [] for k in ("get_waypost", "get_wp_all_kvs", "get_client", "get_raw",
+                                                   "get_wp_read_all", "get_raw_read_all")}
+    for i in range(n):
+        out["get_waypost"].append(await lazy())
+        out["get_wp_all_kvs"].append(await all_kvs())
+        out["get_client"].append(await via_client())
+        out["get_raw"].append(await via_raw())
+        pair = [("get_wp_read_all", read_all_waypost), ("get_raw_read_all", read_all_raw)]
+        for name, case in pair if i % 2 == 0 else pair[::-1]:
+            out[name].append(await case())
+    return out
 
 
 async def bench_watch(reg: EtcdRegistry, raw: Raw, n: int) -> tuple[list[float], list[float]]:
@@ -147,17 +221,14 @@ async def main_async(args: argparse.Namespace, endpoint: str) -> dict[str, Any]:
         await bench_get(reg, raw, 5)
         res: dict[str, list[float]] = {k: [] for k in
                                        ("put_waypost", "put_raw", "get_waypost", "get_wp_all_kvs",
-                                        "get_client", "get_raw",
+                                        "get_client", "get_raw", "get_wp_read_all", "get_raw_read_all",
                                         "watch_waypost", "watch_raw")}
         for _ in range(args.rounds):
             a, b = await bench_put(reg, raw, args.puts // args.rounds)
             res["put_waypost"] += a
             res["put_raw"] += b
-            a, m, c, b = await bench_get(reg, raw, args.gets // args.rounds)
-            res["get_waypost"] += a
-            res["get_wp_all_kvs"] += m
-            res["get_client"] += c
-            res["get_raw"] += b
+            for k, v in (await bench_get(reg, raw, args.gets // args.rounds)).items():
+                res[k] += v
             a, b = await bench_watch(reg, raw, args.watch // args.rounds)
             res["watch_waypost"] += a
             res["watch_raw"] += b
@@ -185,6 +256,7 @@ def main(argv: list[str] | None = None) -> int:
         "get1000_all_kvs_median": stats["get_wp_all_kvs"]["median_us"] / stats["get_raw"]["median_us"],
         "watch_median": stats["watch_waypost"]["median_us"] / stats["watch_raw"]["median_us"],
         "watch_p99": stats["watch_waypost"]["p99_us"] / stats["watch_raw"]["p99_us"],
+        "get1000_read_all_median": stats["get_wp_read_all"]["median_us"] / stats["get_raw_read_all"]["median_us"],
     }
     out = {
         "benchmark": "etcd_client",
@@ -195,13 +267,15 @@ def main(argv: list[str] | None = None) -> int:
     }
     args.out.parent.mkdir(parents=True, exist_ok=True)
     args.out.write_text(json.dumps(out, indent=2) + "\n")
-    print(f"{'case':<16}{'n':>7}{'median us':>12}{'p99 us':>12}")
+    print(f"{'case':<18}{'n':>7}{'median us':>12}{'p99 us':>12}")
     for k, v in stats.items():
-        print(f"{k:<16}{v['n']:>7}{v['median_us']:>12.0f}{v['p99_us']:>12.0f}")
+        print(f"{k:<18}{v['n']:>7}{v['median_us']:>12.0f}{v['p99_us']:>12.0f}")
     print(f"wrote {args.out}")
     print("ratios (waypost / raw, lower is better):")
     for k, v in ratios.items():
         print(f"  {k:<24}{v:6.2f}x")
+    print(f"get 1,000 keys, KeyValues built lazily (get1000_median):            {ratios['get1000_median']:.2f}x")
+    print(f"get 1,000 keys + read every field (get1000_read_all_median):     {ratios['get1000_read_all_median']:.2f}x")
     return 0
 
 

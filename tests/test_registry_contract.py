@@ -53,6 +53,23 @@ def test_prefix_get_sorted_keys_only_count_and_limit(registry):
     assert [kv.key for kv in s.get("svc", prefix=True).kvs] == ["svc/1", "svc/2", "svc/3", "svc0"]
 
 
+def test_prefix_get_with_some_keys_leased_or_empty(registry):
+    """A prefix where only some keys have a lease or a value, and a key that is not UTF-8: every field
+    of every KeyValue and value_revisions() are right (etcd reads such records one message each)."""
+    s = registry.sync
+    lease = s.grant(60)
+    rows = [("m/a", b"x", lease), ("m/b", b"", 0), ("m/c\udcff", b"z", 0), ("m/d", b"", lease)]
+    revs = [_put(registry, k, v, lease=le).revision for k, v, le in rows]
+    for prefix, want in (("m/", rows), ("m/a", rows[:1])):
+        g = s.get(prefix, prefix=True)
+        assert [(kv.key, kv.value, kv.lease, kv.create_revision, kv.mod_revision, kv.version) for kv in g.kvs] == [
+            (k, v, le, r, r, 1) for (k, v, le), r in zip(want, revs)]
+        assert s.get(prefix, prefix=True).value_revisions() == {k: (v, r) for (k, v, _), r in zip(want, revs)}
+    assert [kv.value for kv in s.get("m/", prefix=True, keys_only=True).kvs] == [b""] * 4
+    s.revoke(lease)
+    assert [kv.key for kv in s.get("m/", prefix=True).kvs] == ["m/b", "m/c\udcff"]
+
+
 def test_delete_prefix_is_one_revision(registry):
     s = registry.sync
     for i in range(4):

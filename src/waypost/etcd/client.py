@@ -10,13 +10,13 @@ import asyncio
 import logging
 import time
 from collections.abc import Callable, Sequence
-from typing import Any, TypeVar
+from typing import Any, TypeVar, cast
 
 import grpc
 import grpc.aio
 
 from ..errors import Compacted, PermissionDenied, RegistryUnavailable
-from . import _errors
+from . import _errors, records
 from ._methods import (
     AUTHENTICATE,
     COMPACT,
@@ -38,6 +38,13 @@ log = logging.getLogger("waypost.etcd")
 
 M = TypeVar("M")
 
+
+class _Unparsed:
+    """A response "type" whose deserializer keeps the bytes: Range is parsed by its caller (records.py)."""
+
+    @staticmethod
+    def FromString(data: bytes) -> bytes:
+        return data
 
 
 class EtcdClient:
@@ -213,9 +220,18 @@ class EtcdClient:
                     keys_only: bool = False, count_only: bool = False, serializable: bool = False,
                     timeout: float | None = None) -> pb.RangeResponse:
         """Range [key, range_end) (only ``key`` when range_end is empty), sorted by key."""
+        data = await self.range_serialized(key, range_end, revision=revision, limit=limit, keys_only=keys_only,
+                                           count_only=count_only, serializable=serializable, timeout=timeout)
+        return records.parse(pb.RangeResponse, data)
+
+    async def range_serialized(self, key: bytes, range_end: bytes = b"", *, revision: int = 0, limit: int = 0,
+                               keys_only: bool = False, count_only: bool = False, serializable: bool = False,
+                               timeout: float | None = None) -> bytes:
+        """``range`` answered as the serialized RangeResponse, for a caller that reads the records its
+        own way (``records.head``/``records.columns``: the registry's fast path)."""
         req = pb.RangeRequest(key=key, range_end=range_end, revision=revision, limit=limit,
                               keys_only=keys_only, count_only=count_only, serializable=serializable)
-        return await self.call("get", RANGE, req, pb.RangeResponse, timeout=timeout)
+        return cast(bytes, await self.call("get", RANGE, req, _Unparsed, timeout=timeout))
 
     async def put(self, key: bytes, value: bytes, *, lease: int = 0, prev_kv: bool = False,
                   timeout: float | None = None) -> pb.PutResponse:

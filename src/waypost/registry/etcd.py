@@ -3,12 +3,13 @@
 from __future__ import annotations
 
 import logging
-import types
-from collections.abc import Iterator, Sequence
+from collections.abc import Callable, Iterator, Sequence
+from dataclasses import fields
 from typing import Any, overload
 
 from .. import _loop
 from ..errors import LeaseNotFound, RegistryUnavailable
+from ..etcd import records
 from ..etcd.client import EtcdClient
 from ..etcd.config import EtcdConfig
 from ..etcd.keys import decode_key, encode_key, key_range
@@ -23,67 +24,91 @@ def _kv_plain(m: Any) -> KeyValue:
     return KeyValue(decode_key(m.key), m.value, m.create_revision, m.mod_revision, m.version, m.lease)
 
 
-def _make_fast_kv() -> Any:
-    """A KeyValue builder that fills the slots directly.
+class _OpenKeyValue(KeyValue):
+    """A KeyValue under construction: the same slots, but plain attribute stores.
 
-    A frozen dataclass routes every field through object.__setattr__; a prefix read of 1,000 keys
-    spends more time there than on the network. Falls back to the constructor if KeyValue ever
-    stops using slots.
+    The frozen dataclass routes each field through ``object.__setattr__`` (six calls per record).
+    This subclass restores the generic ``__setattr__``/``__delattr__`` (both, or CPython keeps the
+    slow slot), so ``__init__`` fills the slots with fast stores, then turns the object into a plain
+    KeyValue: callers only ever see ``type(kv) is KeyValue``, frozen, with the dataclass eq/hash/repr.
     """
-    fields = ("key", "value", "create_revision", "mod_revision", "version", "lease")
-    slots = [KeyValue.__dict__.get(f) for f in fields]
-    if not all(isinstance(s, types.MemberDescriptorType) for s in slots):
-        return _kv_plain
-    sk, sv, sc, sm, sver, sl = (s.__set__ for s in slots)  # type: ignore[union-attr]
-    new = object.__new__
 
-    def kv(m: Any) -> KeyValue:
-        o = new(KeyValue)
-        sk(o, m.key.decode("utf-8", "surrogateescape"))
-        sv(o, m.value)
-        sc(o, m.create_revision)
-        sm(o, m.mod_revision)
-        sver(o, m.version)
-        sl(o, m.lease)
-        return o  # type: ignore[no-any-return]
+    __slots__ = ()
+    __setattr__ = object.__setattr__
+    __delattr__ = object.__delattr__
 
-    return kv
+    def __init__(self, key: str, value: bytes, create_revision: int, mod_revision: int, version: int,
+                 lease: int) -> None:
+        self.key = key  # type: ignore[misc]
+        self.value = value  # type: ignore[misc]
+        self.create_revision = create_revision  # type: ignore[misc]
+        self.mod_revision = mod_revision  # type: ignore[misc]
+        self.version = version  # type: ignore[misc]
+        self.lease = lease  # type: ignore[misc]
+        self.__class__ = KeyValue  # type: ignore[assignment]
 
 
-_kv = _make_fast_kv()
+def _pick_builder() -> Callable[..., KeyValue]:
+    """``_OpenKeyValue`` if it yields exactly what the constructor does, else the constructor.
+
+    Checked once at import, so a future change to KeyValue (a new field, no slots) degrades to the
+    plain path instead of building wrong objects.
+    """
+    args = ("k/\udcff", b"v", 3, 4, 2, 7)
+    try:
+        fast = _OpenKeyValue(*args)
+        ok = type(fast) is KeyValue and fast == KeyValue(*args) and len(fields(KeyValue)) == len(args)
+    except (TypeError, AttributeError):
+        ok = False
+    if not ok:
+        log.warning("fast KeyValue building unavailable; using the dataclass constructor")
+        return KeyValue
+    return _OpenKeyValue
+
+
+_build = _pick_builder()
+
+
+def _kv(m: Any) -> KeyValue:
+    """A KeyValue from one etcd KeyValue message (events, prev_kv, the general Range path)."""
+    return _build(decode_key(m.key), m.value, m.create_revision, m.mod_revision, m.version, m.lease)
 
 
 class _LazyKeyValues(Sequence[KeyValue]):
-    """The kvs of a Range response as a read-only Sequence of KeyValue, converted on first access.
+    """The records of a Range response as a read-only Sequence of KeyValue, built on first access.
 
-    Converting 1,000 protobuf messages to KeyValues costs more than the Range call itself, and many
-    callers only need ``len``/``count`` or (the subscriber) key, value and revision. ``len`` and
-    ``value_revisions()`` never build KeyValues; any element access converts them all once (safe
-    from any thread: a race just converts twice) and drops the response. Equal to a list (or any
-    sequence) of the same KeyValues, so ``res.kvs == []`` keeps working.
+    Holds the serialized response. ``len`` needs no parsing beyond the framing; ``value_revisions()``
+    reads three columns (etcd/records.py) and builds no KeyValue; any element access builds all the
+    KeyValues once from the columns (from one message per record when the columns do not line up),
+    then drops the bytes. Safe from any thread: a race just builds twice. Equal to a list of the same
+    KeyValues, so ``res.kvs == []`` keeps working.
     """
 
-    __slots__ = ("_list", "_pb")
+    __slots__ = ("_data", "_list", "_n")
 
-    def __init__(self, pb_kvs: Any) -> None:
-        self._pb: Any = pb_kvs
+    def __init__(self, data: bytes, n: int) -> None:
+        self._data: bytes | None = data
+        self._n = n
         self._list: list[KeyValue] | None = None
 
-    # Read _pb before _list: _list is set before _pb is dropped, so a None _list means the _pb
-    # read just before was still the response (no lock needed for concurrent readers).
+    # Read _data before _list: _list is set before _data is dropped, so a None _list means the
+    # _data read just before was still the response (no lock needed for concurrent readers).
     def _items(self) -> list[KeyValue]:
-        pb = self._pb
+        data = self._data
         items = self._list
         if items is None:
-            kv = _kv
-            items = self._list = [kv(m) for m in pb]
-            self._pb = None
+            assert data is not None
+            cols = records.columns(data, self._n)
+            if cols is None:
+                items = list(map(_kv, records.messages(data)))
+            else:
+                items = list(map(_build, *cols))
+            self._list = items
+            self._data = None
         return items
 
     def __len__(self) -> int:
-        pb = self._pb
-        items = self._list
-        return len(pb) if items is None else len(items)
+        return self._n
 
     @overload
     def __getitem__(self, i: int) -> KeyValue: ...
@@ -120,15 +145,16 @@ class _LazyKeyValues(Sequence[KeyValue]):
         return repr(self._items())
 
     def value_revisions(self) -> dict[str, tuple[bytes, int]]:
-        """key -> (value, mod_revision) straight from the messages, building no KeyValue."""
-        pb = self._pb
+        """key -> (value, mod_revision) from the columns (or the KeyValues once built)."""
+        data = self._data
         items = self._list
-        if items is not None:
-            return {kv.key: (kv.value, kv.mod_revision) for kv in items}
-        try:  # strict UTF-8 is a little faster, and the same for any key that passes it
-            return {m.key.decode(): (m.value, m.mod_revision) for m in pb}
-        except UnicodeDecodeError:
-            return {m.key.decode("utf-8", "surrogateescape"): (m.value, m.mod_revision) for m in pb}
+        if items is None:
+            assert data is not None
+            cols = records.columns(data, self._n)
+            if cols is not None:
+                return dict(zip(cols.keys, zip(cols.values, cols.mod_revisions)))
+            items = self._items()
+        return {kv.key: (kv.value, kv.mod_revision) for kv in items}
 
 
 def _event(ev: Any) -> Event:
@@ -170,9 +196,10 @@ class EtcdRegistry(Registry):
         count_only: bool = False, limit: int = 0,
     ) -> GetResult:
         k, end = key_range(key, prefix)
-        r = await self.client.range(k, end, revision=revision, limit=limit, keys_only=keys_only,
-                                    count_only=count_only)
-        return GetResult(_LazyKeyValues(r.kvs), r.header.revision, r.count)
+        data = await self.client.range_serialized(k, end, revision=revision, limit=limit, keys_only=keys_only,
+                                                  count_only=count_only)
+        head = records.head(data)
+        return GetResult(_LazyKeyValues(data, head.records), head.revision, head.total)
 
     async def put(self, key: str, value: bytes, *, lease: int = 0, prev_kv: bool = False) -> PutResult:
         r = await self.client.put(encode_key(key), bytes(value), lease=lease, prev_kv=prev_kv)
