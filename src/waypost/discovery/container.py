@@ -8,7 +8,10 @@ another entry replaces it, so a value change is never lost (go-zero's reload pat
 from __future__ import annotations
 
 import dataclasses
+import itertools
 import logging
+import operator
+from collections import deque
 from collections.abc import Callable, Iterable, Mapping
 from types import MappingProxyType, MemberDescriptorType
 from typing import Any
@@ -21,27 +24,34 @@ log = logging.getLogger("waypost.discovery")
 Listener = Callable[[], None]
 
 
-def _backend_builder() -> Callable[[str, Mapping[str, Any]], Backend]:
-    """``Backend(address, metadata)`` without the frozen dataclass' per-field ``object.__setattr__``
-    (a big initial load builds one per address); the plain constructor if Backend changes shape."""
+def _backends_builder() -> Callable[[list[str], list[Mapping[str, Any]]], list[Backend]]:
+    """``[Backend(a, m) for a, m in zip(addresses, metadata)]`` without a Python-level call per
+    Backend (a big initial load builds one per address): the frozen dataclass' slots are filled
+    with C-level loops. The plain constructor if Backend changes shape."""
     slots = [Backend.__dict__.get(f) for f in ("address", "metadata")]
     if ([f.name for f in dataclasses.fields(Backend)] != ["address", "metadata"]
             or hasattr(Backend, "__post_init__")
             or not all(isinstance(s, MemberDescriptorType) for s in slots)):
-        return Backend
+        return lambda addresses, mds: list(map(Backend, addresses, mds))
     set_address, set_metadata = (s.__set__ for s in slots)  # type: ignore[union-attr]
-    new = object.__new__
+    new, repeat = object.__new__, itertools.repeat
 
-    def backend(address: str, metadata: Mapping[str, Any]) -> Backend:
-        b = new(Backend)
-        set_address(b, address)
-        set_metadata(b, metadata)
-        return b  # type: ignore[no-any-return]
+    def backends(addresses: list[str], mds: list[Mapping[str, Any]]) -> list[Backend]:
+        out = list(map(new, repeat(Backend, len(addresses))))
+        deque(map(set_address, out, addresses), 0)
+        deque(map(set_metadata, out, mds), 0)
+        return out
 
-    return backend
+    return backends
 
 
-_new_backend = _backend_builder()
+_new_backends = _backends_builder()
+_address = operator.itemgetter(0)
+_metadata = operator.itemgetter(1)
+
+
+def _frozen(md: Mapping[str, Any]) -> Mapping[str, Any]:
+    return md if isinstance(md, MappingProxyType) else MappingProxyType(dict(md))
 
 
 class Container:
@@ -50,12 +60,15 @@ class Container:
     def __init__(self, exclusive: bool = False) -> None:
         self.exclusive = exclusive
         self._mapping: dict[str, Entry] = {}
-        self._values: dict[str, list[str]] = {}  # address -> keys holding it, oldest first
+        # address -> the keys holding it, oldest first: the bare key while there is one (nearly
+        # always: a big set then costs no list per address), a list of two or more otherwise
+        self._values: dict[str, str | list[str]] = {}
         self._snapshot: tuple[str, ...] = ()
         self._backends: tuple[Backend, ...] = ()
         self._listeners: list[Listener] = []
-        # Backend objects reused across rebuilds: one change to a big set rebuilds one Backend
-        self._backend_of: dict[str, Backend] = {}
+        # Backend objects reused across rebuilds (one change to a big set rebuilds one Backend);
+        # None until the first change after a bulk fill, which builds it from the snapshot
+        self._backend_of: dict[str, Backend] | None = {}
         self._touched: set[str] = set()
 
     # -- reads (any thread) ---------------------------------------------------------------------
@@ -72,7 +85,15 @@ class Container:
         """A copy of the key -> entry mapping."""
         return dict(self._mapping)
 
-    # -- writes (control loop) ------------------------------------------------------------------
+    # -- control loop ---------------------------------------------------------------------------
+
+    def __len__(self) -> int:
+        """How many keys (not addresses) the container holds."""
+        return len(self._mapping)
+
+    def get(self, key: str) -> Entry | None:
+        """The entry of ``key``, or None."""
+        return self._mapping.get(key)
 
     def add_listener(self, fn: Listener) -> None:
         """Call ``fn()`` after each change (on the control loop; exceptions are logged)."""
@@ -86,7 +107,10 @@ class Container:
             pass
 
     def apply(self, deletes: Iterable[str] = (), adds: Iterable[tuple[str, Entry]] = ()) -> bool:
-        """Apply deletes, then adds; rebuild the snapshot and notify listeners if anything changed."""
+        """Apply deletes, then adds; rebuild the snapshot and notify listeners if anything changed.
+
+        A key whose entry changes keeps its place among ``keys()``; its address moves as a new one.
+        """
         if not self._mapping and not self.exclusive and not deletes:
             return self._bulk_load(adds)
         changed = False
@@ -100,61 +124,36 @@ class Container:
         return changed
 
     def _bulk_load(self, adds: Iterable[tuple[str, Entry]]) -> bool:
-        """Fill an empty, non-exclusive container (a new subscriber on a big set) in a few tight
-        passes; the result is what ``_add`` one by one would give."""
+        """Fill an empty, non-exclusive container (a new subscriber on a big set) in a few
+        whole-list passes; the result is what ``_add`` one by one would give."""
         mapping, values = self._mapping, self._values
         adds = adds if isinstance(adds, list) else list(adds)
         mapping.update(adds)
-        one_each = False
-        if len(mapping) == len(adds):  # distinct keys (the usual case)
-            by_address = {entry[0]: [key] for key, entry in adds}
-            if len(by_address) == len(adds):  # and distinct addresses: values in the order of adds
-                values.update(by_address)
-                one_each = True
-            else:
-                for key, entry in adds:
-                    keys = values.get(entry[0])
-                    if keys is None:
-                        values[entry[0]] = [key]
-                    else:
-                        keys.append(key)
-        else:
-            mapping.clear()
-            for key, entry in adds:
-                old = mapping.get(key)
-                if old is not None:  # the same key twice in one batch: keep the last, as _add would
-                    values[old.address].remove(key)
-                    if not values[old.address]:
-                        del values[old.address]
-                mapping[key] = entry
-                keys = values.get(entry.address)
-                if keys is None:
-                    values[entry.address] = [key]
-                else:
-                    keys.append(key)
         if not mapping:
             return False
-        cache = self._backend_of
-        proxy = MappingProxyType
-        if cache:  # not expected (an empty container holds no Backends), but stay correct
-            self._touched.update(values)
-            self._rebuild()
-        elif one_each:  # address i is the entry of adds[i]: whole-list passes
-            addresses = list(values)
-            mds = [md if isinstance(md, proxy) else proxy(dict(md)) for _, (_, md) in adds]
-            backends = list(map(_new_backend, addresses, mds))
-            cache.update(zip(addresses, backends))
-            self._touched.clear()
-            self._backends = tuple(backends)
-            self._snapshot = tuple(addresses)
+        one_each = False
+        if len(mapping) == len(adds):  # distinct keys (the usual case)
+            addresses = list(map(_address, mapping.values()))
+            values.update(zip(addresses, mapping))
+            one_each = len(values) == len(addresses)
+            if not one_each:  # some address has several keys
+                values.clear()
+                for key, address in zip(mapping, addresses):
+                    self._index(key, address)
+        else:  # the same key twice in one batch: the per-key path
+            mapping.clear()
+            for key, entry in adds:
+                self._add(key, entry)
+        self._touched.clear()
+        if one_each:  # address i is the entry of key i: whole-list passes
+            mds = list(map(_metadata, mapping.values()))
         else:
-            new = _new_backend
-            for address, keys in values.items():
-                md = mapping[keys[-1]][1]
-                cache[address] = new(address, md if isinstance(md, proxy) else proxy(dict(md)))
-            self._touched.clear()
-            self._backends = tuple(cache.values())
-            self._snapshot = tuple(values)
+            mds = [mapping[keys if type(keys) is str else keys[-1]].metadata for keys in values.values()]
+        if not all(map(isinstance, mds, itertools.repeat(MappingProxyType))):
+            mds = list(map(_frozen, mds))
+        self._backends = tuple(_new_backends(list(values), mds))
+        self._snapshot = tuple(values)
+        self._backend_of = None  # built by the first change (a set that never changes needs none)
         self.notify()
         return True
 
@@ -162,53 +161,76 @@ class Container:
         """Forget every key (no listener call)."""
         self._mapping.clear()
         self._values.clear()
-        self._backend_of.clear()
+        self._backend_of = {}
+        self._touched.clear()
         self._rebuild()
+
+    def _index(self, key: str, address: str) -> None:
+        keys = self._values.get(address)
+        if keys is None:
+            self._values[address] = key
+        elif type(keys) is str:
+            self._values[address] = [keys, key]
+        else:
+            keys.append(key)
+
+    def _unindex(self, key: str, address: str) -> None:
+        self._touched.add(address)
+        keys = self._values.get(address)
+        if keys is None:
+            return
+        if type(keys) is str:
+            if keys == key:
+                del self._values[address]
+            return
+        try:
+            keys.remove(key)
+        except ValueError:
+            return
+        if len(keys) == 1:
+            self._values[address] = keys[0]
 
     def _add(self, key: str, entry: Entry) -> bool:
         old = self._mapping.get(key)
         if old == entry:
             return False
         if old is not None:
-            self._remove(key)  # a changed value: drop the old address first
-        keys = self._values.get(entry.address)
-        if keys and self.exclusive:
-            for other in list(keys):
-                self._remove(other)
-        self._values.setdefault(entry.address, []).append(key)
+            self._unindex(key, old.address)  # a changed value: drop the old address first
+        address = entry.address
+        if self.exclusive:
+            keys = self._values.get(address)
+            if keys is not None:
+                for other in [keys] if type(keys) is str else list(keys):
+                    self._remove(other)
+        self._index(key, address)
         self._mapping[key] = entry
-        self._touched.add(entry.address)
+        self._touched.add(address)
         return True
 
     def _remove(self, key: str) -> bool:
         entry = self._mapping.pop(key, None)
         if entry is None:
             return False
-        self._touched.add(entry.address)
-        keys = self._values.get(entry.address)
-        if keys is not None:
-            try:
-                keys.remove(key)
-            except ValueError:
-                pass
-            if not keys:
-                del self._values[entry.address]
+        self._unindex(key, entry.address)
         return True
 
     def _rebuild(self) -> None:
         cache = self._backend_of
+        if cache is None:  # the first change after a bulk fill: the Backends it built, by address
+            cache = self._backend_of = dict(zip(self._snapshot, self._backends))
+        mapping, values = self._mapping, self._values
         for address in self._touched:
-            keys = self._values.get(address)
-            if not keys:
+            keys = values.get(address)
+            if keys is None:
                 cache.pop(address, None)
                 continue
-            md = self._mapping[keys[-1]].metadata
+            md = mapping[keys if type(keys) is str else keys[-1]].metadata
             old = cache.get(address)
             if old is None or old.metadata is not md:
-                cache[address] = Backend(address, md if isinstance(md, MappingProxyType) else MappingProxyType(dict(md)))
+                cache[address] = Backend(address, _frozen(md))
         self._touched.clear()
-        self._backends = tuple(cache[a] for a in self._values)
-        self._snapshot = tuple(self._values)
+        self._backends = tuple(map(cache.__getitem__, values))
+        self._snapshot = tuple(values)
 
     def notify(self) -> None:
         """Call the listeners now."""

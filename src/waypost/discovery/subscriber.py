@@ -1,10 +1,11 @@
 """Subscriber: the live set of addresses registered under a key, kept by Get + Watch.
 
 One ``_Group`` per (registry, key, exact, format) in the process does the reading: a Get of the
-prefix (``<key>/``; exact mode: the key itself), then a Watch from the Get's revision + 1. Every
-Subscriber on that group reads a ``Container`` fed with the group's decoded entries: one shared by the
-non-exclusive subscribers, one of its own for each exclusive one (``exclusive`` is per subscriber). Compaction or any watch failure triggers a reload: Get again, diff against
-the cache, apply deletes then adds, watch from the new revision; while the registry is unreachable
+prefix (``<key>/``; exact mode: the key itself), then a Watch from the Get's revision + 1. The group
+keeps its decoded entries in a non-exclusive ``Container`` that its non-exclusive subscribers share
+(one copy of a big set); each exclusive subscriber gets a container of its own, fed with the same
+changes (``exclusive`` is per subscriber). Compaction or any watch failure triggers a reload: Get
+again, diff against the cache, apply deletes then adds, watch from the new revision; while the registry is unreachable
 the reload retries every ~1 s (jittered) and the last known addresses stay in place. The group's
 watch stops when its last subscriber closes.
 
@@ -88,14 +89,17 @@ class _Group:
         self.main = _Source(fmt.prefix(key, exact), not exact, False)
         side = None if exact else fmt.side_prefix(key)
         self.side = _Source(side, True, True) if side else None
-        self.entries: dict[str, tuple[Entry, int]] = {}  # main etcd key -> (joined entry, mod_revision)
-        # entries as (key, entry) in revision order, kept from a bulk add until the next change
-        self._ordered: list[tuple[str, Entry]] | None = None
+        # The decoded entries (main etcd key -> entry joined with its metadata) as a container:
+        # the group compares changes against it, and the non-exclusive subscribers share it.
+        self.view = Container(False)
+        # main etcd key -> the revision its entry was set at (orders entries for a new container)
+        self.revs: dict[str, int] = {}
+        # the view was filled in revision order by one bulk add and has not changed since, so a
+        # container built afresh from the entries would be the same
+        self._view_ordered = True
+        self.shared_users = 0  # subscribers reading the view
+        self.containers: list[Container] = []  # the exclusive subscribers' own containers
         self.meta: dict[str, MetaEntry] = {}  # id -> side record
-        self.containers: list[Container] = []
-        # non-exclusive subscribers see the same thing: they share one container (one copy of a big set)
-        self.shared: Container | None = None
-        self.shared_users = 0
         self.refs = 0
         self.ready: asyncio.Future[None] | None = None
         self.last_error: BaseException | None = None
@@ -125,25 +129,28 @@ class _Group:
                 + (f": {str(self.last_error) or type(self.last_error).__name__}" if self.last_error
                    else ": no answer (is etcd running there?)")
             ) from None
-        if not exclusive and self.shared is not None:
+        if not exclusive:
+            if self.shared_users == 0 and not self._view_ordered:
+                # nobody reads the view: start the new reader from the entries in revision order,
+                # as a fresh subscriber sees them (the view's order depends on its history)
+                view = Container(False)
+                entries = self._ordered_entries()
+                with _gc_paused(len(entries)):
+                    view.apply((), entries)
+                self.view, self._view_ordered = view, True
             self.shared_users += 1
-            return self.shared
+            return self.view
         container = Container(exclusive)
         entries = self._ordered_entries()
-        self._ordered = None  # later (exclusive) subscribers sort again; a big set's list is freed
         with _gc_paused(len(entries)):
             container.apply((), entries)
         self.containers.append(container)
-        if not exclusive:
-            self.shared, self.shared_users = container, 1
         return container
 
     def detach(self, container: Container) -> None:
-        if container is self.shared:
+        if container is self.view:
             self.shared_users -= 1
-            if self.shared_users > 0:
-                return
-            self.shared = None
+            return
         try:
             self.containers.remove(container)
         except ValueError:
@@ -163,8 +170,7 @@ class _Group:
         # Drop the caches now rather than when the collector finds the group: its tasks keep it in
         # a reference cycle, and a big set's dicts would otherwise outlive it (RSS grows when a
         # big subscription is closed and opened again).
-        self.entries, self.meta, self._ordered = {}, {}, None
-        self.containers, self.shared = [], None
+        self.view, self.revs, self.meta, self.containers = Container(False), {}, {}, []
         for src in self.sources:
             src.raw = {}
 
@@ -201,9 +207,9 @@ class _Group:
         new = res.value_revisions()
         if not old:  # the initial load: everything is an add
             src.raw, src.revision = new, res.revision
-            if src is self.main and not self.entries:  # the big case: straight to the bulk add
-                self._ordered = None
-                self._bulk_add(sorted(new, key=lambda k: new[k][1]))
+            if src is self.main and not self.view:  # the big case: straight to the bulk add
+                revs = dict(zip(new, map(_second, new.values())))
+                self._bulk_add(sorted(revs, key=revs.__getitem__), revs)
                 return
             self._changed(src, [], [(k, rv[1]) for k, rv in new.items()])
             return
@@ -345,32 +351,41 @@ class _Group:
         else:
             main_keys = sorted(puts, key=_by_revision)
             gone = deletes
-            if not self.entries and not gone:
-                self._bulk_add([k for k, _ in main_keys])  # a first batch: the tight loop
+            if not self.view and not gone:  # a first batch: the tight loop
+                keys = list(dict.fromkeys(k for k, _ in main_keys))  # a key twice: where it came first
+                self._bulk_add(keys, {k: self.main.raw[k][1] for k in keys})
                 return
-        self._ordered = None  # entries change below: attach() sorts them again
+        view, revs = self.view, self.revs
+        # this batch's changes so far, on top of the view (applied to the containers at the end)
+        pending: dict[str, Entry | None] = {}
         out_del: list[str] = []
         out_add: list[tuple[str, Entry]] = []
         for key in gone:
-            if self.entries.pop(key, None) is not None:
+            if (pending[key] if key in pending else view.get(key)) is not None:
+                pending[key] = None
+                revs.pop(key, None)
                 out_del.append(key)
         for key, rev in main_keys:
             entry = self._decode_main(key)
-            old = self.entries.get(key)
+            old = pending[key] if key in pending else view.get(key)
             if entry is None:
                 if old is not None:
-                    del self.entries[key]
+                    pending[key] = None
+                    revs.pop(key, None)
                     out_del.append(key)
-            elif old is None or old[0] != entry:
-                self.entries[key] = (entry, rev)
+            elif old is None or old != entry:
+                pending[key] = entry
+                revs[key] = rev
                 out_add.append((key, entry))
         if out_del or out_add:
-            for c in list(self.containers):
+            self._view_ordered = False
+            for c in [view, *self.containers]:
                 c.apply(out_del, out_add)
 
-    def _bulk_add(self, keys: list[str]) -> None:
-        """Decode and add a batch of main keys (in revision order) to empty ``entries``, the same
-        as the per-key path of ``_changed`` would, in a few tight passes."""
+    def _bulk_add(self, keys: list[str], revs: dict[str, int]) -> None:
+        """Decode and add a batch of distinct main keys (in revision order, ``revs`` their
+        revisions) to the empty view, the same as the per-key path of ``_changed`` would, in a
+        few tight passes."""
         raw = self.main.raw
         adds = self.fmt.decode_many(keys, list(map(_first, map(raw.__getitem__, keys))))
         if self.meta:  # go-zero metadata already read: join it as _decode_main does
@@ -381,18 +396,17 @@ class _Group:
                 joined.append((key, Entry(entry.address, m.metadata)
                                if m is not None and m.address == entry.address else entry))
             adds = joined
-        self.entries = {key: (entry, raw[key][1]) for key, entry in adds}
-        if len(self.entries) != len(adds):  # a key twice in one batch: once, where it came first
-            adds = [(k, e) for k, (e, _) in self.entries.items()]
-        self._ordered = adds  # already in revision order: attach() needs no sort
+        self.revs = revs if len(adds) == len(revs) else {key: revs[key] for key, _ in adds}
+        self.view.apply((), adds)
+        self._view_ordered = True
         if adds:
             for c in list(self.containers):
                 c.apply((), adds)
 
     def _ordered_entries(self) -> list[tuple[str, Entry]]:
-        if self._ordered is not None:
-            return self._ordered
-        return [(k, e) for k, (e, _) in sorted(self.entries.items(), key=_entry_revision)]
+        """The entries in the order of the revisions they were set at (ties: the order they came)."""
+        revs = self.revs
+        return sorted(self.view.keys().items(), key=lambda item: revs.get(item[0], 0))
 
 
 #: below this many records a load is too small for the collector to matter
@@ -418,14 +432,11 @@ def _gc_paused(records: int) -> Iterator[None]:
 
 
 _first = operator.itemgetter(0)
+_second = operator.itemgetter(1)
 
 
 def _by_revision(kr: tuple[str, int]) -> int:
     return kr[1]
-
-
-def _entry_revision(item: tuple[str, tuple[Entry, int]]) -> int:
-    return item[1][1]
 
 
 # (registry, key, exact, format) -> group; touched only on the control loop
