@@ -5,9 +5,10 @@
    event and a raw ``grant`` + ``put`` -> watch event (the two etcd writes a registration needs; each
    is a raft write with an fsync), same client, same thread hop, interleaved round by round, median and
    p99 over ``--iterations`` rounds;
-2. load: a Subscriber's initial load of ``--endpoints`` registrations under one key, beside a raw
-   prefix Get of the same keys (``Registry.get``: with etcd its KeyValues are built lazily, so this
-   is the RPC and the parse), best of ``--load-rounds`` each, and the process RSS it adds;
+2. load: a Subscriber's initial load of ``--endpoints`` registrations under one key (construction
+   until ``backends()`` and ``values()`` return them all), beside a raw prefix Get of the same keys
+   (``Registry.get``: with etcd its KeyValues are built lazily, so this is the RPC and the parse),
+   best of ``--load-rounds`` each, and the process RSS it adds;
 3. scale: ``--publishers`` Publishers in one process: how many TCP connections to etcd and how many
    LeaseKeepAlive streams they use (from etcd's own metrics), and the CPU per publisher while idle.
 
@@ -197,8 +198,10 @@ def load(reg: Registry, endpoints: int, rounds: int = 5) -> dict[str, Any]:
     for _ in range(rounds):
         t0 = time.perf_counter()
         sub = Subscriber(reg, "bench.big", timeout=60)
+        backends, values = sub.backends(), sub.values()  # ready means both are there to read
         subs.append(time.perf_counter() - t0)
-        assert len(sub.values()) == endpoints
+        assert len(backends) == len(values) == endpoints
+        del backends, values
         rss_with = rss_kib()
         sub.close()
     _loop.run(reg.delete("bench.big/", prefix=True), 60)

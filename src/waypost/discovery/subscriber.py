@@ -208,8 +208,8 @@ class _Group:
         if not old:  # the initial load: everything is an add
             src.raw, src.revision = new, res.revision
             if src is self.main and not self.view:  # the big case: straight to the bulk add
-                revs = dict(zip(new, map(_second, new.values())))
-                self._bulk_add(sorted(revs, key=revs.__getitem__), revs)
+                pairs = list(new.values())
+                self._bulk_add(list(new), list(map(_first, pairs)), list(map(_second, pairs)), True)
                 return
             self._changed(src, [], [(k, rv[1]) for k, rv in new.items()])
             return
@@ -353,7 +353,8 @@ class _Group:
             gone = deletes
             if not self.view and not gone:  # a first batch: the tight loop
                 keys = list(dict.fromkeys(k for k, _ in main_keys))  # a key twice: where it came first
-                self._bulk_add(keys, {k: self.main.raw[k][1] for k in keys})
+                pairs = list(map(self.main.raw.__getitem__, keys))
+                self._bulk_add(keys, list(map(_first, pairs)), list(map(_second, pairs)), False)
                 return
         view, revs = self.view, self.revs
         # this batch's changes so far, on top of the view (applied to the containers at the end)
@@ -382,12 +383,18 @@ class _Group:
             for c in [view, *self.containers]:
                 c.apply(out_del, out_add)
 
-    def _bulk_add(self, keys: list[str], revs: dict[str, int]) -> None:
-        """Decode and add a batch of distinct main keys (in revision order, ``revs`` their
-        revisions) to the empty view, the same as the per-key path of ``_changed`` would, in a
-        few tight passes."""
-        raw = self.main.raw
-        adds = self.fmt.decode_many(keys, list(map(_first, map(raw.__getitem__, keys))))
+    def _bulk_add(self, keys: list[str], values: list[bytes], revs: list[int], sort: bool) -> None:
+        """Decode a batch of distinct main keys (``values`` and ``revs`` their values and
+        revisions) and add them to the empty view, the same as the per-key path of ``_changed``
+        would, in a few whole-list passes. ``sort``: the batch is in key order (a Get), put it in
+        revision order (ties keep key order); else it is in the order to apply already."""
+        adds = self.fmt.decode_many(keys, values)
+        if len(adds) != len(keys):  # bad records were left out (and logged)
+            rev_of = dict(zip(keys, revs))
+            revs = [rev_of[key] for key, _ in adds]
+        self.revs = dict(zip(map(_first, adds), revs))
+        if sort:  # decoded in key order (the response's memory order), sorted once here
+            adds = list(map(adds.__getitem__, sorted(range(len(adds)), key=revs.__getitem__)))
         if self.meta:  # go-zero metadata already read: join it as _decode_main does
             meta, join_id, prefix = self.meta, self.fmt.join_id, self.main.key
             joined = []
@@ -396,7 +403,6 @@ class _Group:
                 joined.append((key, Entry(entry.address, m.metadata)
                                if m is not None and m.address == entry.address else entry))
             adds = joined
-        self.revs = revs if len(adds) == len(revs) else {key: revs[key] for key, _ in adds}
         self.view.apply((), adds)
         self._view_ordered = True
         if adds:
