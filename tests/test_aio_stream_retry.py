@@ -459,3 +459,51 @@ async def test_cancelled_calls_leak_no_tasks(env: Env):
         await reader
     assert await call.code() == grpc.StatusCode.CANCELLED
     await until(lambda: not extra_tasks(baseline), 20, "every task of the call ended")
+
+
+class _PassStreamUnary(grpc.aio.StreamUnaryClientInterceptor):
+    def __init__(self) -> None:
+        self.seen = 0
+
+    async def intercept_stream_unary(self, continuation, details, request_iterator):
+        self.seen += 1
+        return await continuation(details, request_iterator)
+
+
+class _PassStreamStream(grpc.aio.StreamStreamClientInterceptor):
+    def __init__(self) -> None:
+        self.seen = 0
+
+    async def intercept_stream_stream(self, continuation, details, request_iterator):
+        self.seen += 1
+        return await continuation(details, request_iterator)
+
+
+@pytest.mark.parametrize("make", [_PassStreamUnary, _PassStreamStream])
+async def test_retries_through_client_interceptors(env: Env, make: type):
+    # grpc.aio files an interceptor under one call kind: one interceptor per run, the other kind unintercepted.
+    icp = make()
+    async with waypost.aio.dial(env.channel.target, service_config=CFG, interceptors=[icp]) as ch:
+        stub = echo_pb2_grpc.EchoStub(ch)
+        await stub.Unary(Req(), timeout=T)
+        await until(lambda: len(ch.balancer.ready_addresses()) == 2, 30, "both backends READY")
+        env.log.calls.clear()
+        assert (await stub.ClientStream(agen(msgs(4, fail_at=2)), timeout=T)).received == 4
+        assert_retried(env.log, 3, 4)
+
+        env.log.calls.clear()
+        call = stub.ClientStream(timeout=T)
+        for m in msgs(4, fail_at=1):
+            await call.write(m)
+        await call.done_writing()
+        assert (await call).received == 4
+        assert_retried(env.log, 2, 4)
+
+        env.log.calls.clear()
+        call = stub.BidiStream(timeout=T)
+        for m in msgs(4, fail_at=3):
+            await call.write(m)
+        await call.done_writing()
+        assert [r.message async for r in call] == names(4)
+        assert_retried(env.log, 4, 4)
+    assert icp.seen == (2 if make is _PassStreamUnary else 1) * 2  # once per attempt

@@ -237,32 +237,37 @@ class AsyncReplay:
                     if not w.done():
                         w.cancel()
                 continue
-            await self._pull(it._gen)
-
-    async def _pull(self, gen: int) -> None:
-        self._puller = asyncio.current_task()
-        self._puller_gen = gen
-        try:
-            item = await self._src.__anext__()
-        except StopAsyncIteration:
-            self._exhausted = True
-        except asyncio.CancelledError:
-            # Interrupted inside the source: its state is unknown (an async generator is finished). Later
-            # attempts must not see a short, clean end of stream, so they fail instead.
-            self._error = RuntimeError("waypost: the request iterator was interrupted by a cancelled attempt")
-            raise
-        except Exception as e:  # noqa: BLE001  # the source's own error: every attempt that reaches it sees it
-            self._error = e
-        else:
-            self._buf.append(item)
-            if self.replayable and self._base + len(self._buf) > self._limit:
-                self.replayable = False
-        finally:
-            self._puller = None
-            waiters, self._waiters = self._waiters, []
-            for w in waiters:
-                if not w.done():
-                    w.set_result(None)
+            # Pull the next item (inline: this is the per-item path of every client-streaming call).
+            self._puller = asyncio.current_task()
+            self._puller_gen = it._gen
+            try:
+                item = await self._src.__anext__()
+            except StopAsyncIteration:
+                self._exhausted = True
+            except asyncio.CancelledError:
+                # Interrupted inside the source: its state is unknown (an async generator is finished). Later
+                # attempts must not see a short, clean end of stream, so they fail instead.
+                self._error = RuntimeError("waypost: the request iterator was interrupted by a cancelled attempt")
+                raise
+            except Exception as e:  # noqa: BLE001  # the source's own error: every attempt that reaches it sees it
+                self._error = e
+            else:
+                buf.append(item)
+                if self.replayable and self._base + len(buf) > self._limit:
+                    self.replayable = False
+                if it._gen == self._gen:  # the usual case: hand it over at once (it is at index j)
+                    it._i += 1
+                    if not self.replayable:
+                        del buf[: j + 1]
+                        self._base += j + 1
+                    return item
+            finally:
+                self._puller = None
+                if self._waiters:
+                    waiters, self._waiters = self._waiters, []
+                    for w in waiters:
+                        if not w.done():
+                            w.set_result(None)
 
 
 class _ReplayIterator:

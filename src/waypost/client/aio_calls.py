@@ -537,7 +537,10 @@ class _StreamResponseCall(_Call):
 
     async def _retrying(self, call: Any) -> bool:
         # Reading decides (only it knows whether a response message came): go on unless the call is over.
-        return self._error is None and not self._committed and not self._cancelled
+        if self._error is not None or self._committed or self._cancelled:
+            return False
+        s = _status_now(call)
+        return s is None or s[0] is not _OK  # an attempt that ended OK is the call's end
 
     async def _next_attempt(self, call: Any, e: grpc.aio.AioRpcError) -> None:
         """The attempt on ``call`` failed before any response message: start the next one, or end the call."""
