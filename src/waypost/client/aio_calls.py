@@ -355,19 +355,23 @@ class _UnaryResponseCall(_Call):
                     first = False
                     resp = await call
                 except grpc.aio.AioRpcError as e:
-                    code, details = await self._settle(call, e.code(), e.details())
+                    try:
+                        code, details = await self._settle(call, e.code(), e.details())
+                    except asyncio.CancelledError:
+                        m._finish(res, sc, t0, _CANCELLED)
+                        raise
                     if code is not e.code():
                         e = grpc.aio.AioRpcError(code, e.initial_metadata(), e.trailing_metadata(), details)
                     m._finish(res, sc, t0, code)
                     delay = self._decide(call, code, details)
                     if delay is None:
                         self._error = e
-                        raise
+                        raise e from None
                     if delay:
                         await asyncio.sleep(delay)
                     if not self._replayable():  # the requests outgrew the buffer during the backoff
                         self._error = e
-                        raise
+                        raise e from None
                     req = self._next_request()
                     continue
                 except asyncio.CancelledError:
