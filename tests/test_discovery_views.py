@@ -68,7 +68,7 @@ def _state(c: Container) -> tuple[Any, ...]:
     return c.values(), [(b.address, dict(b.metadata)) for b in c.backends()], c.keys()
 
 
-_metadata = st.sampled_from([MappingProxyType({}), MappingProxyType({"w": 1}), {"w": 2}, {"zone": "a"}])
+_metadata = st.sampled_from([MappingProxyType({}), MappingProxyType({"w": 1}), {"w": 1}, {"w": 2}, {}])
 _entry = st.builds(Entry, st.sampled_from(["a:1", "b:1", "c:1", "d:1"]), _metadata)
 _key = st.sampled_from([f"k/{i}" for i in range(6)])
 _step = st.tuples(st.lists(_key, max_size=3), st.lists(st.tuples(_key, _entry), max_size=8))

@@ -24,7 +24,7 @@ log = logging.getLogger("waypost.discovery")
 Listener = Callable[[], None]
 
 
-def _backends_builder() -> Callable[[list[str], list[Mapping[str, Any]]], list[Backend]]:
+def _backends_builder() -> Callable[[list[str], Iterable[Mapping[str, Any]]], list[Backend]]:
     """``[Backend(a, m) for a, m in zip(addresses, metadata)]`` without a Python-level call per
     Backend (a big initial load builds one per address): the frozen dataclass' slots are filled
     with C-level loops. The plain constructor if Backend changes shape."""
@@ -36,7 +36,7 @@ def _backends_builder() -> Callable[[list[str], list[Mapping[str, Any]]], list[B
     set_address, set_metadata = (s.__set__ for s in slots)  # type: ignore[union-attr]
     new, repeat = object.__new__, itertools.repeat
 
-    def backends(addresses: list[str], mds: list[Mapping[str, Any]]) -> list[Backend]:
+    def backends(addresses: list[str], mds: Iterable[Mapping[str, Any]]) -> list[Backend]:
         out = list(map(new, repeat(Backend, len(addresses))))
         deque(map(set_address, out, addresses), 0)
         deque(map(set_metadata, out, mds), 0)
@@ -145,14 +145,22 @@ class Container:
             for key, entry in adds:
                 self._add(key, entry)
         self._touched.clear()
+        mds: Iterable[Mapping[str, Any]]
         if one_each:  # address i is the entry of key i: whole-list passes
-            mds = list(map(_metadata, mapping.values()))
+            md0 = adds[0][1].metadata
+            if (isinstance(md0, MappingProxyType)
+                    and operator.countOf(map(_metadata, mapping.values()), md0) == len(addresses)):
+                mds = itertools.repeat(md0)  # one metadata for all (no metadata at all, typically)
+            else:
+                mds = list(map(_metadata, mapping.values()))
         else:
+            addresses = list(values)
             mds = [mapping[keys if type(keys) is str else keys[-1]].metadata for keys in values.values()]
-        if not all(map(isinstance, mds, itertools.repeat(MappingProxyType))):
+        if not isinstance(mds, itertools.repeat) and not all(
+                map(isinstance, mds, itertools.repeat(MappingProxyType))):
             mds = list(map(_frozen, mds))
-        self._backends = tuple(_new_backends(list(values), mds))
-        self._snapshot = tuple(values)
+        self._backends = tuple(_new_backends(addresses, mds))
+        self._snapshot = tuple(addresses)
         self._backend_of = None  # built by the first change (a set that never changes needs none)
         self.notify()
         return True

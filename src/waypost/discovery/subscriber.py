@@ -389,10 +389,11 @@ class _Group:
         would, in a few whole-list passes. ``sort``: the batch is in key order (a Get), put it in
         revision order (ties keep key order); else it is in the order to apply already."""
         adds = self.fmt.decode_many(keys, values)
+        self.revs = dict(zip(keys, revs))
         if len(adds) != len(keys):  # bad records were left out (and logged)
-            rev_of = dict(zip(keys, revs))
+            rev_of = self.revs
             revs = [rev_of[key] for key, _ in adds]
-        self.revs = dict(zip(map(_first, adds), revs))
+            self.revs = dict(zip(map(_first, adds), revs))
         if sort:  # decoded in key order (the response's memory order), sorted once here
             adds = list(map(adds.__getitem__, sorted(range(len(adds)), key=revs.__getitem__)))
         if self.meta:  # go-zero metadata already read: join it as _decode_main does
