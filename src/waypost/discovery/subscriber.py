@@ -5,9 +5,9 @@ prefix (``<key>/``; exact mode: the key itself), then a Watch from the Get's rev
 keeps its decoded entries in a non-exclusive ``Container`` that its non-exclusive subscribers share
 (one copy of a big set); each exclusive subscriber gets a container of its own, fed with the same
 changes (``exclusive`` is per subscriber). Compaction or any watch failure triggers a reload: Get
-again, diff against the cache, apply deletes then adds, watch from the new revision; while the registry is unreachable
-the reload retries every ~1 s (jittered) and the last known addresses stay in place. The group's
-watch stops when its last subscriber closes.
+again, diff against the cache, apply deletes then adds, watch from the new revision; while the
+registry is unreachable the reload retries every ~1 s (jittered) and the last known addresses stay
+in place. The group's watch stops when its last subscriber closes.
 
 The go-zero format keeps metadata in side records (see ``waypost.registry.formats``); the group
 reads that prefix too and joins metadata to addresses by id.
