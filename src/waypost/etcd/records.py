@@ -22,7 +22,6 @@ writes each field of a record at most once, which is what makes a full-length co
 from __future__ import annotations
 
 from collections.abc import Sequence
-from itertools import repeat
 from typing import Any, NamedTuple, TypeVar
 
 from google.protobuf import descriptor_pb2, descriptor_pool, message_factory
@@ -82,17 +81,17 @@ class Columns(NamedTuple):
     """The records of a Range response as parallel sequences, in key order."""
 
     keys: list[str]  # decoded like keys.decode_key: UTF-8, undecodable bytes kept via surrogateescape
-    values: Sequence[bytes]
-    create_revisions: Sequence[int]
-    mod_revisions: Sequence[int]
-    versions: Sequence[int]
-    leases: Sequence[int]
+    values: list[bytes]
+    create_revisions: list[int]
+    mod_revisions: list[int]
+    versions: list[int]
+    leases: list[int]
 
 
 def parse(cls: type[M], data: bytes) -> M:
     """``cls.FromString(data)``; a malformed response raises RegistryError (as gRPC would have)."""
     try:
-        return cls.FromString(data)  # type: ignore[attr-defined,no-any-return]
+        return cls.FromString(data)  # type: ignore[attr-defined]
     except DecodeError as e:
         raise RegistryError(f"etcd get: malformed Range response ({len(data)} bytes): {e}") from None
 
@@ -111,12 +110,13 @@ def decode_keys(raw: Sequence[bytes]) -> list[str]:
         return [k.decode("utf-8", "surrogateescape") for k in raw]
 
 
-def _fill(col: Sequence[Any], n: int, empty: Any) -> Sequence[Any] | None:
+def _column(col: Any, n: int, empty: Any) -> list[Any] | None:
+    """A value or lease column as a list of n, or None when only some records have the field."""
     size = len(col)
     if size == n:
-        return col
+        return col[:]
     if size == 0:
-        return list(repeat(empty, n))
+        return [empty] * n
     return None
 
 
@@ -128,13 +128,14 @@ def columns(data: bytes, records: int) -> Columns | None:
     c = parse(_RangeColumns, data).kvs
     if not len(c.key) == len(c.create_revision) == len(c.mod_revision) == len(c.version) == records:
         return None
-    values = _fill(c.value, records, b"")
-    leases = _fill(c.lease, records, 0)
+    values = _column(c.value, records, b"")
+    leases = _column(c.lease, records, 0)
     if values is None or leases is None:
         return None
-    return Columns(decode_keys(c.key), values, c.create_revision, c.mod_revision, c.version, leases)
+    # a slice is a list made in one C call; zip/map over the containers themselves is much slower
+    return Columns(decode_keys(c.key[:]), values, c.create_revision[:], c.mod_revision[:], c.version[:], leases)
 
 
 def messages(data: bytes) -> Sequence[Any]:
     """The records as KeyValue messages: the general path when ``columns`` says None."""
-    return parse(pb.RangeResponse, data).kvs  # type: ignore[no-any-return]
+    return parse(pb.RangeResponse, data).kvs

@@ -48,25 +48,50 @@ class _OpenKeyValue(KeyValue):
         self.__class__ = KeyValue  # type: ignore[assignment]
 
 
-def _pick_builder() -> Callable[..., KeyValue]:
-    """``_OpenKeyValue`` if it yields exactly what the constructor does, else the constructor.
+def _fill_all(cols: records.Columns) -> list[KeyValue]:
+    """KeyValues from Range columns: ``_OpenKeyValue``'s stores in one loop, no call per record."""
+    new = object.__new__
+    open_type, kv_type = _OpenKeyValue, KeyValue
+    out: list[KeyValue] = []
+    append = out.append
+    for key, value, create_revision, mod_revision, version, lease in zip(*cols):
+        o = new(open_type)
+        o.key = key  # type: ignore[misc]
+        o.value = value  # type: ignore[misc]
+        o.create_revision = create_revision  # type: ignore[misc]
+        o.mod_revision = mod_revision  # type: ignore[misc]
+        o.version = version  # type: ignore[misc]
+        o.lease = lease  # type: ignore[misc]
+        o.__class__ = kv_type  # type: ignore[assignment]
+        append(o)
+    return out
+
+
+def _build_all_plain(cols: records.Columns) -> list[KeyValue]:
+    return list(map(KeyValue, *cols))
+
+
+def _pick_builders() -> tuple[Callable[..., KeyValue], Callable[[records.Columns], list[KeyValue]]]:
+    """The fast builders if they yield exactly what the constructor does, else the constructor.
 
     Checked once at import, so a future change to KeyValue (a new field, no slots) degrades to the
     plain path instead of building wrong objects.
     """
     args = ("k/\udcff", b"v", 3, 4, 2, 7)
     try:
-        fast = _OpenKeyValue(*args)
-        ok = type(fast) is KeyValue and fast == KeyValue(*args) and len(fields(KeyValue)) == len(args)
+        one = _OpenKeyValue(*args)
+        (many,) = _fill_all(records.Columns(*([a] for a in args)))  # type: ignore[arg-type]
+        ok = (type(one) is type(many) is KeyValue and one == many == KeyValue(*args)
+              and len(fields(KeyValue)) == len(args))
     except (TypeError, AttributeError):
         ok = False
     if not ok:
         log.warning("fast KeyValue building unavailable; using the dataclass constructor")
-        return KeyValue
-    return _OpenKeyValue
+        return KeyValue, _build_all_plain
+    return _OpenKeyValue, _fill_all
 
 
-_build = _pick_builder()
+_build, _build_all = _pick_builders()
 
 
 def _kv(m: Any) -> KeyValue:
@@ -102,7 +127,7 @@ class _LazyKeyValues(Sequence[KeyValue]):
             if cols is None:
                 items = list(map(_kv, records.messages(data)))
             else:
-                items = list(map(_build, *cols))
+                items = _build_all(cols)
             self._list = items
             self._data = None
         return items
