@@ -23,7 +23,16 @@ from waypost.etcd import records
 from waypost.etcd._proto import waypost_etcd_pb2 as pb
 from waypost.etcd.keys import key_range
 from waypost.registry.base import GetResult, KeyValue
-from waypost.registry.etcd import _build, _kv, _kv_plain, _LazyKeyValues, _OpenKeyValue
+from waypost.registry.etcd import (
+    _build,
+    _build_all,
+    _build_all_plain,
+    _fill_all,
+    _kv,
+    _kv_plain,
+    _LazyKeyValues,
+    _OpenKeyValue,
+)
 
 FUZZ = settings(max_examples=int(os.environ.get("WAYPOST_FUZZ_EXAMPLES", "150")), deadline=None,
                 suppress_health_check=[HealthCheck.too_slow])
@@ -74,6 +83,7 @@ def test_columns_give_what_one_message_per_record_gives(resp):
     if cols is not None:
         assert list(zip(*cols)) == [(kv.key, kv.value, kv.create_revision, kv.mod_revision, kv.version, kv.lease)
                                     for kv in expected]
+        assert _fill_all(cols) == _build_all_plain(cols) == expected  # the fast loop and its fallback
     vr = {kv.key: (kv.value, kv.mod_revision) for kv in expected}
     lazy = _LazyKeyValues(data, len(resp.kvs))
     assert len(lazy) == len(expected)
@@ -84,7 +94,7 @@ def test_columns_give_what_one_message_per_record_gives(resp):
 
 
 def test_built_keyvalues_are_plain_frozen_keyvalues():
-    assert _build is _OpenKeyValue  # the fast builder passed its import-time check
+    assert (_build, _build_all) == (_OpenKeyValue, _fill_all)  # the fast builders passed their import check
     m = pb.KeyValue(key=b"svc/\xff\xfe", value=b"10.0.0.1:80", create_revision=3, mod_revision=9, version=2,
                     lease=-(2**63))
     fast, plain = _kv(m), _kv_plain(m)
