@@ -46,12 +46,23 @@ def _backends_builder() -> Callable[[list[str], Iterable[Mapping[str, Any]]], li
 
 
 _new_backends = _backends_builder()
-_address = operator.itemgetter(0)
-_metadata = operator.itemgetter(1)
+_key_of, _entry_of = operator.itemgetter(0), operator.itemgetter(1)  # of a (key, entry) pair
+_address, _metadata = operator.itemgetter(0), operator.itemgetter(1)  # of an Entry
+#: the metadata of an Entry made without any (one shared, read-only empty mapping)
+_NO_METADATA: Mapping[str, Any] = Entry._field_defaults["metadata"]
 
 
 def _frozen(md: Mapping[str, Any]) -> Mapping[str, Any]:
     return md if isinstance(md, MappingProxyType) else MappingProxyType(dict(md))
+
+
+def _entry(held: Entry | str) -> Entry:
+    """The entry a key holds: kept as the bare address when it has no metadata."""
+    return Entry(held) if type(held) is str else held  # type: ignore[arg-type,return-value]
+
+
+def _metadata_of(held: Entry | str) -> Mapping[str, Any]:
+    return _NO_METADATA if type(held) is str else held.metadata  # type: ignore[union-attr]
 
 
 class Container:
@@ -59,7 +70,9 @@ class Container:
 
     def __init__(self, exclusive: bool = False) -> None:
         self.exclusive = exclusive
-        self._mapping: dict[str, Entry] = {}
+        # key -> entry; an entry without metadata is kept as its bare address (a big set of plain
+        # registrations then keeps no Entry object per key)
+        self._mapping: dict[str, Entry | str] = {}
         # address -> the keys holding it, oldest first: the bare key while there is one (nearly
         # always: a big set then costs no list per address), a list of two or more otherwise
         self._values: dict[str, str | list[str]] = {}
@@ -83,7 +96,11 @@ class Container:
 
     def keys(self) -> dict[str, Entry]:
         """A copy of the key -> entry mapping."""
-        return dict(self._mapping)
+        out = dict(self._mapping)  # one C-level copy: safe while the loop changes the original
+        for key, held in out.items():
+            if type(held) is str:
+                out[key] = Entry(held)
+        return out  # type: ignore[return-value]
 
     # -- control loop ---------------------------------------------------------------------------
 
@@ -93,7 +110,8 @@ class Container:
 
     def get(self, key: str) -> Entry | None:
         """The entry of ``key``, or None."""
-        return self._mapping.get(key)
+        held = self._mapping.get(key)
+        return None if held is None else _entry(held)
 
     def add_listener(self, fn: Listener) -> None:
         """Call ``fn()`` after each change (on the control loop; exceptions are logged)."""
@@ -128,17 +146,23 @@ class Container:
         whole-list passes; the result is what ``_add`` one by one would give."""
         mapping, values = self._mapping, self._values
         adds = adds if isinstance(adds, list) else list(adds)
-        mapping.update(adds)
-        if not mapping:
+        if not adds:
             return False
+        keys = list(map(_key_of, adds))
+        entries = list(map(_entry_of, adds))
+        addresses = list(map(_address, entries))
+        md0 = entries[0].metadata
+        # one metadata object (or equal ones) for all: typically none at all
+        same = (isinstance(md0, MappingProxyType)
+                and operator.countOf(map(_metadata, entries), md0) == len(adds))
+        mapping.update(zip(keys, addresses) if same and not md0 else zip(keys, entries))
         one_each = False
         if len(mapping) == len(adds):  # distinct keys (the usual case)
-            addresses = list(map(_address, mapping.values()))
-            values.update(zip(addresses, mapping))
+            values.update(zip(addresses, keys))
             one_each = len(values) == len(addresses)
             if not one_each:  # some address has several keys
                 values.clear()
-                for key, address in zip(mapping, addresses):
+                for key, address in zip(keys, addresses):
                     self._index(key, address)
         else:  # the same key twice in one batch: the per-key path
             mapping.clear()
@@ -147,15 +171,10 @@ class Container:
         self._touched.clear()
         mds: Iterable[Mapping[str, Any]]
         if one_each:  # address i is the entry of key i: whole-list passes
-            md0 = adds[0][1].metadata
-            if (isinstance(md0, MappingProxyType)
-                    and operator.countOf(map(_metadata, mapping.values()), md0) == len(addresses)):
-                mds = itertools.repeat(md0)  # one metadata for all (no metadata at all, typically)
-            else:
-                mds = list(map(_metadata, mapping.values()))
+            mds = itertools.repeat(md0) if same else list(map(_metadata, entries))
         else:
             addresses = list(values)
-            mds = [mapping[keys if type(keys) is str else keys[-1]].metadata for keys in values.values()]
+            mds = [_metadata_of(mapping[held if type(held) is str else held[-1]]) for held in values.values()]
         if not isinstance(mds, itertools.repeat) and not all(
                 map(isinstance, mds, itertools.repeat(MappingProxyType))):
             mds = list(map(_frozen, mds))
@@ -199,7 +218,8 @@ class Container:
             self._values[address] = keys[0]
 
     def _add(self, key: str, entry: Entry) -> bool:
-        old = self._mapping.get(key)
+        held = self._mapping.get(key)
+        old = None if held is None else _entry(held)
         if old == entry:
             return False
         if old is not None:
@@ -211,15 +231,15 @@ class Container:
                 for other in [keys] if type(keys) is str else list(keys):
                     self._remove(other)
         self._index(key, address)
-        self._mapping[key] = entry
+        self._mapping[key] = entry if entry.metadata else address
         self._touched.add(address)
         return True
 
     def _remove(self, key: str) -> bool:
-        entry = self._mapping.pop(key, None)
-        if entry is None:
+        held = self._mapping.pop(key, None)
+        if held is None:
             return False
-        self._unindex(key, entry.address)
+        self._unindex(key, held if type(held) is str else held.address)  # type: ignore[arg-type,union-attr]
         return True
 
     def _rebuild(self) -> None:
@@ -232,7 +252,7 @@ class Container:
             if keys is None:
                 cache.pop(address, None)
                 continue
-            md = mapping[keys if type(keys) is str else keys[-1]].metadata
+            md = _metadata_of(mapping[keys if type(keys) is str else keys[-1]])
             old = cache.get(address)
             if old is None or old.metadata is not md:
                 cache[address] = Backend(address, _frozen(md))
