@@ -4,6 +4,7 @@
 from __future__ import annotations
 
 import asyncio
+import random
 import time
 from collections.abc import AsyncIterator, Awaitable, Callable
 from dataclasses import dataclass, field
@@ -140,6 +141,21 @@ async def test_replay_abort_interrupts_a_parked_pull_and_never_ends_a_stream_sho
     assert await later.__anext__() == 0
     with pytest.raises(RuntimeError, match="interrupted"):  # not a clean (short) end of the stream
         await later.__anext__()
+
+
+def test_may_retry_reads_the_policy_without_counting():
+    from waypost.balancer.service_config import RetryPolicy
+    from waypost.retry import RetryState
+
+    policy = RetryPolicy(max_attempts=2, initial_backoff=0.01, max_backoff=0.01, backoff_multiplier=1.0,
+                         retryable_status_codes=frozenset({UNAVAILABLE}))
+    st = RetryState(policy, None, random.Random(1), None)
+    assert st.may_retry(UNAVAILABLE, "x") and st.may_retry(UNAVAILABLE, "x")  # asking counts nothing
+    assert st.may_retry(grpc.StatusCode.INVALID_ARGUMENT, "x") is False
+    assert st.after_failure(UNAVAILABLE, "x") is not None  # attempt 1 failed: attempt 2 is the last
+    assert not st.may_retry(UNAVAILABLE, "x")
+    assert st.may_retry(UNAVAILABLE, "failed to connect to all addresses")  # never sent: transparent re-pick
+    assert not RetryState(None, None, random.Random(1), None).may_retry(UNAVAILABLE, "x")
 
 
 def test_write_replay_records_up_to_the_limit():
@@ -386,7 +402,7 @@ async def test_no_retry_past_the_replay_limit(env: Env):
                     for m in items:
                         await call.write(m)
                     await call.done_writing()
-                except grpc.aio.AioRpcError:
+                except (grpc.aio.AioRpcError, asyncio.InvalidStateError):
                     pass  # the last write may see the end of the (committed) attempt
                 await call
         assert ei.value.code() == UNAVAILABLE and "fails attempt 0" in (ei.value.details() or ""), make
@@ -406,14 +422,29 @@ async def test_non_retryable_code_not_retried(env: Env):
             for m in msgs(3, fail_at=1, code=invalid):
                 await call.write(m)
             await call.done_writing()
+        except asyncio.InvalidStateError:
+            pass  # a write after the call's end, as in grpc.aio
         except grpc.aio.AioRpcError as e:
-            assert e.code() == invalid  # a write after the end sees the call's error, as in grpc.aio
+            assert e.code() == invalid  # a write as the call ends: its real status, not grpc.aio's stand-in
         return await call
 
     async def bidi() -> Any:
         return [r async for r in env.stub.BidiStream(agen(msgs(3, fail_at=1, code=invalid)), timeout=T)]
 
-    runs: list[Callable[[], Awaitable[Any]]] = [by_iterator, by_writes, bidi]
+    async def bidi_writes() -> Any:
+        call = env.stub.BidiStream(timeout=T)
+        for m in msgs(2, fail_at=1, code=invalid):
+            await call.write(m)
+        await until(lambda: env.log.calls and env.log.calls[0].ended == "INVALID_ARGUMENT", 30)
+        # Once the client has the status, a write fails as in grpc.aio (the error is not retried).
+        deadline = time.monotonic() + 30
+        with pytest.raises((asyncio.InvalidStateError, grpc.aio.AioRpcError)):
+            while time.monotonic() < deadline:
+                await call.write(Req(message="more"))
+                await asyncio.sleep(0.005)
+        return [r async for r in call]
+
+    runs: list[Callable[[], Awaitable[Any]]] = [by_iterator, by_writes, bidi, bidi_writes]
     for run in runs:
         env.log.calls.clear()
         with pytest.raises(grpc.aio.AioRpcError) as ei:

@@ -86,6 +86,13 @@ class RetryState:
         if self.throttle is not None:
             self.throttle.record_success()
 
+    def may_retry(self, code: grpc.StatusCode, details: str | None) -> bool:
+        """Whether a failure with this status could be retried (read-only: no throttle, backoff or deadline)."""
+        if never_sent(code, details) and self.transparent < MAX_TRANSPARENT:
+            return True
+        policy = self.policy
+        return policy is not None and code in policy.retryable_status_codes and self.attempts + 1 < policy.max_attempts
+
     def after_failure(self, code: grpc.StatusCode, details: str | None) -> float | None:
         """An attempt failed: seconds to wait before the next one, or None to give up (raise)."""
         if never_sent(code, details) and self.transparent < MAX_TRANSPARENT:

@@ -266,7 +266,7 @@ class _Call(abc.ABC):
         # error is the call's, raised as grpc.aio would.
         if recorded and await self._retrying(call):
             return
-        raise err
+        raise self._write_error(call, err)
 
     async def done_writing(self) -> None:
         """Half-close the request stream (idempotent; a retry half-closes its attempt after the replay)."""
@@ -280,6 +280,18 @@ class _Call(abc.ABC):
             return
         w.closed = True
         await w.feed(self._current)  # a finished attempt needs nothing: as grpc.aio, no error here
+
+    def _write_error(self, call: Any, err: BaseException) -> BaseException:
+        """What a write into a finished call raises: grpc.aio's error, with the call's real status in place of
+        grpc.aio's stand-in (see _STAND_IN)."""
+        if not isinstance(err, grpc.aio.AioRpcError) or not _stand_in(err.code(), err.details()):
+            return err
+        if self._error is not None:
+            return self._error
+        r = self._real
+        if r is not None and r[0] is call:
+            return grpc.aio.AioRpcError(r[1], err.initial_metadata(), err.trailing_metadata(), r[2])
+        return err
 
     @abc.abstractmethod
     async def _retrying(self, call: Any) -> bool:
@@ -544,7 +556,9 @@ class _StreamResponseCall(_Call):
         if self._error is not None or self._committed or self._cancelled:
             return False
         s = _status_now(call)
-        return s is None or s[0] is not _OK  # an attempt that ended OK is the call's end
+        if s is None or _stand_in(*s):
+            return True  # the status is not in yet
+        return s[0] is not _OK and self._st.may_retry(*s)  # OK, or an error that is not retried: the call's end
 
     async def _next_attempt(self, call: Any, e: grpc.aio.AioRpcError) -> None:
         """The attempt on ``call`` failed before any response message: start the next one, or end the call."""
