@@ -188,7 +188,7 @@ class _Call(abc.ABC):
 
     def _decide(self, call: Any, code: grpc.StatusCode, details: str | None) -> float | None:
         """The attempt on ``call`` failed before any response message: the delay before the next attempt, or
-        None (the call ends). Decided once per attempt: a writer and the reader may both see the failure."""
+        None (the call ends). Decided once per attempt (writers waiting for it and ``cancel`` read it)."""
         d = self._decided
         if d is not None and d[0] is call:
             return d[1]
