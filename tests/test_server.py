@@ -234,11 +234,14 @@ def test_sigterm_deregisters_then_refuses_then_drains(shared_etcd, unique_key, t
         while time.monotonic() < deadline:
             with grpc.insecure_channel(address) as probe:
                 try:
-                    echo_pb2_grpc.EchoStub(probe).Unary(echo_pb2.EchoRequest(message="p"), timeout=1)
+                    echo_pb2_grpc.EchoStub(probe).Unary(echo_pb2.EchoRequest(message="p"), timeout=3)
                     time.sleep(0.01)
                     continue
                 except grpc.RpcError as e:
-                    assert e.code() in (grpc.StatusCode.UNAVAILABLE, grpc.StatusCode.DEADLINE_EXCEEDED), e
+                    # a probe that only ran out of time on a loaded machine is not a refusal: probe again
+                    if e.code() == grpc.StatusCode.DEADLINE_EXCEEDED:
+                        continue
+                    assert e.code() == grpc.StatusCode.UNAVAILABLE, e
             refused_with_key_present = bool(reg.get(unique_key + "/", prefix=True).kvs)
             break
         assert refused_with_key_present is False, "the server refused calls while still registered"
