@@ -91,19 +91,34 @@ def test_replay_past_limit_is_not_replayable():
     assert not rp.replayable
 
 
-def test_replay_concurrent_consumers_see_every_item_once_each():
+def test_replay_concurrent_consumers_newest_sees_everything_older_a_prefix():
     rp = Replay(iter(range(800)))
+    its = [rp.attempt(), rp.attempt()]  # the second is the newest attempt
     out: list[list[int]] = [[], []]
 
     def consume(i: int) -> None:
-        out[i] = list(rp.attempt())
+        out[i] = list(its[i])
 
     ts = [threading.Thread(target=consume, args=(i,)) for i in range(2)]
     for t in ts:
         t.start()
     for t in ts:
         t.join(30)
-    assert out[0] == out[1] == list(range(800))
+    assert out[1] == list(range(800))
+    assert out[0] == list(range(len(out[0])))  # the stale attempt stops, it never skips an item
+
+
+def test_replay_stale_attempt_cannot_take_an_item_past_the_limit():
+    # a failed attempt's gRPC thread still inside next() after the retry started: past the buffer
+    # limit the item it took would be lost to the new attempt; instead the stale attempt just ends
+    rp = Replay(iter(range(6)), limit=3)
+    stale = rp.attempt()
+    assert [next(stale) for _ in range(3)] == [0, 1, 2]
+    assert rp.replayable
+    new = rp.attempt()  # the retry
+    assert list(stale) == []
+    assert list(new) == [0, 1, 2, 3, 4, 5]
+    assert not rp.replayable
 
 
 class _SC:

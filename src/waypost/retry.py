@@ -144,7 +144,8 @@ class Replay:
 
     Items are recorded as attempts consume them (under a lock: gRPC consumes request iterators on
     its own thread, and a failed attempt's thread may still be inside ``next``). Past ``limit`` items
-    the call cannot be retried any more (``replayable`` turns False).
+    the call cannot be retried any more (``replayable`` turns False). Only the newest attempt reads
+    the source: an older one ends instead, so it cannot take an item the newest would never see.
     """
 
     def __init__(self, source: Iterable[Any], limit: int = REPLAY_LIMIT) -> None:
@@ -153,16 +154,23 @@ class Replay:
         self._lock = threading.Lock()
         self._exhausted = False
         self._limit = limit
+        self._newest = 0
         self.replayable = True
 
     def attempt(self) -> Iterator[Any]:
         """A fresh iterator: the recorded items, then the rest of the source."""
+        with self._lock:
+            self._newest += 1
+            me = self._newest
+        return self._iterate(me)
+
+    def _iterate(self, me: int) -> Iterator[Any]:
         i = 0
         while True:
             with self._lock:
                 if i < len(self._buf):
                     item = self._buf[i]
-                elif self._exhausted:
+                elif self._exhausted or me != self._newest:
                     return
                 else:
                     try:
