@@ -26,7 +26,7 @@ import grpc
 import grpc.aio
 
 from .balancer.base import PickInfo, PickResult
-from .client.aio_calls import (
+from .client.aio_methods import (
     StreamStreamMultiCallable,
     StreamUnaryMultiCallable,
     UnaryStreamMultiCallable,

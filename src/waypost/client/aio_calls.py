@@ -1,4 +1,4 @@
-"""The grpc.aio call objects and multicallables behind ``waypost.aio.dial``.
+"""The grpc.aio call objects behind ``waypost.aio.dial`` (the multicallables that make them: ``aio_methods``).
 
 Each call picks a backend per attempt, runs it on that backend's grpc.aio channel, reports its outcome to the
 picker through our own awaiting wrapper (``call.code()`` is a coroutine in grpc.aio, and interceptors wrap
@@ -17,15 +17,13 @@ from typing import TYPE_CHECKING, Any
 import grpc
 import grpc.aio
 
-from .. import metrics as _metrics
-from ..balancer.base import Outcome, PickError, PickInfo, PickResult
-from ..balancer.hashkey import current_hash_key
+from ..balancer.base import PickError, PickResult
 from ..retry import AsyncReplay, Replay, RetryState, WriteReplay, avoid_tried
 from .rpcerror import BalancerRpcError
 from .subconn import SubConn
 
 if TYPE_CHECKING:
-    from ..aio import Channel
+    from .aio_methods import _Method
 
 log = logging.getLogger("waypost.aio")
 
@@ -73,51 +71,6 @@ def _aio_error(e: BalancerRpcError | PickError) -> grpc.aio.AioRpcError:
     else:
         code, details = e.code(), e.details()
     return grpc.aio.AioRpcError(code, grpc.aio.Metadata(), grpc.aio.Metadata(), details, f"waypost: {details}")
-
-
-class _Method:
-    _kind = ""
-
-    def __init__(self, channel: Channel, method: str, ser: Any, deser: Any, registered: Any) -> None:
-        self._ch = channel
-        self._b = channel._balancer
-        self._method = method
-        self._ser = ser
-        self._deser = deser
-        self._registered = registered
-        self._key = (self._kind, method, ser, deser)
-        self._info = PickInfo(method)
-        mc = channel._config.method_config(method)
-        self._timeout = mc.timeout if mc is not None else None
-        self._wfr = mc.wait_for_ready if mc is not None else None
-        self._retry = mc.retry_policy if mc is not None else None
-        self._throttle = channel._config.throttle
-        self._rng = channel._config.rng
-
-    def _inner(self, sc: SubConn) -> Any:
-        mc = sc.mcs.get(self._key)
-        if mc is None:
-            mc = getattr(sc.channel, self._kind)(self._method, request_serializer=self._ser,
-                                                 response_deserializer=self._deser,
-                                                 _registered_method=self._registered)
-            sc.mcs[self._key] = mc
-        return mc
-
-    def _pick_info(self, metadata: Any) -> PickInfo:
-        hk = current_hash_key()
-        if hk is None and not metadata:
-            return self._info
-        return PickInfo(self._method, hk, tuple(metadata or ()))
-
-    def _finish(self, res: PickResult, sc: SubConn, t0: float, code: grpc.StatusCode) -> None:
-        sc.inflight -= 1
-        latency = _perf() - t0
-        res.done(Outcome(code, latency))
-        obs = _metrics.current
-        if obs is not None:
-            obs.call_done(self._b.target, sc.address, code, latency)
-        if code is _UNAVAILABLE:
-            self._b.call_failed(sc, code)
 
 
 class _Call(abc.ABC):
@@ -645,49 +598,3 @@ class UnaryStreamCall(_StreamResponseCall, grpc.aio.UnaryStreamCall):
 
 class StreamStreamCall(_StreamResponseCall, grpc.aio.StreamStreamCall):
     pass
-
-
-def _requests(request_iterator: Any) -> dict[str, Any]:
-    """How a client-streaming call's requests are kept for replay into a retry (sync or async iterator, or
-    the write API when there is no iterator)."""
-    if request_iterator is None:
-        return {"writes": WriteReplay()}
-    if hasattr(request_iterator, "__aiter__"):
-        return {"replay": AsyncReplay(request_iterator)}
-    return {"replay": Replay(request_iterator)}
-
-
-class UnaryUnaryMultiCallable(_Method, grpc.aio.UnaryUnaryMultiCallable):
-    _kind = "unary_unary"
-
-    def __call__(self, request: Any, *, timeout: float | None = None, metadata: Any = None, credentials: Any = None,
-                 wait_for_ready: bool | None = None, compression: Any = None) -> UnaryUnaryCall:
-        return UnaryUnaryCall(self, request, timeout, metadata, credentials, wait_for_ready, compression)
-
-
-class UnaryStreamMultiCallable(_Method, grpc.aio.UnaryStreamMultiCallable):
-    _kind = "unary_stream"
-
-    def __call__(self, request: Any, *, timeout: float | None = None, metadata: Any = None, credentials: Any = None,
-                 wait_for_ready: bool | None = None, compression: Any = None) -> UnaryStreamCall:
-        return UnaryStreamCall(self, request, timeout, metadata, credentials, wait_for_ready, compression)
-
-
-class StreamUnaryMultiCallable(_Method, grpc.aio.StreamUnaryMultiCallable):
-    _kind = "stream_unary"
-
-    def __call__(self, request_iterator: Any = None, timeout: float | None = None, metadata: Any = None,
-                 credentials: Any = None, wait_for_ready: bool | None = None, compression: Any = None
-                 ) -> StreamUnaryCall:
-        return StreamUnaryCall(self, None, timeout, metadata, credentials, wait_for_ready, compression,
-                               **_requests(request_iterator))
-
-
-class StreamStreamMultiCallable(_Method, grpc.aio.StreamStreamMultiCallable):
-    _kind = "stream_stream"
-
-    def __call__(self, request_iterator: Any = None, timeout: float | None = None, metadata: Any = None,
-                 credentials: Any = None, wait_for_ready: bool | None = None, compression: Any = None
-                 ) -> StreamStreamCall:
-        return StreamStreamCall(self, None, timeout, metadata, credentials, wait_for_ready, compression,
-                                **_requests(request_iterator))
