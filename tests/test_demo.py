@@ -97,6 +97,9 @@ def test_demo_interrupted_cleans_up(tmp_path):
         [sys.executable, "-m", "waypost.cli", "--registry", f"etcd://127.0.0.1:{free_port()}", "demo", "--quick",
          "--no-chart", "--summary-json", str(summary)],
         stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, cwd=ROOT,
+        # a test run started in the background (`pytest &` in a script) ignores SIGINT, and an ignored
+        # SIGINT is inherited: the child would never see the Ctrl-C this test sends
+        preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL),
     )
     try:
         deadline = time.monotonic() + 60
