@@ -93,14 +93,18 @@ def test_summaries():
 
 def test_demo_interrupted_cleans_up(tmp_path):
     summary = tmp_path / "summary.json"
-    proc = subprocess.Popen(
-        [sys.executable, "-m", "waypost.cli", "--registry", f"etcd://127.0.0.1:{free_port()}", "demo", "--quick",
-         "--no-chart", "--summary-json", str(summary)],
-        stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, cwd=ROOT,
-        # a test run started in the background (`pytest &` in a script) ignores SIGINT, and an ignored
-        # SIGINT is inherited: the child would never see the Ctrl-C this test sends
-        preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL),
-    )
+    # A test run started in the background (`pytest &` in a script) ignores SIGINT, and an ignored SIGINT
+    # is inherited: the child would never see the Ctrl-C this test sends. A handled one is reset to the
+    # default by exec, so hold a handler while starting the child.
+    previous = signal.signal(signal.SIGINT, signal.default_int_handler)
+    try:
+        proc = subprocess.Popen(
+            [sys.executable, "-m", "waypost.cli", "--registry", f"etcd://127.0.0.1:{free_port()}", "demo", "--quick",
+             "--no-chart", "--summary-json", str(summary)],
+            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, cwd=ROOT,
+        )
+    finally:
+        signal.signal(signal.SIGINT, previous)
     try:
         deadline = time.monotonic() + 60
         while time.monotonic() < deadline:  # wait until the backends serve traffic

@@ -196,7 +196,7 @@ class Container:
         keys = self._values.get(address)
         if keys is None:
             self._values[address] = key
-        elif type(keys) is str:
+        elif isinstance(keys, str):
             self._values[address] = [keys, key]
         else:
             keys.append(key)
@@ -206,7 +206,7 @@ class Container:
         keys = self._values.get(address)
         if keys is None:
             return
-        if type(keys) is str:
+        if isinstance(keys, str):
             if keys == key:
                 del self._values[address]
             return
