@@ -24,6 +24,7 @@ from .client.config import ChannelConfig, build_config
 from .client.core import Balancer, attach_resolver
 from .client.future import ThreadFuture
 from .client.health import watch_health
+from .client.method import MethodBase
 from .client.options import merge_options
 from .client.rpcerror import BalancerRpcError
 from .client.subconn import STATE_NAMES, SubConn
@@ -68,43 +69,13 @@ def _wait_pick(b: Balancer, info: PickInfo, deadline: float | None, wait_for_rea
                 b.cond.wait(min(remaining, 1.0))
 
 
-class _Method:
+class _Method(MethodBase):
     """What the four multicallable kinds share: the method's settings and the per-attempt pick."""
-
-    _kind = ""
 
     def __init__(self, channel: Channel, method: str, request_serializer: Any, response_deserializer: Any,
                  registered: Any) -> None:
-        self._channel = channel
-        self._b = channel._balancer
-        self._method = method
-        self._ser = request_serializer
-        self._deser = response_deserializer
-        self._registered = registered
-        self._key = (self._kind, method, request_serializer, response_deserializer)
-        self._info = PickInfo(method)
-        mc = channel._config.method_config(method)
-        self._timeout = mc.timeout if mc is not None else None
-        self._wfr = mc.wait_for_ready if mc is not None else None
-        self._retry = mc.retry_policy if mc is not None else None
-        self._throttle = channel._config.throttle
-        self._rng = channel._config.rng
+        super().__init__(channel, method, request_serializer, response_deserializer, registered)
         self._fast_ok = self._retry is None and self._kind == "unary_unary"
-
-    def _inner(self, sc: SubConn) -> Any:
-        mc = sc.mcs.get(self._key)
-        if mc is None:
-            factory = getattr(sc.channel, self._kind)
-            mc = factory(self._method, request_serializer=self._ser, response_deserializer=self._deser,
-                         _registered_method=self._registered)
-            sc.mcs[self._key] = mc
-        return mc
-
-    def _pick_info(self, metadata: Any) -> PickInfo:
-        hk = current_hash_key()
-        if hk is None and not metadata:
-            return self._info
-        return PickInfo(self._method, hk, tuple(metadata or ()))
 
     def _pick(self, info: PickInfo, deadline: float | None, wfr: bool | None) -> tuple[PickResult, SubConn]:
         try:
@@ -130,16 +101,6 @@ class _Method:
         if wait_for_ready is None:
             wait_for_ready = self._wfr
         return (None if timeout is None else _mono() + timeout), wait_for_ready
-
-    def _finish(self, res: PickResult, sc: SubConn, t0: float, code: grpc.StatusCode) -> None:
-        sc.inflight -= 1
-        latency = _perf() - t0
-        res.done(Outcome(code, latency))
-        obs = _metrics.current
-        if obs is not None:
-            obs.call_done(self._b.target, sc.address, code, latency)
-        if code is _UNAVAILABLE:
-            self._b.call_failed(sc, code)
 
     def _state(self, deadline: float | None) -> RetryState:
         return RetryState(self._retry, self._throttle, self._rng, deadline)

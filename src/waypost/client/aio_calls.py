@@ -107,7 +107,7 @@ class _Call(abc.ABC):
         try:
             r = m._b.pick(info)
             if r is None:
-                r = await m._ch._wait_pick(info, st.deadline, self._wfr)
+                r = await m._channel._wait_pick(info, st.deadline, self._wfr)
         except (PickError, BalancerRpcError) as e:
             raise _aio_error(e) from None
         if st.tried:
