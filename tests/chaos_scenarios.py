@@ -27,6 +27,7 @@ from pathlib import Path
 from typing import Any
 
 import grpc
+from discovery_util import wait_for
 
 import waypost
 from waypost import _loop
@@ -81,17 +82,6 @@ class Result:
 
 
 # ---- small tools ---------------------------------------------------------------------------------
-
-
-def wait_for(cond: Callable[[], Any], timeout: float, interval: float = 0.02) -> bool:
-    """Poll ``cond`` until truthy or ``timeout`` seconds pass (bounded)."""
-    deadline = time.monotonic() + timeout
-    while True:
-        if cond():
-            return True
-        if time.monotonic() >= deadline:
-            return bool(cond())
-        time.sleep(interval)
 
 
 def private_registry(endpoints: list[str]) -> EtcdRegistry:

@@ -3,12 +3,15 @@
 from __future__ import annotations
 
 import asyncio
-import time
 from collections.abc import Callable
 from typing import Any
 
+from etcd_helpers import run, wait_until
+
 from waypost import _loop
 from waypost.registry.base import Event, Registry, Watch
+
+__all__ = ["connect", "next_batches", "run", "wait_for"]
 
 
 def connect(url: str) -> Registry:
@@ -20,13 +23,7 @@ def connect(url: str) -> Registry:
 
 def wait_for(cond: Callable[[], Any], timeout: float = 10.0, interval: float = 0.02) -> bool:
     """Poll ``cond`` until it is truthy or ``timeout`` seconds pass; returns the last result's truth."""
-    deadline = time.monotonic() + timeout
-    while True:
-        if cond():
-            return True
-        if time.monotonic() >= deadline:
-            return bool(cond())
-        time.sleep(interval)
+    return wait_until(cond, timeout, interval)
 
 
 def next_batches(watch: Watch, n: int, timeout: float = 10.0) -> list[list[Event]]:
@@ -39,7 +36,3 @@ def next_batches(watch: Watch, n: int, timeout: float = 10.0) -> list[list[Event
         return out
 
     return _loop.run(read(), timeout + 5)
-
-
-def run(coro: Any, timeout: float = 30.0) -> Any:
-    return _loop.run(coro, timeout)
