@@ -24,7 +24,8 @@ import grpc.aio
 from grpc._cython import cygrpc  # ExecuteBatchError: what a send on an ending grpc.aio call raises
 
 from .balancer.base import Outcome, PickResult
-from .balancer.service_config import RetryPolicy, RetryThrottle
+from .balancer.retry_throttle import RetryThrottle
+from .balancer.service_config import RetryPolicy
 
 PREVIOUS_ATTEMPTS = "grpc-previous-rpc-attempts"
 

@@ -12,7 +12,7 @@ Semantics follow gRPC (gRFC A2/A6, grpc-go's service config parser):
 - ``methodConfig``: per-method ``timeout``, ``waitForReady`` and ``retryPolicy`` (``maxAttempts`` is capped
   at 5 as in gRPC). ``hedgingPolicy`` and the message-size limits are real gRPC fields that waypost
   does not implement: they are rejected with a clear error instead of being ignored.
-- ``retryThrottling``: gRPC's token bucket (``RetryThrottle`` holds its state).
+- ``retryThrottling``: gRPC's token bucket (``RetryThrottle``, in ``retry_throttle``, holds its state).
 - ``healthCheckConfig.serviceName``: the grpc.health.v1 service name to watch per backend.
 """
 
@@ -22,7 +22,6 @@ import difflib
 import json
 import logging
 import math
-import threading
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from types import MappingProxyType
@@ -33,6 +32,7 @@ import grpc
 from ..errors import InvalidServiceConfig
 from .durations import DurationError, parse_positive_duration
 from .policies import POLICIES, known_policies
+from .retry_throttle import RetryThrottle  # re-exported: the per-channel state of a RetryThrottling
 
 log = logging.getLogger("waypost.balancer.service_config")
 
@@ -115,48 +115,6 @@ class RetryThrottling:
 
     max_tokens: float
     token_ratio: float
-
-
-class RetryThrottle:
-    """gRPC's retry token bucket for one channel (thread-safe).
-
-    Tokens start at ``max_tokens``; a failed attempt takes one token (not below 0), a successful
-    call gives back ``token_ratio`` (not above ``max_tokens``); retries are allowed while
-    ``tokens > max_tokens / 2``. Counted in thousandths of a token, as gRPC core does, so the
-    arithmetic is exact.
-    """
-
-    def __init__(self, config: RetryThrottling) -> None:
-        self.config = config
-        self._max_milli = max(1, round(config.max_tokens * 1000))
-        self._ratio_milli = max(1, round(config.token_ratio * 1000))
-        self._milli = self._max_milli
-        self._lock = threading.Lock()
-
-    @property
-    def tokens(self) -> float:
-        """The current token count."""
-        with self._lock:
-            return self._milli / 1000
-
-    def allows_retry(self) -> bool:
-        """Whether a retry may be attempted now (tokens above half the maximum)."""
-        with self._lock:
-            return 2 * self._milli > self._max_milli
-
-    def record_success(self) -> None:
-        """A call succeeded (or failed with a non-retryable code): add ``token_ratio`` tokens."""
-        with self._lock:
-            self._milli = min(self._max_milli, self._milli + self._ratio_milli)
-
-    def record_failure(self) -> bool:
-        """An attempt failed with a retryable code: take a token; return whether a retry is allowed."""
-        with self._lock:
-            self._milli = max(0, self._milli - 1000)
-            return 2 * self._milli > self._max_milli
-
-    def __repr__(self) -> str:
-        return f"RetryThrottle(tokens={self.tokens}, max_tokens={self.config.max_tokens})"
 
 
 @dataclass(frozen=True, slots=True)

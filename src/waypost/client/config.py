@@ -9,7 +9,8 @@ from typing import Any
 
 from ..balancer import policies
 from ..balancer.base import Policy
-from ..balancer.service_config import MethodConfig, RetryThrottle, ServiceConfig, parse_service_config
+from ..balancer.retry_throttle import RetryThrottle
+from ..balancer.service_config import MethodConfig, ServiceConfig, parse_service_config
 from ..resolver import Resolver, Subsetter, make_resolver
 from ..resolver.subset import DEFAULT_SUBSET_SIZE
 from ..resolver.target import Target, parse_target
