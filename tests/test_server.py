@@ -241,7 +241,9 @@ def test_sigterm_deregisters_then_refuses_then_drains(shared_etcd, unique_key, t
                     # a probe that only ran out of time on a loaded machine is not a refusal: probe again
                     if e.code() == grpc.StatusCode.DEADLINE_EXCEEDED:
                         continue
-                    assert e.code() == grpc.StatusCode.UNAVAILABLE, e
+                    # a refusal is UNAVAILABLE (listener closed) or, when the connection raced the shutdown,
+                    # CANCELLED (the server reset the stream without running the handler)
+                    assert e.code() in (grpc.StatusCode.UNAVAILABLE, grpc.StatusCode.CANCELLED), e
             refused_with_key_present = bool(reg.get(unique_key + "/", prefix=True).kvs)
             break
         assert refused_with_key_present is False, "the server refused calls while still registered"
