@@ -223,3 +223,78 @@ def test_container_bulk_fill_equals_adding_one_by_one():
             c.apply([adds[0][0]], [("k/new", Entry("h:9"))])
         assert _container_state(bulk) == _container_state(one)
     assert Container().apply((), []) is False
+
+
+def test_container_plain_bulk_load_equals_adding_entries():
+    from waypost.discovery.container import Container
+    from waypost.registry.formats import Entry
+
+    cases = [
+        ([f"k/{i}" for i in range(50)], [f"10.0.0.{i}:80" for i in range(50)]),  # the fast path
+        (["k/1", "k/2", "k/3"], ["h:1", "h:2", "h:1"]),  # an address under two keys
+        (["k/1", "k/2", "k/1"], ["h:1", "h:2", "h:3"]),  # a key twice
+        ([], []),
+    ]
+    for keys, addresses in cases:
+        plain, general = Container(), Container()
+        calls = []
+        plain.add_listener(lambda calls=calls: calls.append(1))
+        changed = plain.bulk_load_plain(list(keys), list(addresses))
+        assert changed is bool(keys) and calls == ([1] if keys else [])
+        general.apply((), list(zip(keys, map(Entry, addresses))))
+        assert _container_state(plain) == _container_state(general), keys
+        for c in (plain, general):  # later changes agree too
+            c.apply(keys[:1], [("k/new", Entry("h:9"))])
+        assert _container_state(plain) == _container_state(general), keys
+    # a filled or exclusive container takes the general path
+    filled, expected = Container(), Container()
+    for c in (filled, expected):
+        c.apply((), [("k/0", Entry("h:0"))])
+    filled.bulk_load_plain(["k/1"], ["h:1"])
+    expected.apply((), [("k/1", Entry("h:1"))])
+    assert _container_state(filled) == _container_state(expected)
+    excl, expected = Container(exclusive=True), Container(exclusive=True)
+    excl.bulk_load_plain(["k/1", "k/2"], ["h:1", "h:1"])
+    expected.apply((), [("k/1", Entry("h:1")), ("k/2", Entry("h:1"))])
+    assert _container_state(excl) == _container_state(expected) and excl.values() == ("h:1",)
+
+
+def test_decode_plain_is_decode_many_without_entries():
+    from waypost.registry.formats import EtcdNaming, GoZero
+
+    gz = GoZero()
+    keys = ["k/1", "k/2"]
+    assert gz.decode_plain(keys, [b"10.0.0.1:80", b"[::1]:443"]) == ["10.0.0.1:80", "[::1]:443"]
+    assert gz.decode_many(keys, [b"10.0.0.1:80", b"[::1]:443"]) == [
+        ("k/1", ("10.0.0.1:80", {})), ("k/2", ("[::1]:443", {}))]
+    for odd in ([b"10.0.0.1:80", b"unix:/tmp/s"], [b"h:1", b"h:0"], [b"h:1", b"\xff"], [b"h:1", b"a\nb:1"]):
+        assert gz.decode_plain(keys, odd) is None, odd  # the per-record path decides those
+    assert EtcdNaming().decode_plain(keys, [b"x", b"y"]) is None  # no fast path: JSON records
+
+
+def test_key_columns_match_the_kvs(registry, unique_key):
+    s = registry.sync
+    _fill(s, unique_key)
+    res = s.get(unique_key + "/", prefix=True)
+    cols = res.key_columns()  # before any element access: from the response
+    expected = ([kv.key for kv in res.kvs], [kv.value for kv in res.kvs], [kv.mod_revision for kv in res.kvs])
+    assert cols == expected and res.key_columns() == expected
+    assert GetResult(list(res.kvs), res.revision).key_columns() == expected
+
+
+def test_a_big_load_keeps_columns_until_the_raw_records_are_needed(registry, unique_key):
+    from discovery_util import wait_for
+
+    from waypost.discovery import Subscriber
+
+    s = registry.sync
+    for i in range(30):
+        s.put(f"{unique_key}/{i:02d}", f"10.0.0.{i}:80".encode())
+    with Subscriber(registry, unique_key) as sub:
+        group = sub._group
+        assert group is not None and group.main._columns is not None  # nothing built per record yet
+        assert len(sub.values()) == 30
+        s.put(f"{unique_key}/05", b"10.0.9.9:80")  # a change needs the raw records: built then
+        assert wait_for(lambda: "10.0.9.9:80" in sub.values() and "10.0.0.5:80" not in sub.values(), 10)
+        assert group.main._columns is None and len(group.main.raw) == 30
+        assert group.main.raw[f"{unique_key}/05"][0] == b"10.0.9.9:80"

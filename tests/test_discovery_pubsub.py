@@ -164,26 +164,35 @@ def test_gozero_metadata_arrives_with_the_address_when_the_side_watch_lags(regis
 
 
 def test_gozero_metadata_written_between_the_two_initial_reads_is_not_lost(registry):
-    # the side prefix is read first, then the addresses: a registration landing between the two
-    # reads must still come with its metadata (the side prefix is read again)
+    # the side prefix and the addresses are read at once: a registration landing after the side
+    # read but before the address read must still come with its metadata (the side prefix is read
+    # again). Here the address read is held until the registration is in.
     key = "racemd.rpc"
-    orig = submod._Group._load
+    orig_load, orig_get = submod._Group._load, submod._Group._get
     calls = []
+    injected = []
 
-    async def load(self, src):
-        await orig(self, src)
+    async def load(self, src, read=None):
+        await orig_load(self, src, read)
         calls.append(src.side)
         if src.side and len(calls) == 1 and self.key == key:  # after the first side read
             await self.registry.put(f"_waypost/meta/{key}/z", b'{"addr":"127.0.0.1:7013","metadata":{"w":1}}')
             await self.registry.put(f"{key}/z", b"127.0.0.1:7013")
-    submod._Group._load = load
+            injected.append(True)
+
+    async def get(self, src):
+        while self.key == key and not src.side and not injected:
+            await asyncio.sleep(0.005)
+        return await orig_get(self, src)
+
+    submod._Group._load, submod._Group._get = load, get
     try:
         with Subscriber(registry, key) as sub:
             (b,) = sub.backends()
             assert (b.address, dict(b.metadata)) == ("127.0.0.1:7013", {"w": 1})
         assert calls == [True, False, True]
     finally:
-        submod._Group._load = orig
+        submod._Group._load, submod._Group._get = orig_load, orig_get
         registry.sync.delete(f"_waypost/meta/{key}/", prefix=True)
         registry.sync.delete(f"{key}/", prefix=True)
 

@@ -17,6 +17,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import gc
+import itertools
 import logging
 import operator
 import random
@@ -58,11 +59,34 @@ class _Source:
     key: str
     prefix: bool
     side: bool
-    raw: dict[str, tuple[bytes, int]] = field(default_factory=dict)  # etcd key -> (value, mod_revision)
     revision: int = 0
     watch: Watch | None = None
     task: asyncio.Task[None] | None = None
     failing: bool = False
+    _raw: dict[str, tuple[bytes, int]] = field(default_factory=dict)
+    # a big initial load's (keys, values, mod_revisions), kept as read until something needs ``raw``:
+    # making 10,000 tuples and a dict of them would delay the first addresses for nothing
+    _columns: tuple[list[str], list[bytes], list[int]] | None = None
+
+    @property
+    def raw(self) -> dict[str, tuple[bytes, int]]:
+        """etcd key -> (value, mod_revision) of every record read (good or bad)."""
+        if self._columns is not None:
+            keys, values, revs = self._columns
+            with _gc_paused(len(keys)):
+                self._raw = dict(zip(keys, zip(values, revs)))
+            self._columns = None
+        return self._raw
+
+    @raw.setter
+    def raw(self, raw: dict[str, tuple[bytes, int]]) -> None:
+        self._raw, self._columns = raw, None
+
+    def set_columns(self, keys: list[str], values: list[bytes], revs: list[int]) -> None:
+        self._raw, self._columns = {}, (keys, values, revs)
+
+    def empty(self) -> bool:
+        return not self._raw and not (self._columns and self._columns[0])
 
 
 class _Group:
@@ -79,8 +103,10 @@ class _Group:
         # The decoded entries (main etcd key -> entry joined with its metadata) as a container:
         # the group compares changes against it, and the non-exclusive subscribers share it.
         self.view = Container(False)
-        # main etcd key -> the revision its entry was set at (orders entries for a new container)
-        self.revs: dict[str, int] = {}
+        # main etcd key -> the revision its entry was set at (orders entries for a new container);
+        # after a bulk add, kept as (keys, revisions) until first needed (see ``revs``)
+        self._revs: dict[str, int] = {}
+        self._revs_columns: tuple[list[str], list[int]] | None = None
         # the view was filled in revision order by one bulk add and has not changed since, so a
         # container built afresh from the entries would be the same
         self._view_ordered = True
@@ -93,6 +119,13 @@ class _Group:
         self._starter: asyncio.Task[None] | None = None
         self._closed = False
         self.reloads = 0  # how many reloads ran (for tests and stats)
+
+    @property
+    def revs(self) -> dict[str, int]:
+        if self._revs_columns is not None:
+            keys, revs = self._revs_columns
+            self._revs, self._revs_columns = dict(zip(keys, revs)), None
+        return self._revs
 
     @property
     def sources(self) -> list[_Source]:
@@ -157,16 +190,21 @@ class _Group:
         # Drop the caches now rather than when the collector finds the group: its tasks keep it in
         # a reference cycle, and a big set's dicts would otherwise outlive it (RSS grows when a
         # big subscription is closed and opened again).
-        self.view, self.revs, self.meta, self.containers = Container(False), {}, {}, []
+        self.view, self.meta, self.containers = Container(False), {}, []
+        self._revs, self._revs_columns = {}, None
         for src in self.sources:
             src.raw = {}
 
     async def _start(self) -> None:
         """The initial load (retried until it works or the group closes), then the watch loops."""
         assert self.ready is not None
+        main_read = None
         try:
-            for src in reversed(self.sources):  # metadata first, so addresses appear with it
-                await self._load_until_ok(src, initial=True)
+            if self.side is not None:
+                # both reads at once, the metadata applied first so addresses appear with it
+                main_read = asyncio.ensure_future(self._get(self.main))
+                await self._load_until_ok(self.side, initial=True)
+            await self._load_until_ok(self.main, initial=True, first=main_read)
             if self.side is not None and self.main.revision > self.side.revision:
                 # something was written between the two reads: a side record written just before
                 # its address may be missing, so read the metadata again (a cheap diff)
@@ -174,40 +212,55 @@ class _Group:
         except PermissionDenied as e:
             self.ready.set_exception(e)
             return
+        finally:
+            if main_read is not None:
+                if not main_read.done():
+                    main_read.cancel()
+                elif not main_read.cancelled():
+                    main_read.exception()  # retrieved: a failed read that was never used is no news
         self.ready.set_result(None)
         for src in self.sources:
             src.task = asyncio.create_task(self._watch_loop(src), name=f"waypost-sub-watch {src.key}")
 
     # -- reading --------------------------------------------------------------------------------
 
-    async def _load(self, src: _Source) -> None:
+    async def _get(self, src: _Source) -> GetResult:
         try:
-            res = await asyncio.wait_for(self.registry.get(src.key, prefix=src.prefix), GET_TIMEOUT)
+            return await asyncio.wait_for(self.registry.get(src.key, prefix=src.prefix), GET_TIMEOUT)
         except asyncio.TimeoutError:
             raise RegistryUnavailable(f"get of {src.key!r} took longer than {GET_TIMEOUT:g}s") from None
+
+    async def _load(self, src: _Source, read: asyncio.Future[GetResult] | None = None) -> None:
+        res = await (read if read is not None else self._get(src))
         with _gc_paused(len(res.kvs)):
             self._apply_get(src, res)
 
     def _apply_get(self, src: _Source, res: GetResult) -> None:
-        old = src.raw
-        # key -> (value, mod_revision) straight from the response: no KeyValue per record
-        new = res.value_revisions()
-        if not old:  # the initial load: everything is an add
-            src.raw, src.revision = new, res.revision
-            if src is self.main and not self.view:  # the big case: straight to the bulk add
-                pairs = list(new.values())
-                self._bulk_add(list(new), list(map(_first, pairs)), list(map(_second, pairs)), True)
+        if src.empty():  # the initial load: everything is an add
+            if src is self.main and not self.view:  # the big case: columns straight to the bulk add
+                keys, values, revs = res.key_columns()
+                src.set_columns(keys, values, revs)
+                src.revision = res.revision
+                self._bulk_add(keys, values, revs, True)
                 return
+            # key -> (value, mod_revision) straight from the response: no KeyValue per record
+            new = res.value_revisions()
+            src.raw, src.revision = new, res.revision
             self._changed(src, [], [(k, rv[1]) for k, rv in new.items()])
             return
+        old = src.raw
+        new = res.value_revisions()
         deletes, adds = diff({k: v for k, (v, _) in old.items()}, {k: v for k, (v, _) in new.items()})
         src.raw, src.revision = new, res.revision
         self._changed(src, deletes, [(k, new[k][1]) for k in adds])
 
-    async def _load_until_ok(self, src: _Source, initial: bool = False) -> None:
+    async def _load_until_ok(self, src: _Source, initial: bool = False,
+                             first: asyncio.Future[GetResult] | None = None) -> None:
+        """Load ``src`` until it works (``first``: a read already started, used by the first try)."""
         while True:
+            read, first = first, None
             try:
-                await self._load(src)
+                await self._load(src, read)
             except asyncio.CancelledError:
                 raise
             except Exception as e:  # unreachable, timeout...: keep the cache, retry
@@ -375,13 +428,24 @@ class _Group:
         revisions) and add them to the empty view, the same as the per-key path of ``_changed``
         would, in a few whole-list passes. ``sort``: the batch is in key order (a Get), put it in
         revision order (ties keep key order); else it is in the order to apply already."""
+        if not self.meta and not self.containers:
+            # the usual big load: bare addresses, no metadata to join, nobody else to feed
+            texts = self.fmt.decode_plain(keys, values)
+            if texts is not None:
+                self._revs, self._revs_columns = {}, (keys, revs)
+                if sort and not _ascending(revs):
+                    order = sorted(range(len(keys)), key=revs.__getitem__)
+                    keys, texts = list(map(keys.__getitem__, order)), list(map(texts.__getitem__, order))
+                self.view.bulk_load_plain(keys, texts)
+                self._view_ordered = True
+                return
         adds = self.fmt.decode_many(keys, values)
-        self.revs = dict(zip(keys, revs))
+        self._revs, self._revs_columns = dict(zip(keys, revs)), None
         if len(adds) != len(keys):  # bad records were left out (and logged)
-            rev_of = self.revs
+            rev_of = self._revs
             revs = [rev_of[key] for key, _ in adds]
-            self.revs = dict(zip(map(_first, adds), revs))
-        if sort:  # decoded in key order (the response's memory order), sorted once here
+            self._revs = dict(zip(map(_first, adds), revs))
+        if sort and not _ascending(revs):  # decoded in key order (the response's order), sorted once here
             adds = list(map(adds.__getitem__, sorted(range(len(adds)), key=revs.__getitem__)))
         if self.meta:  # go-zero metadata already read: join it as _decode_main does
             meta, join_id, prefix = self.meta, self.fmt.join_id, self.main.key
@@ -401,6 +465,11 @@ class _Group:
         """The entries in the order of the revisions they were set at (ties: the order they came)."""
         revs = self.revs
         return sorted(self.view.keys().items(), key=lambda item: revs.get(item[0], 0))
+
+
+def _ascending(revs: list[int]) -> bool:
+    """True when ``revs`` never goes down (a Get whose key order is also its write order)."""
+    return all(map(operator.le, revs, itertools.islice(revs, 1, None)))
 
 
 #: below this many records a load is too small for the collector to matter

@@ -60,6 +60,15 @@ class GetResult:
             return fast()  # type: ignore[no-any-return]
         return {kv.key: (kv.value, kv.mod_revision) for kv in self.kvs}
 
+    def key_columns(self) -> tuple[list[str], list[bytes], list[int]]:
+        """The keys, values and mod_revisions as three parallel lists in key order; like
+        ``value_revisions`` without a tuple per record (a big initial load)."""
+        fast = getattr(self.kvs, "key_columns", None)
+        if fast is not None:
+            return fast()  # type: ignore[no-any-return]
+        kvs = list(self.kvs)
+        return [kv.key for kv in kvs], [kv.value for kv in kvs], [kv.mod_revision for kv in kvs]
+
 
 @dataclass(frozen=True, slots=True)
 class PutResult:

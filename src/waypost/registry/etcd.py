@@ -181,6 +181,17 @@ class _LazyKeyValues(Sequence[KeyValue]):
             items = self._items()
         return {kv.key: (kv.value, kv.mod_revision) for kv in items}
 
+    def key_columns(self) -> tuple[list[str], list[bytes], list[int]]:
+        """keys, values and mod_revisions as lists, from the columns when they line up."""
+        data = self._data  # before _list: see _items
+        if self._list is None:
+            assert data is not None
+            cols = records.columns(data, self._n)
+            if cols is not None:
+                return cols.keys, cols.values, cols.mod_revisions
+        items = self._items()
+        return [kv.key for kv in items], [kv.value for kv in items], [kv.mod_revision for kv in items]
+
 
 def _event(ev: Any) -> Event:
     prev = _kv(ev.prev_kv) if ev.HasField("prev_kv") else None
