@@ -5,7 +5,9 @@ The same 3 local Echo servers (subprocesses) are called through
   - grpc.insecure_channel("ipv4:127.0.0.1:p1,...", round_robin service config)  (and grpc.aio)
 in three modes: sync 1 thread, sync 8 threads, aio 64 tasks. Each (mode, impl) pair runs ``--rounds``
 times, alternating implementations to spread machine noise; the best round counts.
-Last lines: ``overhead <mode>: waypost/native throughput = <ratio>``. JSON: bench/results/channel_overhead.json.
+Each measurement also reads the client's CPU time per call (this process; the servers are other processes),
+which a shared machine's scheduling noise moves much less than throughput. Last lines: ``overhead <mode>:
+waypost/native throughput = <ratio>``. JSON: bench/results/channel_overhead.json.
 """
 
 from __future__ import annotations
@@ -42,7 +44,8 @@ def native_aio(addrs: list[str]) -> grpc.aio.Channel:
     return grpc.aio.insecure_channel("ipv4:" + ",".join(addrs), options=[("grpc.service_config", RR)])
 
 
-def run_sync(channel: grpc.Channel, threads: int, seconds: float) -> float:
+def run_sync(channel: grpc.Channel, threads: int, seconds: float) -> tuple[float, float]:
+    """(calls per second, client CPU seconds per call)."""
     stub = echo_pb2_grpc.EchoStub(channel)
     for _ in range(50):  # warm every connection
         stub.Unary(REQ, timeout=30)
@@ -62,15 +65,17 @@ def run_sync(channel: grpc.Channel, threads: int, seconds: float) -> float:
     ts = [threading.Thread(target=worker, args=(i,)) for i in range(threads)]
     for t in ts:
         t.start()
-    t0 = time.perf_counter()
+    t0, c0 = time.perf_counter(), time.process_time()
     stop = t0 + seconds
     start_gate.wait()
     for t in ts:
         t.join()
-    return sum(counts) / (time.perf_counter() - t0)
+    calls = sum(counts)
+    return calls / (time.perf_counter() - t0), (time.process_time() - c0) / max(calls, 1)
 
 
-async def run_aio(make, tasks: int, seconds: float) -> float:
+async def run_aio(make, tasks: int, seconds: float) -> tuple[float, float]:
+    """(calls per second, client CPU seconds per call)."""
     channel = make()
     try:
         stub = echo_pb2_grpc.EchoStub(channel)
@@ -86,9 +91,9 @@ async def run_aio(make, tasks: int, seconds: float) -> float:
                 await call(REQ, timeout=30)
                 count += 1
 
-        t0 = time.perf_counter()
+        t0, c0 = time.perf_counter(), time.process_time()
         await asyncio.gather(*(worker() for _ in range(tasks)))
-        return count / (time.perf_counter() - t0)
+        return count / (time.perf_counter() - t0), (time.process_time() - c0) / max(count, 1)
     finally:
         await channel.close()
 
@@ -106,14 +111,14 @@ def main() -> int:
     results: dict[str, dict[str, list[float]]] = {}
     try:
         for mode in ("sync1", "sync8", "aio64"):
-            results[mode] = {"waypost": [], "native": []}
+            results[mode] = {"waypost": [], "native": [], "waypost_cpu": [], "native_cpu": []}
             for _ in range(args.rounds):
                 for impl in ("native", "waypost"):
                     if mode.startswith("sync"):
                         threads = int(mode[4:])
                         ch = waypost.dial(direct, balancer="round_robin") if impl == "waypost" else native_sync(addrs)
                         try:
-                            qps = run_sync(ch, threads, args.seconds)
+                            qps, cpu = run_sync(ch, threads, args.seconds)
                         finally:
                             ch.close()
                     else:
@@ -121,9 +126,10 @@ def main() -> int:
                             if impl == "waypost":
                                 return waypost.aio.dial(direct, balancer="round_robin")
                             return native_aio(addrs)
-                        qps = asyncio.run(run_aio(make, 64, args.seconds))
+                        qps, cpu = asyncio.run(run_aio(make, 64, args.seconds))
                     results[mode][impl].append(qps)
-                    print(f"{mode:6s} {impl:8s} {qps:9.0f} calls/s", flush=True)
+                    results[mode][impl + "_cpu"].append(cpu)
+                    print(f"{mode:6s} {impl:8s} {qps:9.0f} calls/s  {cpu * 1e6:6.1f} us client CPU per call", flush=True)
     finally:
         for p in procs:
             p.close()
@@ -131,10 +137,16 @@ def main() -> int:
     summary = {}
     for mode, r in results.items():
         best_w, best_n = max(r["waypost"]), max(r["native"])
-        summary[mode] = {"waypost_qps": r["waypost"], "native_qps": r["native"], "ratio": best_w / best_n}
+        summary[mode] = {"waypost_qps": r["waypost"], "native_qps": r["native"], "ratio": best_w / best_n,
+                         "waypost_cpu_us_per_call": [round(c * 1e6, 1) for c in r["waypost_cpu"]],
+                         "native_cpu_us_per_call": [round(c * 1e6, 1) for c in r["native_cpu"]],
+                         "cpu_ratio": min(r["waypost_cpu"]) / min(r["native_cpu"])}
     out = Path(args.out)
     out.parent.mkdir(parents=True, exist_ok=True)
     out.write_text(json.dumps({"seconds": args.seconds, "rounds": args.rounds, "results": summary}, indent=2))
+    # CPU per call (this process: the client) is steadier than throughput on a shared machine
+    for mode, s in summary.items():
+        print(f"client CPU per call {mode}: waypost/native = {s['cpu_ratio']:.3f}")
     for mode, s in summary.items():
         print(f"overhead {mode}: waypost/native throughput = {s['ratio']:.3f}")
     return 0

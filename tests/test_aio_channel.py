@@ -296,3 +296,77 @@ async def test_stream_not_retried_after_first_message():
             assert got == [0] and ei.value.code() == grpc.StatusCode.UNAVAILABLE
             assert len(RECORDER.picks) == 1  # a retry would have been picked before the error reached us
             await until(lambda: len(RECORDER.outcomes) == 1, 10)
+
+
+RETRY_CANCELLED = {
+    "loadBalancingConfig": [{"test_recording": {}}],
+    "methodConfig": [{"name": [{"service": SERVICE}], "retryPolicy": {
+        "maxAttempts": 3, "initialBackoff": "0.01s", "maxBackoff": "0.05s", "backoffMultiplier": 2,
+        "retryableStatusCodes": ["UNAVAILABLE", "CANCELLED"]}}],
+}
+
+
+async def test_unary_call_object_behaves_as_grpc_aio_whether_or_not_it_retries():
+    """A unary call whose first attempt starts at once runs without a task of ours until it is retried:
+    its Call API (done, cancelled, code, details, add_done_callback, cancel) must not tell the difference."""
+    with echo_servers("a", "b", "c") as srv:
+        async with waypost.aio.dial(direct(srv), service_config=RETRY_CANCELLED) as ch:
+            stub = echo_pb2_grpc.EchoStub(ch)
+            await stub.Unary(Req())
+            await until(lambda: len(ch.balancer.ready_addresses()) == 3)
+
+            # success: one callback, after the end, with the call object itself
+            seen = []
+            call = stub.Unary(Req(message="ok", delay_ms=50))
+            call.add_done_callback(seen.append)
+            assert not call.done() and not call.cancelled()
+            assert (await call).message == "ok"
+            assert call.done() and not call.cancelled() and seen == [call]
+            assert await call.code() == grpc.StatusCode.OK and await call.details() in ("", None)
+            late = []
+            call.add_done_callback(late.append)  # on a finished call: called (at once, or soon as asyncio does)
+            await until(lambda: late == [call], 5, "the late callback")
+
+            # a retried call: the callback waits for the last attempt, awaiting gives the retry's reply
+            for _ in range(3):
+                RECORDER.clear()
+                seen = []
+                call = stub.Unary(Req(error_code=UNAVAILABLE, fail_on="a,b", delay_ms=20))
+                call.add_done_callback(seen.append)
+                reply = await call
+                assert reply.server == "c" and seen == [call] and call.done()
+                assert await call.code() == grpc.StatusCode.OK
+                assert [o.code.name for _, o in RECORDER.outcomes][-1] == "OK"
+
+            # a failure that is not retried: grpc.aio's error, code and details
+            with pytest.raises(grpc.aio.AioRpcError) as ei:
+                await stub.Unary(Req(error_code=grpc.StatusCode.NOT_FOUND.value[0], error_details="nope"))
+            assert ei.value.code() == grpc.StatusCode.NOT_FOUND and ei.value.details() == "nope"
+            call = stub.Unary(Req(error_code=grpc.StatusCode.NOT_FOUND.value[0], error_details="nope"))
+            assert await call.code() == grpc.StatusCode.NOT_FOUND and await call.details() == "nope"
+            assert call.done() and not call.cancelled()
+
+            # cancel(): never retried, even with CANCELLED in the policy; the attempt is reported once
+            RECORDER.clear()
+            seen = []
+            call = stub.Unary(Req(delay_ms=3000))
+            call.add_done_callback(seen.append)
+            await until(lambda: any(sc.inflight for sc in ch.balancer.subconns()), 10)
+            assert call.cancel() and call.cancelled() and call.done()
+            assert not call.cancel()  # already over
+            with pytest.raises(asyncio.CancelledError):
+                await call
+            assert await call.code() == grpc.StatusCode.CANCELLED and seen == [call]
+            await until(lambda: len(RECORDER.outcomes) == 1, 10)
+            assert [o.code for _, o in RECORDER.outcomes] == [grpc.StatusCode.CANCELLED]
+
+            # the awaiting task cancelled (a timeout around the await): the call ends, not retried either
+            RECORDER.clear()
+            call = stub.Unary(Req(delay_ms=3000))
+            with pytest.raises(asyncio.TimeoutError):
+                await asyncio.wait_for(call, 0.3)
+            assert call.cancelled() and await call.code() == grpc.StatusCode.CANCELLED
+            await until(lambda: len(RECORDER.outcomes) == 1, 10)
+            await asyncio.sleep(0.2)
+            assert [o.code for _, o in RECORDER.outcomes] == [grpc.StatusCode.CANCELLED]
+            assert all(sc.inflight == 0 for sc in ch.balancer.subconns())

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import abc
 import asyncio
+import functools
 import logging
 import time
 from collections.abc import AsyncIterator, Callable
@@ -63,6 +64,22 @@ def _status_now(call: Any) -> tuple[grpc.StatusCode, str] | None:
         coro.close()
         return None
     return out[0], out[1]
+
+
+#: grpc.aio's own unary-unary call object (without interceptors): its done callbacks run before its awaiters wake
+_PLAIN_UNARY_UNARY = getattr(getattr(grpc.aio, "_call", None), "UnaryUnaryCall", None)
+
+
+def _call_back(callback: Callable[[Any], None], call: Any, _task: Any) -> None:
+    callback(call)
+
+
+def _locally_cancelled(call: Any) -> bool:
+    """The attempt was cancelled on this side (never retried, whatever the policy)."""
+    cy = getattr(call, "_cython_call", None)
+    if cy is not None and hasattr(cy, "is_locally_cancelled"):
+        return bool(cy.is_locally_cancelled())
+    return False
 
 
 def _aio_error(e: BalancerRpcError | PickError) -> grpc.aio.AioRpcError:
@@ -299,19 +316,31 @@ class _UnaryResponseCall(_Call):
         super().__init__(*args, **kw)
         self._task = self._loop.create_task(self._run())
 
-    async def _run(self) -> Any:
+    async def _run(self, started: tuple[PickResult, SubConn, Any, float] | BaseException | None = None,
+                   delay: float | None = None) -> Any:
+        """The attempts. ``started``: the first attempt, already started (or the error starting it raised);
+        ``delay``: the first attempt already failed and is to be retried after ``delay`` seconds."""
         st, m = self._st, self._m
         req = self._next_request()
-        first = True
+        first = delay is None
         cancelled = False
         try:
+            if delay:
+                await asyncio.sleep(delay)
             while True:
-                try:
-                    res, sc, call = await self._start_attempt(req)
-                except BaseException as e:
-                    self._fail_start(e)
-                    raise
-                t0 = _perf()
+                if started is not None:
+                    if isinstance(started, BaseException):
+                        self._fail_start(started)
+                        raise started
+                    res, sc, call, t0 = started
+                    started = None
+                else:
+                    try:
+                        res, sc, call = await self._start_attempt(req)
+                    except BaseException as e:
+                        self._fail_start(e)
+                        raise
+                    t0 = _perf()
                 if self._replay is not None or self._writes is not None:
                     call.add_done_callback(lambda c: self._note_status(c))
                 try:
@@ -405,7 +434,120 @@ class _UnaryResponseCall(_Call):
 
 
 class UnaryUnaryCall(_UnaryResponseCall, grpc.aio.UnaryUnaryCall):
-    pass
+    """unary_unary. When a backend is ready at once (the usual case), the first attempt starts right here, as
+    grpc.aio's own call does, and without interceptors it runs with no task of ours: awaiting the call awaits
+    grpc.aio's call, and its end is handled in that call's done callback, which grpc.aio runs before anyone
+    awaiting the call wakes up. Only a retry (or a pick that has to wait) runs in a task."""
+
+    def __init__(self, m: _Method, request: Any, timeout: float | None, metadata: Any, credentials: Any,
+                 wait_for_ready: bool | None, compression: Any) -> None:
+        _Call.__init__(self, m, request, timeout, metadata, credentials, wait_for_ready, compression)
+        # True while the first attempt runs without a task of ours (then ``_first`` is its grpc.aio call, and
+        # ``_task`` is set only if it is retried)
+        self._fast = False
+        self._first: Any = None
+        self._attempt: tuple[PickResult, SubConn, Any, float] | None = None
+        self._user_cancelled = False
+        started = self._start_now(request)
+        if isinstance(started, tuple) and type(started[2]) is _PLAIN_UNARY_UNARY:
+            self._fast = True
+            self._attempt = started
+            self._first = started[2]
+            self._first.add_done_callback(self._first_done)
+        else:  # a pick that waits, an error to raise when awaited, or interceptors: the task path
+            self._task = self._loop.create_task(self._run(started))
+
+    def _start_now(self, request: Any) -> tuple[PickResult, SubConn, Any, float] | BaseException | None:
+        """Start the first attempt now if a backend is ready: (pick result, subconn, call, start time), or the
+        error starting it raised, or None when the pick has to wait."""
+        m, st = self._m, self._st
+        try:
+            r = m._b.pick(m._pick_info(self._metadata))
+            if r is None:
+                return None
+            res, sc = r
+            st.tried.add(sc.address)
+            call = m._inner(sc)(request, timeout=st.timeout(), metadata=st.metadata(self._metadata),
+                                credentials=self._credentials, wait_for_ready=self._wfr,
+                                compression=self._compression)
+        except (PickError, BalancerRpcError) as e:
+            return _aio_error(e)
+        except Exception as e:  # noqa: BLE001  # raised when the call is awaited, as the task path does
+            return e
+        sc.inflight += 1
+        self._call = call
+        self._started.set_result(None)
+        return res, sc, call, _perf()
+
+    def _first_done(self, call: Any) -> None:
+        """The first attempt ended (grpc.aio's done callback): report it, and retry in a task if the policy says."""
+        assert self._attempt is not None
+        res, sc, _call, t0 = self._attempt
+        status = _status_now(call)
+        code, details = status if status is not None else (_UNKNOWN, "")
+        self._m._finish(res, sc, t0, code)
+        if code is _OK:
+            self._st.succeeded()
+        elif not (self._user_cancelled or _locally_cancelled(call)):
+            delay = self._decide(call, code, details)
+            if delay is not None:
+                task = self._task = self._loop.create_task(self._run(delay=delay))
+                self._fast = False
+                for cb in self._callbacks:
+                    task.add_done_callback(functools.partial(_call_back, cb, self))
+                self._callbacks.clear()
+                return
+        callbacks, self._callbacks = self._callbacks, []
+        for cb in callbacks:
+            try:
+                cb(self)
+            except Exception:  # as grpc.aio: a failing callback does not stop the others
+                log.exception("done callback of %r failed", self)
+
+    def __await__(self) -> Any:
+        if self._fast:
+            try:
+                return (yield from self._first.__await__())
+            except grpc.aio.AioRpcError:
+                if self._fast:  # not retried (decided before this awaiter woke up)
+                    raise
+        return (yield from self._task.__await__())
+
+    async def _final(self) -> None:
+        if self._fast:
+            await self._first.code()  # the first attempt's status (its done callback has run then)
+            if self._fast:
+                return
+        await super()._final()
+
+    async def code(self) -> grpc.StatusCode:
+        if self._fast:
+            await self._final()
+        if self._fast:
+            return await self._first.code()  # type: ignore[no-any-return]
+        return await super().code()
+
+    def cancel(self) -> bool:
+        if self.done():
+            return False
+        self._user_cancelled = True
+        if self._fast:
+            return bool(self._first.cancel())
+        return super().cancel()
+
+    def cancelled(self) -> bool:
+        return self._first.cancelled() if self._fast else self._task.cancelled()  # type: ignore[no-any-return]
+
+    def done(self) -> bool:
+        return self._first.done() if self._fast else self._task.done()  # type: ignore[no-any-return]
+
+    def add_done_callback(self, callback: Callable[[Any], None]) -> None:
+        if not self._fast:
+            super().add_done_callback(callback)
+        elif self._first.done():
+            callback(self)
+        else:
+            self._callbacks.append(callback)
 
 
 class StreamUnaryCall(_UnaryResponseCall, grpc.aio.StreamUnaryCall):
