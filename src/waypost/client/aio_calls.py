@@ -481,6 +481,12 @@ class UnaryUnaryCall(_UnaryResponseCall, grpc.aio.UnaryUnaryCall):
 
     def _first_done(self, call: Any) -> None:
         """The first attempt ended (grpc.aio's done callback): report it, and retry in a task if the policy says."""
+        try:
+            self._end_first(call)
+        except Exception:  # runs inside grpc.aio's status handling: nothing may escape into it
+            log.exception("waypost: handling the end of %r failed", call)
+
+    def _end_first(self, call: Any) -> None:
         assert self._attempt is not None
         res, sc, _call, t0 = self._attempt
         status = _status_now(call)
