@@ -275,7 +275,7 @@ def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("--iterations", type=int, default=200)
     ap.add_argument("--endpoints", type=int, default=10_000)
-    ap.add_argument("--load-rounds", type=int, default=5, help="initial loads timed (the best counts)")
+    ap.add_argument("--load-rounds", type=int, default=10, help="initial loads timed (the best counts)")
     ap.add_argument("--publishers", type=int, default=1_000)
     ap.add_argument("--window", type=float, default=5.0, help="idle seconds measured with all publishers up")
     ap.add_argument("--out", default=str(Path(__file__).parent / "results" / "discovery.json"))

@@ -7,6 +7,9 @@ polled by one task per channel (``get_state`` is a cheap non-blocking call), hea
 
 Outcomes are reported by our own awaiting wrapper in ``waypost.client.aio_calls`` (``call.code()`` is a
 coroutine in grpc.aio, and interceptors wrap call objects), so they work with and without interceptors.
+A unary-unary call whose backend is ready at once (the usual case) costs no task of ours: its first
+attempt starts in the call's constructor and its end is handled in grpc.aio's done callback; a retry, a
+pick that has to wait, or interceptors take the task path.
 
 Retries: every call kind, before the first response message. Client-streaming requests (a sync or async
 iterator, or ``write()`` / ``done_writing()``) are recorded as they are sent and replayed into the next

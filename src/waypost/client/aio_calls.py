@@ -48,9 +48,20 @@ def _stand_in(code: grpc.StatusCode, details: str | None) -> bool:
     return code is _INTERNAL and details == _STAND_IN
 
 
+try:  # grpc's own map from the Cython status codes (private: _status_now falls back without it)
+    from grpc._common import CYGRPC_STATUS_CODE_TO_STATUS_CODE as _CODE_OF
+except ImportError:  # pragma: no cover
+    _CODE_OF = {}
+
+
 def _status_now(call: Any) -> tuple[grpc.StatusCode, str] | None:
     """A finished grpc.aio call's status, read synchronously (from a done callback, which cannot await: the
     coroutines return at once when the status is in). None if it is not in."""
+    status = getattr(getattr(call, "_cython_call", None), "_status", None)
+    if status is not None:  # the plain call object: its status, read directly (once per call: keep it cheap)
+        code = _CODE_OF.get(status.code())
+        if code is not None:
+            return code, status.details()
     out = []
     for get in (call.code, call.details):
         coro = get()
@@ -115,7 +126,9 @@ class _Call(abc.ABC):
         self._call: Any = None  # the current attempt's grpc.aio call
         self._error: grpc.aio.AioRpcError | None = None
         self._loop = asyncio.get_running_loop()
-        self._started: asyncio.Future[None] = self._loop.create_future()
+        # the first attempt started (or failed to): made only if someone waits for it before then
+        self._started: asyncio.Future[None] | None = None
+        self._is_started = False
         self._callbacks: list[Callable[[Any], None]] = []
 
     async def _start_attempt(self, request: Any) -> tuple[PickResult, SubConn, Any]:
@@ -136,15 +149,26 @@ class _Call(abc.ABC):
                             wait_for_ready=self._wfr, compression=self._compression)
         sc.inflight += 1
         self._call = call
-        if not self._started.done():
-            self._started.set_result(None)
+        self._mark_started()
         return res, sc, call
+
+    def _mark_started(self) -> None:
+        self._is_started = True
+        f = self._started
+        if f is not None and not f.done():
+            f.set_result(None)
+
+    async def _until_started(self) -> None:
+        if self._is_started:
+            return
+        if self._started is None:
+            self._started = self._loop.create_future()
+        await asyncio.shield(self._started)  # a cancelled waiter must not cancel it for the others
 
     def _fail_start(self, e: BaseException) -> None:
         if isinstance(e, grpc.aio.AioRpcError):
             self._error = e
-        if not self._started.done():
-            self._started.set_result(None)
+        self._mark_started()
 
     # retries ------------------------------------------------------------------------------------
 
@@ -218,7 +242,7 @@ class _Call(abc.ABC):
     async def write(self, request: Any) -> None:
         """Send one request message. With retries: recorded, and replayed into the next attempt when the
         current one fails before any response message."""
-        await self._started
+        await self._until_started()
         call = self._call
         if call is None:
             raise self._error or grpc.aio.UsageError("call failed before it started")
@@ -240,7 +264,7 @@ class _Call(abc.ABC):
 
     async def done_writing(self) -> None:
         """Half-close the request stream (idempotent; a retry half-closes its attempt after the replay)."""
-        await self._started
+        await self._until_started()
         w = self._writes
         if w is None:
             if self._call is not None:
@@ -288,7 +312,7 @@ class _Call(abc.ABC):
         return await self._call.details() if self._call is not None else ""  # type: ignore[no-any-return]
 
     async def initial_metadata(self) -> Any:
-        await self._started
+        await self._until_started()
         if self._call is None:
             return self._error.initial_metadata() if self._error is not None else grpc.aio.Metadata()
         return await self._call.initial_metadata()
@@ -300,7 +324,7 @@ class _Call(abc.ABC):
         return await self._call.trailing_metadata() if self._call is not None else grpc.aio.Metadata()
 
     async def wait_for_connection(self) -> None:
-        await self._started
+        await self._until_started()
         if self._call is not None:
             await self._call.wait_for_connection()
 
@@ -476,7 +500,7 @@ class UnaryUnaryCall(_UnaryResponseCall, grpc.aio.UnaryUnaryCall):
             return e
         sc.inflight += 1
         self._call = call
-        self._started.set_result(None)
+        self._mark_started()
         return res, sc, call, _perf()
 
     def _first_done(self, call: Any) -> None:
@@ -698,7 +722,7 @@ class _StreamResponseCall(_Call):
 
     async def _final(self) -> None:
         # Wait for the current attempt to end; if a retry replaced it meanwhile, wait for that one.
-        await self._started
+        await self._until_started()
         while self._error is None and self._call is not None:
             call = self._call
             try:
