@@ -142,15 +142,19 @@ class _Call(abc.ABC):
             raise _aio_error(e) from None
         if st.tried:
             r = avoid_tried(r, st.tried, lambda: list(m._b._snap.subconns.values()), lambda: m._b.pick(info))
-        st.tried.add(r[1].address)
-        res, sc = r
-        md = st.metadata(self._metadata)
-        call = m._inner(sc)(request, timeout=st.timeout(), metadata=md, credentials=self._credentials,
-                            wait_for_ready=self._wfr, compression=self._compression)
+        return r[0], r[1], self._launch(r[1], request)
+
+    def _launch(self, sc: SubConn, request: Any) -> Any:
+        """Start an attempt on the picked backend ``sc``; returns its grpc.aio call."""
+        st = self._st
+        st.tried.add(sc.address)
+        call = self._m._inner(sc)(request, timeout=st.timeout(), metadata=st.metadata(self._metadata),
+                                  credentials=self._credentials, wait_for_ready=self._wfr,
+                                  compression=self._compression)
         sc.inflight += 1
         self._call = call
         self._mark_started()
-        return res, sc, call
+        return call
 
     def _mark_started(self) -> None:
         self._is_started = True
@@ -484,24 +488,17 @@ class UnaryUnaryCall(_UnaryResponseCall, grpc.aio.UnaryUnaryCall):
     def _start_now(self, request: Any) -> tuple[PickResult, SubConn, Any, float] | BaseException | None:
         """Start the first attempt now if a backend is ready: (pick result, subconn, call, start time), or the
         error starting it raised, or None when the pick has to wait."""
-        m, st = self._m, self._st
+        m = self._m
         try:
             r = m._b.pick(m._pick_info(self._metadata))
             if r is None:
                 return None
-            res, sc = r
-            st.tried.add(sc.address)
-            call = m._inner(sc)(request, timeout=st.timeout(), metadata=st.metadata(self._metadata),
-                                credentials=self._credentials, wait_for_ready=self._wfr,
-                                compression=self._compression)
+            call = self._launch(r[1], request)
         except (PickError, BalancerRpcError) as e:
             return _aio_error(e)
         except Exception as e:  # noqa: BLE001  # raised when the call is awaited, as the task path does
             return e
-        sc.inflight += 1
-        self._call = call
-        self._mark_started()
-        return res, sc, call, _perf()
+        return r[0], r[1], call, _perf()
 
     def _first_done(self, call: Any) -> None:
         """The first attempt ended (grpc.aio's done callback): report it, and retry in a task if the policy says."""
