@@ -1,6 +1,6 @@
 """The grpc.aio multicallables behind ``waypost.aio.dial``: one per method and call kind, holding what
 every call of that method shares (its method config, the per-backend grpc.aio multicallables, the
-outcome report), and making the call objects of ``aio_calls``."""
+outcome report), and making the call objects of ``aio_unary_calls`` and ``aio_stream_calls``."""
 
 from __future__ import annotations
 
@@ -11,7 +11,8 @@ import grpc
 import grpc.aio
 
 from ..retry import AsyncReplay, Replay, WriteReplay
-from .aio_calls import StreamStreamCall, StreamUnaryCall, UnaryStreamCall, UnaryUnaryCall
+from .aio_stream_calls import StreamStreamCall, UnaryStreamCall
+from .aio_unary_calls import StreamUnaryCall, UnaryUnaryCall
 from .method import MethodBase
 
 _perf = time.perf_counter

@@ -1,0 +1,291 @@
+"""The grpc.aio unary-response calls (unary_unary, stream_unary) of ``waypost.aio.dial``: a task runs the
+attempts, except a unary-unary call whose first attempt can start at once (see UnaryUnaryCall)."""
+
+from __future__ import annotations
+
+import asyncio
+import functools
+import logging
+from collections.abc import Callable
+from typing import TYPE_CHECKING, Any
+
+import grpc
+import grpc.aio
+
+from ..balancer.base import PickError, PickResult
+from .aio_calls import (
+    _CANCELLED,
+    _OK,
+    _UNKNOWN,
+    _aio_error,
+    _Call,
+    _perf,
+    _status_now,
+)
+from .rpcerror import BalancerRpcError
+from .subconn import SubConn
+
+if TYPE_CHECKING:
+    from .aio_methods import _Method
+
+log = logging.getLogger("waypost.aio")
+
+
+#: grpc.aio's own unary-unary call object (without interceptors): its done callbacks run before its awaiters wake
+_PLAIN_UNARY_UNARY = getattr(getattr(grpc.aio, "_call", None), "UnaryUnaryCall", None)
+
+
+def _call_back(callback: Callable[[Any], None], call: Any, _task: Any) -> None:
+    callback(call)
+
+
+def _locally_cancelled(call: Any) -> bool:
+    """The attempt was cancelled on this side (never retried, whatever the policy)."""
+    cy = getattr(call, "_cython_call", None)
+    if cy is not None and hasattr(cy, "is_locally_cancelled"):
+        return bool(cy.is_locally_cancelled())
+    return False
+
+
+class _UnaryResponseCall(_Call):
+    """unary_unary and stream_unary: a task runs the attempts; awaiting the call awaits it."""
+
+    def __init__(self, *args: Any, **kw: Any) -> None:
+        super().__init__(*args, **kw)
+        self._task = self._loop.create_task(self._run())
+
+    async def _run(self, started: tuple[PickResult, SubConn, Any, float] | BaseException | None = None,
+                   delay: float | None = None) -> Any:
+        """The attempts. ``started``: the first attempt, already started (or the error starting it raised);
+        ``delay``: the first attempt already failed and is to be retried after ``delay`` seconds."""
+        st, m = self._st, self._m
+        req = self._next_request()
+        first = delay is None
+        cancelled = False
+        try:
+            if delay:
+                await asyncio.sleep(delay)
+            while True:
+                if started is not None:
+                    if isinstance(started, BaseException):
+                        self._fail_start(started)
+                        raise started
+                    res, sc, call, t0 = started
+                    started = None
+                else:
+                    try:
+                        res, sc, call = await self._start_attempt(req)
+                    except BaseException as e:
+                        self._fail_start(e)
+                        raise
+                    t0 = _perf()
+                if self._replay is not None or self._writes is not None:
+                    call.add_done_callback(lambda c: self._note_status(c))
+                try:
+                    if not first and self._writes is not None:
+                        await self._writes.feed(self._current)  # replay; a failure shows when awaiting the call
+                    first = False
+                    resp = await call
+                except grpc.aio.AioRpcError as e:
+                    try:
+                        code, details = await self._settle(call, e.code(), e.details())
+                    except asyncio.CancelledError:
+                        m._finish(res, sc, t0, _CANCELLED)
+                        raise
+                    if code is not e.code():
+                        e = grpc.aio.AioRpcError(code, e.initial_metadata(), e.trailing_metadata(), details)
+                    m._finish(res, sc, t0, code)
+                    delay = self._decide(call, code, details)
+                    if delay is None:
+                        self._error = e
+                        raise e from None
+                    if delay:
+                        await asyncio.sleep(delay)
+                    if not self._replayable():  # the requests outgrew the buffer during the backoff
+                        self._error = e
+                        raise e from None
+                    req = self._next_request()
+                    continue
+                except asyncio.CancelledError:
+                    m._finish(res, sc, t0, _CANCELLED)
+                    call.cancel()
+                    raise
+                except BaseException:
+                    m._finish(res, sc, t0, _UNKNOWN)
+                    raise
+                m._finish(res, sc, t0, _OK)
+                st.succeeded()
+                return resp
+        except asyncio.CancelledError:
+            cancelled = True
+            raise
+        finally:
+            self._release_replay(cancelled)
+
+    def __await__(self) -> Any:
+        return self._task.__await__()
+
+    async def _retrying(self, call: Any) -> bool:
+        # The attempt task decides, from the attempt's real status: wait for it.
+        while True:
+            if self._error is not None or self._task.done():
+                return False
+            if call is not self._call:
+                return True  # the next attempt started: it gets the recorded message in its replay
+            d = self._decided
+            if d is not None and d[0] is call:
+                return d[1] is not None
+            w = self._change()
+            await asyncio.wait((self._task, w), return_when=asyncio.FIRST_COMPLETED)
+            w.cancel()
+
+    async def _final(self) -> None:
+        try:
+            await asyncio.shield(self._task)
+        except asyncio.CancelledError:
+            if not self._task.cancelled():
+                raise
+        except Exception:  # noqa: BLE001, S110  # the outcome is read from _error / the call
+            pass
+
+    async def code(self) -> grpc.StatusCode:
+        await self._final()
+        if self._task.cancelled():
+            return _CANCELLED
+        return await super().code()
+
+    def cancel(self) -> bool:
+        if self._task.done():
+            return False
+        if self._call is not None:
+            self._call.cancel()
+        return self._task.cancel()
+
+    def cancelled(self) -> bool:
+        return self._task.cancelled()
+
+    def done(self) -> bool:
+        return self._task.done()
+
+    def add_done_callback(self, callback: Callable[[Any], None]) -> None:
+        self._task.add_done_callback(lambda _t: callback(self))
+
+
+class UnaryUnaryCall(_UnaryResponseCall, grpc.aio.UnaryUnaryCall):
+    """unary_unary. When a backend is ready at once (the usual case), the first attempt starts right here, as
+    grpc.aio's own call does, and without interceptors it runs with no task of ours: awaiting the call awaits
+    grpc.aio's call, and its end is handled in that call's done callback, which grpc.aio runs before anyone
+    awaiting the call wakes up. Only a retry (or a pick that has to wait) runs in a task."""
+
+    def __init__(self, m: _Method, request: Any, timeout: float | None, metadata: Any, credentials: Any,
+                 wait_for_ready: bool | None, compression: Any) -> None:
+        _Call.__init__(self, m, request, timeout, metadata, credentials, wait_for_ready, compression)
+        # True while the first attempt runs without a task of ours (then ``_first`` is its grpc.aio call, and
+        # ``_task`` is set only if it is retried)
+        self._fast = False
+        self._first: Any = None
+        self._attempt: tuple[PickResult, SubConn, Any, float] | None = None
+        self._user_cancelled = False
+        started = self._start_now(request)
+        if isinstance(started, tuple) and type(started[2]) is _PLAIN_UNARY_UNARY:
+            self._fast = True
+            self._attempt = started
+            self._first = started[2]
+            self._first.add_done_callback(self._first_done)
+        else:  # a pick that waits, an error to raise when awaited, or interceptors: the task path
+            self._task = self._loop.create_task(self._run(started))
+
+    def _start_now(self, request: Any) -> tuple[PickResult, SubConn, Any, float] | BaseException | None:
+        """Start the first attempt now if a backend is ready: (pick result, subconn, call, start time), or the
+        error starting it raised, or None when the pick has to wait."""
+        m = self._m
+        try:
+            r = m._b.pick(m._pick_info(self._metadata))
+            if r is None:
+                return None
+            call = self._launch(r[1], request)
+        except (PickError, BalancerRpcError) as e:
+            return _aio_error(e)
+        except Exception as e:  # noqa: BLE001  # raised when the call is awaited, as the task path does
+            return e
+        return r[0], r[1], call, _perf()
+
+    def _first_done(self, call: Any) -> None:
+        """The first attempt ended (grpc.aio's done callback): report it, and retry in a task if the policy says."""
+        try:
+            self._end_first(call)
+        except Exception:  # runs inside grpc.aio's status handling: nothing may escape into it
+            log.exception("waypost: handling the end of %r failed", call)
+
+    def _end_first(self, call: Any) -> None:
+        assert self._attempt is not None
+        res, sc, _call, t0 = self._attempt
+        status = _status_now(call)
+        code, details = status if status is not None else (_UNKNOWN, "")
+        self._m._finish(res, sc, t0, code)
+        if code is _OK:
+            self._st.succeeded()
+        elif not (self._user_cancelled or _locally_cancelled(call)):
+            delay = self._decide(call, code, details)
+            if delay is not None:
+                task = self._task = self._loop.create_task(self._run(delay=delay))
+                self._fast = False
+                for cb in self._callbacks:
+                    task.add_done_callback(functools.partial(_call_back, cb, self))
+                self._callbacks.clear()
+                return
+        callbacks, self._callbacks = self._callbacks, []
+        for cb in callbacks:
+            try:
+                cb(self)
+            except Exception:  # as grpc.aio: a failing callback does not stop the others
+                log.exception("done callback of %r failed", self)
+
+    def __await__(self) -> Any:
+        if self._fast:
+            try:
+                return (yield from self._first.__await__())
+            except grpc.aio.AioRpcError:
+                if self._fast:  # not retried (decided before this awaiter woke up)
+                    raise
+        return (yield from self._task.__await__())
+
+    async def _final(self) -> None:
+        if self._fast:
+            await self._first.code()  # the first attempt's status (its done callback has run then)
+            if self._fast:
+                return
+        await super()._final()
+
+    async def code(self) -> grpc.StatusCode:
+        if self._fast:
+            await self._final()
+        if self._fast:
+            return await self._first.code()  # type: ignore[no-any-return]
+        return await super().code()
+
+    def cancel(self) -> bool:
+        if self.done():
+            return False
+        self._user_cancelled = True
+        if self._fast:
+            return bool(self._first.cancel())
+        return super().cancel()
+
+    def cancelled(self) -> bool:
+        return self._first.cancelled() if self._fast else self._task.cancelled()  # type: ignore[no-any-return]
+
+    def done(self) -> bool:
+        return self._first.done() if self._fast else self._task.done()  # type: ignore[no-any-return]
+
+    def add_done_callback(self, callback: Callable[[Any], None]) -> None:
+        if not self._fast:
+            super().add_done_callback(callback)
+        elif self._first.done():
+            callback(self)
+        else:
+            self._callbacks.append(callback)
+
+
+class StreamUnaryCall(_UnaryResponseCall, grpc.aio.StreamUnaryCall):
+    pass
