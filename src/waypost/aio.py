@@ -5,8 +5,9 @@ the READY ones, outcomes reported per attempt, retries on another backend. Every
 loop the channel is used from: resolver updates from other threads are handed to it, connectivity is
 polled by one task per channel (``get_state`` is a cheap non-blocking call), health watches are tasks.
 
-Outcomes are reported by our own awaiting wrapper in ``waypost.client.aio_calls`` (``call.code()`` is a
-coroutine in grpc.aio, and interceptors wrap call objects), so they work with and without interceptors.
+Outcomes are reported by our own call objects (``waypost.client.aio_unary_calls`` and ``aio_stream_calls``:
+``call.code()`` is a coroutine in grpc.aio, and interceptors wrap call objects), so they work with and
+without interceptors.
 A unary-unary call whose backend is ready at once (the usual case) costs no task of ours: its first
 attempt starts in the call's constructor and its end is handled in grpc.aio's done callback; a retry, a
 pick that has to wait, or interceptors take the task path.
