@@ -9,6 +9,8 @@ import sys
 import time
 from pathlib import Path
 
+from waypost.etcd.local import _wait_stopped
+
 ROOT = Path(__file__).resolve().parents[2]
 
 
@@ -48,7 +50,9 @@ class EchoProcess:
         self.proc.wait(10)
 
     def pause(self) -> None:
+        """SIGSTOP, returning once the process is stopped (delivery is asynchronous)."""
         self.proc.send_signal(signal.SIGSTOP)
+        _wait_stopped(self.proc.pid, 5.0)
 
     def resume(self) -> None:
         if self.proc.poll() is None:

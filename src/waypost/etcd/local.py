@@ -198,9 +198,13 @@ class EtcdMember:
         if self.proc is not None and self.proc.poll() is None:
             self.proc.send_signal(sig)
 
-    def pause(self) -> None:
-        """Freeze the process (SIGSTOP): it keeps its sockets but answers nothing."""
+    def pause(self, timeout: float = 5.0) -> None:
+        """Freeze the process (SIGSTOP): it keeps its sockets but answers nothing. Returns once every
+        thread is stopped (a signal is delivered asynchronously: on a loaded machine a thread may
+        still answer a request sent right after the kill)."""
         self.signal(signal.SIGSTOP)
+        if self.proc is not None:
+            _wait_stopped(self.proc.pid, timeout)
 
     def resume(self) -> None:
         """Thaw a frozen process (SIGCONT)."""
@@ -344,3 +348,21 @@ class LocalEtcd:
             if m.client_url == url:
                 return m
         raise WaypostError(f"leader {leader_id} not among the members")
+
+
+def _wait_stopped(pid: int, timeout: float) -> bool:
+    """Wait until every thread of ``pid`` is stopped (state T in /proc); False if that cannot be seen
+    (no /proc, the process is gone) or not within ``timeout``."""
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        try:
+            states = []
+            for tid in os.listdir(f"/proc/{pid}/task"):
+                with open(f"/proc/{pid}/task/{tid}/stat", "rb") as f:
+                    states.append(f.read().rsplit(b")", 1)[1].split()[0])
+        except OSError:
+            return False
+        if states and all(st in (b"T", b"t") for st in states):
+            return True
+        time.sleep(0.002)
+    return False
