@@ -18,7 +18,7 @@ from typing import Any
 import grpc
 
 from . import metrics as _metrics
-from .balancer.base import Outcome, PickError, PickInfo, PickResult
+from .balancer.base import Outcome, PickError, PickInfo, PickResult, _noop_done
 from .balancer.hashkey import current_hash_key
 from .client.config import ChannelConfig, build_config
 from .client.core import Balancer, attach_resolver
@@ -187,7 +187,8 @@ class _UnaryRequestMethod(_Method):
             raise
         sc.inflight -= 1
         latency = _perf() - t0
-        res.done(Outcome(_OK, latency))
+        if res.done is not _noop_done:  # see MethodBase._finish
+            res.done(Outcome(_OK, latency))
         obs = _metrics.current
         if obs is not None:
             obs.call_done(self._b.target, sc.address, _OK, latency)

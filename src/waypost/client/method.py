@@ -10,7 +10,7 @@ from typing import Any
 import grpc
 
 from .. import metrics as _metrics
-from ..balancer.base import Outcome, PickInfo, PickResult
+from ..balancer.base import Outcome, PickInfo, PickResult, _noop_done
 from ..balancer.hashkey import current_hash_key
 from .subconn import SubConn
 
@@ -61,7 +61,9 @@ class MethodBase:
         on UNAVAILABLE: it re-checks that backend's connection)."""
         sc.inflight -= 1
         latency = _perf() - t0
-        res.done(Outcome(code, latency))
+        done = res.done
+        if done is not _noop_done:  # most pickers keep no per-call state: no Outcome to build for them
+            done(Outcome(code, latency))
         obs = _metrics.current
         if obs is not None:
             obs.call_done(self._b.target, sc.address, code, latency)
