@@ -17,8 +17,7 @@ from typing import Any
 
 import grpc
 
-from . import metrics as _metrics
-from .balancer.base import Outcome, PickError, PickInfo, PickResult, _noop_done
+from .balancer.base import PickError, PickInfo, PickResult
 from .balancer.hashkey import current_hash_key
 from .client.config import ChannelConfig, build_config
 from .client.core import Balancer, attach_resolver
@@ -185,13 +184,7 @@ class _UnaryRequestMethod(_Method):
         except BaseException:
             self._finish(res, sc, t0, _UNKNOWN)
             raise
-        sc.inflight -= 1
-        latency = _perf() - t0
-        if res.done is not _noop_done:  # see MethodBase._finish
-            res.done(Outcome(_OK, latency))
-        obs = _metrics.current
-        if obs is not None:
-            obs.call_done(self._b.target, sc.address, _OK, latency)
+        self._finish(res, sc, t0, _OK)
         return out
 
     def _attempts(self, st: RetryState, request: Any, metadata: Any, credentials: Any, wfr: bool | None,
