@@ -38,8 +38,9 @@ from typing import Any
 
 import grpc
 
-from waypost.balancer.base import Backend, Outcome, PickInfo
+from waypost.balancer.base import Outcome, PickInfo
 from waypost.balancer.policies import get_policy
+from waypost.types import Backend
 
 POLICIES = ["round_robin", "random", "weighted_round_robin", "least_request", "p2c_ewma", "oracle"]
 DEADLINE = 1.0  # seconds: the client's per-call deadline

@@ -21,7 +21,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 import waypost
 from tests.backends import echo_pb2, echo_pb2_grpc
 from tests.backends.helpers import direct, echo_servers
-from waypost.balancer.base import Backend
+from waypost.types import Backend
 
 
 def main() -> int:

@@ -184,7 +184,7 @@ def test_address_updates_keep_channels_of_backends_that_stay():
 
 
 def test_flapping_address_gets_its_channel_back_and_no_call_fails():
-    from waypost.balancer.base import Backend
+    from waypost.types import Backend
 
     with echo_servers("a", "b") as (a, b), waypost.dial(direct([a, b]), balancer="round_robin") as ch:
         stub = echo_pb2_grpc.EchoStub(ch)

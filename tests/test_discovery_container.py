@@ -2,10 +2,10 @@
 
 from __future__ import annotations
 
-from waypost.balancer.base import Backend
 from waypost.discovery.container import Container
 from waypost.discovery.subscriber import diff
 from waypost.registry.formats import Entry
+from waypost.types import Backend
 
 
 def add(c: Container, key: str, addr: str, **md) -> bool:

@@ -11,11 +11,12 @@ import grpc
 import mmh3
 import pytest
 
-from waypost.balancer.base import Backend, PickError, PickInfo
+from waypost.balancer.base import PickError, PickInfo
 from waypost.balancer.consistent_hash import MISSING_KEY_MESSAGE, REPLICAS, HashRing, hash64
 from waypost.balancer.hashkey import current_hash_key, hash_key, key_bytes, normalize_hash_key
 from waypost.balancer.policies import get_policy
 from waypost.errors import InvalidServiceConfig
+from waypost.types import Backend
 
 ADDRS = [f"10.0.0.{i}:8080" for i in range(1, 6)]
 

@@ -7,9 +7,10 @@ from collections import Counter
 
 import pytest
 
-from waypost.balancer.base import Backend, Outcome, PickInfo
+from waypost.balancer.base import Outcome, PickInfo
 from waypost.balancer.policies import get_policy
 from waypost.errors import InvalidServiceConfig
+from waypost.types import Backend
 
 
 def bs(*addrs: str) -> list[Backend]:

@@ -8,10 +8,11 @@ from collections import Counter
 import grpc
 import pytest
 
-from waypost.balancer.base import Backend, Outcome, PickInfo
+from waypost.balancer.base import Outcome, PickInfo
 from waypost.balancer.outlier_detection import OutlierConfig, parse_duration
 from waypost.balancer.policies import get_policy
 from waypost.errors import InvalidServiceConfig, NoBackendAvailable
+from waypost.types import Backend
 
 ADDRS = [f"b{i}" for i in range(5)]
 FAIL = Outcome(grpc.StatusCode.UNAVAILABLE, 0.001)

@@ -12,8 +12,9 @@ import grpc
 import pytest
 
 from waypost.balancer import p2c_ewma
-from waypost.balancer.base import Backend, Outcome, PickInfo
+from waypost.balancer.base import Outcome, PickInfo
 from waypost.balancer.policies import get_policy
+from waypost.types import Backend
 
 OK = grpc.StatusCode.OK
 DEADLINE = grpc.StatusCode.DEADLINE_EXCEEDED

@@ -8,9 +8,10 @@ from collections import Counter
 
 import pytest
 
-from waypost.balancer.base import Backend, Outcome, PickInfo
+from waypost.balancer.base import Outcome, PickInfo
 from waypost.balancer.policies import POLICIES, get_policy, known_policies, register_policy
 from waypost.errors import InvalidServiceConfig, NoBackendAvailable
+from waypost.types import Backend
 
 ALL = [
     "consistent_hash",

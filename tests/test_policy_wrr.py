@@ -9,10 +9,11 @@ from collections import Counter
 import grpc
 import pytest
 
-from waypost.balancer.base import Backend, Outcome, PickInfo
+from waypost.balancer.base import Outcome, PickInfo
 from waypost.balancer.policies import get_policy
 from waypost.balancer.weighted_round_robin import DEFAULT_WEIGHT, parse_weight
 from waypost.errors import NoBackendAvailable
+from waypost.types import Backend
 
 FAIL = Outcome(grpc.StatusCode.UNAVAILABLE, 0.01)
 OK = Outcome(grpc.StatusCode.OK, 0.01)

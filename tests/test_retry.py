@@ -7,9 +7,10 @@ import threading
 
 import grpc
 
-from waypost.balancer.base import Backend, Outcome, PickResult
+from waypost.balancer.base import Outcome, PickResult
 from waypost.balancer.service_config import RetryPolicy, RetryThrottle, RetryThrottling
 from waypost.retry import PREVIOUS_ATTEMPTS, Replay, RetryState, avoid_tried, never_sent
+from waypost.types import Backend
 
 U = grpc.StatusCode.UNAVAILABLE
 POLICY = RetryPolicy(max_attempts=3, initial_backoff=0.1, max_backoff=1.0, backoff_multiplier=2.0,

@@ -6,8 +6,8 @@ import collections
 
 import pytest
 
-from waypost.balancer.base import Backend
 from waypost.resolver.subset import DEFAULT_SUBSET_SIZE, Subsetter, deterministic_subset
+from waypost.types import Backend
 
 
 def _backends(n: int, start: int = 0) -> list[Backend]:

@@ -31,7 +31,7 @@ _LAZY = {
     "hash_key": ("waypost.balancer.hashkey", "hash_key"),
     "parse_service_config": ("waypost.balancer.service_config", "parse_service_config"),
     "parse_target": ("waypost.resolver.target", "parse_target"),
-    "Backend": ("waypost.balancer.base", "Backend"),
+    "Backend": ("waypost.types", "Backend"),
 }
 
 

@@ -10,9 +10,10 @@ from contextlib import contextmanager
 from typing import Any
 
 import pytest
-from waypost.balancer.base import Backend, Outcome, Picker, PickInfo, PickResult, Policy
+from waypost.balancer.base import Outcome, Picker, PickInfo, PickResult, Policy
 from waypost.balancer.policies import POLICIES, register_policy
 from waypost.errors import NoBackendAvailable
+from waypost.types import Backend
 
 from .server import EchoServer
 

@@ -13,29 +13,14 @@ import abc
 import random
 import time
 from collections.abc import Callable, Mapping, Sequence
-from dataclasses import dataclass, field
-from types import MappingProxyType
+from dataclasses import dataclass
 from typing import Any, ClassVar
 
 import grpc
 
+from ..types import Backend
+
 Clock = Callable[[], float]  # monotonic seconds
-
-
-@dataclass(frozen=True, slots=True)
-class Backend:
-    """One backend address as the resolver produced it, with its registration metadata."""
-
-    address: str
-    metadata: Mapping[str, Any] = field(default_factory=lambda: MappingProxyType({}))
-
-    def __hash__(self) -> int:
-        return hash(self.address)
-
-    def __eq__(self, other: object) -> bool:
-        return isinstance(other, Backend) and other.address == self.address and dict(
-            other.metadata
-        ) == dict(self.metadata)
 
 
 @dataclass(frozen=True, slots=True)

@@ -24,7 +24,8 @@ import grpc
 import mmh3
 
 from ..errors import InvalidServiceConfig, NoBackendAvailable
-from .base import Backend, Picker, PickError, PickInfo, PickResult, Policy, parse_config_object
+from ..types import Backend
+from .base import Picker, PickError, PickInfo, PickResult, Policy, parse_config_object
 from .hashkey import key_bytes
 from .stats import dedupe
 

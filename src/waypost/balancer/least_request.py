@@ -16,7 +16,8 @@ from collections.abc import Sequence
 from typing import Any
 
 from ..errors import InvalidServiceConfig, NoBackendAvailable
-from .base import Backend, DoneHook, Outcome, Picker, PickInfo, PickResult, Policy, parse_config_object
+from ..types import Backend
+from .base import DoneHook, Outcome, Picker, PickInfo, PickResult, Policy, parse_config_object
 from .stats import StatsTable, dedupe
 
 DEFAULT_CHOICE_COUNT = 2

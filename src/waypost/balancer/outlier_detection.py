@@ -42,7 +42,8 @@ from typing import Any
 
 from .. import metrics as _metrics
 from ..errors import InvalidServiceConfig, NoBackendAvailable
-from .base import Backend, Outcome, Picker, PickInfo, PickResult, Policy, parse_config_object
+from ..types import Backend
+from .base import Outcome, Picker, PickInfo, PickResult, Policy, parse_config_object
 from .stats import StatsTable, dedupe, is_failure
 
 log = logging.getLogger("waypost.balancer.outlier")

@@ -17,7 +17,8 @@ from collections.abc import Sequence
 from typing import Any
 
 from ..errors import InvalidServiceConfig, NoBackendAvailable
-from .base import Backend, Picker, PickInfo, PickResult, Policy, parse_config_object
+from ..types import Backend
+from .base import Picker, PickInfo, PickResult, Policy, parse_config_object
 from .stats import StatsTable, dedupe
 
 

@@ -10,7 +10,8 @@ import random
 from collections.abc import Sequence
 
 from ..errors import NoBackendAvailable
-from .base import Backend, Picker, PickInfo, PickResult, Policy
+from ..types import Backend
+from .base import Picker, PickInfo, PickResult, Policy
 from .stats import dedupe
 
 

@@ -11,7 +11,8 @@ import itertools
 from collections.abc import Sequence
 
 from ..errors import NoBackendAvailable
-from .base import Backend, Picker, PickInfo, PickResult, Policy
+from ..types import Backend
+from .base import Picker, PickInfo, PickResult, Policy
 from .stats import dedupe
 
 

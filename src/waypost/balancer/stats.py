@@ -13,7 +13,7 @@ from typing import Generic, TypeVar
 
 import grpc
 
-from .base import Backend
+from ..types import Backend
 
 #: Status codes that say the backend (not the request) is in trouble; go-zero's codes.Acceptable is
 #: false exactly for these. Every other code, OK included, counts as a success for load statistics.

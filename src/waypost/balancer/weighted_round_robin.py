@@ -29,7 +29,8 @@ from collections.abc import Mapping, Sequence
 from typing import Any
 
 from ..errors import NoBackendAvailable
-from .base import Backend, DoneHook, Outcome, Picker, PickInfo, PickResult, Policy
+from ..types import Backend
+from .base import DoneHook, Outcome, Picker, PickInfo, PickResult, Policy
 from .stats import StatsTable, dedupe, is_failure
 
 log = logging.getLogger("waypost.balancer.wrr")

@@ -17,8 +17,9 @@ from typing import Any
 import grpc
 
 from .. import metrics as _metrics
-from ..balancer.base import Backend, Picker, PickInfo, PickResult, Policy
+from ..balancer.base import Picker, PickInfo, PickResult, Policy
 from ..errors import NoBackendAvailable
+from ..types import Backend
 from .rpcerror import BalancerRpcError
 from .subconn import READY, SHUTDOWN, TRANSIENT_FAILURE, SubConn
 

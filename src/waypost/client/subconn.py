@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from ..balancer.base import Backend
+from ..types import Backend
 
 IDLE, CONNECTING, READY, TRANSIENT_FAILURE, SHUTDOWN = range(5)
 STATE_NAMES = ("IDLE", "CONNECTING", "READY", "TRANSIENT_FAILURE", "SHUTDOWN")

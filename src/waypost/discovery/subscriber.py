@@ -11,9 +11,9 @@ import logging
 from collections.abc import Callable
 
 from .. import _loop
-from ..balancer.base import Backend
 from ..registry.base import Registry
 from ..registry.formats import WireFormat, get_format
+from ..types import Backend
 from .container import Container, Listener
 from .group import _acquire, _Group, _release, active_subscriptions, cool_down, diff
 
@@ -105,7 +105,7 @@ class Subscriber:
         return list(self._container.values())
 
     def backends(self) -> tuple[Backend, ...]:
-        """The current addresses with their metadata, as ``waypost.balancer.base.Backend``."""
+        """The current addresses with their metadata, as ``waypost.types.Backend``."""
         return self._container.backends()
 
     @property

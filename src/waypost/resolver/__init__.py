@@ -10,8 +10,8 @@ from __future__ import annotations
 from collections.abc import Callable, Sequence
 from typing import Protocol
 
-from ..balancer.base import Backend
 from ..errors import InvalidTarget
+from ..types import Backend
 from .direct import DirectResolver
 from .dns import DnsResolver
 from .registry_resolver import RegistryResolver

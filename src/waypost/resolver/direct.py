@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from collections.abc import Callable, Sequence
 
-from ..balancer.base import Backend
+from ..types import Backend
 from .target import Target
 
 

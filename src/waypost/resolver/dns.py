@@ -25,8 +25,8 @@ from dataclasses import dataclass
 from typing import Any
 
 from .. import _loop
-from ..balancer.base import Backend
 from ..errors import InvalidTarget
+from ..types import Backend
 from .subset import Subsetter
 from .target import Target
 

@@ -13,7 +13,7 @@ from collections.abc import Callable, Sequence
 from typing import Any
 
 from .. import _loop
-from ..balancer.base import Backend
+from ..types import Backend
 from .subset import Subsetter
 from .target import Target
 

@@ -19,7 +19,7 @@ from collections.abc import Sequence
 
 import mmh3
 
-from ..balancer.base import Backend
+from ..types import Backend
 
 DEFAULT_SUBSET_SIZE = 32
 

@@ -1,0 +1,28 @@
+"""Value types shared across layers: what resolvers and discovery produce and what the client reads.
+
+This module sits at the bottom of waypost's layers (it imports nothing from waypost), so a resolver
+or a registry subscriber can build ``Backend`` values without depending on the load balancer.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from types import MappingProxyType
+from typing import Any
+
+
+@dataclass(frozen=True, slots=True)
+class Backend:
+    """One backend address as the resolver produced it, with its registration metadata."""
+
+    address: str
+    metadata: Mapping[str, Any] = field(default_factory=lambda: MappingProxyType({}))
+
+    def __hash__(self) -> int:
+        return hash(self.address)
+
+    def __eq__(self, other: object) -> bool:
+        return isinstance(other, Backend) and other.address == self.address and dict(
+            other.metadata
+        ) == dict(self.metadata)
