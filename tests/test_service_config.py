@@ -112,7 +112,7 @@ def test_nested_child_policy_is_passed_as_plain_json():
 
 
 def test_skipped_unknown_policies_are_logged(caplog):
-    with caplog.at_level("WARNING", logger="waypost.balancer.service_config"):
+    with caplog.at_level("WARNING", logger="waypost.balancer.catalog"):
         parse_service_config({"loadBalancingConfig": [{"round_robn": {}}, {"pick_first": {}}]})
     assert "round_robn" in caplog.text
 

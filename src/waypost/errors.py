@@ -5,6 +5,9 @@ Every error a user can cause carries a message that names what was wrong.
 
 from __future__ import annotations
 
+import difflib
+from collections.abc import Iterable
+
 
 class WaypostError(Exception):
     """Base class of every waypost error."""
@@ -44,3 +47,32 @@ class InvalidServiceConfig(WaypostError, ValueError):
 
 class NoBackendAvailable(WaypostError):
     """No backend can take a call."""
+
+
+# Helpers that word the messages of the errors above, shared by every parser of user input (service
+# configs, durations, targets) so that the same mistake reads the same way everywhere.
+
+
+def describe_value(value: object) -> str:
+    """A short description of a JSON-like value for an error message (never the whole value)."""
+    if value is None:
+        return "null"
+    if isinstance(value, bool):
+        return "true" if value else "false"
+    if isinstance(value, (int, float)):
+        text = repr(value)
+        return text if len(text) <= 40 else text[:37] + "..."
+    if isinstance(value, str):
+        text = repr(value)
+        return f"string {text}" if len(text) <= 60 else f"string {text[:57]}..."
+    if isinstance(value, (list, tuple)):
+        return "a list"
+    if isinstance(value, dict):
+        return "an object"
+    return type(value).__name__
+
+
+def did_you_mean(name: str, choices: Iterable[str]) -> str:
+    """`` (did you mean 'x'?)`` for the closest of ``choices`` to a misspelt ``name``, else ""."""
+    close = difflib.get_close_matches(name, list(choices), n=1, cutoff=0.7)
+    return f" (did you mean {close[0]!r}?)" if close else ""

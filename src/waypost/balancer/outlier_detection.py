@@ -1,7 +1,8 @@
 """outlier_detection: eject backends whose calls fail much more than the others' (gRPC A50).
 
-Wraps any child policy (``childPolicy``, a ``loadBalancingConfig`` list: the first policy waypost
-knows is used). Every call's outcome is counted per address; each ``interval`` the policy runs A50's
+Wraps any child policy (``childPolicy``, a ``loadBalancingConfig`` list read like the service config's:
+the first policy waypost knows is used). The child is looked up in ``catalog``, not ``policies``, which
+imports this module. Every call's outcome is counted per address; each ``interval`` the policy runs A50's
 two algorithms over the counts of the interval that just ended:
 
 - success rate (``successRateEjection``): among addresses with at least ``requestVolume`` calls, when
@@ -44,6 +45,7 @@ from .. import metrics as _metrics
 from ..errors import InvalidServiceConfig, NoBackendAvailable
 from ..types import Backend
 from .base import Outcome, Picker, PickInfo, PickResult, Policy, parse_config_object
+from .catalog import get_policy, parse_lb_config_list
 from .stats import StatsTable, dedupe, is_failure
 
 log = logging.getLogger("waypost.balancer.outlier")
@@ -99,22 +101,6 @@ def _sub(raw: Any, path: str, defaults: Mapping[str, int], pct_fields: set[str])
     return out
 
 
-def parse_child_policy(raw: Any, path: str) -> tuple[str, dict[str, Any]]:
-    """The first known policy of a ``loadBalancingConfig`` list, validated: (name, config)."""
-    from .policies import POLICIES, known_policies
-
-    if not isinstance(raw, list) or not raw:
-        raise InvalidServiceConfig(f"{path}: expected a non-empty list of {{policy: config}} objects")
-    for i, entry in enumerate(raw):
-        if not isinstance(entry, Mapping) or len(entry) != 1:
-            raise InvalidServiceConfig(f"{path}[{i}]: expected an object with exactly one policy name")
-        (name, cfg), = entry.items()
-        if name in POLICIES:
-            return name, POLICIES[name].parse_config(cfg, f"{path}[{i}].{name}")
-    names = [next(iter(e)) for e in raw]
-    raise InvalidServiceConfig(f"{path}: no known policy in {names}; known policies: {', '.join(known_policies())}")
-
-
 @dataclass(frozen=True)
 class OutlierConfig:
     interval: float
@@ -136,7 +122,7 @@ class OutlierConfig:
         interval = parse_duration(cfg.get("interval", DEFAULTS["interval"]), f"{path}.interval")
         if interval <= 0:
             raise InvalidServiceConfig(f"{path}.interval: must be positive, got {cfg.get('interval')!r}")
-        child_name, child_config = parse_child_policy(cfg.get("childPolicy", DEFAULT_CHILD), f"{path}.childPolicy")
+        child = parse_lb_config_list(cfg.get("childPolicy", DEFAULT_CHILD), f"{path}.childPolicy")
         return cls(
             interval=interval,
             base_ejection_time=parse_duration(
@@ -156,8 +142,8 @@ class OutlierConfig:
                 cfg.get("failurePercentageEjection"), f"{path}.failurePercentageEjection", FAILURE_PERCENT_DEFAULTS,
                 {"enforcementPercentage", "threshold"},
             ),
-            child_name=child_name,
-            child_config=child_config,
+            child_name=child.name,
+            child_config=child.config,
         )
 
 
@@ -197,8 +183,6 @@ class OutlierDetectionPolicy(Policy):
 
     def __init__(self, config: Any = None, **kwargs: Any) -> None:
         super().__init__(config, **kwargs)
-        from .policies import get_policy
-
         self.settings = OutlierConfig.parse(self.config, "outlier_detection")
         self.child = get_policy(self.settings.child_name)(self.settings.child_config, clock=self.clock, rng=self.rng)
         self._lock = threading.Lock()

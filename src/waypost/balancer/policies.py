@@ -1,52 +1,35 @@
-"""The registry of load-balancing policy names -> Policy classes.
+"""The built-in load-balancing policies, registered by name in ``catalog`` when this module is imported.
 
-Importing this module registers every built-in policy.
+Import the catalog functions from here (``get_policy``, ``known_policies``, ``register_policy``,
+``POLICIES``, ``parse_lb_config_list``): doing so guarantees the built-ins are registered. The
+policy modules themselves import only ``base``/``catalog``/``stats``, never this module, so the
+imports run one way.
 """
 
 from __future__ import annotations
 
-from .base import Policy
+from .catalog import POLICIES, get_policy, known_policies, parse_lb_config_list, register_policy
+from .consistent_hash import ConsistentHashPolicy
+from .least_request import LeastRequestPolicy
+from .outlier_detection import OutlierDetectionPolicy
+from .p2c_ewma import P2CEwmaPolicy
+from .pick_first import PickFirstPolicy
+from .random_pick import RandomPolicy
+from .round_robin import RoundRobinPolicy
+from .weighted_round_robin import WeightedRoundRobinPolicy
 
-POLICIES: dict[str, type[Policy]] = {}
+__all__ = ["BUILTIN_POLICIES", "POLICIES", "get_policy", "known_policies", "parse_lb_config_list", "register_policy"]
 
+BUILTIN_POLICIES = (
+    PickFirstPolicy,
+    RoundRobinPolicy,
+    RandomPolicy,
+    WeightedRoundRobinPolicy,
+    P2CEwmaPolicy,
+    LeastRequestPolicy,
+    ConsistentHashPolicy,
+    OutlierDetectionPolicy,
+)
 
-def register_policy(cls: type[Policy]) -> type[Policy]:
-    """Class decorator: make a policy available by its ``name`` in service configs."""
-    POLICIES[cls.name] = cls
-    return cls
-
-
-def known_policies() -> list[str]:
-    return sorted(POLICIES)
-
-
-def get_policy(name: str) -> type[Policy]:
-    """The Policy class for ``name``; KeyError when unknown."""
-    return POLICIES[name]
-
-
-def _register_builtins() -> None:
-    # The policy modules import only .base, so there is no import cycle with this module.
-    from .consistent_hash import ConsistentHashPolicy
-    from .least_request import LeastRequestPolicy
-    from .outlier_detection import OutlierDetectionPolicy
-    from .p2c_ewma import P2CEwmaPolicy
-    from .pick_first import PickFirstPolicy
-    from .random_pick import RandomPolicy
-    from .round_robin import RoundRobinPolicy
-    from .weighted_round_robin import WeightedRoundRobinPolicy
-
-    for cls in (
-        PickFirstPolicy,
-        RoundRobinPolicy,
-        RandomPolicy,
-        WeightedRoundRobinPolicy,
-        P2CEwmaPolicy,
-        LeastRequestPolicy,
-        ConsistentHashPolicy,
-        OutlierDetectionPolicy,
-    ):
-        register_policy(cls)
-
-
-_register_builtins()
+for _cls in BUILTIN_POLICIES:
+    register_policy(_cls)

@@ -30,8 +30,9 @@ from typing import Any, NoReturn, Protocol
 import grpc
 
 from ..errors import InvalidServiceConfig
+from .catalog import PolicyChoice, known_policies_text, parse_lb_config_list, parse_policy_config
 from .durations import DurationError, parse_positive_duration
-from .policies import POLICIES, known_policies
+from .policies import POLICIES
 from .retry_throttle import RetryThrottle  # re-exported: the per-channel state of a RetryThrottling
 
 log = logging.getLogger("waypost.balancer.service_config")
@@ -208,53 +209,31 @@ def parse_service_config(
 
 def _parse_lb(doc: dict[str, Any], balancer: str | None) -> tuple[str, dict[str, Any]]:
     """(policy name, validated policy config) from the config and the ``balancer`` shortcut."""
-    chosen: tuple[str, dict[str, Any], str] | None = None  # name, config, where it came from
+    chosen: PolicyChoice | None = None
     if "loadBalancingConfig" in doc:
-        chosen = _parse_lb_config_list(doc["loadBalancingConfig"])
+        chosen = parse_lb_config_list(doc["loadBalancingConfig"], "loadBalancingConfig")
     if "loadBalancingPolicy" in doc:
         # Validated even when loadBalancingConfig wins: a typo must never be silent.
         legacy = _policy_name(doc["loadBalancingPolicy"], "loadBalancingPolicy")
         if chosen is None:
-            config = _policy_config(legacy, None, "loadBalancingPolicy")
-            chosen = (legacy, config, "loadBalancingPolicy")
+            config = parse_policy_config(legacy, None, "loadBalancingPolicy")
+            chosen = PolicyChoice(legacy, config, "loadBalancingPolicy")
     if balancer is not None:
         wanted = _policy_name(balancer, "balancer")
         if chosen is None:
-            return wanted, _policy_config(wanted, None, "balancer")
-        if chosen[0] != wanted:
+            return wanted, parse_policy_config(wanted, None, "balancer")
+        if chosen.name != wanted:
             _fail(
                 "balancer",
-                f"balancer={wanted!r} disagrees with the service config's {chosen[2]} policy {chosen[0]!r}; "
+                f"balancer={wanted!r} disagrees with the service config's {chosen.path} policy {chosen.name!r}; "
                 "name the policy in one place or make them agree",
             )
     if chosen is None:
         if DEFAULT_POLICY not in POLICIES:
             _fail("loadBalancingConfig", f"no policy given and the default {DEFAULT_POLICY!r} is not registered"
-                  f"; known policies: {_known()}")
-        return DEFAULT_POLICY, _policy_config(DEFAULT_POLICY, None, "loadBalancingConfig")
-    return chosen[0], chosen[1]
-
-
-def _parse_lb_config_list(value: Any) -> tuple[str, dict[str, Any], str]:
-    path = "loadBalancingConfig"
-    if not isinstance(value, list):
-        _fail(path, f"expected a list of {{policy_name: config}} objects, got {_describe(value)}")
-    if not value:
-        _fail(path, f"expected at least one policy; known policies: {_known()}")
-    skipped: list[str] = []
-    for i, entry in enumerate(value):
-        entry_path = f"{path}[{i}]"
-        if not isinstance(entry, dict):
-            _fail(entry_path, f"expected an object with one key (the policy name), got {_describe(entry)}")
-        if len(entry) != 1:
-            _fail(entry_path, f"expected exactly one key (the policy name), got {len(entry)}: {sorted(entry)}")
-        ((name, config),) = entry.items()
-        if name in POLICIES:
-            if skipped:
-                log.warning("service config: skipped unknown policies %s, using %r", skipped, name)
-            return name, _policy_config(name, config, f"{entry_path}.{name}"), entry_path
-        skipped.append(name)
-    _fail(path, f"none of the policies {skipped} is known; known policies: {_known()}")
+                  f"; known policies: {known_policies_text()}")
+        return DEFAULT_POLICY, parse_policy_config(DEFAULT_POLICY, None, "loadBalancingConfig")
+    return chosen.name, chosen.config
 
 
 def _policy_name(value: Any, path: str) -> str:
@@ -267,17 +246,7 @@ def _policy_name(value: Any, path: str) -> str:
     if lowered in POLICIES:
         return lowered
     _fail(path, f"unknown load-balancing policy {value!r}{_did_you_mean(lowered, POLICIES)}; "
-          f"known policies: {_known()}")
-
-
-def _policy_config(name: str, config: Any, path: str) -> dict[str, Any]:
-    try:
-        parsed = POLICIES[name].parse_config(config, path)
-    except InvalidServiceConfig:
-        raise
-    except (TypeError, ValueError) as exc:  # a policy's own conversion failing is still a config error
-        _fail(path, f"invalid config for policy {name!r}: {exc}")
-    return dict(parsed)
+          f"known policies: {known_policies_text()}")
 
 
 def _parse_method_configs(
@@ -451,10 +420,6 @@ def _check_fields(obj: dict[str, Any], path: str, known: tuple[str, ...], unsupp
 def _did_you_mean(name: str, choices: Any) -> str:
     close = difflib.get_close_matches(name, list(choices), n=1, cutoff=0.75)
     return f" (did you mean {close[0]!r}?)" if close else ""
-
-
-def _known() -> str:
-    return ", ".join(known_policies()) or "(none registered)"
 
 
 def _number(value: Any, path: str, expected: str) -> float:
