@@ -6,12 +6,13 @@ import json
 import os
 import string
 
+import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from waypost import InvalidServiceConfig, InvalidTarget
-from waypost.balancer.durations import DurationError, parse_duration
 from waypost.balancer.service_config import ServiceConfig, parse_service_config
+from waypost.durations import DurationError, format_duration, parse_duration
 from waypost.resolver.target import Target, parse_target, redact
 
 # WAYPOST_FUZZ_EXAMPLES=5000 runs a longer search locally; the suite keeps it short.
@@ -185,12 +186,32 @@ def test_mutated_json_text(text, pos, insert):
 
 
 @FUZZ
-@given(st.text(max_size=30))
+@given(st.one_of(st.text(max_size=30), st.from_regex(r"-?[0-9]{1,7}(\.[0-9]{1,9})?s", fullmatch=True)))
 def test_durations(text):
     try:
-        parse_duration(text)
-    except DurationError:
-        pass
+        seconds = parse_duration(text)
+    except DurationError as exc:
+        assert str(exc)
+        return
+    # What parses formats to a canonical text that parses back to the same value (to the nanosecond).
+    canonical = format_duration(seconds)
+    assert parse_duration(canonical) == pytest.approx(seconds, rel=1e-15, abs=1e-9)
+    assert format_duration(parse_duration(canonical)) == canonical
+
+
+# Below 2**20 s a float still holds every nanosecond, so the text itself must come back.
+NANO_EXACT = 2**20 - 1
+
+
+@FUZZ
+@given(st.integers(min_value=-NANO_EXACT, max_value=NANO_EXACT), st.integers(min_value=0, max_value=999_999_999))
+def test_duration_format_parse_round_trip(whole, nanos):
+    sign = "-" if whole < 0 or (whole == 0 and nanos and nanos % 2) else ""  # also "-0.x" durations
+    canonical = f"{sign}{abs(whole)}" + (f".{nanos:09d}".rstrip("0") if nanos else "") + "s"
+    if canonical == "-0s":
+        canonical = "0s"
+    assert format_duration(parse_duration(canonical)) == canonical
+    assert format_duration(parse_duration(f"{sign}{abs(whole)}.{nanos:09d}s")) == canonical  # padded input
 
 
 URL_ALPHABET = string.ascii_letters + string.digits + ":/?&=%@[],.#+-_ \t"

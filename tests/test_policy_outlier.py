@@ -9,7 +9,7 @@ import grpc
 import pytest
 
 from waypost.balancer.base import Outcome, PickInfo
-from waypost.balancer.outlier_detection import OutlierConfig, parse_duration
+from waypost.balancer.outlier_detection import OutlierConfig
 from waypost.balancer.policies import get_policy
 from waypost.errors import InvalidServiceConfig, NoBackendAvailable
 from waypost.types import Backend
@@ -187,13 +187,14 @@ def test_ejection_survives_rebuild_and_child_sees_non_ejected_only():
     assert policy.ejected() == set()
 
 
-def test_parse_duration():
-    assert parse_duration("10s", "p") == 10.0
-    assert parse_duration("0.25s", "p") == 0.25
-    assert parse_duration(3, "p") == 3.0
-    for bad in ("10", "-1s", "1m", "", None, True, "1.5 s"):
-        with pytest.raises(InvalidServiceConfig, match="^p: "):
-            parse_duration(bad, "p")
+def test_durations_are_strict_grpc_json_durations():
+    s = OutlierConfig.parse({"interval": "0.25s", "baseEjectionTime": "0s", "maxEjectionTime": "10s"}, "p")
+    assert (s.interval, s.base_ejection_time, s.max_ejection_time) == (0.25, 0.0, 10.0)
+    for bad in (3, "10", "-1s", "1m", "", None, True, "1.5 s"):
+        with pytest.raises(InvalidServiceConfig, match="^p.baseEjectionTime: expected a duration"):
+            OutlierConfig.parse({"baseEjectionTime": bad}, "p")
+    with pytest.raises(InvalidServiceConfig, match="^p.interval: expected a duration > 0s"):
+        OutlierConfig.parse({"interval": "0s"}, "p")
 
 
 def test_defaults():
@@ -210,7 +211,7 @@ def test_defaults():
     ("cfg", "where"),
     [
         ({"interval": "0s"}, "p.interval"),
-        ({"interval": 10}, None),
+        ({"interval": 10}, "p.interval"),
         ({"baseEjectionTime": "thirty"}, "p.baseEjectionTime"),
         ({"maxEjectionTime": -1}, "p.maxEjectionTime"),
         ({"maxEjectionPercent": 101}, "p.maxEjectionPercent"),
@@ -229,9 +230,6 @@ def test_defaults():
 )
 def test_config_validation(cfg, where):
     cls = get_policy("outlier_detection")
-    if where is None:
-        assert cls.parse_config(cfg, "p") == cfg
-        return
     with pytest.raises(InvalidServiceConfig, match="^" + where.replace(".", r"\.").replace(r"\\.", r"\.")) as ei:
         cls.parse_config(cfg, "p")
     if cfg.get("childPolicy") == [{"nope": {}}]:

@@ -10,7 +10,6 @@ import grpc
 import pytest
 
 from waypost import InvalidServiceConfig
-from waypost.balancer.durations import DurationError, format_duration, parse_duration, parse_positive_duration
 from waypost.balancer.policies import known_policies
 from waypost.balancer.service_config import (
     MethodConfig,
@@ -20,6 +19,7 @@ from waypost.balancer.service_config import (
     ServiceConfig,
     parse_service_config,
 )
+from waypost.durations import DurationError, format_duration, parse_duration, parse_positive_duration
 
 REAL_POLICIES = [
     "pick_first",
@@ -293,7 +293,7 @@ INVALID = [
     ({"methodConfig": [{"name": [{"service": "a.S", "method": "M"}]}, {"name": [{"service": "a.S", "method": "M"}]}]},
      "methodConfig[1].name[0]: duplicate name 'a.S/M'", ""),
     ({"methodConfig": [{"name": [{}], "timeout": "100ms"}]}, "methodConfig[0].timeout: expected a duration", "'100ms'"),
-    ({"methodConfig": [{"name": [{}], "timeout": 1.5}]}, "methodConfig[0].timeout: expected a duration", "number 1.5"),
+    ({"methodConfig": [{"name": [{}], "timeout": 1.5}]}, "methodConfig[0].timeout: expected a duration", "got 1.5"),
     ({"methodConfig": [{"name": [{}], "timeout": "0s"}]}, "methodConfig[0].timeout: expected a duration > 0s", ""),
     ({"methodConfig": [{"name": [{}], "timeout": "-1s"}]}, "methodConfig[0].timeout: expected a duration > 0s", ""),
     ({"methodConfig": [{"name": [{}], "timeout": "1.0000000001s"}]}, "methodConfig[0].timeout: expected a duration",

@@ -35,13 +35,13 @@ from __future__ import annotations
 
 import logging
 import math
-import re
 import threading
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
 from .. import metrics as _metrics
+from ..durations import DurationError, parse_nonnegative_duration, parse_positive_duration
 from ..errors import InvalidServiceConfig, NoBackendAvailable
 from ..types import Backend
 from .base import Outcome, Picker, PickInfo, PickResult, Policy, parse_config_object
@@ -49,8 +49,6 @@ from .catalog import get_policy, parse_lb_config_list
 from .stats import StatsTable, dedupe, is_failure
 
 log = logging.getLogger("waypost.balancer.outlier")
-
-_DURATION = re.compile(r"^\d+(\.\d{1,9})?s$")
 
 DEFAULTS: dict[str, Any] = {
     "interval": "10s",
@@ -63,17 +61,11 @@ FAILURE_PERCENT_DEFAULTS = {"threshold": 85, "enforcementPercentage": 100, "mini
 DEFAULT_CHILD: list[dict[str, Any]] = [{"round_robin": {}}]
 
 
-def parse_duration(value: Any, path: str) -> float:
-    """A protobuf JSON duration ("10s", "0.5s") or a number of seconds -> seconds (>= 0)."""
-    if isinstance(value, bool):
-        raise InvalidServiceConfig(f"{path}: expected a duration like \"10s\", got {value!r}")
-    if isinstance(value, (int, float)):
-        if not math.isfinite(value) or value < 0:
-            raise InvalidServiceConfig(f"{path}: expected a non-negative duration, got {value!r}")
-        return float(value)
-    if isinstance(value, str) and _DURATION.match(value):
-        return float(value[:-1])
-    raise InvalidServiceConfig(f"{path}: expected a duration like \"10s\", got {value!r}")
+def _duration(value: Any, path: str, *, positive: bool = False) -> float:
+    try:
+        return parse_positive_duration(value) if positive else parse_nonnegative_duration(value)
+    except DurationError as exc:
+        raise InvalidServiceConfig(f"{path}: {exc}") from None
 
 
 def _uint(value: Any, path: str, lo: int = 0, hi: int | None = None) -> int:
@@ -119,16 +111,14 @@ class OutlierConfig:
         unknown = set(cfg) - known
         if unknown:
             raise InvalidServiceConfig(f"{path}.{min(unknown)}: unknown field for outlier_detection")
-        interval = parse_duration(cfg.get("interval", DEFAULTS["interval"]), f"{path}.interval")
-        if interval <= 0:
-            raise InvalidServiceConfig(f"{path}.interval: must be positive, got {cfg.get('interval')!r}")
+        interval = _duration(cfg.get("interval", DEFAULTS["interval"]), f"{path}.interval", positive=True)
         child = parse_lb_config_list(cfg.get("childPolicy", DEFAULT_CHILD), f"{path}.childPolicy")
         return cls(
             interval=interval,
-            base_ejection_time=parse_duration(
+            base_ejection_time=_duration(
                 cfg.get("baseEjectionTime", DEFAULTS["baseEjectionTime"]), f"{path}.baseEjectionTime"
             ),
-            max_ejection_time=parse_duration(
+            max_ejection_time=_duration(
                 cfg.get("maxEjectionTime", DEFAULTS["maxEjectionTime"]), f"{path}.maxEjectionTime"
             ),
             max_ejection_percent=_uint(

@@ -29,9 +29,9 @@ from typing import Any, NoReturn, Protocol
 
 import grpc
 
+from ..durations import DurationError, parse_positive_duration
 from ..errors import InvalidServiceConfig
 from .catalog import PolicyChoice, known_policies_text, parse_lb_config_list, parse_policy_config
-from .durations import DurationError, parse_positive_duration
 from .policies import POLICIES
 from .retry_throttle import RetryThrottle  # re-exported: the per-channel state of a RetryThrottling
 

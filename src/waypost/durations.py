@@ -1,14 +1,17 @@
-"""gRPC JSON duration strings ("1.5s", "0.000001s") -> seconds.
+"""gRPC JSON duration strings ("1.5s", "0.000001s") -> seconds: the one duration parser of waypost.
 
-This is the protobuf JSON mapping of ``google.protobuf.Duration`` that gRPC service configs use: an
-integer number of seconds, an optional fraction of 1 to 9 digits, then a mandatory ``s``. Nothing
-else is accepted (no "100ms", no "1m", no exponent), so a unit typo is an error rather than a
-silently different timeout.
+This is the protobuf JSON mapping of ``google.protobuf.Duration`` that gRPC service configs use (method
+timeouts, retry backoffs, outlier_detection intervals): an integer number of seconds, an optional
+fraction of 1 to 9 digits, then a mandatory ``s``. Nothing else is accepted (no "100ms", no "1m", no
+exponent, no bare number), so a unit typo is an error rather than a silently different timeout.
+Every caller reports a ``DurationError`` as ``"<json path>: <its message>"``.
 """
 
 from __future__ import annotations
 
 import re
+
+from .errors import describe_value
 
 #: protobuf's Duration range: +-10,000 years
 MAX_DURATION_SECONDS = 315_576_000_000
@@ -26,7 +29,7 @@ def parse_duration(text: object) -> float:
     Raises ``DurationError`` (a ``ValueError``) with a short description of the problem.
     """
     if not isinstance(text, str):
-        raise DurationError(f'expected a duration string like "1.5s", got {_describe(text)}')
+        raise DurationError(f'expected a duration string like "1.5s", got {describe_value(text)}')
     match = _DURATION.fullmatch(text)
     if match is None:
         raise DurationError(f'expected a duration string like "1.5s" (seconds with an "s" suffix), got {text!r}')
@@ -47,6 +50,14 @@ def parse_positive_duration(text: object) -> float:
     return seconds
 
 
+def parse_nonnegative_duration(text: object) -> float:
+    """Like ``parse_duration`` but the duration must not be negative."""
+    seconds = parse_duration(text)
+    if seconds < 0:
+        raise DurationError(f"expected a duration >= 0s, got {text!r}")
+    return seconds
+
+
 def format_duration(seconds: float) -> str:
     """The canonical gRPC JSON form of ``seconds`` (up to nanosecond precision)."""
     nanos_total = round(seconds * 1e9)
@@ -55,13 +66,3 @@ def format_duration(seconds: float) -> str:
     if nanos == 0:
         return f"{sign}{whole}s"
     return f"{sign}{whole}.{nanos:09d}".rstrip("0") + "s"
-
-
-def _describe(value: object) -> str:
-    if isinstance(value, bool):
-        return f"boolean {str(value).lower()}"
-    if value is None:
-        return "null"
-    if isinstance(value, (int, float)):
-        return f"number {value!r}"
-    return type(value).__name__
