@@ -16,7 +16,7 @@ import pytest
 
 import waypost.aio
 from tests.backends import echo_pb2, echo_pb2_grpc
-from waypost.retry import REPLAY_LIMIT, AsyncReplay, WriteReplay
+from waypost.client.retry import REPLAY_LIMIT, AsyncReplay, WriteReplay
 
 Req = echo_pb2.EchoRequest
 Reply = echo_pb2.EchoReply
@@ -144,8 +144,8 @@ async def test_replay_abort_interrupts_a_parked_pull_and_never_ends_a_stream_sho
 
 
 def test_may_retry_reads_the_policy_without_counting():
-    from waypost.balancer.service_config import RetryPolicy
-    from waypost.retry import RetryState
+    from waypost.client.retry import RetryState
+    from waypost.service_config import RetryPolicy
 
     policy = RetryPolicy(max_attempts=2, initial_backoff=0.01, max_backoff=0.01, backoff_multiplier=1.0,
                          retryable_status_codes=frozenset({UNAVAILABLE}))

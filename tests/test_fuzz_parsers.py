@@ -11,9 +11,9 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from waypost import InvalidServiceConfig, InvalidTarget
-from waypost.balancer.service_config import ServiceConfig, parse_service_config
 from waypost.durations import DurationError, format_duration, parse_duration
 from waypost.resolver.target import Target, parse_target, redact
+from waypost.service_config import ServiceConfig, parse_service_config
 
 # WAYPOST_FUZZ_EXAMPLES=5000 runs a longer search locally; the suite keeps it short.
 FUZZ = settings(

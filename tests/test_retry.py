@@ -1,4 +1,5 @@
-"""retry.py units: retry decisions, backoff with an injected rng, replay of streamed requests, re-picks."""
+"""client/retry.py and client/retry_throttle.py units: retry decisions, backoff with an injected rng, the token
+bucket, replay of streamed requests, re-picks."""
 
 from __future__ import annotations
 
@@ -6,10 +7,12 @@ import random
 import threading
 
 import grpc
+import pytest
 
 from waypost.balancer.base import Outcome, PickResult
-from waypost.balancer.service_config import RetryPolicy, RetryThrottle, RetryThrottling
-from waypost.retry import PREVIOUS_ATTEMPTS, Replay, RetryState, avoid_tried, never_sent
+from waypost.client.retry import PREVIOUS_ATTEMPTS, Replay, RetryState, avoid_tried, backoff_delay, never_sent
+from waypost.client.retry_throttle import RetryThrottle
+from waypost.service_config import RetryPolicy, RetryThrottling, ServiceConfig, parse_service_config
 from waypost.types import Backend
 
 U = grpc.StatusCode.UNAVAILABLE
@@ -140,3 +143,106 @@ def test_avoid_tried_moves_to_an_untried_backend_and_releases_the_discarded_pick
     assert avoid_tried((res_c, c), {"a:1"}, lambda: [a, b, c], lambda: None) == (res_c, c)
     # everything tried: reuse
     assert avoid_tried((res_c, c), {"a:1", "b:1", "c:1"}, lambda: [a, b, c], lambda: None)[1] is c
+
+
+# ---------------------------------------------------------------------------------------------
+# backoff
+
+
+def make_policy(initial=0.1, maximum=1.0, multiplier=2.0) -> RetryPolicy:
+    return RetryPolicy(4, initial, maximum, multiplier, frozenset({grpc.StatusCode.UNAVAILABLE}))
+
+
+def test_backoff_caps_follow_grpc_formula():
+    p = make_policy(initial=0.1, maximum=1.0, multiplier=2.0)
+    caps = [backoff_delay(p, n, FixedRng()) for n in range(1, 8)]
+    assert caps == pytest.approx([0.1, 0.2, 0.4, 0.8, 1.0, 1.0, 1.0])
+    # a huge attempt number or multiplier stays at the cap (no OverflowError)
+    assert backoff_delay(p, 10_000, FixedRng()) == 1.0
+    assert backoff_delay(make_policy(multiplier=1e300), 50, FixedRng()) == 1.0
+    # a multiplier below 1 shrinks the cap
+    assert backoff_delay(make_policy(initial=0.8, multiplier=0.5), 3, FixedRng()) == pytest.approx(0.2)
+
+
+def test_backoff_is_jittered_within_bounds_with_a_seeded_rng():
+    p = make_policy(initial=0.1, maximum=1.0, multiplier=2.0)
+    rng = random.Random(7)
+    for attempt in range(1, 9):
+        cap = min(0.1 * 2 ** (attempt - 1), 1.0)
+        samples = [backoff_delay(p, attempt, rng) for _ in range(200)]
+        assert all(0.0 <= s <= cap for s in samples)
+        # jitter spreads over the range rather than sitting at one value
+        assert min(samples) < cap * 0.1 and max(samples) > cap * 0.9
+    # deterministic for a given seed
+    a = [backoff_delay(p, 3, random.Random(42)) for _ in range(3)]
+    assert a == [random.Random(42).uniform(0.0, 0.4)] * 3
+
+
+def test_backoff_attempt_starts_at_one():
+    with pytest.raises(ValueError):
+        backoff_delay(make_policy(), 0, random.Random(1))
+
+
+# ---------------------------------------------------------------------------------------------
+# retry throttling
+
+
+def test_throttle_arithmetic_matches_grpc():
+    t = RetryThrottle(RetryThrottling(max_tokens=10, token_ratio=0.1))
+    assert t.tokens == 10 and t.allows_retry()
+    # failures take one token each; retries stop once tokens <= max/2
+    results = [t.record_failure() for _ in range(6)]
+    assert results == [True, True, True, True, False, False]
+    assert t.tokens == 4
+    assert not t.allows_retry()
+    # ten successes give back exactly one token (no float drift)
+    for _ in range(10):
+        t.record_success()
+    assert t.tokens == 5 and not t.allows_retry()  # 5 is not > 5
+    t.record_success()
+    assert t.tokens == 5.1 and t.allows_retry()
+    # never above max, never below zero
+    for _ in range(1000):
+        t.record_success()
+    assert t.tokens == 10
+    for _ in range(50):
+        t.record_failure()
+    assert t.tokens == 0
+
+
+def test_throttle_fractional_max_tokens():
+    t = RetryThrottle(RetryThrottling(max_tokens=2.5, token_ratio=0.5))
+    assert t.record_failure() is True  # 1.5 > 1.25
+    assert t.record_failure() is False  # 0.5
+    t.record_success()
+    assert t.tokens == 1.0 and not t.allows_retry()
+    t.record_success()
+    assert t.tokens == 1.5 and t.allows_retry()
+
+
+def test_throttle_is_thread_safe():
+    t = RetryThrottle(RetryThrottling(max_tokens=1000, token_ratio=1))
+    for _ in range(500):
+        t.record_failure()  # 500 tokens left
+
+    def work() -> None:
+        for _ in range(1000):
+            t.record_failure()
+            t.record_success()
+
+    threads = [threading.Thread(target=work) for _ in range(4)]
+    for th in threads:
+        th.start()
+    for th in threads:
+        th.join(timeout=60)
+    # every failure is matched by a success of the same size: the count is back where it was
+    assert t.tokens == 500
+
+
+def test_each_channel_gets_a_fresh_throttle_from_the_service_config():
+    cfg = parse_service_config({"retryThrottling": {"maxTokens": 3, "tokenRatio": 0.5}})
+    first, second = RetryThrottle.for_config(cfg.retry_throttling), RetryThrottle.for_config(cfg.retry_throttling)
+    assert first is not None and second is not None and first is not second
+    first.record_failure()
+    assert first.tokens == 2 and second.tokens == 3
+    assert RetryThrottle.for_config(ServiceConfig().retry_throttling) is None

@@ -1,25 +1,21 @@
-"""Service config validation: valid and invalid tables, lookup precedence, backoff, throttling."""
+"""Service config validation: valid and invalid tables, lookup precedence, durations."""
 
 from __future__ import annotations
 
 import json
-import random
-import threading
 
 import grpc
 import pytest
 
 from waypost import InvalidServiceConfig
 from waypost.balancer.policies import known_policies
-from waypost.balancer.service_config import (
+from waypost.durations import DurationError, format_duration, parse_duration, parse_positive_duration
+from waypost.service_config import (
     MethodConfig,
     RetryPolicy,
-    RetryThrottle,
     RetryThrottling,
-    ServiceConfig,
     parse_service_config,
 )
-from waypost.durations import DurationError, format_duration, parse_duration, parse_positive_duration
 
 REAL_POLICIES = [
     "pick_first",
@@ -62,8 +58,8 @@ def test_real_policies_are_registered():
 @pytest.mark.parametrize(
     ("raw", "balancer", "policy"),
     [
-        (None, None, "pick_first"),  # gRPC's default
-        ({}, None, "pick_first"),
+        (None, None, "p2c_ewma"),  # waypost's default (DEFAULT_POLICY), the same as dial's
+        ({}, None, "p2c_ewma"),
         ("", None, None),  # empty text is invalid JSON: see the invalid table
         ({}, "p2c_ewma", "p2c_ewma"),  # go-zero's dial default through the shortcut
         (None, "ROUND_ROBIN", "round_robin"),
@@ -232,8 +228,8 @@ def test_status_codes_by_name_any_case_or_number():
         policy = cfg.method_configs[0].retry_policy
         assert policy is not None
         assert policy.retryable_status_codes == frozenset({grpc.StatusCode.UNAVAILABLE})
-        assert policy.is_retryable(grpc.StatusCode.UNAVAILABLE)
-        assert not policy.is_retryable(grpc.StatusCode.INTERNAL)
+        assert grpc.StatusCode.UNAVAILABLE in policy.retryable_status_codes
+        assert grpc.StatusCode.INTERNAL not in policy.retryable_status_codes
 
 
 def test_empty_health_service_name_means_overall_health():
@@ -426,113 +422,3 @@ def test_positive_duration_and_format():
                                                                           "-2.5s"]
     for text in ("1.5s", "0.1s", "10s", "0.000000001s"):
         assert format_duration(parse_duration(text)) == text
-
-
-# ---------------------------------------------------------------------------------------------
-# backoff
-
-
-def policy(initial=0.1, maximum=1.0, multiplier=2.0) -> RetryPolicy:
-    return RetryPolicy(4, initial, maximum, multiplier, frozenset({grpc.StatusCode.UNAVAILABLE}))
-
-
-class Extremes:
-    """An rng whose uniform(a, b) returns b, to observe the backoff cap exactly."""
-
-    def uniform(self, a: float, b: float) -> float:
-        return b
-
-
-def test_backoff_caps_follow_grpc_formula():
-    p = policy(initial=0.1, maximum=1.0, multiplier=2.0)
-    caps = [p.backoff(n, Extremes()) for n in range(1, 8)]
-    assert caps == pytest.approx([0.1, 0.2, 0.4, 0.8, 1.0, 1.0, 1.0])
-    # a huge attempt number or multiplier stays at the cap (no OverflowError)
-    assert p.backoff(10_000, Extremes()) == 1.0
-    assert policy(multiplier=1e300).backoff(50, Extremes()) == 1.0
-    # a multiplier below 1 shrinks the cap
-    assert policy(initial=0.8, multiplier=0.5).backoff(3, Extremes()) == pytest.approx(0.2)
-
-
-def test_backoff_is_jittered_within_bounds_with_a_seeded_rng():
-    p = policy(initial=0.1, maximum=1.0, multiplier=2.0)
-    rng = random.Random(7)
-    for attempt in range(1, 9):
-        cap = min(0.1 * 2 ** (attempt - 1), 1.0)
-        samples = [p.backoff(attempt, rng) for _ in range(200)]
-        assert all(0.0 <= s <= cap for s in samples)
-        # jitter spreads over the range rather than sitting at one value
-        assert min(samples) < cap * 0.1 and max(samples) > cap * 0.9
-    # deterministic for a given seed
-    a = [p.backoff(3, random.Random(42)) for _ in range(3)]
-    assert a == [random.Random(42).uniform(0.0, 0.4)] * 3
-
-
-def test_backoff_attempt_starts_at_one():
-    with pytest.raises(ValueError):
-        policy().backoff(0, random.Random(1))
-
-
-# ---------------------------------------------------------------------------------------------
-# retry throttling
-
-
-def test_throttle_arithmetic_matches_grpc():
-    t = RetryThrottle(RetryThrottling(max_tokens=10, token_ratio=0.1))
-    assert t.tokens == 10 and t.allows_retry()
-    # failures take one token each; retries stop once tokens <= max/2
-    results = [t.record_failure() for _ in range(6)]
-    assert results == [True, True, True, True, False, False]
-    assert t.tokens == 4
-    assert not t.allows_retry()
-    # ten successes give back exactly one token (no float drift)
-    for _ in range(10):
-        t.record_success()
-    assert t.tokens == 5 and not t.allows_retry()  # 5 is not > 5
-    t.record_success()
-    assert t.tokens == 5.1 and t.allows_retry()
-    # never above max, never below zero
-    for _ in range(1000):
-        t.record_success()
-    assert t.tokens == 10
-    for _ in range(50):
-        t.record_failure()
-    assert t.tokens == 0
-
-
-def test_throttle_fractional_max_tokens():
-    t = RetryThrottle(RetryThrottling(max_tokens=2.5, token_ratio=0.5))
-    assert t.record_failure() is True  # 1.5 > 1.25
-    assert t.record_failure() is False  # 0.5
-    t.record_success()
-    assert t.tokens == 1.0 and not t.allows_retry()
-    t.record_success()
-    assert t.tokens == 1.5 and t.allows_retry()
-
-
-def test_throttle_is_thread_safe():
-    t = RetryThrottle(RetryThrottling(max_tokens=1000, token_ratio=1))
-    for _ in range(500):
-        t.record_failure()  # 500 tokens left
-
-    def work() -> None:
-        for _ in range(1000):
-            t.record_failure()
-            t.record_success()
-
-    threads = [threading.Thread(target=work) for _ in range(4)]
-    for th in threads:
-        th.start()
-    for th in threads:
-        th.join(timeout=60)
-    # every failure is matched by a success of the same size: the count is back where it was
-    assert t.tokens == 500
-
-
-def test_service_config_makes_a_fresh_throttle():
-    cfg = parse_service_config({"retryThrottling": {"maxTokens": 3, "tokenRatio": 0.5}})
-    first, second = cfg.new_retry_throttle(), cfg.new_retry_throttle()
-    assert first is not None and second is not None and first is not second
-    first.record_failure()
-    assert first.tokens == 2 and second.tokens == 3
-    assert ServiceConfig().new_retry_throttle() is None

@@ -29,7 +29,7 @@ _LAZY = {
     "serve_async": ("waypost.server", "serve_async"),
     "dial": ("waypost.channel", "dial"),
     "hash_key": ("waypost.balancer.hashkey", "hash_key"),
-    "parse_service_config": ("waypost.balancer.service_config", "parse_service_config"),
+    "parse_service_config": ("waypost.service_config", "parse_service_config"),
     "parse_target": ("waypost.resolver.target", "parse_target"),
     "Backend": ("waypost.types", "Backend"),
 }

@@ -14,7 +14,7 @@ pick that has to wait, or interceptors take the task path.
 
 Retries: every call kind, before the first response message. Client-streaming requests (a sync or async
 iterator, or ``write()`` / ``done_writing()``) are recorded as they are sent and replayed into the next
-attempt; past ``waypost.retry.REPLAY_LIMIT`` messages the call is committed to its attempt (no more retries).
+attempt; past ``waypost.client.retry.REPLAY_LIMIT`` messages the call is committed to its attempt (no more retries).
 """
 
 from __future__ import annotations

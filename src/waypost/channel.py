@@ -25,10 +25,10 @@ from .client.future import ThreadFuture
 from .client.health import watch_health
 from .client.method import MethodBase
 from .client.options import merge_options
+from .client.retry import MAX_TRANSPARENT, Replay, RetryingStream, RetryState, avoid_tried, never_sent
 from .client.rpcerror import BalancerRpcError
 from .client.subconn import STATE_NAMES, SubConn
 from .client.watcher import WATCHER
-from .retry import MAX_TRANSPARENT, Replay, RetryingStream, RetryState, avoid_tried, never_sent
 
 log = logging.getLogger("waypost.channel")
 

@@ -1,14 +1,14 @@
 """The built-in load-balancing policies, registered by name in ``catalog`` when this module is imported.
 
-Import the catalog functions from here (``get_policy``, ``known_policies``, ``register_policy``,
-``POLICIES``, ``parse_lb_config_list``): doing so guarantees the built-ins are registered. The
+Look policies up through this module (``get_policy``, ``known_policies``, ``register_policy``,
+``POLICIES``, defined in ``catalog``): importing it guarantees the built-ins are registered. The
 policy modules themselves import only ``base``/``catalog``/``stats``, never this module, so the
 imports run one way.
 """
 
 from __future__ import annotations
 
-from .catalog import POLICIES, get_policy, known_policies, parse_lb_config_list, register_policy
+from .catalog import POLICIES, get_policy, known_policies, register_policy
 from .consistent_hash import ConsistentHashPolicy
 from .least_request import LeastRequestPolicy
 from .outlier_detection import OutlierDetectionPolicy
@@ -18,7 +18,7 @@ from .random_pick import RandomPolicy
 from .round_robin import RoundRobinPolicy
 from .weighted_round_robin import WeightedRoundRobinPolicy
 
-__all__ = ["BUILTIN_POLICIES", "POLICIES", "get_policy", "known_policies", "parse_lb_config_list", "register_policy"]
+__all__ = ["BUILTIN_POLICIES", "POLICIES", "get_policy", "known_policies", "register_policy"]
 
 BUILTIN_POLICIES = (
     PickFirstPolicy,

@@ -19,7 +19,7 @@ import grpc
 import grpc.aio
 
 from ..balancer.base import PickError, PickResult
-from ..retry import AsyncReplay, Replay, RetryState, WriteReplay, avoid_tried
+from .retry import AsyncReplay, Replay, RetryState, WriteReplay, avoid_tried
 from .rpcerror import BalancerRpcError
 from .subconn import SubConn
 

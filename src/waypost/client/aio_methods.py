@@ -10,10 +10,10 @@ from typing import Any
 import grpc
 import grpc.aio
 
-from ..retry import AsyncReplay, Replay, WriteReplay
 from .aio_stream_calls import StreamStreamCall, UnaryStreamCall
 from .aio_unary_calls import StreamUnaryCall, UnaryUnaryCall
 from .method import MethodBase
+from .retry import AsyncReplay, Replay, WriteReplay
 
 _perf = time.perf_counter
 _UNAVAILABLE = grpc.StatusCode.UNAVAILABLE

@@ -9,14 +9,11 @@ from typing import Any
 
 from ..balancer import policies
 from ..balancer.base import Policy
-from ..balancer.retry_throttle import RetryThrottle
-from ..balancer.service_config import MethodConfig, ServiceConfig, parse_service_config
 from ..resolver import Resolver, Subsetter, make_resolver
 from ..resolver.subset import DEFAULT_SUBSET_SIZE
 from ..resolver.target import Target, parse_target
-
-#: go-zero's zrpc dial default, used when neither ``balancer`` nor the service config names a policy.
-DEFAULT_POLICY = "p2c_ewma"
+from ..service_config import MethodConfig, ServiceConfig, parse_service_config
+from .retry_throttle import RetryThrottle
 
 
 @dataclass
@@ -52,10 +49,7 @@ def build_config(
 
         raise InvalidTarget(f"target must be a string, got {type(target).__name__}")
     t = parse_target(target)
-    sc = parse_service_config(service_config, balancer=balancer)
-    raw = sc.raw
-    if balancer is None and "loadBalancingConfig" not in raw and "loadBalancingPolicy" not in raw:
-        sc = parse_service_config(sc, balancer=DEFAULT_POLICY)
+    sc = parse_service_config(service_config, balancer=balancer)  # no policy named: service_config.DEFAULT_POLICY
     rng = rng if rng is not None else random.Random()
     cls = policies.get_policy(sc.lb_policy)
     kw: dict[str, Any] = {"rng": random.Random(rng.getrandbits(64))}
@@ -68,7 +62,7 @@ def build_config(
         target=t,
         service_config=sc,
         policy=policy,
-        throttle=sc.new_retry_throttle(),
+        throttle=RetryThrottle.for_config(sc.retry_throttling),
         health_service=sc.health_check_service_name,
         rng=rng,
         subsetter=subsetter,

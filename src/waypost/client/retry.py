@@ -13,19 +13,19 @@ gRPC's retry semantics (gRFC A6), done by the balanced channel so that each atte
 from __future__ import annotations
 
 import asyncio
-import random
+import math
 import threading
 import time
 from collections.abc import AsyncIterable, AsyncIterator, Callable, Iterable, Iterator, Sequence
-from typing import Any
+from typing import Any, Protocol
 
 import grpc
 import grpc.aio
 from grpc._cython import cygrpc  # ExecuteBatchError: what a send on an ending grpc.aio call raises
 
-from .balancer.base import Outcome, PickResult
-from .balancer.retry_throttle import RetryThrottle
-from .balancer.service_config import RetryPolicy
+from ..balancer.base import Outcome, PickResult
+from ..service_config import RetryPolicy
+from .retry_throttle import RetryThrottle
 
 PREVIOUS_ATTEMPTS = "grpc-previous-rpc-attempts"
 
@@ -38,6 +38,27 @@ REPLAY_LIMIT = 1024
 _NOT_SENT_MARKERS = ("failed to connect to all addresses", "connection refused", "connect failed")
 
 _CANCELLED_PICK = Outcome(grpc.StatusCode.CANCELLED, 0.0)
+
+
+class Rng(Protocol):
+    """The part of ``random.Random`` that backoff needs."""
+
+    def uniform(self, a: float, b: float) -> float: ...
+
+
+def backoff_delay(policy: RetryPolicy, attempt: int, rng: Rng) -> float:
+    """Seconds to wait before retry number ``attempt`` (1 = the first retry) under ``policy``.
+
+    gRPC's jittered exponential backoff: uniform in
+    ``[0, min(initial_backoff * backoff_multiplier ** (attempt - 1), max_backoff)]``.
+    """
+    if attempt < 1:
+        raise ValueError(f"retry attempt numbers start at 1, got {attempt}")
+    try:
+        grown = policy.initial_backoff * policy.backoff_multiplier ** (attempt - 1)
+    except OverflowError:  # a huge multiplier ** attempt: the cap applies anyway
+        grown = math.inf
+    return rng.uniform(0.0, min(grown, policy.max_backoff))
 
 
 def never_sent(code: grpc.StatusCode, details: str | None) -> bool:
@@ -57,7 +78,7 @@ class RetryState:
         self,
         policy: RetryPolicy | None,
         throttle: RetryThrottle | None,
-        rng: random.Random,
+        rng: Rng,
         deadline: float | None,
     ) -> None:
         self.policy = policy
@@ -108,7 +129,7 @@ class RetryState:
         self.attempts += 1
         if not allowed or self.attempts >= policy.max_attempts:
             return None
-        delay = policy.backoff(self.attempts, self.rng)
+        delay = backoff_delay(policy, self.attempts, self.rng)
         if self.deadline is not None and time.monotonic() + delay >= self.deadline:
             return None
         return delay

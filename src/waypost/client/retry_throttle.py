@@ -1,13 +1,11 @@
 """gRPC's retry token bucket (``retryThrottling``): the per-channel state behind a validated
-``RetryThrottling`` from the service config."""
+``RetryThrottling`` from the service config (which only describes it)."""
 
 from __future__ import annotations
 
 import threading
-from typing import TYPE_CHECKING
 
-if TYPE_CHECKING:
-    from .service_config import RetryThrottling
+from ..service_config import RetryThrottling
 
 
 class RetryThrottle:
@@ -47,6 +45,11 @@ class RetryThrottle:
         with self._lock:
             self._milli = max(0, self._milli - 1000)
             return 2 * self._milli > self._max_milli
+
+    @classmethod
+    def for_config(cls, config: RetryThrottling | None) -> RetryThrottle | None:
+        """A fresh bucket for one channel, or None when the service config sets no throttling."""
+        return cls(config) if config is not None else None
 
     def __repr__(self) -> str:
         return f"RetryThrottle(tokens={self.tokens}, max_tokens={self.config.max_tokens})"

@@ -1,0 +1,85 @@
+"""The values a parsed service config is made of: plain, immutable data for the client to act on.
+
+Nothing here runs a retry or holds per-channel state: ``waypost.client.retry`` turns a ``RetryPolicy``
+into backoff delays and ``waypost.client.retry_throttle`` keeps the token bucket a ``RetryThrottling``
+describes.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from types import MappingProxyType
+from typing import Any
+
+import grpc
+
+#: The policy of a channel whose service config names none (no ``loadBalancingConfig``, no
+#: ``loadBalancingPolicy``) and that is dialed without ``balancer=``: go-zero's zrpc default. gRPC
+#: would use pick_first, which sends every call to one backend; waypost exists to spread them.
+DEFAULT_POLICY = "p2c_ewma"
+
+
+@dataclass(frozen=True, slots=True)
+class RetryPolicy:
+    """A validated ``retryPolicy``: at most ``max_attempts`` attempts (the first one included).
+
+    Backoff before retry ``n`` is drawn by the client (``waypost.client.retry.backoff_delay``).
+    """
+
+    max_attempts: int
+    initial_backoff: float
+    max_backoff: float
+    backoff_multiplier: float
+    retryable_status_codes: frozenset[grpc.StatusCode]
+
+
+@dataclass(frozen=True, slots=True)
+class MethodConfig:
+    """The per-method settings of one ``methodConfig`` entry (None: not set)."""
+
+    timeout: float | None = None
+    retry_policy: RetryPolicy | None = None
+    wait_for_ready: bool | None = None
+
+
+@dataclass(frozen=True, slots=True)
+class RetryThrottling:
+    """A validated ``retryThrottling``; the client keeps one token bucket per channel
+    (``waypost.client.retry_throttle.RetryThrottle``)."""
+
+    max_tokens: float
+    token_ratio: float
+
+
+@dataclass(frozen=True, slots=True)
+class ServiceConfig:
+    """A validated service config. ``method_config`` answers the per-call lookup in O(1)."""
+
+    lb_policy: str = DEFAULT_POLICY
+    lb_config: Mapping[str, Any] = field(default_factory=lambda: MappingProxyType({}))
+    method_configs: tuple[MethodConfig, ...] = ()
+    retry_throttling: RetryThrottling | None = None
+    health_check_service_name: str | None = None
+    raw: Mapping[str, Any] = field(default_factory=lambda: MappingProxyType({}))
+    # name -> config tables; filled by parse_service_config (empty tables: no per-method settings)
+    _by_method: Mapping[str, MethodConfig] = field(
+        default_factory=lambda: MappingProxyType({}), repr=False, compare=False
+    )
+    _by_service: Mapping[str, MethodConfig] = field(
+        default_factory=lambda: MappingProxyType({}), repr=False, compare=False
+    )
+    _default: MethodConfig | None = field(default=None, repr=False, compare=False)
+
+    def method_config(self, full_method: str) -> MethodConfig | None:
+        """The MethodConfig for ``/package.Service/Method`` per gRPC's precedence.
+
+        Exact ``service``+``method`` match, then a ``service``-only entry, then the default entry
+        (``"name": [{}]``), else None.
+        """
+        found = self._by_method.get(full_method)
+        if found is None and full_method[:1] != "/" and self._by_method:
+            found = self._by_method.get("/" + full_method)  # tolerate "pkg.Service/Method"
+        if found is None and self._by_service:
+            found = self._by_service.get(full_method.lstrip("/").partition("/")[0])
+        return found if found is not None else self._default

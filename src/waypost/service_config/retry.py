@@ -1,0 +1,92 @@
+"""Parsing of ``methodConfig[].retryPolicy`` and ``retryThrottling`` into plain values (see ``model``)."""
+
+from __future__ import annotations
+
+import logging
+from typing import Any
+
+import grpc
+
+from ..errors import describe_value, did_you_mean
+from .fields import check_fields, duration, fail, number, positive_number
+from .model import RetryPolicy, RetryThrottling
+
+log = logging.getLogger("waypost.service_config")
+
+#: gRPC caps retryPolicy.maxAttempts at 5 (larger values are accepted and lowered)
+MAX_ATTEMPTS_CAP = 5
+#: gRPC's upper bound for retryThrottling.maxTokens
+MAX_TOKENS_LIMIT = 1000
+
+_RETRY_FIELDS = ("maxAttempts", "initialBackoff", "maxBackoff", "backoffMultiplier", "retryableStatusCodes")
+_RETRY_UNSUPPORTED = ("perAttemptRecvTimeout",)
+_THROTTLE_FIELDS = ("maxTokens", "tokenRatio")
+
+_CODES_BY_NAME = {code.name: code for code in grpc.StatusCode}
+_CODES_BY_NUMBER = {code.value[0]: code for code in grpc.StatusCode}
+
+
+def parse_retry_policy(value: Any, path: str) -> RetryPolicy:
+    if not isinstance(value, dict):
+        fail(path, f"expected an object, got {describe_value(value)}")
+    check_fields(value, path, _RETRY_FIELDS, _RETRY_UNSUPPORTED)
+    for name in _RETRY_FIELDS:
+        if name not in value:
+            fail(f"{path}.{name}", "missing (a retryPolicy needs maxAttempts, initialBackoff, maxBackoff, "
+                  "backoffMultiplier and retryableStatusCodes)")
+    attempts_path = f"{path}.maxAttempts"
+    attempts = value["maxAttempts"]
+    if isinstance(attempts, bool) or not isinstance(attempts, int) or attempts < 2:
+        fail(attempts_path, f"expected an integer >= 2, got {describe_value(attempts)}")
+    if attempts > MAX_ATTEMPTS_CAP:
+        log.debug("%s: %d capped at %d as gRPC does", attempts_path, attempts, MAX_ATTEMPTS_CAP)
+        attempts = MAX_ATTEMPTS_CAP
+    initial = duration(value["initialBackoff"], f"{path}.initialBackoff")
+    maximum = duration(value["maxBackoff"], f"{path}.maxBackoff")
+    multiplier = positive_number(value["backoffMultiplier"], f"{path}.backoffMultiplier")
+    codes = _status_codes(value["retryableStatusCodes"], f"{path}.retryableStatusCodes")
+    return RetryPolicy(
+        max_attempts=attempts,
+        initial_backoff=initial,
+        max_backoff=maximum,
+        backoff_multiplier=multiplier,
+        retryable_status_codes=codes,
+    )
+
+
+def _status_codes(value: Any, path: str) -> frozenset[grpc.StatusCode]:
+    if not isinstance(value, list) or not value:
+        fail(path, f'expected a non-empty list of status codes like ["UNAVAILABLE"], got {describe_value(value)}')
+    codes = set()
+    for k, item in enumerate(value):
+        item_path = f"{path}[{k}]"
+        code: grpc.StatusCode | None
+        if isinstance(item, str):
+            code = _CODES_BY_NAME.get(item.upper())
+            if code is None:
+                fail(item_path, f"unknown status code {item!r}{did_you_mean(item.upper(), _CODES_BY_NAME)}")
+        elif isinstance(item, int) and not isinstance(item, bool):
+            code = _CODES_BY_NUMBER.get(item)
+            if code is None:
+                fail(item_path, f"unknown status code number {item} (expected 1..16)")
+        else:
+            fail(item_path, f'expected a status code name like "UNAVAILABLE" or a number, got {describe_value(item)}')
+        if code is grpc.StatusCode.OK:
+            fail(item_path, "OK is not a retryable status code (retries follow failures)")
+        codes.add(code)
+    return frozenset(codes)
+
+
+def parse_throttling(value: Any) -> RetryThrottling:
+    path = "retryThrottling"
+    if not isinstance(value, dict):
+        fail(path, f"expected an object, got {describe_value(value)}")
+    check_fields(value, path, _THROTTLE_FIELDS, ())
+    for name in _THROTTLE_FIELDS:
+        if name not in value:
+            fail(f"{path}.{name}", "missing (retryThrottling needs maxTokens and tokenRatio)")
+    max_tokens = number(value["maxTokens"], f"{path}.maxTokens", f"a number in (0, {MAX_TOKENS_LIMIT}]")
+    if not 0 < max_tokens <= MAX_TOKENS_LIMIT:
+        fail(f"{path}.maxTokens", f"expected a number in (0, {MAX_TOKENS_LIMIT}], got {describe_value(max_tokens)}")
+    ratio = positive_number(value["tokenRatio"], f"{path}.tokenRatio")
+    return RetryThrottling(max_tokens=float(max_tokens), token_ratio=float(ratio))
