@@ -40,8 +40,9 @@ from .client.config import ChannelConfig, build_config
 from .client.core import Balancer, attach_resolver
 from .client.health import watch_health
 from .client.options import merge_options
-from .client.subconn import STATE_NAMES, SubConn
+from .client.subconn import SubConn
 from .client.watcher import INTERVAL
+from .types import STATE_NAMES
 
 log = logging.getLogger("waypost.aio")
 

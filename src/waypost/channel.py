@@ -27,8 +27,9 @@ from .client.method import MethodBase
 from .client.options import merge_options
 from .client.retry import MAX_TRANSPARENT, Replay, RetryingStream, RetryState, avoid_tried, never_sent
 from .client.rpcerror import BalancerRpcError
-from .client.subconn import STATE_NAMES, SubConn
+from .client.subconn import SubConn
 from .client.watcher import WATCHER
+from .types import STATE_NAMES
 
 log = logging.getLogger("waypost.channel")
 

@@ -36,12 +36,12 @@ from typing import Any
 
 import grpc
 
+from .types import STATE_NAMES as _STATE_NAMES
+
 log = logging.getLogger("waypost.metrics")
 
 #: latency buckets (seconds): loopback calls are sub-millisecond, remote ones tens of ms
 LATENCY_BUCKETS = (0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0)
-
-_STATE_NAMES = ("IDLE", "CONNECTING", "READY", "TRANSIENT_FAILURE", "SHUTDOWN")
 
 _lock = threading.Lock()
 

@@ -1,4 +1,5 @@
-"""Value types shared across layers: what resolvers and discovery produce and what the client reads.
+"""Value types shared across layers: what resolvers and discovery produce and what the client reads,
+and the connectivity states that the client, the channels and the metrics name.
 
 This module sits at the bottom of waypost's layers (it imports nothing from waypost), so a resolver
 or a registry subscriber can build ``Backend`` values without depending on the load balancer.
@@ -26,3 +27,9 @@ class Backend:
         return isinstance(other, Backend) and other.address == self.address and dict(
             other.metadata
         ) == dict(self.metadata)
+
+
+# Connectivity states of a backend (and of a channel, aggregated), numbered as gRPC's
+# ``grpc_connectivity_state`` and ``grpc.ChannelConnectivity`` are.
+IDLE, CONNECTING, READY, TRANSIENT_FAILURE, SHUTDOWN = range(5)
+STATE_NAMES = ("IDLE", "CONNECTING", "READY", "TRANSIENT_FAILURE", "SHUTDOWN")

@@ -19,9 +19,9 @@ import grpc
 from .. import metrics as _metrics
 from ..balancer.base import Picker, PickInfo, PickResult, Policy
 from ..errors import NoBackendAvailable
-from ..types import Backend
+from ..types import READY, SHUTDOWN, TRANSIENT_FAILURE, Backend
 from .rpcerror import BalancerRpcError
-from .subconn import READY, SHUTDOWN, TRANSIENT_FAILURE, SubConn
+from .subconn import SubConn
 
 log = logging.getLogger("waypost.client")
 

@@ -4,10 +4,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from ..types import Backend
-
-IDLE, CONNECTING, READY, TRANSIENT_FAILURE, SHUTDOWN = range(5)
-STATE_NAMES = ("IDLE", "CONNECTING", "READY", "TRANSIENT_FAILURE", "SHUTDOWN")
+from ..types import CONNECTING, IDLE, READY, STATE_NAMES, TRANSIENT_FAILURE, Backend
 
 
 class SubConn:

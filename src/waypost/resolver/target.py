@@ -27,7 +27,6 @@ Passwords never appear in ``repr(target)``, ``str(target)`` or error messages.
 
 from __future__ import annotations
 
-import difflib
 import ipaddress
 import re
 from collections.abc import Mapping
@@ -36,7 +35,7 @@ from types import MappingProxyType
 from typing import NoReturn
 from urllib.parse import quote, unquote, urlencode
 
-from ..errors import InvalidTarget
+from ..errors import InvalidTarget, did_you_mean
 
 KNOWN_SCHEMES = ("direct", "etcd", "discov", "memory", "dns", "ipv4", "ipv6")
 FORMATS = ("gozero", "etcd-naming", "kratos")
@@ -327,7 +326,7 @@ def _key(params: dict[str, str], scheme: str, raw: str) -> str:
 def _common_options(params: dict[str, str], scheme: str, raw: str) -> tuple[str, dict[str, str]]:
     fmt = params.get("format", DEFAULT_FORMAT)
     if fmt not in FORMATS:
-        close = _did_you_mean(fmt, FORMATS)
+        close = did_you_mean(fmt, FORMATS)
         _fail(scheme, raw, f"unknown format {fmt!r}{close}; expected one of: {', '.join(FORMATS)}")
     options: dict[str, str] = {}
     for name, value in params.items():
@@ -457,7 +456,7 @@ def _unknown_param(scheme: str, raw: str, name: str, allowed: tuple[str, ...]) -
     if not allowed:
         _fail(scheme, raw, f"unknown query parameter {name!r}: {scheme} targets take no parameters")
     hint = f" (did you mean {_RENAMED[name]!r}?)" if name in _RENAMED and _RENAMED[name] in allowed else ""
-    hint = hint or _did_you_mean(name, allowed)
+    hint = hint or did_you_mean(name, allowed)
     _fail(scheme, raw, f"unknown query parameter {name!r}{hint}; expected one of: {', '.join(allowed)}")
 
 
@@ -467,11 +466,6 @@ def _unknown_scheme(scheme: str, raw: str) -> NoReturn:
         f"unknown target scheme {scheme!r}{note} in {redact(raw)!r}; known schemes: {', '.join(KNOWN_SCHEMES)}"
         f" (e.g. {EXAMPLES['etcd']})"
     )
-
-
-def _did_you_mean(name: str, choices: tuple[str, ...]) -> str:
-    close = difflib.get_close_matches(name, list(choices), n=1, cutoff=0.7)
-    return f" (did you mean {close[0]!r}?)" if close else ""
 
 
 def _fail(scheme: str, raw: str, message: str) -> NoReturn:
