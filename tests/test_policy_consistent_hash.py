@@ -11,10 +11,10 @@ import grpc
 import mmh3
 import pytest
 
-from waypost.balancer.base import PickError, PickInfo
+from waypost.balancer.base import PickError, PickInfo, key_bytes, normalize_hash_key
 from waypost.balancer.consistent_hash import MISSING_KEY_MESSAGE, REPLICAS, HashRing, hash64
-from waypost.balancer.hashkey import current_hash_key, hash_key, key_bytes, normalize_hash_key
 from waypost.balancer.policies import get_policy
+from waypost.client.hashkey import current_hash_key, hash_key
 from waypost.errors import InvalidServiceConfig
 from waypost.types import Backend
 

@@ -28,7 +28,7 @@ _LAZY = {
     "serve": ("waypost.server", "serve"),
     "serve_async": ("waypost.server", "serve_async"),
     "dial": ("waypost.channel", "dial"),
-    "hash_key": ("waypost.balancer.hashkey", "hash_key"),
+    "hash_key": ("waypost.client.hashkey", "hash_key"),
     "parse_service_config": ("waypost.service_config", "parse_service_config"),
     "parse_target": ("waypost.resolver.target", "parse_target"),
     "Backend": ("waypost.types", "Backend"),

@@ -18,10 +18,10 @@ from typing import Any
 import grpc
 
 from .balancer.base import PickError, PickInfo, PickResult
-from .balancer.hashkey import current_hash_key
 from .client.config import ChannelConfig, build_config
 from .client.core import Balancer, attach_resolver
 from .client.future import ThreadFuture
+from .client.hashkey import current_hash_key
 from .client.health import watch_health
 from .client.method import MethodBase
 from .client.options import merge_options

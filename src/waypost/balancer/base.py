@@ -28,7 +28,7 @@ class PickInfo:
     """What a picker may look at for one call."""
 
     method: str = ""
-    hash_key: str | None = None  # from waypost.hash_key(...) or a configured header
+    hash_key: str | None = None  # from waypost.hash_key(...) or a configured header, see normalize_hash_key
     metadata: Sequence[tuple[str, str | bytes]] = ()
 
 
@@ -106,3 +106,24 @@ def parse_config_object(raw: Any, path: str) -> dict[str, Any]:
     if not isinstance(raw, Mapping):
         raise InvalidServiceConfig(f"{path}: expected a JSON object, got {type(raw).__name__}")
     return dict(raw)
+
+
+def normalize_hash_key(key: str | bytes | int | None) -> str | None:
+    """The key as a str: ints and other values through ``str()``; bytes are kept byte-exact by
+    decoding with ``surrogateescape`` (``key_bytes`` turns it back into the very same bytes)."""
+    if key is None:
+        return None
+    if isinstance(key, str):
+        return key
+    if isinstance(key, (bytes, bytearray, memoryview)):
+        return bytes(key).decode("utf-8", "surrogateescape")
+    if isinstance(key, bool):
+        raise TypeError("hash key must be str, bytes or int, not bool")
+    if isinstance(key, int):
+        return str(key)
+    raise TypeError(f"hash key must be str, bytes or int, not {type(key).__name__}")
+
+
+def key_bytes(key: str) -> bytes:
+    """The bytes hashed for ``key`` (UTF-8; bytes keys round-trip exactly)."""
+    return key.encode("utf-8", "surrogateescape")

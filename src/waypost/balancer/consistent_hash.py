@@ -25,8 +25,7 @@ import mmh3
 
 from ..errors import InvalidServiceConfig, NoBackendAvailable
 from ..types import Backend
-from .base import Picker, PickError, PickInfo, PickResult, Policy, parse_config_object
-from .hashkey import key_bytes
+from .base import Picker, PickError, PickInfo, PickResult, Policy, key_bytes, parse_config_object
 from .stats import dedupe
 
 REPLICAS = 100

@@ -11,7 +11,7 @@ import grpc
 
 from .. import metrics as _metrics
 from ..balancer.base import Outcome, PickInfo, PickResult, _noop_done
-from ..balancer.hashkey import current_hash_key
+from .hashkey import current_hash_key
 from .subconn import SubConn
 
 _perf = time.perf_counter

@@ -50,7 +50,7 @@ class Load:
         return time.monotonic() - self.t0
 
     def _run(self, index: int) -> None:
-        from ..balancer.hashkey import hash_key
+        from ..client.hashkey import hash_key
 
         n = 0
         end = None if self.duration is None else self.t0 + self.duration
