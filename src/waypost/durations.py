@@ -4,14 +4,14 @@ This is the protobuf JSON mapping of ``google.protobuf.Duration`` that gRPC serv
 timeouts, retry backoffs, outlier_detection intervals): an integer number of seconds, an optional
 fraction of 1 to 9 digits, then a mandatory ``s``. Nothing else is accepted (no "100ms", no "1m", no
 exponent, no bare number), so a unit typo is an error rather than a silently different timeout.
-Every caller reports a ``DurationError`` as ``"<json path>: <its message>"``.
+Config fields go through ``parse_config_duration``, which reports ``"<json path>: <message>"``.
 """
 
 from __future__ import annotations
 
 import re
 
-from .errors import describe_value
+from .errors import InvalidServiceConfig, describe_value
 
 #: protobuf's Duration range: +-10,000 years
 MAX_DURATION_SECONDS = 315_576_000_000
@@ -56,6 +56,15 @@ def parse_nonnegative_duration(text: object) -> float:
     if seconds < 0:
         raise DurationError(f"expected a duration >= 0s, got {text!r}")
     return seconds
+
+
+def parse_config_duration(value: object, path: str, *, positive: bool = False) -> float:
+    """A duration field of a service config: ``>= 0s`` (``> 0s`` with ``positive``), or
+    ``InvalidServiceConfig`` reading ``"<path>: <what parse_duration says>"``."""
+    try:
+        return parse_positive_duration(value) if positive else parse_nonnegative_duration(value)
+    except DurationError as exc:
+        raise InvalidServiceConfig(f"{path}: {exc}") from None
 
 
 def format_duration(seconds: float) -> str:

@@ -41,7 +41,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from .. import metrics as _metrics
-from ..durations import DurationError, parse_nonnegative_duration, parse_positive_duration
+from ..durations import parse_config_duration
 from ..errors import InvalidServiceConfig, NoBackendAvailable
 from ..types import Backend
 from .base import Outcome, Picker, PickInfo, PickResult, Policy, parse_config_object
@@ -59,13 +59,6 @@ DEFAULTS: dict[str, Any] = {
 SUCCESS_RATE_DEFAULTS = {"stdevFactor": 1900, "enforcementPercentage": 100, "minimumHosts": 5, "requestVolume": 100}
 FAILURE_PERCENT_DEFAULTS = {"threshold": 85, "enforcementPercentage": 100, "minimumHosts": 5, "requestVolume": 50}
 DEFAULT_CHILD: list[dict[str, Any]] = [{"round_robin": {}}]
-
-
-def _duration(value: Any, path: str, *, positive: bool = False) -> float:
-    try:
-        return parse_positive_duration(value) if positive else parse_nonnegative_duration(value)
-    except DurationError as exc:
-        raise InvalidServiceConfig(f"{path}: {exc}") from None
 
 
 def _uint(value: Any, path: str, lo: int = 0, hi: int | None = None) -> int:
@@ -111,14 +104,14 @@ class OutlierConfig:
         unknown = set(cfg) - known
         if unknown:
             raise InvalidServiceConfig(f"{path}.{min(unknown)}: unknown field for outlier_detection")
-        interval = _duration(cfg.get("interval", DEFAULTS["interval"]), f"{path}.interval", positive=True)
+        interval = parse_config_duration(cfg.get("interval", DEFAULTS["interval"]), f"{path}.interval", positive=True)
         child = parse_lb_config_list(cfg.get("childPolicy", DEFAULT_CHILD), f"{path}.childPolicy")
         return cls(
             interval=interval,
-            base_ejection_time=_duration(
+            base_ejection_time=parse_config_duration(
                 cfg.get("baseEjectionTime", DEFAULTS["baseEjectionTime"]), f"{path}.baseEjectionTime"
             ),
-            max_ejection_time=_duration(
+            max_ejection_time=parse_config_duration(
                 cfg.get("maxEjectionTime", DEFAULTS["maxEjectionTime"]), f"{path}.maxEjectionTime"
             ),
             max_ejection_percent=_uint(

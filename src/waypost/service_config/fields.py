@@ -6,7 +6,7 @@ from __future__ import annotations
 import math
 from typing import Any, NoReturn
 
-from ..durations import DurationError, parse_positive_duration
+from ..durations import parse_config_duration
 from ..errors import InvalidServiceConfig, describe_value, did_you_mean
 
 _UNSUPPORTED_WHY = {
@@ -56,7 +56,5 @@ def boolean(value: Any, path: str) -> bool:
 
 
 def duration(value: Any, path: str) -> float:
-    try:
-        return parse_positive_duration(value)
-    except DurationError as exc:
-        fail(path, str(exc))
+    """A duration that must be > 0s (timeouts, backoffs)."""
+    return parse_config_duration(value, path, positive=True)
