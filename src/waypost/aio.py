@@ -37,7 +37,7 @@ from .client.aio_methods import (
     UnaryUnaryMultiCallable,
 )
 from .client.config import ChannelConfig, build_config
-from .client.core import Balancer, attach_resolver
+from .client.core import Balancer
 from .client.health import watch_health
 from .client.options import merge_options
 from .client.subconn import STATE_NAMES, SubConn
@@ -79,10 +79,9 @@ class Channel(grpc.aio.Channel):
         self._closing: set[asyncio.Future[Any]] = set()
         self._poller: asyncio.Task[None] | None = None
         self._closed = False
-        self._resolver = config.make_resolver()  # may raise (bad target): before any task exists
-        attach_resolver(self._resolver, self._balancer, self._options)
-        if hasattr(self._resolver, "block"):
-            self._resolver.block = False  # never block the event loop on the registry
+        # may raise (bad target, bad resolver option): before any task exists; never blocks the event loop
+        self._resolver = config.make_resolver(self._options, blocking=False)
+        self._balancer.on_connection_failure = self._resolver.resolve_now
         try:
             self._bind(asyncio.get_running_loop())
         except RuntimeError:
@@ -229,11 +228,7 @@ class Channel(grpc.aio.Channel):
             return
         self._closed = True
         try:
-            aclose = getattr(self._resolver, "aclose", None)
-            if aclose is not None:
-                await aclose()
-            else:
-                self._resolver.close()
+            await self._resolver.aclose()
         except Exception:
             log.exception("waypost: closing resolver of %s", self.target)
         if self._poller is not None:

@@ -20,7 +20,7 @@ import grpc
 from .balancer.base import PickError, PickInfo, PickResult
 from .balancer.hashkey import current_hash_key
 from .client.config import ChannelConfig, build_config
-from .client.core import Balancer, attach_resolver
+from .client.core import Balancer
 from .client.future import ThreadFuture
 from .client.health import watch_health
 from .client.method import MethodBase
@@ -341,8 +341,9 @@ class Channel(grpc.Channel):
         self._subscribers: dict[Callable[[grpc.ChannelConnectivity], None], int] = {}
         self._sub_lock = threading.Lock()
         self._closed = False
-        self._resolver = config.make_resolver()  # may raise (bad target): before the watcher knows us
-        attach_resolver(self._resolver, self._balancer, self._options)
+        # may raise (bad target, bad resolver option): before the watcher knows us
+        self._resolver = config.make_resolver(self._options)
+        self._balancer.on_connection_failure = self._resolver.resolve_now
         WATCHER.add(self._balancer)
         try:
             self._resolver.start(self._balancer.update, self._balancer.resolver_error)

@@ -435,11 +435,3 @@ class Balancer:
     def closed(self) -> bool:
         return self._closed
 
-
-def attach_resolver(resolver: Any, balancer: Balancer, options: Sequence[tuple[str, Any]]) -> None:
-    """Give a resolver what it may use beyond start(): the channel options (``configure``, e.g. dns
-    intervals; may raise ValueError) and a nudge when a backend connection fails (``request_resolution``)."""
-    configure = getattr(resolver, "configure", None)
-    if configure is not None:
-        configure(options)
-    balancer.on_connection_failure = getattr(resolver, "request_resolution", None)
