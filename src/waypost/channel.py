@@ -18,7 +18,6 @@ from typing import Any
 import grpc
 
 from .balancer.base import PickError, PickInfo, PickResult
-from .balancer.hashkey import current_hash_key
 from .client.balancer_wrapper import BalancerWrapper
 from .client.config import ChannelConfig, build_config
 from .client.future import ThreadFuture
@@ -29,7 +28,7 @@ from .client.picker_wrapper import PickerWrapper
 from .client.rpcerror import BalancerRpcError
 from .client.subconn import STATE_NAMES, SubConn
 from .client.watcher import WATCHER
-from .retry import MAX_TRANSPARENT, Replay, RetryingStream, RetryState, avoid_tried, never_sent
+from .retry import MAX_TRANSPARENT, Replay, RetryingStream, RetryState, avoid_tried
 
 log = logging.getLogger("waypost.channel")
 
@@ -45,11 +44,6 @@ _CONNECTIVITY = tuple(grpc.ChannelConnectivity)  # index = core state int
 
 class _Method(MethodBase["Channel"]):
     """What the four multicallable kinds share: the method's settings and the per-attempt pick."""
-
-    def __init__(self, channel: Channel, method: str, request_serializer: Any, response_deserializer: Any,
-                 registered: Any) -> None:
-        super().__init__(channel, method, request_serializer, response_deserializer, registered)
-        self._fast_ok = self.retry_policy is None and self._kind == "unary_unary"
 
     def _pick(self, info: PickInfo, deadline: float | None, wfr: bool | None) -> tuple[PickResult, SubConn]:
         try:
@@ -90,76 +84,14 @@ class _UnaryRequestMethod(_Method):
 
     def __call__(self, request: Any, timeout: float | None = None, metadata: Any = None, credentials: Any = None,
                  wait_for_ready: bool | None = None, compression: Any = None) -> Any:
-        if self._fast_ok:
-            return self._once(request, timeout, metadata, credentials, wait_for_ready, compression, False)
         return self.with_call(request, timeout, metadata, credentials, wait_for_ready, compression)[0]
 
     def with_call(self, request: Any, timeout: float | None = None, metadata: Any = None, credentials: Any = None,
                   wait_for_ready: bool | None = None, compression: Any = None) -> tuple[Any, grpc.Call]:
-        if self._fast_ok:
-            return self._once(request, timeout, metadata, credentials, wait_for_ready, compression, True)
         deadline, wfr = self._settings(timeout, wait_for_ready)
         # Client streaming: requests are recorded for replay only when a retry policy may need them.
         replay = Replay(request) if self._kind == "stream_unary" and self.retry_policy is not None else None
         return self._attempts(self._state(deadline), request, metadata, credentials, wfr, compression, replay)
-
-    def _once(self, request: Any, timeout: float | None, metadata: Any, credentials: Any,
-              wait_for_ready: bool | None, compression: Any, want_call: bool) -> Any:
-        """The hot path (unary-unary, no retry policy): one pick, one attempt; a connection-level failure
-        (the request never left) falls into the attempt loop for a transparent re-pick."""
-        if timeout is None:
-            timeout = self.timeout
-        if wait_for_ready is None:
-            wait_for_ready = self.wait_for_ready
-        hk = current_hash_key()
-        info = self._info if hk is None and not metadata else PickInfo(self._method, hk, tuple(metadata or ()))
-        pickers = self.pickers
-        try:
-            r = pickers.pick(info)
-        except PickError as e:
-            raise BalancerRpcError(e.code, e.message) from None
-        deadline = None
-        if timeout is not None:
-            deadline = _mono() + timeout
-        if r is None:
-            r = pickers.wait_pick(info, deadline, wait_for_ready)
-            if deadline is not None:
-                timeout = max(deadline - _mono(), 0.0)
-        res, sc = r
-        mc = sc.mcs.get(self._key) or self.inner(sc)
-        sc.inflight += 1
-        t0 = _perf()
-        try:
-            if want_call:
-                out = mc.with_call(request, timeout, metadata, credentials, wait_for_ready, compression)
-            else:
-                out = mc(request, timeout, metadata, credentials, wait_for_ready, compression)
-        except grpc.RpcError as e:
-            code = e.code()
-            self.finish(res, sc, t0, code)
-            if code is not _UNAVAILABLE or not never_sent(code, e.details()):
-                raise
-            st = self._state(deadline)
-            st.started = 1
-            st.tried.add(sc.address)
-            st.after_failure(code, e.details())
-            out = self._attempts(st, request, metadata, credentials, wait_for_ready, compression, None)
-            return out if want_call else out[0]
-        except ValueError:
-            # "Cannot invoke RPC on closed channel": the backend was removed and closed under this call
-            # before it started (nothing was sent): pick again.
-            self.finish(res, sc, t0, _CANCELLED)
-            if not sc.removed:
-                raise
-            st = self._state(deadline)
-            st.tried.add(sc.address)
-            out = self._attempts(st, request, metadata, credentials, wait_for_ready, compression, None)
-            return out if want_call else out[0]
-        except BaseException:
-            self.finish(res, sc, t0, _UNKNOWN)
-            raise
-        self.finish(res, sc, t0, _OK)
-        return out
 
     def _attempts(self, st: RetryState, request: Any, metadata: Any, credentials: Any, wfr: bool | None,
                   compression: Any, replay: Replay | None) -> tuple[Any, grpc.Call]:

@@ -85,6 +85,13 @@ def register_live_source(source: LiveSource) -> None:
             _sources.append(source)
 
 
+def unregister_live_source(source: LiveSource) -> None:
+    """Stop reading ``source`` (no error if it was not registered)."""
+    with _lock:
+        if source in _sources:
+            _sources.remove(source)
+
+
 def _import_prometheus() -> Any:
     try:
         import prometheus_client
