@@ -102,6 +102,7 @@ def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__)
     ap.add_argument("--seconds", type=float, default=2.0, help="per measurement")
     ap.add_argument("--rounds", type=int, default=3)
+    ap.add_argument("--modes", default="sync1,sync8,aio64", help="comma-separated subset of sync1,sync8,aio64")
     ap.add_argument("--out", default=str(ROOT / "bench/results/channel_overhead.json"))
     args = ap.parse_args()
 
@@ -110,7 +111,7 @@ def main() -> int:
     direct = "direct:///" + ",".join(addrs)
     results: dict[str, dict[str, list[float]]] = {}
     try:
-        for mode in ("sync1", "sync8", "aio64"):
+        for mode in args.modes.split(","):
             results[mode] = {"waypost": [], "native": [], "waypost_cpu": [], "native_cpu": []}
             for _ in range(args.rounds):
                 for impl in ("native", "waypost"):

@@ -127,8 +127,8 @@ def test_dns_server_down_keeps_the_last_good_set(dnsmasq: Dnsmasq, backends):  #
         stub = echo_pb2_grpc.EchoStub(ch)
         wait_until(lambda: len(ch.balancer.ready_addresses()) == 2)
         dnsmasq.stop()
-        wait_until(lambda: ch.balancer._resolver_error is not None, what="lookup failure seen")
-        assert "timed out" in ch.balancer._resolver_error
+        wait_until(lambda: ch.balancer.resolver_error_message is not None, what="lookup failure seen")
+        assert "timed out" in ch.balancer.resolver_error_message
         assert servers_hit(stub, 6) == {"a", "b"}  # still served by the last good set
         assert sorted(sc.address for sc in ch.balancer.subconns()) == [f"127.0.0.1:{port}", f"127.0.0.2:{port}"]
         dnsmasq.set({"svc.test": ["127.0.0.3"]})

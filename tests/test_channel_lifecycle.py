@@ -42,9 +42,9 @@ def test_removed_backend_drains_in_flight_calls_then_closes():
                 victim = next(sc for sc in ch.balancer.subconns() if sc.address == first)
                 pub_first.stop()
                 wait_until(lambda: first not in [sc.address for sc in ch.balancer.subconns()], 10)
-                assert victim in ch.balancer._draining  # kept while its call runs
+                assert victim in ch.balancer.draining()  # kept while its call runs
                 assert fut.result(timeout=30).server in {"a", "b"}  # the in-flight call completed
-                wait_until(lambda: victim not in ch.balancer._draining, 10, what="drained channel closed")
+                wait_until(lambda: victim not in ch.balancer.draining(), 10, what="drained channel closed")
                 with pytest.raises(ValueError):  # closed
                     victim.channel.unary_unary("/x")(b"")
         finally:

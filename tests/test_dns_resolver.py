@@ -13,6 +13,7 @@ import waypost
 import waypost.resolver.dns as wdns
 from tests.backends.helpers import wait_until
 from tests.dns_support import Dnsmasq, dnsmasq  # noqa: F401  (fixture)
+from waypost.resolver import ResolverOptions
 
 pytest.importorskip("dns.resolver")
 
@@ -66,19 +67,21 @@ def test_next_delay_clamps_the_ttl_between_min_interval_and_interval():
     assert wdns.next_delay(0, 2, 5) == 2  # min_interval above the interval: the interval wins
 
 
-def test_configure_reads_channel_options_in_milliseconds():
-    r = resolver("dns:///svc.example:80")
+def test_channel_options_are_read_in_milliseconds():
+    t = waypost.parse_target("dns:///svc.example:80")
+    r = wdns.DnsResolver(t)
     assert (r.interval, r.min_interval, r.timeout) == (30.0, 5.0, 5.0)
-    r.configure([(wdns.INTERVAL_OPTION, 2500), (wdns.MIN_INTERVAL_OPTION, 100),
-                 (wdns.TIMEOUT_OPTION, 750), ("grpc.enable_retries", 0)])
+    r = wdns.DnsResolver(t, ResolverOptions(channel_options=[
+        (wdns.INTERVAL_OPTION, 2500), (wdns.MIN_INTERVAL_OPTION, 100), (wdns.TIMEOUT_OPTION, 750),
+        ("grpc.enable_retries", 0)]))
     assert (r.interval, r.min_interval, r.timeout) == (2.5, 0.1, 0.75)
 
 
 @pytest.mark.parametrize("value", [0, -1, "1000", True, float("inf")])
 def test_bad_interval_option_is_an_error_naming_it(value):
-    r = resolver("dns:///svc.example:80")
     with pytest.raises(ValueError, match=wdns.INTERVAL_OPTION):
-        r.configure([(wdns.INTERVAL_OPTION, value)])
+        wdns.DnsResolver(waypost.parse_target("dns:///svc.example:80"),
+                         ResolverOptions(channel_options=[(wdns.INTERVAL_OPTION, value)]))
 
 
 def test_dial_with_a_bad_dns_option_raises():
@@ -207,13 +210,13 @@ def test_requested_re_resolution_is_rate_limited_to_min_interval(tmp_path: Path)
         wait_until(lambda: c.last == ["127.0.0.2:80"])
         d.set({"svc.test": ["127.0.0.3"]})
         for _ in range(20):  # a burst of connection failures
-            r.request_resolution("test")
+            r.resolve_now("test")
         wait_until(lambda: c.last == ["127.0.0.3:80"], what="re-resolved on request")
         assert len(r.times) == 2 and r.times[1] - r.times[0] >= 0.5 - 0.01
         # the burst was one lookup; the next periodic one is 60 s away
         time.sleep(0.8)
         assert len(r.times) == 2
-        r.request_resolution("again")
+        r.resolve_now("again")
         wait_until(lambda: len(r.times) == 3, what="second requested lookup")
     finally:
         r.close()
@@ -255,4 +258,4 @@ async def test_close_stops_the_loop(dnsmasq: Dnsmasq):  # noqa: F811
     while not r._future.done() and time.monotonic() < wait:
         await asyncio.sleep(0.02)
     assert r._future.cancelled()
-    r.request_resolution("after close")  # a no-op, no error
+    r.resolve_now("after close")  # a no-op, no error

@@ -115,6 +115,29 @@ def test_in_flight_and_backend_states_are_read_from_live_channels(prom):
         assert value(prom, "waypost_client_backends", target=target, state="READY") == 0
 
 
+def test_live_sources_are_read_at_scrape_time_and_a_failing_one_is_logged_and_skipped(prom, caplog):
+    target = "direct:///10.0.0.9:1"
+
+    def broken():
+        raise RuntimeError("source down")
+
+    def one_channel():
+        return [metrics.ChannelSample(target, {"READY": 1, "IDLE": 0}, [("10.0.0.9:1", 3)])]
+
+    for source in (broken, one_channel, one_channel):  # registering twice reads it once
+        metrics.register_live_source(source)
+    try:
+        text = generate_latest(prom.registry).decode()
+        assert text.count('waypost_client_in_flight{backend="10.0.0.9:1",target="direct:///10.0.0.9:1"} 3.0') == 1
+        assert value(prom, "waypost_client_backends", target=target, state="READY") == 1
+        assert value(prom, "waypost_client_backends", target=target, state="IDLE") == 0
+        assert "metrics live source failed" in caplog.text and "source down" in caplog.text
+    finally:
+        metrics.unregister_live_source(broken)
+        metrics.unregister_live_source(one_channel)
+    assert "10.0.0.9:1" not in generate_latest(prom.registry).decode()
+
+
 def test_serve_exposes_metrics_over_http():
     reg = CollectorRegistry()
     try:

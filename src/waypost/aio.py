@@ -36,10 +36,12 @@ from .client.aio_methods import (
     UnaryStreamMultiCallable,
     UnaryUnaryMultiCallable,
 )
+from .client.balancer_wrapper import BalancerWrapper
 from .client.config import ChannelConfig, build_config
-from .client.core import Balancer, attach_resolver
 from .client.health import watch_health
+from .client.method import MulticallableFactory, by_kind
 from .client.options import merge_options
+from .client.picker_wrapper import PickerWrapper
 from .client.subconn import SubConn
 from .client.watcher import INTERVAL
 from .types import STATE_NAMES
@@ -50,8 +52,11 @@ _mono = time.monotonic
 _CONNECTIVITY = tuple(grpc.ChannelConnectivity)  # index = core state int
 
 
-class Channel(grpc.aio.Channel):
+class Channel(MulticallableFactory, grpc.aio.Channel):
     """A grpc.aio.Channel over many backends. Build it with ``waypost.aio.dial``; use it on one event loop."""
+
+    multicallables = by_kind(UnaryUnaryMultiCallable, UnaryStreamMultiCallable, StreamUnaryMultiCallable,
+                             StreamStreamMultiCallable)
 
     def __init__(self, target: str, config: ChannelConfig, *, options: Sequence[tuple[str, Any]] | None = None,
                  credentials: grpc.ChannelCredentials | None = None, interceptors: Sequence[Any] | None = None
@@ -63,7 +68,9 @@ class Channel(grpc.aio.Channel):
         self._credentials = credentials
         self._interceptors = list(interceptors or ()) or None
         health = config.health_service
-        self._balancer = Balancer(
+        # may raise (bad target, bad resolver option): before any task exists; never blocks the event loop
+        self._resolver = config.make_resolver(self._options, blocking=False)
+        self._balancer = BalancerWrapper(
             target,
             config.policy,
             make_channel=self._make_backend_channel,
@@ -72,6 +79,7 @@ class Channel(grpc.aio.Channel):
             health_service=health,
             start_health=self._start_health if health is not None else None,
             stop_health=_stop_task if health is not None else None,
+            resolve_now=self._resolver.resolve_now,
         )
         self._event = asyncio.Event()
         self._balancer.add_listener(self._on_change)
@@ -80,10 +88,6 @@ class Channel(grpc.aio.Channel):
         self._closing: set[asyncio.Future[Any]] = set()
         self._poller: asyncio.Task[None] | None = None
         self._closed = False
-        self._resolver = config.make_resolver()  # may raise (bad target): before any task exists
-        attach_resolver(self._resolver, self._balancer, self._options)
-        if hasattr(self._resolver, "block"):
-            self._resolver.block = False  # never block the event loop on the registry
         try:
             self._bind(asyncio.get_running_loop())
         except RuntimeError:
@@ -143,10 +147,12 @@ class Channel(grpc.aio.Channel):
                 log.exception("waypost: connectivity poll failed for %s", self.target)
             await asyncio.sleep(INTERVAL)
 
-    async def _wait_pick(self, info: PickInfo, deadline: float | None, wfr: bool | None
-                         ) -> tuple[PickResult, SubConn]:
+    async def wait_pick(self, info: PickInfo, deadline: float | None, wfr: bool | None
+                        ) -> tuple[PickResult, SubConn]:
+        """The slow path of a pick: no usable backend right now. Wait (bounded by the deadline) while
+        backends are connecting or the call is wait_for_ready; otherwise raise UNAVAILABLE."""
         self._ensure_loop()
-        b = self._balancer
+        b = self._balancer.pickers
         while True:
             ev = self._event
             r = b.pick(info)
@@ -184,27 +190,21 @@ class Channel(grpc.aio.Channel):
                                                   lambda ok, note: b.set_health(sc, ok, note)))
 
     @property
-    def balancer(self) -> Balancer:
+    def balancer(self) -> BalancerWrapper:
+        """The backend set behind this channel (introspection and tests)."""
         return self._balancer
 
-    # grpc.aio.Channel
+    @property
+    def pickers(self) -> PickerWrapper:
+        """The current picker and the pick (what calls use)."""
+        return self._balancer.pickers
 
-    def unary_unary(self, method: str, request_serializer: Any = None, response_deserializer: Any = None,
-                    _registered_method: Any = False) -> UnaryUnaryMultiCallable:
-        return UnaryUnaryMultiCallable(self, method, request_serializer, response_deserializer, _registered_method)
+    @property
+    def config(self) -> ChannelConfig:
+        """Everything dial decided for this channel (policy, method configs, retry throttling)."""
+        return self._config
 
-    def unary_stream(self, method: str, request_serializer: Any = None, response_deserializer: Any = None,
-                     _registered_method: Any = False) -> UnaryStreamMultiCallable:
-        return UnaryStreamMultiCallable(self, method, request_serializer, response_deserializer, _registered_method)
-
-    def stream_unary(self, method: str, request_serializer: Any = None, response_deserializer: Any = None,
-                     _registered_method: Any = False) -> StreamUnaryMultiCallable:
-        return StreamUnaryMultiCallable(self, method, request_serializer, response_deserializer, _registered_method)
-
-    def stream_stream(self, method: str, request_serializer: Any = None, response_deserializer: Any = None,
-                      _registered_method: Any = False) -> StreamStreamMultiCallable:
-        return StreamStreamMultiCallable(self, method, request_serializer, response_deserializer,
-                                         _registered_method)
+    # grpc.aio.Channel (the multicallable makers: MulticallableFactory)
 
     def get_state(self, try_to_connect: bool = False) -> grpc.ChannelConnectivity:
         """READY when any backend is usable; otherwise CONNECTING / TRANSIENT_FAILURE / IDLE."""
@@ -230,17 +230,12 @@ class Channel(grpc.aio.Channel):
             return
         self._closed = True
         try:
-            aclose = getattr(self._resolver, "aclose", None)
-            if aclose is not None:
-                await aclose()
-            else:
-                self._resolver.close()
+            await self._resolver.aclose()
         except Exception:
             log.exception("waypost: closing resolver of %s", self.target)
         if self._poller is not None:
             self._poller.cancel()
-        scs = self._balancer.subconns() + list(self._balancer._draining)
-        self._balancer.close()
+        scs = self._balancer.close()
         if self._loop is not None:
             await asyncio.gather(*[sc.channel.close(grace) for sc in scs], *self._closing,
                                  return_exceptions=True)

@@ -18,14 +18,14 @@ from typing import Any
 import grpc
 
 from .balancer.base import PickError, PickInfo, PickResult
+from .client.balancer_wrapper import BalancerWrapper
 from .client.config import ChannelConfig, build_config
-from .client.core import Balancer, attach_resolver
 from .client.future import ThreadFuture
-from .client.hashkey import current_hash_key
 from .client.health import watch_health
-from .client.method import MethodBase
+from .client.method import MethodBase, MulticallableFactory, by_kind
 from .client.options import merge_options
-from .client.retry import MAX_TRANSPARENT, Replay, RetryingStream, RetryState, avoid_tried, never_sent
+from .client.picker_wrapper import PickerWrapper
+from .client.retry import MAX_TRANSPARENT, Replay, RetryingStream, RetryState, avoid_tried
 from .client.rpcerror import BalancerRpcError
 from .client.subconn import SubConn
 from .client.watcher import WATCHER
@@ -43,67 +43,35 @@ _mono = time.monotonic
 _CONNECTIVITY = tuple(grpc.ChannelConnectivity)  # index = core state int
 
 
-def _wait_pick(b: Balancer, info: PickInfo, deadline: float | None, wait_for_ready: bool | None
-               ) -> tuple[PickResult, SubConn]:
-    """The slow path of a pick: no usable backend right now. Wait (bounded by the deadline) while backends
-    are connecting or the call is wait_for_ready; otherwise fail at once with UNAVAILABLE."""
-    while True:
-        version = b.version
-        try:
-            r = b.pick(info)
-        except PickError as e:
-            raise BalancerRpcError(e.code, e.message) from None
-        if r is not None:
-            return r
-        if not b.should_wait(wait_for_ready):
-            raise b.unavailable()
-        with b.cond:
-            if b.version != version:
-                continue
-            if deadline is None:
-                b.cond.wait(1.0)
-            else:
-                remaining = deadline - _mono()
-                if remaining <= 0:
-                    raise b.deadline_exceeded()
-                b.cond.wait(min(remaining, 1.0))
-
-
-class _Method(MethodBase):
+class _Method(MethodBase["Channel"]):
     """What the four multicallable kinds share: the method's settings and the per-attempt pick."""
-
-    def __init__(self, channel: Channel, method: str, request_serializer: Any, response_deserializer: Any,
-                 registered: Any) -> None:
-        super().__init__(channel, method, request_serializer, response_deserializer, registered)
-        self._fast_ok = self._retry is None and self._kind == "unary_unary"
 
     def _pick(self, info: PickInfo, deadline: float | None, wfr: bool | None) -> tuple[PickResult, SubConn]:
         try:
-            r = self._b.pick(info)
+            r = self.pickers.pick(info)
         except PickError as e:
             raise BalancerRpcError(e.code, e.message) from None
         if r is None:
-            r = _wait_pick(self._b, info, deadline, wfr)
+            r = self.pickers.wait_pick(info, deadline, wfr)
         return r
 
     def _pick_for(self, st: RetryState, info: PickInfo, wfr: bool | None) -> tuple[PickResult, SubConn]:
         r = self._pick(info, st.deadline, wfr)
         if st.tried:
-            r = avoid_tried(r, st.tried, lambda: list(self._b._snap.subconns.values()),
-                            lambda: self._b.pick(info))
+            r = avoid_tried(r, st.tried, self.pickers.ready_subconns, lambda: self.pickers.pick(info))
         st.tried.add(r[1].address)
         return r
 
     def _settings(self, timeout: float | None, wait_for_ready: bool | None
                   ) -> tuple[float | None, bool | None]:
         if timeout is None:
-            timeout = self._timeout
+            timeout = self.timeout
         if wait_for_ready is None:
-            wait_for_ready = self._wfr
+            wait_for_ready = self.wait_for_ready
         return (None if timeout is None else _mono() + timeout), wait_for_ready
 
     def _state(self, deadline: float | None) -> RetryState:
-        return RetryState(self._retry, self._throttle, self._rng, deadline)
+        return RetryState(self.retry_policy, self.throttle, self.rng, deadline)
 
 
 # ---- unary request ------------------------------------------------------------------------------
@@ -117,84 +85,22 @@ class _UnaryRequestMethod(_Method):
 
     def __call__(self, request: Any, timeout: float | None = None, metadata: Any = None, credentials: Any = None,
                  wait_for_ready: bool | None = None, compression: Any = None) -> Any:
-        if self._fast_ok:
-            return self._once(request, timeout, metadata, credentials, wait_for_ready, compression, False)
         return self.with_call(request, timeout, metadata, credentials, wait_for_ready, compression)[0]
 
     def with_call(self, request: Any, timeout: float | None = None, metadata: Any = None, credentials: Any = None,
                   wait_for_ready: bool | None = None, compression: Any = None) -> tuple[Any, grpc.Call]:
-        if self._fast_ok:
-            return self._once(request, timeout, metadata, credentials, wait_for_ready, compression, True)
         deadline, wfr = self._settings(timeout, wait_for_ready)
         # Client streaming: requests are recorded for replay only when a retry policy may need them.
-        replay = Replay(request) if self._kind == "stream_unary" and self._retry is not None else None
+        replay = Replay(request) if self._kind == "stream_unary" and self.retry_policy is not None else None
         return self._attempts(self._state(deadline), request, metadata, credentials, wfr, compression, replay)
-
-    def _once(self, request: Any, timeout: float | None, metadata: Any, credentials: Any,
-              wait_for_ready: bool | None, compression: Any, want_call: bool) -> Any:
-        """The hot path (unary-unary, no retry policy): one pick, one attempt; a connection-level failure
-        (the request never left) falls into the attempt loop for a transparent re-pick."""
-        if timeout is None:
-            timeout = self._timeout
-        if wait_for_ready is None:
-            wait_for_ready = self._wfr
-        hk = current_hash_key()
-        info = self._info if hk is None and not metadata else PickInfo(self._method, hk, tuple(metadata or ()))
-        b = self._b
-        try:
-            r = b.pick(info)
-        except PickError as e:
-            raise BalancerRpcError(e.code, e.message) from None
-        deadline = None
-        if timeout is not None:
-            deadline = _mono() + timeout
-        if r is None:
-            r = _wait_pick(b, info, deadline, wait_for_ready)
-            if deadline is not None:
-                timeout = max(deadline - _mono(), 0.0)
-        res, sc = r
-        mc = sc.mcs.get(self._key) or self._inner(sc)
-        sc.inflight += 1
-        t0 = _perf()
-        try:
-            if want_call:
-                out = mc.with_call(request, timeout, metadata, credentials, wait_for_ready, compression)
-            else:
-                out = mc(request, timeout, metadata, credentials, wait_for_ready, compression)
-        except grpc.RpcError as e:
-            code = e.code()
-            self._finish(res, sc, t0, code)
-            if code is not _UNAVAILABLE or not never_sent(code, e.details()):
-                raise
-            st = self._state(deadline)
-            st.started = 1
-            st.tried.add(sc.address)
-            st.after_failure(code, e.details())
-            out = self._attempts(st, request, metadata, credentials, wait_for_ready, compression, None)
-            return out if want_call else out[0]
-        except ValueError:
-            # "Cannot invoke RPC on closed channel": the backend was removed and closed under this call
-            # before it started (nothing was sent): pick again.
-            self._finish(res, sc, t0, _CANCELLED)
-            if not sc.removed:
-                raise
-            st = self._state(deadline)
-            st.tried.add(sc.address)
-            out = self._attempts(st, request, metadata, credentials, wait_for_ready, compression, None)
-            return out if want_call else out[0]
-        except BaseException:
-            self._finish(res, sc, t0, _UNKNOWN)
-            raise
-        self._finish(res, sc, t0, _OK)
-        return out
 
     def _attempts(self, st: RetryState, request: Any, metadata: Any, credentials: Any, wfr: bool | None,
                   compression: Any, replay: Replay | None) -> tuple[Any, grpc.Call]:
         while True:
-            info = self._pick_info(metadata)
+            info = self.pick_info(metadata)
             res, sc = self._pick_for(st, info, wfr)
             md = st.metadata(metadata)
-            mc = self._inner(sc)
+            mc = self.inner(sc)
             sc.inflight += 1
             t0 = _perf()
             try:
@@ -202,7 +108,7 @@ class _UnaryRequestMethod(_Method):
                                    compression)
             except grpc.RpcError as e:
                 code = e.code()
-                self._finish(res, sc, t0, code)
+                self.finish(res, sc, t0, code)
                 delay = st.after_failure(code, e.details())
                 if delay is None or (replay is not None and not replay.replayable) or (
                         replay is None and self._kind == "stream_unary"):  # consumed requests: no replay
@@ -211,25 +117,25 @@ class _UnaryRequestMethod(_Method):
                     time.sleep(delay)
                 continue
             except ValueError:
-                self._finish(res, sc, t0, _CANCELLED)
+                self.finish(res, sc, t0, _CANCELLED)
                 if not sc.removed or st.transparent >= MAX_TRANSPARENT:
                     raise
                 st.transparent += 1  # closed under us before the call started: nothing was sent
                 continue
             except BaseException:
-                self._finish(res, sc, t0, _UNKNOWN)
+                self.finish(res, sc, t0, _UNKNOWN)
                 raise
-            self._finish(res, sc, t0, _OK)
+            self.finish(res, sc, t0, _OK)
             st.succeeded()
             return out  # type: ignore[no-any-return]
 
     def future(self, request: Any, timeout: float | None = None, metadata: Any = None, credentials: Any = None,
                wait_for_ready: bool | None = None, compression: Any = None) -> grpc.Future:
         deadline, wfr = self._settings(timeout, wait_for_ready)
-        if self._retry is None:
-            info = self._pick_info(metadata)
+        if self.retry_policy is None:
+            info = self.pick_info(metadata)
             try:
-                r = self._b.pick(info)
+                r = self.pickers.pick(info)
             except PickError as e:
                 return BalancerRpcError(e.code, e.message)
             if r is not None:
@@ -237,12 +143,12 @@ class _UnaryRequestMethod(_Method):
                 sc.inflight += 1
                 t0 = _perf()
                 try:
-                    fut = self._inner(sc).future(request, None if deadline is None else deadline - _mono(),
+                    fut = self.inner(sc).future(request, None if deadline is None else deadline - _mono(),
                                                  metadata, credentials, wfr, compression)
                 except BaseException:
-                    self._finish(res, sc, t0, _UNKNOWN)
+                    self.finish(res, sc, t0, _UNKNOWN)
                     raise
-                fut.add_done_callback(lambda c: self._finish(res, sc, t0, c.code()))
+                fut.add_done_callback(lambda c: self.finish(res, sc, t0, c.code()))
                 return fut  # type: ignore[no-any-return]
         # Waiting for a backend or retrying would block: run the blocking call on a worker thread.
         timeout = None if deadline is None else max(deadline - _mono(), 0.0)
@@ -266,8 +172,8 @@ class _StreamResponseMethod(_Method):
     def __call__(self, request: Any, timeout: float | None = None, metadata: Any = None, credentials: Any = None,
                  wait_for_ready: bool | None = None, compression: Any = None) -> Any:
         deadline, wfr = self._settings(timeout, wait_for_ready)
-        if self._retry is None:
-            info = self._pick_info(metadata)
+        if self.retry_policy is None:
+            info = self.pick_info(metadata)
             try:
                 res, sc = self._pick(info, deadline, wfr)
             except BalancerRpcError as e:
@@ -278,7 +184,7 @@ class _StreamResponseMethod(_Method):
         replay = Replay(request) if self._kind == "stream_stream" else None
 
         def start() -> Any:
-            info = self._pick_info(metadata)
+            info = self.pick_info(metadata)
             res, sc = self._pick_for(st, info, wfr)
             req = request if replay is None else replay.attempt()
             return self._start(res, sc, req, st.timeout(), st.metadata(metadata), credentials, wfr, compression)
@@ -298,11 +204,11 @@ class _StreamResponseMethod(_Method):
         sc.inflight += 1
         t0 = _perf()
         try:
-            call = self._inner(sc)(request, timeout, metadata, credentials, wfr, compression)
+            call = self.inner(sc)(request, timeout, metadata, credentials, wfr, compression)
         except BaseException:
-            self._finish(res, sc, t0, _UNKNOWN)
+            self.finish(res, sc, t0, _UNKNOWN)
             raise
-        call.add_done_callback(lambda c: self._finish(res, sc, t0, c.code()))
+        call.add_done_callback(lambda c: self.finish(res, sc, t0, c.code()))
         return call
 
 
@@ -317,8 +223,11 @@ class StreamStreamMultiCallable(_StreamResponseMethod, grpc.StreamStreamMultiCal
 # ---- the channel ----------------------------------------------------------------------------------
 
 
-class Channel(grpc.Channel):
+class Channel(MulticallableFactory, grpc.Channel):
     """A grpc.Channel over many backends. Build it with ``waypost.dial``."""
+
+    multicallables = by_kind(UnaryUnaryMultiCallable, UnaryStreamMultiCallable, StreamUnaryMultiCallable,
+                             StreamStreamMultiCallable)
 
     def __init__(self, target: str, config: ChannelConfig, *, options: Sequence[tuple[str, Any]] | None = None,
                  credentials: grpc.ChannelCredentials | None = None) -> None:
@@ -328,7 +237,12 @@ class Channel(grpc.Channel):
         self._options = merge_options(options)
         self._credentials = credentials
         health = config.health_service
-        self._balancer = Balancer(
+        self._subscribers: dict[Callable[[grpc.ChannelConnectivity], None], int] = {}
+        self._sub_lock = threading.Lock()
+        self._closed = False
+        # may raise (bad target, bad resolver option): before any backend channel or the watcher exists
+        self._resolver = config.make_resolver(self._options)
+        self._balancer = BalancerWrapper(
             target,
             config.policy,
             make_channel=self._make_backend_channel,
@@ -337,13 +251,9 @@ class Channel(grpc.Channel):
             health_service=health,
             start_health=self._start_health if health is not None else None,
             stop_health=_stop_health if health is not None else None,
+            resolve_now=self._resolver.resolve_now,
+            on_refork=self._on_refork,
         )
-        self._balancer._on_refork = self._on_refork  # type: ignore[method-assign]
-        self._subscribers: dict[Callable[[grpc.ChannelConnectivity], None], int] = {}
-        self._sub_lock = threading.Lock()
-        self._closed = False
-        self._resolver = config.make_resolver()  # may raise (bad target): before the watcher knows us
-        attach_resolver(self._resolver, self._balancer, self._options)
         WATCHER.add(self._balancer)
         try:
             self._resolver.start(self._balancer.update, self._balancer.resolver_error)
@@ -379,28 +289,21 @@ class Channel(grpc.Channel):
         WATCHER.add(self._balancer)
 
     @property
-    def balancer(self) -> Balancer:
+    def balancer(self) -> BalancerWrapper:
         """The backend set behind this channel (introspection and tests)."""
         return self._balancer
 
-    # grpc.Channel
+    @property
+    def pickers(self) -> PickerWrapper:
+        """The current picker and the pick (what calls use)."""
+        return self._balancer.pickers
 
-    def unary_unary(self, method: str, request_serializer: Any = None, response_deserializer: Any = None,
-                    _registered_method: Any = False) -> UnaryUnaryMultiCallable:
-        return UnaryUnaryMultiCallable(self, method, request_serializer, response_deserializer, _registered_method)
+    @property
+    def config(self) -> ChannelConfig:
+        """Everything dial decided for this channel (policy, method configs, retry throttling)."""
+        return self._config
 
-    def unary_stream(self, method: str, request_serializer: Any = None, response_deserializer: Any = None,
-                     _registered_method: Any = False) -> UnaryStreamMultiCallable:
-        return UnaryStreamMultiCallable(self, method, request_serializer, response_deserializer, _registered_method)
-
-    def stream_unary(self, method: str, request_serializer: Any = None, response_deserializer: Any = None,
-                     _registered_method: Any = False) -> StreamUnaryMultiCallable:
-        return StreamUnaryMultiCallable(self, method, request_serializer, response_deserializer, _registered_method)
-
-    def stream_stream(self, method: str, request_serializer: Any = None, response_deserializer: Any = None,
-                      _registered_method: Any = False) -> StreamStreamMultiCallable:
-        return StreamStreamMultiCallable(self, method, request_serializer, response_deserializer,
-                                         _registered_method)
+    # grpc.Channel (the multicallable makers: MulticallableFactory)
 
     def subscribe(self, callback: Callable[[grpc.ChannelConnectivity], None], try_to_connect: bool = False) -> None:
         """Call ``callback(state)`` now and whenever the aggregate state changes (READY when any backend is)."""

@@ -10,7 +10,11 @@ Off by default, and then free: the library's hooks read the module attribute ``c
 Turn it on with ``waypost.metrics.enable()`` (the default CollectorRegistry, or pass your own) or
 ``waypost.metrics.serve(9464)`` (also starts prometheus-client's HTTP exporter on loopback).
 
-Metrics (all prefixed ``waypost_``; ``target`` labels are redacted, passwords never appear):
+The scrape-time gauges (in-flight calls, backends per state) are read from live sources that the client
+registers with :func:`register_live_source`; this module imports nothing of the layers above it.
+
+Metrics (all prefixed ``waypost_``; ``target`` labels are redacted by the function the client
+registers with :func:`register_target_redactor`, passwords never appear):
 
 ===========================================  =========  =========================================================
 client_requests_total{target,backend}        counter    calls finished on a backend (one per attempt)
@@ -31,12 +35,11 @@ from __future__ import annotations
 
 import logging
 import threading
-from collections.abc import Iterator
+from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
+from dataclasses import dataclass
 from typing import Any
 
 import grpc
-
-from .types import STATE_NAMES as _STATE_NAMES
 
 log = logging.getLogger("waypost.metrics")
 
@@ -49,10 +52,44 @@ _lock = threading.Lock()
 current: PrometheusObserver | None = None
 
 
-def _redact(target: str) -> str:
-    from .resolver.target import redact
+@dataclass(frozen=True)
+class ChannelSample:
+    """One live channel at scrape time: its (redacted) target, how many backends are in each connectivity
+    state (every state named, zeros included), and the calls running on each backend address."""
 
-    return redact(target)
+    target: str
+    backends_per_state: Mapping[str, int]
+    in_flight: Sequence[tuple[str, int]]
+
+
+#: A live source: called at every scrape, yields one sample per live channel.
+LiveSource = Callable[[], Iterable[ChannelSample]]
+
+_sources: list[LiveSource] = []
+
+
+#: Turns a target into its label (passwords masked); the client registers the target parser's redaction.
+_redact: Callable[[str], str] = str
+
+
+def register_target_redactor(redact: Callable[[str], str]) -> None:
+    """Use ``redact(target)`` for every ``target`` label (computed once per target)."""
+    global _redact
+    _redact = redact
+
+
+def register_live_source(source: LiveSource) -> None:
+    """Have ``source()`` read at every scrape for the in-flight and backend-state gauges (idempotent)."""
+    with _lock:
+        if source not in _sources:
+            _sources.append(source)
+
+
+def unregister_live_source(source: LiveSource) -> None:
+    """Stop reading ``source`` (no error if it was not registered)."""
+    with _lock:
+        if source in _sources:
+            _sources.remove(source)
 
 
 def _import_prometheus() -> Any:
@@ -170,21 +207,21 @@ class _LiveCollector:
     def collect(self) -> Iterator[Any]:
         from prometheus_client.core import GaugeMetricFamily
 
-        from .client.core import _live
-
         inflight = GaugeMetricFamily("waypost_client_in_flight", "Calls running now", labels=["target", "backend"])
         states = GaugeMetricFamily("waypost_client_backends", "Backends per connectivity state",
                                    labels=["target", "state"])
-        for b in list(_live):
-            if b.closed:
+        for source in _sources:
+            try:
+                samples = list(source())
+            except Exception:
+                log.exception("waypost: metrics live source failed")
                 continue
-            t = self._obs.target_label(b.target)
-            counts = dict.fromkeys(_STATE_NAMES, 0)
-            for sc in b.subconns():
-                inflight.add_metric([t, sc.address], max(sc.inflight, 0))
-                counts[_STATE_NAMES[sc.state] if 0 <= sc.state < len(_STATE_NAMES) else "SHUTDOWN"] += 1
-            for name, n in counts.items():
-                states.add_metric([t, name], n)
+            for sample in samples:
+                t = self._obs.target_label(sample.target)
+                for address, n in sample.in_flight:
+                    inflight.add_metric([t, address], n)
+                for name, count in sample.backends_per_state.items():
+                    states.add_metric([t, name], count)
         yield inflight
         yield states
 

@@ -1,8 +1,15 @@
-"""The core shared by the sync and aio balanced channels.
+"""The core shared by the sync and aio balanced channels (the layer below ``waypost.channel`` / ``waypost.aio``).
 
 - ``subconn``: one backend address = one real grpc channel + its connectivity, health and in-flight count.
-- ``core``: the ``Balancer``: the backend set, READY tracking, picker swaps, and the "is anything still
-  connecting?" question behind wait-for-ready.
+- ``subconn_pool``: the subconn lifecycle: created per new address, drained after removal, revived, closed.
+- ``balancer_wrapper``: resolver updates, the subconn set, connectivity and health tracking, picker rebuilds
+  (grpc-go's balancer wrapper).
+- ``picker_wrapper``: the current picker snapshot, the pick, waiting for a pick, and the error text of a call
+  that cannot get one (grpc-go's picker wrapper).
+- ``method``: what a multicallable knows of its method (shared by both channels), the ``BalancedChannel``
+  interface it sees of its channel, and the four multicallable makers.
+- ``fork``: what happens to live channels in a forked child; ``live``: the live balancer wrappers (for the
+  fork hook and the metrics gauges).
 - ``watcher``: one shared thread polling every sync backend channel's connectivity (no thread per backend).
 - ``health``: grpc.health.v1 Watch per backend, as coroutines.
 - ``rpcerror``: grpc.RpcError values raised by the balancer itself (no READY backend, picker errors).

@@ -100,13 +100,13 @@ class _Call(abc.ABC):
         self._real: tuple[Any, grpc.StatusCode, str] | None = None  # (attempt's call, its real status)
         self._waiters: list[asyncio.Future[None]] = []  # woken when _real or _decided changes
         if timeout is None:
-            timeout = m._timeout
-        self._wfr = m._wfr if wait_for_ready is None else wait_for_ready
+            timeout = m.timeout
+        self._wfr = m.wait_for_ready if wait_for_ready is None else wait_for_ready
         self._metadata = metadata
         self._credentials = credentials
         self._compression = compression
         deadline = None if timeout is None else _mono() + timeout
-        self._st = RetryState(m._retry, m._throttle, m._rng, deadline)
+        self._st = RetryState(m.retry_policy, m.throttle, m.rng, deadline)
         self._call: Any = None  # the current attempt's grpc.aio call
         self._error: grpc.aio.AioRpcError | None = None
         self._loop = asyncio.get_running_loop()
@@ -117,22 +117,22 @@ class _Call(abc.ABC):
 
     async def _start_attempt(self, request: Any) -> tuple[PickResult, SubConn, Any]:
         m, st = self._m, self._st
-        info = m._pick_info(self._metadata)
+        info = m.pick_info(self._metadata)
         try:
-            r = m._b.pick(info)
+            r = m.pickers.pick(info)
             if r is None:
-                r = await m._channel._wait_pick(info, st.deadline, self._wfr)
+                r = await m.channel.wait_pick(info, st.deadline, self._wfr)
         except (PickError, BalancerRpcError) as e:
             raise _aio_error(e) from None
         if st.tried:
-            r = avoid_tried(r, st.tried, lambda: list(m._b._snap.subconns.values()), lambda: m._b.pick(info))
+            r = avoid_tried(r, st.tried, m.pickers.ready_subconns, lambda: m.pickers.pick(info))
         return r[0], r[1], self._launch(r[1], request)
 
     def _launch(self, sc: SubConn, request: Any) -> Any:
         """Start an attempt on the picked backend ``sc``; returns its grpc.aio call."""
         st = self._st
         st.tried.add(sc.address)
-        call = self._m._inner(sc)(request, timeout=st.timeout(), metadata=st.metadata(self._metadata),
+        call = self._m.inner(sc)(request, timeout=st.timeout(), metadata=st.metadata(self._metadata),
                                   credentials=self._credentials, wait_for_ready=self._wfr,
                                   compression=self._compression)
         sc.inflight += 1

@@ -56,7 +56,7 @@ class _StreamResponseCall(_Call):
                 code = await call.code()
             except BaseException:  # noqa: BLE001
                 code = _UNKNOWN
-            m._finish(res, sc, t0, code)
+            m.finish(res, sc, t0, code)
             if self._committed or code is _OK or self._cancelled:
                 self._set_done()
 

@@ -90,11 +90,11 @@ class _UnaryResponseCall(_Call):
                     try:
                         code, details = await self._settle(call, e.code(), e.details())
                     except asyncio.CancelledError:
-                        m._finish(res, sc, t0, _CANCELLED)
+                        m.finish(res, sc, t0, _CANCELLED)
                         raise
                     if code is not e.code():
                         e = grpc.aio.AioRpcError(code, e.initial_metadata(), e.trailing_metadata(), details)
-                    m._finish(res, sc, t0, code)
+                    m.finish(res, sc, t0, code)
                     delay = self._decide(call, code, details)
                     if delay is None:
                         self._error = e
@@ -107,13 +107,13 @@ class _UnaryResponseCall(_Call):
                     req = self._next_request()
                     continue
                 except asyncio.CancelledError:
-                    m._finish(res, sc, t0, _CANCELLED)
+                    m.finish(res, sc, t0, _CANCELLED)
                     call.cancel()
                     raise
                 except BaseException:
-                    m._finish(res, sc, t0, _UNKNOWN)
+                    m.finish(res, sc, t0, _UNKNOWN)
                     raise
-                m._finish(res, sc, t0, _OK)
+                m.finish(res, sc, t0, _OK)
                 st.succeeded()
                 return resp
         except asyncio.CancelledError:
@@ -200,7 +200,7 @@ class UnaryUnaryCall(_UnaryResponseCall, grpc.aio.UnaryUnaryCall):
         error starting it raised, or None when the pick has to wait."""
         m = self._m
         try:
-            r = m._b.pick(m._pick_info(self._metadata))
+            r = m.pickers.pick(m.pick_info(self._metadata))
             if r is None:
                 return None
             call = self._launch(r[1], request)
@@ -222,7 +222,7 @@ class UnaryUnaryCall(_UnaryResponseCall, grpc.aio.UnaryUnaryCall):
         res, sc, _call, t0 = self._attempt
         status = _status_now(call)
         code, details = status if status is not None else (_UNKNOWN, "")
-        self._m._finish(res, sc, t0, code)
+        self._m.finish(res, sc, t0, code)
         if code is _OK:
             self._st.succeeded()
         elif not (self._user_cancelled or _locally_cancelled(call)):

@@ -3,13 +3,13 @@
 from __future__ import annotations
 
 import random
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
 from ..balancer import policies
 from ..balancer.base import Policy
-from ..resolver import Resolver, Subsetter, make_resolver
+from ..resolver import Resolver, ResolverOptions, Subsetter, make_resolver
 from ..resolver.subset import DEFAULT_SUBSET_SIZE
 from ..resolver.target import Target, parse_target
 from ..service_config import MethodConfig, ServiceConfig, parse_service_config
@@ -29,8 +29,9 @@ class ChannelConfig:
     def method_config(self, full_method: str) -> MethodConfig | None:
         return self.service_config.method_config(full_method)
 
-    def make_resolver(self) -> Resolver:
-        return make_resolver(self.target, subsetter=self.subsetter)
+    def make_resolver(self, channel_options: Sequence[tuple[str, Any]] = (), *, blocking: bool = True) -> Resolver:
+        """The resolver for this target (``blocking``: see ``ResolverOptions``)."""
+        return make_resolver(self.target, ResolverOptions(self.subsetter, tuple(channel_options), blocking))
 
 
 def build_config(

@@ -1,46 +1,86 @@
 """What a balanced multicallable knows about its method, shared by the sync (``waypost.channel``) and
 grpc.aio (``waypost.client.aio_methods``) channels: the method config, the per-backend multicallable
-cache, the pick info, and the outcome report at the end of an attempt."""
+cache, the pick info, and the outcome report at the end of an attempt. Also the four multicallable
+makers both channels share (``MulticallableFactory``).
+
+A multicallable sees its channel only through ``BalancedChannel``: the balancer wrapper, the picker
+wrapper and the channel config.
+"""
 
 from __future__ import annotations
 
 import time
-from typing import Any
+from collections.abc import Mapping
+from typing import Any, ClassVar, Generic, Protocol, TypeVar
 
 import grpc
 
 from .. import metrics as _metrics
 from ..balancer.base import Outcome, PickInfo, PickResult, _noop_done
+from .balancer_wrapper import BalancerWrapper
+from .config import ChannelConfig
 from .hashkey import current_hash_key
+from .picker_wrapper import PickerWrapper
 from .subconn import SubConn
 
 _perf = time.perf_counter
 _UNAVAILABLE = grpc.StatusCode.UNAVAILABLE
 
 
-class MethodBase:
-    """One method of one balanced channel; subclasses set ``_kind`` (the grpc channel method name)."""
+class BalancedChannel(Protocol):
+    """What a multicallable uses of its channel (both ``waypost.channel.Channel`` and
+    ``waypost.aio.Channel`` provide it)."""
+
+    @property
+    def balancer(self) -> BalancerWrapper: ...
+
+    @property
+    def pickers(self) -> PickerWrapper: ...
+
+    @property
+    def config(self) -> ChannelConfig: ...
+
+
+class AsyncBalancedChannel(BalancedChannel, Protocol):
+    """The aio channel adds the awaitable slow path of a pick (no usable backend right now)."""
+
+    async def wait_pick(self, info: PickInfo, deadline: float | None, wfr: bool | None
+                        ) -> tuple[PickResult, SubConn]: ...
+
+
+ChannelT = TypeVar("ChannelT", bound=BalancedChannel)
+
+
+class MethodBase(Generic[ChannelT]):
+    """One method of one balanced channel; subclasses set ``_kind`` (the grpc channel method name).
+
+    Public for the call objects that run attempts: ``channel``, ``balancer``, ``pickers``, the method
+    config's ``timeout``, ``wait_for_ready`` and ``retry_policy``, the channel's retry ``throttle`` and
+    ``rng``, and ``pick_info``, ``inner``, ``finish``.
+    """
 
     _kind = ""
 
-    def __init__(self, channel: Any, method: str, request_serializer: Any, response_deserializer: Any,
+    def __init__(self, channel: ChannelT, method: str, request_serializer: Any, response_deserializer: Any,
                  registered: Any) -> None:
-        self._channel = channel
-        self._b = channel._balancer
+        self.channel = channel
+        self.balancer = channel.balancer
+        self.pickers = channel.pickers
         self._method = method
         self._ser = request_serializer
         self._deser = response_deserializer
         self._registered = registered
         self._key = (self._kind, method, request_serializer, response_deserializer)
         self._info = PickInfo(method)
-        mc = channel._config.method_config(method)
-        self._timeout = mc.timeout if mc is not None else None
-        self._wfr = mc.wait_for_ready if mc is not None else None
-        self._retry = mc.retry_policy if mc is not None else None
-        self._throttle = channel._config.throttle
-        self._rng = channel._config.rng
+        config = channel.config
+        mc = config.method_config(method)
+        self.timeout = mc.timeout if mc is not None else None
+        self.wait_for_ready = mc.wait_for_ready if mc is not None else None
+        self.retry_policy = mc.retry_policy if mc is not None else None
+        self.throttle = config.throttle
+        self.rng = config.rng
 
-    def _inner(self, sc: SubConn) -> Any:
+    def inner(self, sc: SubConn) -> Any:
         """The backend channel's own multicallable for this method (made once per backend)."""
         mc = sc.mcs.get(self._key)
         if mc is None:
@@ -50,13 +90,14 @@ class MethodBase:
             sc.mcs[self._key] = mc
         return mc
 
-    def _pick_info(self, metadata: Any) -> PickInfo:
+    def pick_info(self, metadata: Any) -> PickInfo:
+        """What the picker sees of this call: the method, the hash key in context, the metadata."""
         hk = current_hash_key()
         if hk is None and not metadata:
             return self._info
         return PickInfo(self._method, hk, tuple(metadata or ()))
 
-    def _finish(self, res: PickResult, sc: SubConn, t0: float, code: grpc.StatusCode) -> None:
+    def finish(self, res: PickResult, sc: SubConn, t0: float, code: grpc.StatusCode) -> None:
         """An attempt on ``sc`` ended with ``code``: tell the picker and the metrics (and the balancer,
         on UNAVAILABLE: it re-checks that backend's connection)."""
         sc.inflight -= 1
@@ -66,6 +107,39 @@ class MethodBase:
             done(Outcome(code, latency))
         obs = _metrics.current
         if obs is not None:
-            obs.call_done(self._b.target, sc.address, code, latency)
+            obs.call_done(self.balancer.target, sc.address, code, latency)
         if code is _UNAVAILABLE:
-            self._b.call_failed(sc, code)
+            self.balancer.call_failed(sc, code)
+
+
+class MulticallableFactory:
+    """grpc's four multicallable makers, for the sync and aio channels alike: a channel names its four
+    classes in ``multicallables`` (by kind: unary_unary, unary_stream, stream_unary, stream_stream)."""
+
+    multicallables: ClassVar[Mapping[str, type[MethodBase[Any]]]]
+
+    def _make(self, kind: str, method: str, request_serializer: Any, response_deserializer: Any,
+              registered: Any) -> Any:
+        return self.multicallables[kind](self, method, request_serializer,  # type: ignore[call-arg,arg-type]
+                                         response_deserializer, registered)
+
+    def unary_unary(self, method: str, request_serializer: Any = None, response_deserializer: Any = None,
+                    _registered_method: Any = False) -> Any:
+        return self._make("unary_unary", method, request_serializer, response_deserializer, _registered_method)
+
+    def unary_stream(self, method: str, request_serializer: Any = None, response_deserializer: Any = None,
+                     _registered_method: Any = False) -> Any:
+        return self._make("unary_stream", method, request_serializer, response_deserializer, _registered_method)
+
+    def stream_unary(self, method: str, request_serializer: Any = None, response_deserializer: Any = None,
+                     _registered_method: Any = False) -> Any:
+        return self._make("stream_unary", method, request_serializer, response_deserializer, _registered_method)
+
+    def stream_stream(self, method: str, request_serializer: Any = None, response_deserializer: Any = None,
+                      _registered_method: Any = False) -> Any:
+        return self._make("stream_stream", method, request_serializer, response_deserializer, _registered_method)
+
+
+def by_kind(*classes: type[MethodBase[Any]]) -> dict[str, type[MethodBase[Any]]]:
+    """``MulticallableFactory.multicallables`` from the four classes (each names its ``_kind``)."""
+    return {cls._kind: cls for cls in classes}

@@ -48,7 +48,7 @@ class SubConn:
         self.removed = False
         self.removed_at = 0.0
         self.health_task: Any = None
-        self.probe: Any = None  # f(try_to_connect) -> connectivity int, set by the Balancer
+        self.probe: Any = None  # f(try_to_connect) -> connectivity int, set by the SubConnPool
 
     @property
     def usable(self) -> bool:

@@ -1,7 +1,7 @@
 """One process-wide thread polling the connectivity of every sync backend channel.
 
 grpcio's ``Channel.subscribe`` starts a polling thread per channel; with hundreds of backends that is
-hundreds of threads. Here a single thread calls ``Balancer.poll()`` (a non-blocking
+hundreds of threads. Here a single thread calls ``BalancerWrapper.poll()`` (a non-blocking
 ``check_connectivity_state`` per backend) every ``INTERVAL`` seconds.
 """
 

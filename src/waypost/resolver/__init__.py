@@ -1,49 +1,50 @@
 """Resolvers: a dial target -> the backend list, pushed to the channel as it changes.
 
-A resolver has ``start(on_update, on_error)`` (``on_update(backends)`` with the current list at once and
-after every change, from any thread; ``on_error(message)`` when resolution fails but the last list stays)
-and ``close()``. ``make_resolver(target)`` picks one by scheme.
+The contract (``resolver.base``): a resolver is built as ``SomeResolver(target, ResolverOptions)`` and
+implements ``Resolver``: ``start(on_update, on_error)``, ``resolve_now(reason)``, ``close()`` and
+``aclose()``. ``make_resolver(target, options)`` picks one by scheme.
 """
 
 from __future__ import annotations
 
-from collections.abc import Callable, Sequence
-from typing import Protocol
-
 from ..errors import InvalidTarget
-from ..types import Backend
+from .base import OnError, OnUpdate, Resolver, ResolverFactory, ResolverOptions
 from .direct import DirectResolver
 from .dns import DnsResolver
 from .registry_resolver import RegistryResolver
 from .subset import DEFAULT_SUBSET_SIZE, Subsetter, deterministic_subset
 from .target import Target, parse_target
 
+#: The resolver class for each target scheme.
+RESOLVERS: dict[str, ResolverFactory] = {
+    "direct": DirectResolver,
+    "etcd": RegistryResolver,
+    "memory": RegistryResolver,
+    "dns": DnsResolver,
+}
 
-class Resolver(Protocol):
-    def start(self, on_update: Callable[[Sequence[Backend]], None], on_error: Callable[[str], None]) -> None: ...
 
-    def close(self) -> None: ...
-
-
-def make_resolver(target: Target | str, *, subsetter: Subsetter | None = None) -> Resolver:
-    """The resolver for ``target`` (a string is parsed first). Registry targets are subset with ``subsetter``."""
+def make_resolver(target: Target | str, options: ResolverOptions | None = None) -> Resolver:
+    """The resolver for ``target`` (a string is parsed first), built with ``options`` (defaults if None)."""
     if isinstance(target, str):
         target = parse_target(target)
-    if target.scheme == "direct":
-        return DirectResolver(target)
-    if target.scheme in ("etcd", "memory"):
-        return RegistryResolver(target, subsetter)
-    if target.scheme == "dns":
-        return DnsResolver(target, subsetter)
-    raise InvalidTarget(f"no resolver for scheme {target.scheme!r}: {target.redacted}")
+    factory = RESOLVERS.get(target.scheme)
+    if factory is None:
+        raise InvalidTarget(f"no resolver for scheme {target.scheme!r}: {target.redacted}")
+    return factory(target, options)
 
 
 __all__ = [
     "DEFAULT_SUBSET_SIZE",
+    "RESOLVERS",
     "DirectResolver",
     "DnsResolver",
+    "OnError",
+    "OnUpdate",
     "RegistryResolver",
     "Resolver",
+    "ResolverFactory",
+    "ResolverOptions",
     "Subsetter",
     "Target",
     "deterministic_subset",

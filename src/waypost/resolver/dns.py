@@ -6,7 +6,7 @@ never used by a healthy client (grpc-go#3353). Here the name is re-resolved on t
 - every ``interval`` seconds (default 30; channel option ``waypost.dns_refresh_interval_ms``), sooner
   when the records' TTL is shorter (known only with a DNS server in the target, via dnspython), but never
   sooner than ``min_interval`` (default 5 s; gRPC's ``grpc.dns_min_time_between_resolutions_ms``);
-- right after a backend connection fails (``request_resolution``), at most once per ``min_interval``;
+- right after a backend connection fails (``resolve_now``), at most once per ``min_interval``;
 - after a failed lookup, with backoff (1 s doubling up to ``interval``), keeping the last good set.
 
 The system resolver (``getaddrinfo``) is used for ``dns:///``; a DNS server in the authority needs
@@ -27,7 +27,7 @@ from typing import Any
 from .. import _loop
 from ..errors import InvalidTarget
 from ..types import Backend
-from .subset import Subsetter
+from .base import OnError, OnUpdate, ResolverOptions
 from .target import Target
 
 log = logging.getLogger("waypost.resolver.dns")
@@ -87,18 +87,20 @@ def _seconds_option(options: dict[str, Any], name: str, default: float) -> float
 class DnsResolver:
     """Resolves ``target`` (scheme dns) and pushes the (subset) address list to the channel on change.
 
-    ``interval``, ``min_interval`` and ``timeout`` are in seconds (None: the defaults, or the channel
-    options applied by ``configure``). ``clock`` is for tests.
+    ``interval``, ``min_interval`` and ``timeout`` are in seconds (None: the defaults); the channel
+    options in ``options`` override them (see ``_apply_channel_options``). ``clock`` is for tests.
     """
 
-    def __init__(self, target: Target, subsetter: Subsetter | None, *, interval: float | None = None,
-                 min_interval: float | None = None, timeout: float | None = None,
+    def __init__(self, target: Target, options: ResolverOptions | None = None, *,
+                 interval: float | None = None, min_interval: float | None = None, timeout: float | None = None,
                  clock: Callable[[], float] = time.monotonic) -> None:
+        options = options if options is not None else ResolverOptions()
         self.target = target
-        self.subsetter = subsetter
+        self.subsetter = options.subsetter
         self.interval = DEFAULT_INTERVAL if interval is None else interval
         self.min_interval = DEFAULT_MIN_INTERVAL if min_interval is None else min_interval
         self.timeout = DEFAULT_TIMEOUT if timeout is None else timeout
+        self._apply_channel_options(options.channel_options)
         for name in ("interval", "min_interval", "timeout"):
             value = getattr(self, name)
             if not 0 < value < float("inf"):
@@ -123,15 +125,15 @@ class DnsResolver:
 
     # ---- configuration and hooks -------------------------------------------------------------------
 
-    def configure(self, options: Iterable[tuple[str, Any]]) -> None:
+    def _apply_channel_options(self, options: Iterable[tuple[str, Any]]) -> None:
         """Take the intervals from channel options (milliseconds): ``waypost.dns_refresh_interval_ms``,
-        ``grpc.dns_min_time_between_resolutions_ms``, ``grpc.dns_ares_query_timeout``. Call before start."""
+        ``grpc.dns_min_time_between_resolutions_ms``, ``grpc.dns_ares_query_timeout``."""
         opts = dict(options)
         self.interval = _seconds_option(opts, INTERVAL_OPTION, self.interval)
         self.min_interval = _seconds_option(opts, MIN_INTERVAL_OPTION, self.min_interval)
         self.timeout = _seconds_option(opts, TIMEOUT_OPTION, self.timeout)
 
-    def request_resolution(self, reason: str = "") -> None:
+    def resolve_now(self, reason: str) -> None:
         """Re-resolve soon (a backend connection failed); from any thread, non-blocking. Rate-limited to
         one lookup per ``min_interval``."""
         if self._closed:
@@ -221,11 +223,11 @@ class DnsResolver:
 
     # ---- the loop -----------------------------------------------------------------------------------
 
-    def start(self, on_update: Callable[[Sequence[Backend]], None], on_error: Callable[[str], None]) -> None:
+    def start(self, on_update: OnUpdate, on_error: OnError) -> None:
         """Resolve in the background on the control loop (calls wait for the first list meanwhile)."""
         self._future = _loop.submit(self._run(on_update, on_error))
 
-    async def _run(self, on_update: Callable[[Sequence[Backend]], None], on_error: Callable[[str], None]) -> None:
+    async def _run(self, on_update: OnUpdate, on_error: OnError) -> None:
         self._wake = asyncio.Event()
         last: tuple[str, ...] | None = None
         failures = 0
@@ -290,3 +292,7 @@ class DnsResolver:
         self._closed = True
         if self._future is not None:
             self._future.cancel()
+
+    async def aclose(self) -> None:
+        """close() never blocks: the same."""
+        self.close()

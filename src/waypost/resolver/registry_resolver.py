@@ -9,45 +9,46 @@ from __future__ import annotations
 
 import asyncio
 import logging
-from collections.abc import Callable, Sequence
+from collections.abc import Sequence
 from typing import Any
 
 from .. import _loop
 from ..types import Backend
-from .subset import Subsetter
+from .base import OnError, OnUpdate, ResolverOptions
 from .target import Target
 
 log = logging.getLogger("waypost.resolver")
 
 
 class RegistryResolver:
-    def __init__(self, target: Target, subsetter: Subsetter | None, *, block: bool = True,
-                 timeout: float = 5.0) -> None:
+    """The backend list under a registry key; ``timeout`` bounds the initial load of a blocking start."""
+
+    def __init__(self, target: Target, options: ResolverOptions | None = None, *, timeout: float = 5.0) -> None:
         if not target.key:
             raise ValueError(f"registry target without a key: {target.redacted}")
+        options = options if options is not None else ResolverOptions()
         self.key: str = target.key
         self.target = target
-        self.subsetter = subsetter
-        self.block = block
+        self.subsetter = options.subsetter
+        self.blocking = options.blocking
         self.timeout = timeout
         self._sub: Any = None
         self._closed = False
 
-    def start(self, on_update: Callable[[Sequence[Backend]], None], on_error: Callable[[str], None]) -> None:
+    def start(self, on_update: OnUpdate, on_error: OnError) -> None:
         """Blocking mode (sync dial): returns after the initial load, raising RegistryUnavailable when the
         registry cannot be read in time. Non-blocking mode (aio dial): loads in the background; calls wait
         for the first list meanwhile, and a failure is reported through ``on_error`` and retried."""
         from ..discovery import Subscriber
 
-        if self.block:
+        if self.blocking:
             sub = Subscriber(self.target.registry_url(), self.key, exact=self.target.exact,
                              format=self.target.format, timeout=self.timeout)
             self._attach(sub, on_update)
             return
         _loop.submit(self._open_async(on_update, on_error))
 
-    async def _open_async(self, on_update: Callable[[Sequence[Backend]], None],
-                          on_error: Callable[[str], None]) -> None:
+    async def _open_async(self, on_update: OnUpdate, on_error: OnError) -> None:
         from ..discovery import Subscriber
 
         delay = 0.5
@@ -67,7 +68,7 @@ class RegistryResolver:
             self._attach(sub, on_update)
             return
 
-    def _attach(self, sub: Any, on_update: Callable[[Sequence[Backend]], None]) -> None:
+    def _attach(self, sub: Any, on_update: OnUpdate) -> None:
         self._sub = sub
 
         def changed() -> None:
@@ -88,6 +89,9 @@ class RegistryResolver:
 
     def backends(self) -> Sequence[Backend]:
         return tuple(self._sub.backends()) if self._sub is not None else ()
+
+    def resolve_now(self, reason: str) -> None:
+        """Nothing to do: the registry watch already pushes every change."""
 
     def close(self) -> None:
         self._closed = True

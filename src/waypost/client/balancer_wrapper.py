@@ -1,0 +1,318 @@
+"""The balancer wrapper: resolver updates, the subconn set, connectivity and health, picker rebuilds.
+
+It sits between the resolver and the picker wrapper, as grpc-go's balancer wrapper does: it takes the
+resolver's backend lists and errors, keeps one subconn per address (``SubConnPool``), tracks each one's
+connectivity (polled) and health, and after every change publishes a new ``PickerSnapshot`` to its
+``PickerWrapper`` (built by the policy from the usable backends in resolver order). Mutations take
+``_lock``; the data plane never does.
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+import time
+from collections.abc import Callable, Sequence
+from typing import Any
+
+import grpc
+
+from .. import metrics as _metrics
+from ..balancer.base import Policy
+from ..types import CONNECTING, IDLE, READY, SHUTDOWN, TRANSIENT_FAILURE, Backend
+from . import live
+from .fork import install_after_fork_hook
+from .picker_wrapper import PickerSnapshot, PickerWrapper
+from .subconn import SubConn
+from .subconn_pool import SubConnPool
+
+log = logging.getLogger("waypost.client")
+
+
+class BalancerWrapper:
+    """Keeps one SubConn per backend address and publishes the picker over the usable ones to ``pickers``.
+
+    ``make_channel``, ``probe``, ``close_channel``, ``start_health`` and ``stop_health``: see
+    ``SubConnPool``. ``resolve_now(reason)`` is called (under the lock, so it must not block) when a backend
+    connection attempt fails or an established connection is lost. ``on_refork()`` is called when the
+    first use in a forked child has rebuilt the backends (see ``client.fork``).
+    """
+
+    def __init__(
+        self,
+        target: str,
+        policy: Policy,
+        *,
+        make_channel: Callable[[str], Any],
+        probe: Callable[[Any], Callable[[bool], int]],
+        close_channel: Callable[[Any], None],
+        health_service: str | None = None,
+        start_health: Callable[[SubConn], Any] | None = None,
+        stop_health: Callable[[Any], None] | None = None,
+        resolve_now: Callable[[str], None] | None = None,
+        on_refork: Callable[[], None] | None = None,
+        clock: Callable[[], float] = time.monotonic,
+    ) -> None:
+        self.target = target
+        self.policy = policy
+        self.health_service = health_service
+        self.pickers = PickerWrapper(target)
+        self._pool = SubConnPool(target, make_channel=make_channel, probe=probe, close_channel=close_channel,
+                                 start_health=start_health, stop_health=stop_health, clock=clock)
+        self._resolve_now = resolve_now
+        self._on_refork = on_refork
+        self._lock = threading.RLock()
+        self._order: list[Backend] = []
+        self._last_backends: tuple[Backend, ...] = ()
+        self._resolved = False
+        self._resolver_error: str | None = None
+        self._closed = False
+        self._stale = False  # in a forked child until the first use rebuilds (see mark_forked)
+        self._listeners: list[Callable[[], None]] = []
+        self._dirty = False
+        install_after_fork_hook()
+        live.track(self)
+
+    # ---- resolver updates -------------------------------------------------------------------------
+
+    def update(self, backends: Sequence[Backend]) -> None:
+        """The resolver's new backend list (already subset). Keeps channels of addresses that stay."""
+        if self._closed:
+            return
+        pool = self._pool
+        with self._lock:
+            self._last_backends = tuple(backends)
+            new: dict[str, Backend] = {}
+            for b in backends:
+                new.setdefault(b.address, b)
+            added = [a for a in new if a not in pool.active]
+            gone = [a for a in pool.active if a not in new]
+            if added or gone:  # one line per address-set change, never per call
+                log.info("waypost: %s: %d backends (+%s -%s)", self.target, len(new),
+                         ",".join(added) or "0", ",".join(gone) or "0")
+            for addr in gone:
+                pool.remove(pool.active[addr])
+            for addr, b in new.items():
+                cur = pool.active.get(addr)
+                if cur is None:
+                    sc, revived = pool.add(b)
+                    if revived:
+                        self._probe_revived(sc)
+                elif cur.backend != b:
+                    cur.backend = b  # metadata (e.g. weight) changed: the next build carries it
+            self._order = list(new.values())
+            self._resolved = True
+            self._resolver_error = None
+            self._rebuild()
+        self._fire()
+
+    def resolver_error(self, message: str) -> None:
+        """The resolver failed; keep the last addresses, remember why for error messages."""
+        with self._lock:
+            self._resolver_error = message
+            self._publish(self.pickers.snap.picker, self.pickers.snap.ready)
+        self._fire()
+
+    @property
+    def resolver_error_message(self) -> str | None:
+        """The resolver's last failure, until its next successful update (None: no failure)."""
+        return self._resolver_error
+
+    # ---- connectivity -----------------------------------------------------------------------------
+
+    def poll(self) -> None:
+        """Refresh every backend's connectivity (called every few tens of ms by the channel's poller)."""
+        if self._closed or self._stale:
+            return
+        changed = []
+        for sc in list(self._pool.active.values()):  # hot: every backend, every poll
+            try:
+                st = sc.probe(True)
+            except Exception:  # noqa: BLE001, S112  # closed by a concurrent removal
+                continue
+            if st != sc.state:
+                changed.append((sc, st))
+        if changed:
+            with self._lock:
+                for sc, st in changed:
+                    if not sc.removed:
+                        self._set_state(sc, st)
+                self._rebuild()
+            self._fire()
+        if self._pool.draining:
+            with self._lock:
+                self._pool.reap()
+
+    def call_failed(self, sc: SubConn, code: grpc.StatusCode) -> None:
+        """A call on ``sc`` ended with ``code``: on UNAVAILABLE, demote the backend at once if its connection
+        is no longer READY (the poller would see it within one poll anyway)."""
+        if code is not grpc.StatusCode.UNAVAILABLE or sc.removed:
+            return
+        try:
+            st = sc.probe(False)
+        except Exception:  # noqa: BLE001  # channel closed under us: nothing to demote
+            return
+        if st != READY and sc.state == READY:
+            with self._lock:
+                self._set_state(sc, st)
+                self._rebuild()
+            self._fire()
+
+    def _probe_revived(self, sc: SubConn) -> None:
+        try:
+            self._set_state(sc, sc.probe(True))
+        except Exception:  # noqa: BLE001  # the next poll retries
+            log.debug("waypost: probing revived backend %s failed", sc.address)
+
+    def _set_state(self, sc: SubConn, st: int) -> None:
+        old = sc.state
+        if st == READY:
+            if sc.failing:
+                log.info("waypost: backend %s of %s is READY again", sc.address, self.target)
+            sc.failing = False
+        elif st == TRANSIENT_FAILURE or old == READY or st == SHUTDOWN:
+            if old == READY:
+                log.info("waypost: backend %s of %s lost its connection", sc.address, self.target)
+            if not sc.failing and self._resolve_now is not None:
+                try:
+                    self._resolve_now(f"connection to {sc.address} failed")
+                except Exception:
+                    log.exception("waypost: re-resolution request of %s", self.target)
+            sc.failing = True
+        sc.state = st
+
+    def connectivity(self) -> int:
+        """Aggregate state: READY if any backend is usable, else CONNECTING / TRANSIENT_FAILURE / IDLE."""
+        if self._closed:
+            return SHUTDOWN
+        if self.pickers.snap.picker is not None:
+            return READY
+        scs = list(self._pool.active.values())
+        if not self._resolved or any(sc.connecting for sc in scs):
+            return CONNECTING
+        return TRANSIENT_FAILURE if scs else IDLE
+
+    # ---- health -----------------------------------------------------------------------------------
+
+    def set_health(self, sc: SubConn, healthy: bool | None, note: str = "") -> None:
+        """Health watch result for ``sc`` (None: unknown, e.g. the Watch stream broke)."""
+        with self._lock:
+            if sc.removed or sc.healthy is healthy:
+                sc.health_note = note
+                return
+            if healthy is False or (sc.healthy is True and healthy is None):
+                log.info("waypost: backend %s of %s unhealthy: %s", sc.address, self.target, note or "NOT_SERVING")
+            sc.healthy = healthy
+            sc.health_note = note
+            self._rebuild()
+        self._fire()
+
+    # ---- picker rebuilds and change listeners -----------------------------------------------------
+
+    def _rebuild(self) -> None:
+        # Caller holds _lock. Build the picker from usable backends in resolver order.
+        usable: dict[str, SubConn] = {}
+        backends: list[Backend] = []
+        active = self._pool.active
+        for b in self._order:
+            sc = active.get(b.address)
+            if sc is not None and sc.usable:
+                usable[b.address] = sc
+                backends.append(sc.backend)
+        snap = self.pickers.snap
+        if backends and snap.picker is not None and list(snap.ready) == list(usable) and all(
+            snap.ready[a].backend is usable[a].backend for a in usable
+        ):
+            # same usable set: keep the picker (its state, e.g. a round-robin position)
+            self._publish(snap.picker, snap.ready)
+            return
+        self._publish(self.policy.build(backends) if backends else None, usable)
+        obs = _metrics.current
+        if obs is not None:
+            obs.picker_rebuilt(self.target)
+
+    def _publish(self, picker: Any, ready: dict[str, SubConn]) -> None:
+        # Caller holds _lock: wake waiting calls now; listeners run after the lock is released (_fire).
+        self.pickers.publish(PickerSnapshot(
+            picker, ready, tuple(self._pool.active.values()), resolved=self._resolved,
+            resolver_error=self._resolver_error, closed=self._closed))
+        self._dirty = True
+
+    def _fire(self) -> None:
+        """Run the change listeners outside the lock (they may call back into the channel)."""
+        if not self._dirty:
+            return
+        self._dirty = False
+        for fn in list(self._listeners):
+            try:
+                fn()
+            except Exception:
+                log.exception("waypost: balancer listener failed")
+
+    def add_listener(self, fn: Callable[[], None]) -> None:
+        """fn() after every change of backend states (from whatever thread made the change)."""
+        self._listeners.append(fn)
+
+    def remove_listener(self, fn: Callable[[], None]) -> None:
+        try:
+            self._listeners.remove(fn)
+        except ValueError:
+            pass
+
+    # ---- introspection ----------------------------------------------------------------------------
+
+    def subconns(self) -> list[SubConn]:
+        """Current backends (a copy), for tests and introspection."""
+        return list(self._pool.active.values())
+
+    def draining(self) -> list[SubConn]:
+        """Removed backends whose channel stays open while their calls finish (a copy)."""
+        return list(self._pool.draining)
+
+    def ready_addresses(self) -> list[str]:
+        return self.pickers.ready_addresses()
+
+    def describe(self) -> str:
+        return self.pickers.describe()
+
+    # ---- fork recovery (see client.fork) ----------------------------------------------------------
+
+    def mark_forked(self) -> None:
+        """In a forked child, right after the fork (one thread, no grpc call allowed): fresh locks, and a
+        snapshot whose first use rebuilds every backend channel (``_recover_after_fork``)."""
+        self._lock = threading.RLock()
+        self._stale = True
+        self.pickers.reset_after_fork(PickerSnapshot(None, {}, recover=self._recover_after_fork))
+
+    def _recover_after_fork(self) -> None:
+        """In a forked child, on first use: replace every inherited backend channel with a fresh one."""
+        with self._lock:
+            if not self._stale:
+                return
+            self._stale = False
+            self._pool.forget_after_fork()
+            backends, self._order = self._last_backends, []
+            self._resolved = False
+            self._publish(None, {})
+        self.update(backends)
+        if self._on_refork is not None:
+            self._on_refork()
+
+    # ---- close ------------------------------------------------------------------------------------
+
+    def close(self) -> list[SubConn]:
+        """Release every backend channel (waiting calls fail at once); returns the subconns released.
+        Idempotent (a second call returns nothing)."""
+        with self._lock:
+            if self._closed:
+                return []
+            self._closed = True
+            scs = self._pool.close_all()
+            self._publish(None, {})
+        self._fire()
+        live.untrack(self)
+        return scs
+
+    @property
+    def closed(self) -> bool:
+        return self._closed

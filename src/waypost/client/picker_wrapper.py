@@ -1,0 +1,161 @@
+"""The picker wrapper: the current picker snapshot, the pick, waiting for a pick, and the error text.
+
+The balancer wrapper (``balancer_wrapper``) publishes a new immutable ``PickerSnapshot`` after every change;
+the data plane reads ``snap`` without a lock: a pick is one attribute read, the policy's pick and a dict
+lookup. When nothing can be picked, the snapshot also says whether a call should wait (something is still
+connecting, resolution is pending) and why it fails otherwise (every backend's state, the resolver error).
+"""
+
+from __future__ import annotations
+
+import threading
+import time
+from collections.abc import Callable
+
+import grpc
+
+from ..balancer.base import Picker, PickError, PickInfo, PickResult
+from ..errors import NoBackendAvailable
+from .rpcerror import BalancerRpcError
+from .subconn import SubConn
+
+_mono = time.monotonic
+
+
+class PickerSnapshot:
+    """One published state: the picker over the usable backends and what a failing call needs to know.
+
+    ``ready``: the subconns the picker may return, by address. ``backends``: every current subconn (their
+    states are read live when describing). ``recover``: set in a forked child until the first use rebuilds
+    the backend channels (called by the first call that finds nothing to pick).
+    """
+
+    __slots__ = ("backends", "closed", "picker", "ready", "recover", "resolved", "resolver_error")
+
+    def __init__(self, picker: Picker | None, ready: dict[str, SubConn], backends: tuple[SubConn, ...] = (), *,
+                 resolved: bool = False, resolver_error: str | None = None, closed: bool = False,
+                 recover: Callable[[], None] | None = None) -> None:
+        self.picker = picker
+        self.ready = ready
+        self.backends = backends
+        self.resolved = resolved
+        self.resolver_error = resolver_error
+        self.closed = closed
+        self.recover = recover
+
+
+EMPTY = PickerSnapshot(None, {})
+
+
+class PickerWrapper:
+    """Holds the current ``PickerSnapshot`` of one channel; calls pick from it and wait on ``cond``."""
+
+    def __init__(self, target: str) -> None:
+        self.target = target
+        self.snap = EMPTY
+        #: Bumped with every publish (under ``cond``): a waiting call re-picks when it moved.
+        self.version = 0
+        self.cond = threading.Condition(threading.Lock())
+
+    # ---- publishing (balancer wrapper) ------------------------------------------------------------
+
+    def publish(self, snap: PickerSnapshot) -> None:
+        """Swap in ``snap`` and wake the calls waiting for a pick."""
+        with self.cond:
+            self.snap = snap
+            self.version += 1
+            self.cond.notify_all()
+
+    def reset_after_fork(self, snap: PickerSnapshot) -> None:
+        """In a forked child (one thread, locks possibly held by threads that no longer exist): a fresh
+        condition and ``snap``, without taking any lock."""
+        self.cond = threading.Condition(threading.Lock())
+        self.snap = snap
+        self.version += 1
+
+    # ---- data plane -------------------------------------------------------------------------------
+
+    def pick(self, info: PickInfo) -> tuple[PickResult, SubConn] | None:
+        """A READY backend for this call, or None when there is none right now (the caller decides to wait
+        or fail). Raises PickError when the policy rejects the call."""
+        snap = self.snap
+        picker = snap.picker
+        if picker is None:
+            return None
+        try:
+            res = picker.pick(info)
+        except NoBackendAvailable:
+            return None
+        return res, snap.ready[res.backend.address]
+
+    def wait_pick(self, info: PickInfo, deadline: float | None, wait_for_ready: bool | None
+                  ) -> tuple[PickResult, SubConn]:
+        """The slow path of a blocking pick: no usable backend right now. Wait (bounded by the deadline, on
+        ``cond``) while backends are connecting or the call is wait_for_ready; otherwise raise UNAVAILABLE."""
+        while True:
+            version = self.version
+            try:
+                r = self.pick(info)
+            except PickError as e:
+                raise BalancerRpcError(e.code, e.message) from None
+            if r is not None:
+                return r
+            if not self.should_wait(wait_for_ready):
+                raise self.unavailable()
+            cond = self.cond
+            with cond:
+                if self.version != version:
+                    continue
+                if deadline is None:
+                    cond.wait(1.0)
+                else:
+                    remaining = deadline - _mono()
+                    if remaining <= 0:
+                        raise self.deadline_exceeded()
+                    cond.wait(min(remaining, 1.0))
+
+    def ready_subconns(self) -> list[SubConn]:
+        """The subconns the current picker may return (a copy)."""
+        return list(self.snap.ready.values())
+
+    def ready_addresses(self) -> list[str]:
+        return list(self.snap.ready)
+
+    # ---- when nothing can be picked ---------------------------------------------------------------
+
+    def should_wait(self, wait_for_ready: bool | None) -> bool:
+        """With no usable backend: wait (True) or fail at once (False)?"""
+        snap = self.snap
+        if snap.recover is not None:
+            snap.recover()
+            return True
+        if snap.closed:
+            return False
+        if wait_for_ready:
+            return True
+        if not snap.resolved:
+            # Resolution pending: wait for the first list, unless the resolver already reported a failure.
+            return snap.resolver_error is None
+        return any(sc.connecting for sc in snap.backends)
+
+    def unavailable(self) -> BalancerRpcError:
+        """The error for a call that cannot wait: names the target and every backend's state."""
+        if self.snap.closed:
+            return BalancerRpcError(grpc.StatusCode.CANCELLED, f"channel to {self.target} is closed")
+        return BalancerRpcError(grpc.StatusCode.UNAVAILABLE, f"no READY backend for {self.target}: {self.describe()}")
+
+    def deadline_exceeded(self) -> BalancerRpcError:
+        return BalancerRpcError(
+            grpc.StatusCode.DEADLINE_EXCEEDED,
+            f"deadline exceeded while waiting for a READY backend of {self.target}: {self.describe()}",
+        )
+
+    def describe(self) -> str:
+        """Every backend's state and the resolver error, for error details."""
+        snap = self.snap
+        err = f" (resolver: {snap.resolver_error})" if snap.resolver_error else ""
+        if not snap.resolved:
+            return "address resolution pending" + err
+        if not snap.backends:
+            return "resolver returned no backends" + err
+        return ", ".join(sc.describe() for sc in snap.backends) + err
