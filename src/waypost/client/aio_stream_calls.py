@@ -1,5 +1,6 @@
 """The grpc.aio stream-response calls (unary_stream, stream_stream) of ``waypost.aio.dial``: reading drives
-the attempts; retried only before the first response message."""
+the attempts; retried only before the first response message. Built on ``aio_call_base``; made by
+``aio_methods``."""
 
 from __future__ import annotations
 
@@ -13,7 +14,7 @@ import grpc
 import grpc.aio
 
 from ..balancer.base import PickResult
-from .aio_calls import CallBase, is_stand_in, status_now
+from .aio_call_base import CallBase, is_stand_in, status_now
 from .subconn import SubConn
 
 log = logging.getLogger("waypost.aio")

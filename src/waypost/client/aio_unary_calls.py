@@ -1,5 +1,6 @@
 """The grpc.aio unary-response calls (unary_unary, stream_unary) of ``waypost.aio.dial``: a task runs the
-attempts, except a unary-unary call whose first attempt can start at once (see UnaryUnaryCall)."""
+attempts, except a unary-unary call whose first attempt can start at once (see UnaryUnaryCall). Built on
+``aio_call_base``; made by ``aio_methods``."""
 
 from __future__ import annotations
 
@@ -14,7 +15,7 @@ import grpc
 import grpc.aio
 
 from ..balancer.base import PickError, PickResult
-from .aio_calls import CallBase, aio_error, status_now
+from .aio_call_base import CallBase, aio_error, status_now
 from .grpc_private import PLAIN_UNARY_UNARY_CALL, locally_cancelled
 from .method import MethodBase
 from .rpcerror import BalancerRpcError
