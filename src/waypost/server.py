@@ -19,19 +19,22 @@ Graceful stop (``handle.stop()``, or SIGTERM/SIGINT while ``handle.wait()`` runs
 4. ... and stop;
 5. cancel what is still running when ``grace`` seconds have passed (a second signal forces it at once).
 
-``serve`` is for a ``grpc.server`` (threads); ``serve_async`` for a ``grpc.aio.server``.
+``serve`` is for a ``grpc.server`` (threads); ``serve_async`` for a ``grpc.aio.server``. Both run the same
+two sequences (start-up and graceful stop, written once below); only how each step runs differs.
 """
 
 from __future__ import annotations
 
 import asyncio
+import functools
+import inspect
 import logging
 import signal
 import threading
 import time
-from collections.abc import Iterator, Mapping
+from collections.abc import Callable, Generator, Iterable, Iterator, Mapping
 from contextlib import contextmanager
-from typing import Any
+from typing import Any, ClassVar, Protocol
 
 import grpc
 
@@ -84,8 +87,172 @@ def _check_args(key: str, grace: float) -> None:
         raise ValueError(f"serve: grace must be >= 0 seconds, got {grace!r}")
 
 
+# ------------------------------------------------------------------------------- the shared sequences
+#
+# The start-up and graceful-stop sequences are written once, as generators of steps: a step is a thunk; the
+# sync driver runs it, the aio driver runs it and awaits its result when that is awaitable (grpc.aio's
+# server and health servicer, and the Publisher's a* methods, are coroutines). What differs between a
+# ``grpc.server`` and a ``grpc.aio.server`` is in the two flavour classes (same methods).
+
+_Steps = Generator[Callable[[], Any], Any, Any]
+
+
+def _drive(steps: _Steps) -> Any:
+    """Run a sequence of steps in this thread; a step's exception is raised inside the sequence."""
+    value: Any = None
+    error: BaseException | None = None
+    while True:
+        try:
+            step = steps.send(value) if error is None else steps.throw(error)
+        except StopIteration as done:
+            return done.value
+        value, error = None, None
+        try:
+            value = step()
+        except BaseException as e:  # noqa: BLE001 -- the sequence decides (it re-raises what it does not handle)
+            error = e
+
+
+async def _drive_async(steps: _Steps) -> Any:
+    """Run a sequence of steps on this event loop, awaiting what a step returns when it is awaitable."""
+    value: Any = None
+    error: BaseException | None = None
+    while True:
+        try:
+            step = steps.send(value) if error is None else steps.throw(error)
+        except StopIteration as done:
+            return done.value
+        value, error = None, None
+        try:
+            value = step()
+            if inspect.isawaitable(value):
+                value = await value
+        except BaseException as e:  # noqa: BLE001 -- the sequence decides (it re-raises what it does not handle)
+            error = e
+
+
+class _Threads:
+    """``grpc.server``: every operation blocks and returns its result."""
+
+    def new_health_servicer(self) -> Any:
+        from grpc_health.v1 import health
+
+        return health.HealthServicer(experimental_non_blocking=True)
+
+    def sleep(self, seconds: float) -> None:
+        time.sleep(seconds)
+
+    def start_publisher(self, publisher: Any) -> None:
+        publisher.start()
+
+    def stop_publisher(self, publisher: Any) -> None:
+        publisher.stop()
+
+    def pause_publisher(self, publisher: Any) -> None:
+        publisher.pause()
+
+    def resume_publisher(self, publisher: Any) -> None:
+        publisher.resume()
+
+    def stop_server(self, server: Any, grace: float, handle: _Base | None = None, limit: float | None = None
+                    ) -> None:
+        """Stop ``server`` (in-flight calls get ``grace`` seconds) and return once it has stopped (or after
+        ``limit`` seconds); ``handle``: whose second signal forces the stop at once."""
+        done = server.stop(grace)
+        deadline = None if limit is None else time.monotonic() + limit
+        while not done.wait(0.1 if deadline is None else max(0.0, min(0.1, deadline - time.monotonic()))):
+            if deadline is not None and time.monotonic() >= deadline:
+                return
+            if handle is not None and handle._force:  # a second signal: cancel what still runs, now
+                server.stop(0)
+                handle._force = False
+
+
+class _Aio:
+    """``grpc.aio.server``: every operation returns an awaitable."""
+
+    def new_health_servicer(self) -> Any:
+        from grpc_health.v1.health import aio as health_aio
+
+        return health_aio.HealthServicer()
+
+    def sleep(self, seconds: float) -> Any:
+        return asyncio.sleep(seconds)
+
+    def start_publisher(self, publisher: Any) -> Any:
+        return publisher.astart()
+
+    def stop_publisher(self, publisher: Any) -> Any:
+        return publisher.astop()
+
+    def pause_publisher(self, publisher: Any) -> Any:
+        return publisher.apause()
+
+    def resume_publisher(self, publisher: Any) -> Any:
+        return publisher.aresume()
+
+    def stop_server(self, server: Any, grace: float, handle: _Base | None = None, limit: float | None = None
+                    ) -> Any:
+        return server.stop(grace)  # a second signal stops it at once from AsyncServeHandle._force_now
+
+
+def _health_steps(servicer: Any, services: Iterable[str], serving: bool) -> _Steps:
+    pb = _health_pb2()
+    status = pb.HealthCheckResponse.SERVING if serving else pb.HealthCheckResponse.NOT_SERVING
+    for name in services:
+        yield functools.partial(servicer.set, name, status)
+
+
+def _serve_steps(handle_cls: type[_Base], server: Any, key: str, listen_on: str, registry: Any, grace: float,
+                 advertise: str | None, allow_loopback: bool | None, health: bool,
+                 credentials: grpc.ServerCredentials | None, drain_delay: float, publisher_args: dict[str, Any]
+                 ) -> _Steps:
+    """Start-up (module docstring, steps 1-5); returns the handle."""
+    fl = handle_cls.flavor
+    _check_args(key, grace)
+    reg = _registry_of(registry)
+    servicer = None
+    if health:  # (1) before start, NOT_SERVING for now
+        from grpc_health.v1 import health_pb2_grpc
+
+        servicer = fl.new_health_servicer()
+        yield from _health_steps(servicer, ("", key), serving=False)
+        health_pb2_grpc.add_HealthServicer_to_server(servicer, server)
+    port = _bind(server, listen_on, credentials)  # (2)
+    try:
+        address, publisher = _publisher(reg, key, listen_on, port, advertise, allow_loopback, **publisher_args)
+    except BaseException:
+        # grpcio keeps a bound, never-started server's socket listening even after stop(): start it
+        # (nobody knows the address yet) so that stop() really closes the port
+        yield server.start
+        yield functools.partial(fl.stop_server, server, 0, limit=5)
+        raise
+    yield server.start  # (3)
+    try:
+        yield functools.partial(fl.start_publisher, publisher)  # (4)
+    except BaseException:
+        yield functools.partial(fl.stop_server, server, 0, limit=5)
+        raise
+    handle = handle_cls(server, key, address, port, reg, publisher, servicer, grace)
+    handle.drain_delay = max(0.0, float(drain_delay))
+    yield from handle._health_steps(True)  # (5)
+    log.info("serving %r at %s (registered as %s)", key, address, publisher.key)
+    return handle
+
+
+class _Flag(Protocol):
+    """threading.Event or asyncio.Event: a stop was requested."""
+
+    def is_set(self) -> bool: ...
+
+    def set(self) -> None: ...
+
+
 class _Base:
-    """What the sync and async handles share."""
+    """What the sync and async handles share: the pause, resume and graceful-stop sequences, the signals."""
+
+    #: how this handle's server runs its operations (set by each handle class)
+    flavor: ClassVar[_Threads | _Aio]
 
     def __init__(self, server: Any, key: str, address: str, port: int, registry: Any, publisher: Any,
                  health: Any, grace: float) -> None:
@@ -101,6 +268,7 @@ class _Base:
         #: seconds between deregistration and refusing calls (clients need it to notice); set by serve()
         self.drain_delay = DEFAULT_DRAIN_DELAY
         self._force = False
+        self._requested: _Flag
 
     @property
     def registered_key(self) -> str | None:
@@ -110,12 +278,58 @@ class _Base:
     def _health_services(self) -> list[str]:
         return ["", self.key]
 
+    def _health_steps(self, serving: bool) -> _Steps:
+        if self.health is not None:
+            yield from _health_steps(self.health, self._health_services(), serving)
+
+    def _pause_steps(self) -> _Steps:
+        yield functools.partial(self.flavor.pause_publisher, self.publisher)
+        yield from self._health_steps(False)
+        log.info("%r: paused (deregistered, NOT_SERVING)", self)
+
+    def _resume_steps(self) -> _Steps:
+        yield functools.partial(self.flavor.resume_publisher, self.publisher)
+        yield from self._health_steps(True)
+        log.info("%r: resumed", self)
+
+    def _stop_steps(self, grace: float) -> _Steps:
+        """The graceful stop (module docstring, steps 1-5)."""
+        fl = self.flavor
+        try:
+            yield functools.partial(fl.stop_publisher, self.publisher)  # (1) the key disappears before we refuse anything
+        except Exception as e:  # noqa: BLE001 -- any failure: the lease then expires by its TTL
+            log.warning("%r: deregistration failed (%s); the lease will expire by its TTL", self, e)
+        if self.health is not None:
+            yield self.health.enter_graceful_shutdown  # (2) NOT_SERVING
+        # (2) keep serving while clients learn of the deregistration (a second signal cuts it short)
+        until = time.monotonic() + min(self.drain_delay, grace)
+        while not self._force and time.monotonic() < until:
+            yield functools.partial(fl.sleep, min(0.05, max(0.0, until - time.monotonic())))
+        # (2) refuse new calls, (3)+(4) drain, (5) cancel after grace
+        yield functools.partial(fl.stop_server, self.server, grace, self)
+        log.info("%r: stopped", self)
+
+    def _on_signal(self, signum: int, _frame: Any = None) -> None:
+        if self._requested.is_set():
+            log.warning("%r: second %s, stopping now", self, signal.Signals(signum).name)
+            self._force = True
+            self._force_now()
+        else:
+            log.info("%r: %s, stopping gracefully (grace %gs)", self, signal.Signals(signum).name, self.grace)
+            self._requested.set()
+
+    def _force_now(self) -> None:
+        """A second signal came: what this kind of server does at once (beyond setting ``_force``)."""
+
     def __repr__(self) -> str:
         return f"<{type(self).__name__} {self.key!r} at {self.address}>"
 
 
 class ServeHandle(_Base):
     """A running, registered ``grpc.server`` (returned by ``waypost.serve``)."""
+
+    flavor = _Threads()
+    _requested: threading.Event
 
     def __init__(self, *args: Any, **kw: Any) -> None:
         super().__init__(*args, **kw)
@@ -128,23 +342,14 @@ class ServeHandle(_Base):
 
     def pause(self) -> None:
         """Drain: revoke the registration and report NOT_SERVING; calls still reaching us are served."""
-        self.publisher.pause()
-        self._set_health(False)
-        log.info("%r: paused (deregistered, NOT_SERVING)", self)
+        _drive(self._pause_steps())
 
     def resume(self) -> None:
         """Undo pause(): register again (RegistryUnavailable if that fails in time) and report SERVING."""
-        self.publisher.resume()
-        self._set_health(True)
-        log.info("%r: resumed", self)
+        _drive(self._resume_steps())
 
     def _set_health(self, serving: bool) -> None:
-        if self.health is None:
-            return
-        pb = _health_pb2()
-        status = pb.HealthCheckResponse.SERVING if serving else pb.HealthCheckResponse.NOT_SERVING
-        for name in self._health_services():
-            self.health.set(name, status)
+        _drive(self._health_steps(serving))
 
     # -- stopping --------------------------------------------------------------------------------
 
@@ -168,17 +373,8 @@ class ServeHandle(_Base):
             yield
             return
         previous = {s: signal.getsignal(s) for s in _SIGNALS}
-
-        def on_signal(signum: int, _frame: Any) -> None:
-            if self._requested.is_set():
-                log.warning("%r: second %s, stopping now", self, signal.Signals(signum).name)
-                self._force = True
-            else:
-                log.info("%r: %s, stopping gracefully (grace %gs)", self, signal.Signals(signum).name, self.grace)
-                self._requested.set()
-
         for s in _SIGNALS:
-            signal.signal(s, on_signal)
+            signal.signal(s, self._on_signal)
         try:
             yield
         finally:
@@ -194,24 +390,8 @@ class ServeHandle(_Base):
         if not first:
             self._stopped.wait()
             return
-        grace = self.grace if grace is None else grace
         try:
-            try:
-                self.publisher.stop()  # (1) the key disappears before we refuse anything
-            except Exception as e:  # noqa: BLE001 -- any failure: the lease then expires by its TTL
-                log.warning("%r: deregistration failed (%s); the lease will expire by its TTL", self, e)
-            if self.health is not None:
-                self.health.enter_graceful_shutdown()  # (2) NOT_SERVING
-            # (2) keep serving while clients learn of the deregistration (a second signal cuts it short)
-            until = time.monotonic() + min(self.drain_delay, grace)
-            while not self._force and time.monotonic() < until:
-                time.sleep(min(0.05, max(0.0, until - time.monotonic())))
-            done = self.server.stop(grace)  # (2) refuse new calls, (3)+(4) drain, (5) cancel after grace
-            while not done.wait(0.1):
-                if self._force:
-                    self.server.stop(0)
-                    self._force = False
-            log.info("%r: stopped", self)
+            _drive(self._stop_steps(self.grace if grace is None else grace))
         finally:
             self._stopped.set()
 
@@ -252,29 +432,9 @@ def serve(
     server keeps serving for ``drain_delay`` seconds (at most ``grace``) after deregistering, so that
     clients drop it before it refuses calls.
     """
-    _check_args(key, grace)
-    reg = _registry_of(registry)
-    servicer = _add_health(server, key) if health else None
-    port = _bind(server, listen_on, credentials)
-    try:
-        address, publisher = _publisher(reg, key, listen_on, port, advertise, allow_loopback,
-                                        ttl=ttl, id=id, metadata=metadata, format=format, timeout=register_timeout)
-    except BaseException:
-        # grpcio keeps a bound, never-started server's socket listening even after stop(): start it
-        # (nobody knows the address yet) so that stop() really closes the port
-        server.start()
-        server.stop(0).wait(5)
-        raise
-    server.start()
-    try:
-        publisher.start()
-    except BaseException:
-        server.stop(0).wait(5)
-        raise
-    handle = ServeHandle(server, key, address, port, reg, publisher, servicer, grace)
-    handle.drain_delay = max(0.0, float(drain_delay))
-    handle._set_health(True)
-    log.info("serving %r at %s (registered as %s)", key, address, publisher.key)
+    publisher_args = {"ttl": ttl, "id": id, "metadata": metadata, "format": format, "timeout": register_timeout}
+    handle: ServeHandle = _drive(_serve_steps(ServeHandle, server, key, listen_on, registry, grace, advertise,
+                                              allow_loopback, health, credentials, drain_delay, publisher_args))
     return handle
 
 
@@ -287,23 +447,14 @@ def _publisher(reg: Any, key: str, listen_on: str, port: int, advertise: str | N
     return address, Publisher(reg, key, address, **publisher_args)
 
 
-def _add_health(server: Any, key: str) -> Any:
-    from grpc_health.v1 import health as health_mod
-    from grpc_health.v1 import health_pb2_grpc
-
-    servicer = health_mod.HealthServicer(experimental_non_blocking=True)
-    pb = _health_pb2()
-    for name in ("", key):
-        servicer.set(name, pb.HealthCheckResponse.NOT_SERVING)
-    health_pb2_grpc.add_HealthServicer_to_server(servicer, server)
-    return servicer
-
-
 # ------------------------------------------------------------------------------------------------ aio
 
 
 class AsyncServeHandle(_Base):
     """A running, registered ``grpc.aio.server`` (returned by ``await waypost.serve_async(...)``)."""
+
+    flavor = _Aio()
+    _requested: asyncio.Event
 
     def __init__(self, *args: Any, **kw: Any) -> None:
         super().__init__(*args, **kw)
@@ -313,21 +464,14 @@ class AsyncServeHandle(_Base):
 
     async def pause(self) -> None:
         """Drain: revoke the registration and report NOT_SERVING."""
-        await self.publisher.apause()
-        await self._set_health(False)
+        await _drive_async(self._pause_steps())
 
     async def resume(self) -> None:
         """Undo pause()."""
-        await self.publisher.aresume()
-        await self._set_health(True)
+        await _drive_async(self._resume_steps())
 
     async def _set_health(self, serving: bool) -> None:
-        if self.health is None:
-            return
-        pb = _health_pb2()
-        status = pb.HealthCheckResponse.SERVING if serving else pb.HealthCheckResponse.NOT_SERVING
-        for name in self._health_services():
-            await self.health.set(name, status)
+        await _drive_async(self._health_steps(serving))
 
     async def wait(self) -> None:
         """Until SIGTERM/SIGINT (handlers installed only when this loop runs on the main thread) or
@@ -348,14 +492,8 @@ class AsyncServeHandle(_Base):
             for s in installed:
                 loop.remove_signal_handler(s)
 
-    def _on_signal(self, signum: int) -> None:
-        if self._requested.is_set():
-            log.warning("%r: second %s, stopping now", self, signal.Signals(signum).name)
-            self._force = True
-            asyncio.ensure_future(self.server.stop(0))
-        else:
-            log.info("%r: %s, stopping gracefully (grace %gs)", self, signal.Signals(signum).name, self.grace)
-            self._requested.set()
+    def _force_now(self) -> None:
+        asyncio.ensure_future(self.server.stop(0))
 
     async def stop(self, grace: float | None = None) -> None:
         """The graceful stop (module docstring). Idempotent."""
@@ -366,18 +504,7 @@ class AsyncServeHandle(_Base):
 
     async def _stop(self, grace: float) -> None:
         try:
-            try:
-                await self.publisher.astop()
-            except Exception as e:  # noqa: BLE001 -- any failure: the lease expires by its TTL
-                log.warning("%r: deregistration failed (%s); the lease will expire by its TTL", self, e)
-            if self.health is not None:
-                await self.health.enter_graceful_shutdown()
-            # keep serving while clients learn of the deregistration (a second signal cuts it short)
-            until = time.monotonic() + min(self.drain_delay, grace)
-            while not self._force and time.monotonic() < until:
-                await asyncio.sleep(min(0.05, max(0.0, until - time.monotonic())))
-            await self.server.stop(grace)
-            log.info("%r: stopped", self)
+            await _drive_async(self._stop_steps(grace))
         finally:
             self._stopped.set()
 
@@ -411,40 +538,11 @@ async def serve_async(
     drain_delay: float = DEFAULT_DRAIN_DELAY,
 ) -> AsyncServeHandle:
     """``serve`` for a ``grpc.aio.server`` (not started yet): bind, ``await server.start()``, register."""
-    _check_args(key, grace)
-    reg = _registry_of(registry)
-    servicer = await _add_health_async(server, key) if health else None
-    port = _bind(server, listen_on, credentials)
-    try:
-        address, publisher = _publisher(reg, key, listen_on, port, advertise, allow_loopback,
-                                        ttl=ttl, id=id, metadata=metadata, format=format, timeout=register_timeout)
-    except BaseException:
-        await server.start()  # see serve(): only a started server releases its port on stop()
-        await server.stop(0)
-        raise
-    await server.start()
-    try:
-        await publisher.astart()
-    except BaseException:
-        await server.stop(0)
-        raise
-    handle = AsyncServeHandle(server, key, address, port, reg, publisher, servicer, grace)
-    handle.drain_delay = max(0.0, float(drain_delay))
-    await handle._set_health(True)
-    log.info("serving %r at %s (registered as %s)", key, address, publisher.key)
+    publisher_args = {"ttl": ttl, "id": id, "metadata": metadata, "format": format, "timeout": register_timeout}
+    handle: AsyncServeHandle = await _drive_async(_serve_steps(
+        AsyncServeHandle, server, key, listen_on, registry, grace, advertise, allow_loopback, health, credentials,
+        drain_delay, publisher_args))
     return handle
-
-
-async def _add_health_async(server: Any, key: str) -> Any:
-    from grpc_health.v1 import health_pb2_grpc
-    from grpc_health.v1.health import aio as health_aio
-
-    servicer = health_aio.HealthServicer()
-    pb = _health_pb2()
-    for name in ("", key):
-        await servicer.set(name, pb.HealthCheckResponse.NOT_SERVING)
-    health_pb2_grpc.add_HealthServicer_to_server(servicer, server)
-    return servicer
 
 
 __all__ = ["AsyncServeHandle", "BindError", "ServeHandle", "serve", "serve_async"]

@@ -4,7 +4,6 @@ outcome report), and making the call objects of ``aio_unary_calls`` and ``aio_st
 
 from __future__ import annotations
 
-import time
 from typing import Any
 
 import grpc
@@ -14,13 +13,6 @@ from .aio_stream_calls import StreamStreamCall, UnaryStreamCall
 from .aio_unary_calls import StreamUnaryCall, UnaryUnaryCall
 from .method import MethodBase
 from .retry import AsyncReplay, Replay, WriteReplay
-
-_perf = time.perf_counter
-_UNAVAILABLE = grpc.StatusCode.UNAVAILABLE
-
-
-class _Method(MethodBase):
-    """What the four grpc.aio multicallable kinds share (see MethodBase)."""
 
 
 def _requests(request_iterator: Any) -> dict[str, Any]:
@@ -33,7 +25,7 @@ def _requests(request_iterator: Any) -> dict[str, Any]:
     return {"replay": Replay(request_iterator)}
 
 
-class UnaryUnaryMultiCallable(_Method, grpc.aio.UnaryUnaryMultiCallable):
+class UnaryUnaryMultiCallable(MethodBase, grpc.aio.UnaryUnaryMultiCallable):
     _kind = "unary_unary"
 
     def __call__(self, request: Any, *, timeout: float | None = None, metadata: Any = None, credentials: Any = None,
@@ -41,7 +33,7 @@ class UnaryUnaryMultiCallable(_Method, grpc.aio.UnaryUnaryMultiCallable):
         return UnaryUnaryCall(self, request, timeout, metadata, credentials, wait_for_ready, compression)
 
 
-class UnaryStreamMultiCallable(_Method, grpc.aio.UnaryStreamMultiCallable):
+class UnaryStreamMultiCallable(MethodBase, grpc.aio.UnaryStreamMultiCallable):
     _kind = "unary_stream"
 
     def __call__(self, request: Any, *, timeout: float | None = None, metadata: Any = None, credentials: Any = None,
@@ -49,7 +41,7 @@ class UnaryStreamMultiCallable(_Method, grpc.aio.UnaryStreamMultiCallable):
         return UnaryStreamCall(self, request, timeout, metadata, credentials, wait_for_ready, compression)
 
 
-class StreamUnaryMultiCallable(_Method, grpc.aio.StreamUnaryMultiCallable):
+class StreamUnaryMultiCallable(MethodBase, grpc.aio.StreamUnaryMultiCallable):
     _kind = "stream_unary"
 
     def __call__(self, request_iterator: Any = None, timeout: float | None = None, metadata: Any = None,
@@ -59,7 +51,7 @@ class StreamUnaryMultiCallable(_Method, grpc.aio.StreamUnaryMultiCallable):
                                **_requests(request_iterator))
 
 
-class StreamStreamMultiCallable(_Method, grpc.aio.StreamStreamMultiCallable):
+class StreamStreamMultiCallable(MethodBase, grpc.aio.StreamStreamMultiCallable):
     _kind = "stream_stream"
 
     def __call__(self, request_iterator: Any = None, timeout: float | None = None, metadata: Any = None,

@@ -1,10 +1,12 @@
 """The grpc.aio stream-response calls (unary_stream, stream_stream) of ``waypost.aio.dial``: reading drives
-the attempts; retried only before the first response message."""
+the attempts; retried only before the first response message. Built on ``aio_call_base``; made by
+``aio_methods``."""
 
 from __future__ import annotations
 
 import asyncio
 import logging
+import time
 from collections.abc import AsyncIterator, Callable
 from typing import Any
 
@@ -12,22 +14,19 @@ import grpc
 import grpc.aio
 
 from ..balancer.base import PickResult
-from .aio_calls import (
-    _CANCELLED,
-    _OK,
-    _UNKNOWN,
-    EOF_,
-    _Call,
-    _perf,
-    _stand_in,
-    _status_now,
-)
+from .aio_call_base import CallBase, is_stand_in, status_now
 from .subconn import SubConn
 
 log = logging.getLogger("waypost.aio")
 
+_OK = grpc.StatusCode.OK
+_CANCELLED = grpc.StatusCode.CANCELLED
+_UNKNOWN = grpc.StatusCode.UNKNOWN
+_EOF = grpc.aio.EOF
+_perf = time.perf_counter
 
-class _StreamResponseCall(_Call):
+
+class _StreamResponseCall(CallBase):
     """unary_stream and stream_stream: reading drives the attempts; retried only before the first message."""
 
     def __init__(self, *args: Any, **kw: Any) -> None:
@@ -115,7 +114,7 @@ class _StreamResponseCall(_Call):
                 raise
             if not self._committed:
                 self._committed = True
-                if msg is not EOF_:
+                if msg is not _EOF:
                     self._st.succeeded()
             return msg
 
@@ -123,8 +122,8 @@ class _StreamResponseCall(_Call):
         # Reading decides (only it knows whether a response message came): go on unless the call is over.
         if self._error is not None or self._committed or self._cancelled:
             return False
-        s = _status_now(call)
-        if s is None or _stand_in(*s):
+        s = status_now(call)
+        if s is None or is_stand_in(*s):
             return True  # the status is not in yet
         return s[0] is not _OK and self._st.may_retry(*s)  # OK, or an error that is not retried: the call's end
 
@@ -156,7 +155,7 @@ class _StreamResponseCall(_Call):
     async def _iterate(self) -> AsyncIterator[Any]:
         while True:
             msg = await self.read()
-            if msg is EOF_:
+            if msg is _EOF:
                 return
             yield msg
 

@@ -1,53 +1,39 @@
 """The grpc.aio unary-response calls (unary_unary, stream_unary) of ``waypost.aio.dial``: a task runs the
-attempts, except a unary-unary call whose first attempt can start at once (see UnaryUnaryCall)."""
+attempts, except a unary-unary call whose first attempt can start at once (see UnaryUnaryCall). Built on
+``aio_call_base``; made by ``aio_methods``."""
 
 from __future__ import annotations
 
 import asyncio
 import functools
 import logging
+import time
 from collections.abc import Callable
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 import grpc
 import grpc.aio
 
 from ..balancer.base import PickError, PickResult
-from .aio_calls import (
-    _CANCELLED,
-    _OK,
-    _UNKNOWN,
-    _aio_error,
-    _Call,
-    _perf,
-    _status_now,
-)
+from .aio_call_base import CallBase, aio_error, status_now
+from .grpc_private import PLAIN_UNARY_UNARY_CALL, locally_cancelled
+from .method import MethodBase
 from .rpcerror import BalancerRpcError
 from .subconn import SubConn
 
-if TYPE_CHECKING:
-    from .aio_methods import _Method
-
 log = logging.getLogger("waypost.aio")
 
-
-#: grpc.aio's own unary-unary call object (without interceptors): its done callbacks run before its awaiters wake
-_PLAIN_UNARY_UNARY = getattr(getattr(grpc.aio, "_call", None), "UnaryUnaryCall", None)
+_OK = grpc.StatusCode.OK
+_CANCELLED = grpc.StatusCode.CANCELLED
+_UNKNOWN = grpc.StatusCode.UNKNOWN
+_perf = time.perf_counter
 
 
 def _call_back(callback: Callable[[Any], None], call: Any, _task: Any) -> None:
     callback(call)
 
 
-def _locally_cancelled(call: Any) -> bool:
-    """The attempt was cancelled on this side (never retried, whatever the policy)."""
-    cy = getattr(call, "_cython_call", None)
-    if cy is not None and hasattr(cy, "is_locally_cancelled"):
-        return bool(cy.is_locally_cancelled())
-    return False
-
-
-class _UnaryResponseCall(_Call):
+class _UnaryResponseCall(CallBase):
     """unary_unary and stream_unary: a task runs the attempts; awaiting the call awaits it."""
 
     def __init__(self, *args: Any, **kw: Any) -> None:
@@ -177,9 +163,9 @@ class UnaryUnaryCall(_UnaryResponseCall, grpc.aio.UnaryUnaryCall):
     grpc.aio's call, and its end is handled in that call's done callback, which grpc.aio runs before anyone
     awaiting the call wakes up. Only a retry (or a pick that has to wait) runs in a task."""
 
-    def __init__(self, m: _Method, request: Any, timeout: float | None, metadata: Any, credentials: Any,
+    def __init__(self, m: MethodBase, request: Any, timeout: float | None, metadata: Any, credentials: Any,
                  wait_for_ready: bool | None, compression: Any) -> None:
-        _Call.__init__(self, m, request, timeout, metadata, credentials, wait_for_ready, compression)
+        CallBase.__init__(self, m, request, timeout, metadata, credentials, wait_for_ready, compression)
         # True while the first attempt runs without a task of ours (then ``_first`` is its grpc.aio call, and
         # ``_task`` is set only if it is retried)
         self._fast = False
@@ -187,7 +173,7 @@ class UnaryUnaryCall(_UnaryResponseCall, grpc.aio.UnaryUnaryCall):
         self._attempt: tuple[PickResult, SubConn, Any, float] | None = None
         self._user_cancelled = False
         started = self._start_now(request)
-        if isinstance(started, tuple) and type(started[2]) is _PLAIN_UNARY_UNARY:
+        if isinstance(started, tuple) and type(started[2]) is PLAIN_UNARY_UNARY_CALL:
             self._fast = True
             self._attempt = started
             self._first = started[2]
@@ -205,7 +191,7 @@ class UnaryUnaryCall(_UnaryResponseCall, grpc.aio.UnaryUnaryCall):
                 return None
             call = self._launch(r[1], request)
         except (PickError, BalancerRpcError) as e:
-            return _aio_error(e)
+            return aio_error(e)
         except Exception as e:  # noqa: BLE001  # raised when the call is awaited, as the task path does
             return e
         return r[0], r[1], call, _perf()
@@ -220,12 +206,12 @@ class UnaryUnaryCall(_UnaryResponseCall, grpc.aio.UnaryUnaryCall):
     def _end_first(self, call: Any) -> None:
         assert self._attempt is not None
         res, sc, _call, t0 = self._attempt
-        status = _status_now(call)
+        status = status_now(call)
         code, details = status if status is not None else (_UNKNOWN, "")
         self._m.finish(res, sc, t0, code)
         if code is _OK:
             self._st.succeeded()
-        elif not (self._user_cancelled or _locally_cancelled(call)):
+        elif not (self._user_cancelled or locally_cancelled(call)):  # a local cancel is never retried
             delay = self._decide(call, code, details)
             if delay is not None:
                 task = self._task = self._loop.create_task(self._run(delay=delay))

@@ -19,6 +19,7 @@ from .. import metrics as _metrics
 from ..balancer.base import Outcome, PickInfo, PickResult, _noop_done
 from .balancer_wrapper import BalancerWrapper
 from .config import ChannelConfig
+from .grpc_private import registered_method_kwargs
 from .hashkey import current_hash_key
 from .picker_wrapper import PickerWrapper
 from .subconn import SubConn
@@ -86,7 +87,7 @@ class MethodBase(Generic[ChannelT]):
         if mc is None:
             mc = getattr(sc.channel, self._kind)(self._method, request_serializer=self._ser,
                                                  response_deserializer=self._deser,
-                                                 _registered_method=self._registered)
+                                                 **registered_method_kwargs(self._registered))
             sc.mcs[self._key] = mc
         return mc
 

@@ -21,10 +21,10 @@ from typing import Any, Protocol
 
 import grpc
 import grpc.aio
-from grpc._cython import cygrpc  # ExecuteBatchError: what a send on an ending grpc.aio call raises
 
 from ..balancer.base import Outcome, PickResult
 from ..service_config import RetryPolicy
+from .grpc_private import EXECUTE_BATCH_ERROR
 from .retry_throttle import RetryThrottle
 
 PREVIOUS_ATTEMPTS = "grpc-previous-rpc-attempts"
@@ -326,7 +326,7 @@ class _ReplayIterator:
 
 # What grpc.aio's write raises when the call is over (or ending: a send that failed as the status arrives).
 _ATTEMPT_OVER: tuple[type[BaseException], ...] = (
-    grpc.aio.AioRpcError, asyncio.InvalidStateError, getattr(cygrpc, "ExecuteBatchError", grpc.aio.AioRpcError))
+    grpc.aio.AioRpcError, asyncio.InvalidStateError, EXECUTE_BATCH_ERROR)
 
 
 class WriteReplay:

@@ -1,5 +1,8 @@
-"""What the grpc.aio call objects behind ``waypost.aio.dial`` share (the call kinds: ``aio_unary_calls`` and
-``aio_stream_calls``; the multicallables that make them: ``aio_methods``).
+"""What the grpc.aio call objects behind ``waypost.aio.dial`` share: the bottom of the aio call modules.
+
+Layers (each imports only the ones below it): this module (``CallBase`` and the status helpers) <- the call
+kinds (``aio_unary_calls``, ``aio_stream_calls``) <- the multicallables that make them (``aio_methods``).
+grpcio internals are read only through ``grpc_private``.
 
 Each call picks a backend per attempt, runs it on that backend's grpc.aio channel, reports its outcome to the
 picker through our own awaiting wrapper (``call.code()`` is a coroutine in grpc.aio, and interceptors wrap
@@ -13,29 +16,23 @@ import asyncio
 import logging
 import time
 from collections.abc import Callable
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 import grpc
 import grpc.aio
 
 from ..balancer.base import PickError, PickResult
+from .grpc_private import status_of
+from .method import MethodBase
 from .retry import AsyncReplay, Replay, RetryState, WriteReplay, avoid_tried
 from .rpcerror import BalancerRpcError
 from .subconn import SubConn
 
-if TYPE_CHECKING:
-    from .aio_methods import _Method
-
 log = logging.getLogger("waypost.aio")
 
-_OK = grpc.StatusCode.OK
-_UNAVAILABLE = grpc.StatusCode.UNAVAILABLE
 _CANCELLED = grpc.StatusCode.CANCELLED
-_UNKNOWN = grpc.StatusCode.UNKNOWN
 _INTERNAL = grpc.StatusCode.INTERNAL
-_perf = time.perf_counter
 _mono = time.monotonic
-EOF_ = grpc.aio.EOF
 
 
 # A send that fails as the call ends makes grpc.aio set this stand-in status (before or after the real one,
@@ -44,24 +41,17 @@ _STAND_IN = "Internal error from Core"
 _SETTLE_S = 5.0
 
 
-def _stand_in(code: grpc.StatusCode, details: str | None) -> bool:
+def is_stand_in(code: grpc.StatusCode, details: str | None) -> bool:
+    """The status is grpc.aio's stand-in for a failed send, not the call's real status (see _STAND_IN)."""
     return code is _INTERNAL and details == _STAND_IN
 
 
-try:  # grpc's own map from the Cython status codes (private: _status_now falls back without it)
-    from grpc._common import CYGRPC_STATUS_CODE_TO_STATUS_CODE as _CODE_OF
-except ImportError:  # pragma: no cover
-    _CODE_OF = {}
-
-
-def _status_now(call: Any) -> tuple[grpc.StatusCode, str] | None:
+def status_now(call: Any) -> tuple[grpc.StatusCode, str] | None:
     """A finished grpc.aio call's status, read synchronously (from a done callback, which cannot await: the
     coroutines return at once when the status is in). None if it is not in."""
-    status = getattr(getattr(call, "_cython_call", None), "_status", None)
-    if status is not None:  # the plain call object: its status, read directly (once per call: keep it cheap)
-        code = _CODE_OF.get(status.code())
-        if code is not None:
-            return code, status.details()
+    s = status_of(call)  # the plain call object: its status, read directly (once per call: keep it cheap)
+    if s is not None:
+        return s
     out = []
     for get in (call.code, call.details):
         coro = get()
@@ -77,7 +67,7 @@ def _status_now(call: Any) -> tuple[grpc.StatusCode, str] | None:
     return out[0], out[1]
 
 
-def _aio_error(e: BalancerRpcError | PickError) -> grpc.aio.AioRpcError:
+def aio_error(e: BalancerRpcError | PickError) -> grpc.aio.AioRpcError:
     if isinstance(e, PickError):
         code, details = e.code, e.message
     else:
@@ -85,10 +75,10 @@ def _aio_error(e: BalancerRpcError | PickError) -> grpc.aio.AioRpcError:
     return grpc.aio.AioRpcError(code, grpc.aio.Metadata(), grpc.aio.Metadata(), details, f"waypost: {details}")
 
 
-class _Call(abc.ABC):
+class CallBase(abc.ABC):
     """What every call kind shares: settings, the attempt start (pick, maybe wait) and the Call API."""
 
-    def __init__(self, m: _Method, request: Any, timeout: float | None, metadata: Any, credentials: Any,
+    def __init__(self, m: MethodBase, request: Any, timeout: float | None, metadata: Any, credentials: Any,
                  wait_for_ready: bool | None, compression: Any, *, replay: Replay | AsyncReplay | None = None,
                  writes: WriteReplay | None = None) -> None:
         self._m = m
@@ -123,7 +113,7 @@ class _Call(abc.ABC):
             if r is None:
                 r = await m.channel.wait_pick(info, st.deadline, self._wfr)
         except (PickError, BalancerRpcError) as e:
-            raise _aio_error(e) from None
+            raise aio_error(e) from None
         if st.tried:
             r = avoid_tried(r, st.tried, m.pickers.ready_subconns, lambda: m.pickers.pick(info))
         return r[0], r[1], self._launch(r[1], request)
@@ -195,15 +185,15 @@ class _Call(abc.ABC):
 
     def _note_status(self, call: Any) -> None:
         """Done callback of a client-streaming attempt (runs each time grpc.aio sets its status): keep the real one."""
-        s = _status_now(call)
-        if s is not None and not _stand_in(*s):
+        s = status_now(call)
+        if s is not None and not is_stand_in(*s):
             self._real = (call, s[0], s[1])
             self._wake()
 
     async def _settle(self, call: Any, code: grpc.StatusCode, details: str | None
                       ) -> tuple[grpc.StatusCode, str | None]:
         """The real status of a failed attempt, in place of grpc.aio's stand-in (see _STAND_IN)."""
-        if not _stand_in(code, details):
+        if not is_stand_in(code, details):
             return code, details
         deadline = _mono() + _SETTLE_S
         while True:
@@ -266,7 +256,7 @@ class _Call(abc.ABC):
     def _write_error(self, call: Any, err: BaseException) -> BaseException:
         """What a write into a finished call raises: grpc.aio's error, with the call's real status in place of
         grpc.aio's stand-in (see _STAND_IN)."""
-        if not isinstance(err, grpc.aio.AioRpcError) or not _stand_in(err.code(), err.details()):
+        if not isinstance(err, grpc.aio.AioRpcError) or not is_stand_in(err.code(), err.details()):
             return err
         if self._error is not None:
             return self._error

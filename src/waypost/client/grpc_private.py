@@ -1,0 +1,85 @@
+"""The one place waypost touches grpcio internals. Everything else uses grpcio's public API.
+
+Each name below says what it reads, why the public API is not enough, and what waypost does when a grpcio
+release no longer has it (every fallback keeps calls correct; only speed or a retry nuance is lost).
+Checked against grpcio 1.60 (the oldest release waypost supports) and 1.85.
+
+``PLAIN_UNARY_UNARY_CALL``
+    ``grpc.aio._call.UnaryUnaryCall``: grpc.aio's own unary-unary call class (what a channel without
+    interceptors returns). The balanced unary-unary call runs its first attempt without a task of its own
+    only on this exact class, whose done callbacks run before its awaiters wake up (an interceptor's call
+    object does not promise that). Missing: None, and every call takes the task path (slower, same result).
+
+``status_of(call)``
+    ``call._cython_call._status`` (a ``cygrpc.AioRpcStatus``, set once the call has ended) mapped through
+    ``grpc._common.CYGRPC_STATUS_CODE_TO_STATUS_CODE``: a finished call's status, read synchronously (a done
+    callback cannot await ``call.code()``). Missing: None, and the caller steps the public ``code()`` and
+    ``details()`` coroutines instead (they return at once when the status is in; a little slower).
+
+``locally_cancelled(call)``
+    ``call._cython_call.is_locally_cancelled()``: the call was cancelled on this side (by its user or by
+    grpc.aio), which the status alone does not tell apart from a CANCELLED sent by the server; a local
+    cancel is never retried. Missing: False, and such a call's CANCELLED status goes to the retry policy
+    (the default policies do not retry CANCELLED).
+
+``EXECUTE_BATCH_ERROR``
+    ``grpc._cython.cygrpc.ExecuteBatchError``: what a ``write()`` on a grpc.aio call raises when the call
+    ends while the message is being sent (grpc.aio does not turn it into an ``AioRpcError``). The client
+    streaming replay treats it as "this attempt is over". Missing: ``grpc.aio.AioRpcError`` (already caught
+    there), so nothing extra is caught.
+
+``registered_method_kwargs(flag)``
+    The private ``_registered_method`` keyword of a channel's method factories (``unary_unary`` ...), which
+    generated stubs of newer grpcio-tools pass and which lets grpcio skip a per-call method-name lookup.
+    grpcio 1.60 does not accept it. Missing: {} (the keyword is not forwarded; calls are the same).
+"""
+
+from __future__ import annotations
+
+import inspect
+from typing import Any
+
+import grpc
+import grpc.aio
+
+try:
+    from grpc._common import CYGRPC_STATUS_CODE_TO_STATUS_CODE as _CODE_OF
+except ImportError:  # pragma: no cover
+    _CODE_OF = {}
+
+try:
+    from grpc._cython import cygrpc as _cygrpc
+except ImportError:  # pragma: no cover
+    _cygrpc = None
+
+PLAIN_UNARY_UNARY_CALL: type | None = getattr(getattr(grpc.aio, "_call", None), "UnaryUnaryCall", None)
+
+EXECUTE_BATCH_ERROR: type[BaseException] = getattr(_cygrpc, "ExecuteBatchError", grpc.aio.AioRpcError)
+
+
+_TAKES_REGISTERED_METHOD = "_registered_method" in inspect.signature(grpc.Channel.unary_unary).parameters
+
+
+def registered_method_kwargs(flag: Any) -> dict[str, Any]:
+    """The keyword arguments that forward a stub's ``_registered_method`` to a backend channel, if grpcio takes it."""
+    return {"_registered_method": flag} if _TAKES_REGISTERED_METHOD else {}
+
+
+def status_of(call: Any) -> tuple[grpc.StatusCode, str] | None:
+    """A finished grpc.aio call's (code, details), read synchronously; None if it has not ended, or if this
+    grpcio keeps it elsewhere. Runs once per call: kept to a few attribute reads."""
+    status = getattr(getattr(call, "_cython_call", None), "_status", None)
+    if status is None:
+        return None
+    code = _CODE_OF.get(status.code())
+    if code is None:
+        return None
+    return code, status.details()
+
+
+def locally_cancelled(call: Any) -> bool:
+    """The grpc.aio call was cancelled on this side (False when this grpcio cannot tell)."""
+    cy = getattr(call, "_cython_call", None)
+    if cy is not None and hasattr(cy, "is_locally_cancelled"):
+        return bool(cy.is_locally_cancelled())
+    return False
