@@ -12,28 +12,25 @@ import asyncio
 import collections
 import logging
 from collections.abc import Callable
-from typing import TYPE_CHECKING
 
 import grpc
 import grpc.aio
 
 from .. import _loop
 from ..errors import LeaseNotFound, PermissionDenied, RegistryError, RegistryUnavailable
-from ..registry.base import KeepAlive
 from . import _errors
 from ._methods import LEASE_KEEPALIVE
 from ._outage import StreamOutage
 from ._proto import waypost_etcd_pb2 as pb
-
-if TYPE_CHECKING:
-    from .client import EtcdClient
+from .auth import Auth, Metadata
+from .endpoints import Endpoint, EndpointPool
 
 log = logging.getLogger("waypost.etcd.lease")
 
 LostCallback = Callable[[int, BaseException | None], None]
 
 
-class LeaseKeepAlive(KeepAlive):
+class LeaseKeepAlive:
     """Handle of a kept-alive lease; ``cancel()`` stops renewing (without revoking)."""
 
     def __init__(self, manager: KeepAliveManager, lease_id: int, on_lost: LostCallback) -> None:
@@ -89,9 +86,10 @@ class _Stalled(Exception):
 class KeepAliveManager:
     """Runs the shared keepalive stream of one client (on the control loop)."""
 
-    def __init__(self, client: EtcdClient) -> None:
-        self.client = client
-        self.clock = client.clock
+    def __init__(self, pool: EndpointPool, auth: Auth, clock: Callable[[], float]) -> None:
+        self.pool = pool
+        self.auth = auth
+        self.clock = clock
         self._leases: dict[int, _Lease] = {}
         self._wake = asyncio.Event()
         self._task: asyncio.Task[None] | None = None
@@ -204,9 +202,8 @@ class KeepAliveManager:
             backoff = min(backoff * 2, 1.0)
 
     async def _session(self) -> None:
-        client = self.client
-        ep = await client.pool.pick("lease keepalive")
-        md = await client.metadata(ep, require_leader=True)  # a member without leader cannot renew
+        ep = await self.pool.pick("lease keepalive")
+        md = await self.auth.metadata(ep, require_leader=True)  # a member without leader cannot renew
         call = ep.stream(LEASE_KEEPALIVE, pb.LeaseKeepAliveRequest, pb.LeaseKeepAliveResponse)(metadata=md)
         reader = asyncio.get_running_loop().create_task(self._read(call))
         self.connected = True
@@ -232,7 +229,7 @@ class KeepAliveManager:
                 if oldest is not None:
                     stall = max(min(oldest[1].interval, 3.0), 1.0)
                     if now - oldest[0] > stall:
-                        client.pool.mark_failed(ep)
+                        self.pool.mark_failed(ep)
                         raise _Stalled(f"no keepalive answer from {ep.address} for {now - oldest[0]:.1f}s")
                 wait = min((st.next_send for st in self._leases.values()), default=now + 1.0) - now
                 if oldest is not None:
@@ -254,11 +251,11 @@ class KeepAliveManager:
             elif not reader.cancelled():
                 reader.exception()  # retrieved: the writer's error is the one reported
 
-    def _stream_error(self, e: grpc.aio.AioRpcError, ep: object, md: tuple[tuple[str, str], ...] | None) -> None:
+    def _stream_error(self, e: grpc.aio.AioRpcError, ep: Endpoint, md: Metadata) -> None:
         if _errors.is_auth_retryable(e):
-            self.client.invalidate_token(dict(md or ()).get("token"))
+            self.auth.invalidate_sent(md)
         elif e.code() in _errors.UNAVAILABLE_CODES:
-            self.client.pool.mark_failed(ep)  # type: ignore[arg-type]
+            self.pool.mark_failed(ep)
 
     async def _read(self, call: grpc.aio.StreamStreamCall) -> None:
         while True:

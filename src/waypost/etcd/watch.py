@@ -18,22 +18,19 @@ import itertools
 import logging
 import time
 from collections.abc import AsyncIterator, Callable
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 import grpc
 import grpc.aio
 
 from .. import _loop
 from ..errors import Compacted, PermissionDenied, RegistryError, RegistryUnavailable
-from ..registry.base import Watch
 from . import _errors
 from ._methods import WATCH
 from ._outage import StreamOutage
 from ._proto import waypost_etcd_pb2 as pb
-
-if TYPE_CHECKING:
-    from .client import EtcdClient
-    from .endpoints import Endpoint
+from .auth import Auth, Metadata
+from .endpoints import Endpoint, EndpointPool
 
 log = logging.getLogger("waypost.etcd.watch")
 
@@ -41,7 +38,7 @@ _END = object()
 _order = itertools.count()
 
 
-class Watcher(Watch):
+class Watcher:
     """One watch: an async iterator of event batches, one batch per revision, in order.
 
     Batches are lists of ``convert(event)`` (the raw ``Event`` messages without a converter).
@@ -176,8 +173,9 @@ class _Reconnect(Exception):
 class WatchManager:
     """Runs the shared watch stream of one client (on the control loop)."""
 
-    def __init__(self, client: EtcdClient) -> None:
-        self.client = client
+    def __init__(self, pool: EndpointPool, auth: Auth) -> None:
+        self.pool = pool
+        self.auth = auth
         self._watchers: dict[Watcher, None] = {}  # insertion-ordered set
         self._by_id: dict[int, Watcher] = {}
         self._to_create: collections.deque[Watcher] = collections.deque()
@@ -194,13 +192,13 @@ class WatchManager:
         self._session_ep: Endpoint | None = None
         self._session_call: grpc.aio.StreamStreamCall | None = None
         self._abandoned = False
-        client.pool.failure_listeners.append(self._endpoint_failed)
+        pool.failure_listeners.append(self._endpoint_failed)
 
     def _endpoint_failed(self, ep: Endpoint) -> None:
         """Another call found our stream's member broken: move the stream now instead of waiting
         for gRPC keepalive to notice (the resume makes the move lossless)."""
         call = self._session_call
-        if ep is self._session_ep and call is not None and len(self.client.pool.endpoints) > 1:
+        if ep is self._session_ep and call is not None and len(self.pool.endpoints) > 1:
             self._abandoned = True
             call.cancel()
 
@@ -305,9 +303,8 @@ class WatchManager:
             backoff = min(max(backoff, 0.1) * 2, 1.0)
 
     async def _session(self) -> None:
-        client = self.client
-        ep = await client.pool.pick("watch")
-        md = await client.metadata(ep, require_leader=True)
+        ep = await self.pool.pick("watch")
+        md = await self.auth.metadata(ep, require_leader=True)
         call = ep.stream(WATCH, pb.WatchRequest, pb.WatchResponse)(metadata=md)
         self._session_ep, self._session_call, self._abandoned = ep, call, False
         outbox: asyncio.Queue[pb.WatchRequest] = asyncio.Queue()
@@ -339,9 +336,9 @@ class WatchManager:
                     return
         except grpc.aio.AioRpcError as e:
             if _errors.is_auth_retryable(e):
-                client.invalidate_token(dict(md or ()).get("token"))
+                self.auth.invalidate_sent(md)
             elif e.code() in _errors.UNAVAILABLE_CODES:
-                client.pool.mark_failed(ep)
+                self.pool.mark_failed(ep)
             raise
         finally:
             self._session_ep = self._session_call = None
@@ -353,7 +350,7 @@ class WatchManager:
             req = await outbox.get()
             await call.write(req)
 
-    def _handle(self, resp: pb.WatchResponse, md: tuple[tuple[str, str], ...] | None) -> None:
+    def _handle(self, resp: pb.WatchResponse, md: Metadata) -> None:
         if resp.created:
             w = self._creating
             self._creating = None
@@ -393,16 +390,16 @@ class WatchManager:
             # progress: every event up to this revision has been sent
             w.next_rev = resp.header.revision + 1
 
-    def _create_refused(self, w: Watcher, resp: pb.WatchResponse, md: tuple[tuple[str, str], ...] | None) -> None:
+    def _create_refused(self, w: Watcher, resp: pb.WatchResponse, md: Metadata) -> None:
         reason = resp.cancel_reason
         if resp.compact_revision:
             self._fail(w, Compacted(resp.compact_revision))
             return
         auth_like = "permission denied" in reason or _errors.is_auth_reason(reason)
-        if auth_like and self.client.cfg.username and not w.auth_retried:
+        if auth_like and self.auth.enabled and not w.auth_retried:
             # etcd answers a stale token (e.g. after a restart) with "permission denied": new token, new stream
             w.auth_retried = True
-            self.client.invalidate_token(dict(md or ()).get("token"))
+            self.auth.invalidate_sent(md)
             raise _Reconnect(f"watch on {w.key!r} refused ({reason}); authenticating again")
         exc: RegistryError = (PermissionDenied if auth_like else RegistryError)(
             f"etcd watch on {w.key!r} refused: {reason or 'canceled by the server'}")
