@@ -65,7 +65,7 @@ class EtcdClient:
         self.auth = Auth(cfg, self.pool, clock)
         self._closed = False
         self.leases = KeepAliveManager(self.pool, self.auth, clock)
-        self.watches = WatchManager(self.pool, self.auth)
+        self.watches = WatchManager(self.pool, self.auth, clock)
 
     def __repr__(self) -> str:
         user = f" user={self.cfg.username!r}" if self.cfg.username else ""

@@ -17,13 +17,12 @@ import grpc
 import grpc.aio
 
 from .. import _loop
-from ..errors import LeaseNotFound, PermissionDenied, RegistryError, RegistryUnavailable
-from . import _errors
+from ..errors import LeaseNotFound, PermissionDenied, RegistryUnavailable
 from ._methods import LEASE_KEEPALIVE
-from ._outage import StreamOutage
 from ._proto import waypost_etcd_pb2 as pb
 from .auth import Auth, Metadata
 from .endpoints import Endpoint, EndpointPool
+from .stream import Restart, StreamSupervisor, reap
 
 log = logging.getLogger("waypost.etcd.lease")
 
@@ -79,27 +78,30 @@ class _Lease:
         return max(self.ttl / 3.0, 0.1)
 
 
-class _Stalled(Exception):
-    pass
-
-
 class KeepAliveManager:
     """Runs the shared keepalive stream of one client (on the control loop)."""
 
     def __init__(self, pool: EndpointPool, auth: Auth, clock: Callable[[], float]) -> None:
         self.pool = pool
-        self.auth = auth
         self.clock = clock
         self._leases: dict[int, _Lease] = {}
         self._wake = asyncio.Event()
-        self._task: asyncio.Task[None] | None = None
         self._watchdog: asyncio.Task[None] | None = None
         self._closed = False
-        self.connected = False
-        #: repeated failures during one outage log at DEBUG; one line when the stream is back
-        self._outage = StreamOutage("keepalive", self.clock, log)
-        #: number of (re)connections of the stream, for tests and diagnostics
-        self.connects = 0
+        self.stream = StreamSupervisor(
+            "keepalive", LEASE_KEEPALIVE, pb.LeaseKeepAliveRequest, pb.LeaseKeepAliveResponse,
+            pool=pool, auth=auth, clock=clock, log=log, session=self._session,
+            active=lambda: bool(self._leases), on_denied=self._denied, on_end=lambda: None)
+
+    @property
+    def connected(self) -> bool:
+        """True while the keepalive stream is open."""
+        return self.stream.connected
+
+    @property
+    def connects(self) -> int:
+        """Number of (re)connections of the stream, for tests and diagnostics."""
+        return self.stream.connects
 
     # -- membership --------------------------------------------------------------------
 
@@ -142,11 +144,15 @@ class KeepAliveManager:
             h._report(reason)
 
     def _ensure_running(self) -> None:
-        if self._task is None or self._task.done():
-            self._task = asyncio.get_running_loop().create_task(self._run(), name="waypost-etcd-keepalive")
+        self.stream.ensure_running()
         if self._watchdog is None or self._watchdog.done():
             self._watchdog = asyncio.get_running_loop().create_task(self._expiry_loop(),
                                                                     name="waypost-etcd-lease-expiry")
+
+    def _denied(self, e: PermissionDenied) -> None:
+        """The credentials were refused: no lease can be renewed."""
+        for st in list(self._leases.values()):
+            self._lose(st, PermissionDenied(str(e)))
 
     # -- expiry --------------------------------------------------------------------------
 
@@ -168,47 +174,8 @@ class KeepAliveManager:
 
     # -- the stream ----------------------------------------------------------------------
 
-    async def _run(self) -> None:
-        backoff = 0.1
-        while not self._closed and self._leases:
-            # the first failure of an outage logs at INFO/WARNING, the retries during it at DEBUG
-            info, warn = self._outage.levels()
-            try:
-                await self._session()
-                backoff = 0.1
-            except asyncio.CancelledError:
-                raise
-            except _Stalled as e:
-                log.log(info, "etcd keepalive stream stalled (%s); reconnecting", e)
-            except RegistryUnavailable as e:
-                log.log(info, "etcd keepalive stream: %s", e)
-            except PermissionDenied as e:
-                # the credentials themselves were refused: no lease can be renewed
-                for st in list(self._leases.values()):
-                    self._lose(st, PermissionDenied(str(e)))
-            except RegistryError as e:
-                log.log(warn, "etcd keepalive stream: %s; reconnecting", e)
-            except grpc.aio.AioRpcError as e:
-                log.log(info, "etcd keepalive stream ended: %s %s", e.code().name, _errors.details(e))
-            except Exception:
-                log.exception("etcd keepalive stream failed; reconnecting")
-            finally:
-                self.connected = False
-                if not self._closed:
-                    self._outage.broken()
-            if self._closed or not self._leases:
-                break
-            await asyncio.sleep(backoff)
-            backoff = min(backoff * 2, 1.0)
-
-    async def _session(self) -> None:
-        ep = await self.pool.pick("lease keepalive")
-        md = await self.auth.metadata(ep, require_leader=True)  # a member without leader cannot renew
-        call = ep.stream(LEASE_KEEPALIVE, pb.LeaseKeepAliveRequest, pb.LeaseKeepAliveResponse)(metadata=md)
+    async def _session(self, ep: Endpoint, call: grpc.aio.StreamStreamCall, md: Metadata) -> None:
         reader = asyncio.get_running_loop().create_task(self._read(call))
-        self.connected = True
-        self.connects += 1
-        self._outage.reestablished()
         for st in self._leases.values():
             st.sent.clear()  # answers to requests on the old stream will never come
             st.next_send = min(st.next_send, self.clock())
@@ -230,7 +197,7 @@ class KeepAliveManager:
                     stall = max(min(oldest[1].interval, 3.0), 1.0)
                     if now - oldest[0] > stall:
                         self.pool.mark_failed(ep)
-                        raise _Stalled(f"no keepalive answer from {ep.address} for {now - oldest[0]:.1f}s")
+                        raise Restart(f"no keepalive answer from {ep.address} for {now - oldest[0]:.1f}s")
                 wait = min((st.next_send for st in self._leases.values()), default=now + 1.0) - now
                 if oldest is not None:
                     wait = min(wait, oldest[0] + max(min(oldest[1].interval, 3.0), 1.0) - now + 0.01)
@@ -241,21 +208,11 @@ class KeepAliveManager:
                                        return_when=asyncio.FIRST_COMPLETED)
                 finally:
                     waker.cancel()
-        except grpc.aio.AioRpcError as e:
-            self._stream_error(e, ep, md)
-            raise
         finally:
-            call.cancel()
             if not reader.done():
                 reader.cancel()
             elif not reader.cancelled():
                 reader.exception()  # retrieved: the writer's error is the one reported
-
-    def _stream_error(self, e: grpc.aio.AioRpcError, ep: Endpoint, md: Metadata) -> None:
-        if _errors.is_auth_retryable(e):
-            self.auth.invalidate_sent(md)
-        elif e.code() in _errors.UNAVAILABLE_CODES:
-            self.pool.mark_failed(ep)
 
     async def _read(self, call: grpc.aio.StreamStreamCall) -> None:
         while True:
@@ -278,18 +235,8 @@ class KeepAliveManager:
     async def close(self) -> None:
         self._closed = True
         self._leases.clear()
-        for t in (self._task, self._watchdog):
-            if t is not None and not t.done():
-                t.cancel()
-                await _reap(t)
-
-
-
-async def _reap(task: asyncio.Task[None]) -> None:
-    """Wait for a cancelled task to finish; a failure at shutdown is only logged."""
-    try:
-        await task
-    except asyncio.CancelledError:
-        pass
-    except Exception:
-        log.debug("background task failed while closing", exc_info=True)
+        await self.stream.close()
+        t = self._watchdog
+        if t is not None and not t.done():
+            t.cancel()
+            await reap(t, log)

@@ -16,7 +16,6 @@ import asyncio
 import collections
 import itertools
 import logging
-import time
 from collections.abc import AsyncIterator, Callable
 from typing import Any
 
@@ -27,10 +26,10 @@ from .. import _loop
 from ..errors import Compacted, PermissionDenied, RegistryError, RegistryUnavailable
 from . import _errors
 from ._methods import WATCH
-from ._outage import StreamOutage
 from ._proto import waypost_etcd_pb2 as pb
 from .auth import Auth, Metadata
 from .endpoints import Endpoint, EndpointPool
+from .stream import Restart, StreamSupervisor
 
 log = logging.getLogger("waypost.etcd.watch")
 
@@ -166,14 +165,10 @@ class Watcher:
         ))
 
 
-class _Reconnect(Exception):
-    pass
-
-
 class WatchManager:
     """Runs the shared watch stream of one client (on the control loop)."""
 
-    def __init__(self, pool: EndpointPool, auth: Auth) -> None:
+    def __init__(self, pool: EndpointPool, auth: Auth, clock: Callable[[], float]) -> None:
         self.pool = pool
         self.auth = auth
         self._watchers: dict[Watcher, None] = {}  # insertion-ordered set
@@ -182,17 +177,25 @@ class WatchManager:
         self._creating: Watcher | None = None
         self._next_id = 0
         self._outbox: asyncio.Queue[pb.WatchRequest] | None = None
-        self._task: asyncio.Task[None] | None = None
-        #: repeated failures during one outage log at DEBUG; one line when the stream is back
-        self._outage = StreamOutage("watch", time.monotonic, log)
         self._closed = False
-        self.connected = False
-        #: number of (re)connections of the stream, for tests and diagnostics
-        self.connects = 0
+        self.stream = StreamSupervisor(
+            "watch", WATCH, pb.WatchRequest, pb.WatchResponse, pool=pool, auth=auth, clock=clock, log=log,
+            session=self._session, active=lambda: bool(self._watchers), on_denied=self._denied,
+            on_end=self._stream_ended)
         self._session_ep: Endpoint | None = None
         self._session_call: grpc.aio.StreamStreamCall | None = None
         self._abandoned = False
         pool.failure_listeners.append(self._endpoint_failed)
+
+    @property
+    def connected(self) -> bool:
+        """True while the watch stream is open."""
+        return self.stream.connected
+
+    @property
+    def connects(self) -> int:
+        """Number of (re)connections of the stream, for tests and diagnostics."""
+        return self.stream.connects
 
     def _endpoint_failed(self, ep: Endpoint) -> None:
         """Another call found our stream's member broken: move the stream now instead of waiting
@@ -219,8 +222,8 @@ class WatchManager:
         if w.cancelled or self._closed:
             return
         self._watchers[w] = None
-        if self._task is None or self._task.done():
-            self._task = asyncio.get_running_loop().create_task(self._run(), name="waypost-etcd-watch")
+        if not self.stream.running:
+            self.stream.ensure_running()
         elif self.connected:
             self._to_create.append(w)
             self._pump()
@@ -262,50 +265,20 @@ class WatchManager:
 
     # -- the stream --------------------------------------------------------------------
 
-    async def _run(self) -> None:
-        backoff = 0.1
-        while not self._closed and self._watchers:
-            # the first failure of an outage logs at INFO/WARNING, the retries during it at DEBUG
-            info, warn = self._outage.levels()
-            try:
-                await self._session()
-                backoff = 0.1
-            except asyncio.CancelledError:
-                raise
-            except _Reconnect as e:
-                log.log(info, "etcd watch stream: %s; reconnecting", e)
-                backoff = 0.0
-            except RegistryUnavailable as e:
-                log.log(info, "etcd watch stream: %s", e)
-            except PermissionDenied as e:
-                # the credentials themselves were refused: every watcher fails, none dies silently
-                for w in list(self._watchers):
-                    self._fail(w, PermissionDenied(str(e)))
-            except RegistryError as e:
-                log.log(warn, "etcd watch stream: %s; reconnecting", e)
-            except grpc.aio.AioRpcError as e:
-                log.log(info, "etcd watch stream ended: %s %s", e.code().name, _errors.details(e))
-            except Exception:
-                log.exception("etcd watch stream failed; reconnecting")
-            finally:
-                self.connected = False
-                self._outbox = None
-                self._creating = None
-                self._by_id.clear()
-                if not self._closed:
-                    self._outage.broken()
-                for w in self._watchers:
-                    w.watch_id = None
-                    w._fragments = []
-            if self._closed or not self._watchers:
-                break
-            await asyncio.sleep(backoff)
-            backoff = min(max(backoff, 0.1) * 2, 1.0)
+    def _denied(self, e: PermissionDenied) -> None:
+        """The credentials were refused: every watcher fails, none dies silently."""
+        for w in list(self._watchers):
+            self._fail(w, PermissionDenied(str(e)))
 
-    async def _session(self) -> None:
-        ep = await self.pool.pick("watch")
-        md = await self.auth.metadata(ep, require_leader=True)
-        call = ep.stream(WATCH, pb.WatchRequest, pb.WatchResponse)(metadata=md)
+    def _stream_ended(self) -> None:
+        self._outbox = None
+        self._creating = None
+        self._by_id.clear()
+        for w in self._watchers:
+            w.watch_id = None
+            w._fragments = []
+
+    async def _session(self, ep: Endpoint, call: grpc.aio.StreamStreamCall, md: Metadata) -> None:
         self._session_ep, self._session_call, self._abandoned = ep, call, False
         outbox: asyncio.Queue[pb.WatchRequest] = asyncio.Queue()
         self._outbox = outbox
@@ -313,9 +286,6 @@ class WatchManager:
         self._creating = None
         self._next_id = 0
         self._to_create = collections.deque(sorted(self._watchers, key=lambda w: w.order))
-        self.connected = True
-        self.connects += 1
-        self._outage.reestablished()
         writer = asyncio.get_running_loop().create_task(self._write(call, outbox))
         self._pump()
         try:
@@ -324,7 +294,8 @@ class WatchManager:
                     resp = await call.read()
                 except asyncio.CancelledError:
                     if self._abandoned and not self._closed:
-                        raise _Reconnect(f"a call on {ep.address} failed; moving the watch stream") from None
+                        raise Restart(f"a call on {ep.address} failed; moving the watch stream",
+                                      immediate=True) from None
                     raise
                 if resp is grpc.aio.EOF:
                     raise RegistryUnavailable(f"etcd {ep.address} closed the watch stream")
@@ -334,16 +305,9 @@ class WatchManager:
                     writer.result()
                 if self._closed or not self._watchers:
                     return
-        except grpc.aio.AioRpcError as e:
-            if _errors.is_auth_retryable(e):
-                self.auth.invalidate_sent(md)
-            elif e.code() in _errors.UNAVAILABLE_CODES:
-                self.pool.mark_failed(ep)
-            raise
         finally:
             self._session_ep = self._session_call = None
             writer.cancel()
-            call.cancel()
 
     async def _write(self, call: grpc.aio.StreamStreamCall, outbox: asyncio.Queue[pb.WatchRequest]) -> None:
         while True:
@@ -400,7 +364,7 @@ class WatchManager:
             # etcd answers a stale token (e.g. after a restart) with "permission denied": new token, new stream
             w.auth_retried = True
             self.auth.invalidate_sent(md)
-            raise _Reconnect(f"watch on {w.key!r} refused ({reason}); authenticating again")
+            raise Restart(f"watch on {w.key!r} refused ({reason}); authenticating again", immediate=True)
         exc: RegistryError = (PermissionDenied if auth_like else RegistryError)(
             f"etcd watch on {w.key!r} refused: {reason or 'canceled by the server'}")
         self._fail(w, exc)
@@ -421,17 +385,4 @@ class WatchManager:
             w.cancelled = True
             w._end(None)
         self._watchers.clear()
-        t = self._task
-        if t is not None and not t.done():
-            t.cancel()
-            await _reap(t)
-
-
-async def _reap(task: asyncio.Task[None]) -> None:
-    """Wait for a cancelled task to finish; a failure at shutdown is only logged."""
-    try:
-        await task
-    except asyncio.CancelledError:
-        pass
-    except Exception:
-        log.debug("background task failed while closing", exc_info=True)
+        await self.stream.close()
