@@ -65,7 +65,7 @@ class EtcdClient:
         self.auth = Auth(cfg, self.pool, clock)
         self._closed = False
         self.leases = KeepAliveManager(self.pool, self.auth, clock)
-        self.watches = WatchManager(self.pool, self.auth, clock)
+        self.watches = WatchManager(self.pool, self.auth, clock, self.read_header)
 
     def __repr__(self) -> str:
         user = f" user={self.cfg.username!r}" if self.cfg.username else ""
@@ -130,6 +130,9 @@ class EtcdClient:
                     raise Compacted(rev, f"etcd {op}: {_errors.details(e)} (compacted at {rev})") from None
                 raise _errors.map_error(e, op, ep.address, key=_errors.request_key(req)) from None
             self.pool.mark_ok(ep)
+            header = getattr(resp, "header", None)  # None for a Range kept serialized
+            if header is not None:
+                self.watches.note_revision(header.revision)
             return resp  # type: ignore[no-any-return]
 
     async def compact_revision(self, key: bytes = b"\0waypost/compact-probe") -> int:
@@ -178,6 +181,10 @@ class EtcdClient:
         req = pb.RangeRequest(key=key, range_end=range_end, revision=revision, limit=limit,
                               keys_only=keys_only, count_only=count_only, serializable=serializable)
         return cast(bytes, await self.call("get", RANGE, req, _Unparsed, timeout=timeout))
+
+    async def read_header(self, key: bytes) -> pb.ResponseHeader:
+        """The header of a linearizable count of ``key``: the store's current revision and cluster id."""
+        return (await self.range(key, count_only=True)).header
 
     async def put(self, key: bytes, value: bytes, *, lease: int = 0, prev_kv: bool = False,
                   timeout: float | None = None) -> pb.PutResponse:

@@ -16,14 +16,14 @@ import asyncio
 import collections
 import itertools
 import logging
-from collections.abc import AsyncIterator, Callable
+from collections.abc import AsyncIterator, Awaitable, Callable
 from typing import Any
 
 import grpc
 import grpc.aio
 
-from .. import _loop
-from ..errors import Compacted, PermissionDenied, RegistryError, RegistryUnavailable
+from .. import _loop, metrics
+from ..errors import Compacted, PermissionDenied, RegistryError, RegistryUnavailable, StoreReset
 from . import _errors
 from ._methods import WATCH
 from ._proto import waypost_etcd_pb2 as pb
@@ -168,9 +168,17 @@ class Watcher:
 class WatchManager:
     """Runs the shared watch stream of one client (on the control loop)."""
 
-    def __init__(self, pool: EndpointPool, auth: Auth, clock: Callable[[], float]) -> None:
+    def __init__(self, pool: EndpointPool, auth: Auth, clock: Callable[[], float],
+                 read_header: Callable[[bytes], Awaitable[pb.ResponseHeader]]) -> None:
         self.pool = pool
         self.auth = auth
+        #: a linearizable read's header (revision, cluster id): confirms a revision that went back
+        self._read_header = read_header
+        #: the newest store revision seen by this client (watch streams and writes), and the cluster id
+        self._store_rev = 0
+        self._cluster_id = 0
+        #: stores found to have gone back in time, for tests and diagnostics
+        self.resets = 0
         self._watchers: dict[Watcher, None] = {}  # insertion-ordered set
         self._by_id: dict[int, Watcher] = {}
         self._to_create: collections.deque[Watcher] = collections.deque()
@@ -288,6 +296,7 @@ class WatchManager:
         self._to_create = collections.deque(sorted(self._watchers, key=lambda w: w.order))
         writer = asyncio.get_running_loop().create_task(self._write(call, outbox))
         self._pump()
+        checked = False
         try:
             while True:
                 try:
@@ -300,6 +309,11 @@ class WatchManager:
                 if resp is grpc.aio.EOF:
                     raise RegistryUnavailable(f"etcd {ep.address} closed the watch stream")
                 assert isinstance(resp, pb.WatchResponse)
+                if not checked:  # a new stream: is this still the store the watchers were following?
+                    checked = True
+                    await self._check_store(resp.header, ep)
+                elif resp.header.revision > self._store_rev:
+                    self._store_rev = resp.header.revision
                 self._handle(resp, md)
                 if writer.done():
                     writer.result()
@@ -313,6 +327,57 @@ class WatchManager:
         while True:
             req = await outbox.get()
             await call.write(req)
+
+    # -- a store that went back in time ------------------------------------------------------
+
+    def note_revision(self, revision: int) -> None:
+        """The client saw the store at ``revision`` (a write's answer): a later stream must not be below."""
+        self._store_rev = max(self._store_rev, revision)
+
+    async def _check_store(self, header: pb.ResponseHeader, ep: Endpoint) -> None:
+        """Fail every positioned watcher with ``StoreReset`` if the store went back in time.
+
+        Resuming at the last revision + 1 on an etcd that was emptied or restored from a backup would
+        wait, silently, for a revision the new store reaches only much later (and never report the
+        keys that vanished). Signs, checked on the first answer of each new stream: another cluster
+        id (the id derives from the member set), or a revision below the newest one this client saw
+        (on its watch streams or in the answer to one of its writes). A new store that has already
+        passed that revision when the stream comes back cannot be told apart this way. A member
+        that is merely behind also answers with an older revision, so that sign is confirmed by a
+        linearizable read, which no member answers before it caught up with the leader.
+        """
+        rev, cid = header.revision, header.cluster_id
+        reason = ""
+        if self._cluster_id and cid and cid != self._cluster_id:
+            reason = f"cluster id {self._cluster_id:x} is now {cid:x}"
+        elif rev < self._store_rev:
+            key = next(iter(self._watchers)).key if self._watchers else b"\0"
+            try:
+                confirmed = await self._read_header(key)
+            except RegistryError as e:  # unknown: check again on the next stream
+                raise Restart(f"{ep.address} answered at revision {rev} < {self._store_rev} and a read to "
+                              f"confirm failed ({e})") from None
+            rev = confirmed.revision
+            if rev < self._store_rev:
+                reason = f"revision {self._store_rev} is now {rev}"
+        self._cluster_id = cid or self._cluster_id
+        if not reason:
+            self._store_rev = max(self._store_rev, rev)
+            return
+        self._store_rev = rev
+        self.resets += 1
+        positioned = [w for w in self._watchers if w.next_rev > 0]
+        log.warning("etcd store went back in time (%s): restored from a backup or restarted with an empty "
+                    "data directory; %d watches start over", reason, len(positioned))
+        obs = metrics.current
+        if obs is not None:
+            obs.store_reset()
+        for w in positioned:
+            self._watchers.pop(w, None)
+            w.watch_id = None
+            w._end(StoreReset(rev, f"etcd watch on {w.key!r}: the store went back in time ({reason})"))
+        if positioned:  # their watches on the server wait for revisions that may never come: drop them
+            raise Restart("the store went back in time", immediate=True)
 
     def _handle(self, resp: pb.WatchResponse, md: Metadata) -> None:
         if resp.created:
