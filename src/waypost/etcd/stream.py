@@ -38,12 +38,14 @@ class Restart(Exception):
     """Raised by a session to end its stream and open another (logged at INFO, not as a failure).
 
     ``immediate``: reconnect without the backoff pause (the stream itself was fine, e.g. a token to
-    renew or a move away from a member another call found broken).
+    renew or a move away from a member another call found broken). ``outage=False``: a planned
+    restart, not counted as an outage (no "re-established" line, no reconnect count).
     """
 
-    def __init__(self, message: str, *, immediate: bool = False) -> None:
+    def __init__(self, message: str, *, immediate: bool = False, outage: bool = True) -> None:
         super().__init__(message)
         self.immediate = immediate
+        self.outage = outage
 
 
 class StreamOutage:
@@ -114,6 +116,7 @@ class StreamSupervisor:
         log = self.log
         while not self.closed and self._active():
             info, warn = self.outage.levels()
+            planned = False
             try:
                 await self._open_and_serve()
                 backoff = FIRST_BACKOFF
@@ -123,6 +126,7 @@ class StreamSupervisor:
                 log.log(info, "etcd %s stream: %s; reconnecting", self.name, e)
                 if e.immediate:
                     backoff = 0.0
+                planned = not e.outage
             except RegistryUnavailable as e:
                 log.log(info, "etcd %s stream: %s", self.name, e)
             except PermissionDenied as e:
@@ -135,7 +139,7 @@ class StreamSupervisor:
                 log.exception("etcd %s stream failed; reconnecting", self.name)
             finally:
                 self.connected = False
-                if not self.closed:
+                if not self.closed and not planned:
                     self.outage.broken()
                 self._on_end()
             if self.closed or not self._active():

@@ -377,7 +377,7 @@ class WatchManager:
             w.watch_id = None
             w._end(StoreReset(rev, f"etcd watch on {w.key!r}: the store went back in time ({reason})"))
         if positioned:  # their watches on the server wait for revisions that may never come: drop them
-            raise Restart("the store went back in time", immediate=True)
+            raise Restart("the store went back in time", immediate=True, outage=False)
 
     def _handle(self, resp: pb.WatchResponse, md: Metadata) -> None:
         if resp.created:

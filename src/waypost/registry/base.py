@@ -87,7 +87,9 @@ class Watch(Protocol):
     """A running watch: an async iterator of event batches (all events of one revision arrive together).
 
     Iteration raises ``waypost.errors.Compacted`` (with ``compact_revision``) when the start revision
-    has been compacted, ``PermissionDenied``/``RegistryError`` when the server cancels the watch for another
+    has been compacted, or its subclass ``StoreReset`` when the store went back in time (an etcd
+    restored from a snapshot or restarted with an empty data directory): either way, reload.
+    ``PermissionDenied``/``RegistryError`` when the server cancels the watch for another
     reason. Lost connections are NOT errors: the watch resumes after the last delivered revision on
     its own. ``cancel()`` ends the iteration (StopAsyncIteration).
 
