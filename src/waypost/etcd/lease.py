@@ -3,7 +3,9 @@
 Each lease is renewed every ttl/3. The stream reconnects (to another endpoint if the member is
 gone) and keeps renewing the same lease ids: leases survive an etcd restart. A lease is reported
 lost, once, to its owners when etcd answers TTL <= 0 (it no longer exists) or when it could not be
-renewed before its TTL ran out, counted from the last successful renewal.
+renewed before its TTL ran out, counted from the sending of the last renewal etcd confirmed (a
+lower bound of etcd's own deadline for it). A slow answer is not a loss: the stream is given up
+only when the lease nears that deadline with its renewal unanswered (``_Lease.stall_at``).
 """
 
 from __future__ import annotations
@@ -27,6 +29,14 @@ from .stream import Restart, StreamSupervisor, reap
 log = logging.getLogger("waypost.etcd.lease")
 
 LostCallback = Callable[[int, BaseException | None], None]
+
+#: the stream carrying a renewal is given up when the lease is this close to its end (TTL share,
+#: bounded): time left to renew on another member
+SAFETY_SHARE = 0.2
+SAFETY_MIN = 1.0
+SAFETY_MAX = 3.0
+#: and never before a renewal has waited this long (a fresh stream near the deadline gets a chance)
+MIN_PATIENCE = 1.0
 
 
 class LeaseKeepAlive:
@@ -76,6 +86,18 @@ class _Lease:
     @property
     def interval(self) -> float:
         return max(self.ttl / 3.0, 0.1)
+
+    def stall_at(self) -> float:
+        """When to give up on the stream that carries this lease's oldest unanswered renewal.
+
+        Judged by the lease's own deadline, not by how long one answer takes: a slow but working link
+        (answers after seconds) keeps its stream as long as the answers arrive before the lease
+        would end. Only when the deadline is ``SAFETY`` away with the renewal still unanswered does
+        the stream move (to another member, if there is one), leaving time for a renewal there. A
+        reconnect discards the answers still due on the old stream, so it is never done lightly.
+        """
+        margin = min(max(self.ttl * SAFETY_SHARE, SAFETY_MIN), SAFETY_MAX)
+        return max(self.sent[0] + MIN_PATIENCE, self.expires - margin)
 
 
 class KeepAliveManager:
@@ -185,22 +207,22 @@ class KeepAliveManager:
                     reader.result()
                     return
                 now = self.clock()
-                oldest = None
                 for st in list(self._leases.values()):
                     if now >= st.next_send:
                         await call.write(pb.LeaseKeepAliveRequest(ID=st.lease_id))
                         st.sent.append(now)
                         st.next_send = now + st.interval
-                    if st.sent and (oldest is None or st.sent[0] < oldest[0]):
-                        oldest = (st.sent[0], st)
-                if oldest is not None:
-                    stall = max(min(oldest[1].interval, 3.0), 1.0)
-                    if now - oldest[0] > stall:
-                        self.pool.mark_failed(ep)
-                        raise Restart(f"no keepalive answer from {ep.address} for {now - oldest[0]:.1f}s")
+                # no await from here on: the reader may not empty a ``sent`` queue under our feet
                 wait = min((st.next_send for st in self._leases.values()), default=now + 1.0) - now
-                if oldest is not None:
-                    wait = min(wait, oldest[0] + max(min(oldest[1].interval, 3.0), 1.0) - now + 0.01)
+                # the lease whose unanswered renewal is nearest its limit
+                limit, stalled = min(((st.stall_at(), st) for st in self._leases.values() if st.sent),
+                                     key=lambda pair: pair[0], default=(0.0, None))
+                if stalled is not None:
+                    if now >= limit:
+                        self.pool.mark_failed(ep)
+                        raise Restart(f"no keepalive answer from {ep.address} for {now - stalled.sent[0]:.1f}s "
+                                      f"and lease {stalled.lease_id} ends in {stalled.expires - now:.1f}s")
+                    wait = min(wait, limit - now + 0.01)
                 self._wake.clear()
                 waker = asyncio.ensure_future(self._wake.wait())
                 try:
