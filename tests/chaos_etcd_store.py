@@ -1,7 +1,7 @@
 """Chaos scenarios about the etcd store and the link to it, in the style of ``chaos_scenarios``: an etcd
 that comes back with an older store (data directory wiped, or restored from a snapshot) and a slow but
-working link under a publisher. Used by ``bench/chaos_report.py`` (table and JSON) and asserted in
-short form by ``tests/test_etcd_store_reset.py`` and ``tests/test_etcd_slow_link.py``.
+working link under a publisher. Used by ``bench/chaos_report.py`` (table and JSON); the same promises
+are asserted, on a smaller setup, by ``tests/test_etcd_store_reset.py`` and ``tests/test_etcd_slow_link.py``.
 """
 
 from __future__ import annotations
