@@ -30,9 +30,9 @@ from ._methods import (
     WATCH,
 )
 from ._proto import waypost_etcd_pb2 as pb
-from .auth import Auth, Metadata
+from .auth import Auth
 from .config import EtcdConfig
-from .endpoints import Endpoint, EndpointPool
+from .endpoints import EndpointPool
 from .lease import KeepAliveManager, LeaseKeepAlive, LostCallback
 from .watch import Watcher, WatchManager
 
@@ -71,20 +71,6 @@ class EtcdClient:
         user = f" user={self.cfg.username!r}" if self.cfg.username else ""
         return f"<EtcdClient {','.join(self.cfg.endpoints)}{user}>"
 
-    # -- auth ------------------------------------------------------------------------------
-
-    async def token(self, ep: Endpoint | None = None) -> str | None:
-        """The auth token to send (authenticating first if needed), or None without auth."""
-        return await self.auth.token(ep)
-
-    def invalidate_token(self, token: str | None) -> None:
-        """Forget ``token`` (if still current) so the next call authenticates again."""
-        self.auth.invalidate(token)
-
-    async def metadata(self, ep: Endpoint | None = None, *, require_leader: bool = False) -> Metadata:
-        """Call metadata: the auth token, and ``hasleader`` for streams that need a leader."""
-        return await self.auth.metadata(ep, require_leader=require_leader)
-
     # -- unary calls ---------------------------------------------------------------------
 
     async def call(self, op: str, method: str, req: Any, resp_type: type[M], *,
@@ -107,7 +93,7 @@ class EtcdClient:
                     raise _errors.map_error(last, op, key=_errors.request_key(req)) from None
                 raise RegistryUnavailable(f"etcd {op}: no answer within {budget:g}s")
             ep = self.pool.ready_now() or await self.pool.pick(op, timeout=min(cfg.dial_timeout, left))
-            md = await self.metadata(ep)
+            md = await self.auth.metadata(ep)
             attempts += 1
             try:
                 resp = await ep.unary(method, type(req), resp_type)(
@@ -143,7 +129,7 @@ class EtcdClient:
         """
         try:
             ep = await self.pool.pick("compact revision")
-            md = await self.metadata(ep)
+            md = await self.auth.metadata(ep)
             stream = ep.stream(WATCH, pb.WatchRequest, pb.WatchResponse)(metadata=md)
             try:
                 # the answer is "created", then "canceled" with compact_revision
