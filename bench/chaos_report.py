@@ -4,11 +4,13 @@
 Scenarios (``tests/chaos_scenarios.py``, the same code ``tests/test_chaos.py`` asserts in short form):
 etcd down, etcd leader killed (3 members), compaction under registration churn, 100 publishers churning
 at ~50 changes/s, backend SIGKILL and SIGSTOP under load with a retryPolicy, a publisher process frozen
-longer than its TTL. Columns: RPCs sent and failed, registrations lost, recovery time (what "recovery"
-means per scenario is in the JSON as ``recovery_what``) and its bound.
+longer than its TTL; and (``tests/chaos_etcd_store.py``) etcd SIGKILLed and back with an older store
+(data directory wiped, or restored from a snapshot), a publisher behind a link adding 0.9 s each way.
+Columns: RPCs sent and failed, registrations lost, recovery time (what "recovery" means per scenario
+is in the JSON as ``recovery_what``) and its bound.
 
 Usage: python bench/chaos_report.py [--quick] [--only NAME ...] [--out PATH]
-Full run ~2 min (etcd down 10 s); ``--quick`` (CI) ~1 min. Figures go to bench/results/chaos.json.
+Full run ~3.5 min (etcd down 10 s); ``--quick`` (CI) ~1.5 min. Figures go to bench/results/chaos.json.
 Exit status 1 if any scenario broke its promise. Runs from a source checkout (no install needed
 beyond the dev dependencies).
 """
@@ -29,6 +31,7 @@ for p in (ROOT / "src", ROOT / "tests", ROOT):
     if str(p) not in sys.path:
         sys.path.insert(0, str(p))
 
+import chaos_etcd_store as cstore
 import chaos_scenarios as cs
 
 from waypost.etcd.local import LocalEtcd
@@ -43,6 +46,9 @@ SCENARIOS: dict[str, tuple[int, Callable[[LocalEtcd, bool], list[cs.Result]]]] =
     "backend": (1, lambda e, q: cs.backend_kill_and_stop(e, stop_s=2.0 if q else 5.0)),
     "graceful_stop": (1, lambda e, q: [cs.graceful_stop(e)]),
     "frozen_publisher": (1, lambda e, q: [cs.publisher_frozen(e, ttl=2 if q else 5)]),
+    "etcd_wiped": (1, lambda e, q: [cstore.etcd_store_gone_back(e, "wiped")]),
+    "etcd_restored": (1, lambda e, q: [cstore.etcd_store_gone_back(e, "restored")]),
+    "slow_link": (1, lambda e, q: [cstore.slow_link_publisher(e, observe_s=10.0 if q else 20.0)]),
 }
 
 

@@ -39,7 +39,7 @@ def test_auth_survives_restart_without_user_action(auth_etcd, caplog):
     with registry(auth_etcd.endpoint, username="root", password=ROOT_PW) as reg:
         s = reg.sync
         s.put("svc/a", b"1")
-        token1 = reg.client._token
+        token1 = reg.client.auth.current
         assert token1
         lease = s.grant(6)
         lost: list[object] = []
@@ -50,7 +50,7 @@ def test_auth_survives_restart_without_user_action(auth_etcd, caplog):
             auth_etcd.members[0].restart()  # invalidates every token
             s.put("svc/b", b"2")
             assert s.get("svc/b").kvs[0].value == b"2"
-            token2 = reg.client._token
+            token2 = reg.client.auth.current
             assert token2 and token2 != token1
             assert [e.kv.key for e in collect_events(w, 1, timeout=20)] == ["svc/b"]
             mgr = reg.client.leases

@@ -120,11 +120,11 @@ def test_tls_and_auth_end_to_end_and_tokens_refreshed_after_restart(secure_etcd,
     try:
         stub = echo_pb2_grpc.EchoStub(ch)
         assert stub.Unary(Req(message="hi"), timeout=20, wait_for_ready=True).server == "one"
-        token = reg.client._token
+        token = reg.client.auth.current
         secure_etcd.members[0].restart()  # every auth token dies with the process
         # the publisher keeps its registration, re-authenticating on its own; a new one registers too
         pubs.append(waypost.Publisher(reg, KEY, backends[1].address, ttl=5).start())
-        assert reg.client._token and reg.client._token != token
+        assert reg.client.auth.current and reg.client.auth.current != token
         # the channel's watch (its own authenticated connection) resumed: the new backend gets calls
         wait_until(lambda: "two" in {stub.Unary(Req(), timeout=10).server for _ in range(4)}, 30,
                    what="backend registered after the restart reached through the resumed watch")
@@ -212,13 +212,13 @@ def test_no_secret_in_logs_reprs_errors_or_cli_output(secure_etcd, pki, caplog, 
     reg = waypost.connect(registry_url(secure_etcd, pki, "app", APP_PW))
     pub = waypost.Publisher(reg, KEY, "127.0.0.1:7401", ttl=5).start()
     sub = waypost.Subscriber(reg, KEY)
-    tokens = [reg.client._token]
+    tokens = [reg.client.auth.current]
     try:
         seen += [repr(reg), str(reg), str(reg.url), repr(pub), str(pub), repr(sub), str(sub)]
         # etcd restarts: a new token is fetched (and logged about, without the token)
         secure_etcd.members[0].restart()
         reg.sync.put(KEY + "-probe", b"x")
-        tokens.append(reg.client._token)
+        tokens.append(reg.client.auth.current)
         assert wait_until(lambda: pub.registered, 20)
         # a wrong password
         bad = waypost.connect(registry_url(secure_etcd, pki, "app", WRONG_PW))

@@ -37,6 +37,12 @@ class Compacted(RegistryError):
         self.compact_revision = compact_revision
 
 
+class StoreReset(Compacted):
+    """The store went back in time (etcd restored from a backup or restarted with an empty data
+    directory): the revisions a watch had seen are gone, as after a compaction, so reload.
+    ``compact_revision`` is the store's revision when this was found."""
+
+
 class InvalidTarget(WaypostError, ValueError):
     """A dial target or registry URL is malformed."""
 

@@ -25,7 +25,8 @@ client_backends{target,state}                gauge      backends per connectivit
 client_ejections_total{target,backend}       counter    outlier-detection ejections
 client_picker_rebuilds_total{target}         counter    pickers built (address set or READY set changed)
 registry_reconnects_total{stream}            counter    etcd watch / keepalive streams re-established
-watch_reloads_total{key,reason}              counter    subscriber reloads (reason: compacted, error)
+watch_reloads_total{key,reason}              counter    subscriber reloads (reason: compacted, reset, error)
+registry_store_resets_total                  counter    etcd stores found gone back in time (emptied/restored)
 lease_reregistrations_total{key}             counter    publishers registered again after losing their lease
 registrations_restored_total{key}            counter    publisher records put back after an outside delete
 ===========================================  =========  =========================================================
@@ -124,6 +125,8 @@ class PrometheusObserver:
         self.rebuilds = pc.Counter("waypost_client_picker_rebuilds", "Pickers built", ["target"], registry=r)
         self.reconnects = pc.Counter("waypost_registry_reconnects", "etcd streams re-established", ["stream"],
                                      registry=r)
+        self.store_resets = pc.Counter("waypost_registry_store_resets",
+                                       "etcd stores found gone back in time (emptied or restored)", registry=r)
         self.reloads = pc.Counter("waypost_watch_reloads", "Subscriber reloads", ["key", "reason"], registry=r)
         self.reregistrations = pc.Counter("waypost_lease_reregistrations",
                                           "Publishers registered again after losing their lease", ["key"],
@@ -133,7 +136,7 @@ class PrometheusObserver:
         self._live = _LiveCollector(self)
         r.register(self._live)
         self._all = [self.requests, self.failures, self.latency, self.ejections, self.rebuilds, self.reconnects,
-                     self.reloads, self.reregistrations, self.restored, self._live]
+                     self.store_resets, self.reloads, self.reregistrations, self.restored, self._live]
 
     def target_label(self, target: str) -> str:
         label = self._targets.get(target)
@@ -176,6 +179,10 @@ class PrometheusObserver:
     def registry_reconnect(self, stream: str) -> None:
         """An etcd ``stream`` (``watch`` or ``keepalive``) broke and is being re-established."""
         self.reconnects.labels(stream).inc()
+
+    def store_reset(self) -> None:
+        """A watch stream found the etcd store gone back in time (its watches start over)."""
+        self.store_resets.inc()
 
     def watch_reload(self, key: str, reason: str) -> None:
         self.reloads.labels(key, reason).inc()

@@ -26,7 +26,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from .. import metrics
-from ..errors import Compacted, PermissionDenied, RegistryError, RegistryUnavailable
+from ..errors import Compacted, PermissionDenied, RegistryError, RegistryUnavailable, StoreReset
 from ..registry.base import Event, GetResult, Registry, Watch
 from ..registry.formats import Entry, MetaEntry, WireFormat
 from .container import Container
@@ -293,9 +293,11 @@ class _Group:
             except asyncio.CancelledError:
                 raise
             except Compacted as e:
-                log.warning("%r: watch of %r from revision %d compacted (now %d), reloading",
-                            self, src.key, src.revision + 1, e.compact_revision)
-                _count_reload(src.key, "compacted")
+                reset = isinstance(e, StoreReset)  # the registry already warned, once for all watches
+                log.log(logging.INFO if reset else logging.WARNING,
+                        "%r: watch of %r from revision %d %s (now %d), reloading", self, src.key,
+                        src.revision + 1, "outlived its store" if reset else "compacted", e.compact_revision)
+                _count_reload(src.key, "reset" if reset else "compacted")
             except Exception as e:  # noqa: BLE001 (the control plane must not die)
                 log.warning("%r: watch of %r failed, reloading: %s", self, src.key, e)
                 _count_reload(src.key, "error")

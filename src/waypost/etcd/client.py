@@ -15,10 +15,9 @@ from typing import Any, TypeVar, cast
 import grpc
 import grpc.aio
 
-from ..errors import Compacted, PermissionDenied, RegistryUnavailable
+from ..errors import Compacted, RegistryError, RegistryUnavailable
 from . import _errors, records
 from ._methods import (
-    AUTHENTICATE,
     COMPACT,
     DELETE_RANGE,
     LEASE_GRANT,
@@ -31,8 +30,11 @@ from ._methods import (
     WATCH,
 )
 from ._proto import waypost_etcd_pb2 as pb
+from .auth import Auth
 from .config import EtcdConfig
-from .endpoints import Endpoint, EndpointPool
+from .endpoints import EndpointPool
+from .lease import KeepAliveManager, LeaseKeepAlive, LostCallback
+from .watch import Watcher, WatchManager
 
 log = logging.getLogger("waypost.etcd")
 
@@ -57,87 +59,17 @@ class EtcdClient:
     """
 
     def __init__(self, cfg: EtcdConfig, clock: Callable[[], float] = time.monotonic) -> None:
-        from .lease import KeepAliveManager
-        from .watch import WatchManager
-
         self.cfg = cfg
         self.clock = clock
         self.pool = EndpointPool(cfg, clock)
-        self._token: str | None = None
-        self._auth_disabled = False
-        self._auth_lock = asyncio.Lock()
+        self.auth = Auth(cfg, self.pool, clock)
         self._closed = False
-        self.leases = KeepAliveManager(self)
-        self.watches = WatchManager(self)
+        self.leases = KeepAliveManager(self.pool, self.auth, clock)
+        self.watches = WatchManager(self.pool, self.auth, clock, self.read_header)
 
     def __repr__(self) -> str:
         user = f" user={self.cfg.username!r}" if self.cfg.username else ""
         return f"<EtcdClient {','.join(self.cfg.endpoints)}{user}>"
-
-    # -- auth ------------------------------------------------------------------------------
-
-    async def token(self, ep: Endpoint | None = None) -> str | None:
-        """The auth token to send (authenticating first if needed), or None without auth."""
-        if not self.cfg.username or self._auth_disabled:
-            return None
-        tok = self._token
-        if tok is not None:
-            return tok
-        async with self._auth_lock:
-            if self._token is None and not self._auth_disabled:
-                await self._authenticate(ep)
-            return self._token
-
-    def invalidate_token(self, token: str | None) -> None:
-        """Forget ``token`` (if still current) so the next call authenticates again."""
-        if self._token == token:
-            self._token = None
-        self._auth_disabled = False
-
-    async def _authenticate(self, ep: Endpoint | None) -> None:
-        req = pb.AuthenticateRequest(name=self.cfg.username or "", password=self.cfg.password or "")
-        start = self.clock()
-        deadline = start + self.cfg.dial_timeout + self.cfg.request_timeout
-        attempts = 0
-        while True:
-            if ep is None or attempts:
-                ep = await self.pool.pick("authenticate", timeout=max(min(self.cfg.dial_timeout,
-                                                                          deadline - self.clock()), 0.001))
-            attempts += 1
-            try:
-                resp = await ep.unary(AUTHENTICATE, pb.AuthenticateRequest, pb.AuthenticateResponse)(
-                    req, timeout=max(deadline - self.clock(), 0.05),
-                )
-            except grpc.aio.AioRpcError as e:
-                d = _errors.details(e)
-                if e.code() == grpc.StatusCode.FAILED_PRECONDITION and "not enabled" in d:
-                    log.debug("etcd auth is not enabled; sending no token")
-                    self._auth_disabled = True
-                    return
-                if e.code() in _errors.UNAVAILABLE_CODES:
-                    self.pool.mark_failed(ep)
-                    if attempts <= len(self.pool.endpoints) and self.clock() < deadline:
-                        continue
-                if "authentication failed" in d:
-                    raise PermissionDenied(
-                        f"etcd authenticate failed: wrong user name or password for user {self.cfg.username!r}"
-                    ) from None
-                raise _errors.map_error(e, "authenticate", ep.address) from None
-            self.pool.mark_ok(ep)
-            self._token = resp.token
-            log.debug("authenticated to etcd as %r", self.cfg.username)
-            return
-
-    async def metadata(self, ep: Endpoint | None = None, *, require_leader: bool = False
-                       ) -> tuple[tuple[str, str], ...] | None:
-        """Call metadata: the auth token, and ``hasleader`` for streams that need a leader."""
-        tok = await self.token(ep)
-        md: list[tuple[str, str]] = []
-        if tok:
-            md.append(("token", tok))
-        if require_leader:
-            md.append(("hasleader", "true"))
-        return tuple(md) or None
 
     # -- unary calls ---------------------------------------------------------------------
 
@@ -161,7 +93,7 @@ class EtcdClient:
                     raise _errors.map_error(last, op, key=_errors.request_key(req)) from None
                 raise RegistryUnavailable(f"etcd {op}: no answer within {budget:g}s")
             ep = self.pool.ready_now() or await self.pool.pick(op, timeout=min(cfg.dial_timeout, left))
-            md = await self.metadata(ep)
+            md = await self.auth.metadata(ep)
             attempts += 1
             try:
                 resp = await ep.unary(method, type(req), resp_type)(
@@ -171,7 +103,7 @@ class EtcdClient:
                 last = e
                 if self.cfg.username and not auth_retried and _errors.is_auth_retryable(e):
                     auth_retried = True
-                    self.invalidate_token(dict(md or ()).get("token"))
+                    self.auth.invalidate_sent(md)
                     log.info("etcd %s: auth token rejected (%s); authenticating again", op, e.code().name)
                     continue
                 if e.code() in _errors.UNAVAILABLE_CODES:
@@ -184,6 +116,9 @@ class EtcdClient:
                     raise Compacted(rev, f"etcd {op}: {_errors.details(e)} (compacted at {rev})") from None
                 raise _errors.map_error(e, op, ep.address, key=_errors.request_key(req)) from None
             self.pool.mark_ok(ep)
+            header = getattr(resp, "header", None)  # None for a Range kept serialized
+            if header is not None:
+                self.watches.note_revision(header.revision)
             return resp  # type: ignore[no-any-return]
 
     async def compact_revision(self, key: bytes = b"\0waypost/compact-probe") -> int:
@@ -194,7 +129,7 @@ class EtcdClient:
         """
         try:
             ep = await self.pool.pick("compact revision")
-            md = await self.metadata(ep)
+            md = await self.auth.metadata(ep)
             stream = ep.stream(WATCH, pb.WatchRequest, pb.WatchResponse)(metadata=md)
             try:
                 # the answer is "created", then "canceled" with compact_revision
@@ -233,6 +168,10 @@ class EtcdClient:
                               keys_only=keys_only, count_only=count_only, serializable=serializable)
         return cast(bytes, await self.call("get", RANGE, req, _Unparsed, timeout=timeout))
 
+    async def read_header(self, key: bytes) -> pb.ResponseHeader:
+        """The header of a linearizable count of ``key``: the store's current revision and cluster id."""
+        return (await self.range(key, count_only=True)).header
+
     async def put(self, key: bytes, value: bytes, *, lease: int = 0, prev_kv: bool = False,
                   timeout: float | None = None) -> pb.PutResponse:
         req = pb.PutRequest(key=key, value=value, lease=lease, prev_kv=prev_kv)
@@ -265,8 +204,6 @@ class EtcdClient:
         req = pb.LeaseGrantRequest(TTL=ttl, ID=lease_id)
         resp = await self.call("lease grant", LEASE_GRANT, req, pb.LeaseGrantResponse)
         if resp.error:
-            from ..errors import RegistryError
-
             raise RegistryError(f"etcd lease grant failed: {resp.error}")
         return resp
 
@@ -278,15 +215,14 @@ class EtcdClient:
         return await self.call("lease time-to-live", LEASE_TTL, pb.LeaseTimeToLiveRequest(ID=lease_id, keys=keys),
                                pb.LeaseTimeToLiveResponse)
 
-    def keep_alive(self, lease_id: int, ttl: int,
-                   on_lost: Callable[[int, BaseException | None], None]) -> Any:
+    def keep_alive(self, lease_id: int, ttl: int, on_lost: LostCallback) -> LeaseKeepAlive:
         """Renew ``lease_id`` every ttl/3 on the shared keepalive stream; see ``lease.KeepAliveManager``."""
         return self.leases.add(lease_id, ttl, on_lost)
 
     # -- watch ---------------------------------------------------------------------------
 
     def watch(self, key: bytes, range_end: bytes = b"", *, start_revision: int = 0, prev_kv: bool = False,
-              progress_notify: bool = False, convert: Callable[[Any], Any] | None = None) -> Any:
+              progress_notify: bool = False, convert: Callable[[Any], Any] | None = None) -> Watcher:
         """A watcher on the shared watch stream; see ``watch.Watcher``."""
         return self.watches.add(key, range_end, start_revision=start_revision, prev_kv=prev_kv,
                                 progress_notify=progress_notify, convert=convert)

@@ -2,7 +2,8 @@
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, fields
+from typing import Any, Literal
 
 
 @dataclass(frozen=True)
@@ -36,3 +37,29 @@ class EtcdConfig:
             raise ValueError("EtcdConfig needs at least one endpoint")
         if (self.cert_file is None) != (self.key_file is None):
             raise ValueError("EtcdConfig: cert_file and key_file go together")
+
+
+OptionKind = Literal["flag", "seconds", "file"]
+
+#: the settings a registry URL may carry as query options: option name -> (EtcdConfig field, kind).
+#: ``flag``: 1/0, true/false...; ``seconds``: a number of seconds in (0, 3600]; ``file``: a readable
+#: file (a CA or client certificate/key file implies TLS). The URL parser derives its options from this.
+URL_OPTIONS: dict[str, tuple[str, OptionKind]] = {
+    "tls": ("tls", "flag"),
+    "ca": ("ca_file", "file"),
+    "cert": ("cert_file", "file"),
+    "key": ("key_file", "file"),
+    "dial_timeout": ("dial_timeout", "seconds"),
+    "request_timeout": ("request_timeout", "seconds"),
+}
+
+#: the EtcdConfig fields a registry URL sets: the user info, then the query options
+URL_FIELDS: tuple[str, ...] = ("username", "password", *(name for name, _ in URL_OPTIONS.values()))
+
+
+def default(name: str) -> Any:
+    """The default value of an EtcdConfig field."""
+    for f in fields(EtcdConfig):
+        if f.name == name:
+            return f.default
+    raise KeyError(f"EtcdConfig has no field {name!r}")

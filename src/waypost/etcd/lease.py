@@ -3,7 +3,9 @@
 Each lease is renewed every ttl/3. The stream reconnects (to another endpoint if the member is
 gone) and keeps renewing the same lease ids: leases survive an etcd restart. A lease is reported
 lost, once, to its owners when etcd answers TTL <= 0 (it no longer exists) or when it could not be
-renewed before its TTL ran out, counted from the last successful renewal.
+renewed before its TTL ran out, counted from the sending of the last renewal etcd confirmed (a
+lower bound of etcd's own deadline for it). A slow answer is not a loss: the stream is given up
+only when the lease nears that deadline with its renewal unanswered (``_Lease.stall_at``).
 """
 
 from __future__ import annotations
@@ -12,28 +14,32 @@ import asyncio
 import collections
 import logging
 from collections.abc import Callable
-from typing import TYPE_CHECKING
 
 import grpc
 import grpc.aio
 
 from .. import _loop
-from ..errors import LeaseNotFound, PermissionDenied, RegistryError, RegistryUnavailable
-from ..registry.base import KeepAlive
-from . import _errors
+from ..errors import LeaseNotFound, PermissionDenied, RegistryUnavailable
 from ._methods import LEASE_KEEPALIVE
-from ._outage import StreamOutage
 from ._proto import waypost_etcd_pb2 as pb
-
-if TYPE_CHECKING:
-    from .client import EtcdClient
+from .auth import Auth, Metadata
+from .endpoints import Endpoint, EndpointPool
+from .stream import Restart, StreamSupervisor, reap
 
 log = logging.getLogger("waypost.etcd.lease")
 
 LostCallback = Callable[[int, BaseException | None], None]
 
+#: the stream carrying a renewal is given up when the lease is this close to its end (TTL share,
+#: bounded): time left to renew on another member
+SAFETY_SHARE = 0.2
+SAFETY_MIN = 1.0
+SAFETY_MAX = 3.0
+#: and never before a renewal has waited this long (a fresh stream near the deadline gets a chance)
+MIN_PATIENCE = 1.0
 
-class LeaseKeepAlive(KeepAlive):
+
+class LeaseKeepAlive:
     """Handle of a kept-alive lease; ``cancel()`` stops renewing (without revoking)."""
 
     def __init__(self, manager: KeepAliveManager, lease_id: int, on_lost: LostCallback) -> None:
@@ -81,27 +87,43 @@ class _Lease:
     def interval(self) -> float:
         return max(self.ttl / 3.0, 0.1)
 
+    def stall_at(self) -> float:
+        """When to give up on the stream that carries this lease's oldest unanswered renewal.
 
-class _Stalled(Exception):
-    pass
+        Judged by the lease's own deadline, not by how long one answer takes: a slow but working link
+        (answers after seconds) keeps its stream as long as the answers arrive before the lease
+        would end. Only when the deadline is ``SAFETY`` away with the renewal still unanswered does
+        the stream move (to another member, if there is one), leaving time for a renewal there. A
+        reconnect discards the answers still due on the old stream, so it is never done lightly.
+        """
+        margin = min(max(self.ttl * SAFETY_SHARE, SAFETY_MIN), SAFETY_MAX)
+        return max(self.sent[0] + MIN_PATIENCE, self.expires - margin)
 
 
 class KeepAliveManager:
     """Runs the shared keepalive stream of one client (on the control loop)."""
 
-    def __init__(self, client: EtcdClient) -> None:
-        self.client = client
-        self.clock = client.clock
+    def __init__(self, pool: EndpointPool, auth: Auth, clock: Callable[[], float]) -> None:
+        self.pool = pool
+        self.clock = clock
         self._leases: dict[int, _Lease] = {}
         self._wake = asyncio.Event()
-        self._task: asyncio.Task[None] | None = None
         self._watchdog: asyncio.Task[None] | None = None
         self._closed = False
-        self.connected = False
-        #: repeated failures during one outage log at DEBUG; one line when the stream is back
-        self._outage = StreamOutage("keepalive", self.clock, log)
-        #: number of (re)connections of the stream, for tests and diagnostics
-        self.connects = 0
+        self.stream = StreamSupervisor(
+            "keepalive", LEASE_KEEPALIVE, pb.LeaseKeepAliveRequest, pb.LeaseKeepAliveResponse,
+            pool=pool, auth=auth, clock=clock, log=log, session=self._session,
+            active=lambda: bool(self._leases), on_denied=self._denied, on_end=lambda: None)
+
+    @property
+    def connected(self) -> bool:
+        """True while the keepalive stream is open."""
+        return self.stream.connected
+
+    @property
+    def connects(self) -> int:
+        """Number of (re)connections of the stream, for tests and diagnostics."""
+        return self.stream.connects
 
     # -- membership --------------------------------------------------------------------
 
@@ -144,11 +166,15 @@ class KeepAliveManager:
             h._report(reason)
 
     def _ensure_running(self) -> None:
-        if self._task is None or self._task.done():
-            self._task = asyncio.get_running_loop().create_task(self._run(), name="waypost-etcd-keepalive")
+        self.stream.ensure_running()
         if self._watchdog is None or self._watchdog.done():
             self._watchdog = asyncio.get_running_loop().create_task(self._expiry_loop(),
                                                                     name="waypost-etcd-lease-expiry")
+
+    def _denied(self, e: PermissionDenied) -> None:
+        """The credentials were refused: no lease can be renewed."""
+        for st in list(self._leases.values()):
+            self._lose(st, PermissionDenied(str(e)))
 
     # -- expiry --------------------------------------------------------------------------
 
@@ -170,48 +196,8 @@ class KeepAliveManager:
 
     # -- the stream ----------------------------------------------------------------------
 
-    async def _run(self) -> None:
-        backoff = 0.1
-        while not self._closed and self._leases:
-            # the first failure of an outage logs at INFO/WARNING, the retries during it at DEBUG
-            info, warn = self._outage.levels()
-            try:
-                await self._session()
-                backoff = 0.1
-            except asyncio.CancelledError:
-                raise
-            except _Stalled as e:
-                log.log(info, "etcd keepalive stream stalled (%s); reconnecting", e)
-            except RegistryUnavailable as e:
-                log.log(info, "etcd keepalive stream: %s", e)
-            except PermissionDenied as e:
-                # the credentials themselves were refused: no lease can be renewed
-                for st in list(self._leases.values()):
-                    self._lose(st, PermissionDenied(str(e)))
-            except RegistryError as e:
-                log.log(warn, "etcd keepalive stream: %s; reconnecting", e)
-            except grpc.aio.AioRpcError as e:
-                log.log(info, "etcd keepalive stream ended: %s %s", e.code().name, _errors.details(e))
-            except Exception:
-                log.exception("etcd keepalive stream failed; reconnecting")
-            finally:
-                self.connected = False
-                if not self._closed:
-                    self._outage.broken()
-            if self._closed or not self._leases:
-                break
-            await asyncio.sleep(backoff)
-            backoff = min(backoff * 2, 1.0)
-
-    async def _session(self) -> None:
-        client = self.client
-        ep = await client.pool.pick("lease keepalive")
-        md = await client.metadata(ep, require_leader=True)  # a member without leader cannot renew
-        call = ep.stream(LEASE_KEEPALIVE, pb.LeaseKeepAliveRequest, pb.LeaseKeepAliveResponse)(metadata=md)
+    async def _session(self, ep: Endpoint, call: grpc.aio.StreamStreamCall, md: Metadata) -> None:
         reader = asyncio.get_running_loop().create_task(self._read(call))
-        self.connected = True
-        self.connects += 1
-        self._outage.reestablished()
         for st in self._leases.values():
             st.sent.clear()  # answers to requests on the old stream will never come
             st.next_send = min(st.next_send, self.clock())
@@ -221,22 +207,22 @@ class KeepAliveManager:
                     reader.result()
                     return
                 now = self.clock()
-                oldest = None
                 for st in list(self._leases.values()):
                     if now >= st.next_send:
                         await call.write(pb.LeaseKeepAliveRequest(ID=st.lease_id))
                         st.sent.append(now)
                         st.next_send = now + st.interval
-                    if st.sent and (oldest is None or st.sent[0] < oldest[0]):
-                        oldest = (st.sent[0], st)
-                if oldest is not None:
-                    stall = max(min(oldest[1].interval, 3.0), 1.0)
-                    if now - oldest[0] > stall:
-                        client.pool.mark_failed(ep)
-                        raise _Stalled(f"no keepalive answer from {ep.address} for {now - oldest[0]:.1f}s")
+                # no await from here on: the reader may not empty a ``sent`` queue under our feet
                 wait = min((st.next_send for st in self._leases.values()), default=now + 1.0) - now
-                if oldest is not None:
-                    wait = min(wait, oldest[0] + max(min(oldest[1].interval, 3.0), 1.0) - now + 0.01)
+                # the lease whose unanswered renewal is nearest its limit
+                limit, stalled = min(((st.stall_at(), st) for st in self._leases.values() if st.sent),
+                                     key=lambda pair: pair[0], default=(0.0, None))
+                if stalled is not None:
+                    if now >= limit:
+                        self.pool.mark_failed(ep)
+                        raise Restart(f"no keepalive answer from {ep.address} for {now - stalled.sent[0]:.1f}s "
+                                      f"and lease {stalled.lease_id} ends in {stalled.expires - now:.1f}s")
+                    wait = min(wait, limit - now + 0.01)
                 self._wake.clear()
                 waker = asyncio.ensure_future(self._wake.wait())
                 try:
@@ -244,21 +230,11 @@ class KeepAliveManager:
                                        return_when=asyncio.FIRST_COMPLETED)
                 finally:
                     waker.cancel()
-        except grpc.aio.AioRpcError as e:
-            self._stream_error(e, ep, md)
-            raise
         finally:
-            call.cancel()
             if not reader.done():
                 reader.cancel()
             elif not reader.cancelled():
                 reader.exception()  # retrieved: the writer's error is the one reported
-
-    def _stream_error(self, e: grpc.aio.AioRpcError, ep: object, md: tuple[tuple[str, str], ...] | None) -> None:
-        if _errors.is_auth_retryable(e):
-            self.client.invalidate_token(dict(md or ()).get("token"))
-        elif e.code() in _errors.UNAVAILABLE_CODES:
-            self.client.pool.mark_failed(ep)  # type: ignore[arg-type]
 
     async def _read(self, call: grpc.aio.StreamStreamCall) -> None:
         while True:
@@ -281,18 +257,8 @@ class KeepAliveManager:
     async def close(self) -> None:
         self._closed = True
         self._leases.clear()
-        for t in (self._task, self._watchdog):
-            if t is not None and not t.done():
-                t.cancel()
-                await _reap(t)
-
-
-
-async def _reap(task: asyncio.Task[None]) -> None:
-    """Wait for a cancelled task to finish; a failure at shutdown is only logged."""
-    try:
-        await task
-    except asyncio.CancelledError:
-        pass
-    except Exception:
-        log.debug("background task failed while closing", exc_info=True)
+        await self.stream.close()
+        t = self._watchdog
+        if t is not None and not t.done():
+            t.cancel()
+            await reap(t, log)

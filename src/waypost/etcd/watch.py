@@ -16,24 +16,20 @@ import asyncio
 import collections
 import itertools
 import logging
-import time
-from collections.abc import AsyncIterator, Callable
-from typing import TYPE_CHECKING, Any
+from collections.abc import AsyncIterator, Awaitable, Callable
+from typing import Any
 
 import grpc
 import grpc.aio
 
-from .. import _loop
-from ..errors import Compacted, PermissionDenied, RegistryError, RegistryUnavailable
-from ..registry.base import Watch
+from .. import _loop, metrics
+from ..errors import Compacted, PermissionDenied, RegistryError, RegistryUnavailable, StoreReset
 from . import _errors
 from ._methods import WATCH
-from ._outage import StreamOutage
 from ._proto import waypost_etcd_pb2 as pb
-
-if TYPE_CHECKING:
-    from .client import EtcdClient
-    from .endpoints import Endpoint
+from .auth import Auth, Metadata
+from .endpoints import Endpoint, EndpointPool
+from .stream import Restart, StreamSupervisor
 
 log = logging.getLogger("waypost.etcd.watch")
 
@@ -41,7 +37,7 @@ _END = object()
 _order = itertools.count()
 
 
-class Watcher(Watch):
+class Watcher:
     """One watch: an async iterator of event batches, one batch per revision, in order.
 
     Batches are lists of ``convert(event)`` (the raw ``Event`` messages without a converter).
@@ -169,38 +165,51 @@ class Watcher(Watch):
         ))
 
 
-class _Reconnect(Exception):
-    pass
-
-
 class WatchManager:
     """Runs the shared watch stream of one client (on the control loop)."""
 
-    def __init__(self, client: EtcdClient) -> None:
-        self.client = client
+    def __init__(self, pool: EndpointPool, auth: Auth, clock: Callable[[], float],
+                 read_header: Callable[[bytes], Awaitable[pb.ResponseHeader]]) -> None:
+        self.pool = pool
+        self.auth = auth
+        #: a linearizable read's header (revision, cluster id): confirms a revision that went back
+        self._read_header = read_header
+        #: the newest store revision seen by this client (watch streams and writes), and the cluster id
+        self._store_rev = 0
+        self._cluster_id = 0
+        #: stores found to have gone back in time, for tests and diagnostics
+        self.resets = 0
         self._watchers: dict[Watcher, None] = {}  # insertion-ordered set
         self._by_id: dict[int, Watcher] = {}
         self._to_create: collections.deque[Watcher] = collections.deque()
         self._creating: Watcher | None = None
         self._next_id = 0
         self._outbox: asyncio.Queue[pb.WatchRequest] | None = None
-        self._task: asyncio.Task[None] | None = None
-        #: repeated failures during one outage log at DEBUG; one line when the stream is back
-        self._outage = StreamOutage("watch", time.monotonic, log)
         self._closed = False
-        self.connected = False
-        #: number of (re)connections of the stream, for tests and diagnostics
-        self.connects = 0
+        self.stream = StreamSupervisor(
+            "watch", WATCH, pb.WatchRequest, pb.WatchResponse, pool=pool, auth=auth, clock=clock, log=log,
+            session=self._session, active=lambda: bool(self._watchers), on_denied=self._denied,
+            on_end=self._stream_ended)
         self._session_ep: Endpoint | None = None
         self._session_call: grpc.aio.StreamStreamCall | None = None
         self._abandoned = False
-        client.pool.failure_listeners.append(self._endpoint_failed)
+        pool.failure_listeners.append(self._endpoint_failed)
+
+    @property
+    def connected(self) -> bool:
+        """True while the watch stream is open."""
+        return self.stream.connected
+
+    @property
+    def connects(self) -> int:
+        """Number of (re)connections of the stream, for tests and diagnostics."""
+        return self.stream.connects
 
     def _endpoint_failed(self, ep: Endpoint) -> None:
         """Another call found our stream's member broken: move the stream now instead of waiting
         for gRPC keepalive to notice (the resume makes the move lossless)."""
         call = self._session_call
-        if ep is self._session_ep and call is not None and len(self.client.pool.endpoints) > 1:
+        if ep is self._session_ep and call is not None and len(self.pool.endpoints) > 1:
             self._abandoned = True
             call.cancel()
 
@@ -221,8 +230,8 @@ class WatchManager:
         if w.cancelled or self._closed:
             return
         self._watchers[w] = None
-        if self._task is None or self._task.done():
-            self._task = asyncio.get_running_loop().create_task(self._run(), name="waypost-etcd-watch")
+        if not self.stream.running:
+            self.stream.ensure_running()
         elif self.connected:
             self._to_create.append(w)
             self._pump()
@@ -264,51 +273,20 @@ class WatchManager:
 
     # -- the stream --------------------------------------------------------------------
 
-    async def _run(self) -> None:
-        backoff = 0.1
-        while not self._closed and self._watchers:
-            # the first failure of an outage logs at INFO/WARNING, the retries during it at DEBUG
-            info, warn = self._outage.levels()
-            try:
-                await self._session()
-                backoff = 0.1
-            except asyncio.CancelledError:
-                raise
-            except _Reconnect as e:
-                log.log(info, "etcd watch stream: %s; reconnecting", e)
-                backoff = 0.0
-            except RegistryUnavailable as e:
-                log.log(info, "etcd watch stream: %s", e)
-            except PermissionDenied as e:
-                # the credentials themselves were refused: every watcher fails, none dies silently
-                for w in list(self._watchers):
-                    self._fail(w, PermissionDenied(str(e)))
-            except RegistryError as e:
-                log.log(warn, "etcd watch stream: %s; reconnecting", e)
-            except grpc.aio.AioRpcError as e:
-                log.log(info, "etcd watch stream ended: %s %s", e.code().name, _errors.details(e))
-            except Exception:
-                log.exception("etcd watch stream failed; reconnecting")
-            finally:
-                self.connected = False
-                self._outbox = None
-                self._creating = None
-                self._by_id.clear()
-                if not self._closed:
-                    self._outage.broken()
-                for w in self._watchers:
-                    w.watch_id = None
-                    w._fragments = []
-            if self._closed or not self._watchers:
-                break
-            await asyncio.sleep(backoff)
-            backoff = min(max(backoff, 0.1) * 2, 1.0)
+    def _denied(self, e: PermissionDenied) -> None:
+        """The credentials were refused: every watcher fails, none dies silently."""
+        for w in list(self._watchers):
+            self._fail(w, PermissionDenied(str(e)))
 
-    async def _session(self) -> None:
-        client = self.client
-        ep = await client.pool.pick("watch")
-        md = await client.metadata(ep, require_leader=True)
-        call = ep.stream(WATCH, pb.WatchRequest, pb.WatchResponse)(metadata=md)
+    def _stream_ended(self) -> None:
+        self._outbox = None
+        self._creating = None
+        self._by_id.clear()
+        for w in self._watchers:
+            w.watch_id = None
+            w._fragments = []
+
+    async def _session(self, ep: Endpoint, call: grpc.aio.StreamStreamCall, md: Metadata) -> None:
         self._session_ep, self._session_call, self._abandoned = ep, call, False
         outbox: asyncio.Queue[pb.WatchRequest] = asyncio.Queue()
         self._outbox = outbox
@@ -316,44 +294,92 @@ class WatchManager:
         self._creating = None
         self._next_id = 0
         self._to_create = collections.deque(sorted(self._watchers, key=lambda w: w.order))
-        self.connected = True
-        self.connects += 1
-        self._outage.reestablished()
         writer = asyncio.get_running_loop().create_task(self._write(call, outbox))
         self._pump()
+        checked = False
         try:
             while True:
                 try:
                     resp = await call.read()
                 except asyncio.CancelledError:
                     if self._abandoned and not self._closed:
-                        raise _Reconnect(f"a call on {ep.address} failed; moving the watch stream") from None
+                        raise Restart(f"a call on {ep.address} failed; moving the watch stream",
+                                      immediate=True) from None
                     raise
                 if resp is grpc.aio.EOF:
                     raise RegistryUnavailable(f"etcd {ep.address} closed the watch stream")
                 assert isinstance(resp, pb.WatchResponse)
+                if not checked:  # a new stream: is this still the store the watchers were following?
+                    checked = True
+                    await self._check_store(resp.header, ep)
+                elif resp.header.revision > self._store_rev:
+                    self._store_rev = resp.header.revision
                 self._handle(resp, md)
                 if writer.done():
                     writer.result()
                 if self._closed or not self._watchers:
                     return
-        except grpc.aio.AioRpcError as e:
-            if _errors.is_auth_retryable(e):
-                client.invalidate_token(dict(md or ()).get("token"))
-            elif e.code() in _errors.UNAVAILABLE_CODES:
-                client.pool.mark_failed(ep)
-            raise
         finally:
             self._session_ep = self._session_call = None
             writer.cancel()
-            call.cancel()
 
     async def _write(self, call: grpc.aio.StreamStreamCall, outbox: asyncio.Queue[pb.WatchRequest]) -> None:
         while True:
             req = await outbox.get()
             await call.write(req)
 
-    def _handle(self, resp: pb.WatchResponse, md: tuple[tuple[str, str], ...] | None) -> None:
+    # -- a store that went back in time ------------------------------------------------------
+
+    def note_revision(self, revision: int) -> None:
+        """The client saw the store at ``revision`` (a write's answer): a later stream must not be below."""
+        self._store_rev = max(self._store_rev, revision)
+
+    async def _check_store(self, header: pb.ResponseHeader, ep: Endpoint) -> None:
+        """Fail every positioned watcher with ``StoreReset`` if the store went back in time.
+
+        Resuming at the last revision + 1 on an etcd that was emptied or restored from a backup would
+        wait, silently, for a revision the new store reaches only much later (and never report the
+        keys that vanished). Signs, checked on the first answer of each new stream: another cluster
+        id (the id derives from the member set), or a revision below the newest one this client saw
+        (on its watch streams or in the answer to one of its writes). A new store that has already
+        passed that revision when the stream comes back cannot be told apart this way. A member
+        that is merely behind also answers with an older revision, so that sign is confirmed by a
+        linearizable read, which no member answers before it caught up with the leader.
+        """
+        rev, cid = header.revision, header.cluster_id
+        reason = ""
+        if self._cluster_id and cid and cid != self._cluster_id:
+            reason = f"cluster id {self._cluster_id:x} is now {cid:x}"
+        elif rev < self._store_rev:
+            key = next(iter(self._watchers)).key if self._watchers else b"\0"
+            try:
+                confirmed = await self._read_header(key)
+            except RegistryError as e:  # unknown: check again on the next stream
+                raise Restart(f"{ep.address} answered at revision {rev} < {self._store_rev} and a read to "
+                              f"confirm failed ({e})") from None
+            rev = confirmed.revision
+            if rev < self._store_rev:
+                reason = f"revision {self._store_rev} is now {rev}"
+        self._cluster_id = cid or self._cluster_id
+        if not reason:
+            self._store_rev = max(self._store_rev, rev)
+            return
+        self._store_rev = rev
+        self.resets += 1
+        positioned = [w for w in self._watchers if w.next_rev > 0]
+        log.warning("etcd store went back in time (%s): restored from a backup or restarted with an empty "
+                    "data directory; %d watches start over", reason, len(positioned))
+        obs = metrics.current
+        if obs is not None:
+            obs.store_reset()
+        for w in positioned:
+            self._watchers.pop(w, None)
+            w.watch_id = None
+            w._end(StoreReset(rev, f"etcd watch on {w.key!r}: the store went back in time ({reason})"))
+        if positioned:  # their watches on the server wait for revisions that may never come: drop them
+            raise Restart("the store went back in time", immediate=True, outage=False)
+
+    def _handle(self, resp: pb.WatchResponse, md: Metadata) -> None:
         if resp.created:
             w = self._creating
             self._creating = None
@@ -393,17 +419,17 @@ class WatchManager:
             # progress: every event up to this revision has been sent
             w.next_rev = resp.header.revision + 1
 
-    def _create_refused(self, w: Watcher, resp: pb.WatchResponse, md: tuple[tuple[str, str], ...] | None) -> None:
+    def _create_refused(self, w: Watcher, resp: pb.WatchResponse, md: Metadata) -> None:
         reason = resp.cancel_reason
         if resp.compact_revision:
             self._fail(w, Compacted(resp.compact_revision))
             return
         auth_like = "permission denied" in reason or _errors.is_auth_reason(reason)
-        if auth_like and self.client.cfg.username and not w.auth_retried:
+        if auth_like and self.auth.enabled and not w.auth_retried:
             # etcd answers a stale token (e.g. after a restart) with "permission denied": new token, new stream
             w.auth_retried = True
-            self.client.invalidate_token(dict(md or ()).get("token"))
-            raise _Reconnect(f"watch on {w.key!r} refused ({reason}); authenticating again")
+            self.auth.invalidate_sent(md)
+            raise Restart(f"watch on {w.key!r} refused ({reason}); authenticating again", immediate=True)
         exc: RegistryError = (PermissionDenied if auth_like else RegistryError)(
             f"etcd watch on {w.key!r} refused: {reason or 'canceled by the server'}")
         self._fail(w, exc)
@@ -424,17 +450,4 @@ class WatchManager:
             w.cancelled = True
             w._end(None)
         self._watchers.clear()
-        t = self._task
-        if t is not None and not t.done():
-            t.cancel()
-            await _reap(t)
-
-
-async def _reap(task: asyncio.Task[None]) -> None:
-    """Wait for a cancelled task to finish; a failure at shutdown is only logged."""
-    try:
-        await task
-    except asyncio.CancelledError:
-        pass
-    except Exception:
-        log.debug("background task failed while closing", exc_info=True)
+        await self.stream.close()

@@ -44,15 +44,10 @@ def _create(parsed: RegistryURL) -> Registry:
         from .memory import MemoryRegistry  # written alongside; imported lazily
 
         return MemoryRegistry(parsed.name)
-    from ..etcd.config import EtcdConfig
     from .etcd import EtcdRegistry
 
-    cfg = EtcdConfig(
-        endpoints=parsed.endpoints, username=parsed.username, password=parsed.password, tls=parsed.tls,
-        ca_file=parsed.ca_file, cert_file=parsed.cert_file, key_file=parsed.key_file,
-        dial_timeout=parsed.dial_timeout, request_timeout=parsed.request_timeout,
-    )
-    return EtcdRegistry(cfg, parsed.redacted)
+    assert parsed.config is not None  # an etcd URL always carries its settings
+    return EtcdRegistry(parsed.config, parsed.redacted)
 
 
 def _register_close(reg: Registry, key: tuple[object, ...]) -> None:

@@ -16,7 +16,7 @@ from __future__ import annotations
 import abc
 from collections.abc import AsyncIterator, Callable, Sequence
 from dataclasses import dataclass, field
-from typing import Any, Literal
+from typing import Any, Literal, Protocol
 
 from .. import _loop
 
@@ -83,13 +83,18 @@ class DeleteResult:
     prev_kvs: list[KeyValue] = field(default_factory=list)
 
 
-class Watch(abc.ABC):
+class Watch(Protocol):
     """A running watch: an async iterator of event batches (all events of one revision arrive together).
 
     Iteration raises ``waypost.errors.Compacted`` (with ``compact_revision``) when the start revision
-    has been compacted, ``PermissionDenied``/``RegistryError`` when the server cancels the watch for
-    another reason. Lost connections are NOT errors: the watch resumes after the last delivered
-    revision on its own. ``cancel()`` ends the iteration (StopAsyncIteration).
+    has been compacted, or its subclass ``StoreReset`` when the store went back in time (an etcd
+    restored from a snapshot or restarted with an empty data directory): either way, reload.
+    ``PermissionDenied``/``RegistryError`` when the server cancels the watch for another
+    reason. Lost connections are NOT errors: the watch resumes after the last delivered revision on
+    its own. ``cancel()`` ends the iteration (StopAsyncIteration).
+
+    A protocol: a backend's watch object satisfies it by shape (the etcd client's watcher knows
+    nothing of this module), and a backend may also subclass it.
     """
 
     @abc.abstractmethod
@@ -105,16 +110,21 @@ class Watch(abc.ABC):
     @abc.abstractmethod
     def revision(self) -> int:
         """The revision up to which events have been delivered (or start_revision - 1)."""
+        ...
 
 
-class KeepAlive(abc.ABC):
-    """Handle of a lease being kept alive. ``on_lost(lease_id, reason)`` is called once when it is lost."""
+class KeepAlive(Protocol):
+    """Handle of a lease being kept alive. ``on_lost(lease_id, reason)`` is called once when it is lost.
+
+    A protocol, like ``Watch``: the etcd client's keepalive handle satisfies it by shape.
+    """
 
     lease_id: int
 
     @abc.abstractmethod
     def cancel(self) -> None:
         """Stop renewing (does not revoke)."""
+        ...
 
 
 LeaseLostCallback = Callable[[int, BaseException | None], None]

@@ -13,9 +13,17 @@ from ..etcd import records
 from ..etcd.client import EtcdClient
 from ..etcd.config import EtcdConfig
 from ..etcd.keys import decode_key, encode_key, key_range
-from ..etcd.lease import LeaseKeepAlive
-from ..etcd.watch import Watcher
-from .base import DeleteResult, Event, GetResult, KeyValue, LeaseLostCallback, PutResult, Registry
+from .base import (
+    DeleteResult,
+    Event,
+    GetResult,
+    KeepAlive,
+    KeyValue,
+    LeaseLostCallback,
+    PutResult,
+    Registry,
+    Watch,
+)
 
 log = logging.getLogger("waypost.registry.etcd")
 
@@ -260,21 +268,28 @@ class EtcdRegistry(Registry):
         r = await self.client.lease_time_to_live(lease_id)
         return int(r.TTL) if r.TTL >= 0 else -1
 
-    def keep_alive(self, lease_id: int, ttl: int, on_lost: LeaseLostCallback) -> LeaseKeepAlive:
-        """Keep a lease alive on the shared stream; callable from any thread. ``on_lost`` runs on the loop."""
+    def keep_alive(self, lease_id: int, ttl: int, on_lost: LeaseLostCallback) -> KeepAlive:
+        """Keep a lease alive on the shared stream; callable from any thread. ``on_lost`` runs on the loop.
+
+        The etcd client's handle (``etcd.lease.LeaseKeepAlive``) is the contract's ``KeepAlive`` as is.
+        """
         if self._client is None and not _loop.in_loop():
             _loop.run(self._ensure_client(), 10)
         client = self._client or self.client
-        return client.keep_alive(lease_id, ttl, on_lost)  # type: ignore[no-any-return]
+        return client.keep_alive(lease_id, ttl, on_lost)
 
     def watch(self, key: str, *, prefix: bool = False, start_revision: int = 0, prev_kv: bool = False,
-              progress_notify: bool = False) -> Watcher:
-        """Watch a key or prefix; safe to call from any thread (the watch starts on the control loop)."""
+              progress_notify: bool = False) -> Watch:
+        """Watch a key or prefix; safe to call from any thread (the watch starts on the control loop).
+
+        The etcd client's watcher becomes the contract's ``Watch`` with ``_event`` as its converter:
+        its batches are lists of ``Event``.
+        """
         k, end = key_range(key, prefix)
         if self._client is None and not _loop.in_loop():
             _loop.run(self._ensure_client(), 10)
         client = self._client or self.client
-        return client.watch(k, end, start_revision=start_revision, prev_kv=prev_kv,  # type: ignore[no-any-return]
+        return client.watch(k, end, start_revision=start_revision, prev_kv=prev_kv,
                             progress_notify=progress_notify, convert=_event)
 
     async def _ensure_client(self) -> None:

@@ -6,33 +6,38 @@ from __future__ import annotations
 
 import os
 import urllib.parse
-from dataclasses import dataclass, field
+from dataclasses import dataclass
+from typing import Any
 
 from ..errors import InvalidTarget
+from ..etcd.config import URL_FIELDS, URL_OPTIONS, EtcdConfig, default
 
 ETCD_EXAMPLE = "etcd://user:secret@127.0.0.1:2379,10.0.0.2:2379?tls=1&ca=/etc/etcd/ca.pem&dial_timeout=3"
 MEMORY_EXAMPLE = "memory://default"
 
 _TRUE = {"1", "true", "yes", "on"}
 _FALSE = {"0", "false", "no", "off", ""}
-_KNOWN = {"tls", "ca", "cert", "key", "dial_timeout", "request_timeout"}
 
 
 @dataclass(frozen=True)
 class RegistryURL:
-    """A parsed registry URL. ``password`` is hidden from ``repr``; ``redacted`` is safe to log."""
+    """A parsed registry URL. ``redacted`` is safe to log.
+
+    An etcd URL's connection settings are its ``config`` (an ``EtcdConfig``, whose ``repr`` hides
+    the password); they also read as attributes (``url.username``, ``url.tls``, ``url.dial_timeout``:
+    every name of ``etcd.config.URL_FIELDS``), with EtcdConfig's defaults for a memory URL.
+    """
 
     scheme: str
     endpoints: tuple[str, ...] = ()
     name: str = ""
-    username: str | None = None
-    password: str | None = field(default=None, repr=False)
-    tls: bool = False
-    ca_file: str | None = None
-    cert_file: str | None = None
-    key_file: str | None = None
-    dial_timeout: float = 3.0
-    request_timeout: float = 5.0
+    config: EtcdConfig | None = None
+
+    def __getattr__(self, name: str) -> Any:
+        if name in URL_FIELDS:
+            cfg = self.__dict__.get("config")
+            return getattr(cfg, name) if cfg is not None else default(name)
+        raise AttributeError(f"{type(self).__name__!r} object has no attribute {name!r}")
 
     @property
     def redacted(self) -> str:
@@ -41,21 +46,19 @@ class RegistryURL:
             return f"memory://{self.name}"
         auth = f"{urllib.parse.quote(self.username, safe='')}:***@" if self.username else ""
         q = []
-        if self.tls:
-            q.append("tls=1")
-        for k, v in (("ca", self.ca_file), ("cert", self.cert_file), ("key", self.key_file)):
-            if v:
-                q.append(f"{k}={urllib.parse.quote(v, safe='/')}")
-        if self.dial_timeout != 3.0:
-            q.append(f"dial_timeout={self.dial_timeout:g}")
-        if self.request_timeout != 5.0:
-            q.append(f"request_timeout={self.request_timeout:g}")
+        for option, (fname, kind) in URL_OPTIONS.items():
+            v = getattr(self, fname)
+            if kind == "flag" and v:
+                q.append(f"{option}=1")
+            elif kind == "file" and v:
+                q.append(f"{option}={urllib.parse.quote(v, safe='/')}")
+            elif kind == "seconds" and v != default(fname):
+                q.append(f"{option}={v:g}")
         return f"etcd://{auth}{','.join(self.endpoints)}" + (f"?{'&'.join(q)}" if q else "")
 
     def cache_key(self) -> tuple[object, ...]:
         """What makes two URLs share one registry: endpoints (order-insensitive), user, TLS, timeouts."""
-        return (self.scheme, tuple(sorted(self.endpoints)), self.name, self.username, self.password, self.tls,
-                self.ca_file, self.cert_file, self.key_file, self.dial_timeout, self.request_timeout)
+        return (self.scheme, tuple(sorted(self.endpoints)), self.name, *(getattr(self, f) for f in URL_FIELDS))
 
 
 def _bad(url: str, problem: str, example: str = ETCD_EXAMPLE) -> InvalidTarget:
@@ -167,21 +170,22 @@ def parse_registry_url(url: str) -> RegistryURL:
     if not netloc:
         raise _bad(url, "no host")
     endpoints = tuple(dict.fromkeys(_endpoint(url, e) for e in netloc.split(",")))
-    opts: dict[str, object] = {}
+    opts: dict[str, Any] = {}
     for k, v in urllib.parse.parse_qsl(parts.query, keep_blank_values=True):
-        if k not in _KNOWN:
-            raise _bad(url, f"unknown option {k!r} (known: {', '.join(sorted(_KNOWN))})")
-        if k == "tls":
-            opts["tls"] = _flag(url, k, v)
-        elif k in ("dial_timeout", "request_timeout"):
-            opts[k] = _seconds(url, k, v)
+        if k not in URL_OPTIONS:
+            raise _bad(url, f"unknown option {k!r} (known: {', '.join(sorted(URL_OPTIONS))})")
+        fname, kind = URL_OPTIONS[k]
+        if kind == "flag":
+            opts[fname] = _flag(url, k, v)
+        elif kind == "seconds":
+            opts[fname] = _seconds(url, k, v)
         else:
-            opts[f"{k}_file"] = _file(url, {"ca": "CA", "cert": "certificate"}.get(k, k), v)
+            opts[fname] = _file(url, {"ca": "CA", "cert": "certificate"}.get(k, k), v)
     if ("cert_file" in opts) != ("key_file" in opts):
         raise _bad(url, "cert and key must be given together")
     if any(k in opts for k in ("ca_file", "cert_file")):
         if opts.get("tls") is False:
             raise _bad(url, "ca/cert/key given with tls=0")
         opts["tls"] = True
-    return RegistryURL(scheme="etcd", endpoints=endpoints, username=username, password=password,
-                       **opts)  # type: ignore[arg-type]
+    config = EtcdConfig(endpoints=endpoints, username=username, password=password, **opts)
+    return RegistryURL(scheme="etcd", endpoints=endpoints, config=config)
