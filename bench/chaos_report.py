@@ -29,8 +29,7 @@ for p in (ROOT / "src", ROOT / "tests", ROOT):
     if str(p) not in sys.path:
         sys.path.insert(0, str(p))
 
-import chaos_scenarios as cs
-
+from tests import chaos_scenarios as cs
 from waypost.etcd.local import LocalEtcd
 
 # name -> (members, run(etcd, quick) -> results)

@@ -7,8 +7,8 @@ import threading
 import time
 
 import pytest
-from etcd_helpers import run
 
+from tests.etcd_helpers import run
 from waypost.errors import InvalidTarget, RegistryUnavailable
 from waypost.etcd.local import free_port
 from waypost.registry import connect, parse_registry_url

@@ -11,6 +11,7 @@ import grpc
 import mmh3
 import pytest
 
+from tests.policy_support import bs
 from waypost.balancer.base import Backend, PickError, PickInfo
 from waypost.balancer.consistent_hash import MISSING_KEY_MESSAGE, REPLICAS, HashRing, hash64
 from waypost.balancer.hashkey import current_hash_key, hash_key, key_bytes, normalize_hash_key
@@ -18,10 +19,6 @@ from waypost.balancer.policies import get_policy
 from waypost.errors import InvalidServiceConfig
 
 ADDRS = [f"10.0.0.{i}:8080" for i in range(1, 6)]
-
-
-def bs(addrs) -> list[Backend]:
-    return [Backend(a) for a in addrs]
 
 
 def test_hash_golden_values():
