@@ -9,6 +9,7 @@ import threading
 
 import pytest
 
+import waypost
 from tests.etcd_helpers import run
 from tests.waiting import wait_until
 from waypost import _loop
@@ -265,6 +266,61 @@ def test_key_deleted_from_outside_is_put_back(registry):
         wait_until(lambda: registry.sync.get(key).kvs != [], 1.5, "the deleted record put back within ~1 s")
         kv = registry.sync.get(key).kvs[0]
         assert (kv.value, kv.lease) == (b"127.0.0.1:7020", lease)
+
+
+def _records(registry, prefix: str) -> dict[str, tuple[bytes, int]]:
+    return {kv.key: (kv.value, kv.lease) for kv in registry.sync.get(prefix, prefix=True).kvs}
+
+
+def _weights(sub) -> list[object]:
+    return [b.metadata.get("weight") for b in sub.backends()]
+
+
+def test_metadata_side_record_deleted_with_etcdctl_is_put_back(etcd):
+    reg = waypost.connect(etcd.url())
+    try:
+        with Publisher(reg, "side.rpc", "127.0.0.1:7024", ttl=10, metadata={"weight": 7}) as pub, \
+                Subscriber(reg, "side.rpc") as sub:
+            wait_until(lambda: _weights(sub) == [7], 10, "the subscriber sees weight 7")
+            side = _records(reg, "_waypost/meta/side.rpc/")
+            assert [lease for _, lease in side.values()] == [pub.lease_id]
+            etcd.etcdctl("del", "--prefix", "_waypost/meta/side.rpc/")
+            wait_until(lambda: _records(reg, "_waypost/meta/side.rpc/") == side, 2,
+                       "the metadata side record put back under the same lease")
+            wait_until(lambda: _weights(sub) == [7], 2, "the subscriber sees weight 7 again")
+            assert pub.registrations == 1  # put back, not registered again
+    finally:
+        run(reg.close(), 10)
+
+
+@pytest.mark.parametrize("gap", ["at once", "once the first is back"])
+@pytest.mark.parametrize("first", ["address", "metadata"])
+def test_both_records_deleted_one_after_the_other_are_both_put_back(etcd, first, gap):
+    # The registration is the address record and its metadata side record: whichever goes first, and
+    # whether the other follows at once or just after the first was put back, both come back under the
+    # one lease.
+    reg = waypost.connect(etcd.url())
+    try:
+        with Publisher(reg, "both.rpc", "127.0.0.1:7025", ttl=10, metadata={"weight": 7}) as pub, \
+                Subscriber(reg, "both.rpc") as sub:
+            wait_until(lambda: _weights(sub) == [7], 10, "the subscriber sees weight 7")
+            prefixes = ["both.rpc/", "_waypost/meta/both.rpc/"]
+            if first == "metadata":
+                prefixes.reverse()
+            want = [_records(reg, p) for p in prefixes]
+            assert all(len(w) == 1 for w in want)
+            assert {lease for w in want for _, lease in w.values()} == {pub.lease_id}
+            reg.sync.delete(prefixes[0], prefix=True)
+            if gap != "at once":
+                wait_until(lambda: _records(reg, prefixes[0]) == want[0], 2, f"the {first} record put back")
+            reg.sync.delete(prefixes[1], prefix=True)
+            wait_until(lambda: [_records(reg, p) for p in prefixes] == want, 2,
+                       "both records put back under the same lease")
+            wait_until(lambda: [(b.address, b.metadata.get("weight")) for b in sub.backends()]
+                       == [("127.0.0.1:7025", 7)], 2, "the subscriber sees the address with weight 7 again")
+            assert pub.registrations == 1
+    finally:
+        run(reg.close(), 10)
 
 
 def test_lease_revoked_from_outside_registers_again(registry):
