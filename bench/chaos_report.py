@@ -27,13 +27,12 @@ from collections.abc import Callable
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
-for p in (ROOT / "src", ROOT / "tests", ROOT):
+for p in (ROOT / "src", ROOT):
     if str(p) not in sys.path:
         sys.path.insert(0, str(p))
 
-import chaos_etcd_store as cstore
-import chaos_scenarios as cs
-
+from tests import chaos_etcd_store as cstore
+from tests import chaos_scenarios as cs
 from waypost.etcd.local import LocalEtcd
 
 # name -> (members, run(etcd, quick) -> results)

@@ -12,11 +12,10 @@ import tempfile
 import time
 from pathlib import Path
 
-import chaos_scenarios as cs
-from discovery_util import wait_for
-from latency_proxy import LatencyProxy
-
+from tests import chaos_scenarios as cs
 from tests.backends.server import EchoServer
+from tests.latency_proxy import LatencyProxy
+from tests.waiting import holds_within
 from waypost import _loop
 from waypost.discovery import Publisher
 from waypost.etcd.config import EtcdConfig
@@ -70,12 +69,12 @@ def etcd_store_gone_back(etcd: LocalEtcd, how: str = "wiped", key: str = "chaos-
             member.start()
             t_back = time.monotonic()
             probe = cs.private_registry(etcd.endpoints)
-            back = wait_for(lambda: cs.registered_values(probe, key) == want, 30)
+            back = holds_within(lambda: cs.registered_values(probe, key) == want, 30)
             seen = cs.registered_values(probe, key) or set()
             r.lost = len(want - seen)
             r.check(back, f"registrations after etcd's return: {sorted(seen)}, expected {sorted(want)}")
             with cs.nodes(etcd.url(), key, ["late"]) as (_late,):
-                got = wait_for(lambda: "late" in load.servers_after(t_back), 30)
+                got = holds_within(lambda: "late" in load.servers_after(t_back), 30)
                 r.recovery_s = round(time.monotonic() - t_back, 3)
                 r.check(got, "a backend registered after etcd's return never got traffic (watch stuck)")
                 r.check(r.recovery_s <= (r.bound_s or 0), f"new backend served only {r.recovery_s} s after "

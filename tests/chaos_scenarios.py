@@ -27,9 +27,10 @@ from pathlib import Path
 from typing import Any
 
 import grpc
-from discovery_util import wait_for
 
 import waypost
+from tests.backends import echo_pb2, echo_pb2_grpc
+from tests.waiting import holds_within, wait_until
 from waypost import _loop
 from waypost.discovery import Publisher, Subscriber
 from waypost.etcd.config import EtcdConfig
@@ -37,10 +38,6 @@ from waypost.etcd.local import LocalEtcd
 from waypost.registry.etcd import EtcdRegistry
 
 ROOT = Path(__file__).resolve().parents[1]
-if str(ROOT) not in sys.path:
-    sys.path.insert(0, str(ROOT))
-
-from tests.backends import echo_pb2, echo_pb2_grpc
 
 Req = echo_pb2.EchoRequest
 
@@ -161,7 +158,7 @@ class History:
 def convergence(histories: list[History], live: set[str], t_end: float, timeout: float) -> float | None:
     """Seconds from ``t_end`` until every client held ``live`` for good (0 if they already did), waiting up
     to ``timeout``; None if some client never got there."""
-    if not wait_for(lambda: all(h.settled_at(live) is not None for h in histories), timeout, interval=0.01):
+    if not holds_within(lambda: all(h.settled_at(live) is not None for h in histories), timeout, interval=0.01):
         return None
     time.sleep(0.3)  # a late straggler event would show up as a further change
     settled = [h.settled_at(live) for h in histories]
@@ -337,10 +334,10 @@ def loaded_channel(target: str, *, threads: int = 3, warm: int = 1, **dial_kw: A
     try:
         with LOG.recording():
             stub = echo_pb2_grpc.EchoStub(ch)
-            wait_for(lambda: len(ch.balancer.ready_addresses()) >= warm, 30)
+            wait_until(lambda: len(ch.balancer.ready_addresses()) >= warm, 30, f"warm-up: {warm} backends READY")
             stub.Unary(Req(), timeout=30, wait_for_ready=True)
             load = Load(stub, threads=threads).start()
-            wait_for(lambda: load.count() > 20, 20)
+            wait_until(lambda: load.count() > 20, 20, "warm-up: 20 RPCs answered under load")
             try:
                 yield ch, load
             finally:
@@ -373,7 +370,7 @@ def etcd_down(etcd: LocalEtcd, down_s: float = 10.0, ttl: int = 10, key: str = "
             t_back = time.monotonic()
             # a fresh client: the time measured is the publishers', not this probe's own reconnection
             probe = private_registry(etcd.endpoints)
-            back = wait_for(lambda: registered_values(probe, key) == want, 30)
+            back = holds_within(lambda: registered_values(probe, key) == want, 30)
             r.recovery_s = round(time.monotonic() - t_back, 3)
             seen = registered_values(probe, key) or set()
             r.lost = len(want - seen)
@@ -382,7 +379,7 @@ def etcd_down(etcd: LocalEtcd, down_s: float = 10.0, ttl: int = 10, key: str = "
             # watches resumed: a backend registered after the return gets traffic
             with nodes(etcd.url(), key, ["late"]) as (_late,):
                 t_late = time.monotonic()
-                got = wait_for(lambda: "late" in load.servers_after(t_late), 30)
+                got = holds_within(lambda: "late" in load.servers_after(t_late), 30)
                 r.details["new_backend_served_after_s"] = round(time.monotonic() - t_late, 3)
                 r.check(got, "a backend registered after etcd's return never got traffic (watch not resumed)")
             load.stop()
@@ -405,7 +402,7 @@ def leader_killed(cluster: LocalEtcd, key: str = "chaos-leader.rpc", observe_s: 
             leader.kill()
             t_kill = time.monotonic()
             # a write succeeds again once a new leader is elected
-            wrote = wait_for(lambda: _try_put(probe, key + "-probe"), 30, interval=0.05)
+            wrote = holds_within(lambda: _try_put(probe, key + "-probe"), 30, interval=0.05)
             r.recovery_s = round(time.monotonic() - t_kill, 3)
             r.check(wrote, "no write accepted after the leader was killed")
             # registrations are checked continuously for a while (longer than nothing; the TTL is 10 s)
@@ -420,7 +417,7 @@ def leader_killed(cluster: LocalEtcd, key: str = "chaos-leader.rpc", observe_s: 
             r.check(worst == 0, f"{worst} registrations missing after the leader was killed")
             with nodes(cluster.url(), key, ["late"]) as (_late,):
                 t_late = time.monotonic()
-                got = wait_for(lambda: "late" in load.servers_after(t_late), 30)
+                got = holds_within(lambda: "late" in load.servers_after(t_late), 30)
                 r.check(got, "a backend registered after the leader died never got traffic")
             load.stop()
             load.fill(r)
@@ -582,7 +579,7 @@ def backend_kill_and_stop(etcd: LocalEtcd, stop_s: float = 3.0, key: str = "chao
         sent0 = 0
         a.signal(signal.SIGKILL)
         t0 = time.monotonic()
-        gone = wait_for(lambda: a.address not in ch.balancer.ready_addresses(), 20)
+        gone = holds_within(lambda: a.address not in ch.balancer.ready_addresses(), 20)
         kill.recovery_s = round(time.monotonic() - t0, 3)
         kill.check(gone, "killed backend still in the picker")
         time.sleep(0.5)
@@ -592,14 +589,14 @@ def backend_kill_and_stop(etcd: LocalEtcd, stop_s: float = 3.0, key: str = "chao
         b.signal(signal.SIGSTOP)
         t0 = time.monotonic()
         try:
-            gone = wait_for(lambda: b.address not in ch.balancer.ready_addresses(), 20)
+            gone = holds_within(lambda: b.address not in ch.balancer.ready_addresses(), 20)
             stop.recovery_s = round(time.monotonic() - t0, 3)
             stop.check(gone, "frozen backend still in the picker")
             time.sleep(max(0.0, stop_s - (time.monotonic() - t0)))
         finally:
             b.signal(signal.SIGCONT)
         t_cont = time.monotonic()
-        back = wait_for(lambda: "b" in load.servers_after(t_cont), 30)
+        back = holds_within(lambda: "b" in load.servers_after(t_cont), 30)
         stop.details["served_again_after_s"] = round(time.monotonic() - t_cont, 3)
         stop.check(back, "continued backend never served again")
         load.stop()
@@ -620,7 +617,7 @@ def graceful_stop(etcd: LocalEtcd, key: str = "chaos-graceful.rpc") -> Result:
         t0 = time.monotonic()
         stopped = victim.quit()
         r.check(stopped, "the victim did not finish its graceful stop in time")
-        gone = wait_for(lambda: victim.address not in ch.balancer.ready_addresses(), 20)
+        gone = holds_within(lambda: victim.address not in ch.balancer.ready_addresses(), 20)
         r.recovery_s = round(time.monotonic() - t0, 3)
         r.check(gone, "the stopped backend is still in the picker")
         time.sleep(0.5)
@@ -640,18 +637,18 @@ def publisher_frozen(etcd: LocalEtcd, ttl: int = 2, key: str = "chaos-frozen.rpc
                 loaded_channel(etcd_target(etcd.endpoints, key), warm=2) as (_ch, load):
             frozen.signal(signal.SIGSTOP)
             try:
-                expired = wait_for(lambda: frozen.address not in (registered_values(probe, key) or {frozen.address}),
+                expired = holds_within(lambda: frozen.address not in (registered_values(probe, key) or {frozen.address}),
                                    ttl + 15)
                 r.check(expired, "the frozen publisher's lease never expired")
                 time.sleep(0.5)
             finally:
                 frozen.signal(signal.SIGCONT)
             t_cont = time.monotonic()
-            back = wait_for(lambda: frozen.address in (registered_values(probe, key) or set()), 20)
+            back = holds_within(lambda: frozen.address in (registered_values(probe, key) or set()), 20)
             r.recovery_s = round(time.monotonic() - t_cont, 3)
             r.check(back, "the continued publisher never registered again")
             r.check(r.recovery_s <= r.bound_s, f"registered again only {r.recovery_s} s after SIGCONT")
-            served = wait_for(lambda: "frozen" in load.servers_after(t_cont), 30)
+            served = holds_within(lambda: "frozen" in load.servers_after(t_cont), 30)
             r.check(served, "the continued backend never got traffic again")
             seen = registered_values(probe, key) or set()
             r.lost = len({frozen.address, steady.address} - seen)

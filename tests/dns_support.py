@@ -18,23 +18,23 @@ from pathlib import Path
 
 import pytest
 
+from waypost.etcd.local import free_port
+
 DNSMASQ = shutil.which("dnsmasq") or next(
     (p for p in ("/usr/sbin/dnsmasq", "/sbin/dnsmasq") if Path(p).exists()), None)
 READY_NAME = "ready.waypost.test"
 
 
-def _free_port() -> int:
-    # A port free for both UDP and TCP (dnsmasq binds both).
+def _free_dns_port() -> int:
+    """A loopback port free for UDP as well as TCP (dnsmasq binds both)."""
     for _ in range(50):
+        port = free_port()
         with socket.socket(socket.AF_INET, socket.SOCK_DGRAM) as u:
-            u.bind(("127.0.0.1", 0))
-            port = u.getsockname()[1]
-            with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as t:
-                try:
-                    t.bind(("127.0.0.1", port))
-                except OSError:
-                    continue
-            return int(port)
+            try:
+                u.bind(("127.0.0.1", port))
+            except OSError:
+                continue
+        return port
     raise RuntimeError("no free loopback port for dnsmasq")
 
 
@@ -74,7 +74,7 @@ class Dnsmasq:
         assert self.proc is None, "already running"
         keep_port = self.port
         for _attempt in range(5):
-            self.port = keep_port or _free_port()
+            self.port = keep_port or _free_dns_port()
             cmd = [DNSMASQ, "--keep-in-foreground", "--conf-file=/dev/null", f"--port={self.port}",
                    "--no-resolv", "--no-hosts", f"--addn-hosts={self.hosts}", "--bind-interfaces",
                    "--listen-address=127.0.0.1", "--local=/test/", f"--local-ttl={self.ttl}",

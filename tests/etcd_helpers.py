@@ -1,4 +1,5 @@
-"""Helpers for the etcd client tests: run on the control loop, wait with a deadline, a cuttable TCP proxy."""
+"""Helpers for the etcd, registry and discovery tests: run on the control loop, read watches with a deadline,
+private registries, a cuttable TCP proxy. (Bounded waits: ``tests.waiting``; fixtures: ``conftest.py``.)"""
 
 from __future__ import annotations
 
@@ -6,7 +7,6 @@ import asyncio
 import contextlib
 import socket
 import threading
-import time
 from collections.abc import Callable, Iterator
 from typing import Any
 
@@ -29,18 +29,18 @@ def on_loop(fn: Callable[[], Any], timeout: float = 10.0) -> Any:
     return run(call(), timeout)
 
 
-def wait_until(pred: Callable[[], Any], timeout: float, interval: float = 0.05) -> bool:
-    """Poll ``pred`` until true or ``timeout`` seconds pass (bounded); returns the last result."""
-    deadline = time.monotonic() + timeout
-    while True:
-        ok = pred()
-        if ok or time.monotonic() >= deadline:
-            return bool(ok)
-        time.sleep(interval)
-
-
 def next_batch(watch: Any, timeout: float = 10.0) -> list[Any]:
+    """The next event batch of a watch, failing after ``timeout`` seconds."""
     return run(asyncio.wait_for(watch.__anext__(), timeout), timeout + 5)  # type: ignore[no-any-return]
+
+
+def next_batches(watch: Any, n: int, timeout: float = 10.0) -> list[list[Any]]:
+    """The next ``n`` event batches of a watch, failing after ``timeout`` seconds for any one of them."""
+
+    async def read() -> list[list[Any]]:
+        return [await asyncio.wait_for(watch.__anext__(), timeout) for _ in range(n)]
+
+    return run(read(), n * timeout + 5)  # type: ignore[no-any-return]
 
 
 def collect_events(watch: Any, count: int, timeout: float = 15.0) -> list[Any]:

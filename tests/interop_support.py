@@ -286,18 +286,6 @@ def fixture_go_peers(go_bins: dict[str, Path], tmp_path: Path) -> Iterator[GoPee
         peers.close()
 
 
-def wait_until(cond: Callable[[], Any], timeout: float, what: str, interval: float = 0.05) -> Any:
-    """Poll ``cond`` until truthy; fail after ``timeout`` seconds naming ``what``."""
-    deadline = time.monotonic() + timeout
-    while True:
-        v = cond()
-        if v:
-            return v
-        if time.monotonic() > deadline:
-            raise AssertionError(f"not within {timeout} s: {what} (last: {v!r})")
-        time.sleep(interval)
-
-
 # -- the Python side: backends that name themselves, and a client that reads the name ----------------
 
 #: the header/trailer both Go and Python backends use to say who answered (interop/internal/peer)

@@ -14,7 +14,7 @@ import socket
 import threading
 import time
 
-from etcd_helpers import TcpProxy
+from tests.etcd_helpers import TcpProxy
 
 
 class LatencyProxy(TcpProxy):

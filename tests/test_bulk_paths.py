@@ -283,8 +283,7 @@ def test_key_columns_match_the_kvs(registry, unique_key):
 
 
 def test_a_big_load_keeps_columns_until_the_raw_records_are_needed(registry, unique_key):
-    from discovery_util import wait_for
-
+    from tests.waiting import wait_until
     from waypost.discovery import Subscriber
 
     s = registry.sync
@@ -295,6 +294,6 @@ def test_a_big_load_keeps_columns_until_the_raw_records_are_needed(registry, uni
         assert group is not None and group.main._columns is not None  # nothing built per record yet
         assert len(sub.values()) == 30
         s.put(f"{unique_key}/05", b"10.0.9.9:80")  # a change needs the raw records: built then
-        assert wait_for(lambda: "10.0.9.9:80" in sub.values() and "10.0.0.5:80" not in sub.values(), 10)
+        assert wait_until(lambda: "10.0.9.9:80" in sub.values() and "10.0.0.5:80" not in sub.values(), 10)
         assert group.main._columns is None and len(group.main.raw) == 30
         assert group.main.raw[f"{unique_key}/05"][0] == b"10.0.9.9:80"

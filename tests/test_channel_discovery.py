@@ -10,7 +10,8 @@ import pytest
 
 import waypost
 from tests.backends import echo_pb2, echo_pb2_grpc
-from tests.backends.helpers import echo_servers, wait_until
+from tests.backends.helpers import echo_servers
+from tests.waiting import wait_until
 from waypost.discovery import active_subscriptions
 
 Req = echo_pb2.EchoRequest

@@ -14,9 +14,9 @@ import waypost
 import waypost.aio
 import waypost.resolver.dns as wdns
 from tests.backends import echo_pb2, echo_pb2_grpc
-from tests.backends.helpers import wait_until
 from tests.backends.server import EchoServer
 from tests.dns_support import Dnsmasq, dnsmasq  # noqa: F401  (fixture)
+from tests.waiting import wait_until
 
 pytest.importorskip("dns.resolver")  # dnspython: the "dns" extra (in the dev set)
 

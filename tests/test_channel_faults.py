@@ -10,8 +10,9 @@ import pytest
 
 import waypost
 from tests.backends import echo_pb2, echo_pb2_grpc
-from tests.backends.helpers import direct, wait_until
+from tests.backends.helpers import direct
 from tests.backends.procs import EchoProcess, spawn_many
+from tests.waiting import wait_until
 
 Req = echo_pb2.EchoRequest
 

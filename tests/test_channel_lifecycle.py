@@ -13,7 +13,8 @@ import pytest
 
 import waypost
 from tests.backends import echo_pb2, echo_pb2_grpc
-from tests.backends.helpers import direct, echo_servers, wait_until
+from tests.backends.helpers import direct, echo_servers
+from tests.waiting import wait_until
 
 Req = echo_pb2.EchoRequest
 _n = itertools.count()

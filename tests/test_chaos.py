@@ -12,8 +12,10 @@ import subprocess
 import sys
 from pathlib import Path
 
-import chaos_scenarios as cs
 import pytest
+
+from tests import chaos_scenarios as cs
+from tests.waiting import wait_until
 
 pytestmark = [pytest.mark.slow, pytest.mark.timeout(180)]
 
@@ -87,9 +89,9 @@ def test_lease_recovery_is_make_before_break(etcd):
         old = {p: p.lease_id for p in pubs}
         for p in pubs:
             _loop.call_soon(p._on_lost, old[p], None)
-        assert cs.wait_for(lambda: all(p.registered and p.lease_id not in (0, old[p]) for p in pubs), 20)
+        assert wait_until(lambda: all(p.registered and p.lease_id not in (0, old[p]) for p in pubs), 20)
         # the old leases are revoked (after the new records are in): one record per publisher again
-        assert cs.wait_for(lambda: len(reg.sync.get("mbb.rpc/", prefix=True).kvs) == 3, 20)
+        assert wait_until(lambda: len(reg.sync.get("mbb.rpc/", prefix=True).kvs) == 3, 20)
         assert seen and all(v == want for v in seen), seen
         sub.close()
         for p in pubs:

@@ -7,8 +7,8 @@ import threading
 import time
 
 import pytest
-from etcd_helpers import run
 
+from tests.etcd_helpers import run
 from waypost.errors import InvalidTarget, RegistryUnavailable
 from waypost.etcd.local import free_port
 from waypost.registry import connect, parse_registry_url
@@ -111,8 +111,8 @@ def test_child_after_fork_gets_a_fresh_registry():
     ("127.0.0.1:2379", "missing scheme"),
     ("zk://127.0.0.1:2181", "unknown scheme 'zk'"),
     ("etcd://", "no host"),
-    ("etcd://:2379", "has no host"),
-    ("etcd://h1:2379,,h2:2379", "empty endpoint"),
+    ("etcd://:2379", "etcd endpoint ':2379': empty host"),
+    ("etcd://h1:2379,,h2:2379", "etcd endpoint '': empty host"),
     ("etcd://h:99999", "bad port '99999'"),
     ("etcd://h:abc", "bad port 'abc'"),
     ("etcd://::1:2379", "IPv6"),
@@ -122,7 +122,7 @@ def test_child_after_fork_gets_a_fresh_registry():
     ("etcd://h:2379?bogus=1", "unknown option 'bogus'"),
     ("etcd://h:2379?ca=/nonexistent/ca.pem", "CA file '/nonexistent/ca.pem' does not exist"),
     ("etcd://h:2379?cert=/nonexistent/c.pem&key=/nonexistent/k.pem", "TLS certificate file"),
-    ("etcd://user:hunter2@:2379", "has no host"),
+    ("etcd://user:hunter2@:2379", "empty host"),
 ])
 def test_bad_urls_raise_invalid_target_naming_the_problem(url, problem):
     with pytest.raises(InvalidTarget) as e:

@@ -12,10 +12,12 @@ import threading
 import time
 
 import pytest
-from discovery_util import connect, run, wait_for
 
+from tests.etcd_helpers import run
+from tests.waiting import wait_until
 from waypost.discovery import Publisher, Subscriber
 from waypost.errors import PermissionDenied
+from waypost.registry import connect
 
 
 def _registered(reg, key_prefix: str) -> dict[str, bytes]:
@@ -41,13 +43,13 @@ def test_etcd_restart_keeps_registrations_and_subscriber_sees_final_set(etcd, et
         time.sleep(4.5)  # longer than the TTL: the publishers cannot renew meanwhile
         assert sorted(sub.values()) == ["127.0.0.1:7101", "127.0.0.1:7102"]  # last known values stay
         etcd.members[0].start()
-        assert wait_for(lambda: a.registered and b.registered, 30)
+        wait_until(lambda: a.registered and b.registered, 30)
         c.start()
         a.stop()
         want = ["127.0.0.1:7102", "127.0.0.1:7103"]
-        assert wait_for(lambda: sorted(sub.values()) == want, 30), sub.values()
+        wait_until(lambda: sorted(sub.values()) == want, 30, "the subscriber sees both addresses")
         # exactly one record per live publisher in etcd (a lost lease's old key was revoked)
-        assert wait_for(lambda: sorted(_registered(reg, "rs.rpc/").values()) == [w.encode() for w in want], 30)
+        wait_until(lambda: sorted(_registered(reg, "rs.rpc/").values()) == [w.encode() for w in want], 30)
         assert set(_registered(reg, "rs.rpc/")) == {b.key, c.key}
     finally:
         sub.close()
@@ -76,11 +78,11 @@ def test_frozen_publisher_process_registers_again_after_sigcont(etcd, etcd_reg):
         first_key = line.split()[1]
         assert _registered(reg, "frozen.rpc/") == {first_key: b"127.0.0.1:7201"}
         os.kill(proc.pid, signal.SIGSTOP)
-        assert wait_for(lambda: _registered(reg, "frozen.rpc/") == {}, 20), "lease did not expire while frozen"
+        wait_until(lambda: _registered(reg, "frozen.rpc/") == {}, 20, "the lease expires while the publisher is frozen")
         time.sleep(1.0)
         os.kill(proc.pid, signal.SIGCONT)
         t0 = time.monotonic()
-        assert wait_for(lambda: list(_registered(reg, "frozen.rpc/").values()) == [b"127.0.0.1:7201"], 10)
+        wait_until(lambda: list(_registered(reg, "frozen.rpc/").values()) == [b"127.0.0.1:7201"], 10)
         took = time.monotonic() - t0
         print(f"re-registered {took:.2f}s after SIGCONT")
         assert took < 2.0, f"registered again only after {took:.2f}s"
@@ -126,7 +128,7 @@ def test_compaction_past_the_subscribers_revision_loses_nothing(etcd, etcd_reg):
         run(resume())
         want = sorted(v.decode() for v in _registered(reg, "cp.rpc/").values())
         assert len(want) == 13 and "127.0.0.1:7501" in want and "127.0.0.1:7500" not in want
-        assert wait_for(lambda: sorted(sub.values()) == want, 15), sorted(sub.values())
+        wait_until(lambda: sorted(sub.values()) == want, 15)
         assert fired.is_set()
     finally:
         sub.close()
@@ -144,11 +146,11 @@ def test_losing_one_member_of_three_loses_nothing(etcd_cluster):
         etcd_cluster.leader().stop()
         time.sleep(5.0)  # two and a half TTLs without the old leader
         assert sorted(sub.values()) == want
-        assert wait_for(lambda: all(p.registered for p in pubs), 15)
-        assert wait_for(lambda: sorted(v.decode() for v in _registered(reg, "m3.rpc/").values()) == want, 15)
+        wait_until(lambda: all(p.registered for p in pubs), 15)
+        wait_until(lambda: sorted(v.decode() for v in _registered(reg, "m3.rpc/").values()) == want, 15)
         late = Publisher(reg, "m3.rpc", "127.0.0.1:7699", ttl=2).start()
         pubs.append(late)
-        assert wait_for(lambda: sorted(sub.values()) == sorted([*want, "127.0.0.1:7699"]), 15)
+        wait_until(lambda: sorted(sub.values()) == sorted([*want, "127.0.0.1:7699"]), 15)
     finally:
         sub.close()
         for p in pubs:
@@ -166,7 +168,11 @@ def test_refused_credentials_are_permission_denied_not_unavailable(etcd):
         t0 = time.monotonic()
         with pytest.raises(PermissionDenied):
             Subscriber(reg, "auth.rpc", timeout=30)
-        assert time.monotonic() - t0 < 20  # refused at once, not after the load timeout
+        # Refused on the first answer: ~0.08 s measured on an idle machine (etcd's password hash check);
+        # 5 s leaves a loaded 2-core machine 60x that, and fails if the refusal were retried like an
+        # outage (backoff rounds) or waited for the 30 s load timeout.
+        elapsed = time.monotonic() - t0
+        assert elapsed < 5, f"refused only after {elapsed:.2f} s: a refusal must not be retried"
     finally:
         run(reg.close(), 10)
     good = connect(etcd.url("root", "r00t-pw"))

@@ -8,8 +8,10 @@ import random
 import threading
 
 import pytest
-from discovery_util import run, wait_for
 
+import waypost
+from tests.etcd_helpers import run
+from tests.waiting import wait_until
 from waypost import _loop
 from waypost.discovery import Publisher, Subscriber, active_subscriptions
 from waypost.discovery import subscriber as submod
@@ -33,7 +35,7 @@ def test_publish_then_subscribe_then_stop(registry):
             assert sub.values() == ["127.0.0.1:7001"]
             pub.stop()
             assert registry.sync.get("svc.rpc/", prefix=True).kvs == []
-            assert wait_for(lambda: sub.values() == [], 10)
+            wait_until(lambda: sub.values() == [], 10)
     finally:
         pub.stop()
     pub.stop()  # idempotent
@@ -48,19 +50,19 @@ def test_custom_id_key(registry):
 
 def test_pause_resume_stop(registry):
     with Subscriber(registry, "pr.rpc") as sub, Publisher(registry, "pr.rpc", "127.0.0.1:7003", ttl=5) as pub:
-        assert wait_for(lambda: sub.values() == ["127.0.0.1:7003"], 10)
+        wait_until(lambda: sub.values() == ["127.0.0.1:7003"], 10)
         first = pub.lease_id
         pub.pause()
         assert not pub.registered and pub.state == "paused"
         assert registry.sync.get("pr.rpc/", prefix=True).kvs == []  # gone at once
         assert registry.sync.time_to_live(first) == -1
-        assert wait_for(lambda: sub.values() == [], 10)
+        wait_until(lambda: sub.values() == [], 10)
         pub.pause()  # no-op
         pub.resume()
         assert pub.registered and pub.lease_id not in (0, first)
-        assert wait_for(lambda: sub.values() == ["127.0.0.1:7003"], 10)
+        wait_until(lambda: sub.values() == ["127.0.0.1:7003"], 10)
         pub.stop()
-        assert wait_for(lambda: sub.values() == [], 10)
+        wait_until(lambda: sub.values() == [], 10)
         pub.resume()  # after stop: nothing happens
         assert not pub.registered
 
@@ -74,15 +76,15 @@ def test_subscriber_sees_adds_deletes_and_value_changes_on_the_watch_path(regist
         sub.add_listener(fired.set)
         s.put("wp.rpc/2", b"10.0.0.2:1")
         assert fired.wait(10)
-        assert wait_for(lambda: sorted(sub.values()) == ["10.0.0.1:1", "10.0.0.2:1"], 10)
+        wait_until(lambda: sorted(sub.values()) == ["10.0.0.1:1", "10.0.0.2:1"], 10)
         s.put("wp.rpc/1", b"10.0.0.3:1")  # value change of an existing key
-        assert wait_for(lambda: sorted(sub.values()) == ["10.0.0.2:1", "10.0.0.3:1"], 10)
+        wait_until(lambda: sorted(sub.values()) == ["10.0.0.2:1", "10.0.0.3:1"], 10)
         s.delete("wp.rpc/2")
-        assert wait_for(lambda: sub.values() == ["10.0.0.3:1"], 10)
+        wait_until(lambda: sub.values() == ["10.0.0.3:1"], 10)
         # a key outside the prefix is not ours
         s.put("wp.rpcx/9", b"10.0.0.9:1")
         s.put("wp.rpc/3", b"10.0.0.4:1")
-        assert wait_for(lambda: sorted(sub.values()) == ["10.0.0.3:1", "10.0.0.4:1"], 10)
+        wait_until(lambda: sorted(sub.values()) == ["10.0.0.3:1", "10.0.0.4:1"], 10)
 
 
 def test_hundred_duplicate_puts_one_value(registry):
@@ -90,7 +92,7 @@ def test_hundred_duplicate_puts_one_value(registry):
     with Subscriber(registry, "dup.rpc") as sub:
         for i in range(100):
             s.put(f"dup.rpc/{i}", b"10.0.0.1:1")
-        assert wait_for(lambda: len(sub.container.keys()) == 100, 10)
+        wait_until(lambda: len(sub.container.keys()) == 100, 10)
         assert sub.values() == ["10.0.0.1:1"]
 
 
@@ -101,7 +103,7 @@ def test_exact_mode_reads_only_the_key(registry):
     with Subscriber(registry, "ex.rpc", exact=True) as sub:
         assert sub.values() == ["10.0.0.1:1"]
         s.put("ex.rpc", b"10.0.0.3:1")
-        assert wait_for(lambda: sub.values() == ["10.0.0.3:1"], 10)
+        wait_until(lambda: sub.values() == ["10.0.0.3:1"], 10)
 
 
 def test_exclusive_subscriber_keeps_the_newest_key(registry):
@@ -111,7 +113,7 @@ def test_exclusive_subscriber_keeps_the_newest_key(registry):
     with Subscriber(registry, "xs.rpc", exclusive=True) as sub:
         assert list(sub.container.keys()) == ["xs.rpc/2"]
         s.put("xs.rpc/3", b"10.0.0.1:1")
-        assert wait_for(lambda: list(sub.container.keys()) == ["xs.rpc/3"], 10)
+        wait_until(lambda: list(sub.container.keys()) == ["xs.rpc/3"], 10)
         assert sub.values() == ["10.0.0.1:1"]
 
 
@@ -123,9 +125,9 @@ def test_bad_values_are_skipped_and_never_hide_good_ones(registry):
         assert sub.values() == ["10.0.0.1:1"]
         s.put("bad.rpc/3", b"x" * 70_000)
         s.put("bad.rpc/4", b"10.0.0.4:1")
-        assert wait_for(lambda: sorted(sub.values()) == ["10.0.0.1:1", "10.0.0.4:1"], 10)
+        wait_until(lambda: sorted(sub.values()) == ["10.0.0.1:1", "10.0.0.4:1"], 10)
         s.put("bad.rpc/1", b"not an address")  # a good key turning bad disappears
-        assert wait_for(lambda: sub.values() == ["10.0.0.4:1"], 10)
+        wait_until(lambda: sub.values() == ["10.0.0.4:1"], 10)
 
 
 def test_metadata_reaches_backends_in_every_format(registry):
@@ -134,7 +136,7 @@ def test_metadata_reaches_backends_in_every_format(registry):
         with Subscriber(registry, key, format=fmt) as sub, \
                 Publisher(registry, key, "127.0.0.1:7010", ttl=5, metadata={"weight": 20, "zone": "b"},
                           format=fmt, id="inst-1"):
-            assert wait_for(lambda sub=sub: len(sub.backends()) == 1, 10), fmt
+            wait_until(lambda sub=sub: len(sub.backends()) == 1, 10, f"one backend in format {fmt}")
             # the first sight of the address already carries its metadata (go-zero: a side record)
             (b,) = sub.backends()
             want = {"weight": "20", "zone": "b"} if fmt == "kratos" else {"weight": 20, "zone": "b"}
@@ -155,11 +157,11 @@ def test_gozero_metadata_arrives_with_the_address_when_the_side_watch_lags(regis
         run(stop_side_watch())
         sub.add_listener(lambda: seen.append(sub.backends()))
         with Publisher(registry, key, "127.0.0.1:7011", ttl=5, metadata={"weight": 7}, id="a"):
-            assert wait_for(lambda: len(sub.backends()) == 1, 10)
+            wait_until(lambda: len(sub.backends()) == 1, 10)
             assert seen and all(dict(b.metadata) == {"weight": 7} for bs in seen for b in bs), seen
         # a Go publisher (no side record) still appears, without metadata
         registry.sync.put(f"{key}/9", b"127.0.0.1:7012")
-        assert wait_for(lambda: [b.address for b in sub.backends()] == ["127.0.0.1:7012"], 10)
+        wait_until(lambda: [b.address for b in sub.backends()] == ["127.0.0.1:7012"], 10)
         assert dict(sub.backends()[0].metadata) == {}
 
 
@@ -211,12 +213,12 @@ def test_one_shared_watch_per_key_unmonitored_on_last_close(registry):
         a.close()  # idempotent
         assert not group._closed
         registry.sync.put(f"{key}/1", b"10.0.0.1:1")
-        assert wait_for(lambda: b.values() == ["10.0.0.1:1"], 10)
+        wait_until(lambda: b.values() == ["10.0.0.1:1"], 10)
         assert a.values() == []  # a closed subscriber gets no more updates
         b.close()
         assert group._closed
         assert all(src.task is None or src.task.done() or src.task.cancelled() for src in group.sources) or \
-            wait_for(lambda: all(src.task.done() for src in group.sources if src.task), 5)
+            wait_until(lambda: all(src.task.done() for src in group.sources if src.task), 5)
         assert [d for d in active_subscriptions() if f"'{key}/'" in d] == [repr(_group(c))]
         # a new subscriber after the last close starts a fresh watch and sees the current state
         with Subscriber(registry, key) as d:
@@ -251,29 +253,84 @@ def test_reload_applies_value_changes_deletes_and_adds(registry):
             src.task = asyncio.create_task(group._watch_loop(src))
 
         run(resume())
-        assert wait_for(lambda: sorted(sub.values()) == ["10.0.0.3:1", "10.0.0.4:1", "10.0.1.1:1"], 10)
+        wait_until(lambda: sorted(sub.values()) == ["10.0.0.3:1", "10.0.0.4:1", "10.0.1.1:1"], 10)
         assert group.reloads >= reloads + 1
         s.put("rl.rpc/5", b"10.0.0.5:1")  # and the watch continues after the reload
-        assert wait_for(lambda: "10.0.0.5:1" in sub.values(), 10)
+        wait_until(lambda: "10.0.0.5:1" in sub.values(), 10)
 
 
 def test_key_deleted_from_outside_is_put_back(registry):
     with Publisher(registry, "del.rpc", "127.0.0.1:7020", ttl=10, metadata={"w": 1}) as pub:
         key, lease = pub.key, pub.lease_id
         registry.sync.delete(key)
-        assert wait_for(lambda: registry.sync.get(key).kvs != [], 1.5), "not put back within ~1 s"
+        wait_until(lambda: registry.sync.get(key).kvs != [], 1.5, "the deleted record put back within ~1 s")
         kv = registry.sync.get(key).kvs[0]
         assert (kv.value, kv.lease) == (b"127.0.0.1:7020", lease)
+
+
+def _records(registry, prefix: str) -> dict[str, tuple[bytes, int]]:
+    return {kv.key: (kv.value, kv.lease) for kv in registry.sync.get(prefix, prefix=True).kvs}
+
+
+def _weights(sub) -> list[object]:
+    return [b.metadata.get("weight") for b in sub.backends()]
+
+
+def test_metadata_side_record_deleted_with_etcdctl_is_put_back(etcd):
+    reg = waypost.connect(etcd.url())
+    try:
+        with Publisher(reg, "side.rpc", "127.0.0.1:7024", ttl=10, metadata={"weight": 7}) as pub, \
+                Subscriber(reg, "side.rpc") as sub:
+            wait_until(lambda: _weights(sub) == [7], 10, "the subscriber sees weight 7")
+            side = _records(reg, "_waypost/meta/side.rpc/")
+            assert [lease for _, lease in side.values()] == [pub.lease_id]
+            etcd.etcdctl("del", "--prefix", "_waypost/meta/side.rpc/")
+            wait_until(lambda: _records(reg, "_waypost/meta/side.rpc/") == side, 2,
+                       "the metadata side record put back under the same lease")
+            wait_until(lambda: _weights(sub) == [7], 2, "the subscriber sees weight 7 again")
+            assert pub.registrations == 1  # put back, not registered again
+    finally:
+        run(reg.close(), 10)
+
+
+@pytest.mark.parametrize("gap", ["at once", "once the first is back"])
+@pytest.mark.parametrize("first", ["address", "metadata"])
+def test_both_records_deleted_one_after_the_other_are_both_put_back(etcd, first, gap):
+    # The registration is the address record and its metadata side record: whichever goes first, and
+    # whether the other follows at once or just after the first was put back, both come back under the
+    # one lease.
+    reg = waypost.connect(etcd.url())
+    try:
+        with Publisher(reg, "both.rpc", "127.0.0.1:7025", ttl=10, metadata={"weight": 7}) as pub, \
+                Subscriber(reg, "both.rpc") as sub:
+            wait_until(lambda: _weights(sub) == [7], 10, "the subscriber sees weight 7")
+            prefixes = ["both.rpc/", "_waypost/meta/both.rpc/"]
+            if first == "metadata":
+                prefixes.reverse()
+            want = [_records(reg, p) for p in prefixes]
+            assert all(len(w) == 1 for w in want)
+            assert {lease for w in want for _, lease in w.values()} == {pub.lease_id}
+            reg.sync.delete(prefixes[0], prefix=True)
+            if gap != "at once":
+                wait_until(lambda: _records(reg, prefixes[0]) == want[0], 2, f"the {first} record put back")
+            reg.sync.delete(prefixes[1], prefix=True)
+            wait_until(lambda: [_records(reg, p) for p in prefixes] == want, 2,
+                       "both records put back under the same lease")
+            wait_until(lambda: [(b.address, b.metadata.get("weight")) for b in sub.backends()]
+                       == [("127.0.0.1:7025", 7)], 2, "the subscriber sees the address with weight 7 again")
+            assert pub.registrations == 1
+    finally:
+        run(reg.close(), 10)
 
 
 def test_lease_revoked_from_outside_registers_again(registry):
     with Subscriber(registry, "rev.rpc") as sub, Publisher(registry, "rev.rpc", "127.0.0.1:7021", ttl=10) as pub:
         old_lease = pub.lease_id
         registry.sync.revoke(old_lease)
-        assert wait_for(lambda: pub.registered and pub.lease_id not in (0, old_lease), 10)
+        wait_until(lambda: pub.registered and pub.lease_id not in (0, old_lease), 10)
         assert registry.sync.get(pub.key).kvs[0].lease == pub.lease_id
         assert pub.registrations == 2
-        assert wait_for(lambda: sub.values() == ["127.0.0.1:7021"], 10)
+        wait_until(lambda: sub.values() == ["127.0.0.1:7021"], 10)
 
 
 def test_exclusive_publisher_takes_over_stale_keys(registry):
@@ -345,7 +402,7 @@ def test_re_registration_logs_a_failure_once_per_state_change(caplog):
             first = pub.lease_id
             reg.failures = 4
             reg.sync.revoke(first)  # lost: re-register, 4 refusals, then success
-            assert wait_for(lambda: pub.registered and pub.lease_id != first, 10)
+            wait_until(lambda: pub.registered and pub.lease_id != first, 10)
             msgs = [(r.levelno, r.getMessage()) for r in caplog.records if "7060" in r.getMessage()]
             assert sum("lost" in m and lv == logging.WARNING for lv, m in msgs) == 1
             assert sum("registering failed, retrying" in m and lv == logging.WARNING for lv, m in msgs) == 1
@@ -368,9 +425,9 @@ def test_non_exclusive_subscribers_share_one_container_with_their_own_listeners(
         b.add_listener(got_b.set)
         a.close()
         s.put("sc.rpc/2", b"10.0.0.2:1")
-        assert got_b.wait(10) and wait_for(lambda: sorted(b.values()) == ["10.0.0.1:1", "10.0.0.2:1"], 10)
+        assert got_b.wait(10) and wait_until(lambda: sorted(b.values()) == ["10.0.0.1:1", "10.0.0.2:1"], 10)
         assert not got_a.is_set() and a.values() == []
-        assert wait_for(lambda: sorted(x.values()) == ["10.0.0.1:1", "10.0.0.2:1"], 10)
+        wait_until(lambda: sorted(x.values()) == ["10.0.0.1:1", "10.0.0.2:1"], 10)
         # a subscriber opened later on the same key joins the shared container, already filled
         with Subscriber(registry, "sc.rpc") as c:
             assert c.container is b.container and sorted(c.values()) == ["10.0.0.1:1", "10.0.0.2:1"]

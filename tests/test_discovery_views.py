@@ -11,10 +11,10 @@ from __future__ import annotations
 from types import MappingProxyType
 from typing import Any
 
-from discovery_util import wait_for
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+from tests.waiting import wait_until
 from waypost.discovery import Subscriber
 from waypost.discovery.container import Container
 from waypost.registry.formats import Entry
@@ -141,9 +141,9 @@ def test_initial_load_in_revision_order_with_bad_records_and_shared_addresses(re
         assert f"{unique_key}/c" in caplog.text
         s.delete(f"{unique_key}/b")  # 10.0.0.2 still has d
         s.put(f"{unique_key}/e", b"10.0.0.4:1")
-        assert wait_for(lambda: sub.values() == ["10.0.0.2:1", "10.0.0.1:1", "10.0.0.3:1", "10.0.0.4:1"], 10)
+        assert wait_until(lambda: sub.values() == ["10.0.0.2:1", "10.0.0.1:1", "10.0.0.3:1", "10.0.0.4:1"], 10)
         s.delete(f"{unique_key}/d")
-        assert wait_for(lambda: sub.values() == ["10.0.0.1:1", "10.0.0.3:1", "10.0.0.4:1"], 10)
+        assert wait_until(lambda: sub.values() == ["10.0.0.1:1", "10.0.0.3:1", "10.0.0.4:1"], 10)
 
 
 def test_a_new_shared_reader_starts_from_revision_order(registry, unique_key):
@@ -158,7 +158,7 @@ def test_a_new_shared_reader_starts_from_revision_order(registry, unique_key):
         assert a.values() == ["10.0.0.1:1", "10.0.0.2:1", "10.0.0.3:1"]
         s.put(f"{side}/1", b'{"addr":"10.0.0.1:1","metadata":{"w":2}}')
         # a metadata change re-adds the address: it moves to the end of this reader's order
-        assert wait_for(lambda: a.values() == ["10.0.0.2:1", "10.0.0.3:1", "10.0.0.1:1"], 10)
+        assert wait_until(lambda: a.values() == ["10.0.0.2:1", "10.0.0.3:1", "10.0.0.1:1"], 10)
         a.close()
         with Subscriber(registry, unique_key) as b:  # the only shared reader now: revision order again
             assert b.values() == ["10.0.0.1:1", "10.0.0.2:1", "10.0.0.3:1"]
@@ -183,7 +183,7 @@ def test_a_late_exclusive_subscriber_agrees_with_an_early_one(registry, unique_k
         rev = s.put(f"{unique_key}/1", b"10.0.0.1:1").revision
         group = early._group
         assert group is not None
-        assert wait_for(lambda: group.main.raw[f"{unique_key}/1"][1] == rev, 10)
+        assert wait_until(lambda: group.main.raw[f"{unique_key}/1"][1] == rev, 10)
         with Subscriber(registry, unique_key, exclusive=True) as late:
             assert late.container.keys() == early.container.keys()
             assert late.values() == early.values() == ["10.0.0.1:1"]

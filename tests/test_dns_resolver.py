@@ -11,8 +11,8 @@ import pytest
 
 import waypost
 import waypost.resolver.dns as wdns
-from tests.backends.helpers import wait_until
 from tests.dns_support import Dnsmasq, dnsmasq  # noqa: F401  (fixture)
+from tests.waiting import wait_until
 from waypost.resolver import ResolverOptions
 
 pytest.importorskip("dns.resolver")

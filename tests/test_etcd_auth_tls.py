@@ -6,8 +6,9 @@ import logging
 import threading
 
 import pytest
-from etcd_helpers import collect_events, on_loop, registry, run, wait_until
 
+from tests.etcd_helpers import collect_events, on_loop, registry, run
+from tests.waiting import wait_until
 from waypost.errors import PermissionDenied, RegistryUnavailable
 from waypost.etcd.local import LocalEtcd
 from waypost.registry import connect

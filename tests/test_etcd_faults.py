@@ -6,8 +6,9 @@ import threading
 import time
 
 import pytest
-from etcd_helpers import TcpProxy, collect_events, next_batch, on_loop, registry, wait_until
 
+from tests.etcd_helpers import TcpProxy, collect_events, next_batch, on_loop, registry
+from tests.waiting import wait_until
 from waypost.errors import Compacted, LeaseNotFound, RegistryUnavailable
 
 

@@ -6,9 +6,8 @@ import json
 import logging
 import time
 
-from etcd_helpers import registry
-from latency_proxy import LatencyProxy
-
+from tests.etcd_helpers import registry
+from tests.latency_proxy import LatencyProxy
 from waypost.discovery import Publisher
 
 WATCH_FOR = 20.0  # seconds: four TTLs

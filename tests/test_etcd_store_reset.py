@@ -17,7 +17,8 @@ from prometheus_client import CollectorRegistry
 
 import waypost
 from tests.backends import echo_pb2, echo_pb2_grpc
-from tests.backends.helpers import echo_servers, wait_until
+from tests.backends.helpers import echo_servers
+from tests.waiting import wait_until
 from waypost import metrics
 from waypost.discovery import Subscriber
 from waypost.errors import RegistryUnavailable

@@ -6,8 +6,9 @@ import asyncio
 import threading
 
 import pytest
-from etcd_helpers import collect_events, next_batch, registry, wait_until
 
+from tests.etcd_helpers import collect_events, next_batch, registry
+from tests.waiting import wait_until
 from waypost.errors import Compacted
 from waypost.etcd.local import LocalEtcd
 

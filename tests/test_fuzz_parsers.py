@@ -12,6 +12,14 @@ from hypothesis import strategies as st
 
 from waypost import InvalidServiceConfig, InvalidTarget
 from waypost.durations import DurationError, format_duration, parse_duration
+from waypost.netutil import (
+    AddressError,
+    join_host_port,
+    normalize_host_port,
+    parse_host_port,
+    split_host_port,
+)
+from waypost.registry.url import parse_registry_url
 from waypost.resolver.target import Target, parse_target, redact
 from waypost.service_config import ServiceConfig, parse_service_config
 
@@ -296,3 +304,47 @@ def test_passwords_never_leak(password):
         assert f"'password': {password!r}" not in shown
         assert "'password': '***'" in repr(target)
     assert "***" in redact(f"etcd://root:{password}@h:1/k")
+
+
+# ---- host:port (netutil's one parser, used by targets, registry URLs, DNS and advertised addresses) ----
+
+LABELS = st.from_regex(r"[A-Za-z_][A-Za-z0-9_-]{0,62}", fullmatch=True)
+HOST_NAMES = st.lists(LABELS, min_size=1, max_size=4).map(".".join).filter(lambda h: len(h) <= 253)
+HOSTS_ANY = st.one_of(HOST_NAMES, st.ip_addresses(v=4).map(str), st.ip_addresses(v=6).map(str))
+PORTS = st.integers(min_value=1, max_value=65535)
+HOSTPORT_ALPHABET = string.ascii_letters[:6] + string.digits + ":[]._-% /"
+
+
+@FUZZ
+@given(HOSTS_ANY, PORTS)
+def test_host_port_format_then_parse_round_trips(host, port):
+    text = join_host_port(host, port)
+    assert parse_host_port(text) == (host, port)
+    assert split_host_port(text) == (host, port)
+    assert normalize_host_port(text) == text
+    # every caller takes the formatted address as it is
+    assert parse_target(f"direct:///{text}").endpoints == (text,)
+    assert parse_target(f"etcd:///{text}?key=k").endpoints == (text,)
+    assert parse_registry_url(f"etcd://{text}").endpoints == (text,)
+
+
+@FUZZ
+@given(HOSTS_ANY, st.integers(min_value=1, max_value=65535))
+def test_host_without_port_takes_the_default(host, default):
+    text = f"[{host}]" if ":" in host else host
+    assert parse_host_port(text, default_port=default) == (host, default)
+    assert split_host_port(text) == (host, None)
+
+
+@FUZZ
+@given(st.one_of(st.text(max_size=40), st.text(alphabet=HOSTPORT_ALPHABET, max_size=40)),
+       st.sampled_from([None, 2379]), st.booleans())
+def test_host_port_raises_only_address_error(text, default, listen):
+    try:
+        host, port = parse_host_port(text, default_port=default, listen=listen)
+    except AddressError as exc:
+        assert repr(text) in str(exc) and "expected HOST" in str(exc)
+        return
+    assert (0 if listen else 1) <= port <= 65535
+    if host:  # the canonical form parses to the same pair
+        assert parse_host_port(join_host_port(host, port), listen=listen) == (host, port)

@@ -19,8 +19,8 @@ from tests.interop_support import (  # noqa: F401  (fixture_*: pytest fixtures g
     fixture_go_peers,
     py_backends,
     timeout_mark,
-    wait_until,
 )
+from tests.waiting import wait_until
 from waypost.etcd.local import free_port
 
 pytestmark = [pytest.mark.interop, timeout_mark()]

@@ -23,8 +23,8 @@ from tests.interop_support import (  # noqa: F401  (fixture_*: pytest fixtures g
     fixture_go_peers,
     py_backends,
     timeout_mark,
-    wait_until,
 )
+from tests.waiting import wait_until
 from waypost.balancer.consistent_hash import HashRing
 from waypost.etcd.local import free_port
 

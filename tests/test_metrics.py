@@ -9,12 +9,13 @@ import urllib.request
 
 import grpc
 import pytest
-from etcd_helpers import TcpProxy
 from prometheus_client import CollectorRegistry, generate_latest
 
 import waypost
 from tests.backends import echo_pb2, echo_pb2_grpc
-from tests.backends.helpers import direct, echo_servers, wait_until
+from tests.backends.helpers import direct, echo_servers
+from tests.etcd_helpers import TcpProxy
+from tests.waiting import wait_until
 from waypost import _loop, metrics
 from waypost.discovery import Publisher, Subscriber
 from waypost.etcd.config import EtcdConfig

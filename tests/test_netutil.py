@@ -11,6 +11,7 @@ from waypost.netutil import (
     is_wildcard,
     list_interfaces,
     outbound_address,
+    parse_host_port,
     pick_interface_address,
     registry_is_local,
     split_host_port,
@@ -107,14 +108,97 @@ def test_never_wildcard_never_loopback_for_remote_registry():
 
 
 def test_helpers():
-    assert split_host_port("[::1]:80") == ("::1", 80)
-    assert split_host_port("h:0") == ("h", 0)
-    assert split_host_port("fd00::1") == ("fd00::1", None)
     assert is_wildcard("[::]") and is_wildcard("") and is_wildcard("0.0.0.0") and not is_wildcard("10.0.0.1")
-    with pytest.raises(AddressError, match="port"):
-        split_host_port("h:99999")
-    with pytest.raises(AddressError, match="listen_on"):
+    with pytest.raises(AddressError, match="listen_on 'host:abc': bad port 'abc'"):
         detect("host:abc", registry=REMOTE)
+
+
+# (text, keyword arguments, (host, port))
+PARSED = [
+    ("10.0.0.5:8080", {}, ("10.0.0.5", 8080)),
+    ("[::1]:80", {}, ("::1", 80)),
+    ("[fd00::2]", {"default_port": 443}, ("fd00::2", 443)),
+    ("h", {"default_port": 2379}, ("h", 2379)),
+    ("  greet.example.com:1 ", {}, ("greet.example.com", 1)),
+    ("under_score.local.:65535", {}, ("under_score.local.", 65535)),
+    ("h:0", {"listen": True}, ("h", 0)),
+    (":50051", {"listen": True}, ("", 50051)),
+    ("[::]:0", {"listen": True}, ("::", 0)),
+    ("h:08080", {}, ("h", 8080)),
+]
+
+
+@pytest.mark.parametrize(("text", "kw", "expected"), PARSED, ids=[p[0] for p in PARSED])
+def test_parse_host_port(text, kw, expected):
+    assert parse_host_port(text, **kw) == expected
+
+
+def test_split_host_port_leaves_a_missing_port_to_the_caller():
+    assert split_host_port("[fd00::1]") == ("fd00::1", None)
+    assert split_host_port("h") == ("h", None)
+    assert split_host_port("h:1") == ("h", 1)
+
+
+# (text, keyword arguments, the problem the message names)
+REFUSED = [
+    ("h", {}, "no port"),
+    ("h:0", {}, "bad port '0'"),
+    ("h:65536", {}, "bad port '65536'"),
+    ("h:", {"default_port": 1}, "bad port ''"),
+    ("h:8o", {}, "bad port '8o'"),
+    ("h:123456", {"listen": True}, "bad port '123456'"),
+    ("h:-1", {"listen": True}, "bad port '-1'"),
+    (":80", {}, "empty host"),
+    ("::1", {"default_port": 1}, "IPv6 addresses must be written in brackets"),
+    ("fd00::1:80", {}, "IPv6 addresses must be written in brackets"),
+    ("[::1:80", {}, "'[' without ']'"),
+    ("[]:80", {}, "'' in brackets is not an IPv6 address"),
+    ("[10.0.0.1]:80", {}, "'10.0.0.1' in brackets is not an IPv6 address"),
+    ("[::1]80", {}, "'80' after ']' is not ':PORT'"),
+    ("999.1.1.1:80", {}, "'999.1.1.1' is not a valid IPv4 address"),
+    ("a b:80", {}, "'a b' is not a valid host name"),
+    ("h/x:80", {}, "'h/x' is not a valid host name"),
+    ("a..b:80", {}, "'a..b' is not a valid host name"),
+    ("x" * 64 + ":80", {}, f"{'x' * 64!r} is not a valid host name"),  # a label is at most 63 characters
+]
+
+
+@pytest.mark.parametrize(("text", "kw", "problem"), REFUSED, ids=[r[0][:20] for r in REFUSED])
+def test_refused_addresses_name_the_input_the_problem_and_the_expected_form(text, kw, problem):
+    with pytest.raises(AddressError) as err:
+        parse_host_port(text, what="etcd host", **kw)
+    msg = str(err.value)
+    assert msg.startswith(f"etcd host {text!r}: {problem}; expected HOST"), msg
+    ports = "0..65535" if kw.get("listen") else "1..65535"
+    assert f"with PORT in {ports} and IPv6 addresses in brackets (e.g. 10.0.0.5:8080, [fd00::2]:8080)" in msg
+
+
+def test_the_expected_form_says_whether_the_port_may_be_left_out():
+    with pytest.raises(AddressError, match=r"expected HOST:PORT "):
+        parse_host_port("h:0")
+    with pytest.raises(AddressError, match=r"expected HOST\[:PORT\] "):
+        parse_host_port("h:0", default_port=1)
+    with pytest.raises(AddressError, match=r"expected HOST\[:PORT\] "):
+        split_host_port("h:0")
+
+
+def test_every_host_port_field_gives_the_same_error_text():
+    from waypost import InvalidTarget
+    from waypost.registry.url import parse_registry_url
+    from waypost.resolver.target import parse_target
+
+    tail = "with PORT in 1..65535 and IPv6 addresses in brackets (e.g. 10.0.0.5:8080, [fd00::2]:8080)"
+    for call in (lambda: parse_target("etcd:///h:99999?key=k"), lambda: parse_target("direct:///h:99999"),
+                 lambda: parse_target("dns:///h:99999"), lambda: parse_target("ipv4:h:99999"),
+                 lambda: parse_registry_url("etcd://h:99999")):
+        with pytest.raises(InvalidTarget) as e:
+            call()
+        assert "'h:99999': bad port '99999'; expected HOST" in str(e.value)
+        assert tail in str(e.value)
+    with pytest.raises(AddressError) as adv:
+        detect(advertise="h:99999", registry=REMOTE)
+    assert str(adv.value) == f"advertise 'h:99999': bad port '99999'; expected HOST[:PORT] {tail}".replace(
+        "1..65535", "0..65535")
 
 
 def test_real_host_detection_returns_usable_addresses():

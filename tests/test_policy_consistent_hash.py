@@ -11,6 +11,7 @@ import grpc
 import mmh3
 import pytest
 
+from tests.policy_support import bs
 from waypost.balancer.base import PickError, PickInfo, key_bytes, normalize_hash_key
 from waypost.balancer.consistent_hash import MISSING_KEY_MESSAGE, REPLICAS, HashRing, hash64
 from waypost.balancer.policies import get_policy
@@ -19,10 +20,6 @@ from waypost.errors import InvalidServiceConfig
 from waypost.types import Backend
 
 ADDRS = [f"10.0.0.{i}:8080" for i in range(1, 6)]
-
-
-def bs(addrs) -> list[Backend]:
-    return [Backend(a) for a in addrs]
 
 
 def test_hash_golden_values():

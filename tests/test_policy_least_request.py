@@ -7,14 +7,10 @@ from collections import Counter
 
 import pytest
 
+from tests.policy_support import bs
 from waypost.balancer.base import Outcome, PickInfo
 from waypost.balancer.policies import get_policy
 from waypost.errors import InvalidServiceConfig
-from waypost.types import Backend
-
-
-def bs(*addrs: str) -> list[Backend]:
-    return [Backend(a) for a in addrs]
 
 
 def test_exact_choices_follow_the_rng():

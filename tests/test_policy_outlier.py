@@ -8,27 +8,15 @@ from collections import Counter
 import grpc
 import pytest
 
+from tests.policy_support import FakeClock, bs
 from waypost.balancer.base import Outcome, PickInfo
 from waypost.balancer.outlier_detection import OutlierConfig
 from waypost.balancer.policies import get_policy
 from waypost.errors import InvalidServiceConfig, NoBackendAvailable
-from waypost.types import Backend
 
 ADDRS = [f"b{i}" for i in range(5)]
 FAIL = Outcome(grpc.StatusCode.UNAVAILABLE, 0.001)
 OK = Outcome(grpc.StatusCode.OK, 0.001)
-
-
-class FakeClock:
-    def __init__(self, now: float = 0.0) -> None:
-        self.now = now
-
-    def __call__(self) -> float:
-        return self.now
-
-
-def bs(addrs) -> list[Backend]:
-    return [Backend(a) for a in addrs]
 
 
 def make(clock, **cfg):

@@ -11,25 +11,13 @@ from collections import Counter
 import grpc
 import pytest
 
+from tests.policy_support import FakeClock, bs
 from waypost.balancer import p2c_ewma
 from waypost.balancer.base import Outcome, PickInfo
 from waypost.balancer.policies import get_policy
-from waypost.types import Backend
 
 OK = grpc.StatusCode.OK
 DEADLINE = grpc.StatusCode.DEADLINE_EXCEEDED
-
-
-class FakeClock:
-    def __init__(self, now: float = 1000.0) -> None:
-        self.now = now
-
-    def __call__(self) -> float:
-        return self.now
-
-
-def bs(*addrs: str) -> list[Backend]:
-    return [Backend(a) for a in addrs]
 
 
 def make(clock: FakeClock, seed: int = 1):
@@ -96,7 +84,7 @@ def test_go_zero_entropy_checks(candidates, threshold):
     Calls overlap as in go-zero's test (their Done runs in goroutines): each ends after a random
     latency on the fake clock, which advances 50 us per pick.
     """
-    clock = FakeClock()
+    clock = FakeClock(1000.0)
     policy = make(clock, seed=candidates)
     picker = policy.build(bs(*[str(i) for i in range(candidates)]))
     lat_rng = random.Random(99)
@@ -159,7 +147,7 @@ def test_ewma_update_is_time_decayed():
 
 
 def test_first_sample_failure_makes_backend_unhealthy():
-    clock = FakeClock()
+    clock = FakeClock(1000.0)
     policy = make(clock)
     prime(policy, {"A": Outcome(grpc.StatusCode.UNAVAILABLE, 0.001), "B": Outcome(grpc.StatusCode.NOT_FOUND, 0.001)})
     assert policy.snapshot()["A"]["success"] == 0
@@ -172,13 +160,13 @@ def test_first_sample_failure_makes_backend_unhealthy():
      grpc.StatusCode.UNIMPLEMENTED, grpc.StatusCode.RESOURCE_EXHAUSTED],
 )
 def test_failure_codes(code):
-    policy = make(FakeClock())
+    policy = make(FakeClock(1000.0))
     sample(policy, "A", code=code)
     assert policy.snapshot()["A"]["success"] == 0
 
 
 def test_load_formula_counts_inflight():
-    clock = FakeClock()
+    clock = FakeClock(1000.0)
     policy = make(clock)
     sample(policy, "A", latency=0.004)  # lag 4e6 ns -> sqrt = 2000
     picker = policy.build(bs("A"))
@@ -191,7 +179,7 @@ def test_load_formula_counts_inflight():
 
 def test_unhealthy_pair_avoidance_exact():
     """Backends 0 and 1 are unhealthy but fast; up to 3 draws look for a healthy pair first."""
-    clock = FakeClock()
+    clock = FakeClock(1000.0)
     policy = make(clock, seed=5)
     prime(policy, {f"b{i}": Outcome(grpc.StatusCode.UNAVAILABLE if i < 2 else OK, 0.001 if i < 2 else 0.005)
                    for i in range(5)})
@@ -226,7 +214,7 @@ def test_unhealthy_pair_avoidance_exact():
 
 
 def test_stats_survive_rebuild():
-    clock = FakeClock()
+    clock = FakeClock(1000.0)
     policy = make(clock)
     prime(policy, {"A": Outcome(OK, 0.003), "B": Outcome(DEADLINE, 0.020)})
     before = policy.snapshot()
@@ -241,7 +229,7 @@ def test_stats_survive_rebuild():
 
 
 def test_inflight_never_leaks_across_rebuilds():
-    clock = FakeClock()
+    clock = FakeClock(1000.0)
     policy = make(clock)
     old = policy.build(bs("A", "B"))
     held = [old.pick(PickInfo()) for _ in range(6)]
@@ -260,7 +248,7 @@ def test_inflight_never_leaks_across_rebuilds():
 
 def test_new_backend_is_force_picked_within_a_second():
     """A backend that joins is compared by load; one whose load loses is still tried after 1 s."""
-    clock = FakeClock()
+    clock = FakeClock(1000.0)
     policy = make(clock)
     sample(policy, "A", latency=0.001)
     picker = policy.build(bs("A", "B"))

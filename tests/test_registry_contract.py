@@ -7,8 +7,9 @@ import threading
 import time
 
 import pytest
-from discovery_util import next_batches, run, wait_for
 
+from tests.etcd_helpers import next_batches, run
+from tests.waiting import wait_until
 from waypost import _loop
 from waypost.errors import Compacted, LeaseNotFound
 
@@ -171,7 +172,7 @@ def test_lease_expiry_deletes_keys_with_events(registry):
     assert s.get("l/a").kvs[0].lease == lease
     watch = registry.watch("l/", prefix=True, start_revision=r + 2)
     try:
-        assert wait_for(lambda: s.get("l/", prefix=True).kvs == [], timeout=15)
+        assert wait_until(lambda: s.get("l/", prefix=True).kvs == [], timeout=15)
         (batch,) = next_batches(watch, 1)
         assert sorted((e.type, e.kv.key) for e in batch) == [("delete", "l/a"), ("delete", "l/b")]
         assert s.time_to_live(lease) == -1
@@ -230,5 +231,5 @@ def test_keep_alive_cancel_lets_lease_expire(registry):
 
     ka = run(start())
     ka.cancel()
-    assert wait_for(lambda: s.get("kc/a").kvs == [], timeout=15)
+    assert wait_until(lambda: s.get("kc/a").kvs == [], timeout=15)
 

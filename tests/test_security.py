@@ -16,8 +16,8 @@ import pytest
 
 import waypost
 from tests.backends import echo_pb2, echo_pb2_grpc
-from tests.backends.helpers import wait_until
 from tests.backends.server import EchoServicer
+from tests.waiting import wait_until
 from waypost import _loop
 from waypost.etcd.local import LocalEtcd
 

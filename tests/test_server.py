@@ -21,6 +21,7 @@ from grpc_health.v1 import health_pb2, health_pb2_grpc
 import waypost
 from tests.backends import echo_pb2, echo_pb2_grpc
 from tests.backends.server import EchoServicer
+from tests.waiting import wait_until
 from waypost import _loop
 from waypost.etcd.local import free_port
 from waypost.server import BindError, serve
@@ -28,15 +29,6 @@ from waypost.server import BindError, serve
 ROOT = Path(__file__).resolve().parents[1]
 SERVING = health_pb2.HealthCheckResponse.SERVING
 NOT_SERVING = health_pb2.HealthCheckResponse.NOT_SERVING
-
-
-def wait_until(cond, timeout=15.0, what="condition"):
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        if cond():
-            return
-        time.sleep(0.02)
-    raise AssertionError(f"timed out after {timeout}s waiting for {what}")
 
 
 def new_server() -> grpc.Server:
@@ -103,7 +95,7 @@ def test_registered_only_after_port_accepts(reg_url, unique_key):
         time.sleep(0.2)  # the watch is created on the loop
         for _ in range(3):
             handles.append(serve(new_server(), unique_key, listen_on="127.0.0.1:0", registry=reg_url, grace=1))
-        wait_until(lambda: len(probe.seen) >= 3, what="three registrations seen by the watcher")
+        wait_until(lambda: len(probe.seen) >= 3, 15, what="three registrations seen by the watcher")
         assert sorted(a for a, _ in probe.seen) == sorted(h.address for h in handles)
         assert all(ok for _, ok in probe.seen), probe.seen
         for h in handles:

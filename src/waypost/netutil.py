@@ -1,6 +1,17 @@
-"""Which ``host:port`` a server should advertise in the registry.
+"""``host:port`` addresses: the one parser, and which address a server should advertise in the registry.
 
-Order (first that applies wins):
+Parsing (``split_host_port``, ``parse_host_port``; every dial target, registry URL, DNS name and advertised
+address goes through them, so the rules and the error text are the same everywhere):
+
+- ``host:port``, ``host``, ``[v6]:port`` or ``[v6]``; IPv6 addresses always in brackets (``::1:80`` is
+  ambiguous and refused);
+- the host is an IPv4 address, an IPv6 address (in the brackets) or a host name (letters, digits, ``-``,
+  ``_``, dot-separated labels of at most 63 characters, 253 in all); all digits and dots means IPv4;
+- the port is 1..65535; a listening address (``listen=True``) may also use port 0 (a free port) and an
+  empty host (every interface);
+- surrounding whitespace is ignored; a bad address raises ``AddressError`` naming it and the expected form.
+
+The advertised address, first that applies wins:
 
 1. ``advertise=`` given explicitly (``host`` or ``host:port``; a missing port is the bound port);
 2. the host of ``listen_on`` when it is a concrete address (not empty, not ``0.0.0.0`` / ``::``);
@@ -21,11 +32,13 @@ from __future__ import annotations
 import ipaddress
 import logging
 import os
+import re
 import socket
 import struct
 import sys
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass
+from typing import NoReturn
 from urllib.parse import urlsplit
 
 from .errors import WaypostError
@@ -49,36 +62,90 @@ class Interface:
     loopback: bool = False
 
 
-def split_host_port(hostport: str, *, what: str = "address") -> tuple[str, int | None]:
-    """Split ``host:port`` / ``[v6]:port`` / ``host`` / ``v6``; the port is None when absent."""
-    s = hostport.strip()
-    if s.startswith("["):
-        end = s.find("]")
-        if end < 0:
-            raise AddressError(f"{what} {hostport!r}: missing ']' (example: [fd00::2]:8080)")
-        host, rest = s[1:end], s[end + 1:]
-        if not rest:
-            return host, None
-        if not rest.startswith(":"):
-            raise AddressError(f"{what} {hostport!r}: expected ':port' after ']'")
-        return host, _port(rest[1:], hostport, what)
-    if s.count(":") > 1:  # a bare IPv6 address without a port
-        return s, None
-    if ":" in s:
-        host, p = s.rsplit(":", 1)
-        return host, _port(p, hostport, what)
-    return s, None
+_HOSTNAME_RE = re.compile(r"[A-Za-z0-9_](?:[A-Za-z0-9_-]{0,62})(?:\.[A-Za-z0-9_](?:[A-Za-z0-9_-]{0,62}))*\.?")
+_IPV4_LIKE_RE = re.compile(r"[0-9.]+")
+_PORT_RE = re.compile(r"[0-9]{1,5}")
 
 
-def _port(text: str, whole: str, what: str) -> int:
-    if not text.isdigit() or not 0 <= int(text) <= 65535:
-        raise AddressError(f"{what} {whole!r}: port must be a number in 0..65535 (example: 10.0.0.5:8080)")
-    return int(text)
+def split_host_port(text: str, *, what: str = "address", listen: bool = False) -> tuple[str, int | None]:
+    """Split ``host:port`` / ``[v6]:port`` / ``host`` / ``[v6]``: the host (IPv6 without brackets) and the
+    port, None when absent. Raises ``AddressError`` naming ``what``, the text and the expected form.
+
+    ``listen=True`` is for addresses a server binds or announces itself on: the host may be empty (every
+    interface) and the port may be 0 (a free port, or the bound port).
+    """
+    return _split(text, what, listen, port_required=False)
+
+
+def parse_host_port(text: str, *, what: str = "address", default_port: int | None = None,
+                    listen: bool = False) -> tuple[str, int]:
+    """``split_host_port`` with a port always present: ``default_port`` when the text has none (None: the
+    port is required, and its absence is an ``AddressError``)."""
+    host, port = _split(text, what, listen, port_required=default_port is None)
+    if port is None:
+        if default_port is None:
+            _bad_address(text, what, "no port", listen, True)
+        port = default_port
+    return host, port
+
+
+def normalize_host_port(text: str, *, what: str = "address", default_port: int | None = None) -> str:
+    """The canonical ``host:port`` of ``text`` (port filled in, IPv6 in brackets, no surrounding spaces)."""
+    return join_host_port(*parse_host_port(text, what=what, default_port=default_port))
 
 
 def join_host_port(host: str, port: int) -> str:
-    """``host:port``, with IPv6 hosts in brackets."""
+    """``host:port``, with IPv6 hosts in brackets (``host`` is given without them)."""
     return f"[{host}]:{port}" if ":" in host else f"{host}:{port}"
+
+
+def _split(text: str, what: str, listen: bool, port_required: bool) -> tuple[str, int | None]:
+    def bad(problem: str) -> NoReturn:
+        _bad_address(text, what, problem, listen, port_required)
+
+    s = text.strip()
+    if s.startswith("["):
+        close = s.find("]")
+        if close < 0:
+            bad("'[' without ']'")
+        host, rest = s[1:close], s[close + 1:]
+        try:
+            ipaddress.IPv6Address(host)
+        except ValueError:
+            bad(f"{host!r} in brackets is not an IPv6 address")
+        if not rest:
+            return host, None
+        if not rest.startswith(":"):
+            bad(f"{rest!r} after ']' is not ':PORT'")
+        return host, _port(rest[1:], bad, listen)
+    if s.count(":") > 1:
+        bad("IPv6 addresses must be written in brackets")
+    host, colon, port_text = s.partition(":")
+    if not host:
+        if not listen:
+            bad("empty host")
+    elif _IPV4_LIKE_RE.fullmatch(host):
+        try:
+            ipaddress.IPv4Address(host)
+        except ValueError:
+            bad(f"{host!r} is not a valid IPv4 address")
+    elif len(host) > 253 or not _HOSTNAME_RE.fullmatch(host):
+        bad(f"{host!r} is not a valid host name")
+    return host, (_port(port_text, bad, listen) if colon else None)
+
+
+def _port(text: str, bad: Callable[[str], NoReturn], listen: bool) -> int:
+    lowest = 0 if listen else 1
+    if not _PORT_RE.fullmatch(text) or not lowest <= int(text) <= 65535:
+        bad(f"bad port {text!r}")
+    return int(text)
+
+
+def _bad_address(text: str, what: str, problem: str, listen: bool, port_required: bool) -> NoReturn:
+    form = "HOST:PORT" if port_required else "HOST[:PORT]"
+    ports = "0..65535" if listen else "1..65535"
+    raise AddressError(f"{what} {text!r}: {problem}; expected {form} with PORT in {ports} and IPv6 addresses "
+                       "in brackets (e.g. 10.0.0.5:8080, [fd00::2]:8080)")
 
 
 def is_wildcard(host: str) -> bool:
@@ -246,13 +313,13 @@ def advertised_address(
     """
     env = os.environ if env is None else env
     if advertise:
-        host, p = split_host_port(advertise, what="advertise")
+        host, p = split_host_port(advertise, what="advertise", listen=True)
         if not host or is_wildcard(host):
             raise AddressError(f"advertise={advertise!r}: a wildcard address cannot be reached; "
                                "give the address clients should dial (example: 10.0.0.5:8080)")
         return join_host_port(host, p if p else port)
 
-    listen_host, _ = split_host_port(listen_on, what="listen_on")
+    listen_host, _ = split_host_port(listen_on, what="listen_on", listen=True)
     if not is_wildcard(listen_host):
         return join_host_port(listen_host, port)
 

@@ -1,11 +1,10 @@
-"""Helpers for channel tests: server groups, bounded waits, a policy that records outcomes."""
+"""Helpers for channel tests: server groups, a policy that records outcomes (bounded waits: tests.waiting)."""
 
 from __future__ import annotations
 
 import itertools
 import threading
-import time
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Iterator, Sequence
 from contextlib import contextmanager
 from typing import Any
 
@@ -16,18 +15,6 @@ from waypost.errors import NoBackendAvailable
 from waypost.types import Backend
 
 from .server import EchoServer
-
-
-def wait_until(cond: Callable[[], Any], timeout: float = 20.0, interval: float = 0.01, what: str = "") -> Any:
-    """Poll ``cond`` until truthy; fail the test after ``timeout`` seconds (generous: loaded CI machines)."""
-    deadline = time.monotonic() + timeout
-    while True:
-        v = cond()
-        if v:
-            return v
-        if time.monotonic() > deadline:
-            raise AssertionError(f"condition not met within {timeout} s: {what or cond}")
-        time.sleep(interval)
 
 
 @contextmanager

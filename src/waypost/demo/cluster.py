@@ -19,6 +19,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from ..errors import WaypostError
+from ..netutil import parse_host_port
 
 log = logging.getLogger("waypost.demo")
 
@@ -47,11 +48,10 @@ def _reachable(url: str, timeout: float = 1.5) -> bool:
     if parsed.scheme != "etcd":
         return False
     for ep in parsed.endpoints:
-        host, _, port = ep.rpartition(":")
         try:
-            with socket.create_connection((host.strip("[]"), int(port)), timeout=timeout):
+            with socket.create_connection(parse_host_port(ep, what="etcd endpoint"), timeout=timeout):
                 pass
-        except (OSError, ValueError):
+        except OSError:
             return False
     try:
         connect(url).sync.get("waypost-demo-probe")
@@ -78,6 +78,7 @@ class Cluster:
 
     def start_registry(self) -> None:
         from ..etcd.local import EtcdNotFound, LocalEtcd
+        from ..registry import parse_registry_url
 
         if self.preferred and self.preferred.startswith("etcd://") and _reachable(self.preferred):
             self.mode, self.registry_url = "reused etcd", self.preferred
@@ -95,7 +96,7 @@ class Cluster:
         if self.mode == "memory":
             self.target = f"memory://waypost-demo-{os.getpid()}/?key={self.key}"
         else:
-            hosts = self.registry_url[len("etcd://"):].split("?")[0].rsplit("@", 1)[-1]
+            hosts = ",".join(parse_registry_url(self.registry_url).endpoints)
             self.target = f"etcd:///{hosts}?key={self.key}"
 
     # -- backends ---------------------------------------------------------------------------------

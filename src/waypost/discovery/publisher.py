@@ -4,7 +4,9 @@ Behaviour (go-zero's ``core/discov`` Publisher, plus what it lacks):
 - ``start()`` grants a lease of ``ttl`` seconds, puts the record(s) of the chosen wire format under it,
   keeps the lease alive on the registry's shared keepalive stream, and watches its own key. It raises
   ``RegistryUnavailable`` if this does not succeed within ``timeout`` seconds (fail fast at start-up).
-- Own key deleted by someone else: put back at once (same lease).
+- A record of the registration deleted by someone else (the address record, or go-zero's metadata side
+  record): put back at once, under the same lease. Every record is guarded, so deleting one and then the
+  other right after restores both.
 - Lease lost (revoked from outside, expired while etcd or this process was unreachable or frozen):
   register again with a new lease, retrying every ~1 s (+-5% jitter) FOREVER; a failure is logged once
   when the state changes, not on every retry (go-zero and Kratos can stop re-registering; we never do).
@@ -271,7 +273,8 @@ class Publisher:
             raise
         self._lease, self._key, self._records = lease, main[0], records
         self._keepalive = self.registry.keep_alive(lease, self.ttl, self._on_lost)
-        self._guard_task = asyncio.create_task(self._guard(lease, main[0], rev), name=f"waypost-pub {main[0]}")
+        self._guard_task = asyncio.create_task(self._guard(lease, [k for k, _ in records], rev),
+                                               name=f"waypost-pub {main[0]}")
         self._registered = True
         self.registrations += 1
         log.info("%r: registered with lease %d", self, lease)
@@ -335,8 +338,12 @@ class Publisher:
                 # background: it must not hold up anything on an unreachable etcd.
                 asyncio.get_running_loop().create_task(self._revoke(old))
 
-    async def _guard(self, lease: int, key: str, rev: int) -> None:
-        """Watch our own key; put the records back when someone deletes it."""
+    async def _guard(self, lease: int, keys: list[str], rev: int) -> None:
+        """Watch every record of the registration (the address record and any side record: the
+        registration is all of them); put the records back when someone deletes one."""
+        await asyncio.gather(*(self._guard_key(lease, key, rev) for key in keys))
+
+    async def _guard_key(self, lease: int, key: str, rev: int) -> None:
         while self._state == "running" and self._lease == lease:
             watch = self.registry.watch(key, start_revision=rev + 1)
             try:
@@ -353,7 +360,7 @@ class Publisher:
                 return
             except Exception as e:  # noqa: BLE001 (the control plane must not die)
                 if not isinstance(e, Compacted):
-                    log.debug("%r: watch of own key failed: %s", self, e)
+                    log.debug("%r: watch of own key %r failed: %s", self, key, e)
                     await asyncio.sleep(cool_down(self._rng, self.retry_interval))
                 if self._state != "running" or self._lease != lease:
                     return
@@ -368,11 +375,13 @@ class Publisher:
                     self._recover_later(e2)
                     return
                 except Exception as e2:  # noqa: BLE001 (the control plane must not die)
-                    log.debug("%r: checking own key failed: %s", self, e2)
+                    log.debug("%r: checking own key %r failed: %s", self, key, e2)
             finally:
                 watch.cancel()
 
     async def _put_back(self, lease: int) -> int:
+        """Put every record again under ``lease``, side records first (as when registering), so a
+        subscriber never sees the address back without its metadata."""
         obs = metrics.current
         if obs is not None:
             obs.registration_restored(self.base_key)

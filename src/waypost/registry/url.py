@@ -11,9 +11,11 @@ from typing import Any
 
 from ..errors import InvalidTarget
 from ..etcd.config import URL_FIELDS, URL_OPTIONS, EtcdConfig, default
+from ..netutil import AddressError, normalize_host_port
 
 ETCD_EXAMPLE = "etcd://user:secret@127.0.0.1:2379,10.0.0.2:2379?tls=1&ca=/etc/etcd/ca.pem&dial_timeout=3"
 MEMORY_EXAMPLE = "memory://default"
+ETCD_DEFAULT_PORT = 2379
 
 _TRUE = {"1", "true", "yes", "on"}
 _FALSE = {"0", "false", "no", "off", ""}
@@ -79,28 +81,11 @@ def _redact_raw(url: str) -> str:
 
 
 def _endpoint(url: str, raw: str) -> str:
-    raw = raw.strip()
-    if not raw:
-        raise _bad(url, "empty endpoint (no host)")
-    if raw.startswith("["):
-        host, sep, after = raw[1:].partition("]")
-        if not sep or not host or (after and not after.startswith(":")):
-            raise _bad(url, f"malformed IPv6 endpoint {raw!r} (write [addr]:port)")
-        port = after[1:]
-        host_out = f"[{host}]"
-    else:
-        host, _, port = raw.partition(":") if raw.count(":") <= 1 else ("", "", "")
-        if not host:
-            raise _bad(url, f"endpoint {raw!r} has no host" if raw.count(":") <= 1
-                       else f"endpoint {raw!r}: write IPv6 addresses as [addr]:port")
-        if any(c in host for c in "/@?# "):
-            raise _bad(url, f"endpoint {raw!r} has an invalid host")
-        host_out = host
-    if port == "":
-        port = "2379"
-    if not port.isdigit() or not 0 < int(port) < 65536:
-        raise _bad(url, f"endpoint {raw!r} has a bad port {port!r} (1-65535)")
-    return f"{host_out}:{int(port)}"
+    """One etcd endpoint by netutil's ``host:port`` rules, canonical; port 2379 when absent."""
+    try:
+        return normalize_host_port(raw, what="etcd endpoint", default_port=ETCD_DEFAULT_PORT)
+    except AddressError as e:
+        raise _bad(url, str(e)) from None
 
 
 def _flag(url: str, name: str, value: str) -> bool:

@@ -26,6 +26,7 @@ from typing import Any
 
 from .. import _loop
 from ..errors import InvalidTarget
+from ..netutil import join_host_port, parse_host_port
 from ..types import Backend
 from .base import OnError, OnUpdate, ResolverOptions
 from .target import Target
@@ -66,15 +67,6 @@ def next_delay(ttl: float | None, interval: float, min_interval: float) -> float
     return min(interval, max(min_interval, ttl))
 
 
-def _split(hostport: str) -> tuple[str, int]:
-    host, _, port = hostport.rpartition(":")
-    return host.strip("[]"), int(port)
-
-
-def _join(ip: str, port: int) -> str:
-    return f"[{ip}]:{port}" if ":" in ip else f"{ip}:{port}"
-
-
 def _seconds_option(options: dict[str, Any], name: str, default: float) -> float:
     if name not in options:
         return default
@@ -106,7 +98,7 @@ class DnsResolver:
             if not 0 < value < float("inf"):
                 raise ValueError(f"dns resolver: {name} must be a number of seconds > 0, got {value!r}")
         self._clock = clock
-        self.host, self.port = _split(target.endpoints[0])
+        self.host, self.port = parse_host_port(target.endpoints[0], what="dns name")
         self._server: tuple[str, int] | None = None
         if target.authority:
             try:
@@ -115,7 +107,7 @@ class DnsResolver:
                 raise InvalidTarget(
                     f"{target.redacted}: a DNS server in the target needs dnspython (pip install 'waypost[dns]'); "
                     f"or use the system resolver: dns:///{target.endpoints[0]}") from None
-            self._server = _split(target.authority)
+            self._server = parse_host_port(target.authority, what="DNS server")
         self._future: Any = None
         self._closed = False
         self._wake: asyncio.Event | None = None
@@ -151,13 +143,13 @@ class DnsResolver:
     # ---- lookups ------------------------------------------------------------------------------------
 
     def _where(self) -> str:
-        return f" via {_join(*self._server)}" if self._server is not None else ""
+        return f" via {join_host_port(*self._server)}" if self._server is not None else ""
 
     async def lookup(self) -> Resolution:
         """One lookup now. Raises ``DnsLookupError`` (naming the host) when there is no usable address."""
         try:
             ipaddress.ip_address(self.host)
-            return Resolution((_join(self.host, self.port),), None)
+            return Resolution((join_host_port(self.host, self.port),), None)
         except ValueError:
             pass
         if self._server is None:
@@ -173,7 +165,7 @@ class DnsResolver:
             ips = {str(info[4][0]) for info in infos}
             if not ips:
                 raise DnsLookupError(f"dns: no addresses for {self.host}")
-            return Resolution(tuple(sorted(_join(ip, self.port) for ip in ips)), None)
+            return Resolution(tuple(sorted(join_host_port(ip, self.port) for ip in ips)), None)
         return await self._lookup_server()
 
     async def _lookup_server(self) -> Resolution:
@@ -215,7 +207,7 @@ class DnsResolver:
             if nxdomain:
                 raise DnsLookupError(f"dns: {self.host} does not exist (NXDOMAIN{self._where()})")
             raise DnsLookupError(f"dns: {self.host} has no A or AAAA records{self._where()}")
-        return Resolution(tuple(sorted(_join(ip, self.port) for ip in ips)), min(ttls) if ttls else None)
+        return Resolution(tuple(sorted(join_host_port(ip, self.port) for ip in ips)), min(ttls) if ttls else None)
 
     async def resolve(self) -> list[str]:
         """The current addresses (``ip:port``), sorted, deduplicated."""

@@ -36,6 +36,7 @@ from typing import NoReturn
 from urllib.parse import quote, unquote, urlencode
 
 from ..errors import InvalidTarget, did_you_mean
+from ..netutil import AddressError, join_host_port, parse_host_port
 
 KNOWN_SCHEMES = ("direct", "etcd", "discov", "memory", "dns", "ipv4", "ipv6")
 FORMATS = ("gozero", "etcd-naming", "kratos")
@@ -71,7 +72,6 @@ _RENAMED = {"ca": "cacert", "cert": "certfile", "username": "user", "pass": "pas
 _UNSUPPORTED = ("k8s", "unix", "unix-abstract", "vsock", "xds", "passthrough")
 
 _SCHEME_RE = re.compile(r"[A-Za-z][A-Za-z0-9+.-]*")
-_HOSTNAME_RE = re.compile(r"[A-Za-z0-9_](?:[A-Za-z0-9_-]{0,62})(?:\.[A-Za-z0-9_](?:[A-Za-z0-9_-]{0,62}))*\.?")
 _BAD_CHARS_RE = re.compile(r"[\x00-\x20\x7f]")
 _BAD_ESCAPE_RE = re.compile(r"%(?![0-9A-Fa-f]{2})")
 
@@ -240,9 +240,8 @@ def _parse_opaque(scheme: str, rest: str, raw: str) -> Target:
         return _parse_dns(scheme, "", "/" + rest, raw)
     endpoints = _endpoints(rest, scheme, raw, what="address", default_port=DNS_DEFAULT_PORT)
     for endpoint in endpoints:
-        host = endpoint.rpartition(":")[0]
-        is_v6 = host.startswith("[")
-        if (scheme == "ipv6") != is_v6 or (scheme == "ipv4" and not _is_ipv4(host)):
+        host = parse_host_port(endpoint)[0]
+        if (scheme == "ipv6") != (":" in host) or (scheme == "ipv4" and not _is_ipv4(host)):
             _fail(scheme, raw, f"{endpoint!r} is not an {scheme.upper()} address")
     return Target(scheme="direct", endpoints=endpoints, raw=raw)
 
@@ -250,15 +249,16 @@ def _parse_opaque(scheme: str, rest: str, raw: str) -> Target:
 def _parse_dns(scheme: str, authority: str, path: str, raw: str) -> Target:
     server = ""
     if authority:
-        server = _hostport(authority, scheme, raw, default_port=DNS_SERVER_DEFAULT_PORT, what="DNS server")
-        if not _is_ip(server.rpartition(":")[0]):
+        host, port = _hostport(authority, scheme, raw, default_port=DNS_SERVER_DEFAULT_PORT, what="DNS server")
+        server = join_host_port(host, port)
+        if ":" not in host and not _is_ipv4(host):
             _fail(scheme, raw, f"the DNS server {server!r} must be an IP address")
     name = path[1:]
     if not name:
         _fail(scheme, raw, "missing the name to resolve")
     if "," in name:
         _fail(scheme, raw, "a dns target names exactly one host:port")
-    endpoint = _hostport(name, scheme, raw, default_port=DNS_DEFAULT_PORT, what="name")
+    endpoint = join_host_port(*_hostport(name, scheme, raw, default_port=DNS_DEFAULT_PORT, what="name"))
     return Target(scheme="dns", endpoints=(endpoint,), raw=raw, authority=server)
 
 
@@ -381,49 +381,18 @@ def _endpoints(
     for i, part in enumerate(text.split(",")):
         if not part:
             _fail(scheme, raw, f"empty {what} at position {i + 1} of the comma-separated list")
-        endpoint = _hostport(part, scheme, raw, default_port=default_port, what=what)
+        endpoint = join_host_port(*_hostport(part, scheme, raw, default_port=default_port, what=what))
         if endpoint not in out:
             out.append(endpoint)
     return tuple(out)
 
 
-def _hostport(text: str, scheme: str, raw: str, *, default_port: int | None, what: str) -> str:
-    """Validate one ``host:port`` (``[v6]:port``); return it in canonical form."""
-    if text.startswith("["):
-        close = text.find("]")
-        if close < 0:
-            _fail(scheme, raw, f"{what} {text!r}: '[' without ']'")
-        host, rest = text[1:close], text[close + 1 :]
-        try:
-            ipaddress.IPv6Address(host)
-        except ValueError:
-            _fail(scheme, raw, f"{what} {text!r}: {host!r} in brackets is not an IPv6 address")
-        if rest and not rest.startswith(":"):
-            _fail(scheme, raw, f"{what} {text!r}: expected ':port' after ']'")
-        port_text = rest[1:] if rest else None
-        shown = f"[{host}]"
-    else:
-        if text.count(":") > 1:
-            _fail(scheme, raw, f"{what} {text!r}: write IPv6 addresses in brackets, e.g. [::1]:8080")
-        host, colon, port_part = text.partition(":")
-        port_text = port_part if colon else None
-        if not host:
-            _fail(scheme, raw, f"{what} {text!r}: empty host")
-        if re.fullmatch(r"[0-9.]+", host):
-            if not _is_ipv4(host):
-                _fail(scheme, raw, f"{what} {text!r}: {host!r} is not a valid IPv4 address")
-        elif len(host) > 253 or not _HOSTNAME_RE.fullmatch(host):
-            _fail(scheme, raw, f"{what} {text!r}: {host!r} is not a valid host name")
-        shown = host
-    if port_text is None:
-        if default_port is None:
-            _fail(scheme, raw, f"{what} {text!r} has no port: {EXAMPLES.get(scheme, EXAMPLES['direct'])}")
-        port = default_port
-    else:
-        if not re.fullmatch(r"[0-9]{1,5}", port_text) or not 1 <= int(port_text) <= 65535:
-            _fail(scheme, raw, f"{what} {text!r}: bad port {port_text!r} (expected 1..65535)")
-        port = int(port_text)
-    return f"{shown}:{port}"
+def _hostport(text: str, scheme: str, raw: str, *, default_port: int | None, what: str) -> tuple[str, int]:
+    """One ``host:port`` (``[v6]:port``) by netutil's rules: the host (IPv6 without brackets) and the port."""
+    try:
+        return parse_host_port(text, what=what, default_port=default_port)
+    except AddressError as e:
+        _fail(scheme, raw, str(e))
 
 
 def _is_positive_number(text: str) -> bool:
@@ -440,12 +409,6 @@ def _is_ipv4(host: str) -> bool:
     except ValueError:
         return False
     return True
-
-
-def _is_ip(host: str) -> bool:
-    if host.startswith("["):
-        return True  # validated when parsed
-    return _is_ipv4(host)
 
 
 def _looks_like_addresses(text: str) -> bool:
