@@ -251,12 +251,6 @@ class WireFormat(abc.ABC):
         return out
 
     # side records (go-zero metadata); formats without them keep these defaults
-    def decode_plain(self, keys: Sequence[str], values: Sequence[bytes]) -> list[str] | None:
-        """The addresses, when every record of the parallel ``keys``/``values`` decodes to a bare
-        address with no metadata (what ``decode_many`` would give, without an Entry per record);
-        else None and the caller uses ``decode_many``. Formats without such a fast path say None."""
-        return None
-
     def side_prefix(self, key: str) -> str | None:
         return None
 
@@ -332,19 +326,15 @@ class GoZero(WireFormat):
     def decode_many(self, keys: Sequence[str], values: Sequence[bytes]) -> list[tuple[str, Entry]]:
         """``decode`` over many records; a batch of plain addresses (the usual case, and the initial
         load of a big set spends most of its time here) is checked in one pass."""
-        texts = self.decode_plain(keys, values)
-        if texts is None:
-            return self._decode_each(keys, values)
-        return list(zip(keys, map(_new_entry, zip(texts, itertools.repeat(_EMPTY)))))
-
-    def decode_plain(self, keys: Sequence[str], values: Sequence[bytes]) -> list[str] | None:
         if len(keys) != len(values):
             raise ValueError(f"decode_many: {len(keys)} keys but {len(values)} values")
         texts = _plain_addresses(values)
-        if texts is not None and bad_record._seen:  # good values make us forget keys logged as bad
+        if texts is None:
+            return self._decode_each(keys, values)
+        if bad_record._seen:  # good values make us forget keys logged as bad
             for key in keys:
                 bad_record.forget(self.name, key)
-        return texts
+        return list(zip(keys, map(_new_entry, zip(texts, itertools.repeat(_EMPTY)))))
 
     def _decode_each(self, keys: Sequence[str], values: Sequence[bytes]) -> list[tuple[str, Entry]]:
         out: list[tuple[str, Entry]] = []
