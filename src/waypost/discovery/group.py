@@ -434,8 +434,10 @@ def _gc_paused(records: int) -> Iterator[None]:
     """Keep the cyclic collector off while a big batch is turned into entries (no await inside).
 
     A 10,000-record load allocates ~100,000 container objects; with the collector on, that starts
-    several full collections that walk the whole heap, and they cost as much as the work itself
-    (measured: bench/discovery.py). The objects form no cycles, so pausing frees nothing late.
+    collections that walk the older generations, and with a heap of 200,000 objects around (a
+    client process) the decode + fill of 10,000 records went from a median of 12 ms paused to
+    22 ms with the collector on (best of 80: 11 vs 12.5 ms). The objects form no cycles, so
+    pausing frees nothing late.
     """
     if records < GC_PAUSE_MIN or not gc.isenabled():
         yield
