@@ -316,3 +316,34 @@ def test_decode_many_needs_parallel_lists():
             fmt.decode_many(["a", "b"], [b"h:1"])
     records = [("n/1", b'{"Op":0,"Addr":"h:1","Metadata":null}'), ("n/2", b"junk")]
     assert ETCD_NAMING.decode_many(["n/1", "n/2"], [v for _, v in records]) == _one_by_one(ETCD_NAMING, records)
+
+
+def test_gozero_decode_many_whole_batch_check_agrees_with_decode():
+    from waypost.registry.formats import GOZERO
+
+    ports = [str(p) for p in range(70000)] + ["01", "080", "06553", "00001", "065535", "000080", ""]
+    for i, p in enumerate(ports):  # one record a batch: every spelling through the batch check
+        fast, slow = _both(GOZERO, [(f"p/{i}", f"10.0.0.1:{p}".encode())])
+        assert fast == slow, p
+    good = [(f"g/{i}", f"10.{i // 256 % 256}.{i % 256}.1:{1 + i % 65535}".encode()) for i in range(3000)]
+    fast, slow = _both(GOZERO, good)
+    assert fast == slow and len(fast) == 3000
+    for odd in (b"a:80\nb:81", b"a:80\n", b"\nb:80", b"a:80\r", b"x" * 1021 + b":80", b"\xff:80", b"[::1]:80",
+                b"unix:/s", b"h:0", b"h:65536", b"h:80\n\n", b""):
+        for at in (0, 1500, 2999):
+            batch = [*good[:at], ("odd", odd), *good[at:]]
+            fast, slow = _both(GOZERO, batch)
+            assert fast == slow, (odd, at)
+
+
+def test_decode_plain_is_decode_many_without_entries():
+    from waypost.registry.formats import EtcdNaming, GoZero
+
+    gz = GoZero()
+    keys = ["k/1", "k/2"]
+    assert gz.decode_plain(keys, [b"10.0.0.1:80", b"[::1]:443"]) == ["10.0.0.1:80", "[::1]:443"]
+    assert gz.decode_many(keys, [b"10.0.0.1:80", b"[::1]:443"]) == [
+        ("k/1", ("10.0.0.1:80", {})), ("k/2", ("[::1]:443", {}))]
+    for odd in ([b"10.0.0.1:80", b"unix:/tmp/s"], [b"h:1", b"h:0"], [b"h:1", b"\xff"], [b"h:1", b"a\nb:1"]):
+        assert gz.decode_plain(keys, odd) is None, odd  # the per-record path decides those
+    assert EtcdNaming().decode_plain(keys, [b"x", b"y"]) is None  # no fast path: JSON records

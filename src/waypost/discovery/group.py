@@ -392,6 +392,17 @@ class _Group:
         revisions) and add them to the empty view, the same as the per-key path of ``_changed``
         would, in a few whole-list passes. ``sort``: the batch is in key order (a Get), put it in
         revision order (ties keep key order); else it is in the order to apply already."""
+        if not self.meta and not self.containers:
+            # the usual big load: bare addresses, no metadata to join, nobody else to feed
+            texts = self.fmt.decode_plain(keys, values)
+            if texts is not None:
+                self.revs = dict(zip(keys, revs))
+                if sort and not _ascending(revs):
+                    order = sorted(range(len(keys)), key=revs.__getitem__)
+                    keys, texts = list(map(keys.__getitem__, order)), list(map(texts.__getitem__, order))
+                self.view.bulk_load_plain(keys, texts)
+                self._view_ordered = True
+                return
         adds = self.fmt.decode_many(keys, values)
         self.revs = dict(zip(keys, revs))
         if len(adds) != len(keys):  # bad records were left out (and logged)

@@ -24,9 +24,11 @@ from __future__ import annotations
 import abc
 import collections
 import functools
+import itertools
 import json
 import logging
 import re
+import sys
 import threading
 import urllib.parse
 from collections.abc import Mapping, Sequence
@@ -101,13 +103,34 @@ bad_record = _BadLog()
 
 _HOSTPORT = re.compile(r"\A(?:\[[^\s\[\]/\x00-\x1f\x7f]+\]|[^\s:/\[\]\x00-\x1f\x7f]+):([0-9]{1,5})\Z")
 _UNIX = re.compile(r"\Aunix(?:-abstract)?:[^\s\x00-\x1f\x7f]+\Z")
-# A _HOSTPORT match with a port in 1..65535 (at most 5 digits, leading zeros allowed: what int()
-# accepts there), so a bulk decode checks a value with one regex call and no int().
-_HOSTPORT_IN_RANGE = re.compile(
-    r"(?:\[[^\s\[\]/\x00-\x1f\x7f]+\]|[^\s:/\[\]\x00-\x1f\x7f]+):(?=[0-9]{1,5}\Z)0*"
-    r"(?:[1-9][0-9]{0,3}|[1-5][0-9]{4}|6[0-4][0-9]{3}|65[0-4][0-9]{2}|655[0-2][0-9]|6553[0-5])\Z"
+# One line of "\n"-joined values that is a _HOSTPORT match with a port in 1..65535 (at most 5
+# digits, leading zeros allowed: what int() accepts there), so a bulk decode checks a whole batch
+# with one regex call and no int(). Neither host form can contain "\n".
+_POSSESSIVE = "+" if sys.version_info >= (3, 11) else ""
+_HOSTPORT_LINE = (
+    r"(?:\[[^\s\[\]/\x00-\x1f\x7f]+\]|[^\s:/\[\]\x00-\x1f\x7f]+" + _POSSESSIVE + r"):(?=[0-9]{1,5}(?:\n|\Z))0*"
+    r"(?:[1-9][0-9]{0,3}|[1-5][0-9]{4}|6[0-4][0-9]{3}|65[0-4][0-9]{2}|655[0-2][0-9]|6553[0-5])"
 )
+_HOSTPORT_IN_RANGE = re.compile(rf"{_HOSTPORT_LINE}\Z")
+# Possessive (``++``, ``*+``; Python >= 3.11, else plain) where backtracking can never help: a
+# plain host stops at the ":" it excludes, and a line cannot contain "\n". ~30% faster on a big batch.
+_HOSTPORT_LINES = re.compile(rf"(?:{_HOSTPORT_LINE}\n)*{_POSSESSIVE}{_HOSTPORT_LINE}\Z")
 _new_entry = functools.partial(tuple.__new__, Entry)
+
+
+def _plain_addresses(values: Sequence[bytes]) -> list[str] | None:
+    """The values as text if every one is a UTF-8 ``host:port`` of at most 1,024 bytes with a port
+    in range (what GoZero.decode accepts without a word), else None. A few C calls for a batch."""
+    if not values or max(map(len, values)) > 1024:
+        return None
+    try:
+        text = b"\n".join(values).decode("utf-8")
+    except UnicodeDecodeError:
+        return None
+    texts = text.split("\n")
+    if len(texts) != len(values) or _HOSTPORT_LINES.match(text) is None:  # a "\n" inside a value
+        return None
+    return texts
 
 
 def valid_address(addr: str) -> bool:
@@ -228,6 +251,17 @@ class WireFormat(abc.ABC):
         return out
 
     # side records (go-zero metadata); formats without them keep these defaults
+    def decode_plain(self, keys: Sequence[str], values: Sequence[bytes]) -> list[str] | None:
+        """The addresses, when every record of the parallel ``keys``/``values`` decodes to a bare
+        address with no metadata (what ``decode_many`` would give, without an Entry per record);
+        else None and the caller uses ``decode_many``. Formats without such a fast path say None.
+
+        Worth it with ``Container.bulk_load_plain``: the pair fills a view from 10,000 plain records
+        in ~5.6 ms where ``decode_many`` + ``Container.apply`` take ~8.6 ms, and the group's work
+        after the Get in ~9 ms instead of ~14 ms: a fifth of the 10,000-endpoint initial load of
+        bench/discovery.py (~23 ms)."""
+        return None
+
     def side_prefix(self, key: str) -> str | None:
         return None
 
@@ -301,12 +335,25 @@ class GoZero(WireFormat):
         return Entry(text)
 
     def decode_many(self, keys: Sequence[str], values: Sequence[bytes]) -> list[tuple[str, Entry]]:
-        """``decode`` over many records, with a plain ``host:port`` checked inline (one regex, no
-        call per record): the initial load of a big set spends a third of its time here, and
-        calling ``decode`` per record makes the 10,000-endpoint load of bench/discovery.py ~45%
-        slower (18 ms instead of 7 ms for the decoding alone)."""
+        """``decode`` over many records. A batch of plain addresses (the usual case) is checked in
+        one pass over the joined values; otherwise each value is checked inline (one regex, no call
+        per record). For 10,000 records: ~4.6 ms, ~7 ms inline, ~18 ms calling ``decode`` per record
+        (the 10,000-endpoint initial load of bench/discovery.py takes ~23 ms)."""
+        texts = self.decode_plain(keys, values)
+        if texts is None:
+            return self._decode_each(keys, values)
+        return list(zip(keys, map(_new_entry, zip(texts, itertools.repeat(_EMPTY)))))
+
+    def decode_plain(self, keys: Sequence[str], values: Sequence[bytes]) -> list[str] | None:
         if len(keys) != len(values):
             raise ValueError(f"decode_many: {len(keys)} keys but {len(values)} values")
+        texts = _plain_addresses(values)
+        if texts is not None and bad_record._seen:  # good values make us forget keys logged as bad
+            for key in keys:
+                bad_record.forget(self.name, key)
+        return texts
+
+    def _decode_each(self, keys: Sequence[str], values: Sequence[bytes]) -> list[tuple[str, Entry]]:
         out: list[tuple[str, Entry]] = []
         append = out.append
         match = _HOSTPORT_IN_RANGE.match
