@@ -135,3 +135,17 @@ def test_real_etcd_records_line_up_and_mixed_ones_fall_back(shared_etcd, unique_
         assert (len(limited.kvs), limited.count) == (3, 10)
         assert isinstance(limited, GetResult) and limited.kvs[2].key == f"{unique_key}/leased/2"
         s.revoke(lease)
+
+
+def test_keyvalues_built_from_columns_are_frozen_keyvalues():
+    import dataclasses
+
+    from waypost.registry.etcd import _keyvalues
+
+    cols = records.Columns(["svc/\udcff", "svc/b"], [b"10.0.0.1:80", b""], [3, 4], [9, 5], [2, 1], [-(2**63), 0])
+    built = _keyvalues(cols)
+    assert built == list(map(KeyValue, *cols)) and all(type(kv) is KeyValue for kv in built)
+    assert [hash(kv) for kv in built] == [hash(KeyValue(*row)) for row in zip(*cols)]
+    with pytest.raises(dataclasses.FrozenInstanceError):
+        built[0].key = "x"  # type: ignore[misc]
+    assert not hasattr(built[0], "__dict__")
