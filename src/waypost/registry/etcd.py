@@ -43,8 +43,8 @@ _FIELD_SETTERS = [KeyValue.__dict__[f.name].__set__ for f in fields(KeyValue)]
 def _keyvalues(cols: records.Columns) -> list[KeyValue]:
     """``list(map(KeyValue, *cols))`` with each slot filled by a C-level loop over its column rather
     than six ``object.__setattr__`` calls per record (the frozen dataclass' constructor). Worth it in
-    bench/etcd_client.py: a prefix get of 1,000 keys whose every field is read costs 1.04-1.05x a raw
-    call with this, 1.31-1.43x with the constructor."""
+    bench/etcd_client.py: a prefix get of 1,000 keys whose every field is read costs 1.10-1.29x a raw
+    call with this, 1.31-1.43x with the constructor (building 1,000 KeyValues: ~0.38 ms, ~0.86 ms)."""
     out = list(map(object.__new__, itertools.repeat(KeyValue, len(cols.keys))))
     columns: tuple[list[Any], ...] = cols
     for set_field, column in zip(_FIELD_SETTERS, columns, strict=True):
