@@ -13,7 +13,7 @@
    LeaseKeepAlive streams they use (from etcd's own metrics), and the CPU per publisher while idle.
 
 Usage: python bench/discovery.py [--iterations N] [--endpoints N] [--load-rounds N] [--publishers N]
-       [--window S] [--out PATH]
+       [--window S] [--out PATH] [--only load]
 The last lines are the ratios; the figures go to bench/results/discovery.json. Default run < 60 s.
 """
 
@@ -279,7 +279,17 @@ def main() -> int:
     ap.add_argument("--publishers", type=int, default=1_000)
     ap.add_argument("--window", type=float, default=5.0, help="idle seconds measured with all publishers up")
     ap.add_argument("--out", default=str(Path(__file__).parent / "results" / "discovery.json"))
+    ap.add_argument("--only", choices=("load",), help="run only this part (prints its line, writes nothing)")
     args = ap.parse_args()
+    if args.only == "load":
+        with tempfile.TemporaryDirectory(prefix="waypost-bench-") as tmp, LocalEtcd(1, base_dir=Path(tmp)) as node:
+            reg = connect(node.url())
+            try:
+                big = load(reg, args.endpoints, args.load_rounds)
+            finally:
+                _loop.run(reg.close(), 10)
+        print("load", json.dumps(big), flush=True)
+        return 0
 
     t_start = time.perf_counter()
     with tempfile.TemporaryDirectory(prefix="waypost-bench-") as tmp, LocalEtcd(1, base_dir=Path(tmp)) as node:

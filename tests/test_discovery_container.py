@@ -109,3 +109,75 @@ def test_backends_carry_the_newest_keys_metadata():
     assert c.backends() == (Backend("a:1", {"weight": 5}), Backend("b:1", {}))
     c.apply(["k/2"])
     assert dict(c.backends()[0].metadata) == {"weight": 1}
+
+
+def _container_state(c):
+    return list(c.values()), [(b.address, dict(b.metadata)) for b in c.backends()], c.keys()
+
+
+def test_container_bulk_fill_equals_adding_one_by_one():
+    from types import MappingProxyType
+
+    from waypost.discovery.container import Container
+    from waypost.registry.formats import Entry
+
+    md = MappingProxyType({"zone": "a"})
+    batches = [
+        [(f"k/{i}", Entry(f"10.0.0.{i}:80")) for i in range(50)],  # distinct keys and addresses
+        [("k/1", Entry("h:1")), ("k/2", Entry("h:2", md)), ("k/3", Entry("h:1", {"w": 1})), ("k/4", Entry("h:3"))],
+        [("k/1", Entry("h:1")), ("k/2", Entry("h:2")), ("k/1", Entry("h:3", md)), ("k/3", Entry("h:2", md))],
+        [("k/1", Entry("h:1", {"plain": "dict"}))],
+    ]
+    for adds in batches:
+        bulk = Container()
+        calls = []
+        bulk.add_listener(lambda calls=calls: calls.append(1))
+        assert bulk.apply((), adds) is True and calls == [1]
+        one = Container()
+        for key, entry in adds:
+            one.apply((), [(key, entry)])  # the first one fills an empty container, the rest _add
+        assert _container_state(bulk) == _container_state(one), adds
+        assert all(isinstance(b.metadata, MappingProxyType) for b in bulk.backends())
+        # later changes go through the per-key path and still agree
+        for c in (bulk, one):
+            c.apply([adds[0][0]], [("k/new", Entry("h:9"))])
+        assert _container_state(bulk) == _container_state(one)
+    assert Container().apply((), []) is False
+    # an exclusive container never takes the bulk fill: the newest key of an address wins
+    excl = Container(exclusive=True)
+    assert excl.apply((), [("k/1", Entry("h:1")), ("k/2", Entry("h:1"))]) is True
+    assert excl.values() == ("h:1",) and list(excl.keys()) == ["k/2"]
+
+
+def test_container_plain_bulk_load_equals_adding_entries():
+    from waypost.discovery.container import Container
+    from waypost.registry.formats import Entry
+
+    cases = [
+        ([f"k/{i}" for i in range(50)], [f"10.0.0.{i}:80" for i in range(50)]),  # the fast path
+        (["k/1", "k/2", "k/3"], ["h:1", "h:2", "h:1"]),  # an address under two keys
+        (["k/1", "k/2", "k/1"], ["h:1", "h:2", "h:3"]),  # a key twice
+        ([], []),
+    ]
+    for keys, addresses in cases:
+        plain, general = Container(), Container()
+        calls = []
+        plain.add_listener(lambda calls=calls: calls.append(1))
+        changed = plain.bulk_load_plain(list(keys), list(addresses))
+        assert changed is bool(keys) and calls == ([1] if keys else [])
+        general.apply((), list(zip(keys, map(Entry, addresses))))
+        assert _container_state(plain) == _container_state(general), keys
+        for c in (plain, general):  # later changes agree too
+            c.apply(keys[:1], [("k/new", Entry("h:9"))])
+        assert _container_state(plain) == _container_state(general), keys
+    # a filled or exclusive container takes the general path
+    filled, expected = Container(), Container()
+    for c in (filled, expected):
+        c.apply((), [("k/0", Entry("h:0"))])
+    filled.bulk_load_plain(["k/1"], ["h:1"])
+    expected.apply((), [("k/1", Entry("h:1"))])
+    assert _container_state(filled) == _container_state(expected)
+    excl, expected = Container(exclusive=True), Container(exclusive=True)
+    excl.bulk_load_plain(["k/1", "k/2"], ["h:1", "h:1"])
+    expected.apply((), [("k/1", Entry("h:1")), ("k/2", Entry("h:1"))])
+    assert _container_state(excl) == _container_state(expected) and excl.values() == ("h:1",)

@@ -189,3 +189,20 @@ def test_a_late_exclusive_subscriber_agrees_with_an_early_one(registry, unique_k
             assert late.values() == early.values() == ["10.0.0.1:1"]
     finally:
         early.close()
+
+
+def test_changes_after_a_big_initial_load(registry, unique_key):
+    """The initial load fills the view in one pass; the changes after it go key by key."""
+    s = registry.sync
+    for i in range(30):
+        s.put(f"{unique_key}/{i:02d}", f"10.0.0.{i}:80".encode())
+    with Subscriber(registry, unique_key) as sub:
+        assert sub.values() == [f"10.0.0.{i}:80" for i in range(30)]
+        s.put(f"{unique_key}/05", b"10.0.9.9:80")
+        s.delete(f"{unique_key}/07")
+        wait_until(lambda: "10.0.0.7:80" not in sub.values(), 10)
+        want = [f"10.0.0.{i}:80" for i in range(30) if i not in (5, 7)] + ["10.0.9.9:80"]
+        assert sub.values() == want
+        assert [b.address for b in sub.backends()] == want
+        group = sub._group
+        assert group is not None and group.main.raw[f"{unique_key}/05"][0] == b"10.0.9.9:80"

@@ -162,13 +162,3 @@ def test_dead_endpoint_in_list_is_skipped_and_hostnames_work(shared_etcd, unique
     with registry([dead, live]) as reg:
         reg.sync.put(unique_key + "/h", b"v")
         assert reg.sync.get(unique_key + "/h").kvs[0].value == b"v"
-
-
-def test_fast_keyvalue_conversion_equals_the_constructor():
-    from waypost.registry.etcd import _kv, _kv_plain
-
-    m = pb.KeyValue(key=b"a/\xff", value=b"v", create_revision=3, mod_revision=4, version=2, lease=7)
-    fast, plain = _kv(m), _kv_plain(m)
-    assert fast == plain and hash(fast) == hash(plain) and repr(fast) == repr(plain)
-    with pytest.raises(AttributeError):
-        fast.key = "x"  # still frozen

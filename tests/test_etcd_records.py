@@ -1,6 +1,6 @@
 """Range records read as columns (etcd/records.py) and KeyValues built from them (registry/etcd.py).
 
-The fast paths must give exactly what one protobuf message per record gives: the fuzz test compares
+The column reader must give exactly what one protobuf message per record gives: the fuzz test compares
 them on random responses (keys that are not UTF-8, empty values, zero or huge revisions and leases,
 fields present on only some records), and the real-etcd test checks that etcd's own encoding lines up
 the way the column reader assumes (and falls back when it does not).
@@ -8,10 +8,7 @@ the way the column reader assumes (and falls back when it does not).
 
 from __future__ import annotations
 
-import copy
-import dataclasses
 import os
-import pickle
 
 import pytest
 from hypothesis import HealthCheck, given, settings
@@ -23,16 +20,7 @@ from waypost.etcd import records
 from waypost.etcd._proto import waypost_etcd_pb2 as pb
 from waypost.etcd.keys import key_range
 from waypost.registry.base import GetResult, KeyValue
-from waypost.registry.etcd import (
-    _build,
-    _build_all,
-    _build_all_plain,
-    _fill_all,
-    _kv,
-    _kv_plain,
-    _LazyKeyValues,
-    _OpenKeyValue,
-)
+from waypost.registry.etcd import _LazyKeyValues
 
 FUZZ = settings(max_examples=int(os.environ.get("WAYPOST_FUZZ_EXAMPLES", "150")), deadline=None,
                 suppress_health_check=[HealthCheck.too_slow])
@@ -67,6 +55,12 @@ def responses(draw: st.DrawFn) -> pb.RangeResponse:
                             count=n + draw(st.integers(0, 3)), more=draw(st.booleans()))
 
 
+def _kv_plain(m: pb.KeyValue) -> KeyValue:
+    """The KeyValue one message stands for, field by field."""
+    return KeyValue(m.key.decode("utf-8", "surrogateescape"), m.value, m.create_revision, m.mod_revision,
+                    m.version, m.lease)
+
+
 def _lines_up(kvs: list[pb.KeyValue]) -> bool:
     always = all(m.key and m.create_revision and m.mod_revision and m.version for m in kvs)
     return always and all(len({bool(getattr(m, f)) for m in kvs}) <= 1 for f in ("value", "lease"))
@@ -83,31 +77,10 @@ def test_columns_give_what_one_message_per_record_gives(resp):
     if cols is not None:
         assert list(zip(*cols)) == [(kv.key, kv.value, kv.create_revision, kv.mod_revision, kv.version, kv.lease)
                                     for kv in expected]
-        assert _fill_all(cols) == _build_all_plain(cols) == expected  # the fast loop and its fallback
-    vr = {kv.key: (kv.value, kv.mod_revision) for kv in expected}
     lazy = _LazyKeyValues(data, len(resp.kvs))
     assert len(lazy) == len(expected)
-    assert lazy.value_revisions() == vr  # before building: from the columns (or the messages)
     assert list(lazy) == expected and all(type(kv) is KeyValue for kv in lazy)
-    assert lazy.value_revisions() == vr  # after building: from the KeyValues
     assert [hash(kv) for kv in lazy] == [hash(kv) for kv in expected] and repr(lazy) == repr(expected)
-
-
-def test_built_keyvalues_are_plain_frozen_keyvalues():
-    assert (_build, _build_all) == (_OpenKeyValue, _fill_all)  # the fast builders passed their import check
-    m = pb.KeyValue(key=b"svc/\xff\xfe", value=b"10.0.0.1:80", create_revision=3, mod_revision=9, version=2,
-                    lease=-(2**63))
-    fast, plain = _kv(m), _kv_plain(m)
-    assert type(fast) is KeyValue and fast == plain and hash(fast) == hash(plain) and repr(fast) == repr(plain)
-    assert fast.key == "svc/\udcff\udcfe" and fast.key.encode("utf-8", "surrogateescape") == m.key
-    with pytest.raises(dataclasses.FrozenInstanceError):
-        fast.key = "x"  # type: ignore[misc]
-    with pytest.raises(dataclasses.FrozenInstanceError):
-        del fast.value  # type: ignore[misc]
-    assert dataclasses.replace(fast, value=b"") == KeyValue(plain.key, b"", 3, 9, 2, -(2**63))
-    assert dataclasses.astuple(fast) == dataclasses.astuple(plain)
-    assert pickle.loads(pickle.dumps(fast)) == plain and copy.copy(fast) == plain
-    assert not hasattr(fast, "__dict__")
 
 
 def test_malformed_range_response_is_a_registry_error():
@@ -146,7 +119,9 @@ def test_real_etcd_records_line_up_and_mixed_ones_fall_back(shared_etcd, unique_
             assert (records.columns(data, n) is not None) is lines_up, prefix
             got = s.get(f"{unique_key}/{prefix}", prefix=True)
             assert list(got.kvs) == [_kv_plain(m) for m in resp.kvs]
-            assert got.value_revisions() == {kv.key: (kv.value, kv.mod_revision) for kv in got.kvs}
+            vals = s.get_values(f"{unique_key}/{prefix}", prefix=True)
+            assert (vals.keys, vals.values, vals.mod_revisions) == (
+                [kv.key for kv in got.kvs], [kv.value for kv in got.kvs], [kv.mod_revision for kv in got.kvs])
         assert [kv.lease for kv in s.get(f"{unique_key}/mixed/", prefix=True).kvs] == [lease, 0, 0]
         assert s.get(f"{unique_key}/plain/", prefix=True).kvs[1].key == f"{unique_key}/plain/b\udcff"
 
@@ -160,3 +135,17 @@ def test_real_etcd_records_line_up_and_mixed_ones_fall_back(shared_etcd, unique_
         assert (len(limited.kvs), limited.count) == (3, 10)
         assert isinstance(limited, GetResult) and limited.kvs[2].key == f"{unique_key}/leased/2"
         s.revoke(lease)
+
+
+def test_keyvalues_built_from_columns_are_frozen_keyvalues():
+    import dataclasses
+
+    from waypost.registry.etcd import _keyvalues
+
+    cols = records.Columns(["svc/\udcff", "svc/b"], [b"10.0.0.1:80", b""], [3, 4], [9, 5], [2, 1], [-(2**63), 0])
+    built = _keyvalues(cols)
+    assert built == list(map(KeyValue, *cols)) and all(type(kv) is KeyValue for kv in built)
+    assert [hash(kv) for kv in built] == [hash(KeyValue(*row)) for row in zip(*cols)]
+    with pytest.raises(dataclasses.FrozenInstanceError):
+        built[0].key = "x"  # type: ignore[misc]
+    assert not hasattr(built[0], "__dict__")

@@ -231,3 +231,119 @@ def test_subscriber_keeps_every_good_record_next_to_garbage(fmt, records):
             assert set(sub.values()) == want
     finally:
         MemoryRegistry.drop(name)
+
+
+# -- decode_many: the per-record checks of decode, inlined for a big read, give the same entries --
+
+
+def _one_by_one(fmt, records):
+    out = []
+    for key, value in records:
+        entry = fmt.decode(key, value)
+        if entry is not None:
+            out.append((key, entry))
+    return out
+
+
+def test_gozero_decode_many_matches_decode_on_every_port_spelling():
+    from waypost.registry.formats import GOZERO
+
+    ports = [str(p) for p in range(70000)] + ["0" * n + str(p) for n in (1, 2, 4) for p in (0, 1, 80, 6553, 65535)]
+    ports += ["", "-1", "+80", "8O80", "\u0668\u0660", "080800", "655350", "99999"]
+    records = [(f"k/{i}", f"10.0.0.1:{p}".encode()) for i, p in enumerate(ports)]
+    fast = GOZERO.decode_many([k for k, _ in records], [v for _, v in records])
+    assert fast == _one_by_one(GOZERO, records)
+    assert len(fast) == 65535 + 6  # 1..65535, and 01 080 06553 001 0080 00001 (at most 5 digits)
+
+
+def test_gozero_decode_many_matches_decode_on_odd_values():
+    from hypothesis import given, settings
+    from hypothesis import strategies as st
+
+    from waypost.registry.formats import GOZERO
+
+    samples = [b"[::1]:443", b"[fe80::1%eth0]:80", b"unix:/tmp/s.sock", b"unix-abstract:x", b"h\xc3\xa9te:1",
+               b"\xff\xfe:80", b"host:80 ", b" host:80", b"ho st:80", b"host:80\n", b"a:b:80", b"host/x:80",
+               b"x" * 1020 + b":80", b"x" * 1021 + b":80", "\u00e9".encode() * 600 + b":80", b"", b":80",
+               b"[]:80", b"[::1]", b"localhost:65535", b"localhost:65536", b"x" * 70000]
+    records = [(f"odd/{i}", v) for i, v in enumerate(samples)]
+    assert GOZERO.decode_many([k for k, _ in records], [v for _, v in records]) == _one_by_one(GOZERO, records)
+
+    @settings(max_examples=300, deadline=None)
+    @given(st.lists(st.tuples(st.text(max_size=8), st.one_of(
+        st.binary(max_size=40),
+        st.builds(lambda h, p: f"{h}:{p}".encode("utf-8", "surrogatepass"), st.text(max_size=12),
+                  st.text(alphabet="0123456789", max_size=7))))))
+    def check(records):
+        assert GOZERO.decode_many([k for k, _ in records], [v for _, v in records]) == _one_by_one(GOZERO, records)
+
+    check()
+
+
+def _both(fmt, records):
+    return fmt.decode_many([k for k, _ in records], [v for _, v in records]), _one_by_one(fmt, records)
+
+
+def test_gozero_decode_many_random_batches():
+    from hypothesis import given, settings
+    from hypothesis import strategies as st
+
+    from waypost.registry.formats import GOZERO
+
+    address = st.builds(lambda a, b, p: f"10.{a}.{b}.1:{p}".encode(), st.integers(0, 255), st.integers(0, 255),
+                        st.integers(0, 70000))
+    odd = st.one_of(st.binary(max_size=20), st.text(max_size=20).map(lambda t: t.encode("utf-8", "surrogatepass")),
+                    st.builds(lambda h, p: f"{h}:{p}".encode("utf-8", "surrogatepass"), st.text(max_size=8),
+                              st.text(alphabet="0123456789\n", max_size=6)))
+
+    @settings(max_examples=300, deadline=None)
+    @given(st.lists(st.one_of(address, address, address, odd), max_size=30))
+    def check(values):
+        records = [(f"r/{i}", v) for i, v in enumerate(values)]
+        fast, slow = _both(GOZERO, records)
+        assert fast == slow
+
+    check()
+
+
+def test_decode_many_needs_parallel_lists():
+    import pytest
+
+    from waypost.registry.formats import ETCD_NAMING, GOZERO
+
+    for fmt in (GOZERO, ETCD_NAMING):
+        with pytest.raises(ValueError, match="2 keys but 1 values"):
+            fmt.decode_many(["a", "b"], [b"h:1"])
+    records = [("n/1", b'{"Op":0,"Addr":"h:1","Metadata":null}'), ("n/2", b"junk")]
+    assert ETCD_NAMING.decode_many(["n/1", "n/2"], [v for _, v in records]) == _one_by_one(ETCD_NAMING, records)
+
+
+def test_gozero_decode_many_whole_batch_check_agrees_with_decode():
+    from waypost.registry.formats import GOZERO
+
+    ports = [str(p) for p in range(70000)] + ["01", "080", "06553", "00001", "065535", "000080", ""]
+    for i, p in enumerate(ports):  # one record a batch: every spelling through the batch check
+        fast, slow = _both(GOZERO, [(f"p/{i}", f"10.0.0.1:{p}".encode())])
+        assert fast == slow, p
+    good = [(f"g/{i}", f"10.{i // 256 % 256}.{i % 256}.1:{1 + i % 65535}".encode()) for i in range(3000)]
+    fast, slow = _both(GOZERO, good)
+    assert fast == slow and len(fast) == 3000
+    for odd in (b"a:80\nb:81", b"a:80\n", b"\nb:80", b"a:80\r", b"x" * 1021 + b":80", b"\xff:80", b"[::1]:80",
+                b"unix:/s", b"h:0", b"h:65536", b"h:80\n\n", b""):
+        for at in (0, 1500, 2999):
+            batch = [*good[:at], ("odd", odd), *good[at:]]
+            fast, slow = _both(GOZERO, batch)
+            assert fast == slow, (odd, at)
+
+
+def test_decode_plain_is_decode_many_without_entries():
+    from waypost.registry.formats import EtcdNaming, GoZero
+
+    gz = GoZero()
+    keys = ["k/1", "k/2"]
+    assert gz.decode_plain(keys, [b"10.0.0.1:80", b"[::1]:443"]) == ["10.0.0.1:80", "[::1]:443"]
+    assert gz.decode_many(keys, [b"10.0.0.1:80", b"[::1]:443"]) == [
+        ("k/1", ("10.0.0.1:80", {})), ("k/2", ("[::1]:443", {}))]
+    for odd in ([b"10.0.0.1:80", b"unix:/tmp/s"], [b"h:1", b"h:0"], [b"h:1", b"\xff"], [b"h:1", b"a\nb:1"]):
+        assert gz.decode_plain(keys, odd) is None, odd  # the per-record path decides those
+    assert EtcdNaming().decode_plain(keys, [b"x", b"y"]) is None  # no fast path: JSON records

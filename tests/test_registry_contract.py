@@ -56,7 +56,7 @@ def test_prefix_get_sorted_keys_only_count_and_limit(registry):
 
 def test_prefix_get_with_some_keys_leased_or_empty(registry):
     """A prefix where only some keys have a lease or a value, and a key that is not UTF-8: every field
-    of every KeyValue and value_revisions() are right (etcd reads such records one message each)."""
+    of every KeyValue and get_values() are right (etcd reads such records one message each)."""
     s = registry.sync
     lease = s.grant(60)
     rows = [("m/a", b"x", lease), ("m/b", b"", 0), ("m/c\udcff", b"z", 0), ("m/d", b"", lease)]
@@ -65,10 +65,88 @@ def test_prefix_get_with_some_keys_leased_or_empty(registry):
         g = s.get(prefix, prefix=True)
         assert [(kv.key, kv.value, kv.lease, kv.create_revision, kv.mod_revision, kv.version) for kv in g.kvs] == [
             (k, v, le, r, r, 1) for (k, v, le), r in zip(want, revs)]
-        assert s.get(prefix, prefix=True).value_revisions() == {k: (v, r) for (k, v, _), r in zip(want, revs)}
+        vals = s.get_values(prefix, prefix=True)
+        assert (vals.keys, vals.values, vals.mod_revisions) == (
+            [k for k, _, _ in want], [v for _, v, _ in want], revs[:len(want)])
+        assert vals.revision == g.revision
     assert [kv.value for kv in s.get("m/", prefix=True, keys_only=True).kvs] == [b""] * 4
     s.revoke(lease)
     assert [kv.key for kv in s.get("m/", prefix=True).kvs] == ["m/b", "m/c\udcff"]
+
+
+def test_get_values_are_the_get_as_columns(registry, unique_key):
+    s = registry.sync
+    for name, value in (("b", b"2"), ("a", b"1"), ("c", b"3")):
+        s.put(f"{unique_key}/{name}", value)
+    s.put(f"{unique_key}/a", b"1bis")
+    s.put(f"{unique_key}0", b"beside the prefix")
+    res = s.get(unique_key + "/", prefix=True)
+    vals = s.get_values(unique_key + "/", prefix=True)
+    assert vals.keys == [f"{unique_key}/{n}" for n in "abc"]
+    assert (vals.keys, vals.values, vals.mod_revisions) == (
+        [kv.key for kv in res.kvs], [kv.value for kv in res.kvs], [kv.mod_revision for kv in res.kvs])
+    assert vals.values == [b"1bis", b"2", b"3"] and vals.revision == res.revision
+    one = s.get_values(unique_key + "/b")  # not a prefix: the key itself
+    assert (one.keys, one.values) == ([unique_key + "/b"], [b"2"])
+    none = s.get_values(unique_key + "/none/", prefix=True)
+    assert (none.keys, none.values, none.mod_revisions, none.revision) == ([], [], [], res.revision)
+
+
+def test_get_kvs_behave_like_a_list(registry, unique_key):
+    """``GetResult.kvs`` (a lazy sequence with etcd) looks like the list of its KeyValues."""
+    from waypost.registry.base import GetResult, KeyValue
+
+    s = registry.sync
+    for name, value in (("b", b"2"), ("a", b"1"), ("c", b"3")):
+        s.put(f"{unique_key}/{name}", value)
+    res = s.get(unique_key + "/", prefix=True)
+    kvs = res.kvs
+    assert len(kvs) == 3 and bool(kvs)
+    plain = list(kvs)
+    assert [kv.key for kv in plain] == [f"{unique_key}/{n}" for n in "abc"]
+    assert all(type(kv) is KeyValue for kv in plain)
+    assert kvs == plain and plain == kvs
+    assert kvs.__ne__(plain) is False
+    assert kvs != [] and kvs != plain[:2] and kvs != tuple(plain)
+    assert kvs[0] == plain[0] and kvs[-1] == plain[-1] and kvs[1:] == plain[1:]
+    assert list(reversed(kvs)) == plain[::-1]
+    assert plain[1] in kvs and kvs.index(plain[2]) == 2
+    (a, b, c) = kvs
+    assert (a.value, b.value, c.value) == (b"1", b"2", b"3")
+    assert repr(kvs) == repr(plain)
+    assert res == GetResult(plain, res.revision, res.count)
+
+    empty = s.get(unique_key + "/none/", prefix=True)
+    assert empty.kvs == [] and not empty.kvs and len(empty.kvs) == 0 and list(empty.kvs) == []
+    counted = s.get(unique_key + "/", prefix=True, count_only=True)
+    assert (counted.kvs, counted.count) == ([], 3)
+
+
+def test_concurrent_first_access_converts_consistently(registry, unique_key):
+    s = registry.sync
+    for i in range(200):
+        s.put(f"{unique_key}/{i:03d}", str(i).encode())
+    for _ in range(5):
+        res = s.get(unique_key + "/", prefix=True)
+        seen: list[list[str]] = []
+        errors: list[BaseException] = []
+        barrier = threading.Barrier(4)
+
+        def read(res=res, seen=seen, errors=errors, barrier=barrier) -> None:
+            try:
+                barrier.wait(10)
+                seen.append([kv.key for kv in res.kvs])
+                assert len(res.kvs) == 200
+            except BaseException as e:  # noqa: BLE001 (reported below)
+                errors.append(e)
+
+        threads = [threading.Thread(target=read) for _ in range(4)]
+        for t in threads:
+            t.start()
+        for t in threads:
+            t.join(30)
+        assert not errors
+        assert len(seen) == 4 and all(keys == [f"{unique_key}/{i:03d}" for i in range(200)] for keys in seen)
 
 
 def test_delete_prefix_is_one_revision(registry):

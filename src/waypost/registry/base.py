@@ -52,22 +52,17 @@ class GetResult:
     revision: int  # the store revision the read was served at (header revision)
     count: int = 0
 
-    def value_revisions(self) -> dict[str, tuple[bytes, int]]:
-        """``key -> (value, mod_revision)`` for every kv, in key order; a backend whose ``kvs``
-        offers ``value_revisions()`` answers without building KeyValue objects (discovery's cache)."""
-        fast = getattr(self.kvs, "value_revisions", None)
-        if fast is not None:
-            return fast()  # type: ignore[no-any-return]
-        return {kv.key: (kv.value, kv.mod_revision) for kv in self.kvs}
 
-    def key_columns(self) -> tuple[list[str], list[bytes], list[int]]:
-        """The keys, values and mod_revisions as three parallel lists in key order; like
-        ``value_revisions`` without a tuple per record (a big initial load)."""
-        fast = getattr(self.kvs, "key_columns", None)
-        if fast is not None:
-            return fast()  # type: ignore[no-any-return]
-        kvs = list(self.kvs)
-        return [kv.key for kv in kvs], [kv.value for kv in kvs], [kv.mod_revision for kv in kvs]
+@dataclass(frozen=True, slots=True)
+class ValueColumns:
+    """What ``Registry.get_values`` returns: the records of a key or prefix as parallel lists, in key
+    order (one list per field rather than one object per record: a subscriber's initial load reads
+    thousands of records and needs only these three fields)."""
+
+    keys: list[str]
+    values: list[bytes]
+    mod_revisions: list[int]
+    revision: int  # the store revision the read was served at (header revision)
 
 
 @dataclass(frozen=True, slots=True)
@@ -143,6 +138,11 @@ class Registry(abc.ABC):
     ) -> GetResult: ...
 
     @abc.abstractmethod
+    async def get_values(self, key: str, *, prefix: bool = False) -> ValueColumns:
+        """The current keys, values and mod_revisions of ``key`` (or every key under it with
+        ``prefix``) as columns: what ``get`` reads, without a KeyValue per record."""
+
+    @abc.abstractmethod
     async def put(self, key: str, value: bytes, *, lease: int = 0, prev_kv: bool = False) -> PutResult: ...
 
     @abc.abstractmethod
@@ -194,6 +194,9 @@ class SyncRegistry:
 
     def get(self, key: str, **kw: Any) -> GetResult:
         return self._run(self.registry.get(key, **kw))  # type: ignore[no-any-return]
+
+    def get_values(self, key: str, **kw: Any) -> ValueColumns:
+        return self._run(self.registry.get_values(key, **kw))  # type: ignore[no-any-return]
 
     def put(self, key: str, value: bytes | str, **kw: Any) -> PutResult:
         if isinstance(value, str):

@@ -40,6 +40,7 @@ from .base import (
     LeaseLostCallback,
     PutResult,
     Registry,
+    ValueColumns,
     Watch,
 )
 
@@ -441,6 +442,12 @@ class MemoryRegistry(Registry):
         if keys_only:
             kvs = [_strip_value(kv) for kv in kvs]
         return GetResult(kvs=kvs, revision=store.revision, count=count)
+
+    async def get_values(self, key: str, *, prefix: bool = False) -> ValueColumns:
+        store = self._check()
+        kvs = [kv for kv in map(store.current.get, store.matching(key, prefix)) if kv is not None]
+        return ValueColumns([kv.key for kv in kvs], [kv.value for kv in kvs], [kv.mod_revision for kv in kvs],
+                            store.revision)
 
     async def put(self, key: str, value: bytes, *, lease: int = 0, prev_kv: bool = False) -> PutResult:
         store = self._check()
