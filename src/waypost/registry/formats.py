@@ -204,6 +204,8 @@ def _go_field(obj: Mapping[str, Any], name: str) -> Any:
 
 
 def _freeze(md: Mapping[str, Any] | None) -> Mapping[str, Any]:
+    # Shallow on purpose (unlike service_config.jsonvalue.freeze): registration metadata is handed on to pickers,
+    # the CLI's JSON output and users as it was decoded, nested values included; only the top level is shared.
     return MappingProxyType(dict(md)) if md else _EMPTY
 
 
