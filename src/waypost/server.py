@@ -36,6 +36,7 @@ from typing import Any
 import grpc
 
 from .errors import WaypostError
+from .loadreport import mount as mount_load_reports
 from .netutil import advertised_address
 
 log = logging.getLogger("waypost.server")
@@ -255,6 +256,7 @@ def serve(
     _check_args(key, grace)
     reg = _registry_of(registry)
     servicer = _add_health(server, key) if health else None
+    mount_load_reports(server)  # waypost.load.v1.LoadReporter + call accounting (waypost.loadreport)
     port = _bind(server, listen_on, credentials)
     try:
         address, publisher = _publisher(reg, key, listen_on, port, advertise, allow_loopback,
@@ -414,6 +416,7 @@ async def serve_async(
     _check_args(key, grace)
     reg = _registry_of(registry)
     servicer = await _add_health_async(server, key) if health else None
+    mount_load_reports(server)  # waypost.load.v1.LoadReporter (waypost.loadreport)
     port = _bind(server, listen_on, credentials)
     try:
         address, publisher = _publisher(reg, key, listen_on, port, advertise, allow_loopback,
