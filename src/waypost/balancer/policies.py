@@ -31,6 +31,7 @@ def _register_builtins() -> None:
     from .least_request import LeastRequestPolicy
     from .outlier_detection import OutlierDetectionPolicy
     from .p2c_ewma import P2CEwmaPolicy
+    from .peak_ewma import PeakEwmaPolicy
     from .pick_first import PickFirstPolicy
     from .random_pick import RandomPolicy
     from .round_robin import RoundRobinPolicy
@@ -42,6 +43,7 @@ def _register_builtins() -> None:
         RandomPolicy,
         WeightedRoundRobinPolicy,
         P2CEwmaPolicy,
+        PeakEwmaPolicy,
         LeastRequestPolicy,
         ConsistentHashPolicy,
         OutlierDetectionPolicy,
