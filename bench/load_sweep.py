@@ -239,6 +239,8 @@ def sync_caller_factory(policy: str, addrs: list[str], oracle: Oracle) -> tuple[
     """(call, close): ``call()`` sends one call through ``policy`` and returns the reply."""
     if policy == "oracle":
         chans = [grpc.insecure_channel(a) for a in addrs]
+        for c in chans:  # connected before the clock starts, like a balanced channel after warm-up
+            grpc.channel_ready_future(c).result(timeout=30)
         stubs = [echo_pb2_grpc.EchoStub(c) for c in chans]
         return (lambda: stubs[oracle.next()].Unary(REQ, timeout=CALL_TIMEOUT)), lambda: [c.close() for c in chans]
     if policy == "native_round_robin":
@@ -299,6 +301,8 @@ async def run_aio(policy: str, addrs: list[str], oracle: Oracle, callers: int, w
                   at_half: Callable[[], None]) -> dict[str, Any]:
     if policy == "oracle":
         chans: list[Any] = [grpc.aio.insecure_channel(a) for a in addrs]
+        for c in chans:  # connected before the clock starts, like a balanced channel after warm-up
+            await asyncio.wait_for(c.channel_ready(), 30)
         stubs = [echo_pb2_grpc.EchoStub(c) for c in chans]
 
         def send() -> Any:
