@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import asyncio
+import queue
+import threading
 from concurrent import futures
 
 import grpc
@@ -41,10 +43,24 @@ class Tagging(grpc.ServerInterceptor):
         return continuation(details)
 
 
+class Gated(EchoServicer):
+    """Unary calls with message "hold" wait for ``gate`` (bounded): calls in flight on demand."""
+
+    def __init__(self) -> None:
+        super().__init__("gated")
+        self.gate = threading.Event()
+
+    def Unary(self, request, context):
+        if request.message == "hold":
+            self.gate.wait(30)
+        return super().Unary(request, context)
+
+
 def test_serve_reports_in_flight_latency_and_app_value(unique_key):
     app = Tagging()
+    servicer = Gated()
     server = grpc.server(futures.ThreadPoolExecutor(16), interceptors=[app])
-    echo_pb2_grpc.add_EchoServicer_to_server(EchoServicer("s1"), server)
+    echo_pb2_grpc.add_EchoServicer_to_server(servicer, server)
     with serve(server, unique_key, listen_on="127.0.0.1:0", registry=f"memory://{unique_key}", grace=0) as h:
         first = report(h.address)
         assert first.HasField("in_flight") and first.in_flight == 0
@@ -53,9 +69,9 @@ def test_serve_reports_in_flight_latency_and_app_value(unique_key):
 
         with grpc.insecure_channel(h.address) as ch:
             stub = echo_pb2_grpc.EchoStub(ch)
-            slow = [stub.Unary.future(echo_pb2.EchoRequest(message="x", delay_ms=1500), timeout=30)
-                    for _ in range(3)]
+            slow = [stub.Unary.future(echo_pb2.EchoRequest(message="hold"), timeout=30) for _ in range(3)]
             wait_until(lambda: report(h.address).in_flight == 3, what="3 calls in flight")
+            servicer.gate.set()
             for f in slow:
                 f.result()
             stub.Unary(echo_pb2.EchoRequest(message="y"), timeout=10)
@@ -87,10 +103,21 @@ def test_streams_count_until_they_end_and_failures_are_counted(unique_key):
     with serve(server, unique_key, listen_on="127.0.0.1:0", registry=f"memory://{unique_key}", grace=0) as h:
         with grpc.insecure_channel(h.address) as ch:
             stub = echo_pb2_grpc.EchoStub(ch)
-            stream = stub.ServerStream(echo_pb2.EchoRequest(message="s", count=3, delay_ms=300), timeout=30)
+            requests: queue.Queue[echo_pb2.EchoRequest | None] = queue.Queue()
+
+            def outgoing():
+                for _ in range(100):  # bounded; ends at the None below
+                    item = requests.get(timeout=30)
+                    if item is None:
+                        return
+                    yield item
+
+            stream = stub.BidiStream(outgoing(), timeout=30)
+            requests.put(echo_pb2.EchoRequest(message="s"))
             next(stream)
-            assert report(h.address).in_flight == 1
-            assert len(list(stream)) == 2
+            assert report(h.address).in_flight == 1  # open until the client ends its requests
+            requests.put(None)
+            assert list(stream) == []
             with pytest.raises(grpc.RpcError):
                 stub.Unary(echo_pb2.EchoRequest(message="f", error_code=grpc.StatusCode.INTERNAL.value[0]),
                            timeout=10)
@@ -99,7 +126,14 @@ def test_streams_count_until_they_end_and_failures_are_counted(unique_key):
 
 
 class AioEcho(echo_pb2_grpc.EchoServicer):
+    """Unary calls with message "hold" wait for ``gate`` (bounded)."""
+
+    def __init__(self) -> None:
+        self.gate = asyncio.Event()
+
     async def Unary(self, request, context):
+        if request.message == "hold":
+            await asyncio.wait_for(self.gate.wait(), 30)
         await asyncio.sleep(request.delay_ms / 1000)
         return echo_pb2.EchoReply(message=request.message, server="aio")
 
@@ -111,22 +145,24 @@ async def aio_report(address: str) -> pb.LoadReport:
 
 async def test_serve_async_with_the_load_interceptor_reports_calls(unique_key):
     server = grpc.aio.server(interceptors=[load_interceptor(aio=True)])
-    echo_pb2_grpc.add_EchoServicer_to_server(AioEcho(), server)
+    servicer = AioEcho()
+    echo_pb2_grpc.add_EchoServicer_to_server(servicer, server)
     h = await serve_async(server, unique_key, listen_on="127.0.0.1:0", registry=f"memory://{unique_key}", grace=0)
     try:
         async with grpc.aio.insecure_channel(h.address) as ch:
             stub = echo_pb2_grpc.EchoStub(ch)
-            calls = [asyncio.ensure_future(stub.Unary(echo_pb2.EchoRequest(message="x", delay_ms=1500), timeout=30))
-                     for _ in range(2)]
+            calls = [asyncio.ensure_future(stub.Unary(echo_pb2.EchoRequest(message="hold", delay_ms=200),
+                                                      timeout=30)) for _ in range(2)]
             for _ in range(200):  # bounded: up to ~10 s
                 if (await aio_report(h.address)).in_flight == 2:
                     break
                 await asyncio.sleep(0.05)
             assert (await aio_report(h.address)).in_flight == 2
+            servicer.gate.set()
             await asyncio.gather(*calls)
         r = await aio_report(h.address)
         assert (r.in_flight, r.calls_completed) == (0, 2)
-        assert r.latency_estimate_seconds >= 1.0
+        assert r.latency_estimate_seconds >= 0.2
     finally:
         await h.stop()
 
