@@ -37,8 +37,9 @@ class _Wrapper:
         self._cache: dict[int, tuple[Any, Any]] = {}
 
     def __call__(self, handler: Any, method: str) -> Any:
-        if handler is None:
-            return None
+        # checked per call, not cached: one handler object may serve several methods
+        if handler is None or method.startswith(UNACCOUNTED_PREFIXES):
+            return handler
         entry = self._cache.get(id(handler))
         if entry is not None and entry[0] is handler:
             return entry[1]
@@ -48,8 +49,6 @@ class _Wrapper:
         return wrapped
 
     def _wrap(self, handler: Any, method: str) -> Any:
-        if method.startswith(UNACCOUNTED_PREFIXES):
-            return handler
         replace = getattr(handler, "_replace", None)  # grpcio's handlers are named tuples
         if replace is None:
             log.debug("load accounting skips %s: handler %r is not grpcio's RpcMethodHandler", method, handler)
