@@ -1,16 +1,19 @@
 #!/usr/bin/env sh
-# Regenerate waypost's etcd message classes from src/waypost/etcd/proto/waypost_etcd.proto.
-# Needs grpcio-tools (pip install 'waypost[dev]'). Only messages are generated: the client calls
-# etcd's gRPC method paths directly, so no *_grpc stubs are needed.
+# Regenerate waypost's protobuf message classes: the etcd subset (src/waypost/etcd/proto) and the
+# load-report service (src/waypost/loadreport/proto). Needs grpcio-tools (pip install 'waypost[dev]').
+# Only messages are generated: the etcd client calls etcd's gRPC method paths directly and the
+# load-report service registers its one method by path, so no *_grpc stubs are needed.
 set -eu
 cd "$(dirname "$0")/.."
 PY="${PYTHON:-python}"
-OUT=src/waypost/etcd/_proto
-mkdir -p "$OUT"
-"$PY" -m grpc_tools.protoc \
-  -I src/waypost/etcd/proto \
-  --python_out="$OUT" \
-  --pyi_out="$OUT" \
-  src/waypost/etcd/proto/waypost_etcd.proto
-[ -f "$OUT/__init__.py" ] || printf '"""Generated etcd message classes (scripts/gen_proto.sh); do not edit."""\n' > "$OUT/__init__.py"
-echo "generated $OUT/waypost_etcd_pb2.py"
+
+gen() {  # gen <proto dir> <output dir> <proto file> <package docstring>
+  mkdir -p "$2"
+  "$PY" -m grpc_tools.protoc -I "$1" --python_out="$2" --pyi_out="$2" "$1/$3"
+  [ -f "$2/__init__.py" ] || printf '"""%s (scripts/gen_proto.sh); do not edit."""\n' "$4" > "$2/__init__.py"
+  echo "generated $2/${3%.proto}_pb2.py"
+}
+
+gen src/waypost/etcd/proto src/waypost/etcd/_proto waypost_etcd.proto "Generated etcd message classes"
+gen src/waypost/loadreport/proto src/waypost/loadreport/_proto waypost_load.proto \
+  "Generated load-report message classes"

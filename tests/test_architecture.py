@@ -18,7 +18,7 @@ MAX_LINES = 600
 def test_import_contracts_are_kept() -> None:
     pytest.importorskip("importlinter", reason="import-linter comes with the dev extra")
     lint = Path(sys.executable).parent / "lint-imports"
-    proc = subprocess.run([str(lint), "--no-cache", "--no-logo"], cwd=ROOT, capture_output=True, text=True,
+    proc = subprocess.run([str(lint), "--no-cache", "--no-logo"], check=False, cwd=ROOT, capture_output=True, text=True,
                           timeout=120)
     assert proc.returncode == 0, f"an import contract is broken:\n{proc.stdout}\n{proc.stderr}"
     assert "0 broken" in proc.stdout and " kept" in proc.stdout, proc.stdout

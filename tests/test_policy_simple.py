@@ -18,6 +18,7 @@ ALL = [
     "least_request",
     "outlier_detection",
     "p2c_ewma",
+    "peak_ewma",
     "pick_first",
     "random",
     "round_robin",

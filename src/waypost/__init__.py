@@ -32,6 +32,8 @@ _LAZY = {
     "parse_service_config": ("waypost.service_config", "parse_service_config"),
     "parse_target": ("waypost.resolver.target", "parse_target"),
     "Backend": ("waypost.types", "Backend"),
+    "set_load": ("waypost.loadreport", "set_load"),
+    "load_interceptor": ("waypost.loadreport", "load_interceptor"),
 }
 
 
@@ -68,8 +70,10 @@ __all__ = [
     "connect",
     "dial",
     "hash_key",
+    "load_interceptor",
     "parse_service_config",
     "parse_target",
     "serve",
     "serve_async",
+    "set_load",
 ]

@@ -39,6 +39,7 @@ from typing import Any, ClassVar, Protocol
 import grpc
 
 from .errors import WaypostError
+from .loadreport import mount as mount_load_reports
 from .netutil import advertised_address
 
 log = logging.getLogger("waypost.server")
@@ -218,6 +219,7 @@ def _serve_steps(handle_cls: type[_Base], server: Any, key: str, listen_on: str,
         servicer = fl.new_health_servicer()
         yield from _health_steps(servicer, ("", key), serving=False)
         health_pb2_grpc.add_HealthServicer_to_server(servicer, server)
+    mount_load_reports(server)  # waypost.load.v1.LoadReporter + call accounting (waypost.loadreport), before start
     port = _bind(server, listen_on, credentials)  # (2)
     try:
         address, publisher = _publisher(reg, key, listen_on, port, advertise, allow_loopback, **publisher_args)

@@ -13,6 +13,7 @@ from .consistent_hash import ConsistentHashPolicy
 from .least_request import LeastRequestPolicy
 from .outlier_detection import OutlierDetectionPolicy
 from .p2c_ewma import P2CEwmaPolicy
+from .peak_ewma import PeakEwmaPolicy
 from .pick_first import PickFirstPolicy
 from .random_pick import RandomPolicy
 from .round_robin import RoundRobinPolicy
@@ -26,6 +27,7 @@ BUILTIN_POLICIES = (
     RandomPolicy,
     WeightedRoundRobinPolicy,
     P2CEwmaPolicy,
+    PeakEwmaPolicy,
     LeastRequestPolicy,
     ConsistentHashPolicy,
     OutlierDetectionPolicy,

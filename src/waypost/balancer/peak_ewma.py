@@ -1,0 +1,154 @@
+"""peak_ewma: power of two choices over a peak-sensitive EWMA of latency x (calls in flight + 1).
+
+The load metric of Finagle's and Linkerd's (tower's) Peak EWMA balancers, client-side only, so it
+works with any backend:
+
+- each backend has a latency estimate ``cost`` (seconds), the time of its last sample and its calls
+  in flight (from this client);
+- a sample ``rtt`` above the estimate replaces it at once (the "peak": a backend that slows down is
+  avoided from its first slow reply); a lower one is averaged in with weight ``1 - w``,
+  ``w = exp(-elapsed / decayTime)``, elapsed being the time since the backend's previous sample: the
+  estimate comes down only as fast as the window allows (recovering cautiously);
+- between samples the estimate decays towards zero by the same ``w`` (evaluated when it is read; the
+  stored value only changes on samples): a backend that lost its traffic because it was slow gets
+  tried again after a while, and its next replies say whether it recovered;
+- ``load = estimate * (in flight + 1)``; an estimate decayed to zero with calls in flight counts as
+  ``PENALTY + in flight`` (as Finagle does), so that it does not attract every call before it answers;
+- a backend never sampled starts at ``defaultRtt`` (tower's "default RTT"), so a new backend is
+  neither flooded nor starved;
+- a failed call (``stats.FAILURE_CODES``) is sampled as at least ``FAILURE_RTT`` seconds: a backend that
+  fails fast must not look fast.
+
+A pick draws two distinct backends at random and takes the lower load (one backend: it).
+
+Config (``loadBalancingConfig``): ``{"peak_ewma": {"decayTime": "10s", "defaultRtt": "0.03s"}}``
+(gRPC JSON durations; the defaults are Linkerd's).
+
+Thread safety: one lock per policy guards the in-flight counts and samples; a pick reads two
+backends' state under it.
+"""
+
+from __future__ import annotations
+
+import math
+import threading
+from collections.abc import Sequence
+from typing import Any
+
+from ..durations import parse_config_duration
+from ..errors import InvalidServiceConfig, NoBackendAvailable
+from ..types import Backend
+from .base import DoneHook, Outcome, Picker, PickInfo, PickResult, Policy, parse_config_object
+from .stats import StatsTable, dedupe, is_failure
+
+DEFAULT_DECAY_TIME = 10.0  # seconds: the window latency is observed over (Linkerd's default)
+DEFAULT_RTT = 0.030  # seconds: the estimate of a backend never sampled (Linkerd's default)
+FAILURE_RTT = 1.0  # seconds: the least latency a failed call is sampled as
+PENALTY = 1e6  # load of a backend whose estimate decayed to zero while it has calls in flight
+CONFIG_FIELDS = {"decayTime", "defaultRtt"}
+
+
+class PeakEwmaStats:
+    """What peak_ewma knows about one backend."""
+
+    __slots__ = ("address", "cost", "inflight", "stamp")
+
+    def __init__(self, address: str, now: float, default_rtt: float) -> None:
+        self.address = address
+        self.cost = default_rtt  # seconds, at time ``stamp``
+        self.stamp = now
+        self.inflight = 0
+
+    def estimate(self, now: float, decay: float) -> float:
+        """The latency estimate at ``now``: decayed towards zero since the last sample."""
+        return self.cost * math.exp(-max(0.0, now - self.stamp) / decay)
+
+    def load(self, now: float, decay: float) -> float:
+        est = self.estimate(now, decay)
+        if est == 0.0 and self.inflight:
+            return PENALTY + self.inflight
+        return est * (self.inflight + 1)
+
+    def observe(self, rtt: float, now: float, decay: float) -> None:
+        if rtt > self.cost:
+            self.cost = rtt
+        else:
+            w = math.exp(-max(0.0, now - self.stamp) / decay)
+            self.cost = self.cost * w + rtt * (1.0 - w)
+        self.stamp = now
+
+
+class PeakEwmaPicker(Picker):
+    def __init__(self, policy: PeakEwmaPolicy, backends: Sequence[Backend], stats: Sequence[PeakEwmaStats]) -> None:
+        self._policy = policy
+        self._backends = tuple(backends)
+        self._stats = tuple(stats)
+
+    def pick(self, info: PickInfo) -> PickResult:
+        n = len(self._stats)
+        if n == 0:
+            raise NoBackendAvailable("peak_ewma: no READY backend")
+        policy = self._policy
+        i = 0
+        with policy._lock:
+            if n > 1:
+                i = policy.rng.randrange(n)
+                j = policy.rng.randrange(n - 1)
+                if j >= i:
+                    j += 1
+                now, decay = policy.clock(), policy.decay
+                if self._stats[j].load(now, decay) < self._stats[i].load(now, decay):
+                    i = j
+            chosen = self._stats[i]
+            chosen.inflight += 1
+        return PickResult(self._backends[i], policy._done_hook(chosen))
+
+
+class PeakEwmaPolicy(Policy):
+    """P2C over peak EWMA latency x (in flight + 1); statistics kept across rebuilds."""
+
+    name = "peak_ewma"
+
+    def __init__(self, config: Any = None, **kwargs: Any) -> None:
+        super().__init__(config, **kwargs)
+        self.decay = float(self.config.get("decayTime", DEFAULT_DECAY_TIME))
+        self.default_rtt = float(self.config.get("defaultRtt", DEFAULT_RTT))
+        self._lock = threading.Lock()
+        self._stats: StatsTable[PeakEwmaStats] = StatsTable(
+            lambda b: PeakEwmaStats(b.address, self.clock(), self.default_rtt))
+
+    @classmethod
+    def parse_config(cls, raw: Any, path: str) -> dict[str, Any]:
+        cfg = parse_config_object(raw, path)
+        unknown = set(cfg) - CONFIG_FIELDS
+        if unknown:
+            raise InvalidServiceConfig(f"{path}.{min(unknown)}: unknown field for peak_ewma "
+                                       f"(expected {', '.join(sorted(CONFIG_FIELDS))})")
+        for key in CONFIG_FIELDS & set(cfg):
+            cfg[key] = parse_config_duration(cfg[key], f"{path}.{key}", positive=True)
+        return cfg
+
+    def build(self, backends: Sequence[Backend]) -> Picker:
+        backends = dedupe(backends)
+        with self._lock:
+            stats = self._stats.sync(backends)
+        return PeakEwmaPicker(self, backends, stats)
+
+    def _done_hook(self, st: PeakEwmaStats) -> DoneHook:
+        def done(outcome: Outcome) -> None:
+            rtt = max(0.0, outcome.latency)
+            if is_failure(outcome.code):
+                rtt = max(rtt, FAILURE_RTT)
+            now = self.clock()
+            with self._lock:
+                st.inflight -= 1
+                st.observe(rtt, now, self.decay)
+
+        return done
+
+    def snapshot(self) -> dict[str, dict[str, float]]:
+        """address -> {estimate (seconds, now), inflight, load} (for tests, metrics and debugging)."""
+        now = self.clock()
+        with self._lock:
+            return {addr: {"estimate": st.estimate(now, self.decay), "inflight": st.inflight,
+                           "load": st.load(now, self.decay)} for addr, st in self._stats.items()}
