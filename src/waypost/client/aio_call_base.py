@@ -2,7 +2,7 @@
 
 Layers (each imports only the ones below it): this module (``CallBase`` and the status helpers) <- the call
 kinds (``aio_unary_calls``, ``aio_stream_calls``) <- the multicallables that make them (``aio_methods``).
-grpcio internals are read only through ``grpc_private``.
+grpcio internals are read only through ``waypost._grpc_private``.
 
 Each call picks a backend per attempt, runs it on that backend's grpc.aio channel, reports its outcome to the
 picker through our own awaiting wrapper (``call.code()`` is a coroutine in grpc.aio, and interceptors wrap
@@ -21,8 +21,8 @@ from typing import Any
 import grpc
 import grpc.aio
 
+from .._grpc_private import status_of
 from ..balancer.base import PickError, PickResult
-from .grpc_private import status_of
 from .method import MethodBase
 from .retry import AsyncReplay, Replay, RetryState, WriteReplay, avoid_tried
 from .rpcerror import BalancerRpcError

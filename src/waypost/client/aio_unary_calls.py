@@ -14,9 +14,9 @@ from typing import Any
 import grpc
 import grpc.aio
 
+from .._grpc_private import PLAIN_UNARY_UNARY_CALL, locally_cancelled
 from ..balancer.base import PickError, PickResult
 from .aio_call_base import CallBase, aio_error, status_now
-from .grpc_private import PLAIN_UNARY_UNARY_CALL, locally_cancelled
 from .method import MethodBase
 from .rpcerror import BalancerRpcError
 from .subconn import SubConn

@@ -16,10 +16,10 @@ from typing import Any, ClassVar, Generic, Protocol, TypeVar
 import grpc
 
 from .. import metrics as _metrics
+from .._grpc_private import registered_method_kwargs
 from ..balancer.base import Outcome, PickInfo, PickResult, _noop_done
 from .balancer_wrapper import BalancerWrapper
 from .config import ChannelConfig
-from .grpc_private import registered_method_kwargs
 from .hashkey import current_hash_key
 from .picker_wrapper import PickerWrapper
 from .subconn import SubConn

@@ -22,9 +22,9 @@ from typing import Any, Protocol
 import grpc
 import grpc.aio
 
+from .._grpc_private import EXECUTE_BATCH_ERROR
 from ..balancer.base import Outcome, PickResult
 from ..service_config import RetryPolicy
-from .grpc_private import EXECUTE_BATCH_ERROR
 from .retry_throttle import RetryThrottle
 
 PREVIOUS_ATTEMPTS = "grpc-previous-rpc-attempts"

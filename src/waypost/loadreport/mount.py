@@ -19,6 +19,7 @@ from typing import Any
 
 import grpc
 
+from .._grpc_private import prepend_server_interceptor
 from .account import LoadAccount
 from .interceptor import LoadInterceptor
 from .service import Reporter
@@ -40,18 +41,8 @@ def mount(server: Any) -> LoadAccount | None:
 
 
 def _install(server: Any) -> LoadInterceptor | None:
-    state = getattr(server, "_state", None)
-    if state is None or not hasattr(state, "interceptor_pipeline"):
+    installed = prepend_server_interceptor(server, LoadInterceptor(), keep=LoadInterceptor)
+    if installed is None:
         log.warning("load reports: cannot add the load interceptor to %r (unknown grpcio internals); "
                     "pass interceptors=[waypost.load_interceptor()] to grpc.server() to report calls", server)
-        return None
-    pipeline = state.interceptor_pipeline
-    existing = tuple(getattr(pipeline, "interceptors", ()) or ())
-    for i in existing:
-        if isinstance(i, LoadInterceptor):
-            return i
-    from grpc import _interceptor  # the pipeline grpc.server(interceptors=...) builds
-
-    ours = LoadInterceptor()
-    state.interceptor_pipeline = _interceptor.service_pipeline((ours, *existing))
-    return ours
+    return installed

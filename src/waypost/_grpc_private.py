@@ -32,6 +32,12 @@ Checked against grpcio 1.60 (the oldest release waypost supports) and 1.85.
     The private ``_registered_method`` keyword of a channel's method factories (``unary_unary`` ...), which
     generated stubs of newer grpcio-tools pass and which lets grpcio skip a per-call method-name lookup.
     grpcio 1.60 does not accept it. Missing: {} (the keyword is not forwarded; calls are the same).
+
+``prepend_server_interceptor(server, interceptor, keep)``
+    ``server._state.interceptor_pipeline`` of a ``grpc.server`` (and ``grpc._interceptor.service_pipeline``,
+    which builds one): grpcio has no public way to add an interceptor to a server that already exists, and
+    ``serve()`` receives servers the application created. Missing: returns None, and the caller says so (the
+    load reports then carry CPU and the application's value only).
 """
 
 from __future__ import annotations
@@ -83,3 +89,23 @@ def locally_cancelled(call: Any) -> bool:
     if cy is not None and hasattr(cy, "is_locally_cancelled"):
         return bool(cy.is_locally_cancelled())
     return False
+
+
+def prepend_server_interceptor(server: Any, interceptor: Any, keep: type) -> Any:
+    """Put ``interceptor`` first in a ``grpc.server``'s pipeline, keeping the application's interceptors.
+
+    An interceptor of type ``keep`` already in the pipeline wins (returned, nothing added). Returns the
+    interceptor in place, or None when this grpcio keeps its pipeline elsewhere (nothing changed)."""
+    state = getattr(server, "_state", None)
+    if state is None or not hasattr(state, "interceptor_pipeline"):
+        return None
+    try:
+        from grpc import _interceptor  # the pipeline grpc.server(interceptors=...) builds
+    except ImportError:  # pragma: no cover
+        return None
+    existing = tuple(getattr(state.interceptor_pipeline, "interceptors", ()) or ())
+    for i in existing:
+        if isinstance(i, keep):
+            return i
+    state.interceptor_pipeline = _interceptor.service_pipeline((interceptor, *existing))
+    return interceptor
