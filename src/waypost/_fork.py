@@ -1,0 +1,171 @@
+"""fork() safety for the control plane: no grpc.aio object may be alive when the process forks.
+
+Why: grpc.aio keeps one native poller thread blocked inside gRPC core for as long as any grpc.aio channel
+exists (the etcd client's channels, health-check channels). gRPC core runs its own fork handlers only when
+no thread is inside it ("Other threads are currently calling into gRPC, skipping fork() handlers"); skipped,
+the child inherits a core whose polling state names a thread that does not exist there: it crashes
+(SIGSEGV, SIGABRT ``next_worker->state == KICKED``) or its grpc.aio calls never complete. Once the last
+grpc.aio channel is gone the poller thread ends, core's fork handlers run, and the child can use gRPC
+(sync and aio) from scratch.
+
+So, before every fork (``os.register_at_fork``), in the forking process:
+
+1. every registered participant (``register``) closes its grpc.aio channels on the control loop and drops
+   them, so the poller thread ends (we wait for it, bounded);
+2. the control loop is parked (blocked in a callback) so nothing creates a channel until the fork is done.
+
+After the fork, the parent releases the loop and every participant reconnects (streams resume as after a
+network blip). The child starts its own control loop on first use and abandons every inherited participant
+(``abandon_after_fork``: no grpc call), so objects made before the fork fail clearly instead of hanging.
+
+A process that never started the control loop pays nothing: the hook returns at once.
+"""
+
+from __future__ import annotations
+
+import gc
+import logging
+import os
+import threading
+import time
+import weakref
+from typing import Any, Protocol
+
+from . import _loop
+
+log = logging.getLogger("waypost.fork")
+
+#: Bound on each wait of the before-fork hook (suspend, poller exit, parking): a fork is never blocked longer.
+WAIT_S = 5.0
+
+
+class Participant(Protocol):
+    """An object that owns grpc.aio channels on the control loop."""
+
+    async def suspend_for_fork(self) -> None:
+        """Close and drop every grpc.aio channel (on the control loop, in the parent, before fork)."""
+
+    def resume_after_fork(self) -> None:
+        """Create the channels again (on the control loop, in the parent, after fork)."""
+
+    def abandon_after_fork(self) -> None:
+        """In the child: never touch the inherited channels again; later use fails with a clear error."""
+
+
+_participants: weakref.WeakSet[Any] = weakref.WeakSet()
+_plock = threading.Lock()
+#: True in a child whose parent forked while a grpc.aio object was alive: gRPC cannot be trusted there.
+_unsafe_child = False
+_release: threading.Event | None = None
+_suspended: list[Any] = []
+#: whether grpc.aio's poller thread was still alive at the last fork (after the participants were suspended)
+_alive_at_fork = False
+
+
+def register(p: Participant) -> None:
+    """Take part in the fork protocol (weakly referenced: no need to unregister)."""
+    with _plock:
+        _participants.add(p)
+
+
+def aio_poller_alive() -> bool:
+    """True while grpc.aio's poller thread runs, i.e. while some grpc.aio channel or server exists."""
+    return any("_poll_wrapper" in t.name for t in threading.enumerate())
+
+
+def check_child_can_use_grpc(what: str) -> None:
+    """Raise a clear error in a child forked while grpc.aio objects were alive (gRPC would hang or crash)."""
+    if _unsafe_child:
+        raise RuntimeError(
+            f"{what}: this process was forked while grpc.aio objects (e.g. a waypost.aio channel) were alive "
+            "in its parent, so gRPC cannot work here. Close every grpc.aio channel before forking, or create "
+            "them only in the workers, after the fork (gunicorn: post_fork hook or lazily on first use)."
+        )
+
+
+async def _suspend_all(parts: list[Any]) -> None:
+    for p in parts:
+        try:
+            await p.suspend_for_fork()
+        except Exception:
+            log.exception("waypost: suspending %r before fork failed", p)
+
+
+def _park(parked: threading.Event, release: threading.Event, parts: list[Any]) -> None:
+    # Runs on the control loop: blocks it until the fork is over, then reconnects in the parent.
+    parked.set()
+    release.wait(WAIT_S * 4)
+    for p in parts:
+        try:
+            p.resume_after_fork()
+        except Exception:
+            log.exception("waypost: resuming %r after fork failed", p)
+
+
+def _before() -> None:
+    global _release
+    _suspended.clear()
+    _release = None
+    loop = _loop._loop
+    if loop is None or _loop._pid != os.getpid() or not loop.is_running() or _loop.in_loop():
+        return  # no control loop in this process (or forking from it: nothing we can wait for)
+    with _plock:
+        parts = list(_participants)
+    t0 = time.monotonic()
+    try:
+        _loop.run(_suspend_all(parts), WAIT_S)
+    except Exception:
+        log.warning("waypost: the control loop did not stop its etcd streams within %gs before fork", WAIT_S)
+    # The calls cut by close() end on the loop over a few turns; their tracebacks form reference cycles that
+    # hold the channels: collect until the poller thread is gone.
+    deadline = time.monotonic() + WAIT_S
+    while True:
+        gc.collect()
+        if not aio_poller_alive() or time.monotonic() >= deadline:
+            break
+        time.sleep(0.01)
+    parked, release = threading.Event(), threading.Event()
+    loop.call_soon_threadsafe(_park, parked, release, parts)
+    if not parked.wait(WAIT_S):
+        log.warning("waypost: the control loop could not be paused before fork")
+    _release = release
+    _suspended.extend(parts)
+    log.debug("waypost: control plane quiesced for fork in %.1f ms", (time.monotonic() - t0) * 1e3)
+
+
+def _after_in_parent() -> None:
+    release = _release
+    if release is not None:
+        release.set()
+    _suspended.clear()
+
+
+def _after_in_child() -> None:
+    global _unsafe_child, _release, _participants, _plock
+    _unsafe_child = _alive_at_fork
+    inherited = list(_participants) + list(_suspended)
+    _participants = weakref.WeakSet()
+    _plock = threading.Lock()
+    _release = None
+    _suspended.clear()
+    for p in set(inherited):
+        try:
+            p.abandon_after_fork()
+        except Exception:  # pragma: no cover - abandoning only flips flags
+            log.exception("waypost: abandoning %r after fork failed", p)
+
+
+def _record_poller_state() -> None:
+    global _alive_at_fork
+    _alive_at_fork = aio_poller_alive()
+    if _alive_at_fork:
+        log.warning(
+            "waypost: forking while grpc.aio objects are alive (a grpc.aio / waypost.aio channel or server): "
+            "gRPC will not work in the child. Close them before forking, or create them after the fork."
+        )
+
+
+if hasattr(os, "register_at_fork"):
+    # before-hooks run in reverse order of registration: _before quiesces first, then the state is recorded
+    os.register_at_fork(before=_record_poller_state)
+    os.register_at_fork(before=_before, after_in_parent=_after_in_parent, after_in_child=_after_in_child)
