@@ -114,7 +114,7 @@ def _before() -> None:
     t0 = time.monotonic()
     try:
         _loop.run(_suspend_all(parts), WAIT_S)
-    except Exception:
+    except TimeoutError:
         log.warning("waypost: the control loop did not stop its etcd streams within %gs before fork", WAIT_S)
     # The calls cut by close() end on the loop over a few turns; their tracebacks form reference cycles that
     # hold the channels: collect until the poller thread is gone.

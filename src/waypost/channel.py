@@ -375,7 +375,15 @@ class Channel(grpc.Channel):
         return _loop.submit(run())
 
     def _on_refork(self) -> None:
+        # In a forked child: the inherited resolver's registry client belongs to the parent (waypost._fork);
+        # a new one follows the registry from here, in the background (calls use the last known backends).
         WATCHER.add(self._balancer)
+        resolver = self._config.make_resolver()
+        attach_resolver(resolver, self._balancer, self._options)
+        if hasattr(resolver, "block"):
+            resolver.block = False
+        self._resolver = resolver
+        resolver.start(self._balancer.update, self._balancer.resolver_error)
 
     @property
     def balancer(self) -> Balancer:

@@ -47,7 +47,10 @@ _live: weakref.WeakSet[Balancer] = weakref.WeakSet()
 
 def _after_fork_in_child() -> None:
     # Inherited grpc channels are unusable in the child; drop them lazily on first use (no grpc calls here).
+    # The lock may have been held by a parent thread (the connectivity poller) at the fork: a new one.
     for b in list(_live):
+        b._lock = threading.RLock()
+        b.cond = threading.Condition(b._lock)
         b._stale = True
         b._snap = _EMPTY
 

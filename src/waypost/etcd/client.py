@@ -7,6 +7,7 @@ generated message classes of our proto subset; the method paths are etcd's own.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import logging
 import time
 from collections.abc import Callable, Sequence
@@ -175,8 +176,8 @@ class EtcdClient:
             except asyncio.CancelledError:
                 # a call cut by closing its channel for a fork ends "cancelled": retry it, unless this
                 # task itself is being cancelled
-                task = asyncio.current_task()
-                if self.pool.generation == generation or (task is not None and task.cancelling()):
+                cancelling = getattr(asyncio.current_task(), "cancelling", None)  # Python >= 3.11
+                if self.pool.generation == generation or (cancelling is not None and cancelling()):
                     raise
                 if not idempotent:
                     raise RegistryUnavailable(f"etcd {op}: interrupted by a fork of this process; "
@@ -327,10 +328,8 @@ class EtcdClient:
             t = mgr._task
             if t is not None and not t.done():
                 t.cancel()
-                try:
+                with contextlib.suppress(asyncio.CancelledError, Exception):  # it restarts after the fork
                     await t
-                except BaseException:  # noqa: BLE001  # the stream's end is expected; it restarts after the fork
-                    pass
         await self.pool.suspend_for_fork()
 
     def resume_after_fork(self) -> None:
