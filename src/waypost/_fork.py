@@ -37,6 +37,9 @@ log = logging.getLogger("waypost.fork")
 
 #: Bound on each wait of the before-fork hook (suspend, poller exit, parking): a fork is never blocked longer.
 WAIT_S = 5.0
+#: Our own channels are gone within milliseconds of being closed; a poller alive longer is held by someone
+#: else's grpc.aio object (the child is then refused: check_child_can_use_grpc).
+POLLER_WAIT_S = 1.0
 
 
 class Participant(Protocol):
@@ -118,7 +121,7 @@ def _before() -> None:
         log.warning("waypost: the control loop did not stop its etcd streams within %gs before fork", WAIT_S)
     # The calls cut by close() end on the loop over a few turns; their tracebacks form reference cycles that
     # hold the channels: collect until the poller thread is gone.
-    deadline = time.monotonic() + WAIT_S
+    deadline = time.monotonic() + POLLER_WAIT_S
     while True:
         gc.collect()
         if not aio_poller_alive() or time.monotonic() >= deadline:

@@ -17,6 +17,7 @@ from typing import Any
 
 import grpc
 
+from . import _fork
 from .balancer.base import PickError, PickInfo, PickResult
 from .balancer.hashkey import current_hash_key
 from .client.config import ChannelConfig, build_config
@@ -493,6 +494,7 @@ def dial(
     does (outcomes are still reported per attempt). ``subset_size`` (default 32) and ``client_id``
     (deterministic subsetting) apply to registry targets.
     """
+    _fork.check_child_can_use_grpc("waypost.dial")  # a child forked with grpc.aio alive: fail now, not hang
     config = build_config(target, balancer, service_config, subset_size=subset_size, client_id=client_id, rng=rng)
     channel: grpc.Channel = Channel(target, config, options=options, credentials=credentials)
     interceptors = list(interceptors or ())
