@@ -99,8 +99,9 @@ def fork_children(etcd: LocalEtcd, quick: bool) -> list[cs.Result]:
     from tests.backends import echo_pb2, echo_pb2_grpc
     from tests.backends.procs import EchoProcess
 
-    r = cs.Result("fork", bound_s=20.0, recovery_what="slowest round: first fork -> last child exited")
     rounds, children = (2, 8) if quick else (5, 8)
+    r = cs.Result(f"fork {children} children x {rounds} rounds", bound_s=20.0,
+                  recovery_what="slowest round: first fork -> last child exited")
     be = EchoProcess("a")
     try:
         etcd.etcdctl("put", "fork.rpc/a", be.address)

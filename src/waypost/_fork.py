@@ -121,12 +121,17 @@ def _before() -> None:
         log.warning("waypost: the control loop did not stop its etcd streams within %gs before fork", WAIT_S)
     # The calls cut by close() end on the loop over a few turns; their tracebacks form reference cycles that
     # hold the channels: collect until the poller thread is gone.
+    # Young generations first: they are cheap and usually hold those cycles.
     deadline = time.monotonic() + POLLER_WAIT_S
+    generation = 0
     while True:
-        gc.collect()
+        gc.collect(generation)
         if not aio_poller_alive() or time.monotonic() >= deadline:
             break
-        time.sleep(0.01)
+        if generation < 2:
+            generation += 1
+        else:
+            time.sleep(0.01)
     parked, release = threading.Event(), threading.Event()
     loop.call_soon_threadsafe(_park, parked, release, parts)
     if not parked.wait(WAIT_S):
