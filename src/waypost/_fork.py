@@ -72,7 +72,10 @@ def register(p: Participant) -> None:
 
 
 def aio_poller_alive() -> bool:
-    """True while grpc.aio's poller thread runs, i.e. while some grpc.aio channel or server exists."""
+    """True while grpc.aio's poller thread runs, i.e. while some grpc.aio channel or server exists.
+
+    grpcio starts it as an unnamed ``threading.Thread`` whose target is ``PollerCompletionQueue._poll_wrapper``,
+    so Python names it ``Thread-N (_poll_wrapper)``; it ends when the last grpc.aio channel is deallocated."""
     return any("_poll_wrapper" in t.name for t in threading.enumerate())
 
 
