@@ -88,8 +88,11 @@ def _register(etcd, key: str, name: str, address: str) -> None:
 
 
 @pytest.mark.slow
-def test_sync_channel_and_fresh_dial_work_in_forked_children(shared_etcd, unique_key, backends):
+@pytest.mark.parametrize("health", [False, True], ids=["plain", "health-checked"])
+def test_sync_channel_and_fresh_dial_work_in_forked_children(shared_etcd, unique_key, backends, health):
+    """health-checked: the channel's health watches (grpc.aio streams) pause for each fork too."""
     a, b = backends
+    service_config = {"healthCheckConfig": {"serviceName": ""}} if health else None
     _register(shared_etcd, unique_key, "a", a.address)
     target = f"etcd:///{shared_etcd.endpoint}?key={unique_key}"
     registry = waypost.connect(shared_etcd.url())
@@ -98,9 +101,11 @@ def test_sync_channel_and_fresh_dial_work_in_forked_children(shared_etcd, unique
     pub.start()
     lease = pub.lease_id
     try:
-        with waypost.dial(target, balancer="round_robin") as ch:
+        with waypost.dial(target, balancer="round_robin", service_config=service_config) as ch:
             stub = echo_pb2_grpc.EchoStub(ch)
             assert stub.Unary(Req(), timeout=10).server == "a"
+            if health:
+                assert all(sc.health_task is not None and sc.healthy for sc in ch.balancer.subconns())
 
             def child() -> int:
                 code = 0

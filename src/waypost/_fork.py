@@ -23,12 +23,15 @@ A process that never started the control loop pays nothing: the hook returns at 
 
 from __future__ import annotations
 
+import asyncio
+import contextlib
 import gc
 import logging
 import os
 import threading
 import time
 import weakref
+from collections.abc import Callable, Coroutine
 from typing import Any, Protocol
 
 from . import _loop
@@ -69,6 +72,53 @@ def register(p: Participant) -> None:
     """Take part in the fork protocol (weakly referenced: no need to unregister)."""
     with _plock:
         _participants.add(p)
+
+
+class PausableTask:
+    """A control-loop task that holds grpc.aio channels (e.g. a health watch): stopped before a fork (its
+    ``finally`` closes its channels), started again in the parent after it, dropped in the child.
+
+    ``make()`` returns a fresh coroutine for each start. ``cancel()`` (any thread) ends it for good.
+    """
+
+    def __init__(self, make: Callable[[], Coroutine[Any, Any, None]]) -> None:
+        self._make = make
+        self._task: asyncio.Task[None] | None = None
+        self._cancelled = False
+        register(self)
+
+    def start(self) -> PausableTask:
+        _loop.call_soon(self._start)
+        return self
+
+    def _start(self) -> None:
+        if not self._cancelled and self._task is None:
+            self._task = asyncio.get_running_loop().create_task(self._make())
+
+    def cancel(self) -> None:
+        if self._cancelled:
+            return
+        self._cancelled = True
+        _loop.call_soon(self._stop)
+
+    def _stop(self) -> None:
+        task, self._task = self._task, None
+        if task is not None:
+            task.cancel()
+
+    async def suspend_for_fork(self) -> None:
+        task, self._task = self._task, None
+        if task is not None:
+            task.cancel()
+            with contextlib.suppress(asyncio.CancelledError, Exception):
+                await task
+
+    def resume_after_fork(self) -> None:
+        self._start()
+
+    def abandon_after_fork(self) -> None:
+        self._cancelled = True
+        self._task = None
 
 
 def aio_poller_alive() -> bool:

@@ -7,7 +7,6 @@ picker. Generated stubs work unchanged.
 
 from __future__ import annotations
 
-import concurrent.futures
 import logging
 import random
 import threading
@@ -359,7 +358,6 @@ class Channel(grpc.Channel):
         return grpc.insecure_channel(address, options=self._options)
 
     def _start_health(self, sc: SubConn) -> Any:
-        from . import _loop
 
         b = self._balancer
         service = self._config.health_service or ""
@@ -373,7 +371,7 @@ class Channel(grpc.Channel):
             finally:
                 await ch.close()
 
-        return _loop.submit(run())
+        return _fork.PausableTask(run).start()  # stops for a fork: no grpc.aio channel may be open then
 
     def _on_refork(self) -> None:
         # In a forked child: the inherited resolver's registry client belongs to the parent (waypost._fork);
@@ -469,7 +467,7 @@ def _close_channel(channel: grpc.Channel) -> None:
     channel.close()
 
 
-def _stop_health(handle: concurrent.futures.Future[Any]) -> None:
+def _stop_health(handle: _fork.PausableTask) -> None:
     handle.cancel()
 
 
