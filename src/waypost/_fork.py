@@ -60,8 +60,17 @@ class Participant(Protocol):
 
 _participants: weakref.WeakSet[Any] = weakref.WeakSet()
 _plock = threading.Lock()
-#: True in a child whose parent forked while a grpc.aio object was alive: gRPC cannot be trusted there.
-_unsafe_child = False
+#: In a child where gRPC cannot work, why (the message of check_child_can_use_grpc); None elsewhere.
+_unsafe_child: str | None = None
+_ALIVE_AT_FORK = (
+    "this process was forked while grpc.aio objects (e.g. a waypost.aio channel) were alive in its parent, so "
+    "gRPC cannot work here. Close every grpc.aio channel before forking, or create them only in the workers, "
+    "after the fork (gunicorn: post_fork hook or lazily on first use)."
+)
+_CORE_FORK_DISABLED = (
+    "this process is a forked child and GRPC_ENABLE_FORK_SUPPORT is off, so gRPC core did not prepare for the "
+    "fork and no channel can connect here. Leave GRPC_ENABLE_FORK_SUPPORT unset (or set it to 1)."
+)
 _release: threading.Event | None = None
 _suspended: list[Any] = []
 #: whether grpc.aio's poller thread was still alive at the last fork (after the participants were suspended)
@@ -130,13 +139,9 @@ def aio_poller_alive() -> bool:
 
 
 def check_child_can_use_grpc(what: str) -> None:
-    """Raise a clear error in a child forked while grpc.aio objects were alive (gRPC would hang or crash)."""
-    if _unsafe_child:
-        raise RuntimeError(
-            f"{what}: this process was forked while grpc.aio objects (e.g. a waypost.aio channel) were alive "
-            "in its parent, so gRPC cannot work here. Close every grpc.aio channel before forking, or create "
-            "them only in the workers, after the fork (gunicorn: post_fork hook or lazily on first use)."
-        )
+    """Raise a clear error in a child where gRPC would hang or crash (see the module docstring)."""
+    if _unsafe_child is not None:
+        raise RuntimeError(f"{what}: {_unsafe_child}")
 
 
 async def _suspend_all(parts: list[Any]) -> None:
@@ -202,8 +207,14 @@ def _after_in_parent() -> None:
 
 
 def _after_in_child() -> None:
+    # _release is set when _before quiesced a running control loop, i.e. the parent was using gRPC
     global _unsafe_child, _release, _participants, _plock
-    _unsafe_child = _alive_at_fork
+    if _alive_at_fork:
+        _unsafe_child = _ALIVE_AT_FORK
+    elif _release is not None and _core_fork_disabled():  # gRPC was in use in the parent (its loop ran)
+        _unsafe_child = _CORE_FORK_DISABLED
+    else:
+        _unsafe_child = None
     inherited = list(_participants) + list(_suspended)
     _participants = weakref.WeakSet()
     _plock = threading.Lock()
@@ -214,6 +225,12 @@ def _after_in_child() -> None:
             p.abandon_after_fork()
         except Exception:  # pragma: no cover - abandoning only flips flags
             log.exception("waypost: abandoning %r after fork failed", p)
+
+
+def _core_fork_disabled() -> bool:
+    # gRPC core reads this variable too; explicitly off, it skips its fork handlers (measured: a child then
+    # gets no READY connection, old or new)
+    return os.environ.get("GRPC_ENABLE_FORK_SUPPORT", "").strip().lower() in ("0", "false", "no", "off")
 
 
 def _record_poller_state() -> None:
