@@ -42,7 +42,7 @@ log = logging.getLogger("waypost.fork")
 WAIT_S = 5.0
 #: Our own channels are gone within milliseconds of being closed; a poller alive longer is held by someone
 #: else's grpc.aio object (the child is then refused: check_child_can_use_grpc).
-POLLER_WAIT_S = 1.0
+POLLER_WAIT_S = 0.2
 
 
 class Participant(Protocol):
