@@ -25,7 +25,9 @@ pytestmark = pytest.mark.skipif(not hasattr(os, "fork") or sys.platform == "darw
 
 @pytest.fixture(scope="module")
 def backends() -> Iterator[tuple[EchoProcess, EchoProcess]]:
-    a, b = EchoProcess("a"), EchoProcess("b")
+    # grpcio's health servicer holds a server thread per Watch stream, and every fork adds streams (each child's
+    # inherited channel, the parent's watches restarting): more threads than the default 32
+    a, b = EchoProcess("a", workers=128), EchoProcess("b", workers=128)
     try:
         yield a, b
     finally:

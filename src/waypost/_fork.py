@@ -42,7 +42,7 @@ log = logging.getLogger("waypost.fork")
 WAIT_S = 5.0
 #: Our own channels are gone within milliseconds of being closed; a poller alive longer is held by someone
 #: else's grpc.aio object (the child is then refused: check_child_can_use_grpc).
-POLLER_WAIT_S = 0.2
+POLLER_WAIT_S = 1.0
 
 
 class Participant(Protocol):
@@ -75,6 +75,8 @@ _release: threading.Event | None = None
 _suspended: list[Any] = []
 #: whether grpc.aio's poller thread was still alive at the last fork (after the participants were suspended)
 _alive_at_fork = False
+#: True from the start of the before-fork hook until the parent resumed
+_forking = False
 
 
 def register(p: Participant) -> None:
@@ -101,7 +103,8 @@ class PausableTask:
         return self
 
     def _start(self) -> None:
-        if not self._cancelled and self._task is None:
+        # during a fork nothing may open a channel: resume_after_fork starts it right after
+        if not self._cancelled and self._task is None and not _forking:
             self._task = asyncio.get_running_loop().create_task(self._make())
 
     def cancel(self) -> None:
@@ -156,6 +159,8 @@ def _park(parked: threading.Event, release: threading.Event, parts: list[Any]) -
     # Runs on the control loop: blocks it until the fork is over, then reconnects in the parent.
     parked.set()
     release.wait(WAIT_S * 4)
+    with _plock:  # also those registered during the fork (their start was deferred)
+        parts = list(dict.fromkeys([*parts, *_participants]))
     for p in parts:
         try:
             p.resume_after_fork()
@@ -164,17 +169,23 @@ def _park(parked: threading.Event, release: threading.Event, parts: list[Any]) -
 
 
 def _before() -> None:
-    global _release
+    global _release, _forking
     _suspended.clear()
     _release = None
     loop = _loop._loop
     if loop is None or _loop._pid != os.getpid() or not loop.is_running() or _loop.in_loop():
         return  # no control loop in this process (or forking from it: nothing we can wait for)
+    _forking = True
+    t0 = time.monotonic()
     with _plock:
         parts = list(_participants)
-    t0 = time.monotonic()
     try:
         _loop.run(_suspend_all(parts), WAIT_S)
+        with _plock:  # registered meanwhile (e.g. a health watch of a backend that just appeared)
+            late = [p for p in _participants if p not in parts]
+        if late:
+            _loop.run(_suspend_all(late), WAIT_S)
+            parts += late
     except TimeoutError:
         log.warning("waypost: the control loop did not stop its etcd streams within %gs before fork", WAIT_S)
     # The calls cut by close() end on the loop over a few turns; their tracebacks form reference cycles that
@@ -200,6 +211,8 @@ def _before() -> None:
 
 
 def _after_in_parent() -> None:
+    global _forking
+    _forking = False
     release = _release
     if release is not None:
         release.set()
@@ -208,7 +221,8 @@ def _after_in_parent() -> None:
 
 def _after_in_child() -> None:
     # _release is set when _before quiesced a running control loop, i.e. the parent was using gRPC
-    global _unsafe_child, _release, _participants, _plock
+    global _unsafe_child, _release, _participants, _plock, _forking
+    _forking = False
     if _alive_at_fork:
         _unsafe_child = _ALIVE_AT_FORK
     elif _release is not None and _core_fork_disabled():  # gRPC was in use in the parent (its loop ran)
