@@ -51,11 +51,22 @@ def run_scenario(name: str, etcd, key: str, backends: tuple[EchoProcess, EchoPro
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize("name", ["sync", "sync-health"])
-def test_sync_channel_and_fresh_dial_work_in_forked_children(shared_etcd, unique_key, backends, name):
+def test_sync_channel_and_fresh_dial_work_in_forked_children(shared_etcd, unique_key, backends):
     """8 children x 3 rounds: calls on the channel dialed before the fork and on a fresh dial; the parent's
     channel, watch (a backend registered after the forks gets traffic) and publisher (same lease) go on."""
-    run_scenario(name, shared_etcd, unique_key, backends)
+    run_scenario("sync", shared_etcd, unique_key, backends)
+
+
+@pytest.mark.slow
+def test_health_checked_channel_works_in_forked_children(shared_etcd, unique_key):
+    """The same with healthCheckConfig: the parent's health watches (grpc.aio) pause for each fork too. Backends
+    of its own: every fork adds health Watch streams, each holding a server thread for a while."""
+    a, b = EchoProcess("a", workers=128), EchoProcess("b", workers=128)
+    try:
+        run_scenario("sync-health", shared_etcd, unique_key, (a, b))
+    finally:
+        a.kill()
+        b.kill()
 
 
 @pytest.mark.slow
