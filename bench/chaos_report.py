@@ -4,8 +4,9 @@
 Scenarios (``tests/chaos_scenarios.py``, the same code ``tests/test_chaos.py`` asserts in short form):
 etcd down, etcd leader killed (3 members), compaction under registration churn, 100 publishers churning
 at ~50 changes/s, backend SIGKILL and SIGSTOP under load with a retryPolicy, a publisher process frozen
-longer than its TTL; and (``tests/chaos_etcd_store.py``) etcd SIGKILLed and back with an older store
-(data directory wiped, or restored from a snapshot), a publisher behind a link adding 0.9 s each way.
+longer than its TTL, a process forking 8 children per round after dialing an etcd target (gunicorn/uWSGI
+preload); and (``tests/chaos_etcd_store.py``) etcd SIGKILLed and back with an older store (data directory
+wiped, or restored from a snapshot), a publisher behind a link adding 0.9 s each way.
 Columns: RPCs sent and failed, registrations lost, recovery time (what "recovery" means per scenario
 is in the JSON as ``recovery_what``) and its bound.
 
@@ -85,6 +86,94 @@ def main(argv: list[str] | None = None) -> int:
     Path(args.out).write_text(json.dumps(out, indent=2, default=str) + "\n")
     print(f"wrote {args.out}")
     return 0 if all(r.ok for r in results) else 1
+
+
+# ---- fork (gunicorn/uWSGI preload) --------------------------------------------------------------------
+
+
+def fork_children(etcd: LocalEtcd, quick: bool) -> list[cs.Result]:
+    """A process dials an etcd target, calls, then forks 8 children per round. Each child calls on the
+    inherited channel and on a fresh dial (2 calls; a crashed or hung child counts both as failed and as
+    lost). The parent calls after every round. recovery = slowest round, from the first fork to the last
+    child's exit; details: per-round ok/crashed and the longest os.fork() (it includes the pause of the
+    parent's etcd streams)."""
+    import os
+    import signal
+
+    import waypost
+    from tests.backends import echo_pb2, echo_pb2_grpc
+    from tests.backends.procs import EchoProcess
+
+    rounds, children = (2, 8) if quick else (5, 8)
+    r = cs.Result(f"fork {children} children x {rounds} rounds", bound_s=20.0,
+                  recovery_what="slowest round: first fork -> last child exited")
+    be = EchoProcess("a")
+    try:
+        etcd.etcdctl("put", "fork.rpc/a", be.address)
+        target = f"etcd:///{etcd.endpoint}?key=fork.rpc"
+        with waypost.dial(target) as ch:
+            stub = echo_pb2_grpc.EchoStub(ch)
+            stub.Unary(echo_pb2.EchoRequest(), timeout=10)
+
+            def child() -> int:
+                failed = 0
+                for make in (lambda: ch, lambda: waypost.dial(target)):
+                    try:
+                        echo_pb2_grpc.EchoStub(make()).Unary(echo_pb2.EchoRequest(), timeout=10)
+                    except Exception:  # noqa: BLE001  # counted: the exit code is the number of failures
+                        failed += 1
+                return failed
+
+            rounds_out, slowest, fork_ms = [], 0.0, 0.0
+            for _ in range(rounds):
+                t0 = time.monotonic()
+                pids = []
+                for _ in range(children):
+                    f0 = time.monotonic()
+                    pid = os.fork()
+                    if pid == 0:
+                        code = 2
+                        try:
+                            signal.alarm(30)
+                            code = child()
+                        finally:
+                            os._exit(code)
+                    fork_ms = max(fork_ms, (time.monotonic() - f0) * 1e3)
+                    pids.append(pid)
+                ok = crashed = 0
+                deadline = time.monotonic() + 40
+                for pid in pids:
+                    while not (res := os.waitpid(pid, os.WNOHANG))[0] and time.monotonic() < deadline:
+                        time.sleep(0.01)
+                    if not res[0]:
+                        os.kill(pid, signal.SIGKILL)
+                        res = os.waitpid(pid, 0)
+                    status = res[1]
+                    r.sent += 2
+                    if os.WIFEXITED(status):
+                        r.failed += os.WEXITSTATUS(status)
+                        ok += os.WEXITSTATUS(status) == 0
+                    else:
+                        r.failed += 2
+                        r.lost += 1
+                        crashed += 1
+                slowest = max(slowest, time.monotonic() - t0)
+                rounds_out.append({"ok": ok, "crashed": crashed, "children": children})
+                r.sent += 1
+                try:
+                    stub.Unary(echo_pb2.EchoRequest(), timeout=10)
+                except Exception:  # noqa: BLE001
+                    r.failed += 1
+            r.recovery_s = round(slowest, 2)
+            r.details = {"rounds": rounds_out, "max_fork_ms": round(fork_ms, 1)}
+    finally:
+        be.kill()
+    r.check(r.failed == 0, f"{r.failed} calls failed ({r.lost} children crashed or hung)")
+    r.check(r.recovery_s is not None and r.recovery_s <= (r.bound_s or 0), "a round took longer than its bound")
+    return [r]
+
+
+SCENARIOS["fork"] = (1, lambda e, q: fork_children(e, q))
 
 
 if __name__ == "__main__":

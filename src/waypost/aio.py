@@ -29,6 +29,7 @@ from typing import Any
 import grpc
 import grpc.aio
 
+from . import _fork
 from .balancer.base import PickInfo, PickResult
 from .client.aio_methods import (
     StreamStreamMultiCallable,
@@ -276,6 +277,7 @@ def dial(
     """A balanced ``grpc.aio.Channel`` (same arguments as ``waypost.dial``). ``interceptors`` are grpc.aio
     client interceptors, applied to every attempt on its backend. Registry targets resolve in the
     background: calls wait for the first address list (up to their deadline)."""
+    _fork.check_child_can_use_grpc("waypost.aio.dial")  # a child forked with grpc.aio alive: fail now, not hang
     config = build_config(target, balancer, service_config, subset_size=subset_size, client_id=client_id, rng=rng)
     return Channel(target, config, options=options, credentials=credentials,
                    interceptors=list(interceptors or ()))

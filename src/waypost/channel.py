@@ -7,7 +7,6 @@ picker. Generated stubs work unchanged.
 
 from __future__ import annotations
 
-import concurrent.futures
 import logging
 import random
 import threading
@@ -17,6 +16,7 @@ from typing import Any
 
 import grpc
 
+from . import _fork
 from .balancer.base import PickError, PickInfo, PickResult
 from .client.balancer_wrapper import BalancerWrapper
 from .client.config import ChannelConfig, build_config
@@ -251,7 +251,7 @@ class Channel(MulticallableFactory, grpc.Channel):
             health_service=health,
             start_health=self._start_health if health is not None else None,
             stop_health=_stop_health if health is not None else None,
-            resolve_now=self._resolver.resolve_now,
+            resolve_now=self._resolve_now,
             on_refork=self._on_refork,
         )
         WATCHER.add(self._balancer)
@@ -269,7 +269,6 @@ class Channel(MulticallableFactory, grpc.Channel):
         return grpc.insecure_channel(address, options=self._options)
 
     def _start_health(self, sc: SubConn) -> Any:
-        from . import _loop
 
         b = self._balancer
         service = self._config.health_service or ""
@@ -283,10 +282,18 @@ class Channel(MulticallableFactory, grpc.Channel):
             finally:
                 await ch.close()
 
-        return _loop.submit(run())
+        return _fork.PausableTask(run).start()  # stops for a fork: no grpc.aio channel may be open then
+
+    def _resolve_now(self, reason: str) -> None:
+        self._resolver.resolve_now(reason)  # the current resolver: a forked child replaces it (_on_refork)
 
     def _on_refork(self) -> None:
+        # In a forked child: the inherited resolver's registry client belongs to the parent (waypost._fork);
+        # a new one follows the registry from here, in the background (calls use the last known backends).
         WATCHER.add(self._balancer)
+        resolver = self._config.make_resolver(self._options, blocking=False)
+        self._resolver = resolver
+        resolver.start(self._balancer.update, self._balancer.resolver_error)
 
     @property
     def balancer(self) -> BalancerWrapper:
@@ -364,7 +371,7 @@ def _close_channel(channel: grpc.Channel) -> None:
     channel.close()
 
 
-def _stop_health(handle: concurrent.futures.Future[Any]) -> None:
+def _stop_health(handle: _fork.PausableTask) -> None:
     handle.cancel()
 
 
@@ -389,6 +396,7 @@ def dial(
     does (outcomes are still reported per attempt). ``subset_size`` (default 32) and ``client_id``
     (deterministic subsetting) apply to registry targets.
     """
+    _fork.check_child_can_use_grpc("waypost.dial")  # a child forked with grpc.aio alive: fail now, not hang
     config = build_config(target, balancer, service_config, subset_size=subset_size, client_id=client_id, rng=rng)
     channel: grpc.Channel = Channel(target, config, options=options, credentials=credentials)
     interceptors = list(interceptors or ())

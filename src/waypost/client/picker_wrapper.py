@@ -136,7 +136,9 @@ class PickerWrapper:
         if not snap.resolved:
             # Resolution pending: wait for the first list, unless the resolver already reported a failure.
             return snap.resolver_error is None
-        return any(sc.connecting for sc in snap.backends)
+        # A backend usable but not yet in the picker: its state changed a moment ago and the new picker is
+        # being published (the connectivity poller runs on its own thread): wait for it, do not fail.
+        return any(sc.connecting or (sc.usable and sc.address not in snap.ready) for sc in snap.backends)
 
     def unavailable(self) -> BalancerRpcError:
         """The error for a call that cannot wait: names the target and every backend's state."""

@@ -15,6 +15,7 @@ from typing import Any, TypeVar, cast
 import grpc
 import grpc.aio
 
+from .. import _fork
 from ..errors import Compacted, RegistryError, RegistryUnavailable
 from . import _errors, records
 from ._methods import (
@@ -66,6 +67,7 @@ class EtcdClient:
         self._closed = False
         self.leases = KeepAliveManager(self.pool, self.auth, clock)
         self.watches = WatchManager(self.pool, self.auth, clock, self.read_header)
+        _fork.register(self)
 
     def __repr__(self) -> str:
         user = f" user={self.cfg.username!r}" if self.cfg.username else ""
@@ -86,7 +88,7 @@ class EtcdClient:
         last: grpc.aio.AioRpcError | None = None
         while True:
             if self._closed:
-                raise RegistryUnavailable(f"etcd {op}: the client is closed")
+                raise self.pool._closed_error(op)
             left = deadline - self.clock()
             if left <= 0 or attempts > n + 1:
                 if last is not None:
@@ -94,12 +96,32 @@ class EtcdClient:
                 raise RegistryUnavailable(f"etcd {op}: no answer within {budget:g}s")
             ep = self.pool.ready_now() or await self.pool.pick(op, timeout=min(cfg.dial_timeout, left))
             md = await self.auth.metadata(ep)
+            if ep.channel is None:  # paused for a fork meanwhile (waypost._fork): pick again
+                continue
             attempts += 1
+            generation = self.pool.generation
             try:
                 resp = await ep.unary(method, type(req), resp_type)(
                     req, timeout=max(min(per_attempt, deadline - self.clock()), 0.05), metadata=md,
                 )
+            except asyncio.CancelledError:
+                # a call cut by closing its channel for a fork ends "cancelled": retry it, unless this
+                # task itself is being cancelled
+                cancelling = getattr(asyncio.current_task(), "cancelling", None)  # Python >= 3.11
+                if self.pool.generation == generation or (cancelling is not None and cancelling()):
+                    raise
+                if not idempotent:
+                    raise RegistryUnavailable(f"etcd {op}: interrupted by a fork of this process; "
+                                              "it may or may not have been applied") from None
+                attempts -= 1
+                continue
             except grpc.aio.AioRpcError as e:
+                if self.pool.generation != generation:  # cut by a fork pause, not by etcd
+                    if not idempotent:
+                        raise RegistryUnavailable(f"etcd {op}: interrupted by a fork of this process; "
+                                                  "it may or may not have been applied") from None
+                    attempts -= 1
+                    continue
                 last = e
                 if self.cfg.username and not auth_retried and _errors.is_auth_retryable(e):
                     auth_retried = True
@@ -232,6 +254,27 @@ class EtcdClient:
     async def status(self) -> pb.StatusResponse:
         """The status of the member the client currently talks to."""
         return await self.call("status", STATUS, pb.StatusRequest(), pb.StatusResponse)
+
+    # -- fork (waypost._fork) -------------------------------------------------------------------
+
+    async def suspend_for_fork(self) -> None:
+        """Stop the watch and keepalive streams (as after a network cut), then close every channel."""
+        await self.watches.stream.suspend()
+        await self.leases.stream.suspend()
+        await self.pool.suspend_for_fork()
+
+    def resume_after_fork(self) -> None:
+        """New channels; the streams start again and resume (watches from their last revision)."""
+        self.pool.resume_after_fork()
+        if self._closed:
+            return
+        self.watches.stream.resume()
+        self.leases.stream.resume()  # the lease expiry watchdog was never stopped
+
+    def abandon_after_fork(self) -> None:
+        """In a child: this client belongs to the parent and never touches grpc again."""
+        self._closed = True
+        self.pool.abandon_after_fork()
 
     @property
     def closed(self) -> bool:

@@ -18,6 +18,7 @@ from typing import Any
 import grpc
 import grpc.aio
 
+from .. import _fork
 from ..errors import RegistryUnavailable
 from .config import EtcdConfig
 
@@ -71,7 +72,8 @@ class Endpoint:
 
     def __init__(self, address: str, channel: grpc.aio.Channel) -> None:
         self.address = address
-        self.channel = channel
+        #: None while the pool is suspended for a fork (see EndpointPool.suspend_for_fork)
+        self.channel: Any = channel
         self.failed_at: float | None = None
         self._unary: dict[str, Any] = {}
         self._stream: dict[str, Any] = {}
@@ -79,15 +81,21 @@ class Endpoint:
     def unary(self, method: str, req_type: Any, resp_type: Any) -> Any:
         mc = self._unary.get(method)
         if mc is None:
+            self._check_open()
             mc = self.channel.unary_unary(
                 method, request_serializer=req_type.SerializeToString, response_deserializer=resp_type.FromString,
             )
             self._unary[method] = mc
         return mc
 
+    def _check_open(self) -> None:
+        if self.channel is None:
+            raise RegistryUnavailable(f"etcd {self.address}: the connection is paused for a fork")
+
     def stream(self, method: str, req_type: Any, resp_type: Any) -> Any:
         mc = self._stream.get(method)
         if mc is None:
+            self._check_open()
             mc = self.channel.stream_stream(
                 method, request_serializer=req_type.SerializeToString, response_deserializer=resp_type.FromString,
             )
@@ -102,21 +110,71 @@ class EndpointPool:
     """The endpoints of one client. Create and use it on the control loop only."""
 
     def __init__(self, cfg: EtcdConfig, clock: Callable[[], float] = time.monotonic) -> None:
+        _fork.check_child_can_use_grpc("etcd client")
         self.cfg = cfg
         self.clock = clock
-        creds = credentials(cfg)
-        opts = channel_options(cfg)
-        self.endpoints: list[Endpoint] = []
-        for addr in cfg.endpoints:
-            if creds is not None:
-                ch = grpc.aio.secure_channel(addr, creds, options=opts)
-            else:
-                ch = grpc.aio.insecure_channel(addr, options=opts)
-            self.endpoints.append(Endpoint(addr, ch))
+        self._creds = credentials(cfg)
+        self._opts = channel_options(cfg)
+        self.endpoints: list[Endpoint] = [Endpoint(addr, self._new_channel(addr)) for addr in cfg.endpoints]
         self._current = 0
         self._closed = False
+        #: set while the channels are closed for a fork; set() when they are back (see _fork)
+        self._fork_pause: asyncio.Event | None = None
+        #: bumped at each suspension: a call that failed under a newer generation was cut by it, not by etcd
+        self.generation = 0
+        self._abandoned = False
         #: called with an endpoint when a call on it failed (streams on it may move elsewhere)
         self.failure_listeners: list[Callable[[Endpoint], None]] = []
+
+    def _new_channel(self, addr: str) -> grpc.aio.Channel:
+        if self._creds is not None:
+            return grpc.aio.secure_channel(addr, self._creds, options=self._opts)
+        return grpc.aio.insecure_channel(addr, options=self._opts)
+
+    # -- fork (waypost._fork, through EtcdClient): no grpc.aio channel may exist while the process forks --
+
+    async def suspend_for_fork(self) -> None:
+        """Close and drop every channel; picks wait for ``resume_after_fork`` (streams reconnect then)."""
+        if self._closed or self._fork_pause is not None:
+            return
+        self._fork_pause = asyncio.Event()
+        self.generation += 1
+        channels = []
+        for ep in self.endpoints:
+            channels.append(ep.channel)
+            ep.channel = None
+            ep._unary.clear()
+            ep._stream.clear()
+        for ch in channels:
+            try:
+                await ch.close()
+            except Exception:  # pragma: no cover - closing is best effort
+                log.debug("closing an etcd channel before fork failed", exc_info=True)
+        del channels
+        for _ in range(3):  # let the calls cut by close() end and drop their references to the channels
+            await asyncio.sleep(0)
+
+    def resume_after_fork(self) -> None:
+        """In the parent after the fork: new channels, waiting picks go on."""
+        pause, self._fork_pause = self._fork_pause, None
+        if pause is None:
+            return
+        if not self._closed:
+            for ep in self.endpoints:
+                ep.channel = self._new_channel(ep.address)
+        pause.set()
+
+    def abandon_after_fork(self) -> None:
+        """In a child: this pool belongs to the parent; it never touches grpc again."""
+        self._abandoned = True
+        self._closed = True
+
+    def _closed_error(self, op: str) -> RegistryUnavailable:
+        if self._abandoned:
+            return RegistryUnavailable(
+                f"etcd {op}: this etcd client was created before fork() in the parent process; "
+                "use waypost.connect()/dial() again in the child (they make fresh clients)")
+        return RegistryUnavailable(f"etcd {op}: the client is closed")
 
     def _suspect(self, ep: Endpoint, now: float) -> bool:
         return ep.failed_at is not None and now - ep.failed_at < self.cfg.failure_cooldown
@@ -143,6 +201,8 @@ class EndpointPool:
 
     def ready_now(self) -> Endpoint | None:
         """The current endpoint if it is connected and not suspect (the fast path)."""
+        if self._fork_pause is not None or self._abandoned:
+            return None
         ep = self.endpoints[self._current]
         if ep.channel.get_state(False) is _READY and ep.failed_at is None:
             return ep
@@ -158,12 +218,22 @@ class EndpointPool:
         if fast is not None:
             return fast
         if self._closed:
-            raise RegistryUnavailable(f"etcd {op}: the client is closed")
+            raise self._closed_error(op)
         wait = self.cfg.dial_timeout if timeout is None else timeout
         deadline = self.clock() + wait
         delay = 0.005
         n = len(self.endpoints)
         while True:
+            pause = self._fork_pause
+            if pause is not None:  # a fork in progress: the channels are back right after it
+                try:
+                    await asyncio.wait_for(pause.wait(), max(deadline - self.clock(), 0.001))
+                except asyncio.TimeoutError:
+                    raise RegistryUnavailable(f"etcd {op}: the connection stayed paused for a fork "
+                                              f"longer than {wait:g}s") from None
+                if self._closed:
+                    raise self._closed_error(op)
+                continue
             now = self.clock()
             fallback: int | None = None
             for i in range(n):
@@ -181,7 +251,9 @@ class EndpointPool:
                 # only suspect endpoints are connected: use one rather than fail
                 self._current = fallback
                 return self.endpoints[fallback]
-            if now >= deadline or self._closed:
+            if self._closed:
+                raise self._closed_error(op)
+            if now >= deadline:
                 raise RegistryUnavailable(
                     f"etcd {op}: no endpoint reachable within {wait:g}s "
                     f"(endpoints: {', '.join(self.cfg.endpoints)})"
@@ -191,7 +263,11 @@ class EndpointPool:
 
     async def close(self) -> None:
         self._closed = True
+        if self._abandoned:
+            return  # the channels are the parent's: never touched in a child
         for ep in self.endpoints:
+            if ep.channel is None:
+                continue
             try:
                 await ep.channel.close()
             except Exception:  # pragma: no cover - closing is best effort

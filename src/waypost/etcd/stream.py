@@ -96,6 +96,7 @@ class StreamSupervisor:
         self._on_end = on_end  # the owner's per-stream state is reset here
         self.outage = StreamOutage(name, clock, log)
         self._task: asyncio.Task[None] | None = None
+        self._suspending = False  # a stop for a fork of the process (waypost._fork) is not an outage
         self.closed = False
         #: True while a stream is open
         self.connected = False
@@ -139,7 +140,7 @@ class StreamSupervisor:
                 log.exception("etcd %s stream failed; reconnecting", self.name)
             finally:
                 self.connected = False
-                if not self.closed and not planned:
+                if not self.closed and not planned and not self._suspending:
                     self.outage.broken()
                 self._on_end()
             if self.closed or not self._active():
@@ -164,6 +165,22 @@ class StreamSupervisor:
             raise
         finally:
             call.cancel()
+
+    async def suspend(self) -> None:
+        """Stop the stream for a fork of the process (as after a cut, but not counted as an outage)."""
+        t = self._task
+        if t is not None and not t.done():
+            self._suspending = True
+            t.cancel()
+            try:
+                await reap(t, self.log)
+            finally:
+                self._suspending = False
+
+    def resume(self) -> None:
+        """Start the stream again after a fork, if its owner still has something to serve."""
+        if self._active():
+            self.ensure_running()
 
     async def close(self) -> None:
         self.closed = True
