@@ -19,8 +19,9 @@ from waypost.netutil import (
     parse_host_port,
     split_host_port,
 )
+from waypost.redaction import redact_url as redact
 from waypost.registry.url import parse_registry_url
-from waypost.resolver.target import Target, parse_target, redact
+from waypost.resolver.target import Target, parse_target
 from waypost.service_config import ServiceConfig, parse_service_config
 
 # WAYPOST_FUZZ_EXAMPLES=5000 runs a longer search locally; the suite keeps it short.

@@ -5,7 +5,8 @@ from __future__ import annotations
 import pytest
 
 from waypost import InvalidTarget
-from waypost.resolver.target import Target, parse_target, redact
+from waypost.redaction import redact_url as redact
+from waypost.resolver.target import Target, parse_target
 
 # (target, scheme, endpoints, key, format, options, authority)
 VALID = [
@@ -180,7 +181,7 @@ def test_passwords_never_shown():
 
 def test_redact():
     assert redact("etcd://u:p@h:1/k") == "etcd://u:***@h:1/k"
-    assert redact("etcd://u@h:1/k") == "etcd://u@h:1/k"
+    assert redact("etcd://u@h:1/k") == "etcd://***@h:1/k"  # userinfo without a colon may be a token
     assert redact("etcd:///h:1?key=k&password=x&user=u") == "etcd:///h:1?key=k&password=***&user=u"
     assert redact("direct:///a:1") == "direct:///a:1"
 

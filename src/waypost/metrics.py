@@ -13,8 +13,7 @@ Turn it on with ``waypost.metrics.enable()`` (the default CollectorRegistry, or 
 The scrape-time gauges (in-flight calls, backends per state) are read from live sources that the client
 registers with :func:`register_live_source`; this module imports nothing of the layers above it.
 
-Metrics (all prefixed ``waypost_``; ``target`` labels are redacted by the function the client
-registers with :func:`register_target_redactor`, passwords never appear):
+Metrics (all prefixed ``waypost_``; ``target`` labels are redacted, passwords never appear):
 
 ===========================================  =========  =========================================================
 client_requests_total{target,backend}        counter    calls finished on a backend (one per attempt)
@@ -41,6 +40,8 @@ from dataclasses import dataclass
 from typing import Any
 
 import grpc
+
+from .redaction import redact_url
 
 log = logging.getLogger("waypost.metrics")
 
@@ -69,14 +70,6 @@ LiveSource = Callable[[], Iterable[ChannelSample]]
 _sources: list[LiveSource] = []
 
 
-#: Turns a target into its label (passwords masked); the client registers the target parser's redaction.
-_redact: Callable[[str], str] = str
-
-
-def register_target_redactor(redact: Callable[[str], str]) -> None:
-    """Use ``redact(target)`` for every ``target`` label (computed once per target)."""
-    global _redact
-    _redact = redact
 
 
 def register_live_source(source: LiveSource) -> None:
@@ -141,7 +134,7 @@ class PrometheusObserver:
     def target_label(self, target: str) -> str:
         label = self._targets.get(target)
         if label is None:
-            label = self._targets[target] = _redact(target)
+            label = self._targets[target] = redact_url(target)
         return label
 
     # -- data plane hooks (per attempt) -----------------------------------------------------------

@@ -8,7 +8,6 @@ from collections.abc import Iterator
 from typing import Any
 
 from .. import metrics as _metrics
-from ..resolver.target import redact
 from ..types import STATE_NAMES
 
 _live: weakref.WeakSet[Any] = weakref.WeakSet()
@@ -40,4 +39,3 @@ def _channel_samples() -> Iterator[_metrics.ChannelSample]:
 
 
 _metrics.register_live_source(_channel_samples)
-_metrics.register_target_redactor(redact)

@@ -12,6 +12,7 @@ from typing import Any
 from ..errors import InvalidTarget
 from ..etcd.config import URL_FIELDS, URL_OPTIONS, EtcdConfig, default
 from ..netutil import AddressError, normalize_host_port
+from ..redaction import redact_url
 
 ETCD_EXAMPLE = "etcd://user:secret@127.0.0.1:2379,10.0.0.2:2379?tls=1&ca=/etc/etcd/ca.pem&dial_timeout=3"
 MEMORY_EXAMPLE = "memory://default"
@@ -64,20 +65,7 @@ class RegistryURL:
 
 
 def _bad(url: str, problem: str, example: str = ETCD_EXAMPLE) -> InvalidTarget:
-    return InvalidTarget(f"invalid registry URL {_redact_raw(url)!r}: {problem} (example: {example})")
-
-
-def _redact_raw(url: str) -> str:
-    """Hide a password in a URL we could not parse (never echo secrets). Over-redacting a malformed URL
-    is fine: everything up to the last '@' may be userinfo (a password may hold '/', '?' or '#')."""
-    scheme, sep, rest = url.partition("://")
-    if not sep or "@" in scheme:  # no scheme, or the userinfo was written before/inside it
-        return url if "@" not in url else "***@" + url.rpartition("@")[2]
-    if "@" in rest:
-        userinfo, _, host = rest.rpartition("@")
-        user, colon, _pw = userinfo.partition(":")
-        rest = f"{user}:***@{host}" if colon else f"***@{host}"
-    return f"{scheme}://{rest}"
+    return InvalidTarget(f"invalid registry URL {redact_url(url)!r}: {problem} (example: {example})")
 
 
 def _endpoint(url: str, raw: str) -> str:

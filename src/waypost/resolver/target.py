@@ -37,6 +37,7 @@ from urllib.parse import quote, unquote, urlencode
 
 from ..errors import InvalidTarget, did_you_mean
 from ..netutil import AddressError, join_host_port, parse_host_port
+from ..redaction import redact_url as redact
 
 KNOWN_SCHEMES = ("direct", "etcd", "discov", "memory", "dns", "ipv4", "ipv6")
 FORMATS = ("gozero", "etcd-naming", "kratos")
@@ -140,22 +141,6 @@ class Target:
 
     def __hash__(self) -> int:
         return hash(self.raw)
-
-
-def redact(text: str) -> str:
-    """``text`` with URL passwords (``user:pass@`` and ``password=``) replaced by ``***``."""
-    head, sep, rest = text.partition("://")
-    if sep:
-        # Everything up to the last '@' may be userinfo (a password may hold an unescaped '/', '?'
-        # or '#'); over-redacting a malformed target is fine, leaking a password is not.
-        at = rest.rfind("@")
-        if at >= 0:
-            userinfo = rest[:at]
-            user, colon, _password = userinfo.partition(":")
-            if colon:
-                rest = f"{user}:***{rest[at:]}"
-        text = head + sep + rest
-    return re.sub(r"(?i)((?:^|[?&])password=)[^&#]*", r"\1***", text)
 
 
 def parse_target(target: str) -> Target:
