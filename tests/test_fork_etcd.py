@@ -23,11 +23,12 @@ SCENARIO_TIMEOUT_S = 120
 pytestmark = pytest.mark.skipif(not hasattr(os, "fork") or sys.platform == "darwin", reason="needs fork (Linux)")
 
 
-@pytest.fixture(scope="module")
+@pytest.fixture
 def backends() -> Iterator[tuple[EchoProcess, EchoProcess]]:
     # grpcio's health servicer holds a server thread per Watch stream, and every fork adds streams (each child's
-    # inherited channel, the parent's watches restarting): more threads than the default 32
-    a, b = EchoProcess("a", workers=128), EchoProcess("b", workers=128)
+    # inherited channel, the parent's watches restarting): more threads than the default 32, and fresh backends per
+    # test so that streams still being torn down after one scenario do not hold threads the next one needs
+    a, b = EchoProcess("a", workers=256), EchoProcess("b", workers=256)
     try:
         yield a, b
     finally:
