@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import os
 import signal
 import subprocess
 import sys
@@ -13,8 +14,11 @@ EXAMPLES = Path(__file__).resolve().parents[1] / "examples"
 
 
 def start_server(script: str, url: str, key: str) -> tuple[subprocess.Popen[str], str]:
+    # The examples listen on the wildcard and would advertise this host's interface address; tests stay on
+    # loopback, so the address is given the way a deployment gives it (POD_IP).
     proc = subprocess.Popen([sys.executable, str(EXAMPLES / script), "--registry", url, "--key", key],
-                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+                            env={**os.environ, "POD_IP": "127.0.0.1"})
     line = proc.stdout.readline()
     assert line.startswith("serving "), (line, proc.stderr.read() if proc.poll() is not None else "")
     return proc, line.split()[-1]

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import logging
+
 import pytest
 
 from waypost.netutil import (
@@ -13,6 +15,7 @@ from waypost.netutil import (
     outbound_address,
     parse_host_port,
     pick_interface_address,
+    registry_in_process,
     registry_is_local,
     split_host_port,
 )
@@ -75,22 +78,65 @@ def test_ipv6_only_host_in_brackets_and_link_local_skipped():
     assert detect(itfs=itfs, registry=REMOTE) == "[fd00::2]:8080"
 
 
-def test_outbound_fallback_then_error_or_loopback():
-    lo_only = [Interface("lo", "127.0.0.1", loopback=True)]
-    assert detect(itfs=lo_only, out="10.7.7.7", registry=REMOTE) == "10.7.7.7:8080"
-    with pytest.raises(AddressError, match="allow_loopback"):
-        detect(itfs=lo_only, out=None, registry=REMOTE)
-    assert detect(itfs=lo_only, out=None, registry=REMOTE, allow_loopback=True) == "127.0.0.1:8080"
+LO_ONLY = [Interface("lo", "127.0.0.1", loopback=True), Interface("lo", "::1", loopback=True)]
 
 
-def test_loopback_registry_advertises_loopback():
-    for reg in ("etcd://127.0.0.1:2379", "etcd://localhost:2379,127.0.0.2:2380", "memory://x",
-                "etcd://user:pw@[::1]:2379"):
-        assert detect(registry=reg) == "127.0.0.1:8080", reg
-    # ... unless the caller forbids it
-    assert detect(registry="etcd://127.0.0.1:2379", allow_loopback=False) == "10.1.2.3:8080"
+def _loopback_warnings(caplog) -> list[str]:
+    return [r.getMessage() for r in caplog.records
+            if r.name == "waypost.netutil" and r.levelno == logging.WARNING and "loopback" in r.getMessage()]
+
+
+def test_outbound_fallback_then_loopback_with_a_warning_or_error(caplog):
+    caplog.set_level(logging.WARNING, logger="waypost.netutil")
+    assert detect(itfs=LO_ONLY, out="10.7.7.7", registry=REMOTE) == "10.7.7.7:8080"
+    assert _loopback_warnings(caplog) == []
+    # no interface but loopback: loopback, said loudly
+    assert detect(itfs=LO_ONLY, out=None, registry=REMOTE) == "127.0.0.1:8080"
+    assert detect(itfs=LO_ONLY, out=None, registry=REMOTE, allow_loopback=True) == "127.0.0.1:8080"
+    warned = _loopback_warnings(caplog)
+    assert len(warned) == 2 and all("no network interface other than loopback" in m for m in warned)
+    # ... unless loopback is forbidden: then an error saying what to pass
+    with pytest.raises(AddressError, match="allow_loopback=False.*advertise="):
+        detect(itfs=LO_ONLY, out=None, registry=REMOTE, allow_loopback=False)
+
+
+@pytest.mark.parametrize("reg", ["etcd://127.0.0.1:2379", "etcd://localhost:2379,127.0.0.2:2380",
+                                 "etcd://user:pw@[::1]:2379"])
+def test_loopback_registry_still_advertises_the_interface_address(reg, caplog):
+    """A node-local etcd proxy or a port-forward is on loopback while the clients are elsewhere."""
+    caplog.set_level(logging.WARNING, logger="waypost.netutil")
+    assert detect(registry=reg) == "10.1.2.3:8080"
+    assert detect(registry=reg, allow_loopback=False) == "10.1.2.3:8080"
+    assert detect(registry=reg, itfs=LO_ONLY, out="10.7.7.7") == "10.7.7.7:8080"
+    assert _loopback_warnings(caplog) == []
+    # asked explicitly: loopback, with a warning
+    assert detect(registry=reg, allow_loopback=True) == "127.0.0.1:8080"
+    assert detect(registry=reg, advertise="127.0.0.1") == "127.0.0.1:8080"
+    warned = _loopback_warnings(caplog)
+    assert len(warned) == 2 and "allow_loopback=True" in warned[0] and "advertise=" in warned[1]
+    assert all("only clients on this host" in m for m in warned)
+
+
+def test_in_process_registry_advertises_loopback_quietly(caplog):
+    caplog.set_level(logging.WARNING, logger="waypost.netutil")
+    assert detect(registry="memory://x") == "127.0.0.1:8080"
+    assert detect(registry="memory://x", advertise="127.0.0.1:9") == "127.0.0.1:9"
+    assert _loopback_warnings(caplog) == []
+    assert detect(registry="memory://x", allow_loopback=False) == "10.1.2.3:8080"
+
+
+def test_loopback_listen_host_warns_only_with_a_registry_elsewhere(caplog):
+    caplog.set_level(logging.WARNING, logger="waypost.netutil")
+    assert detect("127.0.0.1:0", registry="etcd://127.0.0.1:2379") == "127.0.0.1:8080"
+    assert _loopback_warnings(caplog) == []
+    assert detect("127.0.0.1:0", registry=REMOTE) == "127.0.0.1:8080"
+    assert len(_loopback_warnings(caplog)) == 1
+
+
+def test_allow_loopback_with_a_remote_registry_still_prefers_the_interface():
+    assert detect(registry=REMOTE, allow_loopback=True) == "10.1.2.3:8080"
     # one remote endpoint among loopback ones means remote clients
-    assert detect(registry="etcd://127.0.0.1:2379,10.0.0.9:2379") == "10.1.2.3:8080"
+    assert detect(registry="etcd://127.0.0.1:2379,10.0.0.9:2379", allow_loopback=True) == "10.1.2.3:8080"
 
 
 def test_registry_object_url_is_used():
@@ -99,6 +145,9 @@ def test_registry_object_url_is_used():
 
     assert registry_is_local(Reg())
     assert not registry_is_local(object())
+    assert not registry_in_process(Reg())
+    Reg.url = "memory://m"
+    assert registry_in_process(Reg()) and registry_in_process("memory://n") and not registry_in_process(None)
 
 
 def test_never_wildcard_never_loopback_for_remote_registry():

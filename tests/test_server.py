@@ -108,8 +108,10 @@ def test_registered_only_after_port_accepts(reg_url, unique_key):
     assert reg.sync.get(unique_key + "/", prefix=True).kvs == []
 
 
-def test_wildcard_listen_advertises_loopback_for_loopback_registry(shared_etcd, unique_key):
-    h = serve(new_server(), unique_key, registry=shared_etcd.url(), grace=0, metadata={"weight": 20})
+def test_wildcard_listen_advertises_loopback_when_allowed(shared_etcd, unique_key):
+    # (without allow_loopback a loopback registry no longer means loopback: tests/test_server_advertise.py)
+    h = serve(new_server(), unique_key, registry=shared_etcd.url(), grace=0, metadata={"weight": 20},
+              allow_loopback=True)
     try:
         assert h.address == f"127.0.0.1:{h.port}"
         kvs = waypost.connect(shared_etcd.url()).sync.get(unique_key + "/", prefix=True).kvs

@@ -28,7 +28,13 @@ watch_reloads_total{key,reason}              counter    subscriber reloads (reas
 registry_store_resets_total                  counter    etcd stores found gone back in time (emptied/restored)
 lease_reregistrations_total{key}             counter    publishers registered again after losing their lease
 registrations_restored_total{key}            counter    publisher records put back after an outside delete
+publisher_registered{key}                    gauge      1 while every publisher of the key in this process is
+                                                        registered, else 0 (read from the publishers at scrape time)
+publisher_unregistered_seconds{key}          gauge      how long the registration has been lost against the
+                                                        publisher's will (0 while registered or paused; ditto)
 ===========================================  =========  =========================================================
+
+The publisher gauges come from sources the discovery layer registers with :func:`register_publisher_source`.
 """
 
 from __future__ import annotations
@@ -130,6 +136,7 @@ class PrometheusObserver:
         r.register(self._live)
         self._all = [self.requests, self.failures, self.latency, self.ejections, self.rebuilds, self.reconnects,
                      self.store_resets, self.reloads, self.reregistrations, self.restored, self._live]
+        self._all.append(_register_publisher_collector(r))
 
     def target_label(self, target: str) -> str:
         label = self._targets.get(target)
@@ -224,6 +231,88 @@ class _LiveCollector:
                     states.add_metric([t, name], count)
         yield inflight
         yield states
+
+
+# ---- publishers: registration state, read at scrape time ----------------------------------------------
+
+
+@dataclass(frozen=True)
+class PublisherSample:
+    """One live publisher at scrape time: its key, whether it is registered now, and for how long its
+    registration has been lost against its will (0 while registered, and while paused on purpose)."""
+
+    key: str
+    registered: bool
+    unregistered_seconds: float
+
+
+#: A publisher source: called at every scrape, yields one sample per live publisher.
+PublisherSource = Callable[[], Iterable[PublisherSample]]
+
+_publisher_sources: list[PublisherSource] = []
+
+
+def register_publisher_source(source: PublisherSource) -> None:
+    """Have ``source()`` read at every scrape for the publisher gauges (idempotent)."""
+    with _lock:
+        if source not in _publisher_sources:
+            _publisher_sources.append(source)
+
+
+def unregister_publisher_source(source: PublisherSource) -> None:
+    """Stop reading ``source`` (no error if it was not registered)."""
+    with _lock:
+        if source in _publisher_sources:
+            _publisher_sources.remove(source)
+
+
+def publisher_gauges(samples: Iterable[PublisherSample]) -> dict[str, tuple[int, float]]:
+    """key -> (registered, unregistered seconds), several publishers of one key folded into one series:
+    registered only when all of them are, and the longest time unregistered."""
+    out: dict[str, tuple[int, float]] = {}
+    for s in samples:
+        registered, seconds = out.get(s.key, (1, 0.0))
+        out[s.key] = (registered if s.registered else 0, max(seconds, s.unregistered_seconds))
+    return out
+
+
+class _PublisherCollector:
+    """``waypost_publisher_registered`` and ``waypost_publisher_unregistered_seconds``, from the sources."""
+
+    def describe(self) -> list[Any]:
+        return []  # unchecked collector: families are produced at collect time
+
+    def collect(self) -> Iterator[Any]:
+        from prometheus_client.core import GaugeMetricFamily
+
+        registered = GaugeMetricFamily("waypost_publisher_registered",
+                                       "1 while the key's publishers in this process are registered, else 0",
+                                       labels=["key"])
+        lost = GaugeMetricFamily("waypost_publisher_unregistered_seconds",
+                                 "Seconds the registration has been lost against the publisher's will",
+                                 labels=["key"])
+        samples: list[PublisherSample] = []
+        with _lock:
+            sources = list(_publisher_sources)
+        for source in sources:
+            try:
+                samples.extend(source())
+            except Exception:
+                log.exception("waypost: metrics publisher source failed")
+        for key, (up, seconds) in sorted(publisher_gauges(samples).items()):
+            registered.add_metric([key], up)
+            lost.add_metric([key], seconds)
+        yield registered
+        yield lost
+
+
+def _register_publisher_collector(registry: Any) -> _PublisherCollector:
+    collector = _PublisherCollector()
+    registry.register(collector)
+    return collector
+
+
+# ---- end of the publisher block ------------------------------------------------------------------------
 
 
 def observer() -> PrometheusObserver | None:

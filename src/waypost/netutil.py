@@ -16,13 +16,21 @@ The advertised address, first that applies wins:
 1. ``advertise=`` given explicitly (``host`` or ``host:port``; a missing port is the bound port);
 2. the host of ``listen_on`` when it is a concrete address (not empty, not ``0.0.0.0`` / ``::``);
 3. the ``POD_IP`` environment variable (Kubernetes' downward API);
-4. a loopback address when the registry itself is on loopback (or ``memory://``): every client that can
-   read such a registry runs on this host, so loopback reaches them all (``allow_loopback=False`` turns
-   this off);
-5. the first up, non-loopback interface address, IPv4 preferred (IPv6 link-local addresses are skipped:
+4. loopback for an in-process registry (``memory://``): every client that reads it runs in this process;
+5. loopback when ``allow_loopback=True`` and every registry endpoint is on loopback (the caller says the
+   clients run on this host);
+6. the first up, non-loopback interface address, IPv4 preferred (IPv6 link-local addresses are skipped:
    they need a zone and are useless to other hosts);
-6. the local address of a UDP socket "connected" to a public address (no packet is sent);
-7. loopback, only when ``allow_loopback=True``.
+7. the local address of a UDP socket "connected" to a public address (no packet is sent);
+8. loopback, when nothing above found an address (a host with no other interface), unless
+   ``allow_loopback=False`` (then an ``AddressError`` saying what to pass).
+
+A registry on loopback does NOT make loopback the choice by itself: a node-local etcd proxy or a
+``kubectl port-forward`` is on loopback while the clients are on other hosts, and a registered
+127.0.0.1 sends each of them to itself. Whenever loopback is advertised for a registry that is not
+in-process (an explicit ``advertise=`` loopback host, ``allow_loopback=True``, no other interface, a
+``listen_on`` loopback host with a registry elsewhere) a WARNING says that only clients on this host
+can reach it.
 
 Never a wildcard (``0.0.0.0``, ``::``). IPv6 hosts are written in brackets: ``[fd00::2]:8080``.
 """
@@ -170,13 +178,24 @@ def is_loopback(host: str) -> bool:
         return False
 
 
+def _registry_url(registry: object) -> str | None:
+    url = registry if isinstance(registry, str) else getattr(registry, "url", None)
+    return url if isinstance(url, str) and url else None
+
+
+def registry_in_process(registry: object) -> bool:
+    """True when the registry lives in this process (``memory://``); ``registry`` is a URL or a Registry."""
+    url = _registry_url(registry)
+    return url is not None and urlsplit(url).scheme == "memory"
+
+
 def registry_is_local(registry: object) -> bool:
     """True when the registry is in-process (``memory://``) or every endpoint is on loopback.
 
     ``registry`` is a registry URL or a Registry object (its ``url`` attribute is used).
     """
-    url = registry if isinstance(registry, str) else getattr(registry, "url", None)
-    if not isinstance(url, str) or not url:
+    url = _registry_url(registry)
+    if url is None:
         return False
     parts = urlsplit(url)
     if parts.scheme == "memory":
@@ -312,32 +331,51 @@ def advertised_address(
     Raises ``AddressError`` when an explicit address is malformed or nothing usable is found.
     """
     env = os.environ if env is None else env
+    in_process = registry_in_process(registry)
     if advertise:
         host, p = split_host_port(advertise, what="advertise", listen=True)
         if not host or is_wildcard(host):
             raise AddressError(f"advertise={advertise!r}: a wildcard address cannot be reached; "
                                "give the address clients should dial (example: 10.0.0.5:8080)")
-        return join_host_port(host, p if p else port)
+        address = join_host_port(host, p if p else port)
+        if is_loopback(host) and not in_process:
+            _warn_loopback(address, "advertise= names a loopback address")
+        return address
 
     listen_host, _ = split_host_port(listen_on, what="listen_on", listen=True)
     if not is_wildcard(listen_host):
-        return join_host_port(listen_host, port)
+        address = join_host_port(listen_host, port)
+        # Bound to loopback, the server has no other address; with a registry on loopback too (a local
+        # test or demo set-up) that is consistent, with a remote registry it is surely a mistake.
+        if is_loopback(listen_host) and not registry_is_local(registry):
+            _warn_loopback(address, "the server listens on loopback only and the registry is not on this host")
+        return address
 
     pod_ip = env.get("POD_IP", "").strip()
     if pod_ip:
         return join_host_port(_check_ip(pod_ip, "POD_IP"), port)
 
-    local = registry_is_local(registry)
-    if allow_loopback is not False and local:
-        # IPv6-only listeners ([::1]) are rare; 127.0.0.1 is reachable through a dual-stack [::] bind too.
+    # IPv6-only listeners ([::1]) are rare; 127.0.0.1 is reachable through a dual-stack [::] bind too.
+    if in_process and allow_loopback is not False:
         return join_host_port("127.0.0.1", port)
+    if allow_loopback and registry_is_local(registry):
+        address = join_host_port("127.0.0.1", port)
+        _warn_loopback(address, "allow_loopback=True and the registry is on loopback")
+        return address
 
     found = pick_interface_address(interfaces()) or outbound()
     if found:
         return join_host_port(found, port)
-    if allow_loopback:
-        return join_host_port("127.0.0.1", port)
-    raise AddressError(
-        "no non-loopback address found to advertise; pass advertise='HOST:PORT', set POD_IP, "
-        "or allow_loopback=True"
-    )
+    if allow_loopback is False:
+        raise AddressError(
+            "no non-loopback address found to advertise and allow_loopback=False; pass "
+            "advertise='HOST:PORT' or set POD_IP"
+        )
+    address = join_host_port("127.0.0.1", port)
+    _warn_loopback(address, "no network interface other than loopback was found")
+    return address
+
+
+def _warn_loopback(address: str, why: str) -> None:
+    log.warning("advertising the loopback address %s (%s): only clients on this host can reach it; "
+                "pass advertise='HOST:PORT' with an address other hosts can dial if they must", address, why)

@@ -19,6 +19,9 @@ Graceful stop (``handle.stop()``, or SIGTERM/SIGINT while ``handle.wait()`` runs
 4. ... and stop;
 5. cancel what is still running when ``grace`` seconds have passed (a second signal forces it at once).
 
+``on_unregistered="exit"`` (no lease for ``max_unregistered`` s): the graceful stop, then exit status 75 by
+``SystemExit`` from ``wait()`` on the main thread or from the aio server's loop, else from the stopping thread.
+
 ``serve`` is for a ``grpc.server`` (threads); ``serve_async`` for a ``grpc.aio.server``. Both run the same
 two sequences (start-up and graceful stop, written once below); only how each step runs differs.
 """
@@ -81,11 +84,14 @@ def _bind(server: Any, listen_on: str, credentials: grpc.ServerCredentials | Non
     return int(port)
 
 
-def _check_args(key: str, grace: float) -> None:
+def _check_args(key: str, grace: float, publisher_args: Mapping[str, Any]) -> None:
+    from .discovery.outage import check_unregistered_args
+
     if not isinstance(key, str) or not key:
         raise ValueError(f"serve: key must be a non-empty string, got {key!r}")
     if grace < 0:
         raise ValueError(f"serve: grace must be >= 0 seconds, got {grace!r}")
+    check_unregistered_args(publisher_args.get("max_unregistered"), publisher_args.get("on_unregistered"))
 
 
 # ------------------------------------------------------------------------------- the shared sequences
@@ -210,7 +216,7 @@ def _serve_steps(handle_cls: type[_Base], server: Any, key: str, listen_on: str,
                  ) -> _Steps:
     """Start-up (module docstring, steps 1-5); returns the handle."""
     fl = handle_cls.flavor
-    _check_args(key, grace)
+    _check_args(key, grace, publisher_args)
     reg = _registry_of(registry)
     servicer = None
     if health:  # (1) before start, NOT_SERVING for now
@@ -237,6 +243,7 @@ def _serve_steps(handle_cls: type[_Base], server: Any, key: str, listen_on: str,
         raise
     handle = handle_cls(server, key, address, port, reg, publisher, servicer, grace)
     handle.drain_delay = max(0.0, float(drain_delay))
+    publisher.outage.exit_action = handle._exit_unregistered  # "exit": stop the server gracefully first
     yield from handle._health_steps(True)  # (5)
     log.info("serving %r at %s (registered as %s)", key, address, publisher.key)
     return handle
@@ -271,6 +278,9 @@ class _Base:
         self.drain_delay = DEFAULT_DRAIN_DELAY
         self._force = False
         self._requested: _Flag
+        #: set when the process is to exit after the stop (the registration stayed lost: on_unregistered="exit")
+        self._exit_code: int | None = None
+        self._exit_unregistered: Callable[[], None]  # that exit: graceful stop, status 75 (run in its own thread)
 
     @property
     def registered_key(self) -> str | None:
@@ -339,6 +349,7 @@ class ServeHandle(_Base):
         self._requested = threading.Event()
         self._stopped = threading.Event()
         self._stopping = False
+        self._main_waiting = False  # wait() runs on the main thread (it raises SystemExit for an exit)
 
     # -- traffic control -------------------------------------------------------------------------
 
@@ -359,15 +370,23 @@ class ServeHandle(_Base):
         """Block until SIGTERM/SIGINT (handlers installed only on the main thread) or ``stop()``; a signal
         runs the graceful stop here. True when the server has stopped (False: ``timeout`` passed)."""
         deadline = None if timeout is None else time.monotonic() + timeout
-        with self._signal_handlers():
-            while not self._requested.is_set() and not self._stopped.is_set():
-                left = None if deadline is None else deadline - time.monotonic()
-                if left is not None and left <= 0:
-                    return False
-                self._requested.wait(0.2 if left is None else min(0.2, left))
-            if not self._stopped.is_set():
-                self.stop()  # requested by a signal: stop here, in the waiting thread
+        on_main = threading.current_thread() is threading.main_thread()
+        self._main_waiting = self._main_waiting or on_main
+        try:
+            with self._signal_handlers():
+                while not self._requested.is_set() and not self._stopped.is_set():
+                    left = None if deadline is None else deadline - time.monotonic()
+                    if left is not None and left <= 0:
+                        return False
+                    self._requested.wait(0.2 if left is None else min(0.2, left))
+                if not self._stopped.is_set():
+                    self.stop()  # requested by a signal (or an exit): stop here, in the waiting thread
+            if on_main and self._exit_code is not None:
+                raise SystemExit(self._exit_code)  # finally blocks and atexit handlers still run
             return True
+        finally:
+            if on_main:
+                self._main_waiting = False
 
     @contextmanager
     def _signal_handlers(self) -> Iterator[None]:
@@ -397,6 +416,14 @@ class ServeHandle(_Base):
         finally:
             self._stopped.set()
 
+    def _exit_unregistered(self) -> None:
+        from .discovery.outage import UNREGISTERED_EXIT_CODE, exit_process
+
+        self._exit_code = UNREGISTERED_EXIT_CODE
+        self.stop()
+        if not self._main_waiting:  # (otherwise wait() on the main thread raises SystemExit)
+            exit_process(UNREGISTERED_EXIT_CODE)
+
     @property
     def stopped(self) -> bool:
         return self._stopped.is_set()
@@ -425,6 +452,8 @@ def serve(
     *,
     register_timeout: float = 5.0,
     drain_delay: float = DEFAULT_DRAIN_DELAY,
+    max_unregistered: float | None = None,
+    on_unregistered: Callable[[Any], object] | str | None = None,
 ) -> ServeHandle:
     """Bind, start and register a ``grpc.server`` (not started yet) under ``key``; returns its handle.
 
@@ -432,9 +461,11 @@ def serve(
     detected address (see ``waypost.netutil``). Raises ``waypost.RegistryUnavailable`` (server stopped
     again) when the registry cannot be reached within ``register_timeout`` seconds. When stopping, the
     server keeps serving for ``drain_delay`` seconds (at most ``grace``) after deregistering, so that
-    clients drop it before it refuses calls.
+    clients drop it before it refuses calls. After ``max_unregistered`` seconds with the lease lost, an ERROR
+    is logged and ``on_unregistered`` runs: ``f(publisher)``, or ``"exit"``: the graceful stop, then status 75.
     """
-    publisher_args = {"ttl": ttl, "id": id, "metadata": metadata, "format": format, "timeout": register_timeout}
+    publisher_args = {"ttl": ttl, "id": id, "metadata": metadata, "format": format, "timeout": register_timeout,
+                      "max_unregistered": max_unregistered, "on_unregistered": on_unregistered}
     handle: ServeHandle = _drive(_serve_steps(ServeHandle, server, key, listen_on, registry, grace, advertise,
                                               allow_loopback, health, credentials, drain_delay, publisher_args))
     return handle
@@ -463,6 +494,7 @@ class AsyncServeHandle(_Base):
         self._requested = asyncio.Event()
         self._stopped = asyncio.Event()
         self._stop_task: asyncio.Task[None] | None = None
+        self._loop = asyncio.get_running_loop()  # the server's loop (the exit path comes from another thread)
 
     async def pause(self) -> None:
         """Drain: revoke the registration and report NOT_SERVING."""
@@ -496,6 +528,19 @@ class AsyncServeHandle(_Base):
 
     def _force_now(self) -> None:
         asyncio.ensure_future(self.server.stop(0))
+
+    def _exit_unregistered(self) -> None:
+        from .discovery.outage import UNREGISTERED_EXIT_CODE, exit_process
+
+        try:  # the task's SystemExit propagates out of the server's event loop (and asyncio.run)
+            asyncio.run_coroutine_threadsafe(self._stop_and_exit(UNREGISTERED_EXIT_CODE), self._loop)
+        except RuntimeError:  # the server's loop is closed: nothing left to stop gracefully
+            exit_process(UNREGISTERED_EXIT_CODE)
+
+    async def _stop_and_exit(self, status: int) -> None:
+        self._exit_code = status
+        await self.stop()
+        raise SystemExit(status)
 
     async def stop(self, grace: float | None = None) -> None:
         """The graceful stop (module docstring). Idempotent."""
@@ -538,9 +583,13 @@ async def serve_async(
     *,
     register_timeout: float = 5.0,
     drain_delay: float = DEFAULT_DRAIN_DELAY,
+    max_unregistered: float | None = None,
+    on_unregistered: Callable[[Any], object] | str | None = None,
 ) -> AsyncServeHandle:
-    """``serve`` for a ``grpc.aio.server`` (not started yet): bind, ``await server.start()``, register."""
-    publisher_args = {"ttl": ttl, "id": id, "metadata": metadata, "format": format, "timeout": register_timeout}
+    """``serve`` for a ``grpc.aio.server`` (not started yet): bind, ``await server.start()``, register.
+    ``on_unregistered="exit"`` ends the event loop with ``SystemExit(75)`` after the graceful stop."""
+    publisher_args = {"ttl": ttl, "id": id, "metadata": metadata, "format": format, "timeout": register_timeout,
+                      "max_unregistered": max_unregistered, "on_unregistered": on_unregistered}
     handle: AsyncServeHandle = await _drive_async(_serve_steps(
         AsyncServeHandle, server, key, listen_on, registry, grace, advertise, allow_loopback, health, credentials,
         drain_delay, publisher_args))

@@ -4,14 +4,16 @@ Origin: nginx SWRR, as Kratos uses it and as the seed (002) explains it. Each pi
 backend's effective weight to its current weight, picks the largest current weight (first one on
 ties) and subtracts the total from it; weights 10:20:30 for A, B, C give C B A C B C.
 
-Weights come from the registration metadata ``weight`` (an int or a numeric string), default 100.
-An invalid, zero or negative weight is logged once per backend and replaced by the default.
+Weights come from the registration metadata ``weight``; ``weights.weight_of`` decides what a value
+means (missing or unparsable: 100; 0: drained, never picked while another backend has a positive
+weight; every backend drained: the pick fails with UNAVAILABLE saying so). A bad value is logged once
+per backend. Drained backends are left out of the picker entirely, so the dynamic weights below
+(which may reset a current weight to 0) can never hand them a pick.
 
 Dynamic weights (seed 002, section 7): a call that ends with a failure code (``stats.FAILURE_CODES``)
-halves the backend's effective weight (floor 1, never 0) and resets its current weight to 0; each
-successful call adds 1 back, up to the configured weight (additive recovery, like nginx's
-``effective_weight++``: a halved weight of 100 needs 50 successes to be whole again). An all-zero
-total never selects anyone (it cannot happen with the floor of 1, but the guard stays).
+halves the backend's effective weight (floor 1: a penalty never drains) and resets its current
+weight to 0; each successful call adds 1 back, up to the configured weight (additive recovery, like nginx's
+``effective_weight++``: a halved weight of 100 needs 50 successes to be whole again).
 
 Statistics (effective and current weights) survive rebuilds for backends that stay; a changed
 ``weight`` in the metadata resets the effective weight to the new configured weight.
@@ -23,43 +25,19 @@ for a few arithmetic operations per backend.
 from __future__ import annotations
 
 import logging
-import math
 import threading
-from collections.abc import Mapping, Sequence
+from collections.abc import Sequence
 from typing import Any
 
 from ..errors import NoBackendAvailable
 from ..types import Backend
 from .base import DoneHook, Outcome, Picker, PickInfo, PickResult, Policy
 from .stats import StatsTable, dedupe, is_failure
+from .weights import DEFAULT_WEIGHT, all_drained, parse_weight, weight_of
 
 log = logging.getLogger("waypost.balancer.wrr")
 
-DEFAULT_WEIGHT = 100
-
-
-def parse_weight(metadata: Mapping[str, Any]) -> int | None:
-    """The ``weight`` in ``metadata`` as a positive int; None when absent; ValueError when invalid."""
-    if "weight" not in metadata:
-        return None
-    raw = metadata["weight"]
-    value: float = math.nan  # bools and other types stay NaN: "not a number"
-    if isinstance(raw, (int, float)) and not isinstance(raw, bool):
-        value = raw
-    elif isinstance(raw, (str, bytes)):
-        text = raw.decode(errors="replace") if isinstance(raw, bytes) else raw
-        try:
-            value = float(text.strip())
-        except ValueError:
-            pass
-    if math.isnan(value):
-        raise ValueError(f"weight {raw!r} is not a number")
-    if not math.isfinite(value) or value != int(value):
-        raise ValueError(f"weight {raw!r} is not an integer")
-    if value <= 0:
-        raise ValueError(f"weight {raw!r} must be positive")
-    return int(value)
-
+__all__ = ["DEFAULT_WEIGHT", "WeightedRoundRobinPicker", "WeightedRoundRobinPolicy", "parse_weight"]
 
 _MISSING = object()
 
@@ -70,8 +48,8 @@ class _WeightState:
     def __init__(self, address: str, raw: object, weight: int) -> None:
         self.address = address
         self.raw = raw  # the metadata value the weight was parsed from (to notice changes)
-        self.weight = weight  # configured
-        self.effective = weight  # dynamic, 1..weight
+        self.weight = weight  # configured; 0 = drained
+        self.effective = weight  # dynamic, 1..weight (0 while drained)
         self.current = 0
 
 
@@ -79,10 +57,14 @@ class WeightedRoundRobinPicker(Picker):
     def __init__(self, policy: WeightedRoundRobinPolicy, backends: Sequence[Backend],
                  states: Sequence[_WeightState]) -> None:
         self._policy = policy
-        self._entries = tuple(zip(backends, states))
+        self._count = len(backends)
+        # Drained backends (weight 0) never enter the rotation.
+        self._entries = tuple((b, st) for b, st in zip(backends, states) if st.weight > 0)
 
     def pick(self, info: PickInfo) -> PickResult:
         if not self._entries:
+            if self._count:
+                raise all_drained(WeightedRoundRobinPolicy.name, self._count)
             raise NoBackendAvailable("weighted_round_robin: no READY backend")
         with self._policy._lock:
             total = 0
@@ -93,8 +75,8 @@ class WeightedRoundRobinPicker(Picker):
                 total += st.effective
                 if best is None or st.current > best[1].current:
                     best = entry
-            if total <= 0 or best is None:
-                raise NoBackendAvailable("weighted_round_robin: every backend has weight 0")
+            if best is None:  # not reached: every entry has an effective weight of 1 or more
+                raise NoBackendAvailable("weighted_round_robin: no READY backend")
             best[1].current -= total
         backend, state = best
         return PickResult(backend, self._policy._done_hook(state))
@@ -113,12 +95,10 @@ class WeightedRoundRobinPolicy(Policy):
         )
 
     def _weight_of(self, backend: Backend) -> int:
-        try:
-            weight = parse_weight(backend.metadata)
-        except ValueError as exc:
-            log.warning("backend %s: %s; using the default weight %d", backend.address, exc, DEFAULT_WEIGHT)
-            return DEFAULT_WEIGHT
-        return DEFAULT_WEIGHT if weight is None else weight
+        weight, problem = weight_of(backend.metadata)
+        if problem is not None:
+            log.warning("backend %s: %s", backend.address, problem)
+        return weight
 
     def build(self, backends: Sequence[Backend]) -> Picker:
         backends = dedupe(backends)
@@ -129,11 +109,14 @@ class WeightedRoundRobinPolicy(Policy):
                 if raw != st.raw:  # a kept backend re-registered with another weight
                     st.raw = raw
                     st.weight = st.effective = self._weight_of(b)
+                    st.current = 0
         return WeightedRoundRobinPicker(self, backends, states)
 
     def _done_hook(self, state: _WeightState) -> DoneHook:
         def done(outcome: Outcome) -> None:
             with self._lock:
+                if state.weight == 0:  # drained since the pick: nothing to adjust
+                    return
                 if is_failure(outcome.code):
                     state.effective = max(1, state.effective // 2)
                     state.current = 0

@@ -17,6 +17,9 @@ Behaviour (go-zero's ``core/discov`` Publisher, plus what it lacks):
   stale key of a previous incarnation of this process. A live owner of such a key will put it back.
 - The go-zero key is ``<key>/<id>`` with id = ``id`` if given, else the lease id in decimal, so a new
   lease means a new key (as in go-zero).
+- Unregistered for long (``outage.py``): from the lease's loss until it is registered again, the publisher
+  counts the time (``unregistered_seconds``, the ``waypost_publisher_*`` gauges); after
+  ``max_unregistered`` seconds it logs an ERROR and runs ``on_unregistered`` (a callable, or ``"exit"``).
 
 All the work runs on the control loop; the sync methods block the calling thread until it is done and
 the ``a*`` twins await it from any event loop (e.g. a ``grpc.aio`` server's).
@@ -27,13 +30,15 @@ from __future__ import annotations
 import asyncio
 import logging
 import random
-from collections.abc import Awaitable, Mapping
+import time
+from collections.abc import Awaitable, Callable, Mapping
 from typing import Any, TypeVar
 
 from .. import _loop, metrics
 from ..errors import Compacted, LeaseNotFound, PermissionDenied, RegistryError, RegistryUnavailable
 from ..registry.base import Registry
 from ..registry.formats import WireFormat, get_format
+from .outage import OnUnregistered, Outage, track, untrack
 from .subscriber import cool_down, resolve_registry
 
 log = logging.getLogger("waypost.discovery")
@@ -58,6 +63,8 @@ class Publisher:
         self, registry: Registry | str, key: str, value: str, ttl: int = 10, id: int | str | None = None,
         exclusive: bool = False, metadata: Mapping[str, Any] | None = None, format: str | WireFormat = "gozero",
         *, timeout: float = 5.0, retry_interval: float = 1.0, rng: random.Random | None = None,
+        max_unregistered: float | None = None, on_unregistered: OnUnregistered = None,
+        clock: Callable[[], float] = time.monotonic,
     ) -> None:
         if not isinstance(key, str) or not key:
             raise ValueError(f"publisher key must be a non-empty string, got {key!r}")
@@ -66,6 +73,8 @@ class Publisher:
         if timeout <= 0:
             raise ValueError(f"timeout must be positive, got {timeout!r}")
         self.format = get_format(format)
+        #: the outage clock and the alert after ``max_unregistered`` (see ``waypost.discovery.outage``)
+        self.outage = Outage(self, max_unregistered, on_unregistered, clock)
         self.metadata = dict(metadata) if metadata else None
         # validate address, id and metadata now, with a clear error, instead of on the loop later
         self.format.encode(key, value, id if id is not None else 1, self.metadata)
@@ -104,6 +113,11 @@ class Publisher:
     @property
     def registered(self) -> bool:
         return self._registered
+
+    @property
+    def unregistered_seconds(self) -> float:
+        """How long the registration has been lost against our will (0 while registered or paused)."""
+        return self.outage.seconds()
 
     @property
     def state(self) -> str:
@@ -177,6 +191,7 @@ class Publisher:
         except BaseException:
             self._state = "new"
             raise
+        track(self)
 
     async def _register_within_timeout(self) -> None:
         try:
@@ -212,6 +227,7 @@ class Publisher:
             return
         was = self._state
         self._state = "stopped"
+        untrack(self)
         if was != "new":
             await self._teardown(revoke=True)
 
@@ -226,6 +242,7 @@ class Publisher:
             self._keepalive = None
         lease, self._lease = self._lease, 0
         self._registered = False
+        self.outage.end()  # paused or stopped on purpose: not an outage
         if revoke and lease:
             await self._revoke(lease)
 
@@ -277,7 +294,8 @@ class Publisher:
                                                name=f"waypost-pub {main[0]}")
         self._registered = True
         self.registrations += 1
-        log.info("%r: registered with lease %d", self, lease)
+        lasted = self.outage.end()
+        log.info("%r: registered with lease %d%s", self, lease, f" after {lasted:.1f}s unregistered" if lasted else "")
 
     def _on_lost(self, lease_id: int, reason: BaseException | None) -> None:
         if not _loop.in_loop():
@@ -304,6 +322,8 @@ class Publisher:
             self._keepalive.cancel()
             self._keepalive = None
         self._lease, self._registered = 0, False
+        if self._state == "running":
+            self.outage.begin()
         failing = False
         try:
             while self._state == "running":

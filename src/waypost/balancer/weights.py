@@ -1,0 +1,90 @@
+"""What a registration's ``weight`` means: the one place that decides, for every weight-aware policy.
+
+A backend's weight is its registration metadata ``weight`` (an int, an integral float or a numeric
+string; go-zero and Kratos metadata carry strings):
+
+- missing: ``DEFAULT_WEIGHT`` (100), so unweighted backends share traffic equally;
+- a positive integer: that weight;
+- ``0``: **drained**. The backend stays registered (and connected) but is never picked while any
+  backend has a positive weight; when every backend is drained a pick fails with UNAVAILABLE naming
+  the cause (``all_drained``). Setting weight 0 is how an operator takes traffic off an instance
+  without deregistering it, so the zero must never be "corrected" into a default: that would send the
+  drained instance the bulk of the traffic;
+- negative: a mistake in the registration, logged and treated as drained (0): whoever wrote it meant
+  "less", never "the default";
+- anything else (not a number, a fraction, a bool, infinity): unparsable, logged and replaced by
+  ``DEFAULT_WEIGHT`` (nothing says what was meant, so the backend is treated like an unweighted one).
+
+Policies call ``weight_of`` once per distinct metadata value and log the returned problem, so a bad
+weight is reported once per backend and not on every rebuild.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Mapping
+from typing import Any
+
+import grpc
+
+from .base import PickError
+
+__all__ = ["DEFAULT_WEIGHT", "DRAINED", "all_drained", "parse_weight", "weight_of"]
+
+#: the weight of a backend whose registration carries no (or an unparsable) ``weight``
+DEFAULT_WEIGHT = 100
+#: the weight of a drained backend: registered, never picked while another backend has a positive weight
+DRAINED = 0
+
+
+class _Negative(ValueError):
+    """A parsable but negative weight (``weight_of`` drains it instead of defaulting it)."""
+
+
+def parse_weight(metadata: Mapping[str, Any]) -> int | None:
+    """The ``weight`` in ``metadata`` as an int (0 or more); None when absent.
+
+    Raises ValueError for a value that is not an integer, and for a negative one (the message says
+    which); ``weight_of`` turns both into a weight.
+    """
+    if "weight" not in metadata:
+        return None
+    raw = metadata["weight"]
+    value: float = math.nan  # bools and other types stay NaN: "not a number"
+    if isinstance(raw, (int, float)) and not isinstance(raw, bool):
+        value = raw
+    elif isinstance(raw, (str, bytes)):
+        text = raw.decode(errors="replace") if isinstance(raw, bytes) else raw
+        try:
+            value = float(text.strip())
+        except ValueError:
+            pass
+    if math.isnan(value):
+        raise ValueError(f"weight {raw!r} is not a number")
+    if not math.isfinite(value) or value != int(value):
+        raise ValueError(f"weight {raw!r} is not an integer")
+    if value < 0:
+        raise _Negative(f"weight {raw!r} is negative")
+    return int(value)
+
+
+def weight_of(metadata: Mapping[str, Any]) -> tuple[int, str | None]:
+    """``(weight, problem)`` for a registration's metadata: the weight a policy uses (``DRAINED`` for a
+    drained backend) and, for a bad value, a sentence for the log saying what was wrong and what is used."""
+    try:
+        weight = parse_weight(metadata)
+    except _Negative as exc:
+        return DRAINED, f"{exc}; treating the backend as drained (weight 0: no traffic)"
+    except ValueError as exc:
+        return DEFAULT_WEIGHT, (f"{exc}; using the default weight {DEFAULT_WEIGHT} "
+                                "(register an integer: 0 drains the backend, more than 0 weighs it)")
+    return (DEFAULT_WEIGHT if weight is None else weight), None
+
+
+def all_drained(policy: str, count: int) -> PickError:
+    """The pick error when every READY backend is drained: UNAVAILABLE, saying why and what to do."""
+    return PickError(
+        grpc.StatusCode.UNAVAILABLE,
+        f"{policy}: every backend has weight 0 (all {count} READY backends are drained); "
+        "register a backend with a positive metadata weight to send it traffic",
+    )
