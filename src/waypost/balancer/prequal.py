@@ -27,7 +27,7 @@ A probe never blocks or fails a call: the pick reads the pool and peak_ewma's st
 
 Config (``loadBalancingConfig``)::
 
-    {"prequal": {"probesPerPick": 1, "maxProbeRate": 100, "poolSize": 16, "maxProbeAge": "1s",
+    {"prequal": {"probesPerPick": 1, "maxProbeRate": 16, "poolSize": 16, "maxProbeAge": "1s",
                  "reuseBudget": 4, "hotQuantile": 0.84, "probeTimeout": "0.25s",
                  "decayTime": "10s", "defaultRtt": "0.03s"}}
 
@@ -55,10 +55,11 @@ from .stats import dedupe
 log = logging.getLogger("waypost.balancer.prequal")
 
 DEFAULT_PROBES_PER_PICK = 1.0
-#: probes per second per channel. A probe costs about 130 us of client CPU on the development machine (a unary
-#: call of the load-report service through the backend's own grpc channel, answer parsed) and a balanced call about
-#: 230 us, so 3 % of the client CPU at 1,000 calls/s is ~7 ms/s, ~50 probes/s: see docs/policies.md.
-DEFAULT_MAX_PROBE_RATE = 50.0
+#: probes per second per channel. Measured with ``bench/load_sweep.py --probe-cost`` (2-core machine, shared): a
+#: probe through a sync backend channel costs ~520 us of client CPU (``.future()`` and its done callback on grpc's
+#: completion thread), a balanced call ~320 us; 3 % of the client CPU at 1,000 calls/s is ~9.7 ms/s, i.e. ~18
+#: probes/s. 16 keeps a margin; the automatic reuse budget stretches each probe over the picks in between.
+DEFAULT_MAX_PROBE_RATE = 16.0
 DEFAULT_POOL_SIZE = 16
 DEFAULT_MAX_AGE = 1.0  # seconds
 DEFAULT_HOT_QUANTILE = 0.84
