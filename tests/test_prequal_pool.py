@@ -55,17 +55,30 @@ def test_a_use_adds_our_own_request_and_spends_the_budget() -> None:
     assert third.uses == 2 and [q.address for q in p.probes()] == sorted({"a", "b"} - {third.address})
 
 
-def test_our_own_calls_since_the_report_count_towards_the_rif() -> None:
+def test_our_part_of_the_rif_is_brought_up_to_date() -> None:
     clock = Clock()
     p = pool(clock, rif_quantile=1.0, reuse_budget=10)
-    p.add(Probe("a", 0, 0.001, clock.now, own=2))  # we had 2 calls there when it reported 0... others' calls ended
-    p.add(Probe("b", 0, 0.002, clock.now, own=0))
+    p.add(Probe("a", 3, 0.001, clock.now, own=2))  # a reported 3 calls, 2 of them ours
+    p.add(Probe("b", 1, 0.002, clock.now, own=0))  # hot above 3 (the largest RIF reported)
     mine = {"a": 2, "b": 0}
     assert p.choose(ALL, own=mine.__getitem__).address == "a"  # nothing new since a's report: cold, fastest
-    mine["a"] = 3  # one more call of ours started there since: a is above every RIF reported (0)
+    mine["a"] = 3  # one more call of ours started there since: 4 > 3, hot
     assert p.choose(ALL, own=mine.__getitem__).address == "b"
-    mine["a"] = 1  # our calls ended: never below the report
+    mine["a"] = 0  # our calls there ended: 1 left (the other client's), cold again
     assert p.choose(ALL, own=mine.__getitem__).address == "a"
+
+
+def test_latency_grows_with_our_calls_since_the_report() -> None:
+    clock = Clock()
+    p = pool(clock, rif_quantile=1.0, reuse_budget=10)
+    p.add(Probe("x", 5, 0.1, clock.now))  # a history wide enough that nothing below is hot
+    p.discard("x")
+    p.add(Probe("a", 0, 0.0010, clock.now))
+    p.add(Probe("b", 0, 0.0025, clock.now))
+    mine = {"a": 1, "b": 0}
+    assert p.choose(ALL, own=mine.__getitem__).address == "a"  # 1 ms x (1 + 1) / (0 + 1) = 2 ms < 2.5 ms
+    mine["a"] = 2
+    assert p.choose(ALL, own=mine.__getitem__).address == "b"  # 3 ms > 2.5 ms
 
 
 def test_min_choice_refuses_a_lone_leftover_probe() -> None:

@@ -37,7 +37,7 @@ from __future__ import annotations
 import logging
 import math
 import threading
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from typing import Any
 
 from ..durations import parse_config_duration
@@ -138,6 +138,9 @@ class PeakEwmaPolicy(Policy):
         self._stats: StatsTable[PeakEwmaStats] = StatsTable(
             lambda b: PeakEwmaStats(b.address, self.clock(), self.default_rtt))
         self._log_stamp = self.clock()
+        #: the statistics line's name, and more text per address (set by a policy built on this one)
+        self.log_name = self.name
+        self.log_extra: Callable[[], dict[str, str]] | None = None
 
     @classmethod
     def parse_config(cls, raw: Any, path: str) -> dict[str, Any]:
@@ -186,27 +189,23 @@ class PeakEwmaPolicy(Policy):
         with self._lock:
             return [BackendSignal(addr, st.inflight, st.estimate(now, self.decay)) for addr, st in self._stats.items()]
 
-    def log_due(self) -> bool:
-        """True when the next statistics line is due (one clock read, no lock)."""
-        return self.clock() - self._log_stamp >= LOG_INTERVAL
-
-    def maybe_log(self, prefix: str = "peak_ewma", extra: dict[str, str] | None = None) -> None:
-        """Log the statistics line when ``LOG_INTERVAL`` has passed on the policy clock (``extra``: address ->
-        more text for that backend, from a policy built on this one)."""
+    def maybe_log(self) -> None:
+        """Log the statistics line when ``LOG_INTERVAL`` has passed on the policy clock."""
         now = self.clock()
         if now - self._log_stamp < LOG_INTERVAL:
             return
+        extra = self.log_extra() if self.log_extra is not None else {}
         with self._lock:
             if now - self._log_stamp < LOG_INTERVAL:  # another thread logged meanwhile
                 return
             self._log_stamp = now
             parts = []
             for addr, st in self._stats.items():
-                more = (extra or {}).get(addr, "")
+                more = extra.get(addr, "")
                 parts.append(f"conn: {addr}, inflight: {st.inflight}, latency: "
                              f"{st.estimate(now, self.decay) * 1000:.1f} ms, reqs: {st.requests}{more}")
                 st.requests = 0
-        log.info("%s - %s", prefix, "; ".join(parts))
+        log.info("%s - %s", self.log_name, "; ".join(parts))
 
     def snapshot(self) -> dict[str, dict[str, float]]:
         """address -> {estimate (seconds, now), inflight, load} (for tests, metrics and debugging)."""

@@ -6,14 +6,15 @@ flight from every client (RIF) and its latency estimate at that load. This polic
 
 - **probes off the call path.** Each pick earns ``probesPerPick`` probe credits; a credit is spent on a probe of a
   backend drawn at random among the READY ones, through the channel's ``LoadProber`` (``base.LoadProber``), which
-  sends it asynchronously and returns at once. Probes are also limited to ``maxProbeRate`` per second per channel
+  sends it asynchronously and returns at once (of two backends drawn, the one reported on least recently is
+  probed: the pool of a small fleet then covers every backend). Probes are also limited to ``maxProbeRate`` per second per channel
   (a token bucket), which is what bounds their CPU cost at high call rates. At most one probe per backend is
   outstanding; a probe that failed pauses that backend's probes for ``PROBE_PAUSE`` seconds; a backend that left
   the READY set is not probed and its late answers are ignored.
 - **keeps a pool** of the recent answers (``prequal_pool.ProbePool``): one per backend, dropped after
-  ``maxProbeAge``, each used at most ``reuseBudget`` times (by default as many times as there are picks per probe,
-  so a probe rate capped below the call rate still covers every pick); a probe's RIF counts the calls this client
-  started there since the report (from peak_ewma's in-flight counts);
+  ``maxProbeAge``, each used at most ``reuseBudget`` times (by default four times the picks per probe of the last
+  second, so a probe rate capped below the call rate still covers every pick); a probe's RIF has this client's
+  part brought up to date from peak_ewma's in-flight counts, its latency scaled with it (``prequal_pool``);
 - **chooses hot-cold lexicographically** (HCL): among the pool's probes of this picker's backends, the cold ones
   (RIF at or below the ``hotQuantile`` of recent RIFs) by lowest latency, else the hot ones by lowest RIF; with
   fewer than two usable probes (and more than one backend) there is no choice to make from the pool;
@@ -65,7 +66,9 @@ DEFAULT_MAX_AGE = 1.0  # seconds
 DEFAULT_HOT_QUANTILE = 0.84
 DEFAULT_PROBE_TIMEOUT = 0.25  # seconds
 MIN_AUTO_REUSE = 2  # the automatic reuse budget's floor (a probe is worth at least two picks)
-MAX_AUTO_REUSE = 64  # ... and ceiling (the RIF a use adds makes a heavily reused probe hot anyway)
+FIRST_AUTO_REUSE = 16  # ... before the first window is counted
+MAX_AUTO_REUSE = 256  # ... and ceiling (our own calls are counted in a probe's RIF, so reuse does not herd us)
+REUSE_FACTOR = 4.0  # automatic budget = this x picks per probe: a probe outlives its share until fresher ones come
 PROBE_PAUSE = 1.0  # seconds without probes to a backend whose probe failed
 RATE_WINDOW = 1.0  # seconds: picks and probes are counted over this window for the automatic reuse budget
 
@@ -88,11 +91,11 @@ class PrequalPicker(Picker):
         policy = self._policy
         result, targets = policy._choose(self._index, self._addresses, self._fallback)
         if result is None:
-            result = self._fallback.pick(info)
+            result = self._fallback.pick(info)  # logs the statistics line itself when it is due
+        else:
+            policy.fallback.maybe_log()
         if targets:
             policy._send(targets)
-        if policy.fallback.log_due():
-            policy.maybe_log()
         return result
 
 
@@ -110,16 +113,19 @@ class PrequalPolicy(Policy):
         self.probe_timeout = float(cfg.get("probeTimeout", DEFAULT_PROBE_TIMEOUT))
         self._auto_reuse = "reuseBudget" not in cfg
         self.fallback = PeakEwmaPolicy({k: cfg[k] for k in PEAK_FIELDS & set(cfg)}, clock=self.clock, rng=self.rng)
+        self.fallback.log_name, self.fallback.log_extra = self.name, self._log_extra
         self._pool = ProbePool(size=int(cfg.get("poolSize", DEFAULT_POOL_SIZE)),
                                max_age=float(cfg.get("maxProbeAge", DEFAULT_MAX_AGE)),
-                               reuse_budget=int(cfg.get("reuseBudget", MIN_AUTO_REUSE)),
+                               reuse_budget=int(cfg.get("reuseBudget", FIRST_AUTO_REUSE)),
                                rif_quantile=float(cfg.get("hotQuantile", DEFAULT_HOT_QUANTILE)),
                                clock=self.clock, rng=self.rng)
         self._lock = threading.Lock()
         self._prober: LoadProber | None = None
         self._ready: frozenset[str] = frozenset()
         self._no_reports: set[str] = set()  # answered UNIMPLEMENTED (or no in-flight count): not probed again
-        self._outstanding: dict[str, float] = {}  # address -> when its probe was sent
+        # address -> (when its probe was sent, this client's calls in flight there then: the report cannot include
+        # calls started after it was asked for)
+        self._outstanding: dict[str, tuple[float, int]] = {}
         self._paused: dict[str, float] = {}  # address -> no probes before this time (its probe failed)
         self._last: dict[str, tuple[float, float | None, float]] = {}  # address -> (RIF, latency, received)
         self._credit = 0.0
@@ -166,18 +172,21 @@ class PrequalPolicy(Policy):
                 del self._last[gone]
             # a backend that left and comes back is asked again (it may have been upgraded meanwhile)
             self._no_reports &= ready
-            self._outstanding = {a: t for a, t in self._outstanding.items() if a in ready}
+            self._outstanding = {a: o for a, o in self._outstanding.items() if a in ready}
             self._paused = {a: t for a, t in self._paused.items() if a in ready}
         return PrequalPicker(self, backends, fallback)
 
     def on_probe(self, address: str, in_flight: int, latency: float | None) -> None:
         now = self.clock()
+        view = self.fallback.stats_of(address)
         with self._lock:
-            self._outstanding.pop(address, None)
-            if address not in self._ready:
+            asked = self._outstanding.pop(address, None)
+            if address not in self._ready or view is None:
                 return  # a late answer from a backend that left
-            lat = 0.0 if latency is None else max(0.0, latency)  # no estimate yet: no call ended there
-            self._pool.add(Probe(address, float(in_flight), lat, now, own=self.fallback.inflight_of(address)))
+            # no estimate yet (no call ended there since the server started): this client's view stands in
+            lat = view[1] if latency is None else max(0.0, latency)
+            own = view[0] if asked is None else min(view[0], asked[1])
+            self._pool.add(Probe(address, float(in_flight), lat, now, own=own))
             self._last[address] = (float(in_flight), latency, now)
 
     def on_probe_failed(self, address: str, unsupported: bool) -> None:
@@ -230,21 +239,30 @@ class PrequalPolicy(Policy):
                 self._add_local_view(address, now)  # no RPC: no token spent
                 continue
             self._tokens -= 1.0
-            self._outstanding[address] = now
+            self._outstanding[address] = (now, self.fallback.inflight_of(address))
             targets.append(address)
         return targets
 
     def _draw(self, now: float, addresses: Sequence[str], taken: list[str]) -> str | None:
-        """A random READY backend that may be probed now (two draws, then give up until the next pick)."""
-        for _ in range(2):
+        """A READY backend that may be probed now: of two drawn at random, the one whose last report is older (a
+        small fleet's pool then holds every backend, not some twice as often as others). None after four draws."""
+        found: str | None = None
+        for _ in range(4):
             address = addresses[self.rng.randrange(len(addresses))]
             sent = self._outstanding.get(address)
-            if sent is not None and now - sent < 2 * self.probe_timeout:
+            if sent is not None and now - sent[0] < 2 * self.probe_timeout:
                 continue  # one outstanding probe per backend (one lost answer blocks it for two timeouts)
-            if self._paused.get(address, -math.inf) > now or address in taken:
+            if self._paused.get(address, -math.inf) > now or address in taken or address == found:
                 continue
-            return address
-        return None
+            if found is None:
+                found = address
+                continue
+            return address if self._reported_at(address) < self._reported_at(found) else found
+        return found
+
+    def _reported_at(self, address: str) -> float:
+        last = self._last.get(address)
+        return -math.inf if last is None else last[2]
 
     def _add_local_view(self, address: str, now: float) -> None:
         view = self.fallback.stats_of(address)
@@ -255,7 +273,7 @@ class PrequalPolicy(Policy):
         """The automatic reuse budget: a probe may serve as many picks as there were picks per probe lately."""
         if self._auto_reuse:
             per_probe = self._window_picks / max(1, self._window_probes)
-            self._pool.reuse_budget = max(MIN_AUTO_REUSE, min(MAX_AUTO_REUSE, math.ceil(per_probe)))
+            self._pool.reuse_budget = max(MIN_AUTO_REUSE, min(MAX_AUTO_REUSE, math.ceil(REUSE_FACTOR * per_probe)))
         self._window_start, self._window_picks, self._window_probes = now, 0, 0
 
     def _send(self, targets: list[str]) -> None:
@@ -300,15 +318,15 @@ class PrequalPolicy(Policy):
                 out.append(BackendSignal(address, sig.in_flight, sig.latency, None if rep is None else now - rep[2]))
         return out
 
-    def maybe_log(self) -> None:
-        """The periodic statistics line (peak_ewma's, with each backend's last report and its age)."""
+    def _log_extra(self) -> dict[str, str]:
+        """Each backend's last report and its age, for peak_ewma's statistics line (named prequal here)."""
         now = self.clock()
         with self._lock:
             extra = {a: f", reported rif: {r[0]:g}, reported latency: "
                         f"{'-' if r[1] is None else f'{r[1] * 1000:.1f} ms'}, probe age: {(now - r[2]) * 1000:.0f} ms"
                      for a, r in self._last.items()}
             extra.update({a: ", no load reports" for a in self._no_reports})
-        self.fallback.maybe_log("prequal", extra)
+        return extra
 
 
 def _number(value: Any, path: str, lo: float, hi: float) -> float:

@@ -11,9 +11,11 @@ probe is cold, pick the cold one with the lowest latency estimate (latency is wh
 hot, pick the one with the fewest requests in flight (queueing is what makes them hot). Ties are broken by the
 injected random source, so equal backends share the load.
 
-A probe's RIF as compared is the reported one plus the calls this client has started there since the report (the
-caller gives its own in-flight count per backend, ``own``): the report is a photograph, our later calls are
-known for sure. Without ``own``, each use of the probe counts as one more call.
+A probe is a photograph; our own calls since are known for sure. So the RIF compared is the reported one with this
+client's part brought up to date: ``reported - ours then + ours now`` (never below ours now), the caller giving its
+in-flight count per backend (``own``); without ``own``, each use of the probe counts as one more call. When that RIF
+is above the reported one, the latency estimate grows in proportion (``(rif + 1) / (reported + 1)``: the calls ahead
+of ours queue, as the server's own estimate assumes between load levels).
 
 Pool hygiene, each rule for a reason:
 - at most one probe per backend: a fresher answer replaces the older one (two answers of one backend would count it
@@ -116,13 +118,15 @@ class ProbePool:
         candidates = [p for p in self._probes.values() if p.address in usable]
         if not candidates or len(candidates) < min_choice:
             return None
-        if own is None:
-            rif = {p.address: p.inflight + p.uses for p in candidates}
-        else:
-            rif = {p.address: p.inflight + max(0, own(p.address) - p.own) for p in candidates}
+        rif: dict[str, float] = {}
+        latency: dict[str, float] = {}
+        for p in candidates:
+            r = p.inflight + p.uses if own is None else max(float(mine := own(p.address)), p.inflight - p.own + mine)
+            rif[p.address] = r
+            latency[p.address] = p.latency * (r + 1) / (p.inflight + 1) if r > p.inflight else p.latency
         cold = [p for p in candidates if rif[p.address] <= self._hot_above]
         if cold:
-            best = _lowest(cold, lambda p: p.latency, self._rng)
+            best = _lowest(cold, lambda p: latency[p.address], self._rng)
         else:
             best = _lowest(candidates, lambda p: rif[p.address], self._rng)
         best.uses += 1
