@@ -313,7 +313,7 @@ class PrequalPolicy(Policy):
         for address, sig in local.items():
             rep = last.get(address)
             if rep is not None and now - rep[2] <= self._pool.max_age:
-                out.append(BackendSignal(address, rep[0], rep[1], now - rep[2]))
+                out.append(BackendSignal(address, rep[0], sig.latency if rep[1] is None else rep[1], now - rep[2]))
             else:
                 out.append(BackendSignal(address, sig.in_flight, sig.latency, None if rep is None else now - rep[2]))
         return out
