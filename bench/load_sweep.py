@@ -506,9 +506,9 @@ def main() -> int:
 
 def _default_policy_name() -> str:
     """The policy ``waypost.dial`` uses without a balancer (read from the client's configuration)."""
-    from waypost.client import config
+    from waypost.service_config import DEFAULT_POLICY
 
-    return str(getattr(config, "DEFAULT_POLICY", "?"))
+    return str(DEFAULT_POLICY)
 
 
 if __name__ == "__main__":
