@@ -305,3 +305,12 @@ def test_config_parsed_and_applied():
     assert (policy.probes_per_pick, policy.max_probe_rate, policy.probe_timeout, policy.reuse_budget) == \
         (2.0, 50.0, 0.1, 3)
     assert (policy.fallback.decay, policy.fallback.default_rtt) == (5.0, 0.01)
+
+
+def test_inside_outlier_detection_it_gets_no_prober_and_picks_as_peak_ewma():
+    sc = parse_service_config({"loadBalancingConfig": [{"outlier_detection": {"childPolicy": [{"prequal": {}}]}}]})
+    policy = get_policy(sc.lb_policy)(sc.lb_config, clock=FakeClock(5.0), rng=random.Random(2))
+    assert not policy.wants_load_reports  # the channel attaches no prober to the wrapper, nor to its child
+    picker = policy.build(bs("a", "b"))
+    assert {pick(picker) for _ in range(40)} == {"a", "b"}
+    assert policy.child.probes_sent == 0 and policy.child.probe_picks == 0
