@@ -69,9 +69,12 @@ class SubConnProber:
         except RuntimeError:
             pass  # asked from another thread: use the loop of the earlier probes
         loop = self._loop
-        if loop is None or loop.is_closed():
+        if loop is None:
             return False
-        loop.call_soon_threadsafe(self._start_task, address, stub)
+        try:
+            loop.call_soon_threadsafe(self._start_task, address, stub)
+        except RuntimeError:  # the loop was closed: no probe, never an error to the call
+            return False
         return True
 
     def _start_task(self, address: str, stub: Any) -> None:
