@@ -10,8 +10,9 @@ Off by default, and then free: the library's hooks read the module attribute ``c
 Turn it on with ``waypost.metrics.enable()`` (the default CollectorRegistry, or pass your own) or
 ``waypost.metrics.serve(9464)`` (also starts prometheus-client's HTTP exporter on loopback).
 
-The scrape-time gauges (in-flight calls, backends per state, per-backend load signals) are read from live sources that the client
-registers with :func:`register_live_source`; this module imports nothing of the layers above it.
+The scrape-time gauges (in-flight calls, backends per state, per-backend load signals) are read from live
+sources that the client registers with :func:`register_live_source`; this module imports nothing of the layers
+above it.
 
 Metrics (all prefixed ``waypost_``; ``target`` labels are redacted by the function the client
 registers with :func:`register_target_redactor`, passwords never appear):
@@ -243,7 +244,8 @@ class _LiveCollector:
                                  "Requests in flight a backend has, as the balancing policy believes",
                                  labels=["target", "backend"])
         latency = GaugeMetricFamily("waypost_client_backend_latency_estimate_seconds",
-                                    "The balancing policy's latency estimate of a backend", labels=["target", "backend"])
+                                    "The balancing policy's latency estimate of a backend",
+                                    labels=["target", "backend"])
         age = GaugeMetricFamily("waypost_client_backend_probe_age_seconds",
                                 "Seconds since the backend's last load report", labels=["target", "backend"])
         for source in _sources:

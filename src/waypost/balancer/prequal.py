@@ -7,10 +7,10 @@ flight from every client (RIF) and its latency estimate at that load. This polic
 - **probes off the call path.** Each pick earns ``probesPerPick`` probe credits; a credit is spent on a probe of a
   backend drawn at random among the READY ones, through the channel's ``LoadProber`` (``base.LoadProber``), which
   sends it asynchronously and returns at once (of two backends drawn, the one reported on least recently is
-  probed: the pool of a small fleet then covers every backend). Probes are also limited to ``maxProbeRate`` per second per channel
-  (a token bucket), which is what bounds their CPU cost at high call rates. At most one probe per backend is
-  outstanding; a probe that failed pauses that backend's probes for ``PROBE_PAUSE`` seconds; a backend that left
-  the READY set is not probed and its late answers are ignored.
+  probed: the pool of a small fleet then covers every backend). Probes are also limited to ``maxProbeRate`` per
+  second per channel (a token bucket), which bounds their CPU cost at high call rates. At most one probe per
+  backend is outstanding; a probe that failed pauses that backend's probes for ``PROBE_PAUSE`` seconds; a backend
+  that left the READY set is not probed and its late answers are ignored.
 - **keeps a pool** of the recent answers (``prequal_pool.ProbePool``): one per backend, dropped after
   ``maxProbeAge``, each used at most ``reuseBudget`` times (by default four times the picks per probe of the last
   second, so a probe rate capped below the call rate still covers every pick); a probe's RIF has this client's
@@ -19,8 +19,9 @@ flight from every client (RIF) and its latency estimate at that load. This polic
   (RIF at or below the ``hotQuantile`` of recent RIFs) by lowest latency, else the hot ones by lowest RIF; with
   fewer than two usable probes (and more than one backend) there is no choice to make from the pool;
 - **falls back to ``peak_ewma``** (its very statistics: every call is counted there, whichever way it was chosen)
-  when the pool holds no usable probe. Backends without load reports (the probe answered UNIMPLEMENTED, or the
-  report carries no in-flight count) are not probed again while they stay; when drawn as probe targets they enter
+  when the pool holds fewer than two usable probes. Backends without load reports (the probe answered
+  UNIMPLEMENTED, or the report carries no in-flight count) are not probed again while they stay; when drawn as
+  probe targets they enter
   the pool with peak_ewma's view of them (this client's calls in flight, its latency estimate), so a mixed fleet
   is still compared in one pool.
 
