@@ -314,3 +314,17 @@ def test_inside_outlier_detection_it_gets_no_prober_and_picks_as_peak_ewma():
     picker = policy.build(bs("a", "b"))
     assert {pick(picker) for _ in range(40)} == {"a", "b"}
     assert policy.child.probes_sent == 0 and policy.child.probe_picks == 0
+
+
+def test_a_prober_that_raises_never_fails_the_pick(caplog):
+    class Broken:
+        def probe(self, address: str) -> bool:
+            raise RuntimeError("channel gone")
+
+    clock = FakeClock(10.0)
+    policy = get_policy("prequal")({}, clock=clock, rng=random.Random(1))
+    policy.attach_prober(Broken())
+    picker = policy.build(bs("a", "b"))
+    with caplog.at_level(logging.ERROR, logger="waypost.balancer.prequal"):
+        assert pick(picker) in {"a", "b"}
+    assert "probing" in caplog.text and policy.probes_sent == 0

@@ -281,7 +281,11 @@ class PrequalPolicy(Policy):
         """Hand the probes to the channel (outside the lock; the prober returns at once)."""
         prober = self._prober
         for address in targets:
-            sent = prober is not None and prober.probe(address)
+            try:
+                sent = prober is not None and prober.probe(address)
+            except Exception:  # a probe must never fail the call that earned it
+                log.exception("prequal: probing %s failed", address)
+                sent = False
             with self._lock:
                 if sent:
                     self.probes_sent += 1
