@@ -411,12 +411,13 @@ def probe_cost(n: int, rounds: int) -> int:
         plain = waypost.dial(target, balancer="peak_ewma")
         probing = waypost.dial(target, service_config={"loadBalancingConfig": [
             {"prequal": {"probesPerPick": 1, "maxProbeRate": 1e6}}]})
+        default = waypost.dial(target, balancer="prequal")  # its default probe rate cap
         policy = probing.config.policy
-        stubs = [echo_pb2_grpc.EchoStub(plain), echo_pb2_grpc.EchoStub(probing)]
+        stubs = [echo_pb2_grpc.EchoStub(plain), echo_pb2_grpc.EchoStub(probing), echo_pb2_grpc.EchoStub(default)]
         for stub in stubs:
             for _ in range(200):
                 stub.Unary(REQ, timeout=CALL_TIMEOUT)
-        per_call, per_probe, ratio = [], [], []
+        per_call, per_probe, ratio, overhead = [], [], [], []
         for _ in range(rounds):
             cpu = []
             sent = policy.probes_sent
@@ -429,8 +430,9 @@ def probe_cost(n: int, rounds: int) -> int:
             per_call.append(cpu[0] / n)
             per_probe.append((cpu[1] - cpu[0]) / max(1, probes))
             ratio.append(probes / n)
-        plain.close()
-        probing.close()
+            overhead.append(cpu[2] / cpu[0] - 1)
+        for ch in (plain, probing, default):
+            ch.close()
     finally:
         for p in procs:
             p.close()
@@ -438,6 +440,9 @@ def probe_cost(n: int, rounds: int) -> int:
     print(f"probe cost: {probe_us:.0f} us client CPU per probe (rounds: "
           f"{', '.join(f'{v * 1e6:.0f}' for v in per_probe)}), {call_us:.0f} us per peak_ewma call, "
           f"{statistics.median(ratio):.2f} probes per call; medians of {rounds} x {n} calls")
+    print(f"probe cost: default prequal channel, client CPU per call vs peak_ewma: "
+          f"{', '.join(f'{v * 100:+.1f} %' for v in overhead)} (pick, probes and answers; sequential calls, "
+          f"so at ~1/latency calls/s)")
     budget = 0.03 * 1000 * call_us  # us of client CPU per second
     print(f"probe cost: 3 % of the client CPU at 1,000 calls/s = {budget / 1000:.1f} ms/s "
           f"= {budget / max(probe_us, 1e-9):.0f} probes/s")
