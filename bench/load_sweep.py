@@ -21,6 +21,9 @@ from the moment it loses half its slots).
 Lines: ``sweep <scenario> c=<C>: p99 <policy>/oracle = <r>`` (aio runs: scenario ``<scenario>/aio``),
 last ``sweep worst: p99 default/oracle = <r>``. JSON to bench/results/load_sweep.json.
 ``--quick``: callers 4 only, short runs, no aio (under 2 minutes on an idle 2-core machine).
+``--probe-cost``: no sweep; the client CPU of one prequal load-report probe beside that of one balanced call
+(sequential, against one backend subprocess), and the probe rate that keeps probes at 3 % of the client CPU
+at 1,000 calls/s (how prequal's default ``maxProbeRate`` was chosen).
 The figures move with the machine's load: Python servers and clients share its cores.
 """
 
@@ -399,6 +402,53 @@ def sweep_scenario(sc: Scenario, policies: list[str], callers: list[int], aio_ca
             p.close()
 
 
+def probe_cost(n: int, rounds: int) -> int:
+    """Client CPU per probe: rounds of ``n`` sequential calls on a peak_ewma channel and on a prequal channel
+    probing at every pick (no rate cap) over the same 4 backends; the difference over the probes sent."""
+    procs = [BackendProcess(f"cost{i}", 64, 0.001, i, 600) for i in range(4)]  # ~1 us service: the client's cost
+    try:
+        target = "direct:///" + ",".join(p.address for p in procs)
+        plain = waypost.dial(target, balancer="peak_ewma")
+        probing = waypost.dial(target, service_config={"loadBalancingConfig": [
+            {"prequal": {"probesPerPick": 1, "maxProbeRate": 1e6}}]})
+        default = waypost.dial(target, balancer="prequal")  # its default probe rate cap
+        policy = probing.config.policy
+        stubs = [echo_pb2_grpc.EchoStub(plain), echo_pb2_grpc.EchoStub(probing), echo_pb2_grpc.EchoStub(default)]
+        for stub in stubs:
+            for _ in range(200):
+                stub.Unary(REQ, timeout=CALL_TIMEOUT)
+        per_call, per_probe, ratio, overhead = [], [], [], []
+        for _ in range(rounds):
+            cpu = []
+            sent = policy.probes_sent
+            for stub in stubs:
+                t0 = time.process_time()
+                for _ in range(n):
+                    stub.Unary(REQ, timeout=CALL_TIMEOUT)
+                cpu.append(time.process_time() - t0)
+            probes = policy.probes_sent - sent
+            per_call.append(cpu[0] / n)
+            per_probe.append((cpu[1] - cpu[0]) / max(1, probes))
+            ratio.append(probes / n)
+            overhead.append(cpu[2] / cpu[0] - 1)
+        for ch in (plain, probing, default):
+            ch.close()
+    finally:
+        for p in procs:
+            p.close()
+    call_us, probe_us = statistics.median(per_call) * 1e6, statistics.median(per_probe) * 1e6
+    print(f"probe cost: {probe_us:.0f} us client CPU per probe (rounds: "
+          f"{', '.join(f'{v * 1e6:.0f}' for v in per_probe)}), {call_us:.0f} us per peak_ewma call, "
+          f"{statistics.median(ratio):.2f} probes per call; medians of {rounds} x {n} calls")
+    print(f"probe cost: default prequal channel, client CPU per call vs peak_ewma: "
+          f"{', '.join(f'{v * 100:+.1f} %' for v in overhead)} (pick, probes and answers; sequential calls, "
+          f"so at ~1/latency calls/s)")
+    budget = 0.03 * 1000 * call_us  # us of client CPU per second
+    print(f"probe cost: 3 % of the client CPU at 1,000 calls/s = {budget / 1000:.1f} ms/s "
+          f"= {budget / max(probe_us, 1e-9):.0f} probes/s")
+    return 0
+
+
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--scenarios", default=",".join(SCENARIOS), help="comma-separated: " + ", ".join(SCENARIOS))
@@ -411,6 +461,7 @@ def main() -> int:
     ap.add_argument("--seed", type=int, default=1)
     ap.add_argument("--quick", action="store_true", help="callers 4, 1 s runs, no aio (a smoke test)")
     ap.add_argument("--out", default=str(ROOT / "bench/results/load_sweep.json"))
+    ap.add_argument("--probe-cost", action="store_true", help="measure a probe's client CPU instead of sweeping")
     ap.add_argument("--backend", action="store_true", help=argparse.SUPPRESS)
     ap.add_argument("--name", help=argparse.SUPPRESS)
     ap.add_argument("--slots", type=int, default=1, help=argparse.SUPPRESS)
@@ -419,6 +470,8 @@ def main() -> int:
     args = ap.parse_args()
     if args.backend:
         return backend_main(args)
+    if args.probe_cost:
+        return probe_cost(2000, 5)
     if args.quick:
         args.callers, args.aio_callers, args.seconds, args.warmup = "4", 0, 1.0, 0.5
 
@@ -458,9 +511,9 @@ def main() -> int:
 
 def _default_policy_name() -> str:
     """The policy ``waypost.dial`` uses without a balancer (read from the client's configuration)."""
-    from waypost.client import config
+    from waypost.service_config import DEFAULT_POLICY
 
-    return str(getattr(config, "DEFAULT_POLICY", "?"))
+    return str(DEFAULT_POLICY)
 
 
 if __name__ == "__main__":

@@ -20,18 +20,18 @@ def test_quick_sweep_runs_and_writes_json(tmp_path):
     out = tmp_path / "sweep.json"
     proc = subprocess.run(
         [sys.executable, str(ROOT / "bench/load_sweep.py"), "--quick", "--scenarios", "antagonist",
-         "--policies", "round_robin,peak_ewma,default", "--seconds", "0.6", "--warmup", "0.2", "--out", str(out)],
+         "--policies", "round_robin,peak_ewma,prequal,default", "--seconds", "0.6", "--warmup", "0.2", "--out", str(out)],
         check=False, cwd=ROOT, capture_output=True, text=True, timeout=200,
     )
     assert proc.returncode == 0, proc.stderr[-3000:]
     lines = proc.stdout.splitlines()
     assert lines[-1].startswith("sweep worst: p99 default/oracle = ")
-    for policy in ("round_robin", "peak_ewma", "default"):
+    for policy in ("round_robin", "peak_ewma", "prequal", "default"):
         assert any(line.startswith(f"sweep antagonist c=4: p99 {policy}/oracle = ") for line in lines), lines
     data = json.loads(out.read_text())
     (row,) = data["rows"]
     assert row["scenario"] == "antagonist" and row["callers"] == 4
-    assert set(row["results"]) == {"round_robin", "peak_ewma", "default", "oracle"}
+    assert set(row["results"]) == {"round_robin", "peak_ewma", "prequal", "default", "oracle"}
     assert all(r["calls"] > 0 for r in row["results"].values())
     assert data["default_policy"]
 

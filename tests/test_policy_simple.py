@@ -20,6 +20,7 @@ ALL = [
     "p2c_ewma",
     "peak_ewma",
     "pick_first",
+    "prequal",
     "random",
     "round_robin",
     "weighted_round_robin",

@@ -10,8 +10,9 @@ Off by default, and then free: the library's hooks read the module attribute ``c
 Turn it on with ``waypost.metrics.enable()`` (the default CollectorRegistry, or pass your own) or
 ``waypost.metrics.serve(9464)`` (also starts prometheus-client's HTTP exporter on loopback).
 
-The scrape-time gauges (in-flight calls, backends per state) are read from live sources that the client
-registers with :func:`register_live_source`; this module imports nothing of the layers above it.
+The scrape-time gauges (in-flight calls, backends per state, per-backend load signals) are read from live
+sources that the client registers with :func:`register_live_source`; this module imports nothing of the layers
+above it.
 
 Metrics (all prefixed ``waypost_``; ``target`` labels are redacted, passwords never appear):
 
@@ -35,6 +36,15 @@ publisher_unregistered_seconds{key}          gauge      how long the registratio
 ===========================================  =========  =========================================================
 
 The publisher gauges come from sources the discovery layer registers with :func:`register_publisher_source`.
+
+Per-backend load signals of the load-aware policies (peak_ewma, prequal), gauges read at scrape time, labels
+``{target,backend}``:
+
+- ``client_backend_load_in_flight``: requests in flight the policy believes the backend has: the server's count
+  from a fresh load report (prequal), else this client's own calls (peak_ewma, prequal's fallback);
+- ``client_backend_latency_estimate_seconds``: the policy's latency estimate of the backend;
+- ``client_backend_probe_age_seconds``: seconds since the backend's last load report (prequal; absent for a
+  backend never probed or without load reports).
 """
 
 from __future__ import annotations
@@ -68,6 +78,19 @@ class ChannelSample:
     target: str
     backends_per_state: Mapping[str, int]
     in_flight: Sequence[tuple[str, int]]
+    #: what a load-aware policy believes per backend (empty for the others)
+    backend_load: Sequence[BackendLoad] = ()
+
+
+@dataclass(frozen=True)
+class BackendLoad:
+    """One backend as a load-aware policy sees it: requests in flight, latency estimate (seconds; None: none yet),
+    seconds since its last load report (None: never probed, or no load reports)."""
+
+    address: str
+    in_flight: float
+    latency: float | None
+    probe_age: float | None
 
 
 #: A live source: called at every scrape, yields one sample per live channel.
@@ -202,8 +225,8 @@ class PrometheusObserver:
 
 
 class _LiveCollector:
-    """Gauges read from the live channels at scrape time (in-flight calls, backends per state): nothing
-    on the call path."""
+    """Gauges read from the live channels at scrape time (in-flight calls, backends per state, the balancing
+    policy's view of each backend's load): nothing on the call path."""
 
     def __init__(self, observer: PrometheusObserver) -> None:
         self._obs = observer
@@ -217,6 +240,14 @@ class _LiveCollector:
         inflight = GaugeMetricFamily("waypost_client_in_flight", "Calls running now", labels=["target", "backend"])
         states = GaugeMetricFamily("waypost_client_backends", "Backends per connectivity state",
                                    labels=["target", "state"])
+        load = GaugeMetricFamily("waypost_client_backend_load_in_flight",
+                                 "Requests in flight a backend has, as the balancing policy believes",
+                                 labels=["target", "backend"])
+        latency = GaugeMetricFamily("waypost_client_backend_latency_estimate_seconds",
+                                    "The balancing policy's latency estimate of a backend",
+                                    labels=["target", "backend"])
+        age = GaugeMetricFamily("waypost_client_backend_probe_age_seconds",
+                                "Seconds since the backend's last load report", labels=["target", "backend"])
         for source in _sources:
             try:
                 samples = list(source())
@@ -229,8 +260,17 @@ class _LiveCollector:
                     inflight.add_metric([t, address], n)
                 for name, count in sample.backends_per_state.items():
                     states.add_metric([t, name], count)
+                for b in sample.backend_load:
+                    load.add_metric([t, b.address], b.in_flight)
+                    if b.latency is not None:
+                        latency.add_metric([t, b.address], b.latency)
+                    if b.probe_age is not None:
+                        age.add_metric([t, b.address], b.probe_age)
         yield inflight
         yield states
+        yield load
+        yield latency
+        yield age
 
 
 # ---- publishers: registration state, read at scrape time ----------------------------------------------

@@ -14,7 +14,7 @@ import random
 import time
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
-from typing import Any, ClassVar
+from typing import Any, ClassVar, Protocol
 
 import grpc
 
@@ -70,11 +70,43 @@ class Picker(abc.ABC):
         """Pick a backend; raise PickError when the call must fail, NoBackendAvailable when empty."""
 
 
+class LoadProber(Protocol):
+    """What the channel gives a policy that balances on server load reports (``Policy.wants_load_reports``).
+
+    ``probe(address)`` asks that backend's load-report service, asynchronously: it returns at once (False when
+    the probe could not be sent: the address is not a usable backend now, or the channel is closing) and the
+    answer reaches the policy later, from another thread or the channel's event loop, as
+    ``policy.on_probe(address, in_flight, latency)`` or ``policy.on_probe_failed(address, unsupported)``.
+    The policy layer never sees a grpc channel: the client core implements this.
+    """
+
+    def probe(self, address: str) -> bool: ...
+
+
+@dataclass(frozen=True, slots=True)
+class BackendSignal:
+    """What a load-aware policy believes about one backend now (for metrics and the statistics log).
+
+    ``in_flight``: requests in flight (the server's count from a fresh probe, else this client's own);
+    ``latency``: the latency estimate in seconds (None: none yet); ``probe_age``: seconds since the
+    backend's last load report (None: never probed, or the backend has no load reports).
+    """
+
+    address: str
+    in_flight: float
+    latency: float | None
+    probe_age: float | None = None
+
+
 class Policy(abc.ABC):
     """A load-balancing policy; one instance per channel, keeping statistics across builds."""
 
     #: the name used in service configs (loadBalancingConfig keys)
     name: ClassVar[str]
+    #: True: the channel calls ``attach_prober`` once, before the first build
+    wants_load_reports: ClassVar[bool] = False
+    #: seconds: the deadline of a load-report probe (policies with ``wants_load_reports``)
+    probe_timeout: float = 0.25
 
     def __init__(
         self,
@@ -95,6 +127,21 @@ class Policy(abc.ABC):
     @abc.abstractmethod
     def build(self, backends: Sequence[Backend]) -> Picker:
         """A picker over ``backends`` (READY ones, in resolver order). May be empty."""
+
+    # ---- load reports (only policies with ``wants_load_reports`` get these calls) ----------------------
+
+    def attach_prober(self, prober: LoadProber) -> None:
+        """Receive the channel's prober (once, before the first build)."""
+
+    def on_probe(self, address: str, in_flight: int, latency: float | None) -> None:
+        """A load report of ``address``: its requests in flight and latency estimate (seconds; None: none yet)."""
+
+    def on_probe_failed(self, address: str, unsupported: bool) -> None:
+        """A probe of ``address`` failed; ``unsupported``: the backend has no load reports (UNIMPLEMENTED)."""
+
+    def signals(self) -> list[BackendSignal]:
+        """Per-backend load signals for metrics and logs; empty for policies that keep none."""
+        return []
 
 
 def parse_config_object(raw: Any, path: str) -> dict[str, Any]:

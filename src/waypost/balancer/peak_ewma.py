@@ -24,40 +24,49 @@ A pick draws two distinct backends at random and takes the lower load (one backe
 Config (``loadBalancingConfig``): ``{"peak_ewma": {"decayTime": "10s", "defaultRtt": "0.03s"}}``
 (gRPC JSON durations; the defaults are Linkerd's).
 
+A statistics line ``peak_ewma - conn: ADDR, inflight: N, latency: X ms, reqs: N; ...`` is logged
+(``waypost.balancer.peak_ewma``, INFO) when a minute has passed on the policy clock, from a pick (no
+timer thread). ``prequal`` builds on this policy's statistics (``take``, ``stats_of``), it keeps no copy.
+
 Thread safety: one lock per policy guards the in-flight counts and samples; a pick reads two
 backends' state under it.
 """
 
 from __future__ import annotations
 
+import logging
 import math
 import threading
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from typing import Any
 
 from ..durations import parse_config_duration
 from ..errors import InvalidServiceConfig, NoBackendAvailable
 from ..types import Backend
-from .base import DoneHook, Outcome, Picker, PickInfo, PickResult, Policy, parse_config_object
+from .base import BackendSignal, DoneHook, Outcome, Picker, PickInfo, PickResult, Policy, parse_config_object
 from .stats import StatsTable, dedupe, is_failure
+
+log = logging.getLogger("waypost.balancer.peak_ewma")
 
 DEFAULT_DECAY_TIME = 10.0  # seconds: the window latency is observed over (Linkerd's default)
 DEFAULT_RTT = 0.030  # seconds: the estimate of a backend never sampled (Linkerd's default)
 FAILURE_RTT = 1.0  # seconds: the least latency a failed call is sampled as
 PENALTY = 1e6  # load of a backend whose estimate decayed to zero while it has calls in flight
 CONFIG_FIELDS = {"decayTime", "defaultRtt"}
+LOG_INTERVAL = 60.0  # seconds between statistics lines
 
 
 class PeakEwmaStats:
     """What peak_ewma knows about one backend."""
 
-    __slots__ = ("address", "cost", "inflight", "stamp")
+    __slots__ = ("address", "cost", "inflight", "requests", "stamp")
 
     def __init__(self, address: str, now: float, default_rtt: float) -> None:
         self.address = address
         self.cost = default_rtt  # seconds, at time ``stamp``
         self.stamp = now
         self.inflight = 0
+        self.requests = 0  # picks since the last statistics line
 
     def estimate(self, now: float, decay: float) -> float:
         """The latency estimate at ``now``: decayed towards zero since the last sample."""
@@ -101,6 +110,18 @@ class PeakEwmaPicker(Picker):
                     i = j
             chosen = self._stats[i]
             chosen.inflight += 1
+            chosen.requests += 1
+        policy.maybe_log()
+        return PickResult(self._backends[i], policy._done_hook(chosen))
+
+    def take(self, i: int) -> PickResult:
+        """Pick backend ``i`` (of the build's backends, deduplicated, in order) chosen by a policy built on this
+        one: count the call in these statistics and return the hook that samples its latency."""
+        policy = self._policy
+        chosen = self._stats[i]
+        with policy._lock:
+            chosen.inflight += 1
+            chosen.requests += 1
         return PickResult(self._backends[i], policy._done_hook(chosen))
 
 
@@ -116,6 +137,10 @@ class PeakEwmaPolicy(Policy):
         self._lock = threading.Lock()
         self._stats: StatsTable[PeakEwmaStats] = StatsTable(
             lambda b: PeakEwmaStats(b.address, self.clock(), self.default_rtt))
+        self._log_stamp = self.clock()
+        #: the statistics line's name, and more text per address (set by a policy built on this one)
+        self.log_name = self.name
+        self.log_extra: Callable[[], dict[str, str]] | None = None
 
     @classmethod
     def parse_config(cls, raw: Any, path: str) -> dict[str, Any]:
@@ -145,6 +170,42 @@ class PeakEwmaPolicy(Policy):
                 st.observe(rtt, now, self.decay)
 
         return done
+
+    def stats_of(self, address: str) -> tuple[int, float] | None:
+        """(calls in flight from this client, latency estimate now) of ``address``; None when unknown."""
+        now = self.clock()
+        with self._lock:
+            st = self._stats.get(address)
+            return None if st is None else (st.inflight, st.estimate(now, self.decay))
+
+    def inflight_of(self, address: str) -> int:
+        """This client's calls in flight at ``address`` (0 when unknown); one dict read, no lock (an int read is
+        atomic; the value may be a moment old, as any load signal)."""
+        st = self._stats.get(address)
+        return 0 if st is None else st.inflight
+
+    def signals(self) -> list[BackendSignal]:
+        now = self.clock()
+        with self._lock:
+            return [BackendSignal(addr, st.inflight, st.estimate(now, self.decay)) for addr, st in self._stats.items()]
+
+    def maybe_log(self) -> None:
+        """Log the statistics line when ``LOG_INTERVAL`` has passed on the policy clock."""
+        now = self.clock()
+        if now - self._log_stamp < LOG_INTERVAL:
+            return
+        extra = self.log_extra() if self.log_extra is not None else {}
+        with self._lock:
+            if now - self._log_stamp < LOG_INTERVAL:  # another thread logged meanwhile
+                return
+            self._log_stamp = now
+            parts = []
+            for addr, st in self._stats.items():
+                more = extra.get(addr, "")
+                parts.append(f"conn: {addr}, inflight: {st.inflight}, latency: "
+                             f"{st.estimate(now, self.decay) * 1000:.1f} ms, reqs: {st.requests}{more}")
+                st.requests = 0
+        log.info("%s - %s", self.log_name, "; ".join(parts))
 
     def snapshot(self) -> dict[str, dict[str, float]]:
         """address -> {estimate (seconds, now), inflight, load} (for tests, metrics and debugging)."""

@@ -15,6 +15,7 @@ from .outlier_detection import OutlierDetectionPolicy
 from .p2c_ewma import P2CEwmaPolicy
 from .peak_ewma import PeakEwmaPolicy
 from .pick_first import PickFirstPolicy
+from .prequal import PrequalPolicy
 from .random_pick import RandomPolicy
 from .round_robin import RoundRobinPolicy
 from .weighted_round_robin import WeightedRoundRobinPolicy
@@ -28,6 +29,7 @@ BUILTIN_POLICIES = (
     WeightedRoundRobinPolicy,
     P2CEwmaPolicy,
     PeakEwmaPolicy,
+    PrequalPolicy,
     LeastRequestPolicy,
     ConsistentHashPolicy,
     OutlierDetectionPolicy,

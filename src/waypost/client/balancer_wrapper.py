@@ -23,6 +23,7 @@ from ..types import CONNECTING, IDLE, READY, SHUTDOWN, TRANSIENT_FAILURE, Backen
 from . import live
 from .fork import install_after_fork_hook
 from .picker_wrapper import PickerSnapshot, PickerWrapper
+from .prober import SubConnProber
 from .subconn import SubConn
 from .subconn_pool import SubConnPool
 
@@ -36,6 +37,9 @@ class BalancerWrapper:
     ``SubConnPool``. ``resolve_now(reason)`` is called (under the lock, so it must not block) when a backend
     connection attempt fails or an established connection is lost. ``on_refork()`` is called when the
     first use in a forked child has rebuilt the backends (see ``client.fork``).
+
+    A policy that balances on server load reports (``policy.wants_load_reports``) gets a ``SubConnProber`` over
+    this wrapper's subconns before its first build.
     """
 
     def __init__(
@@ -70,6 +74,11 @@ class BalancerWrapper:
         self._stale = False  # in a forked child until the first use rebuilds (see mark_forked)
         self._listeners: list[Callable[[], None]] = []
         self._dirty = False
+        self._prober: SubConnProber | None = None
+        if policy.wants_load_reports:
+            # through the pool each time: the pool replaces its dict on close and after a fork
+            self._prober = SubConnProber(lambda a: self._pool.active.get(a), policy, policy.probe_timeout)
+            policy.attach_prober(self._prober)
         install_after_fork_hook()
         live.track(self)
 
@@ -307,6 +316,8 @@ class BalancerWrapper:
             if self._closed:
                 return []
             self._closed = True
+            if self._prober is not None:
+                self._prober.close()
             scs = self._pool.close_all()
             self._publish(None, {})
         self._fire()
