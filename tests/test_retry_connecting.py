@@ -8,6 +8,7 @@ proxy that delays every byte, so it becomes READY after the others. Every call i
 from __future__ import annotations
 
 import asyncio
+import socket
 import threading
 from collections.abc import Iterator
 
@@ -121,3 +122,72 @@ async def test_aio_concurrent_first_calls_all_reach_the_healthy_backend(servers)
                                        return_exceptions=True)
     failed = [r for r in results if not isinstance(r, echo_pb2.EchoReply) or r.server != "g"]
     assert failed == []
+
+
+async def test_aio_concurrent_first_calls_wait_for_the_slow_healthy_backend(servers, slow_g):
+    x, y, _ = servers
+    async with waypost.aio.dial(_target(x, y, slow_g), service_config=RETRY) as ch:
+        stub = echo_pb2_grpc.EchoStub(ch)
+        results = await asyncio.gather(*(stub.Unary(Req(**FAIL), timeout=CALL_TIMEOUT) for _ in range(CONCURRENT)),
+                                       return_exceptions=True)
+    failed = [r for r in results if not isinstance(r, echo_pb2.EchoReply) or r.server != "g"]
+    assert failed == []
+
+
+@pytest.fixture
+def unreachable_g(servers: tuple[str, str, str]) -> Iterator[str]:
+    """The healthy backend behind a link so slow (3 s each way) that it stays CONNECTING for the whole test."""
+    host, port = servers[2].rsplit(":", 1)
+    proxy = LatencyProxy((host, int(port)), 3.0)
+    try:
+        yield proxy.endpoint
+    finally:
+        proxy.close()
+
+
+def _refused() -> str:
+    """A loopback address nobody listens on: its subconn goes to TRANSIENT_FAILURE."""
+    s = socket.socket()
+    s.bind(("127.0.0.1", 0))
+    address = f"127.0.0.1:{s.getsockname()[1]}"
+    s.close()
+    return address
+
+
+def test_sync_wait_for_a_connecting_backend_ends_at_the_deadline(servers, unreachable_g):
+    x, y, _ = servers
+    with waypost.dial(_target(x, y, unreachable_g), service_config=RETRY) as ch, \
+            pytest.raises(grpc.RpcError) as err:
+        echo_pb2_grpc.EchoStub(ch).Unary(Req(**FAIL), timeout=1.0)
+    assert err.value.code() == grpc.StatusCode.DEADLINE_EXCEEDED
+    assert "not tried yet" in err.value.details() and f"{unreachable_g}=CONNECTING" in err.value.details()
+
+
+async def test_aio_wait_for_a_connecting_backend_ends_at_the_deadline(servers, unreachable_g):
+    x, y, _ = servers
+    async with waypost.aio.dial(_target(x, y, unreachable_g), service_config=RETRY) as ch:
+        with pytest.raises(grpc.RpcError) as err:
+            await echo_pb2_grpc.EchoStub(ch).Unary(Req(**FAIL), timeout=1.0)
+    assert err.value.code() == grpc.StatusCode.DEADLINE_EXCEEDED
+    assert "not tried yet" in err.value.details()
+
+
+@pytest.mark.parametrize("wait_for_ready", [False, True])
+def test_sync_no_wait_for_a_backend_that_failed_to_connect(servers, wait_for_ready):
+    """The only untried backend refuses connections: the third attempt reuses a tried one and its answer ends
+    the call (a long deadline, so a wrong wait would end in DEADLINE_EXCEEDED instead)."""
+    x, y, _ = servers
+    dead = _refused()
+    with waypost.dial(_target(x, y, dead), service_config=RETRY) as ch, pytest.raises(grpc.RpcError) as err:
+        echo_pb2_grpc.EchoStub(ch).Unary(Req(**FAIL), timeout=CALL_TIMEOUT, wait_for_ready=wait_for_ready)
+    assert err.value.code() == grpc.StatusCode.UNAVAILABLE
+    assert err.value.details() == "requested UNAVAILABLE"  # the backend's own answer
+
+
+async def test_aio_no_wait_for_a_backend_that_failed_to_connect(servers):
+    x, y, _ = servers
+    async with waypost.aio.dial(_target(x, y, _refused()), service_config=RETRY) as ch:
+        with pytest.raises(grpc.RpcError) as err:
+            await echo_pb2_grpc.EchoStub(ch).Unary(Req(**FAIL), timeout=CALL_TIMEOUT)
+    assert err.value.code() == grpc.StatusCode.UNAVAILABLE
+    assert err.value.details() == "requested UNAVAILABLE"
