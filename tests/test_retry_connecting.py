@@ -88,11 +88,11 @@ async def test_aio_retry_waits_for_the_connecting_healthy_backend(servers, slow_
     assert answered == ["g"] * ROUNDS
 
 
-def test_sync_concurrent_first_calls_all_reach_the_healthy_backend(servers):
-    x, y, g = servers
+def _sync_concurrent_first_calls(target: str) -> list[str]:
+    """CONCURRENT threads make their first call on one fresh channel at once: who answered, or the error."""
     results: list[str] = []
     lock = threading.Lock()
-    with waypost.dial(_target(x, y, g), service_config=RETRY) as ch:
+    with waypost.dial(target, service_config=RETRY) as ch:
         stub = echo_pb2_grpc.EchoStub(ch)
         start = threading.Barrier(CONCURRENT)
 
@@ -110,8 +110,12 @@ def test_sync_concurrent_first_calls_all_reach_the_healthy_backend(servers):
             t.start()
         for t in threads:
             t.join(2 * CALL_TIMEOUT)
-    failed = [r for r in results if r != "g"]
-    assert len(results) == CONCURRENT and failed == []
+    return results
+
+
+def test_sync_concurrent_first_calls_all_reach_the_healthy_backend(servers):
+    results = _sync_concurrent_first_calls(_target(*servers))
+    assert results == ["g"] * CONCURRENT
 
 
 async def test_aio_concurrent_first_calls_all_reach_the_healthy_backend(servers):
@@ -124,9 +128,20 @@ async def test_aio_concurrent_first_calls_all_reach_the_healthy_backend(servers)
     assert failed == []
 
 
-async def test_aio_concurrent_first_calls_wait_for_the_slow_healthy_backend(servers, slow_g):
+@pytest.fixture
+def slower_g(servers: tuple[str, str, str]) -> Iterator[str]:
+    """The healthy backend 0.5 s away: still connecting after all 300 calls made their first two attempts."""
+    host, port = servers[2].rsplit(":", 1)
+    proxy = LatencyProxy((host, int(port)), 0.5)
+    try:
+        yield proxy.endpoint
+    finally:
+        proxy.close()
+
+
+async def test_aio_concurrent_first_calls_wait_for_the_slow_healthy_backend(servers, slower_g):
     x, y, _ = servers
-    async with waypost.aio.dial(_target(x, y, slow_g), service_config=RETRY) as ch:
+    async with waypost.aio.dial(_target(x, y, slower_g), service_config=RETRY) as ch:
         stub = echo_pb2_grpc.EchoStub(ch)
         results = await asyncio.gather(*(stub.Unary(Req(**FAIL), timeout=CALL_TIMEOUT) for _ in range(CONCURRENT)),
                                        return_exceptions=True)
@@ -191,3 +206,9 @@ async def test_aio_no_wait_for_a_backend_that_failed_to_connect(servers):
             await echo_pb2_grpc.EchoStub(ch).Unary(Req(**FAIL), timeout=CALL_TIMEOUT)
     assert err.value.code() == grpc.StatusCode.UNAVAILABLE
     assert err.value.details() == "requested UNAVAILABLE"
+
+
+def test_sync_concurrent_first_calls_wait_for_the_slow_healthy_backend(servers, slower_g):
+    x, y, _ = servers
+    results = _sync_concurrent_first_calls(_target(x, y, slower_g))
+    assert results == ["g"] * CONCURRENT
