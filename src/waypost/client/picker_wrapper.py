@@ -131,10 +131,6 @@ class PickerWrapper:
                         raise self.deadline_exceeded(bool(tried))
                     cond.wait(min(remaining, 1.0))
 
-    def ready_subconns(self) -> list[SubConn]:
-        """The subconns the current picker may return (a copy)."""
-        return list(self.snap.ready.values())
-
     def ready_addresses(self) -> list[str]:
         return list(self.snap.ready)
 
