@@ -32,6 +32,8 @@ RETRY = {
 ROUNDS = 10
 CONCURRENT = 300
 CALL_TIMEOUT = 20.0  # bounds every call; a pass never comes near it
+# For the 1 s round trip of ``slower_g``: the default 1 s keepalive ping timeout would cut that link under load.
+LONG_LINK = [("grpc.keepalive_timeout_ms", 10000), ("grpc.http2.ping_timeout_ms", 10000)]
 
 
 @pytest.fixture(scope="module")
@@ -88,11 +90,11 @@ async def test_aio_retry_waits_for_the_connecting_healthy_backend(servers, slow_
     assert answered == ["g"] * ROUNDS
 
 
-def _sync_concurrent_first_calls(target: str) -> list[str]:
+def _sync_concurrent_first_calls(target: str, options: list[tuple[str, int]] | None = None) -> list[str]:
     """CONCURRENT threads make their first call on one fresh channel at once: who answered, or the error."""
     results: list[str] = []
     lock = threading.Lock()
-    with waypost.dial(target, service_config=RETRY) as ch:
+    with waypost.dial(target, service_config=RETRY, options=options) as ch:
         stub = echo_pb2_grpc.EchoStub(ch)
         start = threading.Barrier(CONCURRENT)
 
@@ -141,7 +143,7 @@ def slower_g(servers: tuple[str, str, str]) -> Iterator[str]:
 
 async def test_aio_concurrent_first_calls_wait_for_the_slow_healthy_backend(servers, slower_g):
     x, y, _ = servers
-    async with waypost.aio.dial(_target(x, y, slower_g), service_config=RETRY) as ch:
+    async with waypost.aio.dial(_target(x, y, slower_g), service_config=RETRY, options=LONG_LINK) as ch:
         stub = echo_pb2_grpc.EchoStub(ch)
         results = await asyncio.gather(*(stub.Unary(Req(**FAIL), timeout=CALL_TIMEOUT) for _ in range(CONCURRENT)),
                                        return_exceptions=True)
@@ -210,5 +212,5 @@ async def test_aio_no_wait_for_a_backend_that_failed_to_connect(servers):
 
 def test_sync_concurrent_first_calls_wait_for_the_slow_healthy_backend(servers, slower_g):
     x, y, _ = servers
-    results = _sync_concurrent_first_calls(_target(x, y, slower_g))
+    results = _sync_concurrent_first_calls(_target(x, y, slower_g), LONG_LINK)
     assert results == ["g"] * CONCURRENT
