@@ -12,8 +12,9 @@ import pytest
 from waypost.balancer.base import Outcome, PickResult
 from waypost.client.retry import PREVIOUS_ATTEMPTS, Replay, RetryState, avoid_tried, backoff_delay, never_sent
 from waypost.client.retry_throttle import RetryThrottle
+from waypost.client.subconn import SubConn
 from waypost.service_config import RetryPolicy, RetryThrottling, ServiceConfig, parse_service_config
-from waypost.types import Backend
+from waypost.types import CONNECTING, IDLE, READY, TRANSIENT_FAILURE, Backend
 
 U = grpc.StatusCode.UNAVAILABLE
 POLICY = RetryPolicy(max_attempts=3, initial_backoff=0.1, max_backoff=1.0, backoff_multiplier=2.0,
@@ -125,24 +126,52 @@ def test_replay_stale_attempt_cannot_take_an_item_past_the_limit():
     assert not rp.replayable
 
 
-class _SC:
-    def __init__(self, address: str) -> None:
-        self.address = address
-        self.backend = Backend(address)
+def _sc(address: str, state: int = READY, *, failing: bool = False) -> SubConn:
+    sc = SubConn(Backend(address), None, health=False)
+    sc.state = state
+    sc.failing = failing
+    return sc
 
 
 def test_avoid_tried_moves_to_an_untried_backend_and_releases_the_discarded_pick():
     released: list[Outcome] = []
-    a, b, c = _SC("a:1"), _SC("b:1"), _SC("c:1")
+    a, b, c = _sc("a:1"), _sc("b:1"), _sc("c:1")
     res_a = PickResult(a.backend, released.append)
-    got = avoid_tried((res_a, a), {"a:1"}, lambda: [a, b, c], lambda: (PickResult(a.backend, released.append), a))
-    assert got[1] is b  # re-pick returned a again -> first untried in order
+    got = avoid_tried((res_a, a), {"a:1"}, [a, b, c], [a, b, c], lambda: (PickResult(a.backend, released.append), a))
+    assert got is not None and got[1] is b  # re-pick returned a again -> first untried in order
     assert [o.code for o in released] == [grpc.StatusCode.CANCELLED] * 2
     # an untried pick is kept as is
     res_c = PickResult(c.backend)
-    assert avoid_tried((res_c, c), {"a:1"}, lambda: [a, b, c], lambda: None) == (res_c, c)
+    assert avoid_tried((res_c, c), {"a:1"}, [a, b, c], [a, b, c], lambda: None) == (res_c, c)
     # everything tried: reuse
-    assert avoid_tried((res_c, c), {"a:1", "b:1", "c:1"}, lambda: [a, b, c], lambda: None)[1] is c
+    got = avoid_tried((res_c, c), {"a:1", "b:1", "c:1"}, [a, b, c], [a, b, c], lambda: None)
+    assert got is not None and got[1] is c
+
+
+@pytest.mark.parametrize("state", [IDLE, CONNECTING])
+def test_avoid_tried_waits_for_an_untried_backend_still_connecting(state):
+    released: list[Outcome] = []
+    x, y, g = _sc("x:1"), _sc("y:1"), _sc("g:1", state)
+    got = avoid_tried((PickResult(x.backend, released.append), x), {"x:1", "y:1"}, [x, y], [x, y, g], lambda: None)
+    assert got is None  # wait for g, the discarded pick released once
+    assert [o.code for o in released] == [grpc.StatusCode.CANCELLED]
+
+
+def test_avoid_tried_waits_for_a_first_health_answer():
+    x, g = _sc("x:1"), SubConn(Backend("g:1"), None, health=True)
+    g.state = READY  # connected, health unknown yet: still coming
+    assert avoid_tried((PickResult(x.backend), x), {"x:1"}, [x], [x, g], lambda: None) is None
+
+
+def test_avoid_tried_never_waits_for_a_failing_or_removed_or_tried_backend():
+    x, y = _sc("x:1"), _sc("y:1", CONNECTING)  # y: tried, now reconnecting
+    dead = _sc("d:1", TRANSIENT_FAILURE, failing=True)
+    backoff = _sc("b:1", CONNECTING, failing=True)  # reconnecting after a failure: sticky TRANSIENT_FAILURE
+    gone = _sc("r:1", CONNECTING)
+    gone.removed = True
+    res = PickResult(x.backend)
+    got = avoid_tried((res, x), {"x:1", "y:1"}, [x], [x, y, dead, backoff, gone], lambda: None)
+    assert got == (res, x)  # nothing worth waiting for: reuse
 
 
 # ---------------------------------------------------------------------------------------------

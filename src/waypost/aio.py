@@ -23,7 +23,7 @@ import asyncio
 import logging
 import random
 import time
-from collections.abc import Callable, Iterable, Mapping, Sequence
+from collections.abc import Callable, Collection, Iterable, Mapping, Sequence
 from typing import Any
 
 import grpc
@@ -148,24 +148,23 @@ class Channel(MulticallableFactory, grpc.aio.Channel):
                 log.exception("waypost: connectivity poll failed for %s", self.target)
             await asyncio.sleep(INTERVAL)
 
-    async def wait_pick(self, info: PickInfo, deadline: float | None, wfr: bool | None
-                        ) -> tuple[PickResult, SubConn]:
-        """The slow path of a pick: no usable backend right now. Wait (bounded by the deadline) while
-        backends are connecting or the call is wait_for_ready; otherwise raise UNAVAILABLE."""
+    async def wait_pick(self, info: PickInfo, deadline: float | None, wfr: bool | None,
+                        tried: Collection[str] = ()) -> tuple[PickResult, SubConn]:
+        """The slow path of a pick (no usable backend right now, or a retry whose pick was tried already):
+        ``PickerWrapper.next_pick`` until it gives a pick, awaiting the next change in between, bounded by
+        the deadline (DEADLINE_EXCEEDED once it passes)."""
         self._ensure_loop()
         b = self._balancer.pickers
         while True:
             ev = self._event
-            r = b.pick(info)
+            r = b.next_pick(info, wfr, tried)
             if r is not None:
                 return r
-            if not b.should_wait(wfr):
-                raise b.unavailable()
             wait = 1.0
             if deadline is not None:
                 wait = deadline - _mono()
                 if wait <= 0:
-                    raise b.deadline_exceeded()
+                    raise b.deadline_exceeded(bool(tried))
                 wait = min(wait, 1.0)
             try:
                 await asyncio.wait_for(ev.wait(), wait)

@@ -25,7 +25,7 @@ from .client.health import watch_health
 from .client.method import MethodBase, MulticallableFactory, by_kind
 from .client.options import merge_options
 from .client.picker_wrapper import PickerWrapper
-from .client.retry import MAX_TRANSPARENT, Replay, RetryingStream, RetryState, avoid_tried
+from .client.retry import MAX_TRANSPARENT, Replay, RetryingStream, RetryState
 from .client.rpcerror import BalancerRpcError
 from .client.subconn import SubConn
 from .client.watcher import WATCHER
@@ -56,10 +56,12 @@ class _Method(MethodBase["Channel"]):
         return r
 
     def _pick_for(self, st: RetryState, info: PickInfo, wfr: bool | None) -> tuple[PickResult, SubConn]:
-        r = self._pick(info, st.deadline, wfr)
-        if st.tried:
-            r = avoid_tried(r, st.tried, self.pickers.ready_subconns, lambda: self.pickers.pick(info))
-        st.tried.add(r[1].address)
+        tried = st.tried
+        if tried:  # a retry: avoid the backends tried already (waiting for one still connecting)
+            r = self.pickers.wait_pick(info, st.deadline, wfr, tried)
+        else:
+            r = self._pick(info, st.deadline, wfr)
+        tried.add(r[1].address)
         return r
 
     def _settings(self, timeout: float | None, wait_for_ready: bool | None

@@ -24,7 +24,7 @@ import grpc.aio
 from .._grpc_private import status_of
 from ..balancer.base import PickError, PickResult
 from .method import MethodBase
-from .retry import AsyncReplay, Replay, RetryState, WriteReplay, avoid_tried
+from .retry import AsyncReplay, Replay, RetryState, WriteReplay
 from .rpcerror import BalancerRpcError
 from .subconn import SubConn
 
@@ -109,13 +109,14 @@ class CallBase(abc.ABC):
         m, st = self._m, self._st
         info = m.pick_info(self._metadata)
         try:
-            r = m.pickers.pick(info)
-            if r is None:
-                r = await m.channel.wait_pick(info, st.deadline, self._wfr)
+            if st.tried:  # a retry: avoid the backends tried already (waiting for one still connecting)
+                r = await m.channel.wait_pick(info, st.deadline, self._wfr, st.tried)
+            else:
+                r = m.pickers.pick(info)
+                if r is None:
+                    r = await m.channel.wait_pick(info, st.deadline, self._wfr)
         except (PickError, BalancerRpcError) as e:
             raise aio_error(e) from None
-        if st.tried:
-            r = avoid_tried(r, st.tried, m.pickers.ready_subconns, lambda: m.pickers.pick(info))
         return r[0], r[1], self._launch(r[1], request)
 
     def _launch(self, sc: SubConn, request: Any) -> Any:

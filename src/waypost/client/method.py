@@ -10,7 +10,7 @@ wrapper and the channel config.
 from __future__ import annotations
 
 import time
-from collections.abc import Mapping
+from collections.abc import Collection, Mapping
 from typing import Any, ClassVar, Generic, Protocol, TypeVar
 
 import grpc
@@ -45,8 +45,8 @@ class BalancedChannel(Protocol):
 class AsyncBalancedChannel(BalancedChannel, Protocol):
     """The aio channel adds the awaitable slow path of a pick (no usable backend right now)."""
 
-    async def wait_pick(self, info: PickInfo, deadline: float | None, wfr: bool | None
-                        ) -> tuple[PickResult, SubConn]: ...
+    async def wait_pick(self, info: PickInfo, deadline: float | None, wfr: bool | None,
+                        tried: Collection[str] = ()) -> tuple[PickResult, SubConn]: ...
 
 
 ChannelT = TypeVar("ChannelT", bound=BalancedChannel)

@@ -4,18 +4,20 @@ The balancer wrapper (``balancer_wrapper``) publishes a new immutable ``PickerSn
 the data plane reads ``snap`` without a lock: a pick is one attribute read, the policy's pick and a dict
 lookup. When nothing can be picked, the snapshot also says whether a call should wait (something is still
 connecting, resolution is pending) and why it fails otherwise (every backend's state, the resolver error).
+A retry whose pick went to a backend it already tried takes the same slow path (``next_pick``).
 """
 
 from __future__ import annotations
 
 import threading
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Collection
 
 import grpc
 
 from ..balancer.base import Picker, PickError, PickInfo, PickResult
 from ..errors import NoBackendAvailable
+from .retry import avoid_tried
 from .rpcerror import BalancerRpcError
 from .subconn import SubConn
 
@@ -88,20 +90,35 @@ class PickerWrapper:
             return None
         return res, snap.ready[res.backend.address]
 
-    def wait_pick(self, info: PickInfo, deadline: float | None, wait_for_ready: bool | None
-                  ) -> tuple[PickResult, SubConn]:
-        """The slow path of a blocking pick: no usable backend right now. Wait (bounded by the deadline, on
-        ``cond``) while backends are connecting or the call is wait_for_ready; otherwise raise UNAVAILABLE."""
+    def next_pick(self, info: PickInfo, wait_for_ready: bool | None, tried: Collection[str] = ()
+                  ) -> tuple[PickResult, SubConn] | None:
+        """One step of the slow path of a pick, shared by the sync and aio waits: the pick to use, or None to
+        wait for the next published picker. ``tried``: a retry's earlier backends, avoided as ``avoid_tried``
+        says (waiting for an untried one still connecting). Raises UNAVAILABLE when nothing is worth
+        waiting for, and the policy's error when it rejects the call."""
+        try:
+            r = self.pick(info)
+            if r is None:
+                if not self.should_wait(wait_for_ready):
+                    raise self.unavailable()
+                return None
+            if tried and r[1].address in tried:
+                snap = self.snap
+                return avoid_tried(r, tried, snap.ready.values(), snap.backends, lambda: self.pick(info))
+        except PickError as e:
+            raise BalancerRpcError(e.code, e.message) from None
+        return r
+
+    def wait_pick(self, info: PickInfo, deadline: float | None, wait_for_ready: bool | None,
+                  tried: Collection[str] = ()) -> tuple[PickResult, SubConn]:
+        """The slow path of a blocking pick (no usable backend right now, or a retry whose pick was tried
+        already): ``next_pick`` until it gives a pick, waiting on ``cond`` in between, bounded by the
+        deadline (DEADLINE_EXCEEDED once it passes)."""
         while True:
             version = self.version
-            try:
-                r = self.pick(info)
-            except PickError as e:
-                raise BalancerRpcError(e.code, e.message) from None
+            r = self.next_pick(info, wait_for_ready, tried)
             if r is not None:
                 return r
-            if not self.should_wait(wait_for_ready):
-                raise self.unavailable()
             cond = self.cond
             with cond:
                 if self.version != version:
@@ -111,12 +128,8 @@ class PickerWrapper:
                 else:
                     remaining = deadline - _mono()
                     if remaining <= 0:
-                        raise self.deadline_exceeded()
+                        raise self.deadline_exceeded(bool(tried))
                     cond.wait(min(remaining, 1.0))
-
-    def ready_subconns(self) -> list[SubConn]:
-        """The subconns the current picker may return (a copy)."""
-        return list(self.snap.ready.values())
 
     def ready_addresses(self) -> list[str]:
         return list(self.snap.ready)
@@ -146,10 +159,12 @@ class PickerWrapper:
             return BalancerRpcError(grpc.StatusCode.CANCELLED, f"channel to {self.target} is closed")
         return BalancerRpcError(grpc.StatusCode.UNAVAILABLE, f"no READY backend for {self.target}: {self.describe()}")
 
-    def deadline_exceeded(self) -> BalancerRpcError:
+    def deadline_exceeded(self, retry: bool = False) -> BalancerRpcError:
+        """``retry``: the call was waiting for a backend its earlier attempts had not tried yet."""
+        what = "a READY backend not tried yet by this call" if retry else "a READY backend"
         return BalancerRpcError(
             grpc.StatusCode.DEADLINE_EXCEEDED,
-            f"deadline exceeded while waiting for a READY backend of {self.target}: {self.describe()}",
+            f"deadline exceeded while waiting for {what} of {self.target}: {self.describe()}",
         )
 
     def describe(self) -> str:

@@ -5,7 +5,8 @@ gRPC's retry semantics (gRFC A6), done by the balanced channel so that each atte
 - only while no response message has been received (streams: before the first message);
 - the deadline covers all attempts; ``grpc-previous-rpc-attempts`` is sent on retries;
 - ``retryThrottling``: a token bucket per channel gates retries;
-- the next attempt goes to a backend not tried yet when there is one;
+- the next attempt goes to a backend not tried yet when there is one, waiting (within the deadline) for one
+  still connecting when every READY backend was tried (``avoid_tried``);
 - "transparent" retries: an attempt that failed before reaching any server (the connection was already
   gone) is re-picked at once, without counting as an attempt, even without a retry policy.
 """
@@ -16,7 +17,7 @@ import asyncio
 import math
 import threading
 import time
-from collections.abc import AsyncIterable, AsyncIterator, Callable, Iterable, Iterator, Sequence
+from collections.abc import AsyncIterable, AsyncIterator, Callable, Collection, Iterable, Iterator, Sequence
 from typing import Any, Protocol
 
 import grpc
@@ -137,20 +138,34 @@ class RetryState:
 
 def avoid_tried(
     picked: tuple[PickResult, Any],
-    tried: set[str],
-    candidates: Callable[[], Iterable[Any]],
+    tried: Collection[str],
+    ready: Iterable[Any],
+    backends: Iterable[Any],
     repick: Callable[[], tuple[PickResult, Any] | None],
-) -> tuple[PickResult, Any]:
-    """Move a retry to a backend not tried yet: re-pick once, then take the first untried usable one.
+) -> tuple[PickResult, Any] | None:
+    """Where a retry goes when the policy picked ``picked``: the one rule that moves attempts across backends.
+
+    ``tried``: addresses this call's earlier attempts went to; ``ready``: the subconns the picker may return;
+    ``backends``: every subconn of the channel (their ``connecting`` is read live). In order:
+
+    - the pick is untried: keep it;
+    - another READY backend is untried: re-pick once, then take the first untried READY one;
+    - none, but an untried backend is still connecting (IDLE, CONNECTING, or READY with its first health
+      answer pending; never one in TRANSIENT_FAILURE): return None, the caller waits for the next picker
+      (bounded by the deadline) and calls again;
+    - otherwise every backend worth trying was tried: reuse the pick.
 
     A discarded pick is released with a CANCELLED outcome (its ``done`` must run exactly once).
     """
     res, sc = picked
     if sc.address not in tried:
-        return res, sc
-    untried = [c for c in candidates() if c.address not in tried]
+        return picked
+    untried = [c for c in ready if c.address not in tried]
     if not untried:
-        return res, sc  # every usable backend was tried: reuse
+        if any(c.connecting for c in backends if c.address not in tried):
+            res.done(_CANCELLED_PICK)
+            return None
+        return picked
     res.done(_CANCELLED_PICK)
     again = repick()
     if again is not None and again[1].address not in tried:
