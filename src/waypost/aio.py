@@ -65,8 +65,8 @@ class Channel(MulticallableFactory, grpc.aio.Channel):
                              StreamStreamMultiCallable)
 
     def __init__(self, target: str, config: ChannelConfig, *, options: Sequence[tuple[str, Any]] | None = None,
-                 credentials: grpc.ChannelCredentials | None = None, interceptors: Sequence[Any] | None = None
-                 ) -> None:
+                 credentials: grpc.ChannelCredentials | None = None, interceptors: Sequence[Any] | None = None,
+                 block: bool = False) -> None:
         # Only the redacted form is kept: it appears in repr, logs and error details (no password).
         self.target = target = config.target.redacted
         self._config = config
@@ -75,7 +75,7 @@ class Channel(MulticallableFactory, grpc.aio.Channel):
         self._interceptors = list(interceptors or ()) or None
         health = config.health_service
         # may raise (bad target, bad resolver option): before any task exists; never blocks the event loop
-        self._resolver = config.make_resolver(self._options, blocking=False)
+        self._resolver = config.make_resolver(self._options, blocking=False, report_early=not block)
         self._balancer = BalancerWrapper(
             target,
             config.policy,
@@ -277,14 +277,24 @@ def dial(
     subset_size: int | None = None,
     client_id: str | None = None,
     rng: random.Random | None = None,
+    block: bool = False,
 ) -> Channel:
     """A balanced ``grpc.aio.Channel`` (same arguments as ``waypost.dial``). ``interceptors`` are grpc.aio
     client interceptors, applied to every attempt on its backend. Registry targets resolve in the
-    background: calls wait for the first address list (up to their deadline)."""
+    background: calls wait for the first address list (up to their deadline).
+
+    ``block`` (registry targets) never blocks the event loop: dial always returns at once. False (the
+    default): as soon as the registry is known to be unreachable (a fraction of a second), calls fail with
+    UNAVAILABLE whose details name it (``etcd at h:2379 unreachable: connection refused``); the load is
+    retried until it succeeds. True: the first calls (and ``await channel.channel_ready()``) wait for the
+    first address list as the sync ``waypost.dial`` does, up to their deadline or until the first load
+    gives up (5 s), then fail with UNAVAILABLE naming the registry and why."""
     _fork.check_child_can_use_grpc("waypost.aio.dial")  # a child forked with grpc.aio alive: fail now, not hang
     config = build_config(target, balancer, service_config, subset_size=subset_size, client_id=client_id, rng=rng)
+    if not isinstance(block, bool):
+        raise TypeError(f"dial: block must be True or False, got {block!r}")
     return Channel(target, config, options=options, credentials=credentials,
-                   interceptors=list(interceptors or ()))
+                   interceptors=list(interceptors or ()), block=block)
 
 
 def __getattr__(name: str) -> Any:

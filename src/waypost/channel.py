@@ -232,7 +232,7 @@ class Channel(MulticallableFactory, grpc.Channel):
                              StreamStreamMultiCallable)
 
     def __init__(self, target: str, config: ChannelConfig, *, options: Sequence[tuple[str, Any]] | None = None,
-                 credentials: grpc.ChannelCredentials | None = None) -> None:
+                 credentials: grpc.ChannelCredentials | None = None, block: bool = True) -> None:
         # Only the redacted form is kept: it appears in repr, logs and error details (no password).
         self.target = target = config.target.redacted
         self._config = config
@@ -243,7 +243,7 @@ class Channel(MulticallableFactory, grpc.Channel):
         self._sub_lock = threading.Lock()
         self._closed = False
         # may raise (bad target, bad resolver option): before any backend channel or the watcher exists
-        self._resolver = config.make_resolver(self._options)
+        self._resolver = config.make_resolver(self._options, blocking=block)
         self._balancer = BalancerWrapper(
             target,
             config.policy,
@@ -388,6 +388,7 @@ def dial(
     subset_size: int | None = None,
     client_id: str | None = None,
     rng: random.Random | None = None,
+    block: bool = True,
 ) -> grpc.Channel:
     """A balanced ``grpc.Channel`` to ``target`` (see DESIGN.md §3 for target forms).
 
@@ -397,10 +398,19 @@ def dial(
     target raises ``waypost.InvalidTarget``. ``interceptors`` are applied as ``grpc.intercept_channel``
     does (outcomes are still reported per attempt). ``subset_size`` (default 32) and ``client_id``
     (deterministic subsetting) apply to registry targets.
+
+    ``block`` (registry targets): True (the default) waits here for the first address list, up to 5 s,
+    and raises ``waypost.RegistryUnavailable`` naming the registry and why it cannot be read (``etcd at
+    h:2379 unreachable: connection refused``). False returns at once and loads in the background: calls
+    wait for the first list up to their deadline; once the registry is known to be unreachable (a fraction
+    of a second) calls fail with UNAVAILABLE whose details say so (``wait_for_ready`` calls wait on, and
+    DEADLINE_EXCEEDED names it too), and the load is retried until it succeeds.
     """
     _fork.check_child_can_use_grpc("waypost.dial")  # a child forked with grpc.aio alive: fail now, not hang
     config = build_config(target, balancer, service_config, subset_size=subset_size, client_id=client_id, rng=rng)
-    channel: grpc.Channel = Channel(target, config, options=options, credentials=credentials)
+    if not isinstance(block, bool):
+        raise TypeError(f"dial: block must be True or False, got {block!r}")
+    channel: grpc.Channel = Channel(target, config, options=options, credentials=credentials, block=block)
     interceptors = list(interceptors or ())
     if interceptors:
         channel = grpc.intercept_channel(channel, *interceptors)

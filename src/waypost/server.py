@@ -15,9 +15,13 @@ Graceful stop (``handle.stop()``, or SIGTERM/SIGINT while ``handle.wait()`` runs
 2. health NOT_SERVING for every service; keep serving for ``drain_delay`` (default 1 s, at most ``grace``)
    so that clients see the deregistration before anything is refused -- grpcio answers calls that
    arrive during ``server.stop`` with CANCELLED, which no retry policy retries; then refuse new calls;
-3. let in-flight calls finish ...
-4. ... and stop;
+3. let in-flight calls finish, meanwhile running the ``on_shutdown`` hooks one by one (an exception is
+   logged, the next hook runs) ...
+4. ... and stop once both are done;
 5. cancel what is still running when ``grace`` seconds have passed (a second signal forces it at once).
+
+``hard_deadline`` (seconds after the stop began): if the stop has not finished by then (a hook or a call
+that hangs), an ERROR is logged and the process exits with status 70 (``os._exit``, see ``waypost._serving``).
 
 ``on_unregistered="exit"`` (no lease for ``max_unregistered`` s): the graceful stop, then exit status 75 by
 ``SystemExit`` from ``wait()`` on the main thread or from the aio server's loop, else from the stopping thread.
@@ -41,6 +45,7 @@ from typing import Any, ClassVar, Protocol
 
 import grpc
 
+from ._serving import Aio, HardDeadline, ShutdownHook, Threads, check_shutdown_args, hook_name
 from .errors import WaypostError
 from .loadreport import mount as mount_load_reports
 from .netutil import advertised_address
@@ -99,7 +104,7 @@ def _check_args(key: str, grace: float, publisher_args: Mapping[str, Any]) -> No
 # The start-up and graceful-stop sequences are written once, as generators of steps: a step is a thunk; the
 # sync driver runs it, the aio driver runs it and awaits its result when that is awaitable (grpc.aio's
 # server and health servicer, and the Publisher's a* methods, are coroutines). What differs between a
-# ``grpc.server`` and a ``grpc.aio.server`` is in the two flavour classes (same methods).
+# ``grpc.server`` and a ``grpc.aio.server`` is in the two flavour classes (``waypost._serving``, same methods).
 
 _Steps = Generator[Callable[[], Any], Any, Any]
 
@@ -138,71 +143,6 @@ async def _drive_async(steps: _Steps) -> Any:
             error = e
 
 
-class _Threads:
-    """``grpc.server``: every operation blocks and returns its result."""
-
-    def new_health_servicer(self) -> Any:
-        from grpc_health.v1 import health
-
-        return health.HealthServicer(experimental_non_blocking=True)
-
-    def sleep(self, seconds: float) -> None:
-        time.sleep(seconds)
-
-    def start_publisher(self, publisher: Any) -> None:
-        publisher.start()
-
-    def stop_publisher(self, publisher: Any) -> None:
-        publisher.stop()
-
-    def pause_publisher(self, publisher: Any) -> None:
-        publisher.pause()
-
-    def resume_publisher(self, publisher: Any) -> None:
-        publisher.resume()
-
-    def stop_server(self, server: Any, grace: float, handle: _Base | None = None, limit: float | None = None
-                    ) -> None:
-        """Stop ``server`` (in-flight calls get ``grace`` seconds) and return once it has stopped (or after
-        ``limit`` seconds); ``handle``: whose second signal forces the stop at once."""
-        done = server.stop(grace)
-        deadline = None if limit is None else time.monotonic() + limit
-        while not done.wait(0.1 if deadline is None else max(0.0, min(0.1, deadline - time.monotonic()))):
-            if deadline is not None and time.monotonic() >= deadline:
-                return
-            if handle is not None and handle._force:  # a second signal: cancel what still runs, now
-                server.stop(0)
-                handle._force = False
-
-
-class _Aio:
-    """``grpc.aio.server``: every operation returns an awaitable."""
-
-    def new_health_servicer(self) -> Any:
-        from grpc_health.v1.health import aio as health_aio
-
-        return health_aio.HealthServicer()
-
-    def sleep(self, seconds: float) -> Any:
-        return asyncio.sleep(seconds)
-
-    def start_publisher(self, publisher: Any) -> Any:
-        return publisher.astart()
-
-    def stop_publisher(self, publisher: Any) -> Any:
-        return publisher.astop()
-
-    def pause_publisher(self, publisher: Any) -> Any:
-        return publisher.apause()
-
-    def resume_publisher(self, publisher: Any) -> Any:
-        return publisher.aresume()
-
-    def stop_server(self, server: Any, grace: float, handle: _Base | None = None, limit: float | None = None
-                    ) -> Any:
-        return server.stop(grace)  # a second signal stops it at once from AsyncServeHandle._force_now
-
-
 def _health_steps(servicer: Any, services: Iterable[str], serving: bool) -> _Steps:
     pb = _health_pb2()
     status = pb.HealthCheckResponse.SERVING if serving else pb.HealthCheckResponse.NOT_SERVING
@@ -212,7 +152,7 @@ def _health_steps(servicer: Any, services: Iterable[str], serving: bool) -> _Ste
 
 def _serve_steps(handle_cls: type[_Base], server: Any, key: str, listen_on: str, registry: Any, grace: float,
                  advertise: str | None, allow_loopback: bool | None, health: bool,
-                 credentials: grpc.ServerCredentials | None, drain_delay: float, publisher_args: dict[str, Any]
+                 credentials: grpc.ServerCredentials | None, stop_args: dict[str, Any], publisher_args: dict[str, Any]
                  ) -> _Steps:
     """Start-up (module docstring, steps 1-5); returns the handle."""
     fl = handle_cls.flavor
@@ -242,7 +182,8 @@ def _serve_steps(handle_cls: type[_Base], server: Any, key: str, listen_on: str,
         yield functools.partial(fl.stop_server, server, 0, limit=5)
         raise
     handle = handle_cls(server, key, address, port, reg, publisher, servicer, grace)
-    handle.drain_delay = max(0.0, float(drain_delay))
+    handle.drain_delay = max(0.0, float(stop_args["drain_delay"]))
+    handle.on_shutdown, handle.hard_deadline = stop_args["on_shutdown"], stop_args["hard_deadline"]
     publisher.outage.exit_action = handle._exit_unregistered  # "exit": stop the server gracefully first
     yield from handle._health_steps(True)  # (5)
     log.info("serving %r at %s (registered as %s)", key, address, publisher.key)
@@ -261,7 +202,7 @@ class _Base:
     """What the sync and async handles share: the pause, resume and graceful-stop sequences, the signals."""
 
     #: how this handle's server runs its operations (set by each handle class)
-    flavor: ClassVar[_Threads | _Aio]
+    flavor: ClassVar[Threads | Aio]
 
     def __init__(self, server: Any, key: str, address: str, port: int, registry: Any, publisher: Any,
                  health: Any, grace: float) -> None:
@@ -276,6 +217,10 @@ class _Base:
         self.grace = grace
         #: seconds between deregistration and refusing calls (clients need it to notice); set by serve()
         self.drain_delay = DEFAULT_DRAIN_DELAY
+        #: run while in-flight calls drain (module docstring, step 3); set by serve()
+        self.on_shutdown: tuple[ShutdownHook, ...] = ()
+        #: seconds after the stop began when the process exits with status 70 (None: never); set by serve()
+        self.hard_deadline: float | None = None
         self._force = False
         self._requested: _Flag
         #: set when the process is to exit after the stop (the registration stayed lost: on_unregistered="exit")
@@ -294,6 +239,9 @@ class _Base:
         if self.health is not None:
             yield from _health_steps(self.health, self._health_services(), serving)
 
+    def _update_steps(self, metadata: Mapping[str, Any] | None) -> _Steps:
+        yield functools.partial(self.flavor.update_metadata, self.publisher, metadata)
+
     def _pause_steps(self) -> _Steps:
         yield functools.partial(self.flavor.pause_publisher, self.publisher)
         yield from self._health_steps(False)
@@ -305,7 +253,15 @@ class _Base:
         log.info("%r: resumed", self)
 
     def _stop_steps(self, grace: float) -> _Steps:
-        """The graceful stop (module docstring, steps 1-5)."""
+        """The graceful stop (module docstring, steps 1-5, and the hard deadline)."""
+        timer = None if self.hard_deadline is None else HardDeadline(self, self.hard_deadline)
+        try:
+            yield from self._graceful_steps(grace)
+        finally:
+            if timer is not None:
+                timer.cancel()
+
+    def _graceful_steps(self, grace: float) -> _Steps:
         fl = self.flavor
         try:
             yield functools.partial(fl.stop_publisher, self.publisher)  # (1) the key disappears before we refuse anything
@@ -317,8 +273,14 @@ class _Base:
         until = time.monotonic() + min(self.drain_delay, grace)
         while not self._force and time.monotonic() < until:
             yield functools.partial(fl.sleep, min(0.05, max(0.0, until - time.monotonic())))
-        # (2) refuse new calls, (3)+(4) drain, (5) cancel after grace
-        yield functools.partial(fl.stop_server, self.server, grace, self)
+        # (2) refuse new calls, (3) drain while the hooks run, (4) stop, (5) cancel after grace
+        begun = yield functools.partial(fl.begin_stop, self.server, grace)
+        for hook in self.on_shutdown:
+            try:
+                yield functools.partial(fl.run_hook, hook)
+            except Exception:  # logged; the next hook still runs
+                log.exception("%r: on_shutdown hook %s failed; running the next one", self, hook_name(hook))
+        yield functools.partial(fl.wait_stopped, self.server, begun, self)
         log.info("%r: stopped", self)
 
     def _on_signal(self, signum: int, _frame: Any = None) -> None:
@@ -340,7 +302,7 @@ class _Base:
 class ServeHandle(_Base):
     """A running, registered ``grpc.server`` (returned by ``waypost.serve``)."""
 
-    flavor = _Threads()
+    flavor = Threads()
     _requested: threading.Event
 
     def __init__(self, *args: Any, **kw: Any) -> None:
@@ -360,6 +322,11 @@ class ServeHandle(_Base):
     def resume(self) -> None:
         """Undo pause(): register again (RegistryUnavailable if that fails in time) and report SERVING."""
         _drive(self._resume_steps())
+
+    def update_metadata(self, metadata: Mapping[str, Any] | None) -> None:
+        """Replace the registration's metadata (e.g. ``{"weight": 5}``): same lease and key, subscribers see
+        one change (``Publisher.update_metadata``)."""
+        _drive(self._update_steps(metadata))
 
     def _set_health(self, serving: bool) -> None:
         _drive(self._health_steps(serving))
@@ -454,6 +421,8 @@ def serve(
     drain_delay: float = DEFAULT_DRAIN_DELAY,
     max_unregistered: float | None = None,
     on_unregistered: Callable[[Any], object] | str | None = None,
+    on_shutdown: Iterable[Callable[[], object]] | None = None,
+    hard_deadline: float | None = None,
 ) -> ServeHandle:
     """Bind, start and register a ``grpc.server`` (not started yet) under ``key``; returns its handle.
 
@@ -463,11 +432,19 @@ def serve(
     server keeps serving for ``drain_delay`` seconds (at most ``grace``) after deregistering, so that
     clients drop it before it refuses calls. After ``max_unregistered`` seconds with the lease lost, an ERROR
     is logged and ``on_unregistered`` runs: ``f(publisher)``, or ``"exit"``: the graceful stop, then status 75.
+
+    ``on_shutdown``: callables ``f()`` run in order in the stopping thread, after deregistration and the
+    ``drain_delay``, once new calls are refused and while in-flight calls drain (the ``grace`` period);
+    each one's exception is logged and the next still runs; the stop ends when the hooks and the calls
+    are done. ``hard_deadline``: seconds after the stop began when the process is ended with status 70
+    (an ERROR, then ``os._exit``) even if hooks or calls still run.
     """
     publisher_args = {"ttl": ttl, "id": id, "metadata": metadata, "format": format, "timeout": register_timeout,
                       "max_unregistered": max_unregistered, "on_unregistered": on_unregistered}
+    stop_args = {"on_shutdown": check_shutdown_args(on_shutdown, hard_deadline, allow_async=False),
+                 "hard_deadline": hard_deadline, "drain_delay": drain_delay}
     handle: ServeHandle = _drive(_serve_steps(ServeHandle, server, key, listen_on, registry, grace, advertise,
-                                              allow_loopback, health, credentials, drain_delay, publisher_args))
+                                              allow_loopback, health, credentials, stop_args, publisher_args))
     return handle
 
 
@@ -486,7 +463,7 @@ def _publisher(reg: Any, key: str, listen_on: str, port: int, advertise: str | N
 class AsyncServeHandle(_Base):
     """A running, registered ``grpc.aio.server`` (returned by ``await waypost.serve_async(...)``)."""
 
-    flavor = _Aio()
+    flavor = Aio()
     _requested: asyncio.Event
 
     def __init__(self, *args: Any, **kw: Any) -> None:
@@ -503,6 +480,10 @@ class AsyncServeHandle(_Base):
     async def resume(self) -> None:
         """Undo pause()."""
         await _drive_async(self._resume_steps())
+
+    async def update_metadata(self, metadata: Mapping[str, Any] | None) -> None:
+        """Replace the registration's metadata: same lease and key, subscribers see one change."""
+        await _drive_async(self._update_steps(metadata))
 
     async def _set_health(self, serving: bool) -> None:
         await _drive_async(self._health_steps(serving))
@@ -585,14 +566,20 @@ async def serve_async(
     drain_delay: float = DEFAULT_DRAIN_DELAY,
     max_unregistered: float | None = None,
     on_unregistered: Callable[[Any], object] | str | None = None,
+    on_shutdown: Iterable[Callable[[], object]] | None = None,
+    hard_deadline: float | None = None,
 ) -> AsyncServeHandle:
     """``serve`` for a ``grpc.aio.server`` (not started yet): bind, ``await server.start()``, register.
-    ``on_unregistered="exit"`` ends the event loop with ``SystemExit(75)`` after the graceful stop."""
+    ``on_unregistered="exit"`` ends the event loop with ``SystemExit(75)`` after the graceful stop.
+    ``on_shutdown`` hooks may be plain or coroutine functions (awaited on the server's loop, one by one,
+    at the same point as with ``serve``); ``hard_deadline`` as with ``serve``."""
     publisher_args = {"ttl": ttl, "id": id, "metadata": metadata, "format": format, "timeout": register_timeout,
                       "max_unregistered": max_unregistered, "on_unregistered": on_unregistered}
+    stop_args = {"on_shutdown": check_shutdown_args(on_shutdown, hard_deadline, allow_async=True),
+                 "hard_deadline": hard_deadline, "drain_delay": drain_delay}
     handle: AsyncServeHandle = await _drive_async(_serve_steps(
         AsyncServeHandle, server, key, listen_on, registry, grace, advertise, allow_loopback, health, credentials,
-        drain_delay, publisher_args))
+        stop_args, publisher_args))
     return handle
 
 

@@ -101,6 +101,7 @@ class BalancerWrapper:
                          ",".join(added) or "0", ",".join(gone) or "0")
             for addr in gone:
                 pool.remove(pool.active[addr])
+            meta_changed = False
             for addr, b in new.items():
                 cur = pool.active.get(addr)
                 if cur is None:
@@ -108,11 +109,12 @@ class BalancerWrapper:
                     if revived:
                         self._probe_revived(sc)
                 elif cur.backend != b:
-                    cur.backend = b  # metadata (e.g. weight) changed: the next build carries it
+                    cur.backend = b  # metadata (e.g. weight) changed: a new picker carries it
+                    meta_changed = True
             self._order = list(new.values())
             self._resolved = True
             self._resolver_error = None
-            self._rebuild()
+            self._rebuild(force=meta_changed)
         self._fire()
 
     def resolver_error(self, message: str) -> None:
@@ -218,8 +220,9 @@ class BalancerWrapper:
 
     # ---- picker rebuilds and change listeners -----------------------------------------------------
 
-    def _rebuild(self) -> None:
-        # Caller holds _lock. Build the picker from usable backends in resolver order.
+    def _rebuild(self, force: bool = False) -> None:
+        # Caller holds _lock. Build the picker from usable backends in resolver order (``force``: even for the
+        # same usable set, e.g. after a metadata change: the SubConns are the same objects, their backend not).
         usable: dict[str, SubConn] = {}
         backends: list[Backend] = []
         active = self._pool.active
@@ -229,7 +232,7 @@ class BalancerWrapper:
                 usable[b.address] = sc
                 backends.append(sc.backend)
         snap = self.pickers.snap
-        if backends and snap.picker is not None and list(snap.ready) == list(usable) and all(
+        if not force and backends and snap.picker is not None and list(snap.ready) == list(usable) and all(
             snap.ready[a].backend is usable[a].backend for a in usable
         ):
             # same usable set: keep the picker (its state, e.g. a round-robin position)

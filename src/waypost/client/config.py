@@ -29,9 +29,11 @@ class ChannelConfig:
     def method_config(self, full_method: str) -> MethodConfig | None:
         return self.service_config.method_config(full_method)
 
-    def make_resolver(self, channel_options: Sequence[tuple[str, Any]] = (), *, blocking: bool = True) -> Resolver:
-        """The resolver for this target (``blocking``: see ``ResolverOptions``)."""
-        return make_resolver(self.target, ResolverOptions(self.subsetter, tuple(channel_options), blocking))
+    def make_resolver(self, channel_options: Sequence[tuple[str, Any]] = (), *, blocking: bool = True,
+                      report_early: bool = True) -> Resolver:
+        """The resolver for this target (``blocking``, ``report_early``: see ``ResolverOptions``)."""
+        return make_resolver(self.target, ResolverOptions(self.subsetter, tuple(channel_options), blocking,
+                                                          report_early))
 
 
 def build_config(

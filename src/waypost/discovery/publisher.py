@@ -10,6 +10,10 @@ Behaviour (go-zero's ``core/discov`` Publisher, plus what it lacks):
 - Lease lost (revoked from outside, expired while etcd or this process was unreachable or frozen):
   register again with a new lease, retrying every ~1 s (+-5% jitter) FOREVER; a failure is logged once
   when the state changes, not on every retry (go-zero and Kratos can stop re-registering; we never do).
+- ``update_metadata(mapping)`` changes the metadata in place: same lease, same key; only the records whose
+  value changes are written (go-zero: the side record alone; etcd-naming, Kratos: the address record), so
+  subscribers see one change of that backend's metadata, never a removal and an add. The guard restores
+  the new metadata from then on; a later re-registration uses it too.
 - ``pause()`` revokes the lease (the key disappears at once, traffic drains); ``resume()`` registers
   again; ``stop()`` revokes and is idempotent.
 - ``exclusive=True`` (a publisher-side take-over; go-zero's exclusive is a subscriber option): before
@@ -75,15 +79,13 @@ class Publisher:
         self.format = get_format(format)
         #: the outage clock and the alert after ``max_unregistered`` (see ``waypost.discovery.outage``)
         self.outage = Outage(self, max_unregistered, on_unregistered, clock)
-        self.metadata = dict(metadata) if metadata else None
-        # validate address, id and metadata now, with a clear error, instead of on the loop later
-        self.format.encode(key, value, id if id is not None else 1, self.metadata)
-        self.format.encode_side(key, value, id if id is not None else 1, self.metadata)
-        self.registry = resolve_registry(registry)
         self.base_key = key
         self.value = value
-        self.ttl = ttl
         self.id = id
+        # validate address, id and metadata now, with a clear error, instead of on the loop later
+        self.metadata = self._checked_metadata(metadata)
+        self.registry = resolve_registry(registry)
+        self.ttl = ttl
         self.exclusive = exclusive
         self.timeout = timeout
         self.retry_interval = retry_interval  # go-zero's 1 s; jittered +-5% with ``rng``
@@ -97,6 +99,19 @@ class Publisher:
         self._guard_task: asyncio.Task[None] | None = None
         self._retry_task: asyncio.Task[None] | None = None
         self.registrations = 0  # successful registrations so far (1 after start, +1 per recovery)
+        self._writing: asyncio.Lock | None = None  # (made on the control loop) one rewrite of the records at a time
+
+    def _encode(self, ident: int | str, metadata: Mapping[str, Any] | None) -> list[tuple[str, bytes]]:
+        """The registration's records: the format's side records first, then the address record."""
+        main = self.format.encode(self.base_key, self.value, ident, metadata)
+        return [*self.format.encode_side(self.base_key, self.value, ident, metadata), main]
+
+    def _checked_metadata(self, metadata: Mapping[str, Any] | None) -> dict[str, Any] | None:
+        """``metadata`` as it will be registered; raises (TypeError, ValueError) when the format cannot
+        carry it, naming what is wrong."""
+        md = dict(metadata) if metadata else None
+        self._encode(self.id if self.id is not None else 1, md)
+        return md
 
     # -- properties ------------------------------------------------------------------------------
 
@@ -153,6 +168,13 @@ class Publisher:
         """Stop keeping the registration alive and revoke it. Idempotent."""
         self._run(self._stop())
 
+    def update_metadata(self, metadata: Mapping[str, Any] | None) -> None:
+        """Replace the registration's metadata (e.g. ``{"weight": 5}``) under the same lease and key;
+        subscribers see one change. Validated as the constructor does. Not registered now (paused, lost,
+        not started): the next registration carries it. RegistryUnavailable if the write fails within
+        ``timeout`` (the new metadata is kept and used by the guard and the next registration)."""
+        self._run(self._update_metadata(self._checked_metadata(metadata)))
+
     # -- async twins -----------------------------------------------------------------------------
 
     async def astart(self) -> Publisher:
@@ -167,6 +189,9 @@ class Publisher:
 
     async def astop(self) -> None:
         await _on_control_loop(self._stop())
+
+    async def aupdate_metadata(self, metadata: Mapping[str, Any] | None) -> None:
+        await _on_control_loop(self._update_metadata(self._checked_metadata(metadata)))
 
     def __enter__(self) -> Publisher:  # noqa: PYI034
         return self.start()
@@ -253,6 +278,51 @@ class Publisher:
             log.warning("%r: could not revoke lease %d (it expires within %ds): %s", self, lease, self.ttl,
                         str(e) or type(e).__name__)
 
+    def _write_lock(self) -> asyncio.Lock:
+        if self._writing is None:
+            self._writing = asyncio.Lock()
+        return self._writing
+
+    async def _update_metadata(self, metadata: dict[str, Any] | None) -> None:
+        self.metadata = metadata  # what every later registration and put-back uses
+        if not self._registered:
+            return
+        lease = self._lease
+        try:
+            async with self._write_lock():
+                records = self._encode(self.id if self.id is not None else lease, metadata)
+                old = self._records
+                self._records = records  # the guard restores these from now on
+                rekey = {k for k, _ in old} != {k for k, _ in records}  # go-zero's side record comes or goes
+                if rekey and self._guard_task is not None:  # the guard must watch the new set of keys
+                    self._guard_task.cancel()
+                rev = 0
+                try:
+                    for k, v in records:  # side records first, as when registering; unchanged ones are not written
+                        if (k, v) not in old:
+                            rev = (await asyncio.wait_for(self.registry.put(k, v, lease=lease), self.timeout)).revision
+                    for k in {k for k, _ in old} - {k for k, _ in records}:
+                        rev = (await asyncio.wait_for(self.registry.delete(k), self.timeout)).revision
+                finally:
+                    if rekey and self._lease == lease and self._state == "running":
+                        self._guard_task = asyncio.create_task(self._guard(lease, [k for k, _ in records], rev),
+                                                               name=f"waypost-pub {records[-1][0]}")
+        except LeaseNotFound as e:
+            self._recover_later(e)  # registers again, with the new metadata
+        except (asyncio.TimeoutError, RegistryError, RegistryUnavailable, OSError) as e:
+            why = "timed out" if isinstance(e, asyncio.TimeoutError) else str(e)
+            raise RegistryUnavailable(
+                f"could not update the metadata of {self.base_key!r}={self.value!r} in {self.registry.url} "
+                f"within {self.timeout:g}s: {why}; it is registered with the next put-back or registration"
+            ) from e
+        log.info("%r: metadata updated to %r", self, metadata)
+
+    async def _update_late(self) -> None:
+        try:
+            await self._update_metadata(self.metadata)
+        except RegistryUnavailable as e:  # the guard and the next registration put it
+            log.warning("%r: %s", self, e)
+
     # -- registering -------------------------------------------------------------------------------
 
     async def _evict_others(self, own_key: str) -> None:
@@ -277,9 +347,9 @@ class Publisher:
             await self._evict_others(own)
         lease = await self.registry.grant(self.ttl)
         try:
-            ident = self.id if self.id is not None else lease
-            main = self.format.encode(self.base_key, self.value, ident, self.metadata)
-            records = [*self.format.encode_side(self.base_key, self.value, ident, self.metadata), main]
+            metadata = self.metadata
+            records = self._encode(self.id if self.id is not None else lease, metadata)
+            main = records[-1]
             rev = 0
             for k, v in records:  # the side record first, so subscribers see metadata with the address
                 rev = (await self.registry.put(k, v, lease=lease)).revision
@@ -294,6 +364,8 @@ class Publisher:
                                                name=f"waypost-pub {main[0]}")
         self._registered = True
         self.registrations += 1
+        if self.metadata is not metadata:  # update_metadata() while this registration was being written
+            asyncio.get_running_loop().create_task(self._update_late())
         lasted = self.outage.end()
         log.info("%r: registered with lease %d%s", self, lease, f" after {lasted:.1f}s unregistered" if lasted else "")
 
@@ -406,6 +478,7 @@ class Publisher:
         if obs is not None:
             obs.registration_restored(self.base_key)
         rev = 0
-        for k, v in self._records:
-            rev = (await self.registry.put(k, v, lease=lease)).revision
+        async with self._write_lock():  # never between an update's writes (it would put old values back)
+            for k, v in self._records:
+                rev = (await self.registry.put(k, v, lease=lease)).revision
         return rev

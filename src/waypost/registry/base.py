@@ -176,6 +176,11 @@ class Registry(abc.ABC):
     @abc.abstractmethod
     async def close(self) -> None: ...
 
+    async def unreachable(self) -> str | None:
+        """Why the store cannot be reached now, for error messages (``etcd at h:2379 unreachable:
+        connection refused``); None when it can, or when the backend cannot tell."""
+        return None
+
     @property
     def sync(self) -> SyncRegistry:
         """A blocking facade running each call on the control-plane loop."""

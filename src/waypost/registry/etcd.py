@@ -234,6 +234,10 @@ class EtcdRegistry(Registry):
         """The status message of the member in use (version, leader, db size...)."""
         return await self.client.status()
 
+    async def unreachable(self) -> str | None:
+        reasons = await self.client.pool.why_unreachable()  # "address: reason" per endpoint not connected
+        return "; ".join("etcd at " + r.replace(": ", " unreachable: ", 1) for r in reasons) or None
+
     async def close(self) -> None:
         """Close the client (keepalives stop, watches end) and drop this registry from connect's cache."""
         if self._closed:

@@ -34,12 +34,15 @@ class ResolverOptions:
     ``subsetter`` narrows large backend lists (registry and dns targets); ``channel_options`` are the
     channel's grpc options (a resolver reads its own, e.g. dns refresh intervals; unknown ones are
     ignored); ``blocking`` says whether ``start`` may wait for the first list (sync dial) or must return
-    at once (aio dial: never block the event loop).
+    at once (aio dial: never block the event loop). ``report_early`` (non-blocking start): report the
+    registry's unreachability through ``on_error`` as soon as it is known (calls then fail at once naming
+    it), rather than only when the first load gives up after its timeout (calls wait until then).
     """
 
     subsetter: Subsetter | None = None
     channel_options: Sequence[tuple[str, Any]] = ()
     blocking: bool = True
+    report_early: bool = True
 
 
 class Resolver(Protocol):

@@ -13,11 +13,17 @@ from collections.abc import Sequence
 from typing import Any
 
 from .. import _loop
+from ..errors import RegistryUnavailable
 from ..types import Backend
 from .base import OnError, OnUpdate, ResolverOptions
 from .target import Target
 
 log = logging.getLogger("waypost.resolver")
+
+#: a background load still running after this many seconds asks the registry why (report_early)
+DIAGNOSE_AFTER = 0.3
+#: how long asking the registry why it is unreachable may take
+PROBE_LIMIT = 2.0
 
 
 class RegistryResolver:
@@ -31,6 +37,7 @@ class RegistryResolver:
         self.target = target
         self.subsetter = options.subsetter
         self.blocking = options.blocking
+        self.report_early = options.report_early
         self.timeout = timeout
         self._sub: Any = None
         self._closed = False
@@ -42,23 +49,45 @@ class RegistryResolver:
         from ..discovery import Subscriber
 
         if self.blocking:
-            sub = Subscriber(self.target.registry_url(), self.key, exact=self.target.exact,
-                             format=self.target.format, timeout=self.timeout)
+            try:
+                sub = Subscriber(self.target.registry_url(), self.key, exact=self.target.exact,
+                                 format=self.target.format, timeout=self.timeout)
+            except RegistryUnavailable as e:
+                why = _loop.run(self._why_unreachable(), PROBE_LIMIT + 1)
+                if why is None:
+                    raise
+                raise RegistryUnavailable(f"{e} ({why})") from e
             self._attach(sub, on_update)
             return
         _loop.submit(self._open_async(on_update, on_error))
+
+    async def _why_unreachable(self) -> str | None:
+        """The registry's own account of why it cannot be reached (bounded; None if it can or cannot say)."""
+        from ..discovery.subscriber import resolve_registry
+
+        try:
+            return await asyncio.wait_for(resolve_registry(self.target.registry_url()).unreachable(), PROBE_LIMIT)
+        except Exception:  # noqa: BLE001 -- a diagnosis only
+            return None
 
     async def _open_async(self, on_update: OnUpdate, on_error: OnError) -> None:
         from ..discovery import Subscriber
 
         delay = 0.5
         while not self._closed:
+            opening = asyncio.ensure_future(Subscriber.open(
+                self.target.registry_url(), self.key, exact=self.target.exact, format=self.target.format,
+                timeout=self.timeout))
             try:
-                sub = await Subscriber.open(self.target.registry_url(), self.key, exact=self.target.exact,
-                                            format=self.target.format, timeout=self.timeout)
+                if self.report_early and not (await asyncio.wait({opening}, timeout=DIAGNOSE_AFTER))[0]:
+                    why = await self._why_unreachable()  # the load goes on; calls can tell why they fail
+                    if why is not None and not opening.done():
+                        on_error(why)
+                sub = await opening
             except Exception as e:  # noqa: BLE001  # keep trying; calls see the reason meanwhile
+                why = await self._why_unreachable()
                 log.warning("waypost: resolving %s failed: %s", self.target.redacted, e)
-                on_error(f"{type(e).__name__}: {e}")
+                on_error(f"{type(e).__name__}: {e}" + (f" ({why})" if why else ""))
                 await asyncio.sleep(delay)
                 delay = min(delay * 2, 5.0)
                 continue
