@@ -15,9 +15,12 @@ from typing import Any
 import grpc
 
 #: The policy of a channel whose service config names none (no ``loadBalancingConfig``, no
-#: ``loadBalancingPolicy``) and that is dialed without ``balancer=``: go-zero's zrpc default. gRPC
-#: would use pick_first, which sends every call to one backend; waypost exists to spread them.
-DEFAULT_POLICY = "p2c_ewma"
+#: ``loadBalancingPolicy``) and that is dialed without ``balancer=``. It is the winner of
+#: ``bench/load_sweep.py`` (docs/policies.md shows the sweep): prequal balances on the servers' own load
+#: reports and, against servers without them (go-zero, plain grpcio), on peak_ewma's client-side view.
+#: gRPC would use pick_first, which sends every call to one backend; go-zero uses p2c_ewma, which stays
+#: available by name with go-zero's exact formula.
+DEFAULT_POLICY = "prequal"
 
 
 @dataclass(frozen=True, slots=True)
