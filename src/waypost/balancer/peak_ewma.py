@@ -94,6 +94,13 @@ class PeakEwmaPicker(Picker):
         self._stats = tuple(stats)
 
     def pick(self, info: PickInfo) -> PickResult:
+        result = self.draw()
+        self._policy.maybe_log()
+        return result
+
+    def draw(self) -> PickResult:
+        """P2C's choice, counted in flight, without the statistics line: a policy built on this one may call it
+        under its own lock, which the line's extra text (``log_extra``) takes; it calls ``maybe_log`` after."""
         n = len(self._stats)
         if n == 0:
             raise NoBackendAvailable("peak_ewma: no READY backend")
@@ -111,7 +118,6 @@ class PeakEwmaPicker(Picker):
             chosen = self._stats[i]
             chosen.inflight += 1
             chosen.requests += 1
-        policy.maybe_log()
         return PickResult(self._backends[i], policy._done_hook(chosen))
 
     def take(self, i: int) -> PickResult:

@@ -91,10 +91,7 @@ class PrequalPicker(Picker):
             raise NoBackendAvailable("prequal: no READY backend")
         policy = self._policy
         result, targets = policy._choose(self._index, self._addresses, self._fallback)
-        if result is None:
-            result = self._fallback.pick(info)  # logs the statistics line itself when it is due
-        else:
-            policy.fallback.maybe_log()
+        policy.fallback.maybe_log()  # outside our lock: the line's extra text takes it
         if targets:
             policy._send(targets)
         return result
@@ -208,16 +205,19 @@ class PrequalPolicy(Policy):
     # ---- the pick ------------------------------------------------------------------------------------
 
     def _choose(self, index: dict[str, int], addresses: Sequence[str], fallback: PeakEwmaPicker
-                ) -> tuple[PickResult | None, list[str]]:
-        """The pick HCL makes from the pool (None: fall back) and the probe targets this pick earned."""
+                ) -> tuple[PickResult, list[str]]:
+        """The pick (HCL from the pool, else peak_ewma's) and the probe targets this pick earned. The call is
+        counted in flight before the probes are scheduled: a probe records this client's calls in flight when
+        it is asked, and this call may reach the server before the probe does."""
         now = self.clock()
-        result = None
         with self._lock:
             probe = self._pool.choose(index, self.fallback.inflight_of, min(2, len(addresses)))
             if probe is not None:
                 self.probe_picks += 1
                 # counted under our lock, so the next pick's HCL sees this call in flight
                 result = fallback.take(index[probe.address])
+            else:
+                result = fallback.draw()
             targets = self._schedule(now, addresses)
         return result, targets
 
