@@ -48,6 +48,33 @@ def test_new_backend_starts_at_the_default_rtt():
     assert est(p, "a") == pytest.approx(peak_ewma.DEFAULT_RTT)
 
 
+def test_a_backend_joining_a_fast_fleet_starts_at_its_peers_median():
+    clock = FakeClock(1000.0)
+    p = make(clock)
+    rtts = {"a": 0.004, "b": 0.006, "c": 0.100}
+    picker = p.build(bs("a", "b", "c"))
+    for _ in range(30):
+        res = picker.pick(PickInfo())
+        clock.now += 0.01
+        res.done(Outcome(OK, rtts[res.backend.address]))
+    assert all(st["estimate"] < peak_ewma.DEFAULT_RTT or a == "c" for a, st in p.snapshot().items())
+    peers = sorted(est(p, a) for a in "abc")
+    picker = p.build(bs("a", "b", "c", "d"))
+    assert peers[1] < peak_ewma.DEFAULT_RTT
+    assert est(p, "d") == pytest.approx(peers[1])  # the median, not 30 ms
+    # with calls in flight elsewhere, the newcomer wins its draws at once instead of after ~7 s of decay
+    held = [picker.pick(PickInfo()) for _ in range(12)]
+    assert Counter(r.backend.address for r in held)["d"] >= 2
+
+
+def test_a_newcomer_never_starts_above_the_default_rtt():
+    clock = FakeClock(1000.0)
+    p = make(clock)
+    sample(p, "a", 0.001, code=grpc.StatusCode.UNAVAILABLE)  # a failing peer: estimate 1 s
+    p.build(bs("a", "b"))
+    assert est(p, "b") == pytest.approx(peak_ewma.DEFAULT_RTT)
+
+
 def test_a_peak_replaces_the_estimate_at_once():
     clock = FakeClock(1000.0)
     p = make(clock)

@@ -87,7 +87,8 @@ class LoadProber(Protocol):
 class BackendSignal:
     """What a load-aware policy believes about one backend now (for metrics and the statistics log).
 
-    ``in_flight``: requests in flight (the server's count from a fresh probe, else this client's own);
+    ``in_flight``: requests in flight (the server's count from a fresh probe with this client's part brought up
+    to date, else this client's own);
     ``latency``: the latency estimate in seconds (None: none yet); ``probe_age``: seconds since the
     backend's last load report (None: never probed, or the backend has no load reports).
     """

@@ -14,8 +14,12 @@ works with any backend:
   tried again after a while, and its next replies say whether it recovered;
 - ``load = estimate * (in flight + 1)``; an estimate decayed to zero with calls in flight counts as
   ``PENALTY + in flight`` (as Finagle does), so that it does not attract every call before it answers;
-- a backend never sampled starts at ``defaultRtt`` (tower's "default RTT"), so a new backend is
-  neither flooded nor starved;
+- a backend never sampled starts at ``defaultRtt`` (tower's "default RTT"), or at the median estimate of
+  the backends already sampled when that is lower (a backend joining a warm, fast fleet). Starting a
+  newcomer at 30 ms among peers at 5 ms would starve it for the ~7 s its estimate takes to decay below
+  theirs; at its peers' median it is tried at once, its calls in flight limit how many it gets before its
+  first reply, and that reply sets its estimate (a slow first reply replaces it at once). Never above
+  ``defaultRtt``: failing or slow peers do not make a newcomer look slow;
 - a failed call (``stats.FAILURE_CODES``) is sampled as at least ``FAILURE_RTT`` seconds: a backend that
   fails fast must not look fast.
 
@@ -36,6 +40,7 @@ from __future__ import annotations
 
 import logging
 import math
+import statistics
 import threading
 from collections.abc import Callable, Sequence
 from typing import Any
@@ -59,14 +64,15 @@ LOG_INTERVAL = 60.0  # seconds between statistics lines
 class PeakEwmaStats:
     """What peak_ewma knows about one backend."""
 
-    __slots__ = ("address", "cost", "inflight", "requests", "stamp")
+    __slots__ = ("address", "cost", "inflight", "requests", "sampled", "stamp")
 
-    def __init__(self, address: str, now: float, default_rtt: float) -> None:
+    def __init__(self, address: str, now: float, start_rtt: float) -> None:
         self.address = address
-        self.cost = default_rtt  # seconds, at time ``stamp``
+        self.cost = start_rtt  # seconds, at time ``stamp``
         self.stamp = now
         self.inflight = 0
         self.requests = 0  # picks since the last statistics line
+        self.sampled = False  # True once a call has ended here
 
     def estimate(self, now: float, decay: float) -> float:
         """The latency estimate at ``now``: decayed towards zero since the last sample."""
@@ -79,6 +85,7 @@ class PeakEwmaStats:
         return est * (self.inflight + 1)
 
     def observe(self, rtt: float, now: float, decay: float) -> None:
+        self.sampled = True
         if rtt > self.cost:
             self.cost = rtt
         else:
@@ -141,8 +148,9 @@ class PeakEwmaPolicy(Policy):
         self.decay = float(self.config.get("decayTime", DEFAULT_DECAY_TIME))
         self.default_rtt = float(self.config.get("defaultRtt", DEFAULT_RTT))
         self._lock = threading.Lock()
+        self._start_rtt = self.default_rtt  # a new backend's estimate; set by build from its peers
         self._stats: StatsTable[PeakEwmaStats] = StatsTable(
-            lambda b: PeakEwmaStats(b.address, self.clock(), self.default_rtt))
+            lambda b: PeakEwmaStats(b.address, self.clock(), self._start_rtt))
         self._log_stamp = self.clock()
         #: the statistics line's name, and more text per address (set by a policy built on this one)
         self.log_name = self.name
@@ -161,7 +169,10 @@ class PeakEwmaPolicy(Policy):
 
     def build(self, backends: Sequence[Backend]) -> Picker:
         backends = dedupe(backends)
+        now = self.clock()
         with self._lock:
+            peers = sorted(st.estimate(now, self.decay) for _, st in self._stats.items() if st.sampled)
+            self._start_rtt = min(self.default_rtt, statistics.median(peers)) if peers else self.default_rtt
             stats = self._stats.sync(backends)
         return PeakEwmaPicker(self, backends, stats)
 

@@ -125,7 +125,8 @@ class PrequalPolicy(Policy):
         # calls started after it was asked for)
         self._outstanding: dict[str, tuple[float, int]] = {}
         self._paused: dict[str, float] = {}  # address -> no probes before this time (its probe failed)
-        self._last: dict[str, tuple[float, float | None, float]] = {}  # address -> (RIF, latency, received)
+        # address -> (RIF, latency, received, this client's calls in flight there that the RIF may include)
+        self._last: dict[str, tuple[float, float | None, float, int]] = {}
         self._credit = 0.0
         now = self.clock()
         self._tokens = 1.0
@@ -185,7 +186,7 @@ class PrequalPolicy(Policy):
             lat = view[1] if latency is None else max(0.0, latency)
             own = view[0] if asked is None else min(view[0], asked[1])
             self._pool.add(Probe(address, float(in_flight), lat, now, own=own))
-            self._last[address] = (float(in_flight), latency, now)
+            self._last[address] = (float(in_flight), latency, now, own)
 
     def on_probe_failed(self, address: str, unsupported: bool) -> None:
         now = self.clock()
@@ -309,7 +310,8 @@ class PrequalPolicy(Policy):
             return set(self._no_reports)
 
     def signals(self) -> list[BackendSignal]:
-        """Per backend: the server's RIF and latency from its last report while fresh, else peak_ewma's view."""
+        """Per backend: the server's RIF and latency from its last report while fresh, else peak_ewma's view. The
+        RIF has this client's part brought up to date, as the pool does (``reported - ours then + ours now``)."""
         now = self.clock()
         local = {s.address: s for s in self.fallback.signals()}
         with self._lock:
@@ -318,7 +320,8 @@ class PrequalPolicy(Policy):
         for address, sig in local.items():
             rep = last.get(address)
             if rep is not None and now - rep[2] <= self._pool.max_age:
-                out.append(BackendSignal(address, rep[0], sig.latency if rep[1] is None else rep[1], now - rep[2]))
+                rif = max(sig.in_flight, rep[0] - rep[3] + sig.in_flight)
+                out.append(BackendSignal(address, rif, sig.latency if rep[1] is None else rep[1], now - rep[2]))
             else:
                 out.append(BackendSignal(address, sig.in_flight, sig.latency, None if rep is None else now - rep[2]))
         return out
