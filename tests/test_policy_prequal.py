@@ -157,6 +157,25 @@ def test_our_calls_since_the_report_make_a_backend_hot():
     assert picker.pick(INFO).backend.address == "b"  # a now has one more call than reported: hot
 
 
+def test_a_server_without_an_estimate_yet_counts_as_fast_as_the_fastest_and_gets_its_share():
+    clock = FakeClock(10.0)
+    policy, _ = make(clock, probesPerPick=0, reuseBudget=1000, hotQuantile=0.84)
+    picker = policy.build(bs("a", "b", "c"))
+    policy.on_probe("a", 1, 0.004)
+    policy.on_probe("b", 1, 0.005)
+    policy.on_probe("c", 1, 0.040)
+    picker = policy.build(bs("a", "b", "c", "new"))
+    policy.on_probe("new", 0, None)  # just started: no call ended there yet
+    assert policy.pool()[-1].latency == pytest.approx(0.004)  # the fastest fresh probe's, not 30 ms
+    held = [picker.pick(INFO) for _ in range(4)]  # calls kept in flight
+    got = Counter(r.backend.address for r in held)
+    # tried at once (it ties with the fastest), but our calls there scale its latency and make it hot: it shares
+    # with the fast ones, and the slow one is not needed yet
+    assert 1 <= got["new"] <= 2 and got["a"] >= 1 and got["c"] == 0, got
+    for r in held:
+        r.done(Outcome(OK, 0.004))
+
+
 def test_no_usable_probe_falls_back_to_peak_ewma():
     clock = FakeClock(10.0)
     policy, _ = make(clock, probesPerPick=0, maxProbeAge=1.0)

@@ -182,8 +182,16 @@ class PrequalPolicy(Policy):
             asked = self._outstanding.pop(address, None)
             if address not in self._ready or view is None:
                 return  # a late answer from a backend that left
-            # no estimate yet (no call ended there since the server started): this client's view stands in
-            lat = view[1] if latency is None else max(0.0, latency)
+            if latency is None:
+                # No call has ended there since the server started (it just joined): as fast as the fastest
+                # fresh probe, so that it is tried and measured. HCL takes the lowest latency, so anything
+                # slower (this client's estimate of a backend it never called) would keep it out of the pool's
+                # choices; our calls there count in its RIF at once and scale its latency, so it gets its share,
+                # not every call, before its next report carries a real estimate.
+                fastest = self._pool.fastest()
+                lat = view[1] if fastest is None else min(fastest, view[1])
+            else:
+                lat = max(0.0, latency)
             own = view[0] if asked is None else min(view[0], asked[1])
             self._pool.add(Probe(address, float(in_flight), lat, now, own=own))
             self._last[address] = (float(in_flight), latency, now, own)

@@ -94,6 +94,11 @@ class ProbePool:
             del self._probes[next(iter(self._probes))]
         self._probes[probe.address] = probe
 
+    def fastest(self) -> float | None:
+        """The lowest latency estimate among the fresh probes (None when there is none)."""
+        self.expire()
+        return min((p.latency for p in self._probes.values()), default=None)
+
     def discard(self, address: str) -> None:
         """Forget the probe of ``address`` (it left the READY set or its probe failed)."""
         self._probes.pop(address, None)
