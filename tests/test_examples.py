@@ -1,4 +1,5 @@
-"""The examples run as written: a sync and an aio server, a sync and an aio client, against a real etcd."""
+"""The examples run as written: a sync and an aio server, a sync and an aio client and the custom policy's client,
+against a real etcd."""
 
 from __future__ import annotations
 
@@ -41,7 +42,8 @@ def test_examples_end_to_end(shared_etcd, unique_key):
         procs.append(aio_srv)
         target = f"etcd:///{shared_etcd.endpoint}?key={unique_key}"
 
-        for script, extra in (("client.py", ("--balancer", "round_robin")), ("aio_client.py", ())):
+        for script, extra in (("client.py", ("--balancer", "round_robin")), ("aio_client.py", ()),
+                              ("custom_policy.py", ())):
             seen: set[str] = set()
             # A fresh channel may answer its first calls from the backend that connected first: run the
             # client a few times (each run is a new process) until both servers have answered.

@@ -8,7 +8,7 @@ from collections import Counter
 
 import pytest
 
-from waypost.balancer.base import Outcome, PickInfo
+from waypost.balancer.base import Outcome, PickInfo, Policy
 from waypost.balancer.policies import POLICIES, get_policy, known_policies, register_policy
 from waypost.errors import InvalidServiceConfig, NoBackendAvailable
 from waypost.types import Backend
@@ -177,3 +177,34 @@ def test_thread_safety_smoke(name):
         assert len(total) == 5  # 10k keys spread over every address
     if name == "pick_first":
         assert total == {addrs[0]: 80_000}
+
+
+def test_register_policy_checks_what_it_is_given():
+    class NotAPolicy:
+        name = "my_thing"
+
+    with pytest.raises(TypeError, match="subclass of waypost.Policy"):
+        register_policy(NotAPolicy)  # type: ignore[type-var]
+
+    class Nameless(Policy):
+        def build(self, backends):  # pragma: no cover - never built
+            raise AssertionError
+
+    with pytest.raises(ValueError, match="needs a class attribute `name`"):
+        register_policy(Nameless)
+
+    class Impostor(Nameless):
+        name = "round_robin"
+
+    with pytest.raises(ValueError, match="'round_robin' is a built-in policy.*my_round_robin"):
+        register_policy(Impostor)
+    assert POLICIES["round_robin"] is get_policy("round_robin") is not Impostor
+
+    @register_policy
+    class Mine(Nameless):
+        name = "test_register_mine"
+
+    try:
+        assert POLICIES["test_register_mine"] is Mine and register_policy(Mine) is Mine  # again: no change
+    finally:
+        del POLICIES["test_register_mine"]

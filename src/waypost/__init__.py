@@ -1,9 +1,17 @@
 """waypost: service registration, discovery and client-side load balancing for Python gRPC.
 
 The public API is re-exported here; everything else is private by convention.
+
+Servers: ``serve`` / ``serve_async`` (bind, start, register, drain on SIGTERM), or ``Publisher`` by hand.
+Clients: ``dial`` (a ``grpc.Channel``), ``aio.dial`` (a ``grpc.aio.Channel``), ``hash_key``; ``Subscriber``
+for the raw backend list. Registries: ``connect``. Custom load-balancing policies: ``Policy``, ``Picker``,
+``PickInfo``, ``PickResult``, ``Outcome``, ``PickError``, ``register_policy`` (docs/custom-policies.md).
 """
 
 from __future__ import annotations
+
+import logging
+from typing import TYPE_CHECKING
 
 from .errors import (
     Compacted,
@@ -18,15 +26,50 @@ from .errors import (
 
 __version__ = "0.1.0"
 
-# Public names that live in heavier modules are imported on first use, so `import waypost` stays cheap
-# and a missing optional piece never breaks the rest.
+# A library never prints by itself: without this, Python's last-resort handler writes our warnings to
+# stderr when the application configured no logging. Configure logging to see them (docs/operations.md).
+logging.getLogger("waypost").addHandler(logging.NullHandler())
+
+# Type checkers see the real names; at run time the heavier modules are imported on first use (``_LAZY``),
+# so ``import waypost`` stays cheap and a missing optional piece never breaks the rest. The two lists are
+# kept in step by tests/test_public_api.py.
+if TYPE_CHECKING:
+    from . import aio as aio
+    from .balancer.base import Outcome as Outcome
+    from .balancer.base import Picker as Picker
+    from .balancer.base import PickError as PickError
+    from .balancer.base import PickInfo as PickInfo
+    from .balancer.base import PickResult as PickResult
+    from .balancer.base import Policy as Policy
+    from .balancer.policies import register_policy as register_policy
+    from .channel import dial as dial
+    from .client.hashkey import hash_key as hash_key
+    from .discovery import Publisher as Publisher
+    from .discovery import Subscriber as Subscriber
+    from .loadreport import load_interceptor as load_interceptor
+    from .loadreport import set_load as set_load
+    from .registry import connect as connect
+    from .registry.base import Registry as Registry
+    from .resolver.target import parse_target as parse_target
+    from .server import AsyncServeHandle as AsyncServeHandle
+    from .server import BindError as BindError
+    from .server import ServeHandle as ServeHandle
+    from .server import serve as serve
+    from .server import serve_async as serve_async
+    from .service_config import parse_service_config as parse_service_config
+    from .types import Backend as Backend
+
 _LAZY = {
+    "aio": ("waypost.aio", None),
     "connect": ("waypost.registry", "connect"),
     "Registry": ("waypost.registry.base", "Registry"),
     "Publisher": ("waypost.discovery", "Publisher"),
     "Subscriber": ("waypost.discovery", "Subscriber"),
     "serve": ("waypost.server", "serve"),
     "serve_async": ("waypost.server", "serve_async"),
+    "ServeHandle": ("waypost.server", "ServeHandle"),
+    "AsyncServeHandle": ("waypost.server", "AsyncServeHandle"),
+    "BindError": ("waypost.server", "BindError"),
     "dial": ("waypost.channel", "dial"),
     "hash_key": ("waypost.client.hashkey", "hash_key"),
     "parse_service_config": ("waypost.service_config", "parse_service_config"),
@@ -34,35 +77,54 @@ _LAZY = {
     "Backend": ("waypost.types", "Backend"),
     "set_load": ("waypost.loadreport", "set_load"),
     "load_interceptor": ("waypost.loadreport", "load_interceptor"),
+    # the policy contract; register_policy from ``policies`` so the built-ins are registered first
+    "Policy": ("waypost.balancer.base", "Policy"),
+    "Picker": ("waypost.balancer.base", "Picker"),
+    "PickInfo": ("waypost.balancer.base", "PickInfo"),
+    "PickResult": ("waypost.balancer.base", "PickResult"),
+    "PickError": ("waypost.balancer.base", "PickError"),
+    "Outcome": ("waypost.balancer.base", "Outcome"),
+    "register_policy": ("waypost.balancer.policies", "register_policy"),
 }
 
 
 def __getattr__(name: str) -> object:
-    if name == "aio":
-        import importlib
-
-        return importlib.import_module("waypost.aio")
     try:
         module, attr = _LAZY[name]
     except KeyError:
         raise AttributeError(f"module 'waypost' has no attribute {name!r}") from None
     import importlib
 
-    value = getattr(importlib.import_module(module), attr)
+    mod = importlib.import_module(module)
+    value = mod if attr is None else getattr(mod, attr)
     globals()[name] = value
     return value
 
+
+def __dir__() -> list[str]:
+    return sorted(set(globals()) | set(__all__))
+
+
 __all__ = [
+    "AsyncServeHandle",
     "Backend",
+    "BindError",
     "Compacted",
     "InvalidServiceConfig",
     "InvalidTarget",
     "NoBackendAvailable",
+    "Outcome",
     "PermissionDenied",
+    "PickError",
+    "PickInfo",
+    "PickResult",
+    "Picker",
+    "Policy",
     "Publisher",
     "Registry",
     "RegistryError",
     "RegistryUnavailable",
+    "ServeHandle",
     "Subscriber",
     "WaypostError",
     "__version__",
@@ -73,6 +135,7 @@ __all__ = [
     "load_interceptor",
     "parse_service_config",
     "parse_target",
+    "register_policy",
     "serve",
     "serve_async",
     "set_load",

@@ -7,6 +7,7 @@ non-zero status, never a traceback.
 
 from __future__ import annotations
 
+import concurrent.futures
 import json
 import logging
 import os
@@ -42,7 +43,7 @@ class _Group(click.Group):
             return super().invoke(ctx)
         except WaypostError as e:
             raise click.ClickException(_one_line(e)) from None
-        except TimeoutError as e:  # a registry call that did not answer in time
+        except (TimeoutError, concurrent.futures.TimeoutError) as e:  # a registry call that did not answer in time
             raise click.ClickException(f"timed out: {e or 'the registry did not answer'}") from None
         except ValueError as e:  # bad input caught by the library (a key, an id, metadata, ...)
             logging.getLogger("waypost.cli").debug("invalid input", exc_info=True)
@@ -57,9 +58,10 @@ def _one_line(e: BaseException) -> str:
 class Ctx:
     """What every command needs: the registry URL, the output mode and the consoles."""
 
-    def __init__(self, registry: str, as_json: bool) -> None:
+    def __init__(self, registry: str, as_json: bool, verbose: int = 0) -> None:
         self.registry_url = registry
         self.as_json = as_json
+        self.verbose = verbose
         self.out = Console(highlight=False, soft_wrap=True)
         self.err = Console(stderr=True, highlight=False, soft_wrap=True)
         self._registry: Any = None
@@ -78,16 +80,53 @@ class Ctx:
 pass_ctx = click.make_pass_decorator(Ctx)
 
 
-def _json_flag(f: Callable[..., Any]) -> Callable[..., Any]:
-    """``--json`` accepted after the subcommand too (``waypost ls --json``)."""
+def _global_options(f: Callable[..., Any]) -> Callable[..., Any]:
+    """The global options, accepted after the subcommand too (``waypost watch KEY -v --json``)."""
 
-    def cb(ctx: click.Context, _p: click.Parameter, value: bool) -> bool:
+    def set_registry(ctx: click.Context, _p: click.Parameter, value: str | None) -> None:
+        if value is not None:
+            ctx.find_object(Ctx).registry_url = value  # type: ignore[union-attr]
+
+    def set_json(ctx: click.Context, _p: click.Parameter, value: bool) -> None:
         if value:
             ctx.find_object(Ctx).as_json = True  # type: ignore[union-attr]
-        return value
 
-    return click.option("--json", "json_", is_flag=True, expose_value=False, callback=cb,
-                        help="Machine-readable output.")(f)
+    def add_verbose(ctx: click.Context, _p: click.Parameter, value: int) -> None:
+        c = ctx.find_object(Ctx)
+        if value and c is not None:
+            c.verbose += value
+            _configure_logging(ctx)
+
+    f = click.option("-v", "--verbose", count=True, expose_value=False, callback=add_verbose,
+                     help="Log more (-v: info, -vv: debug) to stderr.")(f)
+    f = click.option("--json", "json_", is_flag=True, expose_value=False, callback=set_json,
+                     help="Machine-readable output.")(f)
+    return click.option("--registry", "registry_", default=None, metavar="URL", expose_value=False,
+                        callback=set_registry, help="Registry URL (as before the command).")(f)
+
+
+def _timeout_option(f: Callable[..., Any]) -> Callable[..., Any]:
+    """``--timeout``: how long a diagnostic command waits for its lookup before it fails."""
+    return click.option("--timeout", default=5.0, show_default=True, type=click.FloatRange(min=0.1),
+                        metavar="SECONDS", help="Fail if the lookup has no answer within SECONDS.")(f)
+
+
+def _configure_logging(ctx: click.Context) -> None:
+    """Log to stderr at the level -v/-vv ask for (only as the real command: embedded use, such as tests,
+    keeps its own logging set-up). One-shot commands end with one error line: their retries' warnings
+    would only add noise, so without -v they log errors only."""
+    c = ctx.find_object(Ctx)
+    if not CONFIGURE_LOGGING or c is None:
+        return
+    quiet = logging.ERROR if ctx.find_root().invoked_subcommand in ("ls", "resolve", "bench") else logging.WARNING
+    level = quiet if c.verbose == 0 else logging.INFO if c.verbose == 1 else logging.DEBUG
+    root = logging.getLogger("waypost")
+    if not any(getattr(h, "waypost_cli", False) for h in root.handlers):
+        handler = logging.StreamHandler(sys.stderr)
+        handler.setFormatter(logging.Formatter("%(asctime)s %(levelname)s %(name)s: %(message)s", "%H:%M:%S"))
+        handler.waypost_cli = True  # type: ignore[attr-defined]
+        root.addHandler(handler)
+    root.setLevel(level)
 
 
 @click.group(cls=_Group, context_settings={"help_option_names": ["-h", "--help"]})
@@ -98,33 +137,33 @@ def _json_flag(f: Callable[..., Any]) -> Callable[..., Any]:
 @click.version_option(package_name="waypost", prog_name="waypost")
 @click.pass_context
 def app(ctx: click.Context, registry: str, as_json: bool, verbose: int) -> None:
-    """Service registration, discovery and load balancing for Python gRPC, over etcd."""
-    if CONFIGURE_LOGGING:  # only as the real command: embedded use (tests) keeps its own logging set-up
-        # one-shot commands end with one error line: their retries' warnings would only add noise
-        quiet = logging.ERROR if ctx.invoked_subcommand in ("ls", "resolve", "bench") else logging.WARNING
-        level = quiet if verbose == 0 else logging.INFO if verbose == 1 else logging.DEBUG
-        root = logging.getLogger("waypost")
-        if not root.handlers:
-            handler = logging.StreamHandler(sys.stderr)
-            handler.setFormatter(logging.Formatter("%(asctime)s %(levelname)s %(name)s: %(message)s", "%H:%M:%S"))
-            root.addHandler(handler)
-        root.setLevel(level)
-    ctx.obj = Ctx(registry, as_json)
+    """Service registration, discovery and load balancing for Python gRPC, over etcd.
+
+    The global options may also follow the command (waypost watch KEY -v --json)."""
+    ctx.obj = Ctx(registry, as_json, verbose)
+    _configure_logging(ctx)
 
 
 # --------------------------------------------------------------------------------------------- signals
 
 
+class _Stop(threading.Event):
+    """Set by SIGTERM or SIGINT; ``signum`` says which."""
+
+    signum: int | None = None
+
+
 @contextmanager
-def _signals() -> Iterator[threading.Event]:
+def _signals() -> Iterator[_Stop]:
     """An event set by SIGTERM/SIGINT for the duration of the block (main thread only)."""
-    stop = threading.Event()
+    stop = _Stop()
     if threading.current_thread() is not threading.main_thread():
         yield stop
         return
     previous = {s: signal.getsignal(s) for s in (signal.SIGTERM, signal.SIGINT)}
 
     def handler(signum: int, _frame: Any) -> None:
+        stop.signum = signum
         stop.set()
 
     for s in previous:
@@ -134,6 +173,12 @@ def _signals() -> Iterator[threading.Event]:
     finally:
         for s, h in previous.items():
             signal.signal(s, h)
+
+
+def _exit_if_interrupted(stop: _Stop) -> None:
+    """After a command cleaned up: Ctrl-C (SIGINT) exits with 130, as a shell expects; SIGTERM with 0."""
+    if stop.signum == signal.SIGINT:
+        raise click.exceptions.Exit(130)
 
 
 def _wait(stop: threading.Event, duration: float | None, alive: Callable[[], bool] = lambda: True) -> None:
@@ -154,25 +199,25 @@ def _wait(stop: threading.Event, duration: float | None, alive: Callable[[], boo
               help="Peer port (default: client port + 1, or any free port).")
 @click.option("--data-dir", type=click.Path(file_okay=False, path_type=Path), default=None,
               help="Keep the data here (default: a temporary directory removed on exit).")
-@_json_flag
+@_global_options
 @pass_ctx
 def etcd_cmd(c: Ctx, port: int, peer_port: int | None, data_dir: Path | None) -> None:
     """Run a single-node development etcd on 127.0.0.1 until Ctrl-C or SIGTERM."""
-    from .etcd.local import EtcdNotFound, LocalEtcd, find_binary, free_port
+    from .etcd.local import EtcdNotFound, LocalEtcd, find_binary, free_port, port_is_free
 
     try:
         find_binary("etcd")
     except EtcdNotFound as e:
         raise click.ClickException(str(e)) from None
     port = port or free_port()
-    if not _port_free(port):
+    if not port_is_free(port):
         raise click.ClickException(
             f"127.0.0.1:{port} is already in use (an etcd already running? then just use it: "
             f"waypost --registry etcd://127.0.0.1:{port} ls)"
         )
     if peer_port is None:
-        peer_port = port + 1 if port < 65535 and _port_free(port + 1) else free_port()
-    elif not _port_free(peer_port):
+        peer_port = port + 1 if port < 65535 and port_is_free(port + 1) else free_port()
+    elif not port_is_free(peer_port):
         raise click.ClickException(f"peer port 127.0.0.1:{peer_port} is already in use")
     if data_dir is not None:
         data_dir.mkdir(parents=True, exist_ok=True)
@@ -207,17 +252,7 @@ def etcd_cmd(c: Ctx, port: int, peer_port: int | None, data_dir: Path | None) ->
             node.close()
     if not c.as_json:
         c.out.print("etcd stopped")
-
-
-def _port_free(port: int) -> bool:
-    import socket
-
-    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
-        try:
-            s.bind(("127.0.0.1", port))
-        except OSError:
-            return False
-    return True
+    _exit_if_interrupted(stop)
 
 
 # --------------------------------------------------------------------------------------------- ls
@@ -225,19 +260,25 @@ def _port_free(port: int) -> bool:
 
 @app.command("ls", short_help="List services and instances (format per key).")
 @click.argument("prefix", default="")
-@_json_flag
+@_timeout_option
+@_global_options
 @pass_ctx
-def ls_cmd(c: Ctx, prefix: str) -> None:
+def ls_cmd(c: Ctx, prefix: str, timeout: float) -> None:
     """List services and their instances under PREFIX (all keys by default), wire format detected per key."""
     from . import _inspect
+    from .registry import SyncRegistry
 
-    reg = c.registry().sync
-    res = reg.get(prefix, prefix=True)
-    kvs = list(res.kvs)
-    if prefix:  # go-zero metadata lives in side records outside the prefix
-        kvs += reg.get(_inspect.GOZERO_META_ROOT + prefix, prefix=True).kvs
-    entries = _inspect.classify(kvs)
-    ttls = _inspect.lease_ttls(reg, entries)
+    reg = SyncRegistry(c.registry(), timeout=timeout)
+    try:
+        res = reg.get(prefix, prefix=True)
+        kvs = list(res.kvs)
+        if prefix:  # go-zero metadata lives in side records outside the prefix
+            kvs += reg.get(_inspect.GOZERO_META_ROOT + prefix, prefix=True).kvs
+        entries = _inspect.classify(kvs)
+        ttls = _inspect.lease_ttls(reg, entries)
+    except (TimeoutError, concurrent.futures.TimeoutError):
+        raise click.ClickException(f"{c.registry().url} did not answer within {timeout:g}s "
+                                   "(is etcd running there? `waypost etcd` starts one)") from None
     if c.as_json:
         c.emit({"revision": res.revision, "services": _inspect.group(entries, ttls)})
         return
@@ -277,9 +318,10 @@ def _meta_text(meta: Any) -> str:
 @click.option("--exact", is_flag=True, help="Watch the key itself, not the prefix KEY/ (go-zero's exact match).")
 @click.option("--for", "duration", type=click.FloatRange(min=0), default=None, metavar="SECONDS",
               help="Stop after SECONDS (default: until Ctrl-C).")
-@_json_flag
+@_timeout_option
+@_global_options
 @pass_ctx
-def watch_cmd(c: Ctx, key: str, fmt: str, exact: bool, duration: float | None) -> None:
+def watch_cmd(c: Ctx, key: str, fmt: str, exact: bool, duration: float | None, timeout: float) -> None:
     """Show the instances of KEY, then every add and remove as it happens."""
     from .discovery import Subscriber
 
@@ -300,7 +342,7 @@ def watch_cmd(c: Ctx, key: str, fmt: str, exact: bool, duration: float | None) -
         sys.stdout.flush()
 
     with _signals() as stop:
-        sub = Subscriber(c.registry(), key, exact=exact, format=fmt)
+        sub = Subscriber(c.registry(), key, exact=exact, format=fmt, timeout=timeout)
         try:
             def on_change() -> None:
                 with lock:
@@ -327,6 +369,7 @@ def watch_cmd(c: Ctx, key: str, fmt: str, exact: bool, duration: float | None) -
             _wait(stop, duration)
         finally:
             sub.close()
+    _exit_if_interrupted(stop)
 
 
 # --------------------------------------------------------------------------------------------- register
@@ -358,7 +401,7 @@ def _parse_meta(items: tuple[str, ...]) -> dict[str, Any]:
               type=click.Choice(["gozero", "etcd-naming", "kratos"]), help="Wire format.")
 @click.option("--for", "duration", type=click.FloatRange(min=0), default=None, metavar="SECONDS",
               help="Deregister after SECONDS (default: until Ctrl-C).")
-@_json_flag
+@_global_options
 @pass_ctx
 def register_cmd(c: Ctx, key: str, addr: str, ttl: int, meta: tuple[str, ...], id_: str | None, fmt: str,
                  duration: float | None) -> None:
@@ -389,6 +432,7 @@ def register_cmd(c: Ctx, key: str, addr: str, ttl: int, meta: tuple[str, ...], i
         c.emit({"event": "deregistered", "key": key, "address": addr})
     else:
         c.out.print(f"deregistered {addr}")
+    _exit_if_interrupted(stop)
 
 
 # --------------------------------------------------------------------------------------------- resolve
@@ -399,9 +443,8 @@ def register_cmd(c: Ctx, key: str, addr: str, ttl: int, meta: tuple[str, ...], i
 @click.option("--subset", "subset_size", default=32, show_default=True, type=click.IntRange(0),
               help="Subset size a client keeps (0: no subsetting).")
 @click.option("--client-id", default=None, help="Deterministic subsetting: this client's id.")
-@click.option("--timeout", default=5.0, show_default=True, type=click.FloatRange(min=0.1),
-              help="Seconds to wait for the registry.")
-@_json_flag
+@_timeout_option
+@_global_options
 @pass_ctx
 def resolve_cmd(c: Ctx, target: str, subset_size: int, client_id: str | None, timeout: float) -> None:
     """Show what a client dialing TARGET would use: addresses, metadata and its subset."""
@@ -427,18 +470,19 @@ def resolve_cmd(c: Ctx, target: str, subset_size: int, client_id: str | None, ti
 # --------------------------------------------------------------------------------------------- demo, bench
 
 
-@app.command("demo", short_help="Live demo: every policy, a kill and an add under load.")
-@click.option("--quick", is_flag=True, help="A short run (CI): fewer calls per policy.")
+@app.command("demo", short_help="Live demo (about 30 s): every policy, a kill and an add under load.")
+@click.option("--quick", is_flag=True, help="A short run (CI), about 15 s: fewer calls per policy.")
 @click.option("--out", "out_dir", type=click.Path(file_okay=False, path_type=Path), default=None,
               help="Where to write the chart (default: the current directory).")
 @click.option("--no-chart", is_flag=True, help="Skip the PNG chart.")
 @click.option("--summary-json", type=click.Path(dir_okay=False, path_type=Path), default=None, hidden=True,
               help="Write the figures as JSON (for tests and scripts).")
+@_global_options
 @pass_ctx
 def demo_cmd(c: Ctx, quick: bool, out_dir: Path | None, no_chart: bool, summary_json: Path | None) -> None:
     """Live demo: local etcd, 4 backends (one slow), every policy, a backend killed and one added under load.
 
-    Reuses the etcd at --registry when it answers, else starts its own (or, without an etcd binary, runs
+    A run takes about 30 s (--quick: about 15 s) and ends every process it started. Reuses the etcd at --registry when it answers, else starts its own (or, without an etcd binary, runs
     everything in this process on the memory registry)."""
     from .demo import run_demo
 
@@ -474,12 +518,16 @@ def _bench_dir() -> Path | None:
     return None
 
 
-@app.command("bench", short_help="Run (or list) the benchmarks in bench/.")
+@app.command("bench", short_help="Run (or list) the benchmarks in bench/.",
+             context_settings={"allow_interspersed_args": False, "ignore_unknown_options": True})
 @click.argument("name", required=False)
 @click.argument("args", nargs=-1, type=click.UNPROCESSED)
+@_global_options
 @pass_ctx
 def bench_cmd(c: Ctx, name: str | None, args: tuple[str, ...]) -> None:
-    """Run the benchmark NAME from bench/ (without NAME: list them). Extra ARGS go to the script."""
+    """Run the benchmark NAME from bench/ (without NAME: list them).
+
+    Everything after NAME goes to the script: waypost bench NAME --help shows the benchmark's own help."""
     d = _bench_dir()
     if d is None:
         raise click.ClickException("no bench/ directory found: run from a waypost source checkout")
@@ -497,5 +545,7 @@ def bench_cmd(c: Ctx, name: str | None, args: tuple[str, ...]) -> None:
         raise click.ClickException(f"unknown benchmark {name!r}; known: {', '.join(names)}")
     env = dict(os.environ)
     proc = subprocess.run([sys.executable, str(d / f"{stem}.py"), *args], check=False, cwd=d.parent, env=env)
-    if proc.returncode:
-        raise click.ClickException(f"benchmark {stem} exited with status {proc.returncode}")
+    if proc.returncode:  # the command exits with the script's status
+        failed = click.ClickException(f"benchmark {stem} exited with status {proc.returncode}")
+        failed.exit_code = proc.returncode if 0 < proc.returncode < 256 else 1  # type: ignore[misc]
+        raise failed

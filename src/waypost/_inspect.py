@@ -18,6 +18,8 @@ log = logging.getLogger("waypost.cli")
 
 #: at most this many distinct leases are asked for their TTL by ``ls``
 MAX_TTL_LOOKUPS = 256
+#: seconds ``resolve`` waits past its timeout for the resolver's own error (which says why)
+_GRACE = 0.5
 
 
 def classify(kvs: Iterable[Any]) -> list[dict[str, Any]]:
@@ -96,28 +98,42 @@ def group(entries: Sequence[dict[str, Any]], ttls: dict[int, int]) -> dict[str, 
 
 def resolve(target: str, *, subset_size: int = 32, client_id: str | None = None,
             timeout: float = 5.0) -> dict[str, Any]:
-    """What a client dialing ``target`` would use now: every address with its metadata, and its subset."""
-    from .resolver import Subsetter, make_resolver, parse_target
+    """What a client dialing ``target`` would use now: every address with its metadata, and its subset.
+
+    A lookup that fails (registry unreachable, DNS server silent, name unknown) raises
+    ``RegistryUnavailable`` naming the target and the cause, within ``timeout`` seconds (and a little:
+    the resolver's own timeout is ``timeout``, so its error, which says why, arrives first).
+    """
+    from .errors import RegistryUnavailable
+    from .resolver import DnsResolver, RegistryResolver, Resolver, Subsetter, make_resolver, parse_target
 
     t = parse_target(target)
     subsetter = Subsetter(subset_size, client_id=client_id) if subset_size and t.scheme != "direct" else None
     got: list[Any] = []
     errors: list[str] = []
-    done = threading.Event()
+    answered = threading.Event()
 
     def on_update(backends: Sequence[Any]) -> None:
         got[:] = list(backends)
-        done.set()
+        answered.set()
 
     def on_error(message: str) -> None:
         errors.append(message)
+        answered.set()
 
-    resolver = make_resolver(t)  # no subsetter: we want the full list and mark the subset ourselves
-    resolver.start(on_update, on_error)
+    # no subsetter: we want the full list and mark the subset ourselves; the lookup bounded by ``timeout``
+    resolver: Resolver
+    if t.scheme == "dns":
+        resolver = DnsResolver(t, timeout=timeout)
+    elif t.key:
+        resolver = RegistryResolver(t, timeout=timeout)  # blocking: start raises RegistryUnavailable
+    else:
+        resolver = make_resolver(t)
     try:
-        if not done.wait(timeout) and errors:
-            from .errors import RegistryUnavailable
-
+        resolver.start(on_update, on_error)
+        if not answered.wait(timeout + _GRACE):
+            raise RegistryUnavailable(f"could not resolve {t.redacted}: no answer within {timeout:g}s")
+        if not got and errors:  # a failed lookup fails: the command must not show an empty list
             raise RegistryUnavailable(f"could not resolve {t.redacted}: {errors[-1]}")
         backends = list(got)
     finally:

@@ -24,7 +24,7 @@ import logging
 import random
 import time
 from collections.abc import Callable, Collection, Iterable, Mapping, Sequence
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import grpc
 import grpc.aio
@@ -46,6 +46,11 @@ from .client.picker_wrapper import PickerWrapper
 from .client.subconn import SubConn
 from .client.watcher import INTERVAL
 from .types import STATE_NAMES
+
+if TYPE_CHECKING:
+    from .server import serve_async as serve
+
+__all__ = ["Channel", "dial", "serve"]
 
 log = logging.getLogger("waypost.aio")
 

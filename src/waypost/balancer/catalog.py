@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import logging
 from collections.abc import Mapping
-from typing import Any, NamedTuple, NoReturn
+from typing import Any, NamedTuple, NoReturn, TypeVar
 
 from ..errors import InvalidServiceConfig, describe_value
 from .base import Policy
@@ -18,12 +18,42 @@ from .base import Policy
 log = logging.getLogger("waypost.balancer.catalog")
 
 POLICIES: dict[str, type[Policy]] = {}
+_BUILTIN: set[str] = set()  # names the library registered itself (``policies``): never replaced
+
+P = TypeVar("P", bound=type[Policy])
 
 
-def register_policy(cls: type[Policy]) -> type[Policy]:
-    """Class decorator: make a policy available by its ``name`` in service configs."""
-    POLICIES[cls.name] = cls
+def register_policy(cls: P) -> P:
+    """Make a policy available by its ``name`` in service configs and ``dial(balancer=...)``; usable as a class
+    decorator (it returns ``cls``).
+
+    Registering the same class again does nothing; another class under a name registered before replaces it (a
+    WARNING says so), except a built-in policy's name, which is refused: pick a name of your own.
+    Raises TypeError when ``cls`` is not a ``waypost.Policy`` subclass and ValueError when its ``name`` is
+    missing, not a non-empty string, or a built-in's.
+    """
+    if not isinstance(cls, type) or not issubclass(cls, Policy):
+        raise TypeError(f"register_policy: expected a subclass of waypost.Policy, got {describe_value(cls)}")
+    name = getattr(cls, "name", None)
+    if not isinstance(name, str) or not name.strip():
+        raise ValueError(f"register_policy: {cls.__qualname__} needs a class attribute `name` (a non-empty "
+                         f"string: the key used in loadBalancingConfig), got {describe_value(name)}")
+    existing = POLICIES.get(name)
+    if existing is cls:
+        return cls
+    if name in _BUILTIN:
+        raise ValueError(f"register_policy: {name!r} is a built-in policy ({existing.__qualname__ if existing else ''}); "
+                         f"give {cls.__qualname__} a name of its own (e.g. 'my_{name}')")
+    if existing is not None:
+        log.warning("register_policy: %r was %s, now %s", name, existing.__qualname__, cls.__qualname__)
+    POLICIES[name] = cls
     return cls
+
+
+def register_builtin(cls: type[Policy]) -> None:
+    """Register one of the library's own policies (``policies`` does, on import); its name is then reserved."""
+    register_policy(cls)
+    _BUILTIN.add(cls.name)
 
 
 def known_policies() -> list[str]:

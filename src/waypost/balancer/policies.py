@@ -8,7 +8,7 @@ imports run one way.
 
 from __future__ import annotations
 
-from .catalog import POLICIES, get_policy, known_policies, register_policy
+from .catalog import POLICIES, get_policy, known_policies, register_builtin, register_policy
 from .consistent_hash import ConsistentHashPolicy
 from .least_request import LeastRequestPolicy
 from .outlier_detection import OutlierDetectionPolicy
@@ -36,4 +36,4 @@ BUILTIN_POLICIES = (
 )
 
 for _cls in BUILTIN_POLICIES:
-    register_policy(_cls)
+    register_builtin(_cls)

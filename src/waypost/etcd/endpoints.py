@@ -25,6 +25,21 @@ from .config import EtcdConfig
 log = logging.getLogger("waypost.etcd")
 
 _READY = grpc.ChannelConnectivity.READY
+#: seconds a diagnostic call waits to learn why an endpoint is not connected (``why_unreachable``)
+PROBE_TIMEOUT = 0.25
+
+
+def connect_error(details: str) -> str:
+    """The cause in grpc's connect error: ``failed to connect to all addresses; last error: UNKNOWN:
+    ipv4:127.0.0.1:1: Failed to connect to remote host: Connection refused`` -> ``Failed to connect to
+    remote host: Connection refused``."""
+    cause = details.rpartition("last error: ")[2]
+    code, sep, rest = cause.partition(": ")
+    if sep and code.isupper():
+        cause = rest
+    if cause.startswith(("ipv4:", "ipv6:", "unix:")):
+        cause = cause.split(": ", 1)[-1]
+    return cause
 
 
 def channel_options(cfg: EtcdConfig) -> list[tuple[str, Any]]:
@@ -254,12 +269,39 @@ class EndpointPool:
             if self._closed:
                 raise self._closed_error(op)
             if now >= deadline:
+                reasons = await self.why_unreachable()
                 raise RegistryUnavailable(
                     f"etcd {op}: no endpoint reachable within {wait:g}s "
-                    f"(endpoints: {', '.join(self.cfg.endpoints)})"
+                    f"(endpoints: {', '.join(self.cfg.endpoints)})" + (f"; {reasons[0]}" if reasons else "")
                 )
             await asyncio.sleep(min(delay, max(deadline - now, 0.001)))
             delay = min(delay * 2, 0.05)
+
+    async def why_unreachable(self) -> list[str]:
+        """Why the endpoints that are not connected fail, as grpc saw it (connection refused, a TLS handshake
+        failure, ...), each logged at DEBUG: ``address: reason``. One call per endpoint that fails at once
+        (no wait for ready) or within ``PROBE_TIMEOUT``; only on the failure path."""
+        from ._methods import STATUS
+        from ._proto import waypost_etcd_pb2 as pb
+
+        async def probe(ep: Endpoint) -> str | None:
+            if ep.channel is None or ep.channel.get_state(False) is _READY:
+                return None
+            try:
+                await ep.unary(STATUS, pb.StatusRequest, pb.StatusResponse)(pb.StatusRequest(),
+                                                                            timeout=PROBE_TIMEOUT)
+            except grpc.aio.AioRpcError as e:
+                if e.code() == grpc.StatusCode.DEADLINE_EXCEEDED:
+                    return f"{ep.address}: no connection within {PROBE_TIMEOUT:g}s (connecting)"
+                return f"{ep.address}: {connect_error(e.details() or e.code().name)}"
+            except Exception as e:  # noqa: BLE001 -- a diagnosis only: never fail because of it
+                return f"{ep.address}: {e!r}"
+            return None  # it answered: connected meanwhile
+
+        reasons = [r for r in await asyncio.gather(*(probe(ep) for ep in self.endpoints)) if r]
+        for reason in reasons:
+            log.debug("etcd endpoint %s", reason)
+        return reasons
 
     async def close(self) -> None:
         self._closed = True

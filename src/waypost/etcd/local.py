@@ -74,6 +74,21 @@ def free_port(host: str = "127.0.0.1") -> int:
         return int(s.getsockname()[1])
 
 
+def port_is_free(port: int, host: str = "127.0.0.1") -> bool:
+    """True when a listener could bind ``host:port`` now, as etcd binds it: with SO_REUSEADDR (Go's default).
+
+    Connections of a stopped server linger in TIME_WAIT for about a minute; a plain bind fails on them with
+    EADDRINUSE while etcd itself can listen at once. A port another process listens on is never free.
+    """
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
+        s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        try:
+            s.bind((host, port))
+        except OSError:
+            return False
+    return True
+
+
 class EtcdMember:
     """One etcd process on loopback with fixed ports and data directory across restarts."""
 
