@@ -2,24 +2,45 @@
 """Deterministic discrete-event simulation of client-side load balancing policies.
 
 N backends, each with a number of concurrent slots (calls beyond that queue, FIFO), a lognormal
-service time and optionally a share of calls that fail fast; Poisson arrivals; a per-call deadline
-(the client gives up: DEADLINE_EXCEEDED at the deadline, the call stays queued/in service on the
-backend, as a cancelled gRPC call does until the server notices). The real waypost pickers are driven
-through ``Policy.build`` / ``Picker.pick`` / ``done(Outcome)`` with the simulation clock injected as
-the policy clock. No threads, no sleeping; everything is seeded.
+service time and optionally a share of calls that fail fast; Poisson arrivals from one or more
+clients; a per-call deadline (the client gives up: DEADLINE_EXCEEDED at the deadline, the call stays
+queued/in service on the backend, as a cancelled gRPC call does until the server notices). The real
+waypost pickers are driven through ``Policy.build`` / ``Picker.pick`` / ``done(Outcome)`` with the
+simulation clock injected as the policy clock. No threads, no sleeping; everything is seeded.
 
-Scenarios
+Each simulated server keeps a real ``waypost.loadreport.LoadAccount`` on the simulation clock, fed
+as the server's load interceptor feeds it: ``begin`` when a call reaches the server (a queued call
+counts as in flight: the real handler runs while it waits for a slot), ``end`` when it finishes (or
+when a call whose deadline passed leaves the queue). ``prequal`` gets a simulated prober: a probe
+reads the server's ``snapshot()`` ``PROBE_DELAY`` after it is sent and the answer reaches the policy
+(``on_probe``) ``PROBE_DELAY`` later. Calls themselves reach the server at pick time.
+
+Scenarios (1 client each)
   slow_backend   1 of 4 backends is 10x slower throughout
   degrading      all equal, then one backend becomes 10x slower half-way through
   heterogeneous  slot counts 1:2:4:8 (registered weights = capacities, which weighted_round_robin uses)
   flapping       one backend fails 30% of its calls, failing fast
 
-Policies: round_robin, random, weighted_round_robin, least_request, p2c_ewma and ``oracle``:
-round_robin over the set without the bad backend (for heterogeneous, where no single backend is bad,
-the oracle is weighted round robin by true capacity).
+Utilization sweep (``SWEEP_CLIENTS`` clients, each with its own policy instance, sharing 50 backends,
+starting at random times over ``SWEEP_STAGGER``; offered load u x the fleet's true capacity; a warm-up
+of ``SWEEP_WARMUP`` seconds, not measured, then ``--sweep-duration`` seconds measured)
+  slow_tenth     50 backends x 4 slots x 10 ms, 5 of them 5x slower (50 ms)
+  hetero_cap     50 backends with 2, 4 or 8 slots (about a third each) x 10 ms, no weights registered
 
-Usage: python bench/simulate.py [--quick] [--seed N] [--out PATH]
-The last lines, one per scenario: ``<scenario>: p99 p2c_ewma/round_robin = R, p2c_ewma/oracle = R``.
+Policies: round_robin, random, weighted_round_robin, least_request, p2c_ewma, peak_ewma, prequal,
+``default`` (the policy ``waypost.service_config.DEFAULT_POLICY`` names, read at run time) and
+``oracle``: round_robin over the set without the bad backend; for heterogeneous, where no single
+backend is bad, weighted round robin by true capacity, and in the sweep weighted round robin with
+weights = true capacity (slots / mean service time).
+
+Usage: python bench/simulate.py [--quick] [--seed N] [--duration S] [--sweep-duration S]
+                                [--no-sweep | --sweep-only] [--out PATH]
+Sweep lines: ``util <fleet> u=<U>%: p99 <policy>/oracle = <r>`` (``default`` included), a table of
+them, then the policies ranked by their worst ratio, ties by the geometric mean over the sweep
+(``util rank <n>: <policy> worst p99/oracle = <r> (<fleet> u=<U>%), geomean <g>``) and where the
+default stands (``util default = <policy>: worst p99/oracle = <r> (...), geomean <g>``).
+The last lines, one per scenario: ``<scenario>: p99 p2c_ewma/round_robin = R, p2c_ewma/oracle = R``
+(with ``--sweep-only``: the sweep's ranking lines).
 """
 
 from __future__ import annotations
@@ -38,13 +59,30 @@ from typing import Any
 
 import grpc
 
-from waypost.balancer.base import Outcome, PickInfo
+from waypost.balancer.base import Outcome, PickInfo, Policy
 from waypost.balancer.policies import get_policy
+from waypost.loadreport.account import LoadAccount
+from waypost.service_config import DEFAULT_POLICY
 from waypost.types import Backend
 
-POLICIES = ["round_robin", "random", "weighted_round_robin", "least_request", "p2c_ewma", "oracle"]
+POLICIES = ["round_robin", "random", "weighted_round_robin", "least_request", "p2c_ewma", "peak_ewma",
+            "prequal", "default", "oracle"]
 DEADLINE = 1.0  # seconds: the client's per-call deadline
 SIGMA = 0.5  # lognormal shape of service times
+#: seconds, one way, client <-> server, for load-report probes only: a probe reads the server's account this long
+#: after it is sent and its answer reaches the policy as long again later (a same-zone round trip of 0.5 ms; the
+#: constant is the only network the simulation has: no variance, no loss, calls themselves arrive at pick time)
+PROBE_DELAY = 0.00025
+
+SWEEP_UTILS = (30, 50, 70, 80, 90, 95)  # offered load, % of the fleet's true capacity
+SWEEP_CLIENTS = 20
+SWEEP_BACKENDS = 50
+#: seconds of each sweep run not measured (full run, --quick): every client starts knowing nothing
+SWEEP_WARMUP = (1.0, 0.25)
+#: seconds: the sweep's clients start at uniform random times over this span. Clients that all start at the same
+#: instant stay in lockstep with a deterministic rotation (weighted_round_robin, the oracle): the k-th pick of every
+#: client goes to the same backend at about the same time, a burst no real fleet of clients produces
+SWEEP_STAGGER = 0.2
 
 
 @dataclass
@@ -56,16 +94,28 @@ class BackendSpec:
     fail_latency: float = 0.001
     weight: int | None = None  # registered metadata weight
 
+    @property
+    def capacity(self) -> float:
+        """Calls per second this backend completes when saturated."""
+        return self.slots / self.mean
+
+    @property
+    def kind(self) -> str:
+        return f"{self.slots}x{self.mean * 1e3:g}ms"
+
 
 @dataclass
 class Scenario:
     name: str
     description: str
     backends: list[BackendSpec]
-    rate: float  # arrivals per second
+    rate: float  # arrivals per second, all clients together
     bad: str | None  # removed for the oracle
     slowdown: tuple[float, str, float] | None = None  # (fraction of the run, address, factor)
-    oracle_weighted: bool = False
+    oracle_weights: dict[str, int] | None = None  # the oracle is weighted round robin with these weights
+    clients: int = 1  # each with its own policy instance and picker; arrivals split evenly
+    warmup: float = 0.0  # seconds: calls arriving earlier are not measured
+    stagger: float = 0.0  # seconds: each client's first call comes at a uniform random time in [0, stagger)
 
 
 def scenarios() -> list[Scenario]:
@@ -85,27 +135,77 @@ def scenarios() -> list[Scenario]:
         Scenario("degrading", "one of 4 backends becomes 10x slower half-way (1200 rps)", equal(), 1200.0,
                  bad="10.0.0.4:8080", slowdown=(0.5, "10.0.0.4:8080", 10.0)),
         Scenario("heterogeneous", "slots 2:4:8:16 x 10 ms (capacities 1:2:4:8), 1800 rps = 60% of capacity",
-                 hetero, 1800.0, bad=None, oracle_weighted=True),
+                 hetero, 1800.0, bad=None, oracle_weights={b.address: b.slots for b in hetero}),
         Scenario("flapping", "one of 4 backends fails 30% of calls in 1 ms (1200 rps)", flap, 1200.0,
                  bad=flap[3].address),
     ]
 
 
-@dataclass
+def _address(i: int) -> str:
+    return f"10.1.{i // 250}.{i % 250 + 1}:8080"
+
+
+def sweep_fleets() -> dict[str, tuple[str, list[BackendSpec]]]:
+    """The sweep's fleets: name -> (description, backends)."""
+    n = SWEEP_BACKENDS
+    slow = [BackendSpec(_address(i), slots=4, mean=0.050 if i % 10 == 4 else 0.010) for i in range(n)]
+    hetero = [BackendSpec(_address(i), slots=(2, 4, 8)[i % 3], mean=0.010) for i in range(n)]
+    return {
+        "slow_tenth": (f"{n} backends x 4 slots x 10 ms, 5 of them 5x slower (50 ms)", slow),
+        "hetero_cap": (f"{n} backends, 2/4/8 slots (17/17/16) x 10 ms, no weights registered", hetero),
+    }
+
+
+def sweep_scenario(fleet: str, util: int, warmup: float) -> Scenario:
+    description, specs = sweep_fleets()[fleet]
+    capacity = sum(b.capacity for b in specs)
+    return Scenario(f"{fleet}@{util}", description, specs, rate=capacity * util / 100.0, bad=None,
+                    oracle_weights=capacity_weights(specs),
+                    clients=SWEEP_CLIENTS, warmup=warmup, stagger=min(SWEEP_STAGGER, warmup))
+
+
+def capacity_weights(specs: list[BackendSpec]) -> dict[str, int]:
+    """Integer weights proportional to the backends' true capacities (calls/s), divided by their greatest common
+    divisor: smooth WRR's sequence depends only on the ratios, and a short cycle lets each client of the oracle
+    start at a random point of it (``Simulation``)."""
+    raw = {b.address: max(1, round(b.capacity)) for b in specs}
+    g = math.gcd(*raw.values())
+    return {a: w // g for a, w in raw.items()}
+
+
 class _Call:
-    arrival: float
-    backend: str
-    done: Any
-    finished: bool = False
-    started: bool = False
+    __slots__ = ("arrival", "backend", "done", "finished", "started", "token")
+
+    def __init__(self, arrival: float, backend: str, done: Any, token: tuple[int, float]) -> None:
+        self.arrival = arrival
+        self.backend = backend
+        self.done = done
+        self.token = token  # the server's LoadAccount token
+        self.finished = False
+        self.started = False
 
 
 @dataclass
 class _Server:
     spec: BackendSpec
     mean: float
+    account: LoadAccount
     busy: int = 0
     queue: deque = field(default_factory=deque)
+
+
+class _SimProber:
+    """A client's ``LoadProber``: schedules the probe's read of the server and the answer's arrival."""
+
+    def __init__(self, sim: Simulation, client: int) -> None:
+        self._sim = sim
+        self._client = client
+
+    def probe(self, address: str) -> bool:
+        sim = self._sim
+        sim.probes += 1
+        sim._push(sim.now + PROBE_DELAY, "probe_read", (self._client, address))
+        return True
 
 
 class Simulation:
@@ -119,23 +219,43 @@ class Simulation:
         self.fail_rng = random.Random(seed + 1)
         self._events: list[tuple[float, int, str, Any]] = []
         self._seq = 0
-        self.servers = {b.address: _Server(b, b.mean) for b in scenario.backends}
+        clock = self._clock
+        self.servers = {b.address: _Server(b, b.mean, LoadAccount(clock=clock)) for b in scenario.backends}
         self.latencies: list[float] = []
         self.errors = 0
+        self.probes = 0
         self.picks: Counter = Counter()
+        self.all_picks = 0
         specs = scenario.backends
         if policy_name == "oracle":
-            if scenario.oracle_weighted:
+            if scenario.oracle_weights is not None:
                 name = "weighted_round_robin"
-                backends = [Backend(b.address, {"weight": b.slots}) for b in specs]
+                backends = [Backend(b.address, {"weight": scenario.oracle_weights[b.address]}) for b in specs]
             else:
                 name = "round_robin"
                 backends = [Backend(b.address) for b in specs if b.address != scenario.bad]
         else:
-            name = policy_name
+            name = DEFAULT_POLICY if policy_name == "default" else policy_name
             backends = [Backend(b.address, {} if b.weight is None else {"weight": b.weight}) for b in specs]
-        policy = get_policy(name)({}, clock=lambda: self.now, rng=random.Random(seed + 2))
-        self.picker = policy.build(backends)
+        self.policies: list[Policy] = []
+        self.pickers = []
+        for k in range(scenario.clients):
+            policy = get_policy(name)({}, clock=clock, rng=random.Random(seed + 2 + k))
+            if policy.wants_load_reports:
+                policy.attach_prober(_SimProber(self, k))
+            picker = policy.build(backends)
+            if policy_name == "oracle" and scenario.clients > 1 and scenario.oracle_weights:
+                # Clients that started together stay in lockstep through a deterministic rotation (the k-th
+                # pick of every client goes to the same backend at about the same time). Real clients started
+                # at different times: each oracle client starts at a random point of its weight cycle.
+                phase = random.Random(f"{seed}/oracle/{k}").randrange(sum(scenario.oracle_weights.values()))
+                for _ in range(phase):
+                    picker.pick(PickInfo()).done(Outcome())
+            self.policies.append(policy)
+            self.pickers.append(picker)
+
+    def _clock(self) -> float:
+        return self.now
 
     def _push(self, t: float, kind: str, payload: Any) -> None:
         self._seq += 1
@@ -157,58 +277,97 @@ class Simulation:
     def _complete(self, call: _Call, code: grpc.StatusCode) -> None:
         call.finished = True
         latency = self.now - call.arrival
-        self.latencies.append(latency)
-        if code != grpc.StatusCode.OK:
-            self.errors += 1
+        if call.arrival >= self.scenario.warmup:
+            self.latencies.append(latency)
+            if code != grpc.StatusCode.OK:
+                self.errors += 1
         call.done(Outcome(code, latency))
 
     def run(self) -> dict[str, Any]:
-        self._push(self.rng.expovariate(self.scenario.rate), "arrival", None)
-        if self.scenario.slowdown is not None:
-            frac, addr, factor = self.scenario.slowdown
+        sc = self.scenario
+        rate = sc.rate / sc.clients
+        for k in range(sc.clients):
+            start = self.rng.uniform(0.0, sc.stagger) if sc.stagger else 0.0
+            self._push(start + self.rng.expovariate(rate), "arrival", k)
+        if sc.slowdown is not None:
+            frac, addr, factor = sc.slowdown
             self._push(frac * self.duration, "slowdown", (addr, factor))
         info = PickInfo(method="/sim.Service/Call")
-        while self._events:
-            t, _, kind, payload = heapq.heappop(self._events)
+        warmup = sc.warmup
+        events = self._events
+        # Every call's deadline is its arrival + DEADLINE: the calls in arrival order are the deadlines in order, so
+        # they wait in a FIFO merged with the event heap (same order as one heap, one heap operation less per call).
+        deadlines: deque[_Call] = deque()
+        while events or deadlines:
+            if deadlines and (not events or deadlines[0].arrival + DEADLINE < events[0][0]):
+                call = deadlines.popleft()
+                if not call.finished:
+                    self.now = call.arrival + DEADLINE
+                    self._complete(call, grpc.StatusCode.DEADLINE_EXCEEDED)
+                continue
+            t, _, kind, payload = heapq.heappop(events)
             self.now = t
             if kind == "arrival":
                 if t < self.duration:
-                    self._push(t + self.rng.expovariate(self.scenario.rate), "arrival", None)
-                res = self.picker.pick(info)
+                    self._push(t + self.rng.expovariate(rate), "arrival", payload)
+                res = self.pickers[payload].pick(info)
                 addr = res.backend.address
-                self.picks[addr] += 1
-                call = _Call(t, addr, res.done)
+                self.all_picks += 1
+                if t >= warmup:
+                    self.picks[addr] += 1
                 server = self.servers[addr]
+                call = _Call(t, addr, res.done, server.account.begin())
                 if server.busy < server.spec.slots:
                     self._start(server, call)
                 else:
                     server.queue.append(call)
-                self._push(t + DEADLINE, "deadline", call)
+                deadlines.append(call)
             elif kind == "finish":
                 server, call, failed = payload
                 server.busy -= 1
+                server.account.end(call.token, failed)
                 if not call.finished:
                     self._complete(call, grpc.StatusCode.UNAVAILABLE if failed else grpc.StatusCode.OK)
                 while server.queue and server.busy < server.spec.slots:
                     nxt = server.queue.popleft()
-                    if not nxt.finished:  # calls whose deadline passed were cancelled
+                    if nxt.finished:  # calls whose deadline passed were cancelled: the server notices now
+                        server.account.end(nxt.token, True)
+                    else:
                         self._start(server, nxt)
-            elif kind == "deadline":
-                if not payload.finished:
-                    self._complete(payload, grpc.StatusCode.DEADLINE_EXCEEDED)
+            elif kind == "probe_read":
+                client, addr = payload
+                snap = self.servers[addr].account.snapshot()
+                self._push(t + PROBE_DELAY, "probe_answer", (client, addr, snap.in_flight, snap.latency_estimate))
+            elif kind == "probe_answer":
+                client, addr, in_flight, latency = payload
+                self.policies[client].on_probe(addr, in_flight, latency)
             elif kind == "slowdown":
                 addr, factor = payload
                 self.servers[addr].mean *= factor
+        return self._summary()
+
+    def _summary(self) -> dict[str, Any]:
         lat = sorted(self.latencies)
         total = len(lat)
-        return {
+        picked = sum(self.picks.values())
+        by_kind: Counter = Counter()
+        for b in self.scenario.backends:
+            by_kind[b.kind] += self.picks[b.address]
+        out: dict[str, Any] = {
             "calls": total,
             "p50": percentile(lat, 0.50),
             "p99": percentile(lat, 0.99),
             "p999": percentile(lat, 0.999),
             "error_rate": self.errors / total if total else 0.0,
-            "share": {b.address: self.picks[b.address] / total for b in self.scenario.backends},
+            "share_by_kind": {k: v / picked for k, v in sorted(by_kind.items())} if picked else {},
         }
+        if len(self.scenario.backends) <= 8 and picked:
+            out["share"] = {b.address: self.picks[b.address] / picked for b in self.scenario.backends}
+        if any(p.wants_load_reports for p in self.policies):
+            out["probes_per_call"] = self.probes / max(1, self.all_picks)
+            probe_picks = sum(getattr(p, "probe_picks", 0) for p in self.policies)
+            out["probe_decided"] = probe_picks / max(1, self.all_picks)  # (over the whole run, warm-up included)
+        return out
 
 
 def percentile(sorted_values: list[float], q: float) -> float:
@@ -219,27 +378,33 @@ def percentile(sorted_values: list[float], q: float) -> float:
     return sorted_values[rank - 1]
 
 
-def main(argv: list[str] | None = None) -> int:
-    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("--quick", action="store_true", help="short runs (CI and tests)")
-    ap.add_argument("--seed", type=int, default=1)
-    ap.add_argument("--duration", type=float, default=None, help="simulated seconds per run")
-    ap.add_argument("--out", type=Path, default=Path(__file__).resolve().parent / "results" / "simulate.json")
-    args = ap.parse_args(argv)
-    duration = args.duration or (4.0 if args.quick else 20.0)
+def run_policies(sc: Scenario, duration: float, seed: int) -> dict[str, dict[str, Any]]:
+    """Every policy of ``POLICIES`` over ``sc``. ``default`` names another policy of the list (a run is a function
+    of scenario, policy, duration and seed only): its figures are that policy's; otherwise it runs on its own."""
+    results: dict[str, dict[str, Any]] = {}
+    for name in POLICIES:
+        if name == "default" and DEFAULT_POLICY in POLICIES:
+            continue
+        results[name] = Simulation(sc, name, duration, seed).run()
+    if "default" not in results:
+        results["default"] = dict(results[DEFAULT_POLICY])
+    return {name: results[name] for name in POLICIES}
 
-    started = time.perf_counter()
-    report: dict[str, Any] = {"duration": duration, "seed": args.seed, "deadline": DEADLINE, "scenarios": {}}
+
+def label(name: str) -> str:
+    return f"default={DEFAULT_POLICY}" if name == "default" else name
+
+
+def run_scenarios(duration: float, seed: int, report: dict[str, Any]) -> list[str]:
     summary = []
+    report["scenarios"] = {}
     for sc in scenarios():
         print(f"\n== {sc.name}: {sc.description}; {duration:g} s simulated, deadline {DEADLINE:g} s")
-        print(f"{'policy':<22}{'p50 ms':>9}{'p99 ms':>9}{'p999 ms':>9}{'errors':>8}  share per backend")
-        results = {}
-        for name in POLICIES:
-            r = Simulation(sc, name, duration, args.seed).run()
-            results[name] = r
+        print(f"{'policy':<24}{'p50 ms':>9}{'p99 ms':>9}{'p999 ms':>9}{'errors':>8}  share per backend")
+        results = run_policies(sc, duration, seed)
+        for name, r in results.items():
             share = " ".join(f"{v:5.1%}" for v in r["share"].values())
-            print(f"{name:<22}{r['p50'] * 1e3:9.1f}{r['p99'] * 1e3:9.1f}{r['p999'] * 1e3:9.1f}"
+            print(f"{label(name):<24}{r['p50'] * 1e3:9.1f}{r['p99'] * 1e3:9.1f}{r['p999'] * 1e3:9.1f}"
                   f"{r['error_rate']:8.2%}  {share}")
         ratio_rr = results["p2c_ewma"]["p99"] / results["round_robin"]["p99"]
         ratio_oracle = results["p2c_ewma"]["p99"] / results["oracle"]["p99"]
@@ -250,10 +415,108 @@ def main(argv: list[str] | None = None) -> int:
             "p99_p2c_over_oracle": ratio_oracle,
         }
         summary.append(f"{sc.name}: p99 p2c_ewma/round_robin = {ratio_rr:.3f}, p2c_ewma/oracle = {ratio_oracle:.3f}")
+    return summary
+
+
+def run_sweep(measured: float, warmup: float, seed: int) -> dict[str, Any]:
+    """The utilization sweep: every policy, every fleet, every u; prints its lines, returns its JSON part."""
+    duration = warmup + measured
+    out: dict[str, Any] = {"measured": measured, "warmup": warmup, "stagger": min(SWEEP_STAGGER, warmup),
+                           "clients": SWEEP_CLIENTS, "probe_delay": PROBE_DELAY, "utils": list(SWEEP_UTILS),
+                           "fleets": {}}
+    ratios_of: dict[str, list[tuple[float, str]]] = {}  # policy -> [(p99 / oracle, where)]
+    for fleet, (description, specs) in sweep_fleets().items():
+        capacity = sum(b.capacity for b in specs)
+        kinds = sorted({b.kind for b in specs})
+        print(f"\n== util {fleet}: {description}; capacity {capacity:.0f} calls/s, {SWEEP_CLIENTS} clients, "
+              f"{warmup:g} s warm-up + {measured:g} s measured, deadline {DEADLINE:g} s")
+        points: dict[str, Any] = {}
+        for util in SWEEP_UTILS:
+            sc = sweep_scenario(fleet, util, warmup)
+            results = run_policies(sc, duration, seed)
+            oracle = results["oracle"]["p99"]
+            ratios = {name: r["p99"] / oracle for name, r in results.items() if name != "oracle"}
+            print(f"\n-- util {fleet} u={util}%: {sc.rate:.0f} calls/s offered, {results['oracle']['calls']} calls "
+                  f"measured (oracle)")
+            print(f"{'policy':<24}{'p50 ms':>9}{'p99 ms':>9}{'p999 ms':>9}{'errors':>8}  share {' '.join(kinds)}")
+            for name, r in results.items():
+                share = " ".join(f"{r['share_by_kind'].get(k, 0.0):5.1%}" for k in kinds)
+                probes = (f"  probes/call {r['probes_per_call']:.3f}, picks by probes {r['probe_decided']:.0%}"
+                          if "probe_decided" in r else "")
+                print(f"{label(name):<24}{r['p50'] * 1e3:9.1f}{r['p99'] * 1e3:9.1f}{r['p999'] * 1e3:9.1f}"
+                      f"{r['error_rate']:8.2%}  {share}{probes}")
+            for name, ratio in ratios.items():
+                print(f"util {fleet} u={util}%: p99 {name}/oracle = {ratio:.3f}")
+                ratios_of.setdefault(name, []).append((ratio, f"{fleet} u={util}%"))
+            points[str(util)] = {"rate": sc.rate, "results": results, "p99_over_oracle": ratios}
+        out["fleets"][fleet] = {"description": description, "capacity": capacity, "points": points}
+
+    print(f"\nutil: p99 / oracle p99 ({SWEEP_CLIENTS} clients, {warmup:g} s warm-up + {measured:g} s measured)")
+    names = [n for n in POLICIES if n != "oracle"]
+    print(f"{'fleet':<12}{'u':>4}  {'oracle ms':>9}" + "".join(f"{n[:12]:>13}" for n in names))
+    for fleet, fd in out["fleets"].items():
+        for util, pt in fd["points"].items():
+            print(f"{fleet:<12}{util + '%':>4}  {pt['results']['oracle']['p99'] * 1e3:9.1f}"
+                  + "".join(f"{pt['p99_over_oracle'][n]:13.2f}" for n in names))
+    # ranked by the worst ratio; policies pinned at the deadline tie there, the geometric mean orders them
+    rows = []
+    for name, values in ratios_of.items():
+        w, at = max(values)
+        gmean = math.exp(sum(math.log(v) for v, _ in values) / len(values))
+        rows.append({"policy": name, "worst_p99_over_oracle": w, "at": at, "geomean_p99_over_oracle": gmean})
+    default = next(r for r in rows if r["policy"] == "default")
+    ranking = sorted((r for r in rows if r["policy"] != "default"),
+                     key=lambda r: (r["worst_p99_over_oracle"], r["geomean_p99_over_oracle"], r["policy"]))
+    out["ranking"] = ranking
+    out["default"] = {**default, "policy": DEFAULT_POLICY}
+    print(f"\nutil: policies ranked by their worst p99/oracle over both fleets and u = "
+          f"{', '.join(map(str, SWEEP_UTILS))} % (ties: by the geometric mean)")
+    for line in ranking_lines(out):
+        print(line)
+    return out
+
+
+def ranking_lines(sweep: dict[str, Any]) -> list[str]:
+    lines = [f"util rank {n}: {r['policy']} worst p99/oracle = {r['worst_p99_over_oracle']:.3f} ({r['at']}), "
+             f"geomean {r['geomean_p99_over_oracle']:.3f}" for n, r in enumerate(sweep["ranking"], 1)]
+    d = sweep["default"]
+    lines.append(f"util default = {d['policy']}: worst p99/oracle = {d['worst_p99_over_oracle']:.3f} ({d['at']}), "
+                 f"geomean {d['geomean_p99_over_oracle']:.3f}")
+    return lines
+
+
+def main(argv: list[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--quick", action="store_true", help="short runs (CI and tests)")
+    ap.add_argument("--seed", type=int, default=1)
+    ap.add_argument("--duration", type=float, default=None, help="simulated seconds per scenario run")
+    ap.add_argument("--sweep-duration", type=float, default=None,
+                    help=f"simulated seconds measured per sweep run, after a warm-up of {SWEEP_WARMUP[0]:g} s "
+                         f"({SWEEP_WARMUP[1]:g} s with --quick)")
+    group = ap.add_mutually_exclusive_group()
+    group.add_argument("--no-sweep", action="store_true", help="only the scenarios")
+    group.add_argument("--sweep-only", action="store_true", help="only the utilization sweep")
+    ap.add_argument("--out", type=Path, default=Path(__file__).resolve().parent / "results" / "simulate.json")
+    args = ap.parse_args(argv)
+    duration = args.duration or (4.0 if args.quick else 20.0)
+    sweep_measured = args.sweep_duration or (0.25 if args.quick else 3.0)
+    sweep_warmup = SWEEP_WARMUP[1] if args.quick else SWEEP_WARMUP[0]
+
+    started = time.perf_counter()
+    report: dict[str, Any] = {"duration": duration, "seed": args.seed, "deadline": DEADLINE,
+                              "default_policy": DEFAULT_POLICY}
+    summary: list[str] = []
+    if not args.sweep_only:
+        summary = run_scenarios(duration, args.seed, report)
+    if not args.no_sweep:
+        report["sweep"] = run_sweep(sweep_measured, sweep_warmup, args.seed)
     report["wall_seconds"] = time.perf_counter() - started
     args.out.parent.mkdir(parents=True, exist_ok=True)
     args.out.write_text(json.dumps(report, indent=2, sort_keys=True) + "\n")
     print(f"\nwrote {args.out} in {report['wall_seconds']:.1f} s wall")
+    if args.sweep_only:  # the last lines stay the summary: here, the sweep's ranking
+        for line in ranking_lines(report["sweep"]):
+            print(line)
     for line in summary:
         print(line)
     return 0

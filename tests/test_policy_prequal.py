@@ -176,6 +176,34 @@ def test_a_server_without_an_estimate_yet_counts_as_fast_as_the_fastest_and_gets
         r.done(Outcome(OK, 0.004))
 
 
+def test_a_pool_of_hot_probes_only_lets_peak_ewma_decide():
+    # the probes left are those of overloaded backends (the cold ones were used up): do not herd onto them
+    clock = FakeClock(10.0)
+    policy, _ = make(clock, probesPerPick=0, reuseBudget=1000, hotQuantile=0.5)
+    picker = policy.build(bs("a", "b", "c", "d"))
+    for rif in (0, 0, 0, 0, 0):
+        policy.on_probe("c", rif, 0.001)  # a calm history of reports...
+        policy.on_probe("d", rif, 0.001)
+    policy.on_probe("c", 40, 0.5)  # ...then c and d report 40 and 70 calls in flight
+    policy.on_probe("d", 70, 0.8)
+    got = Counter(pick(picker) for _ in range(40))
+    assert policy.probe_picks == 0 and got["a"] + got["b"] > 0, got  # peak_ewma's P2C over all four
+
+
+def test_a_backend_that_fails_fast_does_not_look_fast():
+    clock = FakeClock(10.0)
+    policy, _ = make(clock, probesPerPick=0, reuseBudget=1000, hotQuantile=1.0)
+    picker = policy.build(bs("a", "b"))
+    for _ in range(6):
+        res = picker.pick(INFO)
+        res.done(Outcome(grpc.StatusCode.UNAVAILABLE if res.backend.address == "a" else OK, 0.001))
+    policy.on_probe("a", 0, 0.001)  # the server's estimate counts its fast failures as fast
+    policy.on_probe("b", 0, 0.010)
+    lat = {p.address: p.latency for p in policy.pool()}
+    assert lat["a"] >= 0.5 and lat["b"] == pytest.approx(0.010), lat  # this client's measurement of a wins
+    assert Counter(pick(picker) for _ in range(10)) == {"b": 10}
+
+
 def test_no_usable_probe_falls_back_to_peak_ewma():
     clock = FakeClock(10.0)
     policy, _ = make(clock, probesPerPick=0, maxProbeAge=1.0)

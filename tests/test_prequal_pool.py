@@ -39,6 +39,8 @@ def test_all_hot_picks_the_fewest_in_flight() -> None:
     p.discard("x")
     p.add(Probe("a", 7, 0.001, clock.now))  # ...then every probe in the pool is above it
     p.add(Probe("b", 5, 0.050, clock.now))
+    assert p.choose(ALL, hot_choice=False) is None  # the caller may decide otherwise: nothing is used
+    assert [q.uses for q in p.probes()] == [0, 0]
     assert p.choose(ALL).address == "b"
 
 

@@ -64,7 +64,7 @@ LOG_INTERVAL = 60.0  # seconds between statistics lines
 class PeakEwmaStats:
     """What peak_ewma knows about one backend."""
 
-    __slots__ = ("address", "cost", "inflight", "requests", "sampled", "stamp")
+    __slots__ = ("address", "cost", "failed_at", "inflight", "requests", "sampled", "stamp")
 
     def __init__(self, address: str, now: float, start_rtt: float) -> None:
         self.address = address
@@ -73,6 +73,7 @@ class PeakEwmaStats:
         self.inflight = 0
         self.requests = 0  # picks since the last statistics line
         self.sampled = False  # True once a call has ended here
+        self.failed_at = -math.inf  # clock of the last failed call here
 
     def estimate(self, now: float, decay: float) -> float:
         """The latency estimate at ``now``: decayed towards zero since the last sample."""
@@ -179,12 +180,15 @@ class PeakEwmaPolicy(Policy):
     def _done_hook(self, st: PeakEwmaStats) -> DoneHook:
         def done(outcome: Outcome) -> None:
             rtt = max(0.0, outcome.latency)
-            if is_failure(outcome.code):
+            failed = is_failure(outcome.code)
+            if failed:
                 rtt = max(rtt, FAILURE_RTT)
             now = self.clock()
             with self._lock:
                 st.inflight -= 1
                 st.observe(rtt, now, self.decay)
+                if failed:
+                    st.failed_at = now
 
         return done
 
@@ -194,6 +198,16 @@ class PeakEwmaPolicy(Policy):
         with self._lock:
             st = self._stats.get(address)
             return None if st is None else (st.inflight, st.estimate(now, self.decay))
+
+    def failing_latency(self, address: str) -> float | None:
+        """The latency estimate of ``address`` now if a call of this client failed there within the last
+        ``decayTime`` (the estimate then holds the failure's ``FAILURE_RTT``); None otherwise."""
+        now = self.clock()
+        with self._lock:
+            st = self._stats.get(address)
+            if st is None or now - st.failed_at > self.decay:
+                return None
+            return st.estimate(now, self.decay)
 
     def inflight_of(self, address: str) -> int:
         """This client's calls in flight at ``address`` (0 when unknown); one dict read, no lock (an int read is

@@ -16,8 +16,16 @@ flight from every client (RIF) and its latency estimate at that load. This polic
   second, so a probe rate capped below the call rate still covers every pick); a probe's RIF has this client's
   part brought up to date from peak_ewma's in-flight counts, its latency scaled with it (``prequal_pool``);
 - **chooses hot-cold lexicographically** (HCL): among the pool's probes of this picker's backends, the cold ones
-  (RIF at or below the ``hotQuantile`` of recent RIFs) by lowest latency, else the hot ones by lowest RIF; with
-  fewer than two usable probes (and more than one backend) there is no choice to make from the pool;
+  (RIF at or below the ``hotQuantile`` of recent RIFs) by lowest latency. The paper takes the hot ones by lowest
+  RIF when no probe is cold; here peak_ewma decides then: the pool holds a few probes of the fleet, cold ones are
+  used up first, so a pool left with hot probes only holds the overloaded backends and would herd every pick
+  onto them (bench/simulate.py's 50-backend sweep: p99 up to 9x the oracle), while peak_ewma's P2C draws from
+  every READY backend. With fewer than two usable probes (and more than one backend) there is no choice to
+  make from the pool either;
+- **latency as compared**: the server's estimate at its load; for a server that has none yet (no call ended
+  there: it just joined), the fastest fresh probe's, so that it is tried and measured; and never below this
+  client's own estimate of a backend where its calls failed within ``decayTime`` (a backend that fails fast
+  must not look fast: peak_ewma counts a failure as ``FAILURE_RTT``);
 - **falls back to ``peak_ewma``** (its very statistics: every call is counted there, whichever way it was chosen)
   when the pool holds fewer than two usable probes. Backends without load reports (the probe answered
   UNIMPLEMENTED, or the report carries no in-flight count) are not probed again while they stay; when drawn as
@@ -178,6 +186,7 @@ class PrequalPolicy(Policy):
     def on_probe(self, address: str, in_flight: int, latency: float | None) -> None:
         now = self.clock()
         view = self.fallback.stats_of(address)
+        failing = self.fallback.failing_latency(address)
         with self._lock:
             asked = self._outstanding.pop(address, None)
             if address not in self._ready or view is None:
@@ -191,7 +200,9 @@ class PrequalPolicy(Policy):
                 fastest = self._pool.fastest()
                 lat = view[1] if fastest is None else min(fastest, view[1])
             else:
-                lat = max(0.0, latency)
+                # a backend that fails fast must not look fast: when this client's calls failed there lately, its
+                # estimate (a failure counts as FAILURE_RTT) stands if higher (a server counts its errors' time)
+                lat = max(0.0, latency, failing or 0.0)
             own = view[0] if asked is None else min(view[0], asked[1])
             self._pool.add(Probe(address, float(in_flight), lat, now, own=own))
             self._last[address] = (float(in_flight), latency, now, own)
@@ -220,7 +231,8 @@ class PrequalPolicy(Policy):
         it is asked, and this call may reach the server before the probe does."""
         now = self.clock()
         with self._lock:
-            probe = self._pool.choose(index, self.fallback.inflight_of, min(2, len(addresses)))
+            # all hot: peak_ewma decides (see the module doc)
+            probe = self._pool.choose(index, self.fallback.inflight_of, min(2, len(addresses)), hot_choice=False)
             if probe is not None:
                 self.probe_picks += 1
                 # counted under our lock, so the next pick's HCL sees this call in flight

@@ -112,9 +112,10 @@ class ProbePool:
                 break
             del self._probes[first.address]
 
-    def choose(self, usable: Container[str], own: Callable[[str], int] | None = None, min_choice: int = 1
-               ) -> Probe | None:
-        """The HCL choice among the fresh probes of ``usable`` backends; None when fewer than ``min_choice``.
+    def choose(self, usable: Container[str], own: Callable[[str], int] | None = None, min_choice: int = 1,
+               hot_choice: bool = True) -> Probe | None:
+        """The HCL choice among the fresh probes of ``usable`` backends; None when fewer than ``min_choice``, or
+        when every candidate is hot and ``hot_choice`` is False (the caller then decides by other means).
 
         ``own(address)``: this client's calls in flight there now (see the module doc). Counts the use: the chosen
         probe leaves the pool once its budget is spent.
@@ -132,8 +133,10 @@ class ProbePool:
         cold = [p for p in candidates if rif[p.address] <= self._hot_above]
         if cold:
             best = _lowest(cold, lambda p: latency[p.address], self._rng)
-        else:
+        elif hot_choice:
             best = _lowest(candidates, lambda p: rif[p.address], self._rng)
+        else:
+            return None
         best.uses += 1
         if best.uses >= self.reuse_budget:
             del self._probes[best.address]
