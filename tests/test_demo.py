@@ -49,7 +49,7 @@ def check_results(out: dict) -> None:
     assert max(b["share"] for b in out["policies"]["pick_first"]["backends"].values()) == 1.0
     assert all(b["calls"] > 0 for b in out["policies"]["round_robin"]["backends"].values())
     # the default policy is shown beside go-zero's p2c_ewma and round_robin; round_robin gives the slow backend a
-    # quarter of the calls, the default (load reports) much less
+    # quarter of the calls, the default (latency-aware) much less
     assert {"round_robin", "p2c_ewma", DEFAULT_POLICY} <= set(out["policies"])
     shares = {p: out["policies"][p]["backends"][SLOW]["share"] for p in ("round_robin", DEFAULT_POLICY)}
     assert shares[DEFAULT_POLICY] < shares["round_robin"] / 2, shares

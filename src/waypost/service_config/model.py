@@ -16,11 +16,11 @@ import grpc
 
 #: The policy of a channel whose service config names none (no ``loadBalancingConfig``, no
 #: ``loadBalancingPolicy``) and that is dialed without ``balancer=``. It is the winner of
-#: ``bench/load_sweep.py`` (docs/policies.md shows the sweep): prequal balances on the servers' own load
-#: reports and, against servers without them (go-zero, plain grpcio), on peak_ewma's client-side view.
-#: gRPC would use pick_first, which sends every call to one backend; go-zero uses p2c_ewma, which stays
-#: available by name with go-zero's exact formula.
-DEFAULT_POLICY = "prequal"
+#: ``bench/load_sweep.py`` and of ``bench/simulate.py``'s 50-backend, 20-client sweep (docs/policies.md
+#: shows both): peak_ewma needs nothing from the servers, so it works with any fleet. gRPC would use
+#: pick_first, which sends every call to one backend; go-zero uses p2c_ewma, which stays available by
+#: name with go-zero's exact formula.
+DEFAULT_POLICY = "peak_ewma"
 
 
 @dataclass(frozen=True, slots=True)
