@@ -13,8 +13,9 @@ from pathlib import Path
 import pytest
 
 from waypost.demo.load import Sample, percentile, summarize
-from waypost.demo.runner import BACKENDS, NEWCOMER, POLICIES, VICTIM
+from waypost.demo.runner import BACKENDS, NEWCOMER, POLICIES, SLOW, VICTIM
 from waypost.etcd.local import free_port
+from waypost.service_config import DEFAULT_POLICY
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -47,6 +48,11 @@ def check_results(out: dict) -> None:
     # pick_first sends everything to one backend; round_robin spreads over all four
     assert max(b["share"] for b in out["policies"]["pick_first"]["backends"].values()) == 1.0
     assert all(b["calls"] > 0 for b in out["policies"]["round_robin"]["backends"].values())
+    # the default policy is shown beside go-zero's p2c_ewma and round_robin; round_robin gives the slow backend a
+    # quarter of the calls, the default (latency-aware) much less
+    assert {"round_robin", "p2c_ewma", DEFAULT_POLICY} <= set(out["policies"])
+    shares = {p: out["policies"][p]["backends"][SLOW]["share"] for p in ("round_robin", DEFAULT_POLICY)}
+    assert shares[DEFAULT_POLICY] < shares["round_robin"] / 2, shares
     ch = out["policies"]["consistent_hash"]["sticky"]
     assert ch["keys"] > 0 and ch["always_same_backend"] == ch["keys"]
 

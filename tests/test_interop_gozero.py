@@ -27,6 +27,7 @@ from tests.interop_support import (  # noqa: F401  (fixture_*: pytest fixtures g
 from tests.waiting import wait_until
 from waypost.balancer.consistent_hash import HashRing
 from waypost.etcd.local import free_port
+from waypost.service_config import DEFAULT_POLICY
 
 pytestmark = [pytest.mark.interop, timeout_mark()]
 
@@ -85,7 +86,8 @@ def test_gozero_server_revokes_on_shutdown(go_peers, shared_etcd, unique_key):
     wait_until(lambda: proc.proc.poll() is not None, SETTLE, "process exited")
 
 
-@pytest.mark.parametrize("balancer", ["round_robin", "p2c_ewma"])
+@pytest.mark.parametrize("balancer", ["round_robin", "p2c_ewma", None, "prequal"],
+                         ids=["round_robin", "p2c_ewma", "default", "prequal"])
 @pytest.mark.parametrize("custom_id", [False, True], ids=["lease-id", "custom-id"])
 def test_waypost_client_calls_gozero_servers(go_peers, shared_etcd, unique_key, balancer, custom_id):
     srv_a, a = _go_server(go_peers, shared_etcd, unique_key, id=7 if custom_id else 0)
@@ -104,6 +106,11 @@ def test_waypost_client_calls_gozero_servers(go_peers, shared_etcd, unique_key, 
             assert counts == {f"go-{a}": 30, f"go-{b}": 30}
         else:
             assert set(counts) <= names and sum(counts.values()) == 60, counts
+        policy = channel.balancer.policy
+        assert policy.name == (balancer or DEFAULT_POLICY)
+        if balancer == "prequal":  # go-zero servers have no load reports: it learned so, and keeps working
+            wait_until(lambda: call_counts(channel, 5) and len(policy.without_reports()) == 2, SETTLE,
+                       "both go-zero servers known to have no load reports")
 
         # SIGTERM: go-zero revokes its lease; all traffic moves to the survivor, without errors once settled
         srv_a.stop()

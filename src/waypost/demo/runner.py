@@ -13,10 +13,15 @@ from typing import Any
 from rich.console import Console
 from rich.table import Table
 
+from ..service_config import DEFAULT_POLICY
+from .backend import SLOTS
 from .cluster import Cluster
 from .load import Load, Sample, summarize
 
-POLICIES = ["pick_first", "round_robin", "weighted_round_robin", "p2c_ewma", "least_request", "consistent_hash"]
+#: every policy the demo runs; the default (what ``dial`` uses without ``balancer=``) comes last, beside
+#: go-zero's p2c_ewma and round_robin in the comparison table
+POLICIES = [*dict.fromkeys(["pick_first", "round_robin", "weighted_round_robin", "least_request", "consistent_hash",
+                            "p2c_ewma", DEFAULT_POLICY])]
 #: name, delay in ms, weight (metadata "weight", used by weighted_round_robin)
 BACKENDS = [("b1", 2.0, 40), ("b2", 2.0, 30), ("b3", 2.0, 20), ("b4", 25.0, 10)]
 SLOW = "b4"
@@ -63,7 +68,7 @@ def run_demo(quick: bool = False, out_dir: Path | None = None, chart: bool = Tru
     results: dict[str, Any] = {"mode": "quick" if quick else "full", "policies": {}}
     try:
         out.print(f"[bold]waypost demo[/] ({'quick' if quick else 'full'} run): 4 backends behind {key!r}, "
-                  f"{settings.threads} client threads")
+                  f"{SLOTS} calls at once each (the rest queue), {settings.threads} client threads")
         cluster.start_registry()
         out.print(f"[1] registry: {cluster.notice}")
         started = cluster.start_backends(list(BACKENDS))
@@ -74,17 +79,17 @@ def run_demo(quick: bool = False, out_dir: Path | None = None, chart: bool = Tru
         names = [b[0] for b in BACKENDS]
         samples_by_policy: dict[str, list[Sample]] = {}
         for i, policy in enumerate(POLICIES, 1):
-            with _progress(out, f"policy {i}/{len(POLICIES)}: {policy}, {settings.per_policy:g} s of load ..."):
+            with _progress(out, f"policy {i}/{len(POLICIES)}: {_label(policy)}, {settings.per_policy:g} s of load ..."):
                 samples = _run_policy(cluster, policy, settings)
             samples_by_policy[policy] = samples
             summary = summarize(samples, names)
             if policy == "consistent_hash":
                 summary["sticky"] = _stickiness(samples)
             results["policies"][policy] = summary
-            out.print(_policy_table(f"[3] {i}/{len(POLICIES)} {policy}", summary))
+            out.print(_policy_table(f"[3] {i}/{len(POLICIES)} {_label(policy)}", summary))
         out.print(_comparison_table(results["policies"]))
 
-        out.print(f"[4] failover under load (p2c_ewma + retryPolicy): kill {VICTIM} at {settings.kill_at:g}s, "
+        out.print(f"[4] failover under load ({_label(DEFAULT_POLICY)} + retryPolicy): kill {VICTIM} at {settings.kill_at:g}s, "
                   f"add {NEWCOMER[0]} at {settings.add_at:g}s")
         with _progress(out, "failover under load ..."):
             fo = _run_failover(cluster, settings, out)
@@ -120,12 +125,17 @@ def _progress(out: Console, text: str) -> contextlib.AbstractContextManager[Any]
     return out.status(text) if out.is_terminal else contextlib.nullcontext()
 
 
-def _dial(cluster: Cluster, policy: str) -> Any:
+def _label(policy: str) -> str:
+    return f"{policy} (default)" if policy == DEFAULT_POLICY else policy
+
+
+def _dial(cluster: Cluster, policy: str | None) -> Any:
     """A channel whose connections to every live backend are up, so each policy starts from the same
     state (pick_first, say, would otherwise take whichever backend connected first, then move)."""
     from ..channel import dial
 
-    channel = dial(cluster.target, balancer=policy, service_config=SERVICE_CONFIG)
+    # the default policy is dialed without balancer=, as a user would
+    channel = dial(cluster.target, balancer=None if policy == DEFAULT_POLICY else policy, service_config=SERVICE_CONFIG)
     live = sum(1 for b in cluster.backends.values() if not b.killed)
     balancer = getattr(channel, "balancer", None)
     deadline = time.monotonic() + 10
@@ -153,7 +163,7 @@ def _stickiness(samples: list[Sample]) -> dict[str, int]:
 
 
 def _run_failover(cluster: Cluster, settings: DemoSettings, out: Console) -> dict[str, Any]:
-    channel = _dial(cluster, "p2c_ewma")
+    channel = _dial(cluster, DEFAULT_POLICY)
     try:
         load = Load(channel, settings.threads).start()
         _sleep_until(load, settings.kill_at)
@@ -218,11 +228,13 @@ def _policy_table(title: str, summary: dict[str, Any]) -> Table:
 
 def _comparison_table(policies: dict[str, Any]) -> Table:
     t = Table(title="all policies (the slow backend is b4)", title_justify="left", title_style="bold")
-    for col in ("policy", "calls", "errors", "p50 ms", "p99 ms", "share on slow b4"):
+    for col in ("policy", "calls", "errors", "p50 ms", "p99 ms", "p99 / round_robin", "share on slow b4"):
         t.add_column(col, justify="left" if col == "policy" else "right")
+    rr = policies.get("round_robin", {}).get("p99_ms")
     for name, s in policies.items():
-        t.add_row(name, str(s["calls"]), str(s["errors"]), f"{s['p50_ms']:.1f}", f"{s['p99_ms']:.1f}",
-                  f"{s['backends'][SLOW]['share'] * 100:.1f}%")
+        ratio = f"{s['p99_ms'] / rr:.2f}" if rr else "-"
+        t.add_row(_label(name), str(s["calls"]), str(s["errors"]), f"{s['p50_ms']:.1f}", f"{s['p99_ms']:.1f}", ratio,
+                  f"{s['backends'][SLOW]['share'] * 100:.1f}%", style="bold" if name == DEFAULT_POLICY else None)
     return t
 
 

@@ -9,7 +9,7 @@ Semantics follow gRPC (gRFC A2/A6, grpc-go's service config parser):
 - ``loadBalancingConfig``: a list of single-key objects; the first policy this library knows wins
   (unknown names before it are skipped with a warning); its config is validated by the policy.
 - ``loadBalancingPolicy``: the legacy policy name, case-insensitive; loses to ``loadBalancingConfig``.
-- neither: ``DEFAULT_POLICY`` (p2c_ewma), unless ``dial(balancer=...)`` names one.
+- neither: ``DEFAULT_POLICY`` (peak_ewma), unless ``dial(balancer=...)`` names one.
 - ``methodConfig``: per-method ``timeout``, ``waitForReady`` and ``retryPolicy`` (``maxAttempts`` is capped
   at 5 as in gRPC). ``hedgingPolicy`` and the message-size limits are real gRPC fields that waypost
   does not implement: they are rejected with a clear error instead of being ignored.

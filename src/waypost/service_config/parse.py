@@ -28,7 +28,7 @@ def parse_service_config(
 
     ``balancer`` is the dial shortcut: a policy name used when the config names none; if the
     config names a different policy the two disagree and an error says both. With neither, the
-    policy is ``DEFAULT_POLICY`` (p2c_ewma), the same one ``waypost.dial`` uses.
+    policy is ``DEFAULT_POLICY`` (peak_ewma), the same one ``waypost.dial`` uses.
     Raises ``InvalidServiceConfig`` whose message starts with the JSON path of the bad field.
     """
     if isinstance(raw, ServiceConfig):
