@@ -394,9 +394,9 @@ def dial(
 
     ``balancer`` names the policy (a shortcut for ``loadBalancingConfig``; it must agree with the service
     config when both name one); with neither, ``waypost.service_config.DEFAULT_POLICY`` (peak_ewma: P2C
-    over each backend's peak latency estimate x its calls in flight; see docs/policies.md). ``service_config`` is gRPC's
-    JSON (dict or text), validated here: anything invalid raises ``waypost.InvalidServiceConfig``; a bad
-    target raises ``waypost.InvalidTarget``. ``interceptors`` are applied as ``grpc.intercept_channel``
+    over each backend's peak latency estimate x its calls in flight; see docs/policies.md).
+    ``service_config`` is gRPC's JSON (dict or text), validated here: anything invalid raises
+    ``waypost.InvalidServiceConfig``; a bad target raises ``waypost.InvalidTarget``. ``interceptors`` are applied as ``grpc.intercept_channel``
     does (outcomes are still reported per attempt). ``subset_size`` (default 32) and ``client_id``
     (deterministic subsetting) apply to registry targets.
 
