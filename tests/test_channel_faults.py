@@ -13,6 +13,7 @@ from tests.backends import echo_pb2, echo_pb2_grpc
 from tests.backends.helpers import direct
 from tests.backends.procs import EchoProcess, spawn_many
 from tests.waiting import wait_until
+from waypost.client.options import merge_options
 
 Req = echo_pb2.EchoRequest
 
@@ -144,6 +145,26 @@ def test_sigstopped_backend_loses_its_traffic(procs):
             assert load.failed == []
         finally:
             victim.resume()
+
+
+def test_a_call_queued_on_a_backend_channel_to_a_hung_server_fails_retryably_before_its_deadline():
+    """The window the test above can hit under load: a call picked while its backend's connection was dying waits
+    inside that backend channel while it reconnects to the hung server (TCP connects, HTTP/2 never answers). With
+    grpc's default 20 s connect timeout it waited until its deadline (DEADLINE_EXCEEDED, never retried); our
+    backend channels' options make it fail UNAVAILABLE (retryable, on another backend) after ~5 s."""
+    p = EchoProcess("hung")
+    try:
+        p.pause()
+        with grpc.insecure_channel(p.address, options=merge_options(None)) as ch:
+            t0 = time.monotonic()
+            with pytest.raises(grpc.RpcError) as ei:
+                echo_pb2_grpc.EchoStub(ch).Unary(Req(), timeout=30)
+            elapsed = time.monotonic() - t0
+        assert ei.value.code() == grpc.StatusCode.UNAVAILABLE, ei.value
+        assert elapsed < 20, elapsed  # the connect timeout (5 s), far below the call's 30 s deadline
+    finally:
+        p.resume()
+        p.close()
 
 
 def test_long_quiet_call_is_not_killed_by_keepalive_pings():
