@@ -55,6 +55,23 @@ def collect_events(watch: Any, count: int, timeout: float = 15.0) -> list[Any]:
     return run(asyncio.wait_for(go(), timeout), timeout + 5)  # type: ignore[no-any-return]
 
 
+def enable_auth(etcd: Any, root_password: str) -> str:
+    """Turn etcd auth on with a root user; returns the etcdctl flag that acts as root."""
+    etcd.etcdctl("user", "add", "root", f"--new-user-password={root_password}")
+    etcd.etcdctl("auth", "enable")
+    return f"--user=root:{root_password}"
+
+
+def add_user(etcd: Any, as_root: str, user: str, password: str, *grants: tuple[str, str]) -> None:
+    """Add ``user`` with a role of its own name holding ``grants``: (permission, key prefix) pairs,
+    e.g. ("read", "greet.rpc/"), as ``etcdctl role grant-permission ROLE --prefix=true PERM PREFIX``."""
+    etcd.etcdctl(as_root, "user", "add", user, f"--new-user-password={password}")
+    etcd.etcdctl(as_root, "role", "add", user)
+    for permission, prefix in grants:
+        etcd.etcdctl(as_root, "role", "grant-permission", user, "--prefix=true", permission, prefix)
+    etcd.etcdctl(as_root, "user", "grant-role", user, user)
+
+
 def make_registry(endpoints: list[str] | str, **kw: Any) -> EtcdRegistry:
     """A private EtcdRegistry (not from connect's cache), closed by the caller."""
     if isinstance(endpoints, str):

@@ -7,7 +7,7 @@ import threading
 
 import pytest
 
-from tests.etcd_helpers import collect_events, on_loop, registry, run
+from tests.etcd_helpers import add_user, collect_events, enable_auth, on_loop, registry, run
 from tests.waiting import wait_until
 from waypost.errors import PermissionDenied, RegistryUnavailable
 from waypost.etcd.local import LocalEtcd
@@ -20,13 +20,7 @@ APP_PW = "app-Secret-pw"
 @pytest.fixture
 def auth_etcd(etcd):
     """A single etcd with auth on: root, and user 'app' limited to the prefix app/."""
-    etcd.etcdctl("user", "add", "root", f"--new-user-password={ROOT_PW}")
-    etcd.etcdctl("auth", "enable")
-    as_root = f"--user=root:{ROOT_PW}"
-    etcd.etcdctl(as_root, "user", "add", "app", f"--new-user-password={APP_PW}")
-    etcd.etcdctl(as_root, "role", "add", "app")
-    etcd.etcdctl(as_root, "role", "grant-permission", "app", "--prefix=true", "readwrite", "app/")
-    etcd.etcdctl(as_root, "user", "grant-role", "app", "app")
+    add_user(etcd, enable_auth(etcd, ROOT_PW), "app", APP_PW, ("readwrite", "app/"))
     return etcd
 
 
@@ -75,8 +69,10 @@ def test_wrong_password_is_permission_denied_without_echoing_it(auth_etcd, caplo
 
 
 def test_no_credentials_on_auth_etcd_is_permission_denied(auth_etcd):
-    with registry(auth_etcd.endpoint) as reg, pytest.raises(PermissionDenied):
+    with registry(auth_etcd.endpoint) as reg, pytest.raises(PermissionDenied) as e:
         reg.sync.get("k")
+    assert "etcd requires authentication: add user:pass@ to the registry URL" in str(e.value)
+    assert "user name is empty" not in str(e.value) and "(key '" not in str(e.value)
 
 
 def test_permission_denied_for_keys_outside_the_role(auth_etcd, caplog):

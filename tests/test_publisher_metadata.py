@@ -161,3 +161,24 @@ def test_async_serve_handle_updates_metadata(shared_etcd, unique_key):
             await handle.stop()
 
     asyncio.run(main())
+
+
+def test_a_stopped_publisher_with_metadata_is_one_removal(shared_etcd, unique_key):
+    """stop() revokes the lease: the address and side records go in one etcd revision, and a subscriber
+    applies that as one removal, never first the backend without its metadata (whichever of its two
+    watches delivers first)."""
+    reg = waypost.connect(shared_etcd.url())
+    side = f"_waypost/meta/{unique_key}/"
+    with waypost.Subscriber(reg, unique_key) as sub:
+        snaps = Snapshots(sub)
+        for i in range(8):
+            addr = f"127.0.0.1:{7100 + i}"
+            pub = waypost.Publisher(reg, unique_key, addr, metadata={"weight": i + 1, "zone": "a"}).start()
+            wait_until(lambda addr=addr: sub.values() == [addr], 10)
+            assert reg.sync.get(side, prefix=True).kvs  # the side record is there
+            mark, before = len(snaps.since(0)), reg.sync.get(unique_key + "/", prefix=True).revision
+            pub.stop()
+            wait_until(lambda: sub.values() == [], 10, what="the removal")
+            assert reg.sync.get(unique_key + "/", prefix=True).revision == before + 1  # one revision
+            assert not reg.sync.get(side, prefix=True).kvs
+            assert snaps.since(mark) == [()], f"expected one removal, saw {snaps.since(mark)}"

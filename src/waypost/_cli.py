@@ -25,7 +25,7 @@ import click
 from rich.console import Console
 from rich.table import Table
 
-from .errors import WaypostError
+from .errors import PermissionDenied, WaypostError
 
 DEFAULT_REGISTRY = "etcd://127.0.0.1:2379"
 #: set by ``waypost.cli.main``: the command owns the process, so it sets up logging to stderr
@@ -273,7 +273,10 @@ def ls_cmd(c: Ctx, prefix: str, timeout: float) -> None:
         res = reg.get(prefix, prefix=True)
         kvs = list(res.kvs)
         if prefix:  # go-zero metadata lives in side records outside the prefix
-            kvs += reg.get(_inspect.GOZERO_META_ROOT + prefix, prefix=True).kvs
+            try:
+                kvs += reg.get(_inspect.GOZERO_META_ROOT + prefix, prefix=True).kvs
+            except PermissionDenied as e:  # a role that may read only the addresses
+                click.echo(f"note: listing without waypost metadata: {e}", err=True)
         entries = _inspect.classify(kvs)
         ttls = _inspect.lease_ttls(reg, entries)
     except (TimeoutError, concurrent.futures.TimeoutError):

@@ -82,3 +82,17 @@ def did_you_mean(name: str, choices: Iterable[str]) -> str:
     """`` (did you mean 'x'?)`` for the closest of ``choices`` to a misspelt ``name``, else ""."""
     close = difflib.get_close_matches(name, list(choices), n=1, cutoff=0.7)
     return f" (did you mean {close[0]!r}?)" if close else ""
+
+
+#: the longest piece of a key an error message shows (a 2 MB key must not fill a log)
+KEY_ECHO_MAX = 100
+
+
+def shown_key(key: bytes | str) -> str:
+    """A registry key for an error message: its repr, cut to ``KEY_ECHO_MAX`` characters (then with
+    its size in bytes)."""
+    text = key.decode("utf-8", "backslashreplace") if isinstance(key, bytes) else str(key)
+    if len(text) <= KEY_ECHO_MAX:
+        return repr(text)
+    size = len(key) if isinstance(key, bytes) else len(text.encode("utf-8", "surrogateescape"))
+    return f"{text[:KEY_ECHO_MAX]!r}... ({size} bytes)"

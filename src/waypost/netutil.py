@@ -167,6 +167,43 @@ def is_wildcard(host: str) -> bool:
         return False
 
 
+def check_dialable(address: str, *, what: str = "address") -> str:
+    """``address`` if clients can dial it; AddressError for a wildcard host (``0.0.0.0:80``,
+    ``[::]:80``, ``:80``), which is where a server listens, not an address to register. Other
+    malformed addresses are left to the caller's own check (``unix:`` paths pass)."""
+    if not isinstance(address, str) or address.startswith(("unix:", "unix-abstract:")):
+        return address
+    try:
+        host, port = split_host_port(address, what=what, listen=True)
+    except AddressError:
+        return address
+    if is_wildcard(host):
+        raise AddressError(
+            f"{what} {address!r} is an unspecified (wildcard) address: clients cannot dial it; register "
+            f"an address other hosts can reach, e.g. 10.0.0.5:{port if port is not None else 8080} "
+            "(serve() finds one by itself)")
+    return address
+
+
+def bind_problem(listen_on: str) -> str | None:
+    """Why a server cannot listen on ``listen_on`` (e.g. ``[Errno 98] Address already in use``), found
+    by binding a probe socket there as gRPC would; None when the probe binds (or the text is no
+    ``host:port``). gRPC itself only logs the cause."""
+    try:
+        host, port = split_host_port(listen_on, what="listen address", listen=True)
+        infos = socket.getaddrinfo(host or None, port or 0, type=socket.SOCK_STREAM, flags=socket.AI_PASSIVE)
+    except (AddressError, OSError, UnicodeError) as e:
+        return str(e) if isinstance(e, OSError) else None
+    for family, kind, proto, _, sockaddr in infos:
+        try:
+            with socket.socket(family, kind, proto) as probe:
+                probe.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+                probe.bind(sockaddr)
+        except OSError as e:
+            return f"{e.strerror or e} ({join_host_port(str(sockaddr[0]), int(sockaddr[1]))})"
+    return None
+
+
 def is_loopback(host: str) -> bool:
     """True for 127.0.0.0/8, ::1 and ``localhost``."""
     h = host.strip("[]").lower()

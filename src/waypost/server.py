@@ -48,7 +48,7 @@ import grpc
 from ._serving import Aio, HardDeadline, ShutdownHook, Threads, check_shutdown_args, hook_name
 from .errors import WaypostError
 from .loadreport import mount as mount_load_reports
-from .netutil import advertised_address
+from .netutil import advertised_address, bind_problem
 
 log = logging.getLogger("waypost.server")
 
@@ -82,10 +82,11 @@ def _bind(server: Any, listen_on: str, credentials: grpc.ServerCredentials | Non
     try:
         port = (server.add_secure_port(listen_on, credentials) if credentials is not None
                 else server.add_insecure_port(listen_on))
-    except RuntimeError as e:  # grpcio raises RuntimeError("Failed to bind to address ...")
-        raise BindError(f"cannot listen on {listen_on!r}: {e}") from None
+    except RuntimeError as e:  # grpcio raises RuntimeError("Failed to bind to address ..."), the cause in its log
+        why = bind_problem(listen_on)
+        raise BindError(f"cannot listen on {listen_on!r}: {why or e}") from None
     if not port:
-        raise BindError(f"cannot listen on {listen_on!r} (address in use or not local)")
+        raise BindError(f"cannot listen on {listen_on!r}: {bind_problem(listen_on) or 'address in use or not local'}")
     return int(port)
 
 

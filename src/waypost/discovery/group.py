@@ -30,6 +30,7 @@ from ..errors import Compacted, PermissionDenied, RegistryError, RegistryUnavail
 from ..registry.base import Event, Registry, ValueColumns, Watch
 from ..registry.formats import Entry, MetaEntry, WireFormat
 from .container import Container
+from .permissions import grant_hint, role_refused
 
 log = logging.getLogger("waypost.discovery")
 
@@ -172,12 +173,18 @@ class _Group:
             if self.side is not None:
                 # both reads at once, the metadata applied first so addresses appear with it
                 main_read = asyncio.ensure_future(self._get(self.main))
-                await self._load_until_ok(self.side, initial=True)
-            await self._load_until_ok(self.main, initial=True, first=main_read)
+                await self._load_side()
+            try:
+                await self._load_until_ok(self.main, initial=True, first=main_read)
+            except PermissionDenied as e:
+                if not role_refused(e):
+                    raise
+                raise PermissionDenied(f"{e}; the etcd user needs read permission on {self.main.key!r} "
+                                       f"({grant_hint(self.main.key, 'read', self.main.prefix)})") from None
             if self.side is not None and self.main.revision > self.side.revision:
                 # something was written between the two reads: a side record written just before
                 # its address may be missing, so read the metadata again (a cheap diff)
-                await self._load_until_ok(self.side, initial=True)
+                await self._load_side()
         except PermissionDenied as e:
             self.ready.set_exception(e)
             return
@@ -190,6 +197,34 @@ class _Group:
         self.ready.set_result(None)
         for src in self.sources:
             src.task = asyncio.create_task(self._watch_loop(src), name=f"waypost-sub-watch {src.key}")
+
+    # -- without read access to the metadata ----------------------------------------------------
+
+    async def _load_side(self) -> None:
+        """Load the metadata prefix; refused (a role that may read only the address prefix, as a
+        go-zero deployment grants): go on with the addresses alone."""
+        assert self.side is not None
+        try:
+            await self._load_until_ok(self.side, initial=True)
+        except PermissionDenied as e:
+            if not role_refused(e):
+                raise
+            self._drop_side(e)
+
+    def _drop_side(self, e: PermissionDenied) -> None:
+        """Read no metadata from now on (said once, at WARNING); addresses lose what they had."""
+        side = self.side
+        if side is None:
+            return
+        log.warning("%r: no read permission on the waypost metadata prefix %r, so backends come without "
+                    "their metadata (weights, zones...); to use it, grant the etcd user's role: %s (%s)",
+                    self, side.key, grant_hint(side.key, "read"), e)
+        gone, side.raw = list(side.raw), {}
+        if gone:
+            self._changed(side, gone, [])
+        if side.watch is not None:
+            side.watch.cancel()
+        self.side, self.meta = None, {}
 
     # -- reading --------------------------------------------------------------------------------
 
@@ -228,8 +263,10 @@ class _Group:
             except asyncio.CancelledError:
                 raise
             except Exception as e:  # unreachable, timeout...: keep the cache, retry
-                if initial and isinstance(e, PermissionDenied):
-                    raise  # a refusal at start-up will not heal by retrying: fail the subscribers now
+                if isinstance(e, PermissionDenied) and (initial or src.side):
+                    # a refusal at start-up will not heal by retrying: fail the subscribers now (or,
+                    # for the metadata, go on without it)
+                    raise
                 self.last_error = e
                 if not src.failing:
                     src.failing = True
@@ -249,6 +286,8 @@ class _Group:
                 async for batch in watch:
                     if src is self.main and self.side is not None:
                         await self._fetch_pending_meta(batch)
+                    elif src.side:
+                        await self._take_out_gone(batch)
                     self._on_events(src, batch)
                     src.revision = max(src.revision, watch.revision)
                 if self._closed:
@@ -256,6 +295,13 @@ class _Group:
                 raise RegistryError("watch ended")
             except asyncio.CancelledError:
                 raise
+            except PermissionDenied as e:
+                if src.side:  # the metadata: go on without it
+                    self._drop_side(e)
+                    return
+                log.warning("%r: watch of %r refused, reloading: %s", self, src.key, e)
+                self.last_error = e
+                await asyncio.sleep(cool_down())
             except Compacted as e:
                 reset = isinstance(e, StoreReset)  # the registry already warned, once for all watches
                 log.log(logging.INFO if reset else logging.WARNING,
@@ -271,7 +317,11 @@ class _Group:
                 watch.cancel()
                 src.watch = None
             self.reloads += 1
-            await self._load_until_ok(src)
+            try:
+                await self._load_until_ok(src)
+            except PermissionDenied as e:  # the metadata's only (see _load_until_ok)
+                self._drop_side(e)
+                return
 
     async def _fetch_pending_meta(self, batch: list[Event]) -> None:
         """Read the side records of new addresses the metadata watch has not caught up with.
@@ -309,6 +359,39 @@ class _Group:
                 puts.append((key, rev))
         if puts:
             self._changed(side, [], puts)
+
+    async def _take_out_gone(self, batch: list[Event]) -> None:
+        """Remove at once the addresses that went in the same revision as their deleted side records.
+
+        A stopped publisher's lease revoke deletes its address and side record in one revision,
+        but on two watches: when the metadata watch delivers first, the backend would lose its
+        metadata and then go (two changes). A deleted side record whose address the address watch
+        has not caught up with costs a read of that address; the addresses gone are removed (with
+        their metadata: one change) and the address watch's delete is then no news.
+        """
+        main, side = self.main, self.side
+        assert side is not None
+        plen = len(side.key)
+        want = [key for key in (main.key + ev.kv.key[plen:] for ev in batch
+                                if ev.type == "delete" and ev.kv.mod_revision > main.revision)
+                if key in main.raw]
+        if not want:
+            return
+        try:
+            if len(want) > 32:
+                results = [await asyncio.wait_for(self.registry.get_values(main.key, prefix=True), GET_TIMEOUT)]
+            else:
+                results = await asyncio.wait_for(
+                    asyncio.gather(*(self.registry.get_values(k) for k in want)), GET_TIMEOUT)
+        except asyncio.CancelledError:
+            raise
+        except Exception as e:  # noqa: BLE001 (the address watch still delivers the deletes, later)
+            log.debug("%r: reading %d addresses of deleted metadata failed: %s", self, len(want), e)
+            return
+        present = {key for res in results for key in res.keys}
+        gone = [key for key in want if key not in present and main.raw.pop(key, None) is not None]
+        if gone:
+            self._changed(main, gone, [])
 
     def _on_events(self, src: _Source, batch: list[Event]) -> None:
         deletes: list[str] = []

@@ -33,16 +33,27 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import math
 import random
 import time
 from collections.abc import Awaitable, Callable, Mapping
 from typing import Any, TypeVar
 
 from .. import _loop, metrics
-from ..errors import Compacted, LeaseNotFound, PermissionDenied, RegistryError, RegistryUnavailable
+from ..errors import (
+    Compacted,
+    LeaseNotFound,
+    PermissionDenied,
+    RegistryError,
+    RegistryUnavailable,
+    describe_value,
+    shown_key,
+)
+from ..netutil import check_dialable
 from ..registry.base import Registry
 from ..registry.formats import WireFormat, get_format
 from .outage import OnUnregistered, Outage, track, untrack
+from .permissions import grant_hint, role_refused
 from .subscriber import cool_down, resolve_registry
 
 log = logging.getLogger("waypost.discovery")
@@ -51,6 +62,30 @@ T = TypeVar("T")
 
 #: how long stop()/pause() wait for the revoke before leaving the key to expire by TTL
 REVOKE_TIMEOUT = 2.0
+
+
+def _check_json(value: Any, where: str, depth: int = 0) -> None:
+    """TypeError/ValueError naming the field of ``value`` (at ``where``) that JSON cannot carry."""
+    if value is None or isinstance(value, (str, bool, int)):
+        return
+    if isinstance(value, float):
+        if not math.isfinite(value):
+            raise ValueError(f"{where} is {value!r}, which JSON cannot carry (use a finite number or a string)")
+        return
+    if depth > 32:
+        raise ValueError(f"{where}: metadata nested more than 32 levels deep")
+    if isinstance(value, Mapping):
+        for k, v in value.items():
+            if not isinstance(k, str):
+                raise TypeError(f"{where}: key {describe_value(k)} is not a string (JSON object keys are strings)")
+            _check_json(v, f"{where}[{k!r}]", depth + 1)
+        return
+    if isinstance(value, (list, tuple)):
+        for i, v in enumerate(value):
+            _check_json(v, f"{where}[{i}]", depth + 1)
+        return
+    raise TypeError(f"{where} is of type {type(value).__name__}, which is not JSON-serialisable "
+                    "(use str, int, float, bool, None, lists and dicts)")
 
 
 async def _on_control_loop(coro: Awaitable[T]) -> T:
@@ -71,9 +106,13 @@ class Publisher:
         clock: Callable[[], float] = time.monotonic,
     ) -> None:
         if not isinstance(key, str) or not key:
-            raise ValueError(f"publisher key must be a non-empty string, got {key!r}")
+            raise ValueError(f"publisher key must be a non-empty string, got {describe_value(key)}")
+        if key.endswith("/"):
+            raise ValueError(f"publisher key {shown_key(key)} ends with '/': give the service key without it "
+                             f"({shown_key(key.rstrip('/') or 'greet.rpc')}); the record key adds '/<id>'")
         if isinstance(ttl, bool) or not isinstance(ttl, int) or ttl < 1:
-            raise ValueError(f"ttl must be a positive number of seconds, got {ttl!r}")
+            raise ValueError(f"ttl must be a whole number of seconds >= 1, got {describe_value(ttl)}")
+        check_dialable(value, what="publisher address")
         if timeout <= 0:
             raise ValueError(f"timeout must be positive, got {timeout!r}")
         self.format = get_format(format)
@@ -109,7 +148,12 @@ class Publisher:
     def _checked_metadata(self, metadata: Mapping[str, Any] | None) -> dict[str, Any] | None:
         """``metadata`` as it will be registered; raises (TypeError, ValueError) when the format cannot
         carry it, naming what is wrong."""
+        if metadata is not None and not isinstance(metadata, Mapping):
+            raise TypeError(f"metadata must be a mapping of str keys to JSON values (e.g. {{'weight': 20}}), "
+                            f"got {describe_value(metadata)}")
         md = dict(metadata) if metadata else None
+        if md:
+            _check_json(md, "metadata")
         self._encode(self.id if self.id is not None else 1, md)
         return md
 
@@ -352,7 +396,10 @@ class Publisher:
             main = records[-1]
             rev = 0
             for k, v in records:  # the side record first, so subscribers see metadata with the address
-                rev = (await self.registry.put(k, v, lease=lease)).revision
+                try:
+                    rev = (await self.registry.put(k, v, lease=lease)).revision
+                except PermissionDenied as e:
+                    raise (self._refused(k, e) if role_refused(e) else e) from None
             if self._state != "running":
                 raise asyncio.CancelledError
         except BaseException:
@@ -368,6 +415,24 @@ class Publisher:
             asyncio.get_running_loop().create_task(self._update_late())
         lasted = self.outage.end()
         log.info("%r: registered with lease %d%s", self, lease, f" after {lasted:.1f}s unregistered" if lasted else "")
+
+    def _refused(self, key: str, e: PermissionDenied) -> PermissionDenied:
+        """The refusal of a put of ``key``, naming the permission to add. A refused metadata side
+        record fails the registration rather than registering the address without it: a backend
+        meant to be drained (weight 0) or a canary (a small weight) would get a full share."""
+        prefix, side = self._prefix_of(key)
+        if side:
+            return PermissionDenied(
+                f"{e}; registering with metadata writes a side record: the etcd user needs readwrite on "
+                f"{prefix!r} ({grant_hint(prefix, 'readwrite')}), or register without metadata")
+        return PermissionDenied(f"{e}; the etcd user needs readwrite on {prefix!r} ({grant_hint(prefix, 'readwrite')})")
+
+    def _prefix_of(self, key: str) -> tuple[str, bool]:
+        """The prefix a record of this registration lies under, and whether it is a side record."""
+        side = self.format.side_prefix(self.base_key)
+        if side is not None and key.startswith(side):
+            return side, True
+        return self.format.prefix(self.base_key), False
 
     def _on_lost(self, lease_id: int, reason: BaseException | None) -> None:
         if not _loop.in_loop():
@@ -449,6 +514,11 @@ class Publisher:
                 raise
             except LeaseNotFound as e:
                 self._recover_later(e)
+                return
+            except PermissionDenied as e:  # a role that may write but not read: register unguarded
+                log.warning("%r: cannot watch its own record %r, so a deletion from outside is not put back "
+                            "(the lease keeps it alive); grant read too: %s (%s)", self, key,
+                            grant_hint(self._prefix_of(key)[0], "readwrite"), e)
                 return
             except Exception as e:  # noqa: BLE001 (the control plane must not die)
                 if not isinstance(e, Compacted):

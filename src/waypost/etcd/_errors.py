@@ -5,11 +5,13 @@ from __future__ import annotations
 import grpc
 
 from ..errors import (
+    KEY_ECHO_MAX,
     LeaseNotFound,
     PermissionDenied,
     RegistryError,
     RegistryUnavailable,
     WaypostError,
+    shown_key,
 )
 
 # codes that say "this member could not serve the call now": another member may
@@ -50,7 +52,7 @@ def is_compacted(err: grpc.RpcError) -> bool:
     return code(err) == grpc.StatusCode.OUT_OF_RANGE and "compacted" in details(err)
 
 
-def request_key(req: object) -> str:
+def request_key(req: object) -> bytes | str:
     """The key a request is about (a txn's first operation's key), for error messages; '' if none."""
     key = getattr(req, "key", b"")
     if not key:
@@ -59,26 +61,45 @@ def request_key(req: object) -> str:
             key = getattr(inner, "key", b"")
             if key:
                 break
-    if not key:
-        return ""
-    return key.decode("utf-8", "backslashreplace") if isinstance(key, bytes) else str(key)
+    return key if isinstance(key, (bytes, str)) else str(key)
 
 
-def map_error(err: grpc.RpcError, op: str, where: str = "", key: str = "") -> WaypostError:
+#: a key this big is what made a request "too large" (etcd's default request limit is 1.5 MiB)
+TOO_LARGE_KEY = 512 * 1024
+
+#: the etcd services the unary calls go to, by operation (for "not an etcd endpoint")
+_SERVICES = {"lease grant": "Lease", "lease revoke": "Lease", "lease time-to-live": "Lease",
+             "status": "Maintenance", "authenticate": "Auth"}
+
+
+def map_error(err: grpc.RpcError, op: str, where: str = "", key: bytes | str = "") -> WaypostError:
     """A waypost exception for a failed etcd call; the message names the operation and the key."""
     c = code(err)
     d = details(err)
     at = f" on {where}" if where else ""
     name = c.name if c is not None else "UNKNOWN"
-    msg = f"etcd {op} failed{at}: {name}: {d}"
+    head = f"etcd {op} failed{at}"
+    if c == grpc.StatusCode.INVALID_ARGUMENT and "user name is empty" in d:
+        # sent without credentials to an etcd with auth on (the key is of no use here)
+        return PermissionDenied(f"{head}: etcd requires authentication: add user:pass@ to the registry URL "
+                                "(etcd://user:pass@host:2379; dial targets also take ?user=...&password=...)")
+    if c == grpc.StatusCode.UNIMPLEMENTED:
+        service = _SERVICES.get(op, "KV")
+        return RegistryError(f"{head}: not an etcd endpoint (it answered UNIMPLEMENTED to the etcd {service} "
+                             "service); check the registry URL's host:port")
+    if key and "too large" in d:
+        size = len(key) if isinstance(key, bytes) else len(key.encode("utf-8", "surrogateescape"))
+        if size > TOO_LARGE_KEY:
+            return RegistryError(f"{head}: key too large ({size} bytes; etcd: {d}): {shown_key(key[:KEY_ECHO_MAX])}...")
+    msg = f"{head}: {name}: {d}"
     if key:
-        msg += f" (key {key!r})"
+        msg += f" (key {shown_key(key)})"
     if c in UNAVAILABLE_CODES:
         return RegistryUnavailable(msg)
     if c == grpc.StatusCode.PERMISSION_DENIED:
         return PermissionDenied(msg)
     if c == grpc.StatusCode.UNAUTHENTICATED or (
-        c == grpc.StatusCode.INVALID_ARGUMENT and ("authentication failed" in d or "user name is empty" in d)
+        c == grpc.StatusCode.INVALID_ARGUMENT and "authentication failed" in d
     ):
         return PermissionDenied(msg)
     if c == grpc.StatusCode.NOT_FOUND and "lease not found" in d:
