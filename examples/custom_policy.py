@@ -97,13 +97,8 @@ class SmoothWeightedPolicy(Policy):
         self.lock = threading.Lock()
         self._states: dict[str, _State] = {}
 
-    @classmethod
-    def parse_config(cls, raw: Any, path: str) -> dict[str, Any]:
-        """This policy takes no settings: ``{}``; anything else is a service-config error naming the field."""
-        config = super().parse_config(raw, path)  # absent -> {}, not an object -> InvalidServiceConfig
-        if config:
-            raise waypost.InvalidServiceConfig(f"{path}: my_swrr takes no settings, got {sorted(config)}")
-        return config
+    # No parse_config: this policy takes no settings, and the default accepts only ``{}`` (or nothing) and
+    # rejects any field, naming it. A policy with settings overrides it (see docs/custom-policies.md).
 
     def build(self, backends: Sequence[waypost.Backend]) -> Picker:
         """A picker over the READY backends. Addresses that stay keep their state; a new weight starts afresh."""

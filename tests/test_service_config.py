@@ -252,6 +252,11 @@ INVALID = [
     (b"\xff\xfe", "service config: not valid UTF-8", ""),
     ({"loadBalancingconfig": []}, "loadBalancingconfig: unknown field", "did you mean 'loadBalancingConfig'"),
     ({"retryThrotling": {}}, "retryThrotling: unknown field", "did you mean 'retryThrottling'"),
+    # a policy without settings rejects any field (a typo must not pass silently)
+    ({"loadBalancingConfig": [{"round_robin": {"foo": 1}}]}, "loadBalancingConfig[0].round_robin.foo: unknown field",
+     "takes no fields"),
+    ({"loadBalancingConfig": [{"weighted_round_robin": {"weight": 1}}]},
+     "loadBalancingConfig[0].weighted_round_robin.weight: unknown field", "takes no fields"),
     ({1: 2}, "service config: object keys must be strings", ""),
     ({"methodConfig": [{"name": [{}], "timeout": float("nan")}]}, "methodConfig[0].timeout: nan", "not a valid JSON"),
     ({"methodConfig": object()}, "methodConfig: object is not a JSON value", ""),

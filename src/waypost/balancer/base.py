@@ -122,8 +122,16 @@ class Policy(abc.ABC):
 
     @classmethod
     def parse_config(cls, raw: Any, path: str) -> dict[str, Any]:
-        """Validate this policy's ``loadBalancingConfig`` entry; raise InvalidServiceConfig naming ``path``."""
-        return parse_config_object(raw, path)
+        """Validate this policy's ``loadBalancingConfig`` entry; raise InvalidServiceConfig naming ``path``.
+
+        This default is for policies that take no fields: ``{}`` or nothing; any field is an error (a typo
+        must not pass silently). A policy with settings overrides it."""
+        from ..errors import InvalidServiceConfig
+
+        cfg = parse_config_object(raw, path)
+        if cfg:
+            raise InvalidServiceConfig(f"{path}.{min(cfg)}: unknown field for {cls.name} (it takes no fields)")
+        return cfg
 
     @abc.abstractmethod
     def build(self, backends: Sequence[Backend]) -> Picker:
