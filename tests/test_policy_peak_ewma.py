@@ -62,9 +62,9 @@ def test_a_backend_joining_a_fast_fleet_starts_at_its_peers_median():
     picker = p.build(bs("a", "b", "c", "d"))
     assert peers[1] < peak_ewma.DEFAULT_RTT
     assert est(p, "d") == pytest.approx(peers[1])  # the median, not 30 ms
-    # with calls in flight elsewhere, the newcomer wins its draws at once instead of after ~7 s of decay
+    # the newcomer wins its first draw at once (not after ~7 s of decay), then takes one call at a time
     held = [picker.pick(PickInfo()) for _ in range(12)]
-    assert Counter(r.backend.address for r in held)["d"] >= 2
+    assert Counter(r.backend.address for r in held)["d"] == 1
 
 
 def test_a_newcomer_never_starts_above_the_default_rtt():
@@ -115,6 +115,7 @@ def test_decay_time_is_configurable():
 def test_load_multiplies_by_in_flight_plus_one_and_penalises_a_zero_estimate():
     clock = FakeClock(1000.0)
     p = make(clock)
+    sample(p, "a", peak_ewma.DEFAULT_RTT)
     picker = p.build(bs("a"))
     held = [picker.pick(PickInfo()) for _ in range(3)]
     assert p.snapshot()["a"]["load"] == pytest.approx(peak_ewma.DEFAULT_RTT * 4)
@@ -131,7 +132,21 @@ def test_a_failed_call_counts_as_slow():
     sample(p, "a", 0.001, code=grpc.StatusCode.UNAVAILABLE)
     assert est(p, "a") == pytest.approx(peak_ewma.FAILURE_RTT)
     sample(p, "b", 0.001, code=grpc.StatusCode.NOT_FOUND)  # the request's fault, not the backend's
-    assert est(p, "b") == pytest.approx(peak_ewma.DEFAULT_RTT)  # 1 ms sample at elapsed 0: weight 0
+    assert est(p, "b") == pytest.approx(0.001)  # the first reply sets the estimate
+
+
+def test_a_never_measured_backend_is_free_while_idle_then_gets_one_call_at_a_time():
+    clock = FakeClock(1000.0)
+    p = make(clock)
+    sample(p, "a", 0.001)  # a fast, measured backend
+    picker = p.build(bs("a", "b"))
+    assert p.snapshot()["b"]["load"] == 0.0  # not measured, idle: it wins its draws
+    first = [picker.pick(PickInfo()) for _ in range(2)]
+    assert sorted(r.backend.address for r in first) == ["a", "b"]  # b got one call (a won the second draw)
+    assert p.snapshot()["b"]["load"] == peak_ewma.PENALTY + 1  # ...and no more until it answers
+    assert {picker.pick(PickInfo()).backend.address for _ in range(10)} == {"a"}
+    next(r for r in first if r.backend.address == "b").done(Outcome(OK, 0.002))
+    assert est(p, "b") == pytest.approx(0.002)  # measured: its first reply, not an average with 30 ms
 
 
 def test_p2c_prefers_the_lower_cost_and_avoids_a_slow_backend():

@@ -14,6 +14,11 @@ works with any backend:
   tried again after a while, and its next replies say whether it recovered;
 - ``load = estimate * (in flight + 1)``; an estimate decayed to zero with calls in flight counts as
   ``PENALTY + in flight`` (as Finagle does), so that it does not attract every call before it answers;
+- a backend never measured (no call ended there yet) costs nothing while it has no call in flight, and
+  ``PENALTY + in flight`` while it has (Finagle's rule for an endpoint without latency): a new backend gets
+  one call at once, not a flood, and its first reply sets its estimate outright (what it started at is a
+  guess: averaged in over the 10 s window, a 30 ms guess kept 4 ms backends looking ~30 ms for seconds, and
+  a 25 ms backend looked the fastest);
 - a backend never sampled starts at ``defaultRtt`` (tower's "default RTT"), or at the median estimate of
   the backends already sampled when that is lower (a backend joining a warm, fast fleet). Starting a
   newcomer at 30 ms among peers at 5 ms would starve it for the ~7 s its estimate takes to decay below
@@ -26,7 +31,9 @@ works with any backend:
 A pick draws two distinct backends at random and takes the lower load (one backend: it).
 
 Config (``loadBalancingConfig``): ``{"peak_ewma": {"decayTime": "10s", "defaultRtt": "0.03s"}}``
-(gRPC JSON durations; the defaults are Linkerd's).
+(gRPC JSON durations; the defaults are Linkerd's), ``slowStartWindow`` (``slow_start``: a backend that just
+appeared is admitted to a pair's comparison with a probability ramping from 10 % to 1 over the window; default
+off) and ``methodCosts`` (``method_costs``: a call of a listed method counts as that many calls in flight).
 
 A statistics line ``peak_ewma - conn: ADDR, inflight: N, latency: X ms, reqs: N; ...`` is logged
 (``waypost.balancer.peak_ewma``, INFO) when a minute has passed on the policy clock, from a pick (no
@@ -48,6 +55,7 @@ from typing import Any
 from ..durations import parse_config_duration
 from ..errors import InvalidServiceConfig, NoBackendAvailable
 from ..types import Backend
+from . import method_costs, slow_start
 from .base import BackendSignal, DoneHook, Outcome, Picker, PickInfo, PickResult, Policy, parse_config_object
 from .stats import StatsTable, dedupe, is_failure
 
@@ -57,20 +65,24 @@ DEFAULT_DECAY_TIME = 10.0  # seconds: the window latency is observed over (Linke
 DEFAULT_RTT = 0.030  # seconds: the estimate of a backend never sampled (Linkerd's default)
 FAILURE_RTT = 1.0  # seconds: the least latency a failed call is sampled as
 PENALTY = 1e6  # load of a backend whose estimate decayed to zero while it has calls in flight
-CONFIG_FIELDS = {"decayTime", "defaultRtt"}
+DURATION_FIELDS = {"decayTime", "defaultRtt"}
+#: the fields a policy built on this one (prequal) passes on to it
+FALLBACK_FIELDS = DURATION_FIELDS | {slow_start.FIELD}
+CONFIG_FIELDS = FALLBACK_FIELDS | {method_costs.FIELD}
 LOG_INTERVAL = 60.0  # seconds between statistics lines
 
 
 class PeakEwmaStats:
     """What peak_ewma knows about one backend."""
 
-    __slots__ = ("address", "cost", "failed_at", "inflight", "requests", "sampled", "stamp")
+    __slots__ = ("address", "born", "cost", "failed_at", "inflight", "requests", "sampled", "stamp")
 
-    def __init__(self, address: str, now: float, start_rtt: float) -> None:
+    def __init__(self, address: str, now: float, start_rtt: float, born: float = slow_start.NOT_RAMPING) -> None:
         self.address = address
+        self.born = born  # when its slow start began
         self.cost = start_rtt  # seconds, at time ``stamp``
         self.stamp = now
-        self.inflight = 0
+        self.inflight = 0  # calls in flight, each counted at its method's cost
         self.requests = 0  # picks since the last statistics line
         self.sampled = False  # True once a call has ended here
         self.failed_at = -math.inf  # clock of the last failed call here
@@ -80,14 +92,16 @@ class PeakEwmaStats:
         return self.cost * math.exp(-max(0.0, now - self.stamp) / decay)
 
     def load(self, now: float, decay: float) -> float:
+        if not self.sampled:  # never measured: free while idle (measured at once), then one call at a time
+            return PENALTY + self.inflight if self.inflight else 0.0
         est = self.estimate(now, decay)
         if est == 0.0 and self.inflight:
             return PENALTY + self.inflight
         return est * (self.inflight + 1)
 
     def observe(self, rtt: float, now: float, decay: float) -> None:
-        self.sampled = True
-        if rtt > self.cost:
+        if rtt > self.cost or not self.sampled:  # a peak, or the first measurement: it replaces a mere guess
+            self.sampled = True
             self.cost = rtt
         else:
             w = math.exp(-max(0.0, now - self.stamp) / decay)
@@ -102,11 +116,12 @@ class PeakEwmaPicker(Picker):
         self._stats = tuple(stats)
 
     def pick(self, info: PickInfo) -> PickResult:
-        result = self.draw()
+        costs = self._policy.costs
+        result = self.draw(costs.get(info.method, 1) if costs else 1)
         self._policy.maybe_log()
         return result
 
-    def draw(self) -> PickResult:
+    def draw(self, cost: int = 1) -> PickResult:
         """P2C's choice, counted in flight, without the statistics line: a policy built on this one may call it
         under its own lock, which the line's extra text (``log_extra``) takes; it calls ``maybe_log`` after."""
         n = len(self._stats)
@@ -121,12 +136,20 @@ class PeakEwmaPicker(Picker):
                 if j >= i:
                     j += 1
                 now, decay = policy.clock(), policy.decay
-                if self._stats[j].load(now, decay) < self._stats[i].load(now, decay):
+                si, sj = self._stats[i], self._stats[j]
+                if policy.slow_start.window and (si.born != sj.born):
+                    ramp = policy.slow_start
+                    ai, aj = ramp.admits(si.born, now), ramp.admits(sj.born, now)
+                    if ai != aj:  # one of the pair is ramping and not admitted: the other one
+                        i = i if ai else j
+                    elif sj.load(now, decay) < si.load(now, decay):
+                        i = j
+                elif sj.load(now, decay) < si.load(now, decay):
                     i = j
             chosen = self._stats[i]
-            chosen.inflight += 1
+            chosen.inflight += cost
             chosen.requests += 1
-        return PickResult(self._backends[i], policy._done_hook(chosen))
+        return PickResult(self._backends[i], policy._done_hook(chosen, cost))
 
     def take(self, i: int) -> PickResult:
         """Pick backend ``i`` (of the build's backends, deduplicated, in order) chosen by a policy built on this
@@ -148,10 +171,12 @@ class PeakEwmaPolicy(Policy):
         super().__init__(config, **kwargs)
         self.decay = float(self.config.get("decayTime", DEFAULT_DECAY_TIME))
         self.default_rtt = float(self.config.get("defaultRtt", DEFAULT_RTT))
+        self.costs: dict[str, int] = dict(self.config.get(method_costs.FIELD, {}))
+        self.slow_start = slow_start.SlowStart(float(self.config.get(slow_start.FIELD, 0.0)), self.rng)
         self._lock = threading.Lock()
         self._start_rtt = self.default_rtt  # a new backend's estimate; set by build from its peers
         self._stats: StatsTable[PeakEwmaStats] = StatsTable(
-            lambda b: PeakEwmaStats(b.address, self.clock(), self._start_rtt))
+            lambda b: PeakEwmaStats(b.address, self.clock(), self._start_rtt, self.slow_start.born(self.clock())))
         self._log_stamp = self.clock()
         #: the statistics line's name, and more text per address (set by a policy built on this one)
         self.log_name = self.name
@@ -164,8 +189,10 @@ class PeakEwmaPolicy(Policy):
         if unknown:
             raise InvalidServiceConfig(f"{path}.{min(unknown)}: unknown field for peak_ewma "
                                        f"(expected {', '.join(sorted(CONFIG_FIELDS))})")
-        for key in CONFIG_FIELDS & set(cfg):
+        for key in DURATION_FIELDS & set(cfg):
             cfg[key] = parse_config_duration(cfg[key], f"{path}.{key}", positive=True)
+        slow_start.parse_window(cfg, path)
+        method_costs.parse_costs(cfg, path)
         return cfg
 
     def build(self, backends: Sequence[Backend]) -> Picker:
@@ -174,10 +201,11 @@ class PeakEwmaPolicy(Policy):
         with self._lock:
             peers = sorted(st.estimate(now, self.decay) for _, st in self._stats.items() if st.sampled)
             self._start_rtt = min(self.default_rtt, statistics.median(peers)) if peers else self.default_rtt
+            self.slow_start.on_build(now, len(backends))
             stats = self._stats.sync(backends)
         return PeakEwmaPicker(self, backends, stats)
 
-    def _done_hook(self, st: PeakEwmaStats) -> DoneHook:
+    def _done_hook(self, st: PeakEwmaStats, cost: int = 1) -> DoneHook:
         def done(outcome: Outcome) -> None:
             rtt = max(0.0, outcome.latency)
             failed = is_failure(outcome.code)
@@ -185,12 +213,19 @@ class PeakEwmaPolicy(Policy):
                 rtt = max(rtt, FAILURE_RTT)
             now = self.clock()
             with self._lock:
-                st.inflight -= 1
+                st.inflight -= cost
                 st.observe(rtt, now, self.decay)
                 if failed:
                     st.failed_at = now
 
         return done
+
+    def admits(self, address: str) -> bool:
+        """Whether ``address`` takes part in a choice now (``slow_start``: always, unless it is ramping)."""
+        st = self._stats.get(address)
+        if st is None or not self.slow_start.window:
+            return True
+        return self.slow_start.admits(st.born, self.clock())
 
     def stats_of(self, address: str) -> tuple[int, float] | None:
         """(calls in flight from this client, latency estimate now) of ``address``; None when unknown."""
