@@ -83,6 +83,7 @@ class Channel(MulticallableFactory, grpc.aio.Channel):
             probe=_probe,
             close_channel=self._close_backend_channel,
             health_service=health,
+            routing=config.routing,
             start_health=self._start_health if health is not None else None,
             stop_health=_stop_task if health is not None else None,
             resolve_now=self._resolver.resolve_now,
@@ -278,6 +279,10 @@ def dial(
     client_id: str | None = None,
     rng: random.Random | None = None,
     block: bool = False,
+    retries: int | None = None,
+    metadata_filter: Mapping[str, Any] | None = None,
+    prefer: Mapping[str, Any] | None = None,
+    min_preferred: int | None = None,
 ) -> Channel:
     """A balanced ``grpc.aio.Channel`` (same arguments as ``waypost.dial``). ``interceptors`` are grpc.aio
     client interceptors, applied to every attempt on its backend. Registry targets resolve in the
@@ -288,9 +293,13 @@ def dial(
     UNAVAILABLE whose details name it (``etcd at h:2379 unreachable: connection refused``); the load is
     retried until it succeeds. True: the first calls (and ``await channel.channel_ready()``) wait for the
     first address list as the sync ``waypost.dial`` does, up to their deadline or until the first load
-    gives up (5 s), then fail with UNAVAILABLE naming the registry and why."""
+    gives up (5 s), then fail with UNAVAILABLE naming the registry and why.
+
+    ``retries``, ``metadata_filter``, ``prefer``, ``min_preferred``: as for ``waypost.dial``."""
     _fork.check_child_can_use_grpc("waypost.aio.dial")  # a child forked with grpc.aio alive: fail now, not hang
-    config = build_config(target, balancer, service_config, subset_size=subset_size, client_id=client_id, rng=rng)
+    config = build_config(target, balancer, service_config, subset_size=subset_size, client_id=client_id, rng=rng,
+                          retries=retries, metadata_filter=metadata_filter, prefer=prefer,
+                          min_preferred=min_preferred)
     if not isinstance(block, bool):
         raise TypeError(f"dial: block must be True or False, got {block!r}")
     return Channel(target, config, options=options, credentials=credentials,

@@ -174,7 +174,9 @@ class _StreamResponseMethod(_Method):
     def __call__(self, request: Any, timeout: float | None = None, metadata: Any = None, credentials: Any = None,
                  wait_for_ready: bool | None = None, compression: Any = None) -> Any:
         deadline, wfr = self._settings(timeout, wait_for_ready)
-        if self.retry_policy is None:
+        # Without a retry policy a client stream runs as one attempt: its requests may be consumed already when
+        # it fails. A unary request is re-picked when its attempt never reached a server (transparent retry).
+        if self.retry_policy is None and self._kind == "stream_stream":
             info = self.pick_info(metadata)
             try:
                 res, sc = self._pick(info, deadline, wfr)
@@ -251,6 +253,7 @@ class Channel(MulticallableFactory, grpc.Channel):
             probe=_probe,
             close_channel=_close_channel,
             health_service=health,
+            routing=config.routing,
             start_health=self._start_health if health is not None else None,
             stop_health=_stop_health if health is not None else None,
             resolve_now=self._resolve_now,
@@ -389,6 +392,10 @@ def dial(
     client_id: str | None = None,
     rng: random.Random | None = None,
     block: bool = True,
+    retries: int | None = None,
+    metadata_filter: Mapping[str, Any] | None = None,
+    prefer: Mapping[str, Any] | None = None,
+    min_preferred: int | None = None,
 ) -> grpc.Channel:
     """A balanced ``grpc.Channel`` to ``target`` (``etcd://``, ``direct:///``, ``dns:///``...: see docs/discovery.md).
 
@@ -406,9 +413,19 @@ def dial(
     wait for the first list up to their deadline; once the registry is known to be unreachable (a fraction
     of a second) calls fail with UNAVAILABLE whose details say so (``wait_for_ready`` calls wait on, and
     DEADLINE_EXCEEDED names it too), and the load is retried until it succeeds.
+
+    ``retries=N``: a retryPolicy for every method: N retries on UNAVAILABLE (maxAttempts N+1, at most 5),
+    backoff 0.05 s doubling to 1 s; an error next to a service config with a retryPolicy of its own. Only for
+    services whose methods are safe to run twice (docs/service-config.md). Without it, a call that never
+    reached a server is still re-picked once or more ("transparent" retry).
+    ``metadata_filter={"group": "canary"}``: use only the backends whose registration metadata matches.
+    ``prefer={"zone": "us-east-1a"}, min_preferred=N`` (default 1): use only the matching backends while at
+    least N of them are READY, else all of them (docs/discovery.md, "Routing by metadata").
     """
     _fork.check_child_can_use_grpc("waypost.dial")  # a child forked with grpc.aio alive: fail now, not hang
-    config = build_config(target, balancer, service_config, subset_size=subset_size, client_id=client_id, rng=rng)
+    config = build_config(target, balancer, service_config, subset_size=subset_size, client_id=client_id, rng=rng,
+                          retries=retries, metadata_filter=metadata_filter, prefer=prefer,
+                          min_preferred=min_preferred)
     if not isinstance(block, bool):
         raise TypeError(f"dial: block must be True or False, got {block!r}")
     channel: grpc.Channel = Channel(target, config, options=options, credentials=credentials, block=block)

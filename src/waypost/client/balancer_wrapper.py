@@ -24,6 +24,7 @@ from . import live
 from .fork import install_after_fork_hook
 from .picker_wrapper import PickerSnapshot, PickerWrapper
 from .prober import SubConnProber
+from .routing import Routing
 from .subconn import SubConn
 from .subconn_pool import SubConnPool
 
@@ -40,6 +41,9 @@ class BalancerWrapper:
 
     A policy that balances on server load reports (``policy.wants_load_reports``) gets a ``SubConnProber`` over
     this wrapper's subconns before its first build.
+
+    ``routing`` (``dial(metadata_filter=, prefer=)``): backends the filter drops are never connected to; the
+    picker is built from the preferred READY backends while there are enough of them (``Routing.preferred``).
     """
 
     def __init__(
@@ -56,6 +60,7 @@ class BalancerWrapper:
         resolve_now: Callable[[str], None] | None = None,
         on_refork: Callable[[], None] | None = None,
         clock: Callable[[], float] = time.monotonic,
+        routing: Routing | None = None,
     ) -> None:
         self.target = target
         self.policy = policy
@@ -70,6 +75,8 @@ class BalancerWrapper:
         self._last_backends: tuple[Backend, ...] = ()
         self._resolved = False
         self._resolver_error: str | None = None
+        self._routing = routing
+        self._note: str | None = None  # why the (filtered) backend list is empty, for error details
         self._closed = False
         self._stale = False  # in a forked child until the first use rebuilds (see mark_forked)
         self._listeners: list[Callable[[], None]] = []
@@ -89,6 +96,11 @@ class BalancerWrapper:
         if self._closed:
             return
         pool = self._pool
+        routing = self._routing
+        if routing is not None and routing.filter is not None:
+            resolved = len(backends)
+            backends = routing.keep(backends)
+            self._note = routing.none_kept(resolved) if not backends else None
         with self._lock:
             self._last_backends = tuple(backends)
             new: dict[str, Backend] = {}
@@ -231,6 +243,12 @@ class BalancerWrapper:
             if sc is not None and sc.usable:
                 usable[b.address] = sc
                 backends.append(sc.backend)
+        routing = self._routing
+        if routing is not None and routing.prefer is not None:
+            chosen = routing.preferred(usable)
+            if chosen is not usable:
+                usable = chosen
+                backends = [sc.backend for sc in chosen.values()]
         snap = self.pickers.snap
         if not force and backends and snap.picker is not None and list(snap.ready) == list(usable) and all(
             snap.ready[a].backend is usable[a].backend for a in usable
@@ -247,7 +265,7 @@ class BalancerWrapper:
         # Caller holds _lock: wake waiting calls now; listeners run after the lock is released (_fire).
         self.pickers.publish(PickerSnapshot(
             picker, ready, tuple(self._pool.active.values()), resolved=self._resolved,
-            resolver_error=self._resolver_error, closed=self._closed))
+            resolver_error=self._resolver_error, closed=self._closed, note=self._note))
         self._dirty = True
 
     def _fire(self) -> None:

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import random
 from collections.abc import Callable, Mapping, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 from ..balancer import policies
@@ -13,7 +13,9 @@ from ..resolver import Resolver, ResolverOptions, Subsetter, make_resolver
 from ..resolver.subset import DEFAULT_SUBSET_SIZE
 from ..resolver.target import Target, parse_target
 from ..service_config import MethodConfig, ServiceConfig, parse_service_config
+from .method_names import MethodNameCheck
 from .retry_throttle import RetryThrottle
+from .routing import FilteringSubsetter, Routing
 
 
 @dataclass
@@ -25,8 +27,15 @@ class ChannelConfig:
     health_service: str | None
     rng: random.Random
     subsetter: Subsetter | None
+    #: metadata_filter / prefer of the dial (None: not in use)
+    routing: Routing | None = None
+    #: the methodConfig name check (None: the config names no service)
+    names: MethodNameCheck | None = field(default=None, repr=False)
 
     def method_config(self, full_method: str) -> MethodConfig | None:
+        """The method's settings; called once per multicallable (where unused methodConfig names are noticed)."""
+        if self.names is not None:
+            self.names.saw(full_method)
         return self.service_config.method_config(full_method)
 
     def make_resolver(self, channel_options: Sequence[tuple[str, Any]] = (), *, blocking: bool = True,
@@ -45,22 +54,34 @@ def build_config(
     client_id: int | str | None = None,
     rng: random.Random | None = None,
     clock: Callable[[], float] | None = None,
+    retries: int | None = None,
+    metadata_filter: Mapping[str, Any] | None = None,
+    prefer: Mapping[str, Any] | None = None,
+    min_preferred: int | None = None,
 ) -> ChannelConfig:
-    """Validate everything a dial needs; raises InvalidTarget / InvalidServiceConfig / ValueError."""
+    """Validate everything a dial needs; raises InvalidTarget / InvalidServiceConfig / ValueError.
+
+    ``retries``: the retryPolicy shortcut (``parse_service_config``); ``metadata_filter``, ``prefer``,
+    ``min_preferred``: routing by registration metadata (``client.routing``)."""
     if not isinstance(target, str):
         from ..errors import InvalidTarget
 
         raise InvalidTarget(f"target must be a string, got {type(target).__name__}")
     t = parse_target(target)
-    sc = parse_service_config(service_config, balancer=balancer)  # no policy named: service_config.DEFAULT_POLICY
+    # no policy named: service_config.DEFAULT_POLICY
+    sc = parse_service_config(service_config, balancer=balancer, retries=retries)
+    routing = Routing.make(metadata_filter, prefer, min_preferred)
+    if routing is not None:
+        routing.target = t.redacted
     rng = rng if rng is not None else random.Random()
     cls = policies.get_policy(sc.lb_policy)
     kw: dict[str, Any] = {"rng": random.Random(rng.getrandbits(64))}
     if clock is not None:
         kw["clock"] = clock
     policy = cls(sc.lb_config, **kw)
-    subsetter = Subsetter(DEFAULT_SUBSET_SIZE if subset_size is None else subset_size, client_id=client_id,
-                          seed=rng.getrandbits(32))
+    size = DEFAULT_SUBSET_SIZE if subset_size is None else subset_size
+    subsetter = Subsetter(size, client_id=client_id, seed=rng.getrandbits(32)) if routing is None or \
+        routing.filter is None else FilteringSubsetter(routing, size, client_id=client_id, seed=rng.getrandbits(32))
     return ChannelConfig(
         target=t,
         service_config=sc,
@@ -69,4 +90,6 @@ def build_config(
         health_service=sc.health_check_service_name,
         rng=rng,
         subsetter=subsetter,
+        routing=routing,
+        names=MethodNameCheck.for_config(t.redacted, sc),
     )

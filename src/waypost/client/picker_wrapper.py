@@ -29,14 +29,15 @@ class PickerSnapshot:
 
     ``ready``: the subconns the picker may return, by address. ``backends``: every current subconn (their
     states are read live when describing). ``recover``: set in a forked child until the first use rebuilds
-    the backend channels (called by the first call that finds nothing to pick).
+    the backend channels (called by the first call that finds nothing to pick). ``note``: why there are no
+    backends when the channel's ``metadata_filter`` dropped them all.
     """
 
-    __slots__ = ("backends", "closed", "picker", "ready", "recover", "resolved", "resolver_error")
+    __slots__ = ("backends", "closed", "note", "picker", "ready", "recover", "resolved", "resolver_error")
 
     def __init__(self, picker: Picker | None, ready: dict[str, SubConn], backends: tuple[SubConn, ...] = (), *,
                  resolved: bool = False, resolver_error: str | None = None, closed: bool = False,
-                 recover: Callable[[], None] | None = None) -> None:
+                 recover: Callable[[], None] | None = None, note: str | None = None) -> None:
         self.picker = picker
         self.ready = ready
         self.backends = backends
@@ -44,6 +45,7 @@ class PickerSnapshot:
         self.resolver_error = resolver_error
         self.closed = closed
         self.recover = recover
+        self.note = note  # why the backend list is empty when a metadata_filter dropped every backend
 
 
 EMPTY = PickerSnapshot(None, {})
@@ -174,5 +176,5 @@ class PickerWrapper:
         if not snap.resolved:
             return "address resolution pending" + err
         if not snap.backends:
-            return "resolver returned no backends" + err
+            return (snap.note or "resolver returned no backends") + err
         return ", ".join(sc.describe() for sc in snap.backends) + err

@@ -10,6 +10,8 @@ Semantics follow gRPC (gRFC A2/A6, grpc-go's service config parser):
   (unknown names before it are skipped with a warning); its config is validated by the policy.
 - ``loadBalancingPolicy``: the legacy policy name, case-insensitive; loses to ``loadBalancingConfig``.
 - neither: ``DEFAULT_POLICY`` (peak_ewma), unless ``dial(balancer=...)`` names one.
+- ``dial(retries=N)``: a retryPolicy on UNAVAILABLE for every method (an error next to the config's own); a
+  retryPolicy whose codes lack UNAVAILABLE is logged once as a WARNING (it cannot move a call off a dead backend).
 - ``methodConfig``: per-method ``timeout``, ``waitForReady`` and ``retryPolicy`` (``maxAttempts`` is capped
   at 5 as in gRPC). ``hedgingPolicy`` and the message-size limits are real gRPC fields that waypost
   does not implement: they are rejected with a clear error instead of being ignored.

@@ -73,6 +73,8 @@ class ServiceConfig:
         default_factory=lambda: MappingProxyType({}), repr=False, compare=False
     )
     _default: MethodConfig | None = field(default=None, repr=False, compare=False)
+    #: every ``methodConfig[].name`` item as (service, method, JSON path); "" for a part not given
+    names: tuple[tuple[str, str, str], ...] = field(default=(), repr=False, compare=False)
 
     def method_config(self, full_method: str) -> MethodConfig | None:
         """The MethodConfig for ``/package.Service/Method`` per gRPC's precedence.

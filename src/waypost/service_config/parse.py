@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from collections.abc import Mapping
+from dataclasses import replace
 from types import MappingProxyType
 from typing import Any
 
@@ -11,8 +12,8 @@ from ..balancer.policies import POLICIES  # imported from here so the built-in p
 from ..errors import describe_value, did_you_mean
 from .fields import boolean, check_fields, duration, fail
 from .jsonvalue import freeze, load_json, normalize
-from .model import DEFAULT_POLICY, MethodConfig, ServiceConfig
-from .retry import parse_retry_policy, parse_throttling
+from .model import DEFAULT_POLICY, MethodConfig, RetryPolicy, ServiceConfig
+from .retry import parse_retry_policy, parse_throttling, shortcut_retry_policy
 
 _TOP_FIELDS = ("loadBalancingPolicy", "loadBalancingConfig", "methodConfig", "retryThrottling", "healthCheckConfig")
 _METHOD_FIELDS = ("name", "timeout", "waitForReady", "retryPolicy")
@@ -22,17 +23,20 @@ _HEALTH_FIELDS = ("serviceName",)
 
 
 def parse_service_config(
-    raw: Mapping[str, Any] | str | bytes | ServiceConfig | None, *, balancer: str | None = None
+    raw: Mapping[str, Any] | str | bytes | ServiceConfig | None, *, balancer: str | None = None,
+    retries: int | None = None,
 ) -> ServiceConfig:
     """Validate a gRPC service config given as a dict or JSON text; None means an empty config.
 
     ``balancer`` is the dial shortcut: a policy name used when the config names none; if the
     config names a different policy the two disagree and an error says both. With neither, the
     policy is ``DEFAULT_POLICY`` (peak_ewma), the same one ``waypost.dial`` uses.
+    ``retries`` is the other dial shortcut: a retryPolicy of ``retries`` retries on UNAVAILABLE for every
+    method (``retry.shortcut_retry_policy``); a config with a retryPolicy of its own is then an error.
     Raises ``InvalidServiceConfig`` whose message starts with the JSON path of the bad field.
     """
     if isinstance(raw, ServiceConfig):
-        if balancer is None:
+        if balancer is None and retries is None:
             return raw
         raw = raw.raw
     if raw is None:
@@ -51,8 +55,13 @@ def parse_service_config(
     by_service: dict[str, MethodConfig] = {}
     default: MethodConfig | None = None
     method_configs: list[MethodConfig] = []
+    names: list[tuple[str, str, str]] = []
     if "methodConfig" in doc:
-        method_configs, by_method, by_service, default = _parse_method_configs(doc["methodConfig"])
+        method_configs, by_method, by_service, default = _parse_method_configs(doc["methodConfig"], names)
+    shortcut = shortcut_retry_policy(retries)
+    if shortcut is not None:
+        method_configs, by_method, by_service, default = _with_retry(shortcut, method_configs, by_method,
+                                                                     by_service, default)
     throttling = parse_throttling(doc["retryThrottling"]) if "retryThrottling" in doc else None
     health = _parse_health(doc["healthCheckConfig"]) if "healthCheckConfig" in doc else None
 
@@ -66,7 +75,24 @@ def parse_service_config(
         _by_method=MappingProxyType(by_method),
         _by_service=MappingProxyType(by_service),
         _default=default,
+        names=tuple(names),
     )
+
+
+def _with_retry(
+    policy: RetryPolicy, configs: list[MethodConfig], by_method: dict[str, MethodConfig],
+    by_service: dict[str, MethodConfig], default: MethodConfig | None,
+) -> tuple[list[MethodConfig], dict[str, MethodConfig], dict[str, MethodConfig], MethodConfig | None]:
+    """``dial(retries=N)``: ``policy`` for every method. It is an error next to a retryPolicy of the config's
+    own: two retry settings for the same methods, and neither would be obviously the one that applies."""
+    for i, mc in enumerate(configs):
+        if mc.retry_policy is not None:
+            fail("retries", f"dial(retries=...) sets a retryPolicy for every method, and methodConfig[{i}] has "
+                  "its own retryPolicy; give retries in one place (drop retries=, or that retryPolicy)")
+    swap = {id(mc): replace(mc, retry_policy=policy) for mc in configs}
+    return ([swap[id(mc)] for mc in configs], {k: swap[id(v)] for k, v in by_method.items()},
+            {k: swap[id(v)] for k, v in by_service.items()},
+            swap[id(default)] if default is not None else MethodConfig(retry_policy=policy))
 
 
 def _parse_lb(doc: dict[str, Any], balancer: str | None) -> tuple[str, dict[str, Any]]:
@@ -112,7 +138,7 @@ def _policy_name(value: Any, path: str) -> str:
 
 
 def _parse_method_configs(
-    value: Any,
+    value: Any, all_names: list[tuple[str, str, str]],
 ) -> tuple[list[MethodConfig], dict[str, MethodConfig], dict[str, MethodConfig], MethodConfig | None]:
     path = "methodConfig"
     if not isinstance(value, list):
@@ -128,6 +154,7 @@ def _parse_method_configs(
             fail(entry_path, f"expected an object, got {describe_value(entry)}")
         check_fields(entry, entry_path, _METHOD_FIELDS, _METHOD_UNSUPPORTED)
         names = _parse_names(entry.get("name"), "name" in entry, f"{entry_path}.name", seen)
+        all_names.extend((service, method, f"{entry_path}.name[{j}]") for j, (service, method) in enumerate(names))
         timeout = None
         if "timeout" in entry:
             timeout = duration(entry["timeout"], f"{entry_path}.timeout")

@@ -18,11 +18,17 @@ MAX_ATTEMPTS_CAP = 5
 #: gRPC's upper bound for retryThrottling.maxTokens
 MAX_TOKENS_LIMIT = 1000
 
+#: backoff of the ``dial(retries=N)`` shortcut: uniform(0, min(0.05 s * 2^(n-1), 1 s)) before retry n
+SHORTCUT_INITIAL_BACKOFF = 0.05
+SHORTCUT_MAX_BACKOFF = 1.0
+
 _RETRY_FIELDS = ("maxAttempts", "initialBackoff", "maxBackoff", "backoffMultiplier", "retryableStatusCodes")
 _RETRY_UNSUPPORTED = ("perAttemptRecvTimeout",)
 _THROTTLE_FIELDS = ("maxTokens", "tokenRatio")
 
 _CODES_BY_NAME = {code.name: code for code in grpc.StatusCode}
+_warned: set[str] = set()  # warnings given once per process (bounded: one per distinct message)
+_WARNED_MAX = 256
 _CODES_BY_NUMBER = {code.value[0]: code for code in grpc.StatusCode}
 
 
@@ -45,6 +51,10 @@ def parse_retry_policy(value: Any, path: str) -> RetryPolicy:
     maximum = duration(value["maxBackoff"], f"{path}.maxBackoff")
     multiplier = positive_number(value["backoffMultiplier"], f"{path}.backoffMultiplier")
     codes = _status_codes(value["retryableStatusCodes"], f"{path}.retryableStatusCodes")
+    if grpc.StatusCode.UNAVAILABLE not in codes:
+        names = ", ".join(sorted(c.name for c in codes))
+        warn_once(f"{path}.retryableStatusCodes: [{names}] lacks UNAVAILABLE: retries will not move a call off "
+                  "a dead backend (a backend that is down or restarting fails calls with UNAVAILABLE)")
     return RetryPolicy(
         max_attempts=attempts,
         initial_backoff=initial,
@@ -52,6 +62,30 @@ def parse_retry_policy(value: Any, path: str) -> RetryPolicy:
         backoff_multiplier=multiplier,
         retryable_status_codes=codes,
     )
+
+
+def warn_once(message: str) -> None:
+    """A WARNING on ``waypost.service_config``, logged once per process for each distinct message."""
+    if message in _warned:
+        return
+    if len(_warned) < _WARNED_MAX:
+        _warned.add(message)
+    log.warning("waypost: service config: %s", message)
+
+
+def shortcut_retry_policy(retries: Any) -> RetryPolicy | None:
+    """The retryPolicy of ``dial(retries=N)``: N retries (maxAttempts N+1, capped at 5 attempts as gRPC
+    does) on UNAVAILABLE, backoff 0.05s doubling to 1s. 0 or None: no policy."""
+    if retries is None:
+        return None
+    if isinstance(retries, bool) or not isinstance(retries, int) or retries < 0:
+        fail("retries", f"expected an integer >= 0 (retries after the first attempt), got {describe_value(retries)}")
+    if retries == 0:
+        return None
+    attempts = min(retries + 1, MAX_ATTEMPTS_CAP)
+    return RetryPolicy(max_attempts=attempts, initial_backoff=SHORTCUT_INITIAL_BACKOFF,
+                       max_backoff=SHORTCUT_MAX_BACKOFF, backoff_multiplier=2.0,
+                       retryable_status_codes=frozenset({grpc.StatusCode.UNAVAILABLE}))
 
 
 def _status_codes(value: Any, path: str) -> frozenset[grpc.StatusCode]:

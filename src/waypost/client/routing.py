@@ -1,0 +1,136 @@
+"""Routing by registration metadata: ``dial(metadata_filter=..., prefer=..., min_preferred=...)``.
+
+- ``metadata_filter``: only backends whose metadata matches are used at all. Applied to the resolver's list
+  before subsetting (registry targets) and before the balancer makes connections, so the policy never sees
+  the others. No match: calls fail UNAVAILABLE naming the filter.
+- ``prefer`` + ``min_preferred``: of the (kept) READY backends, the policy's picker is built from the
+  matching ones while at least ``min_preferred`` of them are READY; below that it is built from all of them
+  (spill). Each switch is logged once at INFO. The other backends stay connected, so a spill is instant.
+
+A match: every key of the spec is in the backend's metadata with an allowed value; a value is one allowed
+value or a list/tuple/set of them, compared as text (``{"weight": 5}`` matches a registered ``"5"``; true and
+false as JSON spells them). Nothing here runs per call: only on resolver updates and picker rebuilds.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Mapping, Sequence
+from typing import Any
+
+from ..resolver import Subsetter
+from ..types import Backend
+from .subconn import SubConn
+
+log = logging.getLogger("waypost.client")
+
+
+def _text(value: Any) -> str:
+    if isinstance(value, bool):
+        return "true" if value else "false"
+    return str(value)
+
+
+class MetadataMatch:
+    """A validated ``{key: value-or-values}`` spec; ``what`` names the dial argument in errors and logs."""
+
+    __slots__ = ("_items", "spec", "what")
+
+    def __init__(self, spec: Any, what: str) -> None:
+        if not isinstance(spec, Mapping) or not spec:
+            raise ValueError(f"dial: {what} must be a non-empty mapping of metadata key -> value "
+                             f"(e.g. {{'zone': 'us-east-1a'}}), got {spec!r}")
+        items = []
+        for key, value in spec.items():
+            if not isinstance(key, str) or not key:
+                raise ValueError(f"dial: {what} keys must be non-empty strings, got {key!r}")
+            values = value if isinstance(value, (list, tuple, set, frozenset)) else (value,)
+            if not values or any(v is None or isinstance(v, (Mapping, list, tuple, set, frozenset))
+                                 for v in values):
+                raise ValueError(f"dial: {what}[{key!r}] must be a value or a non-empty list of values "
+                                 f"(strings, numbers, booleans), got {value!r}")
+            items.append((key, frozenset(_text(v) for v in values)))
+        self._items = tuple(items)
+        self.spec = dict(spec)
+        self.what = what
+
+    def matches(self, backend: Backend) -> bool:
+        md = backend.metadata
+        for key, allowed in self._items:
+            if key not in md or _text(md[key]) not in allowed:
+                return False
+        return True
+
+    def describe(self) -> str:
+        return f"{self.what}={self.spec!r}"
+
+
+class Routing:
+    """One channel's metadata filter and locality preference (None parts: not in use)."""
+
+    def __init__(self, metadata_filter: Mapping[str, Any] | None, prefer: Mapping[str, Any] | None,
+                 min_preferred: int, target: str = "") -> None:
+        self.filter = MetadataMatch(metadata_filter, "metadata_filter") if metadata_filter is not None else None
+        self.prefer = MetadataMatch(prefer, "prefer") if prefer is not None else None
+        if isinstance(min_preferred, bool) or not isinstance(min_preferred, int) or min_preferred < 1:
+            raise ValueError(f"dial: min_preferred must be an integer >= 1, got {min_preferred!r}")
+        self.min_preferred = min_preferred
+        self.target = target
+        self.spilling: bool | None = None  # None: not decided yet (no READY backend so far)
+
+    @classmethod
+    def make(cls, metadata_filter: Mapping[str, Any] | None, prefer: Mapping[str, Any] | None,
+             min_preferred: int | None) -> Routing | None:
+        """The routing of a dial, or None when no routing argument is given (nothing to do at all)."""
+        if metadata_filter is None and prefer is None:
+            if min_preferred is not None:
+                raise ValueError("dial: min_preferred needs prefer= (the metadata of the preferred backends)")
+            return None
+        return cls(metadata_filter, prefer, 1 if min_preferred is None else min_preferred)
+
+    # ---- the filter (resolver updates) ------------------------------------------------------------
+
+    def keep(self, backends: Sequence[Backend]) -> list[Backend]:
+        f = self.filter
+        if f is None:
+            return list(backends)
+        return [b for b in backends if f.matches(b)]
+
+    def none_kept(self, resolved: int) -> str:
+        """Why the backend list is empty, for error details (``resolved``: how many the filter dropped here)."""
+        assert self.filter is not None
+        extra = f" ({resolved} resolved, none matches)" if resolved else ""
+        return f"resolver returned no backends matching {self.filter.describe()}{extra}"
+
+    # ---- the preference (picker rebuilds) ---------------------------------------------------------
+
+    def preferred(self, usable: dict[str, SubConn]) -> dict[str, SubConn]:
+        """The READY backends the picker is built from: the preferred ones while enough of them are READY."""
+        p = self.prefer
+        if p is None or not usable:
+            return usable
+        chosen = {a: sc for a, sc in usable.items() if p.matches(sc.backend)}
+        spill = len(chosen) < self.min_preferred
+        if spill is not self.spilling:
+            if spill:
+                log.info("waypost: %s: %d backends matching %s are READY, fewer than min_preferred=%d: "
+                         "spilling to all %d READY backends", self.target, len(chosen), p.describe(),
+                         self.min_preferred, len(usable))
+            elif self.spilling is not None:
+                log.info("waypost: %s: %d backends matching %s are READY again (min_preferred=%d): "
+                         "using only them", self.target, len(chosen), p.describe(), self.min_preferred)
+            self.spilling = spill
+        return usable if spill else chosen
+
+
+class FilteringSubsetter(Subsetter):
+    """The registry resolver's subsetter, applying the metadata filter first: a subset is chosen among the
+    matching backends only (a filter after subsetting would keep a fraction of a small group)."""
+
+    def __init__(self, routing: Routing, size: int, *, client_id: int | str | None = None,
+                 seed: int | None = None) -> None:
+        super().__init__(size, client_id=client_id, seed=seed)
+        self.routing = routing
+
+    def select(self, backends: Sequence[Backend]) -> list[Backend]:
+        return super().select(self.routing.keep(backends))
