@@ -349,3 +349,58 @@ def test_host_port_raises_only_address_error(text, default, listen):
     assert (0 if listen else 1) <= port <= 65535
     if host:  # the canonical form parses to the same pair
         assert parse_host_port(join_host_port(host, port), listen=listen) == (host, port)
+
+
+# -- the discovery cache file (waypost.discovery.cache) --------------------------------------------------
+
+_CACHE_KEY = "fz.rpc"
+_CACHE_PREFIXES = ["fz.rpc/", "_waypost/meta/fz.rpc/"]
+_CACHE_RECORDS = st.dictionaries(
+    st.one_of(st.text(max_size=6).map(lambda s: "fz.rpc/" + s), st.text(max_size=10)),
+    st.tuples(st.binary(max_size=12), st.integers(min_value=-2, max_value=40)), max_size=4)
+
+
+@st.composite
+def _cache_documents(draw) -> bytes:
+    """Cache files: valid ones (encode's output), the same with one field replaced or removed, and JSON."""
+    from waypost.discovery import cache
+
+    records = draw(_CACHE_RECORDS)
+    data = cache.encode(_CACHE_KEY, draw(st.booleans()), draw(st.sampled_from(["gozero", "kratos"])),
+                        "etcd://h:2379", [("fz.rpc/", draw(st.integers(min_value=-1, max_value=50)), records)],
+                        written=draw(st.floats(allow_nan=True, allow_infinity=True)))
+    how = draw(st.sampled_from(["keep", "field", "record", "bytes", "json"]))
+    doc = json.loads(data)
+    if how == "field":
+        doc[draw(st.sampled_from(["waypost", "version", "key", "exact", "format", "written", "sources", "x"]))] = \
+            draw(JSON_VALUES)
+    elif how == "record":
+        recs = doc["sources"]["fz.rpc/"]["records"]
+        recs.append(draw(st.one_of(JSON_VALUES, st.lists(st.one_of(SCALARS, st.sampled_from(["fz.rpc/x", "AA==",
+                                                                                           "!!"])), max_size=4))))
+    elif how == "bytes":
+        raw = bytearray(data)
+        for _ in range(draw(st.integers(min_value=1, max_value=4))):
+            if raw:
+                raw[draw(st.integers(min_value=0, max_value=len(raw) - 1))] = draw(st.integers(0, 255))
+        return bytes(raw)
+    elif how == "json":
+        return json.dumps(draw(JSON_VALUES)).encode()
+    return json.dumps(doc, allow_nan=True).encode()
+
+
+@FUZZ
+@given(st.one_of(_cache_documents(), st.binary(max_size=64)))
+def test_cache_file_parser_raises_only_cache_error(data):
+    from waypost.discovery import cache
+
+    try:
+        got = cache.parse(data, _CACHE_KEY, False, "gozero", _CACHE_PREFIXES)
+    except cache.CacheError:
+        return
+    assert set(got.sources) == set(_CACHE_PREFIXES)
+    for prefix, cols in got.sources.items():
+        assert cols.keys == sorted(cols.keys)
+        assert all(k.startswith(prefix) and k != prefix for k in cols.keys)
+        assert all(isinstance(v, bytes) for v in cols.values)
+        assert all(0 <= rev <= cols.revision for rev in cols.mod_revisions)

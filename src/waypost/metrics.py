@@ -33,6 +33,8 @@ publisher_registered{key}                    gauge      1 while every publisher 
                                                         registered, else 0 (read from the publishers at scrape time)
 publisher_unregistered_seconds{key}          gauge      how long the registration has been lost against the
                                                         publisher's will (0 while registered or paused; ditto)
+discovery_stale{key}                         gauge      1 while the key's list comes from a stale (serializable)
+                                                        read or a cache file, else 0 (read at scrape time)
 ===========================================  =========  =========================================================
 
 The publisher gauges come from sources the discovery layer registers with :func:`register_publisher_source`.
@@ -160,6 +162,9 @@ class PrometheusObserver:
         self._all = [self.requests, self.failures, self.latency, self.ejections, self.rebuilds, self.reconnects,
                      self.store_resets, self.reloads, self.reregistrations, self.restored, self._live]
         self._all.append(_register_publisher_collector(r))
+        self._discovery = _DiscoveryCollector()
+        r.register(self._discovery)
+        self._all.append(self._discovery)
 
     def target_label(self, target: str) -> str:
         label = self._targets.get(target)
@@ -353,6 +358,54 @@ def _register_publisher_collector(registry: Any) -> _PublisherCollector:
 
 
 # ---- end of the publisher block ------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class DiscoverySample:
+    """One live subscription at scrape time: its key (prefix) and whether its list is stale (from a
+    serializable read or a cache file, while etcd gives no linearizable answer)."""
+
+    key: str
+    stale: bool
+
+
+#: A discovery source: called at every scrape, yields one sample per live subscription.
+DiscoverySource = Callable[[], Iterable[DiscoverySample]]
+
+_discovery_sources: list[DiscoverySource] = []
+
+
+def register_discovery_source(source: DiscoverySource) -> None:
+    """Have ``source()`` read at every scrape for ``waypost_discovery_stale`` (idempotent)."""
+    with _lock:
+        if source not in _discovery_sources:
+            _discovery_sources.append(source)
+
+
+class _DiscoveryCollector:
+    """``waypost_discovery_stale{key}``: 1 while the key's list is stale, 0 while live (one series per key)."""
+
+    def describe(self) -> list[Any]:
+        return []
+
+    def collect(self) -> Iterator[Any]:
+        from prometheus_client.core import GaugeMetricFamily
+
+        stale = GaugeMetricFamily("waypost_discovery_stale",
+                                  "1 while the key's backend list comes from a stale read or a cache file",
+                                  labels=["key"])
+        keys: dict[str, int] = {}
+        with _lock:
+            sources = list(_discovery_sources)
+        for source in sources:
+            try:
+                for s in source():
+                    keys[s.key] = max(keys.get(s.key, 0), int(s.stale))
+            except Exception:
+                log.exception("waypost: metrics discovery source failed")
+        for key, value in sorted(keys.items()):
+            stale.add_metric([key], value)
+        yield stale
 
 
 def observer() -> PrometheusObserver | None:

@@ -31,6 +31,7 @@ from ..registry.base import Event, Registry, ValueColumns, Watch
 from ..registry.formats import Entry, MetaEntry, WireFormat
 from .container import Container
 from .permissions import grant_hint, role_refused
+from .stale import StaleStart
 
 log = logging.getLogger("waypost.discovery")
 
@@ -96,6 +97,7 @@ class _Group:
         self._starter: asyncio.Task[None] | None = None
         self._closed = False
         self.reloads = 0  # how many reloads ran (for tests and stats)
+        self.stale = StaleStart(self)  # a stale list while the initial load fails (discovery/stale.py)
 
     @property
     def sources(self) -> list[_Source]:
@@ -148,6 +150,7 @@ class _Group:
 
     def close(self) -> None:
         self._closed = True
+        self.stale.close()
         if self._starter is not None:
             self._starter.cancel()
         for src in self.sources:
@@ -169,6 +172,7 @@ class _Group:
         """The initial load (retried until it works or the group closes), then the watch loops."""
         assert self.ready is not None
         main_read = None
+        self.stale.begin()
         try:
             if self.side is not None:
                 # both reads at once, the metadata applied first so addresses appear with it
@@ -186,7 +190,7 @@ class _Group:
                 # its address may be missing, so read the metadata again (a cheap diff)
                 await self._load_side()
         except PermissionDenied as e:
-            self.ready.set_exception(e)
+            self.stale.live(e)
             return
         finally:
             if main_read is not None:
@@ -194,7 +198,7 @@ class _Group:
                     main_read.cancel()
                 elif not main_read.cancelled():
                     main_read.exception()  # retrieved: a failed read that was never used is no news
-        self.ready.set_result(None)
+        self.stale.live()  # ready: the subscribers' attach returns (unless a stale list made it return)
         for src in self.sources:
             src.task = asyncio.create_task(self._watch_loop(src), name=f"waypost-sub-watch {src.key}")
 
@@ -268,6 +272,8 @@ class _Group:
                     # for the metadata, go on without it)
                     raise
                 self.last_error = e
+                if initial:
+                    self.stale.failed()
                 if not src.failing:
                     src.failing = True
                     log.warning("%r: %s %r failed, retrying every ~%gs: %s", self,

@@ -8,12 +8,14 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import os
 from collections.abc import Callable
 
 from .. import _loop
 from ..registry.base import Registry
 from ..registry.formats import WireFormat, get_format
 from ..types import Backend
+from .cache import CacheWriter
 from .container import Container, Listener
 from .group import _acquire, _Group, _release, active_subscriptions, cool_down, diff
 
@@ -41,21 +43,30 @@ class Subscriber:
     ``RegistryUnavailable`` after ``timeout`` seconds (go-zero would block and retry forever; we
     fail fast so a misconfigured client notices), or ``PermissionDenied`` at once if etcd refuses. On the control loop use ``await Subscriber.open(...)``.
     ``exclusive``: a new key for an address evicts the older keys of that address.
+
+    While etcd gives no linearizable answer at start (no leader, or unreachable), the list comes from a
+    serializable read of any member, or else from ``cache_file`` (the last list an earlier subscriber
+    wrote there; see ``waypost.discovery.stale``): ``stale`` is True until a live read replaces it.
+    With ``cache_file`` the list is written there after each change (at most once a second) and at close.
     """
 
     def __init__(
         self, registry: Registry | str, key: str, exact: bool = False, format: str | WireFormat = "gozero",
-        *, exclusive: bool = False, timeout: float = 5.0,
+        *, exclusive: bool = False, timeout: float = 5.0, cache_file: str | os.PathLike[str] | None = None,
     ) -> None:
-        self._setup(registry, key, exact, format, exclusive)
+        self._setup(registry, key, exact, format, exclusive, cache_file)
         if _loop.in_loop():
             raise RuntimeError("Subscriber() blocks: on the control loop use `await Subscriber.open(...)`")
         _loop.run(self._open(timeout), timeout + 10)
 
     def _setup(self, registry: Registry | str, key: str, exact: bool, format: str | WireFormat,
-               exclusive: bool) -> None:
+               exclusive: bool, cache_file: str | os.PathLike[str] | None) -> None:
         if not isinstance(key, str) or not key:
             raise ValueError(f"subscriber key must be a non-empty string, got {key!r}")
+        if cache_file is not None and not (isinstance(cache_file, (str, os.PathLike)) and os.fspath(cache_file)):
+            raise ValueError(f"cache_file must be a non-empty path, got {cache_file!r}")
+        self.cache_file = os.fspath(cache_file) if cache_file is not None else None
+        self._cache: CacheWriter | None = None
         self.registry = resolve_registry(registry)
         self.key = key
         self.exact = exact
@@ -69,11 +80,11 @@ class Subscriber:
     @classmethod
     async def open(
         cls, registry: Registry | str, key: str, exact: bool = False, format: str | WireFormat = "gozero",
-        *, exclusive: bool = False, timeout: float = 5.0,
+        *, exclusive: bool = False, timeout: float = 5.0, cache_file: str | os.PathLike[str] | None = None,
     ) -> Subscriber:
         """Create a Subscriber without blocking a thread (from the control loop or any asyncio loop)."""
         self = cls.__new__(cls)
-        self._setup(registry, key, exact, format, exclusive)
+        self._setup(registry, key, exact, format, exclusive, cache_file)
         if _loop.in_loop():
             await self._open(timeout)
         else:
@@ -82,6 +93,8 @@ class Subscriber:
 
     async def _open(self, timeout: float) -> None:
         group = _acquire(self.registry, self.key, self.exact, self.format)
+        if self.cache_file is not None:
+            group.stale.offer_cache(self.cache_file)
         try:
             container = await group.attach(self.exclusive, timeout)
         except BaseException:
@@ -90,8 +103,19 @@ class Subscriber:
         self._group = group
         self._container = container
         container.add_listener(self._fire)
+        if self.cache_file is not None:
+            self._cache = CacheWriter(self.cache_file, group.stale.snapshot)
+            group.stale.on_live.append(self._cache.changed)
+            self._cache.changed()  # the list as opened (nothing is written while it is stale)
+
+    @property
+    def stale(self) -> bool:
+        """True while the list comes from a serializable read or the cache file, not a live read."""
+        return self._group is not None and self._group.stale.stale
 
     def _fire(self) -> None:
+        if self._cache is not None:
+            self._cache.changed()
         for fn in list(self._listeners):
             try:
                 fn()
@@ -135,6 +159,10 @@ class Subscriber:
         self._closed = True
         self._listeners.clear()
         self._container.remove_listener(self._fire)
+        if self._cache is not None:
+            self._cache.close()
+            if self._group is not None and self._cache.changed in self._group.stale.on_live:
+                self._group.stale.on_live.remove(self._cache.changed)
         if self._group is not None:
             _release(self._group, self._container)
             self._group = None

@@ -142,6 +142,14 @@ class Registry(abc.ABC):
         """The current keys, values and mod_revisions of ``key`` (or every key under it with
         ``prefix``) as columns: what ``get`` reads, without a KeyValue per record."""
 
+    async def get_values_stale(self, key: str, *, prefix: bool = False,
+                               timeout: float = 2.0) -> ValueColumns | None:
+        """``get_values`` answered by any one member from its own copy, without asking a leader (etcd's
+        serializable read): it works while the cluster has no quorum, but may be behind. For a start
+        during an outage only (``waypost.discovery.stale``); None when the backend has no such read
+        (the memory registry: its reads never wait for a leader)."""
+        return None
+
     @abc.abstractmethod
     async def put(self, key: str, value: bytes, *, lease: int = 0, prev_kv: bool = False) -> PutResult: ...
 

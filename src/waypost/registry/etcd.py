@@ -127,6 +127,17 @@ def _event(ev: Any) -> Event:
     return Event("delete" if ev.type == 1 else "put", _kv(ev.kv), prev)
 
 
+def _columns(data: bytes) -> ValueColumns:
+    """A serialized RangeResponse as ``ValueColumns``."""
+    head = records.head(data)
+    cols = records.columns(data, head.records)
+    if cols is not None:
+        return ValueColumns(cols.keys, cols.values, cols.mod_revisions, head.revision)
+    kvs = records.messages(data)  # the records do not line up as columns: one message each
+    return ValueColumns(records.decode_keys([m.key for m in kvs]), [m.value for m in kvs],
+                        [m.mod_revision for m in kvs], head.revision)
+
+
 class EtcdRegistry(Registry):
     """A Registry over one etcd endpoint set. Get shared instances with ``waypost.connect(url)``.
 
@@ -168,14 +179,14 @@ class EtcdRegistry(Registry):
 
     async def get_values(self, key: str, *, prefix: bool = False) -> ValueColumns:
         k, end = key_range(key, prefix)
-        data = await self.client.range_serialized(k, end)
-        head = records.head(data)
-        cols = records.columns(data, head.records)
-        if cols is not None:
-            return ValueColumns(cols.keys, cols.values, cols.mod_revisions, head.revision)
-        kvs = records.messages(data)  # the records do not line up as columns: one message each
-        return ValueColumns(records.decode_keys([m.key for m in kvs]), [m.value for m in kvs],
-                            [m.mod_revision for m in kvs], head.revision)
+        return _columns(await self.client.range_serialized(k, end))
+
+    async def get_values_stale(self, key: str, *, prefix: bool = False,
+                               timeout: float = 2.0) -> ValueColumns | None:
+        """A serializable Range: the first member that answers serves it from its own store (no leader
+        needed, possibly behind the cluster)."""
+        k, end = key_range(key, prefix)
+        return _columns(await self.client.range_serialized(k, end, serializable=True, timeout=timeout))
 
     async def put(self, key: str, value: bytes, *, lease: int = 0, prev_kv: bool = False) -> PutResult:
         r = await self.client.put(encode_key(key), bytes(value), lease=lease, prev_kv=prev_kv)

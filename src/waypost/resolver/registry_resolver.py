@@ -51,7 +51,8 @@ class RegistryResolver:
         if self.blocking:
             try:
                 sub = Subscriber(self.target.registry_url(), self.key, exact=self.target.exact,
-                                 format=self.target.format, timeout=self.timeout)
+                                 format=self.target.format, timeout=self.timeout,
+                                 cache_file=self.target.cache_file)
             except RegistryUnavailable as e:
                 why = _loop.run(self._why_unreachable(), PROBE_LIMIT + 1)
                 if why is None:
@@ -77,7 +78,7 @@ class RegistryResolver:
         while not self._closed:
             opening = asyncio.ensure_future(Subscriber.open(
                 self.target.registry_url(), self.key, exact=self.target.exact, format=self.target.format,
-                timeout=self.timeout))
+                timeout=self.timeout, cache_file=self.target.cache_file))
             try:
                 if self.report_early and not (await asyncio.wait({opening}, timeout=DIAGNOSE_AFTER))[0]:
                     why = await self._why_unreachable()  # the load goes on; calls can tell why they fail

@@ -15,7 +15,8 @@ Accepted forms (the scheme is case-insensitive):
 - ``dns:///host:port`` or ``dns://DNS_IP:DNS_PORT/host:port`` (port default 443, DNS port default 53).
 
 Query parameters of etcd targets: ``key``, ``format=gozero|etcd-naming|kratos`` (default gozero),
-``exact=1`` (go-zero's exact key match), and registry options ``user``, ``password``, ``tls=1``,
+``exact=1`` (go-zero's exact key match), ``cache=PATH`` (the on-disk cache of the last list, read only
+when etcd cannot be read at start: ``waypost.discovery.cache``), and registry options ``user``, ``password``, ``tls=1``,
 ``cacert``, ``certfile``, ``keyfile``, ``dial_timeout``, ``request_timeout`` (seconds). An etcd host
 without a port means port 2379, as in registry URLs. The TLS files have these names (not ``ca``/``cert``/``key`` as
 in a registry URL) because ``key`` is the service key in go-zero's targets. Credentials may also be
@@ -59,7 +60,7 @@ _REGISTRY_OPTIONS = ("user", "password", "tls", "cacert", "certfile", "keyfile",
 _SECONDS_PARAMS = ("dial_timeout", "request_timeout")
 ETCD_DEFAULT_PORT = 2379
 _ALLOWED_PARAMS = {
-    "etcd": ("key", "format", "exact", *_REGISTRY_OPTIONS),
+    "etcd": ("key", "format", "exact", "cache", *_REGISTRY_OPTIONS),
     "memory": ("key", "format", "exact"),
     "direct": (),
     "dns": (),
@@ -100,6 +101,11 @@ class Target:
     def exact(self) -> bool:
         """go-zero's exact match: subscribe to the key itself instead of the ``key/`` prefix."""
         return self.options.get("exact") == "1"
+
+    @property
+    def cache_file(self) -> str | None:
+        """``?cache=PATH``: where the subscriber keeps its last list (None: no cache file)."""
+        return self.options.get("cache")
 
     @property
     def redacted(self) -> str:
@@ -285,7 +291,7 @@ def _parse_etcd(scheme: str, authority: str, path: str, params: dict[str, str], 
             options["password"] = unquote_strict(password, scheme, raw)
     if "password" in options and "user" not in options:
         _fail(scheme, raw, "a password needs a user")
-    for name in ("user", "cacert", "certfile", "keyfile"):
+    for name in ("user", "cacert", "certfile", "keyfile", "cache"):
         if name in options and not options[name]:
             _fail(scheme, raw, f"empty {name}=")
     if ("certfile" in options) != ("keyfile" in options):
