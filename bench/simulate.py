@@ -20,6 +20,10 @@ Scenarios (1 client each)
   degrading      all equal, then one backend becomes 10x slower half-way through
   heterogeneous  slot counts 1:2:4:8 (registered weights = capacities, which weighted_round_robin uses)
   flapping       one backend fails 30% of its calls, failing fast
+  cold_start     3 backends, a 4th joins after a third of the run and serves its first ``COLD_CALLS`` calls
+                 ``COLD_FACTOR`` x slower (cold caches, a JIT); measured from its arrival. Printed twice for
+                 least_request, p2c_ewma, peak_ewma and prequal: as configured by default, and with
+                 ``slowStartWindow`` = ``SLOW_START`` (``cold_start <policy>: ...`` lines)
 
 Utilization sweep (``SWEEP_CLIENTS`` clients, each with its own policy instance, sharing 50 backends,
 starting at random times over ``SWEEP_STAGGER``; offered load u x the fleet's true capacity; a warm-up
@@ -73,6 +77,10 @@ SIGMA = 0.5  # lognormal shape of service times
 #: after it is sent and its answer reaches the policy as long again later (a same-zone round trip of 0.5 ms; the
 #: constant is the only network the simulation has: no variance, no loss, calls themselves arrive at pick time)
 PROBE_DELAY = 0.00025
+COLD_CALLS = 100  # cold_start: the newcomer's first calls that are slow
+COLD_FACTOR = 30.0  # ... this many times slower than its warm service time
+SLOW_START = "10s"  # cold_start: the slowStartWindow of the second run of the ramping policies
+SLOW_START_POLICIES = ("least_request", "p2c_ewma", "peak_ewma", "prequal")
 
 SWEEP_UTILS = (30, 50, 70, 80, 90, 95)  # offered load, % of the fleet's true capacity
 SWEEP_CLIENTS = 20
@@ -93,6 +101,8 @@ class BackendSpec:
     fail_prob: float = 0.0
     fail_latency: float = 0.001
     weight: int | None = None  # registered metadata weight
+    cold_calls: int = 0  # the first calls this backend serves are ``cold_factor`` x slower
+    cold_factor: float = 1.0
 
     @property
     def capacity(self) -> float:
@@ -116,6 +126,9 @@ class Scenario:
     clients: int = 1  # each with its own policy instance and picker; arrivals split evenly
     warmup: float = 0.0  # seconds: calls arriving earlier are not measured
     stagger: float = 0.0  # seconds: each client's first call comes at a uniform random time in [0, stagger)
+    #: (fraction of the run, address): that backend joins then (every client's policy rebuilds) and the measurement
+    #: starts then; before it, the policies see the others only (the oracle never sees it: it is ``bad``)
+    join: tuple[float, str] | None = None
 
 
 def scenarios() -> list[Scenario]:
@@ -126,6 +139,8 @@ def scenarios() -> list[Scenario]:
     slow[3].mean = 0.100
     flap = equal()
     flap[3].fail_prob = 0.30
+    cold = equal()
+    cold[3].cold_calls, cold[3].cold_factor = COLD_CALLS, COLD_FACTOR
     hetero = [
         BackendSpec(f"10.0.0.{i + 1}:8080", slots=2 * c, mean=0.010, weight=c) for i, c in enumerate((1, 2, 4, 8))
     ]
@@ -138,6 +153,9 @@ def scenarios() -> list[Scenario]:
                  hetero, 1800.0, bad=None, oracle_weights={b.address: b.slots for b in hetero}),
         Scenario("flapping", "one of 4 backends fails 30% of calls in 1 ms (1200 rps)", flap, 1200.0,
                  bad=flap[3].address),
+        Scenario("cold_start", f"3 backends, a 4th joins after 1/3 of the run, its first {COLD_CALLS} calls "
+                 f"{COLD_FACTOR:g}x slower (1200 rps); measured from then", cold, 1200.0, bad=cold[3].address,
+                 join=(1 / 3, cold[3].address)),
     ]
 
 
@@ -192,6 +210,7 @@ class _Server:
     account: LoadAccount
     busy: int = 0
     queue: deque = field(default_factory=deque)
+    started: int = 0  # calls started (for a cold backend's first calls)
 
 
 class _SimProber:
@@ -211,9 +230,11 @@ class _SimProber:
 class Simulation:
     """One run of one policy over one scenario."""
 
-    def __init__(self, scenario: Scenario, policy_name: str, duration: float, seed: int) -> None:
+    def __init__(self, scenario: Scenario, policy_name: str, duration: float, seed: int,
+                 config: dict[str, Any] | None = None) -> None:
         self.scenario = scenario
         self.duration = duration
+        self.warmup = scenario.warmup if scenario.join is None else max(scenario.warmup, scenario.join[0] * duration)
         self.now = 0.0
         self.rng = random.Random(seed)  # arrivals and service times
         self.fail_rng = random.Random(seed + 1)
@@ -225,6 +246,7 @@ class Simulation:
         self.errors = 0
         self.probes = 0
         self.picks: Counter = Counter()
+        self.first_second: Counter = Counter()  # with a join: picks in the first second after it
         self.all_picks = 0
         specs = scenario.backends
         if policy_name == "oracle":
@@ -237,10 +259,16 @@ class Simulation:
         else:
             name = DEFAULT_POLICY if policy_name == "default" else policy_name
             backends = [Backend(b.address, {} if b.weight is None else {"weight": b.weight}) for b in specs]
+        self._all_backends = backends
+        self._joins = policy_name != "oracle"  # the oracle never sees the joining (cold) backend
+        if scenario.join is not None and policy_name != "oracle":
+            backends = [b for b in backends if b.address != scenario.join[1]]
+        cls = get_policy(name)
+        parsed = cls.parse_config(config or {}, name)
         self.policies: list[Policy] = []
         self.pickers = []
         for k in range(scenario.clients):
-            policy = get_policy(name)({}, clock=clock, rng=random.Random(seed + 2 + k))
+            policy = cls(parsed, clock=clock, rng=random.Random(seed + 2 + k))
             if policy.wants_load_reports:
                 policy.attach_prober(_SimProber(self, k))
             picker = policy.build(backends)
@@ -265,7 +293,9 @@ class Simulation:
         spec = server.spec
         if spec.fail_prob and self.fail_rng.random() < spec.fail_prob:
             return spec.fail_latency, True
-        mu = math.log(server.mean) - SIGMA * SIGMA / 2
+        server.started += 1
+        mean = server.mean * (spec.cold_factor if server.started <= spec.cold_calls else 1.0)
+        mu = math.log(mean) - SIGMA * SIGMA / 2
         return self.rng.lognormvariate(mu, SIGMA), False
 
     def _start(self, server: _Server, call: _Call) -> None:
@@ -277,7 +307,7 @@ class Simulation:
     def _complete(self, call: _Call, code: grpc.StatusCode) -> None:
         call.finished = True
         latency = self.now - call.arrival
-        if call.arrival >= self.scenario.warmup:
+        if call.arrival >= self.warmup:
             self.latencies.append(latency)
             if code != grpc.StatusCode.OK:
                 self.errors += 1
@@ -292,8 +322,10 @@ class Simulation:
         if sc.slowdown is not None:
             frac, addr, factor = sc.slowdown
             self._push(frac * self.duration, "slowdown", (addr, factor))
+        if sc.join is not None and self._joins:
+            self._push(sc.join[0] * self.duration, "join", None)
         info = PickInfo(method="/sim.Service/Call")
-        warmup = sc.warmup
+        warmup = self.warmup
         events = self._events
         # Every call's deadline is its arrival + DEADLINE: the calls in arrival order are the deadlines in order, so
         # they wait in a FIFO merged with the event heap (same order as one heap, one heap operation less per call).
@@ -315,6 +347,8 @@ class Simulation:
                 self.all_picks += 1
                 if t >= warmup:
                     self.picks[addr] += 1
+                    if sc.join is not None and t < warmup + 1.0:
+                        self.first_second[addr] += 1
                 server = self.servers[addr]
                 call = _Call(t, addr, res.done, server.account.begin())
                 if server.busy < server.spec.slots:
@@ -341,6 +375,8 @@ class Simulation:
             elif kind == "probe_answer":
                 client, addr, in_flight, latency = payload
                 self.policies[client].on_probe(addr, in_flight, latency)
+            elif kind == "join":
+                self.pickers = [p.build(self._all_backends) for p in self.policies]
             elif kind == "slowdown":
                 addr, factor = payload
                 self.servers[addr].mean *= factor
@@ -363,6 +399,9 @@ class Simulation:
         }
         if len(self.scenario.backends) <= 8 and picked:
             out["share"] = {b.address: self.picks[b.address] / picked for b in self.scenario.backends}
+        if self.scenario.join is not None:
+            early = sum(self.first_second.values())
+            out["newcomer_first_second"] = self.first_second[self.scenario.join[1]] / max(1, early)
         if any(p.wants_load_reports for p in self.policies):
             out["probes_per_call"] = self.probes / max(1, self.all_picks)
             probe_picks = sum(getattr(p, "probe_picks", 0) for p in self.policies)
@@ -414,8 +453,29 @@ def run_scenarios(duration: float, seed: int, report: dict[str, Any]) -> list[st
             "p99_p2c_over_round_robin": ratio_rr,
             "p99_p2c_over_oracle": ratio_oracle,
         }
+        if sc.join is not None:
+            report["scenarios"][sc.name]["slow_start"] = run_slow_start(sc, duration, seed, results)
         summary.append(f"{sc.name}: p99 p2c_ewma/round_robin = {ratio_rr:.3f}, p2c_ewma/oracle = {ratio_oracle:.3f}")
     return summary
+
+
+def run_slow_start(sc: Scenario, duration: float, seed: int, results: dict[str, dict[str, Any]]) -> dict[str, Any]:
+    """The ramping policies again with ``slowStartWindow`` = ``SLOW_START``; prints one line per policy with the p99
+    and the newcomer's share without and with it. Returns ``{"window": ..., "results": {policy: summary}}``."""
+    assert sc.join is not None
+    newcomer = sc.join[1]
+    out: dict[str, Any] = {"window": SLOW_START, "results": {}}
+    print(f"-- {sc.name}: p99, and the newcomer's share of the calls since it joined (in its first second), "
+          f"without / with slowStartWindow {SLOW_START}")
+    for name in SLOW_START_POLICIES:
+        ramped = Simulation(sc, name, duration, seed, {"slowStartWindow": SLOW_START}).run()
+        out["results"][name] = ramped
+        plain = results[name]
+        print(f"{sc.name} {name}: p99 {plain['p99'] * 1e3:.1f} ms, newcomer {plain['share'][newcomer]:.1%} "
+              f"({plain['newcomer_first_second']:.1%}), errors {plain['error_rate']:.2%} | slowStartWindow "
+              f"{SLOW_START}: p99 {ramped['p99'] * 1e3:.1f} ms, newcomer {ramped['share'][newcomer]:.1%} "
+              f"({ramped['newcomer_first_second']:.1%}), errors {ramped['error_rate']:.2%}")
+    return out
 
 
 def run_sweep(measured: float, warmup: float, seed: int) -> dict[str, Any]:

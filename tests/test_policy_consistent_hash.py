@@ -178,3 +178,71 @@ def test_hash_key_context_nesting_threads_and_tasks():
         return await asyncio.gather(*(task(f"t{i}") for i in range(5)))
 
     assert asyncio.run(main()) == [f"t{i}" for i in range(5)]
+
+
+# ---- the weighted ring (off by default) --------------------------------------------------------------------
+
+
+def owners(policy, backends, n: int = 6000) -> dict[str, str]:
+    picker = policy.build(backends)
+    return {f"user-{k}": picker.pick(PickInfo(hash_key=f"user-{k}")).backend.address for k in range(n)}
+
+
+def weighted_policy():
+    cls = get_policy("consistent_hash")
+    return cls(cls.parse_config({"weighted": True}, "p"))
+
+
+def test_weighted_ring_without_weights_is_go_zeros_ring():
+    plain = owners(get_policy("consistent_hash")(), bs(ADDRS))
+    assert owners(weighted_policy(), bs(ADDRS)) == plain
+    assert owners(weighted_policy(), [Backend(a, {"weight": 100}) for a in ADDRS]) == plain
+    assert get_policy("consistent_hash")().weighted is False
+
+
+def test_weighted_ring_gives_virtual_nodes_in_proportion_to_weight():
+    ring = HashRing(ADDRS, replicas_of={ADDRS[0]: 300, ADDRS[1]: 0})
+    assert len(ring) == 300 + 0 + 3 * REPLICAS
+    backends = [Backend(ADDRS[0], {"weight": "300"}), *bs(ADDRS[2:])]
+    got = Counter(owners(weighted_policy(), backends).values())
+    share = got[ADDRS[0]] / sum(got.values())
+    assert share == pytest.approx(0.5, abs=0.08), got  # 300 of 600 points
+
+
+def test_raising_a_weight_moves_keys_only_to_that_address():
+    policy = weighted_policy()
+    before = owners(policy, bs(ADDRS))
+    after = owners(policy, [Backend(ADDRS[0], {"weight": 150}), *bs(ADDRS[1:])])
+    moved = {k for k in before if before[k] != after[k]}
+    assert moved and {after[k] for k in moved} == {ADDRS[0]}
+    assert len(moved) / len(before) == pytest.approx(50 / 550, abs=0.05)
+
+
+def test_weighted_ring_drains_weight_zero_and_fails_when_all_are_drained():
+    policy = weighted_policy()
+    got = owners(policy, [Backend(ADDRS[0], {"weight": 0}), *bs(ADDRS[1:])])
+    assert ADDRS[0] not in got.values()
+    with pytest.raises(PickError) as ei:
+        policy.build([Backend(a, {"weight": 0}) for a in ADDRS[:2]]).pick(PickInfo(hash_key="k"))
+    assert ei.value.code == grpc.StatusCode.UNAVAILABLE
+    assert ei.value.message.startswith("consistent_hash: every backend has weight 0 (all 2 READY backends")
+    with pytest.raises(PickError) as ei:  # the key is still checked first, as go-zero does
+        policy.build([Backend(ADDRS[0], {"weight": 0})]).pick(PickInfo())
+    assert ei.value.code == grpc.StatusCode.INVALID_ARGUMENT
+
+
+def test_weighted_ring_caps_virtual_nodes_and_logs_a_bad_weight_once(caplog):
+    from waypost.balancer.consistent_hash import MAX_WEIGHTED_REPLICAS
+
+    policy = weighted_policy()
+    with caplog.at_level("WARNING", logger="waypost.balancer.consistent_hash"):
+        for _ in range(3):
+            policy.build([Backend(ADDRS[0], {"weight": "heavy"}), Backend(ADDRS[1], {"weight": 10**9})])
+    assert len([r for r in caplog.records if "heavy" in r.getMessage()]) == 1
+    assert len(policy._ring) == REPLICAS + MAX_WEIGHTED_REPLICAS
+
+
+@pytest.mark.parametrize("value", ["yes", 1, None, {}])
+def test_weighted_must_be_a_bool(value):
+    with pytest.raises(InvalidServiceConfig, match=r"^p\.weighted: expected true or false"):
+        get_policy("consistent_hash").parse_config({"weighted": value}, "p")

@@ -23,6 +23,7 @@ ALL = [
     "prequal",
     "random",
     "round_robin",
+    "weighted_random",
     "weighted_round_robin",
 ]
 

@@ -19,7 +19,8 @@ import pytest
 from waypost.service_config import DEFAULT_POLICY
 
 SCRIPT = Path(__file__).resolve().parents[1] / "bench" / "simulate.py"
-SCENARIOS = ["slow_backend", "degrading", "heterogeneous", "flapping"]
+SCENARIOS = ["slow_backend", "degrading", "heterogeneous", "flapping", "cold_start"]
+SLOW_START_POLICIES = ["least_request", "p2c_ewma", "peak_ewma", "prequal"]
 POLICIES = ["round_robin", "random", "weighted_round_robin", "least_request", "p2c_ewma", "peak_ewma", "prequal",
             "default", "oracle"]
 FLEETS = ["slow_tenth", "hetero_cap"]
@@ -69,6 +70,32 @@ def test_simulate_quick_output_shape(quick_run):
         assert 0 < sc["results"]["prequal"]["probes_per_call"] <= 1.0  # the simulated prober was used
         assert f"{sc['p99_p2c_over_round_robin']:.3f}" == m.group(2)  # type: ignore[union-attr]
         assert f"{sc['p99_p2c_over_oracle']:.3f}" == m.group(3)  # type: ignore[union-attr]
+
+
+def test_cold_start_prints_each_ramping_policy_without_and_with_slow_start(quick_run):
+    lines, report = quick_run
+    sc = report["scenarios"]["cold_start"]
+    newcomer = "10.0.0.4:8080"
+    assert sc["slow_start"]["window"] == "10s" and set(sc["slow_start"]["results"]) == set(SLOW_START_POLICIES)
+    assert sc["results"]["oracle"]["share"][newcomer] == 0.0  # the oracle never sees the cold backend
+    assert sc["results"]["round_robin"]["share"][newcomer] == pytest.approx(0.25, abs=0.01)  # measured from the join
+    pattern = re.compile(r"^cold_start (\w+): p99 (\d+\.\d) ms, newcomer (\d+\.\d)% \((\d+\.\d)%\), errors "
+                         r"(\d+\.\d\d)% \| slowStartWindow 10s: p99 (\d+\.\d) ms, newcomer (\d+\.\d)% "
+                         r"\((\d+\.\d)%\), errors (\d+\.\d\d)%$")
+    printed = {m.group(1): m.groups()[1:] for m in map(pattern.match, lines) if m}
+    assert list(printed) == SLOW_START_POLICIES
+    for name in SLOW_START_POLICIES:
+        plain, ramped = sc["results"][name], sc["slow_start"]["results"][name]
+        assert printed[name] == (
+            f"{plain['p99'] * 1e3:.1f}", f"{plain['share'][newcomer] * 100:.1f}",
+            f"{plain['newcomer_first_second'] * 100:.1f}", f"{plain['error_rate'] * 100:.2f}",
+            f"{ramped['p99'] * 1e3:.1f}", f"{ramped['share'][newcomer] * 100:.1f}",
+            f"{ramped['newcomer_first_second'] * 100:.1f}", f"{ramped['error_rate'] * 100:.2f}")
+        assert ramped["calls"] > 0 and 0 < ramped["share"][newcomer]  # ramped, never starved
+    # go-zero's p2c sends a newcomer with no latency yet a flood; the ramp keeps it to a trickle
+    p2c, p2c_ramped = sc["results"]["p2c_ewma"], sc["slow_start"]["results"]["p2c_ewma"]
+    assert p2c_ramped["newcomer_first_second"] < p2c["newcomer_first_second"] / 3
+    assert p2c_ramped["p99"] < p2c["p99"]
 
 
 def test_sweep_quick_yields_every_policy_for_every_point(quick_run):

@@ -11,13 +11,21 @@ header named by the ``hashHeader`` option. No key fails the call with INVALID_AR
 message. The ring is rebuilt only when the address set changes; removing or adding one of N
 addresses moves about 1/N of the keys.
 
+Weighted ring (``{"consistent_hash": {"weighted": true}}``, off by default, not in go-zero): an address gets
+as many virtual nodes as its registration weight (``weights.weight_of``: missing = 100, so an unweighted
+fleet's ring is go-zero's point for point), at most ``MAX_WEIGHTED_REPLICAS``; weight 0 (drained) gives it
+none, so its keys go to the others; every backend drained fails the call with UNAVAILABLE as
+weighted_round_robin does. Virtual node ``i`` is at ``murmur3_64(addr + str(i))`` as before, so changing one
+weight from 100 to 150 adds 50 points of that address: only the keys those points take move (to it).
+
 Thread safety: rings and pickers are immutable; ``pick`` takes no lock.
 """
 
 from __future__ import annotations
 
 import bisect
-from collections.abc import Sequence
+import logging
+from collections.abc import Mapping, Sequence
 from typing import Any
 
 import grpc
@@ -27,8 +35,13 @@ from ..errors import InvalidServiceConfig, NoBackendAvailable
 from ..types import Backend
 from .base import Picker, PickError, PickInfo, PickResult, Policy, key_bytes, parse_config_object
 from .stats import dedupe
+from .weights import all_drained, weight_of
+
+log = logging.getLogger("waypost.balancer.consistent_hash")
 
 REPLICAS = 100
+#: the most virtual nodes one address gets on a weighted ring (weight 10,000: 100 times the default)
+MAX_WEIGHTED_REPLICAS = 10_000
 _PRIME = 16777619
 _U64 = (1 << 64) - 1
 MISSING_KEY_MESSAGE = "[consistent_hash] missing hash key in context"
@@ -40,12 +53,14 @@ def hash64(data: bytes) -> int:
 
 
 class HashRing:
-    """An immutable ring of ``REPLICAS`` points per address."""
+    """An immutable ring of ``REPLICAS`` points per address (``replicas_of``: that many for an address)."""
 
-    def __init__(self, addresses: Sequence[str], replicas: int = REPLICAS) -> None:
+    def __init__(self, addresses: Sequence[str], replicas: int = REPLICAS,
+                 replicas_of: Mapping[str, int] | None = None) -> None:
         owners: dict[int, list[str]] = {}
         for addr in sorted(set(addresses)):
-            for i in range(replicas):
+            count = replicas if replicas_of is None else replicas_of.get(addr, replicas)
+            for i in range(count):
                 owners.setdefault(hash64((addr + str(i)).encode()), []).append(addr)
         self._points = sorted(owners)
         self._owners = {h: tuple(a) for h, a in owners.items()}
@@ -69,6 +84,7 @@ class ConsistentHashPicker(Picker):
         self._ring = ring
         self._results = {b.address: PickResult(b) for b in backends}
         self._header = header
+        self._all_drained = len(ring) == 0 and bool(backends)  # weighted: every backend has weight 0
 
     def _key(self, info: PickInfo) -> str | None:
         if info.hash_key:
@@ -88,6 +104,8 @@ class ConsistentHashPicker(Picker):
         key = self._key(info)
         if key is None:
             raise PickError(grpc.StatusCode.INVALID_ARGUMENT, MISSING_KEY_MESSAGE)
+        if self._all_drained:
+            raise all_drained(ConsistentHashPolicy.name, len(self._results))
         addr = self._ring.get(key)
         if addr is None:  # unreachable: the ring holds exactly the picker's addresses
             raise NoBackendAvailable("consistent_hash: empty ring")
@@ -103,13 +121,15 @@ class ConsistentHashPolicy(Policy):
         super().__init__(config, **kwargs)
         header = self.config.get("hashHeader")
         self._header = header.lower() if isinstance(header, str) and header else None
-        self._ring_addrs: frozenset[str] | None = None
+        self.weighted = bool(self.config.get("weighted", False))
+        self._ring_addrs: frozenset[str] | frozenset[tuple[str, int]] | None = None
         self._ring = HashRing(())
+        self._weights: dict[str, tuple[object, int]] = {}  # address -> (metadata weight, virtual nodes)
 
     @classmethod
     def parse_config(cls, raw: Any, path: str) -> dict[str, Any]:
         cfg = parse_config_object(raw, path)
-        unknown = set(cfg) - {"hashHeader"}
+        unknown = set(cfg) - {"hashHeader", "weighted"}
         if unknown:
             raise InvalidServiceConfig(f"{path}.{min(unknown)}: unknown field for consistent_hash")
         if "hashHeader" in cfg:
@@ -118,12 +138,35 @@ class ConsistentHashPolicy(Policy):
                 raise InvalidServiceConfig(
                     f"{path}.hashHeader: expected a non-empty header name (not a pseudo-header), got {h!r}"
                 )
+        if "weighted" in cfg and not isinstance(cfg["weighted"], bool):
+            raise InvalidServiceConfig(f"{path}.weighted: expected true or false, got {cfg['weighted']!r}")
         return cfg
 
     def build(self, backends: Sequence[Backend]) -> Picker:
         backends = dedupe(backends)
+        if self.weighted:
+            replicas = self._replicas(backends)
+            points = frozenset(replicas.items())
+            if points != self._ring_addrs:
+                self._ring = HashRing(sorted(replicas), replicas_of=replicas)
+                self._ring_addrs = points
+            return ConsistentHashPicker(self._ring, backends, self._header)
         addrs = frozenset(b.address for b in backends)
         if addrs != self._ring_addrs:
             self._ring = HashRing(sorted(addrs))
             self._ring_addrs = addrs
         return ConsistentHashPicker(self._ring, backends, self._header)
+
+    def _replicas(self, backends: Sequence[Backend]) -> dict[str, int]:
+        """address -> virtual nodes (its weight, capped; 0 drained), a bad weight logged once per value."""
+        known, self._weights = self._weights, {}
+        for b in backends:
+            raw = b.metadata.get("weight")
+            entry = known.get(b.address)
+            if entry is None or entry[0] != raw:
+                weight, problem = weight_of(b.metadata)
+                if problem is not None:
+                    log.warning("backend %s: %s", b.address, problem)
+                entry = (raw, min(weight, MAX_WEIGHTED_REPLICAS))
+            self._weights[b.address] = entry
+        return {a: n for a, (_, n) in self._weights.items()}

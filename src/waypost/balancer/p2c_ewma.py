@@ -19,6 +19,12 @@ latest if plain comparison never chooses it.
 
 The latency sample is ``Outcome.latency`` as the channel measured it.
 
+Config: none by default, which is go-zero's behaviour exactly. ``{"p2c_ewma": {"slowStartWindow": "10s"}}``
+(``slow_start``; not in go-zero) ramps a backend that just appeared: it takes part in a pair's comparison
+(force pick included) with a probability growing from 10 % to 1 over the window; when it is not admitted, the
+other one of the pair is picked. A newcomer here has no latency yet (load 1, the lowest), so without it a cold
+backend wins every pair it is drawn in until its first replies come back.
+
 Thread safety: one ``threading.Lock`` per policy (go-zero has one per picker) guards every update;
 pick and done hold it for a few arithmetic operations.
 """
@@ -31,9 +37,10 @@ import threading
 from collections.abc import Sequence
 from typing import Any
 
-from ..errors import NoBackendAvailable
+from ..errors import InvalidServiceConfig, NoBackendAvailable
 from ..types import Backend
-from .base import DoneHook, Outcome, Picker, PickInfo, PickResult, Policy
+from . import slow_start
+from .base import DoneHook, Outcome, Picker, PickInfo, PickResult, Policy, parse_config_object
 from .stats import StatsTable, dedupe, is_failure
 
 log = logging.getLogger("waypost.balancer.p2c")
@@ -50,10 +57,11 @@ LOG_INTERVAL = 60.0  # seconds
 class P2CStats:
     """What p2c knows about one backend."""
 
-    __slots__ = ("address", "inflight", "lag", "last", "picked", "requests", "success")
+    __slots__ = ("address", "born", "inflight", "lag", "last", "picked", "requests", "success")
 
-    def __init__(self, address: str, now: float) -> None:
+    def __init__(self, address: str, now: float, born: float = slow_start.NOT_RAMPING) -> None:
         self.address = address
+        self.born = born  # when its slow start began (slowStartWindow)
         self.lag = 0  # EWMA latency, integer nanoseconds
         self.inflight = 0
         self.success = INIT_SUCCESS  # EWMA success, 0..1000
@@ -109,6 +117,14 @@ class P2CPicker(Picker):
             s1.picked = now
             return i1
         s2 = self._stats[i2]
+        ramp = self._policy.slow_start
+        if ramp.window and s1.born != s2.born:
+            a1, a2 = ramp.admits(s1.born, now), ramp.admits(s2.born, now)
+            if a1 != a2:  # one of the pair is ramping and not admitted: the other one
+                if a2:
+                    i1, s1 = i2, s2
+                s1.picked = now
+                return i1
         if s1.load() > s2.load():
             i1, i2, s1, s2 = i2, i1, s2, s1
         if now - s2.picked > FORCE_PICK:
@@ -125,14 +141,27 @@ class P2CEwmaPolicy(Policy):
 
     def __init__(self, config: Any = None, **kwargs: Any) -> None:
         super().__init__(config, **kwargs)
+        self.slow_start = slow_start.SlowStart(float(self.config.get(slow_start.FIELD, 0.0)), self.rng)
         self._lock = threading.Lock()
-        self._stats: StatsTable[P2CStats] = StatsTable(lambda b: P2CStats(b.address, self.clock()))
+        self._stats: StatsTable[P2CStats] = StatsTable(
+            lambda b: P2CStats(b.address, self.clock(), self.slow_start.born(self.clock())))
         self._current: tuple[P2CStats, ...] = ()
         self._log_stamp = self.clock()
+
+    @classmethod
+    def parse_config(cls, raw: Any, path: str) -> dict[str, Any]:
+        cfg = parse_config_object(raw, path)
+        unknown = set(cfg) - {slow_start.FIELD}
+        if unknown:
+            raise InvalidServiceConfig(f"{path}.{min(unknown)}: unknown field for p2c_ewma "
+                                       f"(expected {slow_start.FIELD}; go-zero's constants are fixed)")
+        slow_start.parse_window(cfg, path)
+        return cfg
 
     def build(self, backends: Sequence[Backend]) -> Picker:
         backends = dedupe(backends)
         with self._lock:
+            self.slow_start.on_build(self.clock(), len(backends))
             stats = self._stats.sync(backends)
             self._current = tuple(stats)
         return P2CPicker(self, backends, stats)

@@ -18,6 +18,7 @@ from .pick_first import PickFirstPolicy
 from .prequal import PrequalPolicy
 from .random_pick import RandomPolicy
 from .round_robin import RoundRobinPolicy
+from .weighted_random import WeightedRandomPolicy
 from .weighted_round_robin import WeightedRoundRobinPolicy
 
 __all__ = ["BUILTIN_POLICIES", "POLICIES", "get_policy", "known_policies", "register_policy"]
@@ -27,6 +28,7 @@ BUILTIN_POLICIES = (
     RoundRobinPolicy,
     RandomPolicy,
     WeightedRoundRobinPolicy,
+    WeightedRandomPolicy,
     P2CEwmaPolicy,
     PeakEwmaPolicy,
     PrequalPolicy,

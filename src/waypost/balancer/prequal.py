@@ -41,7 +41,10 @@ Config (``loadBalancingConfig``)::
                  "reuseBudget": 4, "hotQuantile": 0.84, "probeTimeout": "0.25s",
                  "decayTime": "10s", "defaultRtt": "0.03s"}}
 
-(``decayTime``/``defaultRtt`` configure the peak_ewma fallback.) Thread safety: one lock guards the pool and the
+(``decayTime``/``defaultRtt`` configure the peak_ewma fallback.) ``slowStartWindow`` (``slow_start``, default off)
+goes to the fallback, whose P2C ramps a new backend as peak_ewma does, and applies to the pool: a probe of a backend
+in its window is a candidate of a pool choice only with the ramp's probability (drawn per candidate, O(pool)).
+Thread safety: one lock guards the pool and the
 probe scheduling; probes are sent and answers received outside any pick.
 """
 
@@ -50,14 +53,16 @@ from __future__ import annotations
 import logging
 import math
 import threading
-from collections.abc import Sequence
+from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
 from ..durations import parse_config_duration
 from ..errors import InvalidServiceConfig, NoBackendAvailable
 from ..types import Backend
+from . import slow_start
 from .base import BackendSignal, LoadProber, Picker, PickInfo, PickResult, Policy, parse_config_object
-from .peak_ewma import CONFIG_FIELDS as PEAK_FIELDS
+from .peak_ewma import DURATION_FIELDS as PEAK_DURATIONS
+from .peak_ewma import FALLBACK_FIELDS as PEAK_FIELDS
 from .peak_ewma import PeakEwmaPicker, PeakEwmaPolicy
 from .prequal_pool import Probe, ProbePool
 from .stats import dedupe
@@ -158,8 +163,9 @@ class PrequalPolicy(Policy):
         for key, (ilo, ihi) in INT_FIELDS.items():
             if key in cfg:
                 cfg[key] = _integer(cfg[key], f"{path}.{key}", ilo, ihi)
-        for key in (DURATION_FIELDS | PEAK_FIELDS) & set(cfg):
+        for key in (DURATION_FIELDS | PEAK_DURATIONS) & set(cfg):
             cfg[key] = parse_config_duration(cfg[key], f"{path}.{key}", positive=True)
+        slow_start.parse_window(cfg, path)
         return cfg
 
     # ---- the channel's side --------------------------------------------------------------------------
@@ -232,7 +238,10 @@ class PrequalPolicy(Policy):
         now = self.clock()
         with self._lock:
             # all hot: peak_ewma decides (see the module doc)
-            probe = self._pool.choose(index, self.fallback.inflight_of, min(2, len(addresses)), hot_choice=False)
+            usable: Mapping[str, int] | _Admitted = index
+            if self.fallback.slow_start.window:
+                usable = _Admitted(index, self.fallback.admits)
+            probe = self._pool.choose(usable, self.fallback.inflight_of, min(2, len(addresses)), hot_choice=False)
             if probe is not None:
                 self.probe_picks += 1
                 # counted under our lock, so the next pick's HCL sees this call in flight
@@ -355,6 +364,19 @@ class PrequalPolicy(Policy):
                      for a, r in self._last.items()}
             extra.update({a: ", no load reports" for a in self._no_reports})
         return extra
+
+
+class _Admitted:
+    """The picker's backends as a pool choice's candidates, a ramping one (``slow_start``) with its probability."""
+
+    __slots__ = ("_admits", "_index")
+
+    def __init__(self, index: Mapping[str, int], admits: Callable[[str], bool]) -> None:
+        self._index = index
+        self._admits = admits
+
+    def __contains__(self, address: object) -> bool:
+        return address in self._index and isinstance(address, str) and self._admits(address)
 
 
 def _number(value: Any, path: str, lo: float, hi: float) -> float:
