@@ -48,6 +48,7 @@ from .client.watcher import INTERVAL
 from .types import STATE_NAMES
 
 if TYPE_CHECKING:
+    from .registry.base import Registry
     from .server import serve_async as serve
 
 __all__ = ["Channel", "dial", "serve"]
@@ -268,7 +269,7 @@ def _stop_task(task: asyncio.Future[Any]) -> None:
 
 
 def dial(
-    target: str,
+    target: str | Registry,
     balancer: str | None = None,
     service_config: Mapping[str, Any] | str | None = None,
     options: Sequence[tuple[str, Any]] | None = None,
@@ -283,6 +284,7 @@ def dial(
     metadata_filter: Mapping[str, Any] | None = None,
     prefer: Mapping[str, Any] | None = None,
     min_preferred: int | None = None,
+    key: str | None = None,
 ) -> Channel:
     """A balanced ``grpc.aio.Channel`` (same arguments as ``waypost.dial``). ``interceptors`` are grpc.aio
     client interceptors, applied to every attempt on its backend. Registry targets resolve in the
@@ -299,10 +301,10 @@ def dial(
     _fork.check_child_can_use_grpc("waypost.aio.dial")  # a child forked with grpc.aio alive: fail now, not hang
     config = build_config(target, balancer, service_config, subset_size=subset_size, client_id=client_id, rng=rng,
                           retries=retries, metadata_filter=metadata_filter, prefer=prefer,
-                          min_preferred=min_preferred)
+                          min_preferred=min_preferred, key=key)
     if not isinstance(block, bool):
         raise TypeError(f"dial: block must be True or False, got {block!r}")
-    return Channel(target, config, options=options, credentials=credentials,
+    return Channel(config.target.redacted, config, options=options, credentials=credentials,
                    interceptors=list(interceptors or ()), block=block)
 
 

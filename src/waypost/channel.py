@@ -12,7 +12,7 @@ import random
 import threading
 import time
 from collections.abc import Callable, Iterable, Mapping, Sequence
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import grpc
 
@@ -30,6 +30,9 @@ from .client.rpcerror import BalancerRpcError
 from .client.subconn import SubConn
 from .client.watcher import WATCHER
 from .types import STATE_NAMES
+
+if TYPE_CHECKING:
+    from .registry.base import Registry
 
 log = logging.getLogger("waypost.channel")
 
@@ -381,7 +384,7 @@ def _stop_health(handle: _fork.PausableTask) -> None:
 
 
 def dial(
-    target: str,
+    target: str | Registry,
     balancer: str | None = None,
     service_config: Mapping[str, Any] | str | None = None,
     options: Sequence[tuple[str, Any]] | None = None,
@@ -396,6 +399,7 @@ def dial(
     metadata_filter: Mapping[str, Any] | None = None,
     prefer: Mapping[str, Any] | None = None,
     min_preferred: int | None = None,
+    key: str | None = None,
 ) -> grpc.Channel:
     """A balanced ``grpc.Channel`` to ``target`` (``etcd://``, ``direct:///``, ``dns:///``...: see docs/discovery.md).
 
@@ -425,10 +429,10 @@ def dial(
     _fork.check_child_can_use_grpc("waypost.dial")  # a child forked with grpc.aio alive: fail now, not hang
     config = build_config(target, balancer, service_config, subset_size=subset_size, client_id=client_id, rng=rng,
                           retries=retries, metadata_filter=metadata_filter, prefer=prefer,
-                          min_preferred=min_preferred)
+                          min_preferred=min_preferred, key=key)
     if not isinstance(block, bool):
         raise TypeError(f"dial: block must be True or False, got {block!r}")
-    channel: grpc.Channel = Channel(target, config, options=options, credentials=credentials, block=block)
+    channel: grpc.Channel = Channel(config.target.redacted, config, options=options, credentials=credentials, block=block)
     interceptors = list(interceptors or ())
     if interceptors:
         channel = grpc.intercept_channel(channel, *interceptors)

@@ -5,17 +5,20 @@ from __future__ import annotations
 import random
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from ..balancer import policies
 from ..balancer.base import Policy
 from ..resolver import Resolver, ResolverOptions, Subsetter, make_resolver
 from ..resolver.subset import DEFAULT_SUBSET_SIZE
-from ..resolver.target import Target, parse_target
+from ..resolver.target import Target, parse_target, target_for_registry
 from ..service_config import MethodConfig, ServiceConfig, parse_service_config
 from .method_names import MethodNameCheck
 from .retry_throttle import RetryThrottle
 from .routing import FilteringSubsetter, Routing
+
+if TYPE_CHECKING:
+    from ..registry.base import Registry
 
 
 @dataclass
@@ -46,7 +49,7 @@ class ChannelConfig:
 
 
 def build_config(
-    target: str,
+    target: str | Registry,
     balancer: str | None,
     service_config: Mapping[str, Any] | str | bytes | ServiceConfig | None,
     *,
@@ -58,15 +61,24 @@ def build_config(
     metadata_filter: Mapping[str, Any] | None = None,
     prefer: Mapping[str, Any] | None = None,
     min_preferred: int | None = None,
+    key: str | None = None,
 ) -> ChannelConfig:
     """Validate everything a dial needs; raises InvalidTarget / InvalidServiceConfig / ValueError.
 
+    ``target`` is a target string, or a registry from ``waypost.connect`` with the service ``key``.
+
     ``retries``: the retryPolicy shortcut (``parse_service_config``); ``metadata_filter``, ``prefer``,
     ``min_preferred``: routing by registration metadata (``client.routing``)."""
-    if not isinstance(target, str):
-        from ..errors import InvalidTarget
+    from ..errors import InvalidTarget
 
-        raise InvalidTarget(f"target must be a string, got {type(target).__name__}")
+    if key is not None:
+        if isinstance(target, str):
+            raise InvalidTarget("dial: key= goes with a registry object (waypost.connect(url)); a target string "
+                                "carries its key itself (etcd:///host:2379?key=greet.rpc)")
+        target = target_for_registry(target, key)
+    elif not isinstance(target, str):
+        raise InvalidTarget(f"target must be a string (or a registry from waypost.connect() with key=...), got "
+                            f"{type(target).__name__}")
     t = parse_target(target)
     # no policy named: service_config.DEFAULT_POLICY
     sc = parse_service_config(service_config, balancer=balancer, retries=retries)

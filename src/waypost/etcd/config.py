@@ -53,6 +53,10 @@ URL_OPTIONS: dict[str, tuple[str, OptionKind]] = {
     "request_timeout": ("request_timeout", "seconds"),
 }
 
+#: the names dial targets use for the TLS files (``key=`` is a target's service key there), accepted by registry
+#: URLs too, so one set of names works everywhere: option name in a target -> registry URL option
+URL_OPTION_ALIASES: dict[str, str] = {"cacert": "ca", "certfile": "cert", "keyfile": "key"}
+
 #: the EtcdConfig fields a registry URL sets: the user info, then the query options
 URL_FIELDS: tuple[str, ...] = ("username", "password", *(name for name, _ in URL_OPTIONS.values()))
 

@@ -10,7 +10,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from ..errors import InvalidTarget
-from ..etcd.config import URL_FIELDS, URL_OPTIONS, EtcdConfig, default
+from ..etcd.config import URL_FIELDS, URL_OPTION_ALIASES, URL_OPTIONS, EtcdConfig, default
 from ..netutil import AddressError, normalize_host_port
 from ..redaction import redact_url
 
@@ -144,9 +144,16 @@ def parse_registry_url(url: str) -> RegistryURL:
         raise _bad(url, "no host")
     endpoints = tuple(dict.fromkeys(_endpoint(url, e) for e in netloc.split(",")))
     opts: dict[str, Any] = {}
-    for k, v in urllib.parse.parse_qsl(parts.query, keep_blank_values=True):
+    given: dict[str, str] = {}  # option -> the name it was given under
+    for given_name, v in urllib.parse.parse_qsl(parts.query, keep_blank_values=True):
+        k = URL_OPTION_ALIASES.get(given_name, given_name)  # cacert/certfile/keyfile: the dial-target names
         if k not in URL_OPTIONS:
-            raise _bad(url, f"unknown option {k!r} (known: {', '.join(sorted(URL_OPTIONS))})")
+            known = sorted([*URL_OPTIONS, *URL_OPTION_ALIASES])
+            raise _bad(url, f"unknown option {given_name!r} (known: {', '.join(known)})")
+        if k in given:
+            same = "" if given[k] == given_name else f" ({given[k]!r} and {given_name!r} are the same option)"
+            raise _bad(url, f"option {given_name!r} given twice{same}")
+        given[k] = given_name
         fname, kind = URL_OPTIONS[k]
         if kind == "flag":
             opts[fname] = _flag(url, k, v)

@@ -427,3 +427,36 @@ def _fail(scheme: str, raw: str, message: str) -> NoReturn:
     tail = f" (example: {example})" if example and example not in message else ""
     label = f"invalid {scheme} target" if scheme else "invalid target"
     raise InvalidTarget(f"{label} {redact(raw)!r}: {message}{tail}")
+
+
+def target_for_registry(registry: object, key: str) -> str:
+    """The target string that dials ``key`` in ``registry`` (a ``waypost.connect`` result: go-zero's
+    ``EtcdConf{Hosts, Key}`` as one object and a key), with its user, password and TLS files; ``connect`` of
+    the same settings returns the same shared registry, so the channel reads through the same connection."""
+    if not isinstance(key, str) or not key or key.endswith("/") or key.startswith("/"):
+        raise InvalidTarget(f"dial: key= must be a service key such as 'greet.rpc', got {key!r}")
+    from ..etcd.config import EtcdConfig, default  # the URL grammar's defaults: only what differs is written
+
+    config = getattr(registry, "config", None)
+    url = getattr(registry, "url", "")
+    if config is None and isinstance(url, str) and url.startswith("memory://"):
+        return f"{url}/?{urlencode({'key': key})}"
+    if not isinstance(config, EtcdConfig):
+        raise InvalidTarget(f"dial: expected a target string or a registry from waypost.connect(), got "
+                            f"{type(registry).__name__}")
+    endpoints = config.endpoints
+    options: list[tuple[str, str]] = [("key", key)]
+    if config.username:
+        options.append(("user", config.username))
+        if config.password:
+            options.append(("password", config.password))
+    if config.tls:
+        options.append(("tls", "1"))
+    for name, value in (("cacert", config.ca_file), ("certfile", config.cert_file), ("keyfile", config.key_file)):
+        if value:
+            options.append((name, value))
+    for name in ("dial_timeout", "request_timeout"):
+        value = getattr(config, name)
+        if value != default(name):
+            options.append((name, f"{value:g}"))
+    return f"etcd:///{','.join(endpoints)}?{urlencode(options, quote_via=quote, safe='/')}"
