@@ -88,6 +88,25 @@ def test_a_successful_empty_lookup_is_no_error(shared_etcd, unique_key):
     assert json.loads(proc.stdout)["backends"] == []
 
 
+def test_records_of_another_format_than_asked_are_pointed_out(shared_etcd, unique_key):
+    reg = waypost.connect(shared_etcd.url())
+    pub = waypost.Publisher(reg, unique_key, "127.0.0.1:7001", format="etcd-naming")
+    pub.start()
+    try:
+        proc, _ = waypost_cmd("resolve", f"etcd:///{shared_etcd.endpoint}?key={unique_key}")  # gozero asked
+        assert proc.returncode == 0, proc.stderr
+        assert "another wire format (1 etcd-naming) than 'gozero', which found 0: try format=etcd-naming" in \
+            proc.stderr, proc.stderr
+        proc, _ = waypost_cmd("--registry", shared_etcd.url(), "watch", unique_key, "--for", "0.5")
+        assert proc.returncode == 0, proc.stderr
+        assert "try --format etcd-naming" in proc.stderr, proc.stderr
+        # asked in the right format: no note
+        proc, _ = waypost_cmd("resolve", f"etcd:///{shared_etcd.endpoint}?key={unique_key}&format=etcd-naming")
+        assert proc.returncode == 0 and "127.0.0.1:7001" in proc.stdout and "another wire format" not in proc.stderr
+    finally:
+        pub.stop()
+
+
 # ---------------------------------------------------------------------------------------- verbosity, options
 
 

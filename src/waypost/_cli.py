@@ -367,6 +367,11 @@ def watch_cmd(c: Ctx, key: str, fmt: str, exact: bool, duration: float | None, t
                                 f"{len(state['known'])} instance(s); Ctrl-C to stop")
                 for addr, meta in sorted(state["known"].items()):
                     report("present", addr, meta)
+            from ._inspect import other_formats_hint
+
+            hint = other_formats_hint(c.registry(), key, fmt, len(state["known"]), exact=exact)
+            if hint:
+                c.err.print(hint.replace("format=", "--format "), markup=False)
             sub.add_listener(on_change)
             on_change()  # anything that changed between the snapshot and the listener
             _wait(stop, duration)

@@ -143,6 +143,9 @@ def resolve(target: str, *, subset_size: int = 32, client_id: str | None = None,
     if subsetter is not None and client_id is None and len(backends) > subset_size:
         note = (f"note: {len(backends)} addresses > subset size {subset_size}; a client keeps a stable subset "
                 "from its own random seed (this is one such subset; --client-id N for deterministic subsetting)")
+    if t.key and t.scheme != "dns":
+        hint = other_formats_hint(t.registry_url(), t.key, t.format, len(backends), exact=t.exact)
+        note = f"{note}\n{hint}" if note and hint else (note or hint)
     return {
         "target": t.redacted, "scheme": t.scheme, "key": t.key, "format": t.format if t.key else None,
         "subset_size": subset_size if subsetter else None, "client_id": client_id,
@@ -150,3 +153,27 @@ def resolve(target: str, *, subset_size: int = 32, client_id: str | None = None,
                      for b in backends],
         "note": note,
     }
+
+
+def other_formats_hint(registry: Any, key: str, fmt: str, found: int, *, exact: bool = False) -> str | None:
+    """A note when ``key``'s records are in another wire format than ``fmt`` (what was asked): a go-zero client
+    asked for etcd-naming records shows nothing, which otherwise looks like a service with no instance. None
+    when nothing else is there (or it cannot be read: the lookup itself already said what it could)."""
+    from .registry import connect
+
+    try:
+        reg = connect(registry) if isinstance(registry, str) else registry
+        prefix = key if exact else key.rstrip("/") + "/"
+        kvs = reg.sync.get(prefix, prefix=not exact).kvs
+    except Exception:  # noqa: BLE001 -- a hint only
+        return None
+    counts: dict[str, int] = {}
+    for e in classify(kvs):
+        if e["address"] is not None and e["format"] != fmt:
+            counts[e["format"]] = counts.get(e["format"], 0) + 1
+    if not counts:
+        return None
+    other = max(counts, key=counts.__getitem__)
+    return (f"note: {sum(counts.values())} record(s) under {prefix!r} are in another wire format "
+            f"({', '.join(f'{n} {f}' for f, n in sorted(counts.items()))}) than {fmt!r}, which found {found}: "
+            f"try format={other}")
