@@ -5,7 +5,12 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any
 
+from ..service_config import DEFAULT_POLICY
 from .load import Sample
+
+
+def _label(policy: str) -> str:
+    return f"{policy} (default)" if policy == DEFAULT_POLICY else policy
 
 
 def write_chart(samples_by_policy: dict[str, list[Sample]], results: dict[str, Any],
@@ -26,7 +31,8 @@ def write_chart(samples_by_policy: dict[str, list[Sample]], results: dict[str, A
         if not lat:
             continue
         n = len(lat)
-        ax_cdf.plot(lat, [(i + 1) / n for i in range(n)], label=policy, linewidth=1.6)
+        ax_cdf.plot(lat, [(i + 1) / n for i in range(n)], label=_label(policy),
+                    linewidth=2.6 if policy == DEFAULT_POLICY else 1.6)
     ax_cdf.set_xscale("log")
     ax_cdf.xaxis.set_major_formatter(ticker.FuncFormatter(lambda v, _: f"{v:g}"))
     ax_cdf.xaxis.set_minor_formatter(ticker.NullFormatter())
@@ -41,7 +47,7 @@ def write_chart(samples_by_policy: dict[str, list[Sample]], results: dict[str, A
     bottoms = [0.0] * len(policies)
     for b in backends:
         shares = [results["policies"][p]["backends"][b]["share"] * 100 for p in policies]
-        ax_share.bar(policies, shares, bottom=bottoms, label=b + (" (slow)" if b == "b4" else ""))
+        ax_share.bar([_label(p) for p in policies], shares, bottom=bottoms, label=b + (" (slow)" if b == "b4" else ""))
         bottoms = [x + y for x, y in zip(bottoms, shares, strict=True)]
     ax_share.set_ylabel("share of calls (%)")
     ax_share.set_title("share per backend")
