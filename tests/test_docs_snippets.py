@@ -26,6 +26,7 @@ from pathlib import Path
 
 import pytest
 
+from tests.waiting import wait_until
 from waypost.etcd.local import LocalEtcd
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -102,6 +103,19 @@ def _greeter(endpoint: str) -> subprocess.Popen[str]:
     return proc
 
 
+def _catches_sigterm(pid: int) -> bool:
+    """True once the process has a SIGTERM handler (``SigCgt`` in /proc): a server snippet prints "serving"
+    just before ``handle.wait()``, which installs it; a SIGTERM sent in between would kill it outright."""
+    try:
+        with open(f"/proc/{pid}/status") as f:
+            for line in f:
+                if line.startswith("SigCgt:"):
+                    return bool(int(line.split()[1], 16) & (1 << (signal.SIGTERM - 1)))
+    except OSError:
+        pass
+    return False
+
+
 def _stop(proc: subprocess.Popen[str]) -> int:
     if proc.poll() is None:
         proc.send_signal(signal.SIGTERM)
@@ -129,6 +143,7 @@ def test_snippet_runs(snippet: Snippet, request):
             line = proc.stdout.readline() if proc.stdout else ""
             assert "serving" in line, (snippet.id, line, proc.stderr.read() if proc.poll() is not None and
                                        proc.stderr else "")
+            wait_until(lambda: _catches_sigterm(proc.pid) or proc.poll() is not None, 30, "the SIGTERM handler")
             helpers.remove(proc)
             code_ = _stop(proc)
             assert code_ == 0, (snippet.id, code_, proc.stderr.read() if proc.stderr else "")
