@@ -35,7 +35,7 @@ from ..errors import InvalidServiceConfig, NoBackendAvailable
 from ..types import Backend
 from .base import Picker, PickError, PickInfo, PickResult, Policy, key_bytes, parse_config_object
 from .stats import dedupe
-from .weights import all_drained, weight_of
+from .weights import WeightMemo, all_drained
 
 log = logging.getLogger("waypost.balancer.consistent_hash")
 
@@ -124,7 +124,7 @@ class ConsistentHashPolicy(Policy):
         self.weighted = bool(self.config.get("weighted", False))
         self._ring_addrs: frozenset[str] | frozenset[tuple[str, int]] | None = None
         self._ring = HashRing(())
-        self._weights: dict[str, tuple[object, int]] = {}  # address -> (metadata weight, virtual nodes)
+        self._weights = WeightMemo(log)
 
     @classmethod
     def parse_config(cls, raw: Any, path: str) -> dict[str, Any]:
@@ -159,14 +159,4 @@ class ConsistentHashPolicy(Policy):
 
     def _replicas(self, backends: Sequence[Backend]) -> dict[str, int]:
         """address -> virtual nodes (its weight, capped; 0 drained), a bad weight logged once per value."""
-        known, self._weights = self._weights, {}
-        for b in backends:
-            raw = b.metadata.get("weight")
-            entry = known.get(b.address)
-            if entry is None or entry[0] != raw:
-                weight, problem = weight_of(b.metadata)
-                if problem is not None:
-                    log.warning("backend %s: %s", b.address, problem)
-                entry = (raw, min(weight, MAX_WEIGHTED_REPLICAS))
-            self._weights[b.address] = entry
-        return {a: n for a, (_, n) in self._weights.items()}
+        return {a: min(w, MAX_WEIGHTED_REPLICAS) for a, w in self._weights.update(backends).items()}

@@ -24,7 +24,7 @@ from ..errors import NoBackendAvailable
 from ..types import Backend
 from .base import Picker, PickInfo, PickResult, Policy
 from .stats import dedupe
-from .weights import all_drained, weight_of
+from .weights import WeightMemo, all_drained
 
 log = logging.getLogger("waypost.balancer.weighted_random")
 
@@ -77,24 +77,13 @@ class WeightedRandomPolicy(Policy):
 
     def __init__(self, config: Any = None, **kwargs: Any) -> None:
         super().__init__(config, **kwargs)
-        self._weights: dict[str, tuple[object, int]] = {}  # address -> (metadata weight, weight used)
+        self._weights = WeightMemo(log)
 
     def build(self, backends: Sequence[Backend]) -> Picker:
         backends = dedupe(backends)
-        known, self._weights = self._weights, {}
-        weights = []
-        for b in backends:
-            raw = b.metadata.get("weight")
-            entry = known.get(b.address)
-            if entry is None or entry[0] != raw:
-                weight, problem = weight_of(b.metadata)
-                if problem is not None:
-                    log.warning("backend %s: %s", b.address, problem)
-                entry = (raw, weight)
-            self._weights[b.address] = entry
-            weights.append(entry[1])
-        return WeightedRandomPicker(backends, weights, self.rng)
+        used = self._weights.update(backends)
+        return WeightedRandomPicker(backends, [used[b.address] for b in backends], self.rng)
 
     def weights(self) -> dict[str, int]:
         """address -> the weight used (for tests and introspection)."""
-        return {a: w for a, (_, w) in self._weights.items()}
+        return self._weights.current()

@@ -88,3 +88,29 @@ def all_drained(policy: str, count: int) -> PickError:
         f"{policy}: every backend has weight 0 (all {count} READY backends are drained); "
         "register a backend with a positive metadata weight to send it traffic",
     )
+
+
+class WeightMemo:
+    """The weights of the current backends, each parsed (and its problem logged on ``log``) once per distinct
+    metadata value: a rebuild with unchanged metadata neither re-parses nor logs again."""
+
+    def __init__(self, log: Any) -> None:
+        self._log = log
+        self._weights: dict[str, tuple[object, int]] = {}  # address -> (metadata weight, weight used)
+
+    def update(self, backends: Any) -> dict[str, int]:
+        """address -> weight used, for ``backends`` (addresses no longer there are forgotten)."""
+        known, self._weights = self._weights, {}
+        for b in backends:
+            raw = b.metadata.get("weight")
+            entry = known.get(b.address)
+            if entry is None or entry[0] != raw:
+                weight, problem = weight_of(b.metadata)
+                if problem is not None:
+                    self._log.warning("backend %s: %s", b.address, problem)
+                entry = (raw, weight)
+            self._weights[b.address] = entry
+        return self.current()
+
+    def current(self) -> dict[str, int]:
+        return {a: w for a, (_, w) in self._weights.items()}
