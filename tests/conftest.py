@@ -74,3 +74,24 @@ def registry(registry_url):
         yield reg
     finally:
         _loop.run(reg.close(), 10)
+
+
+@pytest.fixture(scope="session")
+def netns_host(tmp_path_factory):
+    """A process inside a private network namespace with a real kube-apiserver, running the scenarios of
+    tests/k8s_scenarios.py (tests/k8s_support.NetnsHost). Skips, saying why, without Go, unshare or ip."""
+    from tests import k8s_support
+
+    reason = k8s_support.skip_reason(netns=True)
+    if reason:
+        pytest.skip(reason)
+    try:
+        binary = k8s_support.apiserver_binary()  # outside the namespace: the build needs the network
+    except k8s_support.K8sUnavailable as e:
+        pytest.skip(str(e))
+    host = k8s_support.NetnsHost(binary=binary, log_dir=tmp_path_factory.mktemp("netns-host"))
+    host.start()
+    try:
+        yield host
+    finally:
+        host.stop()

@@ -86,9 +86,13 @@ def _register(endpoint: str, key: str, name: str, address: str) -> None:
     _etcdctl(endpoint, "put", f"{key}/{name}", address)
 
 
-def sync_channel_and_fresh_dial(endpoint: str, key: str, a: str, b: str, health: bool = False) -> None:
-    """health: the channel's health watches (grpc.aio streams) pause for each fork too."""
+def sync_channel_and_fresh_dial(endpoint: str, key: str, a: str, b: str, health: bool = False,
+                                parent_health: bool | None = None) -> None:
+    """health: the channel's health watches (grpc.aio streams) pause for each fork too; in a child the inherited
+    channel and a fresh health-checked dial work, without health checking (logged: waypost._fork says why)."""
     service_config = {"healthCheckConfig": {"serviceName": ""}} if health else None
+    parent_health = health if parent_health is None else parent_health
+    parent_config = service_config if parent_health else None
     _register(endpoint, key, "a", a)
     target = f"etcd:///{endpoint}?key={key}"
     registry = waypost.connect(f"etcd://{endpoint}")
@@ -97,10 +101,10 @@ def sync_channel_and_fresh_dial(endpoint: str, key: str, a: str, b: str, health:
     pub.start()
     lease = pub.lease_id
     try:
-        with waypost.dial(target, balancer="round_robin", service_config=service_config) as ch:
+        with waypost.dial(target, balancer="round_robin", service_config=parent_config) as ch:
             stub = echo_pb2_grpc.EchoStub(ch)
             assert stub.Unary(Req(), timeout=10).server == "a"
-            if health:
+            if parent_health:
                 assert all(sc.health_task is not None and sc.healthy for sc in ch.balancer.subconns())
 
             def child() -> int:
@@ -112,8 +116,11 @@ def sync_channel_and_fresh_dial(endpoint: str, key: str, a: str, b: str, health:
                     os.write(2, f"old channel: {e}\n".encode()[:500])
                     code |= _OLD
                 try:
-                    with waypost.dial(target) as fresh:
+                    with waypost.dial(target, service_config=service_config) as fresh:
                         if echo_pb2_grpc.EchoStub(fresh).Unary(Req(), timeout=15).server != "a":
+                            code |= _FRESH
+                        # health checking is off in a child of a process that used gRPC (waypost._fork)
+                        if any(sc.health_task is not None for sc in fresh.balancer.subconns()):
                             code |= _FRESH
                 except Exception as e:  # noqa: BLE001
                     os.write(2, f"fresh dial: {e}\n".encode()[:500])
@@ -252,6 +259,7 @@ def open_aio_channel_is_a_clear_error(endpoint: str, key: str, a: str, b: str) -
 SCENARIOS: dict[str, Callable[..., None]] = {
     "sync": sync_channel_and_fresh_dial,
     "sync-health": lambda *args: sync_channel_and_fresh_dial(*args, health=True),
+    "sync-health-child": lambda *args: sync_channel_and_fresh_dial(*args, health=True, parent_health=False),
     "inherited-follows": inherited_channel_follows_the_registry,
     "aio": aio_dial_after_an_aio_parent,
     "open-aio": open_aio_channel_is_a_clear_error,

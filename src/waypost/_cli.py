@@ -314,7 +314,7 @@ def _meta_text(meta: Any) -> str:
 # --------------------------------------------------------------------------------------------- watch
 
 
-@app.command("watch", short_help="Show instances of KEY as they come and go.")
+@app.command("watch", short_help="Show instances of KEY (or of a dial TARGET) as they come and go.")
 @click.argument("key")
 @click.option("--format", "fmt", default="gozero", show_default=True,
               type=click.Choice(["gozero", "etcd-naming", "kratos"]), help="Wire format of the registrations.")
@@ -325,14 +325,12 @@ def _meta_text(meta: Any) -> str:
 @_global_options
 @pass_ctx
 def watch_cmd(c: Ctx, key: str, fmt: str, exact: bool, duration: float | None, timeout: float) -> None:
-    """Show the instances of KEY, then every add and remove as it happens."""
-    from .discovery import Subscriber
+    """Show the instances of KEY, then every add and remove as it happens.
 
+    KEY is a registry key (in --registry), or a dial target such as k8s://default/greet:50051 or
+    dns:///greet.example.com:50051: what a channel dialing it would see."""
     lock = threading.Lock()
     state: dict[str, Any] = {"known": {}}
-
-    def snapshot(sub: Any) -> dict[str, dict[str, Any]]:
-        return {b.address: dict(b.metadata) for b in sub.backends()}
 
     def report(kind: str, addr: str, meta: dict[str, Any]) -> None:
         if c.as_json:
@@ -344,39 +342,69 @@ def watch_cmd(c: Ctx, key: str, fmt: str, exact: bool, duration: float | None, t
             c.out.print(f"{stamp} [{style}]{sign} {addr}[/] {_meta_text(meta)}")
         sys.stdout.flush()
 
+    def changed(now: dict[str, dict[str, Any]]) -> None:
+        with lock:
+            old = state["known"]
+            for addr in sorted(set(old) - set(now)):
+                report("remove", addr, old[addr])
+            for addr in sorted(now):
+                if addr not in old:
+                    report("add", addr, now[addr])
+                elif now[addr] != old[addr]:
+                    report("change", addr, now[addr])
+            state["known"] = now
+
+    def present(now: dict[str, dict[str, Any]], where: str) -> None:
+        with lock:
+            state["known"] = now
+            if not c.as_json:
+                c.out.print(f"watching {where}: {len(now)} instance(s); Ctrl-C to stop")
+            for addr, meta in sorted(now.items()):
+                report("present", addr, meta)
+
+    if "://" in key:
+        _watch_target(c, key, timeout, duration, present, changed)
+        return
+    from .discovery import Subscriber
+
+    def snapshot(sub: Any) -> dict[str, dict[str, Any]]:
+        return {b.address: dict(b.metadata) for b in sub.backends()}
+
     with _signals() as stop:
         sub = Subscriber(c.registry(), key, exact=exact, format=fmt, timeout=timeout)
         try:
-            def on_change() -> None:
-                with lock:
-                    now = snapshot(sub)
-                    old = state["known"]
-                    for addr in sorted(set(old) - set(now)):
-                        report("remove", addr, old[addr])
-                    for addr in sorted(now):
-                        if addr not in old:
-                            report("add", addr, now[addr])
-                        elif now[addr] != old[addr]:
-                            report("change", addr, now[addr])
-                    state["known"] = now
-
-            with lock:
-                state["known"] = snapshot(sub)
-                if not c.as_json:
-                    c.out.print(f"watching {key!r} ({fmt}) in {c.registry().url}: "
-                                f"{len(state['known'])} instance(s); Ctrl-C to stop")
-                for addr, meta in sorted(state["known"].items()):
-                    report("present", addr, meta)
+            present(snapshot(sub), f"{key!r} ({fmt}) in {c.registry().url}")
             from ._inspect import other_formats_hint
 
             hint = other_formats_hint(c.registry(), key, fmt, len(state["known"]), exact=exact)
             if hint:
                 c.err.print(hint.replace("format=", "--format "), markup=False)
-            sub.add_listener(on_change)
-            on_change()  # anything that changed between the snapshot and the listener
+            sub.add_listener(lambda: changed(snapshot(sub)))
+            changed(snapshot(sub))  # anything that changed between the snapshot and the listener
             _wait(stop, duration)
         finally:
             sub.close()
+    _exit_if_interrupted(stop)
+
+
+def _watch_target(c: Ctx, target: str, timeout: float, duration: float | None,
+                  present: Any, changed: Any) -> None:
+    """``waypost watch TARGET``: the dial target's resolver, reporting every list it pushes."""
+    from ._inspect import follow
+
+    seen: list[str] = []
+
+    def on_error(message: str) -> None:
+        if message not in seen[-1:]:
+            c.err.print(f"{time.strftime('%H:%M:%S')} {message}", markup=False)
+        seen.append(message)
+
+    with _signals() as stop:
+        resolver = follow(target, present, changed, on_error, timeout=timeout)
+        try:
+            _wait(stop, duration)
+        finally:
+            resolver.close()
     _exit_if_interrupted(stop)
 
 

@@ -219,10 +219,36 @@ def _after_in_parent() -> None:
     _suspended.clear()
 
 
+def forked_from_grpc() -> bool:
+    """True in a process forked (at any depth) from one whose control loop ran, i.e. that used gRPC."""
+    return _forked_from_grpc
+
+
+_NO_HEALTH_AFTER_FORK = (
+    "waypost: %s: health checking is off in this process: it was forked from a process that used gRPC, and "
+    "health watches there (on grpc.aio or on sync gRPC threads alike) made calls hang until their deadline in "
+    "about one forked child in five. Calls still avoid backends that are not connected or that fail "
+    "(outlier detection). For health checks in workers, fork before using gRPC (gunicorn: no --preload, or "
+    "dial only in post_fork)")
+
+
+def health_checks_allowed(service: str | None, target: str) -> str | None:
+    """The health service a new channel may watch here: ``service``, or None (with a warning) in a process
+    forked from one that used gRPC (see _NO_HEALTH_AFTER_FORK)."""
+    if service is not None and _forked_from_grpc:
+        log.warning(_NO_HEALTH_AFTER_FORK, target)
+        return None
+    return service
+
+
+_forked_from_grpc = False
+
+
 def _after_in_child() -> None:
     # _release is set when _before quiesced a running control loop, i.e. the parent was using gRPC
-    global _unsafe_child, _release, _participants, _plock, _forking
+    global _unsafe_child, _release, _participants, _plock, _forking, _forked_from_grpc
     _forking = False
+    _forked_from_grpc = _forked_from_grpc or _release is not None
     if _alive_at_fork:
         _unsafe_child = _ALIVE_AT_FORK
     elif _release is not None and _core_fork_disabled():  # gRPC was in use in the parent (its loop ran)

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import logging
 import threading
-from collections.abc import Iterable, Sequence
+from collections.abc import Callable, Iterable, Sequence
 from typing import Any
 
 from .registry.formats import ETCD_NAMING, GOZERO, GOZERO_META_ROOT, KRATOS, valid_address
@@ -125,6 +125,10 @@ def resolve(target: str, *, subset_size: int = 32, client_id: str | None = None,
     resolver: Resolver
     if t.scheme == "dns":
         resolver = DnsResolver(t, timeout=timeout)
+    elif t.scheme == "k8s":
+        from .resolver.k8s import K8sResolver
+
+        resolver = K8sResolver(t, timeout=timeout)  # blocking: start raises RegistryUnavailable
     elif t.key:
         resolver = RegistryResolver(t, timeout=timeout)  # blocking: start raises RegistryUnavailable
     else:
@@ -143,16 +147,58 @@ def resolve(target: str, *, subset_size: int = 32, client_id: str | None = None,
     if subsetter is not None and client_id is None and len(backends) > subset_size:
         note = (f"note: {len(backends)} addresses > subset size {subset_size}; a client keeps a stable subset "
                 "from its own random seed (this is one such subset; --client-id N for deterministic subsetting)")
-    if t.key and t.scheme != "dns":
+    if t.uses_registry and t.key:
         hint = other_formats_hint(t.registry_url(), t.key, t.format, len(backends), exact=t.exact)
         note = f"{note}\n{hint}" if note and hint else (note or hint)
     return {
-        "target": t.redacted, "scheme": t.scheme, "key": t.key, "format": t.format if t.key else None,
+        "target": t.redacted, "scheme": t.scheme, "key": t.key, "format": t.format if t.uses_registry else None,
         "subset_size": subset_size if subsetter else None, "client_id": client_id,
         "backends": [{"address": b.address, "metadata": dict(b.metadata), "in_subset": b.address in chosen}
                      for b in backends],
         "note": note,
     }
+
+
+def follow(target: str, present: Callable[[dict[str, dict[str, Any]], str], None],
+           changed: Callable[[dict[str, dict[str, Any]]], None], on_error: Callable[[str], None], *,
+           timeout: float = 5.0) -> Any:
+    """Follow ``target``'s resolver (``waypost watch TARGET``): ``present(addresses, where)`` with the first list,
+    ``changed(addresses)`` with each one after (``{address: metadata}``). Returns the started resolver (close it);
+    raises RegistryUnavailable when there is no first list within ``timeout``."""
+    from .errors import RegistryUnavailable
+    from .resolver import ResolverOptions, make_resolver, parse_target
+
+    t = parse_target(target)
+    if t.scheme == "k8s":
+        from .resolver.k8s import K8sResolver
+
+        resolver: Any = K8sResolver(t, ResolverOptions(blocking=True), timeout=timeout)
+    else:
+        resolver = make_resolver(t, ResolverOptions(blocking=True))
+    first = threading.Event()
+    errors: list[str] = []
+
+    def on_update(backends: Sequence[Any]) -> None:
+        now = {b.address: dict(b.metadata) for b in backends}
+        if first.is_set():
+            changed(now)
+        else:
+            present(now, t.redacted)
+            first.set()
+
+    def on_err(message: str) -> None:
+        errors.append(message)
+        on_error(message)
+
+    try:
+        resolver.start(on_update, on_err)
+        if not first.wait(timeout + _GRACE):
+            raise RegistryUnavailable(f"could not resolve {t.redacted} within {timeout:g}s"
+                                      f"{f': {errors[-1]}' if errors else ''}")
+    except BaseException:
+        resolver.close()
+        raise
+    return resolver
 
 
 def other_formats_hint(registry: Any, key: str, fmt: str, found: int, *, exact: bool = False) -> str | None:

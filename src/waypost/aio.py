@@ -74,7 +74,7 @@ class Channel(MulticallableFactory, grpc.aio.Channel):
         self._options = merge_options(options)
         self._credentials = credentials
         self._interceptors = list(interceptors or ()) or None
-        health = config.health_service
+        health = _fork.health_checks_allowed(config.health_service, target)
         # may raise (bad target, bad resolver option): before any task exists; never blocks the event loop
         self._resolver = config.make_resolver(self._options, blocking=False, report_early=not block)
         self._balancer = BalancerWrapper(

@@ -243,7 +243,7 @@ class Channel(MulticallableFactory, grpc.Channel):
         self._config = config
         self._options = merge_options(options)
         self._credentials = credentials
-        health = config.health_service
+        health = _fork.health_checks_allowed(config.health_service, target)
         self._subscribers: dict[Callable[[grpc.ChannelConnectivity], None], int] = {}
         self._sub_lock = threading.Lock()
         self._closed = False

@@ -26,6 +26,12 @@ that hangs), an ERROR is logged and the process exits with status 70 (``os._exit
 ``on_unregistered="exit"`` (no lease for ``max_unregistered`` s): the graceful stop, then exit status 75 by
 ``SystemExit`` from ``wait()`` on the main thread or from the aio server's loop, else from the stopping thread.
 
+``registry=None`` registers nothing: inside Kubernetes the Service's EndpointSlices are the registry, and a pod is
+in them while its readiness probe passes. Health then carries everything: NOT_SERVING until started, SERVING
+after, NOT_SERVING from the first step of the graceful stop (and while paused), so a gRPC readiness probe takes
+the pod out of the slices during ``drain_delay``, before the server refuses anything (set ``drain_delay`` to the
+probe's ``periodSeconds`` x ``failureThreshold`` plus the time clients take to see the change).
+
 ``serve`` is for a ``grpc.server`` (threads); ``serve_async`` for a ``grpc.aio.server``. Both run the same
 two sequences (start-up and graceful stop, written once below); only how each step runs differs.
 """
@@ -45,7 +51,7 @@ from typing import Any, ClassVar, Protocol
 
 import grpc
 
-from ._serving import Aio, HardDeadline, ShutdownHook, Threads, check_shutdown_args, hook_name
+from ._serving import Aio, HardDeadline, NoRegistration, ShutdownHook, Threads, check_shutdown_args, hook_name
 from .errors import WaypostError
 from .loadreport import mount as mount_load_reports
 from .netutil import advertised_address, bind_problem
@@ -65,6 +71,8 @@ class BindError(WaypostError, OSError):
 
 
 def _registry_of(registry: Any) -> Any:
+    if registry is None:
+        return None
     if isinstance(registry, str):
         from .registry import connect
 
@@ -90,7 +98,7 @@ def _bind(server: Any, listen_on: str, credentials: grpc.ServerCredentials | Non
     return int(port)
 
 
-def _check_args(key: str, grace: float, publisher_args: Mapping[str, Any]) -> None:
+def _check_args(key: str, grace: float, publisher_args: Mapping[str, Any], registry: Any = "") -> None:
     from .discovery.outage import check_unregistered_args
 
     if not isinstance(key, str) or not key:
@@ -98,6 +106,8 @@ def _check_args(key: str, grace: float, publisher_args: Mapping[str, Any]) -> No
     if grace < 0:
         raise ValueError(f"serve: grace must be >= 0 seconds, got {grace!r}")
     check_unregistered_args(publisher_args.get("max_unregistered"), publisher_args.get("on_unregistered"))
+    if registry is None and publisher_args.get("max_unregistered") is not None:
+        raise ValueError("serve: max_unregistered / on_unregistered need a registry (registry=None registers nothing)")
 
 
 # ------------------------------------------------------------------------------- the shared sequences
@@ -157,7 +167,7 @@ def _serve_steps(handle_cls: type[_Base], server: Any, key: str, listen_on: str,
                  ) -> _Steps:
     """Start-up (module docstring, steps 1-5); returns the handle."""
     fl = handle_cls.flavor
-    _check_args(key, grace, publisher_args)
+    _check_args(key, grace, publisher_args, registry)
     reg = _registry_of(registry)
     servicer = None
     if health:  # (1) before start, NOT_SERVING for now
@@ -187,7 +197,8 @@ def _serve_steps(handle_cls: type[_Base], server: Any, key: str, listen_on: str,
     handle.on_shutdown, handle.hard_deadline = stop_args["on_shutdown"], stop_args["hard_deadline"]
     publisher.outage.exit_action = handle._exit_unregistered  # "exit": stop the server gracefully first
     yield from handle._health_steps(True)  # (5)
-    log.info("serving %r at %s (registered as %s)", key, address, publisher.key)
+    log.info("serving %r at %s (%s)", key, address,
+             f"registered as {publisher.key}" if reg is not None else "registry=None: not registered, health SERVING")
     return handle
 
 
@@ -455,6 +466,8 @@ def _publisher(reg: Any, key: str, listen_on: str, port: int, advertise: str | N
     from .discovery import Publisher
 
     address = advertised_address(listen_on, port, advertise=advertise, registry=reg, allow_loopback=allow_loopback)
+    if reg is None:
+        return address, NoRegistration()
     return address, Publisher(reg, key, address, **publisher_args)
 
 

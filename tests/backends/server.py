@@ -97,7 +97,9 @@ class EchoServer:
         self.name = name
         self.server = grpc.server(futures.ThreadPoolExecutor(max_workers=max_workers),
                                   options=[("grpc.so_reuseport", 0)])
-        self.health = health.HealthServicer() if with_health else None
+        # non-blocking, as waypost's serve() uses: a blocking servicer holds a server thread per Watch stream, and
+        # health-checking clients (one stream per backend each, more around forks) then starve unary calls of threads
+        self.health = health.HealthServicer(experimental_non_blocking=True) if with_health else None
         self.servicer = EchoServicer(name, delay_ms, self.health)
         echo_pb2_grpc.add_EchoServicer_to_server(self.servicer, self.server)
         if self.health is not None:

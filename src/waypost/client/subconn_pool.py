@@ -121,9 +121,15 @@ class SubConnPool:
         return scs
 
     def forget_after_fork(self) -> None:
-        """In a forked child: drop every inherited subconn without touching its (unusable) channel."""
+        """In a forked child: drop every inherited subconn without touching its (unusable) channel. Health
+        checking stops for the channel (``waypost._fork.health_checks_allowed`` says why)."""
         self.active = {}
         self.draining = []
+        if self._start_health is not None:
+            from .. import _fork
+
+            if _fork.health_checks_allowed("", self.target) is None:
+                self._start_health = self._stop_health = None
 
     def _stop_health_of(self, sc: SubConn) -> None:
         if sc.health_task is not None and self._stop_health is not None:

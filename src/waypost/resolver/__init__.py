@@ -11,6 +11,7 @@ from ..errors import InvalidTarget
 from .base import OnError, OnUpdate, Resolver, ResolverFactory, ResolverOptions
 from .direct import DirectResolver
 from .dns import DnsResolver
+from .k8s import K8sResolver
 from .registry_resolver import RegistryResolver
 from .subset import DEFAULT_SUBSET_SIZE, Subsetter, deterministic_subset
 from .target import Target, parse_target
@@ -21,6 +22,7 @@ RESOLVERS: dict[str, ResolverFactory] = {
     "etcd": RegistryResolver,
     "memory": RegistryResolver,
     "dns": DnsResolver,
+    "k8s": K8sResolver,
 }
 
 
@@ -39,6 +41,7 @@ __all__ = [
     "RESOLVERS",
     "DirectResolver",
     "DnsResolver",
+    "K8sResolver",
     "OnError",
     "OnUpdate",
     "RegistryResolver",

@@ -13,6 +13,10 @@ Accepted forms (the scheme is case-insensitive):
   go-zero versions wrote several comma-separated hosts in the authority; that is accepted too.
 - ``memory:///?key=K`` or ``memory://NAME/?key=K``: the in-process registry NAME.
 - ``dns:///host:port`` or ``dns://DNS_IP:DNS_PORT/host:port`` (port default 443, DNS port default 53).
+- ``k8s://NAMESPACE/SERVICE:PORT`` (go-zero's form), ``k8s:///NAMESPACE/SERVICE:PORT`` or ``k8s:///SERVICE:PORT``
+  (no namespace: the pod's own, or the kubeconfig context's): the ready endpoints of a Kubernetes Service's
+  EndpointSlices. PORT is a number or the name of an EndpointSlice port. Parameters: ``kubeconfig=PATH`` and
+  ``context=NAME``. The namespace is ``Target.authority`` ("" when not given) and the service ``Target.key``.
 
 Query parameters of etcd targets: ``key``, ``format=gozero|etcd-naming|kratos`` (default gozero),
 ``exact=1`` (go-zero's exact key match), ``cache=PATH`` (the on-disk cache of the last list, read only
@@ -40,7 +44,7 @@ from ..errors import InvalidTarget, did_you_mean
 from ..netutil import AddressError, join_host_port, parse_host_port
 from ..redaction import redact_url as redact
 
-KNOWN_SCHEMES = ("direct", "etcd", "discov", "memory", "dns", "ipv4", "ipv6")
+KNOWN_SCHEMES = ("direct", "etcd", "discov", "memory", "dns", "k8s", "ipv4", "ipv6")
 FORMATS = ("gozero", "etcd-naming", "kratos")
 DEFAULT_FORMAT = "gozero"
 DNS_DEFAULT_PORT = 443
@@ -52,6 +56,7 @@ EXAMPLES = {
     "discov": "discov:///127.0.0.1:2379?key=greet.rpc",
     "memory": "memory:///?key=greet.rpc",
     "dns": "dns:///greet.example.com:8080",
+    "k8s": "k8s://default/greet:50051",
     "ipv4": "ipv4:127.0.0.1:8080,127.0.0.2:8080",
     "ipv6": "ipv6:[::1]:8080",
 }
@@ -64,6 +69,7 @@ _ALLOWED_PARAMS = {
     "memory": ("key", "format", "exact"),
     "direct": (),
     "dns": (),
+    "k8s": ("kubeconfig", "context"),
 }
 _BOOL_PARAMS = ("exact", "tls")
 _TRUE = ("1", "true")
@@ -71,7 +77,7 @@ _FALSE = ("0", "false")
 # names people carry over from registry URLs
 _RENAMED = {"ca": "cacert", "cert": "certfile", "username": "user", "pass": "password"}
 # gRPC/go-zero schemes we know of but do not implement, for a precise message
-_UNSUPPORTED = ("k8s", "unix", "unix-abstract", "vsock", "xds", "passthrough")
+_UNSUPPORTED = ("unix", "unix-abstract", "vsock", "xds", "passthrough")
 
 _SCHEME_RE = re.compile(r"[A-Za-z][A-Za-z0-9+.-]*")
 _BAD_CHARS_RE = re.compile(r"[\x00-\x20\x7f]")
@@ -170,7 +176,7 @@ def parse_target(target: str) -> Target:
     lowered = head.lower()
     if colon and lowered in ("ipv4", "ipv6", "dns"):
         return _parse_opaque(lowered, rest, target)
-    if colon and lowered in ("etcd", "discov", "direct", "memory"):
+    if colon and lowered in ("etcd", "discov", "direct", "memory", "k8s"):
         _fail(
             lowered,
             target,
@@ -193,7 +199,7 @@ def _parse_hierarchical(scheme: str, rest: str, raw: str) -> Target:
     before_query, has_query, query = rest.partition("?")
     authority, slash, path = before_query.partition("/")
     path = slash + path
-    if scheme not in ("direct", "etcd", "discov", "memory", "dns"):
+    if scheme not in ("direct", "etcd", "discov", "memory", "dns", "k8s"):
         if scheme in ("ipv4", "ipv6") and not authority:
             return _parse_opaque(scheme, rest, raw)
         _unknown_scheme(scheme, raw)
@@ -219,6 +225,8 @@ def _parse_hierarchical(scheme: str, rest: str, raw: str) -> Target:
         return _parse_dns(scheme, authority, path, raw)
     if kind == "memory":
         return _parse_memory(authority, path, params, raw)
+    if kind == "k8s":
+        return _parse_k8s(authority, path, params, raw)
     return _parse_etcd(scheme, authority, path, params, raw)
 
 
@@ -260,6 +268,57 @@ def _parse_memory(authority: str, path: str, params: dict[str, str], raw: str) -
     fmt, options = _common_options(params, "memory", raw)
     return Target(scheme="memory", endpoints=(), key=key, format=fmt, options=options, raw=raw,
                   authority=authority)
+
+
+# Kubernetes names: a namespace and a service are DNS-1123 labels; a port name is one too (EndpointSlice ports)
+_DNS_LABEL_RE = re.compile(r"[a-z0-9]([-a-z0-9]*[a-z0-9])?")
+
+
+def _dns_label(text: str, what: str, raw: str) -> str:
+    if len(text) > 63 or not _DNS_LABEL_RE.fullmatch(text):
+        _fail("k8s", raw, f"{what} {text!r} is not a Kubernetes name (lower-case letters, digits and '-', "
+              "starting and ending with a letter or digit, at most 63 characters)")
+    return text
+
+
+def _parse_k8s(authority: str, path: str, params: dict[str, str], raw: str) -> Target:
+    """``k8s://ns/svc:port``, ``k8s:///ns/svc:port``, ``k8s:///svc:port``."""
+    rest = unquote_strict(path[1:], "k8s", raw)
+    if authority:
+        namespace, service_port = unquote_strict(authority, "k8s", raw), rest
+        if "/" in service_port:
+            _fail("k8s", raw, "the namespace is given twice (authority and path): write k8s://NAMESPACE/SERVICE:PORT")
+    else:
+        namespace, slash, service_port = rest.rpartition("/")
+        if slash and not namespace:
+            _fail("k8s", raw, "empty namespace before '/'")
+        if "/" in namespace:
+            _fail("k8s", raw, f"unexpected path {path!r}: write k8s:///NAMESPACE/SERVICE:PORT")
+    if not service_port:
+        _fail("k8s", raw, "missing SERVICE:PORT")
+    if "," in service_port:
+        _fail("k8s", raw, "a k8s target names exactly one service")
+    service, colon, port = service_port.partition(":")
+    if not colon or not port:
+        _fail("k8s", raw, f"missing the port after {service!r}: a number or the EndpointSlice port's name, "
+              f"e.g. k8s://{namespace or 'default'}/{service or 'greet'}:50051")
+    if namespace:
+        _dns_label(namespace, "namespace", raw)
+    _dns_label(service, "service", raw)
+    if port.isdigit():
+        if not 0 < int(port) < 65536:
+            _fail("k8s", raw, f"port {port} is out of range (1-65535)")
+        port = str(int(port))
+    else:
+        _dns_label(port, "port name", raw)
+    options = {"port": port}
+    for name in ("kubeconfig", "context"):
+        if name in params:
+            if not params[name]:
+                _fail("k8s", raw, f"empty {name}=")
+            options[name] = params[name]
+    return Target(scheme="k8s", endpoints=(), key=service, options=MappingProxyType(options), raw=raw,
+                  authority=namespace)
 
 
 def _parse_etcd(scheme: str, authority: str, path: str, params: dict[str, str], raw: str) -> Target:

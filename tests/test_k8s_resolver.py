@@ -1,0 +1,26 @@
+"""k8s:// targets against a real kube-apiserver, with real gRPC servers on pod addresses (10.77.0.x, fd77::2)
+inside a private network namespace made by this test run: tests/k8s_scenarios.py has the scenarios, each
+bounded; tests/k8s_support.py builds the apiserver (cached) and runs the namespace. Skips, saying why, without
+Go, unshare or ip."""
+
+from __future__ import annotations
+
+import pytest
+
+from tests import k8s_support
+
+pytestmark = [k8s_support.timeout_mark()]
+
+
+@pytest.mark.parametrize("scenario", [
+    "slices_merged_readiness_terminating",
+    "named_and_numbered_ports_and_context_namespace",
+    "service_appears_after_dial",
+    "relist_after_410_without_spurious_removal",
+    "apiserver_restart_keeps_serving",
+    "kubeconfig_auth_and_clear_refusals",
+    "in_cluster_config_and_token_rotation",
+    "cli_resolve_and_watch",
+])
+def test_k8s_resolver(netns_host, scenario):
+    netns_host.run(scenario, timeout=90)
