@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import re
 
-_PASSWORD_PARAM = re.compile(r"(?i)((?:^|[?&])password=)[^&#]*")
+_PASSWORD_PARAM = re.compile(r"(?i)((?:^|[?&])(?:password|token)=)[^&#]*")
 
 
 def redact_url(text: str) -> str:

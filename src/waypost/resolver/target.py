@@ -13,6 +13,11 @@ Accepted forms (the scheme is case-insensitive):
   go-zero versions wrote several comma-separated hosts in the authority; that is accepted too.
 - ``memory:///?key=K`` or ``memory://NAME/?key=K``: the in-process registry NAME.
 - ``dns:///host:port`` or ``dns://DNS_IP:DNS_PORT/host:port`` (port default 443, DNS port default 53).
+- ``consul://HOST:PORT/SERVICE`` (grpc-consul-resolver's form; port default 8500): the passing instances of a
+  service in Consul's catalog. Parameters: ``tag=T`` (several: ``tag=a,b``, all required), ``dc=NAME``,
+  ``token=ACL_TOKEN`` (else ``$CONSUL_HTTP_TOKEN``), and ``tls=1``, ``cacert``, ``certfile``, ``keyfile``.
+- ``zk://H1:2181,H2:2181/SERVICE`` (port default 2181): the instances a Kratos service (or waypost) keeps as
+  ephemeral nodes under ``/microservices/SERVICE``.
 - ``k8s://NAMESPACE/SERVICE:PORT`` (go-zero's form), ``k8s:///NAMESPACE/SERVICE:PORT`` or ``k8s:///SERVICE:PORT``
   (no namespace: the pod's own, or the kubeconfig context's): the ready endpoints of a Kubernetes Service's
   EndpointSlices. PORT is a number or the name of an EndpointSlice port. Parameters: ``kubeconfig=PATH`` and
@@ -44,7 +49,7 @@ from ..errors import InvalidTarget, did_you_mean
 from ..netutil import AddressError, join_host_port, parse_host_port
 from ..redaction import redact_url as redact
 
-KNOWN_SCHEMES = ("direct", "etcd", "discov", "memory", "dns", "k8s", "ipv4", "ipv6")
+KNOWN_SCHEMES = ("direct", "etcd", "discov", "memory", "dns", "k8s", "consul", "zk", "ipv4", "ipv6")
 FORMATS = ("gozero", "etcd-naming", "kratos")
 DEFAULT_FORMAT = "gozero"
 DNS_DEFAULT_PORT = 443
@@ -57,6 +62,8 @@ EXAMPLES = {
     "memory": "memory:///?key=greet.rpc",
     "dns": "dns:///greet.example.com:8080",
     "k8s": "k8s://default/greet:50051",
+    "consul": "consul://127.0.0.1:8500/greet",
+    "zk": "zk://127.0.0.1:2181/greet",
     "ipv4": "ipv4:127.0.0.1:8080,127.0.0.2:8080",
     "ipv6": "ipv6:[::1]:8080",
 }
@@ -70,7 +77,11 @@ _ALLOWED_PARAMS = {
     "direct": (),
     "dns": (),
     "k8s": ("kubeconfig", "context"),
+    "consul": ("tag", "dc", "token", "tls", "cacert", "certfile", "keyfile"),
+    "zk": (),
 }
+CONSUL_DEFAULT_PORT = 8500
+ZK_DEFAULT_PORT = 2181
 _BOOL_PARAMS = ("exact", "tls")
 _TRUE = ("1", "true")
 _FALSE = ("0", "false")
@@ -176,7 +187,7 @@ def parse_target(target: str) -> Target:
     lowered = head.lower()
     if colon and lowered in ("ipv4", "ipv6", "dns"):
         return _parse_opaque(lowered, rest, target)
-    if colon and lowered in ("etcd", "discov", "direct", "memory", "k8s"):
+    if colon and lowered in ("etcd", "discov", "direct", "memory", "k8s", "consul", "zk"):
         _fail(
             lowered,
             target,
@@ -199,7 +210,7 @@ def _parse_hierarchical(scheme: str, rest: str, raw: str) -> Target:
     before_query, has_query, query = rest.partition("?")
     authority, slash, path = before_query.partition("/")
     path = slash + path
-    if scheme not in ("direct", "etcd", "discov", "memory", "dns", "k8s"):
+    if scheme not in ("direct", "etcd", "discov", "memory", "dns", "k8s", "consul", "zk"):
         if scheme in ("ipv4", "ipv6") and not authority:
             return _parse_opaque(scheme, rest, raw)
         _unknown_scheme(scheme, raw)
@@ -227,6 +238,8 @@ def _parse_hierarchical(scheme: str, rest: str, raw: str) -> Target:
         return _parse_memory(authority, path, params, raw)
     if kind == "k8s":
         return _parse_k8s(authority, path, params, raw)
+    if kind in ("consul", "zk"):
+        return _parse_service_registry(kind, authority, path, params, raw)
     return _parse_etcd(scheme, authority, path, params, raw)
 
 
@@ -319,6 +332,37 @@ def _parse_k8s(authority: str, path: str, params: dict[str, str], raw: str) -> T
             options[name] = params[name]
     return Target(scheme="k8s", endpoints=(), key=service, options=MappingProxyType(options), raw=raw,
                   authority=namespace)
+
+
+def _parse_service_registry(scheme: str, authority: str, path: str, params: dict[str, str], raw: str) -> Target:
+    """``consul://HOST:PORT/SERVICE?...`` and ``zk://H1:P1,H2:P2/SERVICE``: the registry's hosts in the
+    authority, the service in the path."""
+    default_port = CONSUL_DEFAULT_PORT if scheme == "consul" else ZK_DEFAULT_PORT
+    if not authority:
+        _fail(scheme, raw, f"the {scheme} hosts go in the authority: {EXAMPLES[scheme]}")
+    hosts = _endpoints(authority, scheme, raw, what=f"{scheme} host", default_port=default_port)
+    if scheme == "consul" and len(hosts) > 1:
+        _fail(scheme, raw, "one Consul agent per target (the agent knows the cluster)")
+    service = unquote_strict(path, scheme, raw).strip("/")
+    if not service:
+        _fail(scheme, raw, f"missing the service name after the hosts: {EXAMPLES[scheme]}")
+    if "/" in service or _BAD_CHARS_RE.search(service):
+        _fail(scheme, raw, f"the service name {service!r} cannot contain '/' or control characters")
+    options: dict[str, str] = {}
+    for name, value in params.items():
+        if name == "tls":
+            lowered = value.lower()
+            if lowered not in _TRUE + _FALSE:
+                _fail(scheme, raw, f"tls= expects 1, 0, true or false, got {value!r}")
+            value = "1" if lowered in _TRUE else "0"
+        elif not value:
+            _fail(scheme, raw, f"empty {name}=")
+        elif name == "tag" and any(not t for t in value.split(",")):
+            _fail(scheme, raw, "empty tag in tag=")
+        options[name] = value
+    if ("certfile" in options) != ("keyfile" in options):
+        _fail(scheme, raw, "certfile= and keyfile= go together")
+    return Target(scheme=scheme, endpoints=hosts, key=service, options=MappingProxyType(options), raw=raw)
 
 
 def _parse_etcd(scheme: str, authority: str, path: str, params: dict[str, str], raw: str) -> Target:
