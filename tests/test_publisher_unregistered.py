@@ -91,7 +91,7 @@ def test_bad_arguments_are_named(max_unregistered, on_unregistered, message):
 def test_gauges_fold_publishers_of_one_key():
     samples = [metrics.PublisherSample("a.rpc", True, 0.0), metrics.PublisherSample("a.rpc", False, 4.0),
                metrics.PublisherSample("b.rpc", True, 0.0)]
-    assert metrics.publisher_gauges(samples) == {"a.rpc": (0, 4.0), "b.rpc": (1, 0.0)}
+    assert metrics.publisher_gauges(samples) == {("a.rpc", ""): (0, 4.0), ("b.rpc", ""): (1, 0.0)}
 
 
 def test_gauges_of_a_paused_publisher_show_unregistered_but_no_outage():
@@ -99,12 +99,12 @@ def test_gauges_of_a_paused_publisher_show_unregistered_but_no_outage():
     metrics.enable(reg)
     try:
         with Publisher("memory://unreg-gauges", "g.rpc", "127.0.0.1:7301") as pub:
-            assert reg.get_sample_value("waypost_publisher_registered", {"key": "g.rpc"}) == 1
+            assert reg.get_sample_value("waypost_publisher_registered", {"key": "g.rpc", "registry": "memory://unreg-gauges"}) == 1
             pub.pause()
-            assert reg.get_sample_value("waypost_publisher_registered", {"key": "g.rpc"}) == 0
-            assert reg.get_sample_value("waypost_publisher_unregistered_seconds", {"key": "g.rpc"}) == 0
+            assert reg.get_sample_value("waypost_publisher_registered", {"key": "g.rpc", "registry": "memory://unreg-gauges"}) == 0
+            assert reg.get_sample_value("waypost_publisher_unregistered_seconds", {"key": "g.rpc", "registry": "memory://unreg-gauges"}) == 0
         # stopped: the key has no series any more
-        assert reg.get_sample_value("waypost_publisher_registered", {"key": "g.rpc"}) is None
+        assert reg.get_sample_value("waypost_publisher_registered", {"key": "g.rpc", "registry": "memory://unreg-gauges"}) is None
     finally:
         metrics.disable()
 
@@ -119,7 +119,7 @@ def test_frozen_etcd_raises_the_alert_and_the_gauges_then_recovery_clears_them(e
     alerts: list[float] = []
 
     def gauge(name: str) -> float | None:
-        return prom.get_sample_value(name, {"key": "frozen.rpc"})
+        return prom.get_sample_value(name, {"key": "frozen.rpc", "registry": reg.url})
 
     pub = Publisher(reg, "frozen.rpc", "127.0.0.1:7302", ttl=2, max_unregistered=1,
                     on_unregistered=lambda p: alerts.append(p.unregistered_seconds))

@@ -167,34 +167,3 @@ class Aio:
 
     def stop_server(self, server: Any, grace: float, handle: Any = None, limit: float | None = None) -> Any:
         return server.stop(grace)
-
-
-class NoRegistration:
-    """The registration of ``serve(..., registry=None)``: nothing is written anywhere. Inside Kubernetes the
-    readiness probe (the health service, which pause/resume and the graceful stop still drive) decides whether
-    the pod is in its Service's EndpointSlices."""
-
-    key = None
-    registered = False
-    lease_id = None
-
-    def __init__(self) -> None:
-        from .discovery.outage import Outage  # the Publisher interface serve() drives
-
-        self.outage = Outage(self, None, None)  # never lost: nothing to lose
-
-    def start(self) -> None:
-        pass
-
-    stop = pause = resume = start
-
-    def update_metadata(self, metadata: Any) -> None:
-        pass
-
-    async def astart(self) -> None:
-        pass
-
-    astop = apause = aresume = astart
-
-    async def aupdate_metadata(self, metadata: Any) -> None:
-        pass

@@ -29,9 +29,10 @@ watch_reloads_total{key,reason}              counter    subscriber reloads (reas
 registry_store_resets_total                  counter    etcd stores found gone back in time (emptied/restored)
 lease_reregistrations_total{key}             counter    publishers registered again after losing their lease
 registrations_restored_total{key}            counter    publisher records put back after an outside delete
-publisher_registered{key}                    gauge      1 while every publisher of the key in this process is
-                                                        registered, else 0 (read from the publishers at scrape time)
-publisher_unregistered_seconds{key}          gauge      how long the registration has been lost against the
+publisher_registered{key,registry}           gauge      1 while every publisher of the key in this process is
+                                                        registered there, else 0 (read from the publishers at scrape
+                                                        time; one series per registry with several registries)
+publisher_unregistered_seconds{key,registry} gauge      how long the registration has been lost against the
                                                         publisher's will (0 while registered or paused; ditto)
 discovery_stale{key}                         gauge      1 while the key's list comes from a stale (serializable)
                                                         read or a cache file, else 0 (read at scrape time)
@@ -289,6 +290,8 @@ class PublisherSample:
     key: str
     registered: bool
     unregistered_seconds: float
+    #: the registry (its URL, without secrets)
+    registry: str = ""
 
 
 #: A publisher source: called at every scrape, yields one sample per live publisher.
@@ -311,13 +314,13 @@ def unregister_publisher_source(source: PublisherSource) -> None:
             _publisher_sources.remove(source)
 
 
-def publisher_gauges(samples: Iterable[PublisherSample]) -> dict[str, tuple[int, float]]:
-    """key -> (registered, unregistered seconds), several publishers of one key folded into one series:
-    registered only when all of them are, and the longest time unregistered."""
-    out: dict[str, tuple[int, float]] = {}
+def publisher_gauges(samples: Iterable[PublisherSample]) -> dict[tuple[str, str], tuple[int, float]]:
+    """(key, registry) -> (registered, unregistered seconds), several publishers of one key in one registry folded
+    into one series: registered only when all of them are, and the longest time unregistered."""
+    out: dict[tuple[str, str], tuple[int, float]] = {}
     for s in samples:
-        registered, seconds = out.get(s.key, (1, 0.0))
-        out[s.key] = (registered if s.registered else 0, max(seconds, s.unregistered_seconds))
+        registered, seconds = out.get((s.key, s.registry), (1, 0.0))
+        out[(s.key, s.registry)] = (registered if s.registered else 0, max(seconds, s.unregistered_seconds))
     return out
 
 
@@ -332,10 +335,10 @@ class _PublisherCollector:
 
         registered = GaugeMetricFamily("waypost_publisher_registered",
                                        "1 while the key's publishers in this process are registered, else 0",
-                                       labels=["key"])
+                                       labels=["key", "registry"])
         lost = GaugeMetricFamily("waypost_publisher_unregistered_seconds",
                                  "Seconds the registration has been lost against the publisher's will",
-                                 labels=["key"])
+                                 labels=["key", "registry"])
         samples: list[PublisherSample] = []
         with _lock:
             sources = list(_publisher_sources)
@@ -344,9 +347,9 @@ class _PublisherCollector:
                 samples.extend(source())
             except Exception:
                 log.exception("waypost: metrics publisher source failed")
-        for key, (up, seconds) in sorted(publisher_gauges(samples).items()):
-            registered.add_metric([key], up)
-            lost.add_metric([key], seconds)
+        for (key, where), (up, seconds) in sorted(publisher_gauges(samples).items()):
+            registered.add_metric([key, where], up)
+            lost.add_metric([key, where], seconds)
         yield registered
         yield lost
 

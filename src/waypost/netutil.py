@@ -221,7 +221,10 @@ def _registry_url(registry: object) -> str | None:
 
 
 def registry_in_process(registry: object) -> bool:
-    """True when the registry lives in this process (``memory://``); ``registry`` is a URL or a Registry."""
+    """True when the registry lives in this process (``memory://``); ``registry`` is a URL or a Registry (a list
+    of them: when every one does)."""
+    if isinstance(registry, list | tuple):
+        return bool(registry) and all(registry_in_process(r) for r in registry)
     url = _registry_url(registry)
     return url is not None and urlsplit(url).scheme == "memory"
 
@@ -229,8 +232,11 @@ def registry_in_process(registry: object) -> bool:
 def registry_is_local(registry: object) -> bool:
     """True when the registry is in-process (``memory://``) or every endpoint is on loopback.
 
-    ``registry`` is a registry URL or a Registry object (its ``url`` attribute is used).
+    ``registry`` is a registry URL or a Registry object (its ``url`` attribute is used), or a list of them
+    (every one local).
     """
+    if isinstance(registry, list | tuple):
+        return bool(registry) and all(registry_is_local(r) for r in registry)
     url = _registry_url(registry)
     if url is None:
         return False

@@ -51,7 +51,8 @@ from typing import Any, ClassVar, Protocol
 
 import grpc
 
-from ._serving import Aio, HardDeadline, NoRegistration, ShutdownHook, Threads, check_shutdown_args, hook_name
+from ._serving import Aio, HardDeadline, ShutdownHook, Threads, check_shutdown_args, hook_name
+from .discovery.registrations import connect_registries, make_publisher
 from .errors import WaypostError
 from .loadreport import mount as mount_load_reports
 from .netutil import advertised_address, bind_problem
@@ -68,16 +69,6 @@ _SIGNALS = (signal.SIGTERM, signal.SIGINT)
 
 class BindError(WaypostError, OSError):
     """The server could not listen on the requested address."""
-
-
-def _registry_of(registry: Any) -> Any:
-    if registry is None:
-        return None
-    if isinstance(registry, str):
-        from .registry import connect
-
-        return connect(registry)
-    return registry
 
 
 def _health_pb2() -> Any:
@@ -168,7 +159,7 @@ def _serve_steps(handle_cls: type[_Base], server: Any, key: str, listen_on: str,
     """Start-up (module docstring, steps 1-5); returns the handle."""
     fl = handle_cls.flavor
     _check_args(key, grace, publisher_args, registry)
-    reg = _registry_of(registry)
+    reg = connect_registries(registry)
     servicer = None
     if health:  # (1) before start, NOT_SERVING for now
         from grpc_health.v1 import health_pb2_grpc
@@ -438,7 +429,9 @@ def serve(
 ) -> ServeHandle:
     """Bind, start and register a ``grpc.server`` (not started yet) under ``key``; returns its handle.
 
-    ``registry`` is a registry URL or a Registry (``waypost.connect``). ``advertise`` overrides the
+    ``registry`` is a registry URL (``etcd://``, ``consul://``, ``zk://``), a Registry (``waypost.connect``), a list
+    of them (registered in each; see ``waypost.discovery.registrations``), or None (nothing registered: inside
+    Kubernetes, readiness through the health service). ``advertise`` overrides the
     detected address (see ``waypost.netutil``). Raises ``waypost.RegistryUnavailable`` (server stopped
     again) when the registry cannot be reached within ``register_timeout`` seconds. When stopping, the
     server keeps serving for ``drain_delay`` seconds (at most ``grace``) after deregistering, so that
@@ -462,13 +455,10 @@ def serve(
 
 def _publisher(reg: Any, key: str, listen_on: str, port: int, advertise: str | None, allow_loopback: bool | None,
                **publisher_args: Any) -> tuple[str, Any]:
-    """The advertised address and the (not yet started) Publisher that will register it."""
-    from .discovery import Publisher
+    """The advertised address and the (not yet started) publisher that will register it."""
 
     address = advertised_address(listen_on, port, advertise=advertise, registry=reg, allow_loopback=allow_loopback)
-    if reg is None:
-        return address, NoRegistration()
-    return address, Publisher(reg, key, address, **publisher_args)
+    return address, make_publisher(reg, key, address, **publisher_args)
 
 
 # ------------------------------------------------------------------------------------------------ aio

@@ -11,7 +11,7 @@ from ..balancer import policies
 from ..balancer.base import Policy
 from ..resolver import Resolver, ResolverOptions, Subsetter, make_resolver
 from ..resolver.subset import DEFAULT_SUBSET_SIZE
-from ..resolver.target import Target, parse_target, target_for_registry
+from ..resolver.target import Target, parse_target, parse_targets, target_for_registry
 from ..service_config import MethodConfig, ServiceConfig, parse_service_config
 from .method_names import MethodNameCheck
 from .retry_throttle import RetryThrottle
@@ -49,7 +49,7 @@ class ChannelConfig:
 
 
 def build_config(
-    target: str | Registry,
+    target: str | Sequence[str] | Registry,
     balancer: str | None,
     service_config: Mapping[str, Any] | str | bytes | ServiceConfig | None,
     *,
@@ -76,10 +76,13 @@ def build_config(
             raise InvalidTarget("dial: key= goes with a registry object (waypost.connect(url)); a target string "
                                 "carries its key itself (etcd:///host:2379?key=greet.rpc)")
         target = target_for_registry(target, key)
+    elif isinstance(target, list | tuple):
+        t = parse_targets(target)
     elif not isinstance(target, str):
-        raise InvalidTarget(f"target must be a string (or a registry from waypost.connect() with key=...), got "
-                            f"{type(target).__name__}")
-    t = parse_target(target)
+        raise InvalidTarget(f"target must be a string, a list of them (several sources), or a registry from "
+                            f"waypost.connect() with key=..., got {type(target).__name__}")
+    if isinstance(target, str):
+        t = parse_target(target)
     # no policy named: service_config.DEFAULT_POLICY
     sc = parse_service_config(service_config, balancer=balancer, retries=retries)
     routing = Routing.make(metadata_filter, prefer, min_preferred)

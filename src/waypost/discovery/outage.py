@@ -166,7 +166,13 @@ def _samples() -> Iterator[metrics.PublisherSample]:
     with _live_lock:
         publishers = list(_live)
     for p in publishers:
-        yield metrics.PublisherSample(p.base_key, p.registered, p.unregistered_seconds)
+        yield metrics.PublisherSample(p.base_key, p.registered, p.unregistered_seconds, registry_label(p))
+
+
+def registry_label(publisher: Any) -> str:
+    """The registry a publisher writes to, without secrets (``registry_url`` or its Registry's ``url``)."""
+    label = getattr(publisher, "registry_url", None) or getattr(getattr(publisher, "registry", None), "url", "")
+    return str(label)
 
 
 metrics.register_publisher_source(_samples)

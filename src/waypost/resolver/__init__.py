@@ -12,9 +12,10 @@ from .base import OnError, OnUpdate, Resolver, ResolverFactory, ResolverOptions
 from .direct import DirectResolver
 from .dns import DnsResolver
 from .k8s import K8sResolver
+from .multi import MultiResolver
 from .registry_resolver import RegistryResolver
 from .subset import DEFAULT_SUBSET_SIZE, Subsetter, deterministic_subset
-from .target import Target, parse_target
+from .target import Target, parse_target, parse_targets
 
 #: The resolver class for each target scheme.
 RESOLVERS: dict[str, ResolverFactory] = {
@@ -23,6 +24,7 @@ RESOLVERS: dict[str, ResolverFactory] = {
     "memory": RegistryResolver,
     "dns": DnsResolver,
     "k8s": K8sResolver,
+    "multi": MultiResolver,
 }
 
 
@@ -42,6 +44,7 @@ __all__ = [
     "DirectResolver",
     "DnsResolver",
     "K8sResolver",
+    "MultiResolver",
     "OnError",
     "OnUpdate",
     "RegistryResolver",
@@ -53,4 +56,5 @@ __all__ = [
     "deterministic_subset",
     "make_resolver",
     "parse_target",
+    "parse_targets",
 ]

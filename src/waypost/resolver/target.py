@@ -39,7 +39,7 @@ from __future__ import annotations
 
 import ipaddress
 import re
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from types import MappingProxyType
 from typing import NoReturn
@@ -108,6 +108,8 @@ class Target:
     options: Mapping[str, str] = field(default_factory=lambda: MappingProxyType({}))
     raw: str = field(default="", repr=False)
     authority: str = ""
+    #: a target of several sources (``parse_targets``, scheme ``multi``): each source's own Target
+    sources: tuple[Target, ...] = ()
 
     @property
     def uses_registry(self) -> bool:
@@ -164,6 +166,27 @@ class Target:
 
     def __hash__(self) -> int:
         return hash(self.raw)
+
+
+def parse_targets(targets: Sequence[str]) -> Target:
+    """Several targets as one (scheme ``multi``): the union of their backends, e.g. the same service in two
+    registries that back each other up. Each is parsed by ``parse_target``; a single one is returned as it is."""
+    if isinstance(targets, str) or not isinstance(targets, Sequence):
+        raise InvalidTarget(f"expected a list of targets, got {type(targets).__name__}")
+    parsed: list[Target] = []
+    for i, text in enumerate(targets):
+        try:
+            t = parse_target(text)
+        except InvalidTarget as e:
+            raise InvalidTarget(f"target {i + 1} of {len(targets)}: {e}") from None
+        if t.raw not in [p.raw for p in parsed]:
+            parsed.append(t)
+    if not parsed:
+        raise InvalidTarget(f"an empty list of targets; for example [{EXAMPLES['etcd']!r}, {EXAMPLES['consul']!r}]")
+    if len(parsed) == 1:
+        return parsed[0]
+    raw = " + ".join(t.raw for t in parsed)
+    return Target(scheme="multi", endpoints=(), raw=raw, sources=tuple(parsed))
 
 
 def parse_target(target: str) -> Target:
