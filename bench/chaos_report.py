@@ -6,7 +6,8 @@ etcd down, etcd leader killed (3 members), compaction under registration churn, 
 at ~50 changes/s, backend SIGKILL and SIGSTOP under load with a retryPolicy, a publisher process frozen
 longer than its TTL, a process forking 8 children per round after dialing an etcd target (gunicorn/uWSGI
 preload); and (``tests/chaos_etcd_store.py``) etcd SIGKILLed and back with an older store (data directory
-wiped, or restored from a snapshot), a publisher behind a link adding 0.9 s each way.
+wiped, or restored from a snapshot), a publisher behind a link adding 0.9 s each way; two registries backing each
+other up (servers registered in both, clients reading both), one of them down.
 Columns: RPCs sent and failed, registrations lost, recovery time (what "recovery" means per scenario
 is in the JSON as ``recovery_what``) and its bound.
 
@@ -49,6 +50,7 @@ SCENARIOS: dict[str, tuple[int, Callable[[LocalEtcd, bool], list[cs.Result]]]] =
     "etcd_wiped": (1, lambda e, q: [cstore.etcd_store_gone_back(e, "wiped")]),
     "etcd_restored": (1, lambda e, q: [cstore.etcd_store_gone_back(e, "restored")]),
     "slow_link": (1, lambda e, q: [cstore.slow_link_publisher(e, observe_s=10.0 if q else 20.0)]),
+    "two_registries": (1, lambda e, q: [cs.one_of_two_registries_down(e, down_s=3.0 if q else 10.0, ttl=2 if q else 5)]),
 }
 
 

@@ -57,7 +57,7 @@ def _churn(pubs: list[Publisher], seconds: float, rate: float, seed: int) -> flo
 
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__)
-    ap.add_argument("--registry", required=True)
+    ap.add_argument("--registry", required=True, action="append", help="several: registered in each (with --serve)")
     ap.add_argument("--key", required=True)
     ap.add_argument("--name", required=True)
     ap.add_argument("--ports", type=int, default=1)
@@ -69,8 +69,9 @@ def main(argv: list[str] | None = None) -> int:
 
     server = grpc.server(futures.ThreadPoolExecutor(max_workers=args.workers), options=[("grpc.so_reuseport", 0)])
     echo_pb2_grpc.add_EchoServicer_to_server(EchoServicer(args.name), server)
+    registry = args.registry[0] if len(args.registry) == 1 else args.registry
     if args.serve:
-        handle = waypost.serve(server, args.key, listen_on="127.0.0.1:0", registry=args.registry, ttl=args.ttl,
+        handle = waypost.serve(server, args.key, listen_on="127.0.0.1:0", registry=registry, ttl=args.ttl,
                                grace=5.0, register_timeout=30.0)
         sys.stdout.write(f"READY {json.dumps([handle.address])}\n")
         sys.stdout.flush()
@@ -82,7 +83,7 @@ def main(argv: list[str] | None = None) -> int:
     ports = [server.add_insecure_port("127.0.0.1:0") for _ in range(args.ports)]
     server.start()
     addresses = [f"127.0.0.1:{p}" for p in ports]
-    pubs = [Publisher(args.registry, args.key, a, ttl=args.ttl, timeout=30.0) for a in addresses]
+    pubs = [Publisher(args.registry[0], args.key, a, ttl=args.ttl, timeout=30.0) for a in addresses]
     for p in pubs:
         p.start()
     sys.stdout.write(f"READY {json.dumps(addresses)}\n")

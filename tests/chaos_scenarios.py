@@ -171,13 +171,15 @@ class Node:
     """A backend process (``tests/chaos_node.py``). Construct several, then ``ready()`` each: they start in
     parallel."""
 
-    def __init__(self, registry_url: str, key: str, name: str, ports: int = 1, ttl: int = 10,
+    def __init__(self, registry_url: str | list[str], key: str, name: str, ports: int = 1, ttl: int = 10,
                  serve: bool = False) -> None:
         self.name = name
+        urls = [registry_url] if isinstance(registry_url, str) else registry_url
         env = dict(os.environ)
         env["PYTHONPATH"] = os.pathsep.join([str(ROOT), str(ROOT / "src"), env.get("PYTHONPATH", "")])
         self.proc = subprocess.Popen(
-            [sys.executable, str(ROOT / "tests" / "chaos_node.py"), "--registry", registry_url, "--key", key,
+            [sys.executable, str(ROOT / "tests" / "chaos_node.py"), *(a for u in urls for a in ("--registry", u)),
+             "--key", key,
              "--name", name, "--ports", str(ports), "--ttl", str(ttl), *(["--serve"] if serve else [])],
             cwd=ROOT, env=env, stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
         self.addresses: list[str] = []
@@ -254,7 +256,7 @@ class Node:
 
 
 @contextlib.contextmanager
-def nodes(registry_url: str, key: str, names: list[str], **kw: Any) -> Iterator[list[Node]]:
+def nodes(registry_url: str | list[str], key: str, names: list[str], **kw: Any) -> Iterator[list[Node]]:
     started: list[Node] = []
     try:
         for n in names:
@@ -326,7 +328,7 @@ class Load:
 
 
 @contextlib.contextmanager
-def loaded_channel(target: str, *, threads: int = 3, warm: int = 1, **dial_kw: Any) -> Iterator[tuple[Any, Load]]:
+def loaded_channel(target: str | list[str], *, threads: int = 3, warm: int = 1, **dial_kw: Any) -> Iterator[tuple[Any, Load]]:
     """A balanced channel under steady load (started once ``warm`` backends are READY); the library's log
     lines are recorded meanwhile to explain failures."""
     ch = waypost.dial(target, service_config=RETRY_CONFIG, **dial_kw)
@@ -386,6 +388,40 @@ def etcd_down(etcd: LocalEtcd, down_s: float = 10.0, ttl: int = 10, key: str = "
             load.fill(r)
     finally:
         close_registry(probe)
+    return r
+
+
+def one_of_two_registries_down(etcd: LocalEtcd, down_s: float = 10.0, ttl: int = 5,
+                                key: str = "chaos-two.rpc") -> Result:
+    """Two registries backing each other up (each server registered in both, each client reading both): one
+    stopped for ``down_s`` seconds under load (longer than the TTL: its leases expire), then started again.
+    Promise: no failed call, and the registrations are complete again in it within 2 s of its return."""
+    r = Result(f"one of 2 registries down {down_s:g} s (TTL {ttl} s)", bound_s=2.0,
+               recovery_what="registrations back in the returned registry")
+    other = LocalEtcd().start()
+    probe = None
+    try:
+        with nodes([etcd.url(), other.url()], key, ["a", "b"], ttl=ttl, serve=True) as (a, b), \
+                loaded_channel([etcd_target(etcd.endpoints, key), etcd_target(other.endpoints, key)],
+                               warm=2) as (_ch, load):
+            want = {a.address, b.address}
+            etcd.members[0].stop()
+            time.sleep(down_s)
+            etcd.members[0].start()
+            t_back = time.monotonic()
+            probe = private_registry(etcd.endpoints)
+            back = holds_within(lambda: registered_values(probe, key) == want, 30)
+            r.recovery_s = round(time.monotonic() - t_back, 3)
+            seen = registered_values(probe, key) or set()
+            r.lost = len(want - seen)
+            r.check(back, f"registrations in the returned registry: {sorted(seen)}, expected {sorted(want)}")
+            r.check(r.recovery_s <= r.bound_s, f"registrations back only {r.recovery_s} s after the registry returned")
+            load.stop()
+            load.fill(r)  # no failed call
+    finally:
+        if probe is not None:
+            close_registry(probe)
+        other.close()
     return r
 
 

@@ -119,8 +119,8 @@ PROGRAM = textwrap.dedent('''
 
 # (what is revealed, a part of what mypy says, a part of what pyright says), in the order of the program
 EXPECTED = [
-    ("dial", "def (target: str | waypost.registry.base.Registry, balancer: str | None",
-     "(target: str | Registry, balancer: str | None"),
+    ("dial", "def (target: str | typing.Sequence[str] | waypost.registry.base.Registry, balancer: str | None",
+     "(target: str | Sequence[str] | Registry, balancer: str | None"),
     ("channel", "", "Channel"),
     ("waypost.hash_key", "def (key: str | bytes | int | None)", "(key: str | bytes | int | None)"),
     ("waypost.aio.dial", "-> waypost.aio.Channel", "-> Channel"),

@@ -269,7 +269,7 @@ def _stop_task(task: asyncio.Future[Any]) -> None:
 
 
 def dial(
-    target: str | Registry,
+    target: str | Sequence[str] | Registry,
     balancer: str | None = None,
     service_config: Mapping[str, Any] | str | None = None,
     options: Sequence[tuple[str, Any]] | None = None,

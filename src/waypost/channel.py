@@ -384,7 +384,7 @@ def _stop_health(handle: _fork.PausableTask) -> None:
 
 
 def dial(
-    target: str | Registry,
+    target: str | Sequence[str] | Registry,
     balancer: str | None = None,
     service_config: Mapping[str, Any] | str | None = None,
     options: Sequence[tuple[str, Any]] | None = None,
@@ -401,7 +401,9 @@ def dial(
     min_preferred: int | None = None,
     key: str | None = None,
 ) -> grpc.Channel:
-    """A balanced ``grpc.Channel`` to ``target`` (``etcd://``, ``direct:///``, ``dns:///``...: see docs/discovery.md).
+    """A balanced ``grpc.Channel`` to ``target`` (``etcd://``, ``direct:///``, ``dns:///``, ``k8s://``, ``consul://``,
+    ``zk://``...: see docs/discovery.md); a list of targets follows all of them and uses the union (registries that
+    back each other up: ``waypost.resolver.multi``).
 
     ``balancer`` names the policy (a shortcut for ``loadBalancingConfig``; it must agree with the service
     config when both name one); with neither, ``waypost.service_config.DEFAULT_POLICY`` (peak_ewma: P2C
