@@ -406,6 +406,78 @@ def cli_resolve_and_watch(cluster: Any) -> None:
         watch.wait(10)
 
 
+def bench_slice_to_picker(cluster: Any, changes: int = 40, out: str = "") -> None:
+    """For bench/k8s.py: an EndpointSlice gains a ready pod, ``changes`` times. Measured from just before the
+    write: when a raw watch of the slices (one plain HTTP watch request, nothing else) sees the event, and when
+    a waypost channel's picker can use the new pod (READY in its balancer). Writes the samples (ms) to ``out``."""
+    import http.client
+    import json
+    import threading
+
+    import waypost
+
+    ns, svc = unique("bench"), "greet"
+    cluster.create_namespace(ns)
+    servers, port = start_backends(["10.77.0.2", "10.77.0.3"])
+    new = f"10.77.0.3:{port}"
+    seen_raw: dict[int, float] = {}
+    stop = threading.Event()
+    cluster.put_slice(ns, "greet-a", svc, endpoints=["10.77.0.2"], ports=_grpc_port(port))
+    rv = cluster.list_slices(ns, svc)["metadata"]["resourceVersion"]
+
+    def raw_watch() -> None:  # the floor: the apiserver's own event latency to a watching client
+        from tests.k8s_support import ADMIN_TOKEN
+
+        conn = http.client.HTTPSConnection(cluster.bind_host, cluster.port, timeout=60,
+                                           context=cluster.ssl_context())
+        conn.request("GET", cluster.slice_path(ns) + f"?watch=1&resourceVersion={rv}&labelSelector="
+                     f"kubernetes.io%2Fservice-name%3D{svc}", headers={"Authorization": f"Bearer {ADMIN_TOKEN}"})
+        resp = conn.getresponse()
+        while not stop.is_set():
+            line = resp.readline()
+            if not line:
+                return
+            t = time.monotonic()
+            obj = json.loads(line)["object"]
+            round_ = int(obj["metadata"].get("annotations", {}).get("bench/round", "-1"))
+            if any(ep["addresses"] == ["10.77.0.3"] for ep in obj.get("endpoints") or []):
+                seen_raw.setdefault(round_, t)
+        conn.close()
+
+    watcher = threading.Thread(target=raw_watch, daemon=True)
+    watcher.start()
+    raw_ms: list[float] = []
+    picker_ms: list[float] = []
+    try:
+        with waypost.dial(f"k8s://{ns}/{svc}:grpc?kubeconfig={_kubeconfig(cluster)}") as ch:
+            echo_pb2_grpc.EchoStub(ch).Unary(Req(), timeout=10)
+            time.sleep(0.5)  # the watches are open
+            for i in range(changes):
+                body = {"metadata": {"annotations": {"bench/round": str(i)}}}
+                t0 = time.monotonic()
+                cluster.put_slice(ns, "greet-a", svc, endpoints=["10.77.0.2", "10.77.0.3"], ports=_grpc_port(port),
+                                  annotations=body["metadata"]["annotations"])
+                deadline = t0 + 10
+                while new not in ch.balancer.ready_addresses() and time.monotonic() < deadline:
+                    time.sleep(0.0005)
+                t_pick = time.monotonic()
+                while i not in seen_raw and time.monotonic() < deadline:
+                    time.sleep(0.0005)
+                if i in seen_raw and new in ch.balancer.ready_addresses():
+                    raw_ms.append((seen_raw[i] - t0) * 1e3)
+                    picker_ms.append((t_pick - t0) * 1e3)
+                cluster.put_slice(ns, "greet-a", svc, endpoints=["10.77.0.2"], ports=_grpc_port(port))
+                while new in ch.balancer.ready_addresses() and time.monotonic() < deadline + 10:
+                    time.sleep(0.001)
+    finally:
+        stop.set()
+        _stop(servers)
+    assert len(picker_ms) >= changes * 0.9, f"only {len(picker_ms)} of {changes} changes measured"
+    if out:
+        with open(out, "w") as f:
+            json.dump({"raw_watch_ms": raw_ms, "picker_ms": picker_ms}, f)
+
+
 SCENARIOS: dict[str, Callable[..., None]] = {
     "pods_reachable": pods_reachable,
     "slices_merged_readiness_terminating": slices_merged_readiness_terminating,
@@ -416,4 +488,5 @@ SCENARIOS: dict[str, Callable[..., None]] = {
     "kubeconfig_auth_and_clear_refusals": kubeconfig_auth_and_clear_refusals,
     "in_cluster_config_and_token_rotation": in_cluster_config_and_token_rotation,
     "cli_resolve_and_watch": cli_resolve_and_watch,
+    "bench_slice_to_picker": bench_slice_to_picker,
 }

@@ -623,6 +623,7 @@ class KubeCluster:
         endpoints: Sequence[Mapping[str, Any] | str] = (),
         ports: Sequence[Mapping[str, Any]] | None = None,
         labels: Mapping[str, str] | None = None,
+        annotations: Mapping[str, str] | None = None,
     ) -> str:
         """Create or replace the EndpointSlice ``ns/name`` of ``service``; returns its new resourceVersion.
 
@@ -637,7 +638,7 @@ class KubeCluster:
             "metadata": {"name": name, "namespace": ns, "labels": {
                 "kubernetes.io/service-name": service,
                 "endpointslice.kubernetes.io/managed-by": "waypost-tests",
-                **(labels or {})}},
+                **(labels or {})}, **({"annotations": dict(annotations)} if annotations else {})},
             "addressType": address_type,
             "endpoints": eps,
             "ports": [dict(p) for p in (ports if ports is not None

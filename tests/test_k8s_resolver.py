@@ -24,3 +24,14 @@ pytestmark = [k8s_support.timeout_mark()]
 ])
 def test_k8s_resolver(netns_host, scenario):
     netns_host.run(scenario, timeout=90)
+
+
+def test_bench_scenario_measures_every_change(netns_host, tmp_path):
+    """bench/k8s.py's scenario, short: every change is measured on both sides (no timing asserted)."""
+    import json
+
+    out = tmp_path / "samples.json"
+    netns_host.run("bench_slice_to_picker", timeout=90, args={"changes": 5, "out": str(out)})
+    data = json.loads(out.read_text())
+    assert len(data["raw_watch_ms"]) == len(data["picker_ms"]) == 5
+    assert all(x > 0 for x in data["raw_watch_ms"] + data["picker_ms"])
