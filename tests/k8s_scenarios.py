@@ -406,6 +406,64 @@ def cli_resolve_and_watch(cluster: Any) -> None:
         watch.wait(10)
 
 
+def examples_in_pods(cluster: Any) -> None:
+    """examples/kubernetes: two servers as pods (10.77.0.4, 10.77.0.5; registry=None, readiness through health),
+    their slice written as the EndpointSlice controller would once the probe passes, and the example client
+    calling through k8s://. Then SIGTERM to one: it reports NOT_SERVING (the probe's signal) and still answers
+    during its drain delay."""
+    import signal
+    import subprocess
+    import sys
+    from pathlib import Path
+
+    from grpc_health.v1 import health_pb2, health_pb2_grpc
+
+    root = Path(__file__).resolve().parents[1]
+    ns = unique("examples")
+    cluster.create_namespace(ns)
+    port = 50051
+    procs = []
+    try:
+        for ip in ("10.77.0.4", "10.77.0.5"):
+            # each pod has a network of its own in Kubernetes; here they share one, so each binds its own address
+            p = subprocess.Popen([sys.executable, str(root / "examples/kubernetes/server.py"), "--host", ip,
+                                  "--port", str(port), "--drain-delay", "3"], stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+                                 env={**os.environ, "POD_IP": ip})
+            procs.append(p)
+            line = p.stdout.readline() if p.stdout else ""
+            assert line.startswith("serving greet on "), (line, p.stderr.read() if p.poll() is not None else "")
+        for ip in ("10.77.0.4", "10.77.0.5"):  # the kubelet's probe: SERVING before the pod is in the slice
+            with grpc.insecure_channel(f"{ip}:{port}") as ch:
+                status = health_pb2_grpc.HealthStub(ch).Check(health_pb2.HealthCheckRequest(), timeout=5).status
+                assert status == health_pb2.HealthCheckResponse.SERVING, (ip, status)
+        cluster.put_slice(ns, "greet-abc12", "greet", endpoints=["10.77.0.4", "10.77.0.5"], ports=_grpc_port(port))
+        out = subprocess.run([sys.executable, str(root / "examples/kubernetes/client.py"), "--calls", "8",
+                              "--target", f"k8s://{ns}/greet:grpc?kubeconfig={_kubeconfig(cluster)}"],
+                             check=False, capture_output=True, text=True, timeout=60)
+        assert out.returncode == 0, out.stderr[-2000:]
+        assert len(out.stdout.splitlines()) == 8
+        assert {w for line in out.stdout.splitlines() for w in line.split() if w.startswith("10.77.0.")} == \
+            {f"10.77.0.4:{port}", f"10.77.0.5:{port}"}, out.stdout
+        # pod deleted: SIGTERM; NOT_SERVING at once, calls still answered during the drain delay
+        procs[0].send_signal(signal.SIGTERM)
+        with grpc.insecure_channel(f"10.77.0.4:{port}") as ch:
+            stub = health_pb2_grpc.HealthStub(ch)
+            deadline = time.monotonic() + 3
+            status = None
+            while time.monotonic() < deadline:
+                status = stub.Check(health_pb2.HealthCheckRequest(), timeout=2).status
+                if status == health_pb2.HealthCheckResponse.NOT_SERVING:
+                    break
+                time.sleep(0.05)
+            assert status == health_pb2.HealthCheckResponse.NOT_SERVING, status
+        assert procs[0].wait(30) == 0
+    finally:
+        for p in procs:
+            if p.poll() is None:
+                p.kill()
+            p.wait(10)
+
+
 def bench_slice_to_picker(cluster: Any, changes: int = 40, out: str = "") -> None:
     """For bench/k8s.py: an EndpointSlice gains a ready pod, ``changes`` times. Measured from just before the
     write: when a raw watch of the slices (one plain HTTP watch request, nothing else) sees the event, and when
@@ -489,4 +547,5 @@ SCENARIOS: dict[str, Callable[..., None]] = {
     "in_cluster_config_and_token_rotation": in_cluster_config_and_token_rotation,
     "cli_resolve_and_watch": cli_resolve_and_watch,
     "bench_slice_to_picker": bench_slice_to_picker,
+    "examples_in_pods": examples_in_pods,
 }

@@ -21,6 +21,7 @@ pytestmark = [k8s_support.timeout_mark()]
     "kubeconfig_auth_and_clear_refusals",
     "in_cluster_config_and_token_rotation",
     "cli_resolve_and_watch",
+    "examples_in_pods",
 ])
 def test_k8s_resolver(netns_host, scenario):
     netns_host.run(scenario, timeout=90)
