@@ -172,3 +172,26 @@ def test_chaos_one_of_two_registries_down_under_load(two_etcds, unique_key):
     finally:
         stop.set()
         handle.stop()
+
+
+def test_aio_dial_a_list_of_targets():
+    import asyncio
+
+    import waypost.aio
+
+    servers = [EchoServer("x"), EchoServer("y")]
+    for s in servers:
+        s.start()
+    try:
+        async def main() -> set[str]:
+            targets = [f"direct:///{servers[0].address}", f"direct:///{servers[1].address},{servers[0].address}"]
+            async with waypost.aio.dial(targets, balancer="round_robin") as ch:
+                stub = echo_pb2_grpc.EchoStub(ch)
+                got = {(await stub.Unary(Req(), timeout=5, wait_for_ready=True)).server for _ in range(8)}
+                assert len(ch.balancer.subconns()) == 2  # x is in both sources: one backend
+                return got
+
+        assert asyncio.run(main()) == {"x", "y"}
+    finally:
+        for s in servers:
+            s.stop()
