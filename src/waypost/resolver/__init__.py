@@ -9,6 +9,7 @@ from __future__ import annotations
 
 from ..errors import InvalidTarget
 from .base import OnError, OnUpdate, Resolver, ResolverFactory, ResolverOptions
+from .consul import ConsulResolver
 from .direct import DirectResolver
 from .dns import DnsResolver
 from .k8s import K8sResolver
@@ -16,6 +17,7 @@ from .multi import MultiResolver
 from .registry_resolver import RegistryResolver
 from .subset import DEFAULT_SUBSET_SIZE, Subsetter, deterministic_subset
 from .target import Target, parse_target, parse_targets
+from .zk import ZkResolver
 
 #: The resolver class for each target scheme.
 RESOLVERS: dict[str, ResolverFactory] = {
@@ -24,7 +26,9 @@ RESOLVERS: dict[str, ResolverFactory] = {
     "memory": RegistryResolver,
     "dns": DnsResolver,
     "k8s": K8sResolver,
+    "consul": ConsulResolver,
     "multi": MultiResolver,
+    "zk": ZkResolver,
 }
 
 
@@ -41,6 +45,7 @@ def make_resolver(target: Target | str, options: ResolverOptions | None = None) 
 __all__ = [
     "DEFAULT_SUBSET_SIZE",
     "RESOLVERS",
+    "ConsulResolver",
     "DirectResolver",
     "DnsResolver",
     "K8sResolver",
@@ -53,6 +58,7 @@ __all__ = [
     "ResolverOptions",
     "Subsetter",
     "Target",
+    "ZkResolver",
     "deterministic_subset",
     "make_resolver",
     "parse_target",

@@ -17,7 +17,8 @@ Accepted forms (the scheme is case-insensitive):
   service in Consul's catalog. Parameters: ``tag=T`` (several: ``tag=a,b``, all required), ``dc=NAME``,
   ``token=ACL_TOKEN`` (else ``$CONSUL_HTTP_TOKEN``), and ``tls=1``, ``cacert``, ``certfile``, ``keyfile``.
 - ``zk://H1:2181,H2:2181/SERVICE`` (port default 2181): the instances a Kratos service (or waypost) keeps as
-  ephemeral nodes under ``/microservices/SERVICE``.
+  ephemeral nodes under ``/microservices/SERVICE``. Parameters: ``namespace=/PATH`` (Kratos' ``WithRootPath``),
+  ``session_timeout=SECONDS``.
 - ``k8s://NAMESPACE/SERVICE:PORT`` (go-zero's form), ``k8s:///NAMESPACE/SERVICE:PORT`` or ``k8s:///SERVICE:PORT``
   (no namespace: the pod's own, or the kubeconfig context's): the ready endpoints of a Kubernetes Service's
   EndpointSlices. PORT is a number or the name of an EndpointSlice port. Parameters: ``kubeconfig=PATH`` and
@@ -78,7 +79,7 @@ _ALLOWED_PARAMS = {
     "dns": (),
     "k8s": ("kubeconfig", "context"),
     "consul": ("tag", "dc", "token", "tls", "cacert", "certfile", "keyfile"),
-    "zk": (),
+    "zk": ("namespace", "session_timeout"),
 }
 CONSUL_DEFAULT_PORT = 8500
 ZK_DEFAULT_PORT = 2181

@@ -1,0 +1,342 @@
+"""A small asyncio client of Consul's HTTP API (the parts waypost uses), on aiohttp.
+
+Why not py-consul: it is synchronous (requests). A blocking query (``?index=N&wait=55s``, Consul's long
+poll: the answer comes when the result changes or the wait ends) would hold a thread for its whole wait, one
+per resolver and one per publisher guard; on the control loop (``waypost._loop``) every one of them is a
+coroutine holding a socket, next to the etcd watches and the k8s informers. The API surface needed is small:
+
+- ``register_service`` / ``deregister_service``: ``PUT /v1/agent/service/register``, ``.../deregister/<id>``
+  (the local agent: it owns the registration and syncs it to the catalog; its checks run there);
+- ``pass_check`` / ``update_check``: ``PUT /v1/agent/check/pass/<id>``, ``/v1/agent/check/update/<id>`` (TTL
+  checks); an unknown check answers 404, which ``ConsulNotFound`` carries (the agent lost it: restarted,
+  or someone deregistered the service);
+- ``agent_service``: ``GET /v1/agent/service/<id>`` (blocking on its content hash);
+- ``health_service``: ``GET /v1/health/service/<name>?passing=1&index=N&wait=Ws&tag=..&dc=..`` -> the new
+  index (``X-Consul-Index``) and the instances;
+- ``leader``: ``GET /v1/status/leader``.
+
+Every request has a timeout: ``timeout`` seconds for a plain one, ``wait * 17/16 + timeout`` for a blocking
+one (Consul adds up to wait/16 of jitter). Errors: unreachable, timed out, 502/503/504 or "No cluster leader"
+-> ``RegistryUnavailable``; 403 -> ``PermissionDenied`` with a hint on the ACL rule needed; 404 ->
+``ConsulNotFound``; a failed TLS handshake -> ``ConsulTLSError`` (a RegistryUnavailable); any other non-200 -> ``RegistryError`` with Consul's message. The ACL token goes in
+``X-Consul-Token`` and never into a message.
+
+The client makes its aiohttp session on first use, on the running loop (use one client from one loop);
+``close()`` closes it (a later request opens a new one).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import math
+import re
+import ssl
+import urllib.parse
+from collections.abc import Iterable, Mapping
+from typing import Any
+
+from ..errors import PermissionDenied, RegistryError, RegistryUnavailable
+from .config import TOKEN_ENV, ConsulConfig
+
+INSTALL_HINT = "consul:// registries and targets need the consul extra: pip install 'waypost[consul]'"
+#: Consul's own cap on a blocking query's wait
+MAX_WAIT = 600.0
+
+
+#: Consul's limits on service Meta (agent/structs: metaKeyFormat, metaMaxKeyPairs, metaValueMaxLength)
+META_KEY_RE = re.compile(r"[A-Za-z0-9_-]{1,128}")
+MAX_META_PAIRS = 64
+MAX_META_VALUE = 512
+#: the metadata key whose value (a list of strings) becomes the registration's Tags instead of a Meta entry
+TAGS_KEY = "tags"
+
+
+def _strict_json(text: str) -> Any:
+    """``json.loads`` that refuses NaN/Infinity (raises ValueError)."""
+    def refuse(name: str) -> Any:
+        raise ValueError(name)
+
+    return json.loads(text, parse_constant=refuse)
+
+
+def _is_json(text: str) -> bool:
+    try:
+        _strict_json(text)
+    except ValueError:
+        return False
+    return True
+
+
+def encode_meta(metadata: Mapping[str, Any] | None) -> tuple[list[str], dict[str, str]]:
+    """waypost metadata -> Consul (Tags, Meta). Consul's Meta values are strings, so:
+
+    - a string that is not JSON text goes as it is (``"eu-1"`` -> ``eu-1``);
+    - any other value goes as compact JSON (``20`` -> ``20``, ``True`` -> ``true``, ``{"a": 1}`` -> ``{"a":1}``),
+      and so does a string that would read as JSON (``"20"`` -> ``"\"20\""``), so ``decode_meta`` gives every
+      value back exactly;
+    - ``metadata["tags"]`` (a list of non-empty strings) becomes the Tags, not a Meta entry.
+
+    Raises TypeError/ValueError naming the entry Consul would refuse (key format, 64 entries, 512 characters).
+    """
+    tags: list[str] = []
+    meta: dict[str, str] = {}
+    for key, value in (metadata or {}).items():
+        if key == TAGS_KEY:
+            if not isinstance(value, (list, tuple)) or not all(isinstance(t, str) and t for t in value):
+                raise TypeError(f"metadata[{TAGS_KEY!r}] becomes the Consul tags: give a list of non-empty strings, "
+                                f"got {value!r:.80}")
+            tags = list(dict.fromkeys(value))
+            continue
+        if not isinstance(key, str) or not META_KEY_RE.fullmatch(key):
+            raise ValueError(f"metadata key {key!r:.140} cannot be a Consul Meta key (1-128 letters, digits, '_' "
+                             "and '-')")
+        if key.lower().startswith("consul-"):
+            raise ValueError(f"metadata key {key!r}: Consul reserves Meta keys starting with 'consul-'")
+        if isinstance(value, str) and not _is_json(value):
+            text = value
+        else:
+            try:
+                text = json.dumps(value, separators=(",", ":"), ensure_ascii=False, allow_nan=False)
+            except (TypeError, ValueError) as e:
+                raise type(e)(f"metadata[{key!r}]: {e}") from None
+        if len(text) > MAX_META_VALUE:
+            raise ValueError(f"metadata[{key!r}] is {len(text)} characters as a Consul Meta value; Consul's limit "
+                             f"is {MAX_META_VALUE}")
+        meta[key] = text
+    if len(meta) > MAX_META_PAIRS:
+        raise ValueError(f"{len(meta)} metadata entries; Consul's limit is {MAX_META_PAIRS} Meta entries")
+    return tags, meta
+
+
+def decode_meta(meta: Mapping[str, Any] | None, tags: Iterable[str] | None = None) -> dict[str, Any]:
+    """Consul (Meta, Tags) -> waypost metadata: each Meta value that is JSON text decodes (``20`` -> 20,
+    ``true`` -> True, ``"\"20\""`` -> ``"20"``), any other stays the string it is; non-empty Tags come back as
+    ``metadata["tags"]`` (a list; they win over a Meta entry ``tags``)."""
+    out: dict[str, Any] = {}
+    for key, value in (meta or {}).items():
+        if not isinstance(value, str):
+            out[key] = value
+            continue
+        try:
+            decoded = _strict_json(value)
+        except ValueError:
+            decoded = value
+        if isinstance(decoded, float) and not math.isfinite(decoded):  # e.g. 1e999
+            decoded = value
+        out[key] = decoded
+    tag_list = [t for t in (tags or ()) if isinstance(t, str)]
+    if tag_list:
+        out[TAGS_KEY] = tag_list
+    return out
+
+
+def require_client() -> None:
+    """Raise a clear ImportError when aiohttp is missing (at construction, not on first use)."""
+    try:
+        import aiohttp  # noqa: F401
+    except ImportError as e:
+        raise ImportError(INSTALL_HINT) from e
+
+
+class ConsulTLSError(RegistryUnavailable):
+    """The TLS handshake with the agent failed (an unknown CA, a wrong name, a client certificate refused):
+    a configuration problem, reported at once rather than retried until a timeout."""
+
+
+class ConsulNotFound(RegistryError):
+    """Consul answered 404: no such service or check (on the local agent), or no such endpoint."""
+
+
+def _quote(segment: str) -> str:
+    return urllib.parse.quote(segment, safe="")
+
+
+def _duration(seconds: float) -> str:
+    """Go duration text for Consul (``"55s"``, ``"1.5s"``)."""
+    return f"{seconds:g}s" if seconds != int(seconds) else f"{int(seconds)}s"
+
+
+class ConsulClient:
+    """One agent's HTTP API (``config``); ``timeout`` bounds every non-blocking request, in seconds."""
+
+    def __init__(self, config: ConsulConfig, *, timeout: float = 5.0) -> None:
+        require_client()
+        if not timeout > 0:
+            raise ValueError(f"timeout must be positive, got {timeout!r}")
+        self.config = config
+        self.timeout = float(timeout)
+        self._session: Any = None
+        self._ssl: ssl.SSLContext | None = None
+        #: whether the last ``health_service`` answer left out instances the token may not read (ACLs on)
+        self.filtered_by_acls = False
+        #: Consul's ACL default policy as its last answer said (``X-Consul-Default-Acl-Policy``: allow, deny)
+        self.default_acl_policy = ""
+
+    def __repr__(self) -> str:
+        return f"<ConsulClient {self.config.redacted}>"
+
+    # ---- plumbing -----------------------------------------------------------------------------------
+
+    def _ssl_context(self) -> ssl.SSLContext | None:
+        if not self.config.tls:
+            return None
+        if self._ssl is None:
+            ctx = ssl.create_default_context(cafile=self.config.ca_file)
+            if self.config.cert_file and self.config.key_file:
+                ctx.load_cert_chain(self.config.cert_file, self.config.key_file)
+            self._ssl = ctx
+        return self._ssl
+
+    def _get_session(self) -> Any:
+        import aiohttp
+
+        if self._session is None or self._session.closed:
+            connector = aiohttp.TCPConnector(ssl=self._ssl_context() or False, limit=0)
+            self._session = aiohttp.ClientSession(connector=connector, base_url=self.config.base_url,
+                                                  headers={"User-Agent": "waypost"})
+        return self._session
+
+    async def close(self) -> None:
+        """Close the HTTP session (its connections); a later request opens a new one."""
+        session, self._session = self._session, None
+        if session is not None and not session.closed:
+            await session.close()
+
+    def _headers(self) -> dict[str, str]:
+        token = self.config.effective_token()
+        return {"X-Consul-Token": token} if token else {}
+
+    async def request(self, method: str, path: str, *, params: Iterable[tuple[str, str]] = (), body: Any = None,
+                      timeout: float | None = None, what: str = "") -> tuple[Mapping[str, str], Any]:
+        """One request; returns the response headers and the decoded JSON body (None when empty).
+
+        ``timeout`` (default ``self.timeout``) bounds the whole request. ``what`` names the request in errors.
+        """
+        import aiohttp
+
+        limit = self.timeout if timeout is None else timeout
+        what = what or f"{method} {path}"
+        session = self._get_session()
+        data = None if body is None else json.dumps(body, separators=(",", ":"))
+        client_timeout = aiohttp.ClientTimeout(total=limit, sock_connect=min(limit, self.timeout))
+        try:
+            async with session.request(method, path, params=list(params), data=data, headers=self._headers(),
+                                       timeout=client_timeout) as resp:
+                raw = await resp.read()
+                status, headers = resp.status, resp.headers
+        except asyncio.CancelledError:
+            raise
+        except asyncio.TimeoutError:
+            raise RegistryUnavailable(f"consul agent at {self.config.base_url}: {what} timed out after "
+                                      f"{limit:g}s") from None
+        except (aiohttp.ClientSSLError, ssl.SSLError) as e:
+            raise ConsulTLSError(f"consul agent at {self.config.base_url}: TLS failed ({what}): "
+                                 f"{str(e) or type(e).__name__}") from None
+        except (aiohttp.ClientError, OSError) as e:
+            raise RegistryUnavailable(f"consul agent at {self.config.base_url} is unreachable ({what}): "
+                                      f"{str(e) or type(e).__name__}") from None
+        if status != 200:
+            raise self._http_error(status, raw, what)
+        text = raw.strip()
+        if not text:
+            return headers, None
+        try:
+            return headers, json.loads(text)
+        except ValueError:
+            raise RegistryError(f"consul agent at {self.config.base_url}: {what} answered non-JSON: "
+                                f"{text[:200]!r}") from None
+
+    def _http_error(self, status: int, raw: bytes, what: str) -> Exception:
+        message = raw.decode(errors="replace").strip()[:400] or f"HTTP {status}"
+        where = f"consul agent at {self.config.base_url}: {what}"
+        if status == 403:
+            token = ("no token was sent (give ?token= or set $" + TOKEN_ENV + ")"
+                     if not self.config.effective_token() else "the token in use")
+            return PermissionDenied(
+                f"{where} was refused (403 {message}); {token}: registering needs an ACL policy with "
+                "service:write on the service (and node:read), discovery needs service:read and node:read")
+        if status == 404:
+            return ConsulNotFound(f"{where}: 404 {message}")
+        if status in (502, 503, 504) or "no cluster leader" in message.lower():
+            return RegistryUnavailable(f"{where}: HTTP {status} {message}")
+        return RegistryError(f"{where}: HTTP {status} {message}")
+
+    # ---- the API --------------------------------------------------------------------------------------
+
+    async def leader(self) -> str:
+        """The leader's server address (``""`` while the cluster has none)."""
+        _, body = await self.request("GET", "/v1/status/leader", what="status/leader")
+        return body if isinstance(body, str) else ""
+
+    async def register_service(self, definition: Mapping[str, Any]) -> None:
+        """``PUT /v1/agent/service/register`` (same ID: updated in place)."""
+        await self.request("PUT", "/v1/agent/service/register", body=dict(definition),
+                           what=f"registering service {definition.get('ID') or definition.get('Name')!r}")
+
+    async def deregister_service(self, service_id: str) -> None:
+        await self.request("PUT", f"/v1/agent/service/deregister/{_quote(service_id)}",
+                           what=f"deregistering service {service_id!r}")
+
+    async def pass_check(self, check_id: str, note: str = "") -> None:
+        """Mark a TTL check passing (and restart its TTL); ``ConsulNotFound`` when the agent does not know it."""
+        params = [("note", note)] if note else []
+        await self.request("PUT", f"/v1/agent/check/pass/{_quote(check_id)}", params=params,
+                           what=f"passing check {check_id!r}")
+
+    async def update_check(self, check_id: str, status: str, output: str = "") -> None:
+        """Set a TTL check's status (``passing``, ``warning``, ``critical``) and output."""
+        await self.request("PUT", f"/v1/agent/check/update/{_quote(check_id)}",
+                           body={"Status": status, "Output": output}, what=f"updating check {check_id!r}")
+
+    async def agent_service(self, service_id: str, *, hash: str = "", wait: float | None = None
+                            ) -> tuple[str, dict[str, Any]]:
+        """The local agent's registration ``service_id`` and its content hash; with ``hash`` and ``wait``, a
+        blocking query that answers when the registration changes (or after ``wait`` s). ``ConsulNotFound``
+        when the agent has no such service."""
+        params: list[tuple[str, str]] = []
+        if hash and wait:
+            params = [("hash", hash), ("wait", _duration(min(wait, MAX_WAIT)))]
+        headers, body = await self.request("GET", f"/v1/agent/service/{_quote(service_id)}", params=params,
+                                           timeout=self._blocking_timeout(wait if hash else None),
+                                           what=f"reading service {service_id!r}")
+        if not isinstance(body, dict):
+            raise RegistryError(f"consul agent at {self.config.base_url}: service {service_id!r} is not an object")
+        return headers.get("X-Consul-ContentHash", "") or str(body.get("ContentHash", "")), body
+
+    async def health_service(self, name: str, *, index: int = 0, wait: float | None = None,
+                             tags: Iterable[str] = (), datacenter: str | None = None, passing: bool = True
+                             ) -> tuple[int, list[dict[str, Any]]]:
+        """``GET /v1/health/service/<name>``: the result's index (``X-Consul-Index``) and its entries (each
+        ``{"Node": ..., "Service": ..., "Checks": ...}``). With ``index`` > 0 and ``wait``, a blocking query.
+        ``tags``: every one required; ``datacenter``: another datacenter than the agent's (default: the
+        config's ``datacenter``, else the agent's)."""
+        params: list[tuple[str, str]] = []
+        if passing:
+            params.append(("passing", "1"))
+        params.extend(("tag", t) for t in tags)
+        dc = datacenter or self.config.datacenter
+        if dc:
+            params.append(("dc", dc))
+        blocking = index > 0 and wait is not None
+        if blocking:
+            assert wait is not None
+            params += [("index", str(index)), ("wait", _duration(min(wait, MAX_WAIT)))]
+        headers, body = await self.request("GET", f"/v1/health/service/{_quote(name)}", params=params,
+                                           timeout=self._blocking_timeout(wait if blocking else None),
+                                           what=f"reading the instances of {name!r}")
+        self.filtered_by_acls = headers.get("X-Consul-Results-Filtered-By-ACLs", "").lower() == "true"
+        self.default_acl_policy = headers.get("X-Consul-Default-Acl-Policy", "")
+        try:
+            new_index = int(headers.get("X-Consul-Index", "0"))
+        except ValueError:
+            new_index = 0
+        if not isinstance(body, list):
+            raise RegistryError(f"consul agent at {self.config.base_url}: the instances of {name!r} are not a list")
+        return new_index, body
+
+    def _blocking_timeout(self, wait: float | None) -> float:
+        if not wait:
+            return self.timeout
+        wait = min(wait, MAX_WAIT)
+        return wait + wait / 16 + self.timeout

@@ -1,0 +1,234 @@
+"""Where and how to reach a Consul agent: ``ConsulConfig``, from a registry URL or a dial target.
+
+Registry URL (what ``serve(registry=...)`` and ``ConsulPublisher`` take)::
+
+    consul://HOST[:PORT][?token=T&tls=1&ca=CA.pem&cert=C.pem&key=K.pem&dc=NAME]
+
+- the port defaults to 8500 (Consul's HTTP port; 8501 is the usual HTTPS one: give it);
+- ``token``: the ACL token sent as ``X-Consul-Token`` (none given: ``$CONSUL_HTTP_TOKEN``, read per request);
+- ``tls=1``: HTTPS; ``ca``, ``cert``/``key`` (together) imply it; ``cacert``, ``certfile``, ``keyfile`` are
+  accepted too (the names dial targets use);
+- ``dc``: the datacenter for reads (``?dc=`` on catalog/health queries); registration always goes to the
+  local agent, which belongs to one datacenter.
+
+One agent per URL: the local agent is how Consul clients reach the cluster. The token never appears in
+``repr`` or ``redacted``.
+"""
+
+from __future__ import annotations
+
+import os
+import urllib.parse
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from typing import Any, Protocol
+
+from ..errors import InvalidTarget
+from ..netutil import AddressError, normalize_host_port, split_host_port
+from ..redaction import redact_url
+
+CONSUL_DEFAULT_PORT = 8500
+CONSUL_EXAMPLE = "consul://127.0.0.1:8500?token=SECRET&tls=1&ca=/etc/consul/ca.pem&dc=dc1"
+#: the environment variable Consul's own CLI and libraries read the ACL token from
+TOKEN_ENV = "CONSUL_HTTP_TOKEN"
+
+_TRUE = {"1", "true", "yes", "on"}
+_FALSE = {"0", "false", "no", "off", ""}
+#: registry URL option -> ConsulConfig field
+_URL_OPTIONS = {"token": "token", "tls": "tls", "ca": "ca_file", "cert": "cert_file", "key": "key_file",
+                "dc": "datacenter"}
+#: the dial-target names of the TLS files, accepted in registry URLs too
+_ALIASES = {"cacert": "ca", "certfile": "cert", "keyfile": "key"}
+
+
+class TargetLike(Protocol):
+    """What ``from_target`` reads of a ``waypost.resolver.Target`` (this layer cannot import it)."""
+
+    @property
+    def scheme(self) -> str: ...
+
+    @property
+    def endpoints(self) -> tuple[str, ...]: ...
+
+    @property
+    def options(self) -> Mapping[str, str]: ...
+
+
+@dataclass(frozen=True)
+class ConsulConfig:
+    """How to reach one Consul agent over its HTTP API. ``address`` is ``host:port`` (IPv6 in brackets)."""
+
+    address: str = f"127.0.0.1:{CONSUL_DEFAULT_PORT}"
+    token: str | None = field(default=None, repr=False)
+    tls: bool = False
+    ca_file: str | None = None
+    cert_file: str | None = None
+    key_file: str | None = None
+    datacenter: str | None = None
+
+    def __post_init__(self) -> None:
+        try:
+            object.__setattr__(self, "address", normalize_host_port(
+                self.address, what="consul address", default_port=CONSUL_DEFAULT_PORT))
+        except AddressError as e:
+            raise InvalidTarget(str(e)) from None
+        if (self.cert_file is None) != (self.key_file is None):
+            raise ValueError("ConsulConfig: cert_file and key_file go together")
+        if self.ca_file or self.cert_file:
+            object.__setattr__(self, "tls", True)
+
+    @property
+    def host(self) -> str:
+        return split_host_port(self.address)[0]
+
+    @property
+    def base_url(self) -> str:
+        """``http://host:port`` or ``https://host:port``."""
+        return f"{'https' if self.tls else 'http'}://{self.address}"
+
+    @property
+    def url(self) -> str:
+        """The registry URL of these settings, WITH the token if one was given (do not log it)."""
+        return self._url(self.token)
+
+    @property
+    def redacted(self) -> str:
+        """The registry URL with the token hidden (``token=***``): safe to log."""
+        return self._url("***" if self.token else None)
+
+    def _url(self, token: str | None) -> str:
+        q: list[tuple[str, str]] = []
+        if token:
+            q.append(("token", token))
+        if self.tls and not (self.ca_file or self.cert_file):
+            q.append(("tls", "1"))
+        for name, value in (("ca", self.ca_file), ("cert", self.cert_file), ("key", self.key_file),
+                            ("dc", self.datacenter)):
+            if value:
+                q.append((name, value))
+        query = urllib.parse.urlencode(q, quote_via=urllib.parse.quote, safe="/*")
+        return f"consul://{self.address}" + (f"?{query}" if query else "")
+
+    def effective_token(self) -> str | None:
+        """The token to send: ``token``, else ``$CONSUL_HTTP_TOKEN`` (read now), else None."""
+        return self.token or os.environ.get(TOKEN_ENV) or None
+
+    def __str__(self) -> str:
+        return self.redacted
+
+
+def _bad(url: str, problem: str) -> InvalidTarget:
+    return InvalidTarget(f"invalid consul registry URL {redact_url(url)!r}: {problem} (example: {CONSUL_EXAMPLE})")
+
+
+def _flag(url: str, name: str, value: str) -> bool:
+    v = value.strip().lower()
+    if v in _TRUE:
+        return True
+    if v in _FALSE:
+        return False
+    raise _bad(url, f"{name}={value!r} is not a boolean (use 1 or 0)")
+
+
+def _file(url: str, what: str, value: str) -> str:
+    path = os.path.expanduser(value)
+    if not value or not os.path.isfile(path):
+        raise _bad(url, f"TLS {what} file {value!r} does not exist")
+    if not os.access(path, os.R_OK):
+        raise _bad(url, f"TLS {what} file {value!r} is not readable")
+    return os.path.abspath(path)
+
+
+def parse_registry_url(url: str) -> ConsulConfig:
+    """Parse and validate ``consul://host:port?...``; raises ``InvalidTarget`` naming the bad part."""
+    if not isinstance(url, str) or not url.strip():
+        raise InvalidTarget(f"empty consul registry URL (example: {CONSUL_EXAMPLE})")
+    url = url.strip()
+    scheme, sep, rest = url.partition("://")
+    if not sep or scheme.lower() != "consul":
+        shown = scheme if "@" not in scheme else "***@" + scheme.rpartition("@")[2]
+        raise _bad(url, f"expected scheme consul://, got {shown + '://' if sep else 'no scheme'}")
+    netloc, _, query = rest.partition("?")
+    query = query.partition("#")[0]
+    if "@" in netloc:
+        raise _bad(url, "user info ('user@') is not used by Consul: give the ACL token as ?token=")
+    netloc, slash, path = netloc.partition("/")
+    if slash and path.strip("/"):
+        raise _bad(url, f"unexpected path {'/' + path!r} (a registry URL names only the agent; the service "
+                        "is the key given to serve()/ConsulPublisher)")
+    if not netloc:
+        raise _bad(url, "no host")
+    if "," in netloc:
+        raise _bad(url, "one Consul agent per URL (the local agent knows the cluster)")
+    try:
+        address = normalize_host_port(urllib.parse.unquote(netloc), what="consul address",
+                                      default_port=CONSUL_DEFAULT_PORT)
+    except AddressError as e:
+        raise _bad(url, str(e)) from None
+    opts: dict[str, Any] = {}
+    given: dict[str, str] = {}
+    try:
+        pairs = urllib.parse.parse_qsl(query, keep_blank_values=True, strict_parsing=False)
+    except ValueError as e:
+        raise _bad(url, f"malformed query: {e}") from None
+    for given_name, value in pairs:
+        name = _ALIASES.get(given_name, given_name)
+        if name not in _URL_OPTIONS:
+            known = sorted([*_URL_OPTIONS, *_ALIASES])
+            raise _bad(url, f"unknown option {given_name!r} (known: {', '.join(known)})")
+        if name in given:
+            same = "" if given[name] == given_name else f" ({given[name]!r} and {given_name!r} are the same option)"
+            raise _bad(url, f"option {given_name!r} given twice{same}")
+        given[name] = given_name
+        fname = _URL_OPTIONS[name]
+        if name == "tls":
+            opts[fname] = _flag(url, name, value)
+        elif name in ("ca", "cert", "key"):
+            opts[fname] = _file(url, {"ca": "CA", "cert": "certificate", "key": "key"}[name], value)
+        else:
+            if not value:
+                raise _bad(url, f"empty {given_name}=")
+            opts[fname] = value
+    return _config({"address": address, **opts}, lambda problem: _bad(url, problem))
+
+
+def from_target(target: TargetLike) -> ConsulConfig:
+    """The agent settings of a ``consul://HOST:PORT/SERVICE?...`` dial target (already parsed and validated
+    by ``parse_target``; its TLS files are named ``cacert``, ``certfile``, ``keyfile``)."""
+    if target.scheme != "consul" or len(target.endpoints) != 1:
+        raise InvalidTarget(f"not a consul target (one agent): scheme {target.scheme!r}, "
+                            f"endpoints {list(target.endpoints)}")
+    o = target.options
+    opts: dict[str, Any] = {}
+    if o.get("token"):
+        opts["token"] = o["token"]
+    if "tls" in o:
+        opts["tls"] = o["tls"] == "1"
+    for name, fname, what in (("cacert", "ca_file", "CA"), ("certfile", "cert_file", "certificate"),
+                              ("keyfile", "key_file", "key")):
+        value = o.get(name)
+        if value:
+            path = os.path.expanduser(value)
+            if not os.path.isfile(path):
+                raise InvalidTarget(f"consul target: TLS {what} file {value!r} ({name}=) does not exist")
+            opts[fname] = os.path.abspath(path)
+    if o.get("dc"):
+        opts["datacenter"] = o["dc"]
+    return _config({"address": target.endpoints[0], **opts}, lambda problem: InvalidTarget(f"consul target: {problem}"))
+
+
+def _config(opts: dict[str, Any], bad: Any) -> ConsulConfig:
+    if ("cert_file" in opts) != ("key_file" in opts):
+        raise bad("cert and key must be given together")
+    if ("ca_file" in opts or "cert_file" in opts) and opts.get("tls") is False:
+        raise bad("ca/cert/key given with tls=0")
+    return ConsulConfig(**opts)
+
+
+def resolve_config(registry: ConsulConfig | str) -> ConsulConfig:
+    """A ``ConsulConfig`` as given, or parsed from a registry URL."""
+    if isinstance(registry, ConsulConfig):
+        return registry
+    if isinstance(registry, str):
+        return parse_registry_url(registry)
+    raise TypeError(f"expected a consul:// registry URL or a ConsulConfig, got {type(registry).__name__}")

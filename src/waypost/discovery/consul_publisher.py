@@ -1,0 +1,490 @@
+"""ConsulPublisher: keep one address registered as an instance of a service in Consul, whatever happens to the
+agent. The same public interface as ``waypost.discovery.Publisher`` (what ``serve()`` drives).
+
+What is registered (``PUT /v1/agent/service/register`` on the agent of the registry URL):
+
+- ``Name`` = ``key`` (the service), ``ID`` = ``id`` if given, else ``<key>-<host>-<port>`` (stable across
+  restarts of the process, so a restarted server replaces its own stale instance instead of adding one);
+- ``Address``/``Port`` from ``address`` (``host:port``; an IPv6 host without brackets);
+- ``Meta`` from ``metadata``: strings as they are, other values as JSON text (``waypost.consul.api.encode_meta``;
+  the resolver decodes them back), ``metadata["tags"]`` (a list of strings) as the ``Tags``; no tags otherwise;
+- one TTL check (``CheckID`` ``service:<ID>``, ``TTL`` = ``ttl`` s, registered passing) that this publisher
+  passes every ``ttl/3`` s, with ``DeregisterCriticalServiceAfter`` = max(1 min, 3 * ttl) (Consul's minimum is
+  1 minute), so the instance of a crashed process leaves the passing list after ``ttl`` s and the catalog a
+  minute or so later.
+
+Behaviour:
+
+- ``start()`` registers, and raises ``RegistryUnavailable`` if this does not succeed within ``timeout`` s
+  (``PermissionDenied`` as it is when the ACL token may not register the service).
+- A pass that fails (agent slow or unreachable) is retried about every second; the registration counts as lost
+  only when no pass has succeeded for ``ttl`` s (the TTL deadline, when Consul marks the check critical), so a
+  slow link causes no churn. Lost, or gone from the agent (a pass answers 404 "Unknown check ID": the agent
+  restarted without its state, or someone deregistered the instance; the guard's blocking read of
+  ``/v1/agent/service/<ID>`` answers 404): registered again at once, then retried every ~1 s (+-5% jitter)
+  forever, with the outage clock (``outage``) running from the loss until registered again.
+- The guard also puts the registration back when someone overwrites it with other content (same ID).
+- ``update_metadata(md)`` registers again with the same ID: an in-place update, subscribers see one change of
+  that instance's metadata, never a removal and an add.
+- ``pause()`` deregisters (the instance disappears at once), ``resume()`` registers again; ``stop()``
+  deregisters (bounded; if the agent is unreachable then, DeregisterCriticalServiceAfter cleans up) and is
+  idempotent.
+- ``format`` is accepted for interface compatibility with ``Publisher`` and ignored (Consul has one format);
+  ``lease_id`` is always None (Consul has no leases: the TTL check plays their role).
+
+All the work runs on the control loop; the sync methods block the calling thread until it is done and the
+``a*`` twins await it from any event loop.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import random
+import time
+from collections.abc import Awaitable, Callable, Mapping
+from typing import Any, TypeVar
+
+from .. import _loop
+from ..consul.api import ConsulClient, ConsulNotFound, decode_meta, encode_meta
+from ..consul.config import ConsulConfig, resolve_config
+from ..errors import PermissionDenied, RegistryError, RegistryUnavailable, describe_value, shown_key
+from ..netutil import AddressError, check_dialable, parse_host_port
+from .group import cool_down
+from .outage import OnUnregistered, Outage, track, untrack
+from .publisher import REVOKE_TIMEOUT, _check_json, _on_control_loop
+
+log = logging.getLogger("waypost.discovery")
+
+T = TypeVar("T")
+
+#: Consul's smallest DeregisterCriticalServiceAfter (its reaper ignores shorter ones)
+MIN_DEREGISTER_AFTER = 60
+#: how long one blocking read of our own registration waits on the agent
+GUARD_WAIT = 60.0
+#: the guard's first retry after its read failed (doubling up to retry_interval)
+GUARD_FIRST_RETRY = 0.2
+
+
+class ConsulPublisher:
+    """Registers ``address`` as an instance of service ``key`` in Consul (see the module docstring)."""
+
+    def __init__(
+        self, registry_url_or_config: ConsulConfig | str, key: str, address: str, ttl: int = 10,
+        id: int | str | None = None, metadata: Mapping[str, Any] | None = None, format: object = "gozero",
+        *, timeout: float = 5.0, max_unregistered: float | None = None, on_unregistered: OnUnregistered = None,
+        retry_interval: float = 1.0, rng: random.Random | None = None, clock: Callable[[], float] = time.monotonic,
+    ) -> None:
+        if not isinstance(key, str) or not key.strip():
+            raise ValueError(f"publisher key (the Consul service name) must be a non-empty string, got "
+                             f"{describe_value(key)}")
+        if "/" in key or any(ord(c) < 32 for c in key):
+            raise ValueError(f"Consul service name {shown_key(key)} cannot contain '/' or control characters")
+        if isinstance(ttl, bool) or not isinstance(ttl, int) or ttl < 1:
+            raise ValueError(f"ttl must be a whole number of seconds >= 1, got {describe_value(ttl)}")
+        if not isinstance(timeout, (int, float)) or timeout <= 0:
+            raise ValueError(f"timeout must be positive, got {timeout!r}")
+        if not isinstance(address, str) or address.startswith(("unix:", "unix-abstract:")):
+            raise ValueError(f"Consul registers host:port addresses, got {describe_value(address)}")
+        check_dialable(address, what="publisher address")
+        try:
+            self.host, self.port = parse_host_port(address, what="publisher address")
+        except AddressError as e:
+            raise ValueError(str(e)) from None
+        if id is not None and (isinstance(id, bool) or not isinstance(id, (int, str)) or str(id) == ""):
+            raise ValueError(f"id must be a non-empty string or an int, got {describe_value(id)}")
+        self.config = resolve_config(registry_url_or_config)
+        self.outage = Outage(self, max_unregistered, on_unregistered, clock)
+        self.base_key = key
+        self.value = address
+        self.service_id = str(id) if id is not None else f"{key}-{self.host}-{self.port}"
+        self.check_id = f"service:{self.service_id}"
+        self.ttl = ttl
+        self.timeout = float(timeout)
+        self.retry_interval = retry_interval
+        #: passes of the TTL check, every ttl/3 s
+        self.pass_interval = ttl / 3
+        self.deregister_after = max(MIN_DEREGISTER_AFTER, 3 * ttl)
+        self.format = format  # accepted for Publisher compatibility; Consul has one format
+        self.metadata = self._checked_metadata(metadata)
+        self.client = ConsulClient(self.config, timeout=self.timeout)
+        self._rng = rng or random.Random()
+        self._clock = clock
+        self._state = "new"  # new -> running <-> paused -> stopped
+        self._registered = False
+        self._last_ok = 0.0  # clock time of the last successful register or pass
+        self._heartbeat_task: asyncio.Task[None] | None = None
+        self._guard_task: asyncio.Task[None] | None = None
+        self._retry_task: asyncio.Task[None] | None = None
+        self._writing: asyncio.Lock | None = None
+        self.registrations = 0  # successful registrations (1 after start, +1 per recovery or resume)
+        self.passes = 0
+        self.restored = 0  # registrations put back after someone overwrote them
+
+    # -- validation ----------------------------------------------------------------------------------------
+
+    @staticmethod
+    def _checked_metadata(metadata: Mapping[str, Any] | None) -> dict[str, Any] | None:
+        if metadata is not None and not isinstance(metadata, Mapping):
+            raise TypeError(f"metadata must be a mapping of str keys to JSON values (e.g. {{'weight': 20}}), "
+                            f"got {describe_value(metadata)}")
+        md = dict(metadata) if metadata else None
+        if md:
+            _check_json(md, "metadata")
+            encode_meta(md)  # Consul's own limits, named
+        return md
+
+    def _definition(self) -> dict[str, Any]:
+        tags, meta = encode_meta(self.metadata)
+        return {
+            "ID": self.service_id, "Name": self.base_key, "Address": self.host, "Port": self.port,
+            "Tags": tags, "Meta": meta,
+            "Check": {
+                "CheckID": self.check_id, "Name": f"waypost TTL ({self.ttl}s)", "TTL": f"{self.ttl}s",
+                "Status": "passing", "Notes": "passed by waypost's ConsulPublisher every ttl/3",
+                "DeregisterCriticalServiceAfter": f"{self.deregister_after}s",
+            },
+        }
+
+    def _matches(self, service: Mapping[str, Any]) -> bool:
+        """Whether the agent's copy of the registration is ours as we registered it."""
+        tags, meta = encode_meta(self.metadata)
+        return (service.get("Service") == self.base_key and service.get("Address") == self.host
+                and service.get("Port") == self.port and list(service.get("Tags") or []) == tags
+                and dict(service.get("Meta") or {}) == meta)
+
+    # -- properties ----------------------------------------------------------------------------------------
+
+    @property
+    def key(self) -> str | None:
+        """The instance ID registered now (None while not registered)."""
+        return self.service_id if self._registered else None
+
+    @property
+    def lease_id(self) -> None:
+        """Consul has no leases (the TTL check plays their role): always None."""
+        return None
+
+    @property
+    def registered(self) -> bool:
+        return self._registered
+
+    @property
+    def unregistered_seconds(self) -> float:
+        return self.outage.seconds()
+
+    @property
+    def state(self) -> str:
+        """``new``, ``running``, ``paused`` or ``stopped``."""
+        return self._state
+
+    @property
+    def registry(self) -> ConsulConfig:
+        return self.config
+
+    def decoded_metadata(self) -> dict[str, Any]:
+        """The metadata as a resolver reads it back (``encode_meta`` then ``decode_meta``)."""
+        tags, meta = encode_meta(self.metadata)
+        return decode_meta(meta, tags)
+
+    def __repr__(self) -> str:
+        return (f"<ConsulPublisher {self.base_key!r}={self.value!r} at {self.config.redacted} {self._state}"
+                f"{' registered as ' + repr(self.service_id) if self._registered else ''}>")
+
+    # -- sync API ------------------------------------------------------------------------------------------
+
+    def _run(self, coro: Awaitable[T]) -> T:
+        if _loop.in_loop():
+            raise RuntimeError("ConsulPublisher methods block: on the control loop await the a*() twins instead")
+        return _loop.run(coro, self.timeout + REVOKE_TIMEOUT + 10)
+
+    def start(self) -> ConsulPublisher:
+        """Register and keep the registration alive; RegistryUnavailable if not done within timeout."""
+        self._run(self._start())
+        return self
+
+    def pause(self) -> None:
+        """Deregister (the instance disappears at once) until resume()."""
+        self._run(self._pause())
+
+    def resume(self) -> None:
+        """Register again after pause(); if that fails within timeout, raise RegistryUnavailable and keep
+        retrying in the background."""
+        self._run(self._resume())
+
+    def stop(self) -> None:
+        """Stop keeping the registration alive and deregister it. Idempotent."""
+        self._run(self._stop())
+
+    def update_metadata(self, metadata: Mapping[str, Any] | None) -> None:
+        """Replace the metadata in place (same ID; subscribers see one change). Not registered now: the next
+        registration carries it. RegistryUnavailable if the write fails within ``timeout`` (the new metadata
+        is kept and used by the next registration)."""
+        self._run(self._update_metadata(self._checked_metadata(metadata)))
+
+    # -- async twins ---------------------------------------------------------------------------------------
+
+    async def astart(self) -> ConsulPublisher:
+        await _on_control_loop(self._start())
+        return self
+
+    async def apause(self) -> None:
+        await _on_control_loop(self._pause())
+
+    async def aresume(self) -> None:
+        await _on_control_loop(self._resume())
+
+    async def astop(self) -> None:
+        await _on_control_loop(self._stop())
+
+    async def aupdate_metadata(self, metadata: Mapping[str, Any] | None) -> None:
+        await _on_control_loop(self._update_metadata(self._checked_metadata(metadata)))
+
+    def __enter__(self) -> ConsulPublisher:  # noqa: PYI034
+        return self.start()
+
+    def __exit__(self, *exc: object) -> None:
+        self.stop()
+
+    async def __aenter__(self) -> ConsulPublisher:  # noqa: PYI034
+        return await self.astart()
+
+    async def __aexit__(self, *exc: object) -> None:
+        await self.astop()
+
+    # -- lifecycle on the control loop ----------------------------------------------------------------------
+
+    def _write_lock(self) -> asyncio.Lock:
+        if self._writing is None:
+            self._writing = asyncio.Lock()
+        return self._writing
+
+    async def _start(self) -> None:
+        if self._state in ("running", "paused"):
+            return
+        self._state = "running"
+        try:
+            await self._register_within_timeout()
+        except BaseException:
+            self._state = "new"
+            await self.client.close()
+            raise
+        track(self)
+
+    async def _register_within_timeout(self) -> None:
+        try:
+            await asyncio.wait_for(self._register(), self.timeout)
+        except PermissionDenied:
+            raise  # a refusal, not an outage: say so as it is
+        except (asyncio.TimeoutError, RegistryError, RegistryUnavailable, OSError) as e:
+            why = "timed out" if isinstance(e, asyncio.TimeoutError) else str(e)
+            raise RegistryUnavailable(
+                f"could not register {self.base_key!r}={self.value!r} in consul at {self.config.base_url} "
+                f"within {self.timeout:g}s: {why}") from e
+
+    async def _register(self) -> None:
+        """PUT the registration (with its check, passing) and start keeping it alive."""
+        async with self._write_lock():
+            await self.client.register_service(self._definition())
+        if self._state != "running":  # paused or stopped meanwhile: the caller deregisters
+            return
+        self._registered = True
+        self._last_ok = self._clock()
+        self.registrations += 1
+        self.outage.end()
+        loop = asyncio.get_running_loop()
+        if self._heartbeat_task is None or self._heartbeat_task.done():
+            self._heartbeat_task = loop.create_task(self._heartbeat())
+        if self._guard_task is None or self._guard_task.done():
+            self._guard_task = loop.create_task(self._guard())
+        log.debug("%r: registered (TTL %ds, deregistered after %ds critical)", self, self.ttl, self.deregister_after)
+
+    async def _pause(self) -> None:
+        if self._state != "running":
+            return
+        self._state = "paused"
+        log.info("%r: paused, deregistering", self)
+        await self._teardown(deregister=True)
+
+    async def _resume(self) -> None:
+        if self._state != "paused":
+            return
+        self._state = "running"
+        try:
+            await self._register_within_timeout()
+        except RegistryUnavailable as e:
+            self._recover_later(e)
+            raise
+
+    async def _stop(self) -> None:
+        if self._state == "stopped":
+            return
+        was = self._state
+        self._state = "stopped"
+        untrack(self)
+        try:
+            if was != "new":
+                await self._teardown(deregister=True)
+        finally:
+            await self.client.close()
+
+    async def _teardown(self, deregister: bool) -> None:
+        """Stop passing and guarding; deregister (bounded; else the check goes critical after ttl and the
+        instance is reaped after DeregisterCriticalServiceAfter)."""
+        self._cancel_tasks(include_retry=True)
+        self._registered = False
+        self.outage.end()  # paused or stopped on purpose: not an outage
+        if deregister:
+            try:
+                async with self._write_lock():
+                    await asyncio.wait_for(self.client.deregister_service(self.service_id), REVOKE_TIMEOUT)
+            except ConsulNotFound:
+                pass  # gone already (agent restarted)
+            except Exception as e:  # noqa: BLE001 (the control plane must not die)
+                log.warning("%r: could not deregister %r (it leaves the passing list within %ds and the catalog "
+                            "after %ds more): %s", self, self.service_id, self.ttl, self.deregister_after,
+                            str(e) or type(e).__name__)
+
+    def _cancel_tasks(self, include_retry: bool) -> None:
+        current = asyncio.current_task()
+        tasks = [self._heartbeat_task, self._guard_task] + ([self._retry_task] if include_retry else [])
+        for task in tasks:
+            if task is not None and task is not current:
+                task.cancel()
+        self._heartbeat_task = self._guard_task = None
+        if include_retry:
+            self._retry_task = None
+
+    async def _update_metadata(self, metadata: dict[str, Any] | None) -> None:
+        self.metadata = metadata
+        if self._state != "running" or not self._registered:
+            return  # the next registration carries it
+        try:
+            async with self._write_lock():
+                await asyncio.wait_for(self.client.register_service(self._definition()), self.timeout)
+        except PermissionDenied:
+            raise
+        except (asyncio.TimeoutError, RegistryError, RegistryUnavailable, OSError) as e:
+            why = "timed out" if isinstance(e, asyncio.TimeoutError) else str(e)
+            raise RegistryUnavailable(f"could not update the metadata of {self.service_id!r} in consul at "
+                                      f"{self.config.base_url} within {self.timeout:g}s: {why}") from e
+        self._last_ok = self._clock()
+
+    # -- keeping it alive ----------------------------------------------------------------------------------
+
+    def _gone(self, e: BaseException) -> bool:
+        """Whether a failed pass says the agent no longer has our check (re-register now)."""
+        if isinstance(e, ConsulNotFound):
+            return True
+        return isinstance(e, RegistryError) and "does not have associated TTL" in str(e)
+
+    async def _heartbeat(self) -> None:
+        """Pass the TTL check every ttl/3 s; on failure retry ~1 s; lost when nothing passed for ttl s."""
+        failing = False
+        while self._state == "running" and self._registered:
+            delay = min(self.retry_interval, self.pass_interval) if failing else self.pass_interval
+            await asyncio.sleep(cool_down(self._rng, delay))
+            if self._state != "running" or not self._registered:
+                return
+            try:
+                await self.client.pass_check(self.check_id)
+            except asyncio.CancelledError:
+                raise
+            except Exception as e:  # noqa: BLE001 (the control plane must not die)
+                if self._gone(e):
+                    log.debug("%r: the agent no longer has check %r (%s)", self, self.check_id, e)
+                    self._recover_later(e)
+                    return
+                overdue = self._clock() - self._last_ok
+                if overdue >= self.ttl:
+                    self._recover_later(RegistryUnavailable(
+                        f"no pass of {self.check_id!r} succeeded for {overdue:.1f}s (TTL {self.ttl}s), so the "
+                        f"check is critical: {e}"))
+                    return
+                (log.warning if not failing else log.debug)(
+                    "%r: passing %r failed (retrying; lost only after %ds without a pass): %s", self,
+                    self.check_id, self.ttl, str(e) or type(e).__name__)
+                failing = True
+                continue
+            self.passes += 1
+            self._last_ok = self._clock()
+            if failing:
+                log.info("%r: passing %r works again", self, self.check_id)
+            failing = False
+
+    async def _guard(self) -> None:
+        """Follow our own registration on the agent (a blocking read on its content hash): gone -> register
+        again now; overwritten with other content -> put ours back."""
+        content_hash = ""
+        failures = 0
+        while self._state == "running" and self._registered:
+            try:
+                content_hash, service = await self.client.agent_service(
+                    self.service_id, hash=content_hash, wait=GUARD_WAIT)
+                failures = 0
+            except asyncio.CancelledError:
+                raise
+            except ConsulNotFound as e:
+                if self._state == "running" and self._registered:
+                    log.debug("%r: %r is gone from the agent (%s)", self, self.service_id, e)
+                    self._recover_later(e)
+                return
+            except PermissionDenied as e:
+                log.warning("%r: cannot read its own registration, so a change from outside is noticed only by "
+                            "the TTL passes; grant service:read too: %s", self, e)
+                return
+            except Exception as e:  # noqa: BLE001 (the control plane must not die)
+                log.debug("%r: reading own registration failed: %s", self, e)
+                content_hash = ""
+                # soon at first: an agent that restarted without our registration is noticed within ~0.2 s
+                # of being back; then every retry_interval
+                failures += 1
+                await asyncio.sleep(cool_down(self._rng, min(GUARD_FIRST_RETRY * 2 ** (failures - 1),
+                                                             self.retry_interval)))
+                continue
+            if self._state == "running" and self._registered and not self._matches(service):
+                log.warning("%r: %r was changed from outside; putting it back", self, self.service_id)
+                try:
+                    async with self._write_lock():
+                        await self.client.register_service(self._definition())
+                    self.restored += 1
+                except Exception as e:  # noqa: BLE001
+                    log.debug("%r: putting back %r failed: %s", self, self.service_id, e)
+                    await asyncio.sleep(cool_down(self._rng, self.retry_interval))
+                content_hash = ""
+
+    def _recover_later(self, reason: BaseException | None) -> None:
+        """Start the re-registration loop (once)."""
+        if self._state != "running":
+            return
+        if self._retry_task is not None and not self._retry_task.done():
+            return
+        self._retry_task = asyncio.get_running_loop().create_task(self._recover(reason))
+
+    async def _recover(self, reason: BaseException | None) -> None:
+        self._cancel_tasks(include_retry=False)
+        was_registered, self._registered = self._registered, False
+        if self._state == "running":
+            self.outage.begin()
+        if was_registered:
+            log.warning("%r: registration lost (%s); registering again", self, reason or "unknown reason")
+        failing = False
+        while self._state == "running":
+            try:
+                await asyncio.wait_for(self._register(), self.timeout)
+            except asyncio.CancelledError:
+                if self._state != "running":
+                    return
+                raise
+            except Exception as e:  # noqa: BLE001 (the control plane must not die)
+                if not failing:
+                    failing = True
+                    log.warning("%r: registering failed, retrying every ~%gs until it works: %s", self,
+                                self.retry_interval, str(e) or type(e).__name__)
+                else:
+                    log.debug("%r: registering failed again: %s", self, str(e) or type(e).__name__)
+                await asyncio.sleep(cool_down(self._rng, self.retry_interval))
+                continue
+            if failing:
+                log.warning("%r: registered again after failures", self)
+            return

@@ -1,0 +1,558 @@
+"""ZkPublisher: keep one address registered in ZooKeeper as an ephemeral node in Kratos' layout, whatever
+happens to the session. The same public interface as ``waypost.discovery.Publisher`` (what ``serve()`` drives).
+
+What is registered (``waypost.zk.layout``): the EPHEMERAL node ``<namespace>/<key>/<id>`` (namespace
+``/microservices`` unless the registry URL says ``?namespace=``; the persistent parents are created when missing,
+with empty data, as Kratos does), holding Go's JSON of Kratos' ``ServiceInstance``:
+``{"id":"<id>","name":"<key>","version":"","metadata":null,"endpoints":["grpc://<address>"]}``. ``id`` is the
+given one, else a UUID made once per publisher (Kratos' default ID is a UUID too), so the path stays the same
+across re-registrations. Metadata values are written as strings (Kratos' ``map[string]string``) and
+``metadata["version"]`` becomes the ``version`` field, as in Kratos' etcd records
+(``waypost.registry.formats.Kratos``, whose encoder this uses).
+
+Behaviour:
+
+- ``start()`` opens a session (``ttl`` s asked of the server unless the URL says ``session_timeout``; the server
+  grants a value between 2 and 20 ticks) and creates the node; ``RegistryUnavailable`` if that is not done within
+  ``timeout`` s, naming why (each host refused, did not answer, ...). ``PermissionDenied`` as it is when an ACL
+  refuses the write.
+- The node is watched: deleted by someone else, it is created again at once (counted in ``restorations``);
+  rewritten by someone else, our data is put back. A node of another session found at our path (a previous
+  incarnation with the same ``id`` whose session has not expired yet) is deleted and ours created, as Kratos does.
+- Connection lost (``SUSPENDED``): the node lives as long as the session, so nothing changes while kazoo reconnects
+  (within ``session_timeout`` the session resumes, with the node). No connection for the whole session timeout,
+  or the session reported expired (``LOST``): the node is gone; the outage clock runs (``outage``: ``begin`` then)
+  and, as soon as a new session is established, the node is created again (``registrations`` +1, ``outage.end``).
+  Reconnection attempts never stop (every <= 1 s, jittered); a failing re-creation is retried every ~1 s (+-5%)
+  forever and logged once per state change.
+- ``update_metadata(md)`` rewrites the node's data in place (one ``setData``): waypost resolvers see one change
+  of that backend's metadata, never a removal and an add. (Kratos' own watcher sets no data watch: it notices the
+  new data at its next children change.)
+- ``pause()`` deletes the node (the session stays), ``resume()`` creates it again; ``stop()`` deletes it, closes the
+  session and is idempotent; bounded: if ZooKeeper is unreachable then, the node goes when the server expires the
+  session (``session_timeout`` s).
+- ``format`` is accepted for interface compatibility with ``Publisher`` and ignored (ZooKeeper registrations have
+  one layout: Kratos'); ``lease_id`` is always None (the session plays the lease's role; ``session_id`` says
+  which).
+
+All the work runs on the control loop with kazoo's asynchronous operations (kazoo's own threads hand results and
+events over; the loop never blocks); the sync methods block the calling thread until it is done, and the ``a*``
+twins await it from any event loop.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import random
+import time
+import uuid
+from collections.abc import Awaitable, Callable, Mapping
+from typing import Any, TypeVar
+
+from .. import _loop, metrics, zk
+from ..errors import PermissionDenied, RegistryError, RegistryUnavailable, describe_value
+from ..netutil import check_dialable
+from ..registry.formats import Kratos
+from ..zk.config import ZkConfig
+from ..zk.layout import LayoutError
+from .group import cool_down
+from .outage import OnUnregistered, Outage, track, untrack
+from .publisher import REVOKE_TIMEOUT, _check_json, _on_control_loop
+
+log = logging.getLogger("waypost.discovery")
+
+T = TypeVar("T")
+
+#: reconcile attempts in a row before giving up for this round (the node changing under us each time)
+MAX_ATTEMPTS = 5
+#: a node of another session replaced again within this many seconds: refuse (retried every ~1 s), so two live
+#: instances sharing one id do not take the node from each other as fast as the network allows
+TAKEOVER_PAUSE = 5.0
+
+
+class ZkPublisher:
+    """Registers ``address`` as an instance of service ``key`` in ZooKeeper (see the module docstring)."""
+
+    def __init__(
+        self, registry_url_or_config: ZkConfig | str, key: str, address: str, ttl: int = 10,
+        id: int | str | None = None, metadata: Mapping[str, Any] | None = None, format: Any = "gozero",
+        *, timeout: float = 5.0, max_unregistered: float | None = None, on_unregistered: OnUnregistered = None,
+        retry_interval: float = 1.0, rng: random.Random | None = None, clock: Callable[[], float] = time.monotonic,
+    ) -> None:
+        try:
+            zk.check_node_name(key, "publisher key (the service name)")
+        except LayoutError as e:
+            raise ValueError(str(e)) from None
+        if isinstance(ttl, bool) or not isinstance(ttl, int) or ttl < 1:
+            raise ValueError(f"ttl must be a whole number of seconds >= 1, got {describe_value(ttl)}")
+        if isinstance(timeout, bool) or not isinstance(timeout, (int, float)) or not timeout > 0:
+            raise ValueError(f"timeout must be a positive number of seconds, got {describe_value(timeout)}")
+        if isinstance(id, bool) or not (id is None or isinstance(id, (int, str))):
+            raise TypeError(f"id must be an int, a str or None, got {describe_value(id)}")
+        check_dialable(address, what="publisher address")
+        self.config = zk.resolve_config(registry_url_or_config)
+        self.registry_url = self.config.url
+        self.base_key = key
+        self.value = address
+        self.id = str(id) if id is not None else str(uuid.uuid4())
+        try:
+            self.path = zk.instance_path(self.config.namespace, key, self.id)
+        except LayoutError as e:
+            raise ValueError(str(e)) from None
+        self.ttl = ttl
+        self.session_timeout = self.config.session_timeout_or(ttl)
+        self.timeout = float(timeout)
+        self.retry_interval = retry_interval
+        self.format = format  # accepted for Publisher compatibility; ZooKeeper has one layout (Kratos')
+        self._codec = Kratos(self.config.namespace)
+        #: the outage clock and the alert after ``max_unregistered`` (see ``waypost.discovery.outage``)
+        self.outage = Outage(self, max_unregistered, on_unregistered, clock)
+        self.metadata = self._checked_metadata(metadata)
+        self._rng = rng or random.Random()
+        self._state = "new"  # new -> running <-> paused -> stopped
+        self._client: Any = None
+        self._registered = False
+        self._session: int | None = None  # the session our node belongs to (while registered)
+        self._lost: str | None = None  # why the node went: "deleted" (from outside) or "session"
+        self._wake: asyncio.Event | None = None
+        self._keeper: asyncio.Task[None] | None = None
+        self._expiry: asyncio.TimerHandle | None = None
+        self._suspended = False  # the connection was lost (since the last CONNECTED)
+        self._last_takeover = float("-inf")
+        self._writing: asyncio.Lock | None = None
+        self.registrations = 0  # nodes created in a new session: 1 after start, +1 per recovery or resume
+        self.restorations = 0  # nodes created again after someone deleted them (same session)
+        self.writes = 0  # setData calls (metadata updates, data put back)
+
+    def _encode(self, metadata: Mapping[str, Any] | None) -> bytes:
+        path, value = self._codec.encode(self.base_key, self.value, self.id, metadata)
+        if path != self.path:  # the encoder's key is the layout's path (same join); never differs
+            raise AssertionError(f"Kratos encoder path {path!r} != layout path {self.path!r}")
+        return value
+
+    def _checked_metadata(self, metadata: Mapping[str, Any] | None) -> dict[str, Any] | None:
+        if metadata is not None and not isinstance(metadata, Mapping):
+            raise TypeError(f"metadata must be a mapping of str keys to JSON values (e.g. {{'weight': 20}}), "
+                            f"got {describe_value(metadata)}")
+        md = dict(metadata) if metadata else None
+        if md:
+            _check_json(md, "metadata")
+        self._encode(md)  # raises on an address the Kratos encoder refuses
+        return md
+
+    # -- properties ------------------------------------------------------------------------------
+
+    @property
+    def key(self) -> str | None:
+        """The node path while registered (None otherwise)."""
+        return self.path if self._registered else None
+
+    @property
+    def lease_id(self) -> None:
+        return None
+
+    @property
+    def session_id(self) -> int | None:
+        """The ZooKeeper session the node belongs to (None while not registered)."""
+        return self._session if self._registered else None
+
+    @property
+    def registered(self) -> bool:
+        return self._registered
+
+    @property
+    def unregistered_seconds(self) -> float:
+        return self.outage.seconds()
+
+    @property
+    def state(self) -> str:
+        return self._state
+
+    @property
+    def data(self) -> bytes:
+        """The node's data as this publisher writes it now."""
+        return self._encode(self.metadata)
+
+    def __repr__(self) -> str:
+        return (f"<ZkPublisher {self.base_key!r}={self.value!r} {self._state}"
+                f"{' registered as ' + repr(self.path) if self._registered else ''} in {self.registry_url}>")
+
+    # -- sync API --------------------------------------------------------------------------------
+
+    def _run(self, coro: Awaitable[T]) -> T:
+        if _loop.in_loop():
+            raise RuntimeError("ZkPublisher methods block: on the control loop await the a*() twins instead")
+        return _loop.run(coro, self.timeout + REVOKE_TIMEOUT + zk.CLOSE_TIMEOUT + 10)
+
+    def start(self) -> ZkPublisher:
+        """Register and keep the registration alive; RegistryUnavailable if not done within timeout."""
+        self._run(self._start())
+        return self
+
+    def pause(self) -> None:
+        """Delete the node (the session stays) until resume()."""
+        self._run(self._pause())
+
+    def resume(self) -> None:
+        """Create the node again after pause(); RegistryUnavailable if that fails within timeout (it goes on
+        trying in the background)."""
+        self._run(self._resume())
+
+    def stop(self) -> None:
+        """Delete the node and close the session. Idempotent."""
+        self._run(self._stop())
+
+    def update_metadata(self, metadata: Mapping[str, Any] | None) -> None:
+        """Replace the metadata: one rewrite of the node's data (same path, same session). Not registered now:
+        the next registration carries it. RegistryUnavailable if the write fails within ``timeout`` (the new
+        metadata is kept and written once ZooKeeper answers)."""
+        self._run(self._update_metadata(self._checked_metadata(metadata)))
+
+    # -- async twins -----------------------------------------------------------------------------
+
+    async def astart(self) -> ZkPublisher:
+        await _on_control_loop(self._start())
+        return self
+
+    async def apause(self) -> None:
+        await _on_control_loop(self._pause())
+
+    async def aresume(self) -> None:
+        await _on_control_loop(self._resume())
+
+    async def astop(self) -> None:
+        await _on_control_loop(self._stop())
+
+    async def aupdate_metadata(self, metadata: Mapping[str, Any] | None) -> None:
+        await _on_control_loop(self._update_metadata(self._checked_metadata(metadata)))
+
+    def __enter__(self) -> ZkPublisher:  # noqa: PYI034
+        return self.start()
+
+    def __exit__(self, *exc: object) -> None:
+        self.stop()
+
+    async def __aenter__(self) -> ZkPublisher:  # noqa: PYI034
+        return await self.astart()
+
+    async def __aexit__(self, *exc: object) -> None:
+        await self.astop()
+
+    # -- lifecycle on the control loop -------------------------------------------------------------
+
+    def _write_lock(self) -> asyncio.Lock:
+        if self._writing is None:
+            self._writing = asyncio.Lock()
+        return self._writing
+
+    async def _start(self) -> None:
+        if self._state in ("running", "paused"):
+            return
+        self._state = "running"
+        loop = asyncio.get_running_loop()
+        deadline = loop.time() + self.timeout
+        client = self._client = self.config.new_client(self.session_timeout)
+        client.add_listener(self._listener(client))
+        try:
+            await zk.connect(client, self.config.hosts, self.timeout)
+            await asyncio.wait_for(self._ensure(), max(0.1, deadline - loop.time()))
+        except BaseException as e:
+            self._state = "new"
+            self._client = None
+            self._registered = False
+            zk.close_later(client)
+            if isinstance(e, PermissionDenied):
+                raise
+            if isinstance(e, asyncio.CancelledError) or not isinstance(e, Exception):
+                raise
+            raise RegistryUnavailable(
+                f"could not register {self.base_key!r}={self.value!r} in {self.registry_url} within "
+                f"{self.timeout:g}s: {_why(e)}") from e
+        track(self)
+        self._start_keeper()
+
+    def _start_keeper(self) -> None:
+        if self._keeper is None or self._keeper.done():
+            self._wake = asyncio.Event()
+            self._keeper = asyncio.get_running_loop().create_task(self._keep(), name=f"waypost-zk-pub {self.path}")
+
+    def _stop_keeper(self) -> None:
+        if self._keeper is not None and self._keeper is not asyncio.current_task():
+            self._keeper.cancel()
+        self._keeper = None
+        if self._expiry is not None:
+            self._expiry.cancel()
+            self._expiry = None
+
+    async def _pause(self) -> None:
+        if self._state != "running":
+            return
+        self._state = "paused"
+        log.info("%r: paused, deleting %s", self, self.path)
+        self._stop_keeper()
+        self._registered = False
+        self.outage.end()  # paused on purpose: not an outage
+        await self._delete_own(REVOKE_TIMEOUT)
+
+    async def _resume(self) -> None:
+        if self._state != "paused":
+            return
+        self._state = "running"
+        self._lost = None
+        self._start_keeper()
+        try:
+            if not self._client.connected:
+                raise RegistryUnavailable("not connected to ZooKeeper")
+            await asyncio.wait_for(self._ensure(), self.timeout)
+        except PermissionDenied:
+            self.outage.begin()
+            self._poke()
+            raise
+        except Exception as e:
+            self.outage.begin()  # resume failed: unregistered against our will from now on
+            self._poke()  # the keeper retries
+            raise RegistryUnavailable(
+                f"could not register {self.base_key!r}={self.value!r} in {self.registry_url} within "
+                f"{self.timeout:g}s: {_why(e)}; retrying in the background") from e
+
+    async def _stop(self) -> None:
+        if self._state == "stopped":
+            return
+        was = self._state
+        self._state = "stopped"
+        untrack(self)
+        self._stop_keeper()
+        self._registered = False
+        self.outage.end()  # stopped on purpose: not an outage
+        client, self._client = self._client, None
+        if was != "new" and client is not None:
+            if was == "running":
+                await self._delete_own(REVOKE_TIMEOUT, client)
+            await zk.close_client(client)  # closing the session deletes the node too, should the delete have failed
+            log.info("%r: stopped", self)
+
+    async def _delete_own(self, timeout: float, client: Any = None) -> None:
+        """Delete our node if it is there and ours (bounded; else it goes with the session)."""
+        from kazoo.exceptions import BadVersionError, NoNodeError
+
+        client = client if client is not None else self._client
+        if client is None or not client.connected:
+            log.warning("%r: not connected to ZooKeeper, so %s stays until its session expires (<= %gs)",
+                        self, self.path, self.session_timeout)
+            return
+
+        async def delete() -> None:
+            async with self._write_lock():
+                stat = await zk.result(client.exists_async(self.path))
+                ids = client.client_id
+                if stat is None or ids is None or stat.ephemeralOwner != ids[0]:
+                    return  # gone already, or someone else's
+                try:
+                    await zk.result(client.delete_async(self.path, version=stat.version))
+                except (NoNodeError, BadVersionError):
+                    pass
+
+        try:
+            await asyncio.wait_for(delete(), timeout)
+        except Exception as e:  # noqa: BLE001 (the control plane must not die)
+            log.warning("%r: could not delete %s (it goes when its session ends, <= %gs): %s", self, self.path,
+                        self.session_timeout, _why(e))
+
+    async def _update_metadata(self, metadata: dict[str, Any] | None) -> None:
+        self.metadata = metadata  # what every later registration and put-back writes
+        if not self._registered or self._client is None:
+            return
+        try:
+            await asyncio.wait_for(self._ensure(), self.timeout)
+        except PermissionDenied:
+            raise
+        except Exception as e:
+            self._poke()  # the keeper writes it once ZooKeeper answers
+            raise RegistryUnavailable(
+                f"could not update the metadata of {self.base_key!r}={self.value!r} in {self.registry_url} "
+                f"within {self.timeout:g}s: {_why(e)}; it is written once ZooKeeper answers") from e
+        log.info("%r: metadata updated to %r", self, metadata)
+
+    # -- keeping the node ------------------------------------------------------------------------------
+
+    def _poke(self) -> None:
+        if self._wake is not None:
+            self._wake.set()
+
+    async def _ensure(self) -> None:
+        """One reconciliation: make our node exist, belong to our session and hold our data; arm its watch."""
+        from kazoo.exceptions import BadVersionError, NoAuthError, NodeExistsError, NoNodeError
+
+        client = self._client
+        async with self._write_lock():
+            for _ in range(MAX_ATTEMPTS):
+                if self._state != "running" or client is not self._client:
+                    return
+                ids = client.client_id
+                if ids is None:
+                    raise RegistryUnavailable("not connected to ZooKeeper")
+                session = ids[0]
+                data = self._encode(self.metadata)
+                try:
+                    value, stat = await zk.result(client.get_async(self.path, watch=self._on_watch))
+                except NoNodeError:
+                    try:
+                        await zk.result(client.create_async(self.path, data, ephemeral=True, makepath=True))
+                    except NodeExistsError:
+                        continue
+                    except NoAuthError as e:
+                        raise PermissionDenied(f"ZooKeeper refused to create {self.path} (ACL of a parent "
+                                               f"node): {_why(e)}") from None
+                    self._created(session)
+                    self._registered_in(session)
+                    continue  # read it back, with the watch armed
+                except NoAuthError as e:
+                    raise PermissionDenied(f"ZooKeeper refused to read {self.path}: {_why(e)}") from None
+                if stat.ephemeralOwner != session:
+                    now = time.monotonic()
+                    if now - self._last_takeover < TAKEOVER_PAUSE:
+                        # replaced one already a moment ago and it is back: a live session keeps putting it there
+                        raise RegistryError(
+                            f"{self.path} is held by another live session ({stat.ephemeralOwner:#x}) that puts it "
+                            "back: do two running instances share this id?")
+                    self._last_takeover = now
+                    log.info("%r: %s belongs to another session (%#x; an earlier incarnation with this id?): "
+                             "replacing it, as Kratos does", self, self.path, stat.ephemeralOwner)
+                    try:
+                        await zk.result(client.delete_async(self.path, version=stat.version))
+                    except (NoNodeError, BadVersionError):
+                        pass
+                    except NoAuthError as e:
+                        raise PermissionDenied(f"ZooKeeper refused to delete {self.path}: {_why(e)}") from None
+                    continue
+                if value != data:
+                    try:
+                        await zk.result(client.set_async(self.path, data, version=stat.version))
+                    except (NoNodeError, BadVersionError):
+                        continue
+                    except NoAuthError as e:
+                        raise PermissionDenied(f"ZooKeeper refused to write {self.path}: {_why(e)}") from None
+                    self.writes += 1
+                self._registered_in(session)
+                return
+            raise RegistryError(f"{self.path} changed under us {MAX_ATTEMPTS} times in a row")
+
+    def _created(self, session: int) -> None:
+        lost, self._lost = self._lost, None
+        obs = metrics.current
+        if lost == "deleted" and session == self._session:
+            self.restorations += 1
+            if obs is not None:
+                obs.registration_restored(self.base_key)
+            log.info("%r: %s created again", self, self.path)
+            return
+        self.registrations += 1
+        if lost == "session" and obs is not None:
+            obs.lease_reregistered(self.base_key)
+
+    def _registered_in(self, session: int) -> None:
+        first = not self._registered
+        self._registered, self._session = True, session
+        lasted = self.outage.end()
+        if first:
+            log.info("%r: registered in session %#x%s", self, session,
+                     f" after {lasted:.1f}s unregistered" if lasted else "")
+
+    async def _keep(self) -> None:
+        """Reconcile whenever something happened (a state change, a watch event, a failure to retry)."""
+        failing = False
+        wake = self._wake
+        assert wake is not None
+        while self._state == "running":
+            await wake.wait()
+            wake.clear()
+            client = self._client
+            if client is None or not client.connected:
+                continue  # the CONNECTED state change pokes again
+            try:
+                await asyncio.wait_for(self._ensure(), self.timeout)
+            except asyncio.CancelledError:
+                raise
+            except Exception as e:  # noqa: BLE001 (the control plane must not die)
+                if not failing:
+                    failing = True
+                    log.warning("%r: registering failed, retrying every ~%gs until it works: %s", self,
+                                self.retry_interval, _why(e))
+                else:
+                    log.debug("%r: registering failed again: %s", self, _why(e))
+                await asyncio.sleep(cool_down(self._rng, self.retry_interval))
+                wake.set()
+                continue
+            if failing:
+                failing = False
+                log.warning("%r: registered again after failures", self)
+
+    # -- kazoo's threads hand over here ------------------------------------------------------------
+
+    def _listener(self, client: Any) -> Callable[[str], None]:
+        loop = asyncio.get_running_loop()
+
+        def on_state(state: str) -> None:  # on kazoo's connection thread: hand over, never block
+            zk.on_loop(loop, self._on_session_state, client, state)
+
+        return on_state
+
+    def _on_watch(self, event: Any) -> None:  # on kazoo's callback thread
+        zk.on_loop(_loop.get_loop(), self._on_node_event, event)
+
+    def _on_node_event(self, event: Any) -> None:
+        if self._state != "running":
+            return
+        if event.type == "DELETED" and self._registered:
+            log.warning("%r: %s was deleted from outside; creating it again", self, self.path)
+            self._registered = False
+            self._lost = "deleted"
+        elif event.type == "NONE":
+            return  # kazoo forgot its watches (connection lost): the state change says what to do
+        self._poke()
+
+    def _on_session_state(self, client: Any, state: str) -> None:
+        if client is not self._client or self._state == "stopped":
+            return
+        if state == "SUSPENDED":
+            self._suspended = True
+            log.info("%r: connection to ZooKeeper lost; the node lives as long as the session (%gs) while "
+                     "reconnecting", self, self.session_timeout)
+            if self._expiry is None:
+                self._expiry = asyncio.get_running_loop().call_later(self.session_timeout, self._presume_expired)
+            return
+        if self._expiry is not None:
+            self._expiry.cancel()
+            self._expiry = None
+        if state == "LOST":
+            self._session_lost("the session expired")
+        elif state == "CONNECTED":
+            if self._suspended:
+                log.info("%r: connected to ZooKeeper again", self)
+            self._suspended = False
+            self._poke()
+
+    def _presume_expired(self) -> None:
+        self._expiry = None
+        client = self._client
+        if client is not None and not client.connected:
+            self._session_lost(f"no connection for the whole session timeout ({self.session_timeout:g}s): the "
+                               "server has expired the session")
+
+    def _session_lost(self, why: str) -> None:
+        if self._state != "running":
+            return
+        if self._registered or self._lost != "session":
+            log.warning("%r: %s, so %s is gone; creating it again once connected", self, why, self.path)
+        self._registered = False
+        self._lost = "session"
+        self.outage.begin()
+
+
+def _why(e: BaseException) -> str:
+    if isinstance(e, asyncio.TimeoutError):
+        return "timed out"
+    text = str(e)
+    return f"{type(e).__name__}: {text}" if text and type(e).__module__.startswith("kazoo") else (
+        text or type(e).__name__)

@@ -1,0 +1,247 @@
+"""Connection settings of a ZooKeeper client: ``ZkConfig``, from a registry URL or a ``zk://`` dial target.
+
+Registry URL (what a publisher is given): ``zk://H1:2181,H2:2181[?session_timeout=S&namespace=/microservices]``.
+A host without a port means 2181; IPv6 hosts go in brackets. The URL names the ensemble only: the service is the
+publisher's key, so a path is an error. Options:
+
+- ``session_timeout``: seconds (a number, 0 < S <= 3600) asked of ZooKeeper for the session; the server grants a
+  value between its ``minSessionTimeout`` and ``maxSessionTimeout`` (2 and 20 ticks: 4..40 s with the default
+  ``tickTime=2000``). Unset: a publisher asks for its ``ttl``, a resolver for ``DEFAULT_SESSION_TIMEOUT``.
+- ``namespace``: the root of Kratos' layout (Kratos' ``WithRootPath``), default ``/microservices``.
+
+Dial target (what a resolver is given): ``zk://H1:2181,H2:2181/SERVICE`` (``waypost.resolver.target``); the same
+options are read from the target when its parser lets them through.
+
+kazoo is imported only when a client is made (``new_client``): it is the ``zk`` extra.
+"""
+
+from __future__ import annotations
+
+import logging
+import math
+import urllib.parse
+from collections.abc import Mapping
+from dataclasses import dataclass
+from typing import Any, Protocol
+
+from ..errors import InvalidTarget
+from ..netutil import AddressError, normalize_host_port
+from ..redaction import redact_url
+from .layout import DEFAULT_NAMESPACE, LayoutError, check_namespace
+
+DEFAULT_PORT = 2181
+#: what a resolver asks for when the URL says nothing (kazoo's default too)
+DEFAULT_SESSION_TIMEOUT = 10.0
+#: the longest pause between two reconnection attempts (kazoo's own default grows to an hour; go-zookeeper, which
+#: Kratos uses, pauses 1 s after trying every host)
+MAX_RECONNECT_DELAY = 1.0
+EXAMPLE = "zk://10.0.0.1:2181,10.0.0.2:2181?session_timeout=10"
+OPTIONS = ("session_timeout", "namespace")
+#: where kazoo's own connection chatter goes (a WARNING per failed reconnection attempt): raised to ERROR
+#: unless the application configured this logger; waypost logs the state changes itself, once each
+KAZOO_LOGGER = "waypost.zk.kazoo"
+
+
+class _TargetLike(Protocol):
+    """What ``from_target`` reads of a ``waypost.resolver.Target`` (that layer sits above this one)."""
+
+    @property
+    def scheme(self) -> str: ...
+
+    @property
+    def endpoints(self) -> tuple[str, ...]: ...
+
+    @property
+    def options(self) -> Mapping[str, str]: ...
+
+    @property
+    def redacted(self) -> str: ...
+
+
+@dataclass(frozen=True)
+class ZkConfig:
+    """Where ZooKeeper is and how to hold a session with it.
+
+    ``hosts`` are ``host:port`` strings (normalized: port filled in, IPv6 in brackets, duplicates dropped).
+    ``session_timeout`` None lets the user pick (a publisher: its ``ttl``; a resolver: 10 s).
+    """
+
+    hosts: tuple[str, ...]
+    session_timeout: float | None = None
+    namespace: str = DEFAULT_NAMESPACE
+    #: upper bound of the pause between reconnection attempts (exponential from 0.1 s, jittered)
+    max_reconnect_delay: float = MAX_RECONNECT_DELAY
+
+    def __post_init__(self) -> None:
+        hosts = (self.hosts,) if isinstance(self.hosts, str) else tuple(self.hosts)
+        if not hosts:
+            raise ValueError("ZkConfig needs at least one host (e.g. ('127.0.0.1:2181',))")
+        normalized = []
+        for h in hosts:
+            try:
+                normalized.append(normalize_host_port(h, what="ZooKeeper host", default_port=DEFAULT_PORT))
+            except AddressError as e:
+                raise ValueError(str(e)) from None
+        object.__setattr__(self, "hosts", tuple(dict.fromkeys(normalized)))
+        if self.session_timeout is not None and not _seconds_ok(self.session_timeout):
+            raise ValueError(f"ZkConfig: session_timeout must be a number of seconds in (0, 3600], "
+                             f"got {self.session_timeout!r}")
+        if not _seconds_ok(self.max_reconnect_delay):
+            raise ValueError(f"ZkConfig: max_reconnect_delay must be a number of seconds in (0, 3600], "
+                             f"got {self.max_reconnect_delay!r}")
+        try:
+            object.__setattr__(self, "namespace", check_namespace(self.namespace))
+        except LayoutError as e:
+            raise ValueError(f"ZkConfig: {e}") from None
+
+    @property
+    def connect_string(self) -> str:
+        """The hosts as kazoo (and every ZooKeeper client) takes them: ``h1:2181,h2:2181``."""
+        return ",".join(self.hosts)
+
+    @property
+    def url(self) -> str:
+        """The registry URL of this configuration (no secrets: it holds none)."""
+        q = []
+        if self.session_timeout is not None:
+            q.append(f"session_timeout={self.session_timeout:g}")
+        if self.namespace != DEFAULT_NAMESPACE:
+            q.append(f"namespace={urllib.parse.quote(self.namespace, safe='/')}")
+        return f"zk://{self.connect_string}" + (f"?{'&'.join(q)}" if q else "")
+
+    redacted = url
+
+    def session_timeout_or(self, default: float) -> float:
+        return float(self.session_timeout) if self.session_timeout is not None else float(default)
+
+    def new_client(self, session_timeout: float) -> Any:
+        """A kazoo client (not started) for these hosts: ``session_timeout`` s asked for, reconnecting forever with
+        a pause growing from 0.1 s to ``max_reconnect_delay`` s (jittered); no command retries (callers bound and
+        retry their own operations)."""
+        require_kazoo()
+        from kazoo.client import KazooClient
+        from kazoo.retry import KazooRetry
+
+        _quiet_kazoo()
+        return KazooClient(
+            hosts=self.connect_string,
+            timeout=float(session_timeout),
+            connection_retry=KazooRetry(max_tries=-1, delay=0.1, backoff=2, max_jitter=0.4,
+                                        max_delay=self.max_reconnect_delay),
+            command_retry=KazooRetry(max_tries=0),
+            logger=logging.getLogger(KAZOO_LOGGER),
+        )
+
+
+def _seconds_ok(value: object) -> bool:
+    return (isinstance(value, (int, float)) and not isinstance(value, bool) and math.isfinite(value)
+            and 0 < value <= 3600)
+
+
+_quieted: list[bool] = []
+
+
+def _quiet_kazoo() -> None:
+    if not _quieted:
+        _quieted.append(True)
+        logger = logging.getLogger(KAZOO_LOGGER)
+        if logger.level == logging.NOTSET:
+            logger.setLevel(logging.ERROR)
+
+
+def require_kazoo() -> None:
+    """ImportError naming the extra when kazoo is not installed."""
+    try:
+        import kazoo  # noqa: F401
+    except ImportError:
+        raise ImportError("ZooKeeper (zk://) needs kazoo: pip install 'waypost[zk]'") from None
+
+
+# ---- registry URLs and targets -------------------------------------------------------------------------------
+
+
+def _bad(url: str, problem: str) -> InvalidTarget:
+    return InvalidTarget(f"invalid ZooKeeper registry URL {redact_url(url)!r}: {problem} (example: {EXAMPLE})")
+
+
+def _options(given: Mapping[str, str], fail: Any) -> dict[str, Any]:
+    out: dict[str, Any] = {}
+    for name, value in given.items():
+        if name == "session_timeout":
+            try:
+                seconds = float(value)
+            except ValueError:
+                raise fail(f"session_timeout={value!r} is not a number of seconds") from None
+            if not _seconds_ok(seconds):
+                raise fail(f"session_timeout={value!r} must be between 0 and 3600 seconds")
+            out["session_timeout"] = seconds
+        elif name == "namespace":
+            try:
+                out["namespace"] = check_namespace(value)
+            except LayoutError as e:
+                raise fail(str(e)) from None
+        else:
+            raise fail(f"unknown option {name!r} (known: {', '.join(OPTIONS)})")
+    return out
+
+
+def parse_registry_url(url: str) -> ZkConfig:
+    """``zk://H1:2181,H2:2181[?session_timeout=S&namespace=/P]`` -> ZkConfig; InvalidTarget naming the problem."""
+    if not isinstance(url, str) or not url.strip():
+        raise InvalidTarget(f"empty ZooKeeper registry URL (example: {EXAMPLE})")
+    url = url.strip()
+    scheme, sep, rest = url.partition("://")
+    if not sep or scheme.lower() != "zk":
+        raise _bad(url, "a ZooKeeper registry URL starts with zk://")
+    if "#" in rest:
+        raise _bad(url, "a registry URL has no '#fragment'")
+    before_query, _, query = rest.partition("?")
+    netloc, slash, path = before_query.partition("/")
+    if "@" in netloc:
+        raise _bad(url, "ZooKeeper registry URLs take no credentials (digest ACLs are not supported)")
+    if path.strip("/"):
+        raise _bad(url, f"unexpected path {slash + path!r}: a registry URL names the ZooKeeper hosts only, the "
+                        "service is the publisher's key (dial targets are zk://HOSTS/SERVICE)")
+    if not netloc:
+        raise _bad(url, "no host")
+    hosts = []
+    for raw in netloc.split(","):
+        try:
+            hosts.append(normalize_host_port(raw, what="ZooKeeper host", default_port=DEFAULT_PORT))
+        except AddressError as e:
+            raise _bad(url, str(e)) from None
+    given: dict[str, str] = {}
+    for name, value in urllib.parse.parse_qsl(query, keep_blank_values=True):
+        if name in given:
+            raise _bad(url, f"option {name!r} given twice")
+        given[name] = value
+    return ZkConfig(hosts=tuple(hosts), **_options(given, lambda problem: _bad(url, problem)))
+
+
+def from_target(target: _TargetLike) -> ZkConfig:
+    """The ZkConfig of a parsed ``zk://H1:2181,H2:2181/SERVICE`` dial target (hosts already normalized by the
+    target parser; options ``session_timeout`` and ``namespace`` when present)."""
+    if target.scheme != "zk":
+        raise InvalidTarget(f"not a zk target: {target.redacted}")
+    if not target.endpoints:
+        raise InvalidTarget(f"zk target without ZooKeeper hosts: {target.redacted} (example: "
+                            "zk://127.0.0.1:2181/greet)")
+
+    def fail(problem: str) -> InvalidTarget:
+        return InvalidTarget(f"invalid zk target {target.redacted!r}: {problem}")
+
+    try:
+        return ZkConfig(hosts=tuple(target.endpoints), **_options(dict(target.options), fail))
+    except ValueError as e:
+        if isinstance(e, InvalidTarget):
+            raise
+        raise fail(str(e)) from None
+
+
+def resolve_config(registry_url_or_config: ZkConfig | str) -> ZkConfig:
+    """A ZkConfig as it is, a string parsed as a registry URL; TypeError for anything else."""
+    if isinstance(registry_url_or_config, ZkConfig):
+        return registry_url_or_config
+    if isinstance(registry_url_or_config, str):
+        return parse_registry_url(registry_url_or_config)
+    raise TypeError(f"expected a zk:// registry URL or a ZkConfig, got {type(registry_url_or_config).__name__}")

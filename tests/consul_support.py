@@ -1,0 +1,439 @@
+"""Consul test harness: a real Consul agent (v1.14.11, built from the Go module proxy once, cached).
+
+* ``consul_binary()`` builds consul v1.14.11 with the recipe of shared/notes/real-registries.md into
+  ``${WAYPOST_SERVERS_CACHE:-~/.cache/waypost-servers}/consul-v1.14.11-<go version hash>/consul`` (the build log
+  beside it), under a file lock so that concurrent test processes build it once; bounded by
+  ``$WAYPOST_CONSUL_BUILD_TIMEOUT`` (default 1200 s). ``$WAYPOST_CONSUL`` names an already built binary instead.
+  ``skip_reason()`` says why the harness cannot run here (no Go, ...): tests call ``pytest.skip(reason)``.
+* ``ConsulAgent``: ``consul agent -dev`` on free loopback ports (HTTP, server RPC, serf LAN/WAN; DNS and gRPC
+  off), its data dir in a temporary directory; ``start()`` returns once ``/v1/status/leader`` names a leader;
+  ``stop()``/``start()``/``restart()`` keep the same ports (a dev agent keeps no state across a restart: every
+  registration is gone, as after a crash of a real agent whose data dir was lost). Small synchronous helpers on
+  the HTTP API (stdlib urllib only, no waypost code) for the tests' "another client" view.
+
+Every process here is started by this module and stopped by it by its PID (SIGTERM, SIGKILL after a bound).
+"""
+
+from __future__ import annotations
+
+import atexit
+import contextlib
+import fcntl
+import hashlib
+import json
+import os
+import re
+import shutil
+import signal
+import subprocess
+import sys
+import tempfile
+import time
+import urllib.error
+import urllib.parse
+import urllib.request
+import weakref
+from pathlib import Path
+from typing import Any
+
+from waypost.etcd.local import free_port
+
+CONSUL_VERSION = "v1.14.11"
+#: cold: ~30 s module download + ~4 min compiling on 2 cores
+BUILD_TIMEOUT = float(os.environ.get("WAYPOST_CONSUL_BUILD_TIMEOUT", "1200"))
+#: per-test bound once the binary exists
+TEST_TIMEOUT = 90.0
+GO_DEFAULT = Path("/usr/local/go/bin/go")
+
+# The recipe of the note, command for command.
+BUILD_SCRIPT = """set -e
+printf 'module scratch/consulbuild\\n\\ngo 1.20\\n\\nrequire github.com/hashicorp/consul v1.14.11\\n' > go.mod
+GOFLAGS=-mod=mod go get github.com/hashicorp/consul@v1.14.11
+GOFLAGS=-mod=mod go build -trimpath -ldflags="-s -w -checklinkname=0" -o consul github.com/hashicorp/consul
+"""
+
+
+class ConsulUnavailable(RuntimeError):
+    """The harness cannot run on this machine (the message says why): tests skip with it."""
+
+
+class ConsulBuildError(RuntimeError):
+    """Building consul failed (a real failure, not a skip)."""
+
+
+class ConsulApiError(RuntimeError):
+    def __init__(self, method: str, path: str, status: int, body: bytes) -> None:
+        self.method, self.path, self.status, self.body = method, path, status, body
+        super().__init__(f"{method} {path} -> HTTP {status}: {body[:300].decode(errors='replace')}")
+
+
+# --------------------------------------------------------------------------------------------------- toolchain
+
+
+def go_binary() -> str | None:
+    """``$WAYPOST_GO``, else ``go`` on PATH, else /usr/local/go/bin/go."""
+    env = os.environ.get("WAYPOST_GO")
+    if env:
+        return env if Path(env).exists() else None
+    return shutil.which("go") or (str(GO_DEFAULT) if GO_DEFAULT.exists() else None)
+
+
+def _go_version(go: str) -> str:
+    return subprocess.run([go, "version"], capture_output=True, text=True, timeout=60, check=True).stdout.strip()
+
+
+def servers_cache() -> Path:
+    return Path(os.environ.get("WAYPOST_SERVERS_CACHE") or Path.home() / ".cache" / "waypost-servers")
+
+
+def binary_path(go: str) -> Path:
+    digest = hashlib.sha256(_go_version(go).encode()).hexdigest()[:12]
+    return servers_cache() / f"consul-{CONSUL_VERSION}-{digest}" / "consul"
+
+
+def _prebuilt() -> Path | None:
+    env = os.environ.get("WAYPOST_CONSUL")
+    return Path(env) if env else None
+
+
+_skip: list[str | None] = []
+
+
+def skip_reason() -> str | None:
+    """Why the Consul harness cannot run here, or None (computed once)."""
+    if not _skip:
+        _skip.append(_skip_reason())
+    return _skip[0]
+
+
+def _skip_reason() -> str | None:
+    if os.environ.get("WAYPOST_CONSUL_TESTS", "1") == "0":
+        return "Consul tests turned off by WAYPOST_CONSUL_TESTS=0"
+    pre = _prebuilt()
+    if pre is not None:
+        if not (pre.is_file() and os.access(pre, os.X_OK)):
+            return f"WAYPOST_CONSUL={str(pre)!r} is not an executable file"
+        return None
+    go = go_binary()
+    if go is None:
+        return "Consul tests need the Go toolchain to build consul v1.14.11: `go` is not on PATH (or set WAYPOST_GO)"
+    try:
+        version = _go_version(go)
+    except (OSError, subprocess.SubprocessError) as e:
+        return f"`{go} version` failed: {e}"
+    m = re.search(r"go(\d+)\.(\d+)", version)
+    if m and (int(m[1]), int(m[2])) < (1, 20):
+        return f"{version}: consul {CONSUL_VERSION} needs Go >= 1.20 (set WAYPOST_GO)"
+    return None
+
+
+def is_built() -> bool:
+    pre = _prebuilt()
+    if pre is not None:
+        return pre.is_file()
+    go = go_binary()
+    try:
+        return go is not None and binary_path(go).is_file()
+    except (OSError, subprocess.SubprocessError):
+        return False
+
+
+def timeout_mark() -> Any:
+    """pytest-timeout bound for a test whose setup may have to build consul (cold: minutes)."""
+    import pytest
+
+    return pytest.mark.timeout(TEST_TIMEOUT + (0 if is_built() else BUILD_TIMEOUT))
+
+
+def _build_env(go: str) -> dict[str, str]:
+    env = dict(os.environ)
+    env.pop("GOFLAGS", None)
+    env.setdefault("GOTOOLCHAIN", "local")
+    env["PATH"] = os.pathsep.join([str(Path(go).parent), str(Path(sys.executable).parent), env.get("PATH", "")])
+    if not env.get("HOME"):
+        env.setdefault("GOCACHE", str(servers_cache() / ".gocache"))
+        env.setdefault("GOPATH", str(servers_cache() / ".gopath"))
+    return env
+
+
+def consul_binary(timeout: float | None = None) -> Path:
+    """The consul binary, built once per Go toolchain (cached; concurrent callers wait for one build)."""
+    pre = _prebuilt()
+    if pre is not None:
+        if not pre.is_file():
+            raise ConsulUnavailable(f"WAYPOST_CONSUL={str(pre)!r} does not exist")
+        return pre
+    reason = skip_reason()
+    if reason is not None:
+        raise ConsulUnavailable(reason)
+    go = go_binary()
+    assert go is not None
+    target = binary_path(go)
+    if target.is_file():
+        return target
+    out = target.parent
+    out.parent.mkdir(parents=True, exist_ok=True)
+    with open(out.parent / f"{out.name}.lock", "w") as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)  # a second process waits here, then finds the binary
+        if target.is_file():
+            return target
+        out.mkdir(exist_ok=True)
+        work = out / "build"
+        shutil.rmtree(work, ignore_errors=True)
+        work.mkdir()
+        (work / "build.sh").write_text(BUILD_SCRIPT)
+        log_path = out / "build.log"
+        limit = BUILD_TIMEOUT if timeout is None else timeout
+        started = time.monotonic()
+        with open(log_path, "wb") as logf:
+            logf.write(f"# {_go_version(go)}; {time.strftime('%Y-%m-%d %H:%M:%S')}\n".encode())
+            logf.flush()
+            proc = subprocess.Popen(["nice", "-n", "15", "bash", "build.sh"], cwd=work, env=_build_env(go),
+                                    stdout=logf, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
+                                    start_new_session=True)
+            try:
+                rc = proc.wait(limit)
+            except subprocess.TimeoutExpired:
+                with contextlib.suppress(ProcessLookupError):
+                    os.killpg(proc.pid, signal.SIGKILL)  # the build's own process group (go, compile, link)
+                proc.wait(30)
+                raise ConsulBuildError(f"building consul took longer than {limit:.0f} s "
+                                       f"(WAYPOST_CONSUL_BUILD_TIMEOUT); log: {log_path}") from None
+            seconds = time.monotonic() - started
+            logf.write(f"rc={rc} seconds={seconds:.1f}\n".encode())
+        if rc != 0 or not (work / "consul").is_file():
+            tail = log_path.read_bytes()[-3000:].decode(errors="replace")
+            raise ConsulBuildError(f"building consul failed (exit {rc}); log {log_path}:\n{tail}")
+        os.replace(work / "consul", target)
+        (out / "build-seconds").write_text(f"{seconds:.1f}\n")
+        shutil.rmtree(work, ignore_errors=True)
+    return target
+
+
+# ------------------------------------------------------------------------------------------------- the agent
+
+_running: weakref.WeakSet[ConsulAgent] = weakref.WeakSet()
+
+
+@atexit.register
+def _stop_all() -> None:  # a test run that forgot stop() does not leave an agent behind
+    for a in list(_running):
+        with contextlib.suppress(Exception):
+            a.close()
+
+
+class ConsulAgent:
+    """``consul agent -dev`` on 127.0.0.1, free ports, a temporary data dir. Use as a context manager too.
+
+    ``datacenter`` names the agent's datacenter (``-datacenter``); ``node`` its node name. ``acl_token``: turn
+    ACLs on (default policy deny) with this management token, which the helpers below then send. ``tls_files``
+    (CA, certificate, key files): HTTPS on ``https_port`` as well, with client certificates required (the
+    helpers keep using plain HTTP).
+    """
+
+    def __init__(self, base_dir: str | os.PathLike[str] | None = None, *, datacenter: str = "dc1",
+                 node: str = "waypost-test", binary: str | os.PathLike[str] | None = None,
+                 ready_timeout: float = 30.0, acl_token: str | None = None,
+                 tls_files: tuple[str, str, str] | None = None) -> None:
+        self.acl_token = acl_token
+        #: (CA, certificate, key): serve HTTPS too, on ``https_port``, requiring client certificates
+        self.tls_files = tls_files
+        self.https_port = free_port() if tls_files else -1
+        self._binary = Path(binary) if binary else None
+        self._own_dir = base_dir is None
+        self.dir = Path(base_dir) if base_dir else Path(tempfile.mkdtemp(prefix="waypost-consul-"))
+        self.dir.mkdir(parents=True, exist_ok=True)
+        self.datacenter = datacenter
+        self.node = node
+        self.ready_timeout = ready_timeout
+        self.http_port = free_port()
+        self.server_port = free_port()
+        self.serf_lan_port = free_port()
+        self.serf_wan_port = free_port()
+        self.proc: subprocess.Popen[bytes] | None = None
+        self.log_path = self.dir / "consul.log"
+        self.startup_seconds: float | None = None  # of the last start(), until a leader was elected
+        self.starts = 0
+
+    @property
+    def binary(self) -> Path:
+        if self._binary is None:
+            self._binary = consul_binary()
+        return self._binary
+
+    @property
+    def address(self) -> str:
+        return f"127.0.0.1:{self.http_port}"
+
+    @property
+    def url(self) -> str:
+        """The registry URL for waypost (``consul://127.0.0.1:PORT``)."""
+        return f"consul://{self.address}"
+
+    @property
+    def running(self) -> bool:
+        return self.proc is not None and self.proc.poll() is None
+
+    def command(self) -> list[str]:
+        cmd = [
+            str(self.binary), "agent", "-dev", "-bind=127.0.0.1", "-client=127.0.0.1",
+            f"-http-port={self.http_port}", "-dns-port=-1", "-grpc-port=-1",
+            f"-server-port={self.server_port}", f"-serf-lan-port={self.serf_lan_port}",
+            f"-serf-wan-port={self.serf_wan_port}", f"-data-dir={self.dir / 'data'}",
+            f"-datacenter={self.datacenter}", f"-node={self.node}", "-log-level=warn",
+            "-hcl", "ports { grpc_tls = -1 }",
+        ]
+        if self.acl_token:
+            tok = json.dumps(self.acl_token)
+            cmd += ["-hcl", ('acl { enabled = true default_policy = "deny" enable_token_persistence = false '
+                            f"tokens {{ initial_management = {tok} agent = {tok} }} }}")]
+        if self.tls_files:
+            ca, cert, key = (json.dumps(str(f)) for f in self.tls_files)
+            cmd += ["-hcl", (f"ports {{ https = {self.https_port} }} tls {{ https {{ ca_file = {ca} "
+                            f"cert_file = {cert} key_file = {key} verify_incoming = true }} }}")]
+        return cmd
+
+    def __enter__(self) -> ConsulAgent:  # noqa: PYI034
+        return self.start()
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+    def start(self) -> ConsulAgent:
+        """Start the agent (same ports as before if it ran already) and wait until it has a leader."""
+        if self.running:
+            return self
+        binary = self.binary  # build (or fail) before starting anything
+        shutil.rmtree(self.dir / "data", ignore_errors=True)  # -dev keeps nothing anyway
+        started = time.monotonic()
+        with open(self.log_path, "ab") as logf:
+            logf.write(f"\n===== start {time.strftime('%H:%M:%S')} =====\n".encode())
+            logf.flush()
+            cmd = self.command()
+            cmd[0] = str(binary)
+            self.proc = subprocess.Popen(cmd, stdout=logf, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
+                                         start_new_session=True)
+        _running.add(self)
+        try:
+            self.wait_ready(self.ready_timeout)
+        except BaseException:
+            self.stop()
+            raise
+        self.startup_seconds = time.monotonic() - started
+        self.starts += 1
+        return self
+
+    def wait_ready(self, timeout: float) -> None:
+        deadline = time.monotonic() + timeout
+        last = "not started"
+        while time.monotonic() < deadline:
+            if self.proc is None or self.proc.poll() is not None:
+                code = None if self.proc is None else self.proc.returncode
+                raise RuntimeError(f"consul exited ({code}) before it was ready; log: {self.tail_log()}")
+            try:
+                leader = self.get("/v1/status/leader", timeout=2)
+                if leader:
+                    return
+                last = f"leader {leader!r}"
+            except (OSError, ConsulApiError) as e:
+                last = repr(e)
+            time.sleep(0.05)
+        raise RuntimeError(f"consul not ready on {self.address} after {timeout} s ({last}); log: {self.tail_log()}")
+
+    def stop(self, timeout: float = 10.0, kill: bool = False) -> None:
+        """SIGTERM (SIGKILL with ``kill``: a crash), SIGKILL after ``timeout`` s. The ports stay ours."""
+        proc, self.proc = self.proc, None
+        if proc is None or proc.poll() is not None:
+            return
+        with contextlib.suppress(ProcessLookupError):
+            proc.send_signal(signal.SIGKILL if kill else signal.SIGTERM)
+        try:
+            proc.wait(timeout)
+        except subprocess.TimeoutExpired:
+            proc.kill()
+            proc.wait(10)
+
+    def restart(self, down_s: float = 0.0, kill: bool = False) -> None:
+        """Stop, stay down ``down_s`` s, start on the same ports; every registration is lost (-dev)."""
+        self.stop(kill=kill)
+        if down_s > 0:
+            time.sleep(down_s)
+        self.start()
+
+    def close(self) -> None:
+        self.stop()
+        _running.discard(self)
+        if self._own_dir and os.environ.get("WAYPOST_CONSUL_KEEP") != "1":
+            shutil.rmtree(self.dir, ignore_errors=True)
+
+    def tail_log(self, n: int = 3000) -> str:
+        try:
+            return self.log_path.read_bytes()[-n:].decode(errors="replace")
+        except OSError:
+            return ""
+
+    # -- plain HTTP API (another client's view) --
+
+    def request(self, method: str, path: str, body: Any = None, *, timeout: float = 5.0) -> tuple[int, bytes]:
+        data = None if body is None else json.dumps(body).encode()
+        headers = {"X-Consul-Token": self.acl_token} if self.acl_token else {}
+        req = urllib.request.Request(f"http://{self.address}{path}", data=data, method=method, headers=headers)
+        try:
+            with urllib.request.urlopen(req, timeout=timeout) as resp:
+                return resp.status, resp.read()
+        except urllib.error.HTTPError as e:
+            return e.code, e.read()
+
+    def call(self, method: str, path: str, body: Any = None, *, timeout: float = 5.0) -> Any:
+        status, raw = self.request(method, path, body, timeout=timeout)
+        if status != 200:
+            raise ConsulApiError(method, path, status, raw)
+        return json.loads(raw) if raw.strip() else None
+
+    def get(self, path: str, *, timeout: float = 5.0) -> Any:
+        return self.call("GET", path, timeout=timeout)
+
+    def put(self, path: str, body: Any = None, *, timeout: float = 5.0) -> Any:
+        return self.call("PUT", path, body, timeout=timeout)
+
+    def health(self, service: str, *, passing: bool = True, **params: str) -> list[dict[str, Any]]:
+        """``/v1/health/service/<name>`` entries (passing only by default)."""
+        q = dict(params)
+        if passing:
+            q["passing"] = "1"
+        return self.get(f"/v1/health/service/{urllib.parse.quote(service)}?{urllib.parse.urlencode(q)}")
+
+    def catalog(self, service: str) -> list[dict[str, Any]]:
+        return self.get(f"/v1/catalog/service/{urllib.parse.quote(service)}")
+
+    def passing_addresses(self, service: str) -> list[str]:
+        return sorted(f"{e['Service']['Address'] or e['Node']['Address']}:{e['Service']['Port']}"
+                      for e in self.health(service))
+
+    def register(self, name: str, address: str, port: int, *, id: str | None = None, tags: list[str] | None = None,
+                 meta: dict[str, str] | None = None, ttl: str | None = None) -> str:
+        """Register a service the way any other client would (PUT /v1/agent/service/register)."""
+        sid = id or f"{name}-{address}-{port}"
+        body: dict[str, Any] = {"ID": sid, "Name": name, "Address": address, "Port": port,
+                                "Tags": tags or [], "Meta": meta or {}}
+        if ttl is not None:
+            body["Check"] = {"CheckID": f"service:{sid}", "TTL": ttl, "Status": "passing"}
+        self.put("/v1/agent/service/register", body)
+        return sid
+
+    def deregister(self, service_id: str) -> None:
+        self.put(f"/v1/agent/service/deregister/{urllib.parse.quote(service_id)}")
+
+    def make_token(self, rules: str, name: str = "waypost-test") -> str:
+        """A new ACL token (its SecretID) with a policy of ``rules`` (HCL), e.g.
+        ``service_prefix "" { policy = "write" }``. Needs ``acl_token``."""
+        self.put("/v1/acl/policy", {"Name": name, "Rules": rules})
+        return str(self.put("/v1/acl/token", {"Policies": [{"Name": name}]})["SecretID"])
+
+    def check(self, check_id: str, status: str) -> None:
+        """Set a TTL check's status (``pass``, ``warn``, ``fail``)."""
+        self.put(f"/v1/agent/check/{status}/{urllib.parse.quote(check_id)}")
+
+
+if __name__ == "__main__":  # build (or find) the binary: python -m tests.consul_support
+    print(consul_binary())
