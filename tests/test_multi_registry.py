@@ -195,3 +195,33 @@ def test_aio_dial_a_list_of_targets():
     finally:
         for s in servers:
             s.stop()
+
+
+def test_serve_in_etcd_consul_and_zookeeper_at_once_and_dial_all_three(shared_etcd, tmp_path, unique_key):
+    """One server in three kinds of registry, one channel reading the three: make_publisher picks each kind, the
+    union is one backend; a graceful stop leaves nothing in any of them."""
+    from tests import consul_support, zk_support
+
+    for why in (consul_support.skip_reason(), zk_support.skip_reason()):
+        if why:
+            pytest.skip(why)
+    with consul_support.ConsulAgent(tmp_path / "consul", binary=consul_support.consul_binary()) as agent:
+        zk = zk_support.ZkServer().start()
+        try:
+            service = unique_key.replace(".", "-")
+            registries = [shared_etcd.url(), agent.url, f"zk://{zk.hosts}"]
+            handle = waypost.serve(new_server("s"), service, "127.0.0.1:0", registry=registries, ttl=5)
+            try:
+                assert list(handle.publisher.status().values()) == [True, True, True], handle.publisher.status()
+                assert agent.passing_addresses(service) == [handle.address]
+                targets = [f"etcd:///{shared_etcd.endpoint}?key={service}",
+                           f"consul://{agent.address}/{service}", f"zk://{zk.hosts}/{service}"]
+                with waypost.dial(targets) as ch:
+                    assert echo_pb2_grpc.EchoStub(ch).Unary(Req(), timeout=5).server == "s"
+                    assert [sc.address for sc in ch.balancer.subconns()] == [handle.address]
+                    assert ch._resolver.source_lists() == [[handle.address]] * 3
+            finally:
+                handle.stop()
+            assert keys(shared_etcd, service + "/") == [] and agent.passing_addresses(service) == []
+        finally:
+            zk.close()

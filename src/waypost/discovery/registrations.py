@@ -11,9 +11,10 @@
 Every one has the same interface (start / stop / pause / resume / update_metadata, their ``a*`` twins, ``key``,
 ``registered``, ``outage``), so ``serve()``'s lifecycle is the same whatever the registry.
 
-``MultiPublisher`` (the seeds' advice for a registry outage: "双注册中心互为备份", two registries backing each
-other up): the instance is registered in each registry; one that cannot be reached does not stop the others.
-``start()`` fails fast only when no registry could be reached; the ones that failed are retried in the
+``MultiPublisher`` (the usual advice for a registry outage: two registries backing each other up): the instance is
+registered in each registry; one that cannot be reached does not stop the others. ``start()`` returns once every
+registry has answered (or ``START_GRACE`` s after the first registered) and fails fast only when no registry could
+be reached; the ones that failed are retried in the
 background (every ``retry_interval`` s) until they register, and each member keeps its own registration alive
 and restores it as it always does. The outage clock (``max_unregistered``) runs while the instance is
 registered nowhere. ``members`` and ``status()`` say where it is registered now; each member reports its own
@@ -36,6 +37,9 @@ log = logging.getLogger("waypost.discovery")
 
 #: seconds between registration attempts in a registry that could not be reached at start
 RETRY_INTERVAL = 1.0
+#: once one registry has the registration, how much longer start() waits for the others (healthy registries
+#: answer well within it; an unreachable one is left to the background retries instead of delaying start-up)
+START_GRACE = 1.0
 #: how often the registered-anywhere state is sampled for the outage clock
 OUTAGE_POLL = 0.25
 
@@ -185,8 +189,9 @@ class MultiPublisher:
     # -- on the control loop ------------------------------------------------------------------------
 
     async def _start(self, resume: bool = False) -> None:
-        """Register in every member at once; return as soon as one has registered (the others go on in the
-        background, retried until they register); RegistryUnavailable when none could."""
+        """Register in every member at once; return once each has answered, or ``START_GRACE`` s after the first
+        one registered (the others go on in the background, retried until they register); RegistryUnavailable
+        when none could."""
         if self._state == "running" or (resume and self._state != "paused") or self._state == "stopped":
             return
         self._state = "running"
@@ -196,13 +201,19 @@ class MultiPublisher:
         pending = set(attempts)
         errors: dict[int, BaseException] = {}
         registered = False
-        while pending and not registered:
-            done, pending = await asyncio.wait(pending, return_when=asyncio.FIRST_COMPLETED)
+        grace_until: float | None = None
+        while pending:
+            wait = None if grace_until is None else max(0.0, grace_until - loop.time())
+            done, pending = await asyncio.wait(pending, timeout=wait, return_when=asyncio.FIRST_COMPLETED)
+            if not done:
+                break  # the grace is over: the rest go on in the background
             for t in done:
                 if t.exception() is None:
                     registered = True
                 else:
                     errors[attempts[t]] = t.exception()  # type: ignore[assignment]
+            if registered and grace_until is None:
+                grace_until = loop.time() + START_GRACE
         if not registered:
             self._state = "paused" if resume else "new"
             why = "; ".join(f"{_where(self.members[i])}: {e}" for i, e in sorted(errors.items()))
