@@ -1,4 +1,4 @@
-"""Interop with grpc-go's etcd naming (go.etcd.io/etcd/client/v3/naming): issue 8, case 5.
+"""Interop with grpc-go's etcd naming (go.etcd.io/etcd/client/v3/naming): case 5.
 
 ``endpoints.Manager`` registrations are discovered by waypost (``format=etcd-naming``), and waypost
 registrations in that format are resolved by grpc-go's ``etcd:///`` resolver.

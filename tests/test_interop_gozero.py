@@ -1,4 +1,4 @@
-"""Interop with real go-zero (v1.10.3) peers through one etcd: issue 8, cases 1-4.
+"""Interop with real go-zero (v1.10.3) peers through one etcd: the go-zero cases 1-4.
 
 The Go programs live in ``interop/cmd`` (built once per session by ``tests/interop_support.py``).
 Every backend names itself in the ``x-backend`` trailer, so both sides can tell who answered.

@@ -127,7 +127,7 @@ def test_malformed_objects_never_raise(events, port):
 
 @pytest.mark.parametrize("text, namespace, service, port", [
     ("k8s://prod/greet:50051", "prod", "greet", "50051"),  # go-zero's form
-    ("k8s:///prod/greet:grpc", "prod", "greet", "grpc"),  # the seed's form, a named port
+    ("k8s:///prod/greet:grpc", "prod", "greet", "grpc"),  # three slashes, a named port
     ("k8s:///greet:50051", "", "greet", "50051"),  # no namespace: the pod's, or the context's
     ("K8S://prod/greet:050051", "prod", "greet", "50051"),
 ])
