@@ -136,7 +136,8 @@ def slices_merged_readiness_terminating(cluster: Any) -> None:
 
 
 def named_and_numbered_ports_and_context_namespace(cluster: Any) -> None:
-    """The port as a name or a number; a target without a namespace takes the kubeconfig context's."""
+    """The port as a name or a number; a target without a namespace takes the kubeconfig context's, also of a
+    context chosen with ?context=."""
     import waypost
 
     ns, svc = unique("ports"), "greet"
@@ -146,8 +147,10 @@ def named_and_numbered_ports_and_context_namespace(cluster: Any) -> None:
         cluster.put_slice(ns, "greet-a", svc, endpoints=["10.77.0.6"],
                           ports=[{"name": "http", "port": 8080, "protocol": "TCP"}, *_grpc_port(port)])
         kc = _kubeconfig(cluster, namespace=ns)
+        # ?context= picks another context of the file (its namespace too); the current one names no namespace
+        two = _kubeconfig(cluster, extra_contexts={"other": {"namespace": ns}})
         for target in (f"k8s://{ns}/{svc}:grpc?kubeconfig={kc}", f"k8s:///{ns}/{svc}:{port}?kubeconfig={kc}",
-                       f"k8s:///{svc}:grpc?kubeconfig={kc}"):
+                       f"k8s:///{svc}:grpc?kubeconfig={kc}", f"k8s:///{svc}:grpc?kubeconfig={two}&context=other"):
             with waypost.dial(target) as ch:
                 assert echo_pb2_grpc.EchoStub(ch).Unary(Req(), timeout=10).server == "pod-6", target
                 assert [sc.address for sc in ch.balancer.subconns()] == [f"10.77.0.6:{port}"], target
