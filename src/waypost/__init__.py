@@ -45,6 +45,9 @@ if TYPE_CHECKING:
     from .channel import dial as dial
     from .client.hashkey import hash_key as hash_key
     from .discovery import Publisher as Publisher
+    from .discovery.consul_publisher import ConsulPublisher as ConsulPublisher
+    from .discovery.registrations import MultiPublisher as MultiPublisher
+    from .discovery.zk_publisher import ZkPublisher as ZkPublisher
     from .discovery import Subscriber as Subscriber
     from .loadreport import load_interceptor as load_interceptor
     from .loadreport import set_load as set_load
@@ -64,6 +67,9 @@ _LAZY = {
     "connect": ("waypost.registry", "connect"),
     "Registry": ("waypost.registry.base", "Registry"),
     "Publisher": ("waypost.discovery", "Publisher"),
+    "ConsulPublisher": ("waypost.discovery.consul_publisher", "ConsulPublisher"),
+    "ZkPublisher": ("waypost.discovery.zk_publisher", "ZkPublisher"),
+    "MultiPublisher": ("waypost.discovery.registrations", "MultiPublisher"),
     "Subscriber": ("waypost.discovery", "Subscriber"),
     "serve": ("waypost.server", "serve"),
     "serve_async": ("waypost.server", "serve_async"),
@@ -110,8 +116,10 @@ __all__ = [
     "Backend",
     "BindError",
     "Compacted",
+    "ConsulPublisher",
     "InvalidServiceConfig",
     "InvalidTarget",
+    "MultiPublisher",
     "NoBackendAvailable",
     "Outcome",
     "PermissionDenied",
@@ -127,6 +135,7 @@ __all__ = [
     "ServeHandle",
     "Subscriber",
     "WaypostError",
+    "ZkPublisher",
     "__version__",
     "aio",
     "connect",

@@ -116,6 +116,11 @@ def parse_registry_url(url: str) -> RegistryURL:
     if scheme == "memory":
         name = rest.strip("/").partition("?")[0] or "default"
         return RegistryURL(scheme="memory", name=name)
+    if scheme in ("consul", "zk"):
+        kind = "Consul" if scheme == "consul" else "Zk"
+        raise _bad(url, f"{scheme}:// registries hold service instances, not keys: register with "
+                        f"serve(..., registry={redact_url(url)!r}) or waypost.{kind}Publisher, and dial "
+                        f"{scheme}://HOST/SERVICE targets; connect() takes etcd and memory URLs")
     if scheme != "etcd":
         shown = scheme if "@" not in scheme else "***@" + scheme.rpartition("@")[2]
         raise _bad(url, f"unknown scheme {shown!r} (known: etcd, memory)")
