@@ -45,10 +45,10 @@ if TYPE_CHECKING:
     from .channel import dial as dial
     from .client.hashkey import hash_key as hash_key
     from .discovery import Publisher as Publisher
+    from .discovery import Subscriber as Subscriber
     from .discovery.consul_publisher import ConsulPublisher as ConsulPublisher
     from .discovery.registrations import MultiPublisher as MultiPublisher
     from .discovery.zk_publisher import ZkPublisher as ZkPublisher
-    from .discovery import Subscriber as Subscriber
     from .loadreport import load_interceptor as load_interceptor
     from .loadreport import set_load as set_load
     from .registry import connect as connect
