@@ -18,15 +18,11 @@ from __future__ import annotations
 
 import atexit
 import contextlib
-import fcntl
-import hashlib
 import json
 import os
-import re
 import shutil
 import signal
 import subprocess
-import sys
 import tempfile
 import time
 import urllib.error
@@ -36,14 +32,13 @@ import weakref
 from pathlib import Path
 from typing import Any
 
+from tests.go_servers import BuildError, GoServer, Unavailable
 from waypost.etcd.local import free_port
 
 CONSUL_VERSION = "v1.14.11"
 #: cold: ~30 s module download + ~4 min compiling on 2 cores
-BUILD_TIMEOUT = float(os.environ.get("WAYPOST_CONSUL_BUILD_TIMEOUT", "1200"))
 #: per-test bound once the binary exists
 TEST_TIMEOUT = 90.0
-GO_DEFAULT = Path("/usr/local/go/bin/go")
 
 # The recipe of the note, command for command.
 BUILD_SCRIPT = """set -e
@@ -53,12 +48,8 @@ GOFLAGS=-mod=mod go build -trimpath -ldflags="-s -w -checklinkname=0" -o consul 
 """
 
 
-class ConsulUnavailable(RuntimeError):
-    """The harness cannot run on this machine (the message says why): tests skip with it."""
-
-
-class ConsulBuildError(RuntimeError):
-    """Building consul failed (a real failure, not a skip)."""
+ConsulUnavailable = Unavailable  # the harness cannot run on this machine (the message says why): tests skip with it
+ConsulBuildError = BuildError  # building consul failed (a real failure, not a skip)
 
 
 class ConsulApiError(RuntimeError):
@@ -70,31 +61,8 @@ class ConsulApiError(RuntimeError):
 # --------------------------------------------------------------------------------------------------- toolchain
 
 
-def go_binary() -> str | None:
-    """``$WAYPOST_GO``, else ``go`` on PATH, else /usr/local/go/bin/go."""
-    env = os.environ.get("WAYPOST_GO")
-    if env:
-        return env if Path(env).exists() else None
-    return shutil.which("go") or (str(GO_DEFAULT) if GO_DEFAULT.exists() else None)
-
-
-def _go_version(go: str) -> str:
-    return subprocess.run([go, "version"], capture_output=True, text=True, timeout=60, check=True).stdout.strip()
-
-
-def servers_cache() -> Path:
-    return Path(os.environ.get("WAYPOST_SERVERS_CACHE") or Path.home() / ".cache" / "waypost-servers")
-
-
-def binary_path(go: str) -> Path:
-    digest = hashlib.sha256(_go_version(go).encode()).hexdigest()[:12]
-    return servers_cache() / f"consul-{CONSUL_VERSION}-{digest}" / "consul"
-
-
-def _prebuilt() -> Path | None:
-    env = os.environ.get("WAYPOST_CONSUL")
-    return Path(env) if env else None
-
+CONSUL = GoServer("consul", CONSUL_VERSION, BUILD_SCRIPT, env_binary="WAYPOST_CONSUL",
+                  timeout_env="WAYPOST_CONSUL_BUILD_TIMEOUT", default_timeout=1200.0, min_go=(1, 20))
 
 _skip: list[str | None] = []
 
@@ -102,112 +70,28 @@ _skip: list[str | None] = []
 def skip_reason() -> str | None:
     """Why the Consul harness cannot run here, or None (computed once)."""
     if not _skip:
-        _skip.append(_skip_reason())
+        off = os.environ.get("WAYPOST_CONSUL_TESTS", "1") == "0"
+        _skip.append("Consul tests turned off by WAYPOST_CONSUL_TESTS=0" if off else CONSUL.skip_reason())
     return _skip[0]
 
 
-def _skip_reason() -> str | None:
-    if os.environ.get("WAYPOST_CONSUL_TESTS", "1") == "0":
-        return "Consul tests turned off by WAYPOST_CONSUL_TESTS=0"
-    pre = _prebuilt()
-    if pre is not None:
-        if not (pre.is_file() and os.access(pre, os.X_OK)):
-            return f"WAYPOST_CONSUL={str(pre)!r} is not an executable file"
-        return None
-    go = go_binary()
-    if go is None:
-        return "Consul tests need the Go toolchain to build consul v1.14.11: `go` is not on PATH (or set WAYPOST_GO)"
-    try:
-        version = _go_version(go)
-    except (OSError, subprocess.SubprocessError) as e:
-        return f"`{go} version` failed: {e}"
-    m = re.search(r"go(\d+)\.(\d+)", version)
-    if m and (int(m[1]), int(m[2])) < (1, 20):
-        return f"{version}: consul {CONSUL_VERSION} needs Go >= 1.20 (set WAYPOST_GO)"
-    return None
-
-
 def is_built() -> bool:
-    pre = _prebuilt()
-    if pre is not None:
-        return pre.is_file()
-    go = go_binary()
-    try:
-        return go is not None and binary_path(go).is_file()
-    except (OSError, subprocess.SubprocessError):
-        return False
+    return CONSUL.is_built()
 
 
 def timeout_mark() -> Any:
     """pytest-timeout bound for a test whose setup may have to build consul (cold: minutes)."""
     import pytest
 
-    return pytest.mark.timeout(TEST_TIMEOUT + (0 if is_built() else BUILD_TIMEOUT))
-
-
-def _build_env(go: str) -> dict[str, str]:
-    env = dict(os.environ)
-    env.pop("GOFLAGS", None)
-    env.setdefault("GOTOOLCHAIN", "local")
-    env["PATH"] = os.pathsep.join([str(Path(go).parent), str(Path(sys.executable).parent), env.get("PATH", "")])
-    if not env.get("HOME"):
-        env.setdefault("GOCACHE", str(servers_cache() / ".gocache"))
-        env.setdefault("GOPATH", str(servers_cache() / ".gopath"))
-    return env
+    return pytest.mark.timeout(TEST_TIMEOUT + (0 if is_built() else CONSUL.build_timeout()))
 
 
 def consul_binary(timeout: float | None = None) -> Path:
-    """The consul binary, built once per Go toolchain (cached; concurrent callers wait for one build)."""
-    pre = _prebuilt()
-    if pre is not None:
-        if not pre.is_file():
-            raise ConsulUnavailable(f"WAYPOST_CONSUL={str(pre)!r} does not exist")
-        return pre
+    """The consul binary, built once per Go toolchain (tests/go_servers.py)."""
     reason = skip_reason()
     if reason is not None:
         raise ConsulUnavailable(reason)
-    go = go_binary()
-    assert go is not None
-    target = binary_path(go)
-    if target.is_file():
-        return target
-    out = target.parent
-    out.parent.mkdir(parents=True, exist_ok=True)
-    with open(out.parent / f"{out.name}.lock", "w") as lock:
-        fcntl.flock(lock, fcntl.LOCK_EX)  # a second process waits here, then finds the binary
-        if target.is_file():
-            return target
-        out.mkdir(exist_ok=True)
-        work = out / "build"
-        shutil.rmtree(work, ignore_errors=True)
-        work.mkdir()
-        (work / "build.sh").write_text(BUILD_SCRIPT)
-        log_path = out / "build.log"
-        limit = BUILD_TIMEOUT if timeout is None else timeout
-        started = time.monotonic()
-        with open(log_path, "wb") as logf:
-            logf.write(f"# {_go_version(go)}; {time.strftime('%Y-%m-%d %H:%M:%S')}\n".encode())
-            logf.flush()
-            proc = subprocess.Popen(["nice", "-n", "15", "bash", "build.sh"], cwd=work, env=_build_env(go),
-                                    stdout=logf, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
-                                    start_new_session=True)
-            try:
-                rc = proc.wait(limit)
-            except subprocess.TimeoutExpired:
-                with contextlib.suppress(ProcessLookupError):
-                    os.killpg(proc.pid, signal.SIGKILL)  # the build's own process group (go, compile, link)
-                proc.wait(30)
-                raise ConsulBuildError(f"building consul took longer than {limit:.0f} s "
-                                       f"(WAYPOST_CONSUL_BUILD_TIMEOUT); log: {log_path}") from None
-            seconds = time.monotonic() - started
-            logf.write(f"rc={rc} seconds={seconds:.1f}\n".encode())
-        if rc != 0 or not (work / "consul").is_file():
-            tail = log_path.read_bytes()[-3000:].decode(errors="replace")
-            raise ConsulBuildError(f"building consul failed (exit {rc}); log {log_path}:\n{tail}")
-        os.replace(work / "consul", target)
-        (out / "build-seconds").write_text(f"{seconds:.1f}\n")
-        shutil.rmtree(work, ignore_errors=True)
-    return target
+    return CONSUL.binary(timeout)
 
 
 # ------------------------------------------------------------------------------------------------- the agent

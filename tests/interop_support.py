@@ -34,6 +34,7 @@ import pytest
 from grpc_health.v1 import health_pb2, health_pb2_grpc
 
 import waypost
+from tests.go_servers import go_binary
 
 ROOT = Path(__file__).resolve().parent.parent
 INTEROP = ROOT / "interop"
@@ -41,20 +42,8 @@ BIN_ROOT = INTEROP / "bin"
 PROGRAMS = ("gozero-server", "gozero-client", "gozero-sub", "gozero-pub", "gozero-hash", "etcdnaming")
 #: a cold build (module download + compiling go-zero, grpc-go, etcd client, k8s client-go) on 2 busy cores
 BUILD_TIMEOUT = float(os.environ.get("WAYPOST_INTEROP_BUILD_TIMEOUT", "1500"))
-
-
-#: Go's standard install location, for environments whose PATH lacks it
-GO_DEFAULT = Path("/usr/local/go/bin/go")
 #: per-test bound once the binaries exist (every wait inside a test is bounded far below this)
 TEST_TIMEOUT = 180.0
-
-
-def go_binary() -> str | None:
-    """The ``go`` command: ``$WAYPOST_GO``, else ``go`` on PATH, else ``/usr/local/go/bin/go``."""
-    env = os.environ.get("WAYPOST_GO")
-    if env:
-        return env if Path(env).exists() else None
-    return shutil.which("go") or (str(GO_DEFAULT) if GO_DEFAULT.exists() else None)
 
 
 def _go_env() -> dict[str, str]:

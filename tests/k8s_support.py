@@ -40,14 +40,11 @@ from __future__ import annotations
 import atexit
 import base64
 import contextlib
-import fcntl
-import hashlib
 import http.client
 import json
 import logging
 import os
 import queue
-import re
 import shlex
 import shutil
 import signal
@@ -62,18 +59,15 @@ from collections.abc import Iterable, Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
+from tests.go_servers import BuildError, GoServer, Unavailable
 from waypost.etcd.local import EtcdNotFound, LocalEtcd, find_binary, free_port
 
 log = logging.getLogger("tests.k8s_support")
 
 ROOT = Path(__file__).resolve().parent.parent
 K8S_VERSION = "v1.36.3"
-#: a cold build (module download + compiling all of kube-apiserver) on 2 busy cores takes ~7 min
-BUILD_TIMEOUT = float(os.environ.get("WAYPOST_K8S_BUILD_TIMEOUT", "1800"))
 #: per-test bound once the binary exists
 TEST_TIMEOUT = 240.0
-GO_DEFAULT = Path("/usr/local/go/bin/go")
-MIN_GO = (1, 26)
 
 ADMIN_TOKEN = "testtoken"
 READER_TOKEN = "readertoken"
@@ -92,12 +86,8 @@ GOFLAGS=-mod=mod go build -trimpath -ldflags="-s -w" -o kube-apiserver k8s.io/ku
 """
 
 
-class K8sUnavailable(RuntimeError):
-    """The harness cannot run on this machine (the message says why): tests skip with it."""
-
-
-class K8sBuildError(RuntimeError):
-    """Building kube-apiserver failed (a real failure, not a skip)."""
+K8sUnavailable = Unavailable  # the harness cannot run on this machine (the message says why): tests skip with it
+K8sBuildError = BuildError  # building kube-apiserver failed (a real failure, not a skip)
 
 
 class KubeApiError(RuntimeError):
@@ -115,34 +105,8 @@ class KubeApiError(RuntimeError):
 
 # --------------------------------------------------------------------------------------------------- toolchain
 
-
-def go_binary() -> str | None:
-    """``$WAYPOST_GO``, else ``go`` on PATH, else /usr/local/go/bin/go."""
-    env = os.environ.get("WAYPOST_GO")
-    if env:
-        return env if Path(env).exists() else None
-    return shutil.which("go") or (str(GO_DEFAULT) if GO_DEFAULT.exists() else None)
-
-
-def _go_version(go: str) -> str:
-    return subprocess.run([go, "version"], capture_output=True, text=True, timeout=60, check=True).stdout.strip()
-
-
-def servers_cache() -> Path:
-    return Path(os.environ.get("WAYPOST_SERVERS_CACHE") or Path.home() / ".cache" / "waypost-servers")
-
-
-def binary_path(go: str) -> Path:
-    """Where the binary for this Go toolchain lives (built or not)."""
-    digest = hashlib.sha256(_go_version(go).encode()).hexdigest()[:12]
-    return servers_cache() / f"kube-apiserver-{K8S_VERSION}-{digest}" / "kube-apiserver"
-
-
-def _prebuilt() -> Path | None:
-    """``$WAYPOST_KUBE_APISERVER``: an already built binary (NetnsHost passes its own to the host this way)."""
-    env = os.environ.get("WAYPOST_KUBE_APISERVER")
-    return Path(env) if env else None
-
+APISERVER = GoServer("kube-apiserver", K8S_VERSION, BUILD_SCRIPT, env_binary="WAYPOST_KUBE_APISERVER",
+                     timeout_env="WAYPOST_K8S_BUILD_TIMEOUT", default_timeout=1800.0, min_go=(1, 26))
 
 _skip_cache: dict[bool, str | None] = {}
 
@@ -157,21 +121,9 @@ def skip_reason(netns: bool = True) -> str | None:
 def _skip_reason(netns: bool) -> str | None:
     if os.environ.get("WAYPOST_K8S", "1") == "0":
         return "Kubernetes tests turned off by WAYPOST_K8S=0"
-    pre = _prebuilt()
-    if pre is not None:
-        if not (pre.is_file() and os.access(pre, os.X_OK)):
-            return f"WAYPOST_KUBE_APISERVER={str(pre)!r} is not an executable file"
-    else:
-        go = go_binary()
-        if go is None:
-            return "no Go toolchain (install Go 1.26 or set WAYPOST_GO)"
-        try:
-            version = _go_version(go)
-        except (OSError, subprocess.SubprocessError) as e:
-            return f"`{go} version` failed: {e}"
-        m = re.search(r"go(\d+)\.(\d+)", version)
-        if m and (int(m[1]), int(m[2])) < MIN_GO:
-            return f"{version}: kube-apiserver {K8S_VERSION} needs Go 1.26 (install Go 1.26 or set WAYPOST_GO)"
+    why = APISERVER.skip_reason()
+    if why is not None:
+        return why
     if shutil.which("openssl") is None:
         return "openssl missing (needed for the test certificates)"
     try:
@@ -194,89 +146,22 @@ def _skip_reason(netns: bool) -> str | None:
     return None
 
 
-def _build_env(go: str) -> dict[str, str]:
-    env = dict(os.environ)
-    env.pop("GOFLAGS", None)  # the recipe sets its own per command
-    env.setdefault("GOTOOLCHAIN", "local")  # never fetch another toolchain behind the test's back
-    # the recipe calls `go` and `python3`: this toolchain and this interpreter come first
-    env["PATH"] = os.pathsep.join([str(Path(go).parent), str(Path(sys.executable).parent), env.get("PATH", "")])
-    if not env.get("HOME"):
-        env.setdefault("GOCACHE", str(servers_cache() / ".gocache"))
-        env.setdefault("GOPATH", str(servers_cache() / ".gopath"))
-    return env
-
-
 def is_built() -> bool:
-    pre = _prebuilt()
-    if pre is not None:
-        return pre.is_file()
-    go = go_binary()
-    try:
-        return go is not None and binary_path(go).is_file()
-    except (OSError, subprocess.SubprocessError):
-        return False
+    return APISERVER.is_built()
 
 
 def timeout_mark() -> Any:
     """pytest-timeout bound for a test whose setup may have to build kube-apiserver (cold: minutes)."""
     import pytest
 
-    return pytest.mark.timeout(TEST_TIMEOUT + (0 if is_built() else BUILD_TIMEOUT))
+    return pytest.mark.timeout(TEST_TIMEOUT + (0 if is_built() else APISERVER.build_timeout()))
 
 
 def apiserver_binary(timeout: float | None = None) -> Path:
-    """The kube-apiserver binary, built once per Go toolchain (cached; concurrent callers wait for one build).
-
-    Raises ``K8sUnavailable`` when it cannot be built here (see ``skip_reason``) and ``K8sBuildError`` when the
-    build fails or exceeds ``timeout`` (default ``$WAYPOST_K8S_BUILD_TIMEOUT``, 1800 s).
-    """
-    pre = _prebuilt()
-    if pre is not None:
-        if not pre.is_file():
-            raise K8sUnavailable(f"WAYPOST_KUBE_APISERVER={str(pre)!r} does not exist")
-        return pre
-    go = go_binary()
-    if go is None:
-        raise K8sUnavailable("no Go toolchain (install Go 1.26 or set WAYPOST_GO)")
-    target = binary_path(go)
-    if target.is_file():
-        return target
-    out = target.parent
-    out.parent.mkdir(parents=True, exist_ok=True)
-    with open(out.parent / f"{out.name}.lock", "w") as lock:
-        fcntl.flock(lock, fcntl.LOCK_EX)  # a second process waits here, then finds the binary
-        if target.is_file():
-            return target
-        out.mkdir(exist_ok=True)
-        work = out / "build"
-        shutil.rmtree(work, ignore_errors=True)
-        work.mkdir()
-        (work / "build.sh").write_text(BUILD_SCRIPT)
-        log_path = out / "build.log"
-        limit = BUILD_TIMEOUT if timeout is None else timeout
-        started = time.monotonic()
-        with open(log_path, "wb") as logf:
-            logf.write(f"# {_go_version(go)}; {time.strftime('%Y-%m-%d %H:%M:%S')}\n".encode())
-            logf.flush()
-            proc = subprocess.Popen(["bash", "build.sh"], cwd=work, env=_build_env(go), stdout=logf,
-                                    stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL, start_new_session=True)
-            try:
-                rc = proc.wait(limit)
-            except subprocess.TimeoutExpired:
-                with contextlib.suppress(ProcessLookupError):
-                    os.killpg(proc.pid, signal.SIGKILL)  # the build's own process group (go, compile, link)
-                proc.wait(30)
-                raise K8sBuildError(f"building kube-apiserver took longer than {limit:.0f} s "
-                                    f"(WAYPOST_K8S_BUILD_TIMEOUT); log: {log_path}") from None
-            seconds = time.monotonic() - started
-            logf.write(f"rc={rc} seconds={seconds:.1f}\n".encode())
-        if rc != 0 or not (work / "kube-apiserver").is_file():
-            tail = log_path.read_bytes()[-3000:].decode(errors="replace")
-            raise K8sBuildError(f"building kube-apiserver failed (exit {rc}); log {log_path}:\n{tail}")
-        os.replace(work / "kube-apiserver", target)
-        (out / "build-seconds").write_text(f"{seconds:.1f}\n")
-        shutil.rmtree(work, ignore_errors=True)
-    return target
+    """The kube-apiserver binary, built once per Go toolchain (tests/go_servers.py). Raises ``K8sUnavailable``
+    when it cannot be built here and ``K8sBuildError`` when the build fails or exceeds its timeout
+    (``$WAYPOST_K8S_BUILD_TIMEOUT``, 1800 s)."""
+    return APISERVER.binary(timeout)
 
 
 # ------------------------------------------------------------------------------------------------- processes

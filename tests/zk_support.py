@@ -32,6 +32,7 @@ import time
 import weakref
 from pathlib import Path
 
+from tests.go_servers import servers_cache
 from waypost.etcd.local import free_port
 
 ZK_VERSION = "3.9.5"
@@ -85,10 +86,6 @@ class ZkUnavailable(RuntimeError):
 
 class ZkFetchError(RuntimeError):
     """Fetching the jars failed (a real failure, not a skip)."""
-
-
-def servers_cache() -> Path:
-    return Path(os.environ.get("WAYPOST_SERVERS_CACHE") or Path.home() / ".cache" / "waypost-servers")
 
 
 def lib_dir() -> Path:
