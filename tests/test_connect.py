@@ -109,7 +109,8 @@ def test_child_after_fork_gets_a_fresh_registry():
 @pytest.mark.parametrize(("url", "problem"), [
     ("", "empty registry URL"),
     ("127.0.0.1:2379", "missing scheme"),
-    ("zk://127.0.0.1:2181", "unknown scheme 'zk'"),
+    ("zk://127.0.0.1:2181", "zk:// registries hold service instances, not keys"),
+    ("nacos://127.0.0.1:8848", "unknown scheme 'nacos'"),
     ("etcd://", "no host"),
     ("etcd://:2379", "etcd endpoint ':2379': empty host"),
     ("etcd://h1:2379,,h2:2379", "etcd endpoint '': empty host"),

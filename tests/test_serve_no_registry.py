@@ -61,7 +61,8 @@ class HealthWatch:
 def test_registry_none_registers_nothing_and_health_drives_readiness():
     server = grpc.server(futures.ThreadPoolExecutor(8))
     echo_pb2_grpc.add_EchoServicer_to_server(EchoServicer("k"), server)
-    handle = waypost.serve(server, "greet.rpc", "127.0.0.1:0", registry=None, drain_delay=0.5)
+    # grace 1 s: the open Watch stream is a call in flight, which the stop waits for up to grace
+    handle = waypost.serve(server, "greet.rpc", "127.0.0.1:0", registry=None, drain_delay=0.5, grace=1)
     watch = HealthWatch(handle.address)
     try:
         assert handle.registered_key is None and handle.registry is None
@@ -90,7 +91,8 @@ def test_registry_none_with_the_aio_server():
     async def main() -> None:
         server = grpc.aio.server()
         echo_pb2_grpc.add_EchoServicer_to_server(EchoServicer("k"), server)
-        handle = await waypost.serve_async(server, "greet.rpc", "127.0.0.1:0", registry=None, drain_delay=0.3)
+        handle = await waypost.serve_async(server, "greet.rpc", "127.0.0.1:0", registry=None, drain_delay=0.3,
+                                           grace=1)
         try:
             assert handle.registered_key is None
             async with grpc.aio.insecure_channel(handle.address) as ch:

@@ -264,7 +264,7 @@ INVALID = [
     ("ipv4:localhost:80", ["is not an IPV4 address"]),
     ("ipv4:1.2.3.4?x", ["take no parameters"]),
     ("ipv4:", ["no addresses given"]),
-    ("foo:///a:1", ["unknown target scheme 'foo'", "known schemes: direct, etcd, discov, memory, dns, k8s, ipv4, ipv6"]),
+    ("foo:///a:1", ["unknown target scheme 'foo'", "known schemes: direct, etcd, discov, memory, dns, k8s, consul, zk,"]),
     ("xds:///svc", ["unknown target scheme 'xds'", "not supported", "known schemes"]),
     ("unix:/tmp/sock", ["unknown target scheme 'unix'"]),
     ("1:2://x", ["'1:2' is not a scheme"]),
