@@ -227,9 +227,9 @@ def forked_from_grpc() -> bool:
 _NO_HEALTH_AFTER_FORK = (
     "waypost: %s: health checking is off in this process: it was forked from a process that used gRPC, and "
     "health watches there (on grpc.aio or on sync gRPC threads alike) made calls hang until their deadline in "
-    "about one forked child in five. Calls still avoid backends that are not connected or that fail "
-    "(outlier detection). For health checks in workers, fork before using gRPC (gunicorn: no --preload, or "
-    "dial only in post_fork)")
+    "about one forked child in five. Calls still avoid backends that are not connected, and the policy steers away "
+    "from backends that fail (outlier_detection ejects them when configured). For health checks in workers, "
+    "fork before using gRPC (gunicorn: no --preload, or dial only in post_fork)")
 
 
 def health_checks_allowed(service: str | None, target: str) -> str | None:
