@@ -225,3 +225,26 @@ def test_serve_in_etcd_consul_and_zookeeper_at_once_and_dial_all_three(shared_et
             assert keys(shared_etcd, service + "/") == [] and agent.passing_addresses(service) == []
         finally:
             zk.close()
+
+
+def test_publisher_gauges_have_one_series_per_registry(two_etcds, unique_key):
+    from prometheus_client import CollectorRegistry
+
+    from waypost import metrics
+
+    a, b = two_etcds
+    prom = CollectorRegistry()
+    metrics.enable(prom)
+    try:
+        handle = waypost.serve(new_server("s"), unique_key, "127.0.0.1:0", registry=[a.url(), b.url()], ttl=5)
+        try:
+            for url in (a.url(), b.url()):
+                assert prom.get_sample_value("waypost_publisher_registered",
+                                             {"key": unique_key, "registry": url}) == 1
+            handle.pause()
+            assert prom.get_sample_value("waypost_publisher_registered",
+                                         {"key": unique_key, "registry": a.url()}) == 0
+        finally:
+            handle.stop()
+    finally:
+        metrics.disable()
