@@ -118,8 +118,10 @@ class ConsulAgent:
     def __init__(self, base_dir: str | os.PathLike[str] | None = None, *, datacenter: str = "dc1",
                  node: str = "waypost-test", binary: str | os.PathLike[str] | None = None,
                  ready_timeout: float = 30.0, acl_token: str | None = None,
-                 tls_files: tuple[str, str, str] | None = None) -> None:
+                 tls_files: tuple[str, str, str] | None = None, dns: bool = False) -> None:
         self.acl_token = acl_token
+        #: Consul's DNS interface on this loopback port (UDP and TCP), with ``dns``; -1: off
+        self.dns_port = free_port() if dns else -1
         #: (CA, certificate, key): serve HTTPS too, on ``https_port``, requiring client certificates
         self.tls_files = tls_files
         self.https_port = free_port() if tls_files else -1
@@ -161,7 +163,7 @@ class ConsulAgent:
     def command(self) -> list[str]:
         cmd = [
             str(self.binary), "agent", "-dev", "-bind=127.0.0.1", "-client=127.0.0.1",
-            f"-http-port={self.http_port}", "-dns-port=-1", "-grpc-port=-1",
+            f"-http-port={self.http_port}", f"-dns-port={self.dns_port}", "-grpc-port=-1",
             f"-server-port={self.server_port}", f"-serf-lan-port={self.serf_lan_port}",
             f"-serf-wan-port={self.serf_wan_port}", f"-data-dir={self.dir / 'data'}",
             f"-datacenter={self.datacenter}", f"-node={self.node}", "-log-level=warn",

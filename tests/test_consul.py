@@ -541,3 +541,31 @@ async def test_async_twins(shared_agent):
         await p.aresume()
         assert a.passing_addresses(name) == ["127.0.0.1:8301"]
     assert not p.registered and a.catalog(name) == []
+
+
+def test_consul_dns_answers_for_a_waypost_registration(consul_bin, tmp_path):
+    """Consul DNS, the other way Consul users read the catalog: SRV and A records of a waypost registration,
+    and no answer once it stopped (the check's critical state hides it from DNS too)."""
+    import dns.message
+    import dns.query
+    import dns.rcode
+    import dns.rdatatype
+
+    with consul_support.ConsulAgent(tmp_path / "consul", binary=consul_bin, dns=True) as agent:
+        name = _name("dns")
+        server = ("127.0.0.1", agent.dns_port)
+
+        def ask(rdtype: str) -> Any:
+            q = dns.message.make_query(f"{name}.service.consul", rdtype)
+            return dns.query.udp(q, server[0], port=server[1], timeout=2)
+
+        p = ConsulPublisher(agent.url, name, "127.0.0.1:50061", ttl=5).start()
+        try:
+            srv = [r for rrset in ask("SRV").answer for r in rrset if r.rdtype == dns.rdatatype.SRV]
+            assert [r.port for r in srv] == [50061], srv
+            a = [r.address for rrset in ask("A").answer for r in rrset if r.rdtype == dns.rdatatype.A]
+            assert a == ["127.0.0.1"], a
+        finally:
+            p.stop()
+        wait_until(lambda: ask("SRV").rcode() == dns.rcode.NXDOMAIN or not ask("SRV").answer, 10,
+                   what="gone from Consul DNS once deregistered")
