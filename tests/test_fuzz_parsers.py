@@ -229,6 +229,8 @@ TARGET_PARTS = st.sampled_from([
     "key=", "format=", "exact=", "user=", "password=", "tls=", "cacert=", "certfile=", "keyfile=", "kratos",
     "gozero", "etcd-naming", "127.0.0.1", ":2379", "[::1]", ":0", ":65536", ",", "@", "u:p@", "%", "%2F", "%zz",
     "%ff", "h", "greet.rpc", "#", "1", "true", "[", "]", ":",
+    "k8s://", "consul://", "zk://", "ns", "svc", "grpc", ":50051", "kubeconfig=", "context=", "tag=", "dc=",
+    "token=", "namespace=", "session_timeout=", "a,b", "Prod", "-",
 ])
 
 
@@ -239,14 +241,25 @@ def _check_target(text) -> None:
         assert str(exc)
         return
     assert isinstance(target, Target)
-    assert target.scheme in ("direct", "etcd", "memory", "dns")
+    assert target.scheme in ("direct", "etcd", "memory", "dns", "k8s", "consul", "zk")
     repr(target)
     str(target)
     if target.uses_registry:
         assert target.key
         target.registry_url()
+    elif target.scheme == "k8s":
+        assert target.key and target.options["port"]
     else:
         assert target.endpoints
+        if target.scheme in ("consul", "zk"):
+            assert target.key and "/" not in target.key
+            from waypost.consul import from_target as consul_config
+            from waypost.zk import from_target as zk_config
+
+            try:  # the registry's own settings from the target: valid, or a clear InvalidTarget
+                (consul_config if target.scheme == "consul" else zk_config)(target)
+            except InvalidTarget as exc:
+                assert str(exc)
 
 
 @FUZZ
@@ -270,7 +283,8 @@ def test_assembled_targets(text):
 HOSTS = st.sampled_from(["127.0.0.1:2379", "h1:2379", "[::1]:1", "localhost:80", "a.b.c:65535", "h", "h:0", ""])
 NEAR_VALID_TARGET = st.builds(
     lambda scheme, auth, hosts, query: f"{scheme}{auth}/{','.join(hosts)}{'?' + '&'.join(query) if query else ''}",
-    st.sampled_from(["etcd://", "discov://", "direct://", "memory://", "dns://", "ETCD://", "foo://"]),
+    st.sampled_from(["etcd://", "discov://", "direct://", "memory://", "dns://", "ETCD://", "foo://", "k8s://",
+                     "consul://", "zk://"]),
     st.sampled_from(["", "", "u:p@", "127.0.0.1:2379", "reg1", "8.8.8.8"]),
     st.lists(HOSTS, max_size=3),
     st.lists(st.sampled_from(["key=greet.rpc", "key=%2Fa%2Fb", "key=", "format=kratos", "format=etcd-naming",
