@@ -569,3 +569,26 @@ def test_consul_dns_answers_for_a_waypost_registration(consul_bin, tmp_path):
             p.stop()
         wait_until(lambda: ask("SRV").rcode() == dns.rcode.NXDOMAIN or not ask("SRV").answer, 10,
                    what="gone from Consul DNS once deregistered")
+
+
+def test_cli_resolve_and_watch_a_consul_target(shared_agent):
+    import subprocess
+    import sys
+
+    name = _name("cli")
+    p = ConsulPublisher(shared_agent.url, name, "127.0.0.1:50071", ttl=5, metadata={"weight": 3}).start()
+    try:
+        target = f"consul://{shared_agent.address}/{name}"
+        out = subprocess.run([sys.executable, "-m", "waypost.cli", "--json", "resolve", target],
+                             check=False, capture_output=True, text=True, timeout=60)
+        assert out.returncode == 0, out.stderr
+        got = json.loads(out.stdout)
+        assert got["scheme"] == "consul" and got["format"] is None
+        assert [(b["address"], b["metadata"].get("weight")) for b in got["backends"]] == [("127.0.0.1:50071", 3)]
+        watch = subprocess.run([sys.executable, "-m", "waypost.cli", "--json", "watch", target, "--for", "0.5"],
+                               check=False, capture_output=True, text=True, timeout=60)
+        assert watch.returncode == 0, watch.stderr
+        (event,) = [json.loads(line) for line in watch.stdout.splitlines()]
+        assert (event["event"], event["address"]) == ("present", "127.0.0.1:50071")
+    finally:
+        p.stop()

@@ -457,3 +457,20 @@ async def test_async_twins_from_another_event_loop(server, plain):
         await pub.aresume()
         assert plain.exists(pub.path) is not None
     assert plain.exists(pub.path) is None and pub.state == "stopped"
+
+
+def test_cli_resolve_a_zk_target(server):
+    import json
+    import subprocess
+    import sys
+
+    service = _service()
+    p = ZkPublisher(f"zk://{server.hosts}", service, "127.0.0.1:50081").start()
+    try:
+        out = subprocess.run([sys.executable, "-m", "waypost.cli", "--json", "resolve", f"zk://{server.hosts}/{service}"],
+                             check=False, capture_output=True, text=True, timeout=60)
+        assert out.returncode == 0, out.stderr
+        got = json.loads(out.stdout)
+        assert got["scheme"] == "zk" and [b["address"] for b in got["backends"]] == ["127.0.0.1:50081"]
+    finally:
+        p.stop()

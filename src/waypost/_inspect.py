@@ -105,7 +105,7 @@ def resolve(target: str, *, subset_size: int = 32, client_id: str | None = None,
     the resolver's own timeout is ``timeout``, so its error, which says why, arrives first).
     """
     from .errors import RegistryUnavailable
-    from .resolver import DnsResolver, RegistryResolver, Resolver, Subsetter, make_resolver, parse_target
+    from .resolver import Resolver, Subsetter, parse_target
 
     t = parse_target(target)
     subsetter = Subsetter(subset_size, client_id=client_id) if subset_size and t.scheme != "direct" else None
@@ -122,17 +122,7 @@ def resolve(target: str, *, subset_size: int = 32, client_id: str | None = None,
         answered.set()
 
     # no subsetter: we want the full list and mark the subset ourselves; the lookup bounded by ``timeout``
-    resolver: Resolver
-    if t.scheme == "dns":
-        resolver = DnsResolver(t, timeout=timeout)
-    elif t.scheme == "k8s":
-        from .resolver.k8s import K8sResolver
-
-        resolver = K8sResolver(t, timeout=timeout)  # blocking: start raises RegistryUnavailable
-    elif t.key:
-        resolver = RegistryResolver(t, timeout=timeout)  # blocking: start raises RegistryUnavailable
-    else:
-        resolver = make_resolver(t)
+    resolver: Resolver = _resolver_for(t, timeout)
     try:
         resolver.start(on_update, on_error)
         if not answered.wait(timeout + _GRACE):
@@ -159,6 +149,30 @@ def resolve(target: str, *, subset_size: int = 32, client_id: str | None = None,
     }
 
 
+def _resolver_for(t: Any, timeout: float) -> Any:
+    """The resolver of target ``t`` for a one-off lookup: blocking (its start raises RegistryUnavailable naming
+    why), the first answer bounded by ``timeout``, no subsetting (the full list is shown)."""
+    from .resolver import (
+        ConsulResolver,
+        DnsResolver,
+        K8sResolver,
+        MultiResolver,
+        RegistryResolver,
+        ResolverOptions,
+        ZkResolver,
+        make_resolver,
+    )
+
+    if t.scheme == "dns":
+        return DnsResolver(t, timeout=timeout)
+    if t.uses_registry:
+        return RegistryResolver(t, timeout=timeout)
+    bounded = {"k8s": K8sResolver, "consul": ConsulResolver, "zk": ZkResolver, "multi": MultiResolver}
+    if t.scheme in bounded:
+        return bounded[t.scheme](t, ResolverOptions(blocking=True), timeout=timeout)
+    return make_resolver(t)
+
+
 def follow(target: str, present: Callable[[dict[str, dict[str, Any]], str], None],
            changed: Callable[[dict[str, dict[str, Any]]], None], on_error: Callable[[str], None], *,
            timeout: float = 5.0) -> Any:
@@ -166,15 +180,10 @@ def follow(target: str, present: Callable[[dict[str, dict[str, Any]], str], None
     ``changed(addresses)`` with each one after (``{address: metadata}``). Returns the started resolver (close it);
     raises RegistryUnavailable when there is no first list within ``timeout``."""
     from .errors import RegistryUnavailable
-    from .resolver import ResolverOptions, make_resolver, parse_target
+    from .resolver import parse_target
 
     t = parse_target(target)
-    if t.scheme == "k8s":
-        from .resolver.k8s import K8sResolver
-
-        resolver: Any = K8sResolver(t, ResolverOptions(blocking=True), timeout=timeout)
-    else:
-        resolver = make_resolver(t, ResolverOptions(blocking=True))
+    resolver = _resolver_for(t, timeout)
     first = threading.Event()
     errors: list[str] = []
 
