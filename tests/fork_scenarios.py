@@ -256,6 +256,44 @@ def open_aio_channel_is_a_clear_error(endpoint: str, key: str, a: str, b: str) -
     asyncio.run(parent())
 
 
+def closed_registry_before_fork(endpoint: str, key: str, a: str, b: str) -> None:
+    """A registry closed (but still referenced) before the fork: its closed channels must not keep grpc.aio's
+    poller alive, which would leave the children unable to use gRPC at all."""
+    from waypost import _loop
+    from waypost.etcd.config import EtcdConfig
+    from waypost.registry.etcd import EtcdRegistry
+
+    _register(endpoint, key, "a", a)
+    target = f"etcd:///{endpoint}?key={key}"
+    closed = EtcdRegistry(EtcdConfig(endpoints=(endpoint,)))
+    assert _loop.run(closed.get(key + "/", prefix=True), 10).kvs
+    _loop.run(closed.close(), 10)
+    with waypost.dial(target) as ch:
+        stub = echo_pb2_grpc.EchoStub(ch)
+        assert stub.Unary(Req(), timeout=10).server == "a"
+
+        def child() -> int:
+            code = 0
+            try:
+                if stub.Unary(Req(), timeout=15).server != "a":
+                    code |= _OLD
+            except Exception as e:  # noqa: BLE001
+                os.write(2, f"old channel: {e}\n".encode()[:500])
+                code |= _OLD
+            try:
+                with waypost.dial(target) as fresh:
+                    if echo_pb2_grpc.EchoStub(fresh).Unary(Req(), timeout=15).server != "a":
+                        code |= _FRESH
+            except Exception as e:  # noqa: BLE001
+                os.write(2, f"fresh dial: {e}\n".encode()[:500])
+                code |= _FRESH
+            return code
+
+        statuses = _fork_children(child)
+        assert all(os.WIFEXITED(s) and os.WEXITSTATUS(s) == 0 for s in statuses), _summary(statuses)
+    del closed
+
+
 SCENARIOS: dict[str, Callable[..., None]] = {
     "sync": sync_channel_and_fresh_dial,
     "sync-health": lambda *args: sync_channel_and_fresh_dial(*args, health=True),
@@ -263,6 +301,7 @@ SCENARIOS: dict[str, Callable[..., None]] = {
     "inherited-follows": inherited_channel_follows_the_registry,
     "aio": aio_dial_after_an_aio_parent,
     "open-aio": open_aio_channel_is_a_clear_error,
+    "closed-registry": closed_registry_before_fork,
 }
 
 if __name__ == "__main__":

@@ -86,3 +86,9 @@ def test_fork_with_an_open_aio_channel_is_a_clear_error_in_the_child(shared_etcd
     """grpc.aio cannot cross fork: with a waypost.aio channel open in the parent, dial in the child raises a
     RuntimeError naming the cause and the fix, at once (instead of hanging or crashing)."""
     run_scenario("open-aio", shared_etcd, unique_key, backends)
+
+
+def test_a_registry_closed_before_the_fork_leaves_the_children_able_to_use_grpc(shared_etcd, unique_key, backends):
+    """A closed etcd client kept its closed grpc.aio channels referenced: grpc.aio's poller thread lived on, and
+    every child of a later fork was refused gRPC (found by the chaos report: a probe registry closed earlier)."""
+    run_scenario("closed-registry", shared_etcd, unique_key, backends)

@@ -216,7 +216,7 @@ class EndpointPool:
 
     def ready_now(self) -> Endpoint | None:
         """The current endpoint if it is connected and not suspect (the fast path)."""
-        if self._fork_pause is not None or self._abandoned:
+        if self._fork_pause is not None or self._abandoned or self._closed:
             return None
         ep = self.endpoints[self._current]
         if ep.channel.get_state(False) is _READY and ep.failed_at is None:
@@ -249,6 +249,8 @@ class EndpointPool:
                 if self._closed:
                     raise self._closed_error(op)
                 continue
+            if self._closed:  # closed while waiting: its channels are gone
+                raise self._closed_error(op)
             now = self.clock()
             fallback: int | None = None
             for i in range(n):
@@ -308,9 +310,14 @@ class EndpointPool:
         if self._abandoned:
             return  # the channels are the parent's: never touched in a child
         for ep in self.endpoints:
-            if ep.channel is None:
+            channel, ep.channel = ep.channel, None
+            # drop the multicallables too: a closed grpc.aio channel still referenced keeps grpc.aio's poller
+            # thread alive, and with it alive no later fork of this process can use gRPC (waypost._fork)
+            ep._unary.clear()
+            ep._stream.clear()
+            if channel is None:
                 continue
             try:
-                await ep.channel.close()
+                await channel.close()
             except Exception:  # pragma: no cover - closing is best effort
                 log.debug("closing channel to %s failed", ep.address, exc_info=True)
