@@ -42,21 +42,20 @@ import asyncio
 import logging
 import random
 import time
-from collections.abc import Awaitable, Callable, Mapping
-from typing import Any, TypeVar
+from collections.abc import Callable, Mapping
+from typing import Any
 
-from .. import _loop
 from ..consul.api import ConsulClient, ConsulNotFound, decode_meta, encode_meta
 from ..consul.config import ConsulConfig, resolve_config
 from ..errors import PermissionDenied, RegistryError, RegistryUnavailable, describe_value, shown_key
 from ..netutil import AddressError, check_dialable, parse_host_port
 from .group import cool_down
 from .outage import OnUnregistered, Outage, track, untrack
-from .publisher import REVOKE_TIMEOUT, _check_json, _on_control_loop
+from .publisher import _check_json
+from .publisher_base import REVOKE_TIMEOUT, PublisherBase
 
 log = logging.getLogger("waypost.discovery")
 
-T = TypeVar("T")
 
 #: Consul's smallest DeregisterCriticalServiceAfter (its reaper ignores shorter ones)
 MIN_DEREGISTER_AFTER = 60
@@ -66,7 +65,7 @@ GUARD_WAIT = 60.0
 GUARD_FIRST_RETRY = 0.2
 
 
-class ConsulPublisher:
+class ConsulPublisher(PublisherBase):
     """Registers ``address`` as an instance of service ``key`` in Consul (see the module docstring)."""
 
     def __init__(
@@ -166,19 +165,6 @@ class ConsulPublisher:
         return None
 
     @property
-    def registered(self) -> bool:
-        return self._registered
-
-    @property
-    def unregistered_seconds(self) -> float:
-        return self.outage.seconds()
-
-    @property
-    def state(self) -> str:
-        """``new``, ``running``, ``paused`` or ``stopped``."""
-        return self._state
-
-    @property
     def registry(self) -> ConsulConfig:
         return self.config
 
@@ -191,73 +177,7 @@ class ConsulPublisher:
         return (f"<ConsulPublisher {self.base_key!r}={self.value!r} at {self.config.redacted} {self._state}"
                 f"{' registered as ' + repr(self.service_id) if self._registered else ''}>")
 
-    # -- sync API ------------------------------------------------------------------------------------------
-
-    def _run(self, coro: Awaitable[T]) -> T:
-        if _loop.in_loop():
-            raise RuntimeError("ConsulPublisher methods block: on the control loop await the a*() twins instead")
-        return _loop.run(coro, self.timeout + REVOKE_TIMEOUT + 10)
-
-    def start(self) -> ConsulPublisher:
-        """Register and keep the registration alive; RegistryUnavailable if not done within timeout."""
-        self._run(self._start())
-        return self
-
-    def pause(self) -> None:
-        """Deregister (the instance disappears at once) until resume()."""
-        self._run(self._pause())
-
-    def resume(self) -> None:
-        """Register again after pause(); if that fails within timeout, raise RegistryUnavailable and keep
-        retrying in the background."""
-        self._run(self._resume())
-
-    def stop(self) -> None:
-        """Stop keeping the registration alive and deregister it. Idempotent."""
-        self._run(self._stop())
-
-    def update_metadata(self, metadata: Mapping[str, Any] | None) -> None:
-        """Replace the metadata in place (same ID; subscribers see one change). Not registered now: the next
-        registration carries it. RegistryUnavailable if the write fails within ``timeout`` (the new metadata
-        is kept and used by the next registration)."""
-        self._run(self._update_metadata(self._checked_metadata(metadata)))
-
-    # -- async twins ---------------------------------------------------------------------------------------
-
-    async def astart(self) -> ConsulPublisher:
-        await _on_control_loop(self._start())
-        return self
-
-    async def apause(self) -> None:
-        await _on_control_loop(self._pause())
-
-    async def aresume(self) -> None:
-        await _on_control_loop(self._resume())
-
-    async def astop(self) -> None:
-        await _on_control_loop(self._stop())
-
-    async def aupdate_metadata(self, metadata: Mapping[str, Any] | None) -> None:
-        await _on_control_loop(self._update_metadata(self._checked_metadata(metadata)))
-
-    def __enter__(self) -> ConsulPublisher:  # noqa: PYI034
-        return self.start()
-
-    def __exit__(self, *exc: object) -> None:
-        self.stop()
-
-    async def __aenter__(self) -> ConsulPublisher:  # noqa: PYI034
-        return await self.astart()
-
-    async def __aexit__(self, *exc: object) -> None:
-        await self.astop()
-
     # -- lifecycle on the control loop ----------------------------------------------------------------------
-
-    def _write_lock(self) -> asyncio.Lock:
-        if self._writing is None:
-            self._writing = asyncio.Lock()
-        return self._writing
 
     async def _start(self) -> None:
         if self._state in ("running", "paused"):

@@ -36,8 +36,8 @@ import logging
 import math
 import random
 import time
-from collections.abc import Awaitable, Callable, Mapping
-from typing import Any, TypeVar
+from collections.abc import Callable, Mapping
+from typing import Any
 
 from .. import _loop, metrics
 from ..errors import (
@@ -54,14 +54,11 @@ from ..registry.base import Registry
 from ..registry.formats import WireFormat, get_format
 from .outage import OnUnregistered, Outage, track, untrack
 from .permissions import grant_hint, role_refused
+from .publisher_base import REVOKE_TIMEOUT, PublisherBase
 from .subscriber import cool_down, resolve_registry
 
 log = logging.getLogger("waypost.discovery")
 
-T = TypeVar("T")
-
-#: how long stop()/pause() wait for the revoke before leaving the key to expire by TTL
-REVOKE_TIMEOUT = 2.0
 
 
 def _check_json(value: Any, where: str, depth: int = 0) -> None:
@@ -88,14 +85,8 @@ def _check_json(value: Any, where: str, depth: int = 0) -> None:
                     "(use str, int, float, bool, None, lists and dicts)")
 
 
-async def _on_control_loop(coro: Awaitable[T]) -> T:
-    """Await ``coro`` on the control loop from any event loop."""
-    if _loop.in_loop():
-        return await coro
-    return await asyncio.wrap_future(_loop.submit(coro))
 
-
-class Publisher:
+class Publisher(PublisherBase):
     """Registers ``value`` (an address ``host:port``) under ``key`` (see the module docstring)."""
 
     def __init__(
@@ -169,85 +160,9 @@ class Publisher:
         """The lease in use now (0 while not registered)."""
         return self._lease if self._registered else 0
 
-    @property
-    def registered(self) -> bool:
-        return self._registered
-
-    @property
-    def unregistered_seconds(self) -> float:
-        """How long the registration has been lost against our will (0 while registered or paused)."""
-        return self.outage.seconds()
-
-    @property
-    def state(self) -> str:
-        """``new``, ``running``, ``paused`` or ``stopped``."""
-        return self._state
-
     def __repr__(self) -> str:
         return (f"<Publisher {self.base_key!r}={self.value!r} format={self.format.name} {self._state}"
                 f"{' registered as ' + repr(self._key) if self._registered else ''}>")
-
-    # -- sync API --------------------------------------------------------------------------------
-
-    def _run(self, coro: Awaitable[T]) -> T:
-        if _loop.in_loop():
-            raise RuntimeError("Publisher methods block: on the control loop await the a*() twins instead")
-        return _loop.run(coro, self.timeout + REVOKE_TIMEOUT + 10)
-
-    def start(self) -> Publisher:
-        """Register and keep the registration alive; RegistryUnavailable if not done within timeout."""
-        self._run(self._start())
-        return self
-
-    def pause(self) -> None:
-        """Revoke the lease (the key disappears at once) until resume()."""
-        self._run(self._pause())
-
-    def resume(self) -> None:
-        """Register again after pause(); if that fails within timeout, raise RegistryUnavailable and keep
-        retrying in the background."""
-        self._run(self._resume())
-
-    def stop(self) -> None:
-        """Stop keeping the registration alive and revoke it. Idempotent."""
-        self._run(self._stop())
-
-    def update_metadata(self, metadata: Mapping[str, Any] | None) -> None:
-        """Replace the registration's metadata (e.g. ``{"weight": 5}``) under the same lease and key;
-        subscribers see one change. Validated as the constructor does. Not registered now (paused, lost,
-        not started): the next registration carries it. RegistryUnavailable if the write fails within
-        ``timeout`` (the new metadata is kept and used by the guard and the next registration)."""
-        self._run(self._update_metadata(self._checked_metadata(metadata)))
-
-    # -- async twins -----------------------------------------------------------------------------
-
-    async def astart(self) -> Publisher:
-        await _on_control_loop(self._start())
-        return self
-
-    async def apause(self) -> None:
-        await _on_control_loop(self._pause())
-
-    async def aresume(self) -> None:
-        await _on_control_loop(self._resume())
-
-    async def astop(self) -> None:
-        await _on_control_loop(self._stop())
-
-    async def aupdate_metadata(self, metadata: Mapping[str, Any] | None) -> None:
-        await _on_control_loop(self._update_metadata(self._checked_metadata(metadata)))
-
-    def __enter__(self) -> Publisher:  # noqa: PYI034
-        return self.start()
-
-    def __exit__(self, *exc: object) -> None:
-        self.stop()
-
-    async def __aenter__(self) -> Publisher:  # noqa: PYI034
-        return await self.astart()
-
-    async def __aexit__(self, *exc: object) -> None:
-        await self.astop()
 
     # -- lifecycle on the control loop -------------------------------------------------------------
 
@@ -321,11 +236,6 @@ class Publisher:
         except Exception as e:  # noqa: BLE001 (the control plane must not die)
             log.warning("%r: could not revoke lease %d (it expires within %ds): %s", self, lease, self.ttl,
                         str(e) or type(e).__name__)
-
-    def _write_lock(self) -> asyncio.Lock:
-        if self._writing is None:
-            self._writing = asyncio.Lock()
-        return self._writing
 
     async def _update_metadata(self, metadata: dict[str, Any] | None) -> None:
         self.metadata = metadata  # what every later registration and put-back uses

@@ -32,6 +32,7 @@ from typing import Any
 from .. import _loop
 from ..errors import RegistryUnavailable
 from .outage import OnUnregistered, Outage, registry_label
+from .publisher_base import on_control_loop
 
 log = logging.getLogger("waypost.discovery")
 
@@ -165,20 +166,20 @@ class MultiPublisher:
         self._run(self._each("aupdate_metadata", None, metadata))
 
     async def astart(self) -> MultiPublisher:
-        await _on_loop(self._start())
+        await on_control_loop(self._start())
         return self
 
     async def astop(self) -> None:
-        await _on_loop(self._each("astop", self._stopping()))
+        await on_control_loop(self._each("astop", self._stopping()))
 
     async def apause(self) -> None:
-        await _on_loop(self._each("apause", self._pausing()))
+        await on_control_loop(self._each("apause", self._pausing()))
 
     async def aresume(self) -> None:
-        await _on_loop(self._start(resume=True))
+        await on_control_loop(self._start(resume=True))
 
     async def aupdate_metadata(self, metadata: Mapping[str, Any] | None) -> None:
-        await _on_loop(self._each("aupdate_metadata", None, metadata))
+        await on_control_loop(self._each("aupdate_metadata", None, metadata))
 
     def __enter__(self) -> MultiPublisher:  # noqa: PYI034
         return self.start()
@@ -278,13 +279,6 @@ class MultiPublisher:
             log.warning("waypost: %s in %s failed: %s", method.lstrip("a"), _where(m), e)
         if errors and len(errors) == len(self.members) and method == "aupdate_metadata":
             raise RegistryUnavailable(f"updating the metadata failed in every registry: {errors[0][1]}")
-
-
-async def _on_loop(coro: Any) -> Any:
-    """Await ``coro`` on the control loop from any event loop."""
-    if _loop.in_loop():
-        return await coro
-    return await asyncio.wrap_future(_loop.submit(coro))
 
 
 class NoRegistration:

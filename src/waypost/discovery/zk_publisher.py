@@ -47,8 +47,8 @@ import logging
 import random
 import time
 import uuid
-from collections.abc import Awaitable, Callable, Mapping
-from typing import Any, TypeVar
+from collections.abc import Callable, Mapping
+from typing import Any
 
 from .. import _loop, metrics, zk
 from ..errors import PermissionDenied, RegistryError, RegistryUnavailable, describe_value
@@ -58,11 +58,11 @@ from ..zk.config import ZkConfig
 from ..zk.layout import LayoutError
 from .group import cool_down
 from .outage import OnUnregistered, Outage, track, untrack
-from .publisher import REVOKE_TIMEOUT, _check_json, _on_control_loop
+from .publisher import _check_json
+from .publisher_base import REVOKE_TIMEOUT, PublisherBase
 
 log = logging.getLogger("waypost.discovery")
 
-T = TypeVar("T")
 
 #: reconcile attempts in a row before giving up for this round (the node changing under us each time)
 MAX_ATTEMPTS = 5
@@ -71,8 +71,10 @@ MAX_ATTEMPTS = 5
 TAKEOVER_PAUSE = 5.0
 
 
-class ZkPublisher:
+class ZkPublisher(PublisherBase):
     """Registers ``address`` as an instance of service ``key`` in ZooKeeper (see the module docstring)."""
+
+    _extra_wait = REVOKE_TIMEOUT + zk.CLOSE_TIMEOUT + 10  # closing the session joins kazoo threads
 
     def __init__(
         self, registry_url_or_config: ZkConfig | str, key: str, address: str, ttl: int = 10,
@@ -158,18 +160,6 @@ class ZkPublisher:
         return self._session if self._registered else None
 
     @property
-    def registered(self) -> bool:
-        return self._registered
-
-    @property
-    def unregistered_seconds(self) -> float:
-        return self.outage.seconds()
-
-    @property
-    def state(self) -> str:
-        return self._state
-
-    @property
     def data(self) -> bytes:
         """The node's data as this publisher writes it now."""
         return self._encode(self.metadata)
@@ -178,73 +168,7 @@ class ZkPublisher:
         return (f"<ZkPublisher {self.base_key!r}={self.value!r} {self._state}"
                 f"{' registered as ' + repr(self.path) if self._registered else ''} in {self.registry_url}>")
 
-    # -- sync API --------------------------------------------------------------------------------
-
-    def _run(self, coro: Awaitable[T]) -> T:
-        if _loop.in_loop():
-            raise RuntimeError("ZkPublisher methods block: on the control loop await the a*() twins instead")
-        return _loop.run(coro, self.timeout + REVOKE_TIMEOUT + zk.CLOSE_TIMEOUT + 10)
-
-    def start(self) -> ZkPublisher:
-        """Register and keep the registration alive; RegistryUnavailable if not done within timeout."""
-        self._run(self._start())
-        return self
-
-    def pause(self) -> None:
-        """Delete the node (the session stays) until resume()."""
-        self._run(self._pause())
-
-    def resume(self) -> None:
-        """Create the node again after pause(); RegistryUnavailable if that fails within timeout (it goes on
-        trying in the background)."""
-        self._run(self._resume())
-
-    def stop(self) -> None:
-        """Delete the node and close the session. Idempotent."""
-        self._run(self._stop())
-
-    def update_metadata(self, metadata: Mapping[str, Any] | None) -> None:
-        """Replace the metadata: one rewrite of the node's data (same path, same session). Not registered now:
-        the next registration carries it. RegistryUnavailable if the write fails within ``timeout`` (the new
-        metadata is kept and written once ZooKeeper answers)."""
-        self._run(self._update_metadata(self._checked_metadata(metadata)))
-
-    # -- async twins -----------------------------------------------------------------------------
-
-    async def astart(self) -> ZkPublisher:
-        await _on_control_loop(self._start())
-        return self
-
-    async def apause(self) -> None:
-        await _on_control_loop(self._pause())
-
-    async def aresume(self) -> None:
-        await _on_control_loop(self._resume())
-
-    async def astop(self) -> None:
-        await _on_control_loop(self._stop())
-
-    async def aupdate_metadata(self, metadata: Mapping[str, Any] | None) -> None:
-        await _on_control_loop(self._update_metadata(self._checked_metadata(metadata)))
-
-    def __enter__(self) -> ZkPublisher:  # noqa: PYI034
-        return self.start()
-
-    def __exit__(self, *exc: object) -> None:
-        self.stop()
-
-    async def __aenter__(self) -> ZkPublisher:  # noqa: PYI034
-        return await self.astart()
-
-    async def __aexit__(self, *exc: object) -> None:
-        await self.astop()
-
     # -- lifecycle on the control loop -------------------------------------------------------------
-
-    def _write_lock(self) -> asyncio.Lock:
-        if self._writing is None:
-            self._writing = asyncio.Lock()
-        return self._writing
 
     async def _start(self) -> None:
         if self._state in ("running", "paused"):
