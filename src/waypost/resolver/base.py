@@ -13,6 +13,7 @@ A channel builds one resolver per dial with ``SomeResolver(target, options)`` (`
 
 from __future__ import annotations
 
+import logging
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Any, Protocol
@@ -43,6 +44,17 @@ class ResolverOptions:
     channel_options: Sequence[tuple[str, Any]] = ()
     blocking: bool = True
     report_early: bool = True
+
+
+def notify(fn: Callable[[Any], None], arg: Any, target: Target) -> bool:
+    """Call a channel callback (``on_update`` / ``on_error``) from a resolver loop: a callback that raises is
+    logged and reported as False, never propagated, so the loop goes on (the control plane never dies)."""
+    try:
+        fn(arg)
+    except Exception:
+        logging.getLogger("waypost.resolver").exception("waypost: resolver callback for %s failed", target.redacted)
+        return False
+    return True
 
 
 class Resolver(Protocol):

@@ -46,7 +46,7 @@ from ..consul.config import TOKEN_ENV, from_target
 from ..errors import InvalidTarget, PermissionDenied, RegistryError, RegistryUnavailable
 from ..netutil import join_host_port
 from ..types import Backend
-from .base import OnError, OnUpdate, ResolverOptions
+from .base import OnError, OnUpdate, ResolverOptions, notify
 from .target import Target
 
 log = logging.getLogger("waypost.resolver.consul")
@@ -245,10 +245,4 @@ class ConsulResolver:
             self.last_push_at = self._clock()
 
     def _notify(self, fn: Callable[[Any], None], arg: Any) -> bool:
-        # a failing channel callback must not end the resolver loop (the control plane never dies)
-        try:
-            fn(arg)
-        except Exception:
-            log.exception("waypost: consul resolver callback for %s failed", self.target.redacted)
-            return False
-        return True
+        return notify(fn, arg, self.target)

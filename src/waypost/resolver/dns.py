@@ -28,7 +28,7 @@ from .. import _loop
 from ..errors import InvalidTarget
 from ..netutil import join_host_port, parse_host_port
 from ..types import Backend
-from .base import OnError, OnUpdate, ResolverOptions
+from .base import OnError, OnUpdate, ResolverOptions, notify
 from .target import Target
 
 log = logging.getLogger("waypost.resolver.dns")
@@ -259,13 +259,7 @@ class DnsResolver:
             await self._wait(next_delay(res.ttl, self.interval, self.min_interval))
 
     def _notify(self, fn: Callable[[Any], None], arg: Any) -> bool:
-        # A failing channel callback must not end the resolver loop (the control plane never dies).
-        try:
-            fn(arg)
-        except Exception:
-            log.exception("waypost: resolver callback for %s failed", self.target.redacted)
-            return False
-        return True
+        return notify(fn, arg, self.target)
 
     async def _wait(self, delay: float) -> None:
         """Sleep ``delay`` s, or less when a re-resolution is requested, but at least until

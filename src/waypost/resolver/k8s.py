@@ -37,7 +37,7 @@ from ..errors import InvalidTarget, RegistryUnavailable
 from ..k8s import config as k8s_config
 from ..k8s.slices import SERVICE_NAME_LABEL, ServiceSlices
 from ..types import Backend
-from .base import OnError, OnUpdate, ResolverOptions
+from .base import OnError, OnUpdate, ResolverOptions, notify
 from .target import Target
 
 log = logging.getLogger("waypost.resolver.k8s")
@@ -305,10 +305,4 @@ class K8sResolver:
             self.last_push_at = self._clock()
 
     def _notify(self, fn: Callable[[Any], None], arg: Any) -> bool:
-        # a failing channel callback must not end the resolver loop (the control plane never dies)
-        try:
-            fn(arg)
-        except Exception:
-            log.exception("waypost: k8s resolver callback for %s failed", self.target.redacted)
-            return False
-        return True
+        return notify(fn, arg, self.target)

@@ -36,7 +36,7 @@ from ..errors import InvalidTarget, RegistryUnavailable
 from ..registry.formats import Entry, Kratos
 from ..types import Backend
 from ..zk.layout import LayoutError
-from .base import OnError, OnUpdate, ResolverOptions
+from .base import OnError, OnUpdate, ResolverOptions, notify
 from .target import Target
 
 log = logging.getLogger("waypost.resolver.zk")
@@ -326,13 +326,7 @@ class ZkResolver:
             self._error_shown = True
 
     def _notify(self, fn: Callable[[Any], None], arg: Any) -> bool:
-        # a failing channel callback must not end the resolver loop (the control plane never dies)
-        try:
-            fn(arg)
-        except Exception:
-            log.exception("waypost: zk resolver callback for %s failed", self.target.redacted)
-            return False
-        return True
+        return notify(fn, arg, self.target)
 
 
 _GONE: Any = object()
