@@ -8,7 +8,6 @@ import itertools
 import json
 import os
 import socket
-import threading
 import time
 from collections.abc import Iterator
 from typing import Any
@@ -22,6 +21,7 @@ from tests.backends import echo_pb2, echo_pb2_grpc
 from tests.backends.server import EchoServer
 from tests.etcd_helpers import TcpProxy
 from tests.latency_proxy import LatencyProxy
+from tests.resolver_updates import ResolverUpdates
 from tests.waiting import wait_until
 from waypost.consul import ConsulConfig, from_target, parse_registry_url
 from waypost.consul.api import decode_meta, encode_meta
@@ -63,30 +63,8 @@ def agent(consul_bin, tmp_path) -> Iterator[consul_support.ConsulAgent]:
         yield a
 
 
-class Updates:
-    """What a resolver told the channel (thread-safe)."""
-
-    def __init__(self) -> None:
-        self.lists: list[list[Backend]] = []
-        self.errors: list[str] = []
-        self._lock = threading.Lock()
-
-    def on_update(self, backends) -> None:
-        with self._lock:
-            self.lists.append(list(backends))
-
-    def on_error(self, message: str) -> None:
-        with self._lock:
-            self.errors.append(message)
-
-    @property
-    def last(self) -> list[Backend] | None:
-        with self._lock:
-            return self.lists[-1] if self.lists else None
-
-    def addresses(self) -> list[str] | None:
-        last = self.last
-        return None if last is None else sorted(b.address for b in last)
+class Updates(ResolverUpdates):
+    sort = True
 
 
 def _resolver(target: str, *, blocking: bool = True, **kw: Any) -> tuple[ConsulResolver, Updates]:

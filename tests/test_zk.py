@@ -9,7 +9,6 @@ from __future__ import annotations
 import itertools
 import json
 import re
-import threading
 import time
 import uuid
 from collections.abc import Iterator
@@ -23,6 +22,7 @@ from tests import zk_support
 from tests.backends import echo_pb2, echo_pb2_grpc
 from tests.backends.helpers import echo_servers
 from tests.etcd_helpers import TcpProxy
+from tests.resolver_updates import ResolverUpdates
 from tests.waiting import wait_until
 from waypost.errors import InvalidTarget, RegistryUnavailable
 from waypost.etcd.local import free_port
@@ -83,30 +83,7 @@ def _plain(server: zk_support.ZkServer) -> Iterator[Any]:
         c.close()
 
 
-class Pushes:
-    """What a resolver told the channel, from whichever thread."""
-
-    def __init__(self) -> None:
-        self.lists: list[list[Backend]] = []
-        self.errors: list[str] = []
-        self._lock = threading.Lock()
-
-    def update(self, backends) -> None:
-        with self._lock:
-            self.lists.append(list(backends))
-
-    def error(self, message: str) -> None:
-        with self._lock:
-            self.errors.append(message)
-
-    @property
-    def last(self) -> list[Backend] | None:
-        with self._lock:
-            return self.lists[-1] if self.lists else None
-
-    def addresses(self) -> list[str] | None:
-        last = self.last
-        return None if last is None else [b.address for b in last]
+Pushes = ResolverUpdates
 
 
 def _resolver(hosts: str, service: str, pushes: Pushes, **kw: Any) -> ZkResolver:
