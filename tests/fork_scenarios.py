@@ -86,6 +86,30 @@ def _register(endpoint: str, key: str, name: str, address: str) -> None:
     _etcdctl(endpoint, "put", f"{key}/{name}", address)
 
 
+def _old_and_fresh_call(stub: echo_pb2_grpc.EchoStub, target: str, service_config: dict[str, object] | None = None,
+                        ) -> int:
+    """In a child: one call on the channel dialed before the fork, one on a fresh dial (``service_config``); the
+    exit-code bits of what failed. The fresh channel must not health-check (off in a child of a process that
+    used gRPC: waypost._fork)."""
+    code = 0
+    try:
+        if stub.Unary(Req(), timeout=15).server != "a":
+            code |= _OLD
+    except Exception as e:  # noqa: BLE001
+        os.write(2, f"old channel: {e}\n".encode()[:500])
+        code |= _OLD
+    try:
+        with waypost.dial(target, service_config=service_config) as fresh:
+            if echo_pb2_grpc.EchoStub(fresh).Unary(Req(), timeout=15).server != "a":
+                code |= _FRESH
+            if any(sc.health_task is not None for sc in fresh.balancer.subconns()):
+                code |= _FRESH
+    except Exception as e:  # noqa: BLE001
+        os.write(2, f"fresh dial: {e}\n".encode()[:500])
+        code |= _FRESH
+    return code
+
+
 def sync_channel_and_fresh_dial(endpoint: str, key: str, a: str, b: str, health: bool = False,
                                 parent_health: bool | None = None) -> None:
     """health: the channel's health watches (grpc.aio streams) pause for each fork too; in a child the inherited
@@ -107,28 +131,8 @@ def sync_channel_and_fresh_dial(endpoint: str, key: str, a: str, b: str, health:
             if parent_health:
                 assert all(sc.health_task is not None and sc.healthy for sc in ch.balancer.subconns())
 
-            def child() -> int:
-                code = 0
-                try:
-                    if stub.Unary(Req(), timeout=15).server != "a":
-                        code |= _OLD
-                except Exception as e:  # noqa: BLE001
-                    os.write(2, f"old channel: {e}\n".encode()[:500])
-                    code |= _OLD
-                try:
-                    with waypost.dial(target, service_config=service_config) as fresh:
-                        if echo_pb2_grpc.EchoStub(fresh).Unary(Req(), timeout=15).server != "a":
-                            code |= _FRESH
-                        # health checking is off in a child of a process that used gRPC (waypost._fork)
-                        if any(sc.health_task is not None for sc in fresh.balancer.subconns()):
-                            code |= _FRESH
-                except Exception as e:  # noqa: BLE001
-                    os.write(2, f"fresh dial: {e}\n".encode()[:500])
-                    code |= _FRESH
-                return code
-
             for rnd in range(ROUNDS):
-                statuses = _fork_children(child)
+                statuses = _fork_children(lambda: _old_and_fresh_call(stub, target, service_config))
                 assert all(os.WIFEXITED(s) and os.WEXITSTATUS(s) == 0 for s in statuses), \
                     f"round {rnd}: {_summary(statuses)}"
                 assert stub.Unary(Req(), timeout=10).server == "a"  # the parent keeps working
@@ -272,24 +276,7 @@ def closed_registry_before_fork(endpoint: str, key: str, a: str, b: str) -> None
         stub = echo_pb2_grpc.EchoStub(ch)
         assert stub.Unary(Req(), timeout=10).server == "a"
 
-        def child() -> int:
-            code = 0
-            try:
-                if stub.Unary(Req(), timeout=15).server != "a":
-                    code |= _OLD
-            except Exception as e:  # noqa: BLE001
-                os.write(2, f"old channel: {e}\n".encode()[:500])
-                code |= _OLD
-            try:
-                with waypost.dial(target) as fresh:
-                    if echo_pb2_grpc.EchoStub(fresh).Unary(Req(), timeout=15).server != "a":
-                        code |= _FRESH
-            except Exception as e:  # noqa: BLE001
-                os.write(2, f"fresh dial: {e}\n".encode()[:500])
-                code |= _FRESH
-            return code
-
-        statuses = _fork_children(child)
+        statuses = _fork_children(lambda: _old_and_fresh_call(stub, target))
         assert all(os.WIFEXITED(s) and os.WEXITSTATUS(s) == 0 for s in statuses), _summary(statuses)
     del closed
 
