@@ -123,7 +123,8 @@ def parse_registry_url(url: str) -> RegistryURL:
                         f"{scheme}://HOST/SERVICE targets; connect() takes etcd and memory URLs")
     if scheme != "etcd":
         shown = scheme if "@" not in scheme else "***@" + scheme.rpartition("@")[2]
-        raise _bad(url, f"unknown scheme {shown!r} (known: etcd, memory)")
+        raise _bad(url, f"unknown scheme {shown!r} (known: etcd, memory; serve() and the publishers also take "
+                        "consul:// and zk://)")
     ends = [i for i in (rest.find(c) for c in "/?#") if i >= 0]
     if ends and "@" in rest[min(ends):]:
         # an '@' past the host part: almost always a password holding an unescaped '/', '?' or '#'
