@@ -219,7 +219,9 @@ def test_serve_in_etcd_consul_and_zookeeper_at_once_and_dial_all_three(shared_et
                 with waypost.dial(targets) as ch:
                     assert echo_pb2_grpc.EchoStub(ch).Unary(Req(), timeout=5).server == "s"
                     assert [sc.address for sc in ch.balancer.subconns()] == [handle.address]
-                    assert ch._resolver.source_lists() == [[handle.address]] * 3
+                    # the dial returned with the first source that answered; the others follow
+                    wait_until(lambda: ch._resolver.source_lists() == [[handle.address]] * 3, 10,
+                               what="every source lists the server")
             finally:
                 handle.stop()
             assert keys(shared_etcd, service + "/") == [] and agent.passing_addresses(service) == []
