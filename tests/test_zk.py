@@ -451,3 +451,28 @@ def test_cli_resolve_a_zk_target(server):
         assert got["scheme"] == "zk" and [b["address"] for b in got["backends"]] == ["127.0.0.1:50081"]
     finally:
         p.stop()
+
+
+def test_the_session_timeout_counted_is_the_one_the_server_granted():
+    """The server bounds the session timeout asked for (maxSessionTimeout 3 s here, ``ttl=10`` asked): after a cut
+    the node goes with the granted 3 s, so the publisher must count 3 s, not 10, before it calls itself
+    unregistered (its outage clock, ``max_unregistered`` and ``on_unregistered`` start from there)."""
+    with zk_support.ZkServer(max_session_timeout_ms=3000).start() as own:
+        proxy = TcpProxy(("127.0.0.1", own.port))
+        gen = _plain(own)
+        plain = next(gen)
+        pub = ZkPublisher(f"zk://{proxy.endpoint}", _service(), "127.0.0.1:7045", ttl=10, id="g").start()
+        try:
+            assert pub.session_timeout == pytest.approx(3.0)  # what the server granted, not the 10 s asked
+            cut = time.monotonic()
+            proxy.cut()
+            wait_until(lambda: plain.exists(pub.path) is None, 10, what="the server expired the session")
+            gone = time.monotonic() - cut
+            wait_until(lambda: not pub.registered and pub.outage.since is not None, 10, what="publisher knows")
+            knew = time.monotonic() - cut
+            print(f"node gone {gone:.2f} s after the cut, publisher unregistered at {knew:.2f} s (granted 3 s)")
+            assert knew < 3.0 + 2.0, f"the publisher counted the asked 10 s: unregistered only {knew:.1f} s after"
+        finally:
+            pub.stop()
+            proxy.close()
+            gen.close()

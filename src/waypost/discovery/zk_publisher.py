@@ -13,7 +13,8 @@ across re-registrations. Metadata values are written as strings (Kratos' ``map[s
 Behaviour:
 
 - ``start()`` opens a session (``ttl`` s asked of the server unless the URL says ``session_timeout``; the server
-  grants a value between 2 and 20 ticks) and creates the node; ``RegistryUnavailable`` if that is not done within
+  grants a value between its min and max session timeout, by default 2 and 20 ticks, and that granted value is
+  ``session_timeout`` from then on: what every count below uses) and creates the node; ``RegistryUnavailable`` if that is not done within
   ``timeout`` s, naming why (each host refused, did not answer, ...). ``PermissionDenied`` as it is when an ACL
   refuses the write.
 - The node is watched: deleted by someone else, it is created again at once (counted in ``restorations``);
@@ -56,6 +57,7 @@ from ..netutil import check_dialable
 from ..registry.formats import Kratos
 from ..zk.config import ZkConfig
 from ..zk.layout import LayoutError
+from ..zk.session import granted as granted_session_timeout
 from .group import cool_down
 from .outage import OnUnregistered, Outage, track, untrack
 from .publisher import _check_json
@@ -103,7 +105,10 @@ class ZkPublisher(PublisherBase):
         except LayoutError as e:
             raise ValueError(str(e)) from None
         self.ttl = ttl
-        self.session_timeout = self.config.session_timeout_or(ttl)
+        #: the session timeout asked of ZooKeeper; ``session_timeout`` is the one the server granted once connected
+        #: (it bounds what is asked to its min/maxSessionTimeout, and the granted value decides when the node goes)
+        self.session_timeout_asked = self.config.session_timeout_or(ttl)
+        self.session_timeout = self.session_timeout_asked
         self.timeout = float(timeout)
         self.retry_interval = retry_interval
         self.format = format  # accepted for Publisher compatibility; ZooKeeper has one layout (Kratos')
@@ -176,10 +181,11 @@ class ZkPublisher(PublisherBase):
         self._state = "running"
         loop = asyncio.get_running_loop()
         deadline = loop.time() + self.timeout
-        client = self._client = self.config.new_client(self.session_timeout)
+        client = self._client = self.config.new_client(self.session_timeout_asked)
         client.add_listener(self._listener(client))
         try:
             await zk.connect(client, self.config.hosts, self.timeout)
+            self._note_granted(client)
             await asyncio.wait_for(self._ensure(), max(0.1, deadline - loop.time()))
         except BaseException as e:
             self._state = "new"
@@ -452,10 +458,21 @@ class ZkPublisher(PublisherBase):
         if state == "LOST":
             self._session_lost("the session expired")
         elif state == "CONNECTED":
+            self._note_granted(client)
             if self._suspended:
                 log.info("%r: connected to ZooKeeper again", self)
             self._suspended = False
             self._poke()
+
+    def _note_granted(self, client: Any) -> None:
+        granted = granted_session_timeout(client)
+        if granted is None or granted == self.session_timeout:
+            return
+        self.session_timeout = granted
+        if granted != self.session_timeout_asked:
+            log.info("%r: ZooKeeper granted a session timeout of %gs (%gs asked; the server's min/maxSessionTimeout "
+                     "bound it): the node goes %gs after the connection is lost", self, granted,
+                     self.session_timeout_asked, granted)
 
     def _presume_expired(self) -> None:
         self._expiry = None

@@ -122,8 +122,10 @@ class ZkConfig:
         from kazoo.client import KazooClient
         from kazoo.retry import KazooRetry
 
+        from .session import record_granted
+
         _quiet_kazoo()
-        return KazooClient(
+        client = KazooClient(
             hosts=self.connect_string,
             timeout=float(session_timeout),
             connection_retry=KazooRetry(max_tries=-1, delay=0.1, backoff=2, max_jitter=0.4,
@@ -131,6 +133,8 @@ class ZkConfig:
             command_retry=KazooRetry(max_tries=0),
             logger=logging.getLogger(KAZOO_LOGGER),
         )
+        record_granted(client)  # the server may grant another session timeout than the one asked
+        return client
 
 
 def _seconds_ok(value: object) -> bool:
