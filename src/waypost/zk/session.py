@@ -26,7 +26,7 @@ def record_granted(client: Any) -> None:
     global _warned
     from kazoo.protocol.serialization import Connect
 
-    conn = getattr(client, "_connection", None)
+    conn: Any = getattr(client, "_connection", None)
     invoke = getattr(conn, "_invoke", None)
     if invoke is None:
         if not _warned:
