@@ -7,6 +7,7 @@ from __future__ import annotations
 import threading
 import time
 from collections.abc import Iterator
+from typing import Any
 from concurrent import futures
 
 import grpc
@@ -255,3 +256,45 @@ def test_publisher_gauges_have_one_series_per_registry(two_etcds, unique_key):
             handle.stop()
     finally:
         metrics.disable()
+
+
+def test_update_metadata_is_validated_for_every_registry_before_any_is_written(shared_etcd, tmp_path, unique_key):
+    """Metadata that one registry cannot carry (Consul: a value over 512 characters, a key with a space) or that
+    JSON cannot carry is refused by ``update_metadata`` with the error ``serve()`` gives for it, and written
+    nowhere: the registries never disagree."""
+    from tests import consul_support
+
+    if why := consul_support.skip_reason():
+        pytest.skip(why)
+    with consul_support.ConsulAgent(tmp_path / "consul", binary=consul_support.consul_binary()) as agent:
+        service = unique_key.replace(".", "-")
+        registries = [shared_etcd.url(), agent.url]
+        bad: list[tuple[dict[str, Any], type[Exception]]] = [
+            ({"desc": "x" * 600}, ValueError), ({"bad key": 1}, ValueError), ({"when": object()}, TypeError)]
+        for md, error in bad:  # what serve() says of each
+            with pytest.raises(error) as at_serve:
+                waypost.serve(new_server("s"), service, "127.0.0.1:0", registry=registries, metadata=md)
+            assert str(at_serve.value)
+        handle = waypost.serve(new_server("s"), service, "127.0.0.1:0", registry=registries, ttl=5,
+                               metadata={"weight": 1})
+        try:
+            wait_until(lambda: list(handle.publisher.status().values()) == [True, True], 10,
+                       what="registered in both registries")
+            def etcd_records() -> str:  # the address record and waypost's metadata side record
+                return "".join(shared_etcd.etcdctl("get", "--prefix", p) for p in (service + "/", "_waypost/meta/"))
+
+            before = etcd_records()
+            assert '"weight":1' in before.replace(" ", "")
+            for md, error in bad:
+                with pytest.raises(error) as at_update:
+                    handle.update_metadata(md)
+                with pytest.raises(error) as at_serve:
+                    waypost.serve(new_server("s"), service, "127.0.0.1:0", registry=registries, metadata=md)
+                assert str(at_update.value) == str(at_serve.value)
+            assert etcd_records() == before  # nothing written
+            handle.update_metadata({"weight": 7})  # a good one reaches both
+            wait_until(lambda: '"weight":7' in etcd_records().replace(" ", ""), 10, what="etcd has the new weight")
+            wait_until(lambda: agent.health(service)[0]["Service"]["Meta"].get("weight") == "7", 10,
+                       what="Consul has the new weight")
+        finally:
+            handle.stop()

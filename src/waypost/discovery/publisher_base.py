@@ -63,6 +63,11 @@ class PublisherBase:
     def _checked_metadata(self, metadata: Mapping[str, Any] | None) -> Any:
         raise NotImplementedError
 
+    def check_metadata(self, metadata: Mapping[str, Any] | None) -> None:
+        """Raise TypeError/ValueError, naming what is wrong, if this registration cannot carry ``metadata``
+        (what the constructor and ``update_metadata`` refuse); write nothing."""
+        self._checked_metadata(metadata)
+
     # -- state ---------------------------------------------------------------------------------------
 
     @property

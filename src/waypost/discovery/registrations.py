@@ -8,7 +8,7 @@
 - a list of them -> ``MultiPublisher`` over one of each;
 - None -> ``NoRegistration``: nothing is written anywhere (inside Kubernetes: the readiness probe decides).
 
-Every one has the same interface (start / stop / pause / resume / update_metadata, their ``a*`` twins, ``key``,
+Every one has the same interface (start / stop / pause / resume / update_metadata / check_metadata, their ``a*`` twins, ``key``,
 ``registered``, ``outage``), so ``serve()``'s lifecycle is the same whatever the registry.
 
 ``MultiPublisher`` (the usual advice for a registry outage: two registries backing each other up): the instance is
@@ -162,7 +162,14 @@ class MultiPublisher:
     def resume(self) -> None:
         self._run(self._start(resume=True))
 
+    def check_metadata(self, metadata: Mapping[str, Any] | None) -> None:
+        """Raise TypeError/ValueError if any registry cannot carry ``metadata`` (Consul limits keys and value
+        lengths, for one): it is written to all of them or to none, so they never disagree."""
+        for m in self.members:
+            m.check_metadata(metadata)
+
     def update_metadata(self, metadata: Mapping[str, Any] | None) -> None:
+        self.check_metadata(metadata)  # before any registry is written: the same refusal as at serve()
         self._run(self._each("aupdate_metadata", None, metadata))
 
     async def astart(self) -> MultiPublisher:
@@ -179,6 +186,7 @@ class MultiPublisher:
         await on_control_loop(self._start(resume=True))
 
     async def aupdate_metadata(self, metadata: Mapping[str, Any] | None) -> None:
+        self.check_metadata(metadata)
         await on_control_loop(self._each("aupdate_metadata", None, metadata))
 
     def __enter__(self) -> MultiPublisher:  # noqa: PYI034
@@ -297,6 +305,9 @@ class NoRegistration:
         pass
 
     stop = pause = resume = start
+
+    def check_metadata(self, metadata: Any) -> None:
+        pass  # nothing is written: any metadata is as good as none
 
     def update_metadata(self, metadata: Any) -> None:
         pass
