@@ -7,8 +7,8 @@ from __future__ import annotations
 import threading
 import time
 from collections.abc import Iterator
-from typing import Any
 from concurrent import futures
+from typing import Any
 
 import grpc
 import pytest
