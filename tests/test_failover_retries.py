@@ -5,9 +5,9 @@ real sync and aio channels."""
 from __future__ import annotations
 
 import asyncio
-import logging
 import threading
 import time
+import warnings
 
 import grpc
 import pytest
@@ -175,33 +175,33 @@ def test_sigkill_aio_without_policy_fails_only_calls_in_flight_and_with_retries_
 # ---- service-config traps -----------------------------------------------------------------------
 
 
-def test_retry_policy_without_unavailable_warns_once_at_parse(caplog):
-    caplog.set_level(logging.WARNING, logger="waypost.service_config")
+def test_retry_policy_without_unavailable_warns_at_parse():
     cfg = {"methodConfig": [{"name": [{}], "retryPolicy": {
         "maxAttempts": 3, "initialBackoff": "0.1s", "maxBackoff": "1s", "backoffMultiplier": 2,
         "retryableStatusCodes": ["DATA_LOSS", "RESOURCE_EXHAUSTED"]}}]}
-    parse_service_config(cfg)
-    parse_service_config(cfg)
-    lines = [r.getMessage() for r in caplog.records if r.levelno == logging.WARNING]
+    with pytest.warns(waypost.ConfigWarning) as got:
+        parse_service_config(cfg)
+    lines = [str(w.message) for w in got if issubclass(w.category, waypost.ConfigWarning)]
     assert lines == [("waypost: service config: methodConfig[0].retryPolicy.retryableStatusCodes: [DATA_LOSS, "
                      "RESOURCE_EXHAUSTED] lacks UNAVAILABLE: retries will not move a call off a dead backend "
                      "(a backend that is down or restarting fails calls with UNAVAILABLE)")]
+    assert got[0].filename == __file__  # attributed to the caller, not to waypost's parser
 
 
-def _name_warnings(caplog) -> list[str]:
-    return [r.getMessage() for r in caplog.records
-            if r.name == "waypost.service_config" and r.levelno == logging.WARNING and "matches" in r.getMessage()]
+def _name_warnings(got) -> list[str]:
+    return [str(w.message) for w in got if issubclass(w.category, waypost.ConfigWarning) and "matches" in str(w.message)]
 
 
-def test_method_config_name_without_package_warns_once_with_did_you_mean_sync(caplog):
-    caplog.set_level(logging.WARNING, logger="waypost.service_config")
+def test_method_config_name_without_package_warns_once_with_did_you_mean_sync():
     cfg = {"methodConfig": [{"name": [{"service": "Echo"}], "timeout": "5s"},
                             {"name": [{"service": ECHO, "method": "unary"}], "timeout": "5s"}]}
-    with echo_servers("s") as servers, waypost.dial(direct(servers), service_config=cfg) as ch:
-        for _ in range(3):  # stubs built again and again, calls made: still one line per name
-            stub = echo_pb2_grpc.EchoStub(ch)
-            assert stub.Unary(Req(), timeout=20).server == "s"
-    lines = _name_warnings(caplog)
+    with warnings.catch_warnings(record=True) as got:
+        warnings.simplefilter("always")  # every warning given, so "once per channel" is waypost's own doing
+        with echo_servers("s") as servers, waypost.dial(direct(servers), service_config=cfg) as ch:
+            for _ in range(3):  # stubs built again and again, calls made: still one warning per name
+                stub = echo_pb2_grpc.EchoStub(ch)
+                assert stub.Unary(Req(), timeout=20).server == "s"
+    lines = _name_warnings(got)
     assert sorted(lines) == sorted([
         (f"waypost: direct:///{servers[0].address}: service config methodConfig[0].name[0] 'Echo' matches no "
         f"method called on this channel; did you mean '{ECHO}'?"),
@@ -210,21 +210,24 @@ def test_method_config_name_without_package_warns_once_with_did_you_mean_sync(ca
     ]), lines
 
 
-def test_method_config_name_matching_nothing_warns_after_the_first_methods_aio(caplog):
-    caplog.set_level(logging.WARNING, logger="waypost.service_config")
+def test_method_config_name_matching_nothing_warns_after_the_first_methods_aio():
     cfg = {"methodConfig": [{"name": [{"service": "nope.Svc"}], "timeout": "5s"},
                             {"name": [{"service": ECHO}], "timeout": "5s"}]}
+    seen: list[list[str]] = []
 
     async def main() -> None:
         async with waypost.aio.dial("direct:///127.0.0.1:1", service_config=cfg) as ch:
             echo_pb2_grpc.EchoStub(ch)
-            assert _name_warnings(caplog) == []  # too early to say
+            seen.append(_name_warnings(got))  # too early to say
             for i in range(CHECK_AFTER + 5):
                 ch.unary_unary(f"/other.Svc/M{i}")
             echo_pb2_grpc.EchoStub(ch)
 
-    asyncio.run(asyncio.wait_for(main(), 30))
-    assert _name_warnings(caplog) == [
+    with warnings.catch_warnings(record=True) as got:
+        warnings.simplefilter("always")
+        asyncio.run(asyncio.wait_for(main(), 30))
+    assert seen == [[]]
+    assert _name_warnings(got) == [
         (f"waypost: direct:///127.0.0.1:1: service config methodConfig[0].name[0] 'nope.Svc' matches none of the "
         f"{CHECK_AFTER} methods called on this channel so far (names are 'package.Service' and 'Method', as in "
         "the .proto)")]

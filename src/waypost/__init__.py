@@ -4,7 +4,8 @@ The public API is re-exported here; everything else is private by convention.
 
 Servers: ``serve`` / ``serve_async`` (bind, start, register, drain on SIGTERM), or ``Publisher`` by hand.
 Clients: ``dial`` (a ``grpc.Channel``), ``aio.dial`` (a ``grpc.aio.Channel``), ``hash_key``; ``Subscriber``
-for the raw backend list. Registries: ``connect``. Custom load-balancing policies: ``Policy``, ``Picker``,
+for the raw backend list. Registries: ``connect``. Errors: ``WaypostError`` and its subclasses; valid but
+suspicious configuration (a service-config name matching no method, ...) is a ``ConfigWarning``. Custom load-balancing policies: ``Policy``, ``Picker``,
 ``PickInfo``, ``PickResult``, ``Outcome``, ``PickError``, ``register_policy`` (docs/custom-policies.md).
 """
 
@@ -15,6 +16,7 @@ from typing import TYPE_CHECKING
 
 from .errors import (
     Compacted,
+    ConfigWarning,
     InvalidServiceConfig,
     InvalidTarget,
     NoBackendAvailable,
@@ -116,6 +118,7 @@ __all__ = [
     "Backend",
     "BindError",
     "Compacted",
+    "ConfigWarning",
     "ConsulPublisher",
     "InvalidServiceConfig",
     "InvalidTarget",

@@ -6,6 +6,9 @@ Every error a user can cause carries a message that names what was wrong.
 from __future__ import annotations
 
 import difflib
+import os
+import sys
+import warnings
 from collections.abc import Iterable
 
 
@@ -53,6 +56,32 @@ class InvalidServiceConfig(WaypostError, ValueError):
 
 class NoBackendAvailable(WaypostError):
     """No backend can take a call."""
+
+
+class ConfigWarning(UserWarning):
+    """A setting of the program's own configuration that is valid but almost certainly not what was meant
+    (a service-config ``methodConfig`` name that matches no method, a retry policy that cannot move a call
+    off a dead backend, ...). Raised through :mod:`warnings`: shown once per place by default, and turned into
+    an error by ``-W error::waypost.ConfigWarning`` (a test suite's filters). Conditions of the running
+    system (a backend down, the registry unreachable) are logged instead."""
+
+
+_PACKAGE_DIR = os.path.dirname(os.path.abspath(__file__)) + os.sep
+
+
+def warn_config(message: str) -> None:
+    """``warnings.warn(message, ConfigWarning)`` attributed to the first caller outside waypost (and outside
+    generated ``*_pb2_grpc.py`` stubs): the user's ``dial(...)`` or stub construction, so the warning names
+    that line and the default filter shows it once per line."""
+    level = 1
+    frame = sys._getframe(1)
+    while frame is not None:
+        name = frame.f_code.co_filename
+        if not (os.path.abspath(name).startswith(_PACKAGE_DIR) or name.endswith("_pb2_grpc.py")):
+            break
+        frame = frame.f_back  # type: ignore[assignment]
+        level += 1
+    warnings.warn(message, ConfigWarning, stacklevel=level + 1)
 
 
 # Helpers that word the messages of the errors above, shared by every parser of user input (service

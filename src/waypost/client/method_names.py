@@ -9,17 +9,16 @@ its service when it is built), never per call:
   gets "did you mean 'pkg.Greeter'?";
 - once ``CHECK_AFTER`` distinct methods have been seen: every name that matched none of them.
 
-Each warning is logged once per channel (WARNING, logger ``waypost.service_config``).
+Each name is reported once per channel, as a ``waypost.ConfigWarning`` (``warnings``: a mistake in the
+program's configuration, shown once per place by default) attributed to the code that built the stub.
 """
 
 from __future__ import annotations
 
-import logging
 import threading
 
+from ..errors import warn_config
 from ..service_config import ServiceConfig
-
-log = logging.getLogger("waypost.service_config")
 
 #: distinct methods after which names that matched none of them are reported
 CHECK_AFTER = 16
@@ -71,13 +70,13 @@ class MethodNameCheck:
                 self._checked_all = True
                 left, self._unmatched = dict(self._unmatched), {}
         for path, s, m, hint in hints:
-            log.warning("waypost: %s: service config %s %r matches no method called on this channel; "
-                        "did you mean %r?", self.target, path, _name(s, m), hint)
+            warn_config(f"waypost: {self.target}: service config {path} {_name(s, m)!r} matches no method called "
+                        f"on this channel; did you mean {hint!r}?")
         if due:
             for (s, m), path in left.items():
-                log.warning("waypost: %s: service config %s %r matches none of the %d methods called on this "
-                            "channel so far (names are 'package.Service' and 'Method', as in the .proto)",
-                            self.target, path, _name(s, m), CHECK_AFTER)
+                warn_config(f"waypost: {self.target}: service config {path} {_name(s, m)!r} matches none of the "
+                            f"{CHECK_AFTER} methods called on this channel so far (names are 'package.Service' and "
+                            "'Method', as in the .proto)")
 
     @staticmethod
     def _hint(s: str, m: str, service: str, method: str) -> str:

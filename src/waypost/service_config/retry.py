@@ -7,7 +7,7 @@ from typing import Any
 
 import grpc
 
-from ..errors import describe_value, did_you_mean
+from ..errors import describe_value, did_you_mean, warn_config
 from .fields import check_fields, duration, fail, number, positive_number
 from .model import RetryPolicy, RetryThrottling
 
@@ -27,8 +27,6 @@ _RETRY_UNSUPPORTED = ("perAttemptRecvTimeout",)
 _THROTTLE_FIELDS = ("maxTokens", "tokenRatio")
 
 _CODES_BY_NAME = {code.name: code for code in grpc.StatusCode}
-_warned: set[str] = set()  # warnings given once per process (bounded: one per distinct message)
-_WARNED_MAX = 256
 _CODES_BY_NUMBER = {code.value[0]: code for code in grpc.StatusCode}
 
 
@@ -53,8 +51,9 @@ def parse_retry_policy(value: Any, path: str) -> RetryPolicy:
     codes = _status_codes(value["retryableStatusCodes"], f"{path}.retryableStatusCodes")
     if grpc.StatusCode.UNAVAILABLE not in codes:
         names = ", ".join(sorted(c.name for c in codes))
-        warn_once(f"{path}.retryableStatusCodes: [{names}] lacks UNAVAILABLE: retries will not move a call off "
-                  "a dead backend (a backend that is down or restarting fails calls with UNAVAILABLE)")
+        warn_config(f"waypost: service config: {path}.retryableStatusCodes: [{names}] lacks UNAVAILABLE: retries "
+                    "will not move a call off a dead backend (a backend that is down or restarting fails calls "
+                    "with UNAVAILABLE)")
     return RetryPolicy(
         max_attempts=attempts,
         initial_backoff=initial,
@@ -62,15 +61,6 @@ def parse_retry_policy(value: Any, path: str) -> RetryPolicy:
         backoff_multiplier=multiplier,
         retryable_status_codes=codes,
     )
-
-
-def warn_once(message: str) -> None:
-    """A WARNING on ``waypost.service_config``, logged once per process for each distinct message."""
-    if message in _warned:
-        return
-    if len(_warned) < _WARNED_MAX:
-        _warned.add(message)
-    log.warning("waypost: service config: %s", message)
 
 
 def shortcut_retry_policy(retries: Any) -> RetryPolicy | None:
