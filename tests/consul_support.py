@@ -8,8 +8,13 @@
 * ``ConsulAgent``: ``consul agent -dev`` on free loopback ports (HTTP, server RPC, serf LAN/WAN; DNS and gRPC
   off), its data dir in a temporary directory; ``start()`` returns once ``/v1/status/leader`` names a leader;
   ``stop()``/``start()``/``restart()`` keep the same ports (a dev agent keeps no state across a restart: every
-  registration is gone, as after a crash of a real agent whose data dir was lost). Small synchronous helpers on
-  the HTTP API (stdlib urllib only, no waypost code) for the tests' "another client" view.
+  registration is gone, as after a crash of a real agent whose data dir was lost). ``persistent=True``: a real
+  single-server agent instead (``-server -bootstrap-expect=1``, its data dir kept across restarts: services,
+  checks and the catalog survive, as in production). Small synchronous helpers on the HTTP API (stdlib urllib
+  only, no waypost code) for the tests' "another client" view.
+* ``HealthProxy``: a small HTTP server in this process in front of an agent, answering the health endpoint
+  with other bodies first (what a proxy or another server at the agent's address would answer), forwarding
+  everything else (and, once told to, the health endpoint too) to the real agent.
 
 Every process here is started by this module and stopped by it by its PID (SIGTERM, SIGKILL after a bound).
 """
@@ -118,8 +123,10 @@ class ConsulAgent:
     def __init__(self, base_dir: str | os.PathLike[str] | None = None, *, datacenter: str = "dc1",
                  node: str = "waypost-test", binary: str | os.PathLike[str] | None = None,
                  ready_timeout: float = 30.0, acl_token: str | None = None,
-                 tls_files: tuple[str, str, str] | None = None, dns: bool = False) -> None:
+                 tls_files: tuple[str, str, str] | None = None, dns: bool = False, persistent: bool = False) -> None:
         self.acl_token = acl_token
+        #: a server agent keeping its data dir across restarts (not -dev)
+        self.persistent = persistent
         #: Consul's DNS interface on this loopback port (UDP and TCP), with ``dns``; -1: off
         self.dns_port = free_port() if dns else -1
         #: (CA, certificate, key): serve HTTPS too, on ``https_port``, requiring client certificates
@@ -161,8 +168,10 @@ class ConsulAgent:
         return self.proc is not None and self.proc.poll() is None
 
     def command(self) -> list[str]:
+        mode = ["-server", "-bootstrap-expect=1", "-hcl", "performance { raft_multiplier = 1 }",
+                "-hcl", "disable_update_check = true"] if self.persistent else ["-dev"]
         cmd = [
-            str(self.binary), "agent", "-dev", "-bind=127.0.0.1", "-client=127.0.0.1",
+            str(self.binary), "agent", *mode, "-bind=127.0.0.1", "-client=127.0.0.1",
             f"-http-port={self.http_port}", f"-dns-port={self.dns_port}", "-grpc-port=-1",
             f"-server-port={self.server_port}", f"-serf-lan-port={self.serf_lan_port}",
             f"-serf-wan-port={self.serf_wan_port}", f"-data-dir={self.dir / 'data'}",
@@ -190,7 +199,8 @@ class ConsulAgent:
         if self.running:
             return self
         binary = self.binary  # build (or fail) before starting anything
-        shutil.rmtree(self.dir / "data", ignore_errors=True)  # -dev keeps nothing anyway
+        if not self.persistent:
+            shutil.rmtree(self.dir / "data", ignore_errors=True)  # -dev keeps nothing anyway
         started = time.monotonic()
         with open(self.log_path, "ab") as logf:
             logf.write(f"\n===== start {time.strftime('%H:%M:%S')} =====\n".encode())
@@ -240,7 +250,8 @@ class ConsulAgent:
             proc.wait(10)
 
     def restart(self, down_s: float = 0.0, kill: bool = False) -> None:
-        """Stop, stay down ``down_s`` s, start on the same ports; every registration is lost (-dev)."""
+        """Stop, stay down ``down_s`` s, start on the same ports; every registration is lost (-dev) or kept
+        (``persistent``)."""
         self.stop(kill=kill)
         if down_s > 0:
             time.sleep(down_s)
@@ -319,6 +330,93 @@ class ConsulAgent:
     def check(self, check_id: str, status: str) -> None:
         """Set a TTL check's status (``pass``, ``warn``, ``fail``)."""
         self.put(f"/v1/agent/check/{status}/{urllib.parse.quote(check_id)}")
+
+
+# ------------------------------------------------------------------------------------- a wrong server in front
+
+
+class HealthProxy:
+    """An HTTP server on 127.0.0.1 (a thread of this process) standing at an agent's address.
+
+    ``GET /v1/health/service/...`` is answered with ``bodies`` (cycled, status 200, an ``X-Consul-Index``
+    of ``index``) while ``mode`` is ``"bad"``; with ``"mix"`` it is forwarded without its blocking
+    parameters (so every query answers at once) and ``extra`` entries are appended to the real list; with
+    ``"forward"`` it is forwarded as it is. Every other request is always forwarded. ``health_requests``
+    counts the health requests seen."""
+
+    def __init__(self, upstream: tuple[str, int], bodies: list[bytes], *, index: int = 7) -> None:
+        import http.server
+        import threading
+
+        self.upstream = upstream
+        self.bodies = list(bodies)
+        self.index = index
+        self.mode = "bad"
+        self.extra: list[Any] = []
+        self.health_requests = 0
+        proxy = self
+
+        class Handler(http.server.BaseHTTPRequestHandler):
+            protocol_version = "HTTP/1.1"
+
+            def log_message(self, *args: Any) -> None:
+                pass
+
+            def _answer(self, status: int, body: bytes, headers: dict[str, str]) -> None:
+                self.send_response(status)
+                for k, v in headers.items():
+                    self.send_header(k, v)
+                self.send_header("Content-Length", str(len(body)))
+                self.end_headers()
+                with contextlib.suppress(OSError):  # the client went away meanwhile (a closed channel)
+                    self.wfile.write(body)
+
+            def _forward(self, path: str) -> tuple[int, bytes, dict[str, str]]:
+                length = int(self.headers.get("Content-Length") or 0)
+                data = self.rfile.read(length) if length else None
+                req = urllib.request.Request(f"http://{proxy.upstream[0]}:{proxy.upstream[1]}{path}", data=data,
+                                             method=self.command)
+                try:
+                    with urllib.request.urlopen(req, timeout=120) as resp:
+                        return resp.status, resp.read(), {k: v for k, v in resp.headers.items()
+                                                          if k.lower().startswith("x-consul")}
+                except urllib.error.HTTPError as e:
+                    return e.code, e.read(), {}
+                except OSError as e:
+                    return 502, str(e).encode(), {}
+
+            def _handle(self) -> None:
+                path = self.path
+                if path.startswith("/v1/health/service/") and self.command == "GET":
+                    proxy.health_requests += 1
+                    mode = proxy.mode
+                    if mode == "bad":
+                        body = proxy.bodies[(proxy.health_requests - 1) % len(proxy.bodies)]
+                        return self._answer(200, body, {"Content-Type": "application/json",
+                                                        "X-Consul-Index": str(proxy.index)})
+                    if mode == "mix":
+                        url = urllib.parse.urlsplit(path)
+                        query = [(k, v) for k, v in urllib.parse.parse_qsl(url.query) if k not in ("index", "wait")]
+                        status, body, headers = self._forward(f"{url.path}?{urllib.parse.urlencode(query)}")
+                        if status == 200:
+                            body = json.dumps(json.loads(body) + proxy.extra).encode()
+                        return self._answer(status, body, headers)
+                self._answer(*self._forward(path))
+
+            do_GET = do_PUT = _handle
+
+        self.server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), Handler)
+        self.server.daemon_threads = True
+        self.port = self.server.server_address[1]
+        self.address = f"127.0.0.1:{self.port}"
+        self._thread = threading.Thread(target=self.server.serve_forever, kwargs={"poll_interval": 0.1},
+                                        name="test-consul-health-proxy", daemon=True)
+        self._thread.start()
+
+    def close(self) -> None:
+        self.server.shutdown()
+        self.server.server_close()
+        self._thread.join(5)
 
 
 if __name__ == "__main__":  # build (or find) the binary: python -m tests.consul_support

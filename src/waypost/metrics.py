@@ -29,6 +29,11 @@ watch_reloads_total{key,reason}              counter    subscriber reloads (reas
 registry_store_resets_total                  counter    etcd stores found gone back in time (emptied/restored)
 lease_reregistrations_total{key}             counter    publishers registered again after losing their lease
 registrations_restored_total{key}            counter    publisher records put back after an outside delete
+resolver_errors_total{target,reason}         counter    failed reads of a consul:// target's agent, by reason:
+                                                        unavailable, refused, malformed (an answer that is not
+                                                        the registry's: kept the last list, retried),
+                                                        malformed_entry (entries skipped in an answer otherwise
+                                                        used), error (anything else)
 publisher_registered{key,registry}           gauge      1 while every publisher of the key in this process is
                                                         registered there, else 0 (read from the publishers at scrape
                                                         time; one series per registry with several registries)
@@ -158,10 +163,14 @@ class PrometheusObserver:
                                           registry=r)
         self.restored = pc.Counter("waypost_registrations_restored",
                                    "Publisher records put back after an outside delete", ["key"], registry=r)
+        self.resolver_errors = pc.Counter("waypost_resolver_errors",
+                                          "Failed reads of a resolver's source (the last list is kept)",
+                                          ["target", "reason"], registry=r)
         self._live = _LiveCollector(self)
         r.register(self._live)
         self._all = [self.requests, self.failures, self.latency, self.ejections, self.rebuilds, self.reconnects,
-                     self.store_resets, self.reloads, self.reregistrations, self.restored, self._live]
+                     self.store_resets, self.reloads, self.reregistrations, self.restored, self.resolver_errors,
+                     self._live]
         self._all.append(_register_publisher_collector(r))
         self._discovery = _DiscoveryCollector()
         r.register(self._discovery)
@@ -221,6 +230,11 @@ class PrometheusObserver:
 
     def registration_restored(self, key: str) -> None:
         self.restored.labels(key).inc()
+
+    def resolver_error(self, target: str, reason: str) -> None:
+        """A resolver's read of ``target``'s source failed (``reason``: unavailable, refused, malformed,
+        malformed_entry, error)."""
+        self.resolver_errors.labels(self.target_label(target), reason).inc()
 
     def unregister(self) -> None:
         for m in self._all:

@@ -18,8 +18,10 @@ coroutine holding a socket, next to the etcd watches and the k8s informers. The 
 Every request has a timeout: ``timeout`` seconds for a plain one, ``wait * 17/16 + timeout`` for a blocking
 one (Consul adds up to wait/16 of jitter). Errors: unreachable, timed out, 502/503/504 or "No cluster leader"
 -> ``RegistryUnavailable``; 403 -> ``PermissionDenied`` with a hint on the ACL rule needed; 404 ->
-``ConsulNotFound``; a failed TLS handshake -> ``ConsulTLSError`` (a RegistryUnavailable); any other non-200 -> ``RegistryError`` with Consul's message. The ACL token goes in
-``X-Consul-Token`` and never into a message.
+``ConsulNotFound``; a failed TLS handshake -> ``ConsulTLSError`` (a RegistryUnavailable); any other non-200 ->
+``RegistryError`` with Consul's message; a 200 whose body is not JSON (or, for the health API, not a list) ->
+``MalformedAnswer``. A timeout says how far the request got: no connection, a connection and no answer, or
+an answer that did not finish. The ACL token goes in ``X-Consul-Token`` and never into a message.
 
 The client makes its aiohttp session on first use, on the running loop (use one client from one loop);
 ``close()`` closes it (a later request opens a new one).
@@ -148,6 +150,27 @@ class ConsulNotFound(RegistryError):
     """Consul answered 404: no such service or check (on the local agent), or no such endpoint."""
 
 
+class MalformedAnswer(RegistryError):
+    """The agent's address answered 200 with something that is not Consul's answer to the request (not JSON,
+    not the JSON type asked for, every entry malformed): a proxy or another server in the way, or a broken
+    agent. A resolver keeps its last list and retries."""
+
+
+def _connected_trace() -> Any:
+    """An aiohttp trace that marks a request's ``trace_request_ctx`` dict once it has a connection: a timeout
+    can then say whether the agent accepted the connection (and did not answer) or never took it."""
+    import aiohttp
+
+    async def connected(_session: Any, ctx: Any, _params: Any) -> None:
+        if isinstance(ctx.trace_request_ctx, dict):
+            ctx.trace_request_ctx["connected"] = True
+
+    trace = aiohttp.TraceConfig()
+    trace.on_connection_create_end.append(connected)
+    trace.on_connection_reuseconn.append(connected)
+    return trace
+
+
 def _quote(segment: str) -> str:
     return urllib.parse.quote(segment, safe="")
 
@@ -194,7 +217,8 @@ class ConsulClient:
         if self._session is None or self._session.closed:
             connector = aiohttp.TCPConnector(ssl=self._ssl_context() or False, limit=0)
             self._session = aiohttp.ClientSession(connector=connector, base_url=self.config.base_url,
-                                                  headers={"User-Agent": "waypost"})
+                                                  headers={"User-Agent": "waypost"},
+                                                  trace_configs=[_connected_trace()])
         return self._session
 
     async def close(self) -> None:
@@ -220,16 +244,24 @@ class ConsulClient:
         session = self._get_session()
         data = None if body is None else json.dumps(body, separators=(",", ":"))
         client_timeout = aiohttp.ClientTimeout(total=limit, sock_connect=min(limit, self.timeout))
+        progress: dict[str, bool] = {}
         try:
             async with session.request(method, path, params=list(params), data=data, headers=self._headers(),
-                                       timeout=client_timeout) as resp:
+                                       timeout=client_timeout, trace_request_ctx=progress) as resp:
+                progress["answered"] = True
                 raw = await resp.read()
                 status, headers = resp.status, resp.headers
         except asyncio.CancelledError:
             raise
         except asyncio.TimeoutError:
-            raise RegistryUnavailable(f"consul agent at {self.config.base_url}: {what} timed out after "
-                                      f"{limit:g}s") from None
+            if progress.get("answered"):
+                how = "started answering but did not finish"
+            elif progress.get("connected"):
+                how = "accepted the connection but did not answer"
+            else:
+                how = "did not accept a connection"
+            raise RegistryUnavailable(f"consul agent at {self.config.base_url} {how} within {limit:g}s "
+                                      f"({what})") from None
         except (aiohttp.ClientSSLError, ssl.SSLError) as e:
             raise ConsulTLSError(f"consul agent at {self.config.base_url}: TLS failed ({what}): "
                                  f"{str(e) or type(e).__name__}") from None
@@ -244,8 +276,8 @@ class ConsulClient:
         try:
             return headers, json.loads(text)
         except ValueError:
-            raise RegistryError(f"consul agent at {self.config.base_url}: {what} answered non-JSON: "
-                                f"{text[:200]!r}") from None
+            raise MalformedAnswer(f"malformed answer from consul at {self.config.base_url}: {what}: not JSON: "
+                                  f"{text[:200]!r}") from None
 
     def _http_error(self, status: int, raw: bytes, what: str) -> Exception:
         message = raw.decode(errors="replace").strip()[:400] or f"HTTP {status}"
@@ -305,12 +337,14 @@ class ConsulClient:
         return headers.get("X-Consul-ContentHash", "") or str(body.get("ContentHash", "")), body
 
     async def health_service(self, name: str, *, index: int = 0, wait: float | None = None,
-                             tags: Iterable[str] = (), datacenter: str | None = None, passing: bool = True
-                             ) -> tuple[int, list[dict[str, Any]]]:
+                             tags: Iterable[str] = (), datacenter: str | None = None, passing: bool = True,
+                             timeout: float | None = None) -> tuple[int, list[Any]]:
         """``GET /v1/health/service/<name>``: the result's index (``X-Consul-Index``) and its entries (each
-        ``{"Node": ..., "Service": ..., "Checks": ...}``). With ``index`` > 0 and ``wait``, a blocking query.
+        ``{"Node": ..., "Service": ..., "Checks": ...}`` from Consul; the entries are not checked here:
+        ``waypost.consul.health.read_entries`` does that). With ``index`` > 0 and ``wait``, a blocking query.
         ``tags``: every one required; ``datacenter``: another datacenter than the agent's (default: the
-        config's ``datacenter``, else the agent's)."""
+        config's ``datacenter``, else the agent's). ``timeout`` bounds a non-blocking read instead of the
+        client's ``timeout``. ``MalformedAnswer`` when the body is not a JSON list."""
         params: list[tuple[str, str]] = []
         if passing:
             params.append(("passing", "1"))
@@ -322,8 +356,9 @@ class ConsulClient:
         if blocking:
             assert wait is not None
             params += [("index", str(index)), ("wait", _duration(min(wait, MAX_WAIT)))]
+        limit = self._blocking_timeout(wait) if blocking else (timeout or self.timeout)
         headers, body = await self.request("GET", f"/v1/health/service/{_quote(name)}", params=params,
-                                           timeout=self._blocking_timeout(wait if blocking else None),
+                                           timeout=limit,
                                            what=f"reading the instances of {name!r}")
         self.filtered_by_acls = headers.get("X-Consul-Results-Filtered-By-ACLs", "").lower() == "true"
         self.default_acl_policy = headers.get("X-Consul-Default-Acl-Policy", "")
@@ -332,7 +367,9 @@ class ConsulClient:
         except ValueError:
             new_index = 0
         if not isinstance(body, list):
-            raise RegistryError(f"consul agent at {self.config.base_url}: the instances of {name!r} are not a list")
+            raise MalformedAnswer(f"malformed answer from consul at {self.config.base_url}: the instances of "
+                                  f"{name!r} are a {'null' if body is None else type(body).__name__}, not a list: "
+                                  f"{str(body)[:120]!r}")
         return new_index, body
 
     def _blocking_timeout(self, wait: float | None) -> float:

@@ -16,6 +16,17 @@ On the control loop, one long poll at a time on the agent's health endpoint
    list is not pushed again), compared with the last index as in 3, and blocking resumes from there. (A
    blocking query with the old index would, against an agent restarted with less state, wait its whole
    ``wait`` before the lower index showed.)
+5. an answer that is not Consul's (not JSON, not a list, no well-formed entry: a proxy or another server at
+   the agent's address) is a failure like 4 (kept list, backoff, ``on_error``), counted in
+   ``waypost_resolver_errors_total{reason="malformed"}``; malformed entries beside well-formed ones are
+   skipped (each distinct problem logged once) and the rest is used;
+6. right after a reconnect (within ``settle`` s of the first good answer after a failure), an empty answer
+   does not replace a list that had instances until it has stayed empty for ``settle`` s: an agent back from
+   an outage longer than its TTL checks restores every instance as critical until their owners pass the
+   checks again. A non-empty answer is applied at once; outside that window an empty one is too.
+
+Until the first list, a read is bounded by less than what is left of a blocking start's ``timeout``, so the
+start's error names what went wrong (refused, no answer on an accepted connection, a malformed answer).
 
 Parameters: ``tag=a,b`` (every tag required: ``?tag=a&tag=b``), ``dc=NAME`` (another datacenter, through
 the agent), ``token=`` (else ``$CONSUL_HTTP_TOKEN``), ``tls=1``, ``cacert``, ``certfile``, ``keyfile``.
@@ -37,14 +48,14 @@ import concurrent.futures
 import logging
 import random
 import time
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Sequence
 from typing import Any
 
-from .. import _loop
-from ..consul.api import ConsulClient, ConsulTLSError, decode_meta, require_client
+from .. import _loop, metrics
+from ..consul.api import ConsulClient, ConsulTLSError, require_client
 from ..consul.config import TOKEN_ENV, from_target
-from ..errors import InvalidTarget, PermissionDenied, RegistryError, RegistryUnavailable
-from ..netutil import join_host_port
+from ..consul.health import MalformedAnswer, read_entries
+from ..errors import InvalidTarget, PermissionDenied, RegistryError, RegistryUnavailable, WaypostError
 from ..types import Backend
 from .base import OnError, OnUpdate, ResolverOptions, notify
 from .target import Target
@@ -57,17 +68,20 @@ FIRST_BACKOFF = 0.5
 MAX_BACKOFF = 10.0
 #: never two queries closer than this (Consul's "rate limit" advice for blocking clients)
 MIN_SPACING = 0.05
+#: after a reconnect, how long an empty answer must last before it empties a list that had instances
+SETTLE = 10.0
 
 
 class ConsulResolver:
     """Follows the passing instances of ``target`` (scheme consul); see the module docstring.
 
     ``timeout`` bounds a blocking start (sync dial) and every non-blocking request; ``wait`` is the blocking
-    query's wait. ``rng`` and ``clock`` are for tests.
+    query's wait; ``settle``: how long an empty answer right after a reconnect is held (see ``_hold``).
+    ``rng`` and ``clock`` are for tests.
     """
 
     def __init__(self, target: Target, options: ResolverOptions | None = None, *, timeout: float = 5.0,
-                 wait: float = WAIT, rng: random.Random | None = None,
+                 wait: float = WAIT, settle: float = SETTLE, rng: random.Random | None = None,
                  clock: Callable[[], float] = time.monotonic) -> None:
         require_client()
         options = options if options is not None else ResolverOptions()
@@ -84,6 +98,7 @@ class ConsulResolver:
         self.report_early = options.report_early
         self.timeout = timeout
         self.wait = wait
+        self.settle = settle
         self._rng = rng if rng is not None else random.Random()
         self._clock = clock
         self._future: concurrent.futures.Future[None] | None = None
@@ -91,11 +106,18 @@ class ConsulResolver:
         self._closed = False
         self._last: tuple[Backend, ...] | None = None
         self._last_error = ""
+        self._reconnected_at: float | None = None  # clock time of the first good answer after a failure
+        self._held_since: float | None = None  # an empty answer is being held since (see _hold)
+        self._warned: set[str] = set()  # the malformed-entry problems already logged
         # introspection (and tests)
         self.queries = 0
         self.failures = 0
         self.resets = 0
         self.pushes = 0
+        #: malformed entries skipped in answers otherwise used
+        self.malformed = 0
+        #: empty answers held after a reconnect
+        self.holds = 0
         #: whether the last answer may have left out instances for lack of ACL permission (warned on each change)
         self.acl_hidden = False
         self.index = 0
@@ -152,87 +174,169 @@ class ConsulResolver:
                 if spacing > 0:
                     await asyncio.sleep(spacing)
                 last_query = self._clock()
+                # everything from the request to the push is guarded: whatever the answer (or a bug of ours),
+                # the loop keeps the last list and tries again; it never ends before close()
                 try:
                     # after a failure, one immediate read (no wait): a Consul that went back in time (agent or
                     # servers restarted with less state) would otherwise hold a query with our old, higher
                     # index until its wait ends before the backwards index could be seen
                     index, entries = await client.health_service(
-                        self.service, index=self.index, wait=None if failures else self.wait,
-                        tags=self.tags, datacenter=self.datacenter)
+                        self.service, index=self.index, wait=None if failures else self._query_wait(),
+                        tags=self.tags, datacenter=self.datacenter, timeout=self._read_timeout(started))
+                    backends = self.backends(entries)
+                    self._answered(client, index, backends, failures, on_update)
                 except asyncio.CancelledError:
                     raise
                 except Exception as e:  # noqa: BLE001  # keep the last list, retry with backoff
                     failures += 1
-                    self.failures += 1
-                    msg = self._describe(e)
-                    # refusals a retry will not cure: a blocking start reports them at once
-                    refused = isinstance(e, PermissionDenied | ConsulTLSError) or (
-                        isinstance(e, RegistryError) and "no path to datacenter" in str(e).lower())
-                    if refused and not self._first.done():
-                        self._first.set_exception(RegistryUnavailable(msg))
-                    (log.warning if msg != self._last_error else log.debug)(
-                        "waypost: %s; %s", msg,
-                        "keeping the last instances" if self._last is not None else "no instances yet")
-                    self._last_error = msg
-                    if self.report_early or self._first.done() or self._clock() - started >= self.timeout:
-                        self._notify(on_error, msg)
+                    self._failed(e, started, on_error)
                     delay = min(FIRST_BACKOFF * 2 ** (failures - 1), MAX_BACKOFF)
                     await asyncio.sleep(delay * self._rng.uniform(0.8, 1.2))
                     continue
-                self.queries += 1
-                if failures:
-                    log.info("waypost: consul: reading %s works again", self._what())
-                    failures, self._last_error = 0, ""
-                if index < self.index:
-                    # Consul's advice: an index that goes backwards resets the loop
-                    log.info("waypost: consul: the index of %s went back from %d to %d: starting over",
-                             self._what(), self.index, index)
-                    self.resets += 1
-                    self.index = 0
-                else:
-                    self.index = max(index, 1)
-                # Consul answers 200 with the instances the token may not read left out (flagged), or nothing
-                # at all when it may not read the service (not flagged: only the default policy tells)
-                hidden = client.filtered_by_acls or (not entries and client.default_acl_policy == "deny")
-                if hidden and not self.acl_hidden:
-                    log.warning("waypost: consul: %s %s; with ACLs on (default policy %s) the token (%s) needs "
-                                "service:read on %r and node:read (give ?token= or set $%s)", self._what(),
-                                "has instances this token may not read" if client.filtered_by_acls
-                                else "has no instance this token can see", client.default_acl_policy or "?",
-                                "none given" if not self.config.effective_token() else "the one given",
-                                self.service, TOKEN_ENV)
-                self.acl_hidden = hidden
-                self._push(on_update, entries)
-                if not self._first.done():
-                    self._first.set_result(None)
+                failures = 0
         finally:
             await client.close()
 
+    def _read_timeout(self, started: float) -> float | None:
+        """The bound of a non-blocking read. Until the first list, shorter than what is left of a blocking
+        start's ``timeout``: a read that hangs then fails (saying how) before the start gives up, and the
+        start's error names it."""
+        if self._first.done():
+            return None
+        left = started + self.timeout - self._clock()
+        return max(0.8 * left, 0.1) if left > 0 else None
+
+    def _query_wait(self) -> float:
+        """A blocking query's wait: ``wait``, or, while an empty answer is held, what is left of the hold
+        (the answer after it confirms the empty list, unless the list changed meanwhile)."""
+        if self._held_since is None:
+            return self.wait
+        return min(self.wait, max(self._held_since + self.settle - self._clock(), 0.1))
+
+    def _failed(self, e: Exception, started: float, on_error: OnError) -> None:
+        self.failures += 1
+        msg = self._describe(e)
+        # refusals a retry will not cure: a blocking start reports them at once
+        refused = isinstance(e, PermissionDenied | ConsulTLSError) or (
+            isinstance(e, RegistryError) and "no path to datacenter" in str(e).lower())
+        if refused and not self._first.done():
+            self._first.set_exception(RegistryUnavailable(msg))
+        if isinstance(e, MalformedAnswer):
+            reason = "malformed"
+        elif refused:
+            reason = "refused"
+        elif isinstance(e, RegistryUnavailable):
+            reason = "unavailable"
+        else:
+            reason = "error"
+        obs = metrics.current
+        if obs is not None:
+            obs.resolver_error(self.target.raw or self.target.redacted, reason)
+        new = msg != self._last_error
+        (log.warning if new else log.debug)(
+            "waypost: %s; %s", msg, "keeping the last instances" if self._last is not None else "no instances yet",
+            exc_info=e if new and not isinstance(e, WaypostError) else None)  # not ours: show where
+        self._last_error = msg
+        if self.report_early or self._first.done() or self._clock() - started >= self.timeout:
+            self._notify(on_error, msg)
+
+    def _answered(self, client: ConsulClient, index: int, backends: tuple[Backend, ...], failures: int,
+                  on_update: OnUpdate) -> None:
+        """A good answer: follow its index, then push its list (or hold an empty one; see ``_hold``)."""
+        self.queries += 1
+        if failures:
+            log.info("waypost: consul: reading %s works again", self._what())
+            self._last_error = ""
+            self._reconnected_at = self._clock()
+        if index < self.index:
+            # Consul's advice: an index that goes backwards resets the loop
+            log.info("waypost: consul: the index of %s went back from %d to %d: starting over",
+                     self._what(), self.index, index)
+            self.resets += 1
+            self.index = 0
+        else:
+            self.index = max(index, 1)
+        # Consul answers 200 with the instances the token may not read left out (flagged), or nothing
+        # at all when it may not read the service (not flagged: only the default policy tells)
+        hidden = client.filtered_by_acls or (not backends and client.default_acl_policy == "deny")
+        if hidden and not self.acl_hidden:
+            log.warning("waypost: consul: %s %s; with ACLs on (default policy %s) the token (%s) needs "
+                        "service:read on %r and node:read (give ?token= or set $%s)", self._what(),
+                        "has instances this token may not read" if client.filtered_by_acls
+                        else "has no instance this token can see", client.default_acl_policy or "?",
+                        "none given" if not self.config.effective_token() else "the one given",
+                        self.service, TOKEN_ENV)
+        self.acl_hidden = hidden
+        if not self._hold(backends):
+            self._push(on_update, backends)
+        if not self._first.done():
+            self._first.set_result(None)
+
+    def _hold(self, backends: tuple[Backend, ...]) -> bool:
+        """Whether to keep the last list instead of this empty answer, just after a reconnect.
+
+        An agent that comes back after being down longer than its TTL checks restores every instance as
+        critical, and passes them only when their owners reach it again (a publisher's next pass, an HTTP
+        check's next run): for that moment the passing list is empty although nothing is gone. So within
+        ``settle`` s of a reconnect, an empty answer does not replace a non-empty list until it has stayed
+        empty for ``settle`` s (a blocking query bounded by what is left confirms it); any non-empty answer
+        is applied at once and ends the hold. Outside that window an empty answer is applied as it comes."""
+        if backends or not self._last:
+            self._held_since = None
+            return False
+        now = self._clock()
+        if self._held_since is None:
+            if self._reconnected_at is None or now - self._reconnected_at >= self.settle:
+                return False
+            self._held_since = now
+            self.holds += 1
+            log.info("waypost: consul: %s answered no passing instance right after a reconnect; keeping the "
+                     "last %d for up to %gs unless they come back", self._what(), len(self._last), self.settle)
+            return True
+        if now - self._held_since < self.settle:
+            return True
+        log.warning("waypost: consul: %s has had no passing instance for %gs since a reconnect: applying the "
+                    "empty list", self._what(), now - self._held_since)
+        self._held_since = None
+        return False
+
     def _describe(self, e: Exception) -> str:
         text = str(e) or type(e).__name__
+        if not isinstance(e, WaypostError):
+            text = f"{type(e).__name__}: {text}"
         return f"consul: reading the instances of {self._what()} failed: {text}"
 
-    def backends(self, entries: Sequence[Mapping[str, Any]]) -> tuple[Backend, ...]:
-        """The backends of health entries (sorted by address; one per address: the first by service ID)."""
+    def backends(self, entries: Sequence[Any]) -> tuple[Backend, ...]:
+        """The backends of health entries (sorted by address; one per address: the first by service ID).
+
+        Malformed entries are skipped (each distinct problem logged once); ``MalformedAnswer`` when there are
+        entries and every one is malformed (the answer is not Consul's: the last list is kept)."""
+        got = read_entries(entries)
+        if got.malformed:
+            problems = list(dict.fromkeys(got.malformed))
+            if not got.instances:
+                raise MalformedAnswer(f"malformed answer from consul at {self.config.base_url}: no entry of the "
+                                      f"{len(got.malformed)} is an instance ({'; '.join(problems)[:300]})")
+            self.malformed += len(got.malformed)
+            obs = metrics.current
+            if obs is not None:
+                obs.resolver_error(self.target.raw or self.target.redacted, "malformed_entry")
+            for problem in problems:
+                if problem not in self._warned:
+                    if len(self._warned) >= 64:
+                        self._warned.clear()
+                    self._warned.add(problem)
+                    log.warning("waypost: consul: skipping malformed entries in the answer for %s: %s",
+                                self._what(), problem)
+        for sid in got.unusable:
+            log.debug("waypost: consul: skipping instance %r of %s without a usable address", sid, self._what())
         by_address: dict[str, tuple[str, Backend]] = {}
-        for entry in entries:
-            svc = entry.get("Service") or {}
-            node = entry.get("Node") or {}
-            host = svc.get("Address") or node.get("Address") or ""
-            port = svc.get("Port")
-            if not host or not isinstance(port, int) or not 0 < port < 65536:
-                log.debug("waypost: consul: skipping instance %r of %s without a usable address",
-                          svc.get("ID"), self._what())
-                continue
-            address = join_host_port(host.strip("[]"), port)
-            sid = str(svc.get("ID") or "")
-            backend = Backend(address, decode_meta(svc.get("Meta"), svc.get("Tags")))
-            if address not in by_address or sid < by_address[address][0]:
-                by_address[address] = (sid, backend)
+        for inst in got.instances:
+            if inst.address not in by_address or inst.id < by_address[inst.address][0]:
+                by_address[inst.address] = (inst.id, Backend(inst.address, inst.metadata))
         return tuple(by_address[a][1] for a in sorted(by_address))
 
-    def _push(self, on_update: OnUpdate, entries: Sequence[Mapping[str, Any]]) -> None:
-        backends = self.backends(entries)
+    def _push(self, on_update: OnUpdate, backends: tuple[Backend, ...]) -> None:
         if backends == self._last:
             return
         out: Sequence[Backend] = list(backends)
