@@ -362,7 +362,17 @@ def watch_cmd(c: Ctx, key: str, fmt: str, exact: bool, duration: float | None, t
             for addr, meta in sorted(now.items()):
                 report("present", addr, meta)
 
-    if "://" in key:
+    def reachability(why: str | None, url: str) -> None:
+        """One line on stderr (and an event with --json) when the registry stops answering and when it is back."""
+        text = f"{why if 'unreachable' in why else f'{url} unreachable: {why}'}; showing the last list until it " \
+            "is back" if why else f"{url} is back"
+        c.err.print(f"{time.strftime('%H:%M:%S')} {text}", markup=False)
+        if c.as_json:
+            c.emit({"event": "registry_unreachable" if why else "registry_reachable", "key": key, "registry": url,
+                    "reason": why, "time": time.time()})
+        sys.stdout.flush()
+
+    if _is_target(key):
         _watch_target(c, key, timeout, duration, present, changed)
         return
     from .discovery import Subscriber
@@ -381,10 +391,19 @@ def watch_cmd(c: Ctx, key: str, fmt: str, exact: bool, duration: float | None, t
                 c.err.print(hint.replace("format=", "--format "), markup=False)
             sub.add_listener(lambda: changed(snapshot(sub)))
             changed(snapshot(sub))  # anything that changed between the snapshot and the listener
+            from ._inspect import follow_reachability
+
+            follow_reachability(c.registry(), key, lambda why: reachability(why, c.registry().url), stop)
             _wait(stop, duration)
         finally:
+            stop.set()  # ends the reachability thread
             sub.close()
     _exit_if_interrupted(stop)
+
+
+def _is_target(arg: str) -> bool:
+    """``watch`` and ``resolve``: a dial target has a scheme (``etcd:///...``); anything else is a key in --registry."""
+    return "://" in arg
 
 
 def _watch_target(c: Ctx, target: str, timeout: float, duration: float | None,
@@ -411,22 +430,6 @@ def _watch_target(c: Ctx, target: str, timeout: float, duration: float | None,
 # --------------------------------------------------------------------------------------------- register
 
 
-def _parse_meta(items: tuple[str, ...]) -> dict[str, Any]:
-    meta: dict[str, Any] = {}
-    for item in items:
-        k, sep, v = item.partition("=")
-        if not sep or not k:
-            raise click.ClickException(f"--meta {item!r}: expected k=v (example: --meta weight=20)")
-        try:
-            val: Any = json.loads(v)
-            if not isinstance(val, (int, float, bool)):
-                val = v
-        except ValueError:
-            val = v
-        meta[k] = val
-    return meta
-
-
 @app.command("register", short_help="Register ADDR under KEY until Ctrl-C.")
 @click.argument("key")
 @click.argument("addr")
@@ -448,7 +451,9 @@ def register_cmd(c: Ctx, key: str, addr: str, ttl: int, meta: tuple[str, ...], i
     host, port = split_host_port(addr, what="ADDR")
     if not host or port is None:
         raise click.ClickException(f"ADDR {addr!r}: expected host:port (example: 10.0.0.5:8080)")
-    metadata = _parse_meta(meta)
+    from ._inspect import parse_meta
+
+    metadata = parse_meta(meta)
     with _signals() as stop:
         pub = Publisher(c.registry(), key, addr, ttl=ttl, id=id_, metadata=metadata or None, format=fmt)
         pub.start()
@@ -474,7 +479,7 @@ def register_cmd(c: Ctx, key: str, addr: str, ttl: int, meta: tuple[str, ...], i
 # --------------------------------------------------------------------------------------------- resolve
 
 
-@app.command("resolve", short_help="What a client dialing TARGET would use.")
+@app.command("resolve", short_help="What a client dialing TARGET (or KEY) would use.")
 @click.argument("target")
 @click.option("--subset", "subset_size", default=32, show_default=True, type=click.IntRange(0),
               help="Subset size a client keeps (0: no subsetting).")
@@ -483,9 +488,15 @@ def register_cmd(c: Ctx, key: str, addr: str, ttl: int, meta: tuple[str, ...], i
 @_global_options
 @pass_ctx
 def resolve_cmd(c: Ctx, target: str, subset_size: int, client_id: str | None, timeout: float) -> None:
-    """Show what a client dialing TARGET would use: addresses, metadata and its subset."""
+    """Show what a client dialing TARGET would use: addresses, metadata and its subset.
+
+    TARGET is a dial target (etcd:///h:2379?key=greet.rpc, dns:///..., direct:///h:p) or a bare key in --registry."""
     from . import _inspect
 
+    if not _is_target(target):
+        from .resolver.target import target_for_registry
+
+        target = target_for_registry(c.registry(), target)
     result = _inspect.resolve(target, subset_size=subset_size, client_id=client_id, timeout=timeout)
     if c.as_json:
         c.emit(result)

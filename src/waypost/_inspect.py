@@ -232,3 +232,65 @@ def other_formats_hint(registry: Any, key: str, fmt: str, found: int, *, exact: 
     return (f"note: {sum(counts.values())} record(s) under {prefix!r} are in another wire format "
             f"({', '.join(f'{n} {f}' for f, n in sorted(counts.items()))}) than {fmt!r}, which found {found}: "
             f"try format={other}")
+
+
+#: how often ``waypost watch KEY`` checks that its registry still answers, and how long one check may take
+REACH_INTERVAL = 1.0
+REACH_TIMEOUT = 3.0
+
+
+def follow_reachability(registry: Any, key: str, on_change: Callable[[str | None], None],
+                        stop: threading.Event, *, interval: float = REACH_INTERVAL,
+                        timeout: float = REACH_TIMEOUT) -> threading.Thread:
+    """``waypost watch KEY`` through an outage: a thread that reads ``key`` (one key, keys only) every
+    ``interval`` seconds until ``stop`` is set, and calls ``on_change(why)`` when the registry stops answering
+    (``why``: its own account, such as "etcd at h:2379 unreachable: connection refused") and ``on_change(None)``
+    when it answers again: once per change, never per check."""
+    from . import _loop
+    from .registry.base import SyncRegistry
+
+    reader = SyncRegistry(registry, timeout=timeout)
+
+    def why_down(e: BaseException) -> str:
+        try:
+            why = _loop.run(registry.unreachable(), timeout)
+        except Exception:  # noqa: BLE001 -- a diagnosis only
+            why = None
+        return str(why or e or type(e).__name__)
+
+    def run() -> None:
+        down = False
+        while not stop.wait(interval):
+            try:
+                reader.get(key, keys_only=True, limit=1)
+            except Exception as e:  # noqa: BLE001 -- any failure to read is "unreachable" for this purpose
+                if not down and not stop.is_set():
+                    down = True
+                    on_change(why_down(e))
+                continue
+            if down:
+                down = False
+                on_change(None)
+
+    t = threading.Thread(target=run, name="waypost-watch-reachability", daemon=True)
+    t.start()
+    return t
+
+
+def parse_meta(items: Iterable[str]) -> dict[str, Any]:
+    """``--meta k=v`` options as metadata: numbers and booleans typed (``weight=20`` is the number 20)."""
+    import json
+
+    meta: dict[str, Any] = {}
+    for item in items:
+        k, sep, v = item.partition("=")
+        if not sep or not k:
+            raise ValueError(f"--meta {item!r}: expected k=v (example: --meta weight=20)")
+        try:
+            val: Any = json.loads(v)
+            if not isinstance(val, (int, float, bool)):
+                val = v
+        except ValueError:
+            val = v
+        meta[k] = val
+    return meta

@@ -1,0 +1,95 @@
+"""What a new user runs into first, against real etcd and real gRPC servers: `waypost resolve KEY`,
+`waypost watch KEY` through an etcd outage, a key with nothing registered, a bare etcd address dialed as a
+backend, a call that fails after its backend died."""
+
+from __future__ import annotations
+
+import json
+import queue
+import subprocess
+import sys
+import threading
+from pathlib import Path
+
+from click.testing import CliRunner
+
+import waypost
+from waypost._cli import app
+from waypost.etcd.local import LocalEtcd
+
+ROOT = Path(__file__).resolve().parents[1]
+
+
+def cli(*args: str):
+    return CliRunner().invoke(app, list(args), catch_exceptions=False)
+
+
+# ---------------------------------------------------------------------------------------- resolve KEY
+
+
+def test_resolve_takes_a_bare_key_in_the_registry_as_ls_and_watch_do(shared_etcd, unique_key):
+    url = shared_etcd.url()
+    with waypost.Publisher(url, unique_key, "127.0.0.1:9001", metadata={"weight": 3}):
+        res = cli("--registry", url, "--json", "resolve", unique_key)
+        assert res.exit_code == 0, res.output
+        out = json.loads(res.stdout)
+        assert out["scheme"] == "etcd" and out["key"] == unique_key
+        assert [(b["address"], b["metadata"]) for b in out["backends"]] == [("127.0.0.1:9001", {"weight": 3})]
+        # the same answer as the full target
+        full = json.loads(cli("--json", "resolve", f"etcd:///{shared_etcd.endpoint}?key={unique_key}").stdout)
+        assert full["backends"] == out["backends"]
+
+
+# ---------------------------------------------------------------------------------------- watch through an outage
+
+
+def _lines(proc: subprocess.Popen[str], into: queue.Queue[str]) -> None:
+    assert proc.stdout is not None
+    for line in proc.stdout:
+        into.put(line)
+
+
+def _next_event(lines: queue.Queue[str], event: str, timeout: float) -> dict:
+    """The next JSON line whose event is ``event`` (within ``timeout`` seconds per line)."""
+    while True:
+        try:
+            line = lines.get(timeout=timeout)
+        except queue.Empty:
+            raise AssertionError(f"no {event!r} event within {timeout}s") from None
+        obj = json.loads(line)
+        if obj["event"] == event:
+            return obj
+
+
+def test_watch_reports_the_registry_going_away_and_coming_back(tmp_path, unique_key):
+    node = LocalEtcd(1, base_dir=tmp_path / "etcd").start()
+    proc = None
+    try:
+        waypost.connect(node.url()).sync.put(f"{unique_key}/1", b"127.0.0.1:9001")  # no lease: survives restarts
+        proc = subprocess.Popen([sys.executable, "-m", "waypost.cli", "--registry", node.url(), "watch", unique_key,
+                                 "--json", "--for", "90"], stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                                text=True, cwd=ROOT)
+        lines: queue.Queue[str] = queue.Queue()
+        threading.Thread(target=_lines, args=(proc, lines), daemon=True).start()
+        present = _next_event(lines, "present", 30)
+        assert present["address"] == "127.0.0.1:9001"
+
+        node.members[0].stop()
+        down = _next_event(lines, "registry_unreachable", 30)
+        assert down["key"] == unique_key and down["registry"] == node.url()
+        assert "unreachable" in down["reason"] or "refused" in down["reason"].lower(), down
+
+        node.members[0].start()
+        up = _next_event(lines, "registry_reachable", 40)
+        assert up["reason"] is None
+        proc.terminate()
+        _, err = proc.communicate(timeout=30)
+        err_lines = [ln for ln in err.splitlines() if "unreachable" in ln or "is back" in ln]
+        assert len(err_lines) == 2, err  # one line when it went away, one when it came back
+        assert node.endpoint in err_lines[0] and "showing the last list" in err_lines[0], err_lines
+        assert err_lines[1].endswith(f"{node.url()} is back"), err_lines
+    finally:
+        if proc is not None and proc.poll() is None:
+            proc.kill()
+            proc.wait(10)
+        node.close()
