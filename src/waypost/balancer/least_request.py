@@ -1,7 +1,8 @@
 """least_request: power of ``choiceCount`` choices on the in-flight request count (gRPC A48).
 
 Each pick draws ``choiceCount`` backends at random (with replacement, as grpc-go does) and takes the
-one with the fewest calls in flight (the first drawn on ties). In-flight counts are kept in the
+one with the fewest calls in flight (the first drawn on ties). When the registered weights differ, (calls in
+flight + 1) / weight is compared instead (Envoy's weighted least request; ``weights.Capacity``); weight 0 drains. In-flight counts are kept in the
 policy by address, so they survive rebuilds, and a ``done`` from an older picker still decrements
 the right counter.
 
@@ -15,6 +16,7 @@ over the window; default off).
 
 from __future__ import annotations
 
+import logging
 import threading
 from collections.abc import Sequence
 from typing import Any
@@ -24,6 +26,9 @@ from ..types import Backend
 from . import method_costs, slow_start
 from .base import DoneHook, Outcome, Picker, PickInfo, PickResult, Policy, parse_config_object
 from .stats import StatsTable, dedupe
+from .weights import CapacityMemo, all_drained
+
+log = logging.getLogger("waypost.balancer.least_request")
 
 DEFAULT_CHOICE_COUNT = 2
 MIN_CHOICE_COUNT = 2
@@ -43,14 +48,24 @@ class _Inflight:
 
 class LeastRequestPicker(Picker):
     def __init__(self, policy: LeastRequestPolicy, backends: Sequence[Backend],
-                 counters: Sequence[_Inflight]) -> None:
+                 counters: Sequence[_Inflight], divisors: Sequence[int] | None = None, drained: int = 0) -> None:
         self._policy = policy
         self._backends = tuple(backends)
         self._counters = tuple(counters)
+        self._divisors = divisors  # registered weights (``weights.Capacity``); None: all equal
+        self._drained = drained
+
+    def _fewer(self, i: int, best: int) -> bool:
+        """Whether ``i`` has fewer calls in flight than ``best``; with weights, (calls + 1) / weight compared."""
+        d = self._divisors
+        ci, cb = self._counters[i].count, self._counters[best].count
+        return ci < cb if d is None else (ci + 1) * d[best] < (cb + 1) * d[i]
 
     def pick(self, info: PickInfo) -> PickResult:
         n = len(self._backends)
         if n == 0:
+            if self._drained:
+                raise all_drained(LeastRequestPolicy.name, self._drained)
             raise NoBackendAvailable("least_request: no READY backend")
         policy = self._policy
         rng = policy.rng
@@ -61,7 +76,7 @@ class LeastRequestPicker(Picker):
             best = rng.randrange(n)
             for _ in range(policy.choice_count - 1):
                 i = rng.randrange(n)
-                if counters[i].count < counters[best].count:
+                if self._fewer(i, best):
                     best = i
         counter = counters[best]
         cost = policy.costs.get(info.method, 1) if policy.costs else 1
@@ -89,7 +104,7 @@ class LeastRequestPicker(Picker):
             return i
         best = admitted[0]
         for i in admitted[1:]:
-            if self._counters[i].count < self._counters[best].count:
+            if self._fewer(i, best):
                 best = i
         return best
 
@@ -105,6 +120,7 @@ class LeastRequestPolicy(Policy):
         self.costs: dict[str, int] = dict(self.config.get(method_costs.FIELD, {}))
         self.slow_start = slow_start.SlowStart(float(self.config.get(slow_start.FIELD, 0.0)), self.rng)
         self._lock = threading.Lock()
+        self._capacity = CapacityMemo(log)
         self._counters: StatsTable[_Inflight] = StatsTable(
             lambda _b: _Inflight(self.slow_start.born(self.clock())))
 
@@ -131,11 +147,12 @@ class LeastRequestPolicy(Policy):
         return cfg
 
     def build(self, backends: Sequence[Backend]) -> Picker:
-        backends = dedupe(backends)
+        capacity = self._capacity.split(dedupe(backends))
+        backends = capacity.backends
         with self._lock:
             self.slow_start.on_build(self.clock(), len(backends))
             counters = self._counters.sync(backends)
-        return LeastRequestPicker(self, backends, counters)
+        return LeastRequestPicker(self, backends, counters, capacity.divisors, capacity.drained)
 
     def _done_hook(self, counter: _Inflight, cost: int = 1) -> DoneHook:
         def done(outcome: Outcome) -> None:

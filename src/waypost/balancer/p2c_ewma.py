@@ -42,6 +42,7 @@ from ..types import Backend
 from . import slow_start
 from .base import DoneHook, Outcome, Picker, PickInfo, PickResult, Policy, parse_config_object
 from .stats import StatsTable, dedupe, is_failure
+from .weights import CapacityMemo, all_drained
 
 log = logging.getLogger("waypost.balancer.p2c")
 
@@ -78,14 +79,19 @@ class P2CStats:
 
 
 class P2CPicker(Picker):
-    def __init__(self, policy: P2CEwmaPolicy, backends: Sequence[Backend], stats: Sequence[P2CStats]) -> None:
+    def __init__(self, policy: P2CEwmaPolicy, backends: Sequence[Backend], stats: Sequence[P2CStats],
+                 divisors: Sequence[int] | None = None, drained: int = 0) -> None:
         self._policy = policy
         self._backends = tuple(backends)
         self._stats = tuple(stats)
+        self._divisors = divisors  # registered weights (``weights.Capacity``); None: all equal
+        self._drained = drained
 
     def pick(self, info: PickInfo) -> PickResult:
         n = len(self._stats)
         if n == 0:
+            if self._drained:
+                raise all_drained(P2CEwmaPolicy.name, self._drained)
             raise NoBackendAvailable("p2c_ewma: no READY backend")
         policy = self._policy
         now = policy.clock()
@@ -125,7 +131,8 @@ class P2CPicker(Picker):
                     i1, s1 = i2, s2
                 s1.picked = now
                 return i1
-        if s1.load() > s2.load():
+        d = self._divisors
+        if (s1.load() > s2.load()) if d is None else (s1.load() * d[i2] > s2.load() * d[i1]):
             i1, i2, s1, s2 = i2, i1, s2, s1
         if now - s2.picked > FORCE_PICK:
             s2.picked = now
@@ -143,6 +150,7 @@ class P2CEwmaPolicy(Policy):
         super().__init__(config, **kwargs)
         self.slow_start = slow_start.SlowStart(float(self.config.get(slow_start.FIELD, 0.0)), self.rng)
         self._lock = threading.Lock()
+        self._capacity = CapacityMemo(log)
         self._stats: StatsTable[P2CStats] = StatsTable(
             lambda b: P2CStats(b.address, self.clock(), self.slow_start.born(self.clock())))
         self._current: tuple[P2CStats, ...] = ()
@@ -159,12 +167,13 @@ class P2CEwmaPolicy(Policy):
         return cfg
 
     def build(self, backends: Sequence[Backend]) -> Picker:
-        backends = dedupe(backends)
+        capacity = self._capacity.split(dedupe(backends))
+        backends = capacity.backends
         with self._lock:
             self.slow_start.on_build(self.clock(), len(backends))
             stats = self._stats.sync(backends)
             self._current = tuple(stats)
-        return P2CPicker(self, backends, stats)
+        return P2CPicker(self, backends, stats, capacity.divisors, capacity.drained)
 
     def _done_hook(self, st: P2CStats) -> DoneHook:
         def done(outcome: Outcome) -> None:

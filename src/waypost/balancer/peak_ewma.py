@@ -12,7 +12,8 @@ works with any backend:
 - between samples the estimate decays towards zero by the same ``w`` (evaluated when it is read; the
   stored value only changes on samples): a backend that lost its traffic because it was slow gets
   tried again after a while, and its next replies say whether it recovered;
-- ``load = estimate * (in flight + 1)``; an estimate decayed to zero with calls in flight counts as
+- ``load = estimate * (in flight + 1)``, divided by the backend's registered ``weight`` when the weights differ
+  (``weights.Capacity``: at equal latency traffic follows the weights; weight 0 drains); an estimate decayed to zero with calls in flight counts as
   ``PENALTY + in flight`` (as Finagle does), so that it does not attract every call before it answers;
 - a backend never measured (no call ended there yet) costs nothing while it has no call in flight, and
   ``PENALTY + in flight`` while it has (Finagle's rule for an endpoint without latency): a new backend gets
@@ -58,6 +59,7 @@ from ..types import Backend
 from . import method_costs, slow_start
 from .base import BackendSignal, DoneHook, Outcome, Picker, PickInfo, PickResult, Policy, parse_config_object
 from .stats import StatsTable, dedupe, is_failure
+from .weights import CapacityMemo, all_drained
 
 log = logging.getLogger("waypost.balancer.peak_ewma")
 
@@ -110,10 +112,29 @@ class PeakEwmaStats:
 
 
 class PeakEwmaPicker(Picker):
-    def __init__(self, policy: PeakEwmaPolicy, backends: Sequence[Backend], stats: Sequence[PeakEwmaStats]) -> None:
+    def __init__(self, policy: PeakEwmaPolicy, backends: Sequence[Backend], stats: Sequence[PeakEwmaStats],
+                 divisors: Sequence[int] | None = None, drained: int = 0) -> None:
         self._policy = policy
         self._backends = tuple(backends)
         self._stats = tuple(stats)
+        self._divisors = divisors  # registered weights (``weights.Capacity``); None: all equal
+        self._drained = drained
+
+    @property
+    def backends(self) -> tuple[Backend, ...]:
+        """The backends picked among (drained ones left out), in the order ``take`` indexes them."""
+        return self._backends
+
+    @property
+    def drained(self) -> int:
+        """How many READY backends were left out as drained (weight 0)."""
+        return self._drained
+
+    def _lighter(self, j: int, i: int, now: float, decay: float) -> bool:
+        """Whether backend ``j``'s load is below ``i``'s, each divided by its registered weight."""
+        lj, li = self._stats[j].load(now, decay), self._stats[i].load(now, decay)
+        d = self._divisors
+        return lj < li if d is None else lj * d[i] < li * d[j]
 
     def pick(self, info: PickInfo) -> PickResult:
         costs = self._policy.costs
@@ -126,6 +147,8 @@ class PeakEwmaPicker(Picker):
         under its own lock, which the line's extra text (``log_extra``) takes; it calls ``maybe_log`` after."""
         n = len(self._stats)
         if n == 0:
+            if self._drained:
+                raise all_drained(self._policy.name, self._drained)
             raise NoBackendAvailable("peak_ewma: no READY backend")
         policy = self._policy
         i = 0
@@ -142,9 +165,9 @@ class PeakEwmaPicker(Picker):
                     ai, aj = ramp.admits(si.born, now), ramp.admits(sj.born, now)
                     if ai != aj:  # one of the pair is ramping and not admitted: the other one
                         i = i if ai else j
-                    elif sj.load(now, decay) < si.load(now, decay):
+                    elif self._lighter(j, i, now, decay):
                         i = j
-                elif sj.load(now, decay) < si.load(now, decay):
+                elif self._lighter(j, i, now, decay):
                     i = j
             chosen = self._stats[i]
             chosen.inflight += cost
@@ -177,6 +200,7 @@ class PeakEwmaPolicy(Policy):
         self._start_rtt = self.default_rtt  # a new backend's estimate; set by build from its peers
         self._stats: StatsTable[PeakEwmaStats] = StatsTable(
             lambda b: PeakEwmaStats(b.address, self.clock(), self._start_rtt, self.slow_start.born(self.clock())))
+        self._capacity = CapacityMemo(log)
         self._log_stamp = self.clock()
         #: the statistics line's name, and more text per address (set by a policy built on this one)
         self.log_name = self.name
@@ -196,14 +220,15 @@ class PeakEwmaPolicy(Policy):
         return cfg
 
     def build(self, backends: Sequence[Backend]) -> Picker:
-        backends = dedupe(backends)
+        capacity = self._capacity.split(dedupe(backends))
+        backends = capacity.backends
         now = self.clock()
         with self._lock:
             peers = sorted(st.estimate(now, self.decay) for _, st in self._stats.items() if st.sampled)
             self._start_rtt = min(self.default_rtt, statistics.median(peers)) if peers else self.default_rtt
             self.slow_start.on_build(now, len(backends))
             stats = self._stats.sync(backends)
-        return PeakEwmaPicker(self, backends, stats)
+        return PeakEwmaPicker(self, backends, stats, capacity.divisors, capacity.drained)
 
     def _done_hook(self, st: PeakEwmaStats, cost: int = 1) -> DoneHook:
         def done(outcome: Outcome) -> None:

@@ -66,6 +66,7 @@ from .peak_ewma import FALLBACK_FIELDS as PEAK_FIELDS
 from .peak_ewma import PeakEwmaPicker, PeakEwmaPolicy
 from .prequal_pool import Probe, ProbePool
 from .stats import dedupe
+from .weights import all_drained
 
 log = logging.getLogger("waypost.balancer.prequal")
 
@@ -101,6 +102,8 @@ class PrequalPicker(Picker):
 
     def pick(self, info: PickInfo) -> PickResult:
         if not self._addresses:
+            if self._fallback.drained:
+                raise all_drained(PrequalPolicy.name, self._fallback.drained)
             raise NoBackendAvailable("prequal: no READY backend")
         policy = self._policy
         result, targets = policy._choose(self._index, self._addresses, self._fallback)
@@ -174,9 +177,10 @@ class PrequalPolicy(Policy):
         self._prober = prober
 
     def build(self, backends: Sequence[Backend]) -> Picker:
-        backends = dedupe(backends)
-        fallback = self.fallback.build(backends)
+        fallback = self.fallback.build(dedupe(backends))
         assert isinstance(fallback, PeakEwmaPicker)
+        # the fallback's backends: drained ones (weight 0) left out, in the order its ``take`` indexes them
+        backends = fallback.backends
         ready = frozenset(b.address for b in backends)
         with self._lock:
             self._ready = ready

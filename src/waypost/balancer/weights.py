@@ -29,7 +29,7 @@ import grpc
 
 from .base import PickError
 
-__all__ = ["DEFAULT_WEIGHT", "DRAINED", "all_drained", "parse_weight", "weight_of"]
+__all__ = ["DEFAULT_WEIGHT", "DRAINED", "Capacity", "CapacityMemo", "all_drained", "parse_weight", "weight_of"]
 
 #: the weight of a backend whose registration carries no (or an unparsable) ``weight``
 DEFAULT_WEIGHT = 100
@@ -114,3 +114,40 @@ class WeightMemo:
 
     def current(self) -> dict[str, int]:
         return {a: w for a, (_, w) in self._weights.items()}
+
+
+class Capacity:
+    """What the load-aware policies (peak_ewma, p2c_ewma, least_request, prequal) make of the weights of one build.
+
+    A registered weight is a capacity statement. These policies compare loads, so they honour it the way Envoy's
+    weighted least-request does: a backend's load is divided by its weight before two loads are compared. At
+    equal latency and with calls in flight, traffic then follows the weights (a backend of weight 2 is as loaded
+    as one of weight 1 when it carries twice the calls); a slow heavy backend still loses to a fast light one. With
+    sequential calls (nothing in flight) the heavier backend of each drawn pair wins, so light backends get less
+    than their share. Drained backends (weight 0) are left out of the picker while any backend has a positive
+    weight, as in the weighted policies.
+
+    ``backends``: the ones to pick among; ``divisors``: each one's weight, or None when all weights are equal
+    (loads are then compared as they are: an unweighted fleet is balanced exactly as without weights);
+    ``drained``: how many were left out (a picker with no backend and ``drained`` > 0 raises ``all_drained``).
+    """
+
+    __slots__ = ("backends", "divisors", "drained")
+
+    def __init__(self, backends: list[Any], divisors: tuple[int, ...] | None, drained: int) -> None:
+        self.backends = backends
+        self.divisors = divisors
+        self.drained = drained
+
+
+class CapacityMemo:
+    """``Capacity`` per build, each weight parsed (and a bad one logged) once per distinct metadata value."""
+
+    def __init__(self, log: Any) -> None:
+        self._memo = WeightMemo(log)
+
+    def split(self, backends: Any) -> Capacity:
+        weights = self._memo.update(backends)
+        kept = [b for b in backends if weights[b.address] > DRAINED]
+        divisors = tuple(weights[b.address] for b in kept)
+        return Capacity(kept, divisors if len(set(divisors)) > 1 else None, len(backends) - len(kept))
