@@ -4,6 +4,7 @@ backend, a call that fails after its backend died."""
 
 from __future__ import annotations
 
+import asyncio
 import json
 import queue
 import subprocess
@@ -11,9 +12,14 @@ import sys
 import threading
 from pathlib import Path
 
+import grpc
+import grpc.aio
 from click.testing import CliRunner
 
 import waypost
+import waypost.aio
+from tests.backends import echo_pb2, echo_pb2_grpc
+from tests.waiting import wait_until
 from waypost._cli import app
 from waypost.etcd.local import LocalEtcd
 
@@ -93,3 +99,39 @@ def test_watch_reports_the_registry_going_away_and_coming_back(tmp_path, unique_
             proc.kill()
             proc.wait(10)
         node.close()
+
+
+# ---------------------------------------------------------------------------------------- a key with nothing
+
+
+def _unavailable_details(stub) -> str:
+    try:
+        stub.Unary(echo_pb2.EchoRequest(), timeout=10)
+    except grpc.RpcError as e:
+        assert e.code() == grpc.StatusCode.UNAVAILABLE, e
+        return e.details()
+    raise AssertionError("the call succeeded")
+
+
+def test_a_key_with_nothing_registered_says_so_and_names_the_close_keys(etcd):
+    with waypost.Publisher(etcd.url(), "inventory.rpc", "127.0.0.1:9001"), \
+            waypost.Publisher(etcd.url(), "billing.rpc", "127.0.0.1:9002"):
+        with waypost.dial(f"etcd:///{etcd.endpoint}?key=inventry.rpc") as ch:
+            stub = echo_pb2_grpc.EchoStub(ch)
+            first = _unavailable_details(stub)
+            assert "nothing is registered under key 'inventry.rpc'" in first and "waypost ls" in first, first
+            # the registry's keys are read once, in the background: the close one is named soon after
+            details = wait_until(lambda: d if "did you mean" in (d := _unavailable_details(stub)) else None, 20)
+            assert "did you mean 'inventory.rpc'?" in details and "billing" not in details, details
+
+        # aio too, and a key close to nothing gets no suggestion
+        async def main() -> str:
+            async with waypost.aio.dial(f"etcd:///{etcd.endpoint}?key=zzzz.qqq") as ch:
+                try:
+                    await echo_pb2_grpc.EchoStub(ch).Unary(echo_pb2.EchoRequest(), timeout=10)
+                except grpc.aio.AioRpcError as e:
+                    return e.details() or ""
+            return ""
+
+        details = asyncio.run(main())
+        assert "nothing is registered under key 'zzzz.qqq'" in details and "did you mean" not in details, details

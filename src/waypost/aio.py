@@ -39,6 +39,7 @@ from .client.aio_methods import (
 )
 from .client.balancer_wrapper import BalancerWrapper
 from .client.config import ChannelConfig, build_config
+from .client.empty_key import EmptyKey
 from .client.health import watch_health
 from .client.method import MulticallableFactory, by_kind
 from .client.options import merge_options
@@ -85,6 +86,7 @@ class Channel(MulticallableFactory, grpc.aio.Channel):
             close_channel=self._close_backend_channel,
             health_service=health,
             routing=config.routing,
+            empty=EmptyKey.for_target(config.target),
             start_health=self._start_health if health is not None else None,
             stop_health=_stop_task if health is not None else None,
             resolve_now=self._resolver.resolve_now,

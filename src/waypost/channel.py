@@ -20,6 +20,7 @@ from . import _fork
 from .balancer.base import PickError, PickInfo, PickResult
 from .client.balancer_wrapper import BalancerWrapper
 from .client.config import ChannelConfig, build_config
+from .client.empty_key import EmptyKey
 from .client.future import ThreadFuture
 from .client.health import watch_health
 from .client.method import MethodBase, MulticallableFactory, by_kind
@@ -257,6 +258,7 @@ class Channel(MulticallableFactory, grpc.Channel):
             close_channel=_close_channel,
             health_service=health,
             routing=config.routing,
+            empty=EmptyKey.for_target(config.target),
             start_health=self._start_health if health is not None else None,
             stop_health=_stop_health if health is not None else None,
             resolve_now=self._resolve_now,

@@ -21,6 +21,7 @@ from .. import metrics as _metrics
 from ..balancer.base import Policy
 from ..types import CONNECTING, IDLE, READY, SHUTDOWN, TRANSIENT_FAILURE, Backend
 from . import live
+from .empty_key import EmptyKey
 from .fork import install_after_fork_hook
 from .picker_wrapper import PickerSnapshot, PickerWrapper
 from .prober import SubConnProber
@@ -61,6 +62,7 @@ class BalancerWrapper:
         on_refork: Callable[[], None] | None = None,
         clock: Callable[[], float] = time.monotonic,
         routing: Routing | None = None,
+        empty: EmptyKey | None = None,
     ) -> None:
         self.target = target
         self.policy = policy
@@ -77,6 +79,8 @@ class BalancerWrapper:
         self._resolver_error: str | None = None
         self._routing = routing
         self._note: str | None = None  # why the (filtered) backend list is empty, for error details
+        self._empty = empty  # a registry target's "nothing is registered under key ..." note
+        self._resolved_count = -1  # backends in the resolver's last list, before any metadata_filter
         self._closed = False
         self._stale = False  # in a forked child until the first use rebuilds (see mark_forked)
         self._listeners: list[Callable[[], None]] = []
@@ -97,10 +101,16 @@ class BalancerWrapper:
             return
         pool = self._pool
         routing = self._routing
-        if routing is not None and routing.filter is not None:
-            resolved = len(backends)
+        resolved = len(backends)
+        note = None
+        if routing is not None and routing.filter is not None:  # (its subsetter filtered the list already)
             backends = routing.keep(backends)
-            self._note = routing.none_kept(resolved) if not backends else None
+            note = routing.none_kept(resolved) if not backends else None
+        elif not resolved and self._empty is not None:  # nothing registered: say so, look for close keys once
+            note = self._empty.note()
+            self._empty.look_up(self._empty_looked_up)
+        self._note = note
+        self._resolved_count = resolved
         with self._lock:
             self._last_backends = tuple(backends)
             new: dict[str, Backend] = {}
@@ -127,6 +137,15 @@ class BalancerWrapper:
             self._resolved = True
             self._resolver_error = None
             self._rebuild(force=meta_changed)
+        self._fire()
+
+    def _empty_looked_up(self) -> None:
+        """The close keys of an empty registry key are known: publish the fuller note if still empty."""
+        with self._lock:
+            if self._closed or self._resolved_count != 0 or self._empty is None or self._note is None:
+                return
+            self._note = self._empty.note()
+            self._publish(self.pickers.snap.picker, self.pickers.snap.ready)
         self._fire()
 
     def resolver_error(self, message: str) -> None:

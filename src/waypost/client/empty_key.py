@@ -1,0 +1,92 @@
+"""Why a registry target has no backend at all: nothing is registered under its key.
+
+A misspelt key (``inventry.rpc``) resolves to an empty list, not to an error: the registry cannot tell a
+service with no instance from one that never existed. When the resolver reports an empty list, the balancer
+wrapper puts ``EmptyKey.note()`` into the error details of the calls that fail (``nothing is registered under
+key 'inventry.rpc'``), and starts ``look_up`` once: one bounded read of the registry's keys (keys only, at
+most ``LIST_LIMIT``) on the control loop, after which the note names the registered keys closest to it
+(``difflib.get_close_matches``). Nothing here runs per call: the note is computed when the list changes and
+published with the picker.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import difflib
+import logging
+from collections.abc import Callable, Iterable
+
+from .. import _loop
+from ..resolver.target import Target
+
+log = logging.getLogger("waypost.client")
+
+#: at most this many keys are read from the registry to find close ones
+LIST_LIMIT = 10_000
+#: how long that read may take
+LOOKUP_TIMEOUT = 2.0
+#: how many close keys a note names
+MAX_CLOSE = 3
+#: key prefixes of waypost's own records, never suggested
+_PRIVATE = ("_waypost/",)
+
+
+def close_keys(key: str, registered: Iterable[str], n: int = MAX_CLOSE) -> list[str]:
+    """The service keys among ``registered`` (registry keys such as ``inventory.rpc/7587...``: every prefix
+    before a ``/``, and keys without one) closest to ``key``, best first."""
+    candidates: set[str] = set()
+    for k in registered:
+        if k.startswith(_PRIVATE):
+            continue
+        parts = k.split("/")
+        candidates.update("/".join(parts[:i]) for i in range(1, len(parts)))
+        if len(parts) == 1:
+            candidates.add(k)
+    candidates.discard("")
+    candidates.discard(key)
+    return difflib.get_close_matches(key, sorted(candidates), n=n, cutoff=0.6)
+
+
+class EmptyKey:
+    """The note for one channel's registry target whose list is empty (see the module docstring)."""
+
+    def __init__(self, target: Target) -> None:
+        self.target = target
+        self.key = target.key or ""
+        #: the close keys once looked up (None: not yet)
+        self.close: list[str] | None = None
+        self._looking = False
+
+    @classmethod
+    def for_target(cls, target: Target) -> EmptyKey | None:
+        """None for targets without a registry key (direct, DNS, k8s, ...)."""
+        return cls(target) if target.uses_registry and target.key else None
+
+    def note(self) -> str:
+        close = ""
+        if self.close:
+            close = f"; did you mean {' or '.join(repr(k) for k in self.close)}?"
+        return (f"nothing is registered under key {self.key!r}{close} (`waypost ls` lists the registered keys; "
+                "a server registers with waypost.serve(server, key, ...))")
+
+    def look_up(self, done: Callable[[], None]) -> None:
+        """Read the registry's keys once, in the background; ``done()`` on the control loop once ``close`` is
+        known. A failed read (registry unreachable) is tried again on the next empty list."""
+        if self.close is not None or self._looking:
+            return
+        self._looking = True
+        _loop.submit(self._read(done))
+
+    async def _read(self, done: Callable[[], None]) -> None:
+        from ..registry import connect
+
+        try:
+            reg = connect(self.target.registry_url())
+            res = await asyncio.wait_for(reg.get("", prefix=True, keys_only=True, limit=LIST_LIMIT), LOOKUP_TIMEOUT)
+            self.close = close_keys(self.key, (kv.key for kv in res.kvs))
+        except Exception as e:  # noqa: BLE001 -- a hint only: the note without close keys stays
+            log.debug("waypost: %s: listing keys for a hint failed: %s", self.target.redacted, e)
+            return
+        finally:
+            self._looking = False
+        done()
