@@ -8,6 +8,7 @@ longer than its TTL, a process forking 8 children per round after dialing an etc
 preload); and (``tests/chaos_etcd_store.py``) etcd SIGKILLed and back with an older store (data directory
 wiped, or restored from a snapshot), a publisher behind a link adding 0.9 s each way; two registries backing each
 other up (servers registered in both, clients reading both), one of them down.
+A Consul server agent (data dir kept) restarted under load, down longer than its instances' TTL.
 Columns: RPCs sent and failed, registrations lost, recovery time (what "recovery" means per scenario
 is in the JSON as ``recovery_what``) and its bound.
 
@@ -177,6 +178,15 @@ def fork_children(etcd: LocalEtcd, quick: bool) -> list[cs.Result]:
 
 SCENARIOS["fork"] = (1, lambda e, q: fork_children(e, q))
 
+
+# ---- consul agent restart (a persistent server agent of its own; the etcd started for it is not used) -------
+
+
+def consul_restart(etcd: LocalEtcd, quick: bool) -> list[cs.Result]:
+    return [cs.consul_agent_restart(down_s=7.0 if quick else 10.0, ttl=5, base_dir=etcd.base_dir / "consul")]
+
+
+SCENARIOS["consul_restart"] = (1, consul_restart)
 
 if __name__ == "__main__":
     raise SystemExit(main())

@@ -102,3 +102,15 @@ def test_lease_recovery_is_make_before_break(etcd):
 
 def test_graceful_stop_by_serve_under_load(etcd):
     _assert_held(cs.graceful_stop(etcd))
+
+
+def test_consul_agent_restart_fails_no_call(tmp_path):
+    """A persistent Consul agent down 7 s (> the 5 s TTL) under load: its instances come back critical until
+    their publishers pass again; the channel must keep its list meanwhile."""
+    from tests import consul_support
+
+    reason = consul_support.skip_reason()
+    if reason:
+        pytest.skip(reason)
+    consul_support.consul_binary()
+    _assert_held(cs.consul_agent_restart(down_s=7.0, ttl=5, base_dir=tmp_path / "consul"))
