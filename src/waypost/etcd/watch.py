@@ -24,8 +24,8 @@ import grpc.aio
 
 from .. import _loop, metrics
 from ..errors import Compacted, PermissionDenied, RegistryError, RegistryUnavailable, StoreReset
-from . import _errors
-from ._methods import WATCH
+from . import _errors, records
+from ._methods import RANGE, WATCH
 from ._proto import waypost_etcd_pb2 as pb
 from .auth import Auth, Metadata
 from .endpoints import Endpoint, EndpointPool
@@ -34,6 +34,17 @@ from .stream import Restart, StreamSupervisor
 log = logging.getLogger("waypost.etcd.watch")
 
 _END = object()
+
+
+class _Serialized:
+    """Range answers stay serialized, as the client's own Range calls on the same endpoint get them
+    (one method, one deserializer per channel): parsed here with ``records.parse``."""
+
+    @staticmethod
+    def FromString(data: bytes) -> bytes:
+        return data
+
+
 _order = itertools.count()
 
 
@@ -177,6 +188,8 @@ class WatchManager:
         #: the newest store revision seen by this client (watch streams and writes), and the cluster id
         self._store_rev = 0
         self._cluster_id = 0
+        #: the newest record seen put (key, mod_revision, hash of the value): this store's history
+        self._record: tuple[bytes, int, int] | None = None
         #: stores found to have gone back in time, for tests and diagnostics
         self.resets = 0
         self._watchers: dict[Watcher, None] = {}  # insertion-ordered set
@@ -192,7 +205,8 @@ class WatchManager:
             on_end=self._stream_ended)
         self._session_ep: Endpoint | None = None
         self._session_call: grpc.aio.StreamStreamCall | None = None
-        self._abandoned = False
+        #: why the session's call was cancelled from outside (the session ends with it)
+        self._restart: Restart | None = None
         pool.failure_listeners.append(self._endpoint_failed)
 
     @property
@@ -208,9 +222,14 @@ class WatchManager:
     def _endpoint_failed(self, ep: Endpoint) -> None:
         """Another call found our stream's member broken: move the stream now instead of waiting
         for gRPC keepalive to notice (the resume makes the move lossless)."""
+        if ep is self._session_ep and len(self.pool.endpoints) > 1:
+            self._cut_session(Restart(f"a call on {ep.address} failed; moving the watch stream", immediate=True))
+
+    def _cut_session(self, why: Restart) -> None:
+        """End the current stream (its session raises ``why``) and let the supervisor open another."""
         call = self._session_call
-        if ep is self._session_ep and call is not None and len(self.pool.endpoints) > 1:
-            self._abandoned = True
+        if call is not None and self._restart is None:
+            self._restart = why
             call.cancel()
 
     def add(self, key: bytes, range_end: bytes, *, start_revision: int, prev_kv: bool,
@@ -287,7 +306,7 @@ class WatchManager:
             w._fragments = []
 
     async def _session(self, ep: Endpoint, call: grpc.aio.StreamStreamCall, md: Metadata) -> None:
-        self._session_ep, self._session_call, self._abandoned = ep, call, False
+        self._session_ep, self._session_call, self._restart = ep, call, None
         outbox: asyncio.Queue[pb.WatchRequest] = asyncio.Queue()
         self._outbox = outbox
         self._by_id.clear()
@@ -302,9 +321,8 @@ class WatchManager:
                 try:
                     resp = await call.read()
                 except asyncio.CancelledError:
-                    if self._abandoned and not self._closed:
-                        raise Restart(f"a call on {ep.address} failed; moving the watch stream",
-                                      immediate=True) from None
+                    if self._restart is not None and not self._closed:
+                        raise self._restart from None
                     raise
                 if resp is grpc.aio.EOF:
                     raise RegistryUnavailable(f"etcd {ep.address} closed the watch stream")
@@ -331,8 +349,44 @@ class WatchManager:
     # -- a store that went back in time ------------------------------------------------------
 
     def note_revision(self, revision: int) -> None:
-        """The client saw the store at ``revision`` (a write's answer): a later stream must not be below."""
+        """The client saw the store at ``revision`` (an answer to a read or a write): a later stream
+        must not be below. Every revision a member answers with was committed, so the newest one
+        seen is a floor for any linearizable answer that comes later."""
         self._store_rev = max(self._store_rev, revision)
+
+    @property
+    def record_revision(self) -> int:
+        """The mod_revision of the newest record noted with ``note_record`` (0: none)."""
+        return self._record[1] if self._record is not None else 0
+
+    def note_record(self, key: bytes, mod_revision: int, value: bytes) -> None:
+        """The client saw ``key`` put at ``mod_revision`` with ``value`` (an event, a read). The newest
+        such record is checked on each new stream: an emptied store that other clients wrote up to
+        the same revision meanwhile holds another record there (or none) at that revision."""
+        if mod_revision > self.record_revision:
+            self._record = (key, mod_revision, hash(value))
+        self.note_revision(mod_revision)
+
+    def write_floor(self) -> tuple[int, int]:
+        """Taken before sending a write, handed to ``note_write`` with its answer."""
+        return self._store_rev, self.resets
+
+    def note_write(self, revision: int, floor: tuple[int, int]) -> None:
+        """A write sent at ``floor`` (``write_floor()``) was answered at ``revision``.
+
+        etcd applies a write after everything committed before it was sent, so its answer is never
+        below a revision the client had seen by then -- unless the store went back in time. That
+        answer is the one certain sign when this client itself writes to the new store (a publisher
+        registering again, a put): those writes would otherwise raise the newest revision seen to
+        the new store's, and a watch stream coming back after them would find nothing amiss while
+        its watchers wait for revisions the new store reaches much later.
+        """
+        seen, resets = floor
+        if 0 < revision < seen and resets == self.resets:  # (a reset since the send: already handled)
+            if self._reset(revision, f"a write sent after revision {seen} was answered at {revision}"):
+                self._cut_session(Restart("the store went back in time", immediate=True, outage=False))
+            return
+        self.note_revision(revision)
 
     async def _check_store(self, header: pb.ResponseHeader, ep: Endpoint) -> None:
         """Fail every positioned watcher with ``StoreReset`` if the store went back in time.
@@ -341,10 +395,13 @@ class WatchManager:
         wait, silently, for a revision the new store reaches only much later (and never report the
         keys that vanished). Signs, checked on the first answer of each new stream: another cluster
         id (the id derives from the member set), or a revision below the newest one this client saw
-        (on its watch streams or in the answer to one of its writes). A new store that has already
-        passed that revision when the stream comes back cannot be told apart this way. A member
-        that is merely behind also answers with an older revision, so that sign is confirmed by a
-        linearizable read, which no member answers before it caught up with the leader.
+        (on its watch streams, in the answers to its reads -- a subscriber's position comes from one,
+        and its first stream may die before answering -- or to its writes; a write answered below
+        what was seen before it was sent is itself a sign: ``note_write``). A new store that has
+        already passed that revision when the stream comes back, without this client writing to it,
+        cannot be told apart this way. A member that is merely behind also answers with an older
+        revision, so that sign is confirmed by a linearizable read, which no member answers before
+        it caught up with the leader.
         """
         rev, cid = header.revision, header.cluster_id
         reason = ""
@@ -352,19 +409,68 @@ class WatchManager:
             reason = f"cluster id {self._cluster_id:x} is now {cid:x}"
         elif rev < self._store_rev:
             key = next(iter(self._watchers)).key if self._watchers else b"\0"
+            seen, resets = self._store_rev, self.resets
             try:
                 confirmed = await self._read_header(key)
             except RegistryError as e:  # unknown: check again on the next stream
-                raise Restart(f"{ep.address} answered at revision {rev} < {self._store_rev} and a read to "
+                raise Restart(f"{ep.address} answered at revision {rev} < {seen} and a read to "
                               f"confirm failed ({e})") from None
             rev = confirmed.revision
-            if rev < self._store_rev:
-                reason = f"revision {self._store_rev} is now {rev}"
+            # against the floor from before the read (answers that came meanwhile may have raised it),
+            # unless a write's answer found the reset meanwhile
+            if rev < seen and resets == self.resets:
+                reason = f"revision {seen} is now {rev}"
+        else:
+            reason = await self._check_record(ep)
         self._cluster_id = cid or self._cluster_id
         if not reason:
             self._store_rev = max(self._store_rev, rev)
             return
+        if self._reset(rev, reason):  # their watches on the server wait for revisions that may never come
+            raise Restart("the store went back in time", immediate=True, outage=False)
+
+    async def _check_record(self, ep: Endpoint) -> str:
+        """Read the newest record this client saw, at its revision: why the store is not the one the
+        watchers followed, or "" when it holds that record as it was (or cannot tell: compacted).
+
+        A store at or past the newest revision the client saw may still be another one: emptied,
+        then written up to that revision by other clients before this stream came back. The same
+        store answers this read with the very record (its history at that revision never changes);
+        another one with another value, another key or none. Only when some watcher has a position
+        to resume from: a watch from "now" has no history to lose.
+        """
+        record = self._record
+        if record is None or not any(w.next_rev > 0 for w in self._watchers):
+            return ""
+        key, mod, digest = record
+        resets = self.resets
+        md = await self.auth.metadata(ep)
+        try:
+            data = await ep.unary(RANGE, pb.RangeRequest, _Serialized)(
+                pb.RangeRequest(key=key, revision=mod, limit=1), metadata=md,
+                timeout=self.pool.cfg.request_timeout)
+        except grpc.aio.AioRpcError as e:
+            if e.code() in _errors.UNAVAILABLE_CODES:  # unknown: check again on the next stream
+                raise Restart(f"{ep.address}: reading {key!r} at revision {mod} to check the store failed "
+                              f"({e.code().name} {_errors.details(e)})") from None
+            # compacted past it (the store moved on, which an emptied one rarely did), or refused
+            # (the role changed): cannot tell, and the watchers must not wait on it
+            log.debug("etcd watch: reading %r at revision %d to check the store: %s %s", key, mod,
+                      e.code().name, _errors.details(e))
+            return ""
+        if resets != self.resets:
+            return ""  # a write's answer found a reset meanwhile: handled there
+        resp = records.parse(pb.RangeResponse, data)
+        kv = resp.kvs[0] if resp.kvs else None
+        if kv is not None and kv.mod_revision == mod and hash(kv.value) == digest:
+            return ""
+        return f"{key!r} put at revision {mod} is not there any more"
+
+    def _reset(self, rev: int, reason: str) -> int:
+        """The store went back in time to ``rev``: warn once, count it, and end every positioned
+        watcher with ``StoreReset``. Returns how many were ended (their stream must be dropped)."""
         self._store_rev = rev
+        self._record = None  # the old store's
         self.resets += 1
         positioned = [w for w in self._watchers if w.next_rev > 0]
         log.warning("etcd store went back in time (%s): restored from a backup or restarted with an empty "
@@ -376,8 +482,7 @@ class WatchManager:
             self._watchers.pop(w, None)
             w.watch_id = None
             w._end(StoreReset(rev, f"etcd watch on {w.key!r}: the store went back in time ({reason})"))
-        if positioned:  # their watches on the server wait for revisions that may never come: drop them
-            raise Restart("the store went back in time", immediate=True, outage=False)
+        return len(positioned)
 
     def _handle(self, resp: pb.WatchResponse, md: Metadata) -> None:
         if resp.created:
@@ -414,6 +519,10 @@ class WatchManager:
             events = w._fragments + events
             w._fragments = []
         if events:
+            for ev in reversed(events):  # (in revision order: the last put is the newest)
+                if ev.type == pb.Event.PUT:
+                    self.note_record(ev.kv.key, ev.kv.mod_revision, ev.kv.value)
+                    break
             w._deliver(events)
         elif w.progress_notify and resp.header.revision >= w.next_rev:
             # progress: every event up to this revision has been sent

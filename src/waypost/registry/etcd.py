@@ -138,6 +138,21 @@ def _columns(data: bytes) -> ValueColumns:
                         [m.mod_revision for m in kvs], head.revision)
 
 
+def _note_read(client: EtcdClient, res: ValueColumns) -> None:
+    """Tell the watch manager what a read saw: a subscriber watches from this revision + 1, so a
+    store found below it later went back in time (the watch stream notes what it sees too, but it
+    may die before its first answer); and the newest record read, which a store that only reached
+    that revision again after being emptied does not hold (``WatchManager.note_record``)."""
+    watches = client.watches
+    watches.note_revision(res.revision)
+    mods = res.mod_revisions
+    if mods:
+        newest = max(mods)  # (C-level passes: a 10,000-record read pays well under a millisecond)
+        if newest > watches.record_revision:
+            i = mods.index(newest)
+            watches.note_record(encode_key(res.keys[i]), newest, res.values[i])
+
+
 class EtcdRegistry(Registry):
     """A Registry over one etcd endpoint set. Get shared instances with ``waypost.connect(url)``.
 
@@ -172,30 +187,44 @@ class EtcdRegistry(Registry):
         count_only: bool = False, limit: int = 0,
     ) -> GetResult:
         k, end = key_range(key, prefix)
-        data = await self.client.range_serialized(k, end, revision=revision, limit=limit, keys_only=keys_only,
-                                                  count_only=count_only)
+        client = self.client
+        data = await client.range_serialized(k, end, revision=revision, limit=limit, keys_only=keys_only,
+                                             count_only=count_only)
         head = records.head(data)
+        client.watches.note_revision(head.revision)
         return GetResult(_LazyKeyValues(data, head.records), head.revision, head.total)
 
     async def get_values(self, key: str, *, prefix: bool = False) -> ValueColumns:
         k, end = key_range(key, prefix)
-        return _columns(await self.client.range_serialized(k, end))
+        client = self.client
+        res = _columns(await client.range_serialized(k, end))
+        _note_read(client, res)
+        return res
 
     async def get_values_stale(self, key: str, *, prefix: bool = False,
                                timeout: float = 2.0) -> ValueColumns | None:
         """A serializable Range: the first member that answers serves it from its own store (no leader
         needed, possibly behind the cluster)."""
         k, end = key_range(key, prefix)
-        return _columns(await self.client.range_serialized(k, end, serializable=True, timeout=timeout))
+        client = self.client
+        res = _columns(await client.range_serialized(k, end, serializable=True, timeout=timeout))
+        _note_read(client, res)  # behind the cluster perhaps, but a revision and records it had
+        return res
 
     async def put(self, key: str, value: bytes, *, lease: int = 0, prev_kv: bool = False) -> PutResult:
-        r = await self.client.put(encode_key(key), bytes(value), lease=lease, prev_kv=prev_kv)
+        client = self.client
+        floor = client.watches.write_floor()
+        r = await client.put(encode_key(key), bytes(value), lease=lease, prev_kv=prev_kv)
+        client.watches.note_write(r.header.revision, floor)  # an answer below the floor: a reset store
         prev = _kv(r.prev_kv) if r.HasField("prev_kv") else None
         return PutResult(r.header.revision, prev)
 
     async def delete(self, key: str, *, prefix: bool = False, prev_kv: bool = False) -> DeleteResult:
         k, end = key_range(key, prefix)
-        r = await self.client.delete_range(k, end, prev_kv=prev_kv)
+        client = self.client
+        floor = client.watches.write_floor()
+        r = await client.delete_range(k, end, prev_kv=prev_kv)
+        client.watches.note_write(r.header.revision, floor)
         return DeleteResult(r.header.revision, r.deleted, [_kv(m) for m in r.prev_kvs])
 
     async def grant(self, ttl: int) -> int:
