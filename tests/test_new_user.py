@@ -10,15 +10,18 @@ import queue
 import subprocess
 import sys
 import threading
+import time
 from pathlib import Path
 
 import grpc
 import grpc.aio
+import pytest
 from click.testing import CliRunner
 
 import waypost
 import waypost.aio
 from tests.backends import echo_pb2, echo_pb2_grpc
+from tests.backends.procs import spawn_many
 from tests.waiting import wait_until
 from waypost._cli import app
 from waypost.etcd.local import LocalEtcd
@@ -135,3 +138,78 @@ def test_a_key_with_nothing_registered_says_so_and_names_the_close_keys(etcd):
 
         details = asyncio.run(main())
         assert "nothing is registered under key 'zzzz.qqq'" in details and "did you mean" not in details, details
+
+
+# ---------------------------------------------------------------------------------------- etcd dialed as a backend
+
+
+def test_an_etcd_endpoint_dialed_as_a_backend_says_which_target_was_meant(shared_etcd):
+    with waypost.dial(shared_etcd.endpoint) as ch, pytest.raises(grpc.RpcError) as ei:  # a bare host:port
+        echo_pb2_grpc.EchoStub(ch).Unary(echo_pb2.EchoRequest(), timeout=10)
+    assert ei.value.code() == grpc.StatusCode.UNIMPLEMENTED
+    details = ei.value.details()
+    assert details.startswith("unknown service waypost.test.Echo"), details  # the original text first
+    assert (f"this looks like an etcd endpoint: did you mean etcd:///{shared_etcd.endpoint}?key=SERVICE_KEY"
+            in details), details
+
+
+def test_a_direct_target_on_port_2379_warns_at_dial():
+    with pytest.warns(waypost.ConfigWarning, match=r"did you mean 'etcd:///127\.0\.0\.1:2379\?key=SERVICE_KEY'"):
+        ch = waypost.dial("127.0.0.1:2379", block=False)
+    ch.close()
+
+
+# ---------------------------------------------------------------------------------------- a backend dies mid-call
+
+
+@pytest.mark.parametrize("flavour", ["sync", "aio"])
+def test_a_call_failing_as_its_backend_dies_names_the_backend_and_retries(shared_etcd, unique_key, flavour):
+    (proc,) = spawn_many(["victim"])
+    target = f"etcd:///{shared_etcd.endpoint}?key={unique_key}"
+    slow = echo_pb2.EchoRequest(delay_ms=30_000)
+    try:
+        with waypost.Publisher(shared_etcd.url(), unique_key, proc.address):
+            if flavour == "sync":
+                with waypost.dial(target) as ch:
+                    stub = echo_pb2_grpc.EchoStub(ch)
+                    stub.Unary(echo_pb2.EchoRequest(), timeout=20)  # connected
+                    failed: queue.Queue[grpc.RpcError] = queue.Queue()
+
+                    def call() -> None:
+                        try:
+                            stub.Unary(slow, timeout=60)
+                        except grpc.RpcError as e:
+                            failed.put(e)
+
+                    caller = threading.Thread(target=call, daemon=True)
+                    caller.start()
+                    wait_until(lambda: ch.balancer.subconns()[0].inflight == 1, 10)
+                    time.sleep(0.5)  # the request on the wire (a call never sent is re-picked, not failed)
+                    proc.kill()
+                    err = failed.get(timeout=60)
+                    caller.join(10)
+            else:
+                async def main() -> grpc.RpcError:
+                    async with waypost.aio.dial(target) as ch:
+                        stub = echo_pb2_grpc.EchoStub(ch)
+                        await stub.Unary(echo_pb2.EchoRequest(), timeout=20)
+                        call = stub.Unary(slow, timeout=60)
+                        for _ in range(200):
+                            if ch.balancer.subconns()[0].inflight == 1:
+                                break
+                            await asyncio.sleep(0.05)
+                        await asyncio.sleep(0.5)
+                        proc.kill()
+                        try:
+                            await call
+                        except grpc.RpcError as e:
+                            return e
+                    raise AssertionError("the call succeeded")
+
+                err = asyncio.run(asyncio.wait_for(main(), 90))
+    finally:
+        proc.close()
+    assert err.code() == grpc.StatusCode.UNAVAILABLE, err
+    details = err.details()
+    assert not details.startswith("["), details  # grpc's own text first
+    assert f"[backend {proc.address}: the call was in flight" in details and "retries=N" in details, details

@@ -118,7 +118,10 @@ class _UnaryRequestMethod(_Method):
                 delay = st.after_failure(code, e.details())
                 if delay is None or (replay is not None and not replay.replayable) or (
                         replay is None and self._kind == "stream_unary"):  # consumed requests: no replay
-                    raise
+                    explained = self.explained(e, sc)
+                    if explained is e:
+                        raise
+                    raise explained from None
                 if delay:
                     time.sleep(delay)
                 continue

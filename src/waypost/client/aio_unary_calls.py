@@ -83,7 +83,7 @@ class _UnaryResponseCall(CallBase):
                     m.finish(res, sc, t0, code)
                     delay = self._decide(call, code, details)
                     if delay is None:
-                        self._error = e
+                        self._error = e = m.explained_aio(e, sc)
                         raise e from None
                     if delay:
                         await asyncio.sleep(delay)
@@ -231,9 +231,10 @@ class UnaryUnaryCall(_UnaryResponseCall, grpc.aio.UnaryUnaryCall):
         if self._fast:
             try:
                 return (yield from self._first.__await__())
-            except grpc.aio.AioRpcError:
+            except grpc.aio.AioRpcError as e:
                 if self._fast:  # not retried (decided before this awaiter woke up)
-                    raise
+                    assert self._attempt is not None
+                    raise self._m.explained_aio(e, self._attempt[1]) from None
         return (yield from self._task.__await__())
 
     async def _final(self) -> None:

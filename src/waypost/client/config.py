@@ -83,6 +83,7 @@ def build_config(
                             f"waypost.connect() with key=..., got {type(target).__name__}")
     if isinstance(target, str):
         t = parse_target(target)
+    _warn_if_etcd_port(t)
     # no policy named: service_config.DEFAULT_POLICY
     sc = parse_service_config(service_config, balancer=balancer, retries=retries)
     routing = Routing.make(metadata_filter, prefer, min_preferred)
@@ -108,3 +109,18 @@ def build_config(
         routing=routing,
         names=MethodNameCheck.for_config(t.redacted, sc),
     )
+
+
+def _warn_if_etcd_port(t: Target) -> None:
+    """A direct target (``host:2379``, ``direct:///host:2379``) on etcd's client port dials etcd as a backend:
+    almost certainly meant as an etcd target with a key."""
+    from ..errors import warn_config
+
+    if t.scheme != "direct":
+        return
+    for ep in t.endpoints:
+        if ep.rpartition(":")[2] == "2379":
+            warn_config(f"waypost: dial({t.redacted!r}): {ep} is on etcd's client port and a direct target dials "
+                        f"it as a backend; this looks like an etcd endpoint: did you mean "
+                        f"'etcd:///{ep}?key=SERVICE_KEY' (the key the servers register under)?")
+            return

@@ -14,14 +14,17 @@ from collections.abc import Collection, Mapping
 from typing import Any, ClassVar, Generic, Protocol, TypeVar
 
 import grpc
+import grpc.aio
 
 from .. import metrics as _metrics
 from .._grpc_private import registered_method_kwargs
 from ..balancer.base import Outcome, PickInfo, PickResult, _noop_done
 from .balancer_wrapper import BalancerWrapper
 from .config import ChannelConfig
+from .explain import explain, with_explanation
 from .hashkey import current_hash_key
 from .picker_wrapper import PickerWrapper
+from .rpcerror import ExplainedRpcError
 from .subconn import SubConn
 
 _perf = time.perf_counter
@@ -111,6 +114,26 @@ class MethodBase(Generic[ChannelT]):
             obs.call_done(self.balancer.target, sc.address, code, latency)
         if code is _UNAVAILABLE:
             self.balancer.call_failed(sc, code)
+
+    def explanation(self, code: grpc.StatusCode, details: str | None, sc: SubConn, probe: bool = False
+                    ) -> str | None:
+        """What to add to the details of a call failing for good on ``sc`` (``client.explain``), else None."""
+        return explain(code, details, sc.address, direct=self.channel.config.target.scheme == "direct",
+                       retry_policy=self.retry_policy, probe=probe)
+
+    def explained(self, e: grpc.RpcError, sc: SubConn) -> grpc.RpcError:
+        """A sync call's final error ``e`` with the backend and the likely cause in its details (else ``e``)."""
+        details = e.details()  # type: ignore[attr-defined]
+        extra = self.explanation(e.code(), details, sc, probe=True)  # type: ignore[attr-defined]
+        return e if extra is None else ExplainedRpcError(e, with_explanation(details, extra))
+
+    def explained_aio(self, e: grpc.aio.AioRpcError, sc: SubConn) -> grpc.aio.AioRpcError:
+        """``explained`` for grpc.aio (never blocks: no probe of the backend)."""
+        extra = self.explanation(e.code(), e.details(), sc)
+        if extra is None:
+            return e
+        return grpc.aio.AioRpcError(e.code(), e.initial_metadata(), e.trailing_metadata(),
+                                    with_explanation(e.details(), extra), e.debug_error_string())
 
 
 class MulticallableFactory:

@@ -77,3 +77,21 @@ class BalancerRpcError(grpc.RpcError, grpc.Call, grpc.Future):  # type: ignore[m
 
     def __next__(self) -> Any:
         raise self
+
+
+class ExplainedRpcError(BalancerRpcError):
+    """A backend's failed call with fuller details (``client.explain``): the code, metadata and debug string of
+    the ``original`` error, the original details first."""
+
+    def __init__(self, original: grpc.RpcError, details: str) -> None:
+        super().__init__(original.code(), details)  # type: ignore[attr-defined]
+        self.original = original
+
+    def initial_metadata(self) -> Any:
+        return self.original.initial_metadata()  # type: ignore[attr-defined]
+
+    def trailing_metadata(self) -> Any:
+        return self.original.trailing_metadata()  # type: ignore[attr-defined]
+
+    def debug_error_string(self) -> str:
+        return str(self.original.debug_error_string())  # type: ignore[attr-defined]
