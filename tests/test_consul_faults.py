@@ -179,6 +179,32 @@ def test_malformed_entries_are_skipped_and_the_good_ones_used(shared_agent, heal
         r.close()
 
 
+def test_any_json_is_read_without_raising_anything_but_malformed_answer():
+    """Whatever JSON list the health endpoint's address answers, reading it gives backends or MalformedAnswer,
+    never another exception (which would have ended the resolver's loop)."""
+    hypothesis = pytest.importorskip("hypothesis")
+    st = hypothesis.strategies
+    from waypost.consul.health import MalformedAnswer
+
+    leaf = st.none() | st.booleans() | st.integers(-5, 70000) | st.floats(allow_nan=False) | st.text(max_size=8)
+    json_values = st.recursive(leaf, lambda inner: st.lists(inner, max_size=3)
+                               | st.dictionaries(st.sampled_from(["Service", "Node", "Address", "Port", "ID", "Meta",
+                                                                  "Tags", "x"]), inner, max_size=4), max_leaves=12)
+    entry = st.fixed_dictionaries({"Service": json_values, "Node": json_values}) | json_values
+    resolver = ConsulResolver(parse_target("consul://127.0.0.1:1/svc"), ResolverOptions(blocking=False))
+
+    @hypothesis.settings(max_examples=300, deadline=None, database=None)
+    @hypothesis.given(st.lists(entry, max_size=5))
+    def check(entries: list[Any]) -> None:
+        try:
+            backends = resolver.backends(entries)
+        except MalformedAnswer:
+            return
+        assert all(b.address.rsplit(":", 1)[1].isdigit() for b in backends)
+
+    check()
+
+
 # ------------------------------------------------------------------------------------------ no answer at all
 
 
