@@ -8,12 +8,14 @@ does. Scenarios:
 
   slow        4 backends x 2 slots, 4 ms mean; one of them 40 ms (10x slower)
   hetero      4 backends with 1:2:4:8 slots, 4 ms mean (registered with no weights)
+  hetero_weighted  the same fleet registered with weights 1:2:4:8 (its capacities; through a memory registry)
   antagonist  4 backends x 4 slots, 4 ms mean; one drops to 2 slots half-way through each run
 
 Load: closed loops of ``--callers`` sync threads (each sends its next call when the previous one
 ends), and one grpc.aio run per scenario with ``--aio-callers`` concurrent coroutines. Policies:
 waypost's round_robin, least_request, p2c_ewma, peak_ewma and prequal (those registered), grpcio's
-native round_robin, ``default`` (``waypost.dial`` without a balancer) and the ``oracle``: a
+native round_robin, ``weighted_round_robin`` (registration weights; round robin where none are registered),
+``default`` (``waypost.dial`` without a balancer) and the ``oracle``: a
 dispatcher that knows the truth -- smooth weighted round robin with weights = true capacity
 (slots / mean service time; the slow backend gets weight 0, the antagonist's victim half its weight
 from the moment it loses half its slots).
@@ -57,8 +59,8 @@ from waypost.balancer.policies import POLICIES
 
 REQ = echo_pb2.EchoRequest(message="x")
 RR = json.dumps({"loadBalancingConfig": [{"round_robin": {}}]})
-ALL_POLICIES = ["round_robin", "native_round_robin", "least_request", "p2c_ewma", "peak_ewma", "prequal",
-                "default", "oracle"]
+ALL_POLICIES = ["round_robin", "native_round_robin", "weighted_round_robin", "least_request", "p2c_ewma",
+                "peak_ewma", "prequal", "default", "oracle"]
 CALL_TIMEOUT = 20.0  # seconds per call
 MAX_CALLS_PER_CALLER = 1_000_000  # every loop is bounded by count as well as time
 
@@ -184,6 +186,7 @@ class Scenario:
     slots: list[int]
     mean_ms: list[float]
     victim: int | None = None  # antagonist: this backend loses half its slots half-way through
+    registered: list[int] | None = None  # registration metadata ``weight`` of each backend (None: none)
 
     def weights(self, halved: bool) -> list[float]:
         """True capacity of each backend (calls per second); the 10x slower backend counts as 0."""
@@ -197,6 +200,7 @@ class Scenario:
 SCENARIOS = {
     "slow": Scenario("slow", [2, 2, 2, 2], [4, 4, 4, 40]),
     "hetero": Scenario("hetero", [1, 2, 4, 8], [4, 4, 4, 4]),
+    "hetero_weighted": Scenario("hetero_weighted", [1, 2, 4, 8], [4, 4, 4, 4], registered=[1, 2, 4, 8]),
     "antagonist": Scenario("antagonist", [4, 4, 4, 4], [4, 4, 4, 4], victim=0),
 }
 
@@ -238,7 +242,8 @@ def summarize(latencies: list[float], served: dict[str, int], errors: int) -> di
             "mean_ms": statistics.fmean(values) * 1000 if values else float("nan"), "share": served}
 
 
-def sync_caller_factory(policy: str, addrs: list[str], oracle: Oracle) -> tuple[Callable[[], Any], Callable[[], None]]:
+def sync_caller_factory(policy: str, addrs: list[str], oracle: Oracle,
+                        target: str) -> tuple[Callable[[], Any], Callable[[], None]]:
     """(call, close): ``call()`` sends one call through ``policy`` and returns the reply."""
     if policy == "oracle":
         chans = [grpc.insecure_channel(a) for a in addrs]
@@ -249,14 +254,14 @@ def sync_caller_factory(policy: str, addrs: list[str], oracle: Oracle) -> tuple[
     if policy == "native_round_robin":
         ch = grpc.insecure_channel("ipv4:" + ",".join(addrs), options=[("grpc.service_config", RR)])
     else:
-        ch = waypost.dial("direct:///" + ",".join(addrs), balancer=None if policy == "default" else policy)
+        ch = waypost.dial(target, balancer=None if policy == "default" else policy)
     stub = echo_pb2_grpc.EchoStub(ch)
     return (lambda: stub.Unary(REQ, timeout=CALL_TIMEOUT)), ch.close
 
 
 def run_sync(policy: str, addrs: list[str], oracle: Oracle, callers: int, warmup: float, seconds: float,
-             at_half: Callable[[], None]) -> dict[str, Any]:
-    call, close = sync_caller_factory(policy, addrs, oracle)
+             at_half: Callable[[], None], target: str) -> dict[str, Any]:
+    call, close = sync_caller_factory(policy, addrs, oracle, target)
     lat: list[list[float]] = [[] for _ in range(callers)]
     served: list[dict[str, int]] = [{} for _ in range(callers)]
     errors = [0] * callers
@@ -301,7 +306,7 @@ def merge(parts: list[dict[str, int]]) -> dict[str, int]:
 
 
 async def run_aio(policy: str, addrs: list[str], oracle: Oracle, callers: int, warmup: float, seconds: float,
-                  at_half: Callable[[], None]) -> dict[str, Any]:
+                  at_half: Callable[[], None], target: str) -> dict[str, Any]:
     if policy == "oracle":
         chans: list[Any] = [grpc.aio.insecure_channel(a) for a in addrs]
         for c in chans:  # connected before the clock starts, like a balanced channel after warm-up
@@ -314,8 +319,7 @@ async def run_aio(policy: str, addrs: list[str], oracle: Oracle, callers: int, w
         if policy == "native_round_robin":
             chans = [grpc.aio.insecure_channel("ipv4:" + ",".join(addrs), options=[("grpc.service_config", RR)])]
         else:
-            chans = [waypost.aio.dial("direct:///" + ",".join(addrs),
-                                      balancer=None if policy == "default" else policy)]
+            chans = [waypost.aio.dial(target, balancer=None if policy == "default" else policy)]
         stub = echo_pb2_grpc.EchoStub(chans[0])
 
         def send() -> Any:
@@ -357,10 +361,12 @@ async def run_aio(policy: str, addrs: list[str], oracle: Oracle, callers: int, w
 def sweep_scenario(sc: Scenario, policies: list[str], callers: list[int], aio_callers: int, warmup: float,
                    seconds: float, seed: int, max_seconds: float) -> list[dict[str, Any]]:
     procs: list[BackendProcess] = []
+    publishers: list[Any] = []
     try:
         for i, (slots, mean) in enumerate(zip(sc.slots, sc.mean_ms)):
             procs.append(BackendProcess(f"{sc.name}{i}", slots, mean, seed + i, max_seconds))
         addrs = [p.address for p in procs]
+        target, publishers = registered_target(sc, addrs)
         halved = threading.Event()
 
         def reset(run: int) -> None:
@@ -384,9 +390,9 @@ def sweep_scenario(sc: Scenario, policies: list[str], callers: list[int], aio_ca
                 reset(run)
                 oracle = Oracle(lambda: sc.weights(halved.is_set()), len(addrs))
                 if aio:
-                    r = asyncio.run(run_aio(policy, addrs, oracle, c, warmup, seconds, at_half))
+                    r = asyncio.run(run_aio(policy, addrs, oracle, c, warmup, seconds, at_half, target))
                 else:
-                    r = run_sync(policy, addrs, oracle, c, warmup, seconds, at_half)
+                    r = run_sync(policy, addrs, oracle, c, warmup, seconds, at_half, target)
                 results[policy] = r
                 print(f"  {label:16s} c={c:<3d} {policy:20s} p50 {r['p50_ms']:7.2f} ms  p99 {r['p99_ms']:7.2f} ms  "
                       f"calls {r['calls']:6d}  errors {r['errors']}  share {r['share']}", flush=True)
@@ -398,8 +404,22 @@ def sweep_scenario(sc: Scenario, policies: list[str], callers: list[int], aio_ca
                          "p99_over_oracle": ratios})
         return rows
     finally:
+        for pub in publishers:
+            pub.stop()
         for p in procs:
             p.close()
+
+
+def registered_target(sc: Scenario, addrs: list[str]) -> tuple[str, list[Any]]:
+    """The target waypost's channels dial: the addresses as they are, or (``registered`` weights) registrations
+    carrying them in an in-process memory registry; and the publishers to stop afterwards."""
+    if sc.registered is None:
+        return "direct:///" + ",".join(addrs), []
+    name = f"load-sweep-{sc.name}-{time.monotonic_ns()}"
+    registry = waypost.connect(f"memory://{name}")
+    publishers = [waypost.Publisher(registry, "sweep.rpc", a, metadata={"weight": w}).start()
+                  for a, w in zip(addrs, sc.registered)]
+    return f"memory://{name}/?key=sweep.rpc", publishers
 
 
 def probe_cost(n: int, rounds: int) -> int:
