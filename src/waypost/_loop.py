@@ -69,3 +69,34 @@ def run(coro: Awaitable[T], timeout: float | None = None) -> T:
 def call_soon(fn: Callable[..., Any], *args: Any) -> None:
     """Call fn(*args) on the control loop, thread-safely."""
     get_loop().call_soon_threadsafe(fn, *args)
+
+
+def retrieve(fut: asyncio.Future[Any]) -> None:
+    """Mark a finished future's outcome as seen, so that dropping it logs no "exception was never
+    retrieved"; a future still running is marked when it ends."""
+    if not fut.done():
+        fut.add_done_callback(retrieve)
+    elif not fut.cancelled():
+        fut.exception()
+
+
+def abandon(fut: asyncio.Future[Any]) -> None:
+    """Cancel a future nobody will await any more; its outcome (an error raised while it was being
+    cancelled, say) is retrieved when it ends."""
+    fut.cancel()
+    retrieve(fut)
+
+
+async def gather_within(timeout: float, *aws: Awaitable[T]) -> list[T]:
+    """``asyncio.wait_for(asyncio.gather(*aws), timeout)`` whose gather never ends unretrieved.
+
+    When the caller is cancelled while waiting, ``wait_for`` cancels the gather and waits for it but
+    never looks at its outcome; on Python 3.11 a cancelled gather then holds a ``CancelledError`` as
+    its exception, and the collector logs "_GatheringFuture exception was never retrieved" with a
+    traceback, from the loop thread, whenever it finds the future (at a subscriber's close, at exit).
+    """
+    fut = asyncio.gather(*aws)
+    try:
+        return await asyncio.wait_for(fut, timeout)
+    finally:
+        retrieve(fut)

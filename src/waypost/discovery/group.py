@@ -25,7 +25,7 @@ from collections.abc import Iterator
 from dataclasses import dataclass, field
 from typing import Any
 
-from .. import metrics
+from .. import _loop, metrics
 from ..errors import Compacted, PermissionDenied, RegistryError, RegistryUnavailable, StoreReset
 from ..registry.base import Event, Registry, ValueColumns, Watch
 from ..registry.formats import Entry, MetaEntry, WireFormat
@@ -194,10 +194,8 @@ class _Group:
             return
         finally:
             if main_read is not None:
-                if not main_read.done():
-                    main_read.cancel()
-                elif not main_read.cancelled():
-                    main_read.exception()  # retrieved: a failed read that was never used is no news
+                # a read that was never used (or still runs) is no news, whatever it ends with
+                _loop.abandon(main_read)
         self.stale.live()  # ready: the subscribers' attach returns (unless a stale list made it return)
         for src in self.sources:
             src.task = asyncio.create_task(self._watch_loop(src), name=f"waypost-sub-watch {src.key}")
@@ -349,8 +347,7 @@ class _Group:
             if len(want) > 32:  # a registration storm: one read of the whole prefix, not thousands
                 results = [await asyncio.wait_for(self.registry.get_values(side.key, prefix=True), GET_TIMEOUT)]
             else:
-                results = await asyncio.wait_for(
-                    asyncio.gather(*(self.registry.get_values(k) for k in want)), GET_TIMEOUT)
+                results = await _loop.gather_within(GET_TIMEOUT, *(self.registry.get_values(k) for k in want))
         except asyncio.CancelledError:
             raise
         except Exception as e:  # noqa: BLE001 (the side watch still delivers it, later)
@@ -387,8 +384,7 @@ class _Group:
             if len(want) > 32:
                 results = [await asyncio.wait_for(self.registry.get_values(main.key, prefix=True), GET_TIMEOUT)]
             else:
-                results = await asyncio.wait_for(
-                    asyncio.gather(*(self.registry.get_values(k) for k in want)), GET_TIMEOUT)
+                results = await _loop.gather_within(GET_TIMEOUT, *(self.registry.get_values(k) for k in want))
         except asyncio.CancelledError:
             raise
         except Exception as e:  # noqa: BLE001 (the address watch still delivers the deletes, later)

@@ -26,7 +26,7 @@ import weakref
 from collections.abc import Callable, Iterator
 from typing import Any, Protocol
 
-from .. import metrics
+from .. import _loop, metrics
 from ..registry.base import Registry, ValueColumns
 from ..registry.formats import WireFormat
 from . import cache
@@ -173,9 +173,9 @@ class StaleStart:
     async def _serializable(self) -> tuple[str, dict[str, ValueColumns]] | None:
         g = self.group
         try:
-            reads = await asyncio.wait_for(asyncio.gather(*(
+            reads = await _loop.gather_within(STALE_READ_TIMEOUT, *(
                 g.registry.get_values_stale(src.key, prefix=src.prefix, timeout=STALE_READ_TIMEOUT)
-                for src in g.sources)), STALE_READ_TIMEOUT)
+                for src in g.sources))
         except asyncio.CancelledError:
             raise
         except Exception as e:  # noqa: BLE001 -- no member answers either: try the cache

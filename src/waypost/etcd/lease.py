@@ -231,10 +231,7 @@ class KeepAliveManager:
                 finally:
                     waker.cancel()
         finally:
-            if not reader.done():
-                reader.cancel()
-            elif not reader.cancelled():
-                reader.exception()  # retrieved: the writer's error is the one reported
+            _loop.abandon(reader)  # retrieved, even when it fails while cancelled: the writer's error is reported
 
     async def _read(self, call: grpc.aio.StreamStreamCall) -> None:
         while True:

@@ -339,7 +339,7 @@ class WatchManager:
                     return
         finally:
             self._session_ep = self._session_call = None
-            writer.cancel()
+            _loop.abandon(writer)  # (a write that failed after the read did is no news either)
 
     async def _write(self, call: grpc.aio.StreamStreamCall, outbox: asyncio.Queue[pb.WatchRequest]) -> None:
         while True:

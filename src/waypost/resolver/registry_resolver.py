@@ -26,6 +26,15 @@ DIAGNOSE_AFTER = 0.3
 PROBE_LIMIT = 2.0
 
 
+def _close_opened(opening: asyncio.Future[Any]) -> None:
+    """The end of a subscriber's opening nobody waits for any more: close what it opened, and
+    retrieve what it failed with (nothing to report: its resolver is gone)."""
+    if opening.cancelled():
+        return
+    if opening.exception() is None:
+        opening.result().close()
+
+
 class RegistryResolver:
     """The backend list under a registry key; ``timeout`` bounds the initial load of a blocking start."""
 
@@ -85,6 +94,10 @@ class RegistryResolver:
                     if why is not None and not opening.done():
                         on_error(why)
                 sub = await opening
+            except asyncio.CancelledError:
+                opening.cancel()  # the resolver is going: a subscriber opened meanwhile is closed at once
+                opening.add_done_callback(_close_opened)
+                raise
             except Exception as e:  # noqa: BLE001  # keep trying; calls see the reason meanwhile
                 why = await self._why_unreachable()
                 log.warning("waypost: resolving %s failed: %s", self.target.redacted, e)
