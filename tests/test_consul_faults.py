@@ -278,9 +278,9 @@ def test_agent_restart_with_its_state_keeps_the_list_under_load(persistent_agent
             failures_before = resolver.failures
             time.sleep(10.0)
             link.cut()
+            queries = resolver.queries  # no answer while the agent is down
             agent.start()  # same data dir: the instance is back, critical (its TTL ran out meanwhile)
             t_up = time.monotonic()
-            queries = resolver.queries
             # the resolver has read the restarted agent and seen no passing instance (held, or pushed)
             wait_until(lambda: resolver.failures > failures_before and resolver.queries > queries
                        and (getattr(resolver, "holds", 0) >= 1 or resolver._last == ()), 40,
