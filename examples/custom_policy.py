@@ -137,6 +137,18 @@ waypost.register_policy(SmoothWeightedPolicy)
 SERVICE_CONFIG: dict[str, Any] = {"loadBalancingConfig": [{"my_swrr": {}}]}
 
 
+def wait_for_every_backend(channel: Any, timeout: float = 5.0) -> None:
+    """``dial`` returns as soon as one backend is READY, and the policy balances over the READY ones: calls made
+    at once would all go to the first server that connected. To show the weights at work, wait (at most
+    ``timeout`` seconds) until every backend the registry lists is READY."""
+    import time
+
+    deadline = time.monotonic() + timeout
+    balancer = channel.balancer
+    while time.monotonic() < deadline and len(balancer.ready_addresses()) < len(balancer.subconns()):
+        time.sleep(0.05)
+
+
 def main() -> None:
     import argparse
 
@@ -148,6 +160,7 @@ def main() -> None:
     p.add_argument("-n", type=int, default=12)
     args = p.parse_args()
     with waypost.dial(args.target, service_config=SERVICE_CONFIG) as channel:
+        wait_for_every_backend(channel)
         stub = GreeterStub(channel)
         for i in range(args.n):
             reply = stub.SayHello(HelloRequest(name=f"call {i}"), timeout=5)

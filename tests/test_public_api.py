@@ -87,6 +87,12 @@ PROGRAM = textwrap.dedent('''
         await handle.stop()
 
 
+    async def aio_server_from_the_aio_module() -> None:
+        handle = await waypost.aio.serve(grpc.aio.server(), "greet.rpc")
+        reveal_type(handle)
+        await handle.stop()
+
+
     def discovery() -> None:
         registry = waypost.connect("etcd://127.0.0.1:2379")
         reveal_type(waypost.connect)
@@ -129,6 +135,7 @@ EXPECTED = [
     ("handle", "waypost.server.ServeHandle", "ServeHandle"),
     ("waypost.serve_async", "-> typing.Coroutine[Any, Any, waypost.server.AsyncServeHandle]",
      "CoroutineType[Any, Any, AsyncServeHandle]"),
+    ("handle", "waypost.server.AsyncServeHandle", "AsyncServeHandle"),
     ("handle", "waypost.server.AsyncServeHandle", "AsyncServeHandle"),
     ("waypost.connect", "def (url: str) -> waypost.registry.base.Registry", "(url: str) -> Registry"),
     ("registry", "waypost.registry.base.Registry", "Registry"),

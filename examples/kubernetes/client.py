@@ -14,8 +14,8 @@ from pathlib import Path
 import waypost
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
-from greet_pb2 import HelloRequest  # noqa: E402
-from greet_pb2_grpc import GreeterStub  # noqa: E402
+from greet_pb2 import HelloRequest
+from greet_pb2_grpc import GreeterStub
 
 p = argparse.ArgumentParser()
 p.add_argument("--target", default="k8s:///greet:grpc")

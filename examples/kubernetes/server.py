@@ -16,8 +16,8 @@ import grpc
 import waypost
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # greet_pb2*, greeter.py
-from greet_pb2_grpc import add_GreeterServicer_to_server  # noqa: E402
-from greeter import Greeter  # noqa: E402
+from greet_pb2_grpc import add_GreeterServicer_to_server
+from greeter import Greeter
 
 p = argparse.ArgumentParser()
 p.add_argument("--host", default="0.0.0.0", help="the address to listen on (a pod: all of its own)")

@@ -1,4 +1,5 @@
-"""``waypost demo``: a local etcd, 4 backends (one slow), every policy side by side, then a backend killed
+"""``waypost demo``: a local etcd, 4 backends (one slow), seven policies side by side (the others named with
+why they are left out), then a backend killed
 and a new one added under load. See ``run_demo``."""
 
 from __future__ import annotations

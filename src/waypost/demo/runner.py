@@ -18,10 +18,17 @@ from .backend import SLOTS
 from .cluster import Cluster
 from .load import Load, Sample, summarize
 
-#: every policy the demo runs; the default (what ``dial`` uses without ``balancer=``) comes last, beside
+#: the policies the demo runs (``NOT_SHOWN`` says why the others are not); the default (what ``dial`` uses without ``balancer=``) comes last, beside
 #: go-zero's p2c_ewma and round_robin in the comparison table
 POLICIES = [*dict.fromkeys(["pick_first", "round_robin", "weighted_round_robin", "least_request", "consistent_hash",
                             "p2c_ewma", DEFAULT_POLICY])]
+#: the registered policies the demo does not run, and why (printed after the comparison table)
+NOT_SHOWN = {
+    "random": "round_robin's shares with more variance",
+    "weighted_random": "weighted_round_robin's shares with more variance",
+    "outlier_detection": "it wraps another policy and ejects failing backends: none fails here until step 4",
+    "prequal": "it balances on server load reports, which the demo backends do not send",
+}
 #: name, delay in ms, weight (metadata "weight", used by weighted_round_robin)
 BACKENDS = [("b1", 2.0, 40), ("b2", 2.0, 30), ("b3", 2.0, 20), ("b4", 25.0, 10)]
 SLOW = "b4"
@@ -88,6 +95,7 @@ def run_demo(quick: bool = False, out_dir: Path | None = None, chart: bool = Tru
             results["policies"][policy] = summary
             out.print(_policy_table(f"[3] {i}/{len(POLICIES)} {_label(policy)}", summary))
         out.print(_comparison_table(results["policies"]))
+        out.print(_not_shown_line())
 
         out.print(f"[4] failover under load ({_label(DEFAULT_POLICY)} + retryPolicy): kill {VICTIM} at {settings.kill_at:g}s, "
                   f"add {NEWCOMER[0]} at {settings.add_at:g}s")
@@ -251,3 +259,13 @@ def _failover_table(fo: dict[str, Any]) -> Table:
         t.add_row(phase, str(s["calls"]), str(s["errors"]),
                   *(f"{s['backends'][n]['share'] * 100:.0f}%" for n in names))
     return t
+
+
+def _not_shown_line() -> str:
+    """Which registered policies the demo left out, and why (a custom one: not part of the demo)."""
+    from ..balancer.policies import POLICIES as REGISTERED
+
+    left = [p for p in sorted(REGISTERED) if p not in POLICIES]
+    why = "; ".join(f"{p} ({NOT_SHOWN.get(p, 'not part of the demo')})" for p in left)
+    return f"    {len(POLICIES)} of {len(REGISTERED)} policies run; not run here: {why}" if left else \
+        f"    all {len(REGISTERED)} policies run"
