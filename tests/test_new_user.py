@@ -213,3 +213,17 @@ def test_a_call_failing_as_its_backend_dies_names_the_backend_and_retries(shared
     details = err.details()
     assert not details.startswith("["), details  # grpc's own text first
     assert f"[backend {proc.address}: the call was in flight" in details and "retries=N" in details, details
+
+
+# ---------------------------------------------------------------------------------------- dial with etcd down
+
+
+def test_a_blocking_dial_with_etcd_down_names_the_endpoint_and_the_refusal_first():
+    from waypost.etcd.local import free_port
+
+    endpoint = f"127.0.0.1:{free_port()}"
+    with pytest.raises(waypost.RegistryUnavailable) as ei:
+        waypost.dial(f"etcd:///{endpoint}?key=inventory.rpc")
+    text = str(ei.value)
+    assert text.startswith(f"etcd at {endpoint} unreachable: connection refused"), text
+    assert "'inventory.rpc'" in text and "_waypost" not in text, text

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import re
 from collections.abc import Sequence
 from typing import Any
 
@@ -24,6 +25,19 @@ log = logging.getLogger("waypost.resolver")
 DIAGNOSE_AFTER = 0.3
 #: how long asking the registry why it is unreachable may take
 PROBE_LIMIT = 2.0
+
+_INTERNAL_KEY = re.compile(r"'_waypost/[^']*'")
+#: a connection refused, as the transport words it (``Failed to connect to remote host: Connection refused``)
+_REFUSED = re.compile(r"[^;]*connection refused[^;]*", re.IGNORECASE)
+
+
+def _plain(why: str) -> str:
+    """Each endpoint's reason in plain words: ``connection refused`` rather than the transport's sentence."""
+    parts = []
+    for part in why.split("; "):
+        where, sep, reason = part.partition(" unreachable: ")
+        parts.append(f"{where}{sep}connection refused" if sep and _REFUSED.fullmatch(reason) else part)
+    return "; ".join(parts)
 
 
 def _close_opened(opening: asyncio.Future[Any]) -> None:
@@ -64,9 +78,7 @@ class RegistryResolver:
                                  cache_file=self.target.cache_file)
             except RegistryUnavailable as e:
                 why = _loop.run(self._why_unreachable(), PROBE_LIMIT + 1)
-                if why is None:
-                    raise
-                raise RegistryUnavailable(f"{e} ({why})") from e
+                raise RegistryUnavailable(self._failure_text(e, why)) from e
             self._attach(sub, on_update)
             return
         _loop.submit(self._open_async(on_update, on_error))
@@ -79,6 +91,15 @@ class RegistryResolver:
             return await asyncio.wait_for(resolve_registry(self.target.registry_url()).unreachable(), PROBE_LIMIT)
         except Exception:  # noqa: BLE001 -- a diagnosis only
             return None
+
+    def _failure_text(self, e: BaseException, why: str | None) -> str:
+        """Why the first read failed, cause first: the unreachable endpoints and why (``etcd at h:2379
+        unreachable: connection refused``), then what could not be read; never waypost's internal keys."""
+        what = f"could not read the key {self.key!r} within {self.timeout:g}s"
+        if why is not None:
+            return f"{_plain(why)} ({what}; is etcd running there? `waypost etcd` starts one)"
+        text = _INTERNAL_KEY.sub("its metadata records", str(e)) or type(e).__name__
+        return text if text.startswith("could not read") else f"{what}: {text}"
 
     async def _open_async(self, on_update: OnUpdate, on_error: OnError) -> None:
         from ..discovery import Subscriber
@@ -101,7 +122,7 @@ class RegistryResolver:
             except Exception as e:  # noqa: BLE001  # keep trying; calls see the reason meanwhile
                 why = await self._why_unreachable()
                 log.warning("waypost: resolving %s failed: %s", self.target.redacted, e)
-                on_error(f"{type(e).__name__}: {e}" + (f" ({why})" if why else ""))
+                on_error(self._failure_text(e, why))
                 await asyncio.sleep(delay)
                 delay = min(delay * 2, 5.0)
                 continue
