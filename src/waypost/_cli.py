@@ -222,7 +222,7 @@ def etcd_cmd(c: Ctx, port: int, peer_port: int | None, data_dir: Path | None) ->
     if data_dir is not None:
         data_dir.mkdir(parents=True, exist_ok=True)
     node = LocalEtcd(1, base_dir=data_dir, client_ports=[port])
-    node.members[0].peer_port = peer_port
+    node.members[0].peer_port = node.members[0].advertise_peer_port = peer_port  # (no relay in front of it)
     node.members[0].initial_cluster = f"{node.members[0].name}=http://127.0.0.1:{peer_port}"
     if data_dir is not None and (Path(data_dir) / "m0" / "member").exists():
         node.members[0].cluster_state = "existing"
