@@ -106,16 +106,20 @@ class EtcdMember:
         host: str = "127.0.0.1",
         extra_args: Sequence[str] = (),
         tls: dict[str, str] | None = None,
+        advertise_peer_port: int | None = None,
     ) -> None:
         self.name = name
         self.host = host
         self.data_dir = Path(data_dir)
         self.client_port = client_port or free_port(host)
         self.peer_port = peer_port or free_port(host)
+        #: the peer port the other members are told to use (a relay in front of ``peer_port``, e.g. a test
+        #: proxy that can cut this member off); by default ``peer_port`` itself
+        self.advertise_peer_port = advertise_peer_port or self.peer_port
         self.extra_args = list(extra_args)
         # tls: {"ca": path, "cert": path, "key": path, "client_cert_auth": "1"} for the client listener
         self.tls = tls
-        self.initial_cluster = f"{name}=http://{host}:{self.peer_port}"
+        self.initial_cluster = f"{name}=http://{host}:{self.advertise_peer_port}"
         self.cluster_state = "new"
         self.proc: subprocess.Popen[bytes] | None = None
         self.log_path = self.data_dir.parent / f"{name}.log"
@@ -141,7 +145,7 @@ class EtcdMember:
             "--listen-client-urls", self.client_url,
             "--advertise-client-urls", self.client_url,
             "--listen-peer-urls", f"http://{self.host}:{self.peer_port}",
-            "--initial-advertise-peer-urls", f"http://{self.host}:{self.peer_port}",
+            "--initial-advertise-peer-urls", f"http://{self.host}:{self.advertise_peer_port}",
             "--initial-cluster", self.initial_cluster,
             "--initial-cluster-state", self.cluster_state,
             "--initial-cluster-token", "waypost-local",
@@ -271,7 +275,11 @@ class LocalEtcd:
         extra_args: Sequence[str] = (),
         tls: dict[str, str] | None = None,
         client_ports: Sequence[int] | None = None,
+        advertise_peer_ports: Sequence[int] | None = None,
     ) -> None:
+        """``client_ports``: fixed client ports, one per member (default: free ones). ``advertise_peer_ports``:
+        the peer ports each member advertises to the others instead of the one it listens on, one per member:
+        relays (``tests/etcd_partition.py``) that forward to ``members[i].peer_port`` and can cut a member off."""
         self._tmp: tempfile.TemporaryDirectory[str] | None = None
         if base_dir is None:
             self._tmp = tempfile.TemporaryDirectory(prefix="waypost-etcd-")
@@ -279,6 +287,7 @@ class LocalEtcd:
         self.base_dir = Path(base_dir)
         self.members: list[EtcdMember] = []
         self._client_ports = list(client_ports) if client_ports else None
+        self._advertise_peer_ports = list(advertise_peer_ports) if advertise_peer_ports else None
         self._member_args = (members, list(extra_args), tls)
         self._make_members()
         self._started = False
@@ -289,10 +298,10 @@ class LocalEtcd:
         for i in range(count):
             name = f"m{i}"
             port = self._client_ports[i] if self._client_ports else None
-            self.members.append(
-                EtcdMember(name, self.base_dir / name, client_port=port, extra_args=extra_args, tls=tls)
-            )
-        cluster = ",".join(f"{m.name}=http://{m.host}:{m.peer_port}" for m in self.members)
+            relay = self._advertise_peer_ports[i] if self._advertise_peer_ports else None
+            self.members.append(EtcdMember(name, self.base_dir / name, client_port=port, extra_args=extra_args,
+                                           tls=tls, advertise_peer_port=relay))
+        cluster = ",".join(f"{m.name}=http://{m.host}:{m.advertise_peer_port}" for m in self.members)
         for m in self.members:
             m.initial_cluster = cluster
 
