@@ -113,9 +113,7 @@ class EtcdMember:
         self.data_dir = Path(data_dir)
         self.client_port = client_port or free_port(host)
         self.peer_port = peer_port or free_port(host)
-        #: the peer port the other members are told to use (a relay in front of ``peer_port``, e.g. a test
-        #: proxy that can cut this member off); by default ``peer_port`` itself
-        self.advertise_peer_port = advertise_peer_port or self.peer_port
+        self._advertise_peer_port = advertise_peer_port
         self.extra_args = list(extra_args)
         # tls: {"ca": path, "cert": path, "key": path, "client_cert_auth": "1"} for the client listener
         self.tls = tls
@@ -123,6 +121,17 @@ class EtcdMember:
         self.cluster_state = "new"
         self.proc: subprocess.Popen[bytes] | None = None
         self.log_path = self.data_dir.parent / f"{name}.log"
+
+    @property
+    def advertise_peer_port(self) -> int:
+        """The peer port the other members are told to use: a relay in front of ``peer_port`` (e.g. a test
+        proxy that can cut this member off) when one was given, else ``peer_port`` itself (also after
+        ``peer_port`` is changed)."""
+        return self._advertise_peer_port or self.peer_port
+
+    @advertise_peer_port.setter
+    def advertise_peer_port(self, port: int | None) -> None:
+        self._advertise_peer_port = port if port != self.peer_port else None
 
     @property
     def scheme(self) -> str:
