@@ -17,6 +17,18 @@ from ..errors import (
 # codes that say "this member could not serve the call now": another member may
 UNAVAILABLE_CODES = frozenset({grpc.StatusCode.UNAVAILABLE, grpc.StatusCode.DEADLINE_EXCEEDED})
 
+#: what a member answers when it cannot get a request through raft now (no leader, an election, a member cut
+#: off from the others); some come as UNKNOWN: "context deadline exceeded" is the call's own deadline
+#: expiring inside etcd while the request waited for a leader, "raft proposal dropped" a write refused
+#: for want of one
+_LEADER_TROUBLE = (
+    "etcdserver: no leader",
+    "etcdserver: leader changed",
+    "etcdserver: request timed out",
+    "raft proposal dropped",
+    "context deadline exceeded",
+)
+
 _AUTH_RETRY_DETAILS = (
     "invalid auth token",
     "revision of auth store is old",
@@ -32,6 +44,27 @@ def details(err: grpc.RpcError) -> str:
 def code(err: grpc.RpcError) -> grpc.StatusCode | None:
     fn = getattr(err, "code", None)
     return fn() if callable(fn) else None  # type: ignore[no-any-return]
+
+
+def member_cannot_serve(err: grpc.RpcError) -> bool:
+    """True when the member that answered could not serve the call now (unreachable, a deadline, no leader):
+    another member may."""
+    c = code(err)
+    if c in UNAVAILABLE_CODES:
+        return True
+    d = details(err)
+    return c == grpc.StatusCode.UNKNOWN and any(s in d for s in _LEADER_TROUBLE)
+
+
+def is_no_leader(err: grpc.RpcError) -> bool:
+    """etcd's ``no leader`` answer. For a call sent with ``hasleader`` metadata it comes from the check etcd
+    makes before handling a request (its gRPC interceptor): the request was not handled, not even a write."""
+    return code(err) == grpc.StatusCode.UNAVAILABLE and "etcdserver: no leader" in details(err)
+
+
+def never_sent(err: grpc.RpcError) -> bool:
+    """True when gRPC could not connect at all, so the request never left this process."""
+    return code(err) == grpc.StatusCode.UNAVAILABLE and "failed to connect to all addresses" in details(err)
 
 
 def is_auth_retryable(err: grpc.RpcError) -> bool:
@@ -94,7 +127,7 @@ def map_error(err: grpc.RpcError, op: str, where: str = "", key: bytes | str = "
     msg = f"{head}: {name}: {d}"
     if key:
         msg += f" (key {shown_key(key)})"
-    if c in UNAVAILABLE_CODES:
+    if member_cannot_serve(err):
         return RegistryUnavailable(msg)
     if c == grpc.StatusCode.PERMISSION_DENIED:
         return PermissionDenied(msg)

@@ -18,6 +18,7 @@ import grpc.aio
 from .. import _fork
 from ..errors import Compacted, RegistryError, RegistryUnavailable
 from . import _errors, records
+from . import deadline as deadline_mod
 from ._methods import (
     COMPACT,
     DELETE_RANGE,
@@ -33,13 +34,23 @@ from ._methods import (
 from ._proto import waypost_etcd_pb2 as pb
 from .auth import Auth
 from .config import EtcdConfig
-from .endpoints import EndpointPool
+from .endpoints import Endpoint, EndpointPool
 from .lease import KeepAliveManager, LeaseKeepAlive, LostCallback
 from .watch import Watcher, WatchManager
 
 log = logging.getLogger("waypost.etcd")
 
 M = TypeVar("M")
+
+#: the shortest wait for one attempt when there are several endpoints (see ``EtcdClient.call``)
+MIN_ATTEMPT = 1.0
+#: an attempt its caller cancelled after waiting this long marks its member failed
+SUSPECT_AFTER = 1.0
+#: the pause when every member answered "no leader" (an election), doubling up to the maximum
+NO_LEADER_BACKOFF = 0.05
+MAX_NO_LEADER_BACKOFF = 0.5
+#: a hard bound on the rounds of one call's loop (the deadline ends it long before)
+MAX_ROUNDS = 10_000
 
 
 class _Unparsed:
@@ -77,38 +88,78 @@ class EtcdClient:
 
     async def call(self, op: str, method: str, req: Any, resp_type: type[M], *,
                    idempotent: bool = True, timeout: float | None = None) -> M:
-        """One unary call with deadline, failover, and a single re-authentication."""
+        """One unary call with deadline, failover, and a single re-authentication.
+
+        How long one attempt may wait on one member, and when another member is tried:
+
+        - The call's budget is ``timeout`` (default: request_timeout), cut to the caller's own when one is set
+          with ``deadline.within`` (a caller that gives up after 3 s cancels the call; waiting 5 s on one
+          member would mean it never sees another). With several endpoints an attempt gets half of that
+          budget (at least ``MIN_ATTEMPT``), so a failover always fits: a member that does not answer in
+          time is marked failed and the next attempt goes to another one.
+        - Requests that need a leader (all but serializable reads and Status) carry ``hasleader``, as
+          etcd's clientv3 ``WithRequireLeader`` does: a member cut off from the majority answers at once
+          ``no leader``, before handling the request, instead of holding it until a deadline. That answer
+          is retried on the other members (transactions too: nothing was applied), with a short backoff
+          while every member says it (an election), until the budget runs out.
+        - An attempt its caller cancels after it waited ``SUSPECT_AFTER`` s marks its member failed too,
+          so the caller's next try goes elsewhere even when no deadline of ours fired.
+        - An idempotent call that failed on one member because of it (unreachable, a deadline, etcd's
+          leader errors) is retried on another; a transaction only when it was never sent, else it raises
+          ``RegistryUnavailable`` saying that it may have been applied.
+        """
         cfg = self.cfg
+        clock = self.clock
         n = len(self.pool.endpoints)
         budget = cfg.request_timeout if timeout is None else timeout
-        per_attempt = budget if n == 1 else max(budget / 2, 1.0)
-        deadline = self.clock() + cfg.dial_timeout + budget
+        deadline = clock() + cfg.dial_timeout + budget
+        caller_left = deadline_mod.time_left()
+        if caller_left is not None:
+            budget = min(budget, max(caller_left, 0.0))
+            deadline = min(deadline, clock() + caller_left)
+        per_attempt = budget if n == 1 else max(budget / 2, MIN_ATTEMPT)
+        need_leader = method != STATUS and not getattr(req, "serializable", False)
         auth_retried = False
         attempts = 0
+        leaderless: set[Endpoint] = set()  # members that answered "no leader" to this call
+        backoff = NO_LEADER_BACKOFF
         last: grpc.aio.AioRpcError | None = None
-        while True:
+        for _ in range(MAX_ROUNDS):  # bounded by the deadline long before this
             if self._closed:
                 raise self.pool._closed_error(op)
-            left = deadline - self.clock()
+            left = deadline - clock()
             if left <= 0 or attempts > n + 1:
-                if last is not None:
-                    raise _errors.map_error(last, op, key=_errors.request_key(req)) from None
-                raise RegistryUnavailable(f"etcd {op}: no answer within {budget:g}s")
+                break
             ep = self.pool.ready_now() or await self.pool.pick(op, timeout=min(cfg.dial_timeout, left))
-            md = await self.auth.metadata(ep)
+            if ep in leaderless:
+                other = self.pool.ready_other(leaderless)
+                if other is None:
+                    # every connected member said "no leader" (an election, or the others still connecting)
+                    if len(leaderless) >= n:
+                        leaderless.clear()
+                    await asyncio.sleep(min(backoff, max(deadline - clock(), 0.0)))
+                    backoff = min(backoff * 2, MAX_NO_LEADER_BACKOFF)
+                    continue
+                ep = other
+            md = await self.auth.metadata(ep, require_leader=need_leader)
             if ep.channel is None:  # paused for a fork meanwhile (waypost._fork): pick again
                 continue
             attempts += 1
             generation = self.pool.generation
+            started = clock()
             try:
                 resp = await ep.unary(method, type(req), resp_type)(
-                    req, timeout=max(min(per_attempt, deadline - self.clock()), 0.05), metadata=md,
+                    req, timeout=max(min(per_attempt, deadline - clock()), 0.05), metadata=md,
                 )
             except asyncio.CancelledError:
                 # a call cut by closing its channel for a fork ends "cancelled": retry it, unless this
                 # task itself is being cancelled
                 cancelling = getattr(asyncio.current_task(), "cancelling", None)  # Python >= 3.11
                 if self.pool.generation == generation or (cancelling is not None and cancelling()):
+                    if n > 1 and self.pool.generation == generation and clock() - started >= SUSPECT_AFTER:
+                        log.info("etcd %s: no answer from %s within %.1fs, when its caller gave up", op,
+                                 ep.address, clock() - started)
+                        self.pool.mark_failed(ep, notify=False)
                     raise
                 if not idempotent:
                     raise RegistryUnavailable(f"etcd {op}: interrupted by a fork of this process; "
@@ -128,11 +179,24 @@ class EtcdClient:
                     self.auth.invalidate_sent(md)
                     log.info("etcd %s: auth token rejected (%s); authenticating again", op, e.code().name)
                     continue
-                if e.code() in _errors.UNAVAILABLE_CODES:
+                if need_leader and _errors.is_no_leader(e):
+                    # refused before it was handled: safe to send anywhere again, a transaction too
+                    if not leaderless:
+                        log.info("etcd %s: %s has no leader; trying the others", op, ep.address)
+                    leaderless.add(ep)
+                    self.pool.skip(ep)
+                    attempts -= 1
+                    continue
+                if _errors.member_cannot_serve(e):
                     self.pool.mark_failed(ep)
                     # a deadline on the only endpoint would just repeat: give up at once
-                    if idempotent and (n > 1 or e.code() == grpc.StatusCode.UNAVAILABLE):
+                    retry = n > 1 or e.code() == grpc.StatusCode.UNAVAILABLE
+                    if retry and (idempotent or _errors.never_sent(e)):
                         continue
+                    if not idempotent:
+                        raise RegistryUnavailable(
+                            f"{_errors.map_error(e, op, ep.address, key=_errors.request_key(req))}; not retried "
+                            "on another member: it may or may not have been applied") from None
                 if _errors.is_compacted(e):
                     rev = await self.compact_revision(getattr(req, "key", b"") or b"\0waypost/compact-probe")
                     raise Compacted(rev, f"etcd {op}: {_errors.details(e)} (compacted at {rev})") from None
@@ -142,6 +206,9 @@ class EtcdClient:
             if header is not None:
                 self.watches.note_revision(header.revision)
             return resp  # type: ignore[no-any-return]
+        if last is not None:
+            raise _errors.map_error(last, op, key=_errors.request_key(req)) from None
+        raise RegistryUnavailable(f"etcd {op}: no answer within {budget:g}s")
 
     async def compact_revision(self, key: bytes = b"\0waypost/compact-probe") -> int:
         """The store's compaction revision (0 if unknown), found with a watch on ``key`` from revision 1.
@@ -239,15 +306,16 @@ class EtcdClient:
 
     def keep_alive(self, lease_id: int, ttl: int, on_lost: LostCallback) -> LeaseKeepAlive:
         """Renew ``lease_id`` every ttl/3 on the shared keepalive stream; see ``lease.KeepAliveManager``."""
-        return self.leases.add(lease_id, ttl, on_lost)
+        # the stream and its watchdog outlive the caller: they must not inherit its deadline
+        return deadline_mod.detached().run(self.leases.add, lease_id, ttl, on_lost)
 
     # -- watch ---------------------------------------------------------------------------
 
     def watch(self, key: bytes, range_end: bytes = b"", *, start_revision: int = 0, prev_kv: bool = False,
               progress_notify: bool = False, convert: Callable[[Any], Any] | None = None) -> Watcher:
         """A watcher on the shared watch stream; see ``watch.Watcher``."""
-        return self.watches.add(key, range_end, start_revision=start_revision, prev_kv=prev_kv,
-                                progress_notify=progress_notify, convert=convert)
+        return deadline_mod.detached().run(self.watches.add, key, range_end, start_revision=start_revision,
+                                           prev_kv=prev_kv, progress_notify=progress_notify, convert=convert)
 
     # -- misc ----------------------------------------------------------------------------
 

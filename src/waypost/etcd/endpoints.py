@@ -194,8 +194,9 @@ class EndpointPool:
     def _suspect(self, ep: Endpoint, now: float) -> bool:
         return ep.failed_at is not None and now - ep.failed_at < self.cfg.failure_cooldown
 
-    def mark_failed(self, ep: Endpoint) -> None:
-        """Prefer other endpoints for a while; move the current pointer past this one."""
+    def mark_failed(self, ep: Endpoint, notify: bool = True) -> None:
+        """Prefer other endpoints for a while; move the current pointer past this one. ``notify``: tell the
+        failure listeners too (the streams on ``ep`` move elsewhere)."""
         first = ep.failed_at is None
         ep.failed_at = self.clock()
         n = len(self.endpoints)
@@ -204,11 +205,40 @@ class EndpointPool:
         # once per outage at INFO; repeats while it stays down are DEBUG
         log.log(logging.INFO if first else logging.DEBUG, "etcd endpoint %s failed; %s", ep.address,
                 "trying the others" if n > 1 else "will retry it")
+        if not notify:
+            return
         for cb in list(self.failure_listeners):
             try:
                 cb(ep)
             except Exception:
                 log.exception("endpoint failure listener raised")
+
+    def skip(self, ep: Endpoint) -> None:
+        """Move the current pointer past ``ep`` without counting it as failed (it answered, but cannot serve
+        this now: no leader)."""
+        n = len(self.endpoints)
+        if n > 1 and self.endpoints[self._current] is ep:
+            self._current = (self._current + 1) % n
+
+    def ready_other(self, exclude: set[Endpoint]) -> Endpoint | None:
+        """A connected endpoint not in ``exclude``, healthy ones first (it becomes the current one); None when
+        there is none right now (the others are asked to connect)."""
+        if self._fork_pause is not None or self._abandoned or self._closed:
+            return None
+        now = self.clock()
+        found: Endpoint | None = None
+        n = len(self.endpoints)
+        for i in range(n):
+            ep = self.endpoints[(self._current + i) % n]
+            if ep in exclude or ep.channel is None or ep.channel.get_state(True) is not _READY:
+                continue
+            if not self._suspect(ep, now):
+                found = ep
+                break
+            found = found or ep
+        if found is not None:
+            self._current = self.endpoints.index(found)
+        return found
 
     def mark_ok(self, ep: Endpoint) -> None:
         """A call succeeded on ``ep``: it is healthy again."""
@@ -273,7 +303,7 @@ class EndpointPool:
             if now >= deadline:
                 reasons = await self.why_unreachable()
                 raise RegistryUnavailable(
-                    f"etcd {op}: no endpoint reachable within {wait:g}s "
+                    f"etcd {op}: no endpoint reachable within {round(wait, 2):g}s "
                     f"(endpoints: {', '.join(self.cfg.endpoints)})" + (f"; {reasons[0]}" if reasons else "")
                 )
             await asyncio.sleep(min(delay, max(deadline - now, 0.001)))
