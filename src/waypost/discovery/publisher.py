@@ -2,8 +2,9 @@
 
 Behaviour (go-zero's ``core/discov`` Publisher, plus what it lacks):
 - ``start()`` grants a lease of ``ttl`` seconds, puts the record(s) of the chosen wire format under it,
-  keeps the lease alive on the registry's shared keepalive stream, and watches its own key. It raises
-  ``RegistryUnavailable`` if this does not succeed within ``timeout`` seconds (fail fast at start-up).
+  keeps the lease alive on the registry's shared keepalive stream, and watches its own key. A failed attempt
+  (etcd unreachable, e.g. not started yet) is retried with backoff; ``RegistryUnavailable``, naming the last
+  cause, once ``timeout`` seconds have passed (a refusal or an error etcd answered: at once).
 - A record of the registration deleted by someone else (the address record, or go-zero's metadata side
   record): put back at once, under the same lease. Every record is guarded, so deleting one and then the
   other right after restores both.
@@ -36,7 +37,7 @@ import logging
 import math
 import random
 import time
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Coroutine, Mapping
 from typing import Any
 
 from .. import _loop, metrics
@@ -49,6 +50,7 @@ from ..errors import (
     describe_value,
     shown_key,
 )
+from ..etcd import deadline as caller_deadline
 from ..netutil import check_dialable
 from ..registry.base import Registry
 from ..registry.formats import WireFormat, get_format
@@ -59,6 +61,20 @@ from .subscriber import cool_down, resolve_registry
 
 log = logging.getLogger("waypost.discovery")
 
+#: start-up retries: the first pause, doubling up to the last, +-5% (``_register_within_timeout``)
+FIRST_RETRY = 0.25
+MAX_RETRY = 2.0
+#: no new attempt with less time left than this after the pause; and at most this many attempts
+MIN_START_ATTEMPT = 0.2
+MAX_START_ATTEMPTS = 1000
+#: an attempt's registry calls end this long before the attempt's own timer, so that their error says why
+CAUSE_MARGIN = 0.5
+
+
+def _spawn(coro: Coroutine[Any, Any, None], name: str | None = None) -> asyncio.Task[None]:
+    """A task on the running loop that does not inherit a caller's etcd deadline (``etcd.deadline``): the
+    publisher's guard, retries and revokes outlive the call that started them."""
+    return caller_deadline.detached().run(asyncio.get_running_loop().create_task, coro, name=name)
 
 
 def _check_json(value: Any, where: str, depth: int = 0) -> None:
@@ -178,16 +194,54 @@ class Publisher(PublisherBase):
         track(self)
 
     async def _register_within_timeout(self) -> None:
-        try:
-            await asyncio.wait_for(self._register(), self.timeout)
-        except PermissionDenied:
-            raise  # a refusal, not an outage: say so as it is
-        except (asyncio.TimeoutError, RegistryError, RegistryUnavailable, OSError) as e:
-            why = "timed out" if isinstance(e, asyncio.TimeoutError) else str(e)
-            raise RegistryUnavailable(
-                f"could not register {self.base_key!r}={self.value!r} in {self.registry.url} "
-                f"within {self.timeout:g}s: {why}"
-            ) from e
+        """Register, retrying with backoff (``FIRST_RETRY`` s doubling to ``MAX_RETRY`` s, jittered) until
+        ``timeout`` runs out: a registry that starts a little after this server (docker compose and
+        Kubernetes start them together) is waited for. A refusal (``PermissionDenied``) or an error etcd
+        answered raises at once; when the time is up, the error names the last cause."""
+        loop = asyncio.get_running_loop()
+        deadline = loop.time() + self.timeout
+        delay = FIRST_RETRY
+        attempts = 0
+        cause: BaseException | None = None  # the last failure that said why
+        last: BaseException | None = None
+        while attempts < MAX_START_ATTEMPTS:
+            attempts += 1
+            left = deadline - loop.time()
+            try:
+                # the etcd client splits this time between its attempts and ends with its own error, naming
+                # the cause (e.g. connection refused), a little before the outer timer would cut it without one
+                with caller_deadline.within(left - min(CAUSE_MARGIN, left / 4)):
+                    await asyncio.wait_for(self._register(), left)
+                if attempts > 1:
+                    log.info("%r: registered at attempt %d", self, attempts)
+                return
+            except PermissionDenied:
+                raise  # a refusal, not an outage: say so as it is
+            except RegistryUnavailable as e:
+                last = cause = e
+            except (asyncio.TimeoutError, OSError) as e:
+                last = e
+                if not isinstance(e, asyncio.TimeoutError):
+                    cause = e
+            except RegistryError as e:  # etcd answered: trying again would get the same answer
+                raise self._not_registered(e, e, attempts) from e
+            pause = cool_down(self._rng, delay)
+            if deadline - loop.time() <= pause + MIN_START_ATTEMPT:
+                break
+            log.debug("%r: registering failed (%s); again in %.2fs", self, last, pause)
+            await asyncio.sleep(pause)
+            delay = min(delay * 2, MAX_RETRY)
+        assert last is not None
+        raise self._not_registered(last, cause, attempts) from last
+
+    def _not_registered(self, last: BaseException, cause: BaseException | None, attempts: int) -> RegistryUnavailable:
+        if isinstance(last, asyncio.TimeoutError):
+            why = "timed out" + (f" (before that: {cause})" if cause is not None else "")
+        else:
+            why = str(last)
+        tries = f" ({attempts} attempts)" if attempts > 1 else ""
+        return RegistryUnavailable(f"could not register {self.base_key!r}={self.value!r} in {self.registry.url} "
+                                   f"within {self.timeout:g}s{tries}: {why}")
 
     async def _pause(self) -> None:
         if self._state != "running":
@@ -259,8 +313,8 @@ class Publisher(PublisherBase):
                         rev = (await asyncio.wait_for(self.registry.delete(k), self.timeout)).revision
                 finally:
                     if rekey and self._lease == lease and self._state == "running":
-                        self._guard_task = asyncio.create_task(self._guard(lease, [k for k, _ in records], rev),
-                                                               name=f"waypost-pub {records[-1][0]}")
+                        self._guard_task = _spawn(self._guard(lease, [k for k, _ in records], rev),
+                                                  name=f"waypost-pub {records[-1][0]}")
         except LeaseNotFound as e:
             self._recover_later(e)  # registers again, with the new metadata
         except (asyncio.TimeoutError, RegistryError, RegistryUnavailable, OSError) as e:
@@ -313,16 +367,16 @@ class Publisher(PublisherBase):
             if self._state != "running":
                 raise asyncio.CancelledError
         except BaseException:
-            asyncio.get_running_loop().create_task(self._revoke(lease))
+            _spawn(self._revoke(lease))
             raise
         self._lease, self._key, self._records = lease, main[0], records
-        self._keepalive = self.registry.keep_alive(lease, self.ttl, self._on_lost)
-        self._guard_task = asyncio.create_task(self._guard(lease, [k for k, _ in records], rev),
-                                               name=f"waypost-pub {main[0]}")
+        self._keepalive = caller_deadline.detached().run(self.registry.keep_alive, lease, self.ttl, self._on_lost)
+        # the tasks that outlive this registration attempt run without its deadline
+        self._guard_task = _spawn(self._guard(lease, [k for k, _ in records], rev), name=f"waypost-pub {main[0]}")
         self._registered = True
         self.registrations += 1
         if self.metadata is not metadata:  # update_metadata() while this registration was being written
-            asyncio.get_running_loop().create_task(self._update_late())
+            _spawn(self._update_late())
         lasted = self.outage.end()
         log.info("%r: registered with lease %d%s", self, lease, f" after {lasted:.1f}s unregistered" if lasted else "")
 
@@ -355,7 +409,7 @@ class Publisher(PublisherBase):
         """Start the re-registration loop (once) after the lease was lost."""
         if self._retry_task is not None and not self._retry_task.done():
             return
-        self._retry_task = asyncio.get_running_loop().create_task(self._recover(reason))
+        self._retry_task = _spawn(self._recover(reason))
 
     async def _recover(self, reason: BaseException | None) -> None:
         old = self._lease
@@ -375,7 +429,8 @@ class Publisher(PublisherBase):
         try:
             while self._state == "running":
                 try:
-                    await asyncio.wait_for(self._register(), self.timeout)
+                    with caller_deadline.within(self.timeout):
+                        await asyncio.wait_for(self._register(), self.timeout)
                 except asyncio.CancelledError:
                     if self._state != "running":
                         return
@@ -403,7 +458,7 @@ class Publisher(PublisherBase):
                 # (all of them at once when several publishers recover together). A reused key (custom
                 # id) belongs to the new lease by then, so the revoke does not delete it. In the
                 # background: it must not hold up anything on an unreachable etcd.
-                asyncio.get_running_loop().create_task(self._revoke(old))
+                _spawn(self._revoke(old))
 
     async def _guard(self, lease: int, keys: list[str], rev: int) -> None:
         """Watch every record of the registration (the address record and any side record: the
