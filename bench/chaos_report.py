@@ -7,7 +7,8 @@ at ~50 changes/s, backend SIGKILL and SIGSTOP under load with a retryPolicy, a p
 longer than its TTL, a process forking 8 children per round after dialing an etcd target (gunicorn/uWSGI
 preload); and (``tests/chaos_etcd_store.py``) etcd SIGKILLed and back with an older store (data directory
 wiped, or restored from a snapshot), a publisher behind a link adding 0.9 s each way; two registries backing each
-other up (servers registered in both, clients reading both), one of them down.
+other up (servers registered in both, clients reading both), one of them down; one member of a 3-member cluster
+cut off from the other two while the clients talk to it (``tests/etcd_partition.py``).
 A Consul server agent (data dir kept) restarted under load, down longer than its instances' TTL.
 Columns: RPCs sent and failed, registrations lost, recovery time (what "recovery" means per scenario
 is in the JSON as ``recovery_what``) and its bound.
@@ -36,6 +37,7 @@ for p in (ROOT / "src", ROOT):
 
 from tests import chaos_etcd_store as cstore
 from tests import chaos_scenarios as cs
+from tests.etcd_partition import PartitionCluster
 from waypost.etcd.local import LocalEtcd
 
 # name -> (members, run(etcd, quick) -> results)
@@ -55,26 +57,42 @@ SCENARIOS: dict[str, tuple[int, Callable[[LocalEtcd, bool], list[cs.Result]]]] =
 }
 
 
+def partitioned_member(base_dir: Path, quick: bool) -> list[cs.Result]:
+    """A 3-member cluster behind peer relays (``tests/etcd_partition.py``), one member cut off under load."""
+    with PartitionCluster(3, base_dir=base_dir) as pc:
+        return [cs.partitioned_member(pc, partition_s=4.0 if quick else 8.0)]
+
+
+# name -> run(base_dir, quick) -> results: scenarios that start an etcd of their own
+OWN_ETCD: dict[str, Callable[[Path, bool], list[cs.Result]]] = {
+    "partitioned_member": partitioned_member,
+}
+
+
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("--quick", action="store_true", help="short faults (the CI version)")
-    ap.add_argument("--only", nargs="*", choices=sorted(SCENARIOS), help="run only these scenarios")
+    ap.add_argument("--only", nargs="*", choices=sorted([*SCENARIOS, *OWN_ETCD]), help="run only these scenarios")
     ap.add_argument("--out", default=str(ROOT / "bench" / "results" / "chaos.json"))
     args = ap.parse_args(argv)
-    names = args.only or list(SCENARIOS)
+    names = args.only or [*SCENARIOS, *OWN_ETCD]
     results: list[cs.Result] = []
     t0 = time.monotonic()
     with tempfile.TemporaryDirectory(prefix="waypost-chaos-") as tmp:
         for i, name in enumerate(names):
-            members, run = SCENARIOS[name]
             print(f"[{name}] running ...", flush=True)
-            with LocalEtcd(members, base_dir=Path(tmp) / f"{i}-{name}") as etcd:  # started by __enter__
-                try:
+            base = Path(tmp) / f"{i}-{name}"
+            try:
+                if name in OWN_ETCD:
+                    results.extend(OWN_ETCD[name](base, args.quick))
+                    continue
+                members, run = SCENARIOS[name]
+                with LocalEtcd(members, base_dir=base) as etcd:  # started by __enter__
                     results.extend(run(etcd, args.quick))
-                except Exception as e:  # noqa: BLE001  # one scenario's crash is a row, not the end
-                    r = cs.Result(name)
-                    r.problems.append(f"scenario raised {type(e).__name__}: {e}")
-                    results.append(r)
+            except Exception as e:  # noqa: BLE001  # one scenario's crash is a row, not the end
+                r = cs.Result(name)
+                r.problems.append(f"scenario raised {type(e).__name__}: {e}")
+                results.append(r)
     table = cs.fmt_table(results)
     print(table)
     out = {

@@ -15,6 +15,7 @@ from pathlib import Path
 import pytest
 
 from tests import chaos_scenarios as cs
+from tests.etcd_partition import PartitionCluster
 from tests.waiting import wait_until
 
 pytestmark = [pytest.mark.slow, pytest.mark.timeout(180)]
@@ -43,6 +44,12 @@ def test_etcd_down_longer_than_the_ttl_loses_nothing(etcd):
 
 def test_leader_killed_loses_nothing(etcd_cluster):
     _assert_held(cs.leader_killed(etcd_cluster, observe_s=2.0))
+
+
+def test_partitioned_member_loses_nothing(tmp_path):
+    # every client talks to the member cut off, with request_timeout=10 (longer than the callers' budgets)
+    with PartitionCluster(3, base_dir=tmp_path / "etcd") as pc:
+        _assert_held(cs.partitioned_member(pc, partition_s=4.0))
 
 
 def test_compaction_under_churn_converges(etcd):
