@@ -444,11 +444,13 @@ class WatchManager:
             return ""
         key, mod, digest = record
         resets = self.resets
-        md = await self.auth.metadata(ep)
+        # with a leader only, and briefly: a member cut off from the majority answers "no leader" at once
+        # instead of holding the new stream for etcd's own request timeout (the check is retried on the next one)
+        md = await self.auth.metadata(ep, require_leader=True)
         try:
             data = await ep.unary(RANGE, pb.RangeRequest, _Serialized)(
                 pb.RangeRequest(key=key, revision=mod, limit=1), metadata=md,
-                timeout=self.pool.cfg.request_timeout)
+                timeout=min(self.pool.cfg.request_timeout, 2.0))
         except grpc.aio.AioRpcError as e:
             if e.code() in _errors.UNAVAILABLE_CODES:  # unknown: check again on the next stream
                 raise Restart(f"{ep.address}: reading {key!r} at revision {mod} to check the store failed "
