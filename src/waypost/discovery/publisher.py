@@ -55,6 +55,7 @@ from ..netutil import check_dialable
 from ..registry.base import Registry
 from ..registry.formats import WireFormat, get_format
 from .outage import OnUnregistered, Outage, track, untrack
+from .override import OverrideFollower, apply_override
 from .permissions import grant_hint, role_refused
 from .publisher_base import REVOKE_TIMEOUT, PublisherBase
 from .subscriber import cool_down, resolve_registry
@@ -146,9 +147,13 @@ class Publisher(PublisherBase):
         self._retry_task: asyncio.Task[None] | None = None
         self.registrations = 0  # successful registrations so far (1 after start, +1 per recovery)
         self._writing: asyncio.Lock | None = None  # (made on the control loop) one rewrite of the records at a time
+        #: an operator's weight override (``override.py``), followed from the first registration until stop()
+        self.override = OverrideFollower(self.registry, key, value, self._update_late, self._rng)
+        self._override_task: asyncio.Task[None] | None = None
 
     def _encode(self, ident: int | str, metadata: Mapping[str, Any] | None) -> list[tuple[str, bytes]]:
-        """The registration's records: the format's side records first, then the address record."""
+        """The registration's records: the format's side records first, then the address record. (Callers
+        registering pass ``self._effective(...)``: the metadata with an operator's override applied.)"""
         main = self.format.encode(self.base_key, self.value, ident, metadata)
         return [*self.format.encode_side(self.base_key, self.value, ident, metadata), main]
 
@@ -163,6 +168,9 @@ class Publisher(PublisherBase):
             _check_json(md, "metadata")
         self._encode(self.id if self.id is not None else 1, md)
         return md
+
+    def _effective(self, metadata: Mapping[str, Any] | None) -> dict[str, Any] | None:
+        return apply_override(metadata, self.override.current)
 
     # -- properties ------------------------------------------------------------------------------
 
@@ -271,10 +279,10 @@ class Publisher(PublisherBase):
 
     async def _teardown(self, revoke: bool) -> None:
         """Stop guarding and renewing; revoke the lease (bounded; else it expires by TTL)."""
-        for task in (self._retry_task, self._guard_task):
+        for task in (self._retry_task, self._guard_task, self._override_task):
             if task is not None and task is not asyncio.current_task():
                 task.cancel()
-        self._retry_task = self._guard_task = None
+        self._retry_task = self._guard_task = self._override_task = None
         if self._keepalive is not None:
             self._keepalive.cancel()
             self._keepalive = None
@@ -298,7 +306,7 @@ class Publisher(PublisherBase):
         lease = self._lease
         try:
             async with self._write_lock():
-                records = self._encode(self.id if self.id is not None else lease, metadata)
+                records = self._encode(self.id if self.id is not None else lease, self._effective(metadata))
                 old = self._records
                 self._records = records  # the guard restores these from now on
                 rekey = {k for k, _ in old} != {k for k, _ in records}  # go-zero's side record comes or goes
@@ -353,10 +361,12 @@ class Publisher(PublisherBase):
             # our own key when it is known before the grant (custom id, or etcd-naming's address key)
             own = self.format.record_key(self.base_key, self.value, self.id if self.id is not None else "")
             await self._evict_others(own)
+        await self.override.read()  # an operator's drain applies from the first record on
         lease = await self.registry.grant(self.ttl)
         try:
             metadata = self.metadata
-            records = self._encode(self.id if self.id is not None else lease, metadata)
+            effective = self._effective(metadata)
+            records = self._encode(self.id if self.id is not None else lease, effective)
             main = records[-1]
             rev = 0
             for k, v in records:  # the side record first, so subscribers see metadata with the address
@@ -375,7 +385,9 @@ class Publisher(PublisherBase):
         self._guard_task = _spawn(self._guard(lease, [k for k, _ in records], rev), name=f"waypost-pub {main[0]}")
         self._registered = True
         self.registrations += 1
-        if self.metadata is not metadata:  # update_metadata() while this registration was being written
+        if self._override_task is None or self._override_task.done():
+            self._override_task = _spawn(self.override.run(), name=f"waypost-override {self.override.key}")
+        if self.metadata is not metadata or self._effective(metadata) != effective:  # changed while written
             _spawn(self._update_late())
         lasted = self.outage.end()
         log.info("%r: registered with lease %d%s", self, lease, f" after {lasted:.1f}s unregistered" if lasted else "")
