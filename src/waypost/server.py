@@ -54,8 +54,8 @@ import grpc
 from ._serving import Aio, HardDeadline, ShutdownHook, Threads, check_shutdown_args, hook_name
 from .discovery.registrations import connect_registries, make_publisher
 from .errors import WaypostError
-from .loadreport import mount as mount_load_reports
 from .netutil import advertised_address, bind_problem
+from .orca import mount as mount_load_reports
 
 log = logging.getLogger("waypost.server")
 
@@ -167,7 +167,7 @@ def _serve_steps(handle_cls: type[_Base], server: Any, key: str, listen_on: str,
         servicer = fl.new_health_servicer()
         yield from _health_steps(servicer, ("", key), serving=False)
         health_pb2_grpc.add_HealthServicer_to_server(servicer, server)
-    mount_load_reports(server)  # waypost.load.v1.LoadReporter + call accounting (waypost.loadreport), before start
+    recorder = mount_load_reports(server)  # waypost.load.v1 + ORCA + call accounting (waypost.orca), before start
     port = _bind(server, listen_on, credentials)  # (2)
     try:
         address, publisher = _publisher(reg, key, listen_on, port, advertise, allow_loopback, **publisher_args)
@@ -185,6 +185,7 @@ def _serve_steps(handle_cls: type[_Base], server: Any, key: str, listen_on: str,
         raise
     handle = handle_cls(server, key, address, port, reg, publisher, servicer, grace)
     handle.drain_delay = max(0.0, float(stop_args["drain_delay"]))
+    handle.orca_recorder = recorder
     handle.on_shutdown, handle.hard_deadline = stop_args["on_shutdown"], stop_args["hard_deadline"]
     publisher.outage.exit_action = handle._exit_unregistered  # "exit": stop the server gracefully first
     yield from handle._health_steps(True)  # (5)
@@ -206,6 +207,8 @@ class _Base:
 
     #: how this handle's server runs its operations (set by each handle class)
     flavor: ClassVar[Threads | Aio]
+    #: the server's ORCA ServerMetricsRecorder (None without xds-protos); see waypost.orca.server_recorder
+    orca_recorder: Any = None
 
     def __init__(self, server: Any, key: str, address: str, port: int, registry: Any, publisher: Any,
                  health: Any, grace: float) -> None:

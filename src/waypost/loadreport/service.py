@@ -19,7 +19,8 @@ REPORT_METHOD = f"/{SERVICE}/Report"
 
 #: calls that say nothing about the application's load: never accounted (a health Watch stays open for
 #: the life of the channel and would count as a call in flight forever)
-UNACCOUNTED_PREFIXES = (REPORT_METHOD, "/grpc.health.v1.Health/", "/grpc.reflection.")
+UNACCOUNTED_PREFIXES = (REPORT_METHOD, "/grpc.health.v1.Health/", "/grpc.reflection.",
+                        "/xds.service.orca.v3.OpenRcaService/")
 
 
 class Reporter:

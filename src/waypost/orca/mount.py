@@ -1,0 +1,135 @@
+"""``mount(server)``: what ``waypost.serve``/``serve_async`` call to make a server (not started yet) report its
+load, both as ``waypost.load.v1`` and as ORCA.
+
+- ``grpc.server``: an ``OrcaInterceptor`` goes first in the pipeline (as ``waypost.loadreport.mount`` does with
+  the load interceptor): it accounts calls, adds the per-call trailer (unless turned off with
+  ``configure(per_call=False)``) and answers both services. An interceptor already given to
+  ``grpc.server(interceptors=...)`` is kept: an ``OrcaInterceptor`` as it is; a plain load interceptor gets
+  the out-of-band service next to it (reports with its rates, no trailers).
+- ``grpc.aio.server``: interceptors cannot be added once it exists. Created with
+  ``interceptors=[waypost.orca.interceptor(aio=True)]`` it does everything above; otherwise the services
+  mounted here report CPU, memory and the application's values, with no rates and no trailers.
+- Without xds-protos: ``waypost.loadreport.mount`` only (logged once, see ``_protos``).
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+from dataclasses import dataclass
+from typing import Any
+
+import grpc
+
+from .._grpc_private import prepend_server_interceptor
+from ..loadreport import mount as mount_load_reports
+from ..loadreport.interceptor import LoadInterceptor
+from ..loadreport.service import Reporter
+from ._protos import protos
+from .recorder import ServerMetricsRecorder
+from .reporter import OrcaReporter
+from .server_interceptor import AsyncOrcaInterceptor, OrcaInterceptor
+from .service import DEFAULT_MAX_STREAMS, DEFAULT_MIN_INTERVAL, OobService
+
+log = logging.getLogger("waypost.orca")
+
+
+@dataclass
+class Settings:
+    """Process-wide ORCA settings, read when a server is mounted or an interceptor made (``configure``)."""
+
+    per_call: bool = True
+    min_interval: float = DEFAULT_MIN_INTERVAL
+    max_streams: int = DEFAULT_MAX_STREAMS
+
+
+settings = Settings()
+_lock = threading.Lock()
+_recorders: dict[int, tuple[Any, ServerMetricsRecorder]] = {}  # id(server) -> (server, its recorder)
+
+
+def configure(*, per_call: bool | None = None, min_interval: float | None = None,
+              max_streams: int | None = None) -> None:
+    """Set the ORCA defaults of servers mounted and interceptors made from now on.
+
+    ``per_call``: add the ``endpoint-load-metrics-bin`` trailer to every call (default True);
+    ``min_interval``: the floor of the out-of-band report interval, seconds (default 1; grpc-go's server uses
+    30 s); ``max_streams``: out-of-band streams served at once per server (default 16).
+    """
+    if min_interval is not None:
+        if min_interval < 0:
+            raise ValueError(f"min_interval must be >= 0, got {min_interval!r}")
+        settings.min_interval = float(min_interval)
+    if max_streams is not None:
+        if max_streams < 1:
+            raise ValueError(f"max_streams must be >= 1, got {max_streams!r}")
+        settings.max_streams = int(max_streams)
+    if per_call is not None:
+        settings.per_call = bool(per_call)
+
+
+def interceptor(aio: bool = False, recorder: ServerMetricsRecorder | None = None) -> Any:
+    """A new ORCA interceptor (load accounting included) for ``grpc.server`` or, ``aio=True``, ``grpc.aio.server``.
+
+    ``recorder``: the server's ``ServerMetricsRecorder`` (default: a new one, at ``.recorder``).
+    """
+    cls = AsyncOrcaInterceptor if aio else OrcaInterceptor
+    return cls(recorder=recorder, per_call=settings.per_call, min_interval=settings.min_interval,
+               max_streams=settings.max_streams)
+
+
+def mount(server: Any, recorder: ServerMetricsRecorder | None = None) -> ServerMetricsRecorder | None:
+    """Add waypost's load reports and ORCA to ``server`` (see the module doc); the server's recorder, or None
+    without xds-protos (then only ``waypost.load.v1`` is mounted)."""
+    if protos() is None:
+        mount_load_reports(server)
+        return None
+    aio = isinstance(server, grpc.aio.Server)
+    oob: OobService | None = None
+    if aio:
+        reporter = OrcaReporter(None, recorder)
+        server.add_generic_rpc_handlers((Reporter(None).generic_handler(aio=True),))
+    else:
+        installed = prepend_server_interceptor(server, interceptor(False, recorder), keep=LoadInterceptor)
+        if isinstance(installed, OrcaInterceptor):
+            reporter, oob = installed.orca, installed.oob
+        else:
+            if installed is None:
+                log.warning("ORCA: cannot add the interceptor to %r (unknown grpcio internals); pass "
+                            "interceptors=[waypost.orca.interceptor()] to grpc.server() for rates and trailers",
+                            server)
+            account = installed.account if installed is not None else None
+            reporter = OrcaReporter(account, recorder)
+            server.add_generic_rpc_handlers((Reporter(account).generic_handler(aio=False),))
+    if oob is None:
+        oob = OobService(reporter, settings.min_interval, settings.max_streams)
+    server.add_generic_rpc_handlers((oob.generic_handler(aio=aio),))
+    with _lock:
+        _recorders[id(server)] = (server, reporter.recorder)
+    return reporter.recorder
+
+
+def forget(server: Any) -> None:
+    """Drop ``server`` from the table ``server_recorder`` reads (its handle stopped)."""
+    with _lock:
+        entry = _recorders.get(id(server))
+        if entry is not None and entry[0] is server:
+            del _recorders[id(server)]
+
+
+def server_recorder(server: Any) -> ServerMetricsRecorder:
+    """The ``ServerMetricsRecorder`` of a server: a ``waypost.serve``/``serve_async`` handle, a grpc server
+    mounted by it, or an ORCA interceptor. Raises LookupError when there is none (not served by waypost, or
+    xds-protos missing)."""
+    rec = getattr(server, "orca_recorder", None)
+    if rec is None and isinstance(server, (OrcaInterceptor, AsyncOrcaInterceptor)):
+        rec = server.recorder
+    if rec is None:
+        with _lock:
+            entry = _recorders.get(id(server))
+        if entry is not None and entry[0] is server:
+            rec = entry[1]
+    if rec is None:
+        raise LookupError(f"waypost.orca.server_recorder: {server!r} reports no ORCA load (serve it with "
+                          "waypost.serve, and install waypost[xds])")
+    return rec  # type: ignore[no-any-return]
