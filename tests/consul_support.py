@@ -23,6 +23,7 @@ from __future__ import annotations
 
 import atexit
 import contextlib
+import itertools
 import json
 import os
 import shutil
@@ -34,8 +35,11 @@ import urllib.error
 import urllib.parse
 import urllib.request
 import weakref
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
+
+import pytest
 
 from tests.go_servers import BuildError, GoServer, Unavailable
 from waypost.etcd.local import free_port
@@ -421,3 +425,30 @@ class HealthProxy:
 
 if __name__ == "__main__":  # build (or find) the binary: python -m tests.consul_support
     print(consul_binary())
+
+
+# ---- fixtures shared by the Consul test modules (imported there by name) ------------------------------------------
+
+
+@pytest.fixture(scope="module", name="consul_bin")
+def fixture_consul_bin() -> Path:
+    """The Consul binary (built once and cached; the module is skipped, saying why, when it cannot be)."""
+    reason = skip_reason()
+    if reason:
+        pytest.skip(reason)
+    return consul_binary()
+
+
+@pytest.fixture(scope="module", name="shared_agent")
+def fixture_shared_agent(consul_bin: Path, tmp_path_factory: pytest.TempPathFactory) -> Iterator[ConsulAgent]:
+    """One agent for the tests of a module that do not disturb it (each uses its own service names)."""
+    with ConsulAgent(tmp_path_factory.mktemp("consul-shared"), binary=consul_bin) as agent:
+        yield agent
+
+
+_names = itertools.count()
+
+
+def unique_name(prefix: str = "svc") -> str:
+    """A service name no other test of this process uses."""
+    return f"{prefix}-{os.getpid()}-{next(_names)}"

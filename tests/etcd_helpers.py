@@ -10,7 +10,9 @@ import threading
 from collections.abc import Callable, Iterator
 from typing import Any
 
+from tests.waiting import wait_until
 from waypost import _loop
+from waypost.errors import RegistryUnavailable
 from waypost.etcd.config import EtcdConfig
 from waypost.registry.etcd import EtcdRegistry
 
@@ -166,3 +168,15 @@ class TcpProxy:
         self.cut()
         self._sock.close()
         self._thread.join(2)
+
+
+def put_when_back(reg: Any, key: str, value: str, timeout: float = 20.0, interval: float = 0.2) -> None:
+    """Put ``key`` through ``reg`` once etcd answers again (after a restart the client may still be reconnecting)."""
+    def attempt() -> bool:
+        try:
+            reg.sync.put(key, value)
+        except RegistryUnavailable:
+            return False
+        return True
+
+    wait_until(attempt, timeout, interval=interval, what=f"put {key} on the restarted etcd")

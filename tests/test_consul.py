@@ -4,9 +4,7 @@ HTTP (urllib), never through waypost's client."""
 
 from __future__ import annotations
 
-import itertools
 import json
-import os
 import socket
 import time
 from collections.abc import Iterator
@@ -19,6 +17,8 @@ import waypost.resolver
 from tests import consul_support
 from tests.backends import echo_pb2, echo_pb2_grpc
 from tests.backends.server import EchoServer
+from tests.consul_support import fixture_consul_bin, fixture_shared_agent  # noqa: F401 (fixtures)
+from tests.consul_support import unique_name as _name
 from tests.etcd_helpers import TcpProxy
 from tests.latency_proxy import LatencyProxy
 from tests.resolver_updates import ResolverUpdates
@@ -34,26 +34,9 @@ from waypost.types import Backend
 
 pytestmark = [consul_support.timeout_mark()]
 
-_names = itertools.count()
 
 
-def _name(prefix: str = "svc") -> str:
-    return f"{prefix}-{os.getpid()}-{next(_names)}"
 
-
-@pytest.fixture(scope="module")
-def consul_bin() -> Any:
-    reason = consul_support.skip_reason()
-    if reason:
-        pytest.skip(reason)
-    return consul_support.consul_binary()
-
-
-@pytest.fixture(scope="module")
-def shared_agent(consul_bin, tmp_path_factory) -> Iterator[consul_support.ConsulAgent]:
-    """One agent for the tests that do not disturb it (each uses its own service names)."""
-    with consul_support.ConsulAgent(tmp_path_factory.mktemp("consul-shared"), binary=consul_bin) as agent:
-        yield agent
 
 
 @pytest.fixture

@@ -5,10 +5,8 @@ whose instances come back critical until their owners pass their checks again.""
 
 from __future__ import annotations
 
-import itertools
 import json
 import logging
-import os
 import socket
 import threading
 import time
@@ -22,6 +20,8 @@ import waypost
 from tests import consul_support
 from tests.backends import echo_pb2, echo_pb2_grpc
 from tests.backends.server import EchoServer
+from tests.consul_support import fixture_consul_bin, fixture_shared_agent  # noqa: F401 (fixtures)
+from tests.consul_support import unique_name as _name
 from tests.etcd_helpers import TcpProxy
 from tests.resolver_updates import ResolverUpdates
 from tests.waiting import wait_until
@@ -32,7 +32,6 @@ from waypost.resolver.consul import ConsulResolver
 
 pytestmark = [consul_support.timeout_mark()]
 
-_names = itertools.count()
 
 #: what a proxy or another server at the agent's address might answer with a 200
 NOT_INSTANCES = b'[1,"x",null]'
@@ -41,22 +40,7 @@ NOT_A_LIST = b'{"error": "upstream timed out"}'
 NOT_JSON = b"<html><body>502 Bad Gateway</body></html>"
 
 
-def _name(prefix: str = "svc") -> str:
-    return f"{prefix}-{os.getpid()}-{next(_names)}"
 
-
-@pytest.fixture(scope="module")
-def consul_bin() -> Any:
-    reason = consul_support.skip_reason()
-    if reason:
-        pytest.skip(reason)
-    return consul_support.consul_binary()
-
-
-@pytest.fixture(scope="module")
-def shared_agent(consul_bin, tmp_path_factory) -> Iterator[consul_support.ConsulAgent]:
-    with consul_support.ConsulAgent(tmp_path_factory.mktemp("consul-faults"), binary=consul_bin) as agent:
-        yield agent
 
 
 @pytest.fixture

@@ -18,10 +18,10 @@ from prometheus_client import CollectorRegistry
 import waypost
 from tests.backends import echo_pb2, echo_pb2_grpc
 from tests.backends.helpers import echo_servers
+from tests.etcd_helpers import put_when_back
 from tests.waiting import wait_until
 from waypost import metrics
 from waypost.discovery import Subscriber
-from waypost.errors import RegistryUnavailable
 from waypost.etcd.local import EtcdNotFound, LocalEtcd, find_binary
 
 Req = echo_pb2.EchoRequest
@@ -31,17 +31,6 @@ def _servers_seen(stub, n: int = 6) -> set[str]:
     return {stub.Unary(Req(), timeout=10).server for _ in range(n)}
 
 
-def _put_when_back(reg, key: str, value: str, timeout: float = 20.0) -> None:
-    """Put once etcd answers again (the client may still be reconnecting)."""
-
-    def attempt() -> bool:
-        try:
-            reg.sync.put(key, value)
-        except RegistryUnavailable:
-            return False
-        return True
-
-    wait_until(attempt, timeout, interval=0.2, what=f"put {key} on the restarted etcd")
 
 
 def _warnings(caplog) -> list[str]:
@@ -74,7 +63,7 @@ def _follow_a_store_going_back(etcd: LocalEtcd, key: str, caplog, go_back) -> No
                     assert sorted(sub.values()) == sorted([a.address, b.address])
                     wait_until(lambda: _servers_seen(stub) == {"a", "b"}, 20, what="both backends used")
                     held = go_back(reg, {"a": a.address, "b": b.address})
-                    _put_when_back(reg, f"{key}/3", c.address)
+                    put_when_back(reg, f"{key}/3", c.address)
                     want = sorted([*held.values(), c.address])
                     wait_until(lambda: sorted(sub.values()) == want, 20, what=f"view {want}")
                     wait_until(lambda: _servers_seen(stub) == {*held, "c"}, 20, what="channel uses the new store")

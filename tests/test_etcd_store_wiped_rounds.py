@@ -17,8 +17,8 @@ import time
 import pytest
 
 import waypost
+from tests.etcd_helpers import put_when_back
 from tests.waiting import wait_until
-from waypost.errors import RegistryUnavailable
 from waypost.etcd.local import LocalEtcd, free_port
 
 ROUNDS = 6
@@ -28,16 +28,8 @@ CONVERGE_S = 10.0
 def _put(etcd: LocalEtcd, reg, writer: str, key: str, value: str) -> None:
     if writer == "etcdctl":
         etcd.etcdctl("put", key, value)
-        return
-
-    def attempt() -> bool:
-        try:
-            reg.sync.put(key, value)
-        except RegistryUnavailable:
-            return False
-        return True
-
-    wait_until(attempt, 20, interval=0.1, what=f"put {key} on the restarted etcd")
+    else:
+        put_when_back(reg, key, value, interval=0.1)
 
 
 @pytest.mark.parametrize("delay", [0.0, 1.0], ids=["puts-at-once", "puts-after-1s"])
