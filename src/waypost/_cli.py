@@ -1,8 +1,7 @@
 """The ``waypost`` subcommands (click + rich). Entry point: ``waypost.cli.main``.
 
-Every command prints rich tables for people and JSON with ``--json`` for scripts. Errors a user can
-cause (bad URL or target, unreachable registry, ...) end the command with ONE line on stderr and a
-non-zero status, never a traceback.
+Every command prints rich tables for people and JSON with ``--json`` for scripts. Errors a user can cause (bad
+URL or target, unreachable registry, ...) end the command with ONE line on stderr and a non-zero status.
 """
 
 from __future__ import annotations
@@ -25,6 +24,8 @@ import click
 from rich.console import Console
 from rich.table import Table
 
+from ._cli_console import register as _register_console
+from ._cli_xds import xds_commands
 from .errors import PermissionDenied, WaypostError
 
 DEFAULT_REGISTRY = "etcd://127.0.0.1:2379"
@@ -211,10 +212,8 @@ def etcd_cmd(c: Ctx, port: int, peer_port: int | None, data_dir: Path | None) ->
         raise click.ClickException(str(e)) from None
     port = port or free_port()
     if not port_is_free(port):
-        raise click.ClickException(
-            f"127.0.0.1:{port} is already in use (an etcd already running? then just use it: "
-            f"waypost --registry etcd://127.0.0.1:{port} ls)"
-        )
+        raise click.ClickException(f"127.0.0.1:{port} is already in use (an etcd already running? then just use "
+                                   f"it: waypost --registry etcd://127.0.0.1:{port} ls)")
     if peer_port is None:
         peer_port = port + 1 if port < 65535 and port_is_free(port + 1) else free_port()
     elif not port_is_free(peer_port):
@@ -304,11 +303,9 @@ def _ttl_text(ttl: int | None) -> str:
 
 
 def _meta_text(meta: Any) -> str:
-    if not meta:
-        return ""
     if isinstance(meta, dict):
         return ", ".join(f"{k}={v}" for k, v in sorted(meta.items()))
-    return str(meta)
+    return str(meta) if meta else ""
 
 
 # --------------------------------------------------------------------------------------------- watch
@@ -597,3 +594,7 @@ def bench_cmd(c: Ctx, name: str | None, args: tuple[str, ...]) -> None:
         failed = click.ClickException(f"benchmark {stem} exited with status {proc.returncode}")
         failed.exit_code = proc.returncode if 0 < proc.returncode < 256 else 1  # type: ignore[misc]
         raise failed
+
+
+app.add_command(xds_commands(_global_options, pass_ctx))  # waypost xds serve / bootstrap
+_register_console(app, _global_options, pass_ctx)  # waypost console / drain / undrain / weight

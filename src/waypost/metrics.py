@@ -41,6 +41,10 @@ publisher_unregistered_seconds{key,registry} gauge      how long the registratio
                                                         publisher's will (0 while registered or paused; ditto)
 discovery_stale{key}                         gauge      1 while the key's list comes from a stale (serializable)
                                                         read or a cache file, else 0 (read at scrape time)
+xds_streams                                  gauge      ADS streams open on this process's xDS control plane
+xds_pushes_total{type}                       counter    xDS responses sent (type: LDS, RDS, CDS, EDS)
+xds_nacks_total{type}                        counter    xDS responses a client rejected (NACK; it keeps its last)
+xds_resources{type}                          gauge      resources served per type in the current snapshot
 ===========================================  =========  =========================================================
 
 The publisher gauges come from sources the discovery layer registers with :func:`register_publisher_source`.
@@ -166,11 +170,15 @@ class PrometheusObserver:
         self.resolver_errors = pc.Counter("waypost_resolver_errors",
                                           "Failed reads of a resolver's source (the last list is kept)",
                                           ["target", "reason"], registry=r)
+        self.xds_streams = pc.Gauge("waypost_xds_streams", "ADS streams open", registry=r)
+        self.xds_pushes = pc.Counter("waypost_xds_pushes", "xDS responses sent", ["type"], registry=r)
+        self.xds_nacks = pc.Counter("waypost_xds_nacks", "xDS responses rejected by a client", ["type"], registry=r)
+        self.xds_resource_count = pc.Gauge("waypost_xds_resources", "xDS resources served", ["type"], registry=r)
         self._live = _LiveCollector(self)
         r.register(self._live)
         self._all = [self.requests, self.failures, self.latency, self.ejections, self.rebuilds, self.reconnects,
                      self.store_resets, self.reloads, self.reregistrations, self.restored, self.resolver_errors,
-                     self._live]
+                     self.xds_streams, self.xds_pushes, self.xds_nacks, self.xds_resource_count, self._live]
         self._all.append(_register_publisher_collector(r))
         self._discovery = _DiscoveryCollector()
         r.register(self._discovery)
@@ -235,6 +243,20 @@ class PrometheusObserver:
         """A resolver's read of ``target``'s source failed (``reason``: unavailable, refused, malformed,
         malformed_entry, error)."""
         self.resolver_errors.labels(self.target_label(target), reason).inc()
+
+    # -- xDS control plane hooks -----------------------------------------------------------------------
+
+    def xds_stream(self, delta: int) -> None:
+        self.xds_streams.inc(delta)
+
+    def xds_push(self, type_: str) -> None:
+        self.xds_pushes.labels(type_).inc()
+
+    def xds_nack(self, type_: str) -> None:
+        self.xds_nacks.labels(type_).inc()
+
+    def xds_resources(self, type_: str, count: int) -> None:
+        self.xds_resource_count.labels(type_).set(count)
 
     def unregister(self) -> None:
         for m in self._all:

@@ -1,0 +1,222 @@
+"""The control plane: exports -> sources -> snapshots -> every ADS stream.
+
+``ControlPlane(exports, prefixes)`` starts one resolver per export and serves ADS on ``listen``. It runs on
+waypost's control loop (``waypost._loop``): the resolvers already deliver their lists there (or hop there
+first), so building a snapshot and queueing the pushes happen on one thread with no lock, and the
+process needs no thread of its own for the control plane. A push is cheap (the resources of a changed
+service are built once, and the response bytes once per distinct subscription), so it never holds the
+loop long.
+
+Endpoint lists are kept with care:
+
+- **an empty list never replaces a non-empty one**: a registry outage, a wiped store or an empty answer
+  keeps the last endpoints served (a logged warning says so). Clients fail over between the endpoints they
+  have; the registration that disappears for good is dropped by the next non-empty list;
+- a service whose source answered, but never with an endpoint, is served with an empty assignment
+  (``serve_empty``, the default), so its calls fail at once with UNAVAILABLE rather than waiting for the
+  client's 15 s does-not-exist timer; with ``serve_empty=false`` it is left unanswered until it has one;
+- a service whose source has not answered at all gets its Listener, Route and Cluster but no assignment
+  yet (clients wait for it, up to their own timeout).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import time
+from collections.abc import Iterable, Sequence
+from typing import Any
+
+import grpc
+
+from .. import _loop
+from .. import metrics as _metrics
+from ..resolver import Resolver
+from ..types import Backend
+from .errors import XdsConfigError
+from .exports import Export, PrefixExport, make_export
+from .resources import ENDPOINT, SHORT, TYPES, load_assignment, static_resources
+from .server import AdsServer
+from .snapshot import Resource, Snapshot
+from .sources import PrefixWatcher, start_source
+
+log = logging.getLogger("waypost.xds")
+
+
+class ControlPlane:
+    """Serves ``exports`` (and services found under ``prefixes``) over ADS (module docstring).
+
+    ``start(listen)`` returns the bound port; ``stop()`` ends it. Thread-safe entry points: ``start``, ``stop``,
+    ``add_export``; everything else runs on the control loop."""
+
+    def __init__(self, exports: Iterable[Export] = (), prefixes: Iterable[PrefixExport] = (), *,
+                 prefix_interval: float = 2.0) -> None:
+        self.exports: dict[str, Export] = {}
+        self.prefixes = tuple(prefixes)
+        self.prefix_interval = prefix_interval
+        self._static: dict[str, dict[str, Resource]] = {}
+        self._eds: dict[str, Resource] = {}
+        self._lists: dict[str, tuple[Backend, ...]] = {}
+        self._resolvers: dict[str, Resolver] = {}
+        self._watchers: list[PrefixWatcher] = []
+        self._snapshot = Snapshot.empty()
+        self._dirty = False
+        self.ads = AdsServer(lambda: self._snapshot)
+        #: figures: snapshots built, the last push's duration (seconds) and response count
+        self.stats: dict[str, Any] = {"snapshots": 0, "last_push_seconds": 0.0, "last_push_responses": 0}
+        self._started = False
+        for e in exports:
+            if e.name in self.exports:
+                raise XdsConfigError(f"export {e.name!r} is given twice")
+            self.exports[e.name] = e
+
+    # ------------------------------------------------------------------ lifecycle (any thread)
+
+    @property
+    def port(self) -> int:
+        return self.ads.port
+
+    @property
+    def snapshot(self) -> Snapshot:
+        return self._snapshot
+
+    def start(self, listen: str = "127.0.0.1:0", credentials: grpc.ServerCredentials | None = None,
+              timeout: float = 30.0) -> int:
+        return _loop.run(self.astart(listen, credentials), timeout)
+
+    async def astart(self, listen: str, credentials: grpc.ServerCredentials | None = None) -> int:
+        """On the control loop: start the sources and the ADS server; returns the port."""
+        for e in list(self.exports.values()):
+            self._add(e)
+        for p in self.prefixes:
+            w = PrefixWatcher(p.registry, p.prefix, self._prefix_found(p), self.prefix_interval)
+            self._watchers.append(w)
+            w.start()
+        self._rebuild()
+        port = await self.ads.start(listen, credentials)
+        self._started = True
+        log.info("xds: serving %d export(s) on port %d", len(self.exports), port)
+        return port
+
+    def stop(self, grace: float = 1.0) -> None:
+        if not _loop.in_loop():
+            _loop.run(self.astop(grace), grace + 10)
+
+    async def astop(self, grace: float = 1.0) -> None:
+        for w in self._watchers:
+            w.stop()
+        for r in list(self._resolvers.values()):
+            try:
+                await r.aclose()
+            except Exception:
+                log.debug("xds: closing a resolver failed", exc_info=True)
+        self._resolvers.clear()
+        await self.ads.stop(grace)
+        self._started = False
+
+    def add_export(self, export: Export) -> None:
+        """Serve one more export (from any thread; returns once it is in the snapshot); a name already exported
+        is kept as it is."""
+        if _loop.in_loop():
+            self._add_checked(export)
+        else:
+            _loop.run(self._aadd(export), 30)
+
+    async def _aadd(self, export: Export) -> None:
+        self._add_checked(export)
+
+    def _add_checked(self, export: Export) -> None:
+        old = self.exports.get(export.name)
+        if old is not None and export.name in self._resolvers:
+            if old != export:
+                log.error("xds: export %r already exists with another definition; keeping the first", export.name)
+            return
+        self.exports[export.name] = export
+        self._add(export)
+        self._mark()
+
+    def _prefix_found(self, p: PrefixExport) -> Any:
+        def found(service: str, target: str) -> None:
+            if service in self.exports:
+                return
+            try:
+                export = make_export(service, target, p.options, f"prefix {p.prefix!r}: {service!r}")
+            except XdsConfigError as e:
+                log.error("xds: %s", e)
+                return
+            self._add_checked(export)
+
+        return found
+
+    # ------------------------------------------------------------------ sources (control loop)
+
+    def _add(self, export: Export) -> None:
+        self._static[export.name] = {t: Resource.of(export.name, m) for t, m in static_resources(export).items()}
+        self._resolvers[export.name] = start_source(export, self._on_update, self._on_error)
+
+    def _on_update(self, name: str, backends: Sequence[Backend]) -> None:
+        if _loop.in_loop():
+            self._update(name, tuple(backends))
+        else:
+            _loop.call_soon(self._update, name, tuple(backends))
+
+    def _on_error(self, name: str, message: str) -> None:
+        log.warning("xds: source of %r: %s (its last endpoints stay served)", name, message)
+
+    def _update(self, name: str, backends: tuple[Backend, ...]) -> None:
+        export = self.exports.get(name)
+        if export is None:
+            return
+        old = self._lists.get(name)
+        if not backends:
+            if old:
+                log.warning("xds: source of %r answered with no endpoint; keeping its last %d (an empty "
+                            "assignment is never pushed over one with endpoints)", name, len(old))
+                return
+            if not export.serve_empty or (old is not None and name in self._eds):
+                self._lists[name] = ()
+                return
+        if old is not None and _same(old, backends):
+            return
+        self._lists[name] = backends
+        self._eds[name] = Resource.of(name, load_assignment(export, backends))
+        log.info("xds: %s: %d endpoint(s)", name, len(backends))
+        self._mark()
+
+    def _mark(self) -> None:
+        """Rebuild once for every change queued in this loop iteration (a burst of updates: one push)."""
+        if not self._dirty:
+            self._dirty = True
+            asyncio.get_running_loop().call_soon(self._rebuild)
+
+    def _rebuild(self) -> None:
+        self._dirty = False
+        started = time.perf_counter()
+        per_type: dict[str, dict[str, Resource]] = {t: {} for t in TYPES}
+        for name, static in self._static.items():
+            for t, r in static.items():
+                per_type[t][name] = r
+            if name in self._eds:
+                per_type[ENDPOINT][name] = self._eds[name]
+        snap = Snapshot(per_type)
+        self._snapshot = snap
+        queued = self.ads.push(snap)
+        took = time.perf_counter() - started
+        self.stats.update(snapshots=self.stats["snapshots"] + 1, last_push_seconds=took, last_push_responses=queued)
+        obs = _metrics.current
+        if obs is not None:
+            for t, n in snap.count().items():
+                obs.xds_resources(SHORT[t], n)
+        if queued:
+            log.debug("xds: snapshot pushed: %d response(s) in %.1f ms", queued, took * 1000)
+
+    # ------------------------------------------------------------------ inspection
+
+    def endpoints(self, name: str) -> tuple[Backend, ...] | None:
+        """The endpoints served for ``name`` now (None: its source has not answered)."""
+        return self._lists.get(name)
+
+
+def _same(a: tuple[Backend, ...], b: tuple[Backend, ...]) -> bool:
+    key = lambda bs: sorted((x.address, sorted((str(k), str(v)) for k, v in x.metadata.items())) for x in bs)
+    return key(a) == key(b)

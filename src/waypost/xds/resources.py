@@ -1,0 +1,174 @@
+"""The four xDS resources of an exported service, built from its Export and its backend list.
+
+For the service NAME (what a client dials as ``xds:///NAME``):
+
+- **Listener NAME**: ``api_listener`` = HttpConnectionManager with the router filter and RDS over ADS
+  (route config NAME);
+- **RouteConfiguration NAME**: one virtual host, domains ``["*"]``, one route (prefix ``""``) to cluster NAME,
+  with the export's ``timeout`` (max_stream_duration), ``retries`` (retry_policy) and ``hash_header``
+  (hash_policy);
+- **Cluster NAME**: type EDS over ADS, ``load_balancing_policy`` and ``outlier_detection`` (``policy.py``);
+- **ClusterLoadAssignment NAME**: the endpoints, mapped as below.
+
+Endpoint mapping:
+
+=====================================  ======================================================================
+registration                           ClusterLoadAssignment
+=====================================  ======================================================================
+address ``host:port``                  ``lb_endpoints[].endpoint.address.socket_address``
+metadata ``weight`` (``weight_of``)    ``load_balancing_weight`` (missing: 100; honoured by ring_hash)
+``weight`` 0 (drained)                 ``health_status`` DRAINING: the client sends it nothing
+metadata ``region`` / ``zone``         ``locality``: endpoints grouped per (region, zone)
+(per locality)                         ``load_balancing_weight`` = the sum of its endpoints' weights (at least
+                                       1: a locality without a weight is dropped by gRPC)
+export ``prefer=zone:Z``               localities in zone Z at ``priority`` 0, the others at 1 (no gaps: all at 0
+                                       when none or all match); a client fails over to priority 1 when
+                                       every priority-0 endpoint fails
+=====================================  ======================================================================
+
+Everything is deterministic (backends sorted by address, localities by name), so the same inputs give the
+same bytes in every control-plane replica.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Sequence
+
+from envoy.config.cluster.v3 import cluster_pb2
+from envoy.config.core.v3 import address_pb2, base_pb2, config_source_pb2, health_check_pb2
+from envoy.config.endpoint.v3 import endpoint_components_pb2, endpoint_pb2
+from envoy.config.listener.v3 import api_listener_pb2, listener_pb2
+from envoy.config.route.v3 import route_components_pb2, route_pb2
+from envoy.extensions.filters.http.router.v3 import router_pb2
+from envoy.extensions.filters.network.http_connection_manager.v3 import http_connection_manager_pb2 as hcm_pb2
+from google.protobuf import any_pb2
+from google.protobuf.message import Message
+
+from ..balancer.weights import DEFAULT_WEIGHT, weight_of
+from ..netutil import split_host_port
+from ..types import Backend
+from .exports import Export
+from .policy import hash_policies, lb_policy, outlier_detection, retry_policy
+
+log = logging.getLogger("waypost.xds")
+
+LISTENER = "type.googleapis.com/envoy.config.listener.v3.Listener"
+ROUTE = "type.googleapis.com/envoy.config.route.v3.RouteConfiguration"
+CLUSTER = "type.googleapis.com/envoy.config.cluster.v3.Cluster"
+ENDPOINT = "type.googleapis.com/envoy.config.endpoint.v3.ClusterLoadAssignment"
+#: the order a client asks for them
+TYPES = (LISTENER, ROUTE, CLUSTER, ENDPOINT)
+SHORT = {LISTENER: "LDS", ROUTE: "RDS", CLUSTER: "CDS", ENDPOINT: "EDS"}
+_ADS = config_source_pb2.ConfigSource(ads=config_source_pb2.AggregatedConfigSource(),
+                                      resource_api_version=config_source_pb2.V3)
+
+
+def pack(msg: Message) -> any_pb2.Any:
+    packed = any_pb2.Any()
+    packed.Pack(msg, deterministic=True)
+    return packed
+
+
+def listener(export: Export) -> listener_pb2.Listener:
+    hcm = hcm_pb2.HttpConnectionManager(
+        rds=hcm_pb2.Rds(config_source=_ADS, route_config_name=export.name),
+        http_filters=[hcm_pb2.HttpFilter(name="envoy.filters.http.router", typed_config=pack(router_pb2.Router()))],
+    )
+    return listener_pb2.Listener(name=export.name, api_listener=api_listener_pb2.ApiListener(api_listener=pack(hcm)))
+
+
+def route_config(export: Export) -> route_pb2.RouteConfiguration:
+    action = route_components_pb2.RouteAction(cluster=export.name, hash_policy=hash_policies(export))
+    retry = retry_policy(export)
+    if retry is not None:
+        action.retry_policy.CopyFrom(retry)
+    if export.timeout is not None:
+        nanos = round(export.timeout * 1e9)
+        action.max_stream_duration.max_stream_duration.FromNanoseconds(nanos)
+        action.max_stream_duration.grpc_timeout_header_max.FromNanoseconds(nanos)
+    route = route_components_pb2.Route(match=route_components_pb2.RouteMatch(prefix=""), route=action)
+    vhost = route_components_pb2.VirtualHost(name=export.name, domains=["*"], routes=[route])
+    return route_pb2.RouteConfiguration(name=export.name, virtual_hosts=[vhost])
+
+
+def cluster(export: Export) -> cluster_pb2.Cluster:
+    c = cluster_pb2.Cluster(
+        name=export.name,
+        type=cluster_pb2.Cluster.EDS,
+        eds_cluster_config=cluster_pb2.Cluster.EdsClusterConfig(eds_config=_ADS),
+        load_balancing_policy=lb_policy(export),
+    )
+    if export.outlier_detection is not None:
+        c.outlier_detection.CopyFrom(outlier_detection(export.outlier_detection, f"export {export.name!r}"))
+    return c
+
+
+def _socket(address: str) -> address_pb2.Address | None:
+    try:
+        host, port = split_host_port(address, what="address")
+    except ValueError:
+        return None
+    if not host or port is None:
+        return None
+    return address_pb2.Address(socket_address=address_pb2.SocketAddress(address=host.strip("[]"), port_value=port))
+
+
+def _text(metadata: object, key: str) -> str:
+    value = metadata.get(key) if hasattr(metadata, "get") else None  # type: ignore[union-attr]
+    return value if isinstance(value, str) else "" if value is None else str(value)
+
+
+def load_assignment(export: Export, backends: Sequence[Backend]) -> endpoint_pb2.ClusterLoadAssignment:
+    """The ClusterLoadAssignment of ``backends`` (the mapping table of the module docstring)."""
+    groups: dict[tuple[str, str], list[endpoint_components_pb2.LbEndpoint]] = {}
+    weights: dict[tuple[str, str], int] = {}
+    for b in sorted(backends, key=lambda b: b.address):
+        addr = _socket(b.address)
+        if addr is None:
+            log.warning("xds %s: skipping %r: not a host:port", export.name, b.address)
+            continue
+        weight, problem = weight_of(b.metadata)
+        if problem:
+            log.warning("xds %s: %s: %s", export.name, b.address, problem)
+        ep = endpoint_components_pb2.LbEndpoint(endpoint=endpoint_components_pb2.Endpoint(address=addr))
+        if weight == 0:
+            ep.health_status = health_check_pb2.DRAINING
+            ep.load_balancing_weight.value = 1
+        else:
+            ep.health_status = health_check_pb2.HEALTHY
+            ep.load_balancing_weight.value = min(weight, 2**31 // max(len(backends), 1))
+        loc = (_text(b.metadata, "region"), _text(b.metadata, "zone"))
+        groups.setdefault(loc, []).append(ep)
+        weights[loc] = weights.get(loc, 0) + (ep.load_balancing_weight.value if weight else 0)
+    priorities = _priorities(export, list(groups))
+    cla = endpoint_pb2.ClusterLoadAssignment(cluster_name=export.name)
+    for loc in sorted(groups):
+        region, zone = loc
+        cla.endpoints.append(endpoint_components_pb2.LocalityLbEndpoints(
+            locality=base_pb2.Locality(region=region, zone=zone),
+            lb_endpoints=groups[loc],
+            load_balancing_weight={"value": max(weights[loc], 1)},
+            priority=priorities[loc],
+        ))
+    return cla
+
+
+def _priorities(export: Export, localities: list[tuple[str, str]]) -> dict[tuple[str, str], int]:
+    if export.prefer is None:
+        return dict.fromkeys(localities, 0)
+    kind, want = export.prefer
+    index = 0 if kind == "region" else 1
+    preferred = {loc for loc in localities if loc[index] == want}
+    if not preferred or len(preferred) == len(localities):
+        return dict.fromkeys(localities, 0)
+    return {loc: 0 if loc in preferred else 1 for loc in localities}
+
+
+def static_resources(export: Export) -> dict[str, Message]:
+    """Listener, RouteConfiguration and Cluster of the export (they depend on the export only)."""
+    return {LISTENER: listener(export), ROUTE: route_config(export), CLUSTER: cluster(export)}
+
+
+__all__ = ["CLUSTER", "DEFAULT_WEIGHT", "ENDPOINT", "LISTENER", "ROUTE", "SHORT", "TYPES", "cluster", "listener",
+           "load_assignment", "pack", "route_config", "static_resources"]

@@ -1,0 +1,116 @@
+"""Immutable snapshots of every served resource, and the bytes of the responses built from them.
+
+A snapshot maps each type URL to ``{name: Resource}``; a Resource holds the serialized ``Any`` and a digest
+of it. A change in a source builds a new snapshot (the resources of unchanged services are reused); nothing
+in a snapshot is ever mutated, so streams read it without locks.
+
+**Versions are derived from content**: the ``version_info`` of a response is a hash of the type and of the
+digests of the resources it carries (sorted by name). Two control-plane replicas with the same exports and
+the same backend lists therefore send the same version for the same resources, and a client that fails over
+from one to the other sees no change (it gets the same resources under the same version; nothing is rebuilt
+in its balancer). A counter would differ between replicas and restart from 1 after a restart.
+
+The response body (everything but the nonce) is built once per (type, names) and snapshot and shared by
+every stream that subscribed to the same names: a push to many streams serializes the resources once.
+"""
+
+from __future__ import annotations
+
+import hashlib
+from collections.abc import Iterable, Mapping
+from dataclasses import dataclass, field
+
+from envoy.service.discovery.v3 import discovery_pb2
+from google.protobuf.message import Message
+
+from .resources import TYPES, pack
+
+
+@dataclass(frozen=True)
+class Resource:
+    """One resource, serialized once: the bytes of its ``Any`` and their digest."""
+
+    name: str
+    any_bytes: bytes
+    digest: bytes
+
+    @classmethod
+    def of(cls, name: str, msg: Message) -> Resource:
+        data = pack(msg).SerializeToString(deterministic=True)
+        return cls(name, data, hashlib.sha256(data).digest()[:16])
+
+
+def _varint(n: int) -> bytes:
+    out = bytearray()
+    while True:
+        b = n & 0x7F
+        n >>= 7
+        if n:
+            out.append(b | 0x80)
+        else:
+            out.append(b)
+            return bytes(out)
+
+
+def _field(number: int, data: bytes) -> bytes:
+    """One length-delimited protobuf field (wire type 2)."""
+    return _varint(number << 3 | 2) + _varint(len(data)) + data
+
+
+# DiscoveryResponse field numbers (envoy/service/discovery/v3/discovery.proto)
+_VERSION, _RESOURCES, _TYPE_URL, _NONCE = 1, 2, 4, 5
+assert discovery_pb2.DiscoveryResponse.DESCRIPTOR.fields_by_name["nonce"].number == _NONCE
+
+
+def version_of(type_url: str, resources: Iterable[Resource]) -> str:
+    h = hashlib.sha256(type_url.encode())
+    for r in resources:
+        h.update(r.name.encode() + b"\0" + r.digest)
+    return h.hexdigest()[:16]
+
+
+@dataclass(frozen=True)
+class Body:
+    """A response without its nonce: ``bytes_for(nonce)`` completes it (the nonce field appended)."""
+
+    version: str
+    names: tuple[str, ...]
+    data: bytes
+
+    def bytes_for(self, nonce: str) -> bytes:
+        return self.data + _field(_NONCE, nonce.encode())
+
+
+@dataclass(frozen=True)
+class Snapshot:
+    """Every resource served now, per type URL (module docstring)."""
+
+    resources: Mapping[str, Mapping[str, Resource]]
+    _bodies: dict[tuple[str, tuple[str, ...]], Body] = field(default_factory=dict, compare=False, repr=False)
+
+    @classmethod
+    def empty(cls) -> Snapshot:
+        return cls({t: {} for t in TYPES})
+
+    def names(self, type_url: str) -> Mapping[str, Resource]:
+        return self.resources.get(type_url, {})
+
+    def body(self, type_url: str, wanted: frozenset[str] | None) -> Body | None:
+        """The response to a subscription (``wanted`` None: wildcard), or None when it names nothing served."""
+        have = self.names(type_url)
+        names = tuple(sorted(have if wanted is None else (n for n in wanted if n in have)))
+        if not names:
+            return None
+        key = (type_url, names)
+        body = self._bodies.get(key)  # a benign race at worst builds it twice (one loop thread uses it)
+        if body is None:
+            items = [have[n] for n in names]
+            version = version_of(type_url, items)
+            parts = [_field(_VERSION, version.encode())]
+            parts += [_field(_RESOURCES, r.any_bytes) for r in items]
+            parts.append(_field(_TYPE_URL, type_url.encode()))
+            body = self._bodies[key] = Body(version, names, b"".join(parts))
+        return body
+
+    def count(self) -> dict[str, int]:
+        return {t: len(self.names(t)) for t in TYPES}

@@ -1,0 +1,143 @@
+"""The state of one ADS stream (state of the world): subscriptions, versions, nonces, ACK and NACK.
+
+No I/O here: ``on_request`` and ``on_snapshot`` return the responses to write, so the rules are tested
+without a network. Per type URL a stream remembers what it subscribed to, the version and nonce of the
+last response sent, and the last version the client accepted.
+
+- A request whose ``response_nonce`` is not the nonce of the last response of that type is **stale** (it
+  answers an older response): ignored, as the protocol says, since a newer response is on its way.
+- A request answering the last response with ``error_detail`` is a **NACK**: logged with the client's
+  message, counted; the client keeps the last version it accepted (its ``version_info``), and the server does
+  not send the rejected version again (it would be rejected again); the next change sends a new one.
+- Otherwise it is an **ACK** (or the first request of that type): the subscription is updated and a response
+  is sent when the subscribed resources' version differs from the last one sent.
+- ``node`` is remembered from the first request that carries it (grpcio and grpc-go send it only once).
+- Empty ``resource_names`` in the first LDS or CDS request (or ``*``) is a wildcard: every exported one.
+- A name that is not exported is logged once per stream and left out of the responses; a response that
+  would carry nothing is not sent (the client's does-not-exist timer decides, and nothing is deleted).
+"""
+
+from __future__ import annotations
+
+import itertools
+import logging
+from dataclasses import dataclass, field
+
+from envoy.service.discovery.v3 import discovery_pb2
+
+from .resources import CLUSTER, ENDPOINT, LISTENER, SHORT
+from .snapshot import Snapshot
+
+log = logging.getLogger("waypost.xds")
+_WILDCARD_TYPES = (LISTENER, CLUSTER)
+
+
+@dataclass
+class TypeState:
+    """What one stream knows about one resource type."""
+
+    wanted: frozenset[str] | None = frozenset()  # None: wildcard
+    sent_nonce: str = ""
+    sent_version: str = ""
+    acked_version: str = ""
+    nacked_version: str = ""
+    nacks: int = 0
+    requests: int = 0
+
+
+@dataclass
+class Outcome:
+    """What a request was: ``kind`` (initial, ack, nack, stale), the responses to write as (type, bytes), and
+    the NACK's message."""
+
+    kind: str
+    responses: list[tuple[str, bytes]] = field(default_factory=list)
+    error: str = ""
+
+
+class StreamState:
+    """One ADS stream's view (module docstring). ``peer`` only names it in logs."""
+
+    def __init__(self, peer: str = "?") -> None:
+        self.peer = peer
+        self.node_id = ""
+        self.node_cluster = ""
+        self.types: dict[str, TypeState] = {}
+        self._nonces = itertools.count(1)
+        self._unknown_logged: set[tuple[str, str]] = set()
+
+    @property
+    def who(self) -> str:
+        return f"node {self.node_id or '?'} ({self.peer})"
+
+    def on_request(self, req: discovery_pb2.DiscoveryRequest, snap: Snapshot) -> Outcome:
+        if req.HasField("node") and not self.node_id:
+            self.node_id, self.node_cluster = req.node.id, req.node.cluster
+        t = req.type_url
+        if t not in SHORT:
+            log.warning("xds: %s asked for unknown type %r: ignored", self.who, t[:120])
+            return Outcome("unknown")
+        ts = self.types.get(t)
+        first = ts is None
+        if ts is None:
+            ts = self.types[t] = TypeState()
+        ts.requests += 1
+        if req.response_nonce and req.response_nonce != ts.sent_nonce:
+            return Outcome("stale")
+        kind = "initial" if not req.response_nonce else "ack"
+        error = ""
+        if req.response_nonce and req.HasField("error_detail"):
+            kind, error = "nack", req.error_detail.message
+            ts.nacks += 1
+            ts.nacked_version = ts.sent_version
+            log.warning("xds: %s rejected %s version %s (nonce %s), keeps version %r: %s", self.who, SHORT[t],
+                        ts.sent_version, req.response_nonce, req.version_info, error[:2000])
+        elif req.response_nonce:
+            ts.acked_version = req.version_info
+        names = frozenset(req.resource_names)
+        if t in _WILDCARD_TYPES and ("*" in names or (first and not names)):
+            ts.wanted = None
+        elif not (ts.wanted is None and not names):
+            ts.wanted = names - {"*"}
+        self._log_unknown(t, snap)
+        out = Outcome(kind, error=error)
+        resp = self._response(t, ts, snap)
+        if resp is not None:
+            out.responses.append(resp)
+        return out
+
+    def on_snapshot(self, snap: Snapshot) -> list[tuple[str, bytes]]:
+        """The responses a new snapshot calls for (only the types whose subscribed resources changed)."""
+        out = []
+        for t, ts in self.types.items():
+            self._log_unknown(t, snap)
+            resp = self._response(t, ts, snap)
+            if resp is not None:
+                out.append(resp)
+        return out
+
+    def _response(self, t: str, ts: TypeState, snap: Snapshot) -> tuple[str, bytes] | None:
+        body = snap.body(t, ts.wanted)
+        if body is None or body.version == ts.sent_version:
+            return None  # nothing served, or the client has (or rejected) exactly this
+        nonce = str(next(self._nonces))
+        ts.sent_nonce, ts.sent_version = nonce, body.version
+        return t, body.bytes_for(nonce)
+
+    def _log_unknown(self, t: str, snap: Snapshot) -> None:
+        if not self.types[t].wanted:
+            return
+        exported = snap.names(LISTENER)
+        for name in self.types[t].wanted or ():
+            if name in exported or (t, name) in self._unknown_logged:
+                continue
+            self._unknown_logged.add((t, name))
+            log.warning("xds: %s subscribed to %s %r, which is not exported (exported: %s); not answered",
+                        self.who, SHORT[t], name[:200], ", ".join(sorted(exported)[:20]) or "none")
+
+    def summary(self) -> dict[str, object]:
+        return {SHORT[t]: {"wanted": "*" if ts.wanted is None else sorted(ts.wanted), "sent": ts.sent_version,
+                           "acked": ts.acked_version, "nacks": ts.nacks} for t, ts in self.types.items()}
+
+
+__all__ = ["ENDPOINT", "Outcome", "StreamState", "TypeState"]
