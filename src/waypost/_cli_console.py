@@ -1,0 +1,173 @@
+"""``waypost console`` (the live web page) and the operator actions ``waypost drain|undrain|weight``.
+
+Registered on the ``waypost`` command group by ``waypost._cli`` (``register``); this module does not import it.
+"""
+
+from __future__ import annotations
+
+import getpass
+import signal
+import socket
+import sys
+import threading
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
+from typing import Any
+
+import click
+
+CONSOLE_TOKEN_ENV = "WAYPOST_CONSOLE_TOKEN"
+
+
+@contextmanager
+def _stop_on_signals() -> Iterator[threading.Event]:
+    """An event set by SIGTERM/SIGINT for the duration of the block (main thread only)."""
+    stop = threading.Event()
+    if threading.current_thread() is not threading.main_thread():
+        yield stop
+        return
+    previous = {s: signal.getsignal(s) for s in (signal.SIGTERM, signal.SIGINT)}
+    for s in previous:
+        signal.signal(s, lambda _n, _f: stop.set())
+    try:
+        yield stop
+    finally:
+        for s, h in previous.items():
+            signal.signal(s, h)
+
+
+def _who() -> str:
+    try:
+        user = getpass.getuser()
+    except Exception:  # noqa: BLE001 (no user name: still say where from)
+        user = "?"
+    return f"{user}@{socket.gethostname()} (cli)"
+
+
+def _registered(registry: Any, key: str, address: str) -> bool:
+    """Whether ``address`` is registered under ``key`` now, in any wire format (for a note only)."""
+    from ._inspect import classify
+    from .registry.formats import KRATOS_NAMESPACE
+
+    kvs: list[Any] = []
+    for prefix in (key + "/", f"{KRATOS_NAMESPACE}/{key}/"):
+        kvs += registry.sync.get(prefix, prefix=True).kvs
+    kvs += registry.sync.get(key).kvs  # go-zero's exact-match key
+    return any(e["address"] == address for e in classify(kvs))
+
+
+def _act(c: Any, verb: str, key: str, addr: str, weight: int | None = None) -> None:
+    from . import _loop
+    from .console.actions import ActionError, apply, make_action
+
+    try:
+        action = make_action(verb, {"key": key, "address": addr, "weight": weight})
+    except ActionError as e:
+        raise click.ClickException(str(e)) from None
+    registry = c.registry()
+    done = _loop.run(apply(registry, action, _who(), source=registry.url), 30)
+    try:
+        present = _registered(registry, key, addr)
+    except Exception:  # noqa: BLE001 (a note only)
+        present = True
+    if c.as_json:
+        c.emit({**done, "registered": present})
+        return
+    what = {"drain": "drained (weight 0)", "weight": f"weight set to {weight}",
+            "undrain": "override removed (its own weight again)"}[verb]
+    c.out.print(f"{key} {addr}: {what} in {registry.url} ({done['record']}); its publisher applies it at once")
+    if not present:
+        c.err.print(f"note: {addr} is not registered under {key!r} now; the override applies when it registers "
+                    f"(a publisher that follows overrides: waypost's Publisher over etcd or memory)", markup=False)
+
+
+def register(app: click.Group, global_options: Callable[..., Any], pass_ctx: Callable[..., Any]) -> None:
+    """Add ``console``, ``drain``, ``undrain`` and ``weight`` to the ``waypost`` group."""
+
+    @app.command("console", short_help="A live web page of every service and instance, with drain controls.")
+    @click.option("--listen", default=None, metavar="HOST:PORT", help="Where to serve (default 127.0.0.1:8470).")
+    @click.option("--registry", "registries", multiple=True, metavar="URL",
+                  help="A registry to show (repeatable; default: the global --registry).")
+    @click.option("--target", "targets", multiple=True, metavar="TARGET",
+                  help="A dial target to show through its resolver, read-only (k8s://, consul://, zk://, dns:///).")
+    @click.option("--metrics", "metrics", multiple=True, metavar="URL",
+                  help="A client's waypost.metrics.serve URL (repeatable): what clients see, as live charts.")
+    @click.option("--token", envvar=CONSOLE_TOKEN_ENV, default=None, metavar="TOKEN",
+                  help=f"The token writes need (env {CONSOLE_TOKEN_ENV}; default: a new one, printed).")
+    @click.option("--read-only", is_flag=True, help="Refuse every write (drain, weight).")
+    @click.option("--tls-cert", type=click.Path(exists=True, dir_okay=False), default=None, help="Serve HTTPS.")
+    @click.option("--tls-key", type=click.Path(exists=True, dir_okay=False), default=None, help="Its key.")
+    @click.option("--for", "duration", type=click.FloatRange(min=0), default=None, metavar="SECONDS",
+                  help="Stop after SECONDS (default: until Ctrl-C).")
+    @pass_ctx
+    def console_cmd(c: Any, listen: str | None, registries: tuple[str, ...], targets: tuple[str, ...],
+                    metrics: tuple[str, ...], token: str | None, read_only: bool, tls_cert: str | None,
+                    tls_key: str | None, duration: float | None) -> None:
+        """Serve a live web page of every key, instance and registry, with drain and weight controls.
+
+        Writes need the token (printed at start unless given). See docs/console.md."""
+        try:
+            from .console import DEFAULT_LISTEN, Console, ConsoleConfig
+        except ImportError as e:
+            raise click.ClickException(f"the console needs the console extra: pip install 'waypost[console]' ({e})")
+        console = Console(ConsoleConfig(
+            registries=list(registries) or [c.registry_url], targets=list(targets), metrics=list(metrics),
+            listen=listen or DEFAULT_LISTEN, token=token, read_only=read_only, tls_cert=tls_cert,
+            tls_key=tls_key))
+        started = threading.Event()
+
+        def on_started(url: str) -> None:
+            if not console.loopback_only:
+                click.echo(f"warning: listening on {url}, which is not a loopback address: anyone who can reach it "
+                           "sees every registration" + ("" if tls_cert else ", in clear text (no --tls-cert)"),
+                           err=True)
+            if c.as_json:
+                c.emit({"event": "serving", "url": url, "read_only": read_only,
+                        "token": None if token or read_only else console.token})
+            else:
+                c.out.print(f"waypost console on [bold]{url}[/] ({', '.join(console.source_names())})")
+                if read_only:
+                    c.out.print("read-only: drain and weight are refused")
+                elif token:
+                    c.out.print(f"writes need the token from --token / {CONSOLE_TOKEN_ENV}")
+                else:
+                    c.out.print(f"write token: {console.token}   open {url}#token={console.token}")
+                c.out.print("Ctrl-C to stop")
+            sys.stdout.flush()
+            started.set()
+
+        with _stop_on_signals() as stop:
+            if duration is not None:
+                timer = threading.Timer(duration, stop.set)
+                timer.daemon = True
+                timer.start()
+            console.run(stop, on_started)
+
+    @app.command("drain", short_help="Take traffic off ADDR under KEY (weight 0 override).")
+    @click.argument("key")
+    @click.argument("addr")
+    @global_options
+    @pass_ctx
+    def drain_cmd(c: Any, key: str, addr: str) -> None:
+        """Drain ADDR registered under KEY: its publisher registers weight 0, so no policy picks it while its
+        calls finish. Undo with waypost undrain KEY ADDR."""
+        _act(c, "drain", key, addr)
+
+    @app.command("undrain", short_help="Remove the override of ADDR under KEY (undo drain or weight).")
+    @click.argument("key")
+    @click.argument("addr")
+    @global_options
+    @pass_ctx
+    def undrain_cmd(c: Any, key: str, addr: str) -> None:
+        """Remove the operator override of ADDR under KEY: its registration carries its own weight again."""
+        _act(c, "undrain", key, addr)
+
+    @app.command("weight", short_help="Override the weight of ADDR under KEY.")
+    @click.argument("key")
+    @click.argument("addr")
+    @click.argument("weight", type=click.IntRange(0, 1_000_000))
+    @global_options
+    @pass_ctx
+    def weight_cmd(c: Any, key: str, addr: str, weight: int) -> None:
+        """Set the weight of ADDR under KEY (0 drains it) until waypost undrain KEY ADDR."""
+        _act(c, "weight", key, addr, weight)
