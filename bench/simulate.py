@@ -18,7 +18,7 @@ reads the server's ``snapshot()`` ``PROBE_DELAY`` after it is sent and the answe
 Scenarios (1 client each)
   slow_backend   1 of 4 backends is 10x slower throughout
   degrading      all equal, then one backend becomes 10x slower half-way through
-  heterogeneous  slot counts 1:2:4:8 (registered weights = capacities, which weighted_round_robin uses)
+  heterogeneous  slot counts 1:2:4:8 (registered weights = capacities, which smooth_weighted_round_robin uses)
   flapping       one backend fails 30% of its calls, failing fast
   cold_start     3 backends, a 4th joins after a third of the run and serves its first ``COLD_CALLS`` calls
                  ``COLD_FACTOR`` x slower (cold caches, a JIT); measured from its arrival. Printed twice for
@@ -31,7 +31,7 @@ of ``SWEEP_WARMUP`` seconds, not measured, then ``--sweep-duration`` seconds mea
   slow_tenth     50 backends x 4 slots x 10 ms, 5 of them 5x slower (50 ms)
   hetero_cap     50 backends with 2, 4 or 8 slots (about a third each) x 10 ms, no weights registered
 
-Policies: round_robin, random, weighted_round_robin, least_request, p2c_ewma, peak_ewma, prequal,
+Policies: round_robin, random, smooth_weighted_round_robin, least_request, p2c_ewma, peak_ewma, prequal,
 ``default`` (the policy ``waypost.service_config.DEFAULT_POLICY`` names, read at run time) and
 ``oracle``: round_robin over the set without the bad backend; for heterogeneous, where no single
 backend is bad, weighted round robin by true capacity, and in the sweep weighted round robin with
@@ -69,7 +69,7 @@ from waypost.loadreport.account import LoadAccount
 from waypost.service_config import DEFAULT_POLICY
 from waypost.types import Backend
 
-POLICIES = ["round_robin", "random", "weighted_round_robin", "least_request", "p2c_ewma", "peak_ewma",
+POLICIES = ["round_robin", "random", "smooth_weighted_round_robin", "least_request", "p2c_ewma", "peak_ewma",
             "prequal", "default", "oracle"]
 DEADLINE = 1.0  # seconds: the client's per-call deadline
 SIGMA = 0.5  # lognormal shape of service times
@@ -88,7 +88,7 @@ SWEEP_BACKENDS = 50
 #: seconds of each sweep run not measured (full run, --quick): every client starts knowing nothing
 SWEEP_WARMUP = (1.0, 0.25)
 #: seconds: the sweep's clients start at uniform random times over this span. Clients that all start at the same
-#: instant stay in lockstep with a deterministic rotation (weighted_round_robin, the oracle): the k-th pick of every
+#: instant stay in lockstep with a deterministic rotation (smooth_weighted_round_robin, the oracle): the k-th pick of every
 #: client goes to the same backend at about the same time, a burst no real fleet of clients produces
 SWEEP_STAGGER = 0.2
 
@@ -251,7 +251,7 @@ class Simulation:
         specs = scenario.backends
         if policy_name == "oracle":
             if scenario.oracle_weights is not None:
-                name = "weighted_round_robin"
+                name = "smooth_weighted_round_robin"
                 backends = [Backend(b.address, {"weight": scenario.oracle_weights[b.address]}) for b in specs]
             else:
                 name = "round_robin"

@@ -99,7 +99,7 @@ def test_metadata_weight_reaches_the_policy():
         for p in pubs:
             p.start()
         try:
-            with waypost.dial(f"memory://{name}/?key=w.rpc", balancer="weighted_round_robin") as ch:
+            with waypost.dial(f"memory://{name}/?key=w.rpc", balancer="smooth_weighted_round_robin") as ch:
                 stub = echo_pb2_grpc.EchoStub(ch)
                 wait_until(lambda: len(ch.balancer.ready_addresses()) == 2 or stub.Unary(Req()) and False, 30)
                 got = [stub.Unary(Req()).server for _ in range(40)]

@@ -23,6 +23,7 @@ ALL = [
     "prequal",
     "random",
     "round_robin",
+    "smooth_weighted_round_robin",
     "weighted_random",
     "weighted_round_robin",
 ]
@@ -168,7 +169,7 @@ def test_thread_safety_smoke(name):
     total = sum(counts, Counter())
     assert sum(total.values()) == 80_000
     assert set(total) <= set(addrs)
-    if name in ("round_robin", "weighted_round_robin"):
+    if name in ("round_robin", "smooth_weighted_round_robin"):
         assert set(total.values()) == {16_000}  # atomic counter / locked SWRR: exactly even
     if name == "p2c_ewma":
         assert all(s["inflight"] == 0 for s in policy.snapshot().values())

@@ -1,4 +1,4 @@
-"""weighted_round_robin: nginx smooth WRR sequences and dynamic weights (seed 002)."""
+"""smooth_weighted_round_robin: nginx smooth WRR sequences and dynamic weights (seed 002)."""
 
 from __future__ import annotations
 
@@ -25,7 +25,7 @@ def wb(addr: str, weight=None) -> Backend:
 
 
 def policy():
-    return get_policy("weighted_round_robin")(rng=random.Random(0))
+    return get_policy("smooth_weighted_round_robin")(rng=random.Random(0))
 
 
 def run(picker, n: int, outcome: Outcome | None = None) -> list[str]:

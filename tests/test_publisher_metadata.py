@@ -123,7 +123,7 @@ def test_weight_change_moves_traffic_within_a_second(shared_etcd, unique_key):
     b = serve(_echo_server("b"), unique_key, metadata={"weight": 10}, **kw)
     try:
         target = f"etcd:///{shared_etcd.endpoint}?key={unique_key}"
-        with waypost.dial(target, balancer="weighted_round_robin") as ch:
+        with waypost.dial(target, balancer="smooth_weighted_round_robin") as ch:
             stub = echo_pb2_grpc.EchoStub(ch)
 
             def split() -> Counter:

@@ -25,7 +25,7 @@ def test_drained_backend_gets_no_traffic_and_all_drained_fails_naming_the_cause(
         for p in pubs:
             p.start()
         try:
-            with waypost.dial(target, balancer="weighted_round_robin") as ch:
+            with waypost.dial(target, balancer="smooth_weighted_round_robin") as ch:
                 stub = echo_pb2_grpc.EchoStub(ch)
                 # the drained backend is connected like the others: it is the policy that skips it
                 wait_until(lambda: len(ch.balancer.ready_addresses()) == 3 or stub.Unary(Req(), timeout=20) and False,

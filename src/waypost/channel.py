@@ -114,7 +114,7 @@ class _UnaryRequestMethod(_Method):
                                    compression)
             except grpc.RpcError as e:
                 code = e.code()
-                self.finish(res, sc, t0, code)
+                self.finish(res, sc, t0, code, e)
                 delay = st.after_failure(code, e.details())
                 if delay is None or (replay is not None and not replay.replayable) or (
                         replay is None and self._kind == "stream_unary"):  # consumed requests: no replay
@@ -134,7 +134,7 @@ class _UnaryRequestMethod(_Method):
             except BaseException:
                 self.finish(res, sc, t0, _UNKNOWN)
                 raise
-            self.finish(res, sc, t0, _OK)
+            self.finish(res, sc, t0, _OK, out[1])
             st.succeeded()
             return out  # type: ignore[no-any-return]
 
@@ -157,7 +157,7 @@ class _UnaryRequestMethod(_Method):
                 except BaseException:
                     self.finish(res, sc, t0, _UNKNOWN)
                     raise
-                fut.add_done_callback(lambda c: self.finish(res, sc, t0, c.code()))
+                fut.add_done_callback(lambda c: self.finish(res, sc, t0, c.code(), c))
                 return fut  # type: ignore[no-any-return]
         # Waiting for a backend or retrying would block: run the blocking call on a worker thread.
         timeout = None if deadline is None else max(deadline - _mono(), 0.0)
@@ -219,7 +219,7 @@ class _StreamResponseMethod(_Method):
         except BaseException:
             self.finish(res, sc, t0, _UNKNOWN)
             raise
-        call.add_done_callback(lambda c: self.finish(res, sc, t0, c.code()))
+        call.add_done_callback(lambda c: self.finish(res, sc, t0, c.code(), c))
         return call
 
 

@@ -34,10 +34,15 @@ class PickInfo:
 
 @dataclass(frozen=True, slots=True)
 class Outcome:
-    """How a call ended: its status code (OK on success) and latency in seconds."""
+    """How a call ended: its status code (OK on success) and latency in seconds.
+
+    ``trailing_metadata``: the call's trailing metadata pairs, only when the pick asked for them
+    (``PickResult.wants_trailers``; otherwise None: reading them costs every call a little).
+    """
 
     code: grpc.StatusCode = grpc.StatusCode.OK
     latency: float = 0.0
+    trailing_metadata: Sequence[tuple[str, str | bytes]] | None = None
 
 
 DoneHook = Callable[[Outcome], None]
@@ -49,8 +54,12 @@ def _noop_done(outcome: Outcome) -> None:
 
 @dataclass(frozen=True, slots=True)
 class PickResult:
+    """The picked backend and the ``done`` hook; ``wants_trailers``: give ``done`` the call's trailing metadata
+    (``Outcome.trailing_metadata``), e.g. to read a server's per-call load report."""
+
     backend: Backend
     done: DoneHook = _noop_done
+    wants_trailers: bool = False
 
 
 class PickError(Exception):
@@ -81,6 +90,16 @@ class LoadProber(Protocol):
     """
 
     def probe(self, address: str) -> bool: ...
+
+    def open_stream(self, address: str, method: str, request: bytes, on_message: Callable[[bytes], None]) -> bool:
+        """Keep a server-streaming call ``method`` (raw bytes both ways) open to ``address`` on its connection,
+        reopened after a failure (with backoff) until ``close_stream``; each message goes to ``on_message``
+        (from another thread or the channel's event loop). False when it cannot be opened now."""
+        ...
+
+    def close_stream(self, address: str, method: str) -> None:
+        """End the stream ``open_stream`` keeps to ``address`` (nothing when there is none)."""
+        ...
 
 
 @dataclass(frozen=True, slots=True)

@@ -15,7 +15,7 @@ Weighted ring (``{"consistent_hash": {"weighted": true}}``, off by default, not 
 as many virtual nodes as its registration weight (``weights.weight_of``: missing = 100, so an unweighted
 fleet's ring is go-zero's point for point), at most ``MAX_WEIGHTED_REPLICAS``; weight 0 (drained) gives it
 none, so its keys go to the others; every backend drained fails the call with UNAVAILABLE as
-weighted_round_robin does. Virtual node ``i`` is at ``murmur3_64(addr + str(i))`` as before, so changing one
+smooth_weighted_round_robin does. Virtual node ``i`` is at ``murmur3_64(addr + str(i))`` as before, so changing one
 weight from 100 to 150 adds 50 points of that address: only the keys those points take move (to it).
 
 Thread safety: rings and pickers are immutable; ``pick`` takes no lock.

@@ -11,6 +11,7 @@ from __future__ import annotations
 from .catalog import POLICIES, get_policy, known_policies, register_builtin, register_policy
 from .consistent_hash import ConsistentHashPolicy
 from .least_request import LeastRequestPolicy
+from .orca_wrr import OrcaWeightedRoundRobinPolicy
 from .outlier_detection import OutlierDetectionPolicy
 from .p2c_ewma import P2CEwmaPolicy
 from .peak_ewma import PeakEwmaPolicy
@@ -28,6 +29,7 @@ BUILTIN_POLICIES = (
     RoundRobinPolicy,
     RandomPolicy,
     WeightedRoundRobinPolicy,
+    OrcaWeightedRoundRobinPolicy,
     WeightedRandomPolicy,
     P2CEwmaPolicy,
     PeakEwmaPolicy,

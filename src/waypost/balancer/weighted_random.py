@@ -2,8 +2,8 @@
 
 Weights are the registrations' metadata ``weight`` as ``weights.weight_of`` reads it (missing or unparsable:
 100; 0: drained, never picked while another backend has a positive weight; every READY backend drained: the
-pick fails with UNAVAILABLE, the text weighted_round_robin uses). A bad value is logged once per backend and
-value. Unlike weighted_round_robin, failures do not change the weights: it is stateless between picks, and
+pick fails with UNAVAILABLE, the text smooth_weighted_round_robin uses). A bad value is logged once per backend and
+value. Unlike smooth_weighted_round_robin, failures do not change the weights: it is stateless between picks, and
 clients that start together do not move in step.
 
 The pick is O(1): ``build`` lays out Walker's alias table (Vose's construction, O(n)); a pick reads one

@@ -1,4 +1,8 @@
-"""weighted_round_robin: nginx's smooth weighted round robin with dynamic (effective) weights.
+"""smooth_weighted_round_robin: nginx's smooth weighted round robin with dynamic (effective) weights.
+
+Named ``weighted_round_robin`` before that name became gRPC's (A58, weights from ORCA load reports:
+``orca_wrr``). The ``dial(balancer="weighted_round_robin")`` shorthand still selects this policy, with a
+DeprecationWarning, for one release; a ``loadBalancingConfig`` entry ``weighted_round_robin`` is gRPC's policy.
 
 Origin: nginx SWRR, as Kratos uses it and as the seed (002) explains it. Each pick adds every
 backend's effective weight to its current weight, picks the largest current weight (first one on
@@ -65,7 +69,7 @@ class WeightedRoundRobinPicker(Picker):
         if not self._entries:
             if self._count:
                 raise all_drained(WeightedRoundRobinPolicy.name, self._count)
-            raise NoBackendAvailable("weighted_round_robin: no READY backend")
+            raise NoBackendAvailable("smooth_weighted_round_robin: no READY backend")
         with self._policy._lock:
             total = 0
             best: tuple[Backend, _WeightState] | None = None
@@ -76,7 +80,7 @@ class WeightedRoundRobinPicker(Picker):
                 if best is None or st.current > best[1].current:
                     best = entry
             if best is None:  # not reached: every entry has an effective weight of 1 or more
-                raise NoBackendAvailable("weighted_round_robin: no READY backend")
+                raise NoBackendAvailable("smooth_weighted_round_robin: no READY backend")
             best[1].current -= total
         backend, state = best
         return PickResult(backend, self._policy._done_hook(state))
@@ -85,7 +89,7 @@ class WeightedRoundRobinPicker(Picker):
 class WeightedRoundRobinPolicy(Policy):
     """Smooth weighted round robin over metadata weights, penalising failures."""
 
-    name = "weighted_round_robin"
+    name = "smooth_weighted_round_robin"
 
     def __init__(self, config: Any = None, **kwargs: Any) -> None:
         super().__init__(config, **kwargs)

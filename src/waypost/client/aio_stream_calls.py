@@ -55,7 +55,7 @@ class _StreamResponseCall(CallBase):
                 code = await call.code()
             except BaseException:  # noqa: BLE001
                 code = _UNKNOWN
-            m.finish(res, sc, t0, code)
+            m.finish(res, sc, t0, code, call)
             if self._committed or code is _OK or self._cancelled:
                 self._set_done()
 

@@ -80,7 +80,7 @@ class _UnaryResponseCall(CallBase):
                         raise
                     if code is not e.code():
                         e = grpc.aio.AioRpcError(code, e.initial_metadata(), e.trailing_metadata(), details)
-                    m.finish(res, sc, t0, code)
+                    m.finish(res, sc, t0, code, e)
                     delay = self._decide(call, code, details)
                     if delay is None:
                         self._error = e = m.explained_aio(e, sc)
@@ -99,7 +99,7 @@ class _UnaryResponseCall(CallBase):
                 except BaseException:
                     m.finish(res, sc, t0, _UNKNOWN)
                     raise
-                m.finish(res, sc, t0, _OK)
+                m.finish(res, sc, t0, _OK, call)
                 st.succeeded()
                 return resp
         except asyncio.CancelledError:
@@ -208,7 +208,7 @@ class UnaryUnaryCall(_UnaryResponseCall, grpc.aio.UnaryUnaryCall):
         res, sc, _call, t0 = self._attempt
         status = status_now(call)
         code, details = status if status is not None else (_UNKNOWN, "")
-        self._m.finish(res, sc, t0, code)
+        self._m.finish(res, sc, t0, code, call)
         if code is _OK:
             self._st.succeeded()
         elif not (self._user_cancelled or locally_cancelled(call)):  # a local cancel is never retried

@@ -101,14 +101,15 @@ class MethodBase(Generic[ChannelT]):
             return self._info
         return PickInfo(self._method, hk, tuple(metadata or ()))
 
-    def finish(self, res: PickResult, sc: SubConn, t0: float, code: grpc.StatusCode) -> None:
+    def finish(self, res: PickResult, sc: SubConn, t0: float, code: grpc.StatusCode, call: Any = None) -> None:
         """An attempt on ``sc`` ended with ``code``: tell the picker and the metrics (and the balancer,
-        on UNAVAILABLE: it re-checks that backend's connection)."""
+        on UNAVAILABLE: it re-checks that backend's connection). ``call``: the finished call or its RpcError,
+        read for trailing metadata only when the pick asked for them (``res.wants_trailers``)."""
         sc.inflight -= 1
         latency = _perf() - t0
         done = res.done
         if done is not _noop_done:  # most pickers keep no per-call state: no Outcome to build for them
-            done(Outcome(code, latency))
+            done(Outcome(code, latency, trailers_of(call) if res.wants_trailers else None))
         obs = _metrics.current
         if obs is not None:
             obs.call_done(self.balancer.target, sc.address, code, latency)
@@ -134,6 +135,29 @@ class MethodBase(Generic[ChannelT]):
             return e
         return grpc.aio.AioRpcError(e.code(), e.initial_metadata(), e.trailing_metadata(),
                                     with_explanation(e.details(), extra), e.debug_error_string())
+
+
+def trailers_of(call: Any) -> tuple[tuple[str, Any], ...] | None:
+    """The trailing metadata of a finished call (sync call, RpcError or grpc.aio call), read without blocking;
+    None when there is no call or they are not in."""
+    if call is None:
+        return None
+    get = getattr(call, "trailing_metadata", None)
+    if get is None:
+        return None
+    try:
+        md = get()
+        if hasattr(md, "send"):  # grpc.aio: a coroutine that returns at once when the call has ended
+            try:
+                md.send(None)
+            except StopIteration as e:
+                md = e.value
+            else:
+                md.close()
+                return None
+    except Exception:  # noqa: BLE001  # a call without trailers (cancelled before it started, ...)
+        return None
+    return tuple(md) if md else ()
 
 
 class MulticallableFactory:

@@ -10,6 +10,12 @@ A policy that balances on server load reports (``Policy.wants_load_reports``) ge
   an aio channel run there), scheduled with ``call_soon_threadsafe`` so that the pick itself only queues a
   callback; ``close()`` cancels the tasks still running.
 
+``open_stream(address, method, request, on_message)`` keeps a server-streaming call open to a backend (the ORCA
+out-of-band reports of ``weighted_round_robin``): a daemon thread per stream on sync channels, a task on the
+channel's event loop on aio ones; after a failure or the end of the stream it is opened again after a backoff
+(0.5 s doubling to 30 s, reset by a message) until ``close_stream`` or ``close``. A server answering
+UNIMPLEMENTED is logged once per address and retried at the longest backoff.
+
 UNIMPLEMENTED (a server without the service), or a report without an in-flight count (a server that cannot
 account its calls), is reported as ``unsupported``; every other failure as a plain failure. Probes go only to
 backends that are usable now (READY, healthy, not removed): a dead or removed backend is not probed.
@@ -19,6 +25,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import threading
 from collections.abc import Callable
 from typing import Any
 
@@ -45,6 +52,7 @@ class SubConnProber:
         self._loop: asyncio.AbstractEventLoop | None = None
         self._tasks: set[asyncio.Task[None]] = set()
         self._closed = False
+        self._streams: dict[tuple[str, str], _Stream] = {}
 
     def probe(self, address: str) -> bool:
         sc = self._lookup(address)
@@ -120,8 +128,136 @@ class SubConnProber:
         code = exc.code() if isinstance(exc, grpc.RpcError) and hasattr(exc, "code") else None
         self._policy.on_probe_failed(address, code is _UNIMPLEMENTED)
 
+    # ---- streams -------------------------------------------------------------------------------------------
+
+    def open_stream(self, address: str, method: str, request: bytes, on_message: Callable[[bytes], None]) -> bool:
+        key = (address, method)
+        if self._closed or key in self._streams:
+            return not self._closed
+        sc = self._lookup(address)
+        if sc is None:
+            return False
+        st = _Stream(self, address, method, request, on_message)
+        if isinstance(sc.channel, grpc.aio.Channel):
+            loop: asyncio.AbstractEventLoop | None
+            try:
+                loop = asyncio.get_running_loop()
+            except RuntimeError:
+                loop = self._loop
+            if loop is None:
+                return False
+            self._loop = loop
+            self._streams[key] = st
+            loop.call_soon_threadsafe(st.start_task)
+            return True
+        self._streams[key] = st
+        threading.Thread(target=st.run_sync, name=f"waypost-stream-{address}", daemon=True).start()
+        return True
+
+    def close_stream(self, address: str, method: str) -> None:
+        st = self._streams.pop((address, method), None)
+        if st is not None:
+            st.close()
+
     def close(self) -> None:
         """No more probes; cancel the aio probes still running (call it from the channel's loop for aio)."""
         self._closed = True
         for task in list(self._tasks):
             task.cancel()
+        for key in list(self._streams):
+            self.close_stream(*key)
+
+
+_BACKOFF_MIN, _BACKOFF_MAX = 0.5, 30.0
+_unimplemented_logged: set[tuple[str, str]] = set()
+
+
+class _Stream:
+    """One kept-open server stream of ``SubConnProber.open_stream``."""
+
+    def __init__(self, prober: SubConnProber, address: str, method: str, request: bytes,
+                 on_message: Callable[[bytes], None]) -> None:
+        self.prober, self.address, self.method = prober, address, method
+        self.request, self.on_message = request, on_message
+        self.closed = threading.Event()
+        self.call: Any = None
+        self.task: asyncio.Task[None] | None = None
+        self.backoff = _BACKOFF_MIN
+
+    def _callable(self) -> Any:
+        sc = self.prober._lookup(self.address)
+        if sc is None or not sc.usable:
+            return None
+        return sc.channel.unary_stream(self.method)  # raw bytes both ways
+
+    def _failed(self, exc: BaseException | None) -> None:
+        code = exc.code() if isinstance(exc, grpc.RpcError) and hasattr(exc, "code") else None
+        if code is _UNIMPLEMENTED:
+            if (self.address, self.method) not in _unimplemented_logged:
+                _unimplemented_logged.add((self.address, self.method))
+                log.info("%s does not serve %s (UNIMPLEMENTED): its load is not streamed", self.address, self.method)
+            self.backoff = _BACKOFF_MAX
+        else:
+            self.backoff = min(self.backoff * 2, _BACKOFF_MAX)
+
+    def _deliver(self, msg: bytes) -> None:
+        self.backoff = _BACKOFF_MIN
+        try:
+            self.on_message(msg)
+        except Exception:  # a policy bug must not end the stream
+            log.exception("stream %s of %s: delivering a message", self.method, self.address)
+
+    def run_sync(self) -> None:
+        while not self.closed.is_set():
+            wait = self.backoff
+            mc = self._callable()
+            if mc is not None:
+                try:
+                    self.call = call = mc(self.request)
+                    if self.closed.is_set():
+                        call.cancel()
+                    for msg in call:
+                        self._deliver(msg)
+                    self._failed(None)
+                except grpc.RpcError as e:
+                    self._failed(e)
+                except Exception:  # noqa: BLE001  # the channel closed under us: try again later, or stop
+                    self._failed(None)
+                wait = self.backoff
+            self.closed.wait(wait)
+
+    def start_task(self) -> None:
+        if not self.closed.is_set():
+            self.task = asyncio.ensure_future(self.run_aio())
+
+    async def run_aio(self) -> None:
+        while not self.closed.is_set():
+            mc = self._callable()
+            if mc is not None:
+                try:
+                    self.call = call = mc(self.request)
+                    async for msg in call:
+                        self._deliver(msg)
+                    self._failed(None)
+                except asyncio.CancelledError:
+                    return
+                except grpc.RpcError as e:
+                    self._failed(e)
+                except Exception:  # noqa: BLE001
+                    self._failed(None)
+            await asyncio.sleep(self.backoff)
+
+    def close(self) -> None:
+        self.closed.set()
+        call, task = self.call, self.task
+        if call is not None:
+            try:
+                call.cancel()
+            except Exception:  # cancelled from a thread other than the aio loop's: the task's cancel ends it
+                log.debug("stream %s of %s: cancel", self.method, self.address, exc_info=True)
+        if task is not None:
+            loop = task.get_loop()
+            try:
+                loop.call_soon_threadsafe(task.cancel)
+            except RuntimeError:  # the loop is closed: the task ended with it
+                pass

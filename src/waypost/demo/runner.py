@@ -20,16 +20,18 @@ from .load import Load, Sample, summarize
 
 #: the policies the demo runs (``NOT_SHOWN`` says why the others are not); the default (what ``dial`` uses without ``balancer=``) comes last, beside
 #: go-zero's p2c_ewma and round_robin in the comparison table
-POLICIES = [*dict.fromkeys(["pick_first", "round_robin", "weighted_round_robin", "least_request", "consistent_hash",
-                            "p2c_ewma", DEFAULT_POLICY])]
+POLICIES = [*dict.fromkeys(["pick_first", "round_robin", "smooth_weighted_round_robin", "least_request",
+                            "consistent_hash", "p2c_ewma", DEFAULT_POLICY])]
 #: the registered policies the demo does not run, and why (printed after the comparison table)
 NOT_SHOWN = {
     "random": "round_robin's shares with more variance",
-    "weighted_random": "weighted_round_robin's shares with more variance",
+    "weighted_random": "smooth_weighted_round_robin's shares with more variance",
     "outlier_detection": "it wraps another policy and ejects failing backends: none fails here until step 4",
     "prequal": "it balances on server load reports, which the demo backends do not send",
+    "weighted_round_robin": "gRPC's policy (A58): it weighs backends by their ORCA load reports, which need "
+                            "seconds of traffic (its 10 s blackout) before they count",
 }
-#: name, delay in ms, weight (metadata "weight", used by weighted_round_robin)
+#: name, delay in ms, weight (metadata "weight", used by smooth_weighted_round_robin)
 BACKENDS = [("b1", 2.0, 40), ("b2", 2.0, 30), ("b3", 2.0, 20), ("b4", 25.0, 10)]
 SLOW = "b4"
 NEWCOMER = ("b5", 2.0, 30)
