@@ -1,0 +1,66 @@
+"""grpc-go as the foreign peer: its xDS client dialing xds:///NAME through `waypost xds serve` over real etcd,
+and its ORCA stack (grpc-go's orca package reporting, weighted_round_robin balancing) as a check of the peers
+that waypost's own ORCA code is tested against (tests/xds_interop_support.py)."""
+
+from __future__ import annotations
+
+import pytest
+
+from tests.xds_interop_support import (
+    fixture_xds_procs,  # noqa: F401 (the xds_procs fixture)
+    go_timeout_mark,
+    run_wrr_client,
+    start_orca_server,
+    wrr_config,
+)
+
+pytestmark = [go_timeout_mark(), pytest.mark.usefixtures("xds_procs")]
+
+#: A58: weight = qps / utilization; cpu 0.9/0.3/0.1 at 100 rps each -> 111/333/1000 -> of 600 calls
+WRR_EXPECTED = {"hot": 600 * 111.1 / 1444.4, "warm": 600 * 333.3 / 1444.4, "cool": 600 * 1000 / 1444.4}
+
+
+def _check_split(counts: dict[str, int], label: str) -> None:
+    print(f"{label}: {counts} (A58 expects {', '.join(f'{k} {v:.0f}' for k, v in WRR_EXPECTED.items())})")
+    assert sum(counts.values()) == 600, counts
+    for name, want in WRR_EXPECTED.items():
+        assert abs(counts.get(name, 0) - want) <= max(0.25 * want, 20), (label, counts)
+
+
+@pytest.mark.parametrize("oob", [False, True], ids=["per-call", "oob"])
+def test_orca_peers_grpc_go_wrr_follows_grpc_go_orca_reports(oob: bool) -> None:
+    """orca-server x3 (cpu 0.9/0.3/0.1, rps 100) and grpc-go weighted_round_robin: the last 600 calls split
+    about 46/138/415. OOB: the per-call reports say the reverse, so the split shows the OOB stream is used."""
+    loads = {"hot": 0.9, "warm": 0.3, "cool": 0.1}
+    servers = []
+    try:
+        for name, cpu in loads.items():
+            servers.append(start_orca_server(name, cpu=cpu, rps=100, oob=oob,
+                                             call_cpu=(1.0 - cpu) if oob else None))
+        result = run_wrr_client([s.address for s in servers], wrr_config(oob=oob, blackout="1s"), 1800,
+                                batch=600, interval=0.001, timeout=90)
+    finally:
+        for s in servers:
+            s.stop()
+    assert result["errors"] == 0, result
+    assert result["batches"][0]["counts"].keys() == set(loads), result["batches"]
+    _check_split(result["batches"][-1]["counts"], f"grpc-go wrr ({'oob' if oob else 'per call'}), last 600")
+
+
+def test_orca_server_set_changes_per_call_reports() -> None:
+    """`set` on a running orca-server moves grpc-go's weights (per-call reports follow at once)."""
+    a = start_orca_server("a", cpu=0.5, rps=100)
+    b = start_orca_server("b", cpu=0.5, rps=100)
+    try:
+        assert a.set(cpu=0.1)["cpu"] == pytest.approx(0.1)
+        assert b.set(cpu=0.9, named={"q": 2})["named"] == {"q": 2.0}
+        result = run_wrr_client([a.address, b.address], wrr_config(), 1200, batch=400, interval=0.001,
+                                timeout=60)
+        served = a.served() + b.served()
+    finally:
+        a.stop()
+        b.stop()
+    last = result["batches"][-1]["counts"]
+    print(f"cpu 0.1 vs 0.9: last 400 calls {last}")
+    assert result["errors"] == 0 and served == 1200, result
+    assert last.get("a", 0) > 3 * last.get("b", 0), last  # 9:1 expected
