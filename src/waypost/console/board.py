@@ -64,6 +64,7 @@ class Board:
         #: source -> why it cannot be read now (None when it can)
         self.sources: dict[str, str | None] = {}
         self.version = 0
+        self.closed = False  # set when the console stops: event streams end
         self._changed = asyncio.Event()
 
     def touch(self) -> None:

@@ -31,6 +31,8 @@ from .web import is_loopback, make_app
 log = logging.getLogger("waypost.console")
 
 DEFAULT_LISTEN = "127.0.0.1:8470"
+#: seconds requests still running get when the console stops
+SHUTDOWN_TIMEOUT = 2.0
 
 
 @dataclass
@@ -111,7 +113,8 @@ class Console:
             self._prober.start()
             self._metrics = ClientMetrics(board, list(self.config.metrics), interval=self.config.metrics_interval)
             self._metrics.start()
-            self._runner = web.AppRunner(make_app(self, board), access_log=None, handle_signals=False)
+            self._runner = web.AppRunner(make_app(self, board), access_log=None, handle_signals=False,
+                                        shutdown_timeout=SHUTDOWN_TIMEOUT)
             await self._runner.setup()
             ctx = None
             if self.config.tls_cert:
@@ -132,6 +135,9 @@ class Console:
         return self.url
 
     async def stop(self) -> None:
+        if self.board is not None:  # open event streams end, so the server's shutdown does not wait on them
+            self.board.closed = True
+            self.board.touch()
         if self._runner is not None:
             await self._runner.cleanup()
             self._runner = None

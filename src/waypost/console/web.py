@@ -123,7 +123,7 @@ async def events(request: web.Request) -> web.StreamResponse:
     seen = -1
     last_sent = time.monotonic()
     try:
-        while True:
+        while not board.closed:
             if board.version != seen:
                 seen = board.version
                 data = json.dumps(board.snapshot(), default=str)
