@@ -4,12 +4,20 @@ that waypost's own ORCA code is tested against (tests/xds_interop_support.py).""
 
 from __future__ import annotations
 
+from collections.abc import Iterator
+
 import pytest
 
 from tests.xds_interop_support import (
+    PROPAGATION_BOUND,
+    XdsSetup,
     fixture_xds_procs,  # noqa: F401 (the xds_procs fixture)
+    go_programs,
     go_timeout_mark,
     run_wrr_client,
+    scenario_balance_and_registrations,
+    scenario_graceful_sigterm,
+    scenario_ring_hash_header,
     start_orca_server,
     wrr_config,
 )
@@ -64,3 +72,29 @@ def test_orca_server_set_changes_per_call_reports() -> None:
     print(f"cpu 0.1 vs 0.9: last 400 calls {last}")
     assert result["errors"] == 0 and served == 1200, result
     assert last.get("a", 0) > 3 * last.get("b", 0), last  # 9:1 expected
+
+
+# -- grpc-go's xDS client through `waypost xds serve` over real etcd -----------------------------------------
+
+
+@pytest.fixture(scope="module", name="setup")
+def fixture_setup(shared_etcd) -> Iterator[XdsSetup]:
+    go_programs()  # build (or skip) before starting anything
+    s = XdsSetup(shared_etcd)
+    try:
+        yield s
+    finally:
+        s.close()
+
+
+def test_grpc_go_xds_balances_and_follows_registrations(setup: XdsSetup) -> None:
+    figures = scenario_balance_and_registrations("go", setup)
+    assert all(v < PROPAGATION_BOUND for v in figures.values()), figures
+
+
+def test_grpc_go_xds_ring_hash_keeps_a_key_on_one_backend(setup: XdsSetup) -> None:
+    scenario_ring_hash_header("go", setup)
+
+
+def test_grpc_go_xds_graceful_sigterm_of_a_backend_loses_no_call(setup: XdsSetup) -> None:
+    scenario_graceful_sigterm("go", setup)

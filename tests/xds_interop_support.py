@@ -59,6 +59,7 @@ import signal
 import subprocess
 import sys
 import tempfile
+import threading
 import time
 from collections.abc import Iterator, Mapping, Sequence
 from pathlib import Path
@@ -108,11 +109,25 @@ class PeerProc(GoProc):
         self.proc = subprocess.Popen(self.args, stdin=subprocess.PIPE, stdout=subprocess.PIPE,
                                      stderr=self._stderr, env=full_env, cwd=cwd)
         self.lines: queue.Queue[Any] = queue.Queue()
-        import threading
-
         self._reader = threading.Thread(target=self._read, name=f"read-{name}", daemon=True)
         self._reader.start()
         _live.append(self)
+
+    def _read(self) -> None:
+        """GoProc's reader, with each JSON object stamped ``"_at"``: time.monotonic() when it arrived."""
+        assert self.proc.stdout is not None
+        for raw in self.proc.stdout:
+            text = raw.decode(errors="replace").strip()
+            if not text:
+                continue
+            try:
+                line = json.loads(text)
+            except ValueError:
+                line = {"raw": text}
+            if isinstance(line, dict):
+                line["_at"] = time.monotonic()
+            self.lines.put(line)
+        self.lines.put(None)  # EOF
 
     def stop(self, timeout: float = 10.0) -> int:
         rc = super().stop(timeout)
@@ -133,11 +148,12 @@ class PeerProc(GoProc):
         self.stop()
 
 
-def stop_started(since: int = 0) -> None:
-    """Stop every peer started (and not yet stopped) after the first ``since`` of them."""
-    for p in reversed(_live[since:]):
-        with contextlib.suppress(Exception):
-            p.stop(timeout=8.0)
+def stop_started(keep: Sequence[PeerProc] = ()) -> None:
+    """Stop every peer started here and still running, except those in ``keep``."""
+    for p in reversed(list(_live)):
+        if not any(p is k for k in keep):
+            with contextlib.suppress(Exception):
+                p.stop(timeout=8.0)
 
 
 atexit.register(stop_started)
@@ -145,8 +161,8 @@ atexit.register(stop_started)
 
 @pytest.fixture(name="xds_procs")
 def fixture_xds_procs() -> Iterator[None]:
-    """Stops every peer a test started, whatever happened to the test."""
-    before = len(_live)
+    """Stops every peer a test started, whatever happened to the test (those of wider fixtures stay)."""
+    before = list(_live)
     try:
         yield
     finally:
@@ -574,3 +590,192 @@ def run_xds_client(lang: str, target: str, bootstrap: str, calls: int, *, interv
         return run.finish(timeout + 30.0)
     finally:
         run.stop()
+
+
+# -- backends: waypost.serve'd Echo servers (in process, or a process of their own) ----------------------------
+
+def serve_echo(name: str, key: str, registry: str, *, metadata: Mapping[str, Any] | None = None,
+               grace: float = 3.0) -> Any:
+    """An Echo server (replies name ``name``) started and registered under ``key`` with ``waypost.serve``;
+    returns its ServeHandle (``.stop(grace)`` deregisters, keeps serving for serve()'s drain delay, then stops)."""
+    from concurrent import futures
+
+    import grpc
+
+    import waypost
+    from tests.backends import echo_pb2_grpc
+    from tests.backends.server import EchoServicer
+
+    server = grpc.server(futures.ThreadPoolExecutor(max_workers=8))
+    echo_pb2_grpc.add_EchoServicer_to_server(EchoServicer(name), server)
+    return waypost.serve(server, key, listen_on="127.0.0.1:0", registry=registry, metadata=metadata, grace=grace,
+                         register_timeout=30.0)
+
+
+_BACKEND_SCRIPT = """
+import json, sys
+from concurrent import futures
+import grpc
+import waypost
+from tests.backends import echo_pb2_grpc
+from tests.backends.server import EchoServicer
+
+name, key, registry = sys.argv[1:4]
+server = grpc.server(futures.ThreadPoolExecutor(max_workers=8))
+echo_pb2_grpc.add_EchoServicer_to_server(EchoServicer(name), server)
+handle = waypost.serve(server, key, listen_on="127.0.0.1:0", registry=registry, grace=5.0, register_timeout=30.0)
+print(json.dumps({"ready": handle.address}), flush=True)
+handle.wait()
+print(json.dumps({"exited": name}), flush=True)
+"""
+
+
+def start_echo_process(name: str, key: str, registry: str, timeout: float = 60.0) -> PeerProc:
+    """``waypost.serve`` of an Echo server in a Python process of its own (SIGTERM: its graceful stop)."""
+    env = {"PYTHONPATH": os.pathsep.join([str(ROOT / "src"), str(ROOT), os.environ.get("PYTHONPATH", "")])}
+    proc = PeerProc([sys.executable, "-c", _BACKEND_SCRIPT, name, key, registry], f"echo-{name}", env=env, cwd=ROOT)
+    try:
+        proc.expect(lambda d: "ready" in d, timeout, "ready")
+    except BaseException:
+        proc.stop()
+        raise
+    return proc
+
+
+# -- xDS scenarios, run by tests/test_xds_go.py and tests/test_xds_java.py with their client --------------------
+
+#: exports of the shared control plane: name -> export options after the target
+SCENARIO_EXPORTS = {"bal": "", "hash": " policy=ring_hash hash_header=x-key", "term": ""}
+#: "eventually" bound for a registry change to reach a client's picks (measured: well under 1 s)
+PROPAGATION_BOUND = 15.0
+
+
+class XdsSetup:
+    """One `waypost xds serve` over a real etcd, exporting SCENARIO_EXPORTS under keys of a unique prefix."""
+
+    def __init__(self, etcd: Any) -> None:
+        self.registry = etcd.url()
+        prefix = f"xdsi{os.getpid()}-{time.monotonic_ns() % 10**9}"
+        self.keys = {n: f"{prefix}-{n}.rpc" for n in SCENARIO_EXPORTS}
+        exports = {n: f"etcd:///{etcd.endpoint}?key={self.keys[n]}{opt}" for n, opt in SCENARIO_EXPORTS.items()}
+        self.addr, self.bootstrap, self.proc = xds_control_plane(exports)
+
+    def close(self) -> None:
+        self.proc.stop()
+
+
+def watch(run: ClientRun, pred: Any, timeout: float, what: str) -> dict[str, Any]:
+    """The first progress line whose counts satisfy ``pred`` (within ``timeout`` s); lines are kept in run.batches."""
+    deadline = time.monotonic() + timeout
+    seen: list[Any] = []
+    while True:
+        left = deadline - time.monotonic()
+        if left <= 0:
+            raise AssertionError(f"{run.name}: no batch with {what} within {timeout} s; last {seen[-5:]}; "
+                                 f"stderr: {run.stderr_tail()}")
+        line = run.progress(left)
+        seen.append(line["counts"])
+        if pred(line["counts"]):
+            return line
+
+
+def scenario_balance_and_registrations(lang: str, setup: XdsSetup) -> dict[str, float]:
+    """Balance over every registered server (a weight 0 one gets nothing); an added registration, a removed one
+    and a weight set to 0 reach the client's picks within PROPAGATION_BOUND; no call fails. Returns the
+    measured delays (seconds from the registry change to the first batch showing it)."""
+    key = setup.keys["bal"]
+    handles = {n: serve_echo(n, key, setup.registry) for n in ("a", "b", "c")}
+    handles["z"] = serve_echo("z", key, setup.registry, metadata={"weight": 0})
+    figures: dict[str, float] = {}
+    run = start_xds_client(lang, "xds:///bal", setup.bootstrap, 100_000, interval=0.004, batch=6, deadline=10.0)
+    stoppers: list[threading.Thread] = []
+    try:
+        watch(run, lambda c: {"a", "b", "c"} <= set(c), 60.0, "a, b and c")
+        # round robin over all three, none to the weight-0 one
+        counts: dict[str, int] = {}
+        for _ in range(5):
+            for k, v in run.progress(30.0)["counts"].items():
+                counts[k] = counts.get(k, 0) + v
+        assert set(counts) == {"a", "b", "c"} and min(counts.values()) >= 6, counts
+
+        handles["d"] = serve_echo("d", key, setup.registry)
+        t0 = time.monotonic()
+        line = watch(run, lambda c: "d" in c, PROPAGATION_BOUND, "the added server d")
+        figures["added"] = line["_at"] - t0
+
+        stopper = threading.Thread(target=handles.pop("a").stop, args=(3.0,), daemon=True)
+        t0 = time.monotonic()
+        stopper.start()  # deregisters at once, serves during the drain delay, then stops
+        stoppers.append(stopper)
+        line = watch(run, lambda c: "a" not in c and len(c) == 3, PROPAGATION_BOUND, "a gone")
+        figures["removed"] = line["_at"] - t0
+
+        t0 = time.monotonic()
+        handles["b"].update_metadata({"weight": 0})
+        line = watch(run, lambda c: "b" not in c and {"c", "d"} == set(c), PROPAGATION_BOUND, "b drained (weight 0)")
+        figures["weight0"] = line["_at"] - t0
+        for _ in range(3):
+            assert set(run.progress(30.0)["counts"]) == {"c", "d"}
+        final = run.finish(30.0, interrupt=True)
+    finally:
+        run.stop()
+        for t in stoppers:
+            t.join(15)
+        for h in handles.values():
+            h.stop(0)
+    assert final["errors"] == 0, final
+    assert "z" not in final["counts"], final["counts"]
+    print(f"\n{lang} xDS client over etcd: {final['calls']} calls, 0 failed, {final['counts']}; registry change -> "
+          f"picks (first batch showing it, batches of 6 calls at ~4 ms): "
+          + ", ".join(f"{k} {v * 1000:.0f} ms" for k, v in figures.items()))
+    return figures
+
+
+def scenario_ring_hash_header(lang: str, setup: XdsSetup) -> dict[str, dict[str, int]]:
+    """ring_hash on the x-key header: every key stays on one backend, and the keys spread over several."""
+    key = setup.keys["hash"]
+    handles = {n: serve_echo(n, key, setup.registry) for n in ("h1", "h2", "h3")}
+    try:
+        # the first calls may race the connects; warm up then count per key
+        run_xds_client(lang, "xds:///hash", setup.bootstrap, 20, headers={"x-key": "warm-{i}"}, keys=4,
+                       wait_for_ready=True, timeout=60)
+        result = run_xds_client(lang, "xds:///hash", setup.bootstrap, 160, headers={"x-key": "user-{i}"},
+                                keys=16, wait_for_ready=True, timeout=60)
+    finally:
+        for h in handles.values():
+            h.stop(0)
+    by_key: dict[str, dict[str, int]] = result["by_key"]
+    assert result["errors"] == 0, result
+    assert len(by_key) == 16 and all(sum(v.values()) == 10 for v in by_key.values()), by_key
+    split = {k: v for k, v in by_key.items() if len(v) != 1}
+    assert not split, f"keys reached more than one backend: {split}"
+    owners = {next(iter(v)) for v in by_key.values()}
+    print(f"\n{lang} ring_hash on x-key: 16 keys x 10 calls, each key on one backend; keys per backend: "
+          f"{ {o: sum(1 for v in by_key.values() if o in v) for o in sorted(owners)} }")
+    assert len(owners) >= 2, by_key
+    return by_key
+
+
+def scenario_graceful_sigterm(lang: str, setup: XdsSetup) -> None:
+    """SIGTERM to a waypost.serve backend process under the client's load: it deregisters, the push reaches the
+    client within serve()'s drain delay, then it stops: no call fails, and after its exit only the other is used."""
+    key = setup.keys["term"]
+    procs = [start_echo_process(n, key, setup.registry) for n in ("t1", "t2")]
+    run = start_xds_client(lang, "xds:///term", setup.bootstrap, 100_000, interval=0.002, batch=10, deadline=10.0)
+    try:
+        watch(run, lambda c: {"t1", "t2"} <= set(c), 60.0, "t1 and t2")
+        t_term = time.monotonic()
+        procs[0].terminate()
+        assert procs[0].proc.wait(20) == 0
+        t_exit = time.monotonic()
+        after = [run.progress(30.0) for _ in range(5)]
+        final = run.finish(30.0, interrupt=True)
+    finally:
+        run.stop()
+        for p in procs:
+            p.stop()
+    assert final["errors"] == 0, final
+    assert all(set(b["counts"]) == {"t2"} for b in after if b["_at"] > t_exit + 0.2), after
+    last_t1 = max((b["_at"] for b in final["batches"] if "t1" in b["counts"]), default=t_term)
+    print(f"\n{lang} graceful SIGTERM of a backend: {final['calls']} calls, 0 failed; t1 last seen in a batch "
+          f"{(last_t1 - t_term) * 1000:.0f} ms after SIGTERM, it exited after {(t_exit - t_term) * 1000:.0f} ms")
