@@ -7,6 +7,7 @@ Clients: ``dial`` (a ``grpc.Channel``), ``aio.dial`` (a ``grpc.aio.Channel``), `
 for the raw backend list. Registries: ``connect``. Errors: ``WaypostError`` and its subclasses; valid but
 suspicious configuration (a service-config name matching no method, ...) is a ``ConfigWarning``. Custom load-balancing policies: ``Policy``, ``Picker``,
 ``PickInfo``, ``PickResult``, ``Outcome``, ``PickError``, ``register_policy`` (docs/custom-policies.md).
+gRPC's own xDS clients over waypost's discovery: ``waypost.xds`` (``xds.channel``, ``waypost xds serve``; docs/xds.md).
 """
 
 from __future__ import annotations
@@ -37,6 +38,7 @@ logging.getLogger("waypost").addHandler(logging.NullHandler())
 # kept in step by tests/test_public_api.py.
 if TYPE_CHECKING:
     from . import aio as aio
+    from . import xds as xds
     from .balancer.base import Outcome as Outcome
     from .balancer.base import Picker as Picker
     from .balancer.base import PickError as PickError
@@ -66,6 +68,8 @@ if TYPE_CHECKING:
 
 _LAZY = {
     "aio": ("waypost.aio", None),
+    # gRPC's own xDS clients over waypost's discovery (the xds extra): waypost.xds.channel, ControlPlane, ...
+    "xds": ("waypost.xds", None),
     "connect": ("waypost.registry", "connect"),
     "Registry": ("waypost.registry.base", "Registry"),
     "Publisher": ("waypost.discovery", "Publisher"),
@@ -151,4 +155,5 @@ __all__ = [
     "serve",
     "serve_async",
     "set_load",
+    "xds",
 ]

@@ -49,7 +49,7 @@ from .errors import XdsConfigError
 from .policy import check_export
 
 #: an xDS service name: what follows ``xds:///`` (a DNS-ish name, also the Listener/Cluster name)
-NAME_RE = re.compile(r"[A-Za-z0-9][A-Za-z0-9._\-]{0,252}")
+NAME_RE = re.compile(r"[A-Za-z0-9](?:[A-Za-z0-9._/\-]{0,251}[A-Za-z0-9._\-])?")
 RETRY_CODES = ("cancelled", "deadline-exceeded", "internal", "resource-exhausted", "unavailable")
 OPTIONS = ("policy", "policy_config", "hash_header", "prefer", "timeout", "retries", "retry_on",
            "outlier_detection", "serve_empty")
@@ -127,7 +127,7 @@ def make_export(name: Any, target: Any, options: Mapping[str, Any], where: str |
     """An Export from its parts, every field checked (``where`` prefixes the errors)."""
     where = where or f"export {name!r}"
     if not isinstance(name, str) or not NAME_RE.fullmatch(name):
-        raise XdsConfigError(f"{where}: NAME must be letters, digits, '.', '-' or '_' (at most 253), got {name!r}")
+        raise XdsConfigError(f"{where}: NAME must be letters, digits, '.', '-', '_' or inner '/' (at most 253), got {name!r}")
     targets = _targets(target, where)
     unknown = sorted(set(options) - set(OPTIONS))
     if unknown:

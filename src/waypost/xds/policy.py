@@ -176,6 +176,7 @@ def _cswrr(cfg: Mapping[str, Any], where: str) -> cswrr_pb2.ClientSideWeightedRo
 
 def outlier_detection(raw: Mapping[str, Any], where: str) -> outlier_detection_pb2.OutlierDetection:
     """waypost's ``outlier_detection`` policy config -> ``Cluster.outlier_detection`` (gRFC A50's mapping)."""
+    from ..balancer import policies as _builtins  # noqa: F401 -- the child policy names must be registered
     from ..balancer.outlier_detection import OutlierConfig
     from ..errors import InvalidServiceConfig
 

@@ -43,7 +43,7 @@ def services_under(keys: Sequence[str], prefix: str) -> set[str]:
         if not key.startswith(prefix) or key.startswith((GOZERO_META_ROOT, "/")):
             continue
         service = key.rpartition("/")[0]
-        if service and NAME_RE.fullmatch(service):
+        if service.startswith(prefix) and NAME_RE.fullmatch(service):
             out.add(service)
     return out
 

@@ -1,0 +1,273 @@
+"""Unit tests of the xDS resource builders, the snapshot bytes and versions, and the per-stream
+version/nonce/ACK/NACK state machine (no network)."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+
+pytest.importorskip("envoy.service.discovery.v3.ads_pb2", reason="the xds extra (xds-protos) is not installed")
+
+from envoy.config.core.v3 import base_pb2, health_check_pb2
+from envoy.extensions.filters.network.http_connection_manager.v3 import (
+    http_connection_manager_pb2 as hcm_pb2,
+)
+from envoy.extensions.load_balancing_policies.client_side_weighted_round_robin.v3 import (
+    client_side_weighted_round_robin_pb2 as cswrr_pb2,
+)
+from envoy.extensions.load_balancing_policies.wrr_locality.v3 import wrr_locality_pb2
+from envoy.service.discovery.v3 import discovery_pb2
+
+from waypost.types import Backend
+from waypost.xds import XdsConfigError, bootstrap, parse_export
+from waypost.xds.control import ControlPlane
+from waypost.xds.resources import (
+    CLUSTER,
+    ENDPOINT,
+    LISTENER,
+    ROUTE,
+    cluster,
+    listener,
+    load_assignment,
+    route_config,
+    static_resources,
+)
+from waypost.xds.snapshot import Resource, Snapshot
+from waypost.xds.stream import StreamState
+
+
+def _b(addr: str, **meta) -> Backend:
+    return Backend(addr, meta)
+
+
+def _snapshot(exports, lists) -> Snapshot:
+    per_type = {t: {} for t in (LISTENER, ROUTE, CLUSTER, ENDPOINT)}
+    for e in exports:
+        for t, m in static_resources(e).items():
+            per_type[t][e.name] = Resource.of(e.name, m)
+        if e.name in lists:
+            per_type[ENDPOINT][e.name] = Resource.of(e.name, load_assignment(e, lists[e.name]))
+    return Snapshot(per_type)
+
+
+def _resp(data: bytes) -> discovery_pb2.DiscoveryResponse:
+    return discovery_pb2.DiscoveryResponse.FromString(data)
+
+
+# ------------------------------------------------------------------------------------------ builders
+
+
+def test_listener_routes_over_ads_with_the_router_filter() -> None:
+    lis = listener(parse_export("greeter=direct:///127.0.0.1:1"))
+    hcm = hcm_pb2.HttpConnectionManager()
+    lis.api_listener.api_listener.Unpack(hcm)
+    assert lis.name == "greeter" and hcm.rds.route_config_name == "greeter"
+    assert hcm.rds.config_source.HasField("ads")
+    assert [f.name for f in hcm.http_filters] == ["envoy.filters.http.router"]
+
+
+def test_route_carries_timeout_retries_and_hash_policy() -> None:
+    e = parse_export("g=direct:///127.0.0.1:1 policy=ring_hash hash_header=X-User timeout=2.5s retries=3 "
+                     "retry_on=unavailable,resource_exhausted")
+    rc = route_config(e)
+    (vh,) = rc.virtual_hosts
+    assert list(vh.domains) == ["*"]
+    action = vh.routes[0].route
+    assert action.cluster == "g" and vh.routes[0].match.prefix == ""
+    assert action.max_stream_duration.max_stream_duration.ToNanoseconds() == 2_500_000_000
+    assert action.retry_policy.num_retries.value == 3
+    assert action.retry_policy.retry_on == "unavailable,resource-exhausted"
+    assert [h.header.header_name for h in action.hash_policy] == ["x-user"]
+    plain = route_config(parse_export("g=direct:///127.0.0.1:1")).virtual_hosts[0].routes[0].route
+    assert not plain.HasField("retry_policy") and not plain.hash_policy and not plain.HasField("max_stream_duration")
+
+
+def _policy_names(c) -> list[str]:
+    return [p.typed_extension_config.name.rsplit(".", 1)[1] for p in c.load_balancing_policy.policies]
+
+
+def test_cluster_policies() -> None:
+    rr = cluster(parse_export("g=direct:///127.0.0.1:1"))
+    assert rr.type == rr.EDS and rr.eds_cluster_config.eds_config.HasField("ads")
+    assert _policy_names(rr) == ["wrr_locality"]
+    wrr = wrr_locality_pb2.WrrLocality()
+    rr.load_balancing_policy.policies[0].typed_extension_config.typed_config.Unpack(wrr)
+    assert [p.typed_extension_config.name for p in wrr.endpoint_picking_policy.policies] == [
+        "envoy.load_balancing_policies.round_robin"]
+    assert _policy_names(cluster(parse_export("g=direct:///127.0.0.1:1 policy=consistent_hash"))) == ["ring_hash"]
+    lr = cluster(parse_export("g=direct:///127.0.0.1:1 policy=least_request"))
+    lr.load_balancing_policy.policies[0].typed_extension_config.typed_config.Unpack(wrr)
+    assert [p.typed_extension_config.name.rsplit(".", 1)[1] for p in wrr.endpoint_picking_policy.policies] == [
+        "least_request", "round_robin"]  # grpcio rejects least_request alone
+
+
+def test_client_side_wrr_never_sends_a_zero_blackout() -> None:
+    def blackout(cfg: dict) -> int:
+        e = ControlPlaneless(cfg)
+        wrr = wrr_locality_pb2.WrrLocality()
+        cluster(e).load_balancing_policy.policies[0].typed_extension_config.typed_config.Unpack(wrr)
+        msg = cswrr_pb2.ClientSideWeightedRoundRobin()
+        wrr.endpoint_picking_policy.policies[0].typed_extension_config.typed_config.Unpack(msg)
+        return msg.blackout_period.ToNanoseconds()
+
+    assert blackout({}) == 1_000_000_000
+    assert blackout({"blackoutPeriod": "0s"}) == 1
+    assert blackout({"blackoutPeriod": "2s"}) == 2_000_000_000
+
+
+def ControlPlaneless(policy_config: dict):
+    from waypost.xds.exports import make_export
+
+    return make_export("g", "direct:///127.0.0.1:1",
+                       {"policy": "client_side_weighted_round_robin", "policy_config": policy_config})
+
+
+def test_outlier_detection_maps_and_leaves_unset_kinds_off() -> None:
+    from waypost.xds.exports import make_export
+
+    e = make_export("g", "direct:///127.0.0.1:1", {"outlier_detection": {
+        "interval": "5s", "failurePercentageEjection": {"threshold": 50, "minimumHosts": 2}}})
+    od = cluster(e).outlier_detection
+    assert od.interval.ToNanoseconds() == 5_000_000_000
+    assert od.enforcing_success_rate.value == 0  # left out: off (gRPC's default would be 100)
+    assert od.failure_percentage_threshold.value == 50 and od.failure_percentage_minimum_hosts.value == 2
+    assert od.enforcing_failure_percentage.value == 100
+
+
+def test_assignment_weights_drain_localities_and_priorities() -> None:
+    e = parse_export("g=direct:///127.0.0.1:1 prefer=zone:a")
+    cla = load_assignment(e, [
+        _b("10.0.0.3:80", zone="b", weight=0),
+        _b("10.0.0.1:80", zone="a", weight=5),
+        _b("10.0.0.2:80", zone="b"),
+        _b("[::1]:81", zone="b", weight="7"),
+        _b("not-an-address"),
+    ])
+    by_zone = {loc.locality.zone: loc for loc in cla.endpoints}
+    assert set(by_zone) == {"a", "b"}
+    assert by_zone["a"].priority == 0 and by_zone["b"].priority == 1
+    assert by_zone["a"].load_balancing_weight.value == 5
+    assert by_zone["b"].load_balancing_weight.value == 100 + 7  # the drained one counts 0
+    eps = {ep.endpoint.address.socket_address.address: ep for loc in cla.endpoints for ep in loc.lb_endpoints}
+    assert eps["10.0.0.3"].health_status == health_check_pb2.DRAINING
+    assert eps["10.0.0.2"].health_status == health_check_pb2.HEALTHY
+    assert eps["::1"].load_balancing_weight.value == 7 and eps["::1"].endpoint.address.socket_address.port_value == 81
+    # no preference, or a zone nobody is in: one priority (no gap)
+    assert {loc.priority for loc in load_assignment(parse_export("g=direct:///127.0.0.1:1 prefer=zone:z"),
+                                                    [_b("10.0.0.1:1", zone="a"), _b("10.0.0.2:1")]).endpoints} == {0}
+
+
+def test_every_locality_has_a_weight_even_when_all_drained() -> None:
+    cla = load_assignment(parse_export("g=direct:///127.0.0.1:1"), [_b("10.0.0.1:1", weight=0)])
+    assert cla.endpoints[0].load_balancing_weight.value >= 1
+
+
+def test_resources_are_deterministic_across_replicas() -> None:
+    e = parse_export("g=direct:///127.0.0.1:1")
+    a = _snapshot([e], {"g": [_b("10.0.0.2:1", zone="x"), _b("10.0.0.1:1")]})
+    b = _snapshot([parse_export("g=direct:///127.0.0.1:1")], {"g": [_b("10.0.0.1:1"), _b("10.0.0.2:1", zone="x")]})
+    for t in (LISTENER, ROUTE, CLUSTER, ENDPOINT):
+        assert a.body(t, None).data == b.body(t, None).data
+    assert a.body(ENDPOINT, frozenset({"g"})).version == b.body(ENDPOINT, frozenset({"g"})).version
+
+
+def test_body_bytes_parse_as_a_discovery_response() -> None:
+    snap = _snapshot([parse_export("g=direct:///127.0.0.1:1")], {"g": [_b("10.0.0.1:1")]})
+    r = _resp(snap.body(ENDPOINT, frozenset({"g", "other"})).bytes_for("17"))
+    assert r.nonce == "17" and r.type_url == ENDPOINT and len(r.resources) == 1 and r.version_info
+    assert snap.body(ENDPOINT, frozenset({"other"})) is None
+
+
+# ------------------------------------------------------------------------------------------ state machine
+
+
+def _req(t: str, names=(), version="", nonce="", error: str | None = None, node: str | None = None):
+    r = discovery_pb2.DiscoveryRequest(type_url=t, resource_names=list(names), version_info=version,
+                                       response_nonce=nonce)
+    if error is not None:
+        r.error_detail.message = error
+    if node is not None:
+        r.node.CopyFrom(base_pb2.Node(id=node))
+    return r
+
+
+def test_initial_ack_nack_stale_and_node() -> None:
+    e = parse_export("g=direct:///127.0.0.1:1")
+    s1 = _snapshot([e], {"g": [_b("10.0.0.1:1")]})
+    st = StreamState("peer")
+    out = st.on_request(_req(CLUSTER, node="n1"), s1)  # wildcard
+    assert out.kind == "initial" and st.node_id == "n1" and len(out.responses) == 1
+    r1 = _resp(out.responses[0][1])
+    out = st.on_request(_req(CLUSTER, version=r1.version_info, nonce=r1.nonce), s1)  # ACK, nothing new
+    assert out.kind == "ack" and out.responses == [] and st.types[CLUSTER].acked_version == r1.version_info
+    # a new snapshot with another Cluster: pushed; a NACK of it keeps the acked version and is not resent
+    s2 = _snapshot([parse_export("g=direct:///127.0.0.1:1 policy=pick_first")], {})
+    (pushed,) = st.on_snapshot(s2)
+    r2 = _resp(pushed[1])
+    assert r2.version_info != r1.version_info and int(r2.nonce) > int(r1.nonce)
+    out = st.on_request(_req(CLUSTER, version=r1.version_info, nonce=r2.nonce, error="bad cluster"), s2)
+    assert out.kind == "nack" and out.error == "bad cluster" and out.responses == []
+    assert st.types[CLUSTER].acked_version == r1.version_info and st.types[CLUSTER].nacks == 1
+    assert st.on_snapshot(s2) == []  # the rejected version is not sent again
+    assert st.node_id == "n1"  # later requests without node keep it
+    # a stale nonce (an older response) is ignored
+    assert st.on_request(_req(CLUSTER, nonce=r1.nonce), s1).kind == "stale"
+    # the next change is sent
+    assert len(st.on_snapshot(s1)) == 1
+
+
+def test_named_subscriptions_and_names_not_exported(caplog) -> None:
+    snap = _snapshot([parse_export("a=direct:///127.0.0.1:1"), parse_export("b=direct:///127.0.0.1:2")],
+                     {"a": [_b("10.0.0.1:1")]})
+    st = StreamState()
+    out = st.on_request(_req(LISTENER, ["a", "zz"]), snap)
+    listed = _resp(out.responses[0][1])
+    assert len(listed.resources) == 1
+    st.on_request(_req(LISTENER, ["a", "zz"], listed.version_info, listed.nonce), snap)
+    assert sum("not exported" in r.getMessage() for r in caplog.records) == 1  # once per stream
+    # EDS of a service whose source has not answered: nothing sent (no empty response)
+    assert st.on_request(_req(ENDPOINT, ["b"]), snap).responses == []
+    # an unsubscribe (empty names for EDS) sends nothing
+    assert st.on_request(_req(ENDPOINT, []), snap).responses == []
+    # an unknown type is ignored
+    assert st.on_request(_req("type.googleapis.com/x.Y"), snap).kind == "unknown"
+
+
+# ------------------------------------------------------------------------------------------ control plane rules
+
+
+def test_empty_lists_never_replace_endpoints() -> None:
+    e = parse_export("g=direct:///127.0.0.1:1")
+    cp = ControlPlane([e])
+    cp._static["g"] = {t: Resource.of("g", m) for t, m in static_resources(e).items()}
+    cp._mark = lambda: cp._rebuild()  # type: ignore[method-assign]  # no loop needed here
+    cp._update("g", ())
+    assert cp.endpoints("g") == () and ENDPOINT in cp.snapshot.resources and "g" in cp.snapshot.names(ENDPOINT)
+    cp._update("g", (_b("10.0.0.1:1"),))
+    version = cp.snapshot.body(ENDPOINT, None).version
+    cp._update("g", ())  # an outage or an empty answer: the last list stays
+    assert cp.endpoints("g") == (_b("10.0.0.1:1"),) and cp.snapshot.body(ENDPOINT, None).version == version
+    quiet = ControlPlane([parse_export("q=direct:///127.0.0.1:1 serve_empty=false")])
+    quiet._mark = lambda: quiet._rebuild()  # type: ignore[method-assign]
+    quiet._update("q", ())
+    assert "q" not in quiet.snapshot.names(ENDPOINT)
+
+
+def test_bootstrap_lists_every_server_with_features() -> None:
+    doc = bootstrap(["10.0.0.1:18000", "10.0.0.2:18000"], "n", zone="z1")
+    assert [s["server_uri"] for s in doc["xds_servers"]] == ["10.0.0.1:18000", "10.0.0.2:18000"]
+    assert all(s["server_features"] == ["xds_v3", "ignore_resource_deletion"] for s in doc["xds_servers"])
+    assert doc["node"] == {"id": "n", "cluster": "waypost", "locality": {"zone": "z1"}}
+    json.dumps(doc)
+    with pytest.raises(ValueError, match="HOST:PORT"):
+        bootstrap(["nocolon"])
+
+
+def test_waypost_only_policies_are_refused_naming_the_served_ones() -> None:
+    with pytest.raises(XdsConfigError, match="peak_ewma.*only in waypost.*round_robin, pick_first, ring_hash"):
+        parse_export("g=direct:///127.0.0.1:1 policy=peak_ewma")
+    with pytest.raises(XdsConfigError, match="unknown policy 'nope'"):
+        parse_export("g=direct:///127.0.0.1:1 policy=nope")
+    with pytest.raises(XdsConfigError, match="hash_header needs policy ring_hash"):
+        parse_export("g=direct:///127.0.0.1:1 hash_header=x-user")
