@@ -3,17 +3,20 @@
 The same 3 local Echo servers (subprocesses) are called through
   - waypost.dial("direct:///...", balancer="round_robin")            (and waypost.aio.dial)
   - grpc.insecure_channel("ipv4:127.0.0.1:p1,...", round_robin service config)  (and grpc.aio)
+  - waypost.xds.channel("bench", {"bench": "direct:///..."}): the native path, gRPC's own xDS client fed by
+    waypost's in-process control plane (and waypost.xds.aio_channel); skipped without the xds extra
 in three modes: sync 1 thread, sync 8 threads, aio 64 tasks. Each (mode, impl) pair runs ``--rounds``
 times, alternating implementations to spread machine noise; the best round counts.
 Each measurement also reads the client's CPU time per call (this process; the servers are other processes),
 which a shared machine's scheduling noise moves much less than throughput. Last lines: ``overhead <mode>:
-waypost/native throughput = <ratio>``. JSON: bench/results/channel_overhead.json.
+waypost/native throughput = <ratio>`` and ``xds/native``. JSON: bench/results/channel_overhead.json.
 """
 
 from __future__ import annotations
 
 import argparse
 import asyncio
+import importlib
 import json
 import sys
 import threading
@@ -103,8 +106,16 @@ def main() -> int:
     ap.add_argument("--seconds", type=float, default=2.0, help="per measurement")
     ap.add_argument("--rounds", type=int, default=3)
     ap.add_argument("--modes", default="sync1,sync8,aio64", help="comma-separated subset of sync1,sync8,aio64")
+    ap.add_argument("--impls", default="native,waypost,xds", help="comma-separated subset of native,waypost,xds")
     ap.add_argument("--out", default=str(ROOT / "bench/results/channel_overhead.json"))
     args = ap.parse_args()
+    impls = [i for i in args.impls.split(",") if i]
+    if "xds" in impls:
+        try:
+            importlib.import_module("waypost.xds")
+        except ImportError as e:
+            print(f"skipping xds (pip install 'waypost[xds]'): {e}", flush=True)
+            impls.remove("xds")
 
     procs = spawn_many(["s0", "s1", "s2"], workers=16)
     addrs = [p.address for p in procs]
@@ -112,12 +123,14 @@ def main() -> int:
     results: dict[str, dict[str, list[float]]] = {}
     try:
         for mode in args.modes.split(","):
-            results[mode] = {"waypost": [], "native": [], "waypost_cpu": [], "native_cpu": []}
+            results[mode] = {k: [] for i in impls for k in (i, i + "_cpu")}
             for _ in range(args.rounds):
-                for impl in ("native", "waypost"):
+                for impl in impls:
                     if mode.startswith("sync"):
                         threads = int(mode[4:])
-                        ch = waypost.dial(direct, balancer="round_robin") if impl == "waypost" else native_sync(addrs)
+                        ch = (waypost.dial(direct, balancer="round_robin") if impl == "waypost"
+                              else waypost.xds.channel("bench", {"bench": direct}) if impl == "xds"
+                              else native_sync(addrs))
                         try:
                             qps, cpu = run_sync(ch, threads, args.seconds)
                         finally:
@@ -126,6 +139,8 @@ def main() -> int:
                         def make(impl=impl):
                             if impl == "waypost":
                                 return waypost.aio.dial(direct, balancer="round_robin")
+                            if impl == "xds":
+                                return waypost.xds.aio_channel("bench", {"bench": direct})
                             return native_aio(addrs)
                         qps, cpu = asyncio.run(run_aio(make, 64, args.seconds))
                     results[mode][impl].append(qps)
@@ -135,21 +150,29 @@ def main() -> int:
         for p in procs:
             p.close()
 
-    summary = {}
+    summary: dict[str, dict[str, object]] = {}
     for mode, r in results.items():
-        best_w, best_n = max(r["waypost"]), max(r["native"])
-        summary[mode] = {"waypost_qps": r["waypost"], "native_qps": r["native"], "ratio": best_w / best_n,
-                         "waypost_cpu_us_per_call": [round(c * 1e6, 1) for c in r["waypost_cpu"]],
-                         "native_cpu_us_per_call": [round(c * 1e6, 1) for c in r["native_cpu"]],
-                         "cpu_ratio": min(r["waypost_cpu"]) / min(r["native_cpu"])}
+        s: dict[str, object] = summary.setdefault(mode, {})
+        for impl in impls:
+            s[f"{impl}_qps"] = r[impl]
+            s[f"{impl}_cpu_us_per_call"] = [round(c * 1e6, 1) for c in r[impl + "_cpu"]]
+        if "native" in impls:
+            for impl, key in (("waypost", ""), ("xds", "xds_")):
+                if impl in impls:  # "ratio" / "cpu_ratio": waypost/native; "xds_ratio" / "xds_cpu_ratio": xds/native
+                    s[f"{key}ratio"] = max(r[impl]) / max(r["native"])
+                    s[f"{key}cpu_ratio"] = min(r[impl + "_cpu"]) / min(r["native_cpu"])
     out = Path(args.out)
     out.parent.mkdir(parents=True, exist_ok=True)
     out.write_text(json.dumps({"seconds": args.seconds, "rounds": args.rounds, "results": summary}, indent=2))
     # CPU per call (this process: the client) is steadier than throughput on a shared machine
-    for mode, s in summary.items():
-        print(f"client CPU per call {mode}: waypost/native = {s['cpu_ratio']:.3f}")
-    for mode, s in summary.items():
-        print(f"overhead {mode}: waypost/native throughput = {s['ratio']:.3f}")
+    for key, impl in (("", "waypost"), ("xds_", "xds")):
+        for mode, s in summary.items():
+            if f"{key}cpu_ratio" in s:
+                print(f"client CPU per call {mode}: {impl}/native = {s[f'{key}cpu_ratio']:.3f}")
+    for key, impl in (("", "waypost"), ("xds_", "xds")):
+        for mode, s in summary.items():
+            if f"{key}ratio" in s:
+                print(f"overhead {mode}: {impl}/native throughput = {s[f'{key}ratio']:.3f}")
     return 0
 
 

@@ -104,15 +104,18 @@ def _env(**extra: str) -> dict[str, str]:
 class XdsServe:
     """``python -m waypost.cli xds serve --listen 127.0.0.1:PORT --export ...`` as a child process."""
 
-    def __init__(self, exports: list[str], port: int = 0, extra: tuple[str, ...] = (), log: Path | None = None):
+    def __init__(self, exports: list[str], port: int = 0, extra: tuple[str, ...] = (), log: Path | None = None,
+                 registry: str | None = None):
         self.exports, self.extra, self.log_path = exports, extra, log
+        self.registry = registry
         self.port = port
         self.proc: subprocess.Popen[str] | None = None
         self.start()
 
     def start(self) -> None:
-        cmd = [sys.executable, "-m", "waypost.cli", "-v", "xds", "serve", "--listen", f"127.0.0.1:{self.port}",
-               *self.extra]
+        glob = ["--registry", self.registry] if self.registry else []
+        cmd = [sys.executable, "-m", "waypost.cli", "-v", *glob, "xds", "serve", "--listen",
+               f"127.0.0.1:{self.port}", *self.extra]
         for e in self.exports:
             cmd += ["--export", e]
         err = open(self.log_path, "a") if self.log_path else subprocess.DEVNULL  # noqa: SIM115
