@@ -1,0 +1,44 @@
+"""grpc-java (1.85.1) as the foreign peer: its xDS client dialing xds:///NAME through `waypost xds serve` over real
+etcd (interop/xds-java, built once with Maven and javac; tests/xds_interop_support.py)."""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+
+import pytest
+
+from tests.xds_interop_support import (
+    PROPAGATION_BOUND,
+    XdsSetup,
+    fixture_xds_procs,  # noqa: F401 (the xds_procs fixture)
+    java_classpath,
+    java_timeout_mark,
+    scenario_balance_and_registrations,
+    scenario_graceful_sigterm,
+    scenario_ring_hash_header,
+)
+
+pytestmark = [java_timeout_mark(), pytest.mark.usefixtures("xds_procs")]
+
+
+@pytest.fixture(scope="module", name="setup")
+def fixture_setup(shared_etcd) -> Iterator[XdsSetup]:
+    java_classpath()  # build (or skip) before starting anything
+    s = XdsSetup(shared_etcd)
+    try:
+        yield s
+    finally:
+        s.close()
+
+
+def test_grpc_java_xds_balances_and_follows_registrations(setup: XdsSetup) -> None:
+    figures = scenario_balance_and_registrations("java", setup)
+    assert all(v < PROPAGATION_BOUND for v in figures.values()), figures
+
+
+def test_grpc_java_xds_ring_hash_keeps_a_key_on_one_backend(setup: XdsSetup) -> None:
+    scenario_ring_hash_header("java", setup)
+
+
+def test_grpc_java_xds_graceful_sigterm_of_a_backend_loses_no_call(setup: XdsSetup) -> None:
+    scenario_graceful_sigterm("java", setup)
