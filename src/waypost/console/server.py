@@ -24,6 +24,7 @@ from ..registry import connect
 from ..registry.base import Registry
 from .board import Board
 from .clients import ClientMetrics
+from .consul_source import ConsulSource, is_consul
 from .probe import HealthProber
 from .sources import RegistrySource, TargetSource, on_control
 from .web import is_loopback, make_app
@@ -63,7 +64,13 @@ class Console:
         self.loopback_only = is_loopback(self.host)
         if (config.tls_cert is None) != (config.tls_key is None):
             raise ValueError("--tls-cert and --tls-key go together")
-        self.registries: list[Registry] = [connect(r) if isinstance(r, str) else r for r in config.registries]
+        for r in config.registries:
+            if isinstance(r, str) and r.strip().lower().startswith(("zk://", "k8s://")):
+                raise ValueError(f"{redact_url(r)}: the console lists etcd, memory and consul:// registries; show a "
+                                 f"service of it with --target {r.split('://')[0]}://HOST/SERVICE")
+        self.consul_urls = [r for r in config.registries if isinstance(r, str) and is_consul(r)]
+        self.registries: list[Registry] = [connect(r) if isinstance(r, str) else r for r in config.registries
+                                           if not is_consul(r)]
         self.board: Board | None = None
         self._sources: list[Any] = []
         self._prober: HealthProber | None = None
@@ -76,7 +83,8 @@ class Console:
     on_control = staticmethod(on_control)
 
     def source_names(self) -> list[str]:
-        return [r.url for r in self.registries] + [redact_url(t) for t in self.config.targets]
+        return ([r.url for r in self.registries] + [redact_url(u) for u in self.consul_urls]
+                + [redact_url(t) for t in self.config.targets])
 
     def writable(self) -> list[tuple[str, Registry]]:
         return [(r.url, r) for r in self.registries]
@@ -105,6 +113,10 @@ class Console:
                 src = RegistrySource(r, board)
                 self._sources.append(src)
                 await src.start()
+            for url in self.consul_urls:
+                csrc = ConsulSource(url, board, self.config.timeout)
+                self._sources.append(csrc)
+                await csrc.start()
             for t in self.config.targets:
                 tsrc = TargetSource(t, board, self.config.timeout)
                 self._sources.append(tsrc)

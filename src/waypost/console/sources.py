@@ -250,16 +250,18 @@ class RegistrySource:
 
 
 class TargetSource:
-    """A dial target followed through its resolver (read-only)."""
+    """A dial target followed through its resolver (read-only). ``source`` and ``fmt``: what the page shows
+    as its source and format (default: the target itself, ``resolver``)."""
 
-    def __init__(self, target: str, board: Board, timeout: float = 5.0) -> None:
+    def __init__(self, target: str, board: Board, timeout: float = 5.0, *, source: str | None = None,
+                 fmt: str = "resolver") -> None:
         self.target = target
         self.board = board
         self.timeout = timeout
         self._loop = asyncio.get_running_loop()
         self._resolver: Any = None
-        source, key = _target_names(target)
-        self.service = Service(source, key, "resolver", False)
+        shown, key = _target_names(target)
+        self.service = Service(source or shown, key, fmt, False)
 
     async def start(self) -> None:
         from .._inspect import follow
@@ -289,7 +291,9 @@ class TargetSource:
 
     async def close(self) -> None:
         if self._resolver is not None:
-            self._resolver.close()
+            await asyncio.to_thread(self._resolver.close)
+        self.board.services.pop(self.service.id, None)
+        self.board.touch()
 
 
 def _target_names(target: str) -> tuple[str, str]:

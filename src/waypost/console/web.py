@@ -156,7 +156,9 @@ def _action_handler(verb: str) -> Any:
         state = request.app[APP_STATE]
         targets = state.registries_for(action.key, action.address, body.get("source"))
         if not targets:
-            return _refuse(404, f"no writable registry {body.get('source')!r} in this console")
+            named = body.get("source")
+            return _refuse(404, f"no etcd or memory registry {named!r} in this console" if named else
+                           "no etcd or memory registry in this console: drain and weight act on registrations there")
         who = request.remote or "?"
         done = []
         for name, registry in targets:
