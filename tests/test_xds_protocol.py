@@ -45,6 +45,23 @@ def _cds_states(control: ControlPlane) -> list:
 
 
 def test_nacked_resource_keeps_the_last_good_one(tmp_path, caplog) -> None:
+    prometheus_client = pytest.importorskip("prometheus_client")
+    from waypost import metrics
+
+    registry = prometheus_client.CollectorRegistry()
+    metrics.enable(registry)
+    try:
+        _nack_scenario(tmp_path, caplog)
+        value = registry.get_sample_value
+        assert value("waypost_xds_nacks_total", {"type": "CDS"}) == 1
+        assert value("waypost_xds_pushes_total", {"type": "EDS"}) >= 1
+        assert value("waypost_xds_resources", {"type": "LDS"}) == 1
+        assert value("waypost_xds_streams") == 0  # the client's stream ended with it
+    finally:
+        metrics.disable()
+
+
+def _nack_scenario(tmp_path, caplog) -> None:
     with echo_servers("n1", "n2") as servers:
         export = parse_export("nk=direct:///" + ",".join(s.address for s in servers))
         control = ControlPlane([export])
