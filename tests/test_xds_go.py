@@ -9,8 +9,10 @@ from collections.abc import Iterator
 import pytest
 
 from tests.xds_interop_support import (
+    A58_LOADS,
     PROPAGATION_BOUND,
     XdsSetup,
+    check_a58_split,
     fixture_xds_procs,  # noqa: F401 (the xds_procs fixture)
     go_programs,
     go_timeout_mark,
@@ -18,28 +20,19 @@ from tests.xds_interop_support import (
     scenario_balance_and_registrations,
     scenario_graceful_sigterm,
     scenario_ring_hash_header,
+    scenario_wrr_from_waypost_orca,
     start_orca_server,
     wrr_config,
 )
 
 pytestmark = [go_timeout_mark(), pytest.mark.usefixtures("xds_procs")]
 
-#: A58: weight = qps / utilization; cpu 0.9/0.3/0.1 at 100 rps each -> 111/333/1000 -> of 600 calls
-WRR_EXPECTED = {"hot": 600 * 111.1 / 1444.4, "warm": 600 * 333.3 / 1444.4, "cool": 600 * 1000 / 1444.4}
-
-
-def _check_split(counts: dict[str, int], label: str) -> None:
-    print(f"{label}: {counts} (A58 expects {', '.join(f'{k} {v:.0f}' for k, v in WRR_EXPECTED.items())})")
-    assert sum(counts.values()) == 600, counts
-    for name, want in WRR_EXPECTED.items():
-        assert abs(counts.get(name, 0) - want) <= max(0.25 * want, 20), (label, counts)
-
 
 @pytest.mark.parametrize("oob", [False, True], ids=["per-call", "oob"])
 def test_orca_peers_grpc_go_wrr_follows_grpc_go_orca_reports(oob: bool) -> None:
     """orca-server x3 (cpu 0.9/0.3/0.1, rps 100) and grpc-go weighted_round_robin: the last 600 calls split
     about 46/138/415. OOB: the per-call reports say the reverse, so the split shows the OOB stream is used."""
-    loads = {"hot": 0.9, "warm": 0.3, "cool": 0.1}
+    loads = A58_LOADS
     servers = []
     try:
         for name, cpu in loads.items():
@@ -52,7 +45,7 @@ def test_orca_peers_grpc_go_wrr_follows_grpc_go_orca_reports(oob: bool) -> None:
             s.stop()
     assert result["errors"] == 0, result
     assert result["batches"][0]["counts"].keys() == set(loads), result["batches"]
-    _check_split(result["batches"][-1]["counts"], f"grpc-go wrr ({'oob' if oob else 'per call'}), last 600")
+    check_a58_split(result["batches"][-1]["counts"], f"grpc-go wrr ({'oob' if oob else 'per call'}), last 600")
 
 
 def test_orca_server_set_changes_per_call_reports() -> None:
@@ -98,3 +91,7 @@ def test_grpc_go_xds_ring_hash_keeps_a_key_on_one_backend(setup: XdsSetup) -> No
 
 def test_grpc_go_xds_graceful_sigterm_of_a_backend_loses_no_call(setup: XdsSetup) -> None:
     scenario_graceful_sigterm("go", setup)
+
+
+def test_grpc_go_xds_weighted_round_robin_follows_waypost_orca_reports(setup: XdsSetup) -> None:
+    scenario_wrr_from_waypost_orca("go", setup)

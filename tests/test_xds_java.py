@@ -16,6 +16,7 @@ from tests.xds_interop_support import (
     scenario_balance_and_registrations,
     scenario_graceful_sigterm,
     scenario_ring_hash_header,
+    scenario_wrr_from_waypost_orca,
 )
 
 pytestmark = [java_timeout_mark(), pytest.mark.usefixtures("xds_procs")]
@@ -42,3 +43,7 @@ def test_grpc_java_xds_ring_hash_keeps_a_key_on_one_backend(setup: XdsSetup) -> 
 
 def test_grpc_java_xds_graceful_sigterm_of_a_backend_loses_no_call(setup: XdsSetup) -> None:
     scenario_graceful_sigterm("java", setup)
+
+
+def test_grpc_java_xds_weighted_round_robin_follows_waypost_orca_reports(setup: XdsSetup) -> None:
+    scenario_wrr_from_waypost_orca("java", setup)
