@@ -20,9 +20,9 @@ from waypost.xds.sources import services_under
 
 def test_export_spec_with_options() -> None:
     e = parse_export("greeter=etcd:///127.0.0.1:2379?key=greet.rpc&format=kratos policy=ring_hash hash_header=x-u "
-                     "prefer=zone:eu-1a timeout=1.5s retries=2 retry_on=unavailable,internal serve_empty=false")
+                     "prefer=zone:eu-1a retries=2 retry_on=unavailable,internal serve_empty=false")
     assert e.name == "greeter" and e.target == "etcd:///127.0.0.1:2379?key=greet.rpc&format=kratos"
-    assert (e.policy, e.hash_header, e.prefer, e.timeout, e.retries) == ("ring_hash", "x-u", ("zone", "eu-1a"), 1.5, 2)
+    assert (e.policy, e.hash_header, e.prefer, e.retries) == ("ring_hash", "x-u", ("zone", "eu-1a"), 2)
     assert e.retry_on == ("unavailable", "internal") and e.serve_empty is False
 
 
@@ -43,7 +43,7 @@ def test_bare_key_uses_the_given_rule() -> None:
     ("g=direct:///127.0.0.1:1 colour=red", "unknown option 'colour'"),
     ("g=direct:///127.0.0.1:1 policy=a policy=b", "given twice"),
     ("g=direct:///127.0.0.1:1 prefer=zone", "zone:ZONE"),
-    ("g=direct:///127.0.0.1:1 timeout=soon", "duration"),
+    ("g=direct:///127.0.0.1:1 timeout=2s", "unknown option 'timeout'"),
     ("g=direct:///127.0.0.1:1 retries=99", "0 to 10"),
     ("g=direct:///127.0.0.1:1 retry_on=teapot", "teapot"),
     ("g=direct:///127.0.0.1:1 serve_empty=maybe", "true or false"),
@@ -102,7 +102,7 @@ _json = st.recursive(
     lambda inner: st.lists(inner, max_size=4) | st.dictionaries(_text, inner, max_size=4),
     max_leaves=20,
 )
-_keys = st.sampled_from(["target", "policy", "policy_config", "hash_header", "prefer", "timeout", "retries",
+_keys = st.sampled_from(["target", "policy", "policy_config", "hash_header", "prefer", "service_config", "retries",
                          "retry_on", "outlier_detection", "serve_empty", "registry", "prefix", "x"])
 
 

@@ -174,3 +174,28 @@ def test_push_cost_1000_endpoints_100_streams() -> None:
     assert endpoints == 1001
     assert control.stats["last_push_responses"] == 100
     assert took < 30  # generous (a loaded 2-core machine); the figure above is the measurement
+
+
+def test_service_config_retries_are_honoured(tmp_path) -> None:
+    """A methodConfig retryPolicy reaches grpcio as the route's retry_policy: calls that one server fails with
+    UNAVAILABLE are retried on the other; the same servers exported without it fail those calls."""
+    sc = {"methodConfig": [{"name": [{"service": "waypost.test.Echo"}], "retryPolicy": {
+        "maxAttempts": 3, "initialBackoff": "0.01s", "maxBackoff": "0.1s", "backoffMultiplier": 2,
+        "retryableStatusCodes": ["UNAVAILABLE"]}}]}
+    with echo_servers("r1", "r2") as servers:
+        from waypost.xds.exports import make_export
+
+        target = "direct:///" + ",".join(s.address for s in servers)
+        control = ControlPlane([make_export("retrying", target, {"service_config": sc}),
+                                parse_export(f"plain={target}")])
+        port = control.start()
+        try:
+            with stock_client(bootstrap_json([f"127.0.0.1:{port}"], "retry-test"), tmp_path) as client:
+                wait_until(lambda: set(client.calls("retrying", 10)["servers"]) == {"r1", "r2"}, 20, "both ready")
+                wait_until(lambda: set(client.calls("plain", 10)["servers"]) == {"r1", "r2"}, 20, "both ready")
+                got = client.calls("retrying", 20, fail_on="r1")
+                assert got == {"servers": {"r2": 20}, "errors": []}, got
+                plain = client.calls("plain", 20, fail_on="r1")
+                assert plain["errors"] and set(plain["errors"]) == {"!UNAVAILABLE"}, plain
+        finally:
+            control.stop()

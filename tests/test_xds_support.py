@@ -4,7 +4,8 @@ registered Echo servers.
 The stock client (``STOCK_CLIENT``) is a separate Python process that imports only ``grpc`` and the Echo stubs:
 no waypost code takes part in its calls. It reads commands on stdin and answers one JSON line each:
 
-- ``calls NAME N [HEADER=VALUE|-] [TIMEOUT]``: N unary calls on ``xds:///NAME``: ``{"servers": {name: count}, "errors": [...]}``;
+- ``calls NAME N [HEADER=VALUE|-] [TIMEOUT] [DELAY_MS] [FAIL_ON|-]``: N unary calls (the server sleeps DELAY_MS
+  in each; the servers named in FAIL_ON end them with UNAVAILABLE) on ``xds:///NAME``: ``{"servers": {name: count}, "errors": [...]}``;
 - ``start NAME [PAUSE_MS]``: calls in a background thread until ``stop``, which answers
   ``{"events": [[monotonic time, server or "!CODE"], ...]}`` (CLOCK_MONOTONIC is system-wide on Linux);
 - ``quit``.
@@ -42,9 +43,10 @@ def stub(name):
         stubs[name] = echo_pb2_grpc.EchoStub(grpc.insecure_channel("xds:///" + name))
     return stubs[name]
 
-def one(name, md=None, timeout=5.0):
+def one(name, md=None, timeout=5.0, delay_ms=0, fail_on=""):
     try:
-        return stub(name).Unary(echo_pb2.EchoRequest(message="x"), timeout=timeout, metadata=md).server
+        req = echo_pb2.EchoRequest(message="x", delay_ms=delay_ms, fail_on=fail_on, error_code=14 if fail_on else 0)
+        return stub(name).Unary(req, timeout=timeout, metadata=md).server
     except grpc.RpcError as e:
         return "!" + e.code().name
 
@@ -64,9 +66,11 @@ for line in sys.stdin:
     if cmd[0] == "calls":
         md = [tuple(cmd[3].split("=", 1))] if len(cmd) > 3 and cmd[3] != "-" else None
         timeout = float(cmd[4]) if len(cmd) > 4 else 5.0
+        delay_ms = int(cmd[5]) if len(cmd) > 5 else 0
+        fail_on = cmd[6] if len(cmd) > 6 and cmd[6] != "-" else ""
         counts, errors = {}, []
         for _ in range(int(cmd[2])):
-            s = one(cmd[1], md, timeout)
+            s = one(cmd[1], md, timeout, delay_ms, fail_on)
             if s.startswith("!"):
                 errors.append(s)
             else:
@@ -176,8 +180,9 @@ class StockClient:
             raise RuntimeError(f"stock client exited ({self.proc.poll()})")
         return json.loads(out)
 
-    def calls(self, name: str, n: int, header: str | None = None, timeout: float = 5.0) -> dict[str, Any]:
-        return self.ask_raw(f"calls {name} {n} {header or '-'} {timeout}")
+    def calls(self, name: str, n: int, header: str | None = None, timeout: float = 5.0,
+              delay_ms: int = 0, fail_on: str = "") -> dict[str, Any]:
+        return self.ask_raw(f"calls {name} {n} {header or '-'} {timeout} {delay_ms} {fail_on or '-'}")
 
     def start(self, name: str, pause_ms: float = 2) -> None:
         self.ask_raw(f"start {name} {pause_ms}")

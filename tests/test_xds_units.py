@@ -19,6 +19,7 @@ from envoy.extensions.load_balancing_policies.client_side_weighted_round_robin.v
 from envoy.extensions.load_balancing_policies.wrr_locality.v3 import wrr_locality_pb2
 from envoy.service.discovery.v3 import discovery_pb2
 
+from waypost import ConfigWarning
 from waypost.types import Backend
 from waypost.xds import XdsConfigError, bootstrap, parse_export
 from waypost.xds.control import ControlPlane
@@ -67,15 +68,15 @@ def test_listener_routes_over_ads_with_the_router_filter() -> None:
     assert [f.name for f in hcm.http_filters] == ["envoy.filters.http.router"]
 
 
-def test_route_carries_timeout_retries_and_hash_policy() -> None:
-    e = parse_export("g=direct:///127.0.0.1:1 policy=ring_hash hash_header=X-User timeout=2.5s retries=3 "
+def test_route_carries_retries_and_hash_policy() -> None:
+    e = parse_export("g=direct:///127.0.0.1:1 policy=ring_hash hash_header=X-User retries=3 "
                      "retry_on=unavailable,resource_exhausted")
     rc = route_config(e)
     (vh,) = rc.virtual_hosts
     assert list(vh.domains) == ["*"]
     action = vh.routes[0].route
     assert action.cluster == "g" and vh.routes[0].match.prefix == ""
-    assert action.max_stream_duration.max_stream_duration.ToNanoseconds() == 2_500_000_000
+    assert not action.HasField("max_stream_duration")  # never sent: grpcio misapplies it
     assert action.retry_policy.num_retries.value == 3
     assert action.retry_policy.retry_on == "unavailable,resource-exhausted"
     assert [h.header.header_name for h in action.hash_policy] == ["x-user"]
@@ -271,3 +272,32 @@ def test_waypost_only_policies_are_refused_naming_the_served_ones() -> None:
         parse_export("g=direct:///127.0.0.1:1 policy=nope")
     with pytest.raises(XdsConfigError, match="hash_header needs policy ring_hash"):
         parse_export("g=direct:///127.0.0.1:1 hash_header=x-user")
+
+
+def test_service_config_becomes_routes_in_grpc_precedence() -> None:
+    from waypost.xds.exports import make_export
+
+    sc = {"methodConfig": [
+        {"name": [{"service": "a.S"}], "timeout": "1s"},
+        {"name": [{"service": "a.S", "method": "M"}], "timeout": "0.5s",
+         "retryPolicy": {"maxAttempts": 3, "initialBackoff": "0.1s", "maxBackoff": "1s", "backoffMultiplier": 2,
+                         "retryableStatusCodes": ["UNAVAILABLE", "RESOURCE_EXHAUSTED"]}},
+        {"name": [{}], "timeout": "9s"},
+    ]}
+    e = make_export("g", "direct:///127.0.0.1:1", {"service_config": sc})
+    routes = route_config(e).virtual_hosts[0].routes
+    assert [(r.match.path, r.match.prefix) for r in routes] == [("/a.S/M", ""), ("", "/a.S/"), ("", "")]
+    assert not any(r.route.HasField("max_stream_duration") for r in routes)  # timeouts are not sent
+    rp = routes[0].route.retry_policy
+    assert rp.num_retries.value == 2 and rp.retry_on == "resource-exhausted,unavailable"
+    assert rp.retry_back_off.base_interval.ToNanoseconds() == 100_000_000
+    assert not routes[1].route.HasField("retry_policy")
+    with pytest.raises(XdsConfigError, match="honour only.*not ABORTED"), pytest.warns(ConfigWarning):
+        make_export("g", "direct:///127.0.0.1:1", {"service_config": {"methodConfig": [{"name": [{}], "retryPolicy": {
+            "maxAttempts": 2, "initialBackoff": "0.1s", "maxBackoff": "1s", "backoffMultiplier": 2,
+            "retryableStatusCodes": ["ABORTED"]}}]}})
+    with pytest.raises(XdsConfigError, match="only methodConfig"):
+        make_export("g", "direct:///127.0.0.1:1", {"service_config": {"loadBalancingConfig": [{"round_robin": {}}]}})
+    with pytest.raises(XdsConfigError, match="either in service_config"):
+        make_export("g", "direct:///127.0.0.1:1", {"service_config": sc, "retries": 2})
+    assert parse_export('g=direct:///127.0.0.1:1 service_config={"methodConfig":[{"name":[{}],"timeout":"2s"}]}')

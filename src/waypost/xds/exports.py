@@ -9,7 +9,9 @@ waypost dial target, or a list of them), with options that shape the resources:
 ``policy_config``    the policy's own settings (config file only; e.g. ``{"minRingSize": 1024}``)
 ``hash_header``      ring_hash: hash this request header (without it each call hashes randomly)
 ``prefer``           ``zone:ZONE`` or ``region:REGION``: those localities at priority 0, the rest at priority 1
-``timeout``          the route's max stream duration (``"2s"``): calls without a shorter deadline get it
+``service_config``   a gRPC service config's ``methodConfig`` (per-method retries) as routes (``routes.py``;
+                     an object in a config file, JSON text without spaces on the command line); instead of
+                     ``retries``. Timeouts are not sent over xDS (``routes.py`` says why)
 ``retries``          the route's retry policy: number of retries on UNAVAILABLE (0: none)
 ``retry_on``         status codes to retry (comma list: unavailable, cancelled, deadline-exceeded, internal,
                      resource-exhausted); default ``unavailable``
@@ -44,15 +46,14 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from ..durations import DurationError, parse_positive_duration
 from .errors import XdsConfigError
 from .policy import check_export
 
 #: an xDS service name: what follows ``xds:///`` (a DNS-ish name, also the Listener/Cluster name)
 NAME_RE = re.compile(r"[A-Za-z0-9](?:[A-Za-z0-9._/\-]{0,251}[A-Za-z0-9._\-])?")
 RETRY_CODES = ("cancelled", "deadline-exceeded", "internal", "resource-exhausted", "unavailable")
-OPTIONS = ("policy", "policy_config", "hash_header", "prefer", "timeout", "retries", "retry_on",
-           "outlier_detection", "serve_empty")
+OPTIONS = ("policy", "policy_config", "hash_header", "prefer", "retries", "retry_on",
+           "service_config", "outlier_detection", "serve_empty")
 #: options that only a config file can set (their values are objects)
 _OBJECT_OPTIONS = ("policy_config", "outlier_detection")
 _HEADER_RE = re.compile(r"[a-z0-9][a-z0-9._\-]{0,127}")
@@ -68,11 +69,11 @@ class Export:
     policy_config: Mapping[str, Any] = field(default_factory=dict)
     hash_header: str | None = None
     prefer: tuple[str, str] | None = None  # ("zone" | "region", value)
-    timeout: float | None = None
     retries: int = 0
     retry_on: tuple[str, ...] = ("unavailable",)
     outlier_detection: Mapping[str, Any] | None = None
     serve_empty: bool = True
+    service_config: Any = None  # a validated waypost.service_config.ServiceConfig (methodConfig only)
 
     def __hash__(self) -> int:  # the mappings are never mutated; hash what identifies the export
         return hash((self.name, self.target))
@@ -136,6 +137,8 @@ def make_export(name: Any, target: Any, options: Mapping[str, Any], where: str |
     for key, value in options.items():
         kw[key] = _OPTION_PARSERS[key](value, f"{where}: {key}")
     export = Export(name=name, target=targets, **kw)
+    if export.service_config is not None and export.retries:
+        raise XdsConfigError(f"{where}: give retries either in service_config or as the retries option")
     check_export(export, where)
     return export
 
@@ -190,15 +193,6 @@ def _prefer(value: Any, where: str) -> tuple[str, str]:
     return kind, want
 
 
-def _timeout(value: Any, where: str) -> float:
-    if isinstance(value, (int, float)) and not isinstance(value, bool):
-        value = f"{value}s"
-    try:
-        return parse_positive_duration(value)
-    except DurationError as e:
-        raise XdsConfigError(f"{where}: {e}") from None
-
-
 def _retries(value: Any, where: str) -> int:
     if isinstance(value, str) and value.strip().isdigit():
         value = int(value)
@@ -228,9 +222,16 @@ def _bool(value: Any, where: str) -> bool:
     raise XdsConfigError(f"{where}: expected true or false, got {value!r}")
 
 
+def _service_config(value: Any, where: str) -> Any:
+    from .routes import parse_service_config
+
+    return parse_service_config(value, where)
+
+
 _OPTION_PARSERS: dict[str, Any] = {
+    "service_config": _service_config,
     "policy": _policy, "policy_config": _object, "hash_header": _header, "prefer": _prefer,
-    "timeout": _timeout, "retries": _retries, "retry_on": _retry_on, "outlier_detection": _object,
+    "retries": _retries, "retry_on": _retry_on, "outlier_detection": _object,
     "serve_empty": _bool,
 }
 

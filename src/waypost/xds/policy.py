@@ -43,7 +43,7 @@ from envoy.extensions.load_balancing_policies.pick_first.v3 import pick_first_pb
 from envoy.extensions.load_balancing_policies.ring_hash.v3 import ring_hash_pb2
 from envoy.extensions.load_balancing_policies.round_robin.v3 import round_robin_pb2
 from envoy.extensions.load_balancing_policies.wrr_locality.v3 import wrr_locality_pb2
-from google.protobuf import any_pb2, duration_pb2, wrappers_pb2
+from google.protobuf import any_pb2, duration_pb2
 from google.protobuf.message import Message
 
 from ..durations import DurationError, parse_nonnegative_duration
@@ -210,11 +210,3 @@ def hash_policies(export: Export) -> list[route_components_pb2.RouteAction.HashP
         return []
     return [route_components_pb2.RouteAction.HashPolicy(
         header=route_components_pb2.RouteAction.HashPolicy.Header(header_name=export.hash_header))]
-
-
-def retry_policy(export: Export) -> route_components_pb2.RetryPolicy | None:
-    """The route's retry_policy (gRFC A44 reads retry_on, num_retries and retry_back_off); None without retries."""
-    if not export.retries:
-        return None
-    return route_components_pb2.RetryPolicy(retry_on=",".join(export.retry_on),
-                                            num_retries=wrappers_pb2.UInt32Value(value=export.retries))

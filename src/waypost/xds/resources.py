@@ -4,9 +4,9 @@ For the service NAME (what a client dials as ``xds:///NAME``):
 
 - **Listener NAME**: ``api_listener`` = HttpConnectionManager with the router filter and RDS over ADS
   (route config NAME);
-- **RouteConfiguration NAME**: one virtual host, domains ``["*"]``, one route (prefix ``""``) to cluster NAME,
-  with the export's ``timeout`` (max_stream_duration), ``retries`` (retry_policy) and ``hash_header``
-  (hash_policy);
+- **RouteConfiguration NAME**: one virtual host, domains ``["*"]``, routes to cluster NAME: one per method and
+  service of the export's ``service_config``, then the catch-all (prefix ``""``), with retries (retry_policy) and
+  the ``hash_header`` (hash_policy): ``routes.py``;
 - **Cluster NAME**: type EDS over ADS, ``load_balancing_policy`` and ``outlier_detection`` (``policy.py``);
 - **ClusterLoadAssignment NAME**: the endpoints, mapped as below.
 
@@ -49,7 +49,8 @@ from ..balancer.weights import DEFAULT_WEIGHT, weight_of
 from ..netutil import split_host_port
 from ..types import Backend
 from .exports import Export
-from .policy import hash_policies, lb_policy, outlier_detection, retry_policy
+from .policy import lb_policy, outlier_detection
+from .routes import routes
 
 log = logging.getLogger("waypost.xds")
 
@@ -79,16 +80,7 @@ def listener(export: Export) -> listener_pb2.Listener:
 
 
 def route_config(export: Export) -> route_pb2.RouteConfiguration:
-    action = route_components_pb2.RouteAction(cluster=export.name, hash_policy=hash_policies(export))
-    retry = retry_policy(export)
-    if retry is not None:
-        action.retry_policy.CopyFrom(retry)
-    if export.timeout is not None:
-        nanos = round(export.timeout * 1e9)
-        action.max_stream_duration.max_stream_duration.FromNanoseconds(nanos)
-        action.max_stream_duration.grpc_timeout_header_max.FromNanoseconds(nanos)
-    route = route_components_pb2.Route(match=route_components_pb2.RouteMatch(prefix=""), route=action)
-    vhost = route_components_pb2.VirtualHost(name=export.name, domains=["*"], routes=[route])
+    vhost = route_components_pb2.VirtualHost(name=export.name, domains=["*"], routes=routes(export))
     return route_pb2.RouteConfiguration(name=export.name, virtual_hosts=[vhost])
 
 

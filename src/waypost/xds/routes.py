@@ -1,0 +1,122 @@
+"""The routes of an export's RouteConfiguration: its ``service_config`` (per-method retries) as routes gRPC's xDS
+clients honour, or the export's ``retries`` option on one catch-all route.
+
+A gRPC service config's ``methodConfig`` becomes, in gRPC's precedence order (gRFC A28: the first matching
+route wins):
+
+============================================  =======================================================
+methodConfig name                             route
+============================================  =======================================================
+``{"service": "pkg.Svc", "method": "M"}``     ``match.path`` ``/pkg.Svc/M``
+``{"service": "pkg.Svc"}``                    ``match.prefix`` ``/pkg.Svc/``
+``{}`` (the default), or none                 ``match.prefix`` ``""`` (always last)
+============================================  =======================================================
+
+and each route carries the entry's ``retryPolicy`` as ``retry_policy`` (gRFC A44): ``num_retries`` =
+maxAttempts - 1, ``retry_on`` = retryableStatusCodes (gRPC honours cancelled, deadline-exceeded, internal,
+resource-exhausted and unavailable: other codes are refused at start), ``retry_back_off`` = initialBackoff /
+maxBackoff. xDS has no backoff multiplier: gRPC uses 2.
+
+**Timeouts are not sent.** A route's ``max_stream_duration`` (gRFC A31) is where xDS carries them, but grpcio 1.85
+applies it wrongly: with 1 s on the route every call failed at once with DEADLINE_EXCEEDED, with 1.5 s or 2 s calls
+failed after a fraction of a second, and only values of several seconds behaved. A methodConfig ``timeout`` is
+therefore left out (a warning says so); set deadlines in the clients.
+"""
+
+from __future__ import annotations
+
+import logging
+from typing import Any
+
+import grpc
+from envoy.config.route.v3 import route_components_pb2 as rc_pb2
+from google.protobuf import wrappers_pb2
+
+from .errors import XdsConfigError
+from .policy import hash_policies
+
+log = logging.getLogger("waypost.xds")
+_CODES = {grpc.StatusCode.CANCELLED: "cancelled", grpc.StatusCode.DEADLINE_EXCEEDED: "deadline-exceeded",
+          grpc.StatusCode.INTERNAL: "internal", grpc.StatusCode.RESOURCE_EXHAUSTED: "resource-exhausted",
+          grpc.StatusCode.UNAVAILABLE: "unavailable"}
+
+
+def parse_service_config(value: Any, where: str) -> Any:
+    """A service config (an object or JSON text) holding only ``methodConfig``, validated by waypost's parser."""
+    import json
+
+    from ..service_config import parse_service_config as parse
+
+    if isinstance(value, str):
+        try:
+            value = json.loads(value)
+        except ValueError as e:
+            raise XdsConfigError(f"{where}: not valid JSON: {e}") from None
+    if not isinstance(value, dict):
+        raise XdsConfigError(f"{where}: expected a service config object")
+    other = sorted(set(value) - {"methodConfig"})
+    if other:
+        raise XdsConfigError(f"{where}: only methodConfig maps to xDS routes, not {str(other[0])[:40]!r} "
+                             "(the load-balancing policy is the export's policy option)")
+    try:
+        cfg = parse(value, balancer="round_robin")
+    except ValueError as e:
+        raise XdsConfigError(f"{where}: {e}") from None
+    if any(mc.timeout is not None for mc in cfg.method_configs):
+        log.warning("xds %s: the service config's timeouts are not sent over xDS (grpcio misapplies a route's "
+                    "max_stream_duration); set deadlines in the clients", where)
+    for service, method, path in cfg.names:
+        mc = cfg.method_config(f"/{service}/{method}")
+        rp = mc.retry_policy if mc is not None else None
+        if rp is not None:
+            bad = sorted(c.name for c in rp.retryable_status_codes if c not in _CODES)
+            if bad:
+                raise XdsConfigError(f"{where}: {path}: gRPC's xDS retries honour only "
+                                     f"{', '.join(c.name for c in _CODES)}; not {', '.join(bad)}")
+    return cfg
+
+
+def _action(export: Any, retry: rc_pb2.RetryPolicy | None) -> rc_pb2.RouteAction:
+    action = rc_pb2.RouteAction(cluster=export.name, hash_policy=hash_policies(export))
+    if retry is not None:
+        action.retry_policy.CopyFrom(retry)
+    return action
+
+
+def _retry(rp: Any) -> rc_pb2.RetryPolicy | None:
+    if rp is None or rp.max_attempts < 2:
+        return None
+    codes = [_CODES[c] for c in _CODES if c in rp.retryable_status_codes]
+    policy = rc_pb2.RetryPolicy(retry_on=",".join(codes), num_retries=wrappers_pb2.UInt32Value(value=rp.max_attempts - 1))
+    policy.retry_back_off.base_interval.FromNanoseconds(round(rp.initial_backoff * 1e9))
+    policy.retry_back_off.max_interval.FromNanoseconds(round(rp.max_backoff * 1e9))
+    return policy
+
+
+def _export_retry(export: Any) -> rc_pb2.RetryPolicy | None:
+    if not export.retries:
+        return None
+    return rc_pb2.RetryPolicy(retry_on=",".join(export.retry_on),
+                              num_retries=wrappers_pb2.UInt32Value(value=export.retries))
+
+
+def routes(export: Any) -> list[rc_pb2.Route]:
+    """The export's routes (module docstring): per-method, per-service, then the catch-all."""
+    cfg = export.service_config
+    out: list[rc_pb2.Route] = []
+    default_retry = _export_retry(export)
+    if cfg is not None:
+        methods = sorted({(s, m) for s, m, _ in cfg.names if s and m})
+        services = sorted({s for s, m, _ in cfg.names if s and not m})
+        for service, method in methods:
+            mc = cfg.method_config(f"/{service}/{method}")
+            out.append(rc_pb2.Route(match=rc_pb2.RouteMatch(path=f"/{service}/{method}"),
+                                    route=_action(export, _retry(mc.retry_policy))))
+        for service in services:
+            mc = cfg.method_config(f"/{service}/")
+            out.append(rc_pb2.Route(match=rc_pb2.RouteMatch(prefix=f"/{service}/"),
+                                    route=_action(export, _retry(mc.retry_policy))))
+        mc = cfg.method_config("/")
+        default_retry = _retry(mc.retry_policy) if mc is not None else None
+    out.append(rc_pb2.Route(match=rc_pb2.RouteMatch(prefix=""), route=_action(export, default_retry)))
+    return out
