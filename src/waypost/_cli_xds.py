@@ -69,7 +69,7 @@ def xds_commands(global_options: Callable[[Any], Any], pass_ctx: Callable[[Any],
                   help="Where the ADS server listens (port 0: any free port).")
     @click.option("--export", "specs", multiple=True, metavar="'NAME=TARGET [OPT=V ...]'",
                   help="Serve NAME from a dial target, or from a KEY in --registry (repeatable). "
-                       "Options: policy, hash_header, prefer, timeout, retries, retry_on, serve_empty.")
+                       "Options: policy, hash_header, prefer, retries, retry_on, service_config, serve_empty.")
     @click.option("--prefix", "prefixes", multiple=True, metavar="'PREFIX [OPT=V ...]'",
                   help="Serve every service key under PREFIX in --registry (found as they appear; repeatable).")
     @click.option("--config", type=click.Path(dir_okay=False, path_type=Path), default=None,
