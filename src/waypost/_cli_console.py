@@ -64,21 +64,51 @@ def _act(c: Any, verb: str, key: str, addr: str, weight: int | None = None) -> N
         action = make_action(verb, {"key": key, "address": addr, "weight": weight})
     except ActionError as e:
         raise click.ClickException(str(e)) from None
-    registry = c.registry()
-    done = _loop.run(apply(registry, action, _who(), source=registry.url), 30)
-    try:
-        present = _registered(registry, key, addr)
-    except Exception:  # noqa: BLE001 (a note only)
-        present = True
+    if c.registry_url.strip().lower().startswith("consul://"):
+        done, present = _loop.run(_act_in_consul(c.registry_url, action), 30)
+        where = done["source"]
+    else:
+        registry = c.registry()
+        done = _loop.run(apply(registry, action, _who(), source=registry.url), 30)
+        where = registry.url
+        try:
+            present = _registered(registry, key, addr)
+        except Exception:  # noqa: BLE001 (a note only)
+            present = True
     if c.as_json:
         c.emit({**done, "registered": present})
         return
     what = {"drain": "drained (weight 0)", "weight": f"weight set to {weight}",
             "undrain": "override removed (its own weight again)"}[verb]
-    c.out.print(f"{key} {addr}: {what} in {registry.url} ({done['record']}); its publisher applies it at once")
+    c.out.print(f"{key} {addr}: {what} in {where} ({done['record']}); its publisher applies it at once")
     if not present:
         c.err.print(f"note: {addr} is not registered under {key!r} now; the override applies when it registers "
                     f"(a publisher that follows overrides: waypost's Publisher over etcd or memory)", markup=False)
+
+
+async def _act_in_consul(url: str, action: Any) -> tuple[dict[str, Any], bool]:
+    """An action on a Consul agent's KV store; also whether the instance is registered there now."""
+    from .console.actions import apply
+    from .console.consul_source import ConsulOverrides
+    from .consul.api import ConsulClient
+    from .consul.config import parse_registry_url
+    from .netutil import parse_host_port
+
+    config = parse_registry_url(url)
+    client = ConsulClient(config)
+    try:
+        done = await apply(ConsulOverrides(config.redacted, lambda: client), action, _who(), source=config.redacted)
+        try:
+            _, entries = await client.health_service(action.key, passing=False)
+            host, port = parse_host_port(action.address)
+            present = any((e.get("Service") or {}).get("Port") == port and
+                          (e.get("Service") or {}).get("Address") in (host, action.address.rpartition(":")[0])
+                          for e in entries if isinstance(e, dict))
+        except Exception:  # noqa: BLE001 (a note only)
+            present = True
+        return {**done, "source": config.redacted}, present
+    finally:
+        await client.close()
 
 
 def register(app: click.Group, global_options: Callable[..., Any], pass_ctx: Callable[..., Any]) -> None:

@@ -66,8 +66,9 @@ def make_action(verb: str, body: Any) -> Action:
     return Action(verb, key, address, weight)
 
 
-async def apply(registry: Registry, action: Action, who: str, *, source: str = "") -> dict[str, Any]:
-    """Write (or delete) the override record; returns what was done. Logs the audit line."""
+async def apply(registry: Registry | Any, action: Action, who: str, *, source: str = "") -> dict[str, Any]:
+    """Write (or delete) the override record in ``registry`` (a Registry, or a store with its ``put`` and
+    ``delete``, such as a Consul agent's KV store); returns what was done. Logs the audit line."""
     rk = override_key(action.key, action.address)
     at = time.time()
     previous = None

@@ -2,19 +2,25 @@
 
 The catalog's service list is followed by one blocking query (``/v1/catalog/services``, answered when it
 changes, ``WAIT`` at most) on waypost's control loop; each service is shown through waypost's own Consul resolver
-(a ``consul://host:8500/SERVICE`` target: the passing instances, what a client dialing it sees), read-only:
-drain and weight act on etcd and memory registrations.
+(a ``consul://host:8500/SERVICE`` target: the passing instances, what a client dialing it sees). The override
+records live in Consul's KV store under the same path as in etcd (``_waypost/override/<service>/<address>``,
+followed by one more blocking query), where ``ConsulPublisher`` follows its own: drain and weight work the same.
 """
 
 from __future__ import annotations
 
 import asyncio
+import json
 import logging
 import urllib.parse
+from collections.abc import Callable
 from typing import Any
 
 from ..consul.api import ConsulClient
 from ..consul.config import ConsulConfig, parse_registry_url
+from ..consul.kv import kv_delete, kv_get, kv_list, kv_put
+from ..discovery.override import OVERRIDE_ROOT, parse_override, split_override_key
+from ..registry.base import DeleteResult, KeyValue, PutResult
 from .board import Board
 from .sources import RETRY_INTERVAL, TargetSource, on_control
 
@@ -50,16 +56,27 @@ class ConsulSource:
         self._client: ConsulClient | None = None
         self._services: dict[str, TargetSource] = {}
         self._task: asyncio.Task[None] | None = None
+        self._overrides_task: asyncio.Task[None] | None = None
         self._closed = False
+        #: what the console's writes go through (``actions.apply``): the KV store of this agent
+        self.writer = ConsulOverrides(self.name, self.client)
+
+    @property
+    def url(self) -> str:
+        return self.name
+
+    def client(self) -> ConsulClient:
+        """The agent's client (made, and used only, on the control loop)."""
+        if self._client is None:
+            self._client = ConsulClient(self.config, timeout=self.timeout)
+        return self._client
 
     async def _list(self, index: int, wait: float | None) -> tuple[int, list[str]]:
         """On the control loop: the catalog's service names, and the index to wait from next."""
-        if self._client is None:
-            self._client = ConsulClient(self.config, timeout=self.timeout)
         params = [("index", str(index)), ("wait", f"{wait:g}s")] if wait else []
         if self.config.datacenter:
             params.append(("dc", self.config.datacenter))
-        headers, body = await self._client.request(
+        headers, body = await self.client().request(
             "GET", "/v1/catalog/services", params=params, timeout=(wait or 0) + self.timeout,
             what="the catalog's services")
         names = sorted(n for n in (body or {}) if isinstance(n, str) and n != "consul")
@@ -69,6 +86,34 @@ class ConsulSource:
         index, names = await on_control(self._list(0, None))
         await self._apply(names)
         self._task = asyncio.create_task(self._follow(index), name="waypost-console-consul")
+        self._overrides_task = asyncio.create_task(self._follow_overrides(), name="waypost-console-consul-kv")
+
+    async def _follow_overrides(self) -> None:
+        """The override records of this agent's KV store on the board (a blocking query of the prefix)."""
+        index = 0
+        while not self._closed:
+            try:
+                new_index, items = await on_control(kv_list(self.client(), OVERRIDE_ROOT, index=index, wait=WAIT))
+            except asyncio.CancelledError:
+                raise
+            except Exception as e:  # noqa: BLE001 (the next query tries again)
+                log.debug("console: overrides in %s: %s", self.name, e)
+                await asyncio.sleep(RETRY_INTERVAL)
+                continue
+            index = 0 if new_index < index else new_index
+            now = {}
+            for key, value in items:
+                parts, o = split_override_key(key), parse_override(value)
+                if parts is not None and o is not None:
+                    now[(self.name, parts[0], parts[1])] = o
+            old = {k: v for k, v in self.board.overrides.items() if k[0] == self.name}
+            if now != old:
+                for k in old:
+                    self.board.overrides.pop(k, None)
+                self.board.overrides.update(now)
+                self.board.touch()
+            if not index:
+                await asyncio.sleep(RETRY_INTERVAL)
 
     async def _follow(self, index: int) -> None:
         while not self._closed:
@@ -97,7 +142,7 @@ class ConsulSource:
             if name in self._services or self._closed:
                 continue
             src = TargetSource(service_target(self.config, name), self.board, self.timeout, source=self.name,
-                               fmt="consul")
+                               fmt="consul", writable=True)
             self._services[name] = src
             try:
                 await src.start()
@@ -107,14 +152,37 @@ class ConsulSource:
 
     async def close(self) -> None:
         self._closed = True
-        if self._task is not None:
-            self._task.cancel()
+        for task in (self._task, self._overrides_task):
+            if task is not None:
+                task.cancel()
         for src in self._services.values():
             await src.close()
         self._services.clear()
         client, self._client = self._client, None
         if client is not None:
             await on_control(client.close())
+
+
+class ConsulOverrides:
+    """The two writes ``actions.apply`` makes, on Consul's KV store (run on the control loop)."""
+
+    def __init__(self, name: str, client: Callable[[], ConsulClient]) -> None:
+        self.url = name
+        self._client = client
+
+    async def _previous(self, key: str) -> KeyValue | None:
+        _, value = await kv_get(self._client(), key)
+        return None if value is None else KeyValue(key, value)
+
+    async def put(self, key: str, value: bytes, *, prev_kv: bool = False) -> PutResult:
+        prev = await self._previous(key) if prev_kv else None
+        await kv_put(self._client(), key, json.loads(value))
+        return PutResult(0, prev)
+
+    async def delete(self, key: str, *, prev_kv: bool = False) -> DeleteResult:
+        prev = await self._previous(key) if prev_kv else None
+        await kv_delete(self._client(), key)
+        return DeleteResult(0, int(prev is not None), [prev] if prev is not None else [])
 
 
 def is_consul(url: Any) -> bool:

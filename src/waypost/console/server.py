@@ -73,6 +73,7 @@ class Console:
                                            if not is_consul(r)]
         self.board: Board | None = None
         self._sources: list[Any] = []
+        self._consul_sources: list[ConsulSource] = []
         self._prober: HealthProber | None = None
         self._metrics: ClientMetrics | None = None
         self._runner: web.AppRunner | None = None
@@ -86,13 +87,15 @@ class Console:
         return ([r.url for r in self.registries] + [redact_url(u) for u in self.consul_urls]
                 + [redact_url(t) for t in self.config.targets])
 
-    def writable(self) -> list[tuple[str, Registry]]:
-        return [(r.url, r) for r in self.registries]
+    def writable(self) -> list[tuple[str, Any]]:
+        """(name, store) of every registry the console's actions may write: etcd and memory registries, and the
+        KV store of each Consul agent."""
+        return [(r.url, r) for r in self.registries] + [(c.name, c.writer) for c in self._consul_sources]
 
     def metrics_urls(self) -> list[str]:
         return [redact_url(u) for u in self.config.metrics]
 
-    def registries_for(self, key: str, address: str, source: str | None) -> list[tuple[str, Registry]]:
+    def registries_for(self, key: str, address: str, source: str | None) -> list[tuple[str, Any]]:
         """Where an action on (key, address) goes: the registry named, else every registry showing that
         instance, else the first registry (a drain may come before the instance registers)."""
         writable = self.writable()
@@ -116,6 +119,7 @@ class Console:
             for url in self.consul_urls:
                 csrc = ConsulSource(url, board, self.config.timeout)
                 self._sources.append(csrc)
+                self._consul_sources.append(csrc)
                 await csrc.start()
             for t in self.config.targets:
                 tsrc = TargetSource(t, board, self.config.timeout)
@@ -160,6 +164,7 @@ class Console:
                 except Exception:  # stop everything else anyway
                     log.debug("console: closing %r failed", closer, exc_info=True)
         self._sources = []
+        self._consul_sources = []
 
     def run(self, stop: threading.Event, started: Any = None) -> None:
         """Serve until ``stop`` is set (blocking; its own event loop). ``started(url)`` once it serves."""

@@ -254,14 +254,14 @@ class TargetSource:
     as its source and format (default: the target itself, ``resolver``)."""
 
     def __init__(self, target: str, board: Board, timeout: float = 5.0, *, source: str | None = None,
-                 fmt: str = "resolver") -> None:
+                 fmt: str = "resolver", writable: bool = False) -> None:
         self.target = target
         self.board = board
         self.timeout = timeout
         self._loop = asyncio.get_running_loop()
         self._resolver: Any = None
         shown, key = _target_names(target)
-        self.service = Service(source or shown, key, fmt, False)
+        self.service = Service(source or shown, key, fmt, writable)
 
     async def start(self) -> None:
         from .._inspect import follow

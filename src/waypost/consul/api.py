@@ -232,10 +232,13 @@ class ConsulClient:
         return {"X-Consul-Token": token} if token else {}
 
     async def request(self, method: str, path: str, *, params: Iterable[tuple[str, str]] = (), body: Any = None,
-                      timeout: float | None = None, what: str = "") -> tuple[Mapping[str, str], Any]:
+                      timeout: float | None = None, what: str = "", missing_ok: bool = False,
+                      ) -> tuple[Mapping[str, str], Any]:
         """One request; returns the response headers and the decoded JSON body (None when empty).
 
         ``timeout`` (default ``self.timeout``) bounds the whole request. ``what`` names the request in errors.
+        ``missing_ok``: a 404 answers ``(headers, None)`` (a KV read of a missing key still carries the index to
+        block on) instead of raising ``ConsulNotFound``.
         """
         import aiohttp
 
@@ -268,6 +271,8 @@ class ConsulClient:
         except (aiohttp.ClientError, OSError) as e:
             raise RegistryUnavailable(f"consul agent at {self.config.base_url} is unreachable ({what}): "
                                       f"{str(e) or type(e).__name__}") from None
+        if status == 404 and missing_ok:
+            return headers, None
         if status != 200:
             raise self._http_error(status, raw, what)
         text = raw.strip()

@@ -29,6 +29,9 @@ Behaviour:
 - ``pause()`` deregisters (the instance disappears at once), ``resume()`` registers again; ``stop()``
   deregisters (bounded; if the agent is unreachable then, DeregisterCriticalServiceAfter cleans up) and is
   idempotent.
+- An operator's override (``waypost drain``, the console): the KV key ``_waypost/override/<key>/<address>``,
+  read before each registration and followed by a blocking query; its ``weight`` replaces the metadata's in
+  what is registered (``waypost.discovery.override``).
 - ``format`` is accepted for interface compatibility with ``Publisher`` and ignored (Consul has one format);
   ``lease_id`` is always None (Consul has no leases: the TTL check plays their role).
 
@@ -51,6 +54,7 @@ from ..errors import PermissionDenied, RegistryError, RegistryUnavailable, descr
 from ..netutil import AddressError, check_dialable, parse_host_port
 from .group import cool_down
 from .outage import OnUnregistered, Outage, track, untrack
+from .override import ConsulOverrideFollower, apply_override
 from .publisher import _check_json
 from .publisher_base import REVOKE_TIMEOUT, PublisherBase
 
@@ -119,6 +123,9 @@ class ConsulPublisher(PublisherBase):
         self.registrations = 0  # successful registrations (1 after start, +1 per recovery or resume)
         self.passes = 0
         self.restored = 0  # registrations put back after someone overwrote them
+        #: an operator's weight override: the KV key ``_waypost/override/<key>/<address>`` (``override.py``)
+        self.override = ConsulOverrideFollower(self.client, key, address, self._update_late, self._rng)
+        self._override_task: asyncio.Task[None] | None = None
 
     # -- validation ----------------------------------------------------------------------------------------
 
@@ -133,8 +140,12 @@ class ConsulPublisher(PublisherBase):
             encode_meta(md)  # Consul's own limits, named
         return md
 
+    def _effective(self) -> dict[str, Any] | None:
+        """The metadata registered: the own metadata with an operator's override applied."""
+        return apply_override(self.metadata, self.override.current)
+
     def _definition(self) -> dict[str, Any]:
-        tags, meta = encode_meta(self.metadata)
+        tags, meta = encode_meta(self._effective())
         return {
             "ID": self.service_id, "Name": self.base_key, "Address": self.host, "Port": self.port,
             "Tags": tags, "Meta": meta,
@@ -147,7 +158,7 @@ class ConsulPublisher(PublisherBase):
 
     def _matches(self, service: Mapping[str, Any]) -> bool:
         """Whether the agent's copy of the registration is ours as we registered it."""
-        tags, meta = encode_meta(self.metadata)
+        tags, meta = encode_meta(self._effective())
         return (service.get("Service") == self.base_key and service.get("Address") == self.host
                 and service.get("Port") == self.port and list(service.get("Tags") or []) == tags
                 and dict(service.get("Meta") or {}) == meta)
@@ -170,7 +181,7 @@ class ConsulPublisher(PublisherBase):
 
     def decoded_metadata(self) -> dict[str, Any]:
         """The metadata as a resolver reads it back (``encode_meta`` then ``decode_meta``)."""
-        tags, meta = encode_meta(self.metadata)
+        tags, meta = encode_meta(self._effective())
         return decode_meta(meta, tags)
 
     def __repr__(self) -> str:
@@ -204,6 +215,7 @@ class ConsulPublisher(PublisherBase):
 
     async def _register(self) -> None:
         """PUT the registration (with its check, passing) and start keeping it alive."""
+        await self.override.read()  # an operator's drain applies from the first registration on
         async with self._write_lock():
             await self.client.register_service(self._definition())
         if self._state != "running":  # paused or stopped meanwhile: the caller deregisters
@@ -217,6 +229,8 @@ class ConsulPublisher(PublisherBase):
             self._heartbeat_task = loop.create_task(self._heartbeat())
         if self._guard_task is None or self._guard_task.done():
             self._guard_task = loop.create_task(self._guard())
+        if self._override_task is None or self._override_task.done():
+            self._override_task = loop.create_task(self.override.run())
         log.debug("%r: registered (TTL %ds, deregistered after %ds critical)", self, self.ttl, self.deregister_after)
 
     async def _pause(self) -> None:
@@ -252,6 +266,9 @@ class ConsulPublisher(PublisherBase):
         """Stop passing and guarding; deregister (bounded; else the check goes critical after ttl and the
         instance is reaped after DeregisterCriticalServiceAfter)."""
         self._cancel_tasks(include_retry=True)
+        if self._override_task is not None:
+            self._override_task.cancel()
+            self._override_task = None
         self._registered = False
         self.outage.end()  # paused or stopped on purpose: not an outage
         if deregister:
@@ -289,6 +306,13 @@ class ConsulPublisher(PublisherBase):
             raise RegistryUnavailable(f"could not update the metadata of {self.service_id!r} in consul at "
                                       f"{self.config.base_url} within {self.timeout:g}s: {why}") from e
         self._last_ok = self._clock()
+
+    async def _update_late(self) -> None:
+        """The override changed: register again with it (the next registration carries it otherwise)."""
+        try:
+            await self._update_metadata(self.metadata)
+        except (RegistryUnavailable, PermissionDenied) as e:
+            log.warning("%r: %s", self, e)
 
     # -- keeping it alive ----------------------------------------------------------------------------------
 

@@ -76,6 +76,19 @@ def apply_override(metadata: Mapping[str, Any] | None, override: Mapping[str, An
     return {**(metadata or {}), "weight": override["weight"]}
 
 
+def _take(follower: OverrideFollower | ConsulOverrideFollower, value: bytes | None) -> bool:
+    """Make ``value`` (the record's bytes; None: no record) the follower's ``current``; True when the weight
+    in force changed (who and when alone change nothing). A bad record counts as none, logged once."""
+    new = None if value is None else parse_override(value)
+    if value is not None and new is None and not follower._bad_logged:
+        follower._bad_logged = True
+        log.warning("ignoring the override record %r: not a JSON object with a whole weight >= 0: %r",
+                    follower.key, value[:200])
+    old = None if follower.current is None else follower.current["weight"]
+    follower.current = new
+    return old != (None if new is None else new["weight"])
+
+
 class OverrideFollower:
     """Follows one override record on the control loop: ``read()`` once (before a registration), then
     ``run()`` as a task, calling ``on_change()`` after each change of ``current``."""
@@ -109,14 +122,7 @@ class OverrideFollower:
                  "read on %r to follow them): %s", self.key, OVERRIDE_ROOT, e)
 
     def _set(self, value: bytes | None) -> bool:
-        new = None if value is None else parse_override(value)
-        if value is not None and new is None and not self._bad_logged:
-            self._bad_logged = True
-            log.warning("ignoring the override record %r: not a JSON object with a whole weight >= 0: %r",
-                        self.key, value[:200])
-        old = None if self.current is None else self.current["weight"]
-        self.current = new
-        return old != (None if new is None else new["weight"])  # who and when alone change nothing
+        return _take(self, value)
 
     async def run(self) -> None:
         """Watch the record until cancelled; after a failure, read it again and watch from there."""
@@ -148,3 +154,53 @@ class OverrideFollower:
                     log.debug("reading the override record %r failed: %s", self.key, e2)
             finally:
                 watch.cancel()
+
+
+class ConsulOverrideFollower:
+    """The same for a ``ConsulPublisher``: the record is a key of Consul's KV store (same path and JSON),
+    followed by a blocking query of at most ``CONSUL_WAIT`` seconds at a time."""
+
+    CONSUL_WAIT = 60.0
+
+    def __init__(self, client: Any, key: str, address: str, on_change: Callable[[], Awaitable[None]],
+                 rng: random.Random) -> None:
+        self.client = client
+        self.key = override_key(key, address)
+        self.current: dict[str, Any] | None = None
+        self._on_change = on_change
+        self._rng = rng
+        self._index = 0
+        self._denied = False
+        self._bad_logged = False
+
+    async def read(self, wait: float | None = None) -> bool:
+        """Read the key now (``wait``: block until it changes after the last read); True when ``current``
+        changed. An ACL token that may not read it: no override (said once)."""
+        from ..consul.kv import kv_get
+
+        if self._denied:
+            return False
+        try:
+            index, value = await kv_get(self.client, self.key, index=self._index, wait=wait)
+        except PermissionDenied as e:
+            self._denied = True
+            log.info("cannot read the override key %r in consul, so operator drains do not reach this publisher "
+                     "(give its token key_prefix \"%s\" read): %s", self.key, OVERRIDE_ROOT, e)
+            return False
+        self._index = 0 if index < self._index else index  # an index that went back: start over
+        return _take(self, value)
+
+    async def run(self) -> None:
+        while not self._denied:
+            try:
+                if await self.read(self.CONSUL_WAIT if self._index else None):
+                    log.warning("override %r: %s", self.key,
+                                f"weight {self.current['weight']}" if self.current else "removed")
+                    await self._on_change()
+                if not self._index:  # no index to block on: do not spin
+                    await asyncio.sleep(cool_down(self._rng, RETRY_INTERVAL))
+            except asyncio.CancelledError:
+                raise
+            except Exception as e:  # noqa: BLE001 (the control plane must not die)
+                log.debug("reading the override key %r in consul failed: %s", self.key, e)
+                await asyncio.sleep(cool_down(self._rng, RETRY_INTERVAL))

@@ -1,0 +1,71 @@
+"""Consul's KV store, the little the operator overrides need (``waypost.discovery.override``): read one key
+(blocking until it changes, when asked), write a JSON document, delete."""
+
+from __future__ import annotations
+
+import base64
+import urllib.parse
+from typing import Any
+
+from ..errors import RegistryError
+from .api import MAX_WAIT, ConsulClient
+
+
+def _path(key: str) -> str:
+    return "/v1/kv/" + urllib.parse.quote(key, safe="/")
+
+
+async def kv_get(client: ConsulClient, key: str, *, index: int = 0, wait: float | None = None
+                 ) -> tuple[int, bytes | None]:
+    """The key's value (None: no such key) and the index to block on next; with ``index`` > 0 and ``wait``, a
+    blocking query that answers when the key changes (or after ``wait`` s)."""
+    params: list[tuple[str, str]] = []
+    blocking = index > 0 and bool(wait)
+    if blocking:
+        assert wait is not None
+        params = [("index", str(index)), ("wait", f"{min(wait, MAX_WAIT):g}s")]
+    limit = min(wait or 0, MAX_WAIT) * 1.1 + client.timeout if blocking else None
+    headers, body = await client.request("GET", _path(key), params=params, timeout=limit, missing_ok=True,
+                                         what=f"reading the key {key!r}")
+    try:
+        new_index = int(headers.get("X-Consul-Index", "0"))
+    except ValueError:
+        new_index = 0
+    if body is None:
+        return new_index, None
+    if not isinstance(body, list) or not body or not isinstance(body[0], dict):
+        raise RegistryError(f"consul at {client.config.base_url}: the key {key!r} answered {str(body)[:120]!r}")
+    raw = body[0].get("Value")
+    return new_index, base64.b64decode(raw) if isinstance(raw, str) else b""
+
+
+async def kv_put(client: ConsulClient, key: str, document: Any) -> None:
+    """Write ``document`` as JSON under ``key``."""
+    await client.request("PUT", _path(key), body=document, what=f"writing the key {key!r}")
+
+
+async def kv_delete(client: ConsulClient, key: str) -> None:
+    await client.request("DELETE", _path(key), what=f"deleting the key {key!r}")
+
+
+async def kv_list(client: ConsulClient, prefix: str, *, index: int = 0, wait: float | None = None
+                  ) -> tuple[int, list[tuple[str, bytes]]]:
+    """Every key under ``prefix`` with its value, and the index to block on next (as ``kv_get``)."""
+    params: list[tuple[str, str]] = [("recurse", "1")]
+    blocking = index > 0 and bool(wait)
+    if blocking:
+        assert wait is not None
+        params += [("index", str(index)), ("wait", f"{min(wait, MAX_WAIT):g}s")]
+    limit = min(wait or 0, MAX_WAIT) * 1.1 + client.timeout if blocking else None
+    headers, body = await client.request("GET", _path(prefix), params=params, timeout=limit, missing_ok=True,
+                                         what=f"listing the keys under {prefix!r}")
+    try:
+        new_index = int(headers.get("X-Consul-Index", "0"))
+    except ValueError:
+        new_index = 0
+    out: list[tuple[str, bytes]] = []
+    for item in body if isinstance(body, list) else []:
+        if isinstance(item, dict) and isinstance(item.get("Key"), str):
+            raw = item.get("Value")
+            out.append((item["Key"], base64.b64decode(raw) if isinstance(raw, str) else b""))
+    return new_index, out
