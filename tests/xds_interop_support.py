@@ -34,9 +34,10 @@ calls, ...)`` ("go" or "java") runs one client to the end; ``start_xds_client(..
 Builds: Go into ``${WAYPOST_SERVERS_CACHE:-~/.cache/waypost-servers}/interop-xds-go-<hash>/`` and Java (classes plus
 ``classpath.txt``, jars in ~/.m2) into ``.../xds-java-<hash>/``, keyed by a hash of the sources (and the
 toolchain's version), built under a file lock, niced, bounded (``WAYPOST_XDS_GO_BUILD_TIMEOUT``,
-``WAYPOST_XDS_JAVA_BUILD_TIMEOUT``). Tests skip with the reason when go / java / mvn are missing or
-``WAYPOST_INTEROP=0``; a failed build fails them. Measured on 2 busy cores: Go cold ~2 min (module download and
-the xDS tree), warm 0 s (cached binaries); Java cold ~10 s of Maven plus javac.
+``WAYPOST_XDS_JAVA_BUILD_TIMEOUT``). Tests skip with the reason when go (or a Go as new as go.mod asks) / java /
+javac / mvn are missing, or with ``WAYPOST_INTEROP=0``; a failed build fails them. Measured on 2 busy cores: Go cold
+~2 min (module download and grpc-go's xDS tree; 7 s with Go's build cache warm), Java cold ~40 s (Maven 29-39 s
+into an empty ~/.m2 part, javac ~8 s); warm, both are a hash and a file check.
 
 Every process is started here and stopped here by its PID (SIGTERM, SIGKILL after a bound): ``stop_started()``
 (the ``xds_procs`` fixture calls it after each test) and an atexit hook.
@@ -54,6 +55,7 @@ import hashlib
 import json
 import os
 import queue
+import re
 import shutil
 import signal
 import subprocess
@@ -241,8 +243,17 @@ def build_go(go: str, timeout: float = GO_BUILD_TIMEOUT) -> dict[str, Path]:
 def go_skip_reason() -> str | None:
     if os.environ.get("WAYPOST_INTEROP", "1") == "0":
         return "interop tests turned off by WAYPOST_INTEROP=0"
-    if go_binary() is None:
+    go = go_binary()
+    if go is None:
         return "the xDS/ORCA interop peers need the Go toolchain: `go` is not on PATH (or set WAYPOST_GO)"
+    want = re.search(r"^go (\d+)\.(\d+)", (GO_DIR / "go.mod").read_text(), re.MULTILINE)
+    try:
+        have = re.search(r"go(\d+)\.(\d+)", go_version(go))
+    except (OSError, subprocess.SubprocessError) as e:
+        return f"`{go} version` failed: {e}"
+    if want and have and (int(have[1]), int(have[2])) < (int(want[1]), int(want[2])):
+        return (f"interop/xds (grpc-go v1.85.0) needs Go {want[1]}.{want[2]}+, {go} is go{have[1]}.{have[2]} "
+                "(set WAYPOST_GO)")
     return None
 
 
