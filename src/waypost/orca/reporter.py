@@ -81,7 +81,7 @@ class OrcaReporter:
         self._clock = clock
         self._cpu = cpu if cpu is not None else CpuMeter(wall=clock)
         self._rates = RateMeter(account, clock) if account is not None else None
-        self._cache: tuple[float, int, bytes] = (-1e300, -1, b"")
+        self._cache: tuple[float, int, bytes, tuple[tuple[str, bytes], ...]] = (-1e300, -1, b"", ())
 
     def report(self) -> Any:
         """The server's report now (an ``OrcaLoadReport``); requires xds-protos."""
@@ -112,16 +112,26 @@ class OrcaReporter:
             msg.utilization[k] = v
         return msg
 
+    def _cached(self) -> tuple[float, int, bytes, tuple[tuple[str, bytes], ...]]:
+        now = self._clock()
+        entry = self._cache
+        v = self.recorder.version
+        if now - entry[0] < CACHE_SECONDS and entry[1] == v:
+            return entry
+        data = self.report().SerializeToString()
+        entry = self._cache = (now, v, data, ((TRAILER_KEY, data), (MIRROR_KEY, data)))
+        return entry
+
     def serialized(self) -> bytes:
         """The server report, serialized; rebuilt at most every CACHE_SECONDS or when the recorder changed."""
-        now = self._clock()
-        at, version, data = self._cache
-        v = self.recorder.version
-        if now - at < CACHE_SECONDS and version == v:
-            return data
-        data = self.report().SerializeToString()
-        self._cache = (now, v, data)
-        return data
+        return self._cached()[2]
+
+    def trailer_metadata(self, call: CallMetricsRecorder | None) -> tuple[tuple[str, bytes], ...]:
+        """The trailing metadata pairs of one call's report (cached when the call recorded nothing)."""
+        if call is None:
+            return self._cached()[3]
+        data = self.trailer(call)
+        return ((TRAILER_KEY, data), (MIRROR_KEY, data))
 
     def trailer(self, call: CallMetricsRecorder | None) -> bytes:
         """The bytes of one call's ``endpoint-load-metrics-bin`` trailer."""

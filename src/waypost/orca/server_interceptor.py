@@ -20,8 +20,9 @@ from typing import Any
 
 from ..loadreport.account import LoadAccount
 from ..loadreport.interceptor import AsyncLoadInterceptor, LoadInterceptor, _Wrapper
+from ..loadreport.service import REPORT_METHOD
 from .recorder import ServerMetricsRecorder, _Slot, current_slot
-from .reporter import MIRROR_KEY, TRAILER_KEY, OrcaReporter
+from .reporter import OrcaReporter
 from .service import DEFAULT_MAX_STREAMS, DEFAULT_MIN_INTERVAL, OOB_METHOD, OobService
 
 log = logging.getLogger("waypost.orca")
@@ -31,9 +32,8 @@ _KINDS = ("unary_unary", "unary_stream", "stream_unary", "stream_stream")
 
 def _add_trailer(context: Any, reporter: OrcaReporter, slot: _Slot) -> None:
     try:
-        data = reporter.trailer(slot.recorder)
+        md = reporter.trailer_metadata(slot.recorder)
         existing = context.trailing_metadata()
-        md = ((TRAILER_KEY, data), (MIRROR_KEY, data))
         context.set_trailing_metadata(tuple(existing) + md if existing else md)
     except Exception:  # a report must never fail the call it rides on
         log.debug("ORCA: no trailer for this call", exc_info=True)
@@ -183,9 +183,12 @@ class OrcaInterceptor(LoadInterceptor):
         self._wrap = _OrcaWrapper(self.account, self.orca, per_call)
 
     def intercept_service(self, continuation: Callable[[Any], Any], handler_call_details: Any) -> Any:
-        if handler_call_details.method == OOB_METHOD:
+        method = handler_call_details.method
+        if method == OOB_METHOD:
             return self._oob_handler
-        return super().intercept_service(continuation, handler_call_details)
+        if method == REPORT_METHOD:
+            return self._report
+        return self._wrap(continuation(handler_call_details), method)
 
 
 class AsyncOrcaInterceptor(AsyncLoadInterceptor):
@@ -202,6 +205,9 @@ class AsyncOrcaInterceptor(AsyncLoadInterceptor):
         self._wrap = _OrcaWrapper(self.account, self.orca, per_call)
 
     async def intercept_service(self, continuation: Callable[[Any], Any], handler_call_details: Any) -> Any:
-        if handler_call_details.method == OOB_METHOD:
+        method = handler_call_details.method
+        if method == OOB_METHOD:
             return self._oob_handler
-        return await super().intercept_service(continuation, handler_call_details)
+        if method == REPORT_METHOD:
+            return self._report
+        return self._wrap(await continuation(handler_call_details), method)
