@@ -24,7 +24,7 @@ from tests.waiting import wait_until
 from waypost import _loop
 from waypost.xds import ControlPlane, bootstrap_json, parse_export
 from waypost.xds.policy import _typed
-from waypost.xds.resources import CLUSTER, ENDPOINT
+from waypost.xds.resources import CLUSTER, ENDPOINT, LISTENER, ROUTE
 from waypost.xds.snapshot import Resource
 
 
@@ -199,3 +199,44 @@ def test_service_config_retries_are_honoured(tmp_path) -> None:
                 assert plain["errors"] and set(plain["errors"]) == {"!UNAVAILABLE"}, plain
         finally:
             control.stop()
+
+
+async def _ask_all(port: int, name: str) -> dict[str, str]:
+    """One stream asking for each type in turn (as a client does): the version of each answer."""
+    channel = grpc.aio.insecure_channel(f"127.0.0.1:{port}")
+    call = channel.stream_stream(
+        "/envoy.service.discovery.v3.AggregatedDiscoveryService/StreamAggregatedResources",
+        request_serializer=discovery_pb2.DiscoveryRequest.SerializeToString,
+        response_deserializer=discovery_pb2.DiscoveryResponse.FromString)()
+    versions = {}
+    try:
+        for t in (LISTENER, ROUTE, CLUSTER, ENDPOINT):
+            await call.write(discovery_pb2.DiscoveryRequest(node=base_pb2.Node(id="replica-check"), type_url=t,
+                                                            resource_names=[name]))
+            r = await asyncio.wait_for(call.read(), 20)
+            versions[t] = r.version_info
+        return versions
+    finally:
+        call.cancel()
+        await channel.close()
+
+
+def test_two_replicas_serve_the_same_versions(shared_etcd, unique_key) -> None:
+    """Replicas with the same exports over the same registry answer with the same version for every type (versions
+    come from content), so a client failing over sees no change."""
+    from tests.test_xds_support import Backends
+
+    b = Backends(shared_etcd.url(), unique_key)
+    b.add("v1", zone="a")
+    b.add("v2", weight=7)
+    spec = f"svc=etcd:///{shared_etcd.endpoint}?key={unique_key} policy=ring_hash hash_header=x-k"
+    replicas = [ControlPlane([parse_export(spec)]) for _ in range(2)]
+    try:
+        ports = [r.start() for r in replicas]
+        wait_until(lambda: all(len(r.endpoints("svc") or ()) == 2 for r in replicas), 20, "both replicas read etcd")
+        first, second = (asyncio.run(_ask_all(p, "svc")) for p in ports)
+        assert first == second and all(first.values()), (first, second)
+    finally:
+        for r in replicas:
+            r.stop()
+        b.close()
