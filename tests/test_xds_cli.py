@@ -94,3 +94,38 @@ def test_go_example_client(greet) -> None:
     binary = _go_client()
     lines = _run([str(binary), "-target", "xds:///greet", "-calls", "3"], greet["serve"].bootstrap())
     assert len(lines) == 3 and all(line.endswith("from " + greet["address"]) for line in lines), lines
+
+
+def test_serve_over_tls(tmp_path) -> None:
+    """--tls-cert/--tls-key: the ADS endpoint answers over TLS (a gRPC client trusting the CA gets a Listener)."""
+    trustme = pytest.importorskip("trustme")
+    import grpc
+    from envoy.service.discovery.v3 import discovery_pb2
+
+    ca = trustme.CA()
+    cert = ca.issue_cert("localhost", "127.0.0.1")
+    cert_file, key_file = tmp_path / "cert.pem", tmp_path / "key.pem"
+    cert.private_key_pem.write_to_path(str(key_file))
+    cert.cert_chain_pems[0].write_to_path(str(cert_file))
+    serve = XdsServe(["tls=direct:///127.0.0.1:1"], extra=("--tls-cert", str(cert_file), "--tls-key", str(key_file)))
+    try:
+        creds = grpc.ssl_channel_credentials(root_certificates=ca.cert_pem.bytes())
+        with grpc.secure_channel(f"localhost:{serve.port}", creds) as channel:
+            ads = channel.stream_stream(
+                "/envoy.service.discovery.v3.AggregatedDiscoveryService/StreamAggregatedResources",
+                request_serializer=discovery_pb2.DiscoveryRequest.SerializeToString,
+                response_deserializer=discovery_pb2.DiscoveryResponse.FromString)
+            request = discovery_pb2.DiscoveryRequest(
+                type_url="type.googleapis.com/envoy.config.listener.v3.Listener", resource_names=["tls"])
+            responses = ads(iter([request]), timeout=20)
+            first = next(responses)
+            responses.cancel()
+        assert [r.type_url for r in first.resources] == [request.type_url] and first.version_info
+        with grpc.insecure_channel(f"127.0.0.1:{serve.port}") as plain, pytest.raises(grpc.RpcError):
+            next(plain.stream_stream(  # no TLS: no answer
+                "/envoy.service.discovery.v3.AggregatedDiscoveryService/StreamAggregatedResources",
+                request_serializer=discovery_pb2.DiscoveryRequest.SerializeToString,
+                response_deserializer=discovery_pb2.DiscoveryResponse.FromString)(iter([request]), timeout=3))
+    finally:
+        assert serve.terminate() == 0
+        serve.close()
