@@ -22,6 +22,8 @@ from tests.xds_interop_support import (
     scenario_ring_hash_header,
     scenario_wrr_from_waypost_orca,
     start_orca_server,
+    start_wrr_client,
+    watch,
     wrr_config,
 )
 
@@ -65,6 +67,27 @@ def test_orca_server_set_changes_per_call_reports() -> None:
     print(f"cpu 0.1 vs 0.9: last 400 calls {last}")
     assert result["errors"] == 0 and served == 1200, result
     assert last.get("a", 0) > 3 * last.get("b", 0), last  # 9:1 expected
+
+
+def test_orca_server_oob_floor_lets_grpc_go_follow_a_change_out_of_band() -> None:
+    """OOB through orca-server's own OpenRcaService (-oob-floor 0.1 s): a `set` during the run moves grpc-go's
+    weights within seconds (grpc-go's orca.Register would hold the old values for 30 s)."""
+    a = start_orca_server("a", cpu=0.5, rps=100, oob=True, oob_floor=0.1, percall=False)
+    b = start_orca_server("b", cpu=0.5, rps=100, oob=True, oob_floor=0.1, percall=False)
+    run = start_wrr_client([a.address, b.address], wrr_config(oob=True, oob_period="0.2s"), 100_000, batch=200,
+                           interval=0.001)
+    try:
+        watch(run, lambda c: len(c) == 2 and min(c.values()) >= 60, 30.0, "an even split")
+        a.set(cpu=0.1)
+        b.set(cpu=0.9)
+        line = watch(run, lambda c: c.get("a", 0) >= 5 * c.get("b", 0), 20.0, "a weighted 9:1 over b")
+        final = run.finish(30.0, interrupt=True)
+    finally:
+        run.stop()
+        a.stop()
+        b.stop()
+    print(f"\nOOB change followed: batch {line['counts']} (9:1 expected)")
+    assert final["errors"] == 0, final
 
 
 # -- grpc-go's xDS client through `waypost xds serve` over real etcd -----------------------------------------

@@ -15,11 +15,14 @@ a Maven project on grpc-java 1.85.1); every one prints JSON lines on stdout and 
 Stable API (other tests import these; keep names and signatures):
 
 ``start_orca_server(name, *, cpu=None, app=None, mem=None, rps=None, eps=None, oob=False, percall=True,
-call_cpu=None, named=None, util=None, listen="127.0.0.1:0", timeout=30.0) -> OrcaServer``
+call_cpu=None, named=None, util=None, listen="127.0.0.1:0", timeout=30.0, oob_floor=None) -> OrcaServer``
     A running grpc-go orca-server; ``.address`` ("127.0.0.1:PORT"), ``.name``, ``.set(cpu=..., rps=...,
     named={...}, util={...}) -> dict`` changes what it reports (per call at once; OOB on the next report),
     ``.served() -> int``, ``.stop()``; a context manager. ``None`` = that metric is not reported; ``call_cpu``
-    makes the per-call cpu_utilization differ from the OOB one (to see which one a client follows).
+    makes the per-call cpu_utilization differ from the OOB one (to see which one a client follows);
+    ``oob_floor`` (s) serves OOB through the module's own OpenRcaService with that floor instead of grpc-go's 30 s.
+``start_wrr_client(addresses, config, calls, *, batch=0, interval=0.0, deadline=5.0, max_time=300.0) -> ClientRun``
+    The same client running: ``.progress()`` returns each batch line, ``.finish(interrupt=True)`` the final one.
 ``run_wrr_client(addresses, config, calls, *, batch=0, interval=0.0, deadline=5.0, timeout=120.0) -> dict``
     grpc-go over ``addresses`` (list of "HOST:PORT") with the service config ``config`` (dict or JSON text);
     returns the final line plus ``"batches"``: the progress lines in order.
@@ -328,8 +331,10 @@ def start_orca_server(name: str, *, cpu: float | None = None, app: float | None 
                       rps: float | None = None, eps: float | None = None, oob: bool = False, percall: bool = True,
                       call_cpu: float | None = None, named: Mapping[str, float] | None = None,
                       util: Mapping[str, float] | None = None, listen: str = "127.0.0.1:0",
-                      timeout: float = 30.0) -> OrcaServer:
-    """Start a grpc-go Echo server reporting ORCA (module docstring); returns once it listens."""
+                      timeout: float = 30.0, oob_floor: float | None = None) -> OrcaServer:
+    """Start a grpc-go Echo server reporting ORCA (module docstring); returns once it listens.
+    ``oob_floor`` (seconds, with ``oob``): serve OpenRcaService from the same recorder with this minimum interval
+    instead of grpc-go's orca.Register (floor 30 s), so that ``set`` reaches OOB clients quickly."""
     binary = go_programs()["orca-server"]
     args = [str(binary), "-listen", listen, "-name", name, f"-oob={'true' if oob else 'false'}",
             f"-percall={'true' if percall else 'false'}"]
@@ -337,6 +342,8 @@ def start_orca_server(name: str, *, cpu: float | None = None, app: float | None 
                         ("-call-cpu", call_cpu)):
         if value is not None:
             args += [flag, repr(float(value))]
+    if oob_floor is not None:
+        args += ["-oob-floor", _duration(oob_floor)]
     for k, v in (named or {}).items():
         args += ["-named", f"{k}={float(v)}"]
     for k, v in (util or {}).items():

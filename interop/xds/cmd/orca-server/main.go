@@ -9,7 +9,8 @@
 //     registered with orca.Register over an orca.NewServerMetricsRecorder. grpc-go
 //     sends the first report at once, then every max(requested interval, 30 s)
 //     (its minimum reporting interval), so a changed value reaches an OOB client
-//     on a new stream or after 30 s.
+//     on a new stream or after 30 s. -oob-floor D serves the same recorder
+//     through a small OpenRcaService of this module instead, with floor D.
 //
 // It prints {"listening": "HOST:PORT"} once serving. Commands on stdin, one
 // per line, each answered by one JSON line:
@@ -45,6 +46,7 @@ import (
 	"google.golang.org/protobuf/types/dynamicpb"
 
 	"waypost.interop/xds/internal/echo"
+	"waypost.interop/xds/internal/fastoob"
 )
 
 // load is what the server reports; negative means "not reported".
@@ -111,6 +113,7 @@ func main() {
 	rps := flag.Float64("rps", -1, "rps_fractional to report (negative: none)")
 	eps := flag.Float64("eps", -1, "eps (errors per second) to report (negative: none)")
 	oob := flag.Bool("oob", false, "serve OpenRcaService/StreamCoreMetrics (out-of-band reports)")
+	oobFloor := flag.Duration("oob-floor", 0, "with -oob: serve OpenRcaService with this minimum interval instead of grpc-go's orca.Register (whose floor is 30 s)")
 	percall := flag.Bool("percall", true, "report per call in the endpoint-load-metrics-bin trailer")
 	callCPU := flag.Float64("call-cpu", -2, "per-call cpu_utilization when it should differ from the OOB one (-2: same)")
 	var named, util echo.KV
@@ -145,7 +148,9 @@ func main() {
 	if *oob {
 		s.oob = orca.NewServerMetricsRecorder()
 		apply(s.oob, s.cur)
-		if err := orca.Register(srv, orca.ServiceOptions{ServerMetricsProvider: s.oob}); err != nil {
+		if *oobFloor > 0 {
+			fastoob.Register(srv, s.oob, *oobFloor)
+		} else if err := orca.Register(srv, orca.ServiceOptions{ServerMetricsProvider: s.oob}); err != nil {
 			echo.Fatalf("orca.Register: %v", err)
 		}
 	}
