@@ -129,3 +129,26 @@ def test_serve_over_tls(tmp_path) -> None:
     finally:
         assert serve.terminate() == 0
         serve.close()
+
+
+def test_serve_from_a_config_file_with_metrics(tmp_path) -> None:
+    import urllib.request
+
+    from tests.test_xds_support import free_port
+
+    config = tmp_path / "xds.json"
+    config.write_text(json.dumps({"exports": {"a": {"target": "direct:///127.0.0.1:1", "policy": "ring_hash"},
+                                              "b": "direct:///127.0.0.1:2"}}))
+    port = free_port()
+    serve = XdsServe([], extra=("--config", str(config), "--metrics-port", str(port)), log=tmp_path / "serve.log")
+    try:
+        def scrape() -> str:
+            with urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=5) as r:
+                return r.read().decode()
+
+        text = wait_until(lambda: 'waypost_xds_resources{type="CDS"} 2.0' in (s := scrape()) and s, 20,
+                          "the metrics count both exports")
+        assert "waypost_xds_streams 0.0" in text
+    finally:
+        assert serve.terminate() == 0
+        serve.close()

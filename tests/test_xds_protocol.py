@@ -240,3 +240,27 @@ def test_two_replicas_serve_the_same_versions(shared_etcd, unique_key) -> None:
         for r in replicas:
             r.stop()
         b.close()
+
+
+def test_grpcio_accepts_every_policy_and_outlier_detection(tmp_path) -> None:
+    """Each export policy (and outlier detection) as sent is accepted by grpcio (no NACK) and serves calls."""
+    from waypost.xds.exports import make_export
+
+    with echo_servers("p1", "p2") as servers:
+        target = "direct:///" + ",".join(s.address for s in servers)
+        exports = [make_export(p, target, {"policy": p}) for p in (
+            "round_robin", "pick_first", "ring_hash", "least_request", "client_side_weighted_round_robin")]
+        exports.append(make_export("ejecting", target, {"outlier_detection": {
+            "interval": "1s", "failurePercentageEjection": {"threshold": 50, "minimumHosts": 2, "requestVolume": 5}}}))
+        exports.append(make_export("weighted", target, {"policy": "client_side_weighted_round_robin", "policy_config": {
+            "enableOobLoadReport": False, "blackoutPeriod": "0s", "weightUpdatePeriod": "0.1s"}}))
+        control = ControlPlane(exports)
+        port = control.start()
+        try:
+            with stock_client(bootstrap_json([f"127.0.0.1:{port}"], "policies"), tmp_path) as client:
+                for e in exports:
+                    got = client.calls(e.name, 6)
+                    assert not got["errors"] and set(got["servers"]) <= {"p1", "p2"}, (e.name, got)
+                assert control.ads.nacks == 0
+        finally:
+            control.stop()
