@@ -123,3 +123,16 @@ def test_https(tmp_path, unique_key):
         ca.configure_trust(ctx)
         with urllib.request.urlopen(f"{url}api/config", context=ctx, timeout=10) as resp:
             assert json.loads(resp.read())["read_only"] is False
+
+
+def test_a_taken_port_is_one_error_line(unique_key):
+    import socket
+
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        s.listen()
+        port = s.getsockname()[1]
+        res = CliRunner().invoke(app, ["console", "--registry", f"memory://{unique_key}", "--listen",
+                                       f"127.0.0.1:{port}", "--for", "0.5"])
+    assert res.exit_code == 1 and f"cannot serve on 127.0.0.1:{port}" in res.output, res.output
+    assert "Traceback" not in res.output

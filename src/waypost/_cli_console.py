@@ -19,16 +19,27 @@ import click
 CONSOLE_TOKEN_ENV = "WAYPOST_CONSOLE_TOKEN"
 
 
+class _Stop(threading.Event):
+    """Set by SIGTERM or SIGINT (``signum`` says which) or by the ``--for`` timer."""
+
+    signum: int | None = None
+
+
 @contextmanager
-def _stop_on_signals() -> Iterator[threading.Event]:
+def _stop_on_signals() -> Iterator[_Stop]:
     """An event set by SIGTERM/SIGINT for the duration of the block (main thread only)."""
-    stop = threading.Event()
+    stop = _Stop()
     if threading.current_thread() is not threading.main_thread():
         yield stop
         return
     previous = {s: signal.getsignal(s) for s in (signal.SIGTERM, signal.SIGINT)}
+
+    def handler(signum: int, _frame: Any) -> None:
+        stop.signum = signum
+        stop.set()
+
     for s in previous:
-        signal.signal(s, lambda _n, _f: stop.set())
+        signal.signal(s, handler)
     try:
         yield stop
     finally:
@@ -117,7 +128,7 @@ def register(app: click.Group, global_options: Callable[..., Any], pass_ctx: Cal
     @app.command("console", short_help="A live web page of every service and instance, with drain controls.")
     @click.option("--listen", default=None, metavar="HOST:PORT", help="Where to serve (default 127.0.0.1:8470).")
     @click.option("--registry", "registries", multiple=True, metavar="URL",
-                  help="A registry to show (repeatable; default: the global --registry).")
+                  help="A registry to show, repeatable: etcd://, memory://, consul:// (default: the global --registry).")
     @click.option("--target", "targets", multiple=True, metavar="TARGET",
                   help="A dial target to show through its resolver, read-only (k8s://, consul://, zk://, dns:///).")
     @click.option("--metrics", "metrics", multiple=True, metavar="URL",
@@ -171,7 +182,13 @@ def register(app: click.Group, global_options: Callable[..., Any], pass_ctx: Cal
                 timer = threading.Timer(duration, stop.set)
                 timer.daemon = True
                 timer.start()
-            console.run(stop, on_started)
+            try:
+                console.run(stop, on_started)
+            except OSError as e:  # the port is taken, a TLS file is no key, ...
+                raise click.ClickException(f"the console cannot serve on {listen or DEFAULT_LISTEN}: "
+                                           f"{e.strerror or e}") from None
+        if stop.signum == signal.SIGINT:  # Ctrl-C: 130, as a shell expects (SIGTERM: 0)
+            raise click.exceptions.Exit(130)
 
     @app.command("drain", short_help="Take traffic off ADDR under KEY (weight 0 override).")
     @click.argument("key")
