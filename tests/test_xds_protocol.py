@@ -252,6 +252,8 @@ def test_grpcio_accepts_every_policy_and_outlier_detection(tmp_path) -> None:
             "round_robin", "pick_first", "ring_hash", "least_request", "client_side_weighted_round_robin")]
         exports.append(make_export("ejecting", target, {"outlier_detection": {
             "interval": "1s", "failurePercentageEjection": {"threshold": 50, "minimumHosts": 2, "requestVolume": 5}}}))
+        # a host name among the endpoints is left out (grpcio would reject the whole assignment for it)
+        exports.append(make_export("named", f"direct:///localhost:{servers[0].port},{servers[1].address}", {}))
         exports.append(make_export("weighted", target, {"policy": "client_side_weighted_round_robin", "policy_config": {
             "enableOobLoadReport": False, "blackoutPeriod": "0s", "weightUpdatePeriod": "0.1s"}}))
         control = ControlPlane(exports)

@@ -6,6 +6,8 @@ from __future__ import annotations
 import json
 
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 pytest.importorskip("envoy.service.discovery.v3.ads_pb2", reason="the xds extra (xds-protos) is not installed")
 
@@ -144,6 +146,7 @@ def test_assignment_weights_drain_localities_and_priorities() -> None:
         _b("10.0.0.2:80", zone="b"),
         _b("[::1]:81", zone="b", weight="7"),
         _b("not-an-address"),
+        _b("localhost:80"),  # a host name: grpcio would reject the whole assignment
     ])
     by_zone = {loc.locality.zone: loc for loc in cla.endpoints}
     assert set(by_zone) == {"a", "b"}
@@ -151,6 +154,7 @@ def test_assignment_weights_drain_localities_and_priorities() -> None:
     assert by_zone["a"].load_balancing_weight.value == 5
     assert by_zone["b"].load_balancing_weight.value == 100 + 7  # the drained one counts 0
     eps = {ep.endpoint.address.socket_address.address: ep for loc in cla.endpoints for ep in loc.lb_endpoints}
+    assert set(eps) == {"10.0.0.1", "10.0.0.2", "10.0.0.3", "::1"}
     assert eps["10.0.0.3"].health_status == health_check_pb2.DRAINING
     assert eps["10.0.0.2"].health_status == health_check_pb2.HEALTHY
     assert eps["::1"].load_balancing_weight.value == 7 and eps["::1"].endpoint.address.socket_address.port_value == 81
@@ -301,3 +305,25 @@ def test_service_config_becomes_routes_in_grpc_precedence() -> None:
     with pytest.raises(XdsConfigError, match="either in service_config"):
         make_export("g", "direct:///127.0.0.1:1", {"service_config": sc, "retries": 2})
     assert parse_export('g=direct:///127.0.0.1:1 service_config={"methodConfig":[{"name":[{}],"timeout":"2s"}]}')
+
+
+_meta_values = st.one_of(st.none(), st.booleans(), st.integers(-5, 2**40), st.floats(allow_nan=True),
+                         st.text(max_size=12), st.binary(max_size=6))
+
+
+@settings(max_examples=150, deadline=None)
+@given(st.lists(st.tuples(
+    st.one_of(st.sampled_from(["10.0.0.1:80", "[::1]:81", "h:1", "x", ":80", "10.0.0.2:99999", "a:b"]),
+              st.text(max_size=20)),
+    st.dictionaries(st.sampled_from(["weight", "zone", "region", "other"]), _meta_values, max_size=4)),
+    max_size=12), st.sampled_from([None, "zone:a", "region:r"]))
+def test_fuzz_assignments_are_always_valid(items, prefer) -> None:
+    """Whatever the registrations hold, the assignment builds, and every locality has a weight >= 1 and every
+    endpoint a weight >= 1 (gRPC drops or rejects the others); priorities have no gap."""
+    spec = "g=direct:///127.0.0.1:1" + (f" prefer={prefer}" if prefer else "")
+    cla = load_assignment(parse_export(spec), [Backend(a, m) for a, m in items])
+    assert all(loc.load_balancing_weight.value >= 1 for loc in cla.endpoints)
+    assert all(ep.load_balancing_weight.value >= 1 for loc in cla.endpoints for ep in loc.lb_endpoints)
+    priorities = sorted({loc.priority for loc in cla.endpoints})
+    assert priorities == list(range(len(priorities)))
+    cla.SerializeToString()

@@ -15,7 +15,8 @@ Endpoint mapping:
 =====================================  ======================================================================
 registration                           ClusterLoadAssignment
 =====================================  ======================================================================
-address ``host:port``                  ``lb_endpoints[].endpoint.address.socket_address``
+address ``ip:port``                    ``lb_endpoints[].endpoint.address.socket_address`` (a host name is left
+                                       out with a warning: gRPC's xDS clients reject it)
 metadata ``weight`` (``weight_of``)    ``load_balancing_weight`` (missing: 100; honoured by ring_hash)
 ``weight`` 0 (drained)                 ``health_status`` DRAINING: the client sends it nothing
 metadata ``region`` / ``zone``         ``locality``: endpoints grouped per (region, zone)
@@ -32,6 +33,7 @@ same bytes in every control-plane replica.
 
 from __future__ import annotations
 
+import ipaddress
 import logging
 from collections.abc import Sequence
 
@@ -97,13 +99,16 @@ def cluster(export: Export) -> cluster_pb2.Cluster:
 
 
 def _socket(address: str) -> address_pb2.Address | None:
+    """The socket address of an IP ``host:port``; None for anything else (gRPC's xDS clients reject a host name
+    in an endpoint, and grpcio then rejects the whole assignment)."""
     try:
         host, port = split_host_port(address, what="address")
+        ip = ipaddress.ip_address(host.strip("[]")) if host else None
     except ValueError:
         return None
-    if not host or port is None:
+    if ip is None or port is None:
         return None
-    return address_pb2.Address(socket_address=address_pb2.SocketAddress(address=host.strip("[]"), port_value=port))
+    return address_pb2.Address(socket_address=address_pb2.SocketAddress(address=str(ip), port_value=port))
 
 
 def _text(metadata: object, key: str) -> str:
@@ -118,7 +123,8 @@ def load_assignment(export: Export, backends: Sequence[Backend]) -> endpoint_pb2
     for b in sorted(backends, key=lambda b: b.address):
         addr = _socket(b.address)
         if addr is None:
-            log.warning("xds %s: skipping %r: not a host:port", export.name, b.address)
+            log.warning("xds %s: leaving out %r: an endpoint must be an IP address and a port (gRPC's xDS "
+                        "clients reject host names)", export.name, b.address)
             continue
         weight, problem = weight_of(b.metadata)
         if problem:
