@@ -253,6 +253,8 @@ def test_empty_lists_never_replace_endpoints() -> None:
     version = cp.snapshot.body(ENDPOINT, None).version
     cp._update("g", ())  # an outage or an empty answer: the last list stays
     assert cp.endpoints("g") == (_b("10.0.0.1:1"),) and cp.snapshot.body(ENDPOINT, None).version == version
+    cp._update("g", (_b("host.example:1"),))  # nothing usable (a host name): the last list stays too
+    assert cp.endpoints("g") == (_b("10.0.0.1:1"),) and cp.snapshot.body(ENDPOINT, None).version == version
     quiet = ControlPlane([parse_export("q=direct:///127.0.0.1:1 serve_empty=false")])
     quiet._mark = lambda: quiet._rebuild()  # type: ignore[method-assign]
     quiet._update("q", ())

@@ -9,8 +9,8 @@ loop long.
 
 Endpoint lists are kept with care:
 
-- **an empty list never replaces a non-empty one**: a registry outage, a wiped store or an empty answer
-  keeps the last endpoints served (a logged warning says so). Clients fail over between the endpoints they
+- **an empty list never replaces a non-empty one**: a registry outage, a wiped store or an empty answer (or one
+  with no usable entry: host names are left out) keeps the last endpoints served (a logged warning says so). Clients fail over between the endpoints they
   have; the registration that disappears for good is dropped by the next non-empty list;
 - a service whose source answered, but never with an endpoint, is served with an empty assignment
   (``serve_empty``, the default), so its calls fail at once with UNAVAILABLE rather than waiting for the
@@ -57,6 +57,7 @@ class ControlPlane:
         self._static: dict[str, dict[str, Resource]] = {}
         self._eds: dict[str, Resource] = {}
         self._lists: dict[str, tuple[Backend, ...]] = {}
+        self._usable: dict[str, int] = {}  # endpoints in the assignment served (host names are left out)
         self._resolvers: dict[str, Resolver] = {}
         self._watchers: list[PrefixWatcher] = []
         self._snapshot = Snapshot.empty()
@@ -178,9 +179,16 @@ class ControlPlane:
                 return
         if old is not None and _same(old, backends):
             return
+        cla = load_assignment(export, backends)
+        usable = sum(len(loc.lb_endpoints) for loc in cla.endpoints)
+        if backends and not usable and self._usable.get(name):
+            log.warning("xds: no usable endpoint in the new list of %r (%d entries); keeping its last %d",
+                        name, len(backends), self._usable[name])
+            return
         self._lists[name] = backends
-        self._eds[name] = Resource.of(name, load_assignment(export, backends))
-        log.info("xds: %s: %d endpoint(s)", name, len(backends))
+        self._usable[name] = usable
+        self._eds[name] = Resource.of(name, cla)
+        log.info("xds: %s: %d endpoint(s)", name, usable)
         self._mark()
 
     def _mark(self) -> None:
