@@ -19,6 +19,7 @@ from tests.xds_interop_support import (
     run_wrr_client,
     scenario_balance_and_registrations,
     scenario_graceful_sigterm,
+    scenario_pick_first_and_least_request,
     scenario_ring_hash_header,
     scenario_wrr_from_waypost_orca,
     start_orca_server,
@@ -118,3 +119,7 @@ def test_grpc_go_xds_graceful_sigterm_of_a_backend_loses_no_call(setup: XdsSetup
 
 def test_grpc_go_xds_weighted_round_robin_follows_waypost_orca_reports(setup: XdsSetup) -> None:
     scenario_wrr_from_waypost_orca("go", setup)
+
+
+def test_grpc_go_xds_pick_first_and_least_request(setup: XdsSetup) -> None:
+    scenario_pick_first_and_least_request("go", setup)

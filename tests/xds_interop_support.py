@@ -682,7 +682,8 @@ def start_echo_process(name: str, key: str, registry: str, timeout: float = 60.0
 
 #: exports of the shared control plane: name -> export options after the target
 SCENARIO_EXPORTS = {"bal": "", "hash": " policy=ring_hash hash_header=x-key", "term": "",
-                    "wrr": " policy=client_side_weighted_round_robin"}
+                    "wrr": " policy=client_side_weighted_round_robin", "pf": " policy=pick_first",
+                    "lr": " policy=least_request"}
 #: "eventually" bound for a registry change to reach a client's picks (measured: well under 1 s)
 PROPAGATION_BOUND = 15.0
 
@@ -819,7 +820,7 @@ def scenario_graceful_sigterm(lang: str, setup: XdsSetup) -> None:
     assert all(set(b["counts"]) == {"t2"} for b in after), after
     last_t1 = max((b["_at"] for b in final["batches"] if "t1" in b["counts"]), default=t_term)
     print(f"\n{lang} graceful SIGTERM of a backend: {final['calls']} calls, 0 failed; t1 last seen in a batch "
-          f"{(last_t1 - t_term) * 1000:.0f} ms after SIGTERM, it exited after {(t_exit - t_term) * 1000:.0f} ms")
+          f"{max(last_t1 - t_term, 0) * 1000:.0f} ms after SIGTERM, it exited after {(t_exit - t_term) * 1000:.0f} ms")
 
 
 def scenario_wrr_from_waypost_orca(lang: str, setup: XdsSetup) -> dict[str, Any]:
@@ -847,3 +848,23 @@ def scenario_wrr_from_waypost_orca(lang: str, setup: XdsSetup) -> dict[str, Any]
     check_a58_split(result["batches"][-1]["counts"], f"{lang} xDS client_side_weighted_round_robin over waypost "
                     "ORCA, last 600 calls", prefix="w-")
     return result
+
+
+def scenario_pick_first_and_least_request(lang: str, setup: XdsSetup) -> dict[str, dict[str, int]]:
+    """The exported policies pick_first and least_request (docs/xds.md's table) are accepted: pick_first sends
+    every call to one backend, least_request spreads them; no call fails."""
+    handles = [serve_echo(f"{export}{i}", setup.keys[export], setup.registry) for export in ("pf", "lr")
+               for i in (1, 2, 3)]
+    try:
+        runs = {export: start_xds_client(lang, f"xds:///{export}", setup.bootstrap, 60, wait_for_ready=True,
+                                         deadline=30.0, max_time=90.0) for export in ("pf", "lr")}
+        results = {export: run.finish(120.0) for export, run in runs.items()}
+    finally:
+        for h in handles:
+            h.stop(0)
+    print(f"\n{lang} pick_first: {results['pf']['counts']}; least_request: {results['lr']['counts']}")
+    for export, result in results.items():
+        assert result["errors"] == 0 and result["calls"] == 60, (export, result)
+    assert len(results["pf"]["counts"]) == 1, results["pf"]
+    assert len(results["lr"]["counts"]) >= 2, results["lr"]
+    return {export: r["counts"] for export, r in results.items()}
