@@ -78,6 +78,9 @@ def _act(c: Any, verb: str, key: str, addr: str, weight: int | None = None) -> N
     if c.registry_url.strip().lower().startswith("consul://"):
         done, present = _loop.run(_act_in_consul(c.registry_url, action), 30)
         where = done["source"]
+    elif c.registry_url.strip().lower().startswith("zk://"):
+        done, present = _loop.run(_act_in_zk(c.registry_url, action), 30)
+        where = done["source"]
     else:
         registry = c.registry()
         done = _loop.run(apply(registry, action, _who(), source=registry.url), 30)
@@ -122,13 +125,40 @@ async def _act_in_consul(url: str, action: Any) -> tuple[dict[str, Any], bool]:
         await client.close()
 
 
+async def _act_in_zk(url: str, action: Any) -> tuple[dict[str, Any], bool]:
+    """An action on ZooKeeper (the override znode); also whether the instance is registered there now."""
+    from . import zk
+    from .console.actions import apply
+    from .console.zk_store import ZkOverrides
+    from .registry.formats import Kratos
+
+    store = ZkOverrides(url)
+    try:
+        done = await apply(store, action, _who(), source=store.url)
+        try:
+            client = await store._session()
+            base = f"{store.config.namespace.rstrip('/')}/{action.key}"
+            codec = Kratos(store.config.namespace)
+            present = False
+            for child in await zk.result(client.get_children_async(base)):
+                value, _ = await zk.result(client.get_async(f"{base}/{child}"))
+                entry = codec.decode(f"{base}/{child}", value)
+                present = present or (entry is not None and entry.address == action.address)
+        except Exception:  # noqa: BLE001 (a note only)
+            present = False
+        return {**done, "source": store.url}, present
+    finally:
+        await store.close()
+
+
 def register(app: click.Group, global_options: Callable[..., Any], pass_ctx: Callable[..., Any]) -> None:
     """Add ``console``, ``drain``, ``undrain`` and ``weight`` to the ``waypost`` group."""
 
     @app.command("console", short_help="A live web page of every service and instance, with drain controls.")
     @click.option("--listen", default=None, metavar="HOST:PORT", help="Where to serve (default 127.0.0.1:8470).")
     @click.option("--registry", "registries", multiple=True, metavar="URL",
-                  help="A registry to show, repeatable: etcd://, memory://, consul:// (default: the global --registry).")
+                  help="A registry to show, repeatable: etcd://, memory://, consul://, zk:// "
+                       "(default: the global --registry).")
     @click.option("--target", "targets", multiple=True, metavar="TARGET",
                   help="A dial target to show through its resolver, read-only (k8s://, consul://, zk://, dns:///).")
     @click.option("--metrics", "metrics", multiple=True, metavar="URL",

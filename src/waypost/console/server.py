@@ -28,6 +28,8 @@ from .consul_source import ConsulSource, is_consul
 from .probe import HealthProber
 from .sources import RegistrySource, TargetSource, on_control
 from .web import is_loopback, make_app
+from .zk_source import ZkSource
+from .zk_store import is_zk
 
 log = logging.getLogger("waypost.console")
 
@@ -65,15 +67,16 @@ class Console:
         if (config.tls_cert is None) != (config.tls_key is None):
             raise ValueError("--tls-cert and --tls-key go together")
         for r in config.registries:
-            if isinstance(r, str) and r.strip().lower().startswith(("zk://", "k8s://")):
-                raise ValueError(f"{redact_url(r)}: the console lists etcd, memory and consul:// registries; show a "
-                                 f"service of it with --target {r.split('://')[0]}://HOST/SERVICE")
+            if isinstance(r, str) and r.strip().lower().startswith("k8s://"):
+                raise ValueError(f"{redact_url(r)}: the console lists etcd, memory, consul:// and zk:// registries; "
+                                 "show a Kubernetes service with --target k8s://NAMESPACE/SERVICE:PORT")
         self.consul_urls = [r for r in config.registries if isinstance(r, str) and is_consul(r)]
+        self.zk_urls = [r for r in config.registries if isinstance(r, str) and is_zk(r)]
         self.registries: list[Registry] = [connect(r) if isinstance(r, str) else r for r in config.registries
-                                           if not is_consul(r)]
+                                           if not (is_consul(r) or is_zk(r))]
         self.board: Board | None = None
         self._sources: list[Any] = []
-        self._consul_sources: list[ConsulSource] = []
+        self._store_sources: list[ConsulSource | ZkSource] = []
         self._prober: HealthProber | None = None
         self._metrics: ClientMetrics | None = None
         self._runner: web.AppRunner | None = None
@@ -84,13 +87,13 @@ class Console:
     on_control = staticmethod(on_control)
 
     def source_names(self) -> list[str]:
-        return ([r.url for r in self.registries] + [redact_url(u) for u in self.consul_urls]
+        return ([r.url for r in self.registries] + [redact_url(u) for u in self.consul_urls + self.zk_urls]
                 + [redact_url(t) for t in self.config.targets])
 
     def writable(self) -> list[tuple[str, Any]]:
-        """(name, store) of every registry the console's actions may write: etcd and memory registries, and the
-        KV store of each Consul agent."""
-        return [(r.url, r) for r in self.registries] + [(c.name, c.writer) for c in self._consul_sources]
+        """(name, store) of every registry the console's actions may write: etcd and memory registries, the KV
+        store of each Consul agent, ZooKeeper's override znodes."""
+        return [(r.url, r) for r in self.registries] + [(c.name, c.writer) for c in self._store_sources]
 
     def metrics_urls(self) -> list[str]:
         return [redact_url(u) for u in self.config.metrics]
@@ -119,8 +122,13 @@ class Console:
             for url in self.consul_urls:
                 csrc = ConsulSource(url, board, self.config.timeout)
                 self._sources.append(csrc)
-                self._consul_sources.append(csrc)
+                self._store_sources.append(csrc)
                 await csrc.start()
+            for url in self.zk_urls:
+                zsrc = ZkSource(url, board, self.config.timeout)
+                self._sources.append(zsrc)
+                self._store_sources.append(zsrc)
+                await zsrc.start()
             for t in self.config.targets:
                 tsrc = TargetSource(t, board, self.config.timeout)
                 self._sources.append(tsrc)
@@ -164,7 +172,7 @@ class Console:
                 except Exception:  # stop everything else anyway
                     log.debug("console: closing %r failed", closer, exc_info=True)
         self._sources = []
-        self._consul_sources = []
+        self._store_sources = []
 
     def run(self, stop: threading.Event, started: Any = None) -> None:
         """Serve until ``stop`` is set (blocking; its own event loop). ``started(url)`` once it serves."""

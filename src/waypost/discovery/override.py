@@ -76,7 +76,7 @@ def apply_override(metadata: Mapping[str, Any] | None, override: Mapping[str, An
     return {**(metadata or {}), "weight": override["weight"]}
 
 
-def _take(follower: OverrideFollower | ConsulOverrideFollower, value: bytes | None) -> bool:
+def _take(follower: Any, value: bytes | None) -> bool:
     """Make ``value`` (the record's bytes; None: no record) the follower's ``current``; True when the weight
     in force changed (who and when alone change nothing). A bad record counts as none, logged once."""
     new = None if value is None else parse_override(value)
@@ -204,3 +204,21 @@ class ConsulOverrideFollower:
             except Exception as e:  # noqa: BLE001 (the control plane must not die)
                 log.debug("reading the override key %r in consul failed: %s", self.key, e)
                 await asyncio.sleep(cool_down(self._rng, RETRY_INTERVAL))
+
+
+class OverrideState:
+    """The record in force for a publisher that reads it within its own reconciliation (``ZkPublisher``: the
+    znode ``/_waypost/override/<key>/<address>``, read with a watch before each write of its node)."""
+
+    def __init__(self, key: str, address: str) -> None:
+        self.key = "/" + override_key(key, address)
+        self.current: dict[str, Any] | None = None
+        self.denied = False
+        self._bad_logged = False
+
+    def take(self, value: bytes | None) -> bool:
+        """Make ``value`` (None: no record) the one in force; True when the weight changed."""
+        changed = _take(self, value)
+        if changed:
+            log.warning("override %r: %s", self.key, f"weight {self.current['weight']}" if self.current else "removed")
+        return changed

@@ -32,6 +32,8 @@ Behaviour:
 - ``pause()`` deletes the node (the session stays), ``resume()`` creates it again; ``stop()`` deletes it, closes the
   session and is idempotent; bounded: if ZooKeeper is unreachable then, the node goes when the server expires the
   session (``session_timeout`` s).
+- An operator's override (``waypost drain``): the znode ``/_waypost/override/<key>/<address>``, read with a watch
+  before each write of the node; its ``weight`` replaces the metadata's in the node's data (``override.py``).
 - ``format`` is accepted for interface compatibility with ``Publisher`` and ignored (ZooKeeper registrations have
   one layout: Kratos'); ``lease_id`` is always None (the session plays the lease's role; ``session_id`` says
   which).
@@ -60,6 +62,7 @@ from ..zk.layout import LayoutError
 from ..zk.session import granted as granted_session_timeout
 from .group import cool_down
 from .outage import OnUnregistered, Outage, track, untrack
+from .override import OverrideState, apply_override
 from .publisher import _check_json
 from .publisher_base import REVOKE_TIMEOUT, PublisherBase
 
@@ -115,6 +118,8 @@ class ZkPublisher(PublisherBase):
         self._codec = Kratos(self.config.namespace)
         #: the outage clock and the alert after ``max_unregistered`` (see ``waypost.discovery.outage``)
         self.outage = Outage(self, max_unregistered, on_unregistered, clock)
+        #: an operator's weight override: the znode ``/_waypost/override/<key>/<address>`` (``override.py``)
+        self.override = OverrideState(key, address)
         self.metadata = self._checked_metadata(metadata)
         self._rng = rng or random.Random()
         self._state = "new"  # new -> running <-> paused -> stopped
@@ -166,8 +171,8 @@ class ZkPublisher(PublisherBase):
 
     @property
     def data(self) -> bytes:
-        """The node's data as this publisher writes it now."""
-        return self._encode(self.metadata)
+        """The node's data as this publisher writes it now (an operator's override applied)."""
+        return self._encode(apply_override(self.metadata, self.override.current))
 
     def __repr__(self) -> str:
         return (f"<ZkPublisher {self.base_key!r}={self.value!r} {self._state}"
@@ -323,7 +328,8 @@ class ZkPublisher(PublisherBase):
                 if ids is None:
                     raise RegistryUnavailable("not connected to ZooKeeper")
                 session = ids[0]
-                data = self._encode(self.metadata)
+                await self._read_override(client)
+                data = self._encode(apply_override(self.metadata, self.override.current))
                 try:
                     value, stat = await zk.result(client.get_async(self.path, watch=self._on_watch))
                 except NoNodeError:
@@ -367,6 +373,35 @@ class ZkPublisher(PublisherBase):
                 self._registered_in(session)
                 return
             raise RegistryError(f"{self.path} changed under us {MAX_ATTEMPTS} times in a row")
+
+    async def _read_override(self, client: Any) -> None:
+        """Read the override znode, with a watch that pokes the keeper when it comes, changes or goes."""
+        from kazoo.exceptions import NoAuthError, NoNodeError
+
+        if self.override.denied:
+            return
+        path = self.override.key
+        try:
+            stat = await zk.result(client.exists_async(path, watch=self._on_override_watch))
+            value = None
+            if stat is not None:
+                try:
+                    value, _ = await zk.result(client.get_async(path))
+                except NoNodeError:
+                    value = None
+        except NoAuthError as e:
+            self.override.denied = True
+            log.info("%r: cannot read the override node %s, so operator drains do not reach this publisher: %s",
+                     self, path, _why(e))
+            return
+        self.override.take(value)
+
+    def _on_override_watch(self, event: Any) -> None:  # on kazoo's callback thread
+        zk.on_loop(_loop.get_loop(), self._on_override_event, event)
+
+    def _on_override_event(self, event: Any) -> None:
+        if self._state == "running" and event.type != "NONE":
+            self._poke()  # the keeper reads it again and rewrites the node's data if the weight changed
 
     def _created(self, session: int) -> None:
         lost, self._lost = self._lost, None

@@ -1,0 +1,125 @@
+"""A ZooKeeper registry on the console (``--registry zk://h1:2181,h2:2181``): every service under its namespace
+(Kratos' layout, ``/microservices`` by default).
+
+One session on waypost's control loop lists the namespace's children and the override znodes every ``INTERVAL``
+seconds (shared by every browser); each service is shown through waypost's ZooKeeper resolver (a
+``zk://hosts/SERVICE`` target: what a client dialing it sees). Drain and weight write the override znode
+(``zk_store.py``), which ``ZkPublisher`` watches.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import urllib.parse
+from typing import Any
+
+from .. import zk
+from ..discovery.override import OVERRIDE_ROOT, parse_override
+from .board import Board
+from .sources import TargetSource, on_control
+from .zk_store import ZkOverrides
+
+log = logging.getLogger("waypost.console")
+
+INTERVAL = 2.0
+#: at most this many services are followed (each is one resolver), and overrides read per round
+MAX_SERVICES = 500
+MAX_OVERRIDES = 1000
+
+
+class ZkSource:
+    def __init__(self, url: str, board: Board, timeout: float = 5.0) -> None:
+        self.writer = ZkOverrides(url, timeout)  # its session serves the listing too
+        self.config = self.writer.config
+        self.name = self.config.url
+        self.board = board
+        self.timeout = timeout
+        self._services: dict[str, TargetSource] = {}
+        self._task: asyncio.Task[None] | None = None
+        self._closed = False
+
+    def _target(self, service: str) -> str:
+        q = f"?namespace={urllib.parse.quote(self.config.namespace, safe='/')}" \
+            if self.config.namespace != zk.DEFAULT_NAMESPACE else ""
+        return f"zk://{self.config.connect_string}/{urllib.parse.quote(service, safe='')}{q}"
+
+    async def _read(self) -> tuple[list[str], dict[tuple[str, str, str], dict[str, Any]]]:
+        """On the control loop: the services under the namespace, and the override znodes."""
+        from kazoo.exceptions import NoNodeError
+
+        client = await self.writer._session()
+
+        async def children(path: str) -> list[str]:
+            try:
+                return list(await zk.result(client.get_children_async(path)))
+            except NoNodeError:
+                return []
+
+        names = sorted(await children(self.config.namespace))
+        overrides: dict[tuple[str, str, str], dict[str, Any]] = {}
+        root = "/" + OVERRIDE_ROOT.rstrip("/")
+        for key in (await children(root))[:MAX_OVERRIDES]:
+            for address in (await children(f"{root}/{key}"))[:MAX_OVERRIDES]:
+                try:
+                    value, _ = await zk.result(client.get_async(f"{root}/{key}/{address}"))
+                except NoNodeError:
+                    continue
+                o = parse_override(value)
+                if o is not None:
+                    overrides[(self.name, key, address)] = o
+        return names, overrides
+
+    async def start(self) -> None:
+        names, overrides = await asyncio.wait_for(on_control(self._read()), self.timeout + 5)
+        await self._apply(names, overrides)
+        self._task = asyncio.create_task(self._follow(), name="waypost-console-zk")
+
+    async def _follow(self) -> None:
+        while not self._closed:
+            await asyncio.sleep(INTERVAL)
+            try:
+                names, overrides = await asyncio.wait_for(on_control(self._read()), self.timeout + 5)
+            except asyncio.CancelledError:
+                raise
+            except Exception as e:  # noqa: BLE001 (shown on the page; tried again)
+                why = str(e) or type(e).__name__
+                if self.board.sources.get(self.name) != why:
+                    self.board.sources[self.name] = why
+                    self.board.touch()
+                continue
+            if self.board.sources.get(self.name):
+                self.board.sources[self.name] = None
+                self.board.touch()
+            await self._apply(names, overrides)
+
+    async def _apply(self, names: list[str], overrides: dict[tuple[str, str, str], dict[str, Any]]) -> None:
+        self.board.sources.setdefault(self.name, None)
+        old = {k: v for k, v in self.board.overrides.items() if k[0] == self.name}
+        if old != overrides:
+            for k in old:
+                self.board.overrides.pop(k, None)
+            self.board.overrides.update(overrides)
+            self.board.touch()
+        for gone in set(self._services) - set(names):
+            await self._services.pop(gone).close()
+        for name in names[:MAX_SERVICES]:
+            if name in self._services or self._closed:
+                continue
+            src = TargetSource(self._target(name), self.board, self.timeout, source=self.name, fmt="zk",
+                               writable=True)
+            self._services[name] = src
+            try:
+                await src.start()
+            except Exception as e:  # noqa: BLE001 (shown on the page)
+                src.service.error = str(e) or type(e).__name__
+                self.board.touch()
+
+    async def close(self) -> None:
+        self._closed = True
+        if self._task is not None:
+            self._task.cancel()
+        for src in self._services.values():
+            await src.close()
+        self._services.clear()
+        await on_control(self.writer.close())
