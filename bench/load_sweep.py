@@ -3,8 +3,10 @@
 Backends are real gRPC Echo servers, one subprocess each (this script with ``--backend``): ``slots``
 calls are served at once, the rest wait in a FIFO queue; service times are exponential with a given
 mean, drawn from a seeded generator (re-seeded before every run, so each policy meets the same
-sequence of service times). Each backend also mounts the load-report service, as ``waypost.serve``
-does. Scenarios:
+sequence of service times). Each backend also mounts the load reports, ``waypost.load.v1`` and ORCA, as
+``waypost.serve`` does (``waypost.orca.mount``), and reports ``application_utilization`` = calls being served
+or waiting / slots (``waypost.set_load``): sleeping handlers use no CPU, so CPU utilization alone would not say
+how full a backend is. Scenarios:
 
   slow        4 backends x 2 slots, 4 ms mean; one of them 40 ms (10x slower)
   hetero      4 backends with 1:2:4:8 slots, 4 ms mean (registered with no weights)
@@ -14,7 +16,10 @@ does. Scenarios:
 Load: closed loops of ``--callers`` sync threads (each sends its next call when the previous one
 ends), and one grpc.aio run per scenario with ``--aio-callers`` concurrent coroutines. Policies:
 waypost's round_robin, least_request, p2c_ewma, peak_ewma and prequal (those registered), grpcio's
-native round_robin, ``weighted_round_robin`` (registration weights; round robin where none are registered),
+native round_robin, ``smooth_weighted_round_robin`` (registration weights; round robin where none are registered),
+``weighted_round_robin`` (gRPC's A58 over per-call ORCA reports) and ``weighted_round_robin_oob`` (the same over
+out-of-band reports every 0.2 s), both with ``blackoutPeriod`` 0.5 s and ``weightUpdatePeriod`` 0.2 s (gRPC's
+10 s blackout would outlast a run),
 ``default`` (``waypost.dial`` without a balancer) and the ``oracle``: a
 dispatcher that knows the truth -- smooth weighted round robin with weights = true capacity
 (slots / mean service time; the slow backend gets weight 0, the antagonist's victim half its weight
@@ -59,8 +64,23 @@ from waypost.balancer.policies import POLICIES
 
 REQ = echo_pb2.EchoRequest(message="x")
 RR = json.dumps({"loadBalancingConfig": [{"round_robin": {}}]})
-ALL_POLICIES = ["round_robin", "native_round_robin", "weighted_round_robin", "least_request", "p2c_ewma",
-                "peak_ewma", "prequal", "default", "oracle"]
+ALL_POLICIES = ["round_robin", "native_round_robin", "smooth_weighted_round_robin", "weighted_round_robin",
+                "weighted_round_robin_oob", "least_request", "p2c_ewma", "peak_ewma", "prequal", "default", "oracle"]
+#: sweep labels dialled with a service config rather than ``balancer=``
+A58 = {"blackoutPeriod": "0.5s", "weightUpdatePeriod": "0.2s"}
+SERVICE_CONFIGS: dict[str, dict[str, Any]] = {
+    "weighted_round_robin": {"loadBalancingConfig": [{"weighted_round_robin": A58}]},
+    "weighted_round_robin_oob": {"loadBalancingConfig": [{"weighted_round_robin": {
+        **A58, "enableOobLoadReport": True, "oobReportingPeriod": "0.2s"}}]},
+}
+ORCA_MIN_INTERVAL = 0.2  # the backends' floor for out-of-band report intervals
+
+
+def dial_args(policy: str) -> dict[str, Any]:
+    """How ``waypost.dial`` is called for a sweep label."""
+    if policy in SERVICE_CONFIGS:
+        return {"service_config": SERVICE_CONFIGS[policy]}
+    return {"balancer": None if policy == "default" else policy}
 CALL_TIMEOUT = 20.0  # seconds per call
 MAX_CALLS_PER_CALLER = 1_000_000  # every loop is bounded by count as well as time
 
@@ -78,7 +98,9 @@ class Slots:
 
     def acquire(self, timeout: float) -> bool:
         with self._cond:
+            self.waiting += 1
             ok = self._cond.wait_for(lambda: self._busy < self._limit, timeout)
+            self.waiting -= 1
             if ok:
                 self._busy += 1
             return ok
@@ -87,6 +109,12 @@ class Slots:
         with self._cond:
             self._busy -= 1
             self._cond.notify()
+
+    def fullness(self) -> float:
+        """Calls being served or waiting, over the slots (the backend's application_utilization)."""
+        return (self._busy + self.waiting) / self._limit
+
+    waiting = 0
 
     def set_limit(self, limit: int) -> None:
         with self._cond:
@@ -121,12 +149,14 @@ class SlotEcho(echo_pb2_grpc.EchoServicer):
 
 def backend_main(args: argparse.Namespace) -> int:
     """Child process: a slot-limited Echo server. stdin lines ``set <slots> <seed>``; EOF: exit."""
-    from waypost.loadreport import mount
+    from waypost import orca
 
     servicer = SlotEcho(args.name, args.slots, args.mean_ms / 1000.0, args.seed)
     server = grpc.server(futures.ThreadPoolExecutor(max_workers=128))
     echo_pb2_grpc.add_EchoServicer_to_server(servicer, server)
-    mount(server)
+    orca.configure(min_interval=ORCA_MIN_INTERVAL)
+    orca.mount(server)
+    waypost.set_load(servicer.slots.fullness)
     port = server.add_insecure_port("127.0.0.1:0")
     server.start()
     print(f"PORT {port}", flush=True)
@@ -254,7 +284,7 @@ def sync_caller_factory(policy: str, addrs: list[str], oracle: Oracle,
     if policy == "native_round_robin":
         ch = grpc.insecure_channel("ipv4:" + ",".join(addrs), options=[("grpc.service_config", RR)])
     else:
-        ch = waypost.dial(target, balancer=None if policy == "default" else policy)
+        ch = waypost.dial(target, **dial_args(policy))
     stub = echo_pb2_grpc.EchoStub(ch)
     return (lambda: stub.Unary(REQ, timeout=CALL_TIMEOUT)), ch.close
 
@@ -319,7 +349,7 @@ async def run_aio(policy: str, addrs: list[str], oracle: Oracle, callers: int, w
         if policy == "native_round_robin":
             chans = [grpc.aio.insecure_channel("ipv4:" + ",".join(addrs), options=[("grpc.service_config", RR)])]
         else:
-            chans = [waypost.aio.dial(target, balancer=None if policy == "default" else policy)]
+            chans = [waypost.aio.dial(target, **dial_args(policy))]
         stub = echo_pb2_grpc.EchoStub(chans[0])
 
         def send() -> Any:
@@ -501,7 +531,8 @@ def main() -> int:
     bad = [p for p in args.policies.split(",") if p not in ALL_POLICIES]
     if bad:
         ap.error(f"unknown policy name(s) {bad}; choose from {ALL_POLICIES}")
-    wanted = [p for p in args.policies.split(",") if p in ("native_round_robin", "default") or p in POLICIES]
+    wanted = [p for p in args.policies.split(",")
+              if p in ("native_round_robin", "default") or p in POLICIES or p in SERVICE_CONFIGS]
     skipped = [p for p in args.policies.split(",") if p not in wanted and p != "oracle"]
     if skipped:
         print(f"(not registered in this waypost, skipped: {', '.join(skipped)})")

@@ -1,8 +1,10 @@
-"""What load accounting costs a server: throughput and CPU per call, with and without, side by side.
+"""What load accounting and ORCA cost a server: throughput and CPU per call, with and without, side by side.
 
-Two Echo servers run as subprocesses of this script (``--serve``), identical except that one has the
-load-report service and its accounting interceptor mounted (``waypost.loadreport.mount``, what
-``waypost.serve`` does). The client (this process, ``--callers`` threads in a closed loop, replies
+Three Echo servers run as subprocesses of this script (``--serve``), identical except that ``accounted`` has
+waypost's load-report service and its accounting interceptor mounted (``waypost.loadreport.mount``) and
+``orca`` has what ``waypost.serve`` mounts now (``waypost.orca.mount``: the same accounting plus the ORCA
+per-call trailer on every call and the out-of-band service; during its rounds the client also holds one
+StreamCoreMetrics stream open at a 1 s interval). The client (this process, ``--callers`` threads in a closed loop, replies
 without delay) loads them in alternating rounds (plain, accounted, plain, ...) so that both see the
 same machine; each round measures calls per second and the server process's CPU time per call (from
 /proc, so the client's own cost does not dilute the figure).
@@ -12,9 +14,15 @@ own cost is also timed in-process, without the network: ``intercept_service`` pl
 behaviour against the bare behaviour, a million-call loop each, best of 5. That difference over the
 plain server's CPU per call is the third figure, the one least sensitive to a busy machine.
 
-Prints one line per round pair and, last: ``load cost: throughput accounted/plain = <r>`` (median
-over pairs; goal >= 0.98), ``load cost: server cpu per call accounted/plain = <r>`` and
-``load cost: interceptor <us> us per call = <pct>% of the plain server's CPU per call``.
+The ORCA path is timed the same way (the trailer added through a context like grpcio's: a lock around the
+trailing metadata), and one out-of-band report is timed alone; ``orca share`` = (ORCA interceptor minus bare
++ one OOB report per second spread over the plain server's calls per second) over the plain server's CPU
+per call. Goal: <= 3 %.
+
+Prints one line per round and, last: ``load cost: throughput accounted/plain = <r>`` (median
+over pairs; goal >= 0.98), ``load cost: server cpu per call accounted/plain = <r>``, the same two for
+orca/plain, ``load cost: interceptor <us> us per call = <pct>% of the plain server's CPU per call`` and
+``load cost: orca trailer <us> us per call + OOB <us> per report = <pct>% ...``.
 JSON to bench/results/server_load_cost.json.
 """
 
@@ -44,14 +52,21 @@ REQ = echo_pb2.EchoRequest(message="x")
 CLK_TCK = os.sysconf("SC_CLK_TCK") if hasattr(os, "sysconf") else 100
 
 
-def serve_main(accounted: bool, workers: int) -> int:
+MODES = ("plain", "accounted", "orca")
+
+
+def serve_main(mode: str, workers: int) -> int:
     """Child process: one Echo server, printing ``PORT <n>``; exits when stdin closes."""
     server = grpc.server(futures.ThreadPoolExecutor(workers))
-    echo_pb2_grpc.add_EchoServicer_to_server(EchoServicer("accounted" if accounted else "plain"), server)
-    if accounted:
+    echo_pb2_grpc.add_EchoServicer_to_server(EchoServicer(mode), server)
+    if mode == "accounted":
         from waypost.loadreport import mount
 
         mount(server)
+    elif mode == "orca":
+        from waypost import orca
+
+        orca.mount(server)
     port = server.add_insecure_port("127.0.0.1:0")
     server.start()
     print(f"PORT {port}", flush=True)
@@ -61,8 +76,8 @@ def serve_main(accounted: bool, workers: int) -> int:
 
 
 class Child:
-    def __init__(self, accounted: bool, workers: int) -> None:
-        cmd = [sys.executable, __file__, "--serve", "accounted" if accounted else "plain", "--workers", str(workers)]
+    def __init__(self, mode: str, workers: int) -> None:
+        cmd = [sys.executable, __file__, "--serve", mode, "--workers", str(workers)]
         self.proc = subprocess.Popen(cmd, stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True, cwd=ROOT)
         assert self.proc.stdout is not None
         line = self.proc.stdout.readline()
@@ -130,70 +145,120 @@ def interceptor_cost_us(calls: int = 200_000, repeat: int = 5) -> dict[str, floa
             interceptor.intercept_service(continuation, details).unary_unary(REQ, None)
         return time.perf_counter() - t0
 
+    from waypost import orca
+
+    orca_interceptor = orca.interceptor()
+
+    class Context:  # what the trailer path touches of grpcio's servicer context
+        def __init__(self) -> None:
+            self._cond = threading.Condition()
+            self._md: object = None
+
+        def trailing_metadata(self) -> object:
+            return self._md
+
+        def set_trailing_metadata(self, md: object) -> None:
+            with self._cond:
+                self._md = md
+
+    def with_orca() -> float:
+        t0 = time.perf_counter()
+        for _ in range(calls):
+            orca_interceptor.intercept_service(continuation, details).unary_unary(REQ, Context())
+        return time.perf_counter() - t0
+
+    def contexts() -> float:  # the Context objects alone, subtracted from with_orca
+        t0 = time.perf_counter()
+        for _ in range(calls):
+            Context()
+        return time.perf_counter() - t0
+
+    reporter = orca_interceptor.orca
+
+    def oob_reports(n: int = 20_000) -> float:
+        t0 = time.perf_counter()
+        for _ in range(n):
+            reporter.report().SerializeToString()
+        return (time.perf_counter() - t0) / n * 1e6
+
     b = min(bare() for _ in range(repeat)) / calls * 1e6
     a = min(accounted() for _ in range(repeat)) / calls * 1e6
-    return {"bare_us": b, "accounted_us": a, "overhead_us": a - b}
+    o = (min(with_orca() for _ in range(repeat)) - min(contexts() for _ in range(repeat))) / calls * 1e6
+    oob = min(oob_reports() for _ in range(repeat))
+    return {"bare_us": b, "accounted_us": a, "overhead_us": a - b, "orca_us": o, "orca_overhead_us": o - b,
+            "oob_report_us": oob}
 
 
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--callers", type=int, default=8)
-    ap.add_argument("--rounds", type=int, default=6, help="round pairs (plain + accounted)")
+    ap.add_argument("--rounds", type=int, default=6, help="rounds (plain, accounted and orca each)")
     ap.add_argument("--seconds", type=float, default=2.0, help="per round")
     ap.add_argument("--workers", type=int, default=8, help="server thread pool size")
     ap.add_argument("--out", default=str(ROOT / "bench/results/server_load_cost.json"))
-    ap.add_argument("--serve", choices=["plain", "accounted"], help=argparse.SUPPRESS)
+    ap.add_argument("--serve", choices=MODES, help=argparse.SUPPRESS)
     args = ap.parse_args()
     if args.serve:
-        return serve_main(args.serve == "accounted", args.workers)
+        return serve_main(args.serve, args.workers)
 
-    children = {"plain": Child(False, args.workers), "accounted": Child(True, args.workers)}
-    pairs: list[dict[str, dict[str, float]]] = []
+    children = {m: Child(m, args.workers) for m in MODES}
+    rounds: list[dict[str, dict[str, float]]] = []
     try:
         channels = {k: grpc.insecure_channel(c.address) for k, c in children.items()}
         stubs = {k: echo_pb2_grpc.EchoStub(ch) for k, ch in channels.items()}
-        for stub in stubs.values():  # warm up both (connections, thread pools, first-call costs)
+        for stub in stubs.values():  # warm up all (connections, thread pools, first-call costs)
             load_round(stub, args.callers, 0.5)
+        from waypost import orca
+
         for r in range(args.rounds):
-            pair: dict[str, dict[str, float]] = {}
-            order = ("plain", "accounted") if r % 2 == 0 else ("accounted", "plain")  # cancel drift
+            row: dict[str, dict[str, float]] = {}
+            order = MODES[r % 3:] + MODES[:r % 3]  # rotate: cancel drift
             for k in order:
+                oob = None
+                if k == "orca":  # one client streaming out-of-band reports, as a balancing client would
+                    oob = channels[k].unary_stream(orca.OOB_METHOD)(orca.oob_request(1.0))
                 c0, t0 = children[k].cpu_seconds(), time.perf_counter()
                 calls = load_round(stubs[k], args.callers, args.seconds)
                 dt, cpu = time.perf_counter() - t0, children[k].cpu_seconds() - c0
-                pair[k] = {"calls": calls, "calls_per_s": calls / dt, "server_cpu_us_per_call": cpu / calls * 1e6}
-            pairs.append(pair)
-            print(f"round {r}: plain {pair['plain']['calls_per_s']:7.0f}/s "
-                  f"{pair['plain']['server_cpu_us_per_call']:6.1f} us cpu/call   "
-                  f"accounted {pair['accounted']['calls_per_s']:7.0f}/s "
-                  f"{pair['accounted']['server_cpu_us_per_call']:6.1f} us cpu/call", flush=True)
+                if oob is not None:
+                    oob.cancel()
+                row[k] = {"calls": calls, "calls_per_s": calls / dt, "server_cpu_us_per_call": cpu / calls * 1e6}
+            rounds.append(row)
+            print(f"round {r}: " + "   ".join(f"{k} {row[k]['calls_per_s']:7.0f}/s "
+                                              f"{row[k]['server_cpu_us_per_call']:6.1f} us cpu/call" for k in MODES),
+                  flush=True)
         for ch in channels.values():
             ch.close()
     finally:
         for c in children.values():
             c.close()
     micro = interceptor_cost_us()
-    tput = [p["accounted"]["calls_per_s"] / p["plain"]["calls_per_s"] for p in pairs]
-    cpu = [p["accounted"]["server_cpu_us_per_call"] / p["plain"]["server_cpu_us_per_call"] for p in pairs]
-    summary = {
-        "throughput_ratio_median": statistics.median(tput),
-        "throughput_ratios": tput,
-        "cpu_per_call_ratio_median": statistics.median(cpu),
-        "cpu_per_call_ratios": cpu,
-        "interceptor": micro,
-        "plain_server_cpu_us_per_call_median": statistics.median(p["plain"]["server_cpu_us_per_call"] for p in pairs),
-    }
-    share = micro["overhead_us"] / summary["plain_server_cpu_us_per_call_median"]
-    summary["interceptor_share_of_server_cpu"] = share
+    summary: dict[str, object] = {"interceptor": micro}
+    for k in ("accounted", "orca"):
+        tput = [p[k]["calls_per_s"] / p["plain"]["calls_per_s"] for p in rounds]
+        cpu = [p[k]["server_cpu_us_per_call"] / p["plain"]["server_cpu_us_per_call"] for p in rounds]
+        summary[f"{k}_throughput_ratio_median"] = statistics.median(tput)
+        summary[f"{k}_throughput_ratios"] = tput
+        summary[f"{k}_cpu_per_call_ratio_median"] = statistics.median(cpu)
+        summary[f"{k}_cpu_per_call_ratios"] = cpu
+        print(f"load cost: throughput {k}/plain = {statistics.median(tput):.3f} "
+              f"(rounds: {', '.join(f'{x:.3f}' for x in tput)})")
+        print(f"load cost: server cpu per call {k}/plain = {statistics.median(cpu):.3f} "
+              f"(rounds: {', '.join(f'{x:.3f}' for x in cpu)})")
+    plain_cpu = statistics.median(p["plain"]["server_cpu_us_per_call"] for p in rounds)
+    plain_rate = statistics.median(p["plain"]["calls_per_s"] for p in rounds)
+    share = micro["overhead_us"] / plain_cpu
+    oob_per_call = micro["oob_report_us"] / plain_rate  # one report per second over that second's calls
+    orca_share = (micro["orca_overhead_us"] + oob_per_call) / plain_cpu
+    summary.update({"plain_server_cpu_us_per_call_median": plain_cpu, "plain_calls_per_s_median": plain_rate,
+                    "interceptor_share_of_server_cpu": share, "orca_share_of_server_cpu": orca_share})
     out = Path(args.out)
     out.parent.mkdir(parents=True, exist_ok=True)
-    out.write_text(json.dumps({"args": vars(args), "pairs": pairs, "summary": summary}, indent=2))
-    print(f"load cost: throughput accounted/plain = {summary['throughput_ratio_median']:.3f} "
-          f"(pairs: {', '.join(f'{x:.3f}' for x in tput)})")
-    print(f"load cost: server cpu per call accounted/plain = {summary['cpu_per_call_ratio_median']:.3f} "
-          f"(pairs: {', '.join(f'{x:.3f}' for x in cpu)})")
+    out.write_text(json.dumps({"args": vars(args), "rounds": rounds, "summary": summary}, indent=2))
     print(f"load cost: interceptor {micro['overhead_us']:.2f} us per call = {share * 100:.2f}% of the plain "
-          f"server's CPU per call ({summary['plain_server_cpu_us_per_call_median']:.0f} us)")
+          f"server's CPU per call ({plain_cpu:.0f} us)")
+    print(f"load cost: orca trailer {micro['orca_overhead_us']:.2f} us per call + OOB {micro['oob_report_us']:.1f} us "
+          f"per report = {orca_share * 100:.2f}% of the plain server's CPU per call (goal <= 3 %)")
     return 0
 
 

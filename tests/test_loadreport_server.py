@@ -195,7 +195,9 @@ def test_every_policy_works_with_and_without_load_reports(policy, unique_key):
             with grpc.insecure_channel(plain.address) as ch, pytest.raises(grpc.RpcError) as e:
                 report_stub(ch)(pb.ReportRequest(), timeout=10)
             assert e.value.code() == grpc.StatusCode.UNIMPLEMENTED
-            ch2 = waypost.dial(f"direct:///{plain.address},{h.address}", balancer=policy)
+            # a service config, not balancer=: weighted_round_robin there is gRPC's policy (ORCA weights)
+            ch2 = waypost.dial(f"direct:///{plain.address},{h.address}",
+                               service_config={"loadBalancingConfig": [{policy: {}}]})
             try:
                 stub = echo_pb2_grpc.EchoStub(ch2)
                 seen = {stub.Unary(echo_pb2.EchoRequest(message="x"), timeout=10).server for _ in range(40)}

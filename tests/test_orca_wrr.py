@@ -4,6 +4,7 @@ grpcio servers that report badly or never."""
 
 from __future__ import annotations
 
+import asyncio
 import collections
 import logging
 import random
@@ -15,6 +16,7 @@ import grpc
 import pytest
 
 import waypost
+import waypost.aio
 from waypost import orca
 from waypost.balancer.base import Outcome, PickInfo
 from waypost.balancer.orca_wrr import OrcaWeightedRoundRobinPolicy, StaticStrideScheduler
@@ -299,3 +301,30 @@ def test_bad_reports_from_real_servers_fall_back_to_equal_weights(oob, caplog):
     finally:
         for s in servers:
             s.stop(0)
+
+
+@pytest.mark.parametrize("oob", [False, True], ids=["per_call", "oob"])
+async def test_a58_on_an_aio_channel(oob, fast_oob):
+    handles = start_servers([0.9, 0.3, 0.1])
+    try:
+        cfg = {**CONFIG, "enableOobLoadReport": oob, "oobReportingPeriod": "0.1s"}
+        target = "direct:///" + ",".join(h.address for h in handles)
+        async with waypost.aio.dial(target,
+                                    service_config={"loadBalancingConfig": [{"weighted_round_robin": cfg}]}) as ch:
+            m = ch.unary_unary("/orca.e2e.E/U")
+            policy = ch.balancer.policy
+            for _ in range(100):  # bounded warm-up until every backend has a weight
+                for _ in range(10):
+                    await m(b"", timeout=10)
+                if all(w > 0 for w in policy.weights().values()):
+                    break
+                await asyncio.sleep(0.1)
+            await asyncio.sleep(0.2)
+            counts = collections.Counter([await m(b"", timeout=10) for _ in range(600)])
+        got = [counts[str(i).encode()] for i in range(3)]
+        print(f"A58 aio {'oob' if oob else 'per call'}: {got} of 600 (expected 46/138/415)")
+        for g, e in zip(got, [46, 138, 415]):
+            assert abs(g - e) <= max(12, e * 0.15), got
+    finally:
+        for h in handles:
+            h.stop(0)

@@ -38,6 +38,7 @@ logging.getLogger("waypost").addHandler(logging.NullHandler())
 # kept in step by tests/test_public_api.py.
 if TYPE_CHECKING:
     from . import aio as aio
+    from . import orca as orca
     from . import xds as xds
     from .balancer.base import Outcome as Outcome
     from .balancer.base import Picker as Picker
@@ -70,6 +71,8 @@ _LAZY = {
     "aio": ("waypost.aio", None),
     # gRPC's own xDS clients over waypost's discovery (the xds extra): waypost.xds.channel, ControlPlane, ...
     "xds": ("waypost.xds", None),
+    # ORCA load reports (the xds extra): waypost.orca.server_recorder(handle), call_recorder(context), ...
+    "orca": ("waypost.orca", None),
     "connect": ("waypost.registry", "connect"),
     "Registry": ("waypost.registry.base", "Registry"),
     "Publisher": ("waypost.discovery", "Publisher"),
@@ -149,6 +152,7 @@ __all__ = [
     "dial",
     "hash_key",
     "load_interceptor",
+    "orca",
     "parse_service_config",
     "parse_target",
     "register_policy",
