@@ -103,8 +103,10 @@ def _cluster(export):
 
 
 def test_a_name_not_exported_is_logged_once_and_left_unanswered(tmp_path, caplog) -> None:
+    """... and a service whose source answered with nothing fails its calls at once (an empty assignment)."""
     with echo_servers("u1") as servers:
-        control = ControlPlane([parse_export(f"known=direct:///{servers[0].address}")])
+        control = ControlPlane([parse_export(f"known=direct:///{servers[0].address}"),
+                                parse_export(f"empty=memory://xds-empty-{time.monotonic_ns()}/?key=none.rpc")])
         port = control.start()
         try:
             with caplog.at_level(logging.WARNING, logger="waypost.xds"), \
@@ -113,6 +115,9 @@ def test_a_name_not_exported_is_logged_once_and_left_unanswered(tmp_path, caplog
                 got = client.calls("nope", 2, timeout=1.0)  # no Listener: the call waits, then its deadline
                 assert got["errors"] and not got["servers"], got
                 assert client.calls("known", 3)["servers"] == {"u1": 3}  # the stream goes on
+                started = time.monotonic()
+                assert client.calls("empty", 1, timeout=10.0)["errors"] == ["!UNAVAILABLE"]
+                assert time.monotonic() - started < 5  # not the 15 s does-not-exist timer, not the deadline
             logged = [r.getMessage() for r in caplog.records if "not exported" in r.getMessage()]
             assert len(logged) == 1 and "'nope'" in logged[0] and "known" in logged[0], logged
         finally:
