@@ -27,12 +27,15 @@ call_cpu=None, named=None, util=None, listen="127.0.0.1:0", timeout=30.0, oob_fl
     grpc-go over ``addresses`` (list of "HOST:PORT") with the service config ``config`` (dict or JSON text);
     returns the final line plus ``"batches"``: the progress lines in order.
 ``wrr_config(*, oob=False, blackout="1s", weight_update="0.1s", oob_period="0.2s", **more) -> dict``
-    A weighted_round_robin service config (blackout never 0: see the feasibility trap in the docstring below).
+    A weighted_round_robin service config (give a non-zero blackout: see the trap at the end).
 
 xDS helpers: ``xds_control_plane(exports, registry=None) -> (addr, bootstrap_json, proc)`` runs
 ``python -m waypost.cli xds serve`` (stop it with ``proc.stop()``); ``run_xds_client(lang, target, bootstrap,
 calls, ...)`` ("go" or "java") runs one client to the end; ``start_xds_client(...)`` returns a running one
-(``.progress()``, ``.finish()``) so a test can watch traffic move during a run.
+(``.progress()``, ``.finish()``) so a test can watch traffic move during a run; ``watch(run, pred, timeout, what)``
+waits for a batch whose counts satisfy ``pred``. Backends: ``serve_echo`` (in process) and ``start_echo_process``
+(a process of its own, for SIGTERM) register Echo servers with ``waypost.serve``. ``XdsSetup`` and the
+``scenario_*`` functions are the cross-language xDS tests, run by test_xds_go.py and test_xds_java.py alike.
 
 Builds: Go into ``${WAYPOST_SERVERS_CACHE:-~/.cache/waypost-servers}/interop-xds-go-<hash>/`` and Java (classes plus
 ``classpath.txt``, jars in ~/.m2) into ``.../xds-java-<hash>/``, keyed by a hash of the sources (and the
@@ -45,8 +48,9 @@ into an empty ~/.m2 part, javac ~8 s); warm, both are a hash and a file check.
 Every process is started here and stopped here by its PID (SIGTERM, SIGKILL after a bound): ``stop_started()``
 (the ``xds_procs`` fixture calls it after each test) and an atexit hook.
 
-Trap (grpc-go): a weighted_round_robin/client_side_weighted_round_robin blackout period of 0 is dropped by its
-xDS converter, so gRPC's 10 s default applies: always give a non-zero blackout.
+Trap (grpc-go): a client_side_weighted_round_robin blackout_period of 0 received over xDS is dropped by grpc-go's
+converter, so gRPC's 10 s default applies (the control plane sends 1 ns instead, docs/xds.md); in a service config
+here, too, give a non-zero blackout so that weights apply within a test's time.
 """
 
 from __future__ import annotations
