@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import logging
 import threading
+import weakref
 from dataclasses import dataclass
 from typing import Any
 
@@ -45,7 +46,8 @@ class Settings:
 
 settings = Settings()
 _lock = threading.Lock()
-_recorders: dict[int, tuple[Any, ServerMetricsRecorder]] = {}  # id(server) -> (server, its recorder)
+#: server -> its recorder, for ``server_recorder(server)``; weak, so a stopped server is not kept alive
+_recorders: weakref.WeakKeyDictionary[Any, ServerMetricsRecorder] = weakref.WeakKeyDictionary()
 
 
 def configure(*, per_call: bool | None = None, min_interval: float | None = None,
@@ -104,17 +106,12 @@ def mount(server: Any, recorder: ServerMetricsRecorder | None = None) -> ServerM
     if oob is None:
         oob = OobService(reporter, settings.min_interval, settings.max_streams)
     server.add_generic_rpc_handlers((oob.generic_handler(aio=aio),))
-    with _lock:
-        _recorders[id(server)] = (server, reporter.recorder)
+    try:
+        with _lock:
+            _recorders[server] = reporter.recorder
+    except TypeError:  # a server object that takes no weak reference: found through its handle only
+        pass
     return reporter.recorder
-
-
-def forget(server: Any) -> None:
-    """Drop ``server`` from the table ``server_recorder`` reads (its handle stopped)."""
-    with _lock:
-        entry = _recorders.get(id(server))
-        if entry is not None and entry[0] is server:
-            del _recorders[id(server)]
 
 
 def server_recorder(server: Any) -> ServerMetricsRecorder:
@@ -125,10 +122,11 @@ def server_recorder(server: Any) -> ServerMetricsRecorder:
     if rec is None and isinstance(server, (OrcaInterceptor, AsyncOrcaInterceptor)):
         rec = server.recorder
     if rec is None:
-        with _lock:
-            entry = _recorders.get(id(server))
-        if entry is not None and entry[0] is server:
-            rec = entry[1]
+        try:
+            with _lock:
+                rec = _recorders.get(server)
+        except TypeError:
+            rec = None
     if rec is None:
         raise LookupError(f"waypost.orca.server_recorder: {server!r} reports no ORCA load (serve it with "
                           "waypost.serve, and install waypost[xds])")
