@@ -17,6 +17,7 @@ import pytest
 
 import waypost
 import waypost.aio
+from tests.waiting import wait_until
 from waypost import orca
 from waypost.balancer.base import Outcome, PickInfo
 from waypost.balancer.orca_wrr import OrcaWeightedRoundRobinPolicy, StaticStrideScheduler
@@ -238,6 +239,10 @@ def test_a58_over_three_waypost_servers(oob, fast_oob):
                 time.sleep(0.1)
             time.sleep(0.2)
             got = measure(ch)
+            streams = [h.server._state.interceptor_pipeline.interceptors[0].oob for h in handles]
+            assert [s.open_streams for s in streams] == ([1, 1, 1] if oob else [0, 0, 0])
+        # closing the channel ends its out-of-band streams
+        wait_until(lambda: [s.open_streams for s in streams] == [0, 0, 0], 10, "OOB streams closed")
         print(f"A58 {'oob' if oob else 'per call'} over waypost servers reporting cpu 0.9/0.3/0.1: {got} of 600 "
               "(expected 46/138/415)")
         for g, e in zip(got, [46, 138, 415]):
