@@ -140,6 +140,8 @@ def test_cli_drain_weight_undrain(shared_etcd, unique_key):
     line = json.loads(res.output.splitlines()[0])
     assert line["weight"] == 0 and line["registered"] is False
     assert "(cli)" in json.loads(reg.sync.get(override_key(unique_key, addr)).kvs[0].value)["by"]
+    res = run.invoke(app, [*args, "--json", "ls", "_waypost/"], catch_exceptions=False)
+    assert json.loads(res.output)["services"] == {}, res.output  # an override is no registration for ls
     res = run.invoke(app, [*args, "weight", unique_key, addr, "7"], catch_exceptions=False)
     assert res.exit_code == 0 and "weight set to 7" in res.output, res.output
     assert json.loads(reg.sync.get(override_key(unique_key, addr)).kvs[0].value)["weight"] == 7

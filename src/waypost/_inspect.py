@@ -12,6 +12,7 @@ import threading
 from collections.abc import Callable, Iterable, Sequence
 from typing import Any
 
+from .discovery.override import OVERRIDE_ROOT
 from .registry.formats import ETCD_NAMING, GOZERO, GOZERO_META_ROOT, KRATOS, valid_address
 
 log = logging.getLogger("waypost.cli")
@@ -38,6 +39,8 @@ def classify(kvs: Iterable[Any]) -> list[dict[str, Any]]:
                 meta = GOZERO.decode_side(key, value, f"{GOZERO_META_ROOT}{service}/")
                 if meta is not None:
                     side[(service, ident)] = {"address": meta.address, "metadata": dict(meta.metadata)}
+            continue
+        if key.startswith(OVERRIDE_ROOT):  # an operator's weight override (waypost drain): not a registration
             continue
         entries.append(_one(key, value, kv.lease))
     for e in entries:  # join go-zero metadata by (service, id), only when the address agrees
