@@ -15,6 +15,10 @@ Behaviour (go-zero's ``core/discov`` Publisher, plus what it lacks):
   value changes are written (go-zero: the side record alone; etcd-naming, Kratos: the address record), so
   subscribers see one change of that backend's metadata, never a removal and an add. The guard restores
   the new metadata from then on; a later re-registration uses it too.
+- An operator's override (``waypost drain``, the console): the record ``_waypost/override/<key>/<value>``
+  is read before each registration and watched from the first one until ``stop()``; its ``weight``
+  replaces the metadata's in what is registered (and put back by the guard), ``update_metadata`` keeps
+  working underneath, and deleting the record registers the own metadata again (``override.py``).
 - ``pause()`` revokes the lease (the key disappears at once, traffic drains); ``resume()`` registers
   again; ``stop()`` revokes and is idempotent.
 - ``exclusive=True`` (a publisher-side take-over; go-zero's exclusive is a subscriber option): before
