@@ -66,6 +66,8 @@ class RegistrySource:
         self._loop = asyncio.get_running_loop()
         #: record key -> (service id, address, lease), from the keyspace read and watch
         self._records: dict[str, tuple[str, str, int]] = {}
+        #: service id -> {record key: (address, lease)}: the same records by service
+        self._by_sid: dict[str, dict[str, tuple[str, int]]] = {}
         self._subs: dict[str, Subscriber] = {}
         self._opening: set[str] = set()
         self._tasks: list[asyncio.Task[Any]] = []
@@ -94,10 +96,11 @@ class RegistrySource:
 
     def _reload(self, kvs: Sequence[KeyValue], at_start: bool = False) -> None:
         self._records.clear()
+        self._by_sid.clear()
         overrides = {k: v for k, v in self.board.overrides.items() if k[0] != self.name}
         self.board.overrides = overrides
         self._apply([("put", kv) for kv in kvs], at_start)
-        gone = [sid for sid in self._subs if not any(r[0] == sid for r in self._records.values())]
+        gone = [sid for sid in self._subs if not self._by_sid.get(sid)]
         for sid in gone:
             self._drop(sid)
         self.board.sources[self.name] = None
@@ -114,27 +117,43 @@ class RegistrySource:
             if key.startswith(("_waypost/", GOZERO_META_ROOT)):
                 continue
             if kind == "delete":
-                gone = self._records.pop(key, None)
+                gone = self._forget(key)
                 if gone is not None:
-                    touched.add(gone[0])
+                    touched.add(gone)
                 continue
             puts.append(kv)
         for e, kv in zip(classify(puts), puts, strict=True):
             sid = _sid(e)
             if sid is None:
-                self._records.pop(kv.key, None)
+                self._forget(kv.key)
                 continue
             sid_text = f"{self.name}|{sid[1]}|{sid[0]}"
+            was = self._forget(kv.key)  # (a record may change service: a value of another format)
+            if was is not None and was != sid_text:
+                touched.add(was)
             self._records[kv.key] = (sid_text, e["address"], kv.lease)
+            self._by_sid.setdefault(sid_text, {})[kv.key] = (e["address"], kv.lease)
             touched.add(sid_text)
             if sid_text not in self._subs and sid_text not in self._opening and len(self._subs) < MAX_KEYS:
                 self._opening.add(sid_text)
                 self._tasks.append(asyncio.create_task(self._open(sid_text, *sid, at_start)))
         for sid_text in touched:
-            if not any(r[0] == sid_text for r in self._records.values()):
+            if not self._by_sid.get(sid_text):
                 self._drop(sid_text)
             elif sid_text in self._subs:
                 self._refresh(sid_text)
+
+    def _forget(self, record_key: str) -> str | None:
+        """Drop a record; returns the service id it belonged to (None: not known)."""
+        gone = self._records.pop(record_key, None)
+        if gone is None:
+            return None
+        records = self._by_sid.get(gone[0])
+        if records is not None:
+            records.pop(record_key, None)
+            if not records:
+                del self._by_sid[gone[0]]
+        return gone[0]
 
     def _override(self, kind: str, kv: KeyValue) -> None:
         parts = split_override_key(kv.key)
@@ -206,7 +225,7 @@ class RegistrySource:
         if sub is None or svc is None:
             return
         now = time.time()
-        leases = {addr: lease for s, addr, lease in self._records.values() if s == sid_text}
+        leases = dict(self._by_sid.get(sid_text, {}).values())
         seen = {}
         for b in sub.backends():
             old = svc.instances.get(b.address)

@@ -76,6 +76,13 @@ def apply_override(metadata: Mapping[str, Any] | None, override: Mapping[str, An
     return {**(metadata or {}), "weight": override["weight"]}
 
 
+def _shown(current: dict[str, Any] | None) -> str:
+    """How a log line names the override in force."""
+    if current is None:
+        return "removed: the registration carries its own metadata again"
+    return f"weight {current['weight']} (set by {current.get('by', '?')})"
+
+
 def _take(follower: Any, value: bytes | None) -> bool:
     """Make ``value`` (the record's bytes; None: no record) the follower's ``current``; True when the weight
     in force changed (who and when alone change nothing). A bad record counts as none, logged once."""
@@ -134,7 +141,7 @@ class OverrideFollower:
                     last = batch[-1] if batch else None
                     if last is not None and self._set(last.kv.value if last.type == "put" else None):
                         log.warning("override %r: %s", self.key,
-                                    f"weight {self.current['weight']}" if self.current else "removed")
+                                    _shown(self.current))
                         await self._on_change()
                 raise ConnectionError("the watch ended")
             except asyncio.CancelledError:
@@ -195,7 +202,7 @@ class ConsulOverrideFollower:
             try:
                 if await self.read(self.CONSUL_WAIT if self._index else None):
                     log.warning("override %r: %s", self.key,
-                                f"weight {self.current['weight']}" if self.current else "removed")
+                                _shown(self.current))
                     await self._on_change()
                 if not self._index:  # no index to block on: do not spin
                     await asyncio.sleep(cool_down(self._rng, RETRY_INTERVAL))
@@ -220,5 +227,5 @@ class OverrideState:
         """Make ``value`` (None: no record) the one in force; True when the weight changed."""
         changed = _take(self, value)
         if changed:
-            log.warning("override %r: %s", self.key, f"weight {self.current['weight']}" if self.current else "removed")
+            log.warning("override %r: %s", self.key, _shown(self.current))
         return changed
