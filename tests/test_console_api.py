@@ -4,6 +4,7 @@ drain (surviving the publisher's guard) and undrain, and the refusals of writes 
 from __future__ import annotations
 
 import json
+import logging
 import time
 import urllib.request
 
@@ -70,7 +71,8 @@ def test_lists_drains_through_the_guard_and_undrains(shared_etcd, unique_key):
         b.stop()
 
 
-def test_writes_need_the_token_a_json_body_and_the_same_site(shared_etcd, unique_key):
+def test_writes_need_the_token_a_json_body_and_the_same_site(shared_etcd, unique_key, caplog):
+    caplog.set_level(logging.WARNING, logger="waypost.console.audit")
     body = {"key": unique_key, "address": "127.0.0.1:7411"}
     reg = waypost.connect(shared_etcd.url())
     with running_console(registries=[shared_etcd.url()]) as (_, url):
@@ -98,6 +100,11 @@ def test_writes_need_the_token_a_json_body_and_the_same_site(shared_etcd, unique
         assert json.loads(reg.sync.get(override_key(unique_key, "127.0.0.1:7411")).kvs[0].value)["weight"] == 0
         assert http(f"{url}api/undrain", "POST", body, {"Authorization": f"Bearer {TOKEN}"})[0] == 200
         assert not reg.sync.get(override_key(unique_key, "127.0.0.1:7411")).kvs
+        audit = [r.getMessage() for r in caplog.records if r.name == "waypost.console.audit"]
+        assert any(f"drain {unique_key} 127.0.0.1:7411 -> weight 0 by 127.0.0.1 at " in m for m in audit), audit
+        assert any(f"undrain {unique_key} 127.0.0.1:7411 (override removed) by 127.0.0.1" in m for m in audit), audit
+        assert any("refused drain from 127.0.0.1" in m and ": 401 " in m for m in audit), audit
+        assert any("refused drain from 127.0.0.1" in m and ": 403 wrong token" in m for m in audit), audit
 
         with urllib.request.urlopen(url, timeout=10) as resp:  # the page and its security headers
             assert b"waypost console" in resp.read()

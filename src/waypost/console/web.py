@@ -22,7 +22,7 @@ from urllib.parse import urlsplit
 
 from aiohttp import web
 
-from .actions import ActionError, apply, make_action
+from .actions import ActionError, apply, audit, make_action
 from .board import Board
 
 log = logging.getLogger("waypost.console")
@@ -144,6 +144,9 @@ def _action_handler(verb: str) -> Any:
     async def handle(request: web.Request) -> web.Response:
         refused = guard_write(request)
         if refused is not None:
+            audit.warning("audit: refused %s from %s at %s: %d %s", verb, request.remote or "?",
+                          time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()), refused.status,
+                          json.loads(refused.body)["error"] if isinstance(refused.body, bytes) else "")
             return refused
         try:
             body = await request.json()
