@@ -42,7 +42,8 @@ Builds: Go into ``${WAYPOST_SERVERS_CACHE:-~/.cache/waypost-servers}/interop-xds
 toolchain's version), built under a file lock, niced, bounded (``WAYPOST_XDS_GO_BUILD_TIMEOUT``,
 ``WAYPOST_XDS_JAVA_BUILD_TIMEOUT``). Tests skip with the reason when go (or a Go as new as go.mod asks) / java /
 javac / mvn are missing, or with ``WAYPOST_INTEROP=0``; a failed build fails them. Measured on 2 busy cores: Go cold
-~2 min (module download and grpc-go's xDS tree; 7 s with Go's build cache warm), Java cold ~40 s (Maven 29-39 s
+2-4 min (grpc-go's xDS tree: 1m47 s of CPU with an empty build cache, 4 min wall niced beside a load of 10; 3-10 s
+with Go's build cache warm), Java cold ~40 s (Maven 29-39 s
 into an empty ~/.m2 part, javac ~8 s); warm, both are a hash and a file check.
 
 Every process is started here and stopped here by its PID (SIGTERM, SIGKILL after a bound): ``stop_started()``
