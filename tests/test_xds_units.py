@@ -103,6 +103,12 @@ def test_cluster_policies() -> None:
     lr.load_balancing_policy.policies[0].typed_extension_config.typed_config.Unpack(wrr)
     assert [p.typed_extension_config.name.rsplit(".", 1)[1] for p in wrr.endpoint_picking_policy.policies] == [
         "least_request", "round_robin"]  # grpcio rejects least_request alone
+    # gRPC's A58 policy is weighted_round_robin in a service config (and in waypost), client_side_... in xDS
+    a58 = cluster(parse_export("g=direct:///127.0.0.1:1 policy=weighted_round_robin"))
+    assert a58.load_balancing_policy == cluster(
+        parse_export("g=direct:///127.0.0.1:1 policy=client_side_weighted_round_robin")).load_balancing_policy
+    with pytest.raises(XdsConfigError, match="smooth_weighted_round_robin' runs only in waypost's own channel"):
+        parse_export("g=direct:///127.0.0.1:1 policy=smooth_weighted_round_robin")
 
 
 def test_client_side_wrr_never_sends_a_zero_blackout() -> None:

@@ -9,12 +9,12 @@ ring_hash, consistent_hash          ring_hash (endpoint weights honoured; ``hash
                                     hash_policy on that header, else each call hashes randomly)
 least_request                       wrr_locality([least_request, round_robin]): grpc-go and grpc-java use
                                     least_request; grpcio, which has none, takes round_robin
-client_side_weighted_round_robin    wrr_locality(client_side_weighted_round_robin): weights from the backends'
-                                    ORCA reports; ``blackoutPeriod`` is never sent as 0 (grpc-go drops a 0 and
+client_side_weighted_round_robin,   wrr_locality(client_side_weighted_round_robin): weights from the backends'
+weighted_round_robin                ORCA reports (waypost's ``weighted_round_robin`` is gRPC's A58 policy too); ``blackoutPeriod`` is never sent as 0 (grpc-go drops a 0 and
                                     waits its 10 s default): 0 becomes 1 ns, and the default is 1 s
 ==================================  =============================================================================
 
-waypost's own policies (peak_ewma, prequal, p2c_ewma, weighted_round_robin, ...) run in waypost's channel,
+waypost's own policies (peak_ewma, prequal, p2c_ewma, smooth_weighted_round_robin, ...) run in waypost's channel,
 not in gRPC's xDS clients: asking for one is an error at start naming the ones above.
 
 ``policy_config`` keys (gRPC's JSON names): ring_hash ``minRingSize``, ``maxRingSize``; least_request
@@ -52,14 +52,15 @@ from .errors import XdsConfigError
 #: an ``exports.Export`` (typed loosely: this module sits below ``exports``)
 Export = Any
 
-#: the policies an xDS client runs itself (export ``policy`` values); consistent_hash is waypost's name of ring_hash
+#: the policies an xDS client runs itself (export ``policy`` values); consistent_hash is waypost's name of ring_hash,
+#: weighted_round_robin the name of gRPC's A58 policy in a service config (client_side_weighted_round_robin in xDS)
 XDS_POLICIES = ("round_robin", "pick_first", "ring_hash", "consistent_hash", "least_request",
-                "client_side_weighted_round_robin")
+                "client_side_weighted_round_robin", "weighted_round_robin")
+_ALIASES = {"consistent_hash": "ring_hash", "weighted_round_robin": "client_side_weighted_round_robin"}
 _CONFIG_KEYS: dict[str, tuple[str, ...]] = {
     "round_robin": (),
     "pick_first": ("shuffleAddressList",),
     "ring_hash": ("minRingSize", "maxRingSize"),
-    "consistent_hash": ("minRingSize", "maxRingSize"),
     "least_request": ("choiceCount",),
     "client_side_weighted_round_robin": ("enableOobLoadReport", "oobReportingPeriod", "blackoutPeriod",
                                          "weightExpirationPeriod", "weightUpdatePeriod", "errorUtilizationPenalty"),
@@ -78,17 +79,18 @@ def check_export(export: Export, where: str) -> None:
     if name not in XDS_POLICIES:
         from ..balancer.policies import known_policies
 
-        served = ", ".join(p for p in XDS_POLICIES if p != "consistent_hash")
+        served = ", ".join(p for p in XDS_POLICIES if p not in _ALIASES)
         if name in known_policies():
             _fail(where, f"policy {name!r} runs only in waypost's own channel, not in gRPC's xDS clients; "
                          f"over xDS: {served}")
         _fail(where, f"unknown policy {name!r}; over xDS: {served}")
-    unknown = sorted(set(export.policy_config) - set(_CONFIG_KEYS[name]))
+    keys_known = _CONFIG_KEYS[_ALIASES.get(name, name)]
+    unknown = sorted(set(export.policy_config) - set(keys_known))
     if unknown:
-        keys = ", ".join(_CONFIG_KEYS[name]) or "none"
+        keys = ", ".join(keys_known) or "none"
         _fail(where, f"policy_config: unknown key {unknown[0]!r} for {name} (known: {keys})")
     lb_policy(export, where)  # every value checked by building it once
-    if export.hash_header and name not in ("ring_hash", "consistent_hash"):
+    if export.hash_header and _ALIASES.get(name, name) != "ring_hash":
         _fail(where, f"hash_header needs policy ring_hash (the policy is {name})")
     if export.outlier_detection is not None:
         outlier_detection(export.outlier_detection, where)
@@ -127,8 +129,8 @@ def lb_policy(export: Export, where: str = "") -> cluster_pb2.LoadBalancingPolic
     """The Cluster's ``load_balancing_policy`` for the export (see the module's table)."""
     where = where or f"export {export.name!r}"
     cfg = export.policy_config
-    name = export.policy
-    if name in ("ring_hash", "consistent_hash"):
+    name = _ALIASES.get(export.policy, export.policy)
+    if name == "ring_hash":
         ring = ring_hash_pb2.RingHash(hash_function=ring_hash_pb2.RingHash.XX_HASH)
         lo = _int(cfg.get("minRingSize", 1024), f"{where}: policy_config.minRingSize", 1, 8_388_608)
         hi = _int(cfg.get("maxRingSize", 8_388_608), f"{where}: policy_config.maxRingSize", 1, 8_388_608)
