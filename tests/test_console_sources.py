@@ -136,3 +136,13 @@ def test_a_taken_port_is_one_error_line(unique_key):
                                        f"127.0.0.1:{port}", "--for", "0.5"])
     assert res.exit_code == 1 and f"cannot serve on 127.0.0.1:{port}" in res.output, res.output
     assert "Traceback" not in res.output
+
+
+def test_a_target_that_cannot_be_read_is_shown_with_its_error(unique_key):
+    with running_console(registries=[f"memory://{unique_key}"], targets=["consul://127.0.0.1:9/nothing"],
+                         timeout=1.0) as (_, url):
+        def row() -> dict | None:
+            return next((s for s in http(f"{url}api/services")[1]["services"] if s["key"] == "nothing"), None)
+
+        got = wait_until(lambda: (r := row()) and r["error"] and r, 10, what="the error shown")
+        assert "127.0.0.1:9" in got["error"] and got["instances"] == [] and not got["writable"]

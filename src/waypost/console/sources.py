@@ -270,7 +270,11 @@ class RegistrySource:
 
 class TargetSource:
     """A dial target followed through its resolver (read-only). ``source`` and ``fmt``: what the page shows
-    as its source and format (default: the target itself, ``resolver``)."""
+    as its source and format (default: the target itself, ``resolver``). A target whose resolver gives no first
+    list (its source unreachable) is shown with the error and tried again every ``REOPEN_INTERVAL`` s; a
+    malformed target raises at once."""
+
+    REOPEN_INTERVAL = 5.0
 
     def __init__(self, target: str, board: Board, timeout: float = 5.0, *, source: str | None = None,
                  fmt: str = "resolver", writable: bool = False) -> None:
@@ -279,16 +283,37 @@ class TargetSource:
         self.timeout = timeout
         self._loop = asyncio.get_running_loop()
         self._resolver: Any = None
+        self._reopen: asyncio.Task[None] | None = None
+        self._closed = False
         shown, key = _target_names(target)
         self.service = Service(source or shown, key, fmt, writable)
 
     async def start(self) -> None:
+        self.board.services[self.service.id] = self.service
+        try:
+            await self._open()
+        except Exception as e:  # noqa: BLE001 (shown on the page; tried again)
+            self._error(str(e) or type(e).__name__)
+            self._reopen = asyncio.create_task(self._open_later(), name="waypost-console-target")
+
+    async def _open(self) -> None:
         from .._inspect import follow
 
-        self.board.services[self.service.id] = self.service
-        self._resolver = await asyncio.to_thread(
+        resolver = await asyncio.to_thread(
             follow, self.target, lambda now, _where: self._post(now, True), lambda now: self._post(now, False),
             self._post_error, timeout=self.timeout)
+        if self._closed:
+            await asyncio.to_thread(resolver.close)
+            return
+        self._resolver = resolver
+
+    async def _open_later(self) -> None:
+        while not self._closed and self._resolver is None:
+            await asyncio.sleep(self.REOPEN_INTERVAL)
+            try:
+                await self._open()
+            except Exception as e:  # noqa: BLE001 (shown on the page; tried again)
+                self._error(str(e) or type(e).__name__)
 
     def _post(self, now: dict[str, dict[str, Any]], at_start: bool) -> None:
         self._loop.call_soon_threadsafe(self._update, now, at_start)
@@ -309,6 +334,9 @@ class TargetSource:
         self.board.touch()
 
     async def close(self) -> None:
+        self._closed = True
+        if self._reopen is not None:
+            self._reopen.cancel()
         if self._resolver is not None:
             await asyncio.to_thread(self._resolver.close)
         self.board.services.pop(self.service.id, None)
