@@ -63,6 +63,8 @@ async def security_headers(request: web.Request, handler: Any) -> web.StreamResp
         if not is_loopback(host):
             return _refuse(403, f"Host {request.host!r} is not this console's loopback address")
     resp = await handler(request)
+    if resp.prepared:  # an event stream has sent its headers (its own) long ago
+        return resp
     resp.headers.setdefault("X-Content-Type-Options", "nosniff")
     resp.headers.setdefault("X-Frame-Options", "DENY")
     resp.headers.setdefault("Referrer-Policy", "no-referrer")
