@@ -169,18 +169,29 @@ async def _aiter_reported(responses: Any, token: Any, end: Callable[..., None], 
         end(token, failed)
 
 
+def _add_orca(interceptor: Any, recorder: ServerMetricsRecorder | None, per_call: bool, min_interval: float,
+              max_streams: int, *, aio: bool) -> None:
+    """What both interceptors add to the load accounting: the ORCA reporter, its recorder, the OOB service and
+    the handler wrapper that writes the per-call trailer."""
+    interceptor.orca = OrcaReporter(interceptor.account, recorder)
+    interceptor.recorder = interceptor.orca.recorder
+    interceptor.oob = OobService(interceptor.orca, min_interval, max_streams)
+    interceptor._oob_handler = interceptor.oob.method_handler(aio=aio)
+    interceptor._wrap = _OrcaWrapper(interceptor.account, interceptor.orca, per_call)
+
+
 class OrcaInterceptor(LoadInterceptor):
     """Load accounting, ``waypost.load.v1`` reports and ORCA for a ``grpc.server`` (see the module doc)."""
+
+    orca: OrcaReporter
+    recorder: ServerMetricsRecorder
+    oob: OobService
 
     def __init__(self, account: LoadAccount | None = None, recorder: ServerMetricsRecorder | None = None, *,
                  per_call: bool = True, min_interval: float = DEFAULT_MIN_INTERVAL,
                  max_streams: int = DEFAULT_MAX_STREAMS) -> None:
         super().__init__(account)
-        self.orca = OrcaReporter(self.account, recorder)
-        self.recorder = self.orca.recorder
-        self.oob = OobService(self.orca, min_interval, max_streams)
-        self._oob_handler = self.oob.method_handler(aio=False)
-        self._wrap = _OrcaWrapper(self.account, self.orca, per_call)
+        _add_orca(self, recorder, per_call, min_interval, max_streams, aio=False)
 
     def intercept_service(self, continuation: Callable[[Any], Any], handler_call_details: Any) -> Any:
         method = handler_call_details.method
@@ -194,15 +205,15 @@ class OrcaInterceptor(LoadInterceptor):
 class AsyncOrcaInterceptor(AsyncLoadInterceptor):
     """``OrcaInterceptor`` for a ``grpc.aio.server`` (pass it in ``interceptors=`` when creating the server)."""
 
+    orca: OrcaReporter
+    recorder: ServerMetricsRecorder
+    oob: OobService
+
     def __init__(self, account: LoadAccount | None = None, recorder: ServerMetricsRecorder | None = None, *,
                  per_call: bool = True, min_interval: float = DEFAULT_MIN_INTERVAL,
                  max_streams: int = DEFAULT_MAX_STREAMS) -> None:
         super().__init__(account)
-        self.orca = OrcaReporter(self.account, recorder)
-        self.recorder = self.orca.recorder
-        self.oob = OobService(self.orca, min_interval, max_streams)
-        self._oob_handler = self.oob.method_handler(aio=True)
-        self._wrap = _OrcaWrapper(self.account, self.orca, per_call)
+        _add_orca(self, recorder, per_call, min_interval, max_streams, aio=True)
 
     async def intercept_service(self, continuation: Callable[[Any], Any], handler_call_details: Any) -> Any:
         method = handler_call_details.method
