@@ -25,6 +25,7 @@ from rich.console import Console
 from rich.table import Table
 
 from ._cli_console import register as _register_console
+from ._cli_signals import exit_if_interrupted, stop_on_signals
 from ._cli_xds import xds_commands
 from .errors import PermissionDenied, WaypostError
 
@@ -148,40 +149,6 @@ def app(ctx: click.Context, registry: str, as_json: bool, verbose: int) -> None:
 # --------------------------------------------------------------------------------------------- signals
 
 
-class _Stop(threading.Event):
-    """Set by SIGTERM or SIGINT; ``signum`` says which."""
-
-    signum: int | None = None
-
-
-@contextmanager
-def _signals() -> Iterator[_Stop]:
-    """An event set by SIGTERM/SIGINT for the duration of the block (main thread only)."""
-    stop = _Stop()
-    if threading.current_thread() is not threading.main_thread():
-        yield stop
-        return
-    previous = {s: signal.getsignal(s) for s in (signal.SIGTERM, signal.SIGINT)}
-
-    def handler(signum: int, _frame: Any) -> None:
-        stop.signum = signum
-        stop.set()
-
-    for s in previous:
-        signal.signal(s, handler)
-    try:
-        yield stop
-    finally:
-        for s, h in previous.items():
-            signal.signal(s, h)
-
-
-def _exit_if_interrupted(stop: _Stop) -> None:
-    """After a command cleaned up: Ctrl-C (SIGINT) exits with 130, as a shell expects; SIGTERM with 0."""
-    if stop.signum == signal.SIGINT:
-        raise click.exceptions.Exit(130)
-
-
 def _wait(stop: threading.Event, duration: float | None, alive: Callable[[], bool] = lambda: True) -> None:
     deadline = None if duration is None else time.monotonic() + duration
     while not stop.is_set() and alive():
@@ -225,7 +192,7 @@ def etcd_cmd(c: Ctx, port: int, peer_port: int | None, data_dir: Path | None) ->
     node.members[0].initial_cluster = f"{node.members[0].name}=http://127.0.0.1:{peer_port}"
     if data_dir is not None and (Path(data_dir) / "m0" / "member").exists():
         node.members[0].cluster_state = "existing"
-    with _signals() as stop:
+    with stop_on_signals() as stop:
         try:
             node.start()
         except WaypostError as e:
@@ -251,7 +218,7 @@ def etcd_cmd(c: Ctx, port: int, peer_port: int | None, data_dir: Path | None) ->
             node.close()
     if not c.as_json:
         c.out.print("etcd stopped")
-    _exit_if_interrupted(stop)
+    exit_if_interrupted(stop)
 
 
 # --------------------------------------------------------------------------------------------- ls
@@ -377,7 +344,7 @@ def watch_cmd(c: Ctx, key: str, fmt: str, exact: bool, duration: float | None, t
     def snapshot(sub: Any) -> dict[str, dict[str, Any]]:
         return {b.address: dict(b.metadata) for b in sub.backends()}
 
-    with _signals() as stop:
+    with stop_on_signals() as stop:
         sub = Subscriber(c.registry(), key, exact=exact, format=fmt, timeout=timeout)
         try:
             present(snapshot(sub), f"{key!r} ({fmt}) in {c.registry().url}")
@@ -395,7 +362,7 @@ def watch_cmd(c: Ctx, key: str, fmt: str, exact: bool, duration: float | None, t
         finally:
             stop.set()  # ends the reachability thread
             sub.close()
-    _exit_if_interrupted(stop)
+    exit_if_interrupted(stop)
 
 
 def _is_target(arg: str) -> bool:
@@ -415,13 +382,13 @@ def _watch_target(c: Ctx, target: str, timeout: float, duration: float | None,
             c.err.print(f"{time.strftime('%H:%M:%S')} {message}", markup=False)
         seen.append(message)
 
-    with _signals() as stop:
+    with stop_on_signals() as stop:
         resolver = follow(target, present, changed, on_error, timeout=timeout)
         try:
             _wait(stop, duration)
         finally:
             resolver.close()
-    _exit_if_interrupted(stop)
+    exit_if_interrupted(stop)
 
 
 # --------------------------------------------------------------------------------------------- register
@@ -451,7 +418,7 @@ def register_cmd(c: Ctx, key: str, addr: str, ttl: int, meta: tuple[str, ...], i
     from ._inspect import parse_meta
 
     metadata = parse_meta(meta)
-    with _signals() as stop:
+    with stop_on_signals() as stop:
         pub = Publisher(c.registry(), key, addr, ttl=ttl, id=id_, metadata=metadata or None, format=fmt)
         pub.start()
         try:
@@ -470,7 +437,7 @@ def register_cmd(c: Ctx, key: str, addr: str, ttl: int, meta: tuple[str, ...], i
         c.emit({"event": "deregistered", "key": key, "address": addr})
     else:
         c.out.print(f"deregistered {addr}")
-    _exit_if_interrupted(stop)
+    exit_if_interrupted(stop)
 
 
 # --------------------------------------------------------------------------------------------- resolve

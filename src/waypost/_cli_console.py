@@ -6,45 +6,17 @@ Registered on the ``waypost`` command group by ``waypost._cli`` (``register``); 
 from __future__ import annotations
 
 import getpass
-import signal
 import socket
 import sys
 import threading
-from collections.abc import Callable, Iterator
-from contextlib import contextmanager
+from collections.abc import Callable
 from typing import Any
 
 import click
 
+from ._cli_signals import exit_if_interrupted, stop_on_signals
+
 CONSOLE_TOKEN_ENV = "WAYPOST_CONSOLE_TOKEN"
-
-
-class _Stop(threading.Event):
-    """Set by SIGTERM or SIGINT (``signum`` says which) or by the ``--for`` timer."""
-
-    signum: int | None = None
-
-
-@contextmanager
-def _stop_on_signals() -> Iterator[_Stop]:
-    """An event set by SIGTERM/SIGINT for the duration of the block (main thread only)."""
-    stop = _Stop()
-    if threading.current_thread() is not threading.main_thread():
-        yield stop
-        return
-    previous = {s: signal.getsignal(s) for s in (signal.SIGTERM, signal.SIGINT)}
-
-    def handler(signum: int, _frame: Any) -> None:
-        stop.signum = signum
-        stop.set()
-
-    for s in previous:
-        signal.signal(s, handler)
-    try:
-        yield stop
-    finally:
-        for s, h in previous.items():
-            signal.signal(s, h)
 
 
 def _who() -> str:
@@ -207,7 +179,7 @@ def register(app: click.Group, global_options: Callable[..., Any], pass_ctx: Cal
             sys.stdout.flush()
             started.set()
 
-        with _stop_on_signals() as stop:
+        with stop_on_signals() as stop:
             if duration is not None:
                 timer = threading.Timer(duration, stop.set)
                 timer.daemon = True
@@ -217,8 +189,7 @@ def register(app: click.Group, global_options: Callable[..., Any], pass_ctx: Cal
             except OSError as e:  # the port is taken, a TLS file is no key, ...
                 raise click.ClickException(f"the console cannot serve on {listen or DEFAULT_LISTEN}: "
                                            f"{e.strerror or e}") from None
-        if stop.signum == signal.SIGINT:  # Ctrl-C: 130, as a shell expects (SIGTERM: 0)
-            raise click.exceptions.Exit(130)
+        exit_if_interrupted(stop)
 
     @app.command("drain", short_help="Take traffic off ADDR under KEY (weight 0 override).")
     @click.argument("key")

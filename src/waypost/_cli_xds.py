@@ -8,30 +8,16 @@ imported only when a command runs.
 from __future__ import annotations
 
 import logging
-import signal
 import sys
-import threading
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
 import click
 
+from ._cli_signals import exit_if_interrupted, stop_on_signals
+
 log = logging.getLogger("waypost.xds")
-
-
-def _stop_event() -> tuple[threading.Event, list[int], dict[int, Any]]:
-    stop = threading.Event()
-    got: list[int] = []
-    previous: dict[int, Any] = {}
-    if threading.current_thread() is threading.main_thread():
-        def handler(signum: int, _frame: Any) -> None:
-            got.append(signum)
-            stop.set()
-
-        for s in (signal.SIGTERM, signal.SIGINT):
-            previous[s] = signal.signal(s, handler)
-    return stop, got, previous
 
 
 def _exports(c: Any, specs: tuple[str, ...], config: Path | None, prefixes: tuple[str, ...]) -> Any:
@@ -104,27 +90,24 @@ def xds_commands(global_options: Callable[[Any], Any], pass_ctx: Callable[[Any],
             from . import metrics
 
             metrics.serve(metrics_port)
-        stop, got, previous = _stop_event()
-        control = ControlPlane(exports, prefixes_found)
-        try:
+        with stop_on_signals() as stop:
+            control = ControlPlane(exports, prefixes_found)
             try:
-                port = control.start(listen, creds)
-            except OSError as e:
-                raise click.ClickException(str(e)) from None
-            host = listen.rpartition(":")[0] or "0.0.0.0"
-            click.echo(f"xds: serving on {host}:{port}")
-            sys.stdout.flush()
-            names = ", ".join(e.name for e in exports) or "none yet"
-            c.err.print(f"exports: {names}" + (f"; prefixes: {', '.join(p.prefix for p in prefixes_found)}"
-                                               if prefixes_found else ""), markup=False)
-            while not stop.wait(0.5):
-                pass
-        finally:
-            control.stop(grace=1.0)
-            for s, h in previous.items():
-                signal.signal(s, h)
-        if got and got[0] == signal.SIGINT:
-            raise click.exceptions.Exit(130)
+                try:
+                    port = control.start(listen, creds)
+                except OSError as e:
+                    raise click.ClickException(str(e)) from None
+                host = listen.rpartition(":")[0] or "0.0.0.0"
+                click.echo(f"xds: serving on {host}:{port}")
+                sys.stdout.flush()
+                names = ", ".join(e.name for e in exports) or "none yet"
+                c.err.print(f"exports: {names}" + (f"; prefixes: {', '.join(p.prefix for p in prefixes_found)}"
+                                                   if prefixes_found else ""), markup=False)
+                while not stop.wait(0.5):
+                    pass
+            finally:
+                control.stop(grace=1.0)
+        exit_if_interrupted(stop)
 
     @xds.command("bootstrap", short_help="Print the bootstrap JSON a gRPC xDS client needs.")
     @click.option("--server", "servers", multiple=True, required=True, metavar="HOST:PORT",
