@@ -420,6 +420,10 @@ class WatchManager:
             # unless a write's answer found the reset meanwhile
             if rev < seen and resets == self.resets:
                 reason = f"revision {seen} is now {rev}"
+            elif resets == self.resets:
+                # the store reached the revision seen between the two answers: writes to an emptied store
+                # (another client's) can do that, so the records decide, as below
+                reason = await self._check_record(ep)
         else:
             reason = await self._check_record(ep)
         self._cluster_id = cid or self._cluster_id
@@ -452,6 +456,9 @@ class WatchManager:
                 pb.RangeRequest(key=key, revision=mod, limit=1), metadata=md,
                 timeout=min(self.pool.cfg.request_timeout, 2.0))
         except grpc.aio.AioRpcError as e:
+            if e.code() == grpc.StatusCode.OUT_OF_RANGE and not _errors.is_compacted(e):
+                # "a future revision", from a linearizable read: the store is behind what was seen
+                return f"revision {mod} is in the future of this store"
             if e.code() in _errors.UNAVAILABLE_CODES:  # unknown: check again on the next stream
                 raise Restart(f"{ep.address}: reading {key!r} at revision {mod} to check the store failed "
                               f"({e.code().name} {_errors.details(e)})") from None
