@@ -22,15 +22,12 @@ from ..consul.kv import kv_delete, kv_get, kv_list, kv_put
 from ..discovery.override import OVERRIDE_ROOT, parse_override, split_override_key
 from ..registry.base import DeleteResult, KeyValue, PutResult
 from .board import Board
-from .sources import RETRY_INTERVAL, TargetSource, on_control
+from .sources import RETRY_INTERVAL, TargetSource, follow_services, on_control
 
 log = logging.getLogger("waypost.console")
 
 #: the longest a blocking query of the catalog waits for a change
 WAIT = 10.0
-#: at most this many services are followed (each is one resolver)
-MAX_SERVICES = 500
-
 
 def service_target(config: ConsulConfig, service: str) -> str:
     """The dial target of ``service`` through the agent of ``config`` (its token, TLS and datacenter)."""
@@ -136,19 +133,8 @@ class ConsulSource:
 
     async def _apply(self, names: list[str]) -> None:
         self.board.sources.setdefault(self.name, None)
-        for gone in set(self._services) - set(names):
-            await self._services.pop(gone).close()
-        for name in names[:MAX_SERVICES]:
-            if name in self._services or self._closed:
-                continue
-            src = TargetSource(service_target(self.config, name), self.board, self.timeout, source=self.name,
-                               fmt="consul", writable=True)
-            self._services[name] = src
-            try:
-                await src.start()
-            except Exception as e:  # noqa: BLE001 (shown on the page)
-                src.service.error = str(e) or type(e).__name__
-                self.board.touch()
+        await follow_services(self._services, names, self.board, target=lambda n: service_target(self.config, n),
+                              source=self.name, fmt="consul", timeout=self.timeout, closed=lambda: self._closed)
 
     async def close(self) -> None:
         self._closed = True

@@ -350,3 +350,26 @@ def _target_names(target: str) -> tuple[str, str]:
     t = parse_target(target)  # a bad target: the error names what is wrong
     return t.redacted, t.key or ",".join(t.endpoints) or t.redacted
 
+
+#: the most services a catalog source (Consul, ZooKeeper) follows at once
+MAX_SERVICES = 500
+
+
+async def follow_services(services: dict[str, TargetSource], names: Sequence[str], board: Board, *,
+                          target: Any, source: str, fmt: str, timeout: float,
+                          closed: Any = lambda: False) -> None:
+    """Make ``services`` (name -> its TargetSource) follow the catalog's ``names``: the ones gone are closed, the
+    new ones started (at most ``MAX_SERVICES``; ``target(name)`` is the dial target of one); one that cannot be
+    started is shown with its error."""
+    for gone in set(services) - set(names):
+        await services.pop(gone).close()
+    for name in names[:MAX_SERVICES]:
+        if name in services or closed():
+            continue
+        src = TargetSource(target(name), board, timeout, source=source, fmt=fmt, writable=True)
+        services[name] = src
+        try:
+            await src.start()
+        except Exception as e:  # noqa: BLE001 (shown on the page)
+            src.service.error = str(e) or type(e).__name__
+            board.touch()

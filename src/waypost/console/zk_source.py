@@ -17,14 +17,13 @@ from typing import Any
 from .. import zk
 from ..discovery.override import OVERRIDE_ROOT, parse_override
 from .board import Board
-from .sources import TargetSource, on_control
+from .sources import TargetSource, follow_services, on_control
 from .zk_store import ZkOverrides
 
 log = logging.getLogger("waypost.console")
 
 INTERVAL = 2.0
-#: at most this many services are followed (each is one resolver), and overrides read per round
-MAX_SERVICES = 500
+#: at most this many overrides are read per round
 MAX_OVERRIDES = 1000
 
 
@@ -101,19 +100,8 @@ class ZkSource:
                 self.board.overrides.pop(k, None)
             self.board.overrides.update(overrides)
             self.board.touch()
-        for gone in set(self._services) - set(names):
-            await self._services.pop(gone).close()
-        for name in names[:MAX_SERVICES]:
-            if name in self._services or self._closed:
-                continue
-            src = TargetSource(self._target(name), self.board, self.timeout, source=self.name, fmt="zk",
-                               writable=True)
-            self._services[name] = src
-            try:
-                await src.start()
-            except Exception as e:  # noqa: BLE001 (shown on the page)
-                src.service.error = str(e) or type(e).__name__
-                self.board.touch()
+        await follow_services(self._services, names, self.board, target=self._target, source=self.name,
+                              fmt="zk", timeout=self.timeout, closed=lambda: self._closed)
 
     async def close(self) -> None:
         self._closed = True
