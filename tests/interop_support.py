@@ -151,16 +151,24 @@ class GoProc:
     """One running Go program: JSON lines from stdout on a queue, commands to stdin, bounded stop."""
 
     def __init__(self, binary: Path, *args: str, log_dir: Path) -> None:
-        self.name = binary.name
-        self.args = [str(binary), *args]
+        self._launch(binary.name, [str(binary), *args], log_dir, _go_env())
+
+    def _launch(self, name: str, argv: list[str], log_dir: Path, env: dict[str, str], cwd: Path | None = None) -> None:
+        """Start ``argv`` (stderr to a file in ``log_dir``) and the thread that reads its stdout."""
+        self.name = name
+        self.args = argv
         log_dir.mkdir(parents=True, exist_ok=True)
-        self._stderr_path = log_dir / f"{self.name}-{time.monotonic_ns()}.stderr"
+        self._stderr_path = log_dir / f"{name}-{time.monotonic_ns()}.stderr"
         self._stderr = open(self._stderr_path, "wb")  # noqa: SIM115 (closed in stop())
         self.proc = subprocess.Popen(self.args, stdin=subprocess.PIPE, stdout=subprocess.PIPE,
-                                     stderr=self._stderr, env=_go_env())
+                                     stderr=self._stderr, env=env, cwd=cwd)
         self.lines: queue.Queue[Any] = queue.Queue()
-        self._reader = threading.Thread(target=self._read, name=f"read-{self.name}", daemon=True)
+        self._reader = threading.Thread(target=self._read, name=f"read-{name}", daemon=True)
         self._reader.start()
+
+    def _received(self, line: Any) -> Any:
+        """A line as it goes on the queue (a subclass may add to it)."""
+        return line
 
     def _read(self) -> None:
         assert self.proc.stdout is not None
@@ -169,9 +177,10 @@ class GoProc:
             if not text:
                 continue
             try:
-                self.lines.put(json.loads(text))
+                line = json.loads(text)
             except ValueError:
-                self.lines.put({"raw": text})
+                line = {"raw": text}
+            self.lines.put(self._received(line))
         self.lines.put(None)  # EOF
 
     def stderr_tail(self, n: int = 3000) -> str:

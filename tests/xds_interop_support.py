@@ -62,7 +62,6 @@ import fcntl
 import hashlib
 import json
 import os
-import queue
 import re
 import shutil
 import signal
@@ -107,37 +106,14 @@ class PeerProc(GoProc):
 
     def __init__(self, argv: Sequence[str], name: str, *, env: Mapping[str, str] | None = None,
                  log_dir: Path | None = None, cwd: Path | None = None) -> None:
-        # GoProc's __init__ runs a Go binary with the interop env; everything else is inherited as is
-        self.name = name
-        self.args = [str(a) for a in argv]
-        log_dir = log_dir or LOG_DIR
-        log_dir.mkdir(parents=True, exist_ok=True)
-        self._stderr_path = log_dir / f"{name}-{time.monotonic_ns()}.stderr"
-        self._stderr = open(self._stderr_path, "wb")  # noqa: SIM115 (closed in stop())
-        full_env = dict(os.environ)
-        full_env.update(env or {})
-        self.proc = subprocess.Popen(self.args, stdin=subprocess.PIPE, stdout=subprocess.PIPE,
-                                     stderr=self._stderr, env=full_env, cwd=cwd)
-        self.lines: queue.Queue[Any] = queue.Queue()
-        self._reader = threading.Thread(target=self._read, name=f"read-{name}", daemon=True)
-        self._reader.start()
+        self._launch(name, [str(a) for a in argv], log_dir or LOG_DIR, {**os.environ, **(env or {})}, cwd)
         _live.append(self)
 
-    def _read(self) -> None:
-        """GoProc's reader, with each JSON object stamped ``"_at"``: time.monotonic() when it arrived."""
-        assert self.proc.stdout is not None
-        for raw in self.proc.stdout:
-            text = raw.decode(errors="replace").strip()
-            if not text:
-                continue
-            try:
-                line = json.loads(text)
-            except ValueError:
-                line = {"raw": text}
-            if isinstance(line, dict):
-                line["_at"] = time.monotonic()
-            self.lines.put(line)
-        self.lines.put(None)  # EOF
+    def _received(self, line: Any) -> Any:
+        """Each JSON object stamped ``"_at"``: time.monotonic() when it arrived."""
+        if isinstance(line, dict):
+            line["_at"] = time.monotonic()
+        return line
 
     def stop(self, timeout: float = 10.0) -> int:
         rc = super().stop(timeout)
