@@ -79,7 +79,7 @@ def xds_commands(global_options: Callable[[Any], Any], pass_ctx: Callable[[Any],
         try:
             from .xds.control import ControlPlane
         except ImportError as e:
-            raise click.ClickException(f"xds needs the xds extra: pip install 'waypost[xds]' ({e})") from None
+            raise click.ClickException(str(e)) from None  # names the extra to install
         if (tls_cert is None) != (tls_key is None):
             raise click.UsageError("--tls-cert and --tls-key go together")
         exports, prefixes_found = _exports(c, specs, config, prefixes)

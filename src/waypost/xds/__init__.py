@@ -13,6 +13,11 @@ Needs the ``xds`` extra (``pip install 'waypost[xds]'``: the ``xds-protos`` pack
 
 from __future__ import annotations
 
+try:
+    import envoy.service.discovery.v3.ads_pb2  # noqa: F401  (the protos every module here builds on)
+except ImportError as e:  # one clear line instead of "No module named 'envoy'" from deep inside
+    raise ImportError(f"waypost.xds needs the xds extra: pip install 'waypost[xds]' ({e})", name=e.name) from e
+
 from .bootstrap import bootstrap, bootstrap_json
 from .control import ControlPlane
 from .errors import XdsConfigError
