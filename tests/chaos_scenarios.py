@@ -721,8 +721,11 @@ def consul_agent_restart(down_s: float = 10.0, ttl: int = 5, key: str = "chaos-c
         t_back = time.monotonic()
 
         def passing() -> list[str] | None:
+            """Passing in the agent's own state and in the catalog clients read (which, right after the start,
+            can still show the passing state saved before the stop)."""
             try:
-                return agent.passing_addresses(key)
+                local = agent.locally_passing_addresses(key)
+                return local if agent.passing_addresses(key) == local else None
             except Exception:  # noqa: BLE001  # not answering yet: asked again
                 return None
 
@@ -732,6 +735,12 @@ def consul_agent_restart(down_s: float = 10.0, ttl: int = 5, key: str = "chaos-c
         r.lost = len(set(want) - set(seen))
         r.check(back, f"passing instances after the agent's return: {seen}, expected {want}")
         r.check(r.recovery_s <= (r.bound_s or 0), f"instances passing again only {r.recovery_s} s after the return")
+        # the client follows: both served again before the next change (a backend joining while they were still
+        # critical would be the whole list, and its leaving would leave none)
+        both = holds_within(lambda: sorted(ch.balancer.ready_addresses()) == want, 10)
+        r.details["channel_has_both_after_s"] = round(time.monotonic() - t_back, 3)
+        r.check(both, f"the channel holds {sorted(ch.balancer.ready_addresses())} after the agent's return, "
+                      f"expected {want}")
         with nodes(agent.url, key, ["late"], ttl=ttl, serve=True) as (_late,):
             t_late = time.monotonic()
             got = holds_within(lambda: "late" in load.servers_after(t_late), 30)

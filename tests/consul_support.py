@@ -311,6 +311,16 @@ class ConsulAgent:
         return sorted(f"{e['Service']['Address'] or e['Node']['Address']}:{e['Service']['Port']}"
                       for e in self.health(service))
 
+    def locally_passing_addresses(self, service: str) -> list[str]:
+        """The instances of ``service`` whose checks pass in the agent's own state. Right after a restart the
+        catalog (``passing_addresses``) can still show the state saved before the stop until the agent syncs
+        what it restored (a TTL check that expired meanwhile comes back critical); this view does not lag."""
+        status, raw = self.request("GET", f"/v1/agent/health/service/name/{urllib.parse.quote(service)}")
+        if status not in (200, 429, 503):  # 429: warning, 503: critical somewhere (the body still lists all)
+            raise ConsulApiError("GET", f"/v1/agent/health/service/name/{service}", status, raw)
+        return sorted(f"{e['Service']['Address']}:{e['Service']['Port']}" for e in json.loads(raw or b"[]")
+                      if e.get("AggregatedStatus") == "passing")
+
     def register(self, name: str, address: str, port: int, *, id: str | None = None, tags: list[str] | None = None,
                  meta: dict[str, str] | None = None, ttl: str | None = None) -> str:
         """Register a service the way any other client would (PUT /v1/agent/service/register)."""

@@ -19,6 +19,12 @@ from waypost.server import serve
 ADDR = "127.0.0.1:7001"
 
 
+def metadata_seen(sub: waypost.Subscriber) -> list[dict]:
+    """The metadata of each backend ``sub`` holds, from one read of its list (reading the addresses and then
+    the backends apart could see a record go in between)."""
+    return [dict(b.metadata) for b in sub.backends()]
+
+
 class Snapshots:
     """Every backend list a subscriber's listener saw, as (address, metadata) tuples."""
 
@@ -51,7 +57,7 @@ def test_update_keeps_lease_and_key_and_subscribers_see_one_change(shared_etcd, 
         lease, key, mark = pub.lease_id, pub.key, len(snaps.since(0))
 
         pub.update_metadata({"weight": 7, "zone": "a"})
-        wait_until(lambda: dict(sub.backends()[0].metadata).get("weight") == weight, 10, what="the new weight")
+        wait_until(lambda: [m.get("weight") for m in metadata_seen(sub)] == [weight], 10, what="the new weight")
         assert (pub.lease_id, pub.key, pub.registrations) == (lease, key, 1)
         changes = snaps.since(mark)
         assert all(s and s[0][0] == ADDR for s in changes), f"the address went away meanwhile: {changes}"
@@ -68,7 +74,7 @@ def test_gozero_metadata_comes_and_goes_in_the_side_record_and_the_guard_restore
         lease = pub.lease_id
 
         pub.update_metadata({"weight": 3})  # a side record appears, under the same lease
-        wait_until(lambda: dict(sub.backends()[0].metadata) == {"weight": 3}, 10)
+        wait_until(lambda: metadata_seen(sub) == [{"weight": 3}], 10)
         (kv,) = reg.sync.get(side, prefix=True).kvs
         assert kv.lease == lease and b'"weight":3' in kv.value
 
@@ -76,12 +82,12 @@ def test_gozero_metadata_comes_and_goes_in_the_side_record_and_the_guard_restore
         reg.sync.delete(side, prefix=True)  # the guard puts back the NEW metadata
         wait_until(lambda: [b'"weight":9' in kv.value for kv in reg.sync.get(side, prefix=True).kvs] == [True], 10,
                    what="the side record restored with weight 9")
-        wait_until(lambda: dict(sub.backends()[0].metadata) == {"weight": 9}, 10)
+        wait_until(lambda: metadata_seen(sub) == [{"weight": 9}], 10)
         reg.sync.delete(unique_key + "/", prefix=True)  # and the address record, with it
-        wait_until(lambda: sub.values() == [ADDR] and dict(sub.backends()[0].metadata) == {"weight": 9}, 10)
+        wait_until(lambda: metadata_seen(sub) == [{"weight": 9}], 10)
 
         pub.update_metadata(None)  # the side record goes; the guard does not bring it back
-        wait_until(lambda: dict(sub.backends()[0].metadata) == {}, 10)
+        wait_until(lambda: metadata_seen(sub) == [{}], 10)
         wait_until(lambda: not reg.sync.get(side, prefix=True).kvs, 10)
         reg.sync.delete(unique_key + "/", prefix=True)  # the guard now watches the address record alone
         wait_until(lambda: sub.values() == [ADDR], 10)
@@ -108,7 +114,7 @@ def test_paused_publisher_registers_the_new_metadata_on_resume(shared_etcd, uniq
         pub.pause()
         pub.update_metadata({"weight": 4})
         pub.resume()
-        wait_until(lambda: sub.backends() and dict(sub.backends()[0].metadata) == {"weight": 4}, 10)
+        wait_until(lambda: metadata_seen(sub) == [{"weight": 4}], 10)
 
 
 def _echo_server(name: str) -> grpc.Server:
