@@ -23,7 +23,7 @@ from typing import Any
 
 from ..errors import InvalidServiceConfig, NoBackendAvailable
 from ..types import Backend
-from . import method_costs, slow_start
+from . import method_costs, p2c, slow_start
 from .base import DoneHook, Outcome, Picker, PickInfo, PickResult, Policy, parse_config_object
 from .stats import StatsTable, dedupe
 from .weights import CapacityMemo, all_drained
@@ -61,6 +61,14 @@ class LeastRequestPicker(Picker):
         ci, cb = self._counters[i].count, self._counters[best].count
         return ci < cb if d is None else (ci + 1) * d[best] < (cb + 1) * d[i]
 
+    def _fewest(self, drawn: Sequence[int]) -> int:
+        """The draw with the fewest calls in flight (the first drawn on ties)."""
+        best = drawn[0]
+        for i in drawn[1:]:
+            if self._fewer(i, best):
+                best = i
+        return best
+
     def pick(self, info: PickInfo) -> PickResult:
         n = len(self._backends)
         if n == 0:
@@ -68,45 +76,31 @@ class LeastRequestPicker(Picker):
                 raise all_drained(LeastRequestPolicy.name, self._drained)
             raise NoBackendAvailable("least_request: no READY backend")
         policy = self._policy
-        rng = policy.rng
-        counters = self._counters
-        if policy.slow_start.window:
-            best = self._pick_ramped(n)
-        else:
-            best = rng.randrange(n)
-            for _ in range(policy.choice_count - 1):
-                i = rng.randrange(n)
-                if self._fewer(i, best):
-                    best = i
-        counter = counters[best]
+        drawn = p2c.choices(policy.rng, n, policy.choice_count)
+        best = self._pick_ramped(n, drawn) if policy.slow_start.window else self._fewest(drawn)
+        counter = self._counters[best]
         cost = policy.costs.get(info.method, 1) if policy.costs else 1
         with policy._lock:
             counter.count += cost
         return PickResult(self._backends[best], policy._done_hook(counter, cost))
 
-    def _pick_ramped(self, n: int) -> int:
+    def _pick_ramped(self, n: int, drawn: Sequence[int]) -> int:
         """The choice with slow start on: the same draws, compared among the admitted ones. When none is (every draw
         is a ramping backend, e.g. the same one drawn twice), up to ``choiceCount`` more single draws, the first
         admitted one taken (else the last): comparing the rejected draws anyway would hand a ramping backend
         every pick where it is all that was drawn (1/16 of the picks with 4 backends and 2 draws)."""
         policy = self._policy
-        rng = policy.rng
-        drawn = [rng.randrange(n) for _ in range(policy.choice_count)]
         now = policy.clock()
         ramp = policy.slow_start
         admitted = [i for i in drawn if ramp.admits(self._counters[i].born, now)]
-        if not admitted:
-            i = drawn[-1]
-            for _ in range(policy.choice_count):
-                i = rng.randrange(n)
-                if ramp.admits(self._counters[i].born, now):
-                    break
-            return i
-        best = admitted[0]
-        for i in admitted[1:]:
-            if self._fewer(i, best):
-                best = i
-        return best
+        if admitted:
+            return self._fewest(admitted)
+        i = drawn[-1]
+        for _ in range(policy.choice_count):
+            i = policy.rng.randrange(n)
+            if ramp.admits(self._counters[i].born, now):
+                break
+        return i
 
 
 class LeastRequestPolicy(Policy):

@@ -39,7 +39,7 @@ from typing import Any
 
 from ..errors import InvalidServiceConfig, NoBackendAvailable
 from ..types import Backend
-from . import slow_start
+from . import p2c, slow_start
 from .base import DoneHook, Outcome, Picker, PickInfo, PickResult, Policy, parse_config_object
 from .stats import StatsTable, dedupe, is_failure
 from .weights import CapacityMemo, all_drained
@@ -101,13 +101,9 @@ class P2CPicker(Picker):
             elif n == 2:
                 i = self._choose(now, 0, 1)
             else:
-                rng = policy.rng
                 a = b = 0
                 for _ in range(PICK_TIMES):
-                    a = rng.randrange(n)
-                    b = rng.randrange(n - 1)
-                    if b >= a:
-                        b += 1
+                    a, b = p2c.pair(policy.rng, n)
                     if self._stats[a].healthy() and self._stats[b].healthy():
                         break
                 i = self._choose(now, a, b)

@@ -56,7 +56,7 @@ from typing import Any
 from ..durations import parse_config_duration
 from ..errors import InvalidServiceConfig, NoBackendAvailable
 from ..types import Backend
-from . import method_costs, slow_start
+from . import method_costs, p2c, slow_start
 from .base import BackendSignal, DoneHook, Outcome, Picker, PickInfo, PickResult, Policy, parse_config_object
 from .stats import StatsTable, dedupe, is_failure
 from .weights import CapacityMemo, all_drained
@@ -154,10 +154,7 @@ class PeakEwmaPicker(Picker):
         i = 0
         with policy._lock:
             if n > 1:
-                i = policy.rng.randrange(n)
-                j = policy.rng.randrange(n - 1)
-                if j >= i:
-                    j += 1
+                i, j = p2c.pair(policy.rng, n)
                 now, decay = policy.clock(), policy.decay
                 si, sj = self._stats[i], self._stats[j]
                 if policy.slow_start.window and (si.born != sj.born):
