@@ -16,31 +16,30 @@
   with other bodies first (what a proxy or another server at the agent's address would answer), forwarding
   everything else (and, once told to, the health endpoint too) to the real agent.
 
-Every process here is started by this module and stopped by it by its PID (SIGTERM, SIGKILL after a bound).
+Every process here is started by this module and stopped by it by its PID (SIGTERM, SIGKILL after a bound);
+``tests/proc_reaper.py`` stops what is left when the test process ends, killed or not.
 """
 
 from __future__ import annotations
 
-import atexit
 import contextlib
 import itertools
 import json
 import os
 import shutil
-import signal
 import subprocess
 import tempfile
 import time
 import urllib.error
 import urllib.parse
 import urllib.request
-import weakref
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
 import pytest
 
+from tests import proc_reaper
 from tests.go_servers import BuildError, GoServer, Unavailable
 from waypost.etcd.local import free_port
 
@@ -104,16 +103,6 @@ def consul_binary(timeout: float | None = None) -> Path:
 
 
 # ------------------------------------------------------------------------------------------------- the agent
-
-_running: weakref.WeakSet[ConsulAgent] = weakref.WeakSet()
-
-
-@atexit.register
-def _stop_all() -> None:  # a test run that forgot stop() does not leave an agent behind
-    for a in list(_running):
-        with contextlib.suppress(Exception):
-            a.close()
-
 
 class ConsulAgent:
     """``consul agent -dev`` on 127.0.0.1, free ports, a temporary data dir. Use as a context manager too.
@@ -213,7 +202,7 @@ class ConsulAgent:
             cmd[0] = str(binary)
             self.proc = subprocess.Popen(cmd, stdout=logf, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
                                          start_new_session=True)
-        _running.add(self)
+        proc_reaper.track(self, self.close)  # a test run that forgot close(), or was killed, leaves no agent behind
         try:
             self.wait_ready(self.ready_timeout)
         except BaseException:
@@ -243,15 +232,7 @@ class ConsulAgent:
     def stop(self, timeout: float = 10.0, kill: bool = False) -> None:
         """SIGTERM (SIGKILL with ``kill``: a crash), SIGKILL after ``timeout`` s. The ports stay ours."""
         proc, self.proc = self.proc, None
-        if proc is None or proc.poll() is not None:
-            return
-        with contextlib.suppress(ProcessLookupError):
-            proc.send_signal(signal.SIGKILL if kill else signal.SIGTERM)
-        try:
-            proc.wait(timeout)
-        except subprocess.TimeoutExpired:
-            proc.kill()
-            proc.wait(10)
+        proc_reaper.stop_process(proc, timeout, kill=kill)
 
     def restart(self, down_s: float = 0.0, kill: bool = False) -> None:
         """Stop, stay down ``down_s`` s, start on the same ports; every registration is lost (-dev) or kept
@@ -263,7 +244,7 @@ class ConsulAgent:
 
     def close(self) -> None:
         self.stop()
-        _running.discard(self)
+        proc_reaper.untrack(self)
         if self._own_dir and os.environ.get("WAYPOST_CONSUL_KEEP") != "1":
             shutil.rmtree(self.dir, ignore_errors=True)
 

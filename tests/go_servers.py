@@ -4,7 +4,7 @@
 run in an empty directory, producing ``./<name>``) into
 ``${WAYPOST_SERVERS_CACHE:-~/.cache/waypost-servers}/<name>-<version>-<hash of go version>/<name>``, with the
 build log beside it, under a file lock so that concurrent test processes build it once, bounded by a timeout
-(the build's process group is killed past it). ``$<env_binary>`` names an already built binary instead.
+(the build's process group is killed past it, and when the test run ends first). ``$<env_binary>`` names an already built binary instead.
 ``skip_reason()`` says why it cannot be had here (no Go, a Go too old); tests skip with it.
 
 ``go_binary()`` is also the interop programs' toolchain (tests/interop_support.py).
@@ -12,18 +12,18 @@ build log beside it, under a file lock so that concurrent test processes build i
 
 from __future__ import annotations
 
-import contextlib
 import fcntl
 import hashlib
 import os
 import re
 import shutil
-import signal
 import subprocess
 import sys
 import time
 from dataclasses import dataclass
 from pathlib import Path
+
+from tests.proc_reaper import wait_group
 
 #: Go's standard install location, for environments whose PATH lacks it
 GO_DEFAULT = Path("/usr/local/go/bin/go")
@@ -158,11 +158,8 @@ class GoServer:
                                     stdout=logf, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
                                     start_new_session=True)
             try:
-                rc = proc.wait(limit)
+                rc = wait_group(proc, limit)  # the build's own process group (go, compile, link)
             except subprocess.TimeoutExpired:
-                with contextlib.suppress(ProcessLookupError):
-                    os.killpg(proc.pid, signal.SIGKILL)  # the build's own process group (go, compile, link)
-                proc.wait(30)
                 raise BuildError(f"building {self.name} took longer than {limit:.0f} s ({self.timeout_env}); "
                                  f"log: {log_path}") from None
             seconds = time.monotonic() - started

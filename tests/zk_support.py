@@ -14,25 +14,26 @@
   server grants session timeouts from 1 s (2 ticks) to ``max_session_timeout`` (30 s), so tests can expire a
   session in a couple of seconds.
 
-Every process here is started by this module and stopped by it by its PID (SIGTERM, SIGKILL after a bound).
+Every process here is started by this module and stopped by it by its PID (SIGTERM, SIGKILL after a bound);
+``tests/proc_reaper.py`` stops what is left when the test process ends, killed or not.
 """
 
 from __future__ import annotations
 
-import atexit
 import contextlib
 import fcntl
 import os
 import shutil
-import signal
 import socket
 import subprocess
 import tempfile
 import time
-import weakref
 from pathlib import Path
+from typing import BinaryIO
 
+from tests import proc_reaper
 from tests.go_servers import servers_cache
+from tests.proc_reaper import wait_group
 from waypost.etcd.local import free_port
 
 ZK_VERSION = "3.9.5"
@@ -156,11 +157,8 @@ def zookeeper_lib(timeout: float | None = None) -> Path:
                  "-DincludeScope=runtime"],
                 cwd=home, stdout=logf, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL, start_new_session=True)
             try:
-                rc = proc.wait(limit)
+                rc = wait_group(proc, limit)  # mvn's own process group
             except subprocess.TimeoutExpired:
-                with contextlib.suppress(ProcessLookupError):
-                    os.killpg(proc.pid, signal.SIGKILL)  # mvn's own process group
-                proc.wait(30)
                 raise ZkFetchError(f"fetching ZooKeeper took longer than {limit:.0f} s "
                                    f"(WAYPOST_ZK_FETCH_TIMEOUT); log: {log_path}") from None
             seconds = time.monotonic() - started
@@ -189,16 +187,6 @@ def four_letter(port: int, word: bytes = b"srvr", host: str = "127.0.0.1", timeo
         return ""
 
 
-_running: weakref.WeakSet[ZkServer] = weakref.WeakSet()
-
-
-@atexit.register
-def _stop_all() -> None:  # a test run that forgot stop() does not leave a JVM behind
-    for s in list(_running):
-        with contextlib.suppress(Exception):
-            s.close()
-
-
 class ZkServer:
     """A standalone ZooKeeper in a temporary directory. ``start()`` returns self; a context manager too."""
 
@@ -214,7 +202,7 @@ class ZkServer:
         self.starts = 0
         #: seconds from the JVM's launch to ``srvr`` answering, per start
         self.startup_seconds: list[float] = []
-        self._log = None
+        self._log: BinaryIO | None = None
 
     @property
     def hosts(self) -> str:
@@ -257,7 +245,7 @@ class ZkServer:
         self.proc = subprocess.Popen(self.command(lib), cwd=self.dir, stdout=self._log, stderr=subprocess.STDOUT,
                                      stdin=subprocess.DEVNULL)
         self.starts += 1
-        _running.add(self)
+        proc_reaper.track(self, self.close)  # a test run that forgot stop(), or was killed, leaves no JVM behind
         deadline = started + self.ready_timeout
         while True:
             if self.proc.poll() is not None:
@@ -287,14 +275,7 @@ class ZkServer:
     def stop(self, timeout: float = 10.0) -> None:
         """SIGTERM by PID, SIGKILL after ``timeout`` s. The data dir stays (``start()`` again resumes it)."""
         proc, self.proc = self.proc, None
-        if proc is not None and proc.poll() is None:
-            with contextlib.suppress(ProcessLookupError):
-                proc.send_signal(signal.SIGTERM)
-            try:
-                proc.wait(timeout)
-            except subprocess.TimeoutExpired:
-                proc.kill()
-                proc.wait(10)
+        proc_reaper.stop_process(proc, timeout)
         if self._log is not None:
             with contextlib.suppress(OSError):
                 self._log.close()
@@ -306,7 +287,7 @@ class ZkServer:
 
     def close(self) -> None:
         self.stop()
-        _running.discard(self)
+        proc_reaper.untrack(self)
         if self._own_dir and os.environ.get("WAYPOST_ZK_KEEP") != "1":
             shutil.rmtree(self.dir, ignore_errors=True)
 

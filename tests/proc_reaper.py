@@ -1,0 +1,116 @@
+"""One reaper for the server processes the tests start: what is still running when the test process ends is
+stopped, whether it ends normally or by SIGTERM / SIGHUP.
+
+* ``track(owner, stop)``: ``stop()`` runs at exit unless ``untrack(owner)`` came first (owners are stopped
+  newest first, each once). ``stop`` must be bounded, e.g. ``stop_process``.
+* ``stop_process(proc, timeout, kill=False)``: SIGTERM (SIGKILL with ``kill``) by PID, SIGKILL after ``timeout``
+  s, then reaped.
+* ``wait_group(proc, limit)``: wait for a process that leads a process group of its own (``start_new_session``),
+  e.g. a build; past ``limit`` s the whole group is SIGKILLed and ``subprocess.TimeoutExpired`` raised. It is
+  tracked while waited for, so a test run ended meanwhile does not leave the build running.
+
+Signals: the servers run in sessions of their own (a terminal's signals do not reach them) and Python ends on
+SIGTERM or SIGHUP without running atexit hooks, so the first ``track`` made in the main thread installs a handler
+for each of them that has none: it stops every tracked owner, then ends the process by the same signal as the
+default action would have. A process forked from this one stops nothing of its parent's.
+"""
+
+from __future__ import annotations
+
+import atexit
+import contextlib
+import os
+import signal
+import subprocess
+import threading
+from collections.abc import Callable
+from types import FrameType
+from typing import Any
+
+#: the signals whose default action would end the test process without atexit hooks
+SIGNALS = (signal.SIGTERM, signal.SIGHUP)
+
+# id(owner) -> (owner, stop); the owner is held so that its id is not reused while it is tracked
+_owners: dict[int, tuple[object, Callable[[], object]]] = {}
+# forked children inherit the table and the handlers: only the process that imported this module reaps
+_pid = os.getpid()
+_handlers_installed = False
+
+
+def track(owner: object, stop: Callable[[], object]) -> None:
+    """Call ``stop()`` when this process ends, unless ``untrack(owner)`` comes first. Tracking an owner again
+    replaces its ``stop``."""
+    _owners[id(owner)] = (owner, stop)
+    _install_handlers()
+
+
+def untrack(owner: object) -> None:
+    """Forget ``owner`` (it stopped its processes itself); unknown owners are fine."""
+    _owners.pop(id(owner), None)
+
+
+def reap() -> None:
+    """Stop every tracked owner, newest first; an owner whose stop fails does not keep the others running."""
+    if os.getpid() != _pid:
+        return
+    while _owners:
+        _, stop = _owners.pop(next(reversed(_owners)))
+        with contextlib.suppress(Exception):
+            stop()
+
+
+atexit.register(reap)
+
+
+def _on_signal(signum: int, frame: FrameType | None) -> None:
+    reap()
+    # the default action, as if no handler had been installed: the run ends by this signal
+    signal.signal(signum, signal.SIG_DFL)
+    os.kill(os.getpid(), signum)
+
+
+def _install_handlers() -> None:
+    global _handlers_installed
+    if _handlers_installed or threading.current_thread() is not threading.main_thread():
+        return  # only the main thread may set handlers; a later track from it will
+    for signum in SIGNALS:
+        if signal.getsignal(signum) is signal.SIG_DFL:  # a handler set by someone else stays theirs
+            signal.signal(signum, _on_signal)
+    _handlers_installed = True
+
+
+def stop_process(proc: subprocess.Popen[Any] | None, timeout: float = 10.0, *, kill: bool = False) -> None:
+    """End ``proc`` by its PID: SIGTERM (SIGKILL with ``kill``: a crash), SIGKILL when it is still running after
+    ``timeout`` s. A process that already exited is left as it is."""
+    if proc is None or proc.poll() is not None:
+        return
+    with contextlib.suppress(ProcessLookupError):
+        proc.send_signal(signal.SIGKILL if kill else signal.SIGTERM)
+    try:
+        proc.wait(timeout)
+    except subprocess.TimeoutExpired:
+        proc.kill()
+        proc.wait(10)
+
+
+def kill_group(proc: subprocess.Popen[Any]) -> None:
+    """SIGKILL the process group that ``proc`` leads (it was started with ``start_new_session``)."""
+    with contextlib.suppress(ProcessLookupError):
+        os.killpg(proc.pid, signal.SIGKILL)
+
+
+def wait_group(proc: subprocess.Popen[Any], limit: float) -> int:
+    """``proc``'s exit code; past ``limit`` s its whole process group is killed and ``subprocess.TimeoutExpired``
+    raised. ``proc`` leads a process group of its own (``start_new_session``)."""
+    track(proc, lambda: kill_group(proc))
+    try:
+        return proc.wait(limit)
+    except subprocess.TimeoutExpired:
+        kill_group(proc)  # the children too (go compile, link; mvn's JVM)
+        proc.wait(30)
+        raise
+    finally:
+        untrack(proc)
+
+
+__all__ = ["kill_group", "reap", "stop_process", "track", "untrack", "wait_group"]
