@@ -19,6 +19,10 @@ from typing import Any, ClassVar, Protocol
 import grpc
 
 from ..types import Backend
+from .config_fields import (
+    parse_config_object,  # noqa: F401  # importable from here too (custom policies)
+    policy_config,
+)
 
 Clock = Callable[[], float]  # monotonic seconds
 
@@ -144,13 +148,9 @@ class Policy(abc.ABC):
         """Validate this policy's ``loadBalancingConfig`` entry; raise InvalidServiceConfig naming ``path``.
 
         This default is for policies that take no fields: ``{}`` or nothing; any field is an error (a typo
-        must not pass silently). A policy with settings overrides it."""
-        from ..errors import InvalidServiceConfig
-
-        cfg = parse_config_object(raw, path)
-        if cfg:
-            raise InvalidServiceConfig(f"{path}.{min(cfg)}: unknown field for {cls.name} (it takes no fields)")
-        return cfg
+        must not pass silently). A policy with settings overrides it, checking its fields with
+        ``config_fields.policy_config``."""
+        return policy_config(raw, path, cls.name)
 
     @abc.abstractmethod
     def build(self, backends: Sequence[Backend]) -> Picker:
@@ -170,17 +170,6 @@ class Policy(abc.ABC):
     def signals(self) -> list[BackendSignal]:
         """Per-backend load signals for metrics and logs; empty for policies that keep none."""
         return []
-
-
-def parse_config_object(raw: Any, path: str) -> dict[str, Any]:
-    """The common check for a policy's config: absent -> {}, otherwise a JSON object."""
-    from ..errors import InvalidServiceConfig
-
-    if raw is None:
-        return {}
-    if not isinstance(raw, Mapping):
-        raise InvalidServiceConfig(f"{path}: expected a JSON object, got {type(raw).__name__}")
-    return dict(raw)
 
 
 def normalize_hash_key(key: str | bytes | int | None) -> str | None:

@@ -33,7 +33,8 @@ import mmh3
 
 from ..errors import InvalidServiceConfig, NoBackendAvailable
 from ..types import Backend
-from .base import Picker, PickError, PickInfo, PickResult, Policy, key_bytes, parse_config_object
+from .base import Picker, PickError, PickInfo, PickResult, Policy, key_bytes
+from .config_fields import policy_config
 from .stats import dedupe
 from .weights import WeightMemo, all_drained
 
@@ -128,10 +129,7 @@ class ConsistentHashPolicy(Policy):
 
     @classmethod
     def parse_config(cls, raw: Any, path: str) -> dict[str, Any]:
-        cfg = parse_config_object(raw, path)
-        unknown = set(cfg) - {"hashHeader", "weighted"}
-        if unknown:
-            raise InvalidServiceConfig(f"{path}.{min(unknown)}: unknown field for consistent_hash")
+        cfg = policy_config(raw, path, cls.name, ("hashHeader", "weighted"))
         if "hashHeader" in cfg:
             h = cfg["hashHeader"]
             if not isinstance(h, str) or not h or h != h.strip() or h.startswith(":"):

@@ -24,7 +24,8 @@ from typing import Any
 from ..errors import InvalidServiceConfig, NoBackendAvailable
 from ..types import Backend
 from . import method_costs, p2c, slow_start
-from .base import DoneHook, Outcome, Picker, PickInfo, PickResult, Policy, parse_config_object
+from .base import DoneHook, Outcome, Picker, PickInfo, PickResult, Policy
+from .config_fields import policy_config
 from .stats import StatsTable, dedupe
 from .weights import CapacityMemo, all_drained
 
@@ -112,7 +113,7 @@ class LeastRequestPolicy(Policy):
         super().__init__(config, **kwargs)
         self.choice_count = int(self.config.get("choiceCount", DEFAULT_CHOICE_COUNT))
         self.costs: dict[str, int] = dict(self.config.get(method_costs.FIELD, {}))
-        self.slow_start = slow_start.SlowStart(float(self.config.get(slow_start.FIELD, 0.0)), self.rng)
+        self.slow_start = slow_start.SlowStart.of(self.config, self.rng)
         self._lock = threading.Lock()
         self._capacity = CapacityMemo(log)
         self._counters: StatsTable[_Inflight] = StatsTable(
@@ -120,11 +121,7 @@ class LeastRequestPolicy(Policy):
 
     @classmethod
     def parse_config(cls, raw: Any, path: str) -> dict[str, Any]:
-        cfg = parse_config_object(raw, path)
-        unknown = set(cfg) - CONFIG_FIELDS
-        if unknown:
-            raise InvalidServiceConfig(f"{path}.{min(unknown)}: unknown field for least_request "
-                                       f"(expected {', '.join(sorted(CONFIG_FIELDS))})")
+        cfg = policy_config(raw, path, cls.name, CONFIG_FIELDS)
         method_costs.parse_costs(cfg, path)
         slow_start.parse_window(cfg, path)
         if "choiceCount" in cfg:

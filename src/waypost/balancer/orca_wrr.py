@@ -38,7 +38,8 @@ from ..errors import InvalidServiceConfig, NoBackendAvailable
 from ..orca import MIRROR_KEY, OOB_METHOD, TRAILER_KEY, available, oob_request
 from ..orca.parse import LoadReport, ReportError, parse_report_or_error
 from ..types import Backend
-from .base import DoneHook, LoadProber, Outcome, Picker, PickInfo, PickResult, Policy, parse_config_object
+from .base import DoneHook, LoadProber, Outcome, Picker, PickInfo, PickResult, Policy
+from .config_fields import policy_config
 from .stats import StatsTable, dedupe
 
 log = logging.getLogger("waypost.balancer.orca_wrr")
@@ -161,11 +162,7 @@ class OrcaWeightedRoundRobinPolicy(Policy):
 
     @classmethod
     def parse_config(cls, raw: Any, path: str) -> dict[str, Any]:
-        cfg = parse_config_object(raw, path)
-        unknown = set(cfg) - set(DEFAULTS)
-        if unknown:
-            raise InvalidServiceConfig(f"{path}.{min(unknown)}: unknown field for weighted_round_robin "
-                                       f"(expected {', '.join(sorted(DEFAULTS))})")
+        cfg = policy_config(raw, path, cls.name, set(DEFAULTS))
         for key in _DURATIONS:
             if key in cfg:
                 cfg[key] = parse_config_duration(cfg[key], f"{path}.{key}")

@@ -44,8 +44,9 @@ from .. import metrics as _metrics
 from ..durations import parse_config_duration
 from ..errors import InvalidServiceConfig, NoBackendAvailable
 from ..types import Backend
-from .base import Outcome, Picker, PickInfo, PickResult, Policy, parse_config_object
+from .base import Outcome, Picker, PickInfo, PickResult, Policy
 from .catalog import get_policy, parse_lb_config_list
+from .config_fields import check_fields, parse_config_object, policy_config
 from .stats import StatsTable, dedupe, is_failure
 
 log = logging.getLogger("waypost.balancer.outlier")
@@ -76,9 +77,7 @@ def _sub(raw: Any, path: str, defaults: Mapping[str, int], pct_fields: set[str])
     if raw is None:
         return None
     cfg = parse_config_object(raw, path)
-    unknown = set(cfg) - set(defaults)
-    if unknown:
-        raise InvalidServiceConfig(f"{path}.{min(unknown)}: unknown field")
+    check_fields(cfg, path, tuple(defaults))
     out: dict[str, int] = {}
     for key, default in defaults.items():
         hi = 100 if key in pct_fields else None
@@ -99,11 +98,8 @@ class OutlierConfig:
 
     @classmethod
     def parse(cls, raw: Any, path: str) -> OutlierConfig:
-        cfg = parse_config_object(raw, path)
-        known = set(DEFAULTS) | {"successRateEjection", "failurePercentageEjection", "childPolicy"}
-        unknown = set(cfg) - known
-        if unknown:
-            raise InvalidServiceConfig(f"{path}.{min(unknown)}: unknown field for outlier_detection")
+        known = (*DEFAULTS, "successRateEjection", "failurePercentageEjection", "childPolicy")
+        cfg = policy_config(raw, path, "outlier_detection", known)
         interval = parse_config_duration(cfg.get("interval", DEFAULTS["interval"]), f"{path}.interval", positive=True)
         child = parse_lb_config_list(cfg.get("childPolicy", DEFAULT_CHILD), f"{path}.childPolicy")
         return cls(

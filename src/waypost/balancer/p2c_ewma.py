@@ -37,10 +37,11 @@ import threading
 from collections.abc import Sequence
 from typing import Any
 
-from ..errors import InvalidServiceConfig, NoBackendAvailable
+from ..errors import NoBackendAvailable
 from ..types import Backend
 from . import p2c, slow_start
-from .base import DoneHook, Outcome, Picker, PickInfo, PickResult, Policy, parse_config_object
+from .base import DoneHook, Outcome, Picker, PickInfo, PickResult, Policy
+from .config_fields import policy_config
 from .stats import StatsTable, dedupe, is_failure
 from .weights import CapacityMemo, all_drained
 
@@ -119,14 +120,12 @@ class P2CPicker(Picker):
             s1.picked = now
             return i1
         s2 = self._stats[i2]
-        ramp = self._policy.slow_start
-        if ramp.window and s1.born != s2.born:
-            a1, a2 = ramp.admits(s1.born, now), ramp.admits(s2.born, now)
-            if a1 != a2:  # one of the pair is ramping and not admitted: the other one
-                if a2:
-                    i1, s1 = i2, s2
-                s1.picked = now
-                return i1
+        only = self._policy.slow_start.only_admitted(s1.born, s2.born, now)
+        if only is not None:  # one of the pair is ramping and not admitted: the other one
+            if only:
+                i1, s1 = i2, s2
+            s1.picked = now
+            return i1
         d = self._divisors
         if (s1.load() > s2.load()) if d is None else (s1.load() * d[i2] > s2.load() * d[i1]):
             i1, i2, s1, s2 = i2, i1, s2, s1
@@ -144,7 +143,7 @@ class P2CEwmaPolicy(Policy):
 
     def __init__(self, config: Any = None, **kwargs: Any) -> None:
         super().__init__(config, **kwargs)
-        self.slow_start = slow_start.SlowStart(float(self.config.get(slow_start.FIELD, 0.0)), self.rng)
+        self.slow_start = slow_start.SlowStart.of(self.config, self.rng)
         self._lock = threading.Lock()
         self._capacity = CapacityMemo(log)
         self._stats: StatsTable[P2CStats] = StatsTable(
@@ -154,11 +153,7 @@ class P2CEwmaPolicy(Policy):
 
     @classmethod
     def parse_config(cls, raw: Any, path: str) -> dict[str, Any]:
-        cfg = parse_config_object(raw, path)
-        unknown = set(cfg) - {slow_start.FIELD}
-        if unknown:
-            raise InvalidServiceConfig(f"{path}.{min(unknown)}: unknown field for p2c_ewma "
-                                       f"(expected {slow_start.FIELD}; go-zero's constants are fixed)")
+        cfg = policy_config(raw, path, cls.name, (slow_start.FIELD,), note=" (go-zero's constants are fixed)")
         slow_start.parse_window(cfg, path)
         return cfg
 

@@ -54,10 +54,11 @@ from collections.abc import Callable, Sequence
 from typing import Any
 
 from ..durations import parse_config_duration
-from ..errors import InvalidServiceConfig, NoBackendAvailable
+from ..errors import NoBackendAvailable
 from ..types import Backend
 from . import method_costs, p2c, slow_start
-from .base import BackendSignal, DoneHook, Outcome, Picker, PickInfo, PickResult, Policy, parse_config_object
+from .base import BackendSignal, DoneHook, Outcome, Picker, PickInfo, PickResult, Policy
+from .config_fields import policy_config
 from .stats import StatsTable, dedupe, is_failure
 from .weights import CapacityMemo, all_drained
 
@@ -157,13 +158,9 @@ class PeakEwmaPicker(Picker):
                 i, j = p2c.pair(policy.rng, n)
                 now, decay = policy.clock(), policy.decay
                 si, sj = self._stats[i], self._stats[j]
-                if policy.slow_start.window and (si.born != sj.born):
-                    ramp = policy.slow_start
-                    ai, aj = ramp.admits(si.born, now), ramp.admits(sj.born, now)
-                    if ai != aj:  # one of the pair is ramping and not admitted: the other one
-                        i = i if ai else j
-                    elif self._lighter(j, i, now, decay):
-                        i = j
+                only = policy.slow_start.only_admitted(si.born, sj.born, now)
+                if only is not None:  # one of the pair is ramping and not admitted: the other one
+                    i = j if only else i
                 elif self._lighter(j, i, now, decay):
                     i = j
             chosen = self._stats[i]
@@ -192,7 +189,7 @@ class PeakEwmaPolicy(Policy):
         self.decay = float(self.config.get("decayTime", DEFAULT_DECAY_TIME))
         self.default_rtt = float(self.config.get("defaultRtt", DEFAULT_RTT))
         self.costs: dict[str, int] = dict(self.config.get(method_costs.FIELD, {}))
-        self.slow_start = slow_start.SlowStart(float(self.config.get(slow_start.FIELD, 0.0)), self.rng)
+        self.slow_start = slow_start.SlowStart.of(self.config, self.rng)
         self._lock = threading.Lock()
         self._start_rtt = self.default_rtt  # a new backend's estimate; set by build from its peers
         self._stats: StatsTable[PeakEwmaStats] = StatsTable(
@@ -205,11 +202,7 @@ class PeakEwmaPolicy(Policy):
 
     @classmethod
     def parse_config(cls, raw: Any, path: str) -> dict[str, Any]:
-        cfg = parse_config_object(raw, path)
-        unknown = set(cfg) - CONFIG_FIELDS
-        if unknown:
-            raise InvalidServiceConfig(f"{path}.{min(unknown)}: unknown field for peak_ewma "
-                                       f"(expected {', '.join(sorted(CONFIG_FIELDS))})")
+        cfg = policy_config(raw, path, cls.name, CONFIG_FIELDS)
         for key in DURATION_FIELDS & set(cfg):
             cfg[key] = parse_config_duration(cfg[key], f"{path}.{key}", positive=True)
         slow_start.parse_window(cfg, path)

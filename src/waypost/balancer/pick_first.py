@@ -18,7 +18,8 @@ from typing import Any
 
 from ..errors import InvalidServiceConfig, NoBackendAvailable
 from ..types import Backend
-from .base import Picker, PickInfo, PickResult, Policy, parse_config_object
+from .base import Picker, PickInfo, PickResult, Policy
+from .config_fields import policy_config
 from .stats import StatsTable, dedupe
 
 
@@ -45,10 +46,7 @@ class PickFirstPolicy(Policy):
 
     @classmethod
     def parse_config(cls, raw: Any, path: str) -> dict[str, Any]:
-        cfg = parse_config_object(raw, path)
-        unknown = set(cfg) - {"shuffleAddressList"}
-        if unknown:
-            raise InvalidServiceConfig(f"{path}.{min(unknown)}: unknown field for pick_first")
+        cfg = policy_config(raw, path, cls.name, ("shuffleAddressList",))
         if "shuffleAddressList" in cfg and not isinstance(cfg["shuffleAddressList"], bool):
             raise InvalidServiceConfig(
                 f"{path}.shuffleAddressList: expected a boolean, got {cfg['shuffleAddressList']!r}"

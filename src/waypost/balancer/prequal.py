@@ -60,7 +60,8 @@ from ..durations import parse_config_duration
 from ..errors import InvalidServiceConfig, NoBackendAvailable
 from ..types import Backend
 from . import slow_start
-from .base import BackendSignal, LoadProber, Picker, PickInfo, PickResult, Policy, parse_config_object
+from .base import BackendSignal, LoadProber, Picker, PickInfo, PickResult, Policy
+from .config_fields import policy_config
 from .peak_ewma import DURATION_FIELDS as PEAK_DURATIONS
 from .peak_ewma import FALLBACK_FIELDS as PEAK_FIELDS
 from .peak_ewma import PeakEwmaPicker, PeakEwmaPolicy
@@ -155,11 +156,7 @@ class PrequalPolicy(Policy):
 
     @classmethod
     def parse_config(cls, raw: Any, path: str) -> dict[str, Any]:
-        cfg = parse_config_object(raw, path)
-        unknown = set(cfg) - CONFIG_FIELDS
-        if unknown:
-            raise InvalidServiceConfig(f"{path}.{min(unknown)}: unknown field for prequal "
-                                       f"(expected {', '.join(sorted(CONFIG_FIELDS))})")
+        cfg = policy_config(raw, path, cls.name, CONFIG_FIELDS)
         for key, (lo, hi) in NUMBER_FIELDS.items():
             if key in cfg:
                 cfg[key] = _number(cfg[key], f"{path}.{key}", lo, hi)

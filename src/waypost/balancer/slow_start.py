@@ -28,6 +28,7 @@ from __future__ import annotations
 
 import math
 import random
+from collections.abc import Mapping
 from typing import Any
 
 from ..durations import parse_config_duration
@@ -58,6 +59,11 @@ class SlowStart:
         self._rng = rng
         self._since: float | None = None  # the time of the first build with backends
 
+    @classmethod
+    def of(cls, config: Mapping[str, Any], rng: random.Random) -> SlowStart:
+        """The ramp a policy's validated config sets (``slowStartWindow``; absent: off)."""
+        return cls(float(config.get(FIELD, 0.0)), rng)
+
     def on_build(self, now: float, count: int) -> None:
         """Note a build of ``count`` backends (call before creating the new backends' statistics)."""
         if self._since is None and count:
@@ -75,6 +81,17 @@ class SlowStart:
         if elapsed >= self.window:
             return 1.0
         return max(MIN_FACTOR, elapsed / self.window)
+
+    def only_admitted(self, born_a: float, born_b: float, now: float) -> int | None:
+        """For a P2C pair whose ramps started at ``born_a`` and ``born_b``: 0 or 1 when exactly that one of the
+        two takes part in this pick (the other ramps and is not admitted), else None (compare the pair as usual).
+        Draws the rng only for a ramping member of a pair that differs in its ramp, ``a`` first."""
+        if not self.window or born_a == born_b:
+            return None
+        admit_a, admit_b = self.admits(born_a, now), self.admits(born_b, now)
+        if admit_a == admit_b:
+            return None
+        return 0 if admit_a else 1
 
     def admits(self, born: float, now: float) -> bool:
         """Whether a backend whose ramp started at ``born`` takes part in this pick (draws the rng only while

@@ -6,8 +6,10 @@ from __future__ import annotations
 import math
 from typing import Any, NoReturn
 
+from ..balancer import config_fields
+from ..balancer.config_fields import first_unknown
 from ..durations import parse_config_duration
-from ..errors import InvalidServiceConfig, describe_value, did_you_mean
+from ..errors import InvalidServiceConfig, describe_value
 
 _UNSUPPORTED_WHY = {
     "hedgingPolicy": "hedging is not supported by waypost; use retryPolicy",
@@ -24,14 +26,13 @@ def fail(path: str, message: str) -> NoReturn:
 
 
 def check_fields(obj: dict[str, Any], path: str, known: tuple[str, ...], unsupported: tuple[str, ...]) -> None:
-    for name in obj:
-        if name in known:
-            continue
-        where = f"{path}.{name}" if path else name
-        if name in unsupported:
-            fail(where, _UNSUPPORTED_WHY.get(name, "a gRPC service-config field waypost does not support")
-                  + " (remove it)")
-        fail(where, f"unknown field{did_you_mean(name, known)}; expected one of: {', '.join(known)}")
+    """Raise for the first field of ``obj`` not in ``known``: the policies' check (``balancer.config_fields``),
+    with an explanation instead for a gRPC field waypost knows but does not support (``unsupported``)."""
+    name = first_unknown(obj, known)
+    if name is not None and name in unsupported:
+        fail(f"{path}.{name}" if path else name,
+             _UNSUPPORTED_WHY.get(name, "a gRPC service-config field waypost does not support") + " (remove it)")
+    config_fields.check_fields(obj, path, known)
 
 
 def number(value: Any, path: str, expected: str) -> float:
