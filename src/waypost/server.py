@@ -52,6 +52,7 @@ from typing import Any, ClassVar, Protocol
 import grpc
 
 from ._serving import Aio, HardDeadline, ShutdownHook, Threads, check_shutdown_args, hook_name
+from .discovery.registration import Registration
 from .discovery.registrations import connect_registries, make_publisher
 from .errors import WaypostError
 from .netutil import advertised_address, bind_problem
@@ -210,8 +211,8 @@ class _Base:
     #: the server's ORCA ServerMetricsRecorder (None without xds-protos); see waypost.orca.server_recorder
     orca_recorder: Any = None
 
-    def __init__(self, server: Any, key: str, address: str, port: int, registry: Any, publisher: Any,
-                 health: Any, grace: float) -> None:
+    def __init__(self, server: Any, key: str, address: str, port: int, registry: Any,
+                 publisher: Registration, health: Any, grace: float) -> None:
         self.server = server
         self.key = key
         self.address = address
@@ -236,7 +237,7 @@ class _Base:
     @property
     def registered_key(self) -> str | None:
         """The full registry key of the registration now (None while paused or stopped)."""
-        return self.publisher.key  # type: ignore[no-any-return]
+        return self.publisher.key
 
     def _health_services(self) -> list[str]:
         return ["", self.key]
@@ -457,7 +458,7 @@ def serve(
 
 
 def _publisher(reg: Any, key: str, listen_on: str, port: int, advertise: str | None, allow_loopback: bool | None,
-               **publisher_args: Any) -> tuple[str, Any]:
+               **publisher_args: Any) -> tuple[str, Registration]:
     """The advertised address and the (not yet started) publisher that will register it."""
 
     address = advertised_address(listen_on, port, advertise=advertise, registry=reg, allow_loopback=allow_loopback)

@@ -53,7 +53,7 @@ from ..consul.config import ConsulConfig, resolve_config
 from ..errors import PermissionDenied, RegistryError, RegistryUnavailable, describe_value, shown_key
 from ..netutil import AddressError, check_dialable, parse_host_port
 from .group import cool_down
-from .outage import OnUnregistered, Outage, track, untrack
+from .outage import OnUnregistered, Outage
 from .override import ConsulOverrideFollower, apply_override
 from .publisher import _check_json
 from .publisher_base import REVOKE_TIMEOUT, PublisherBase
@@ -113,13 +113,9 @@ class ConsulPublisher(PublisherBase):
         self.client = ConsulClient(self.config, timeout=self.timeout)
         self._rng = rng or random.Random()
         self._clock = clock
-        self._state = "new"  # new -> running <-> paused -> stopped
-        self._registered = False
         self._last_ok = 0.0  # clock time of the last successful register or pass
         self._heartbeat_task: asyncio.Task[None] | None = None
         self._guard_task: asyncio.Task[None] | None = None
-        self._retry_task: asyncio.Task[None] | None = None
-        self._writing: asyncio.Lock | None = None
         self.registrations = 0  # successful registrations (1 after start, +1 per recovery or resume)
         self.passes = 0
         self.restored = 0  # registrations put back after someone overwrote them
@@ -190,28 +186,8 @@ class ConsulPublisher(PublisherBase):
 
     # -- lifecycle on the control loop ----------------------------------------------------------------------
 
-    async def _start(self) -> None:
-        if self._state in ("running", "paused"):
-            return
-        self._state = "running"
-        try:
-            await self._register_within_timeout()
-        except BaseException:
-            self._state = "new"
-            await self.client.close()
-            raise
-        track(self)
-
-    async def _register_within_timeout(self) -> None:
-        try:
-            await asyncio.wait_for(self._register(), self.timeout)
-        except PermissionDenied:
-            raise  # a refusal, not an outage: say so as it is
-        except (asyncio.TimeoutError, RegistryError, RegistryUnavailable, OSError) as e:
-            why = "timed out" if isinstance(e, asyncio.TimeoutError) else str(e)
-            raise RegistryUnavailable(
-                f"could not register {self.base_key!r}={self.value!r} in consul at {self.config.base_url} "
-                f"within {self.timeout:g}s: {why}") from e
+    def _where(self) -> str:
+        return f"consul at {self.config.base_url}"
 
     async def _register(self) -> None:
         """PUT the registration (with its check, passing) and start keeping it alive."""
@@ -233,34 +209,11 @@ class ConsulPublisher(PublisherBase):
             self._override_task = loop.create_task(self.override.run())
         log.debug("%r: registered (TTL %ds, deregistered after %ds critical)", self, self.ttl, self.deregister_after)
 
-    async def _pause(self) -> None:
-        if self._state != "running":
-            return
-        self._state = "paused"
-        log.info("%r: paused, deregistering", self)
+    async def _withdraw(self) -> None:
         await self._teardown(deregister=True)
 
-    async def _resume(self) -> None:
-        if self._state != "paused":
-            return
-        self._state = "running"
-        try:
-            await self._register_within_timeout()
-        except RegistryUnavailable as e:
-            self._recover_later(e)
-            raise
-
-    async def _stop(self) -> None:
-        if self._state == "stopped":
-            return
-        was = self._state
-        self._state = "stopped"
-        untrack(self)
-        try:
-            if was != "new":
-                await self._teardown(deregister=True)
-        finally:
-            await self.client.close()
+    async def _close(self) -> None:
+        await self.client.close()
 
     async def _teardown(self, deregister: bool) -> None:
         """Stop passing and guarding; deregister (bounded; else the check goes critical after ttl and the
@@ -306,13 +259,6 @@ class ConsulPublisher(PublisherBase):
             raise RegistryUnavailable(f"could not update the metadata of {self.service_id!r} in consul at "
                                       f"{self.config.base_url} within {self.timeout:g}s: {why}") from e
         self._last_ok = self._clock()
-
-    async def _update_late(self) -> None:
-        """The override changed: register again with it (the next registration carries it otherwise)."""
-        try:
-            await self._update_metadata(self.metadata)
-        except (RegistryUnavailable, PermissionDenied) as e:
-            log.warning("%r: %s", self, e)
 
     # -- keeping it alive ----------------------------------------------------------------------------------
 
@@ -397,38 +343,8 @@ class ConsulPublisher(PublisherBase):
                     await asyncio.sleep(cool_down(self._rng, self.retry_interval))
                 content_hash = ""
 
-    def _recover_later(self, reason: BaseException | None) -> None:
-        """Start the re-registration loop (once)."""
-        if self._state != "running":
-            return
-        if self._retry_task is not None and not self._retry_task.done():
-            return
-        self._retry_task = asyncio.get_running_loop().create_task(self._recover(reason))
-
-    async def _recover(self, reason: BaseException | None) -> None:
+    def _forget(self, reason: BaseException | None) -> None:
         self._cancel_tasks(include_retry=False)
         was_registered, self._registered = self._registered, False
-        if self._state == "running":
-            self.outage.begin()
         if was_registered:
             log.warning("%r: registration lost (%s); registering again", self, reason or "unknown reason")
-        failing = False
-        while self._state == "running":
-            try:
-                await asyncio.wait_for(self._register(), self.timeout)
-            except asyncio.CancelledError:
-                if self._state != "running":
-                    return
-                raise
-            except Exception as e:  # noqa: BLE001 (the control plane must not die)
-                if not failing:
-                    failing = True
-                    log.warning("%r: registering failed, retrying every ~%gs until it works: %s", self,
-                                self.retry_interval, str(e) or type(e).__name__)
-                else:
-                    log.debug("%r: registering failed again: %s", self, str(e) or type(e).__name__)
-                await asyncio.sleep(cool_down(self._rng, self.retry_interval))
-                continue
-            if failing:
-                log.warning("%r: registered again after failures", self)
-            return

@@ -37,11 +37,12 @@ the ``a*`` twins await it from any event loop (e.g. a ``grpc.aio`` server's).
 from __future__ import annotations
 
 import asyncio
+import functools
 import logging
 import math
 import random
 import time
-from collections.abc import Callable, Coroutine, Mapping
+from collections.abc import Callable, Mapping
 from typing import Any
 
 from .. import _loop, metrics
@@ -58,28 +59,16 @@ from ..etcd import deadline as caller_deadline
 from ..netutil import check_dialable
 from ..registry.base import Registry
 from ..registry.formats import WireFormat, get_format
-from .outage import OnUnregistered, Outage, track, untrack
+from .outage import OnUnregistered, Outage
 from .override import OverrideFollower, apply_override
 from .permissions import grant_hint, role_refused
-from .publisher_base import REVOKE_TIMEOUT, PublisherBase
+from .publisher_base import REVOKE_TIMEOUT, Cleanup, PublisherBase, spawn
 from .subscriber import cool_down, resolve_registry
 
 log = logging.getLogger("waypost.discovery")
 
-#: start-up retries: the first pause, doubling up to the last, +-5% (``_register_within_timeout``)
-FIRST_RETRY = 0.25
-MAX_RETRY = 2.0
-#: no new attempt with less time left than this after the pause; and at most this many attempts
-MIN_START_ATTEMPT = 0.2
-MAX_START_ATTEMPTS = 1000
 #: an attempt's registry calls end this long before the attempt's own timer, so that their error says why
 CAUSE_MARGIN = 0.5
-
-
-def _spawn(coro: Coroutine[Any, Any, None], name: str | None = None) -> asyncio.Task[None]:
-    """A task on the running loop that does not inherit a caller's etcd deadline (``etcd.deadline``): the
-    publisher's guard, retries and revokes outlive the call that started them."""
-    return caller_deadline.detached().run(asyncio.get_running_loop().create_task, coro, name=name)
 
 
 def _check_json(value: Any, where: str, depth: int = 0) -> None:
@@ -148,7 +137,6 @@ class Publisher(PublisherBase):
         self._registered = False
         self._keepalive: Any = None
         self._guard_task: asyncio.Task[None] | None = None
-        self._retry_task: asyncio.Task[None] | None = None
         self.registrations = 0  # successful registrations so far (1 after start, +1 per recovery)
         self._writing: asyncio.Lock | None = None  # (made on the control loop) one rewrite of the records at a time
         #: an operator's weight override (``override.py``), followed from the first registration until stop()
@@ -194,92 +182,18 @@ class Publisher(PublisherBase):
 
     # -- lifecycle on the control loop -------------------------------------------------------------
 
-    async def _start(self) -> None:
-        if self._state in ("running", "paused"):
-            return
-        self._state = "running"
-        try:
-            await self._register_within_timeout()
-        except BaseException:
-            self._state = "new"
-            raise
-        track(self)
+    def _where(self) -> str:
+        return self.registry.url
 
-    async def _register_within_timeout(self) -> None:
-        """Register, retrying with backoff (``FIRST_RETRY`` s doubling to ``MAX_RETRY`` s, jittered) until
-        ``timeout`` runs out: a registry that starts a little after this server (docker compose and
-        Kubernetes start them together) is waited for. A refusal (``PermissionDenied``) or an error etcd
-        answered raises at once; when the time is up, the error names the last cause."""
-        loop = asyncio.get_running_loop()
-        deadline = loop.time() + self.timeout
-        delay = FIRST_RETRY
-        attempts = 0
-        cause: BaseException | None = None  # the last failure that said why
-        last: BaseException | None = None
-        while attempts < MAX_START_ATTEMPTS:
-            attempts += 1
-            left = deadline - loop.time()
-            try:
-                # the etcd client splits this time between its attempts and ends with its own error, naming
-                # the cause (e.g. connection refused), a little before the outer timer would cut it without one
-                with caller_deadline.within(left - min(CAUSE_MARGIN, left / 4)):
-                    await asyncio.wait_for(self._register(), left)
-                if attempts > 1:
-                    log.info("%r: registered at attempt %d", self, attempts)
-                return
-            except PermissionDenied:
-                raise  # a refusal, not an outage: say so as it is
-            except RegistryUnavailable as e:
-                last = cause = e
-            except (asyncio.TimeoutError, OSError) as e:
-                last = e
-                if not isinstance(e, asyncio.TimeoutError):
-                    cause = e
-            except RegistryError as e:  # etcd answered: trying again would get the same answer
-                raise self._not_registered(e, e, attempts) from e
-            pause = cool_down(self._rng, delay)
-            if deadline - loop.time() <= pause + MIN_START_ATTEMPT:
-                break
-            log.debug("%r: registering failed (%s); again in %.2fs", self, last, pause)
-            await asyncio.sleep(pause)
-            delay = min(delay * 2, MAX_RETRY)
-        assert last is not None
-        raise self._not_registered(last, cause, attempts) from last
+    async def _attempt(self, left: float) -> None:
+        # the etcd client splits this time between its attempts and ends with its own error, naming the cause
+        # (e.g. connection refused), a little before the outer timer would cut it without one
+        with caller_deadline.within(left - min(CAUSE_MARGIN, left / 4)):
+            await asyncio.wait_for(self._register(), left)
 
-    def _not_registered(self, last: BaseException, cause: BaseException | None, attempts: int) -> RegistryUnavailable:
-        if isinstance(last, asyncio.TimeoutError):
-            why = "timed out" + (f" (before that: {cause})" if cause is not None else "")
-        else:
-            why = str(last)
-        tries = f" ({attempts} attempts)" if attempts > 1 else ""
-        return RegistryUnavailable(f"could not register {self.base_key!r}={self.value!r} in {self.registry.url} "
-                                   f"within {self.timeout:g}s{tries}: {why}")
-
-    async def _pause(self) -> None:
-        if self._state != "running":
-            return
-        self._state = "paused"
-        log.info("%r: paused, revoking lease %d", self, self._lease)
+    async def _withdraw(self) -> None:
+        log.info("%r: revoking lease %d", self, self._lease)
         await self._teardown(revoke=True)
-
-    async def _resume(self) -> None:
-        if self._state != "paused":
-            return
-        self._state = "running"
-        try:
-            await self._register_within_timeout()
-        except RegistryUnavailable as e:
-            self._recover_later(e)
-            raise
-
-    async def _stop(self) -> None:
-        if self._state == "stopped":
-            return
-        was = self._state
-        self._state = "stopped"
-        untrack(self)
-        if was != "new":
-            await self._teardown(revoke=True)
 
     async def _teardown(self, revoke: bool) -> None:
         """Stop guarding and renewing; revoke the lease (bounded; else it expires by TTL)."""
@@ -325,7 +239,7 @@ class Publisher(PublisherBase):
                         rev = (await asyncio.wait_for(self.registry.delete(k), self.timeout)).revision
                 finally:
                     if rekey and self._lease == lease and self._state == "running":
-                        self._guard_task = _spawn(self._guard(lease, [k for k, _ in records], rev),
+                        self._guard_task = spawn(self._guard(lease, [k for k, _ in records], rev),
                                                   name=f"waypost-pub {records[-1][0]}")
         except LeaseNotFound as e:
             self._recover_later(e)  # registers again, with the new metadata
@@ -336,12 +250,6 @@ class Publisher(PublisherBase):
                 f"within {self.timeout:g}s: {why}; it is registered with the next put-back or registration"
             ) from e
         log.info("%r: metadata updated to %r", self, metadata)
-
-    async def _update_late(self) -> None:
-        try:
-            await self._update_metadata(self.metadata)
-        except RegistryUnavailable as e:  # the guard and the next registration put it
-            log.warning("%r: %s", self, e)
 
     # -- registering -------------------------------------------------------------------------------
 
@@ -381,18 +289,18 @@ class Publisher(PublisherBase):
             if self._state != "running":
                 raise asyncio.CancelledError
         except BaseException:
-            _spawn(self._revoke(lease))
+            spawn(self._revoke(lease))
             raise
         self._lease, self._key, self._records = lease, main[0], records
         self._keepalive = caller_deadline.detached().run(self.registry.keep_alive, lease, self.ttl, self._on_lost)
         # the tasks that outlive this registration attempt run without its deadline
-        self._guard_task = _spawn(self._guard(lease, [k for k, _ in records], rev), name=f"waypost-pub {main[0]}")
+        self._guard_task = spawn(self._guard(lease, [k for k, _ in records], rev), name=f"waypost-pub {main[0]}")
         self._registered = True
         self.registrations += 1
         if self._override_task is None or self._override_task.done():
-            self._override_task = _spawn(self.override.run(), name=f"waypost-override {self.override.key}")
+            self._override_task = spawn(self.override.run(), name=f"waypost-override {self.override.key}")
         if self.metadata is not metadata or self._effective(metadata) != effective:  # changed while written
-            _spawn(self._update_late())
+            spawn(self._update_late())
         lasted = self.outage.end()
         log.info("%r: registered with lease %d%s", self, lease, f" after {lasted:.1f}s unregistered" if lasted else "")
 
@@ -421,17 +329,11 @@ class Publisher(PublisherBase):
         if lease_id == self._lease and self._state == "running":
             self._recover_later(reason)
 
-    def _recover_later(self, reason: BaseException | None) -> None:
-        """Start the re-registration loop (once) after the lease was lost."""
-        if self._retry_task is not None and not self._retry_task.done():
-            return
-        self._retry_task = _spawn(self._recover(reason))
-
-    async def _recover(self, reason: BaseException | None) -> None:
+    def _forget(self, reason: BaseException | None) -> Cleanup | None:
         old = self._lease
         if old:
             log.warning("%r: lease %d lost (%s); registering again", self, old, reason or "unknown reason")
-        # tear down the old registration, but keep this task running
+        # tear down the old registration, but keep the recovery task running
         if self._guard_task is not None and self._guard_task is not asyncio.current_task():
             self._guard_task.cancel()
         self._guard_task = None
@@ -439,42 +341,12 @@ class Publisher(PublisherBase):
             self._keepalive.cancel()
             self._keepalive = None
         self._lease, self._registered = 0, False
-        if self._state == "running":
-            self.outage.begin()
-        failing = False
-        try:
-            while self._state == "running":
-                try:
-                    with caller_deadline.within(self.timeout):
-                        await asyncio.wait_for(self._register(), self.timeout)
-                except asyncio.CancelledError:
-                    if self._state != "running":
-                        return
-                    raise
-                except Exception as e:  # noqa: BLE001 (the control plane must not die)
-                    if not failing:
-                        failing = True
-                        log.warning("%r: registering failed, retrying every ~%gs until it works: %s", self,
-                                    self.retry_interval, str(e) or type(e).__name__)
-                    else:
-                        log.debug("%r: registering failed again: %s", self, str(e) or type(e).__name__)
-                    await asyncio.sleep(cool_down(self._rng, self.retry_interval))
-                    continue
-                if failing:
-                    log.warning("%r: registered again after failures", self)
-                obs = metrics.current
-                if obs is not None:
-                    obs.lease_reregistered(self.base_key)
-                return
-        finally:
-            if old:
-                # Make before break: the old lease (which may still be alive in etcd, e.g. after an etcd
-                # restart, which extends every lease) is revoked only once the new record is in, or when we
-                # stop trying; revoking first would take this address out of every subscriber meanwhile
-                # (all of them at once when several publishers recover together). A reused key (custom
-                # id) belongs to the new lease by then, so the revoke does not delete it. In the
-                # background: it must not hold up anything on an unreachable etcd.
-                _spawn(self._revoke(old))
+        # Make before break: the old lease (which may still be alive in etcd, e.g. after an etcd restart, which
+        # extends every lease) is revoked only once the new record is in, or when we stop trying; revoking first
+        # would take this address out of every subscriber meanwhile (all of them at once when several publishers
+        # recover together). A reused key (custom id) belongs to the new lease by then, so the revoke does not
+        # delete it. In the background: it must not hold up anything on an unreachable etcd.
+        return functools.partial(self._revoke, old) if old else None
 
     async def _guard(self, lease: int, keys: list[str], rev: int) -> None:
         """Watch every record of the registration (the address record and any side record: the

@@ -1,88 +1,119 @@
-"""What every publisher (etcd, Consul, ZooKeeper) shares: the blocking methods, their ``a*`` twins, the
-context managers and the state properties, all over five coroutines a publisher implements on the control loop
-(``_start``, ``_pause``, ``_resume``, ``_stop``, ``_update_metadata``) plus ``_checked_metadata``.
+"""The life of a registration in one registry (etcd, memory, Consul, ZooKeeper), written once: the
+start / pause / resume / stop transitions and their idempotence, registering within ``timeout`` with retries,
+and registering again, forever, once the registration is lost. Each registry's publisher supplies the hooks:
 
-The sync methods block the calling thread until the work is done on the control loop (never call them from
-it); the ``a*`` twins await it from any event loop (e.g. a ``grpc.aio`` server's).
+- ``_register()``: one attempt that leaves nothing behind when it fails (``_attempt(left)`` bounds it; a
+  publisher may add to the bounding, e.g. etcd's per-call deadline or ZooKeeper's connection);
+- ``_withdraw()``: stop keeping the registration alive and remove it (pause, stop); ``_close()``: free the
+  connection at stop; ``_abandon()``: undo a start that failed;
+- ``_forget(reason)``: drop a lost registration before registering again;
+- ``_update_metadata(md)``, ``_checked_metadata(md)``, ``_where()`` (for messages) and, where the defaults do
+  not fit, ``_retryable(e)``, ``_why(e)``, ``_resuming()`` and ``_recover_later(reason)``.
+
+Registering at start or resume: retried with backoff (``FIRST_RETRY`` s doubling to ``MAX_RETRY`` s, jittered)
+until ``timeout`` runs out, so a registry that starts a little after this server (docker compose and Kubernetes
+start them together) is waited for. A refusal (``PermissionDenied``) or an answer that another attempt would get
+again (``RegistryError``) raises at once; when the time is up, ``RegistryUnavailable`` names the last cause. A
+resume that fails goes on in the background (``_recover_later``).
+
+The public face (blocking methods, ``a*`` twins, context managers) is ``RegistrationFaces``'.
 """
 
 from __future__ import annotations
 
 import asyncio
-from collections.abc import Awaitable, Mapping
-from typing import Any, TypeVar
+import logging
+import random
+from collections.abc import Callable, Coroutine
+from typing import Any
 
-from typing_extensions import Self
+from .. import metrics
+from ..errors import PermissionDenied, RegistryError, RegistryUnavailable
+from ..etcd import deadline as caller_deadline
+from .group import cool_down
+from .outage import track, untrack
+from .registration import RegistrationFaces, on_control_loop
 
-from .. import _loop
-from .outage import Outage
+__all__ = ["REVOKE_TIMEOUT", "PublisherBase", "on_control_loop", "spawn"]
 
-T = TypeVar("T")
-P = TypeVar("P", bound="PublisherBase")
+log = logging.getLogger("waypost.discovery")
 
 #: bound on a deregistration at pause/stop (after it, the TTL / session expiry cleans up)
 REVOKE_TIMEOUT = 2.0
+#: start-up retries: the first pause, doubling up to the last, +-5% (``_register_within_timeout``)
+FIRST_RETRY = 0.25
+MAX_RETRY = 2.0
+#: no new attempt with less time left than this after the pause; and at most this many attempts
+MIN_START_ATTEMPT = 0.2
+MAX_START_ATTEMPTS = 1000
+
+Cleanup = Callable[[], Coroutine[Any, Any, None]]
 
 
-async def on_control_loop(coro: Awaitable[T]) -> T:
-    """Await ``coro`` on the control loop from any event loop."""
-    if _loop.in_loop():
-        return await coro
-    return await asyncio.wrap_future(_loop.submit(coro))
+def spawn(coro: Coroutine[Any, Any, None], name: str | None = None) -> asyncio.Task[None]:
+    """A task on the running loop that does not inherit a caller's etcd deadline (``etcd.deadline``): a
+    publisher's guard, retries and revokes outlive the call that started them."""
+    return caller_deadline.detached().run(asyncio.get_running_loop().create_task, coro, name=name)
 
 
-class PublisherBase:
-    """The public face of a publisher; subclasses set ``timeout``, ``outage``, ``_state`` ("new", "running",
-    "paused", "stopped"), ``_registered`` and ``_writing`` (None) and implement the coroutines above."""
+class PublisherBase(RegistrationFaces):
+    """One registration in one registry (see the module docstring); subclasses set ``base_key``, ``value``,
+    ``timeout``, ``retry_interval``, ``outage`` and ``_rng``."""
 
-    timeout: float
-    outage: Outage
-    _state: str
-    _registered: bool
-    _writing: asyncio.Lock | None
-    #: how much longer than ``timeout`` a blocking call may wait (teardown bounds)
-    _extra_wait: float = REVOKE_TIMEOUT + 10
+    base_key: str
+    value: str
+    metadata: Any
+    retry_interval: float
+    _rng: random.Random
+    _retry_task: asyncio.Task[None] | None = None
+    _writing: asyncio.Lock | None = None
+    _extra_wait = REVOKE_TIMEOUT + 10
 
-    # -- implemented by each publisher, on the control loop ---------------------------------------------
+    # -- hooks -------------------------------------------------------------------------------------
 
-    async def _start(self) -> None:
+    async def _register(self) -> None:
+        """One registration attempt; leaves nothing behind when it fails."""
         raise NotImplementedError
 
-    async def _pause(self) -> None:
+    async def _attempt(self, left: float) -> None:
+        """One attempt, bounded by ``left`` seconds."""
+        await asyncio.wait_for(self._register(), left)
+
+    async def _withdraw(self) -> None:
+        """Stop keeping the registration alive and remove it (bounded: a registry that does not answer
+        lets it expire)."""
         raise NotImplementedError
 
-    async def _resume(self) -> None:
+    async def _close(self) -> None:
+        """Free what the publisher holds open (at stop, after ``_withdraw``)."""
+
+    async def _abandon(self) -> None:
+        """Undo a start that failed."""
+        await self._close()
+
+    def _forget(self, reason: BaseException | None) -> Cleanup | None:
+        """Drop a lost registration before registering again; may return a clean-up to run once that is
+        done (or given up)."""
+        self._registered = False
+        return None
+
+    def _resuming(self) -> None:
+        """Before registering again at resume."""
+
+    def _where(self) -> str:
+        """The registry, for messages (no secrets)."""
         raise NotImplementedError
 
-    async def _stop(self) -> None:
-        raise NotImplementedError
+    def _retryable(self, e: Exception) -> bool:
+        """Whether a failed start-up attempt is worth another (the registry not reachable yet)."""
+        return isinstance(e, (RegistryUnavailable, asyncio.TimeoutError, OSError))
 
-    async def _update_metadata(self, metadata: Any) -> None:
-        raise NotImplementedError
+    def _why(self, e: BaseException) -> str:
+        if isinstance(e, asyncio.TimeoutError):
+            return "timed out"
+        return str(e) or type(e).__name__
 
-    def _checked_metadata(self, metadata: Mapping[str, Any] | None) -> Any:
-        raise NotImplementedError
-
-    def check_metadata(self, metadata: Mapping[str, Any] | None) -> None:
-        """Raise TypeError/ValueError, naming what is wrong, if this registration cannot carry ``metadata``
-        (what the constructor and ``update_metadata`` refuse); write nothing."""
-        self._checked_metadata(metadata)
-
-    # -- state ---------------------------------------------------------------------------------------
-
-    @property
-    def registered(self) -> bool:
-        return self._registered
-
-    @property
-    def unregistered_seconds(self) -> float:
-        """How long the registration has been lost against our will (0 while registered or paused)."""
-        return self.outage.seconds()
-
-    @property
-    def state(self) -> str:
-        """``new``, ``running``, ``paused`` or ``stopped``."""
-        return self._state
+    # -- the transitions, on the control loop --------------------------------------------------------
 
     def _write_lock(self) -> asyncio.Lock:
         """One rewrite of the registration at a time (made on the control loop)."""
@@ -90,65 +121,145 @@ class PublisherBase:
             self._writing = asyncio.Lock()
         return self._writing
 
-    # -- sync API ------------------------------------------------------------------------------------
+    async def _start(self) -> None:
+        if self._state in ("running", "paused"):
+            return
+        self._state = "running"
+        try:
+            await self._register_within_timeout()
+        except BaseException:
+            self._state = "new"
+            await self._abandon()
+            raise
+        track(self)
 
-    def _run(self, coro: Awaitable[T]) -> T:
-        if _loop.in_loop():
-            raise RuntimeError(f"{type(self).__name__} methods block: on the control loop await the a*() twins "
-                               "instead")
-        return _loop.run(coro, self.timeout + self._extra_wait)
+    async def _pause(self) -> None:
+        if self._state != "running":
+            return
+        self._state = "paused"
+        log.info("%r: paused, removing the registration", self)
+        await self._withdraw()
 
-    def start(self) -> Self:
-        """Register and keep the registration alive; RegistryUnavailable if not done within timeout."""
-        self._run(self._start())
-        return self
+    async def _resume(self) -> None:
+        if self._state != "paused":
+            return
+        self._state = "running"
+        self._resuming()
+        try:
+            await self._register_within_timeout()
+        except (RegistryUnavailable, PermissionDenied) as e:
+            self._recover_later(e)  # running: unregistered against our will from now on, until it works
+            raise
 
-    def pause(self) -> None:
-        """Remove the registration (it disappears at once, traffic drains) until resume()."""
-        self._run(self._pause())
+    async def _stop(self) -> None:
+        if self._state == "stopped":
+            return
+        was = self._state
+        self._state = "stopped"
+        untrack(self)
+        try:
+            if was != "new":
+                await self._withdraw()
+        finally:
+            await self._close()
 
-    def resume(self) -> None:
-        """Register again after pause(); if that fails within timeout, raise RegistryUnavailable and keep
-        retrying in the background."""
-        self._run(self._resume())
+    # -- registering within the timeout -------------------------------------------------------------
 
-    def stop(self) -> None:
-        """Stop keeping the registration alive and remove it. Idempotent."""
-        self._run(self._stop())
+    async def _register_within_timeout(self) -> None:
+        """Register, retrying with backoff until ``timeout`` runs out (see the module docstring)."""
+        loop = asyncio.get_running_loop()
+        deadline = loop.time() + self.timeout
+        delay = FIRST_RETRY
+        attempts = 0
+        cause: BaseException | None = None  # the last failure that said why
+        last: BaseException | None = None
+        while attempts < MAX_START_ATTEMPTS:
+            attempts += 1
+            try:
+                await self._attempt(deadline - loop.time())
+                if attempts > 1:
+                    log.info("%r: registered at attempt %d", self, attempts)
+                return
+            except PermissionDenied:
+                raise  # a refusal, not an outage: say so as it is
+            except Exception as e:
+                if not self._retryable(e):
+                    if isinstance(e, RegistryError):  # the registry answered: another attempt gets the same answer
+                        raise self._not_registered(e, e, attempts) from e
+                    raise
+                last = e
+                if not isinstance(e, asyncio.TimeoutError):
+                    cause = e
+            pause = cool_down(self._rng, delay)
+            if deadline - loop.time() <= pause + MIN_START_ATTEMPT:
+                break
+            log.debug("%r: registering failed (%s); again in %.2fs", self, last, pause)
+            await asyncio.sleep(pause)
+            delay = min(delay * 2, MAX_RETRY)
+        assert last is not None
+        raise self._not_registered(last, cause, attempts) from last
 
-    def update_metadata(self, metadata: Mapping[str, Any] | None) -> None:
-        """Replace the registration's metadata (e.g. ``{"weight": 5}``) in place: subscribers see one change.
-        Validated as the constructor does. Not registered now (paused, lost, not started): the next
-        registration carries it. RegistryUnavailable if the write fails within ``timeout`` (the new metadata
-        is kept and used from then on)."""
-        self._run(self._update_metadata(self._checked_metadata(metadata)))
+    def _not_registered(self, last: BaseException, cause: BaseException | None, attempts: int) -> RegistryUnavailable:
+        why = self._why(last)
+        if isinstance(last, asyncio.TimeoutError) and cause is not None:
+            why += f" (before that: {self._why(cause)})"
+        tries = f" ({attempts} attempts)" if attempts > 1 else ""
+        return RegistryUnavailable(f"could not register {self.base_key!r}={self.value!r} in {self._where()} "
+                                   f"within {self.timeout:g}s{tries}: {why}")
 
-    # -- async twins ---------------------------------------------------------------------------------
+    # -- registering again after a loss ---------------------------------------------------------------
 
-    async def astart(self) -> Self:
-        await on_control_loop(self._start())
-        return self
+    def _recover_later(self, reason: BaseException | None) -> None:
+        """Start registering again (once at a time) after the registration was lost."""
+        if self._state != "running":
+            return
+        if self._retry_task is not None and not self._retry_task.done():
+            return
+        self._retry_task = spawn(self._recover(reason), name=f"waypost-pub-retry {self.base_key}")
 
-    async def apause(self) -> None:
-        await on_control_loop(self._pause())
+    async def _recover(self, reason: BaseException | None) -> None:
+        cleanup = self._forget(reason)
+        if self._state == "running":
+            self.outage.begin()
+        try:
+            if await self._register_until_done():
+                obs = metrics.current
+                if obs is not None:
+                    obs.lease_reregistered(self.base_key)
+        finally:
+            if cleanup is not None:
+                spawn(cleanup())
 
-    async def aresume(self) -> None:
-        await on_control_loop(self._resume())
+    async def _register_until_done(self) -> bool:
+        """Register every ~``retry_interval`` s (+-5%) while running, until it works (True) or the publisher
+        is paused or stopped (False); a failure is logged once when the state changes, not on every retry."""
+        failing = False
+        while self._state == "running":
+            try:
+                await self._attempt(self.timeout)
+            except asyncio.CancelledError:
+                if self._state != "running":
+                    return False
+                raise
+            except Exception as e:  # noqa: BLE001 (the control plane must not die)
+                if not failing:
+                    failing = True
+                    log.warning("%r: registering failed, retrying every ~%gs until it works: %s", self,
+                                self.retry_interval, self._why(e))
+                else:
+                    log.debug("%r: registering failed again: %s", self, self._why(e))
+                await asyncio.sleep(cool_down(self._rng, self.retry_interval))
+                continue
+            if failing:
+                log.warning("%r: registered again after failures", self)
+            return True
+        return False
 
-    async def astop(self) -> None:
-        await on_control_loop(self._stop())
+    async def _update_late(self) -> None:
+        """Write the metadata again (an operator's override changed); on failure the next put-back or
+        registration writes it."""
+        try:
+            await self._update_metadata(self.metadata)
+        except (RegistryUnavailable, PermissionDenied) as e:
+            log.warning("%r: %s", self, e)
 
-    async def aupdate_metadata(self, metadata: Mapping[str, Any] | None) -> None:
-        await on_control_loop(self._update_metadata(self._checked_metadata(metadata)))
-
-    def __enter__(self) -> Self:
-        return self.start()
-
-    def __exit__(self, *exc: object) -> None:
-        self.stop()
-
-    async def __aenter__(self) -> Self:
-        return await self.astart()
-
-    async def __aexit__(self, *exc: object) -> None:
-        await self.astop()

@@ -61,7 +61,7 @@ from ..zk.config import ZkConfig
 from ..zk.layout import LayoutError
 from ..zk.session import granted as granted_session_timeout
 from .group import cool_down
-from .outage import OnUnregistered, Outage, track, untrack
+from .outage import OnUnregistered, Outage
 from .override import OverrideState, apply_override
 from .publisher import _check_json
 from .publisher_base import REVOKE_TIMEOUT, PublisherBase
@@ -122,9 +122,7 @@ class ZkPublisher(PublisherBase):
         self.override = OverrideState(key, address)
         self.metadata = self._checked_metadata(metadata)
         self._rng = rng or random.Random()
-        self._state = "new"  # new -> running <-> paused -> stopped
         self._client: Any = None
-        self._registered = False
         self._session: int | None = None  # the session our node belongs to (while registered)
         self._lost: str | None = None  # why the node went: "deleted" (from outside) or "session"
         self._wake: asyncio.Event | None = None
@@ -132,7 +130,6 @@ class ZkPublisher(PublisherBase):
         self._expiry: asyncio.TimerHandle | None = None
         self._suspended = False  # the connection was lost (since the last CONNECTED)
         self._last_takeover = float("-inf")
-        self._writing: asyncio.Lock | None = None
         self.registrations = 0  # nodes created in a new session: 1 after start, +1 per recovery or resume
         self.restorations = 0  # nodes created again after someone deleted them (same session)
         self.writes = 0  # setData calls (metadata updates, data put back)
@@ -180,32 +177,54 @@ class ZkPublisher(PublisherBase):
 
     # -- lifecycle on the control loop -------------------------------------------------------------
 
-    async def _start(self) -> None:
-        if self._state in ("running", "paused"):
-            return
-        self._state = "running"
+    def _where(self) -> str:
+        return self.registry_url
+
+    def _why(self, e: BaseException) -> str:
+        return _why(e)
+
+    def _retryable(self, e: Exception) -> bool:
+        return True  # kazoo's errors say the connection or the session failed: worth another attempt
+
+    async def _attempt(self, left: float) -> None:
+        """Open a session unless one is open (``zk.connect`` names why not, within ``left`` s), then make the
+        node; keep it from then on (the keeper)."""
         loop = asyncio.get_running_loop()
-        deadline = loop.time() + self.timeout
-        client = self._client = self.config.new_client(self.session_timeout_asked)
-        client.add_listener(self._listener(client))
-        try:
-            await zk.connect(client, self.config.hosts, self.timeout)
+        deadline = loop.time() + left
+        client = self._client
+        if client is None:
+            client = self._client = self.config.new_client(self.session_timeout_asked)
+            client.add_listener(self._listener(client))
+            try:
+                await zk.connect(client, self.config.hosts, left)
+            except BaseException:
+                self._client = None
+                zk.close_later(client)
+                raise
             self._note_granted(client)
-            await asyncio.wait_for(self._ensure(), max(0.1, deadline - loop.time()))
-        except BaseException as e:
-            self._state = "new"
-            self._client = None
-            self._registered = False
-            zk.close_later(client)
-            if isinstance(e, PermissionDenied):
-                raise
-            if isinstance(e, asyncio.CancelledError) or not isinstance(e, Exception):
-                raise
-            raise RegistryUnavailable(
-                f"could not register {self.base_key!r}={self.value!r} in {self.registry_url} within "
-                f"{self.timeout:g}s: {_why(e)}") from e
-        track(self)
+        elif not client.connected:
+            raise RegistryUnavailable("not connected to ZooKeeper")
+        await asyncio.wait_for(self._ensure(), max(0.1, deadline - loop.time()))
         self._start_keeper()
+
+    async def _abandon(self) -> None:
+        self._stop_keeper()
+        self._registered = False
+        client, self._client = self._client, None
+        if client is not None:
+            zk.close_later(client)
+
+    def _resuming(self) -> None:
+        self._lost = None
+        self._start_keeper()
+
+    def _recover_later(self, reason: BaseException | None) -> None:
+        """The keeper registers again (it retries until it works); the outage clock runs meanwhile."""
+        if self._state != "running":
+            return
+        self.outage.begin()
+        self._start_keeper()
+        self._poke()
 
     def _start_keeper(self) -> None:
         if self._keeper is None or self._keeper.done():
@@ -220,51 +239,20 @@ class ZkPublisher(PublisherBase):
             self._expiry.cancel()
             self._expiry = None
 
-    async def _pause(self) -> None:
-        if self._state != "running":
-            return
-        self._state = "paused"
-        log.info("%r: paused, deleting %s", self, self.path)
+    async def _withdraw(self) -> None:
         self._stop_keeper()
         self._registered = False
-        self.outage.end()  # paused on purpose: not an outage
+        self.outage.end()  # paused or stopped on purpose: not an outage
         await self._delete_own(REVOKE_TIMEOUT)
 
-    async def _resume(self) -> None:
-        if self._state != "paused":
-            return
-        self._state = "running"
-        self._lost = None
-        self._start_keeper()
-        try:
-            if not self._client.connected:
-                raise RegistryUnavailable("not connected to ZooKeeper")
-            await asyncio.wait_for(self._ensure(), self.timeout)
-        except PermissionDenied:
-            self.outage.begin()
-            self._poke()
-            raise
-        except Exception as e:
-            self.outage.begin()  # resume failed: unregistered against our will from now on
-            self._poke()  # the keeper retries
-            raise RegistryUnavailable(
-                f"could not register {self.base_key!r}={self.value!r} in {self.registry_url} within "
-                f"{self.timeout:g}s: {_why(e)}; retrying in the background") from e
-
-    async def _stop(self) -> None:
-        if self._state == "stopped":
-            return
-        was = self._state
-        self._state = "stopped"
-        untrack(self)
+    async def _close(self) -> None:
+        """Close the session: ZooKeeper then deletes the node too, should the delete have failed."""
         self._stop_keeper()
         self._registered = False
         self.outage.end()  # stopped on purpose: not an outage
         client, self._client = self._client, None
-        if was != "new" and client is not None:
-            if was == "running":
-                await self._delete_own(REVOKE_TIMEOUT, client)
-            await zk.close_client(client)  # closing the session deletes the node too, should the delete have failed
+        if client is not None:
+            await zk.close_client(client)
             log.info("%r: stopped", self)
 
     async def _delete_own(self, timeout: float, client: Any = None) -> None:
