@@ -103,9 +103,8 @@ class BalancerWrapper:
         routing = self._routing
         resolved = len(backends)
         note = None
-        if routing is not None and routing.filter is not None:  # (its subsetter filtered the list already)
-            backends = routing.keep(backends)
-            note = routing.none_kept(resolved) if not backends else None
+        if routing is not None and routing.filter is not None:
+            backends, note = routing.admit(backends)
         elif not resolved and self._empty is not None:  # nothing registered: say so, look for close keys once
             note = self._empty.note()
             self._empty.look_up(self._empty_looked_up)

@@ -1,8 +1,10 @@
 """Routing by registration metadata: ``dial(metadata_filter=..., prefer=..., min_preferred=...)``.
 
-- ``metadata_filter``: only backends whose metadata matches are used at all. Applied to the resolver's list
-  before subsetting (registry targets) and before the balancer makes connections, so the policy never sees
-  the others. No match: calls fail UNAVAILABLE naming the filter.
+- ``metadata_filter``: only backends whose metadata matches are used at all. Applied once to each resolver
+  list: before subsetting where the resolver subsets (``FilteringSubsetter``; a filter after subsetting would
+  keep a fraction of a small group), else by the balancer as the list arrives (``Routing.admit``), always
+  before any connection is made, so the policy never sees the others. No match: calls fail UNAVAILABLE
+  naming the filter.
 - ``prefer`` + ``min_preferred``: of the (kept) READY backends, the policy's picker is built from the
   matching ones while at least ``min_preferred`` of them are READY; below that it is built from all of them
   (spill). Each switch is logged once at INFO. The other backends stay connected, so a spill is instant.
@@ -77,6 +79,10 @@ class Routing:
         self.min_preferred = min_preferred
         self.target = target
         self.spilling: bool | None = None  # None: not decided yet (no READY backend so far)
+        # Set by the FilteringSubsetter on its first list: from then on every list of this channel's resolver
+        # comes through it (a resolver that subsets does so on every update), already filtered.
+        self.filtered_upstream = False
+        self.upstream_resolved = 0  # how many backends the subsetter's latest list had before the filter
 
     @classmethod
     def make(cls, metadata_filter: Mapping[str, Any] | None, prefer: Mapping[str, Any] | None,
@@ -95,6 +101,17 @@ class Routing:
         if f is None:
             return list(backends)
         return [b for b in backends if f.matches(b)]
+
+    def admit(self, backends: Sequence[Backend]) -> tuple[list[Backend], str | None]:
+        """The resolver's list as the balancer uses it (filtered, unless the subsetter did it already), and why
+        it is empty when the filter kept nothing (None otherwise)."""
+        if self.filter is None:
+            return list(backends), None
+        if self.filtered_upstream:
+            kept, resolved = list(backends), self.upstream_resolved
+        else:
+            kept, resolved = self.keep(backends), len(backends)
+        return kept, (self.none_kept(resolved) if not kept else None)
 
     def none_kept(self, resolved: int) -> str:
         """Why the backend list is empty, for error details (``resolved``: how many the filter dropped here)."""
@@ -133,4 +150,7 @@ class FilteringSubsetter(Subsetter):
         self.routing = routing
 
     def select(self, backends: Sequence[Backend]) -> list[Backend]:
-        return super().select(self.routing.keep(backends))
+        routing = self.routing
+        routing.upstream_resolved = len(backends)
+        routing.filtered_upstream = True
+        return super().select(routing.keep(backends))
