@@ -28,6 +28,7 @@ from ._cli_console import register as _register_console
 from ._cli_signals import exit_if_interrupted, stop_on_signals
 from ._cli_xds import xds_commands
 from .errors import PermissionDenied, WaypostError
+from .registry.formats import DEFAULT_FORMAT, FORMAT_NAMES
 
 DEFAULT_REGISTRY = "etcd://127.0.0.1:2379"
 #: set by ``waypost.cli.main``: the command owns the process, so it sets up logging to stderr
@@ -280,8 +281,8 @@ def _meta_text(meta: Any) -> str:
 
 @app.command("watch", short_help="Show instances of KEY (or of a dial TARGET) as they come and go.")
 @click.argument("key")
-@click.option("--format", "fmt", default="gozero", show_default=True,
-              type=click.Choice(["gozero", "etcd-naming", "kratos"]), help="Wire format of the registrations.")
+@click.option("--format", "fmt", default=DEFAULT_FORMAT, show_default=True,
+              type=click.Choice(FORMAT_NAMES), help="Wire format of the registrations.")
 @click.option("--exact", is_flag=True, help="Watch the key itself, not the prefix KEY/ (go-zero's exact match).")
 @click.option("--for", "duration", type=click.FloatRange(min=0), default=None, metavar="SECONDS",
               help="Stop after SECONDS (default: until Ctrl-C).")
@@ -400,8 +401,8 @@ def _watch_target(c: Ctx, target: str, timeout: float, duration: float | None,
 @click.option("--ttl", default=10, show_default=True, type=click.IntRange(1, 3600), help="Lease TTL in seconds.")
 @click.option("--meta", multiple=True, metavar="K=V", help="Metadata (repeatable); numbers and booleans are typed.")
 @click.option("--id", "id_", default=None, help="Instance id (default: the lease id, as go-zero).")
-@click.option("--format", "fmt", default="gozero", show_default=True,
-              type=click.Choice(["gozero", "etcd-naming", "kratos"]), help="Wire format.")
+@click.option("--format", "fmt", default=DEFAULT_FORMAT, show_default=True,
+              type=click.Choice(FORMAT_NAMES), help="Wire format.")
 @click.option("--for", "duration", type=click.FloatRange(min=0), default=None, metavar="SECONDS",
               help="Deregister after SECONDS (default: until Ctrl-C).")
 @_global_options

@@ -17,41 +17,27 @@ One agent per URL: the local agent is how Consul clients reach the cluster. The 
 
 from __future__ import annotations
 
+import functools
 import os
 import urllib.parse
-from collections.abc import Mapping
 from dataclasses import dataclass, field
-from typing import Any, Protocol
+from typing import Any
 
+from .. import urlparams
 from ..errors import InvalidTarget
 from ..netutil import AddressError, normalize_host_port, split_host_port
-from ..redaction import redact_url
+from ..urlparams import TargetLike
 
 CONSUL_DEFAULT_PORT = 8500
 CONSUL_EXAMPLE = "consul://127.0.0.1:8500?token=SECRET&tls=1&ca=/etc/consul/ca.pem&dc=dc1"
 #: the environment variable Consul's own CLI and libraries read the ACL token from
 TOKEN_ENV = "CONSUL_HTTP_TOKEN"
 
-_TRUE = {"1", "true", "yes", "on"}
-_FALSE = {"0", "false", "no", "off", ""}
 #: registry URL option -> ConsulConfig field
 _URL_OPTIONS = {"token": "token", "tls": "tls", "ca": "ca_file", "cert": "cert_file", "key": "key_file",
                 "dc": "datacenter"}
 #: the dial-target names of the TLS files, accepted in registry URLs too
 _ALIASES = {"cacert": "ca", "certfile": "cert", "keyfile": "key"}
-
-
-class TargetLike(Protocol):
-    """What ``from_target`` reads of a ``waypost.resolver.Target`` (this layer cannot import it)."""
-
-    @property
-    def scheme(self) -> str: ...
-
-    @property
-    def endpoints(self) -> tuple[str, ...]: ...
-
-    @property
-    def options(self) -> Mapping[str, str]: ...
 
 
 @dataclass(frozen=True)
@@ -118,25 +104,7 @@ class ConsulConfig:
 
 
 def _bad(url: str, problem: str) -> InvalidTarget:
-    return InvalidTarget(f"invalid consul registry URL {redact_url(url)!r}: {problem} (example: {CONSUL_EXAMPLE})")
-
-
-def _flag(url: str, name: str, value: str) -> bool:
-    v = value.strip().lower()
-    if v in _TRUE:
-        return True
-    if v in _FALSE:
-        return False
-    raise _bad(url, f"{name}={value!r} is not a boolean (use 1 or 0)")
-
-
-def _file(url: str, what: str, value: str) -> str:
-    path = os.path.expanduser(value)
-    if not value or not os.path.isfile(path):
-        raise _bad(url, f"TLS {what} file {value!r} does not exist")
-    if not os.access(path, os.R_OK):
-        raise _bad(url, f"TLS {what} file {value!r} is not readable")
-    return os.path.abspath(path)
+    return urlparams.url_error(url, problem, example=CONSUL_EXAMPLE, label="consul registry URL")
 
 
 def parse_registry_url(url: str) -> ConsulConfig:
@@ -146,7 +114,7 @@ def parse_registry_url(url: str) -> ConsulConfig:
     url = url.strip()
     scheme, sep, rest = url.partition("://")
     if not sep or scheme.lower() != "consul":
-        shown = scheme if "@" not in scheme else "***@" + scheme.rpartition("@")[2]
+        shown = urlparams.shown_scheme(scheme)
         raise _bad(url, f"expected scheme consul://, got {shown + '://' if sep else 'no scheme'}")
     netloc, _, query = rest.partition("?")
     query = query.partition("#")[0]
@@ -166,30 +134,18 @@ def parse_registry_url(url: str) -> ConsulConfig:
     except AddressError as e:
         raise _bad(url, str(e)) from None
     opts: dict[str, Any] = {}
-    given: dict[str, str] = {}
-    try:
-        pairs = urllib.parse.parse_qsl(query, keep_blank_values=True, strict_parsing=False)
-    except ValueError as e:
-        raise _bad(url, f"malformed query: {e}") from None
-    for given_name, value in pairs:
-        name = _ALIASES.get(given_name, given_name)
-        if name not in _URL_OPTIONS:
-            known = sorted([*_URL_OPTIONS, *_ALIASES])
-            raise _bad(url, f"unknown option {given_name!r} (known: {', '.join(known)})")
-        if name in given:
-            same = "" if given[name] == given_name else f" ({given[name]!r} and {given_name!r} are the same option)"
-            raise _bad(url, f"option {given_name!r} given twice{same}")
-        given[name] = given_name
+    fail = functools.partial(_bad, url)
+    for name, value in urlparams.options(query, fail, known=_URL_OPTIONS, aliases=_ALIASES):
         fname = _URL_OPTIONS[name]
         if name == "tls":
-            opts[fname] = _flag(url, name, value)
-        elif name in ("ca", "cert", "key"):
-            opts[fname] = _file(url, {"ca": "CA", "cert": "certificate", "key": "key"}[name], value)
+            opts[fname] = urlparams.flag(name, value, fail)
+        elif name in urlparams.TLS_FILE_WORDS:
+            opts[fname] = urlparams.tls_file(urlparams.TLS_FILE_WORDS[name], value, fail)
         else:
             if not value:
-                raise _bad(url, f"empty {given_name}=")
+                raise _bad(url, f"empty {name}=")
             opts[fname] = value
-    return _config({"address": address, **opts}, lambda problem: _bad(url, problem))
+    return _config({"address": address, **opts}, fail)
 
 
 def from_target(target: TargetLike) -> ConsulConfig:

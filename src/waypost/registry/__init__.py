@@ -3,17 +3,33 @@
 ``etcd://[user:pass@]h1:2379,h2:2379[?tls=1&ca=...&cert=...&key=...&dial_timeout=3]`` and
 ``memory://[name]``. Creation is single-flight and never touches the network; the first call on
 an unreachable etcd raises ``RegistryUnavailable``. After ``fork()`` a child gets fresh objects.
+
+The package imports its modules when first used, so that ``waypost.registry.formats`` or
+``waypost.registry.kinds`` alone (the command line's option lists) does not load the etcd client and gRPC.
 """
 
 from __future__ import annotations
 
+import importlib
 import os
 import threading
+from typing import TYPE_CHECKING, Any
 
-from .base import Registry, SyncRegistry
-from .url import RegistryURL, parse_registry_url
+if TYPE_CHECKING:
+    from .base import Registry, SyncRegistry
+    from .url import RegistryURL, parse_registry_url
 
 __all__ = ["Registry", "RegistryURL", "SyncRegistry", "connect", "parse_registry_url"]
+
+#: the names this package hands on, and the module each comes from
+_LAZY = {"Registry": ".base", "SyncRegistry": ".base", "RegistryURL": ".url", "parse_registry_url": ".url"}
+
+
+def __getattr__(name: str) -> Any:
+    module = _LAZY.get(name)
+    if module is None:
+        raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+    return getattr(importlib.import_module(module, __name__), name)
 
 _lock = threading.Lock()
 _cache: dict[tuple[object, ...], Registry] = {}
@@ -25,6 +41,8 @@ def connect(url: str) -> Registry:
     Raises ``waypost.InvalidTarget`` for a malformed URL (the message names the problem and shows
     an example). Closing the registry removes it from the cache.
     """
+    from .url import parse_registry_url
+
     parsed = parse_registry_url(url)
     key = (os.getpid(), *parsed.cache_key())
     reg = _cache.get(key)

@@ -505,7 +505,10 @@ GOZERO = GoZero()
 ETCD_NAMING = EtcdNaming()
 KRATOS = Kratos()
 
+#: the wire formats by name, in the order lists show them (the first is the default)
 FORMATS: dict[str, WireFormat] = {f.name: f for f in (GOZERO, ETCD_NAMING, KRATOS)}
+FORMAT_NAMES = tuple(FORMATS)
+DEFAULT_FORMAT = GOZERO.name
 
 
 def get_format(name: str | WireFormat) -> WireFormat:

@@ -1,25 +1,25 @@
 """Registry URLs: ``etcd://[user:pass@]h1:2379,h2:2379[?tls=1&ca=...&cert=...&key=...&dial_timeout=3]``
-and ``memory://[name]``.
+and ``memory://[name]`` (the keyed kinds ``waypost.connect`` takes), and ``parse_any`` for a URL of any kind
+(``registry/kinds.py``).
 """
 
 from __future__ import annotations
 
-import os
+import functools
 import urllib.parse
 from dataclasses import dataclass
 from typing import Any
 
+from .. import urlparams
 from ..errors import InvalidTarget
 from ..etcd.config import URL_FIELDS, URL_OPTION_ALIASES, URL_OPTIONS, EtcdConfig, default
 from ..netutil import AddressError, normalize_host_port
 from ..redaction import redact_url
+from .kinds import INSTANCE_REGISTRIES, KEYED, KINDS, scheme_of
 
-ETCD_EXAMPLE = "etcd://user:secret@127.0.0.1:2379,10.0.0.2:2379?tls=1&ca=/etc/etcd/ca.pem&dial_timeout=3"
-MEMORY_EXAMPLE = "memory://default"
-ETCD_DEFAULT_PORT = 2379
-
-_TRUE = {"1", "true", "yes", "on"}
-_FALSE = {"0", "false", "no", "off", ""}
+ETCD_EXAMPLE = KINDS["etcd"].url_example or ""
+MEMORY_EXAMPLE = KINDS["memory"].url_example or ""
+ETCD_DEFAULT_PORT = KINDS["etcd"].default_port
 
 
 @dataclass(frozen=True)
@@ -64,67 +64,44 @@ class RegistryURL:
         return (self.scheme, tuple(sorted(self.endpoints)), self.name, *(getattr(self, f) for f in URL_FIELDS))
 
 
-def _bad(url: str, problem: str, example: str = ETCD_EXAMPLE) -> InvalidTarget:
-    return InvalidTarget(f"invalid registry URL {redact_url(url)!r}: {problem} (example: {example})")
+def _bad(url: str, problem: str) -> InvalidTarget:
+    return urlparams.url_error(url, problem, example=ETCD_EXAMPLE)
 
 
 def _endpoint(url: str, raw: str) -> str:
-    """One etcd endpoint by netutil's ``host:port`` rules, canonical; port 2379 when absent."""
+    """One etcd endpoint by netutil's ``host:port`` rules, canonical; the etcd port when absent."""
     try:
         return normalize_host_port(raw, what="etcd endpoint", default_port=ETCD_DEFAULT_PORT)
     except AddressError as e:
         raise _bad(url, str(e)) from None
 
 
-def _flag(url: str, name: str, value: str) -> bool:
-    v = value.strip().lower()
-    if v in _TRUE:
-        return True
-    if v in _FALSE:
-        return False
-    raise _bad(url, f"{name}={value!r} is not a boolean (use 1 or 0)")
-
-
-def _seconds(url: str, name: str, value: str) -> float:
-    try:
-        f = float(value)
-    except ValueError:
-        raise _bad(url, f"{name}={value!r} is not a number of seconds") from None
-    if not 0 < f <= 3600:
-        raise _bad(url, f"{name}={value!r} must be between 0 and 3600 seconds")
-    return f
-
-
-def _file(url: str, name: str, value: str) -> str:
-    path = os.path.expanduser(value)
-    if not os.path.isfile(path):
-        raise _bad(url, f"TLS {name} file {value!r} does not exist")
-    if not os.access(path, os.R_OK):
-        raise _bad(url, f"TLS {name} file {value!r} is not readable")
-    return os.path.abspath(path)
+def _not_keyed(url: str, scheme: str) -> InvalidTarget:
+    """Why ``connect`` does not take a URL of another kind (or of none)."""
+    kind = KINDS.get(scheme)
+    if kind is not None and kind.publisher:
+        return _bad(url, f"{scheme}:// registries hold service instances, not keys: register with "
+                         f"serve(..., registry={redact_url(url)!r}) or waypost.{kind.publisher}, and dial "
+                         f"{scheme}://HOST/SERVICE targets; connect() takes {' and '.join(KEYED)} URLs")
+    others = " and ".join(f"{s}://" for s in INSTANCE_REGISTRIES)
+    return _bad(url, f"unknown scheme {urlparams.shown_scheme(scheme)!r} (known: {', '.join(KEYED)}; serve() and "
+                     f"the publishers also take {others})")
 
 
 def parse_registry_url(url: str) -> RegistryURL:
     """Parse and validate a registry URL; raises ``waypost.InvalidTarget`` naming the problem."""
     if not isinstance(url, str) or not url.strip():
-        raise InvalidTarget(f"empty registry URL (example: {ETCD_EXAMPLE} or {MEMORY_EXAMPLE})")
+        raise InvalidTarget(f"empty registry URL (example: {' or '.join(KINDS[s].url_example or s for s in KEYED)})")
     url = url.strip()
     scheme, sep, rest = url.partition("://")
     scheme = scheme.lower()
     if not sep:
-        raise _bad(url, "missing scheme (etcd:// or memory://)")
+        raise _bad(url, f"missing scheme ({' or '.join(f'{s}://' for s in KEYED)})")
     if scheme == "memory":
         name = rest.strip("/").partition("?")[0] or "default"
         return RegistryURL(scheme="memory", name=name)
-    if scheme in ("consul", "zk"):
-        kind = "Consul" if scheme == "consul" else "Zk"
-        raise _bad(url, f"{scheme}:// registries hold service instances, not keys: register with "
-                        f"serve(..., registry={redact_url(url)!r}) or waypost.{kind}Publisher, and dial "
-                        f"{scheme}://HOST/SERVICE targets; connect() takes etcd and memory URLs")
     if scheme != "etcd":
-        shown = scheme if "@" not in scheme else "***@" + scheme.rpartition("@")[2]
-        raise _bad(url, f"unknown scheme {shown!r} (known: etcd, memory; serve() and the publishers also take "
-                        "consul:// and zk://)")
+        raise _not_keyed(url, scheme)
     ends = [i for i in (rest.find(c) for c in "/?#") if i >= 0]
     if ends and "@" in rest[min(ends):]:
         # an '@' past the host part: almost always a password holding an unescaped '/', '?' or '#'
@@ -150,23 +127,15 @@ def parse_registry_url(url: str) -> RegistryURL:
         raise _bad(url, "no host")
     endpoints = tuple(dict.fromkeys(_endpoint(url, e) for e in netloc.split(",")))
     opts: dict[str, Any] = {}
-    given: dict[str, str] = {}  # option -> the name it was given under
-    for given_name, v in urllib.parse.parse_qsl(parts.query, keep_blank_values=True):
-        k = URL_OPTION_ALIASES.get(given_name, given_name)  # cacert/certfile/keyfile: the dial-target names
-        if k not in URL_OPTIONS:
-            known = sorted([*URL_OPTIONS, *URL_OPTION_ALIASES])
-            raise _bad(url, f"unknown option {given_name!r} (known: {', '.join(known)})")
-        if k in given:
-            same = "" if given[k] == given_name else f" ({given[k]!r} and {given_name!r} are the same option)"
-            raise _bad(url, f"option {given_name!r} given twice{same}")
-        given[k] = given_name
+    fail = functools.partial(_bad, url)
+    for k, v in urlparams.options(parts.query, fail, known=URL_OPTIONS, aliases=URL_OPTION_ALIASES):
         fname, kind = URL_OPTIONS[k]
         if kind == "flag":
-            opts[fname] = _flag(url, k, v)
+            opts[fname] = urlparams.flag(k, v, fail)
         elif kind == "seconds":
-            opts[fname] = _seconds(url, k, v)
+            opts[fname] = urlparams.seconds(k, v, fail)
         else:
-            opts[fname] = _file(url, {"ca": "CA", "cert": "certificate"}.get(k, k), v)
+            opts[fname] = urlparams.tls_file(urlparams.TLS_FILE_WORDS.get(k, k), v, fail)
     if ("cert_file" in opts) != ("key_file" in opts):
         raise _bad(url, "cert and key must be given together")
     if any(k in opts for k in ("ca_file", "cert_file")):
@@ -175,3 +144,12 @@ def parse_registry_url(url: str) -> RegistryURL:
         opts["tls"] = True
     config = EtcdConfig(endpoints=endpoints, username=username, password=password, **opts)
     return RegistryURL(scheme="etcd", endpoints=endpoints, config=config)
+
+
+def parse_any(url: str) -> object:
+    """The settings of a registry URL of any kind: a ``RegistryURL`` (etcd, memory), a ``ConsulConfig`` or a
+    ``ZkConfig``; ``InvalidTarget`` naming the problem, for a scheme that is no registry too."""
+    kind = KINDS.get(scheme_of(url)) if isinstance(url, str) else None
+    if kind is None or kind.keyed or kind.parse_url is None:
+        return parse_registry_url(url)  # its errors name the kinds
+    return kind.parse_url(url)

@@ -49,29 +49,25 @@ from urllib.parse import quote, unquote, urlencode
 from ..errors import InvalidTarget, did_you_mean
 from ..netutil import AddressError, join_host_port, parse_host_port
 from ..redaction import redact_url as redact
+from ..registry.formats import DEFAULT_FORMAT, FORMAT_NAMES
+from ..registry.kinds import KEYED, KINDS
 
-KNOWN_SCHEMES = ("direct", "etcd", "discov", "memory", "dns", "k8s", "consul", "zk", "ipv4", "ipv6")
-FORMATS = ("gozero", "etcd-naming", "kratos")
-DEFAULT_FORMAT = "gozero"
-DNS_DEFAULT_PORT = 443
+# gRPC's forms of direct addresses (``ipv4:a:1,b:2``, ``ipv6:[::1]:1``); they come out with scheme direct
+_ADDRESS_SCHEMES = ("ipv4", "ipv6")
+KNOWN_SCHEMES = (*(s for kind in KINDS.values() for s in (kind.scheme, *kind.aliases)), *_ADDRESS_SCHEMES)
+#: gRPC's port of a name or address given without one
+GRPC_DEFAULT_PORT = KINDS["dns"].default_port
 DNS_SERVER_DEFAULT_PORT = 53
 
 EXAMPLES = {
-    "direct": "direct:///127.0.0.1:8080,127.0.0.1:8081",
-    "etcd": "etcd:///127.0.0.1:2379?key=greet.rpc",
-    "discov": "discov:///127.0.0.1:2379?key=greet.rpc",
-    "memory": "memory:///?key=greet.rpc",
-    "dns": "dns:///greet.example.com:8080",
-    "k8s": "k8s://default/greet:50051",
-    "consul": "consul://127.0.0.1:8500/greet",
-    "zk": "zk://127.0.0.1:2181/greet",
+    **{kind.scheme: kind.target_example for kind in KINDS.values()},
+    "discov": KINDS["etcd"].target_example.replace("etcd:", "discov:", 1),
     "ipv4": "ipv4:127.0.0.1:8080,127.0.0.2:8080",
     "ipv6": "ipv6:[::1]:8080",
 }
 
 _REGISTRY_OPTIONS = ("user", "password", "tls", "cacert", "certfile", "keyfile", "dial_timeout", "request_timeout")
 _SECONDS_PARAMS = ("dial_timeout", "request_timeout")
-ETCD_DEFAULT_PORT = 2379
 _ALLOWED_PARAMS = {
     "etcd": ("key", "format", "exact", "cache", *_REGISTRY_OPTIONS),
     "memory": ("key", "format", "exact"),
@@ -81,8 +77,6 @@ _ALLOWED_PARAMS = {
     "consul": ("tag", "dc", "token", "tls", "cacert", "certfile", "keyfile"),
     "zk": ("namespace", "session_timeout"),
 }
-CONSUL_DEFAULT_PORT = 8500
-ZK_DEFAULT_PORT = 2181
 _BOOL_PARAMS = ("exact", "tls")
 _TRUE = ("1", "true")
 _FALSE = ("0", "false")
@@ -115,7 +109,7 @@ class Target:
     @property
     def uses_registry(self) -> bool:
         """True for targets resolved through a registry (etcd, memory)."""
-        return self.scheme in ("etcd", "memory")
+        return self.scheme in KEYED
 
     @property
     def exact(self) -> bool:
@@ -209,9 +203,9 @@ def parse_target(target: str) -> Target:
         return _parse_hierarchical(scheme, rest, target)
     head, colon, rest = target.partition(":")
     lowered = head.lower()
-    if colon and lowered in ("ipv4", "ipv6", "dns"):
+    if colon and lowered in (*_ADDRESS_SCHEMES, "dns"):
         return _parse_opaque(lowered, rest, target)
-    if colon and lowered in ("etcd", "discov", "direct", "memory", "k8s", "consul", "zk"):
+    if colon and lowered in KNOWN_SCHEMES:
         _fail(
             lowered,
             target,
@@ -234,11 +228,11 @@ def _parse_hierarchical(scheme: str, rest: str, raw: str) -> Target:
     before_query, has_query, query = rest.partition("?")
     authority, slash, path = before_query.partition("/")
     path = slash + path
-    if scheme not in ("direct", "etcd", "discov", "memory", "dns", "k8s", "consul", "zk"):
-        if scheme in ("ipv4", "ipv6") and not authority:
+    if scheme not in KNOWN_SCHEMES or scheme in _ADDRESS_SCHEMES:
+        if scheme in _ADDRESS_SCHEMES and not authority:
             return _parse_opaque(scheme, rest, raw)
         _unknown_scheme(scheme, raw)
-    kind = "etcd" if scheme == "discov" else scheme
+    kind = next(k.scheme for k in KINDS.values() if scheme in (k.scheme, *k.aliases))
     # An '@' past the authority is almost always a password with an unescaped '/', '?' or '#':
     # refuse without quoting pieces of it.
     if "@" in path or "@" in query:
@@ -274,7 +268,7 @@ def _parse_opaque(scheme: str, rest: str, raw: str) -> Target:
     rest = rest.lstrip("/")
     if scheme == "dns":
         return _parse_dns(scheme, "", "/" + rest, raw)
-    endpoints = _endpoints(rest, scheme, raw, what="address", default_port=DNS_DEFAULT_PORT)
+    endpoints = _endpoints(rest, scheme, raw, what="address", default_port=GRPC_DEFAULT_PORT)
     for endpoint in endpoints:
         host = parse_host_port(endpoint)[0]
         if (scheme == "ipv6") != (":" in host) or (scheme == "ipv4" and not _is_ipv4(host)):
@@ -294,7 +288,7 @@ def _parse_dns(scheme: str, authority: str, path: str, raw: str) -> Target:
         _fail(scheme, raw, "missing the name to resolve")
     if "," in name:
         _fail(scheme, raw, "a dns target names exactly one host:port")
-    endpoint = join_host_port(*_hostport(name, scheme, raw, default_port=DNS_DEFAULT_PORT, what="name"))
+    endpoint = join_host_port(*_hostport(name, scheme, raw, default_port=GRPC_DEFAULT_PORT, what="name"))
     return Target(scheme="dns", endpoints=(endpoint,), raw=raw, authority=server)
 
 
@@ -361,7 +355,7 @@ def _parse_k8s(authority: str, path: str, params: dict[str, str], raw: str) -> T
 def _parse_service_registry(scheme: str, authority: str, path: str, params: dict[str, str], raw: str) -> Target:
     """``consul://HOST:PORT/SERVICE?...`` and ``zk://H1:P1,H2:P2/SERVICE``: the registry's hosts in the
     authority, the service in the path."""
-    default_port = CONSUL_DEFAULT_PORT if scheme == "consul" else ZK_DEFAULT_PORT
+    default_port = KINDS[scheme].default_port
     if not authority:
         _fail(scheme, raw, f"the {scheme} hosts go in the authority: {EXAMPLES[scheme]}")
     hosts = _endpoints(authority, scheme, raw, what=f"{scheme} host", default_port=default_port)
@@ -395,7 +389,7 @@ def _parse_etcd(scheme: str, authority: str, path: str, params: dict[str, str], 
         userinfo, _, authority = authority.rpartition("@")
     if authority:
         # legacy form: hosts in the authority, key in the path (go-zero trims the slashes)
-        hosts = _endpoints(authority, scheme, raw, what="etcd host", default_port=ETCD_DEFAULT_PORT)
+        hosts = _endpoints(authority, scheme, raw, what="etcd host", default_port=KINDS["etcd"].default_port)
         key = unquote_strict(path, scheme, raw).strip("/")
         if key and "key" in params:
             _fail(scheme, raw, "the key is given twice (in the path and as ?key=); use one: "
@@ -403,7 +397,7 @@ def _parse_etcd(scheme: str, authority: str, path: str, params: dict[str, str], 
         if not key:
             key = _key(params, scheme, raw)
     else:
-        hosts = _endpoints(path[1:], scheme, raw, what="etcd host", default_port=ETCD_DEFAULT_PORT)
+        hosts = _endpoints(path[1:], scheme, raw, what="etcd host", default_port=KINDS["etcd"].default_port)
         key = _key(params, scheme, raw)
     fmt, options = _common_options(params, scheme, raw)
     if userinfo:
@@ -443,9 +437,9 @@ def _key(params: dict[str, str], scheme: str, raw: str) -> str:
 
 def _common_options(params: dict[str, str], scheme: str, raw: str) -> tuple[str, dict[str, str]]:
     fmt = params.get("format", DEFAULT_FORMAT)
-    if fmt not in FORMATS:
-        close = did_you_mean(fmt, FORMATS)
-        _fail(scheme, raw, f"unknown format {fmt!r}{close}; expected one of: {', '.join(FORMATS)}")
+    if fmt not in FORMAT_NAMES:
+        close = did_you_mean(fmt, FORMAT_NAMES)
+        _fail(scheme, raw, f"unknown format {fmt!r}{close}; expected one of: {', '.join(FORMAT_NAMES)}")
     options: dict[str, str] = {}
     for name, value in params.items():
         if name in ("key", "format"):

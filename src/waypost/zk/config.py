@@ -17,16 +17,17 @@ kazoo is imported only when a client is made (``new_client``): it is the ``zk`` 
 
 from __future__ import annotations
 
+import functools
 import logging
-import math
 import urllib.parse
 from collections.abc import Mapping
 from dataclasses import dataclass
-from typing import Any, Protocol
+from typing import Any
 
+from .. import urlparams
 from ..errors import InvalidTarget
 from ..netutil import AddressError, normalize_host_port
-from ..redaction import redact_url
+from ..urlparams import TargetLike, seconds_ok
 from .layout import DEFAULT_NAMESPACE, LayoutError, check_namespace
 
 DEFAULT_PORT = 2181
@@ -40,22 +41,6 @@ OPTIONS = ("session_timeout", "namespace")
 #: where kazoo's own connection chatter goes (a WARNING per failed reconnection attempt): raised to ERROR
 #: unless the application configured this logger; waypost logs the state changes itself, once each
 KAZOO_LOGGER = "waypost.zk.kazoo"
-
-
-class _TargetLike(Protocol):
-    """What ``from_target`` reads of a ``waypost.resolver.Target`` (that layer sits above this one)."""
-
-    @property
-    def scheme(self) -> str: ...
-
-    @property
-    def endpoints(self) -> tuple[str, ...]: ...
-
-    @property
-    def options(self) -> Mapping[str, str]: ...
-
-    @property
-    def redacted(self) -> str: ...
 
 
 @dataclass(frozen=True)
@@ -83,10 +68,10 @@ class ZkConfig:
             except AddressError as e:
                 raise ValueError(str(e)) from None
         object.__setattr__(self, "hosts", tuple(dict.fromkeys(normalized)))
-        if self.session_timeout is not None and not _seconds_ok(self.session_timeout):
+        if self.session_timeout is not None and not seconds_ok(self.session_timeout):
             raise ValueError(f"ZkConfig: session_timeout must be a number of seconds in (0, 3600], "
                              f"got {self.session_timeout!r}")
-        if not _seconds_ok(self.max_reconnect_delay):
+        if not seconds_ok(self.max_reconnect_delay):
             raise ValueError(f"ZkConfig: max_reconnect_delay must be a number of seconds in (0, 3600], "
                              f"got {self.max_reconnect_delay!r}")
         try:
@@ -137,11 +122,6 @@ class ZkConfig:
         return client
 
 
-def _seconds_ok(value: object) -> bool:
-    return (isinstance(value, (int, float)) and not isinstance(value, bool) and math.isfinite(value)
-            and 0 < value <= 3600)
-
-
 _quieted: list[bool] = []
 
 
@@ -165,20 +145,14 @@ def require_kazoo() -> None:
 
 
 def _bad(url: str, problem: str) -> InvalidTarget:
-    return InvalidTarget(f"invalid ZooKeeper registry URL {redact_url(url)!r}: {problem} (example: {EXAMPLE})")
+    return urlparams.url_error(url, problem, example=EXAMPLE, label="ZooKeeper registry URL")
 
 
-def _options(given: Mapping[str, str], fail: Any) -> dict[str, Any]:
+def _options(given: Mapping[str, str], fail: urlparams.Fail) -> dict[str, Any]:
     out: dict[str, Any] = {}
     for name, value in given.items():
         if name == "session_timeout":
-            try:
-                seconds = float(value)
-            except ValueError:
-                raise fail(f"session_timeout={value!r} is not a number of seconds") from None
-            if not _seconds_ok(seconds):
-                raise fail(f"session_timeout={value!r} must be between 0 and 3600 seconds")
-            out["session_timeout"] = seconds
+            out["session_timeout"] = urlparams.seconds(name, value, fail)
         elif name == "namespace":
             try:
                 out["namespace"] = check_namespace(value)
@@ -214,15 +188,12 @@ def parse_registry_url(url: str) -> ZkConfig:
             hosts.append(normalize_host_port(raw, what="ZooKeeper host", default_port=DEFAULT_PORT))
         except AddressError as e:
             raise _bad(url, str(e)) from None
-    given: dict[str, str] = {}
-    for name, value in urllib.parse.parse_qsl(query, keep_blank_values=True):
-        if name in given:
-            raise _bad(url, f"option {name!r} given twice")
-        given[name] = value
-    return ZkConfig(hosts=tuple(hosts), **_options(given, lambda problem: _bad(url, problem)))
+    fail = functools.partial(_bad, url)
+    given = dict(urlparams.options(query, fail))  # the names are checked with a target's, by _options
+    return ZkConfig(hosts=tuple(hosts), **_options(given, fail))
 
 
-def from_target(target: _TargetLike) -> ZkConfig:
+def from_target(target: TargetLike) -> ZkConfig:
     """The ZkConfig of a parsed ``zk://H1:2181,H2:2181/SERVICE`` dial target (hosts already normalized by the
     target parser; options ``session_timeout`` and ``namespace`` when present)."""
     if target.scheme != "zk":
