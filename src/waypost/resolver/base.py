@@ -9,6 +9,9 @@ A channel builds one resolver per dial with ``SomeResolver(target, options)`` (`
 - ``resolve_now(reason)`` when a backend connection fails: a hint to re-resolve soon (from any thread,
   never blocking; resolvers with nothing to re-read ignore it).
 - ``close()`` (sync channel) or ``await aclose()`` (aio channel) once, when the channel closes.
+
+The resolvers that follow their source from a task on the control loop (consul, k8s, zk, dns) share how they
+do all this, ``ResolverOptions`` included: ``resolver.loop_resolver.LoopResolver``.
 """
 
 from __future__ import annotations

@@ -44,35 +44,34 @@ ID wins.
 from __future__ import annotations
 
 import asyncio
-import concurrent.futures
+import contextlib
 import logging
 import random
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import AsyncIterator, Callable, Sequence
 from typing import Any
 
-from .. import _loop, metrics
+from .. import metrics
 from ..consul.api import ConsulClient, ConsulTLSError, require_client
 from ..consul.config import TOKEN_ENV, from_target
 from ..consul.health import MalformedAnswer, read_entries
 from ..errors import InvalidTarget, PermissionDenied, RegistryError, RegistryUnavailable, WaypostError
 from ..types import Backend
-from .base import OnError, OnUpdate, ResolverOptions, notify
+from .base import ResolverOptions
+from .loop_resolver import LoopResolver
 from .target import Target
 
 log = logging.getLogger("waypost.resolver.consul")
 
 #: a blocking query's wait (Consul's default is 5 min; a minute keeps dead links short-lived)
 WAIT = 55.0
-FIRST_BACKOFF = 0.5
-MAX_BACKOFF = 10.0
 #: never two queries closer than this (Consul's "rate limit" advice for blocking clients)
 MIN_SPACING = 0.05
 #: after a reconnect, how long an empty answer must last before it empties a list that had instances
 SETTLE = 10.0
 
 
-class ConsulResolver:
+class ConsulResolver(LoopResolver[ConsulClient]):
     """Follows the passing instances of ``target`` (scheme consul); see the module docstring.
 
     ``timeout`` bounds a blocking start (sync dial) and every non-blocking request; ``wait`` is the blocking
@@ -80,32 +79,28 @@ class ConsulResolver:
     ``rng`` and ``clock`` are for tests.
     """
 
+    kind = "consul"
+    noun = "instances"
+    list_name = "list of the instances"
+    log = log
+
     def __init__(self, target: Target, options: ResolverOptions | None = None, *, timeout: float = 5.0,
                  wait: float = WAIT, settle: float = SETTLE, rng: random.Random | None = None,
                  clock: Callable[[], float] = time.monotonic) -> None:
         require_client()
-        options = options if options is not None else ResolverOptions()
         if target.scheme != "consul" or not target.key:
             raise InvalidTarget(f"not a consul target: {target.redacted}")
-        self.target = target
+        super().__init__(target, options, rng=rng, clock=clock)
         self.config = from_target(target)
         self.service: str = target.key
         tag = target.options.get("tag")
         self.tags: tuple[str, ...] = tuple(tag.split(",")) if tag else ()
         self.datacenter: str | None = target.options.get("dc") or None
-        self.subsetter = options.subsetter
-        self.blocking = options.blocking
-        self.report_early = options.report_early
         self.timeout = timeout
         self.wait = wait
         self.settle = settle
-        self._rng = rng if rng is not None else random.Random()
-        self._clock = clock
-        self._future: concurrent.futures.Future[None] | None = None
-        self._first: concurrent.futures.Future[None] = concurrent.futures.Future()
-        self._closed = False
-        self._last: tuple[Backend, ...] | None = None
-        self._last_error = ""
+        self._started = clock()  # when the first list's deadline started (set again by the loop)
+        self._last_query = 0.0
         self._reconnected_at: float | None = None  # clock time of the first good answer after a failure
         self._held_since: float | None = None  # an empty answer is being held since (see _hold)
         self._warned: set[str] = set()  # the malformed-entry problems already logged
@@ -113,7 +108,6 @@ class ConsulResolver:
         self.queries = 0
         self.failures = 0
         self.resets = 0
-        self.pushes = 0
         #: malformed entries skipped in answers otherwise used
         self.malformed = 0
         #: empty answers held after a reconnect
@@ -121,41 +115,9 @@ class ConsulResolver:
         #: whether the last answer may have left out instances for lack of ACL permission (warned on each change)
         self.acl_hidden = False
         self.index = 0
-        #: clock time of the last change pushed to the channel
-        self.last_push_at: float | None = None
 
     def __repr__(self) -> str:
         return f"<ConsulResolver {self.target.redacted} index={self.index}>"
-
-    # ---- Resolver contract --------------------------------------------------------------------------
-
-    def start(self, on_update: OnUpdate, on_error: OnError) -> None:
-        """Follow the service on the control loop. Blocking (sync dial): return once the first list is known;
-        raise RegistryUnavailable when the agent does not answer within ``timeout`` or refuses."""
-        self._future = _loop.submit(self._run(on_update, on_error))
-        if not self.blocking:
-            return
-        try:
-            self._first.result(self.timeout)
-        except concurrent.futures.TimeoutError:
-            self.close()
-            raise RegistryUnavailable(
-                f"consul: no list of the instances of {self._what()} within {self.timeout:g}s"
-                f"{f' ({self._last_error})' if self._last_error else ''}") from None
-        except BaseException:
-            self.close()
-            raise
-
-    def resolve_now(self, reason: str) -> None:
-        """Nothing to do: the blocking query answers every change."""
-
-    def close(self) -> None:
-        self._closed = True
-        if self._future is not None:
-            self._future.cancel()
-
-    async def aclose(self) -> None:
-        self.close()
 
     # ---- the loop -----------------------------------------------------------------------------------
 
@@ -163,47 +125,40 @@ class ConsulResolver:
         extra = "".join(f" tag={t}" for t in self.tags) + (f" dc={self.datacenter}" if self.datacenter else "")
         return f"service {self.service!r}{extra} at {self.config.redacted}"
 
-    async def _run(self, on_update: OnUpdate, on_error: OnError) -> None:
+    def _first_list_within(self) -> float:
+        return self.timeout
+
+    @contextlib.asynccontextmanager
+    async def _session(self) -> AsyncIterator[ConsulClient]:
         client = ConsulClient(self.config, timeout=self.timeout)
-        started = self._clock()
-        failures = 0
-        last_query = 0.0
+        self._started = self._clock()
         try:
-            while not self._closed:
-                spacing = last_query + MIN_SPACING - self._clock()
-                if spacing > 0:
-                    await asyncio.sleep(spacing)
-                last_query = self._clock()
-                # everything from the request to the push is guarded: whatever the answer (or a bug of ours),
-                # the loop keeps the last list and tries again; it never ends before close()
-                try:
-                    # after a failure, one immediate read (no wait): a Consul that went back in time (agent or
-                    # servers restarted with less state) would otherwise hold a query with our old, higher
-                    # index until its wait ends before the backwards index could be seen
-                    index, entries = await client.health_service(
-                        self.service, index=self.index, wait=None if failures else self._query_wait(),
-                        tags=self.tags, datacenter=self.datacenter, timeout=self._read_timeout(started))
-                    backends = self.backends(entries)
-                    self._answered(client, index, backends, failures, on_update)
-                except asyncio.CancelledError:
-                    raise
-                except Exception as e:  # noqa: BLE001  # keep the last list, retry with backoff
-                    failures += 1
-                    self._failed(e, started, on_error)
-                    delay = min(FIRST_BACKOFF * 2 ** (failures - 1), MAX_BACKOFF)
-                    await asyncio.sleep(delay * self._rng.uniform(0.8, 1.2))
-                    continue
-                failures = 0
+            yield client
         finally:
             await client.close()
 
-    def _read_timeout(self, started: float) -> float | None:
+    async def _follow(self, client: ConsulClient) -> None:
+        """One query, its answer pushed. Everything from the request to the push is guarded by the loop:
+        whatever the answer (or a bug of ours), it keeps the last list and tries again until close()."""
+        spacing = self._last_query + MIN_SPACING - self._clock()
+        if spacing > 0:
+            await asyncio.sleep(spacing)
+        self._last_query = self._clock()
+        # after a failure, one immediate read (no wait): a Consul that went back in time (agent or servers
+        # restarted with less state) would otherwise hold a query with our old, higher index until its wait
+        # ends before the backwards index could be seen
+        index, entries = await client.health_service(
+            self.service, index=self.index, wait=None if self._failing else self._query_wait(),
+            tags=self.tags, datacenter=self.datacenter, timeout=self._read_timeout())
+        self._answered(client, index, self.backends(entries))
+
+    def _read_timeout(self) -> float | None:
         """The bound of a non-blocking read. Until the first list, shorter than what is left of a blocking
         start's ``timeout``: a read that hangs then fails (saying how) before the start gives up, and the
         start's error names it."""
         if self._first.done():
             return None
-        left = started + self.timeout - self._clock()
+        left = self._started + self.timeout - self._clock()
         return max(0.8 * left, 0.1) if left > 0 else None
 
     def _query_wait(self) -> float:
@@ -213,14 +168,14 @@ class ConsulResolver:
             return self.wait
         return min(self.wait, max(self._held_since + self.settle - self._clock(), 0.1))
 
-    def _failed(self, e: Exception, started: float, on_error: OnError) -> None:
+    def _failed(self, e: Exception) -> None:
         self.failures += 1
         msg = self._describe(e)
         # refusals a retry will not cure: a blocking start reports them at once
         refused = isinstance(e, PermissionDenied | ConsulTLSError) or (
             isinstance(e, RegistryError) and "no path to datacenter" in str(e).lower())
-        if refused and not self._first.done():
-            self._first.set_exception(RegistryUnavailable(msg))
+        if refused:
+            self._end_first_wait(RegistryUnavailable(msg))
         if isinstance(e, MalformedAnswer):
             reason = "malformed"
         elif refused:
@@ -232,21 +187,13 @@ class ConsulResolver:
         obs = metrics.current
         if obs is not None:
             obs.resolver_error(self.target.raw or self.target.redacted, reason)
-        new = msg != self._last_error
-        (log.warning if new else log.debug)(
-            "waypost: %s; %s", msg, "keeping the last instances" if self._last is not None else "no instances yet",
-            exc_info=e if new and not isinstance(e, WaypostError) else None)  # not ours: show where
-        self._last_error = msg
-        if self.report_early or self._first.done() or self._clock() - started >= self.timeout:
-            self._notify(on_error, msg)
+        self._report(msg, e)
 
-    def _answered(self, client: ConsulClient, index: int, backends: tuple[Backend, ...], failures: int,
-                  on_update: OnUpdate) -> None:
+    def _answered(self, client: ConsulClient, index: int, backends: tuple[Backend, ...]) -> None:
         """A good answer: follow its index, then push its list (or hold an empty one; see ``_hold``)."""
         self.queries += 1
-        if failures:
+        if self._read_worked():
             log.info("waypost: consul: reading %s works again", self._what())
-            self._last_error = ""
             self._reconnected_at = self._clock()
         if index < self.index:
             # Consul's advice: an index that goes backwards resets the loop
@@ -268,9 +215,7 @@ class ConsulResolver:
                         self.service, TOKEN_ENV)
         self.acl_hidden = hidden
         if not self._hold(backends):
-            self._push(on_update, backends)
-        if not self._first.done():
-            self._first.set_result(None)
+            self._push(backends)
 
     def _hold(self, backends: tuple[Backend, ...]) -> bool:
         """Whether to keep the last list instead of this empty answer, just after a reconnect.
@@ -335,18 +280,3 @@ class ConsulResolver:
             if inst.address not in by_address or inst.id < by_address[inst.address][0]:
                 by_address[inst.address] = (inst.id, Backend(inst.address, inst.metadata))
         return tuple(by_address[a][1] for a in sorted(by_address))
-
-    def _push(self, on_update: OnUpdate, backends: tuple[Backend, ...]) -> None:
-        if backends == self._last:
-            return
-        out: Sequence[Backend] = list(backends)
-        if self.subsetter is not None:
-            out = self.subsetter.select(out)
-        log.debug("waypost: consul: %s -> %s", self._what(), [b.address for b in backends])
-        if self._notify(on_update, out):
-            self._last = backends
-            self.pushes += 1
-            self.last_push_at = self._clock()
-
-    def _notify(self, fn: Callable[[Any], None], arg: Any) -> bool:
-        return notify(fn, arg, self.target)

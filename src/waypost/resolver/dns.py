@@ -9,6 +9,10 @@ never used by a healthy client (grpc-go#3353). Here the name is re-resolved on t
 - right after a backend connection fails (``resolve_now``), at most once per ``min_interval``;
 - after a failed lookup, with backoff (1 s doubling up to ``interval``), keeping the last good set.
 
+A blocking start (sync dial) returns once the first lookup has answered, with its list or its failure (a name
+that does not resolve is not a dial error: calls fail naming it while lookups go on); a non-blocking one (aio
+dial) returns at once.
+
 The system resolver (``getaddrinfo``) is used for ``dns:///``; a DNS server in the authority needs
 dnspython (``pip install 'waypost[dns]'``). See docs/dns.md.
 """
@@ -16,19 +20,22 @@ dnspython (``pip install 'waypost[dns]'``). See docs/dns.md.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import ipaddress
 import logging
 import socket
 import time
-from collections.abc import Callable, Iterable, Sequence
+from collections.abc import AsyncIterator, Callable, Iterable
 from dataclasses import dataclass
 from typing import Any
 
 from .. import _loop
+from ..backoff import Backoff
 from ..errors import InvalidTarget
 from ..netutil import join_host_port, parse_host_port
 from ..types import Backend
-from .base import OnError, OnUpdate, ResolverOptions, notify
+from .base import ResolverOptions
+from .loop_resolver import START_GRACE, LoopResolver
 from .target import Target
 
 log = logging.getLogger("waypost.resolver.dns")
@@ -76,19 +83,27 @@ def _seconds_option(options: dict[str, Any], name: str, default: float) -> float
     return value / 1000.0
 
 
-class DnsResolver:
+class DnsResolver(LoopResolver[None]):
     """Resolves ``target`` (scheme dns) and pushes the (subset) address list to the channel on change.
 
     ``interval``, ``min_interval`` and ``timeout`` are in seconds (None: the defaults); the channel
     options in ``options`` override them (see ``_apply_channel_options``). ``clock`` is for tests.
+
+    A blocking start (sync dial) returns once the first lookup has answered: with the list, or with its
+    failure already passed to ``on_error`` (a name that does not resolve is not a dial error: calls fail
+    naming it, and lookups go on). Every lookup answers, so ``report_early`` has nothing to hold back.
     """
+
+    kind = "dns"
+    noun = "addresses"
+    list_name = "address list"
+    log = log
 
     def __init__(self, target: Target, options: ResolverOptions | None = None, *,
                  interval: float | None = None, min_interval: float | None = None, timeout: float | None = None,
                  clock: Callable[[], float] = time.monotonic) -> None:
         options = options if options is not None else ResolverOptions()
-        self.target = target
-        self.subsetter = options.subsetter
+        super().__init__(target, options, clock=clock)
         self.interval = DEFAULT_INTERVAL if interval is None else interval
         self.min_interval = DEFAULT_MIN_INTERVAL if min_interval is None else min_interval
         self.timeout = DEFAULT_TIMEOUT if timeout is None else timeout
@@ -97,7 +112,7 @@ class DnsResolver:
             value = getattr(self, name)
             if not 0 < value < float("inf"):
                 raise ValueError(f"dns resolver: {name} must be a number of seconds > 0, got {value!r}")
-        self._clock = clock
+        self.backoff = Backoff(first=min(FIRST_BACKOFF, self.interval), cap=self.interval, jitter=0.0)
         self.host, self.port = parse_host_port(target.endpoints[0], what="dns name")
         self._server: tuple[str, int] | None = None
         if target.authority:
@@ -108,8 +123,6 @@ class DnsResolver:
                     f"{target.redacted}: a DNS server in the target needs dnspython (pip install 'waypost[dns]'); "
                     f"or use the system resolver: dns:///{target.endpoints[0]}") from None
             self._server = parse_host_port(target.authority, what="DNS server")
-        self._future: Any = None
-        self._closed = False
         self._wake: asyncio.Event | None = None
         self._last_lookup: float | None = None
         #: Lookups done so far (introspection and tests).
@@ -215,51 +228,51 @@ class DnsResolver:
 
     # ---- the loop -----------------------------------------------------------------------------------
 
-    def start(self, on_update: OnUpdate, on_error: OnError) -> None:
-        """Resolve in the background on the control loop (calls wait for the first list meanwhile)."""
-        self._future = _loop.submit(self._run(on_update, on_error))
+    def _what(self) -> str:
+        return f"{self.host}{self._where()}"
 
-    async def _run(self, on_update: OnUpdate, on_error: OnError) -> None:
-        self._wake = asyncio.Event()
-        last: tuple[str, ...] | None = None
-        failures = 0
-        last_error = ""
-        while not self._closed:
-            self._wake.clear()  # a request during the lookup below still wakes the next wait
-            self._last_lookup = self._clock()
-            self.lookups += 1
-            try:
-                res = await self.lookup()
-            except asyncio.CancelledError:
-                raise
-            except Exception as e:  # noqa: BLE001  # keep the last list; retry with backoff
-                failures += 1
-                msg = str(e) if isinstance(e, DnsLookupError) else f"dns: resolving {self.host} failed: {e!r}"
-                # one warning per distinct failure, not one per retry
-                (log.warning if msg != last_error else log.debug)(
-                    "waypost: resolving %s failed (%s); %s", self.target.redacted, msg,
-                    "keeping the last addresses" if last is not None else "no addresses yet")
-                last_error = msg
-                self._notify(on_error, msg)
-                await asyncio.sleep(min(FIRST_BACKOFF * 2 ** (failures - 1), self.interval))
-                continue
-            recovered = failures > 0
-            if recovered:
-                log.info("waypost: resolving %s works again after %d failed lookups", self.target.redacted,
-                         failures)
-            failures, last_error = 0, ""
-            # after failures, push even an unchanged list: it clears the error the channel shows on calls
-            if res.addresses != last or recovered:
-                backends: Sequence[Backend] = [Backend(a) for a in res.addresses]
-                if self.subsetter is not None:
-                    backends = self.subsetter.select(backends)
-                log.debug("waypost: %s -> %s (ttl %s)", self.target.redacted, res.addresses, res.ttl)
-                if self._notify(on_update, backends):
-                    last = res.addresses  # else pushed again after the next lookup
-            await self._wait(next_delay(res.ttl, self.interval, self.min_interval))
+    def _label(self) -> str:
+        return self.target.redacted
 
-    def _notify(self, fn: Callable[[Any], None], arg: Any) -> bool:
-        return notify(fn, arg, self.target)
+    def _first_list_within(self) -> float:
+        # past the first lookup's own bound, so that its failure (naming why) comes first
+        return self.timeout + START_GRACE
+
+    @contextlib.asynccontextmanager
+    async def _session(self) -> AsyncIterator[None]:
+        self._wake = asyncio.Event()  # on the loop that waits on it
+        yield None
+
+    async def _follow(self, _session: None) -> None:
+        """One lookup, its list pushed, then the wait until the next one."""
+        assert self._wake is not None
+        self._wake.clear()  # a request during the lookup below still wakes the next wait
+        self._last_lookup = self._clock()
+        self.lookups += 1
+        res = await self.lookup()
+        failures = self._failing
+        if self._read_worked():
+            log.info("waypost: resolving %s works again after %d failed lookups", self.target.redacted, failures)
+        log.debug("waypost: %s: ttl %s", self.target.redacted, res.ttl)
+        # after failures, push even an unchanged list: it clears the error the channel shows on calls
+        self._push(tuple(Backend(a) for a in res.addresses), force=self._error_shown)
+        await self._wait(next_delay(res.ttl, self.interval, self.min_interval))
+
+    def _describe(self, e: Exception) -> str:
+        return str(e) if isinstance(e, DnsLookupError) else f"dns: resolving {self.host} failed: {e!r}"
+
+    def _failed(self, e: Exception) -> None:
+        self._report(self._describe(e))
+        self._end_first_wait()  # a failed lookup is an answer too: a blocking start returns
+
+    def _holding_errors(self) -> bool:
+        return False
+
+    def _log_failure(self, msg: str, new: bool, exc: BaseException | None) -> None:
+        # one warning per distinct failure, not one per retry
+        (log.warning if new else log.debug)(
+            "waypost: resolving %s failed (%s); %s", self.target.redacted, msg,
+            "keeping the last addresses" if self._last is not None else "no addresses yet")
 
     async def _wait(self, delay: float) -> None:
         """Sleep ``delay`` s, or less when a re-resolution is requested, but at least until
@@ -273,12 +286,3 @@ class DnsResolver:
         rest = self._last_lookup + min(self.min_interval, delay) - self._clock()
         if rest > 0:
             await asyncio.sleep(rest)
-
-    def close(self) -> None:
-        self._closed = True
-        if self._future is not None:
-            self._future.cancel()
-
-    async def aclose(self) -> None:
-        """close() never blocks: the same."""
-        self.close()

@@ -24,20 +24,21 @@ session; the list and watch requests are read here as raw JSON (no model objects
 from __future__ import annotations
 
 import asyncio
-import concurrent.futures
+import contextlib
 import json
 import logging
 import random
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import AsyncIterator, Callable
+from dataclasses import dataclass
 from typing import Any
 
-from .. import _loop
 from ..errors import InvalidTarget, RegistryUnavailable
 from ..k8s import config as k8s_config
 from ..k8s.slices import SERVICE_NAME_LABEL, ServiceSlices
 from ..types import Backend
-from .base import OnError, OnUpdate, ResolverOptions, notify
+from .base import ResolverOptions
+from .loop_resolver import LoopResolver
 from .target import Target
 
 log = logging.getLogger("waypost.resolver.k8s")
@@ -49,8 +50,15 @@ READ_TIMEOUT = 90.0
 CONNECT_TIMEOUT = 10.0
 #: bound on one list request
 LIST_TIMEOUT = 30.0
-FIRST_BACKOFF = 0.5
-MAX_BACKOFF = 10.0
+
+
+@dataclass
+class _Session:
+    """What the loop keeps across watches: the API client (once the configuration is loaded) and the version to
+    watch from (None: list first)."""
+
+    api: Any = None
+    rv: str | None = None
 
 
 class _Gone(Exception):
@@ -62,33 +70,29 @@ class _Refused(Exception):
     blocking dial fails at once with this message."""
 
 
-class K8sResolver:
+class K8sResolver(LoopResolver["_Session"]):
     """Follows the EndpointSlices of ``target`` (scheme k8s); see the module docstring.
 
     ``timeout`` bounds a blocking start (sync dial): the first list must arrive within it, else
     RegistryUnavailable names why. ``rng`` and ``clock`` are for tests.
     """
 
+    kind = "k8s"
+    noun = "endpoints"
+    list_name = "EndpointSlice list"
+    log = log
+
     def __init__(self, target: Target, options: ResolverOptions | None = None, *, timeout: float = 5.0,
                  rng: random.Random | None = None, clock: Callable[[], float] = time.monotonic) -> None:
         k8s_config.require_client()
-        options = options if options is not None else ResolverOptions()
         if target.scheme != "k8s" or not target.key:
             raise InvalidTarget(f"not a k8s target: {target.redacted}")
-        self.target = target
+        super().__init__(target, options, rng=rng, clock=clock)
         self.service: str = target.key
         self.port: str = target.options["port"]
         self.namespace: str = target.authority  # "" until the configuration says which
-        self.subsetter = options.subsetter
-        self.blocking = options.blocking
         self.timeout = timeout
-        self._rng = rng if rng is not None else random.Random()
-        self._clock = clock
         self.slices = ServiceSlices(self.service, self.port)
-        self._future: concurrent.futures.Future[None] | None = None
-        self._first: concurrent.futures.Future[None] = concurrent.futures.Future()
-        self._closed = False
-        self._last: tuple[Backend, ...] | None = None
         #: where the configuration came from (set once loaded)
         self.source = ""
         # introspection (and tests): what the loop did so far
@@ -97,94 +101,49 @@ class K8sResolver:
         self.watches = 0
         self.events = 0
         self.bookmarks = 0
-        self.pushes = 0
         self.resource_version: str | None = None
-        #: clock time of the last change pushed to the channel
-        self.last_push_at: float | None = None
-
-    # ---- Resolver contract --------------------------------------------------------------------------
-
-    def start(self, on_update: OnUpdate, on_error: OnError) -> None:
-        """Follow the slices on the control loop. Blocking (sync dial): return once the first list is
-        known; raise InvalidTarget (configuration) or RegistryUnavailable (apiserver not answering in time,
-        or refusing our credentials)."""
-        self._future = _loop.submit(self._run(on_update, on_error))
-        if not self.blocking:
-            return
-        try:
-            self._first.result(self.timeout)
-        except concurrent.futures.TimeoutError:
-            self.close()
-            raise RegistryUnavailable(
-                f"k8s: no EndpointSlice list of {self._what()} within {self.timeout:g}s"
-                f"{f' ({self._last_error})' if self._last_error else ''}") from None
-        except BaseException:
-            self.close()
-            raise
-
-    def resolve_now(self, reason: str) -> None:
-        """Nothing to do: the watch pushes every change."""
-
-    def close(self) -> None:
-        self._closed = True
-        if self._future is not None:
-            self._future.cancel()
-
-    async def aclose(self) -> None:
-        self.close()
 
     # ---- the loop -----------------------------------------------------------------------------------
-
-    _last_error = ""
 
     def _what(self) -> str:
         return f"service {self.namespace or '?'}/{self.service} (port {self.port})"
 
-    async def _run(self, on_update: OnUpdate, on_error: OnError) -> None:
+    def _first_list_within(self) -> float:
+        return self.timeout
+
+    @contextlib.asynccontextmanager
+    async def _session(self) -> AsyncIterator[_Session]:
+        session = _Session()
+        try:
+            yield session
+        finally:
+            if session.api is not None:
+                await session.api.close()
+
+    async def _follow(self, session: _Session) -> None:
+        """The configuration (once), a list when there is no version to watch from, then one watch."""
         from kubernetes_asyncio.client import ApiClient
 
-        failures = 0
-        api: Any = None
-        rv: str | None = None
+        if session.api is None:
+            cfg = await k8s_config.load(self.target.options.get("kubeconfig"), self.target.options.get("context"))
+            self.namespace = self.namespace or cfg.namespace
+            self.source = cfg.source
+            session.api = ApiClient(configuration=cfg.configuration)
         try:
-            while not self._closed:
-                try:
-                    if api is None:
-                        cfg = await k8s_config.load(self.target.options.get("kubeconfig"),
-                                                    self.target.options.get("context"))
-                        self.namespace = self.namespace or cfg.namespace
-                        self.source = cfg.source
-                        api = ApiClient(configuration=cfg.configuration)
-                    if rv is None:
-                        rv = await self._list(api)
-                        self._push(on_update)
-                        if not self._first.done():
-                            self._first.set_result(None)
-                    rv = await self._watch(api, rv, on_update)
-                    if failures:
-                        log.info("waypost: k8s: watching %s works again", self._what())
-                        failures, self._last_error = 0, ""
-                except asyncio.CancelledError:
-                    raise
-                except _Gone:
-                    log.info("waypost: k8s: resourceVersion %s of %s is gone (410): listing again", rv, self._what())
-                    rv = None
-                    self.relists += 1
-                except Exception as e:  # noqa: BLE001  # keep the last list, retry with backoff
-                    failures += 1
-                    msg = self._describe(e)
-                    if isinstance(e, InvalidTarget | _Refused) and not self._first.done():
-                        self._first.set_exception(e if isinstance(e, InvalidTarget) else RegistryUnavailable(msg))
-                    (log.warning if msg != self._last_error else log.debug)(
-                        "waypost: %s; %s", msg,
-                        "keeping the last endpoints" if self._last is not None else "no endpoints yet")
-                    self._last_error = msg
-                    self._notify(on_error, msg)
-                    delay = min(FIRST_BACKOFF * 2 ** (failures - 1), MAX_BACKOFF)
-                    await asyncio.sleep(delay * self._rng.uniform(0.8, 1.2))
-        finally:
-            if api is not None:
-                await api.close()
+            if session.rv is None:
+                session.rv = await self._list(session.api)
+                self._push(self._backends())
+            await self._watch(session)
+        except _Gone:
+            log.info("waypost: k8s: resourceVersion %s of %s is gone (410): listing again", session.rv, self._what())
+            session.rv = None
+            self.relists += 1
+
+    def _failed(self, e: Exception) -> None:
+        msg = self._describe(e)
+        if isinstance(e, InvalidTarget | _Refused):
+            self._end_first_wait(e if isinstance(e, InvalidTarget) else RegistryUnavailable(msg))
+        self._report(msg)
 
     def _describe(self, e: Exception) -> str:
         if isinstance(e, InvalidTarget | _Refused):
@@ -240,9 +199,13 @@ class K8sResolver:
         self.resource_version = rv
         return rv
 
-    async def _watch(self, api: Any, rv: str, on_update: OnUpdate) -> str:
-        """One watch request from ``rv``; returns the last version seen when the server ends it."""
+    async def _watch(self, session: _Session) -> None:
+        """One watch request from the session's version, which follows the events: when the server ends the
+        watch (or the link fails) the next one resumes from the last version seen."""
         import aiohttp
+
+        api, rv = session.api, session.rv
+        assert rv is not None
 
         seconds = self._rng.randint(*WATCH_SECONDS)
         params = [self._selector(), ("watch", "true"), ("allowWatchBookmarks", "true"),
@@ -250,6 +213,8 @@ class K8sResolver:
         timeout = aiohttp.ClientTimeout(connect=CONNECT_TIMEOUT, sock_connect=CONNECT_TIMEOUT, sock_read=READ_TIMEOUT)
         resp = await self._request(api, params, timeout)
         self.watches += 1
+        if self._read_worked():  # the apiserver took the watch: a failure before it is over
+            log.info("waypost: k8s: watching %s works again", self._what())
         try:
             while True:
                 try:
@@ -257,14 +222,14 @@ class K8sResolver:
                 except asyncio.TimeoutError:
                     log.info("waypost: k8s: the watch of %s said nothing for %gs: resuming it", self._what(),
                              READ_TIMEOUT)
-                    return rv
+                    return
                 if not line:
-                    return rv  # the server ended the watch (timeoutSeconds): resume from rv
-                rv = self._event(line, rv, on_update)
+                    return  # the server ended the watch (timeoutSeconds): resume from the last version
+                rv = session.rv = self._event(line, rv)
         finally:
             resp.release()
 
-    def _event(self, line: bytes, rv: str, on_update: OnUpdate) -> str:
+    def _event(self, line: bytes, rv: str) -> str:
         try:
             event = json.loads(line)
             kind, obj = event["type"], event["object"]
@@ -283,26 +248,13 @@ class K8sResolver:
         else:
             self.events += 1
             self.slices.apply(kind, obj)
-            self._push(on_update)
+            self._push(self._backends())
         if isinstance(new_rv, str) and new_rv:
             rv = new_rv
             self.resource_version = rv
         return rv
 
-    def _push(self, on_update: OnUpdate) -> None:
-        backends = tuple(
+    def _backends(self) -> tuple[Backend, ...]:
+        return tuple(
             Backend(ep.address, {k: v for k, v in (("pod", ep.pod), ("node", ep.node), ("zone", ep.zone)) if v})
             for ep in self.slices.endpoints())
-        if backends == self._last:
-            return
-        out: Sequence[Backend] = list(backends)
-        if self.subsetter is not None:
-            out = self.subsetter.select(out)
-        log.debug("waypost: k8s: %s -> %s", self._what(), [b.address for b in backends])
-        if self._notify(on_update, out):
-            self._last = backends
-            self.pushes += 1
-            self.last_push_at = self._clock()
-
-    def _notify(self, fn: Callable[[Any], None], arg: Any) -> bool:
-        return notify(fn, arg, self.target)

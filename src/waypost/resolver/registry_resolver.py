@@ -14,6 +14,7 @@ from collections.abc import Sequence
 from typing import Any
 
 from .. import _loop
+from ..backoff import Backoff
 from ..errors import RegistryUnavailable
 from ..types import Backend
 from .base import OnError, OnUpdate, ResolverOptions
@@ -25,6 +26,9 @@ log = logging.getLogger("waypost.resolver")
 DIAGNOSE_AFTER = 0.3
 #: how long asking the registry why it is unreachable may take
 PROBE_LIMIT = 2.0
+#: the pause between attempts of a background load (each bounded by ``timeout`` itself, so the cap is lower than
+#: the registry resolvers' reconnect pauses: a channel waiting for its first list is not kept waiting long)
+OPEN_BACKOFF = Backoff(first=0.5, cap=5.0, jitter=0.0)
 
 _INTERNAL_KEY = re.compile(r"'_waypost/[^']*'")
 #: a connection refused, as the transport words it (``Failed to connect to remote host: Connection refused``)
@@ -104,7 +108,7 @@ class RegistryResolver:
     async def _open_async(self, on_update: OnUpdate, on_error: OnError) -> None:
         from ..discovery import Subscriber
 
-        delay = 0.5
+        failures = 0
         while not self._closed:
             opening = asyncio.ensure_future(Subscriber.open(
                 self.target.registry_url(), self.key, exact=self.target.exact, format=self.target.format,
@@ -123,8 +127,8 @@ class RegistryResolver:
                 why = await self._why_unreachable()
                 log.warning("waypost: resolving %s failed: %s", self.target.redacted, e)
                 on_error(self._failure_text(e, why))
-                await asyncio.sleep(delay)
-                delay = min(delay * 2, 5.0)
+                failures += 1
+                await asyncio.sleep(OPEN_BACKOFF.delay(failures))
                 continue
             if self._closed:
                 sub.close()

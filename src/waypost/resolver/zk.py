@@ -24,42 +24,56 @@ A blocking start (sync dial) returns once the first list is known, or raises Reg
 from __future__ import annotations
 
 import asyncio
-import concurrent.futures
+import contextlib
 import logging
 import random
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import AsyncIterator, Callable
+from dataclasses import dataclass
 from typing import Any
 
-from .. import _loop, zk
-from ..errors import InvalidTarget, RegistryUnavailable
+from .. import zk
+from ..errors import InvalidTarget
 from ..registry.formats import Entry, Kratos
 from ..types import Backend
 from ..zk.layout import LayoutError
-from .base import OnError, OnUpdate, ResolverOptions, notify
+from .base import ResolverOptions
+from .loop_resolver import LoopResolver
 from .target import Target
 
 log = logging.getLogger("waypost.resolver.zk")
 
 #: bound on one (re)load of the service's children and their data
 LOAD_TIMEOUT = 30.0
-FIRST_BACKOFF = 0.5
-MAX_BACKOFF = 10.0
 
 
-class ZkResolver:
+@dataclass
+class _Session:
+    """What the loop keeps while it runs: kazoo's client, the queue its threads hand events to, and the TCP probe
+    of the hosts (what a start's error says when no session comes)."""
+
+    client: Any
+    events: asyncio.Queue[tuple[str, Any]]
+    probing: asyncio.Task[list[tuple[str, str, bool]]]
+
+
+class ZkResolver(LoopResolver[_Session]):
     """Follows the instances of ``target`` (scheme zk); see the module docstring.
 
     ``timeout`` bounds a blocking start (sync dial). ``rng`` and ``clock`` are for tests.
     """
 
+    kind = "zk"
+    noun = "backends"
+    list_name = "instance list"
+    log = log
+
     def __init__(self, target: Target, options: ResolverOptions | None = None, *, timeout: float = 5.0,
                  rng: random.Random | None = None, clock: Callable[[], float] = time.monotonic) -> None:
         zk.require_kazoo()
-        options = options if options is not None else ResolverOptions()
         if target.scheme != "zk" or not target.key:
             raise InvalidTarget(f"not a zk target: {target.redacted}")
-        self.target = target
+        super().__init__(target, options, rng=rng, clock=clock)
         self.config = zk.from_target(target)
         self.service: str = target.key
         try:
@@ -67,65 +81,25 @@ class ZkResolver:
         except LayoutError as e:
             raise InvalidTarget(f"invalid zk target {target.redacted!r}: {e}") from None
         self.session_timeout = self.config.session_timeout_or(zk.DEFAULT_SESSION_TIMEOUT)
-        self.subsetter = options.subsetter
-        self.blocking = options.blocking
-        self.report_early = options.report_early
         self.timeout = timeout
         self._codec = Kratos(self.config.namespace)
-        self._rng = rng if rng is not None else random.Random()
-        self._clock = clock
-        self._future: concurrent.futures.Future[None] | None = None
-        self._first: concurrent.futures.Future[None] = concurrent.futures.Future()
-        self._closed = False
         self._events: asyncio.Queue[tuple[str, Any]] | None = None
         self._loop: asyncio.AbstractEventLoop | None = None
+        self._probing: asyncio.Task[list[tuple[str, str, bool]]] | None = None
         self._children: dict[str, Entry | None] = {}  # child name -> its decoded instance (None: unusable)
-        self._last: tuple[Backend, ...] | None = None
-        self._last_error = ""
-        self._error_shown = False  # the channel was told of an error since the last push
         self._stale = False  # disconnected since the last load (kazoo forgot the watches)
         # introspection (and tests): what the loop did so far
         self.loads = 0
         self.events = 0
-        self.pushes = 0
         self.connected = False
-        #: clock time of the last change pushed to the channel
-        self.last_push_at: float | None = None
-
-    # ---- Resolver contract --------------------------------------------------------------------------
-
-    def start(self, on_update: OnUpdate, on_error: OnError) -> None:
-        """Follow the service on the control loop. Blocking (sync dial): return once the first list is known;
-        raise RegistryUnavailable when ZooKeeper gives no session (or no list) within ``timeout``."""
-        self._future = _loop.submit(self._run(on_update, on_error))
-        if not self.blocking:
-            return
-        try:
-            self._first.result(self.timeout + 1.0)
-        except concurrent.futures.TimeoutError:
-            self.close()
-            raise RegistryUnavailable(
-                f"zk: no instance list of {self._what()} within {self.timeout:g}s"
-                f"{f' ({self._last_error})' if self._last_error else ''}") from None
-        except BaseException:
-            self.close()
-            raise
-
-    def resolve_now(self, reason: str) -> None:
-        """Nothing to do: the watches push every change."""
-
-    def close(self) -> None:
-        self._closed = True
-        if self._future is not None:
-            self._future.cancel()
-
-    async def aclose(self) -> None:
-        self.close()
 
     # ---- the loop -----------------------------------------------------------------------------------
 
     def _what(self) -> str:
         return f"service {self.service!r} ({self.path} at {self.config.connect_string})"
+
+    def _first_list_within(self) -> float:
+        return self.timeout
 
     def _post(self, kind: str, arg: Any) -> None:
         """From kazoo's threads: queue an event for the loop."""
@@ -142,77 +116,66 @@ class ZkResolver:
     def _on_data(self, event: Any) -> None:  # kazoo's callback thread
         self._post("data", event)
 
-    async def _run(self, on_update: OnUpdate, on_error: OnError) -> None:
+    @contextlib.asynccontextmanager
+    async def _session(self) -> AsyncIterator[_Session]:
         loop = self._loop = asyncio.get_running_loop()
         events = self._events = asyncio.Queue()
         client = self.config.new_client(self.session_timeout)
         client.add_listener(self._on_state)
-        probing = loop.create_task(zk.probe_hosts(self.config.hosts, min(self.timeout, zk.PROBE_TIMEOUT)))
+        probing = self._probing = loop.create_task(
+            zk.probe_hosts(self.config.hosts, min(self.timeout, zk.PROBE_TIMEOUT)))
         probing.add_done_callback(lambda _t: events.put_nowait(("probe", None)))
-        first_deadline = loop.time() + self.timeout
-        need_load = True
-        failures = 0
         try:
             client.start_async()
-            while not self._closed:
-                if need_load and client.connected:
-                    try:
-                        await asyncio.wait_for(self._load(client), LOAD_TIMEOUT)
-                    except asyncio.CancelledError:
-                        raise
-                    except Exception as e:  # noqa: BLE001  # keep the last list, try again
-                        failures += 1
-                        self._report(on_error, f"zk: reading {self._what()} failed: {_why(e)}")
-                    else:
-                        need_load, failures, self._stale = False, 0, False
-                        if self._last_error:
-                            log.info("waypost: zk: reading %s works again", self._what())
-                            self._last_error = ""
-                        self._push(on_update, force=self._error_shown)
-                        if not self._first.done():
-                            self._first.set_result(None)
-                wait: float | None = None
-                if need_load and client.connected:  # a failed load: try again after a pause
-                    wait = min(FIRST_BACKOFF * 2 ** max(failures - 1, 0), MAX_BACKOFF) * self._rng.uniform(0.8, 1.2)
-                if not self._first.done():
-                    left = first_deadline - loop.time()
-                    if left <= 0:
-                        self._give_up_first(on_error, probing)
-                    else:
-                        wait = left if wait is None else min(wait, left)
-                try:
-                    kind, arg = await asyncio.wait_for(events.get(), wait)
-                except asyncio.TimeoutError:
-                    continue
-                if kind == "probe":
-                    # report_early (non-blocking start): when no host even takes a TCP connection, say so at
-                    # once (calls then fail naming it instead of waiting for the first list)
-                    if (self.report_early and not self.blocking and not self._first.done() and not client.connected
-                            and not probing.cancelled() and not any(ok for _, _, ok in probing.result())):
-                        self._report(on_error, self._no_session(zk.describe_probes(probing.result())))
-                    continue
-                self.events += 1
-                need_load = await self._event(client, kind, arg, on_update, on_error) or need_load
+            yield _Session(client, events, probing)
         finally:
             probing.cancel()
             client.remove_listener(self._on_state)
             zk.close_later(client)
 
+    async def _follow(self, session: _Session) -> None:
+        """Once connected: everything read (watched) and pushed in one replacement, then the watches followed
+        until everything must be read again (a reconnection, a failed read)."""
+        while not session.client.connected:
+            await self._event(session, *await session.events.get())
+        await asyncio.wait_for(self._load(session.client), LOAD_TIMEOUT)
+        self._stale = False
+        if self._read_worked():
+            log.info("waypost: zk: reading %s works again", self._what())
+        self._push(self._backends(), force=self._error_shown)
+        while not await self._event(session, *await session.events.get()):
+            pass
+
+    def _describe(self, e: Exception) -> str:
+        return f"zk: reading {self._what()} failed: {_why(e)}"
+
     def _no_session(self, probed: str) -> str:
         return f"zk: no ZooKeeper session with {self.config.connect_string} for {self._what()} ({probed})"
 
-    def _give_up_first(self, on_error: OnError, probing: asyncio.Task[list[tuple[str, str, bool]]]) -> None:
-        why = self._last_error
-        if not why:
-            probed = (zk.describe_probes(probing.result()) if probing.done() and not probing.cancelled()
-                      else "still connecting")
-            why = self._no_session(probed)
-        self._report(on_error, why)
-        if not self._first.done():
-            self._first.set_exception(RegistryUnavailable(f"{why} within {self.timeout:g}s"))
+    def _why_no_list(self) -> str:
+        """The last failure, else why there is no session: what the probe of each host found."""
+        if self._last_error:
+            return self._last_error
+        probing = self._probing
+        probed = (zk.describe_probes(probing.result()) if probing is not None and probing.done()
+                  and not probing.cancelled() else "still connecting")
+        return self._no_session(probed)
 
-    async def _event(self, client: Any, kind: str, arg: Any, on_update: OnUpdate, on_error: OnError) -> bool:
+    def _no_list_error(self) -> str:
+        return f"{self._why_no_list()} within {self.timeout:g}s"
+
+    async def _event(self, session: _Session, kind: str, arg: Any) -> bool:
         """Handle one event; True when everything must be read again once connected."""
+        if kind == "probe":
+            # report_early (non-blocking start): when no host even takes a TCP connection, say so at once (calls
+            # then fail naming it instead of waiting for the first list)
+            probing = session.probing
+            if (self.report_early and not self.blocking and not self._first.done()
+                    and not session.client.connected and not probing.cancelled()
+                    and not any(ok for _, _, ok in probing.result())):
+                self._report(self._no_session(zk.describe_probes(probing.result())))
+            return False
+        self.events += 1
         if kind == "state":
             if arg == "CONNECTED":
                 self.connected = True
@@ -222,21 +185,21 @@ class ZkResolver:
             self.connected = False
             self._stale = True
             what = "the ZooKeeper session expired" if arg == "LOST" else "lost the connection to ZooKeeper"
-            self._report(on_error, f"zk: {what} ({self.config.connect_string}) for {self._what()}; reconnecting")
+            self._report(f"zk: {what} ({self.config.connect_string}) for {self._what()}; reconnecting")
             return True
         if arg.type == "NONE":
             return False  # kazoo forgot its watches (connection lost): the state change says what to do
         try:
             if kind == "children":
-                await asyncio.wait_for(self._list(client), LOAD_TIMEOUT)
+                await asyncio.wait_for(self._list(session.client), LOAD_TIMEOUT)
             else:
-                await asyncio.wait_for(self._read_child(client, arg.path), LOAD_TIMEOUT)
+                await asyncio.wait_for(self._read_child(session.client, arg.path), LOAD_TIMEOUT)
         except asyncio.CancelledError:
             raise
         except Exception as e:  # noqa: BLE001  # keep the last list; read everything again
-            self._report(on_error, f"zk: reading {self._what()} failed: {_why(e)}")
+            self._report(self._describe(e))
             return True
-        self._push(on_update)
+        self._push(self._backends())
         return False
 
     # ---- reading ------------------------------------------------------------------------------------
@@ -303,30 +266,6 @@ class ZkResolver:
             seen.add(entry.address)
             out.append(Backend(entry.address, entry.metadata))
         return tuple(out)
-
-    def _push(self, on_update: OnUpdate, force: bool = False) -> None:
-        backends = self._backends()
-        if backends == self._last and not force:
-            return
-        out: Sequence[Backend] = list(backends)
-        if self.subsetter is not None:
-            out = self.subsetter.select(out)
-        log.debug("waypost: zk: %s -> %s", self._what(), [b.address for b in backends])
-        if self._notify(on_update, out):
-            self._last = backends
-            self._error_shown = False
-            self.pushes += 1
-            self.last_push_at = self._clock()
-
-    def _report(self, on_error: OnError, msg: str) -> None:
-        (log.warning if msg != self._last_error else log.debug)(
-            "waypost: %s; %s", msg, "keeping the last backends" if self._last is not None else "no backends yet")
-        self._last_error = msg
-        if self._notify(on_error, msg):
-            self._error_shown = True
-
-    def _notify(self, fn: Callable[[Any], None], arg: Any) -> bool:
-        return notify(fn, arg, self.target)
 
 
 _GONE: Any = object()
