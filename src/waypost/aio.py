@@ -14,7 +14,7 @@ pick that has to wait, or interceptors take the task path.
 
 Retries: every call kind, before the first response message. Client-streaming requests (a sync or async
 iterator, or ``write()`` / ``done_writing()``) are recorded as they are sent and replayed into the next
-attempt; past ``waypost.client.retry.REPLAY_LIMIT`` messages the call is committed to its attempt (no more retries).
+attempt; past ``waypost.client.replay.REPLAY_LIMIT`` messages the call is committed to its attempt (no more retries).
 """
 
 from __future__ import annotations
@@ -22,21 +22,20 @@ from __future__ import annotations
 import asyncio
 import logging
 import random
-import time
-from collections.abc import Callable, Collection, Iterable, Mapping, Sequence
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from typing import TYPE_CHECKING, Any
 
 import grpc
 import grpc.aio
 
 from . import _fork
-from .balancer.base import PickInfo, PickResult
 from .client.aio_methods import (
     StreamStreamMultiCallable,
     StreamUnaryMultiCallable,
     UnaryStreamMultiCallable,
     UnaryUnaryMultiCallable,
 )
+from .client.aio_wait import AioPickWaiter
 from .client.balancer_wrapper import BalancerWrapper
 from .client.config import ChannelConfig, build_config
 from .client.empty_key import EmptyKey
@@ -56,7 +55,6 @@ __all__ = ["Channel", "dial", "serve"]
 
 log = logging.getLogger("waypost.aio")
 
-_mono = time.monotonic
 _CONNECTIVITY = tuple(grpc.ChannelConnectivity)  # index = core state int
 
 
@@ -91,8 +89,9 @@ class Channel(MulticallableFactory, grpc.aio.Channel):
             stop_health=_stop_task if health is not None else None,
             resolve_now=self._resolver.resolve_now,
         )
-        self._event = asyncio.Event()
-        self._balancer.add_listener(self._on_change)
+        # wakes waiting picks and this channel's own waits at every change (runs on the loop: see _post)
+        self._waiter = AioPickWaiter(self._balancer.pickers, self._ensure_loop)
+        self._balancer.add_listener(self._waiter.changed)
         self._loop: asyncio.AbstractEventLoop | None = None
         self._pending: list[Any] = []
         self._closing: set[asyncio.Future[Any]] = set()
@@ -144,10 +143,6 @@ class Channel(MulticallableFactory, grpc.aio.Channel):
     def _on_resolver_error(self, message: str) -> None:
         self._post(self._balancer.resolver_error, message)
 
-    def _on_change(self) -> None:
-        ev, self._event = self._event, asyncio.Event()
-        ev.set()
-
     async def _poll_forever(self) -> None:
         b = self._balancer
         while not self._closed:
@@ -156,29 +151,6 @@ class Channel(MulticallableFactory, grpc.aio.Channel):
             except Exception:
                 log.exception("waypost: connectivity poll failed for %s", self.target)
             await asyncio.sleep(INTERVAL)
-
-    async def wait_pick(self, info: PickInfo, deadline: float | None, wfr: bool | None,
-                        tried: Collection[str] = ()) -> tuple[PickResult, SubConn]:
-        """The slow path of a pick (no usable backend right now, or a retry whose pick was tried already):
-        ``PickerWrapper.next_pick`` until it gives a pick, awaiting the next change in between, bounded by
-        the deadline (DEADLINE_EXCEEDED once it passes)."""
-        self._ensure_loop()
-        b = self._balancer.pickers
-        while True:
-            ev = self._event
-            r = b.next_pick(info, wfr, tried)
-            if r is not None:
-                return r
-            wait = 1.0
-            if deadline is not None:
-                wait = deadline - _mono()
-                if wait <= 0:
-                    raise b.deadline_exceeded(bool(tried))
-                wait = min(wait, 1.0)
-            try:
-                await asyncio.wait_for(ev.wait(), wait)
-            except asyncio.TimeoutError:
-                pass
 
     # backends
 
@@ -213,6 +185,11 @@ class Channel(MulticallableFactory, grpc.aio.Channel):
         """Everything dial decided for this channel (policy, method configs, retry throttling)."""
         return self._config
 
+    @property
+    def waiter(self) -> AioPickWaiter:
+        """This channel's change event and the awaitable slow path of a pick (what calls use)."""
+        return self._waiter
+
     # grpc.aio.Channel (the multicallable makers: MulticallableFactory)
 
     def get_state(self, try_to_connect: bool = False) -> grpc.ChannelConnectivity:
@@ -224,14 +201,14 @@ class Channel(MulticallableFactory, grpc.aio.Channel):
     async def wait_for_state_change(self, last_observed_state: grpc.ChannelConnectivity) -> None:
         self._ensure_loop()
         while self.get_state() == last_observed_state and not self._closed:
-            await self._event.wait()
+            await self._waiter.event.wait()
 
     async def channel_ready(self) -> None:
         self._ensure_loop()
         while self.get_state(True) != grpc.ChannelConnectivity.READY:
             if self._closed:
                 raise grpc.aio.UsageError("channel closed")
-            await self._event.wait()
+            await self._waiter.event.wait()
 
     async def close(self, grace: float | None = None) -> None:
         """Stop the resolver, close every backend channel (in-flight calls get ``grace`` seconds)."""

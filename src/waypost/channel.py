@@ -2,7 +2,8 @@
 
 Each backend address gets its own real grpc channel (``client.subconn``); each call picks a READY backend
 with the configured policy, runs on that backend's cached multicallable, and reports its outcome to the
-picker. Generated stubs work unchanged.
+picker (the multicallables: ``client.sync_unary_calls``, ``client.sync_stream_calls``). Generated stubs work
+unchanged. This module holds the channel itself: its backends, connectivity, close, and ``dial``.
 """
 
 from __future__ import annotations
@@ -10,25 +11,22 @@ from __future__ import annotations
 import logging
 import random
 import threading
-import time
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from typing import TYPE_CHECKING, Any
 
 import grpc
 
 from . import _fork
-from .balancer.base import PickError, PickInfo, PickResult
 from .client.balancer_wrapper import BalancerWrapper
 from .client.config import ChannelConfig, build_config
 from .client.empty_key import EmptyKey
-from .client.future import ThreadFuture
 from .client.health import watch_health
-from .client.method import MethodBase, MulticallableFactory, by_kind
+from .client.method import MulticallableFactory, by_kind
 from .client.options import merge_options
 from .client.picker_wrapper import PickerWrapper
-from .client.retry import MAX_TRANSPARENT, Replay, RetryingStream, RetryState
-from .client.rpcerror import BalancerRpcError
 from .client.subconn import SubConn
+from .client.sync_stream_calls import StreamStreamMultiCallable, UnaryStreamMultiCallable
+from .client.sync_unary_calls import StreamUnaryMultiCallable, UnaryUnaryMultiCallable
 from .client.watcher import WATCHER
 from .types import STATE_NAMES
 
@@ -37,201 +35,7 @@ if TYPE_CHECKING:
 
 log = logging.getLogger("waypost.channel")
 
-_OK = grpc.StatusCode.OK
-_UNAVAILABLE = grpc.StatusCode.UNAVAILABLE
-_UNKNOWN = grpc.StatusCode.UNKNOWN
-_CANCELLED = grpc.StatusCode.CANCELLED
-_perf = time.perf_counter
-_mono = time.monotonic
-
 _CONNECTIVITY = tuple(grpc.ChannelConnectivity)  # index = core state int
-
-
-class _Method(MethodBase["Channel"]):
-    """What the four multicallable kinds share: the method's settings and the per-attempt pick."""
-
-    def _pick(self, info: PickInfo, deadline: float | None, wfr: bool | None) -> tuple[PickResult, SubConn]:
-        try:
-            r = self.pickers.pick(info)
-        except PickError as e:
-            raise BalancerRpcError(e.code, e.message) from None
-        if r is None:
-            r = self.pickers.wait_pick(info, deadline, wfr)
-        return r
-
-    def _pick_for(self, st: RetryState, info: PickInfo, wfr: bool | None) -> tuple[PickResult, SubConn]:
-        tried = st.tried
-        if tried:  # a retry: avoid the backends tried already (waiting for one still connecting)
-            r = self.pickers.wait_pick(info, st.deadline, wfr, tried)
-        else:
-            r = self._pick(info, st.deadline, wfr)
-        tried.add(r[1].address)
-        return r
-
-    def _settings(self, timeout: float | None, wait_for_ready: bool | None
-                  ) -> tuple[float | None, bool | None]:
-        if timeout is None:
-            timeout = self.timeout
-        if wait_for_ready is None:
-            wait_for_ready = self.wait_for_ready
-        return (None if timeout is None else _mono() + timeout), wait_for_ready
-
-    def _state(self, deadline: float | None) -> RetryState:
-        return RetryState(self.retry_policy, self.throttle, self.rng, deadline)
-
-
-# ---- unary request ------------------------------------------------------------------------------
-
-
-class _UnaryRequestMethod(_Method):
-    """unary_unary and stream_unary: one response, so a whole attempt is one blocking inner call."""
-
-    def _request_for(self, request: Any, replay: Replay | None) -> Any:
-        return request if replay is None else replay.attempt()
-
-    def __call__(self, request: Any, timeout: float | None = None, metadata: Any = None, credentials: Any = None,
-                 wait_for_ready: bool | None = None, compression: Any = None) -> Any:
-        return self.with_call(request, timeout, metadata, credentials, wait_for_ready, compression)[0]
-
-    def with_call(self, request: Any, timeout: float | None = None, metadata: Any = None, credentials: Any = None,
-                  wait_for_ready: bool | None = None, compression: Any = None) -> tuple[Any, grpc.Call]:
-        deadline, wfr = self._settings(timeout, wait_for_ready)
-        # Client streaming: requests are recorded for replay only when a retry policy may need them.
-        replay = Replay(request) if self._kind == "stream_unary" and self.retry_policy is not None else None
-        return self._attempts(self._state(deadline), request, metadata, credentials, wfr, compression, replay)
-
-    def _attempts(self, st: RetryState, request: Any, metadata: Any, credentials: Any, wfr: bool | None,
-                  compression: Any, replay: Replay | None) -> tuple[Any, grpc.Call]:
-        while True:
-            info = self.pick_info(metadata)
-            res, sc = self._pick_for(st, info, wfr)
-            md = st.metadata(metadata)
-            mc = self.inner(sc)
-            sc.inflight += 1
-            t0 = _perf()
-            try:
-                out = mc.with_call(self._request_for(request, replay), st.timeout(), md, credentials, wfr,
-                                   compression)
-            except grpc.RpcError as e:
-                code = e.code()
-                self.finish(res, sc, t0, code, e)
-                delay = st.after_failure(code, e.details())
-                if delay is None or (replay is not None and not replay.replayable) or (
-                        replay is None and self._kind == "stream_unary"):  # consumed requests: no replay
-                    explained = self.explained(e, sc)
-                    if explained is e:
-                        raise
-                    raise explained from None
-                if delay:
-                    time.sleep(delay)
-                continue
-            except ValueError:
-                self.finish(res, sc, t0, _CANCELLED)
-                if not sc.removed or st.transparent >= MAX_TRANSPARENT:
-                    raise
-                st.transparent += 1  # closed under us before the call started: nothing was sent
-                continue
-            except BaseException:
-                self.finish(res, sc, t0, _UNKNOWN)
-                raise
-            self.finish(res, sc, t0, _OK, out[1])
-            st.succeeded()
-            return out  # type: ignore[no-any-return]
-
-    def future(self, request: Any, timeout: float | None = None, metadata: Any = None, credentials: Any = None,
-               wait_for_ready: bool | None = None, compression: Any = None) -> grpc.Future:
-        deadline, wfr = self._settings(timeout, wait_for_ready)
-        if self.retry_policy is None:
-            info = self.pick_info(metadata)
-            try:
-                r = self.pickers.pick(info)
-            except PickError as e:
-                return BalancerRpcError(e.code, e.message)
-            if r is not None:
-                res, sc = r
-                sc.inflight += 1
-                t0 = _perf()
-                try:
-                    fut = self.inner(sc).future(request, None if deadline is None else deadline - _mono(),
-                                                 metadata, credentials, wfr, compression)
-                except BaseException:
-                    self.finish(res, sc, t0, _UNKNOWN)
-                    raise
-                fut.add_done_callback(lambda c: self.finish(res, sc, t0, c.code(), c))
-                return fut  # type: ignore[no-any-return]
-        # Waiting for a backend or retrying would block: run the blocking call on a worker thread.
-        timeout = None if deadline is None else max(deadline - _mono(), 0.0)
-        return ThreadFuture(self.with_call, request, timeout, metadata, credentials, wfr, compression)
-
-
-class UnaryUnaryMultiCallable(_UnaryRequestMethod, grpc.UnaryUnaryMultiCallable):
-    _kind = "unary_unary"
-
-
-class StreamUnaryMultiCallable(_UnaryRequestMethod, grpc.StreamUnaryMultiCallable):
-    _kind = "stream_unary"
-
-
-# ---- streaming response --------------------------------------------------------------------------
-
-
-class _StreamResponseMethod(_Method):
-    """unary_stream and stream_stream: the call object is the response iterator."""
-
-    def __call__(self, request: Any, timeout: float | None = None, metadata: Any = None, credentials: Any = None,
-                 wait_for_ready: bool | None = None, compression: Any = None) -> Any:
-        deadline, wfr = self._settings(timeout, wait_for_ready)
-        # Without a retry policy a client stream runs as one attempt: its requests may be consumed already when
-        # it fails. A unary request is re-picked when its attempt never reached a server (transparent retry).
-        if self.retry_policy is None and self._kind == "stream_stream":
-            info = self.pick_info(metadata)
-            try:
-                res, sc = self._pick(info, deadline, wfr)
-            except BalancerRpcError as e:
-                return e  # like grpc: the failed call is returned and raises when iterated
-            return self._start(res, sc, request, None if deadline is None else deadline - _mono(), metadata,
-                               credentials, wfr, compression)
-        st = self._state(deadline)
-        replay = Replay(request) if self._kind == "stream_stream" else None
-
-        def start() -> Any:
-            info = self.pick_info(metadata)
-            res, sc = self._pick_for(st, info, wfr)
-            req = request if replay is None else replay.attempt()
-            return self._start(res, sc, req, st.timeout(), st.metadata(metadata), credentials, wfr, compression)
-
-        def retry_delay(e: grpc.RpcError) -> float | None:
-            if replay is not None and not replay.replayable:
-                return None
-            return st.after_failure(e.code(), e.details())
-
-        try:
-            return RetryingStream(start, retry_delay)
-        except grpc.RpcError as e:  # no backend at all: return the failed call, as grpc does
-            return e
-
-    def _start(self, res: PickResult, sc: SubConn, request: Any, timeout: float | None, metadata: Any,
-               credentials: Any, wfr: bool | None, compression: Any) -> Any:
-        sc.inflight += 1
-        t0 = _perf()
-        try:
-            call = self.inner(sc)(request, timeout, metadata, credentials, wfr, compression)
-        except BaseException:
-            self.finish(res, sc, t0, _UNKNOWN)
-            raise
-        call.add_done_callback(lambda c: self.finish(res, sc, t0, c.code(), c))
-        return call
-
-
-class UnaryStreamMultiCallable(_StreamResponseMethod, grpc.UnaryStreamMultiCallable):
-    _kind = "unary_stream"
-
-
-class StreamStreamMultiCallable(_StreamResponseMethod, grpc.StreamStreamMultiCallable):
-    _kind = "stream_stream"
-
-
-# ---- the channel ----------------------------------------------------------------------------------
 
 
 class Channel(MulticallableFactory, grpc.Channel):

@@ -1,6 +1,6 @@
 """What the grpc.aio call objects behind ``waypost.aio.dial`` share: the bottom of the aio call modules.
 
-Layers (each imports only the ones below it): this module (``CallBase`` and the status helpers) <- the call
+Layers (each imports only the ones below it): this module (``AioMethod``, ``CallBase``, the status helpers) <- the call
 kinds (``aio_unary_calls``, ``aio_stream_calls``) <- the multicallables that make them (``aio_methods``).
 grpcio internals are read only through ``waypost._grpc_private``.
 
@@ -22,9 +22,12 @@ import grpc
 import grpc.aio
 
 from .._grpc_private import status_of
-from ..balancer.base import PickError, PickResult
-from .method import MethodBase
-from .retry import AsyncReplay, Replay, RetryState, WriteReplay
+from ..balancer.base import PickResult
+from .aio_replay import AsyncReplay, WriteReplay
+from .aio_wait import AioPickWaiter
+from .method import AsyncBalancedChannel, Attempt, MethodBase
+from .replay import Replay
+from .retry import RetryState
 from .rpcerror import BalancerRpcError
 from .subconn import SubConn
 
@@ -32,6 +35,7 @@ log = logging.getLogger("waypost.aio")
 
 _CANCELLED = grpc.StatusCode.CANCELLED
 _INTERNAL = grpc.StatusCode.INTERNAL
+_UNKNOWN = grpc.StatusCode.UNKNOWN
 _mono = time.monotonic
 
 
@@ -67,20 +71,29 @@ def status_now(call: Any) -> tuple[grpc.StatusCode, str] | None:
     return out[0], out[1]
 
 
-def aio_error(e: BalancerRpcError | PickError) -> grpc.aio.AioRpcError:
-    if isinstance(e, PickError):
-        code, details = e.code, e.message
-    else:
-        code, details = e.code(), e.details()
+def aio_error(e: BalancerRpcError) -> grpc.aio.AioRpcError:
+    """The grpc.aio error for a call that got no backend (``MethodBase.begin``, ``AioPickWaiter.wait_pick``)."""
+    code, details = e.code(), e.details()
     return grpc.aio.AioRpcError(code, grpc.aio.Metadata(), grpc.aio.Metadata(), details, f"waypost: {details}")
+
+
+class AioMethod(MethodBase[AsyncBalancedChannel]):
+    """A grpc.aio multicallable (``aio_methods``): a ``MethodBase`` that also holds its channel's
+    ``AioPickWaiter``, where its calls await a pick when no backend is usable right now."""
+
+    def __init__(self, channel: AsyncBalancedChannel, method: str, request_serializer: Any,
+                 response_deserializer: Any, registered: Any) -> None:
+        super().__init__(channel, method, request_serializer, response_deserializer, registered)
+        self.waiter: AioPickWaiter = channel.waiter
 
 
 class CallBase(abc.ABC):
     """What every call kind shares: settings, the attempt start (pick, maybe wait) and the Call API."""
 
-    def __init__(self, m: MethodBase, request: Any, timeout: float | None, metadata: Any, credentials: Any,
-                 wait_for_ready: bool | None, compression: Any, *, replay: Replay | AsyncReplay | None = None,
-                 writes: WriteReplay | None = None) -> None:
+    def __init__(self, m: AioMethod, request: Any, timeout: float | None, metadata: Any,
+                 credentials: Any,
+                 wait_for_ready: bool | None, compression: Any, *,
+                 replay: Replay | AsyncReplay | None = None, writes: WriteReplay | None = None) -> None:
         self._m = m
         self._request = request
         self._replay = replay  # client streaming from an iterator: its items, recorded for replay
@@ -89,14 +102,12 @@ class CallBase(abc.ABC):
         self._committed = False  # streams: a response message was received (no more retries)
         self._real: tuple[Any, grpc.StatusCode, str] | None = None  # (attempt's call, its real status)
         self._waiters: list[asyncio.Future[None]] = []  # woken when _real or _decided changes
-        if timeout is None:
-            timeout = m.timeout
-        self._wfr = m.wait_for_ready if wait_for_ready is None else wait_for_ready
+        self._deadline, self._wfr = m.settings(timeout, wait_for_ready)
         self._metadata = metadata
         self._credentials = credentials
         self._compression = compression
-        deadline = None if timeout is None else _mono() + timeout
-        self._st = RetryState(m.retry_policy, m.throttle, m.rng, deadline)
+        self._st: RetryState | None = None  # made when an attempt fails (``_retry``): most calls need none
+        self._address = ""  # the backend of the current attempt
         self._call: Any = None  # the current attempt's grpc.aio call
         self._error: grpc.aio.AioRpcError | None = None
         self._loop = asyncio.get_running_loop()
@@ -105,31 +116,56 @@ class CallBase(abc.ABC):
         self._is_started = False
         self._callbacks: list[Callable[[Any], None]] = []
 
-    async def _start_attempt(self, request: Any) -> tuple[PickResult, SubConn, Any]:
-        m, st = self._m, self._st
-        info = m.pick_info(self._metadata)
+    async def _start_attempt(self, request: Any) -> tuple[PickResult, SubConn, Any, float]:
+        """Pick a backend (awaiting one when none is usable now; a retry avoids the backends tried already) and
+        start an attempt there: (pick result, subconn, its grpc.aio call, start time)."""
+        m, st, md, deadline = self._m, self._st, self._metadata, self._deadline
+        tried = None if st is None else st.tried
         try:
-            if st.tried:  # a retry: avoid the backends tried already (waiting for one still connecting)
-                r = await m.channel.wait_pick(info, st.deadline, self._wfr, st.tried)
-            else:
-                r = m.pickers.pick(info)
-                if r is None:
-                    r = await m.channel.wait_pick(info, st.deadline, self._wfr)
-        except (PickError, BalancerRpcError) as e:
+            a = m.begin(md, deadline, tried)
+            if a is None:
+                r = await m.waiter.wait_pick(m.pick_info(md), deadline, self._wfr, tried or ())
+                a = m.begin(md, deadline, tried, picked=r)
+        except BalancerRpcError as e:
             raise aio_error(e) from None
-        return r[0], r[1], self._launch(r[1], request)
+        return a[0], a[1], self._launch(a, request), a[3]
 
-    def _launch(self, sc: SubConn, request: Any) -> Any:
-        """Start an attempt on the picked backend ``sc``; returns its grpc.aio call."""
+    def _start_now(self, request: Any) -> tuple[PickResult, SubConn, Any, float] | BaseException | None:
+        """Start the first attempt now, without awaiting, if a backend is ready: (pick result, subconn, call, start
+        time), or the error starting it raised (to raise when the call is awaited), or None when the pick has
+        to wait (``_start_attempt``)."""
+        try:
+            a = self._m.begin(self._metadata, self._deadline)
+            if a is None:
+                return None
+            call = self._launch(a, request)
+        except BalancerRpcError as e:
+            return aio_error(e)
+        except Exception as e:  # noqa: BLE001  # raised when the call is awaited, as the task path does
+            return e
+        return a[0], a[1], call, a[3]
+
+    def _launch(self, a: Attempt, request: Any) -> Any:
+        """Start the attempt ``a`` (from ``MethodBase.begin``) on its backend; returns its grpc.aio call."""
+        res, sc, mc, t0, timeout = a
         st = self._st
-        st.tried.add(sc.address)
-        call = self._m.inner(sc)(request, timeout=st.timeout(), metadata=st.metadata(self._metadata),
-                                  credentials=self._credentials, wait_for_ready=self._wfr,
-                                  compression=self._compression)
-        sc.inflight += 1
+        try:
+            call = mc(request, timeout=timeout, metadata=self._metadata if st is None else st.metadata(self._metadata),
+                      credentials=self._credentials, wait_for_ready=self._wfr, compression=self._compression)
+        except BaseException:
+            self._m.finish(res, sc, t0, _UNKNOWN)
+            raise
+        self._address = sc.address
         self._call = call
         self._mark_started()
         return call
+
+    def _retry(self) -> RetryState:
+        """The call's retry state, made at its first use: after the first attempt (on ``_address``) failed."""
+        st = self._st
+        if st is None:
+            st = self._st = self._m.retry_state(self._deadline, self._address)
+        return st
 
     def _mark_started(self) -> None:
         self._is_started = True
@@ -165,7 +201,7 @@ class CallBase(abc.ABC):
         d = self._decided
         if d is not None and d[0] is call:
             return d[1]
-        delay = self._st.after_failure(code, details)
+        delay = self._retry().after_failure(code, details)
         if delay is not None and not self._replayable():
             delay = None
         self._decided = (call, delay)
@@ -308,5 +344,5 @@ class CallBase(abc.ABC):
             await self._call.wait_for_connection()
 
     def time_remaining(self) -> float | None:
-        d = self._st.deadline
+        d = self._deadline
         return None if d is None else max(d - _mono(), 0.0)

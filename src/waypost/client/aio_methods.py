@@ -9,10 +9,11 @@ from typing import Any
 import grpc
 import grpc.aio
 
+from .aio_call_base import AioMethod
+from .aio_replay import AsyncReplay, WriteReplay
 from .aio_stream_calls import StreamStreamCall, UnaryStreamCall
 from .aio_unary_calls import StreamUnaryCall, UnaryUnaryCall
-from .method import MethodBase
-from .retry import AsyncReplay, Replay, WriteReplay
+from .replay import Replay
 
 
 def _requests(request_iterator: Any) -> dict[str, Any]:
@@ -25,7 +26,7 @@ def _requests(request_iterator: Any) -> dict[str, Any]:
     return {"replay": Replay(request_iterator)}
 
 
-class UnaryUnaryMultiCallable(MethodBase, grpc.aio.UnaryUnaryMultiCallable):
+class UnaryUnaryMultiCallable(AioMethod, grpc.aio.UnaryUnaryMultiCallable):
     _kind = "unary_unary"
 
     def __call__(self, request: Any, *, timeout: float | None = None, metadata: Any = None, credentials: Any = None,
@@ -33,7 +34,7 @@ class UnaryUnaryMultiCallable(MethodBase, grpc.aio.UnaryUnaryMultiCallable):
         return UnaryUnaryCall(self, request, timeout, metadata, credentials, wait_for_ready, compression)
 
 
-class UnaryStreamMultiCallable(MethodBase, grpc.aio.UnaryStreamMultiCallable):
+class UnaryStreamMultiCallable(AioMethod, grpc.aio.UnaryStreamMultiCallable):
     _kind = "unary_stream"
 
     def __call__(self, request: Any, *, timeout: float | None = None, metadata: Any = None, credentials: Any = None,
@@ -41,7 +42,7 @@ class UnaryStreamMultiCallable(MethodBase, grpc.aio.UnaryStreamMultiCallable):
         return UnaryStreamCall(self, request, timeout, metadata, credentials, wait_for_ready, compression)
 
 
-class StreamUnaryMultiCallable(MethodBase, grpc.aio.StreamUnaryMultiCallable):
+class StreamUnaryMultiCallable(AioMethod, grpc.aio.StreamUnaryMultiCallable):
     _kind = "stream_unary"
 
     def __call__(self, request_iterator: Any = None, timeout: float | None = None, metadata: Any = None,
@@ -51,7 +52,7 @@ class StreamUnaryMultiCallable(MethodBase, grpc.aio.StreamUnaryMultiCallable):
                                **_requests(request_iterator))
 
 
-class StreamStreamMultiCallable(MethodBase, grpc.aio.StreamStreamMultiCallable):
+class StreamStreamMultiCallable(AioMethod, grpc.aio.StreamStreamMultiCallable):
     _kind = "stream_stream"
 
     def __call__(self, request_iterator: Any = None, timeout: float | None = None, metadata: Any = None,

@@ -6,7 +6,6 @@ from __future__ import annotations
 
 import asyncio
 import logging
-import time
 from collections.abc import AsyncIterator, Callable
 from typing import Any
 
@@ -23,7 +22,6 @@ _OK = grpc.StatusCode.OK
 _CANCELLED = grpc.StatusCode.CANCELLED
 _UNKNOWN = grpc.StatusCode.UNKNOWN
 _EOF = grpc.aio.EOF
-_perf = time.perf_counter
 
 
 class _StreamResponseCall(CallBase):
@@ -37,17 +35,16 @@ class _StreamResponseCall(CallBase):
 
     async def _begin(self) -> None:
         try:
-            res, sc, call = await self._start_attempt(self._next_request())
+            res, sc, call, t0 = await self._start_attempt(self._next_request())
         except BaseException as e:
             self._fail_start(e)
             self._set_done()
             if isinstance(e, asyncio.CancelledError):
                 raise
             return
-        self._watch(res, sc, call)
+        self._watch(res, sc, call, t0)
 
-    def _watch(self, res: PickResult, sc: SubConn, call: Any) -> None:
-        t0 = _perf()
+    def _watch(self, res: PickResult, sc: SubConn, call: Any, t0: float) -> None:
         m = self._m
 
         async def report() -> None:
@@ -115,7 +112,7 @@ class _StreamResponseCall(CallBase):
             if not self._committed:
                 self._committed = True
                 if msg is not _EOF:
-                    self._st.succeeded()
+                    self._m.succeeded()
             return msg
 
     async def _retrying(self, call: Any) -> bool:
@@ -125,7 +122,7 @@ class _StreamResponseCall(CallBase):
         s = status_now(call)
         if s is None or is_stand_in(*s):
             return True  # the status is not in yet
-        return s[0] is not _OK and self._st.may_retry(*s)  # OK, or an error that is not retried: the call's end
+        return s[0] is not _OK and self._retry().may_retry(*s)  # OK, or an error that is not retried: the call's end
 
     async def _next_attempt(self, call: Any, e: grpc.aio.AioRpcError) -> None:
         """The attempt on ``call`` failed before any response message: start the next one, or end the call."""
@@ -142,10 +139,10 @@ class _StreamResponseCall(CallBase):
         if not self._replayable():  # the requests outgrew the buffer during the backoff
             raise self._end(e)
         try:
-            res, sc, call = await self._start_attempt(self._next_request())
+            res, sc, call, t0 = await self._start_attempt(self._next_request())
         except grpc.aio.AioRpcError as e2:
             raise self._end(e2) from None
-        self._watch(res, sc, call)
+        self._watch(res, sc, call, t0)
         if self._cancelled:  # cancelled while waiting for a backend
             call.cancel()
             return

@@ -7,7 +7,6 @@ from __future__ import annotations
 import asyncio
 import functools
 import logging
-import time
 from collections.abc import Callable
 from typing import Any
 
@@ -15,10 +14,8 @@ import grpc
 import grpc.aio
 
 from .._grpc_private import PLAIN_UNARY_UNARY_CALL, locally_cancelled
-from ..balancer.base import PickError, PickResult
-from .aio_call_base import CallBase, aio_error, status_now
-from .method import MethodBase
-from .rpcerror import BalancerRpcError
+from ..balancer.base import PickResult
+from .aio_call_base import AioMethod, CallBase, status_now
 from .subconn import SubConn
 
 log = logging.getLogger("waypost.aio")
@@ -26,7 +23,6 @@ log = logging.getLogger("waypost.aio")
 _OK = grpc.StatusCode.OK
 _CANCELLED = grpc.StatusCode.CANCELLED
 _UNKNOWN = grpc.StatusCode.UNKNOWN
-_perf = time.perf_counter
 
 
 def _call_back(callback: Callable[[Any], None], call: Any, _task: Any) -> None:
@@ -44,7 +40,7 @@ class _UnaryResponseCall(CallBase):
                    delay: float | None = None) -> Any:
         """The attempts. ``started``: the first attempt, already started (or the error starting it raised);
         ``delay``: the first attempt already failed and is to be retried after ``delay`` seconds."""
-        st, m = self._st, self._m
+        m = self._m
         req = self._next_request()
         first = delay is None
         cancelled = False
@@ -60,11 +56,10 @@ class _UnaryResponseCall(CallBase):
                     started = None
                 else:
                     try:
-                        res, sc, call = await self._start_attempt(req)
+                        res, sc, call, t0 = await self._start_attempt(req)
                     except BaseException as e:
                         self._fail_start(e)
                         raise
-                    t0 = _perf()
                 if self._replay is not None or self._writes is not None:
                     call.add_done_callback(lambda c: self._note_status(c))
                 try:
@@ -99,8 +94,7 @@ class _UnaryResponseCall(CallBase):
                 except BaseException:
                     m.finish(res, sc, t0, _UNKNOWN)
                     raise
-                m.finish(res, sc, t0, _OK, call)
-                st.succeeded()
+                m.finish(res, sc, t0, _OK, call, True)
                 return resp
         except asyncio.CancelledError:
             cancelled = True
@@ -163,7 +157,7 @@ class UnaryUnaryCall(_UnaryResponseCall, grpc.aio.UnaryUnaryCall):
     grpc.aio's call, and its end is handled in that call's done callback, which grpc.aio runs before anyone
     awaiting the call wakes up. Only a retry (or a pick that has to wait) runs in a task."""
 
-    def __init__(self, m: MethodBase, request: Any, timeout: float | None, metadata: Any, credentials: Any,
+    def __init__(self, m: AioMethod, request: Any, timeout: float | None, metadata: Any, credentials: Any,
                  wait_for_ready: bool | None, compression: Any) -> None:
         CallBase.__init__(self, m, request, timeout, metadata, credentials, wait_for_ready, compression)
         # True while the first attempt runs without a task of ours (then ``_first`` is its grpc.aio call, and
@@ -181,21 +175,6 @@ class UnaryUnaryCall(_UnaryResponseCall, grpc.aio.UnaryUnaryCall):
         else:  # a pick that waits, an error to raise when awaited, or interceptors: the task path
             self._task = self._loop.create_task(self._run(started))
 
-    def _start_now(self, request: Any) -> tuple[PickResult, SubConn, Any, float] | BaseException | None:
-        """Start the first attempt now if a backend is ready: (pick result, subconn, call, start time), or the
-        error starting it raised, or None when the pick has to wait."""
-        m = self._m
-        try:
-            r = m.pickers.pick(m.pick_info(self._metadata))
-            if r is None:
-                return None
-            call = self._launch(r[1], request)
-        except (PickError, BalancerRpcError) as e:
-            return aio_error(e)
-        except Exception as e:  # noqa: BLE001  # raised when the call is awaited, as the task path does
-            return e
-        return r[0], r[1], call, _perf()
-
     def _first_done(self, call: Any) -> None:
         """The first attempt ended (grpc.aio's done callback): report it, and retry in a task if the policy says."""
         try:
@@ -208,10 +187,9 @@ class UnaryUnaryCall(_UnaryResponseCall, grpc.aio.UnaryUnaryCall):
         res, sc, _call, t0 = self._attempt
         status = status_now(call)
         code, details = status if status is not None else (_UNKNOWN, "")
-        self._m.finish(res, sc, t0, code, call)
-        if code is _OK:
-            self._st.succeeded()
-        elif not (self._user_cancelled or locally_cancelled(call)):  # a local cancel is never retried
+        ok = code is _OK
+        self._m.finish(res, sc, t0, code, call, ok)
+        if not ok and not (self._user_cancelled or locally_cancelled(call)):  # a local cancel is never retried
             delay = self._decide(call, code, details)
             if delay is not None:
                 task = self._task = self._loop.create_task(self._run(delay=delay))

@@ -1,34 +1,42 @@
-"""What a balanced multicallable knows about its method, shared by the sync (``waypost.channel``) and
-grpc.aio (``waypost.client.aio_methods``) channels: the method config, the per-backend multicallable
-cache, the pick info, and the outcome report at the end of an attempt. Also the four multicallable
-makers both channels share (``MulticallableFactory``).
+"""What a balanced multicallable knows about its method, shared by the sync (``sync_unary_calls``,
+``sync_stream_calls``) and grpc.aio (``aio_methods``) multicallables: the method config, the per-backend
+multicallable cache, and the two ends of every attempt: ``begin`` (the pick, the call counted in flight on its
+backend, the start time) and ``finish`` (the outcome to the picker, the metrics and the balancer). Also the four
+multicallable makers both channels share (``MulticallableFactory``).
 
 A multicallable sees its channel only through ``BalancedChannel``: the balancer wrapper, the picker
-wrapper and the channel config.
+wrapper and the channel config (and, for grpc.aio, the ``AioPickWaiter``).
 """
 
 from __future__ import annotations
 
 import time
-from collections.abc import Collection, Mapping
-from typing import Any, ClassVar, Generic, Protocol, TypeVar
+from collections.abc import Mapping
+from typing import Any, ClassVar, Generic, Literal, Protocol, TypeVar, overload
 
 import grpc
 import grpc.aio
 
 from .. import metrics as _metrics
 from .._grpc_private import registered_method_kwargs
-from ..balancer.base import Outcome, PickInfo, PickResult, _noop_done
+from ..balancer.base import Outcome, PickError, PickInfo, PickResult, _noop_done
+from .aio_wait import AioPickWaiter
 from .balancer_wrapper import BalancerWrapper
 from .config import ChannelConfig
 from .explain import explain, with_explanation
-from .hashkey import current_hash_key
+from .hashkey import HASH_KEY
 from .picker_wrapper import PickerWrapper
-from .rpcerror import ExplainedRpcError
+from .retry import RetryState
+from .rpcerror import BalancerRpcError, ExplainedRpcError
 from .subconn import SubConn
 
 _perf = time.perf_counter
+_mono = time.monotonic
 _UNAVAILABLE = grpc.StatusCode.UNAVAILABLE
+
+#: A started attempt, from ``MethodBase.begin``: (pick result, subconn, the backend's multicallable, start time
+#: (``perf_counter``), the attempt's timeout: what is left of the call's deadline, or None).
+Attempt = tuple[PickResult, SubConn, Any, float, "float | None"]
 
 
 class BalancedChannel(Protocol):
@@ -46,10 +54,10 @@ class BalancedChannel(Protocol):
 
 
 class AsyncBalancedChannel(BalancedChannel, Protocol):
-    """The aio channel adds the awaitable slow path of a pick (no usable backend right now)."""
+    """The aio channel adds its change event and the awaitable slow path of a pick (``AioPickWaiter``)."""
 
-    async def wait_pick(self, info: PickInfo, deadline: float | None, wfr: bool | None,
-                        tried: Collection[str] = ()) -> tuple[PickResult, SubConn]: ...
+    @property
+    def waiter(self) -> AioPickWaiter: ...
 
 
 ChannelT = TypeVar("ChannelT", bound=BalancedChannel)
@@ -60,7 +68,7 @@ class MethodBase(Generic[ChannelT]):
 
     Public for the call objects that run attempts: ``channel``, ``balancer``, ``pickers``, the method
     config's ``timeout``, ``wait_for_ready`` and ``retry_policy``, the channel's retry ``throttle`` and
-    ``rng``, and ``pick_info``, ``inner``, ``finish``.
+    ``rng``, and ``settings``, ``pick_info``, ``begin``, ``inner``, ``finish``.
     """
 
     _kind = ""
@@ -94,17 +102,71 @@ class MethodBase(Generic[ChannelT]):
             sc.mcs[self._key] = mc
         return mc
 
+    def settings(self, timeout: float | None, wait_for_ready: bool | None) -> tuple[float | None, bool | None]:
+        """A call's deadline (``time.monotonic``; None: no deadline) and wait_for_ready: the call's own, else
+        the method config's."""
+        if timeout is None:
+            timeout = self.timeout
+        if wait_for_ready is None:
+            wait_for_ready = self.wait_for_ready
+        return (None if timeout is None else _mono() + timeout), wait_for_ready
+
     def pick_info(self, metadata: Any) -> PickInfo:
-        """What the picker sees of this call: the method, the hash key in context, the metadata."""
-        hk = current_hash_key()
+        """What the picker sees of this call: the method, the hash key in context (``hashkey``), the metadata."""
+        hk = HASH_KEY.get()
         if hk is None and not metadata:
             return self._info
         return PickInfo(self._method, hk, tuple(metadata or ()))
 
-    def finish(self, res: PickResult, sc: SubConn, t0: float, code: grpc.StatusCode, call: Any = None) -> None:
-        """An attempt on ``sc`` ended with ``code``: tell the picker and the metrics (and the balancer,
-        on UNAVAILABLE: it re-checks that backend's connection). ``call``: the finished call or its RpcError,
-        read for trailing metadata only when the pick asked for them (``res.wants_trailers``)."""
+    def retry_state(self, deadline: float | None, first: str | None = None) -> RetryState:
+        """The retry bookkeeping of one call of this method (``first``: see ``RetryState``)."""
+        return RetryState(self.retry_policy, self.throttle, self.rng, deadline, first)
+
+    @overload
+    def begin(self, metadata: Any, deadline: float | None, tried: set[str] | None = None, wfr: bool | None = None,
+              *, wait: Literal[True], picked: tuple[PickResult, SubConn] | None = None) -> Attempt: ...
+
+    @overload
+    def begin(self, metadata: Any, deadline: float | None, tried: set[str] | None = None, wfr: bool | None = None,
+              *, wait: bool = False, picked: tuple[PickResult, SubConn]) -> Attempt: ...
+
+    @overload
+    def begin(self, metadata: Any, deadline: float | None, tried: set[str] | None = None, wfr: bool | None = None,
+              *, wait: bool = False, picked: None = None) -> Attempt | None: ...
+
+    def begin(self, metadata: Any, deadline: float | None, tried: set[str] | None = None, wfr: bool | None = None,
+              *, wait: bool = False, picked: tuple[PickResult, SubConn] | None = None) -> Attempt | None:
+        """Start an attempt: pick its backend, count it in flight there, note its start (``Attempt``; ``finish``
+        ends it: exactly once, whatever happens to the attempt after this).
+
+        Without a usable pick right now: with ``wait``, the calling thread waits for one here
+        (``PickerWrapper.wait_pick``, bounded by ``deadline``; sync calls); otherwise None, and the caller
+        waits its own way (``AioPickWaiter.wait_pick``) and calls again with the result as ``picked``.
+        ``tried``: a retry's earlier backends, avoided on the waiting path (``retry.avoid_tried``); this
+        attempt's backend is added. Raises BalancerRpcError when the call cannot get a backend."""
+        if picked is None:
+            if not tried:  # a retry never keeps the plain pick: the waiting path avoids the backends tried
+                try:
+                    picked = self.pickers.pick(self.pick_info(metadata))
+                except PickError as e:
+                    raise BalancerRpcError(e.code, e.message) from None
+            if picked is None:
+                if not wait:
+                    return None
+                picked = self.pickers.wait_pick(self.pick_info(metadata), deadline, wfr, tried or ())
+        res, sc = picked
+        if tried is not None:
+            tried.add(sc.address)
+        mc = self.inner(sc)
+        sc.inflight += 1
+        return res, sc, mc, _perf(), None if deadline is None else max(deadline - _mono(), 0.0)
+
+    def finish(self, res: PickResult, sc: SubConn, t0: float, code: grpc.StatusCode, call: Any = None,
+               succeeded: bool = False) -> None:
+        """The attempt that ``begin`` started on ``sc`` at ``t0`` ended with ``code``: count it out of flight,
+        tell the picker and the metrics (and the balancer, on UNAVAILABLE: it re-checks that backend's
+        connection). ``call``: the finished call or its RpcError, read for trailing metadata only when the pick
+        asked for them (``res.wants_trailers``). ``succeeded``: this end is the call's success (``succeeded``)."""
         sc.inflight -= 1
         latency = _perf() - t0
         done = res.done
@@ -115,6 +177,15 @@ class MethodBase(Generic[ChannelT]):
             obs.call_done(self.balancer.target, sc.address, code, latency)
         if code is _UNAVAILABLE:
             self.balancer.call_failed(sc, code)
+        elif succeeded and self.throttle is not None:
+            self.succeeded()
+
+    def succeeded(self) -> None:
+        """A call of this method succeeded (a response stream: its first message came): retry throttling
+        counts it (gRFC A6)."""
+        throttle = self.throttle
+        if throttle is not None:
+            throttle.record_success()
 
     def explanation(self, code: grpc.StatusCode, details: str | None, sc: SubConn, probe: bool = False
                     ) -> str | None:

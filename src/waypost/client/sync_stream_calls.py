@@ -1,0 +1,72 @@
+"""The sync stream-response multicallables (unary_stream, stream_stream) behind ``waypost.dial``: the call object
+is the response iterator; an attempt is retried on another backend only before its first response message
+(``retrying_stream``).
+
+The unary-response kinds are in ``sync_unary_calls``; what every multicallable shares (the pick, the outcome
+report) in ``method``.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import grpc
+
+from .method import Attempt, BalancedChannel, MethodBase
+from .replay import Replay
+from .retrying_stream import RetryingStream
+from .rpcerror import BalancerRpcError
+
+_UNKNOWN = grpc.StatusCode.UNKNOWN
+
+
+class _StreamResponseMethod(MethodBase[BalancedChannel]):
+    """unary_stream and stream_stream: the call object is the response iterator."""
+
+    def __call__(self, request: Any, timeout: float | None = None, metadata: Any = None, credentials: Any = None,
+                 wait_for_ready: bool | None = None, compression: Any = None) -> Any:
+        deadline, wfr = self.settings(timeout, wait_for_ready)
+        # Without a retry policy a client stream runs as one attempt: its requests may be consumed already when
+        # it fails. A unary request is re-picked when its attempt never reached a server (transparent retry).
+        if self.retry_policy is None and self._kind == "stream_stream":
+            try:
+                a = self.begin(metadata, deadline, None, wfr, wait=True)
+            except BalancerRpcError as e:
+                return e  # like grpc: the failed call is returned and raises when iterated
+            return self._start(a, request, metadata, credentials, wfr, compression)
+        st = self.retry_state(deadline)
+        replay = Replay(request) if self._kind == "stream_stream" else None
+
+        def start() -> Any:
+            a = self.begin(metadata, deadline, st.tried, wfr, wait=True)
+            req = request if replay is None else replay.attempt()
+            return self._start(a, req, st.metadata(metadata), credentials, wfr, compression)
+
+        def retry_delay(e: grpc.RpcError) -> float | None:
+            if replay is not None and not replay.replayable:
+                return None
+            return st.after_failure(e.code(), e.details())
+
+        try:
+            return RetryingStream(start, retry_delay)
+        except grpc.RpcError as e:  # no backend at all: return the failed call, as grpc does
+            return e
+
+    def _start(self, a: Attempt, request: Any, metadata: Any, credentials: Any, wfr: bool | None,
+               compression: Any) -> Any:
+        res, sc, mc, t0, timeout = a
+        try:
+            call = mc(request, timeout, metadata, credentials, wfr, compression)
+        except BaseException:
+            self.finish(res, sc, t0, _UNKNOWN)
+            raise
+        call.add_done_callback(lambda c: self.finish(res, sc, t0, c.code(), c))
+        return call
+
+
+class UnaryStreamMultiCallable(_StreamResponseMethod, grpc.UnaryStreamMultiCallable):
+    _kind = "unary_stream"
+
+
+class StreamStreamMultiCallable(_StreamResponseMethod, grpc.StreamStreamMultiCallable):
+    _kind = "stream_stream"
