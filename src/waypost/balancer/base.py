@@ -12,7 +12,7 @@ from __future__ import annotations
 import abc
 import random
 import time
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Collection, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any, ClassVar, Protocol
 
@@ -155,6 +155,20 @@ class Policy(abc.ABC):
     @abc.abstractmethod
     def build(self, backends: Sequence[Backend]) -> Picker:
         """A picker over ``backends`` (READY ones, in resolver order). May be empty."""
+
+    def connections(self, backends: Sequence[Backend], states: Mapping[str, int]) -> Collection[str] | None:
+        """The addresses of ``backends`` (the resolver's list, in its order) the channel should hold a connection
+        to; None (this default): all of them.
+
+        ``states`` holds the connectivity of each address the channel holds a connection to now
+        (``types.READY``: usable, i.e. connected and, with health checking, SERVING; ``types.CONNECTING``: not
+        yet usable, first attempt or health answer pending; ``types.TRANSIENT_FAILURE``: the attempt failed, the
+        connection was lost or the backend is NOT_SERVING; a held connection keeps retrying with backoff); an
+        address without a connection is absent. The channel asks after every change of the list and of a held
+        connection's state, under its lock (so calls are serialised with ``build``; no blocking, no I/O), then
+        opens the connections asked for and closes the others once their calls have ended. Only the backends
+        with a connection can be READY, so only they reach ``build``."""
+        return None
 
     # ---- load reports (only policies with ``wants_load_reports`` get these calls) ----------------------
 

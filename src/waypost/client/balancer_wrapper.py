@@ -1,10 +1,10 @@
 """The balancer wrapper: resolver updates, the subconn set, connectivity and health, picker rebuilds.
 
 It sits between the resolver and the picker wrapper, as grpc-go's balancer wrapper does: it takes the
-resolver's backend lists and errors, keeps one subconn per address (``SubConnPool``), tracks each one's
-connectivity (polled) and health, and after every change publishes a new ``PickerSnapshot`` to its
-``PickerWrapper`` (built by the policy from the usable backends in resolver order). Mutations take
-``_lock``; the data plane never does.
+resolver's backend lists and errors, keeps one subconn per address the policy wants connected
+(``SubConnPool``; ``Policy.connections``, by default every address), tracks each one's connectivity (polled)
+and health, and after every change publishes a new ``PickerSnapshot`` to its ``PickerWrapper`` (built by the
+policy from the usable backends in resolver order). Mutations take ``_lock``; the data plane never does.
 """
 
 from __future__ import annotations
@@ -33,7 +33,9 @@ log = logging.getLogger("waypost.client")
 
 
 class BalancerWrapper:
-    """Keeps one SubConn per backend address and publishes the picker over the usable ones to ``pickers``.
+    """Keeps one SubConn per backend address the policy wants connected (``Policy.connections``: by default all;
+    asked again after every change of the list or of a subconn's state) and publishes the picker over the
+    usable ones to ``pickers``.
 
     ``make_channel``, ``probe``, ``close_channel``, ``start_health`` and ``stop_health``: see
     ``SubConnPool``. ``resolve_now(reason)`` is called (under the lock, so it must not block) when a backend
@@ -86,6 +88,8 @@ class BalancerWrapper:
         self._listeners: list[Callable[[], None]] = []
         self._dirty = False
         self._prober: SubConnProber | None = None
+        # only a policy that overrides ``connections`` is asked on every state change (the default wants all)
+        self._selective = type(policy).connections is not Policy.connections
         if policy.wants_load_reports:
             # through the pool each time: the pool replaces its dict on close and after a fork
             self._prober = SubConnProber(lambda a: self._pool.active.get(a), policy, policy.probe_timeout)
@@ -115,28 +119,58 @@ class BalancerWrapper:
             new: dict[str, Backend] = {}
             for b in backends:
                 new.setdefault(b.address, b)
-            added = [a for a in new if a not in pool.active]
-            gone = [a for a in pool.active if a not in new]
+            old = {b.address for b in self._order}
+            added = [a for a in new if a not in old]
+            gone = [a for a in old if a not in new]
             if added or gone:  # one line per address-set change, never per call
                 log.info("waypost: %s: %d backends (+%s -%s)", self.target, len(new),
                          ",".join(added) or "0", ",".join(gone) or "0")
-            for addr in gone:
-                pool.remove(pool.active[addr])
             meta_changed = False
-            for addr, b in new.items():
-                cur = pool.active.get(addr)
-                if cur is None:
-                    sc, revived = pool.add(b)
-                    if revived:
-                        self._probe_revived(sc)
-                elif cur.backend != b:
+            for addr, cur in pool.active.items():
+                b = new.get(addr)
+                if b is not None and cur.backend != b:
                     cur.backend = b  # metadata (e.g. weight) changed: a new picker carries it
                     meta_changed = True
             self._order = list(new.values())
+            self._connect()
             self._resolved = True
             self._resolver_error = None
             self._rebuild(force=meta_changed)
         self._fire()
+
+    def _connect(self) -> None:
+        """Hold a subconn for each address the policy wants connected, of the resolver's list; let the others
+        drain (caller holds ``_lock``)."""
+        pool = self._pool
+        wanted = self._wanted()
+        for addr in [a for a in pool.active if a not in wanted]:
+            pool.remove(pool.active[addr])
+        for addr, b in wanted.items():
+            if addr not in pool.active:
+                sc, revived = pool.add(b)
+                if revived:
+                    self._probe_revived(sc)
+
+    def _wanted(self) -> dict[str, Backend]:
+        everything = {b.address: b for b in self._order}
+        if not self._selective:
+            return everything
+        states = {a: _policy_state(sc) for a, sc in self._pool.active.items()}
+        try:
+            chosen = self.policy.connections(self._order, states)
+        except Exception:  # a policy bug must not leave the channel without connections
+            log.exception("waypost: %s: %s.connections failed; connecting to every backend", self.target,
+                          type(self.policy).__name__)
+            return everything
+        if chosen is None:
+            return everything
+        return {a: b for a, b in everything.items() if a in chosen}
+
+    def _changed(self) -> None:
+        """After a subconn's state changed (caller holds ``_lock``): ask the policy again, rebuild the picker."""
+        if self._selective:
+            self._connect()
+        self._rebuild()
 
     def _empty_looked_up(self) -> None:
         """The close keys of an empty registry key are known: publish the fuller note if still empty."""
@@ -178,7 +212,7 @@ class BalancerWrapper:
                 for sc, st in changed:
                     if not sc.removed:
                         self._set_state(sc, st)
-                self._rebuild()
+                self._changed()
             self._fire()
         if self._pool.draining:
             with self._lock:
@@ -196,7 +230,7 @@ class BalancerWrapper:
         if st != READY and sc.state == READY:
             with self._lock:
                 self._set_state(sc, st)
-                self._rebuild()
+                self._changed()
             self._fire()
 
     def _probe_revived(self, sc: SubConn) -> None:
@@ -245,7 +279,7 @@ class BalancerWrapper:
                 log.info("waypost: backend %s of %s unhealthy: %s", sc.address, self.target, note or "NOT_SERVING")
             sc.healthy = healthy
             sc.health_note = note
-            self._rebuild()
+            self._changed()
         self._fire()
 
     # ---- picker rebuilds and change listeners -----------------------------------------------------
@@ -366,3 +400,11 @@ class BalancerWrapper:
     @property
     def closed(self) -> bool:
         return self._closed
+
+
+def _policy_state(sc: SubConn) -> int:
+    """A subconn's state as ``Policy.connections`` sees it: READY only when usable (health included),
+    CONNECTING while it is expected to become so, TRANSIENT_FAILURE otherwise."""
+    if sc.usable:
+        return READY
+    return CONNECTING if sc.connecting else TRANSIENT_FAILURE
