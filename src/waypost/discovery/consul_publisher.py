@@ -55,7 +55,6 @@ from ..netutil import AddressError, check_dialable, parse_host_port
 from .group import cool_down
 from .outage import OnUnregistered, Outage
 from .override import ConsulOverrideFollower, apply_override
-from .publisher import _check_json
 from .publisher_base import REVOKE_TIMEOUT, PublisherBase
 
 log = logging.getLogger("waypost.discovery")
@@ -125,16 +124,9 @@ class ConsulPublisher(PublisherBase):
 
     # -- validation ----------------------------------------------------------------------------------------
 
-    @staticmethod
-    def _checked_metadata(metadata: Mapping[str, Any] | None) -> dict[str, Any] | None:
-        if metadata is not None and not isinstance(metadata, Mapping):
-            raise TypeError(f"metadata must be a mapping of str keys to JSON values (e.g. {{'weight': 20}}), "
-                            f"got {describe_value(metadata)}")
-        md = dict(metadata) if metadata else None
-        if md:
-            _check_json(md, "metadata")
-            encode_meta(md)  # Consul's own limits, named
-        return md
+    def _check_carried(self, metadata: dict[str, Any] | None) -> None:
+        if metadata:
+            encode_meta(metadata)  # Consul's own limits, named
 
     def _effective(self) -> dict[str, Any] | None:
         """The metadata registered: the own metadata with an operator's override applied."""

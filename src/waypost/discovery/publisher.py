@@ -39,7 +39,6 @@ from __future__ import annotations
 import asyncio
 import functools
 import logging
-import math
 import random
 import time
 from collections.abc import Callable, Mapping
@@ -69,31 +68,6 @@ log = logging.getLogger("waypost.discovery")
 
 #: an attempt's registry calls end this long before the attempt's own timer, so that their error says why
 CAUSE_MARGIN = 0.5
-
-
-def _check_json(value: Any, where: str, depth: int = 0) -> None:
-    """TypeError/ValueError naming the field of ``value`` (at ``where``) that JSON cannot carry."""
-    if value is None or isinstance(value, (str, bool, int)):
-        return
-    if isinstance(value, float):
-        if not math.isfinite(value):
-            raise ValueError(f"{where} is {value!r}, which JSON cannot carry (use a finite number or a string)")
-        return
-    if depth > 32:
-        raise ValueError(f"{where}: metadata nested more than 32 levels deep")
-    if isinstance(value, Mapping):
-        for k, v in value.items():
-            if not isinstance(k, str):
-                raise TypeError(f"{where}: key {describe_value(k)} is not a string (JSON object keys are strings)")
-            _check_json(v, f"{where}[{k!r}]", depth + 1)
-        return
-    if isinstance(value, (list, tuple)):
-        for i, v in enumerate(value):
-            _check_json(v, f"{where}[{i}]", depth + 1)
-        return
-    raise TypeError(f"{where} is of type {type(value).__name__}, which is not JSON-serialisable "
-                    "(use str, int, float, bool, None, lists and dicts)")
-
 
 
 class Publisher(PublisherBase):
@@ -149,17 +123,8 @@ class Publisher(PublisherBase):
         main = self.format.encode(self.base_key, self.value, ident, metadata)
         return [*self.format.encode_side(self.base_key, self.value, ident, metadata), main]
 
-    def _checked_metadata(self, metadata: Mapping[str, Any] | None) -> dict[str, Any] | None:
-        """``metadata`` as it will be registered; raises (TypeError, ValueError) when the format cannot
-        carry it, naming what is wrong."""
-        if metadata is not None and not isinstance(metadata, Mapping):
-            raise TypeError(f"metadata must be a mapping of str keys to JSON values (e.g. {{'weight': 20}}), "
-                            f"got {describe_value(metadata)}")
-        md = dict(metadata) if metadata else None
-        if md:
-            _check_json(md, "metadata")
-        self._encode(self.id if self.id is not None else 1, md)
-        return md
+    def _check_carried(self, metadata: dict[str, Any] | None) -> None:
+        self._encode(self.id if self.id is not None else 1, metadata)  # what the wire format refuses
 
     def _effective(self, metadata: Mapping[str, Any] | None) -> dict[str, Any] | None:
         return apply_override(metadata, self.override.current)

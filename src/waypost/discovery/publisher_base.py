@@ -7,7 +7,7 @@ and registering again, forever, once the registration is lost. Each registry's p
 - ``_withdraw()``: stop keeping the registration alive and remove it (pause, stop); ``_close()``: free the
   connection at stop; ``_abandon()``: undo a start that failed;
 - ``_forget(reason)``: drop a lost registration before registering again;
-- ``_update_metadata(md)``, ``_checked_metadata(md)``, ``_where()`` (for messages) and, where the defaults do
+- ``_update_metadata(md)``, ``_check_carried(md)`` (what the registry cannot carry), ``_where()`` (for messages) and, where the defaults do
   not fit, ``_retryable(e)``, ``_why(e)``, ``_resuming()`` and ``_recover_later(reason)``.
 
 Registering at start or resume: retried with backoff (``FIRST_RETRY`` s doubling to ``MAX_RETRY`` s, jittered)
@@ -23,18 +23,19 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import math
 import random
-from collections.abc import Callable, Coroutine
+from collections.abc import Callable, Coroutine, Mapping
 from typing import Any
 
 from .. import metrics
-from ..errors import PermissionDenied, RegistryError, RegistryUnavailable
+from ..errors import PermissionDenied, RegistryError, RegistryUnavailable, describe_value
 from ..etcd import deadline as caller_deadline
 from .group import cool_down
 from .outage import track, untrack
 from .registration import RegistrationFaces, on_control_loop
 
-__all__ = ["REVOKE_TIMEOUT", "PublisherBase", "on_control_loop", "spawn"]
+__all__ = ["REVOKE_TIMEOUT", "PublisherBase", "check_json", "on_control_loop", "spawn"]
 
 log = logging.getLogger("waypost.discovery")
 
@@ -48,6 +49,30 @@ MIN_START_ATTEMPT = 0.2
 MAX_START_ATTEMPTS = 1000
 
 Cleanup = Callable[[], Coroutine[Any, Any, None]]
+
+
+def check_json(value: Any, where: str, depth: int = 0) -> None:
+    """TypeError/ValueError naming the field of ``value`` (at ``where``) that JSON cannot carry."""
+    if value is None or isinstance(value, (str, bool, int)):
+        return
+    if isinstance(value, float):
+        if not math.isfinite(value):
+            raise ValueError(f"{where} is {value!r}, which JSON cannot carry (use a finite number or a string)")
+        return
+    if depth > 32:
+        raise ValueError(f"{where}: metadata nested more than 32 levels deep")
+    if isinstance(value, Mapping):
+        for k, v in value.items():
+            if not isinstance(k, str):
+                raise TypeError(f"{where}: key {describe_value(k)} is not a string (JSON object keys are strings)")
+            check_json(v, f"{where}[{k!r}]", depth + 1)
+        return
+    if isinstance(value, (list, tuple)):
+        for i, v in enumerate(value):
+            check_json(v, f"{where}[{i}]", depth + 1)
+        return
+    raise TypeError(f"{where} is of type {type(value).__name__}, which is not JSON-serialisable "
+                    "(use str, int, float, bool, None, lists and dicts)")
 
 
 def spawn(coro: Coroutine[Any, Any, None], name: str | None = None) -> asyncio.Task[None]:
@@ -112,6 +137,21 @@ class PublisherBase(RegistrationFaces):
         if isinstance(e, asyncio.TimeoutError):
             return "timed out"
         return str(e) or type(e).__name__
+
+    def _check_carried(self, metadata: dict[str, Any] | None) -> None:
+        """Raise TypeError/ValueError, naming what is wrong, if this registry cannot carry ``metadata``."""
+
+    def _checked_metadata(self, metadata: Mapping[str, Any] | None) -> dict[str, Any] | None:
+        """``metadata`` as it will be registered (a mapping of JSON values, and what the registry carries);
+        raises TypeError/ValueError naming what is wrong."""
+        if metadata is not None and not isinstance(metadata, Mapping):
+            raise TypeError(f"metadata must be a mapping of str keys to JSON values (e.g. {{'weight': 20}}), "
+                            f"got {describe_value(metadata)}")
+        md = dict(metadata) if metadata else None
+        if md:
+            check_json(md, "metadata")
+        self._check_carried(md)
+        return md
 
     # -- the transitions, on the control loop --------------------------------------------------------
 

@@ -63,7 +63,6 @@ from ..zk.session import granted as granted_session_timeout
 from .group import cool_down
 from .outage import OnUnregistered, Outage
 from .override import OverrideState, apply_override
-from .publisher import _check_json
 from .publisher_base import REVOKE_TIMEOUT, PublisherBase
 
 log = logging.getLogger("waypost.discovery")
@@ -140,15 +139,8 @@ class ZkPublisher(PublisherBase):
             raise AssertionError(f"Kratos encoder path {path!r} != layout path {self.path!r}")
         return value
 
-    def _checked_metadata(self, metadata: Mapping[str, Any] | None) -> dict[str, Any] | None:
-        if metadata is not None and not isinstance(metadata, Mapping):
-            raise TypeError(f"metadata must be a mapping of str keys to JSON values (e.g. {{'weight': 20}}), "
-                            f"got {describe_value(metadata)}")
-        md = dict(metadata) if metadata else None
-        if md:
-            _check_json(md, "metadata")
-        self._encode(md)  # raises on an address the Kratos encoder refuses
-        return md
+    def _check_carried(self, metadata: dict[str, Any] | None) -> None:
+        self._encode(metadata)  # raises on an address the Kratos encoder refuses
 
     # -- properties ------------------------------------------------------------------------------
 
