@@ -89,6 +89,8 @@ def test_connections_first_address_then_the_next_after_a_failure():
     assert list(policy.connections(backends, {"a:1": TRANSIENT_FAILURE, "b:1": READY})) == ["b:1"]
     # a connects again meanwhile: b, in use, stays the one (sticky)
     assert list(policy.connections(backends, {"a:1": READY, "b:1": READY})) == ["b:1"]
+    # b, in use, fails after a was closed: b keeps retrying while a is tried again
+    assert list(policy.connections(backends, {"b:1": TRANSIENT_FAILURE})) == ["a:1", "b:1"]
     # every address failed: all of them retry, the first to connect wins
     failed = dict.fromkeys(["a:1", "b:1", "c:1"], TRANSIENT_FAILURE)
     assert list(policy.connections(backends, failed)) == ["a:1", "b:1", "c:1"]

@@ -4,8 +4,8 @@ Connections: the policy holds a connection to one address, as gRPC's pick_first 
 connects to the first address; only when that attempt fails does it try the next, keeping the failed ones
 (they retry with backoff) until one address is usable, then it keeps that one and the channel closes the
 others. When every address has failed, all of them retry and the first to connect wins. When the one in
-use fails, the next address is tried the same way. A channel with a policy that keeps the default
-(``Policy.connections``: all) is unchanged.
+use fails, it keeps retrying and the first address in order that has not failed is tried, and so on. A
+channel with a policy that keeps the default (``Policy.connections``: all) is unchanged.
 
 Picks: the channel builds pickers from READY backends only, so "move on when the first is not READY" falls
 out of the rebuild. Like gRPC's pick_first, it is sticky: once a backend is in use it stays in use while
@@ -81,18 +81,14 @@ class PickFirstPolicy(Policy):
         return sorted(backends, key=lambda b: ranks[b.address])
 
     def connections(self, backends: Sequence[Backend], states: Mapping[str, int]) -> Collection[str]:
-        """The one usable address (the one in use, else the first in order); while none is usable, the
-        addresses in order up to the first one not failed: the one being tried, with those that failed."""
+        """The one usable address (the one in use, else the first in order); while none is usable, the first
+        address in order that has not failed (the one being tried) and those that failed (retrying)."""
         ordered = self.order(backends)
         usable = [b.address for b in ordered if states.get(b.address) == READY]
         if usable:
             return (self._current if self._current in usable else usable[0],)
-        trying = []
-        for b in ordered:
-            trying.append(b.address)
-            if states.get(b.address) != TRANSIENT_FAILURE:
-                break
-        return trying
+        trying = next((b.address for b in ordered if states.get(b.address) != TRANSIENT_FAILURE), None)
+        return [b.address for b in ordered if b.address == trying or states.get(b.address) == TRANSIENT_FAILURE]
 
     def build(self, backends: Sequence[Backend]) -> Picker:
         ordered = self._ranked(backends)
