@@ -163,7 +163,9 @@ def test_the_async_twins_drive_the_same_lifecycle(kind: Kind) -> None:
     service = _service()
 
     async def main() -> None:
-        async with kind.make(service, metadata={"weight": 3}) as pub:
+        pub = kind.make(service, metadata={"weight": 3})
+        assert await pub.astart() is pub
+        try:
             assert pub.registered
             await asyncio.to_thread(wait_until, lambda: kind.view(service) == {ADDR: "3"}, 10)
             await pub.apause()
@@ -171,7 +173,10 @@ def test_the_async_twins_drive_the_same_lifecycle(kind: Kind) -> None:
             await pub.aupdate_metadata({"weight": 4})
             await pub.aresume()
             await asyncio.to_thread(wait_until, lambda: kind.view(service) == {ADDR: "4"}, 10)
+        finally:
+            await pub.astop()
         assert pub.state == "stopped"
+        await pub.astop()  # idempotent
 
     asyncio.run(main())
     wait_until(lambda: kind.view(service) == {}, 10, what="gone after the async stop")

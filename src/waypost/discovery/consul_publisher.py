@@ -15,8 +15,10 @@ What is registered (``PUT /v1/agent/service/register`` on the agent of the regis
 
 Behaviour:
 
-- ``start()`` registers, and raises ``RegistryUnavailable`` if this does not succeed within ``timeout`` s
-  (``PermissionDenied`` as it is when the ACL token may not register the service).
+- ``start()`` registers, retrying while the agent cannot be reached (an agent that starts a little after this
+  server is waited for), and raises ``RegistryUnavailable`` naming the last cause if this does not succeed
+  within ``timeout`` s (``PermissionDenied`` as it is, at once, when the ACL token may not register the
+  service); the same at ``resume()``, which then goes on in the background.
 - A pass that fails (agent slow or unreachable) is retried about every second; the registration counts as lost
   only when no pass has succeeded for ``ttl`` s (the TTL deadline, when Consul marks the check critical), so a
   slow link causes no churn. Lost, or gone from the agent (a pass answers 404 "Unknown check ID": the agent

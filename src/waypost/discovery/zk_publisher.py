@@ -14,7 +14,8 @@ Behaviour:
 
 - ``start()`` opens a session (``ttl`` s asked of the server unless the URL says ``session_timeout``; the server
   grants a value between its min and max session timeout, by default 2 and 20 ticks, and that granted value is
-  ``session_timeout`` from then on: what every count below uses) and creates the node; ``RegistryUnavailable`` if that is not done within
+  ``session_timeout`` from then on: what every count below uses) and creates the node, retrying (a ZooKeeper
+  that starts a little after this server is waited for); ``RegistryUnavailable`` if that is not done within
   ``timeout`` s, naming why (each host refused, did not answer, ...). ``PermissionDenied`` as it is when an ACL
   refuses the write.
 - The node is watched: deleted by someone else, it is created again at once (counted in ``restorations``);
