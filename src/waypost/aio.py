@@ -29,12 +29,8 @@ import grpc
 import grpc.aio
 
 from . import _fork
-from .client.aio_methods import (
-    StreamStreamMultiCallable,
-    StreamUnaryMultiCallable,
-    UnaryStreamMultiCallable,
-    UnaryUnaryMultiCallable,
-)
+from .client.aio_stream_calls import StreamStreamMultiCallable, UnaryStreamMultiCallable
+from .client.aio_unary_calls import StreamUnaryMultiCallable, UnaryUnaryMultiCallable
 from .client.aio_wait import AioPickWaiter
 from .client.balancer_wrapper import BalancerWrapper
 from .client.config import ChannelConfig, build_config

@@ -1,7 +1,7 @@
 """What the grpc.aio call objects behind ``waypost.aio.dial`` share: the bottom of the aio call modules.
 
-Layers (each imports only the ones below it): this module (``AioMethod``, ``CallBase``, the status helpers) <- the call
-kinds (``aio_unary_calls``, ``aio_stream_calls``) <- the multicallables that make them (``aio_methods``).
+Layers (each imports only the ones below it): this module (``AioMethod``, ``CallBase``, the status helpers) <- the
+call kinds and the multicallables that make them (``aio_unary_calls``, ``aio_stream_calls``).
 grpcio internals are read only through ``waypost._grpc_private``.
 
 Each call picks a backend per attempt, runs it on that backend's grpc.aio channel, reports its outcome to the
@@ -78,8 +78,9 @@ def aio_error(e: BalancerRpcError) -> grpc.aio.AioRpcError:
 
 
 class AioMethod(MethodBase[AsyncBalancedChannel]):
-    """A grpc.aio multicallable (``aio_methods``): a ``MethodBase`` that also holds its channel's
-    ``AioPickWaiter``, where its calls await a pick when no backend is usable right now."""
+    """A grpc.aio multicallable (the four kinds: ``aio_unary_calls``, ``aio_stream_calls``): a ``MethodBase``
+    that also holds its channel's ``AioPickWaiter``, where its calls await a pick when no backend is usable
+    right now."""
 
     def __init__(self, channel: AsyncBalancedChannel, method: str, request_serializer: Any,
                  response_deserializer: Any, registered: Any) -> None:

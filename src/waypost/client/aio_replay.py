@@ -1,5 +1,6 @@
 """The grpc.aio client-streaming request replay: an async request iterator (``AsyncReplay``) and the
-``write()`` / ``done_writing()`` side of a call (``WriteReplay``), each replayable into a later attempt.
+``write()`` / ``done_writing()`` side of a call (``WriteReplay``), each replayable into a later attempt;
+``replay_for`` picks the one a call needs.
 
 The sync iterator and the limit (``REPLAY_LIMIT``) are in ``replay``.
 """
@@ -14,7 +15,7 @@ import grpc
 import grpc.aio
 
 from .._grpc_private import EXECUTE_BATCH_ERROR
-from .replay import REPLAY_LIMIT
+from .replay import REPLAY_LIMIT, Replay
 
 
 class AsyncReplay:
@@ -193,3 +194,12 @@ class WriteReplay:
                 raise
         return call, None
 
+
+def replay_for(request_iterator: Any) -> dict[str, Any]:
+    """How a grpc.aio client-streaming call keeps its requests for replay into a retry, as the call's keyword
+    argument: a sync or async iterator (``replay``), or the write API when there is no iterator (``writes``)."""
+    if request_iterator is None:
+        return {"writes": WriteReplay()}
+    if hasattr(request_iterator, "__aiter__"):
+        return {"replay": AsyncReplay(request_iterator)}
+    return {"replay": Replay(request_iterator)}

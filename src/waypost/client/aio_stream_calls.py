@@ -1,6 +1,6 @@
-"""The grpc.aio stream-response calls (unary_stream, stream_stream) of ``waypost.aio.dial``: reading drives
-the attempts; retried only before the first response message. Built on ``aio_call_base``; made by
-``aio_methods``."""
+"""The grpc.aio stream-response calls (unary_stream, stream_stream) of ``waypost.aio.dial`` and the
+multicallables that make them: reading drives the attempts; retried only before the first response message.
+Built on ``aio_call_base``; the unary-response kinds are in ``aio_unary_calls``."""
 
 from __future__ import annotations
 
@@ -13,7 +13,8 @@ import grpc
 import grpc.aio
 
 from ..balancer.base import PickResult
-from .aio_call_base import CallBase, is_stand_in, status_now
+from .aio_call_base import AioMethod, CallBase, is_stand_in, status_now
+from .aio_replay import replay_for
 from .subconn import SubConn
 
 log = logging.getLogger("waypost.aio")
@@ -209,3 +210,24 @@ class UnaryStreamCall(_StreamResponseCall, grpc.aio.UnaryStreamCall):
 
 class StreamStreamCall(_StreamResponseCall, grpc.aio.StreamStreamCall):
     pass
+
+
+# ---- the multicallables ------------------------------------------------------------------------
+
+
+class UnaryStreamMultiCallable(AioMethod, grpc.aio.UnaryStreamMultiCallable):
+    _kind = "unary_stream"
+
+    def __call__(self, request: Any, *, timeout: float | None = None, metadata: Any = None, credentials: Any = None,
+                 wait_for_ready: bool | None = None, compression: Any = None) -> UnaryStreamCall:
+        return UnaryStreamCall(self, request, timeout, metadata, credentials, wait_for_ready, compression)
+
+
+class StreamStreamMultiCallable(AioMethod, grpc.aio.StreamStreamMultiCallable):
+    _kind = "stream_stream"
+
+    def __call__(self, request_iterator: Any = None, timeout: float | None = None, metadata: Any = None,
+                 credentials: Any = None, wait_for_ready: bool | None = None, compression: Any = None
+                 ) -> StreamStreamCall:
+        return StreamStreamCall(self, None, timeout, metadata, credentials, wait_for_ready, compression,
+                                **replay_for(request_iterator))

@@ -1,6 +1,6 @@
-"""The grpc.aio unary-response calls (unary_unary, stream_unary) of ``waypost.aio.dial``: a task runs the
-attempts, except a unary-unary call whose first attempt can start at once (see UnaryUnaryCall). Built on
-``aio_call_base``; made by ``aio_methods``."""
+"""The grpc.aio unary-response calls (unary_unary, stream_unary) of ``waypost.aio.dial`` and the multicallables
+that make them: a task runs the attempts, except a unary-unary call whose first attempt can start at once (see
+UnaryUnaryCall). Built on ``aio_call_base``; the stream-response kinds are in ``aio_stream_calls``."""
 
 from __future__ import annotations
 
@@ -16,6 +16,7 @@ import grpc.aio
 from .._grpc_private import PLAIN_UNARY_UNARY_CALL, locally_cancelled
 from ..balancer.base import PickResult
 from .aio_call_base import AioMethod, CallBase, status_now
+from .aio_replay import replay_for
 from .subconn import SubConn
 
 log = logging.getLogger("waypost.aio")
@@ -254,3 +255,24 @@ class UnaryUnaryCall(_UnaryResponseCall, grpc.aio.UnaryUnaryCall):
 
 class StreamUnaryCall(_UnaryResponseCall, grpc.aio.StreamUnaryCall):
     pass
+
+
+# ---- the multicallables ------------------------------------------------------------------------
+
+
+class UnaryUnaryMultiCallable(AioMethod, grpc.aio.UnaryUnaryMultiCallable):
+    _kind = "unary_unary"
+
+    def __call__(self, request: Any, *, timeout: float | None = None, metadata: Any = None, credentials: Any = None,
+                 wait_for_ready: bool | None = None, compression: Any = None) -> UnaryUnaryCall:
+        return UnaryUnaryCall(self, request, timeout, metadata, credentials, wait_for_ready, compression)
+
+
+class StreamUnaryMultiCallable(AioMethod, grpc.aio.StreamUnaryMultiCallable):
+    _kind = "stream_unary"
+
+    def __call__(self, request_iterator: Any = None, timeout: float | None = None, metadata: Any = None,
+                 credentials: Any = None, wait_for_ready: bool | None = None, compression: Any = None
+                 ) -> StreamUnaryCall:
+        return StreamUnaryCall(self, None, timeout, metadata, credentials, wait_for_ready, compression,
+                               **replay_for(request_iterator))

@@ -1,8 +1,8 @@
 """What a balanced multicallable knows about its method, shared by the sync (``sync_unary_calls``,
-``sync_stream_calls``) and grpc.aio (``aio_methods``) multicallables: the method config, the per-backend
-multicallable cache, and the two ends of every attempt: ``begin`` (the pick, the call counted in flight on its
-backend, the start time) and ``finish`` (the outcome to the picker, the metrics and the balancer). Also the four
-multicallable makers both channels share (``MulticallableFactory``).
+``sync_stream_calls``) and grpc.aio (``aio_unary_calls``, ``aio_stream_calls``) multicallables: the method
+config, the per-backend multicallable cache, and the two ends of every attempt: ``begin`` (the pick, the call
+counted in flight on its backend, the start time) and ``finish`` (the outcome to the picker, the metrics and
+the balancer). Also the four multicallable makers both channels share (``MulticallableFactory``).
 
 A multicallable sees its channel only through ``BalancedChannel``: the balancer wrapper, the picker
 wrapper and the channel config (and, for grpc.aio, the ``AioPickWaiter``).
