@@ -266,7 +266,7 @@ class DnsResolver(LoopResolver[None]):
         self._end_first_wait()  # a failed lookup is an answer too: a blocking start returns
 
     def _holding_errors(self) -> bool:
-        return False
+        return False  # every lookup is an answer, a failed one too: nothing to hold back for report_early
 
     def _log_failure(self, msg: str, new: bool, exc: BaseException | None) -> None:
         # one warning per distinct failure, not one per retry

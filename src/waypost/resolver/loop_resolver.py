@@ -20,7 +20,6 @@ from __future__ import annotations
 
 import asyncio
 import concurrent.futures
-import contextlib
 import logging
 import random
 import time
@@ -48,7 +47,7 @@ class LoopResolver(Generic[Session]):
 
     Subclasses set ``kind`` (the scheme, for messages), ``noun`` (what a list holds, for log lines), ``list_name``
     (what the first list is called in a start's error) and ``log``, and implement ``_session``, ``_follow``,
-    ``_what`` and ``_describe``. ``rng`` (jitter) and ``clock`` are for tests.
+    ``_what``, ``_describe`` and ``_first_list_within``. ``rng`` (jitter) and ``clock`` are for tests.
     """
 
     kind: ClassVar[str]
@@ -115,8 +114,8 @@ class LoopResolver(Generic[Session]):
     # ---- what a subclass gives ----------------------------------------------------------------------
 
     def _session(self) -> AbstractAsyncContextManager[Session]:
-        """What stays open while the resolver runs (default: nothing)."""
-        return contextlib.nullcontext()  # type: ignore[return-value]
+        """What stays open while the resolver runs (a client), handed to every ``_follow``."""
+        raise NotImplementedError
 
     async def _follow(self, session: Session) -> None:
         """Read once, or watch until the watch ends: return when it must be called again; raise when reading

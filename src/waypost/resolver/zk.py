@@ -255,7 +255,7 @@ class ZkResolver(LoopResolver[_Session]):
             return _GONE
         return self._codec.decode(path, data or b"")
 
-    # ---- pushing ------------------------------------------------------------------------------------
+    # ---- the list -----------------------------------------------------------------------------------
 
     def _backends(self) -> tuple[Backend, ...]:
         seen: set[str] = set()
