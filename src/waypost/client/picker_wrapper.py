@@ -4,7 +4,8 @@ The balancer wrapper (``balancer_wrapper``) publishes a new immutable ``PickerSn
 the data plane reads ``snap`` without a lock: a pick is one attribute read, the policy's pick and a dict
 lookup. When nothing can be picked, the snapshot also says whether a call should wait (something is still
 connecting, resolution is pending) and why it fails otherwise (every backend's state, the resolver error).
-A retry whose pick went to a backend it already tried takes the same slow path (``next_pick``).
+A retry whose pick went to a backend it already tried takes the same slow path (``next_pick``). A sync call
+waits here (``wait_pick``, on ``cond``); a grpc.aio call awaits the same steps on its loop (``aio_wait``).
 """
 
 from __future__ import annotations

@@ -76,7 +76,7 @@ class RetryState:
     """Bookkeeping of one call's attempts: made when a call may retry.
 
     ``first``: the backend address of the call's first attempt, for a state made only once that attempt
-    failed (a unary call that succeeds at once makes none): that attempt counts as sent and tried.
+    failed (a call whose first attempt succeeds need not make one): that attempt counts as sent and tried.
     """
 
     __slots__ = ("attempts", "deadline", "policy", "rng", "started", "throttle", "transparent", "tried")
