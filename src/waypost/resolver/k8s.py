@@ -70,7 +70,7 @@ class _Refused(Exception):
     blocking dial fails at once with this message."""
 
 
-class K8sResolver(LoopResolver["_Session"]):
+class K8sResolver(LoopResolver[_Session]):
     """Follows the EndpointSlices of ``target`` (scheme k8s); see the module docstring.
 
     ``timeout`` bounds a blocking start (sync dial): the first list must arrive within it, else
