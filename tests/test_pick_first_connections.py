@@ -4,11 +4,13 @@ them killed; the connections are counted on the channel (held subconns and those
 
 from __future__ import annotations
 
+import asyncio
 import socket
 
 import pytest
 
 import waypost
+import waypost.aio
 from tests.backends import echo_pb2, echo_pb2_grpc
 from tests.backends.procs import spawn_many
 from tests.policy_support import bs
@@ -39,7 +41,7 @@ def _dead_address() -> str:
 
 
 def test_one_backend_channel_then_the_second_when_the_first_is_killed(procs):
-    first, second, third = procs
+    first, second, _third = procs
     target = "direct:///" + ",".join(p.address for p in procs)
     with waypost.dial(target, balancer="pick_first", retries=3) as ch:
         stub = echo_pb2_grpc.EchoStub(ch)
@@ -64,6 +66,17 @@ def test_an_unreachable_first_address_is_tried_then_dropped(procs):
         stub = echo_pb2_grpc.EchoStub(ch)
         assert stub.Unary(Req(), timeout=20, wait_for_ready=True).server == "first"
         wait_until(lambda: _held(ch) == [procs[0].address], 20, what="only the working backend held")
+
+
+def test_an_aio_channel_holds_one_backend_channel_too(procs):
+    async def main(target: str) -> None:
+        async with waypost.aio.dial(target, balancer="pick_first") as ch:
+            stub = echo_pb2_grpc.EchoStub(ch)
+            got = {(await stub.Unary(Req(), timeout=20, wait_for_ready=True)).server for _ in range(5)}
+            assert got == {"first"}
+            assert _held(ch) == [procs[0].address]
+
+    asyncio.run(main("direct:///" + ",".join(p.address for p in procs)))
 
 
 def test_other_policies_still_connect_to_every_backend(procs):
@@ -91,6 +104,8 @@ def test_connections_first_address_then_the_next_after_a_failure():
     assert list(policy.connections(backends, {"a:1": READY, "b:1": READY})) == ["b:1"]
     # b, in use, fails after a was closed: b keeps retrying while a is tried again
     assert list(policy.connections(backends, {"b:1": TRANSIENT_FAILURE})) == ["a:1", "b:1"]
+    # b, in use, waits for a health answer again: it stays the one tried, a is not connected for it
+    assert list(policy.connections(backends, {"b:1": CONNECTING})) == ["b:1"]
     # every address failed: all of them retry, the first to connect wins
     failed = dict.fromkeys(["a:1", "b:1", "c:1"], TRANSIENT_FAILURE)
     assert list(policy.connections(backends, failed)) == ["a:1", "b:1", "c:1"]

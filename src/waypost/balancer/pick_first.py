@@ -27,7 +27,7 @@ from collections.abc import Collection, Mapping, Sequence
 from typing import Any
 
 from ..errors import InvalidServiceConfig, NoBackendAvailable
-from ..types import READY, TRANSIENT_FAILURE, Backend
+from ..types import CONNECTING, READY, TRANSIENT_FAILURE, Backend
 from .base import Picker, PickInfo, PickResult, Policy
 from .config_fields import policy_config
 from .stats import dedupe
@@ -81,13 +81,17 @@ class PickFirstPolicy(Policy):
         return sorted(backends, key=lambda b: ranks[b.address])
 
     def connections(self, backends: Sequence[Backend], states: Mapping[str, int]) -> Collection[str]:
-        """The one usable address (the one in use, else the first in order); while none is usable, the first
-        address in order that has not failed (the one being tried) and those that failed (retrying)."""
+        """The one usable address (the one in use, else the first in order); while none is usable, the one being
+        tried and those that failed (retrying). The one being tried: a held connection still connecting (e.g.
+        the one in use, its health answer pending: not dropped for a fresh one), else the first address in
+        order without a connection."""
         ordered = self.order(backends)
         usable = [b.address for b in ordered if states.get(b.address) == READY]
         if usable:
             return (self._current if self._current in usable else usable[0],)
-        trying = next((b.address for b in ordered if states.get(b.address) != TRANSIENT_FAILURE), None)
+        trying = next((b.address for b in ordered if states.get(b.address) == CONNECTING), None)
+        if trying is None:
+            trying = next((b.address for b in ordered if b.address not in states), None)
         return [b.address for b in ordered if b.address == trying or states.get(b.address) == TRANSIENT_FAILURE]
 
     def build(self, backends: Sequence[Backend]) -> Picker:

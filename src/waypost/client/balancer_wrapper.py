@@ -127,9 +127,9 @@ class BalancerWrapper:
                          ",".join(added) or "0", ",".join(gone) or "0")
             meta_changed = False
             for addr, cur in pool.active.items():
-                b = new.get(addr)
-                if b is not None and cur.backend != b:
-                    cur.backend = b  # metadata (e.g. weight) changed: a new picker carries it
+                fresh = new.get(addr)
+                if fresh is not None and cur.backend != fresh:
+                    cur.backend = fresh  # metadata (e.g. weight) changed: a new picker carries it
                     meta_changed = True
             self._order = list(new.values())
             self._connect()
