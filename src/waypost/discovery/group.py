@@ -9,7 +9,7 @@ the new revision; while the registry is unreachable the reload retries every ~1 
 last known addresses stay in place. The group's watch stops when its last subscriber closes.
 
 The go-zero format keeps metadata in side records (see ``waypost.registry.formats``); the group
-reads that prefix too and joins metadata to addresses by id.
+reads that prefix too and ``SideRecords`` joins metadata to addresses.
 """
 
 from __future__ import annotations
@@ -28,7 +28,7 @@ from typing import Any
 from .. import _loop, metrics
 from ..errors import Compacted, PermissionDenied, RegistryError, RegistryUnavailable, StoreReset
 from ..registry.base import Event, Registry, ValueColumns, Watch
-from ..registry.formats import Entry, MetaEntry, WireFormat
+from ..registry.formats import Entry, SideRecords, WireFormat
 from .container import Container
 from .permissions import grant_hint, role_refused
 from .stale import StaleStart
@@ -80,6 +80,8 @@ class _Group:
         self.main = _Source(fmt.prefix(key, exact), not exact, False)
         side = None if exact else fmt.side_prefix(key)
         self.side = _Source(side, True, True) if side else None
+        # the side records read so far, joined to the main records (none: the format has no side records)
+        self.sides = SideRecords(fmt, self.main.key, side or "")
         # The decoded entries (main etcd key -> entry joined with its metadata) as a container:
         # the group compares changes against it, and the non-exclusive subscribers share it.
         self.view = Container(False)
@@ -90,7 +92,6 @@ class _Group:
         self._view_ordered = True
         self.shared_users = 0  # subscribers reading the view
         self.containers: list[Container] = []  # the exclusive subscribers' own containers
-        self.meta: dict[str, MetaEntry] = {}  # id -> side record
         self.refs = 0
         self.ready: asyncio.Future[None] | None = None
         self.last_error: BaseException | None = None
@@ -163,7 +164,8 @@ class _Group:
         # Drop the caches now rather than when the collector finds the group: its tasks keep it in
         # a reference cycle, and a big set's dicts would otherwise outlive it (RSS grows when a
         # big subscription is closed and opened again).
-        self.view, self.meta, self.containers = Container(False), {}, []
+        self.view, self.containers = Container(False), []
+        self.sides.clear()
         self.revs = {}
         for src in self.sources:
             src.raw = {}
@@ -226,7 +228,8 @@ class _Group:
             self._changed(side, gone, [])
         if side.watch is not None:
             side.watch.cancel()
-        self.side, self.meta = None, {}
+        self.side = None
+        self.sides.clear()
 
     # -- reading --------------------------------------------------------------------------------
 
@@ -336,18 +339,15 @@ class _Group:
         appear for a moment without its metadata. Only new ids the side watch has not reached
         cost a read; a Go publisher's address (no side record) costs one empty read.
         """
-        side, plen = self.side, len(self.main.key)
+        side, sides = self.side, self.sides
         assert side is not None
-        want = [side.key + ev.kv.key[plen:] for ev in batch
+        want = [sides.side_key(ev.kv.key) for ev in batch
                 if ev.type == "put" and ev.kv.mod_revision > side.revision
-                and ev.kv.key[plen:] not in self.meta and ev.kv.key not in self.main.raw]
+                and not sides.knows(ev.kv.key) and ev.kv.key not in self.main.raw]
         if not want:
             return
         try:
-            if len(want) > 32:  # a registration storm: one read of the whole prefix, not thousands
-                results = [await asyncio.wait_for(self.registry.get_values(side.key, prefix=True), GET_TIMEOUT)]
-            else:
-                results = await _loop.gather_within(GET_TIMEOUT, *(self.registry.get_values(k) for k in want))
+            results = await self._read(want, side.key)
         except asyncio.CancelledError:
             raise
         except Exception as e:  # noqa: BLE001 (the side watch still delivers it, later)
@@ -372,19 +372,14 @@ class _Group:
         has not caught up with costs a read of that address; the addresses gone are removed (with
         their metadata: one change) and the address watch's delete is then no news.
         """
-        main, side = self.main, self.side
-        assert side is not None
-        plen = len(side.key)
-        want = [key for key in (main.key + ev.kv.key[plen:] for ev in batch
+        main = self.main
+        want = [key for key in (self.sides.main_key(ev.kv.key) for ev in batch
                                 if ev.type == "delete" and ev.kv.mod_revision > main.revision)
                 if key in main.raw]
         if not want:
             return
         try:
-            if len(want) > 32:
-                results = [await asyncio.wait_for(self.registry.get_values(main.key, prefix=True), GET_TIMEOUT)]
-            else:
-                results = await _loop.gather_within(GET_TIMEOUT, *(self.registry.get_values(k) for k in want))
+            results = await self._read(want, main.key)
         except asyncio.CancelledError:
             raise
         except Exception as e:  # noqa: BLE001 (the address watch still delivers the deletes, later)
@@ -394,6 +389,13 @@ class _Group:
         gone = [key for key in want if key not in present and main.raw.pop(key, None) is not None]
         if gone:
             self._changed(main, gone, [])
+
+    async def _read(self, keys: list[str], prefix: str) -> list[ValueColumns]:
+        """The records at ``keys`` (all under ``prefix``): a read each, or for many (a registration storm) one
+        read of the whole prefix rather than thousands."""
+        if len(keys) > 32:
+            return [await asyncio.wait_for(self.registry.get_values(prefix, prefix=True), GET_TIMEOUT)]
+        return await _loop.gather_within(GET_TIMEOUT, *(self.registry.get_values(k) for k in keys))
 
     def _on_events(self, src: _Source, batch: list[Event]) -> None:
         deletes: list[str] = []
@@ -414,28 +416,12 @@ class _Group:
         if raw is None:
             return None
         entry = self.fmt.decode(key, raw[0])
-        if entry is None or not self.meta:
-            return entry
-        meta = self.meta.get(self.fmt.join_id(key, self.main.key))
-        if meta is not None and meta.address == entry.address:
-            return Entry(entry.address, meta.metadata)
-        return entry
+        return entry if entry is None else self.sides.join(key, entry)
 
     def _changed(self, src: _Source, deletes: list[str], puts: list[tuple[str, int]]) -> None:
         if src.side:
-            affected: list[tuple[str, int]] = []
-            for key in deletes:
-                ident = key[len(src.key):]
-                self.meta.pop(ident, None)
-                affected.append((self.main.key + ident, 0))
-            for key, rev in puts:
-                ident = key[len(src.key):]
-                meta = self.fmt.decode_side(key, src.raw[key][0], src.key)
-                if meta is None:
-                    self.meta.pop(ident, None)
-                else:
-                    self.meta[ident] = meta
-                affected.append((self.main.key + ident, rev))
+            affected = [(self.sides.delete(key), 0) for key in deletes]
+            affected += [(self.sides.put(key, src.raw[key][0]), rev) for key, rev in puts]
             # a metadata change keeps the main record's position (its own mod_revision)
             main_keys = [(k, self.main.raw[k][1]) for k, _ in affected if k in self.main.raw]
             gone = [k for k, _ in affected if k not in self.main.raw]
@@ -479,7 +465,7 @@ class _Group:
         revisions) and add them to the empty view, the same as the per-key path of ``_changed``
         would, in a few whole-list passes. ``sort``: the batch is in key order (a Get), put it in
         revision order (ties keep key order); else it is in the order to apply already."""
-        if not self.meta and not self.containers:
+        if not self.sides and not self.containers:
             # the usual big load: bare addresses, no metadata to join, nobody else to feed
             texts = self.fmt.decode_plain(keys, values)
             if texts is not None:
@@ -498,14 +484,9 @@ class _Group:
             self.revs = dict(zip(map(_first, adds), revs))
         if sort and not _ascending(revs):  # decoded in key order (the response's order), sorted once here
             adds = list(map(adds.__getitem__, sorted(range(len(adds)), key=revs.__getitem__)))
-        if self.meta:  # go-zero metadata already read: join it as _decode_main does
-            meta, join_id, prefix = self.meta, self.fmt.join_id, self.main.key
-            joined = []
-            for key, entry in adds:
-                m = meta.get(join_id(key, prefix))
-                joined.append((key, Entry(entry.address, m.metadata)
-                               if m is not None and m.address == entry.address else entry))
-            adds = joined
+        if self.sides:  # go-zero metadata already read: join it as _decode_main does
+            join = self.sides.join
+            adds = [(key, join(key, entry)) for key, entry in adds]
         self.view.apply((), adds)
         self._view_ordered = True
         if adds:

@@ -387,6 +387,65 @@ class GoZero(WireFormat):
         return MetaEntry(etcd_key[len(side_prefix):], addr, _freeze(md))
 
 
+class SideRecords:
+    """A subscription's side records (the go-zero format's metadata) by id, and their join with main records.
+
+    The main record ``<main_prefix><id>`` (``WireFormat.join_id``) pairs with the side record
+    ``<side_prefix><id>``. A side record's metadata joins a main record only when both name the same address:
+    a side record left behind by an id now used for another address adds nothing. With no side records (other
+    formats, exact keys, no read permission on the side prefix) ``join`` hands entries back unchanged.
+    """
+
+    __slots__ = ("fmt", "main_prefix", "meta", "side_prefix")
+
+    def __init__(self, fmt: WireFormat, main_prefix: str, side_prefix: str) -> None:
+        self.fmt = fmt
+        self.main_prefix = main_prefix
+        self.side_prefix = side_prefix
+        self.meta: dict[str, MetaEntry] = {}  # id -> side record
+
+    def __len__(self) -> int:
+        return len(self.meta)
+
+    def side_key(self, main_key: str) -> str:
+        """The key of the side record of the main record ``main_key``."""
+        return self.side_prefix + self.fmt.join_id(main_key, self.main_prefix)
+
+    def main_key(self, side_key: str) -> str:
+        """The key of the main record the side record ``side_key`` belongs to."""
+        return self.main_prefix + side_key[len(self.side_prefix):]
+
+    def knows(self, main_key: str) -> bool:
+        """True when the side record of ``main_key`` has been read (and was usable)."""
+        return self.fmt.join_id(main_key, self.main_prefix) in self.meta
+
+    def put(self, side_key: str, value: bytes) -> str:
+        """Take in the side record ``side_key`` = ``value`` (an unusable one counts as none: logged, dropped);
+        the main record whose metadata it is."""
+        ident = side_key[len(self.side_prefix):]
+        meta = self.fmt.decode_side(side_key, value, self.side_prefix)
+        if meta is None:
+            self.meta.pop(ident, None)
+        else:
+            self.meta[ident] = meta
+        return self.main_prefix + ident
+
+    def delete(self, side_key: str) -> str:
+        """Forget the side record ``side_key``; the main record whose metadata it was."""
+        self.meta.pop(side_key[len(self.side_prefix):], None)
+        return self.main_key(side_key)
+
+    def clear(self) -> None:
+        self.meta = {}
+
+    def join(self, main_key: str, entry: Entry) -> Entry:
+        """``entry`` (decoded from ``main_key``) with its side record's metadata when the addresses agree."""
+        meta = self.meta.get(self.fmt.join_id(main_key, self.main_prefix)) if self.meta else None
+        if meta is not None and meta.address == entry.address:
+            return Entry(entry.address, meta.metadata)
+        return entry
+
+
 class EtcdNaming(WireFormat):
     """grpc-go's etcd naming layout (see the module docstring)."""
 
