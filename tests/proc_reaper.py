@@ -4,7 +4,7 @@ stopped, whether it ends normally or by SIGTERM / SIGHUP.
 * ``track(owner, stop)``: ``stop()`` runs at exit unless ``untrack(owner)`` came first (owners are stopped
   newest first, each once). ``stop`` must be bounded, e.g. ``stop_process``.
 * ``stop_process(proc, timeout, kill=False)``: SIGTERM (SIGKILL with ``kill``) by PID, SIGKILL after ``timeout``
-  s, then reaped.
+  s, then reaped. A stop in progress when the test process ends is carried to its end (within its bound).
 * ``wait_group(proc, limit)``: wait for a process that leads a process group of its own (``start_new_session``),
   e.g. a build; past ``limit`` s the whole group is SIGKILLed and ``subprocess.TimeoutExpired`` raised. It is
   tracked while waited for, so a test run ended meanwhile does not leave the build running.
@@ -23,6 +23,7 @@ import os
 import signal
 import subprocess
 import threading
+import time
 from collections.abc import Callable
 from types import FrameType
 from typing import Any
@@ -32,6 +33,9 @@ SIGNALS = (signal.SIGTERM, signal.SIGHUP)
 
 # id(owner) -> (owner, stop); the owner is held so that its id is not reused while it is tracked
 _owners: dict[int, tuple[object, Callable[[], object]]] = {}
+# id(proc) -> (proc, timeout): stop_process calls in progress. An owner's stop clears the process from the owner
+# before it waits, so a signal arriving during that wait would find nothing left to stop through the owner.
+_stopping: dict[int, tuple[subprocess.Popen[Any], float]] = {}
 # forked children inherit the table and the handlers: only the process that imported this module reaps
 _pid = os.getpid()
 _handlers_installed = False
@@ -50,13 +54,38 @@ def untrack(owner: object) -> None:
 
 
 def reap() -> None:
-    """Stop every tracked owner, newest first; an owner whose stop fails does not keep the others running."""
+    """Stop every tracked owner, newest first (an owner whose stop fails does not keep the others running), then
+    carry any ``stop_process`` that this one interrupted to its end."""
     if os.getpid() != _pid:
         return
     while _owners:
         _, stop = _owners.pop(next(reversed(_owners)))
         with contextlib.suppress(Exception):
             stop()
+    for proc, timeout in list(_stopping.values()):
+        with contextlib.suppress(Exception):
+            _finish_stop(proc, timeout)
+
+
+def _finish_stop(proc: subprocess.Popen[Any], timeout: float) -> None:
+    """Wait up to ``timeout`` s for a process already told to stop, then SIGKILL it and reap it (10 s at most).
+    Runs while the interrupted stop_process waits (a signal handler in the same thread), so it waits with waitpid
+    itself: ``proc``'s own wait would be left holding its lock."""
+    deadline = time.monotonic() + timeout
+    killed = False
+    while True:
+        try:
+            if os.waitpid(proc.pid, os.WNOHANG)[0]:
+                return
+        except ChildProcessError:  # reaped already
+            return
+        if time.monotonic() >= deadline:
+            if killed:
+                return
+            with contextlib.suppress(ProcessLookupError):
+                os.kill(proc.pid, signal.SIGKILL)  # not reaped yet, so the PID is still this process's
+            killed, deadline = True, time.monotonic() + 10
+        time.sleep(0.05)
 
 
 atexit.register(reap)
@@ -84,13 +113,17 @@ def stop_process(proc: subprocess.Popen[Any] | None, timeout: float = 10.0, *, k
     ``timeout`` s. A process that already exited is left as it is."""
     if proc is None or proc.poll() is not None:
         return
-    with contextlib.suppress(ProcessLookupError):
-        proc.send_signal(signal.SIGKILL if kill else signal.SIGTERM)
+    _stopping[id(proc)] = (proc, timeout)
     try:
-        proc.wait(timeout)
-    except subprocess.TimeoutExpired:
-        proc.kill()
-        proc.wait(10)
+        with contextlib.suppress(ProcessLookupError):
+            proc.send_signal(signal.SIGKILL if kill else signal.SIGTERM)
+        try:
+            proc.wait(timeout)
+        except subprocess.TimeoutExpired:
+            proc.kill()
+            proc.wait(10)
+    finally:
+        _stopping.pop(id(proc), None)
 
 
 def kill_group(proc: subprocess.Popen[Any]) -> None:
