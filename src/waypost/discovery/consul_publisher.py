@@ -50,6 +50,7 @@ import time
 from collections.abc import Callable, Mapping
 from typing import Any
 
+from ..backoff import Backoff
 from ..consul.api import ConsulClient, ConsulNotFound, decode_meta, encode_meta
 from ..consul.config import ConsulConfig, resolve_config
 from ..errors import PermissionDenied, RegistryError, RegistryUnavailable, describe_value, shown_key
@@ -323,8 +324,8 @@ class ConsulPublisher(PublisherBase):
                 # soon at first: an agent that restarted without our registration is noticed within ~0.2 s
                 # of being back; then every retry_interval
                 failures += 1
-                await asyncio.sleep(cool_down(self._rng, min(GUARD_FIRST_RETRY * 2 ** (failures - 1),
-                                                             self.retry_interval)))
+                first = min(GUARD_FIRST_RETRY, self.retry_interval)
+                await asyncio.sleep(Backoff(first, self.retry_interval, 0.05).delay(failures, self._rng))
                 continue
             if self._state == "running" and self._registered and not self._matches(service):
                 log.warning("%r: %r was changed from outside; putting it back", self, self.service_id)

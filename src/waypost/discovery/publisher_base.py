@@ -29,6 +29,7 @@ from collections.abc import Callable, Coroutine, Mapping
 from typing import Any
 
 from .. import metrics
+from ..backoff import Backoff
 from ..errors import PermissionDenied, RegistryError, RegistryUnavailable, describe_value
 from ..etcd import deadline as caller_deadline
 from .group import cool_down
@@ -46,6 +47,8 @@ FIRST_RETRY = 0.25
 MAX_RETRY = 2.0
 #: no new attempt with less time left than this after the pause; and at most this many attempts
 MIN_START_ATTEMPT = 0.2
+#: the pauses between registering attempts (go-zero's +-5% jitter)
+START_BACKOFF = Backoff(first=FIRST_RETRY, cap=MAX_RETRY, jitter=0.05)
 MAX_START_ATTEMPTS = 1000
 
 Cleanup = Callable[[], Coroutine[Any, Any, None]]
@@ -209,7 +212,6 @@ class PublisherBase(RegistrationFaces):
         """Register, retrying with backoff until ``timeout`` runs out (see the module docstring)."""
         loop = asyncio.get_running_loop()
         deadline = loop.time() + self.timeout
-        delay = FIRST_RETRY
         attempts = 0
         cause: BaseException | None = None  # the last failure that said why
         last: BaseException | None = None
@@ -230,12 +232,11 @@ class PublisherBase(RegistrationFaces):
                 last = e
                 if not isinstance(e, asyncio.TimeoutError):
                     cause = e
-            pause = cool_down(self._rng, delay)
+            pause = START_BACKOFF.delay(attempts, self._rng)
             if deadline - loop.time() <= pause + MIN_START_ATTEMPT:
                 break
             log.debug("%r: registering failed (%s); again in %.2fs", self, last, pause)
             await asyncio.sleep(pause)
-            delay = min(delay * 2, MAX_RETRY)
         assert last is not None
         raise self._not_registered(last, cause, attempts) from last
 
