@@ -22,6 +22,7 @@ from collections.abc import Callable, Iterable
 from typing import Any
 
 from .discovery.outage import _positive_seconds, exit_process
+from .discovery.registration import Registration
 from .errors import describe_value
 
 log = logging.getLogger("waypost.server")
@@ -88,19 +89,19 @@ class Threads:
     def sleep(self, seconds: float) -> None:
         time.sleep(seconds)
 
-    def start_publisher(self, publisher: Any) -> None:
+    def start_publisher(self, publisher: Registration) -> None:
         publisher.start()
 
-    def stop_publisher(self, publisher: Any) -> None:
+    def stop_publisher(self, publisher: Registration) -> None:
         publisher.stop()
 
-    def pause_publisher(self, publisher: Any) -> None:
+    def pause_publisher(self, publisher: Registration) -> None:
         publisher.pause()
 
-    def resume_publisher(self, publisher: Any) -> None:
+    def resume_publisher(self, publisher: Registration) -> None:
         publisher.resume()
 
-    def update_metadata(self, publisher: Any, metadata: Any) -> None:
+    def update_metadata(self, publisher: Registration, metadata: Any) -> None:
         publisher.update_metadata(metadata)
 
     def run_hook(self, hook: ShutdownHook) -> None:
@@ -141,19 +142,19 @@ class Aio:
     def sleep(self, seconds: float) -> Any:
         return asyncio.sleep(seconds)
 
-    def start_publisher(self, publisher: Any) -> Any:
+    def start_publisher(self, publisher: Registration) -> Any:
         return publisher.astart()
 
-    def stop_publisher(self, publisher: Any) -> Any:
+    def stop_publisher(self, publisher: Registration) -> Any:
         return publisher.astop()
 
-    def pause_publisher(self, publisher: Any) -> Any:
+    def pause_publisher(self, publisher: Registration) -> Any:
         return publisher.apause()
 
-    def resume_publisher(self, publisher: Any) -> Any:
+    def resume_publisher(self, publisher: Registration) -> Any:
         return publisher.aresume()
 
-    def update_metadata(self, publisher: Any, metadata: Any) -> Any:
+    def update_metadata(self, publisher: Registration, metadata: Any) -> Any:
         return publisher.aupdate_metadata(metadata)
 
     def run_hook(self, hook: ShutdownHook) -> Any:
