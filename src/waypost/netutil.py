@@ -156,6 +156,29 @@ def _bad_address(text: str, what: str, problem: str, listen: bool, port_required
                        "in brackets (e.g. 10.0.0.5:8080, [fd00::2]:8080)")
 
 
+# What a registry record may hold as an address (``valid_address``). Looser than the parser above on purpose:
+# records written by other programs (go-zero, grpc-go, Kratos) are read as they name their hosts, and only what
+# can never be dialled is refused (spaces, control characters, '/', an unbracketed ':', a port out of range).
+WIRE_BRACKETED_HOST = r"\[[^\s\[\]/\x00-\x1f\x7f]+\]"
+WIRE_PLAIN_HOST = r"[^\s:/\[\]\x00-\x1f\x7f]+"
+#: a registry record's ``host:port``; group 1 is the port (its range is ``valid_address``'s to check)
+WIRE_HOST_PORT = re.compile(rf"\A(?:{WIRE_BRACKETED_HOST}|{WIRE_PLAIN_HOST}):([0-9]{{1,5}})\Z")
+_UNIX_ADDRESS = re.compile(r"\Aunix(?:-abstract)?:[^\s\x00-\x1f\x7f]+\Z")
+#: the longest address a registry record may hold
+MAX_ADDRESS_LENGTH = 1024
+
+
+def valid_address(addr: str) -> bool:
+    """An address a registry record may hold: ``host:port`` (IPv6 in brackets) with a port in 1..65535, or a
+    ``unix:``/``unix-abstract:`` path; at most 1,024 characters."""
+    if len(addr) > MAX_ADDRESS_LENGTH:
+        return False
+    m = WIRE_HOST_PORT.match(addr)
+    if m is not None:
+        return 0 < int(m.group(1)) < 65536
+    return _UNIX_ADDRESS.match(addr) is not None
+
+
 def is_wildcard(host: str) -> bool:
     """True for an empty host or an any-address (0.0.0.0, ::)."""
     h = host.strip("[]")

@@ -36,6 +36,8 @@ from dataclasses import dataclass
 from types import MappingProxyType
 from typing import Any, NamedTuple
 
+from ..netutil import MAX_ADDRESS_LENGTH, WIRE_BRACKETED_HOST, WIRE_HOST_PORT, WIRE_PLAIN_HOST, valid_address
+
 log = logging.getLogger("waypost.registry.formats")
 
 #: values larger than this are never decoded (a registration is a few hundred bytes)
@@ -101,14 +103,12 @@ class _BadLog:
 bad_record = _BadLog()
 
 
-_HOSTPORT = re.compile(r"\A(?:\[[^\s\[\]/\x00-\x1f\x7f]+\]|[^\s:/\[\]\x00-\x1f\x7f]+):([0-9]{1,5})\Z")
-_UNIX = re.compile(r"\Aunix(?:-abstract)?:[^\s\x00-\x1f\x7f]+\Z")
-# One line of "\n"-joined values that is a _HOSTPORT match with a port in 1..65535 (at most 5
+# One line of "\n"-joined values that is a WIRE_HOST_PORT match with a port in 1..65535 (at most 5
 # digits, leading zeros allowed: what int() accepts there), so a bulk decode checks a whole batch
 # with one regex call and no int(). Neither host form can contain "\n".
 _POSSESSIVE = "+" if sys.version_info >= (3, 11) else ""
 _HOSTPORT_LINE = (
-    r"(?:\[[^\s\[\]/\x00-\x1f\x7f]+\]|[^\s:/\[\]\x00-\x1f\x7f]+" + _POSSESSIVE + r"):(?=[0-9]{1,5}(?:\n|\Z))0*"
+    rf"(?:{WIRE_BRACKETED_HOST}|{WIRE_PLAIN_HOST}{_POSSESSIVE}):(?=[0-9]{{1,5}}(?:\n|\Z))0*"
     r"(?:[1-9][0-9]{0,3}|[1-5][0-9]{4}|6[0-4][0-9]{3}|65[0-4][0-9]{2}|655[0-2][0-9]|6553[0-5])"
 )
 _HOSTPORT_IN_RANGE = re.compile(rf"{_HOSTPORT_LINE}\Z")
@@ -121,7 +121,7 @@ _new_entry = functools.partial(tuple.__new__, Entry)
 def _plain_addresses(values: Sequence[bytes]) -> list[str] | None:
     """The values as text if every one is a UTF-8 ``host:port`` of at most 1,024 bytes with a port
     in range (what GoZero.decode accepts without a word), else None. A few C calls for a batch."""
-    if not values or max(map(len, values)) > 1024:
+    if not values or max(map(len, values)) > MAX_ADDRESS_LENGTH:
         return None
     try:
         text = b"\n".join(values).decode("utf-8")
@@ -131,16 +131,6 @@ def _plain_addresses(values: Sequence[bytes]) -> list[str] | None:
     if len(texts) != len(values) or _HOSTPORT_LINES.match(text) is None:  # a "\n" inside a value
         return None
     return texts
-
-
-def valid_address(addr: str) -> bool:
-    """``host:port`` (IPv6 in brackets) with a port in 1..65535, or ``unix:``/``unix-abstract:`` paths."""
-    if len(addr) > 1024:
-        return False
-    m = _HOSTPORT.match(addr)
-    if m is not None:
-        return 0 < int(m.group(1)) < 65536
-    return _UNIX.match(addr) is not None
 
 
 def go_json(obj: Any) -> bytes:
@@ -326,8 +316,8 @@ class GoZero(WireFormat):
         if text is None:
             _text(self.name, etcd_key, value)  # logs why
             return None
-        m = _HOSTPORT.match(text)
-        if m is not None and 0 < int(m.group(1)) < 65536 and len(text) <= 1024:
+        m = WIRE_HOST_PORT.match(text)
+        if m is not None and 0 < int(m.group(1)) < 65536 and len(text) <= MAX_ADDRESS_LENGTH:
             bad_record.forget(self.name, etcd_key)
             return Entry(text)
         if not valid_address(text):
@@ -361,7 +351,7 @@ class GoZero(WireFormat):
         match = _HOSTPORT_IN_RANGE.match
         seen = bad_record._seen
         for key, value in zip(keys, values):
-            if len(value) <= 1024:  # longer is never a valid address: decode() says why
+            if len(value) <= MAX_ADDRESS_LENGTH:  # longer is never a valid address: decode() says why
                 try:
                     text = value.decode("utf-8")
                 except UnicodeDecodeError:
