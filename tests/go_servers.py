@@ -4,8 +4,9 @@
 run in an empty directory, producing ``./<name>``) into
 ``${WAYPOST_SERVERS_CACHE:-~/.cache/waypost-servers}/<name>-<version>-<hash of go version>/<name>``, with the
 build log beside it, under a file lock so that concurrent test processes build it once, bounded by a timeout
-(the build's process group is killed past it, and when the test run ends first). ``$<env_binary>`` names an already built binary instead.
-``skip_reason()`` says why it cannot be had here (no Go, a Go too old); tests skip with it.
+(the build's process group is killed past it, and when the test run ends first). ``$<env_binary>`` names an
+already built binary instead. ``skip_reason()`` says why it cannot be had here (no Go, a Go too old); tests skip
+with it.
 
 ``go_binary()`` is also the interop programs' toolchain (tests/interop_support.py).
 """

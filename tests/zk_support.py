@@ -33,7 +33,6 @@ from typing import BinaryIO
 
 from tests import proc_reaper
 from tests.go_servers import servers_cache
-from tests.proc_reaper import wait_group
 from waypost.etcd.local import free_port
 
 ZK_VERSION = "3.9.5"
@@ -157,7 +156,7 @@ def zookeeper_lib(timeout: float | None = None) -> Path:
                  "-DincludeScope=runtime"],
                 cwd=home, stdout=logf, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL, start_new_session=True)
             try:
-                rc = wait_group(proc, limit)  # mvn's own process group
+                rc = proc_reaper.wait_group(proc, limit)  # mvn's own process group
             except subprocess.TimeoutExpired:
                 raise ZkFetchError(f"fetching ZooKeeper took longer than {limit:.0f} s "
                                    f"(WAYPOST_ZK_FETCH_TIMEOUT); log: {log_path}") from None
