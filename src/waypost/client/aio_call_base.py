@@ -150,9 +150,10 @@ class CallBase(abc.ABC):
         """Start the attempt ``a`` (from ``MethodBase.begin``) on its backend; returns its grpc.aio call."""
         res, sc, mc, t0, timeout = a
         st = self._st
+        md = self._metadata if st is None else st.metadata(self._metadata)  # a retry says how many came before
         try:
-            call = mc(request, timeout=timeout, metadata=self._metadata if st is None else st.metadata(self._metadata),
-                      credentials=self._credentials, wait_for_ready=self._wfr, compression=self._compression)
+            call = mc(request, timeout=timeout, metadata=md, credentials=self._credentials, wait_for_ready=self._wfr,
+                      compression=self._compression)
         except BaseException:
             self._m.finish(res, sc, t0, _UNKNOWN)
             raise
