@@ -13,7 +13,15 @@ from hypothesis import strategies as st
 from waypost import urlparams
 from waypost.consul import ConsulConfig
 from waypost.errors import InvalidTarget
-from waypost.registry.formats import DEFAULT_FORMAT, ETCD_NAMING, FORMAT_NAMES, FORMATS, GOZERO, Entry, SideRecords
+from waypost.registry.formats import (
+    DEFAULT_FORMAT,
+    ETCD_NAMING,
+    FORMAT_NAMES,
+    FORMATS,
+    GOZERO,
+    Entry,
+    SideRecords,
+)
 from waypost.registry.kinds import INSTANCE_REGISTRIES, KEYED, KINDS, kind_of
 from waypost.registry.url import RegistryURL, parse_any, parse_registry_url
 from waypost.resolver import RESOLVERS
