@@ -7,7 +7,8 @@
   naming the filter.
 - ``prefer`` + ``min_preferred``: of the (kept) READY backends, the policy's picker is built from the
   matching ones while at least ``min_preferred`` of them are READY; below that it is built from all of them
-  (spill). Each switch is logged once at INFO. The other backends stay connected, so a spill is instant.
+  (spill). Each switch is logged once at INFO. The other backends stay connected (with every policy but
+  pick_first, which holds one connection), so a spill is instant.
 
 A match: every key of the spec is in the backend's metadata with an allowed value; a value is one allowed
 value or a list/tuple/set of them, compared as text (``{"weight": 5}`` matches a registered ``"5"``; true and
