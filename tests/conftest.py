@@ -2,45 +2,49 @@
 
 from __future__ import annotations
 
+import contextlib
 import itertools
 import os
 from collections.abc import Iterator
 
 import pytest
 
+from tests import proc_reaper
 from waypost.etcd.local import LocalEtcd
 
 _ids = itertools.count()
 
 
-@pytest.fixture
-def etcd(tmp_path) -> Iterator[LocalEtcd]:
-    """A fresh single-node etcd for one test (stop/start/pause/compact freely)."""
-    node = LocalEtcd(1, base_dir=tmp_path / "etcd").start()
+@contextlib.contextmanager
+def _reaped(node: LocalEtcd) -> Iterator[LocalEtcd]:
+    """``node``, closed at the end of the block, or by the test reaper if the run is killed first."""
+    proc_reaper.track(node, node.close)
     try:
         yield node
     finally:
+        proc_reaper.untrack(node)
         node.close()
+
+
+@pytest.fixture
+def etcd(tmp_path) -> Iterator[LocalEtcd]:
+    """A fresh single-node etcd for one test (stop/start/pause/compact freely)."""
+    with _reaped(LocalEtcd(1, base_dir=tmp_path / "etcd").start()) as node:
+        yield node
 
 
 @pytest.fixture
 def etcd_cluster(tmp_path) -> Iterator[LocalEtcd]:
     """A fresh 3-member etcd cluster for one test."""
-    cluster = LocalEtcd(3, base_dir=tmp_path / "etcd3").start()
-    try:
+    with _reaped(LocalEtcd(3, base_dir=tmp_path / "etcd3").start()) as cluster:
         yield cluster
-    finally:
-        cluster.close()
 
 
 @pytest.fixture(scope="session")
 def shared_etcd(tmp_path_factory) -> Iterator[LocalEtcd]:
     """One etcd for the whole session, for tests that do not disturb it (use a unique prefix)."""
-    node = LocalEtcd(1, base_dir=tmp_path_factory.mktemp("shared-etcd")).start()
-    try:
+    with _reaped(LocalEtcd(1, base_dir=tmp_path_factory.mktemp("shared-etcd")).start()) as node:
         yield node
-    finally:
-        node.close()
 
 
 @pytest.fixture
@@ -55,12 +59,9 @@ def registry_url(request, tmp_path) -> Iterator[str]:
     if request.param == "memory":
         yield f"memory://{request.node.name}-{next(_ids)}"
         return
-    node = LocalEtcd(1, base_dir=tmp_path / "etcd").start()
-    request.node.etcd = node  # tests that need to restart/compact reach it via request.node.etcd
-    try:
+    with _reaped(LocalEtcd(1, base_dir=tmp_path / "etcd").start()) as node:
+        request.node.etcd = node  # tests that need to restart/compact reach it via request.node.etcd
         yield node.url()
-    finally:
-        node.close()
 
 
 @pytest.fixture

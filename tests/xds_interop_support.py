@@ -47,7 +47,7 @@ with Go's build cache warm), Java cold ~40 s (Maven 29-39 s
 into an empty ~/.m2 part, javac ~8 s); warm, both are a hash and a file check.
 
 Every process is started here and stopped here by its PID (SIGTERM, SIGKILL after a bound): ``stop_started()``
-(the ``xds_procs`` fixture calls it after each test) and an atexit hook.
+(the ``xds_procs`` fixture calls it after each test) and ``tests/proc_reaper.py`` (at exit, and on SIGTERM/SIGHUP).
 
 Trap (grpc-go): a client_side_weighted_round_robin blackout_period of 0 received over xDS is dropped by grpc-go's
 converter, so gRPC's 10 s default applies (the control plane sends 1 ns instead, docs/xds.md); in a service config
@@ -56,7 +56,6 @@ here, too, give a non-zero blackout so that weights apply within a test's time.
 
 from __future__ import annotations
 
-import atexit
 import contextlib
 import fcntl
 import hashlib
@@ -76,6 +75,7 @@ from typing import Any, Self
 
 import pytest
 
+from tests import proc_reaper
 from tests.go_servers import build_env, go_binary, go_version, servers_cache
 from tests.interop_support import GoProc
 
@@ -108,6 +108,7 @@ class PeerProc(GoProc):
                  log_dir: Path | None = None, cwd: Path | None = None) -> None:
         self._launch(name, [str(a) for a in argv], log_dir or LOG_DIR, {**os.environ, **(env or {})}, cwd)
         _live.append(self)
+        proc_reaper.track(self, lambda: self.stop(timeout=8.0))  # stopped at exit or on SIGTERM if still up
 
     def _received(self, line: Any) -> Any:
         """Each JSON object stamped ``"_at"``: time.monotonic() when it arrived."""
@@ -119,6 +120,7 @@ class PeerProc(GoProc):
         rc = super().stop(timeout)
         with contextlib.suppress(ValueError):
             _live.remove(self)
+        proc_reaper.untrack(self)
         return rc
 
     def terminate(self) -> None:
@@ -141,8 +143,6 @@ def stop_started(keep: Sequence[PeerProc] = ()) -> None:
             with contextlib.suppress(Exception):
                 p.stop(timeout=8.0)
 
-
-atexit.register(stop_started)
 
 
 @pytest.fixture(name="xds_procs")
@@ -176,11 +176,8 @@ def _run_build(argv: Sequence[str], cwd: Path, env: Mapping[str, str], logf: Any
     proc = subprocess.Popen(["nice", "-n", "10", *argv], cwd=cwd, env=dict(env), stdout=logf,
                             stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL, start_new_session=True)
     try:
-        rc = proc.wait(max(limit, 1.0))
+        rc = proc_reaper.wait_group(proc, max(limit, 1.0))
     except subprocess.TimeoutExpired:
-        with contextlib.suppress(ProcessLookupError):
-            os.killpg(proc.pid, signal.SIGKILL)
-        proc.wait(30)
         raise BuildError(f"{what} took longer than its bound ({limit:.0f} s left)") from None
     if rc != 0:
         raise BuildError(f"{what} failed (exit {rc})")
