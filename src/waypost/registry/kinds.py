@@ -68,6 +68,8 @@ KINDS: dict[str, RegistryKind] = {k.scheme: k for k in (
                  parse_url=zk_config.parse_registry_url, publisher="ZkPublisher", extra="zk"),
 )}
 
+#: every scheme that names a kind, its aliases included, in the order messages list them
+SCHEMES: dict[str, RegistryKind] = {s: k for k in KINDS.values() for s in (k.scheme, *k.aliases)}
 #: the schemes whose URLs ``waypost.connect`` takes
 KEYED = tuple(k.scheme for k in KINDS.values() if k.keyed)
 #: the schemes that hold service instances registered through their own publishers
@@ -82,6 +84,5 @@ def scheme_of(url: str) -> str:
 
 def kind_of(url: str) -> RegistryKind | None:
     """The kind a URL or dial target names by its scheme (an alias too); None for any other."""
-    scheme = scheme_of(url)
-    return KINDS.get(scheme) or next((k for k in KINDS.values() if scheme in k.aliases), None)
+    return SCHEMES.get(scheme_of(url))
 

@@ -50,11 +50,11 @@ from ..errors import InvalidTarget, did_you_mean
 from ..netutil import AddressError, join_host_port, parse_host_port
 from ..redaction import redact_url as redact
 from ..registry.formats import DEFAULT_FORMAT, FORMAT_NAMES
-from ..registry.kinds import KEYED, KINDS
+from ..registry.kinds import KEYED, KINDS, SCHEMES
 
 # gRPC's forms of direct addresses (``ipv4:a:1,b:2``, ``ipv6:[::1]:1``); they come out with scheme direct
 _ADDRESS_SCHEMES = ("ipv4", "ipv6")
-KNOWN_SCHEMES = (*(s for kind in KINDS.values() for s in (kind.scheme, *kind.aliases)), *_ADDRESS_SCHEMES)
+KNOWN_SCHEMES = (*SCHEMES, *_ADDRESS_SCHEMES)
 #: gRPC's port of a name or address given without one
 GRPC_DEFAULT_PORT = KINDS["dns"].default_port
 DNS_SERVER_DEFAULT_PORT = 53
@@ -232,7 +232,7 @@ def _parse_hierarchical(scheme: str, rest: str, raw: str) -> Target:
         if scheme in _ADDRESS_SCHEMES and not authority:
             return _parse_opaque(scheme, rest, raw)
         _unknown_scheme(scheme, raw)
-    kind = next(k.scheme for k in KINDS.values() if scheme in (k.scheme, *k.aliases))
+    kind = SCHEMES[scheme].scheme
     # An '@' past the authority is almost always a password with an unescaped '/', '?' or '#':
     # refuse without quoting pieces of it.
     if "@" in path or "@" in query:
