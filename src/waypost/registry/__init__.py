@@ -10,7 +10,6 @@ The package imports its modules when first used, so that ``waypost.registry.form
 
 from __future__ import annotations
 
-import importlib
 import os
 import threading
 from typing import TYPE_CHECKING, Any
@@ -21,15 +20,19 @@ if TYPE_CHECKING:
 
 __all__ = ["Registry", "RegistryURL", "SyncRegistry", "connect", "parse_registry_url"]
 
-#: the names this package hands on, and the module each comes from
-_LAZY = {"Registry": ".base", "SyncRegistry": ".base", "RegistryURL": ".url", "parse_registry_url": ".url"}
-
 
 def __getattr__(name: str) -> Any:
-    module = _LAZY.get(name)
-    if module is None:
-        raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
-    return getattr(importlib.import_module(module, __name__), name)
+    # plain imports (not importlib), so that the layer checks see them
+    if name in ("Registry", "SyncRegistry"):
+        from . import base
+
+        return getattr(base, name)
+    if name in ("RegistryURL", "parse_registry_url"):
+        from . import url
+
+        return getattr(url, name)
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+
 
 _lock = threading.Lock()
 _cache: dict[tuple[object, ...], Registry] = {}
