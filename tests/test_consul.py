@@ -112,11 +112,14 @@ def test_publisher_validates_its_arguments():
 def test_unreachable_agent_fails_fast():
     port = free_port()  # nothing listens: refused at once
     t0 = time.monotonic()
+    # start() retries a refused agent (it may be starting too) until its timeout, as every publisher does
     with pytest.raises(RegistryUnavailable, match="could not register 'greet'"):
         ConsulPublisher(f"consul://127.0.0.1:{port}", "greet", "127.0.0.1:5000", timeout=2).start()
+    assert time.monotonic() - t0 < 3.0
+    t0 = time.monotonic()
     with pytest.raises(RegistryUnavailable, match="no list of the instances of service 'greet'.*unreachable"):
         _resolver(f"consul://127.0.0.1:{port}/greet", timeout=1.0)
-    assert time.monotonic() - t0 < 3.5
+    assert time.monotonic() - t0 < 2.0
     # an agent that accepts connections and never answers: bounded by timeout
     with socket.socket() as hole:
         hole.bind(("127.0.0.1", 0))
