@@ -19,6 +19,7 @@ from __future__ import annotations
 
 from typing import Any
 
+from ..registry.kinds import kind_of
 from .multi_publisher import MultiPublisher
 from .no_registration import NoRegistration
 from .registration import Registration
@@ -28,12 +29,11 @@ __all__ = ["MultiPublisher", "NoRegistration", "Registration", "connect_registri
 
 
 def registry_scheme(registry: Any) -> str:
-    """``consul``, ``zk`` or ``etcd`` (also memory and Registry objects: the key-value registries)."""
-    if isinstance(registry, str):
-        scheme = registry.partition("://")[0].lower()
-        if scheme in ("consul", "zk"):
-            return scheme
-    return "etcd"
+    """The kind (``registry/kinds.py``) whose publisher registers in ``registry``: ``consul``, ``zk``, or ``etcd``
+    for the keyed registries (etcd and memory URLs, Registry objects; an unknown scheme too: ``connect`` names
+    it)."""
+    kind = kind_of(registry) if isinstance(registry, str) else None
+    return kind.scheme if kind is not None and kind.publisher else "etcd"
 
 
 def connect_registries(registry: Any) -> Any:

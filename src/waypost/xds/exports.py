@@ -46,6 +46,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from ..registry.kinds import kind_of
 from .errors import XdsConfigError
 from .policy import check_export
 
@@ -294,7 +295,7 @@ def parse_prefix(body: Any, where: str) -> PrefixExport:
     if not isinstance(body, Mapping):
         raise XdsConfigError(f"{where}: expected a table with 'registry' and 'prefix'")
     registry = body.get("registry")
-    if not isinstance(registry, str) or not registry.startswith(("etcd://", "memory://")):
+    if not isinstance(registry, str) or not ((kind := kind_of(registry)) is not None and kind.keyed):
         raise XdsConfigError(f"{where}: registry must be an etcd:// or memory:// registry URL, got {registry!r}")
     prefix = body.get("prefix")
     if not isinstance(prefix, str) or prefix.startswith("/"):
