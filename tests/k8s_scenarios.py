@@ -440,11 +440,13 @@ def examples_in_pods(cluster: Any) -> None:
                 status = health_pb2_grpc.HealthStub(ch).Check(health_pb2.HealthCheckRequest(), timeout=5).status
                 assert status == health_pb2.HealthCheckResponse.SERVING, (ip, status)
         cluster.put_slice(ns, "greet-abc12", "greet", endpoints=["10.77.0.4", "10.77.0.5"], ports=_grpc_port(port))
-        out = subprocess.run([sys.executable, str(root / "examples/kubernetes/client.py"), "--calls", "8",
+        # enough calls that both pods are READY before the last ones (the first calls may all go to the pod
+        # whose connection came up first, on a loaded machine)
+        out = subprocess.run([sys.executable, str(root / "examples/kubernetes/client.py"), "--calls", "40",
                               "--target", f"k8s://{ns}/greet:grpc?kubeconfig={_kubeconfig(cluster)}"],
                              check=False, capture_output=True, text=True, timeout=60)
         assert out.returncode == 0, out.stderr[-2000:]
-        assert len(out.stdout.splitlines()) == 8
+        assert len(out.stdout.splitlines()) == 40
         assert {w for line in out.stdout.splitlines() for w in line.split() if w.startswith("10.77.0.")} == \
             {f"10.77.0.4:{port}", f"10.77.0.5:{port}"}, out.stdout
         # pod deleted: SIGTERM; NOT_SERVING at once, calls still answered during the drain delay
