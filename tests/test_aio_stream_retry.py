@@ -16,7 +16,8 @@ import pytest
 
 import waypost.aio
 from tests.backends import echo_pb2, echo_pb2_grpc
-from waypost.client.retry import REPLAY_LIMIT, AsyncReplay, WriteReplay
+from waypost.client.aio_replay import AsyncReplay, WriteReplay
+from waypost.client.replay import REPLAY_LIMIT
 
 Req = echo_pb2.EchoRequest
 Reply = echo_pb2.EchoReply

@@ -10,7 +10,8 @@ import grpc
 import pytest
 
 from waypost.balancer.base import Outcome, PickResult
-from waypost.client.retry import PREVIOUS_ATTEMPTS, Replay, RetryState, avoid_tried, backoff_delay, never_sent
+from waypost.client.replay import Replay
+from waypost.client.retry import PREVIOUS_ATTEMPTS, RetryState, avoid_tried, backoff_delay, never_sent
 from waypost.client.retry_throttle import RetryThrottle
 from waypost.client.subconn import SubConn
 from waypost.service_config import RetryPolicy, RetryThrottling, ServiceConfig, parse_service_config

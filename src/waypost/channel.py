@@ -224,7 +224,8 @@ def dial(
 
     ``block`` (registry targets): True (the default) waits here for the first address list, up to 5 s,
     and raises ``waypost.RegistryUnavailable`` naming the registry and why it cannot be read (``etcd at
-    h:2379 unreachable: connection refused``). False returns at once and loads in the background: calls
+    h:2379 unreachable: connection refused``). A ``dns:///`` target waits for its first lookup (bounded by the
+    lookup timeout) and never raises for a name that does not resolve yet (its calls say why). False returns at once and loads in the background: calls
     wait for the first list up to their deadline; once the registry is known to be unreachable (a fraction
     of a second) calls fail with UNAVAILABLE whose details say so (``wait_for_ready`` calls wait on, and
     DEADLINE_EXCEEDED names it too), and the load is retried until it succeeds.

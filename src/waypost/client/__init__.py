@@ -7,7 +7,14 @@
 - ``picker_wrapper``: the current picker snapshot, the pick, waiting for a pick, and the error text of a call
   that cannot get one (grpc-go's picker wrapper).
 - ``method``: what a multicallable knows of its method (shared by both channels), the ``BalancedChannel``
-  interface it sees of its channel, and the four multicallable makers.
+  interface it sees of its channel, the four multicallable makers, and an attempt's two ends (``begin``: the
+  pick, the in-flight count, the start time; ``finish``: the outcome).
+- ``sync_unary_calls`` / ``sync_stream_calls`` and ``aio_unary_calls`` / ``aio_stream_calls`` (+ ``aio_call_base``):
+  the multicallables of the sync and aio channels, side by side; ``aio_wait``: an aio call waiting for a usable
+  backend (the sync one waits in ``picker_wrapper``).
+- ``retry``: retry state, where a retry goes, the retry policy's backoff; ``replay`` / ``aio_replay``: the
+  requests of a client stream kept for another attempt; ``retrying_stream``: the sync response stream that retries;
+  ``retry_throttle``: gRPC's retry throttling.
 - ``fork``: what happens to live channels in a forked child; ``live``: the live balancer wrappers (for the
   fork hook and the metrics gauges).
 - ``watcher``: one shared thread polling every sync backend channel's connectivity (no thread per backend).

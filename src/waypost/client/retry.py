@@ -25,13 +25,10 @@ import grpc
 
 from ..balancer.base import Outcome, PickResult
 from ..service_config import RetryPolicy
-from .aio_replay import AsyncReplay, WriteReplay
-from .replay import REPLAY_LIMIT, Replay
 from .retry_throttle import RetryThrottle
 
 # The replay names are importable from here too (where they lived before ``replay`` / ``aio_replay``).
-__all__ = ["MAX_TRANSPARENT", "PREVIOUS_ATTEMPTS", "REPLAY_LIMIT", "AsyncReplay", "Replay", "RetryState", "Rng",
-           "WriteReplay", "avoid_tried", "backoff_delay", "never_sent"]
+__all__ = ["MAX_TRANSPARENT", "PREVIOUS_ATTEMPTS", "RetryState", "Rng", "avoid_tried", "backoff_delay", "never_sent"]
 
 PREVIOUS_ATTEMPTS = "grpc-previous-rpc-attempts"
 
