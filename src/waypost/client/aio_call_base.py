@@ -152,8 +152,8 @@ class CallBase(abc.ABC):
         st = self._st
         md = self._metadata if st is None else st.metadata(self._metadata)  # a retry says how many came before
         try:
-            call = mc(request, timeout=timeout, metadata=md, credentials=self._credentials, wait_for_ready=self._wfr,
-                      compression=self._compression)
+            # wait_for_ready is the balanced channel's, never the backend's: see MethodBase.begin
+            call = mc(request, timeout=timeout, metadata=md, credentials=self._credentials, compression=self._compression)
         except BaseException:
             self._m.finish(res, sc, t0, _UNKNOWN)
             raise

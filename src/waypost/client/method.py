@@ -143,7 +143,12 @@ class MethodBase(Generic[ChannelT]):
         (``PickerWrapper.wait_pick``, bounded by ``deadline``; sync calls); otherwise None, and the caller
         waits its own way (``AioPickWaiter.wait_pick``) and calls again with the result as ``picked``.
         ``tried``: a retry's earlier backends, avoided on the waiting path (``retry.avoid_tried``); this
-        attempt's backend is added. Raises BalancerRpcError when the call cannot get a backend."""
+        attempt's backend is added. Raises BalancerRpcError when the call cannot get a backend.
+
+        ``wfr`` (wait_for_ready) is honoured here, by the balanced channel, and never passed to the backend's own
+        call: the pick waits for a usable backend, and an attempt whose backend turns out gone (it never reached
+        a server: ``retry.never_sent``) is picked again. Passed down, it would wait for that one backend to come
+        back until the deadline, however many others serve."""
         if picked is None:
             if not tried:  # a retry never keeps the plain pick: the waiting path avoids the backends tried
                 try:

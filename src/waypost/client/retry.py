@@ -27,7 +27,6 @@ from ..balancer.base import Outcome, PickResult
 from ..service_config import RetryPolicy
 from .retry_throttle import RetryThrottle
 
-# The replay names are importable from here too (where they lived before ``replay`` / ``aio_replay``).
 __all__ = ["MAX_TRANSPARENT", "PREVIOUS_ATTEMPTS", "RetryState", "Rng", "avoid_tried", "backoff_delay", "never_sent"]
 
 PREVIOUS_ATTEMPTS = "grpc-previous-rpc-attempts"

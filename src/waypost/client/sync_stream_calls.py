@@ -56,7 +56,7 @@ class _StreamResponseMethod(MethodBase[BalancedChannel]):
                compression: Any) -> Any:
         res, sc, mc, t0, timeout = a
         try:
-            call = mc(request, timeout, metadata, credentials, wfr, compression)
+            call = mc(request, timeout, metadata, credentials, None, compression)  # wfr: see MethodBase.begin
         except BaseException:
             self.finish(res, sc, t0, _UNKNOWN)
             raise

@@ -43,7 +43,7 @@ class _UnaryRequestMethod(MethodBase[BalancedChannel]):
                                                           wfr, wait=True)
             try:
                 out = mc.with_call(request if replay is None else replay.attempt(), attempt_timeout, md,
-                                   credentials, wfr, compression)
+                                   credentials, None, compression)  # wfr: see MethodBase.begin
             except grpc.RpcError as e:
                 code = e.code()
                 self.finish(res, sc, t0, code, e)
@@ -78,7 +78,7 @@ class _UnaryRequestMethod(MethodBase[BalancedChannel]):
     def future(self, request: Any, timeout: float | None = None, metadata: Any = None, credentials: Any = None,
                wait_for_ready: bool | None = None, compression: Any = None) -> grpc.Future:
         deadline, wfr = self.settings(timeout, wait_for_ready)
-        if self.retry_policy is None:
+        if self.retry_policy is None and not wfr:  # waiting for a backend may mean picking again: the thread
             try:
                 a = self.begin(metadata, deadline)
             except BalancerRpcError as e:
@@ -86,7 +86,7 @@ class _UnaryRequestMethod(MethodBase[BalancedChannel]):
             if a is not None:
                 res, sc, mc, t0, attempt_timeout = a
                 try:
-                    fut = mc.future(request, attempt_timeout, metadata, credentials, wfr, compression)
+                    fut = mc.future(request, attempt_timeout, metadata, credentials, None, compression)
                 except BaseException:
                     self.finish(res, sc, t0, _UNKNOWN)
                     raise

@@ -1,0 +1,82 @@
+"""wait_for_ready means "wait for a usable backend", not "wait for the backend picked first": a call picked onto a
+backend that was just killed (before the channel noticed) goes to another backend instead of waiting on the dead
+one's own connection until its deadline (real server processes, SIGKILL)."""
+
+from __future__ import annotations
+
+import asyncio
+
+import grpc
+import pytest
+
+import waypost
+import waypost.aio
+from tests.backends import echo_pb2, echo_pb2_grpc
+from tests.backends.procs import spawn_many
+
+Req = echo_pb2.EchoRequest
+CALLS = 40
+DEADLINE = 20.0  # far longer than a failover; only a call stuck on the dead backend reaches it
+
+
+@pytest.fixture
+def pair():
+    procs = spawn_many(["a", "b"])
+    try:
+        yield procs
+    finally:
+        for p in procs:
+            p.close()
+
+
+def test_sync_wait_for_ready_calls_leave_a_killed_backend(pair):
+    a, b = pair
+    with waypost.dial(f"direct:///{a.address},{b.address}", balancer="round_robin") as ch:
+        stub = echo_pb2_grpc.EchoStub(ch)
+        served = {stub.Unary(Req(), timeout=5).server for _ in range(10)}
+        assert served == {"a", "b"}
+        a.kill()  # SIGKILL: the channel still holds a READY connection to it for a moment
+        failures = []
+        for _ in range(CALLS):
+            try:
+                assert stub.Unary(Req(), timeout=DEADLINE, wait_for_ready=True).server == "b"
+            except grpc.RpcError as e:
+                failures.append((e.code(), e.details()))
+        assert failures == []
+
+
+def test_aio_wait_for_ready_calls_leave_a_killed_backend(pair):
+    a, b = pair
+
+    async def main() -> list[tuple]:
+        async with waypost.aio.dial(f"direct:///{a.address},{b.address}", balancer="round_robin") as ch:
+            stub = echo_pb2_grpc.EchoStub(ch)
+            served = {(await stub.Unary(Req(), timeout=5)).server for _ in range(10)}
+            assert served == {"a", "b"}
+            a.kill()
+            failures = []
+            for _ in range(CALLS):
+                try:
+                    reply = await stub.Unary(Req(), timeout=DEADLINE, wait_for_ready=True)
+                    assert reply.server == "b"
+                except grpc.RpcError as e:
+                    failures.append((e.code(), e.details()))
+            return failures
+
+    assert asyncio.run(main()) == []
+
+
+def test_sync_wait_for_ready_stream_leaves_a_killed_backend(pair):
+    a, b = pair
+    with waypost.dial(f"direct:///{a.address},{b.address}", balancer="round_robin") as ch:
+        stub = echo_pb2_grpc.EchoStub(ch)
+        assert {stub.Unary(Req(), timeout=5).server for _ in range(10)} == {"a", "b"}
+        a.kill()
+        failures = []
+        for _ in range(CALLS // 4):
+            try:
+                replies = list(stub.ServerStream(Req(message="x"), timeout=DEADLINE, wait_for_ready=True))
+                assert replies and all(r.server == "b" for r in replies)
+            except grpc.RpcError as e:
+                failures.append((e.code(), e.details()))
+        assert failures == []
