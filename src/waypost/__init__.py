@@ -2,7 +2,8 @@
 
 The public API is re-exported here; everything else is private by convention.
 
-Servers: ``serve`` / ``serve_async`` (bind, start, register, drain on SIGTERM), or ``Publisher`` by hand.
+Servers: ``serve`` / ``serve_async`` (bind, start, register, drain on SIGTERM), or ``Publisher`` by hand;
+every registration (``Publisher``, ``ConsulPublisher``, ``ZkPublisher``, ``MultiPublisher``) is a ``Registration``.
 Clients: ``dial`` (a ``grpc.Channel``), ``aio.dial`` (a ``grpc.aio.Channel``), ``hash_key``; ``Subscriber``
 for the raw backend list. Registries: ``connect``. Errors: ``WaypostError`` and its subclasses; valid but
 suspicious configuration (a service-config name matching no method, ...) is a ``ConfigWarning``. Custom load-balancing policies: ``Policy``, ``Picker``,
@@ -52,6 +53,7 @@ if TYPE_CHECKING:
     from .discovery import Publisher as Publisher
     from .discovery import Subscriber as Subscriber
     from .discovery.consul_publisher import ConsulPublisher as ConsulPublisher
+    from .discovery.registration import Registration as Registration
     from .discovery.registrations import MultiPublisher as MultiPublisher
     from .discovery.zk_publisher import ZkPublisher as ZkPublisher
     from .loadreport import load_interceptor as load_interceptor
@@ -79,6 +81,7 @@ _LAZY = {
     "ConsulPublisher": ("waypost.discovery.consul_publisher", "ConsulPublisher"),
     "ZkPublisher": ("waypost.discovery.zk_publisher", "ZkPublisher"),
     "MultiPublisher": ("waypost.discovery.registrations", "MultiPublisher"),
+    "Registration": ("waypost.discovery.registration", "Registration"),
     "Subscriber": ("waypost.discovery", "Subscriber"),
     "serve": ("waypost.server", "serve"),
     "serve_async": ("waypost.server", "serve_async"),
@@ -139,6 +142,7 @@ __all__ = [
     "Picker",
     "Policy",
     "Publisher",
+    "Registration",
     "Registry",
     "RegistryError",
     "RegistryUnavailable",
