@@ -12,8 +12,8 @@ On the control loop, one long poll at a time on the agent's health endpoint
    the index is kept at >= 1 so a query always blocks; queries are at least ``MIN_SPACING`` s apart;
 4. agent unreachable, or any other failure: the channel keeps the last list (``on_error`` says why, once
    per new reason) and the resolver retries with backoff (0.5 s doubling up to 10 s, jittered); the first
-   query that works again is an immediate read (the current list and index: nothing missed, an unchanged
-   list is not pushed again), compared with the last index as in 3, and blocking resumes from there. (A
+   query that works again is an immediate read (the current list and index: nothing missed; the list is
+   pushed again even when unchanged, which tells the channel the resolver works again), compared with the last index as in 3, and blocking resumes from there. (A
    blocking query with the old index would, against an agent restarted with less state, wait its whole
    ``wait`` before the lower index showed.)
 5. an answer that is not Consul's (not JSON, not a list, no well-formed entry: a proxy or another server at

@@ -255,7 +255,7 @@ class DnsResolver(LoopResolver[None]):
             log.info("waypost: resolving %s works again after %d failed lookups", self.target.redacted, failures)
         log.debug("waypost: %s: ttl %s", self.target.redacted, res.ttl)
         # after failures, push even an unchanged list: it clears the error the channel shows on calls
-        self._push(tuple(Backend(a) for a in res.addresses), force=self._error_shown)
+        self._push(tuple(Backend(a) for a in res.addresses))
         await self._wait(next_delay(res.ttl, self.interval, self.min_interval))
 
     def _describe(self, e: Exception) -> str:

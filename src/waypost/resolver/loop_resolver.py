@@ -210,10 +210,11 @@ class LoopResolver(Generic[Session]):
         """Whether failures are kept from the channel for now: until the first list, without ``report_early``."""
         return not (self.report_early or self._first.done())
 
-    def _push(self, backends: tuple[Backend, ...], *, force: bool = False) -> None:
-        """Hand ``backends`` to the channel (subset) unless it has it already (``force``: even then); the first
-        list ends a blocking start's wait."""
-        if backends != self._last or force:
+    def _push(self, backends: tuple[Backend, ...]) -> None:
+        """Hand ``backends`` to the channel (subset) unless it has it already; the first list ends a blocking
+        start's wait. After an error was shown the list goes again even when unchanged: an update is what tells
+        the channel the resolver works again (it drops the error from its messages)."""
+        if backends != self._last or self._error_shown:
             out: Sequence[Backend] = list(backends)
             if self.subsetter is not None:
                 out = self.subsetter.select(out)

@@ -142,7 +142,7 @@ class ZkResolver(LoopResolver[_Session]):
         self._stale = False
         if self._read_worked():
             log.info("waypost: zk: reading %s works again", self._what())
-        self._push(self._backends(), force=self._error_shown)
+        self._push(self._backends())
         while not await self._event(session, *await session.events.get()):
             pass
 
