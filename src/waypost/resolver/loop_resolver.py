@@ -12,7 +12,8 @@ What such a resolver does, done once here:
   and the next try waits ``backoff`` (the channel keeps the last list meanwhile).
 - ``options.report_early``: until the first list, failures reach ``on_error`` only with it (calls then fail at once
   naming the reason); without it they wait for the first list's deadline, when the reason is reported anyway.
-- ``_push(backends)`` hands a list to the channel (subset) when it changed, and ends a blocking start's wait.
+- ``_push(backends)`` hands a list to the channel (subset) when it changed, or after an error was shown (the
+  update tells the channel the resolver works again), and ends a blocking start's wait.
 - ``resolve_now`` is a no-op unless the subclass re-reads on request; ``close`` and ``aclose`` end the task.
 """
 
