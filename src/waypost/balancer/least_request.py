@@ -26,8 +26,8 @@ from ..types import Backend
 from . import method_costs, p2c, slow_start
 from .base import DoneHook, Outcome, Picker, PickInfo, PickResult, Policy
 from .config_fields import policy_config
-from .stats import StatsTable, dedupe
-from .weights import CapacityMemo, all_drained
+from .stats import StatsTable
+from .weights import CapacityMemo, CapacityPicker, all_drained
 
 log = logging.getLogger("waypost.balancer.least_request")
 
@@ -47,19 +47,13 @@ class _Inflight:
         self.born = born  # when its slow start began
 
 
-class LeastRequestPicker(Picker):
-    def __init__(self, policy: LeastRequestPolicy, backends: Sequence[Backend],
-                 counters: Sequence[_Inflight], divisors: Sequence[int] | None = None, drained: int = 0) -> None:
-        self._policy = policy
-        self._backends = tuple(backends)
-        self._counters = tuple(counters)
-        self._divisors = divisors  # registered weights (``weights.Capacity``); None: all equal
-        self._drained = drained
+class LeastRequestPicker(CapacityPicker["LeastRequestPolicy", _Inflight]):
+    """``_stats``: each backend's calls in flight (``_Inflight``)."""
 
     def _fewer(self, i: int, best: int) -> bool:
         """Whether ``i`` has fewer calls in flight than ``best``; with weights, (calls + 1) / weight compared."""
         d = self._divisors
-        ci, cb = self._counters[i].count, self._counters[best].count
+        ci, cb = self._stats[i].count, self._stats[best].count
         return ci < cb if d is None else (ci + 1) * d[best] < (cb + 1) * d[i]
 
     def _fewest(self, drawn: Sequence[int]) -> int:
@@ -79,7 +73,7 @@ class LeastRequestPicker(Picker):
         policy = self._policy
         drawn = p2c.choices(policy.rng, n, policy.choice_count)
         best = self._pick_ramped(n, drawn) if policy.slow_start.window else self._fewest(drawn)
-        counter = self._counters[best]
+        counter = self._stats[best]
         cost = policy.costs.get(info.method, 1) if policy.costs else 1
         with policy._lock:
             counter.count += cost
@@ -93,13 +87,13 @@ class LeastRequestPicker(Picker):
         policy = self._policy
         now = policy.clock()
         ramp = policy.slow_start
-        admitted = [i for i in drawn if ramp.admits(self._counters[i].born, now)]
+        admitted = [i for i in drawn if ramp.admits(self._stats[i].born, now)]
         if admitted:
             return self._fewest(admitted)
         i = drawn[-1]
         for _ in range(policy.choice_count):
             i = policy.rng.randrange(n)
-            if ramp.admits(self._counters[i].born, now):
+            if ramp.admits(self._stats[i].born, now):
                 break
         return i
 
@@ -138,12 +132,12 @@ class LeastRequestPolicy(Policy):
         return cfg
 
     def build(self, backends: Sequence[Backend]) -> Picker:
-        capacity = self._capacity.split(dedupe(backends))
+        capacity = self._capacity.split(backends)
         backends = capacity.backends
         with self._lock:
             self.slow_start.on_build(self.clock(), len(backends))
             counters = self._counters.sync(backends)
-        return LeastRequestPicker(self, backends, counters, capacity.divisors, capacity.drained)
+        return LeastRequestPicker(self, capacity, counters)
 
     def _done_hook(self, counter: _Inflight, cost: int = 1) -> DoneHook:
         def done(outcome: Outcome) -> None:

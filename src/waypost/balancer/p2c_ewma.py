@@ -42,8 +42,8 @@ from ..types import Backend
 from . import p2c, slow_start
 from .base import DoneHook, Outcome, Picker, PickInfo, PickResult, Policy
 from .config_fields import policy_config
-from .stats import StatsTable, dedupe, is_failure
-from .weights import CapacityMemo, all_drained
+from .stats import StatsTable, is_failure
+from .weights import CapacityMemo, CapacityPicker, all_drained
 
 log = logging.getLogger("waypost.balancer.p2c")
 
@@ -79,14 +79,7 @@ class P2CStats:
         return PENALTY if load == 0 else load
 
 
-class P2CPicker(Picker):
-    def __init__(self, policy: P2CEwmaPolicy, backends: Sequence[Backend], stats: Sequence[P2CStats],
-                 divisors: Sequence[int] | None = None, drained: int = 0) -> None:
-        self._policy = policy
-        self._backends = tuple(backends)
-        self._stats = tuple(stats)
-        self._divisors = divisors  # registered weights (``weights.Capacity``); None: all equal
-        self._drained = drained
+class P2CPicker(CapacityPicker["P2CEwmaPolicy", P2CStats]):
 
     def pick(self, info: PickInfo) -> PickResult:
         n = len(self._stats)
@@ -158,13 +151,13 @@ class P2CEwmaPolicy(Policy):
         return cfg
 
     def build(self, backends: Sequence[Backend]) -> Picker:
-        capacity = self._capacity.split(dedupe(backends))
+        capacity = self._capacity.split(backends)
         backends = capacity.backends
         with self._lock:
             self.slow_start.on_build(self.clock(), len(backends))
             stats = self._stats.sync(backends)
             self._current = tuple(stats)
-        return P2CPicker(self, backends, stats, capacity.divisors, capacity.drained)
+        return P2CPicker(self, capacity, stats)
 
     def _done_hook(self, st: P2CStats) -> DoneHook:
         def done(outcome: Outcome) -> None:

@@ -59,8 +59,8 @@ from ..types import Backend
 from . import method_costs, p2c, slow_start
 from .base import BackendSignal, DoneHook, Outcome, Picker, PickInfo, PickResult, Policy
 from .config_fields import policy_config
-from .stats import StatsTable, dedupe, is_failure
-from .weights import CapacityMemo, all_drained
+from .stats import StatsTable, is_failure
+from .weights import CapacityMemo, CapacityPicker, all_drained
 
 log = logging.getLogger("waypost.balancer.peak_ewma")
 
@@ -112,14 +112,7 @@ class PeakEwmaStats:
         self.stamp = now
 
 
-class PeakEwmaPicker(Picker):
-    def __init__(self, policy: PeakEwmaPolicy, backends: Sequence[Backend], stats: Sequence[PeakEwmaStats],
-                 divisors: Sequence[int] | None = None, drained: int = 0) -> None:
-        self._policy = policy
-        self._backends = tuple(backends)
-        self._stats = tuple(stats)
-        self._divisors = divisors  # registered weights (``weights.Capacity``); None: all equal
-        self._drained = drained
+class PeakEwmaPicker(CapacityPicker["PeakEwmaPolicy", PeakEwmaStats]):
 
     @property
     def backends(self) -> tuple[Backend, ...]:
@@ -210,7 +203,7 @@ class PeakEwmaPolicy(Policy):
         return cfg
 
     def build(self, backends: Sequence[Backend]) -> Picker:
-        capacity = self._capacity.split(dedupe(backends))
+        capacity = self._capacity.split(backends)
         backends = capacity.backends
         now = self.clock()
         with self._lock:
@@ -218,7 +211,7 @@ class PeakEwmaPolicy(Policy):
             self._start_rtt = min(self.default_rtt, statistics.median(peers)) if peers else self.default_rtt
             self.slow_start.on_build(now, len(backends))
             stats = self._stats.sync(backends)
-        return PeakEwmaPicker(self, backends, stats, capacity.divisors, capacity.drained)
+        return PeakEwmaPicker(self, capacity, stats)
 
     def _done_hook(self, st: PeakEwmaStats, cost: int = 1) -> DoneHook:
         def done(outcome: Outcome) -> None:

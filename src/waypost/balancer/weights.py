@@ -22,14 +22,19 @@ weight is reported once per backend and not on every rebuild.
 from __future__ import annotations
 
 import math
-from collections.abc import Mapping
-from typing import Any
+from collections.abc import Mapping, Sequence
+from typing import Any, Generic, TypeVar
 
 import grpc
 
-from .base import PickError
+from .base import Picker, PickError
+from .stats import dedupe
 
-__all__ = ["DEFAULT_WEIGHT", "DRAINED", "Capacity", "CapacityMemo", "all_drained", "parse_weight", "weight_of"]
+__all__ = ["DEFAULT_WEIGHT", "DRAINED", "Capacity", "CapacityMemo", "CapacityPicker", "all_drained", "parse_weight",
+           "weight_of"]
+
+P = TypeVar("P")
+S = TypeVar("S")
 
 #: the weight of a backend whose registration carries no (or an unparsable) ``weight``
 DEFAULT_WEIGHT = 100
@@ -147,7 +152,22 @@ class CapacityMemo:
         self._memo = WeightMemo(log)
 
     def split(self, backends: Any) -> Capacity:
+        """``backends`` (duplicate addresses dropped) split by their weights."""
+        backends = dedupe(backends)
         weights = self._memo.update(backends)
         kept = [b for b in backends if weights[b.address] > DRAINED]
         divisors = tuple(weights[b.address] for b in kept)
         return Capacity(kept, divisors if len(set(divisors)) > 1 else None, len(backends) - len(kept))
+
+
+class CapacityPicker(Picker, Generic[P, S]):
+    """What the pickers of the load-aware policies hold: their policy, the backends one ``Capacity`` kept, each
+    one's per-backend state (``stats``, index for index), the weights to divide loads by (``divisors``; None: all
+    equal) and how many backends were drained (``drained``: an empty picker with some raises ``all_drained``)."""
+
+    def __init__(self, policy: P, capacity: Capacity, stats: Sequence[S]) -> None:
+        self._policy = policy
+        self._backends = tuple(capacity.backends)
+        self._stats = tuple(stats)
+        self._divisors = capacity.divisors
+        self._drained = capacity.drained
