@@ -21,6 +21,7 @@ The public face (blocking methods, ``a*`` twins, context managers) is ``Registra
 
 from __future__ import annotations
 
+import abc
 import asyncio
 import logging
 import math
@@ -100,13 +101,16 @@ class PublisherBase(RegistrationFaces):
     # -- hooks -------------------------------------------------------------------------------------
 
     async def _register(self) -> None:
-        """One registration attempt; leaves nothing behind when it fails."""
-        raise NotImplementedError
+        """One registration attempt; leaves nothing behind when it fails. The default ``_attempt`` bounds it; a
+        publisher whose attempt needs the bound itself (opening a session first) overrides ``_attempt``
+        instead, so this is the one hook that is not abstract."""
+        raise NotImplementedError(f"{type(self).__name__} overrides neither _register nor _attempt")
 
     async def _attempt(self, left: float) -> None:
         """One attempt, bounded by ``left`` seconds."""
         await asyncio.wait_for(self._register(), left)
 
+    @abc.abstractmethod
     async def _withdraw(self) -> None:
         """Stop keeping the registration alive and remove it (bounded: a registry that does not answer
         lets it expire)."""
@@ -128,6 +132,7 @@ class PublisherBase(RegistrationFaces):
     def _resuming(self) -> None:
         """Before registering again at resume."""
 
+    @abc.abstractmethod
     def _where(self) -> str:
         """The registry, for messages (no secrets)."""
         raise NotImplementedError

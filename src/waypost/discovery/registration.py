@@ -10,6 +10,7 @@ call them from it); the ``a*`` twins await it from any event loop (e.g. a ``grpc
 
 from __future__ import annotations
 
+import abc
 import asyncio
 from collections.abc import Awaitable, Mapping
 from typing import Any, Literal, Protocol, TypeVar, runtime_checkable
@@ -69,7 +70,7 @@ async def on_control_loop(coro: Awaitable[T]) -> T:
     return await asyncio.wrap_future(_loop.submit(coro))
 
 
-class RegistrationFaces:
+class RegistrationFaces(abc.ABC):
     """The public face of a registration; subclasses set ``timeout``, ``outage``, ``_state``, ``_registered``
     and implement the coroutines named in the module docstring."""
 
@@ -82,21 +83,27 @@ class RegistrationFaces:
 
     # -- implemented by each registration, on the control loop ---------------------------------------
 
+    @abc.abstractmethod
     async def _start(self) -> None:
         raise NotImplementedError
 
+    @abc.abstractmethod
     async def _pause(self) -> None:
         raise NotImplementedError
 
+    @abc.abstractmethod
     async def _resume(self) -> None:
         raise NotImplementedError
 
+    @abc.abstractmethod
     async def _stop(self) -> None:
         raise NotImplementedError
 
+    @abc.abstractmethod
     async def _update_metadata(self, metadata: Any) -> None:
         raise NotImplementedError
 
+    @abc.abstractmethod
     def _checked_metadata(self, metadata: Mapping[str, Any] | None) -> Any:
         raise NotImplementedError
 
@@ -108,6 +115,7 @@ class RegistrationFaces:
     # -- state ---------------------------------------------------------------------------------------
 
     @property
+    @abc.abstractmethod
     def key(self) -> str | None:
         raise NotImplementedError
 

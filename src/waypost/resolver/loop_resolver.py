@@ -19,6 +19,7 @@ What such a resolver does, done once here:
 
 from __future__ import annotations
 
+import abc
 import asyncio
 import concurrent.futures
 import logging
@@ -43,7 +44,7 @@ Session = TypeVar("Session")
 START_GRACE = 1.0
 
 
-class LoopResolver(Generic[Session]):
+class LoopResolver(abc.ABC, Generic[Session]):
     """A resolver driven by one task on the control loop; see the module docstring.
 
     Subclasses set ``kind`` (the scheme, for messages), ``noun`` (what a list holds, for log lines), ``list_name``
@@ -114,23 +115,28 @@ class LoopResolver(Generic[Session]):
 
     # ---- what a subclass gives ----------------------------------------------------------------------
 
+    @abc.abstractmethod
     def _session(self) -> AbstractAsyncContextManager[Session]:
         """What stays open while the resolver runs (a client), handed to every ``_follow``."""
         raise NotImplementedError
 
+    @abc.abstractmethod
     async def _follow(self, session: Session) -> None:
         """Read once, or watch until the watch ends: return when it must be called again; raise when reading
         failed (the failure is reported and the next call waits ``backoff``)."""
         raise NotImplementedError
 
+    @abc.abstractmethod
     def _what(self) -> str:
         """What is followed, for messages (``service 'greet' at ...``)."""
         raise NotImplementedError
 
+    @abc.abstractmethod
     def _describe(self, e: Exception) -> str:
         """A failed read in words, for the channel and the log."""
         raise NotImplementedError
 
+    @abc.abstractmethod
     def _first_list_within(self) -> float:
         """Seconds from the start to the first list's deadline."""
         raise NotImplementedError
