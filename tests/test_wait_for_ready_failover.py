@@ -13,6 +13,7 @@ import waypost
 import waypost.aio
 from tests.backends import echo_pb2, echo_pb2_grpc
 from tests.backends.procs import spawn_many
+from tests.waiting import wait_until
 
 Req = echo_pb2.EchoRequest
 CALLS = 40
@@ -33,6 +34,7 @@ def test_sync_wait_for_ready_calls_leave_a_killed_backend(pair):
     a, b = pair
     with waypost.dial(f"direct:///{a.address},{b.address}", balancer="round_robin") as ch:
         stub = echo_pb2_grpc.EchoStub(ch)
+        wait_until(lambda: len(ch.balancer.ready_addresses()) == 2, 20, what="both backends READY")
         served = {stub.Unary(Req(), timeout=5).server for _ in range(10)}
         assert served == {"a", "b"}
         a.kill()  # SIGKILL: the channel still holds a READY connection to it for a moment
@@ -51,7 +53,12 @@ def test_aio_wait_for_ready_calls_leave_a_killed_backend(pair):
     async def main() -> list[tuple]:
         async with waypost.aio.dial(f"direct:///{a.address},{b.address}", balancer="round_robin") as ch:
             stub = echo_pb2_grpc.EchoStub(ch)
-            served = {(await stub.Unary(Req(), timeout=5)).server for _ in range(10)}
+            served: set[str] = set()
+            for _ in range(400):  # until both are READY (bounded): the first calls may all go to one
+                served.add((await stub.Unary(Req(), timeout=5)).server)
+                if served == {"a", "b"}:
+                    break
+                await asyncio.sleep(0.01)
             assert served == {"a", "b"}
             a.kill()
             failures = []
@@ -70,6 +77,7 @@ def test_sync_wait_for_ready_stream_leaves_a_killed_backend(pair):
     a, b = pair
     with waypost.dial(f"direct:///{a.address},{b.address}", balancer="round_robin") as ch:
         stub = echo_pb2_grpc.EchoStub(ch)
+        wait_until(lambda: len(ch.balancer.ready_addresses()) == 2, 20, what="both backends READY")
         assert {stub.Unary(Req(), timeout=5).server for _ in range(10)} == {"a", "b"}
         a.kill()
         failures = []
