@@ -134,11 +134,15 @@ def kill_group(proc: subprocess.Popen[Any]) -> None:
 
 def wait_group(proc: subprocess.Popen[Any], limit: float) -> int:
     """``proc``'s exit code; past ``limit`` s its whole process group is killed and ``subprocess.TimeoutExpired``
-    raised. ``proc`` leads a process group of its own (``start_new_session``)."""
+    raised (the group is killed too when the wait is interrupted). ``proc`` leads a process group of its own
+    (``start_new_session``)."""
     track(proc, lambda: kill_group(proc))
     try:
         return proc.wait(limit)
-    except subprocess.TimeoutExpired:
+    except BaseException:
+        # past the limit, and also when the wait itself is interrupted (pytest-timeout ending the test that
+        # started a build, ^C): the group goes too, or it would go on building into a work directory the next
+        # builder empties, beside it, on the same two cores
         kill_group(proc)  # the children too (go compile, link; mvn's JVM)
         proc.wait(30)
         raise
