@@ -32,7 +32,7 @@ from collections.abc import Collection, Mapping, Sequence
 from typing import Any
 
 from ..errors import InvalidServiceConfig, NoBackendAvailable
-from ..types import CONNECTING, READY, TRANSIENT_FAILURE, Backend
+from ..types import CONNECTING, READY, Backend
 from .base import Picker, PickInfo, PickResult, Policy
 from .config_fields import policy_config
 from .stats import dedupe

@@ -34,7 +34,8 @@ log = logging.getLogger("waypost.client")
 
 class BalancerWrapper:
     """Keeps one SubConn per backend address the policy wants connected (``Policy.connections``: by default all;
-    asked again after every change of the list or of a subconn's state) and publishes the picker over the
+    asked again after every change of the list or of a subconn's state, and on the first poll after the time
+    ``Policy.connections_timer`` gave, e.g. pick_first's attempt delay) and publishes the picker over the
     usable ones to ``pickers``.
 
     ``make_channel``, ``probe``, ``close_channel``, ``start_health`` and ``stop_health``: see
