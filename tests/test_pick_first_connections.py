@@ -1,6 +1,7 @@
-"""pick_first holds one connection, as gRPC's does: it connects to the first address, tries the next only when
-that fails, and keeps no connection to the others once one works. Real Echo servers in child processes, one of
-them killed; the connections are counted on the channel (held subconns and those still draining)."""
+"""pick_first holds one connection, as gRPC's does: it connects to the first address, tries the next when that
+fails (or after the attempt delay: tests/test_pick_first_happy_eyeballs.py), and keeps no connection to the others
+once one works. Real Echo servers in child processes, one of them killed; the connections are counted on the
+channel (held subconns and those still draining)."""
 
 from __future__ import annotations
 
@@ -13,9 +14,9 @@ import waypost
 import waypost.aio
 from tests.backends import echo_pb2, echo_pb2_grpc
 from tests.backends.procs import spawn_many
-from tests.policy_support import bs
+from tests.policy_support import FakeClock, bs
 from tests.waiting import wait_until
-from waypost.balancer.pick_first import PickFirstPolicy
+from waypost.balancer.pick_first import CONNECTION_ATTEMPT_DELAY, PickFirstPolicy
 from waypost.types import CONNECTING, READY, TRANSIENT_FAILURE
 
 Req = echo_pb2.EchoRequest
@@ -91,7 +92,7 @@ def test_other_policies_still_connect_to_every_backend(procs):
 
 
 def test_connections_first_address_then_the_next_after_a_failure():
-    policy = PickFirstPolicy()
+    policy = PickFirstPolicy(clock=FakeClock())  # the clock never moves: no attempt delay runs out here
     backends = bs("a:1", "b:1", "c:1")
     assert list(policy.connections(backends, {})) == ["a:1"]
     assert list(policy.connections(backends, {"a:1": CONNECTING})) == ["a:1"]
@@ -104,11 +105,26 @@ def test_connections_first_address_then_the_next_after_a_failure():
     assert list(policy.connections(backends, {"a:1": READY, "b:1": READY})) == ["b:1"]
     # b, in use, fails after a was closed: b keeps retrying while a is tried again
     assert list(policy.connections(backends, {"b:1": TRANSIENT_FAILURE})) == ["a:1", "b:1"]
-    # b, in use, waits for a health answer again: it stays the one tried, a is not connected for it
-    assert list(policy.connections(backends, {"b:1": CONNECTING})) == ["b:1"]
     # every address failed: all of them retry, the first to connect wins
     failed = dict.fromkeys(["a:1", "b:1", "c:1"], TRANSIENT_FAILURE)
     assert list(policy.connections(backends, failed)) == ["a:1", "b:1", "c:1"]
+    assert policy.connections_timer() is None  # nothing left to start: only a state change moves it on
+
+
+def test_connections_the_one_in_use_waiting_for_health_is_not_replaced_within_the_delay():
+    clock = FakeClock()
+    policy = PickFirstPolicy(clock=clock)
+    backends = bs("a:1", "b:1")
+    policy.build(bs("b:1"))
+    assert list(policy.connections(backends, {"b:1": READY})) == ["b:1"]
+    # b, in use, waits for a health answer again: it stays the one tried, a is not connected for it ...
+    assert list(policy.connections(backends, {"b:1": CONNECTING})) == ["b:1"]
+    assert policy.connections_timer() == pytest.approx(CONNECTION_ATTEMPT_DELAY)
+    # ... until the attempt delay has passed without an answer: then a is tried too, b keeps its connection
+    clock.now += CONNECTION_ATTEMPT_DELAY
+    assert list(policy.connections(backends, {"b:1": CONNECTING})) == ["a:1", "b:1"]
+    # both usable: b, in use, stays the one
+    assert list(policy.connections(backends, {"a:1": READY, "b:1": READY})) == ["b:1"]
 
 
 def test_connections_follow_the_shuffled_order_and_keep_its_ranks():

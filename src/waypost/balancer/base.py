@@ -170,6 +170,13 @@ class Policy(abc.ABC):
         with a connection can be READY, so only they reach ``build``."""
         return None
 
+    def connections_timer(self) -> float | None:
+        """Seconds after which the channel should ask ``connections`` again although nothing changed (e.g.
+        pick_first's connection attempt delay); None (this default): only after a change. Read right after each
+        ``connections`` call, under the same lock; the channel asks on its first connectivity poll (every few
+        tens of ms) once the time has passed."""
+        return None
+
     # ---- load reports (only policies with ``wants_load_reports`` get these calls) ----------------------
 
     def attach_prober(self, prober: LoadProber) -> None:

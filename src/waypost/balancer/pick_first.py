@@ -1,11 +1,16 @@
 """pick_first: every call goes to one backend, over one connection (gRPC's default policy, gRFC A61).
 
-Connections: the policy holds a connection to one address, as gRPC's pick_first does (``connections``): it
-connects to the first address; only when that attempt fails does it try the next, keeping the failed ones
-(they retry with backoff) until one address is usable, then it keeps that one and the channel closes the
-others. When every address has failed, all of them retry and the first to connect wins. When the one in
-use fails, it keeps retrying and the first address in order that has not failed is tried, and so on. A
-channel with a policy that keeps the default (``Policy.connections``: all) is unchanged.
+Connections: the policy holds a connection to one address, as gRPC's pick_first does (``connections``), and
+finds it the way gRPC's does ("Happy Eyeballs", gRFC A61): it connects to the first address; when that attempt
+fails, or is still connecting after ``CONNECTION_ATTEMPT_DELAY`` (250 ms), it starts the next address too, while
+the earlier attempts keep going (a failed one retries with backoff), and so on down the list; the first address
+that becomes usable is kept and the channel closes the others. So an address that accepts TCP connections but
+never completes the HTTP/2 handshake (a black hole) delays the first call by one delay, not by its deadline.
+When every address has failed, all of them retry and the first to connect wins. When the one in use fails,
+it keeps retrying and a new pass starts at the first address in order without a connection. The delay is
+measured on the policy's clock; the channel asks ``connections`` again when ``connections_timer`` says so
+(on its next connectivity poll). A channel with a policy that keeps the default (``Policy.connections``: all)
+is unchanged.
 
 Picks: the channel builds pickers from READY backends only, so "move on when the first is not READY" falls
 out of the rebuild. Like gRPC's pick_first, it is sticky: once a backend is in use it stays in use while
@@ -17,8 +22,8 @@ keeps its order, a new address lands at a random place without reshuffling the o
 the addresses that leave the resolver's list (``order``, which ``connections`` calls with that list); ``build``
 sees only the READY ones, so it keeps the others' ranks.
 
-Thread safety: the picker is immutable; ``pick`` takes no lock. ``build`` and ``connections`` are serialised
-by the channel.
+Thread safety: the picker is immutable; ``pick`` takes no lock. ``build``, ``connections`` and
+``connections_timer`` are serialised by the channel.
 """
 
 from __future__ import annotations
@@ -27,10 +32,14 @@ from collections.abc import Collection, Mapping, Sequence
 from typing import Any
 
 from ..errors import InvalidServiceConfig, NoBackendAvailable
-from ..types import CONNECTING, READY, TRANSIENT_FAILURE, Backend
+from ..types import CONNECTING, READY, Backend
 from .base import Picker, PickInfo, PickResult, Policy
 from .config_fields import policy_config
 from .stats import dedupe
+
+#: gRFC A61's Connection Attempt Delay: while the latest connection attempt is still connecting after this many
+#: seconds, the next address is tried as well (gRPC's value; the earlier attempts are not cancelled).
+CONNECTION_ATTEMPT_DELAY = 0.25
 
 
 class PickFirstPicker(Picker):
@@ -48,11 +57,22 @@ class PickFirstPolicy(Policy):
 
     name = "pick_first"
 
-    def __init__(self, config: Any = None, **kwargs: Any) -> None:
+    def __init__(self, config: Any = None, *, connection_attempt_delay: float = CONNECTION_ATTEMPT_DELAY,
+                 **kwargs: Any) -> None:
         super().__init__(config, **kwargs)
+        if not connection_attempt_delay >= 0:  # also rejects NaN
+            raise ValueError(f"pick_first: connection_attempt_delay must be >= 0 seconds, got "
+                             f"{connection_attempt_delay!r}")
+        self.connection_attempt_delay = float(connection_attempt_delay)
         self._shuffle = bool(self.config.get("shuffleAddressList", False))
         self._ranks: dict[str, float] = {}  # address -> random rank (shuffleAddressList)
         self._current: str | None = None  # the address in use (builds are serialized by the channel)
+        # The current pass over the addresses (none usable), for the attempt delay: when the latest attempt was
+        # started (policy clock; None: no pass), which address it is (None: the pass began with attempts of an
+        # earlier one still connecting), and when ``connections`` wants to be asked again (None: on a change only).
+        self._attempt_at: float | None = None
+        self._latest: str | None = None
+        self._due: float | None = None
 
     @classmethod
     def parse_config(cls, raw: Any, path: str) -> dict[str, Any]:
@@ -81,18 +101,37 @@ class PickFirstPolicy(Policy):
         return sorted(backends, key=lambda b: ranks[b.address])
 
     def connections(self, backends: Sequence[Backend], states: Mapping[str, int]) -> Collection[str]:
-        """The one usable address (the one in use, else the first in order); while none is usable, the one being
-        tried and those that failed (retrying). The one being tried: a held connection still connecting (e.g.
-        the one in use, its health answer pending: not dropped for a fresh one), else the first address in
-        order without a connection."""
+        """The one usable address (the one in use, else the first in order); while none is usable, every address
+        with a connection (still connecting, or failed and retrying) plus, when the latest attempt failed or has
+        been connecting for ``connection_attempt_delay`` seconds (or none is connecting), the first address in
+        order without a connection: it starts a new attempt. A pass that begins with a held connection still
+        connecting (e.g. the one in use, its health answer pending) waits one delay before starting another."""
         ordered = self.order(backends)
         usable = [b.address for b in ordered if states.get(b.address) == READY]
         if usable:
+            self._attempt_at = self._latest = self._due = None
             return (self._current if self._current in usable else usable[0],)
-        trying = next((b.address for b in ordered if states.get(b.address) == CONNECTING), None)
-        if trying is None:
-            trying = next((b.address for b in ordered if b.address not in states), None)
-        return [b.address for b in ordered if b.address == trying or states.get(b.address) == TRANSIENT_FAILURE]
+        now = self.clock()
+        if self._attempt_at is None:  # a pass begins: connections still connecting count as started now
+            self._attempt_at = now
+        fresh = [b.address for b in ordered if b.address not in states]
+        connecting = [b.address for b in ordered if states.get(b.address) == CONNECTING]
+        # the latest attempt failed (or left the list): the next one starts at once, as in A61
+        waiting = self._latest in connecting if self._latest is not None else bool(connecting)
+        start = None
+        if fresh and (not waiting or now - self._attempt_at >= self.connection_attempt_delay):
+            start = fresh.pop(0)
+            self._attempt_at, self._latest, waiting = now, start, True
+        # a timer only while an attempt is connecting and an address is left to start when it fires
+        self._due = self._attempt_at + self.connection_attempt_delay if waiting and fresh else None
+        return [b.address for b in ordered if b.address in states or b.address == start]
+
+    def connections_timer(self) -> float | None:
+        """Seconds until the attempt delay of the latest attempt runs out, when another address would then be
+        started (0: now); None: nothing to start until a connection changes state."""
+        if self._due is None:
+            return None
+        return max(self._due - self.clock(), 0.0)
 
     def build(self, backends: Sequence[Backend]) -> Picker:
         ordered = self._ranked(backends)

@@ -34,7 +34,8 @@ log = logging.getLogger("waypost.client")
 
 class BalancerWrapper:
     """Keeps one SubConn per backend address the policy wants connected (``Policy.connections``: by default all;
-    asked again after every change of the list or of a subconn's state) and publishes the picker over the
+    asked again after every change of the list or of a subconn's state, and on the first poll after the time
+    ``Policy.connections_timer`` gave, e.g. pick_first's attempt delay) and publishes the picker over the
     usable ones to ``pickers``.
 
     ``make_channel``, ``probe``, ``close_channel``, ``start_health`` and ``stop_health``: see
@@ -72,6 +73,8 @@ class BalancerWrapper:
         self.pickers = PickerWrapper(target)
         self._pool = SubConnPool(target, make_channel=make_channel, probe=probe, close_channel=close_channel,
                                  start_health=start_health, stop_health=stop_health, clock=clock)
+        self._clock = clock
+        self._recheck_at: float | None = None  # when to ask policy.connections again (Policy.connections_timer)
         self._resolve_now = resolve_now
         self._on_refork = on_refork
         self._lock = threading.RLock()
@@ -142,26 +145,39 @@ class BalancerWrapper:
         """Hold a subconn for each address the policy wants connected, of the resolver's list; let the others
         drain (caller holds ``_lock``)."""
         pool = self._pool
-        wanted = self._wanted()
-        for addr in [a for a in pool.active if a not in wanted]:
-            pool.remove(pool.active[addr])
-        for addr, b in wanted.items():
-            if addr not in pool.active:
-                sc, revived = pool.add(b)
-                if revived:
-                    self._probe_revived(sc)
+        # A policy takes a new connection for one still connecting; a revived one (a draining channel taken back)
+        # may already be READY or failed: then the policy is asked again at once, not one poll or timer later.
+        # Each further round follows a round that added an address, so len + 1 rounds bound it.
+        for _ in range(len(self._order) + 1):
+            wanted = self._wanted()
+            for addr in [a for a in pool.active if a not in wanted]:
+                pool.remove(pool.active[addr])
+            settled = True
+            for addr, b in wanted.items():
+                if addr not in pool.active:
+                    sc, revived = pool.add(b)
+                    if revived:
+                        self._probe_revived(sc)
+                    if self._selective and _policy_state(sc) != CONNECTING:
+                        settled = False
+            if settled:
+                return
 
     def _wanted(self) -> dict[str, Backend]:
         everything = {b.address: b for b in self._order}
         if not self._selective:
             return everything
         states = {a: _policy_state(sc) for a, sc in self._pool.active.items()}
+        self._recheck_at = None
         try:
             chosen = self.policy.connections(self._order, states)
+            timer = self.policy.connections_timer()
         except Exception:  # a policy bug must not leave the channel without connections
             log.exception("waypost: %s: %s.connections failed; connecting to every backend", self.target,
                           type(self.policy).__name__)
             return everything
+        if timer is not None:
+            self._recheck_at = self._clock() + timer
         if chosen is None:
             return everything
         return {a: b for a, b in everything.items() if a in chosen}
@@ -213,6 +229,12 @@ class BalancerWrapper:
                     if not sc.removed:
                         self._set_state(sc, st)
                 self._changed()
+            self._fire()
+        elif self._recheck_at is not None and self._clock() >= self._recheck_at:
+            # the policy's timer ran out with no state change (e.g. pick_first's attempt delay): ask it again
+            with self._lock:
+                if not self._closed and self._recheck_at is not None and self._clock() >= self._recheck_at:
+                    self._changed()
             self._fire()
         if self._pool.draining:
             with self._lock:
