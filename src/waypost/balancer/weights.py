@@ -156,7 +156,7 @@ class Capacity:
     ``drained`` > 0 raises ``all_drained``).
     """
 
-    __slots__ = ("backends", "draws", "drained", "units", "weights")
+    __slots__ = ("backends", "drained", "draws", "units", "weights")
 
     def __init__(self, backends: list[Any], weights: tuple[int, ...] | None, drained: int) -> None:
         self.backends = backends
@@ -198,3 +198,9 @@ class CapacityPicker(Picker, Generic[P, S]):
         self._units = capacity.units
         self._draws = capacity.draws
         self._drained = capacity.drained
+
+    def capacities(self) -> dict[str, tuple[int, float]] | None:
+        """address -> (weight, units) of the backends picked among; None when the weights are equal."""
+        if self._weights is None or self._units is None:
+            return None
+        return {b.address: (w, u) for b, w, u in zip(self._backends, self._weights, self._units)}
