@@ -35,6 +35,10 @@ flight from every client (RIF) and its latency estimate at that load. This polic
 
 A probe never blocks or fails a call: the pick reads the pool and peak_ewma's statistics only.
 
+Registered weights, when they differ (``weights.Capacity``): the fallback is peak_ewma's weighted P2C, and the pool
+counts each probe's RIF per unit of capacity and draws two cold candidates by weight (``prequal_pool``), so idle,
+each backend gets its weight's share; weight 0 keeps a backend out of both.
+
 Config (``loadBalancingConfig``)::
 
     {"prequal": {"probesPerPick": 1, "maxProbeRate": 16, "poolSize": 16, "maxProbeAge": "1s",

@@ -131,7 +131,8 @@ class Capacity:
     - they are compared on their load *per unit of capacity*: a backend's calls in flight are divided by its
       ``units`` (its weight over the mean weight of the build: an average backend is one unit), its latency is not
       (peak_ewma: ``latency x (in flight / units + 1)``; p2c_ewma: ``sqrt(lag + 1) x (in flight / units + 1)``;
-      least_request: ``in flight / weight``, the first drawn on ties; prequal: the RIF its probes report, per unit);
+      least_request: ``in flight / weight``, the first drawn on ties; prequal: the RIF its probes report, per unit),
+      latencies smoothly (``p2c.prefer``: a hair's difference is a coin toss, twice the load loses 16 times in 17);
     - a backend drawn twice is picked without a comparison, unless the policy counts it as failing (peak_ewma: a
       call failed there within ``decayTime``; p2c_ewma: its success EWMA is at or below half): it is then compared
       with a second candidate drawn, by weight, from the others.
@@ -142,7 +143,7 @@ class Capacity:
     queue per unit of capacity decides, so at equal latency the in-flight counts, hence the traffic, follow the
     weights; and a slow backend loses the comparisons it is drawn into, whatever its weight. Dividing a backend's
     whole load by its weight instead (what these policies did before) made the heavier backend of every pair win
-    when nothing is in flight: 100:10 sent 99.8 % of sequential calls to the heavy one. The price of the draw: a
+    when nothing is in flight: 100:10 sent 99.9 % of sequential calls to the heavy one. The price of the draw: a
     healthy backend of share ``p`` keeps at least ``p^2`` of the picks however slow it is (it is drawn twice that
     often), as under Envoy's rule, where it keeps ``p``.
 
