@@ -6,6 +6,8 @@ from __future__ import annotations
 import random
 from collections import Counter
 
+import pytest
+
 from tests.policy_support import bs
 from waypost.balancer import p2c
 from waypost.balancer.base import PickInfo
@@ -51,3 +53,46 @@ def test_p2c_policies_draw_through_the_shared_pair():
         for _ in range(50):
             a, b = p2c.pair(ref, 5)
             assert picker.pick(PickInfo()).backend.address in {"abcde"[a], "abcde"[b]}
+
+
+def test_weighted_draw_follows_the_weights_one_randrange_of_the_total_each():
+    rng, ref = random.Random(4), random.Random(4)
+    draws = p2c.WeightedDraw([10, 20, 30])
+    got = [draws.draw(rng) for _ in range(600)]
+    # index i owns [sum of the weights before it, that sum + its weight) of randrange(total)
+    assert got == [0 if r < 10 else 1 if r < 30 else 2 for r in (ref.randrange(60) for _ in range(600))]
+    counts = Counter(draws.draw(rng) for _ in range(60_000))
+    assert all(abs(counts[i] / 60_000 - w / 60) < 0.01 for i, w in enumerate([10, 20, 30])), counts
+
+
+def test_weighted_pair_may_draw_one_index_twice():
+    rng = random.Random(2)
+    pairs = Counter(p2c.WeightedDraw([100, 10]).pair(rng) for _ in range(12_100))
+    assert 9_600 < pairs[(0, 0)] < 10_400  # (10/11)^2 of the pairs: 10,000
+    assert pairs[(1, 1)] < 250  # (1/11)^2: 100
+
+
+def test_weighted_other_never_returns_the_given_index_and_weighs_the_rest():
+    rng = random.Random(9)
+    draws = p2c.WeightedDraw([10, 20, 30, 40])
+    for i in range(4):
+        others = Counter(draws.other(rng, i) for _ in range(9_000))
+        assert i not in others
+        rest = {j: w for j, w in enumerate([10, 20, 30, 40]) if j != i}
+        for j, w in rest.items():
+            assert abs(others[j] / 9_000 - w / sum(rest.values())) < 0.02, (i, others)
+
+
+def test_weighted_draw_rejects_a_weight_that_is_not_positive():
+    with pytest.raises(ValueError, match="positive"):
+        p2c.WeightedDraw([10, 0])
+
+
+def test_prefer_takes_the_lower_load_more_often_the_more_it_is_lower():
+    rng = random.Random(1)
+    assert not p2c.prefer(rng, 0.0, 5.0) and p2c.prefer(rng, 5.0, 0.0)  # a zero load: no draw, the lower
+    assert not p2c.prefer(rng, 2.0, 2.0)  # a tie: the first drawn
+    near = sum(p2c.prefer(rng, 1.01, 1.0) for _ in range(10_000)) / 10_000
+    far = sum(p2c.prefer(rng, 2.0, 1.0) for _ in range(10_000)) / 10_000
+    assert 0.49 < near < 0.53  # a hair's difference is no reason to break the weights' share
+    assert far > 0.93  # 16/17 at SHARPNESS 4: twice the load almost always loses

@@ -1,10 +1,11 @@
 """least_request: power of ``choiceCount`` choices on the in-flight request count (gRPC A48).
 
 Each pick draws ``choiceCount`` backends at random (with replacement, as grpc-go does) and takes the
-one with the fewest calls in flight (the first drawn on ties). When the registered weights differ, (calls in
-flight + 1) / weight is compared instead (Envoy's weighted least request; ``weights.Capacity``); weight 0 drains. In-flight counts are kept in the
-policy by address, so they survive rebuilds, and a ``done`` from an older picker still decrements
-the right counter.
+one with the fewest calls in flight (the first drawn on ties). When the registered weights differ, the draws are
+by weight and calls in flight / weight is compared (weighted P2C, ``weights.Capacity``): idle, every draw ties and
+the first one drawn, a backend with probability its weight's share, is taken; under load in-flight counts follow
+the weights. Weight 0 drains. In-flight counts are kept in the policy by address, so they survive rebuilds, and a
+``done`` from an older picker still decrements the right counter.
 
 Thread safety: one ``threading.Lock`` per policy guards the counters' increments and decrements;
 the comparison reads them without the lock (a slightly stale count only changes a tie-break).
@@ -51,10 +52,16 @@ class LeastRequestPicker(CapacityPicker["LeastRequestPolicy", _Inflight]):
     """``_stats``: each backend's calls in flight (``_Inflight``)."""
 
     def _fewer(self, i: int, best: int) -> bool:
-        """Whether ``i`` has fewer calls in flight than ``best``; with weights, (calls + 1) / weight compared."""
-        d = self._divisors
+        """Whether ``i`` has fewer calls in flight than ``best``; when the weights differ, calls / weight compared
+        (cross-multiplied: exact integers)."""
+        w = self._weights
         ci, cb = self._stats[i].count, self._stats[best].count
-        return ci < cb if d is None else (ci + 1) * d[best] < (cb + 1) * d[i]
+        return ci < cb if w is None else ci * w[best] < cb * w[i]
+
+    def _draw(self, count: int) -> list[int]:
+        """``count`` indices with replacement: uniform, or by weight when the weights differ."""
+        rng = self._policy.rng
+        return p2c.choices(rng, len(self._backends), count) if self._draws is None else self._draws.choices(rng, count)
 
     def _fewest(self, drawn: Sequence[int]) -> int:
         """The draw with the fewest calls in flight (the first drawn on ties)."""
@@ -71,7 +78,7 @@ class LeastRequestPicker(CapacityPicker["LeastRequestPolicy", _Inflight]):
                 raise all_drained(LeastRequestPolicy.name, self._drained)
             raise NoBackendAvailable("least_request: no READY backend")
         policy = self._policy
-        drawn = p2c.choices(policy.rng, n, policy.choice_count)
+        drawn = self._draw(policy.choice_count)
         best = self._pick_ramped(n, drawn) if policy.slow_start.window else self._fewest(drawn)
         counter = self._stats[best]
         cost = policy.costs.get(info.method, 1) if policy.costs else 1
@@ -92,7 +99,7 @@ class LeastRequestPicker(CapacityPicker["LeastRequestPolicy", _Inflight]):
             return self._fewest(admitted)
         i = drawn[-1]
         for _ in range(policy.choice_count):
-            i = policy.rng.randrange(n)
+            i = policy.rng.randrange(n) if self._draws is None else self._draws.draw(policy.rng)
             if ramp.admits(self._stats[i].born, now):
                 break
         return i

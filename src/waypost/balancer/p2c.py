@@ -7,13 +7,22 @@ calls a pair, in that order, so a seeded rng gives the same picks wherever a pol
 ``choices`` is gRPC A48's draw for ``least_request``: ``count`` indices *with* replacement, one rng call each
 (grpc-go draws the same way; with replacement a pick of ``choiceCount`` can hold one backend twice, which A48
 accepts as the price of not tracking what was drawn).
+
+``WeightedDraw`` is the draw of these policies when the registered weights differ (weighted P2C): each candidate
+drawn independently, index ``i`` with probability ``weights[i] / total`` (one ``rng.randrange(total)`` a draw,
+integer arithmetic, so a seeded rng gives the same draws everywhere). Drawn *with replacement*: a comparison that
+favours neither of two equally loaded candidates then picks each backend with probability exactly its weight
+share (``p^2 + p(1 - p)``: both draws, or one of two and half the ties), which is what a weight means when the
+fleet is idle; a distinct pair cannot give that (with two backends every pick would be the comparison's).
 """
 
 from __future__ import annotations
 
+import bisect
 import random
+from collections.abc import Sequence
 
-__all__ = ["choices", "pair"]
+__all__ = ["WeightedDraw", "choices", "pair"]
 
 
 def pair(rng: random.Random, n: int) -> tuple[int, int]:
@@ -28,3 +37,58 @@ def pair(rng: random.Random, n: int) -> tuple[int, int]:
 def choices(rng: random.Random, n: int, count: int) -> list[int]:
     """``count`` indices below ``n`` (``n >= 1``), drawn independently (with replacement), in draw order."""
     return [rng.randrange(n) for _ in range(count)]
+
+
+class WeightedDraw:
+    """Indices drawn in proportion to positive integer ``weights`` (see the module doc); immutable, shared by the
+    picks of one picker."""
+
+    __slots__ = ("_ends", "_starts", "total")
+
+    def __init__(self, weights: Sequence[int]) -> None:
+        if not weights or any(w <= 0 for w in weights):
+            raise ValueError(f"weighted draw: weights must be positive integers, got {list(weights)}")
+        ends: list[int] = []
+        total = 0
+        for w in weights:
+            total += w
+            ends.append(total)
+        self._ends = tuple(ends)  # index i owns the integers [ends[i] - weights[i], ends[i])
+        self._starts = (0, *ends[:-1])
+        self.total = total
+
+    def __len__(self) -> int:
+        return len(self._ends)
+
+    def draw(self, rng: random.Random) -> int:
+        """One index, ``i`` with probability ``weights[i] / total``."""
+        return bisect.bisect_right(self._ends, rng.randrange(self.total))
+
+    def pair(self, rng: random.Random) -> tuple[int, int]:
+        """Two independent draws (the same index possibly twice), in draw order."""
+        return self.draw(rng), self.draw(rng)
+
+    def choices(self, rng: random.Random, count: int) -> list[int]:
+        """``count`` independent draws, in draw order."""
+        return [self.draw(rng) for _ in range(count)]
+
+    def other(self, rng: random.Random, i: int) -> int:
+        """An index other than ``i``, in proportion to the weights of the others (``len(self) >= 2``): the draw of a
+        second candidate when ``i`` must be compared with someone."""
+        start, end = self._starts[i], self._ends[i]
+        r = rng.randrange(self.total - (end - start))
+        return bisect.bisect_right(self._ends, r if r < start else r + (end - start))
+
+
+#: how sharply ``prefer`` follows a difference of load (see there)
+SHARPNESS = 4
+
+
+def prefer(rng: random.Random, first: float, second: float) -> bool:
+    """Whether weighted P2C takes the ``second`` candidate over the ``first``, given their loads: with probability
+    ``first^k / (first^k + second^k)`` (``k = SHARPNESS``), one ``rng.random()`` (none when a load is 0 or both
+    are equal: the lower one, or on a tie the first drawn)."""
+    if first == second or first == 0.0 or second == 0.0:
+        return second < first
+    a, b = first**SHARPNESS, second**SHARPNESS
+    return rng.random() * (a + b) < a

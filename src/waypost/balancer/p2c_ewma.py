@@ -19,6 +19,12 @@ latest if plain comparison never chooses it.
 
 The latency sample is ``Outcome.latency`` as the channel measured it.
 
+Registered weights (not in go-zero, which has none): when they differ, the pair is drawn by weight with
+replacement (two backends included), still redrawn until both are healthy; one drawn twice is taken unless it is
+unhealthy (then compared with one drawn from the others), and the loads compared count the calls in flight per
+unit of capacity, ``int(sqrt(lag + 1)) * (inflight / units + 1)`` (``weights.Capacity``: idle, each backend gets
+its weight's share). Equal weights (or none) change nothing: go-zero's picks exactly.
+
 Config: none by default, which is go-zero's behaviour exactly. ``{"p2c_ewma": {"slowStartWindow": "10s"}}``
 (``slow_start``; not in go-zero) ramps a backend that just appeared: it takes part in a pair's comparison
 (force pick included) with a probability growing from 10 % to 1 over the window; when it is not admitted, the
@@ -78,6 +84,11 @@ class P2CStats:
         load = int(math.sqrt(self.lag + 1)) * (self.inflight + 1)
         return PENALTY if load == 0 else load
 
+    def unit_load(self, units: float) -> float:
+        """``load`` with the calls in flight per unit of capacity (weights differ: ``weights.Capacity``); never
+        0 (``sqrt(lag + 1) >= 1``), so no penalty case."""
+        return int(math.sqrt(self.lag + 1)) * (self.inflight / units + 1)
+
 
 class P2CPicker(CapacityPicker["P2CEwmaPolicy", P2CStats]):
 
@@ -92,6 +103,8 @@ class P2CPicker(CapacityPicker["P2CEwmaPolicy", P2CStats]):
         with policy._lock:
             if n == 1:
                 i = self._choose(now, 0, None)
+            elif self._draws is not None:
+                i = self._choose_weighted(now)
             elif n == 2:
                 i = self._choose(now, 0, 1)
             else:
@@ -107,6 +120,22 @@ class P2CPicker(CapacityPicker["P2CEwmaPolicy", P2CStats]):
         policy._maybe_log(now)
         return PickResult(self._backends[i], policy._done_hook(chosen))
 
+    def _choose_weighted(self, now: float) -> int:
+        """Weighted P2C (``weights.Capacity``): draws by weight, with replacement, redrawn up to ``PICK_TIMES`` times
+        until both are healthy (go-zero's rule); a backend drawn twice is taken, unless it is unhealthy: it is then
+        compared with one drawn from the others."""
+        draws = self._draws
+        assert draws is not None
+        rng = self._policy.rng
+        a = b = 0
+        for _ in range(PICK_TIMES):
+            a, b = draws.pair(rng)
+            if self._stats[a].healthy() and self._stats[b].healthy():
+                break
+        if a == b and not self._stats[a].healthy():
+            b = draws.other(rng, a)
+        return self._choose(now, a, None if a == b else b)
+
     def _choose(self, now: float, i1: int, i2: int | None) -> int:
         s1 = self._stats[i1]
         if i2 is None:
@@ -119,8 +148,8 @@ class P2CPicker(CapacityPicker["P2CEwmaPolicy", P2CStats]):
                 i1, s1 = i2, s2
             s1.picked = now
             return i1
-        d = self._divisors
-        if (s1.load() > s2.load()) if d is None else (s1.load() * d[i2] > s2.load() * d[i1]):
+        u = self._units
+        if (s1.load() > s2.load()) if u is None else p2c.prefer(self._policy.rng, s1.unit_load(u[i1]), s2.unit_load(u[i2])):
             i1, i2, s1, s2 = i2, i1, s2, s1
         if now - s2.picked > FORCE_PICK:
             s2.picked = now

@@ -12,9 +12,11 @@ works with any backend:
 - between samples the estimate decays towards zero by the same ``w`` (evaluated when it is read; the
   stored value only changes on samples): a backend that lost its traffic because it was slow gets
   tried again after a while, and its next replies say whether it recovered;
-- ``load = estimate * (in flight + 1)``, divided by the backend's registered ``weight`` when the weights differ
-  (``weights.Capacity``: at equal latency traffic follows the weights; weight 0 drains); an estimate decayed to zero with calls in flight counts as
-  ``PENALTY + in flight`` (as Finagle does), so that it does not attract every call before it answers;
+- ``load = estimate * (in flight + 1)``; an estimate decayed to zero with calls in flight counts as
+  ``PENALTY + in flight`` (as Finagle does), so that it does not attract every call before it answers. When the
+  registered weights differ, the in-flight count is per unit of capacity, ``in flight / units`` (weighted P2C,
+  ``weights.Capacity``: idle, each backend gets its weight's share; at equal latency under load traffic follows
+  the weights; weight 0 drains);
 - a backend never measured (no call ended there yet) costs nothing while it has no call in flight, and
   ``PENALTY + in flight`` while it has (Finagle's rule for an endpoint without latency): a new backend gets
   one call at once, not a flood, and its first reply sets its estimate outright (what it started at is a
@@ -29,7 +31,9 @@ works with any backend:
 - a failed call (``stats.FAILURE_CODES``) is sampled as at least ``FAILURE_RTT`` seconds: a backend that
   fails fast must not look fast.
 
-A pick draws two distinct backends at random and takes the lower load (one backend: it).
+A pick draws two distinct backends at random and takes the lower load (one backend: it). When the weights differ
+the two are drawn by weight, with replacement; one drawn twice is taken, unless a call failed there within
+``decayTime``: it is then compared with a second one drawn from the others (``weights.Capacity``).
 
 Config (``loadBalancingConfig``): ``{"peak_ewma": {"decayTime": "10s", "defaultRtt": "0.03s"}}``
 (gRPC JSON durations; the defaults are Linkerd's), ``slowStartWindow`` (``slow_start``: a backend that just
@@ -94,13 +98,16 @@ class PeakEwmaStats:
         """The latency estimate at ``now``: decayed towards zero since the last sample."""
         return self.cost * math.exp(-max(0.0, now - self.stamp) / decay)
 
-    def load(self, now: float, decay: float) -> float:
+    def load(self, now: float, decay: float, units: float | None = None) -> float:
+        """``estimate * (in flight + 1)``; with ``units`` (weights differ: ``weights.Capacity``) the calls in flight
+        are counted per unit of capacity, ``in flight / units``."""
+        queue = self.inflight if units is None else self.inflight / units
         if not self.sampled:  # never measured: free while idle (measured at once), then one call at a time
-            return PENALTY + self.inflight if self.inflight else 0.0
+            return PENALTY + queue if self.inflight else 0.0
         est = self.estimate(now, decay)
         if est == 0.0 and self.inflight:
-            return PENALTY + self.inflight
-        return est * (self.inflight + 1)
+            return PENALTY + queue
+        return est * (queue + 1)
 
     def observe(self, rtt: float, now: float, decay: float) -> None:
         if rtt > self.cost or not self.sampled:  # a peak, or the first measurement: it replaces a mere guess
@@ -125,10 +132,22 @@ class PeakEwmaPicker(CapacityPicker["PeakEwmaPolicy", PeakEwmaStats]):
         return self._drained
 
     def _lighter(self, j: int, i: int, now: float, decay: float) -> bool:
-        """Whether backend ``j``'s load is below ``i``'s, each divided by its registered weight."""
-        lj, li = self._stats[j].load(now, decay), self._stats[i].load(now, decay)
-        d = self._divisors
-        return lj < li if d is None else lj * d[i] < li * d[j]
+        """Whether backend ``j``'s load is below ``i``'s (per unit of capacity when the weights differ)."""
+        u = self._units
+        if u is None:
+            return self._stats[j].load(now, decay) < self._stats[i].load(now, decay)
+        return p2c.prefer(self._policy.rng, self._stats[i].load(now, decay, u[i]), self._stats[j].load(now, decay, u[j]))
+
+    def _weighted_pair(self, now: float, decay: float) -> tuple[int, int]:
+        """Weighted P2C's candidates (``weights.Capacity``): two draws by weight; a backend drawn twice where a call
+        failed within ``decayTime`` is compared with one drawn from the others (its weight buys it no pick)."""
+        draws = self._draws
+        assert draws is not None
+        rng = self._policy.rng
+        i, j = draws.pair(rng)
+        if i == j and now - self._stats[i].failed_at <= decay:
+            j = draws.other(rng, i)
+        return i, j
 
     def pick(self, info: PickInfo) -> PickResult:
         costs = self._policy.costs
@@ -148,13 +167,13 @@ class PeakEwmaPicker(CapacityPicker["PeakEwmaPolicy", PeakEwmaStats]):
         i = 0
         with policy._lock:
             if n > 1:
-                i, j = p2c.pair(policy.rng, n)
                 now, decay = policy.clock(), policy.decay
+                i, j = p2c.pair(policy.rng, n) if self._draws is None else self._weighted_pair(now, decay)
                 si, sj = self._stats[i], self._stats[j]
                 only = policy.slow_start.only_admitted(si.born, sj.born, now)
                 if only is not None:  # one of the pair is ramping and not admitted: the other one
                     i = j if only else i
-                elif self._lighter(j, i, now, decay):
+                elif i != j and self._lighter(j, i, now, decay):
                     i = j
             chosen = self._stats[i]
             chosen.inflight += cost

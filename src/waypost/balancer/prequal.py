@@ -35,6 +35,10 @@ flight from every client (RIF) and its latency estimate at that load. This polic
 
 A probe never blocks or fails a call: the pick reads the pool and peak_ewma's statistics only.
 
+Registered weights, when they differ (``weights.Capacity``): the fallback is peak_ewma's weighted P2C, and the pool
+counts each probe's RIF per unit of capacity and draws two cold candidates by weight (``prequal_pool``), so idle,
+each backend gets its weight's share; weight 0 keeps a backend out of both.
+
 Config (``loadBalancingConfig``)::
 
     {"prequal": {"probesPerPick": 1, "maxProbeRate": 16, "poolSize": 16, "maxProbeAge": "1s",
@@ -137,6 +141,9 @@ class PrequalPolicy(Policy):
         self._lock = threading.Lock()
         self._prober: LoadProber | None = None
         self._ready: frozenset[str] = frozenset()
+        # address -> (registered weight, units) of the READY backends when their weights differ (weights.Capacity)
+        self._capacities: dict[str, tuple[int, float]] | None = None
+        self._weights: dict[str, int] | None = None
         self._no_reports: set[str] = set()  # answered UNIMPLEMENTED (or no in-flight count): not probed again
         # address -> (when its probe was sent, this client's calls in flight there then: the report cannot include
         # calls started after it was asked for)
@@ -179,8 +186,11 @@ class PrequalPolicy(Policy):
         # the fallback's backends: drained ones (weight 0) left out, in the order its ``take`` indexes them
         backends = fallback.backends
         ready = frozenset(b.address for b in backends)
+        capacities = fallback.capacities()
         with self._lock:
             self._ready = ready
+            self._capacities = capacities
+            self._weights = None if capacities is None else {a: w for a, (w, _) in capacities.items()}
             for gone in [a for a in self._last if a not in ready]:
                 self._pool.discard(gone)
                 del self._last[gone]
@@ -211,7 +221,7 @@ class PrequalPolicy(Policy):
                 # estimate (a failure counts as FAILURE_RTT) stands if higher (a server counts its errors' time)
                 lat = max(0.0, latency, failing or 0.0)
             own = view[0] if asked is None else min(view[0], asked[1])
-            self._pool.add(Probe(address, float(in_flight), lat, now, own=own))
+            self._pool.add(Probe(address, float(in_flight), lat, now, own=own, units=self._units_of(address)))
             self._last[address] = (float(in_flight), latency, now, own)
 
     def on_probe_failed(self, address: str, unsupported: bool) -> None:
@@ -242,7 +252,8 @@ class PrequalPolicy(Policy):
             usable: Mapping[str, int] | _Admitted = index
             if self.fallback.slow_start.window:
                 usable = _Admitted(index, self.fallback.admits)
-            probe = self._pool.choose(usable, self.fallback.inflight_of, min(2, len(addresses)), hot_choice=False)
+            probe = self._pool.choose(usable, self.fallback.inflight_of, min(2, len(addresses)), hot_choice=False,
+                                      weights=self._weights)
             if probe is not None:
                 self.probe_picks += 1
                 # counted under our lock, so the next pick's HCL sees this call in flight
@@ -299,7 +310,14 @@ class PrequalPolicy(Policy):
     def _add_local_view(self, address: str, now: float) -> None:
         view = self.fallback.stats_of(address)
         if view is not None:
-            self._pool.add(Probe(address, float(view[0]), view[1], now, own=view[0]))
+            self._pool.add(Probe(address, float(view[0]), view[1], now, own=view[0], units=self._units_of(address)))
+
+    def _units_of(self, address: str) -> float:
+        """The capacity of ``address`` in units of the mean weight (1 when the weights are equal). Caller holds
+        _lock."""
+        capacities = self._capacities
+        entry = None if capacities is None else capacities.get(address)
+        return 1.0 if entry is None else entry[1]
 
     def _retune(self, now: float) -> None:
         """The automatic reuse budget: a probe may serve as many picks as there were picks per probe lately."""
@@ -333,7 +351,8 @@ class PrequalPolicy(Policy):
     def pool(self) -> list[Probe]:
         """The probes held now, oldest first (copies; for tests and debugging)."""
         with self._lock:
-            return [Probe(p.address, p.inflight, p.latency, p.received, p.uses) for p in self._pool.probes()]
+            return [Probe(p.address, p.inflight, p.latency, p.received, p.uses, p.own, p.units)
+                    for p in self._pool.probes()]
 
     def without_reports(self) -> set[str]:
         with self._lock:

@@ -27,6 +27,13 @@ Pool hygiene, each rule for a reason:
 - when the pool is full, the oldest probe makes room;
 - ``choose`` may ask for at least ``min_choice`` candidates: HCL over a single leftover probe is no choice at all
   (it would send every call to whichever backend was probed last), the caller then decides by other means.
+
+Registered weights (``weights.Capacity``; the caller passes them when they differ): a probe's RIF counts per unit of
+capacity (``Probe.units``), in the hot threshold's history and in the hot test, so a heavy backend is not hot for
+carrying its share; and the cold choice is weighted P2C: two cold candidates drawn by weight, with replacement, the
+lower latency taken (``p2c.prefer``). Lowest latency among all the cold ones would hand every idle pick to whichever
+backend reported a hair faster, whatever the weights; the weighted draw gives each its weight's share when they
+report alike.
 """
 
 from __future__ import annotations
@@ -34,8 +41,10 @@ from __future__ import annotations
 import math
 import random
 from collections import deque
-from collections.abc import Callable, Container
+from collections.abc import Callable, Container, Mapping
 from dataclasses import dataclass
+
+from .p2c import WeightedDraw, prefer
 
 Clock = Callable[[], float]
 
@@ -50,6 +59,7 @@ class Probe:
     received: float
     uses: int = 0
     own: int = 0  # this client's calls in flight at the backend when the report came
+    units: float = 1.0  # the backend's capacity, weight / mean weight (weights differ): its RIF counts per unit
 
 
 class ProbePool:
@@ -88,7 +98,7 @@ class ProbePool:
     def add(self, probe: Probe) -> None:
         """Keep ``probe``, replacing an older probe of the same backend, evicting the oldest when full."""
         self._probes.pop(probe.address, None)
-        self._recent_rif.append(probe.inflight)
+        self._recent_rif.append(probe.inflight / probe.units)
         self._hot_above = _quantile(sorted(self._recent_rif), self.rif_quantile)
         while len(self._probes) >= self.size:
             del self._probes[next(iter(self._probes))]
@@ -113,12 +123,13 @@ class ProbePool:
             del self._probes[first.address]
 
     def choose(self, usable: Container[str], own: Callable[[str], int] | None = None, min_choice: int = 1,
-               hot_choice: bool = True) -> Probe | None:
+               hot_choice: bool = True, weights: Mapping[str, int] | None = None) -> Probe | None:
         """The HCL choice among the fresh probes of ``usable`` backends; None when fewer than ``min_choice``, or
         when every candidate is hot and ``hot_choice`` is False (the caller then decides by other means).
 
-        ``own(address)``: this client's calls in flight there now (see the module doc). Counts the use: the chosen
-        probe leaves the pool once its budget is spent.
+        ``own(address)``: this client's calls in flight there now (see the module doc). ``weights``: address ->
+        registered weight when the weights differ (the cold choice is then weighted P2C, see the module doc).
+        Counts the use: the chosen probe leaves the pool once its budget is spent.
         """
         self.expire()
         candidates = [p for p in self._probes.values() if p.address in usable]
@@ -129,9 +140,17 @@ class ProbePool:
         for p in candidates:
             r = p.inflight + p.uses if own is None else max(float(mine := own(p.address)), p.inflight - p.own + mine)
             rif[p.address] = r
-            latency[p.address] = p.latency * (r + 1) / (p.inflight + 1) if r > p.inflight else p.latency
-        cold = [p for p in candidates if rif[p.address] <= self._hot_above]
-        if cold:
+            # weighted: scaled both ways (a report taken while our now-ended calls were there overstates the
+            # latency of the next call; the backends a weighted choice favours carry our calls more often, so
+            # their reports would look slower); unweighted: only up, as always (the same picks as before)
+            rescale = r > p.inflight or (weights is not None and r < p.inflight)
+            latency[p.address] = p.latency * (r + 1) / (p.inflight + 1) if rescale else p.latency
+        cold = [p for p in candidates if rif[p.address] / p.units <= self._hot_above]
+        if cold and weights is not None:
+            draws = WeightedDraw([weights[p.address] for p in cold])
+            first, second = cold[draws.draw(self._rng)], cold[draws.draw(self._rng)]
+            best = second if prefer(self._rng, latency[first.address], latency[second.address]) else first
+        elif cold:
             best = _lowest(cold, lambda p: latency[p.address], self._rng)
         elif hot_choice:
             best = _lowest(candidates, lambda p: rif[p.address], self._rng)

@@ -28,6 +28,7 @@ from typing import Any, Generic, TypeVar
 import grpc
 
 from .base import Picker, PickError
+from .p2c import WeightedDraw
 from .stats import dedupe
 
 __all__ = ["DEFAULT_WEIGHT", "DRAINED", "Capacity", "CapacityMemo", "CapacityPicker", "all_drained", "parse_weight",
@@ -124,25 +125,49 @@ class WeightMemo:
 class Capacity:
     """What the load-aware policies (peak_ewma, p2c_ewma, least_request, prequal) make of the weights of one build.
 
-    A registered weight is a capacity statement. These policies compare loads, so they honour it the way Envoy's
-    weighted least-request does: a backend's load is divided by its weight before two loads are compared. At
-    equal latency and with calls in flight, traffic then follows the weights (a backend of weight 2 is as loaded
-    as one of weight 1 when it carries twice the calls); a slow heavy backend still loses to a fast light one. With
-    sequential calls (nothing in flight) the heavier backend of each drawn pair wins, so light backends get less
-    than their share. Drained backends (weight 0) are left out of the picker while any backend has a positive
-    weight, as in the weighted policies.
+    A registered weight is a capacity statement, honoured by **weighted P2C** whenever the weights differ:
 
-    ``backends``: the ones to pick among; ``divisors``: each one's weight, or None when all weights are equal
-    (loads are then compared as they are: an unweighted fleet is balanced exactly as without weights);
-    ``drained``: how many were left out (a picker with no backend and ``drained`` > 0 raises ``all_drained``).
+    - the candidates of a pick are drawn in proportion to weight, with replacement (``p2c.WeightedDraw``);
+    - they are compared on their load *per unit of capacity*: a backend's calls in flight are divided by its
+      ``units`` (its weight over the mean weight of the build: an average backend is one unit), its latency is not
+      (peak_ewma: ``latency x (in flight / units + 1)``; p2c_ewma: ``sqrt(lag + 1) x (in flight / units + 1)``;
+      least_request: ``in flight / weight``, the first drawn on ties; prequal: the RIF its probes report, per unit),
+      latencies smoothly (``p2c.prefer``: a hair's difference is a coin toss, twice the load loses 16 times in 17);
+    - a backend drawn twice is picked without a comparison, unless the policy counts it as failing (peak_ewma: a
+      call failed there within ``decayTime``; p2c_ewma: its success EWMA is at or below half): it is then compared
+      with a second candidate drawn, by weight, from the others.
+
+    Why: when the fleet is idle (nothing in flight, equal latency) the comparison favours neither candidate, so each
+    backend gets exactly its weight's share of the calls (``p^2 + p(1 - p) = p``: the share a user who registers
+    100:10 expects, as Envoy's weighted least request and gRPC's weighted round robin give); as calls pile up, the
+    queue per unit of capacity decides, so at equal latency the in-flight counts, hence the traffic, follow the
+    weights; and a slow backend loses the comparisons it is drawn into, whatever its weight. Dividing a backend's
+    whole load by its weight instead (what these policies did before) made the heavier backend of every pair win
+    when nothing is in flight: 100:10 sent 99.9 % of sequential calls to the heavy one. The price of the draw: a
+    healthy backend of share ``p`` keeps at least ``p^2`` of the picks however slow it is (it is drawn twice that
+    often), as under Envoy's rule, where it keeps ``p``.
+
+    Drained backends (weight 0) are left out of the picker while any backend has a positive weight, as in the
+    weighted policies.
+
+    ``backends``: the ones to pick among; ``weights``: each one's weight, None when all weights are equal (the
+    policy then draws and compares exactly as without weights: an unweighted fleet is balanced pick for pick as
+    before); ``units``: each one's weight / the mean weight (None with ``weights``); ``draws``: the weighted draw
+    over them (None with ``weights``); ``drained``: how many were left out (a picker with no backend and
+    ``drained`` > 0 raises ``all_drained``).
     """
 
-    __slots__ = ("backends", "divisors", "drained")
+    __slots__ = ("backends", "drained", "draws", "units", "weights")
 
-    def __init__(self, backends: list[Any], divisors: tuple[int, ...] | None, drained: int) -> None:
+    def __init__(self, backends: list[Any], weights: tuple[int, ...] | None, drained: int) -> None:
         self.backends = backends
-        self.divisors = divisors
+        self.weights = weights
         self.drained = drained
+        self.units: tuple[float, ...] | None = None
+        self.draws: WeightedDraw | None = None
+        if weights is not None:
+            self.units = tuple(w * len(weights) / sum(weights) for w in weights)
+            self.draws = WeightedDraw(weights)
 
 
 class CapacityMemo:
@@ -156,18 +181,27 @@ class CapacityMemo:
         backends = dedupe(backends)
         weights = self._memo.update(backends)
         kept = [b for b in backends if weights[b.address] > DRAINED]
-        divisors = tuple(weights[b.address] for b in kept)
-        return Capacity(kept, divisors if len(set(divisors)) > 1 else None, len(backends) - len(kept))
+        used = tuple(weights[b.address] for b in kept)
+        return Capacity(kept, used if len(set(used)) > 1 else None, len(backends) - len(kept))
 
 
 class CapacityPicker(Picker, Generic[P, S]):
     """What the pickers of the load-aware policies hold: their policy, the backends one ``Capacity`` kept, each
-    one's per-backend state (``stats``, index for index), the weights to divide loads by (``divisors``; None: all
-    equal) and how many backends were drained (``drained``: an empty picker with some raises ``all_drained``)."""
+    one's per-backend state (``stats``, index for index), the weights (``_weights``, ``_units``, ``_draws``; all
+    None when the weights are equal: draw and compare as without weights) and how many backends were drained
+    (``drained``: an empty picker with some raises ``all_drained``)."""
 
     def __init__(self, policy: P, capacity: Capacity, stats: Sequence[S]) -> None:
         self._policy = policy
         self._backends = tuple(capacity.backends)
         self._stats = tuple(stats)
-        self._divisors = capacity.divisors
+        self._weights = capacity.weights
+        self._units = capacity.units
+        self._draws = capacity.draws
         self._drained = capacity.drained
+
+    def capacities(self) -> dict[str, tuple[int, float]] | None:
+        """address -> (weight, units) of the backends picked among; None when the weights are equal."""
+        if self._weights is None or self._units is None:
+            return None
+        return {b.address: (w, u) for b, w, u in zip(self._backends, self._weights, self._units)}
