@@ -31,6 +31,8 @@ from .errors import PermissionDenied, WaypostError
 from .registry.formats import DEFAULT_FORMAT, FORMAT_NAMES
 
 DEFAULT_REGISTRY = "etcd://127.0.0.1:2379"
+#: the logger of the operator actions' audit lines (``waypost.console.actions``, imported only when one runs)
+AUDIT_LOGGER = "waypost.console.audit"
 #: set by ``waypost.cli.main``: the command owns the process, so it sets up logging to stderr
 CONFIGURE_LOGGING = False
 
@@ -121,15 +123,33 @@ def _configure_logging(ctx: click.Context) -> None:
     c = ctx.find_object(Ctx)
     if not CONFIGURE_LOGGING or c is None:
         return
-    quiet = logging.ERROR if ctx.find_root().invoked_subcommand in ("ls", "resolve", "bench") else logging.WARNING
+    command = ctx.find_root().invoked_subcommand
+    quiet = logging.ERROR if command in ("ls", "resolve", "bench") else logging.WARNING
     level = quiet if c.verbose == 0 else logging.INFO if c.verbose == 1 else logging.DEBUG
     root = logging.getLogger("waypost")
-    if not any(getattr(h, "waypost_cli", False) for h in root.handlers):
+    handler = next((h for h in root.handlers if getattr(h, "waypost_cli", False)), None)
+    if handler is None:
         handler = logging.StreamHandler(sys.stderr)
         handler.setFormatter(logging.Formatter("%(asctime)s %(levelname)s %(name)s: %(message)s", "%H:%M:%S"))
         handler.waypost_cli = True  # type: ignore[attr-defined]
         root.addHandler(handler)
+    if command in OPERATOR_ACTIONS and not any(isinstance(f, _NoAuditLine) for f in handler.filters):
+        handler.addFilter(_NoAuditLine())
     root.setLevel(level)
+
+
+#: the one-shot operator actions: they print what they did; their audit line is for the audit log
+OPERATOR_ACTIONS = ("drain", "undrain", "weight")
+
+
+class _NoAuditLine(logging.Filter):
+    """Keeps the audit logger (``waypost.console.audit``) off the terminal of ``drain``/``undrain``/``weight``:
+    the command prints what it did, and the audit line belongs where the audit log is collected (its logger,
+    for whoever configures it; the override record itself keeps who and when), not echoed back to the operator
+    who just typed the command. ``waypost console`` keeps it on stderr: there stderr is the server's log."""
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        return not record.name.startswith(AUDIT_LOGGER)
 
 
 @click.group(cls=_Group, context_settings={"help_option_names": ["-h", "--help"]})
