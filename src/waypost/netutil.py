@@ -164,7 +164,7 @@ def _port(text: str, bad: Callable[[str], NoReturn], listen: bool) -> int:
 
 def _bad_address(text: str, what: str, problem: str, listen: bool, port_required: bool) -> NoReturn:
     form = "HOST:PORT" if port_required else "HOST[:PORT]"
-    if listen:
+    if listen and port_required:  # a listening address (bind_address); advertise= takes no wildcard
         form += ", :PORT or PORT (every interface)"
     ports = "0..65535" if listen else "1..65535"
     raise AddressError(f"{what} {text!r}: {problem}; expected {form} with PORT in {ports} and IPv6 addresses "
