@@ -502,8 +502,8 @@ def resolve_cmd(c: Ctx, target: str, subset_size: int, client_id: str | None, ti
 # --------------------------------------------------------------------------------------------- demo, bench
 
 
-@app.command("demo", short_help="Live demo (about 30 s): 7 policies, a kill and an add under load.")
-@click.option("--quick", is_flag=True, help="A short run (CI), about 15 s: fewer calls per policy.")
+@app.command("demo", short_help="Live demo (about 40 s): 7 policies, a kill and an add under load.")
+@click.option("--quick", is_flag=True, help="A short run (CI), about 20 s: fewer calls per policy.")
 @click.option("--out", "out_dir", type=click.Path(file_okay=False, path_type=Path), default=None,
               help="Where to write the chart (default: the current directory).")
 @click.option("--no-chart", is_flag=True, help="Skip the PNG chart.")
@@ -515,7 +515,7 @@ def demo_cmd(c: Ctx, quick: bool, out_dir: Path | None, no_chart: bool, summary_
     """Live demo: local etcd, 4 backends (one slow), 7 of the policies (it names the
     others and why), a backend killed and one added under load.
 
-    A run takes about 30 s (--quick: about 15 s) and ends every process it started. Reuses the etcd at --registry when it answers, else starts its own (or, without an etcd binary, runs
+    A run takes about 40 s on 2 cores (--quick: about 20 s) and ends every process it started. Reuses the etcd at --registry when it answers, else starts its own (or, without an etcd binary, runs
     everything in this process on the memory registry)."""
     from .demo import run_demo
 
