@@ -130,8 +130,8 @@ def _stderr_if_done(proc: subprocess.Popen[str]) -> str:
     (("--prefix", ""), "Error: --prefix '': no PREFIX: expected 'PREFIX [OPTION=VALUE ...]'"),
     (("--prefix", "prod/ policy"), "Error: --prefix 'prod/ policy': option 'policy' is not OPTION=VALUE"),
     (("--export", "etcd:///127.0.0.1:2379?key=greet.rpc"),
-     "Error: --export 'etcd:///127.0.0.1:2379?key=greet.rpc': a dial target without NAME=: expected "
-     "'NAME=TARGET [OPTION=VALUE ...]' (e.g. --export 'greeter=etcd:///127.0.0.1:2379?key=greet.rpc')"),
+     ("Error: --export 'etcd:///127.0.0.1:2379?key=greet.rpc': a dial target without NAME=: expected "
+      "'NAME=TARGET [OPTION=VALUE ...]' (e.g. --export 'greeter=etcd:///127.0.0.1:2379?key=greet.rpc')")),
     (("--export", "a:b=dns:///h:1"), "Error: --export 'a:b=dns:///h:1': export 'a:b': NAME must be letters"),
 ])
 def test_xds_serve_bad_export_or_prefix_names_the_flag_the_value_and_the_form(args, expected):

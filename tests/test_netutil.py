@@ -9,8 +9,8 @@ import pytest
 from waypost.netutil import (
     AddressError,
     Interface,
-    bind_address,
     advertised_address,
+    bind_address,
     is_wildcard,
     list_interfaces,
     outbound_address,
