@@ -96,7 +96,7 @@ def test_xds_serve_bad_listen_address_is_one_line(listen):
 # -------------------------------------------------------------------------------------- :PORT and bare PORT
 
 
-@pytest.mark.parametrize("form", [":{port}", "{port}"])
+@pytest.mark.parametrize("form", [":{port}", "{port}", ":0", "0"])
 def test_xds_serve_colon_port_and_bare_port_listen_on_every_interface(form):
     port = free_port()
     proc = subprocess.Popen([sys.executable, "-m", "waypost.cli", "xds", "serve", "--listen", form.format(port=port),
@@ -105,7 +105,12 @@ def test_xds_serve_colon_port_and_bare_port_listen_on_every_interface(form):
         assert proc.stdout is not None
         ready, _, _ = select.select([proc.stdout], [], [], 60)
         line = proc.stdout.readline() if ready else ""
-        assert line.strip() == f"xds: serving on 0.0.0.0:{port}", (line, proc.poll(), _stderr_if_done(proc))
+        assert line.startswith("xds: serving on 0.0.0.0:"), (line, proc.poll(), _stderr_if_done(proc))
+        if "{port}" in form:
+            assert line.strip() == f"xds: serving on 0.0.0.0:{port}", line
+        else:  # port 0: the free port it got
+            port = int(line.strip().rpartition(":")[2])
+            assert port > 0, line
         with socket.create_connection(("127.0.0.1", port), timeout=10):  # every interface: loopback included
             pass
         proc.send_signal(signal.SIGTERM)

@@ -129,7 +129,7 @@ def xds_commands(global_options: Callable[[Any], Any], pass_ctx: Callable[[Any],
                 except (OSError, RuntimeError) as e:  # taken between the probe and the bind: grpcio's RuntimeError
                     raise click.ClickException(f"xds serve cannot listen on {address}: "
                                                f"{bind_problem(address) or e}") from None
-                click.echo(f"xds: serving on {join_host_port(split_host_port(address)[0], port)}")
+                click.echo(f"xds: serving on {join_host_port(split_host_port(address, listen=True)[0], port)}")
                 sys.stdout.flush()
                 names = ", ".join(e.name for e in exports) or "none yet"
                 c.err.print(f"exports: {names}" + (f"; prefixes: {', '.join(p.prefix for p in prefixes_found)}"
