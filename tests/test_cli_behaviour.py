@@ -161,7 +161,7 @@ def test_demo_help_says_how_long_it_takes():
     proc, _ = waypost_cmd("demo", "--help")
     assert proc.returncode == 0
     text = " ".join(proc.stdout.split())
-    assert "about 30 s" in text and "about 15 s" in text, text
+    assert "about 40 s" in text and "about 20 s" in text, text
 
 
 # ---------------------------------------------------------------------------------------- signals, restart
@@ -226,3 +226,19 @@ def test_etcd_command_restarts_at_once_on_the_same_port(tmp_path, unique_key):
     from waypost import _loop
 
     _loop.run(waypost.connect(url).close(), 10)
+
+
+def test_readme_names_every_extra_and_the_demos_policy_count():
+    """The README's set-up paragraph says what the demo really runs, and its extras list has every extra."""
+    tomllib = pytest.importorskip("tomllib")  # Python 3.11+
+
+    from waypost.balancer.policies import POLICIES as REGISTERED
+    from waypost.demo.runner import POLICIES
+
+    readme = " ".join((ROOT / "README.md").read_text().split())
+    assert f"{len(POLICIES)} of the {len(REGISTERED)} policies" in readme
+    assert f"the other {len(REGISTERED) - len(POLICIES)} and why" in readme
+    extras = tomllib.loads((ROOT / "pyproject.toml").read_text())["project"]["optional-dependencies"]
+    listed = readme.split("Extras: ", 1)[1].split("```", 1)[0]
+    missing = [name for name in extras if f"`{name}`" not in listed]
+    assert not missing, missing

@@ -10,16 +10,16 @@ import sys
 from pathlib import Path
 
 import waypost
+from waypost.etcd.local import free_port
 
 EXAMPLES = Path(__file__).resolve().parents[1] / "examples"
 
 
-def start_server(script: str, url: str, key: str) -> tuple[subprocess.Popen[str], str]:
-    # The examples listen on the wildcard and would advertise this host's interface address; tests stay on
-    # loopback, so the address is given the way a deployment gives it (POD_IP).
-    proc = subprocess.Popen([sys.executable, str(EXAMPLES / script), "--registry", url, "--key", key],
-                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
-                            env={**os.environ, "POD_IP": "127.0.0.1"})
+def start_server(script: str, url: str, key: str, *extra: str) -> tuple[subprocess.Popen[str], str]:
+    # POD_IP unset: an environment that has it would otherwise decide the address of a wildcard --listen
+    env = {k: v for k, v in os.environ.items() if k != "POD_IP"}
+    proc = subprocess.Popen([sys.executable, str(EXAMPLES / script), "--registry", url, "--key", key, *extra],
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env)
     line = proc.stdout.readline()
     assert line.startswith("serving "), (line, proc.stderr.read() if proc.poll() is not None else "")
     return proc, line.split()[-1]
@@ -36,10 +36,15 @@ def test_examples_end_to_end(shared_etcd, unique_key):
     url = shared_etcd.url()
     procs = []
     try:
-        sync_srv, a1 = start_server("server.py", url, unique_key)
+        port = free_port()
+        sync_srv, a1 = start_server("server.py", url, unique_key, "--listen", f"127.0.0.1:{port}")
         procs.append(sync_srv)
-        aio_srv, a2 = start_server("aio_server.py", url, unique_key)
+        assert a1 == f"127.0.0.1:{port}"  # the --listen host and port, as given
+        # every interface, and the address to register given, as for a server other hosts call
+        aio_srv, a2 = start_server("aio_server.py", url, unique_key, "--listen", "0.0.0.0:0", "--advertise",
+                                   "127.0.0.1")
         procs.append(aio_srv)
+        assert a2.startswith("127.0.0.1:") and a2 != "127.0.0.1:0", a2  # --advertise's host, the bound port
         target = f"etcd:///{shared_etcd.endpoint}?key={unique_key}"
 
         for script, extra in (("client.py", ("--balancer", "round_robin")), ("aio_client.py", ()),
@@ -83,3 +88,21 @@ def test_generated_code_matches_proto():
     assert [m.name for m in desc.methods] == ["SayHello"]
     assert hasattr(greet_pb2_grpc, "GreeterStub") and hasattr(greet_pb2_grpc, "add_GreeterServicer_to_server")
     assert "rpc SayHello" in (EXAMPLES / "greet.proto").read_text()
+
+
+def test_the_example_servers_default_to_loopback(shared_etcd, unique_key):
+    """Without flags a server listens and registers on loopback (what works on a laptop), not on the wildcard
+    with this host's interface address."""
+    for script in ("server.py", "aio_server.py"):
+        proc, address = start_server(script, shared_etcd.url(), unique_key)
+        try:
+            assert address.startswith("127.0.0.1:"), (script, address)
+            registered = [kv.value.decode() for kv in
+                          waypost.connect(shared_etcd.url()).sync.get(unique_key + "/", prefix=True).kvs]
+            assert address in registered, (script, registered)
+        finally:
+            if proc.poll() is None:
+                proc.kill()  # its deregistration is test_examples_end_to_end's to check
+                proc.wait(5)
+            proc.stdout.close()
+            proc.stderr.close()

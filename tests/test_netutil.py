@@ -10,6 +10,7 @@ from waypost.netutil import (
     AddressError,
     Interface,
     advertised_address,
+    bind_address,
     is_wildcard,
     list_interfaces,
     outbound_address,
@@ -173,6 +174,7 @@ PARSED = [
     ("h:0", {"listen": True}, ("h", 0)),
     (":50051", {"listen": True}, ("", 50051)),
     ("[::]:0", {"listen": True}, ("::", 0)),
+    ("18011", {"listen": True}, ("", 18011)),  # a bare PORT: every interface (all digits is no host)
     ("h:08080", {}, ("h", 8080)),
 ]
 
@@ -180,6 +182,28 @@ PARSED = [
 @pytest.mark.parametrize(("text", "kw", "expected"), PARSED, ids=[p[0] for p in PARSED])
 def test_parse_host_port(text, kw, expected):
     assert parse_host_port(text, **kw) == expected
+
+
+@pytest.mark.parametrize(("text", "bound"), [
+    (":18000", "0.0.0.0:18000"), ("18000", "0.0.0.0:18000"), ("0", "0.0.0.0:0"), ("127.0.0.1:0", "127.0.0.1:0"),
+    ("[::1]:8470", "[::1]:8470"), (" localhost:5 ", "localhost:5"),
+])
+def test_bind_address_is_what_grpc_binds(text, bound):
+    assert bind_address(text, what="--listen") == bound
+
+
+@pytest.mark.parametrize(("text", "problem"), [("a b:80", "'a b' is not a valid host name"),
+                                               ("123456", "bad port '123456'"), ("h", "no port"), (":", "bad port ''")])
+def test_bind_address_refuses_with_the_listening_forms(text, problem):
+    with pytest.raises(AddressError) as err:
+        bind_address(text, what="--listen")
+    assert str(err.value).startswith(f"--listen {text!r}: {problem}; expected HOST:PORT, :PORT or PORT (every "
+                                     "interface) with PORT in 0..65535"), str(err.value)
+
+
+def test_a_bare_number_is_a_port_only_where_a_server_listens():
+    with pytest.raises(AddressError, match="'18011' is not a valid IPv4 address"):
+        split_host_port("18011")
 
 
 def test_split_host_port_leaves_a_missing_port_to_the_caller():

@@ -149,6 +149,8 @@ def register(app: click.Group, global_options: Callable[..., Any], pass_ctx: Cal
         """Serve a live web page of every key, instance and registry, with drain and weight controls.
 
         Writes need the token (printed at start unless given). See docs/console.md."""
+        from .netutil import bind_problem, join_host_port
+
         try:
             from .console import DEFAULT_LISTEN, Console, ConsoleConfig
         except ImportError as e:
@@ -187,8 +189,9 @@ def register(app: click.Group, global_options: Callable[..., Any], pass_ctx: Cal
             try:
                 console.run(stop, on_started)
             except OSError as e:  # the port is taken, a TLS file is no key, ...
-                raise click.ClickException(f"the console cannot serve on {listen or DEFAULT_LISTEN}: "
-                                           f"{e.strerror or e}") from None
+                address = join_host_port(console.host, console.port)
+                raise click.ClickException(f"the console cannot listen on {address}: "
+                                           f"{bind_problem(address) or e.strerror or e}") from None
         exit_if_interrupted(stop)
 
     @app.command("drain", short_help="Take traffic off ADDR under KEY (weight 0 override).")

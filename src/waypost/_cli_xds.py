@@ -8,6 +8,7 @@ imported only when a command runs.
 from __future__ import annotations
 
 import logging
+import re
 import sys
 from collections.abc import Callable
 from pathlib import Path
@@ -19,24 +20,42 @@ from ._cli_signals import exit_if_interrupted, stop_on_signals
 
 log = logging.getLogger("waypost.xds")
 
+#: how a dial target starts (``etcd://``, ``dns:///``): an ``--export`` value that does is missing its ``NAME=``
+_SCHEME = re.compile(r"[A-Za-z][A-Za-z0-9+.-]*://")
+
 
 def _exports(c: Any, specs: tuple[str, ...], config: Path | None, prefixes: tuple[str, ...]) -> Any:
     from .resolver.target import target_for_registry
+    from .xds.errors import XdsConfigError
     from .xds.exports import PrefixExport, XdsConfig, check_unique, load_config, parse_export, parse_prefix
 
     cfg = load_config(config) if config is not None else XdsConfig()
     exports = list(cfg.exports)
     for spec in specs:
-        exports.append(parse_export(spec, bare_key=lambda key: target_for_registry(c.registry(), key)))
+        head = spec.split()[0] if spec.split() else ""
+        if _SCHEME.match(head):  # a TARGET alone: its own '=' (?key=...) would be read as NAME=
+            raise click.ClickException(f"--export {spec!r}: a dial target without NAME=: expected 'NAME=TARGET "
+                                       f"[OPTION=VALUE ...]' (e.g. --export 'greeter={head}')")
+        try:
+            exports.append(parse_export(spec, bare_key=lambda key: target_for_registry(c.registry(), key)))
+        except XdsConfigError as e:
+            raise click.ClickException(f"--export {spec!r}: {e} (--export takes 'NAME=TARGET [OPTION=VALUE ...]')"
+                                       ) from None
     check_unique(exports)
     found: list[PrefixExport] = list(cfg.prefixes)
     for p in prefixes:
-        head, *opts = p.split()
+        head, *opts = p.split() or [""]
+        if not head:
+            raise click.ClickException(f"--prefix {p!r}: no PREFIX: expected 'PREFIX [OPTION=VALUE ...]' (e.g. "
+                                       "--prefix 'prod/ policy=round_robin')")
         body: dict[str, Any] = {"registry": c.registry_url, "prefix": head}
         for opt in opts:
-            k, _, v = opt.partition("=")
+            k, sep, v = opt.partition("=")
+            if not sep or not k:
+                raise click.ClickException(f"--prefix {p!r}: option {opt!r} is not OPTION=VALUE (e.g. --prefix "
+                                           f"'{head} policy=round_robin')")
             body[k] = v
-        found.append(parse_prefix(body, f"prefix {head!r}"))
+        found.append(parse_prefix(body, f"--prefix {head!r}"))
     if not exports and not found:
         raise click.UsageError("nothing to serve: give --export NAME=TARGET, --prefix PREFIX or --config FILE")
     return exports, found
@@ -52,7 +71,7 @@ def xds_commands(global_options: Callable[[Any], Any], pass_ctx: Callable[[Any],
 
     @xds.command("serve", short_help="Run the xDS control plane until SIGTERM.")
     @click.option("--listen", default="127.0.0.1:18000", show_default=True, metavar="HOST:PORT",
-                  help="Where the ADS server listens (port 0: any free port).")
+                  help="Where the ADS server listens (:PORT or PORT: every interface; port 0: any free port).")
     @click.option("--export", "specs", multiple=True, metavar="'NAME=TARGET [OPT=V ...]'",
                   help="Serve NAME from a dial target, or from a KEY in --registry (repeatable). "
                        "Options: policy, hash_header, prefer, retries, retry_on, service_config, serve_empty.")
@@ -76,29 +95,41 @@ def xds_commands(global_options: Callable[[Any], Any], pass_ctx: Callable[[Any],
         waypost xds serve --listen 0.0.0.0:18000 --export 'greeter=etcd:///10.0.0.1:2379?key=greet.rpc'"""
         import grpc
 
+        from .netutil import bind_address, bind_problem, join_host_port, split_host_port
+
         try:
             from .xds.control import ControlPlane
         except ImportError as e:
             raise click.ClickException(str(e)) from None  # names the extra to install
         if (tls_cert is None) != (tls_key is None):
             raise click.UsageError("--tls-cert and --tls-key go together")
+        address = bind_address(listen, what="--listen")  # :PORT and PORT (every interface) as gRPC takes them
         exports, prefixes_found = _exports(c, specs, config, prefixes)
+        # Probed before gRPC binds: on a failed bind gRPC logs its own line and raises a RuntimeError that
+        # does not say why; the probe's answer is the one line the command ends with.
+        why = bind_problem(address)
+        if why:
+            raise click.ClickException(f"xds serve cannot listen on {address}: {why}")
         creds = None
         if tls_cert is not None and tls_key is not None:
             creds = grpc.ssl_server_credentials([(tls_key.read_bytes(), tls_cert.read_bytes())])
         if metrics_port is not None:
             from . import metrics
 
-            metrics.serve(metrics_port)
+            try:
+                metrics.serve(metrics_port)
+            except OSError as e:
+                raise click.ClickException(f"xds serve cannot serve metrics on 127.0.0.1:{metrics_port}: "
+                                           f"{bind_problem(f'127.0.0.1:{metrics_port}') or e.strerror or e}") from None
         with stop_on_signals() as stop:
             control = ControlPlane(exports, prefixes_found)
             try:
                 try:
-                    port = control.start(listen, creds)
-                except OSError as e:
-                    raise click.ClickException(str(e)) from None
-                host = listen.rpartition(":")[0] or "0.0.0.0"
-                click.echo(f"xds: serving on {host}:{port}")
+                    port = control.start(address, creds)
+                except (OSError, RuntimeError) as e:  # taken between the probe and the bind: grpcio's RuntimeError
+                    raise click.ClickException(f"xds serve cannot listen on {address}: "
+                                               f"{bind_problem(address) or e}") from None
+                click.echo(f"xds: serving on {join_host_port(split_host_port(address, listen=True)[0], port)}")
                 sys.stdout.flush()
                 names = ", ".join(e.name for e in exports) or "none yet"
                 c.err.print(f"exports: {names}" + (f"; prefixes: {', '.join(p.prefix for p in prefixes_found)}"

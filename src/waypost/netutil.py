@@ -7,8 +7,9 @@ address goes through them, so the rules and the error text are the same everywhe
   ambiguous and refused);
 - the host is an IPv4 address, an IPv6 address (in the brackets) or a host name (letters, digits, ``-``,
   ``_``, dot-separated labels of at most 63 characters, 253 in all); all digits and dots means IPv4;
-- the port is 1..65535; a listening address (``listen=True``) may also use port 0 (a free port) and an
-  empty host (every interface);
+- the port is 1..65535; a listening address (``listen=True``) may also use port 0 (a free port), an
+  empty host (``:PORT``: every interface) or be a bare ``PORT`` (the same); ``bind_address`` turns one into
+  the ``host:port`` gRPC binds (gRPC itself refuses ``:PORT`` and ``PORT``);
 - surrounding whitespace is ignored; a bad address raises ``AddressError`` naming it and the expected form.
 
 The advertised address, first that applies wins:
@@ -80,7 +81,8 @@ def split_host_port(text: str, *, what: str = "address", listen: bool = False) -
     port, None when absent. Raises ``AddressError`` naming ``what``, the text and the expected form.
 
     ``listen=True`` is for addresses a server binds or announces itself on: the host may be empty (every
-    interface) and the port may be 0 (a free port, or the bound port).
+    interface; ``:PORT``, or a bare ``PORT``: all digits cannot be a host) and the port may be 0 (a free
+    port, or the bound port).
     """
     return _split(text, what, listen, port_required=False)
 
@@ -100,6 +102,15 @@ def parse_host_port(text: str, *, what: str = "address", default_port: int | Non
 def normalize_host_port(text: str, *, what: str = "address", default_port: int | None = None) -> str:
     """The canonical ``host:port`` of ``text`` (port filled in, IPv6 in brackets, no surrounding spaces)."""
     return join_host_port(*parse_host_port(text, what=what, default_port=default_port))
+
+
+def bind_address(text: str, *, what: str = "listen address") -> str:
+    """The ``host:port`` a server binds for the listening address ``text`` (``HOST:PORT``, ``:PORT`` or a bare
+    ``PORT``; port 0: a free one). An empty host (every interface) becomes ``0.0.0.0``, which gRPC binds on
+    IPv6 too where the host has it; gRPC refuses ``:PORT`` (``host must not be empty``) and takes a bare
+    ``PORT`` for a host name. Raises ``AddressError`` naming ``what`` when ``text`` is malformed."""
+    host, port = parse_host_port(text, what=what, listen=True)
+    return join_host_port(host or "0.0.0.0", port)
 
 
 def join_host_port(host: str, port: int) -> str:
@@ -128,6 +139,8 @@ def _split(text: str, what: str, listen: bool, port_required: bool) -> tuple[str
         return host, _port(rest[1:], bad, listen)
     if s.count(":") > 1:
         bad("IPv6 addresses must be written in brackets")
+    if listen and s.isascii() and s.isdigit():  # a bare PORT: all digits is no host (nor an IPv4 address)
+        return "", _port(s, bad, listen)
     host, colon, port_text = s.partition(":")
     if not host:
         if not listen:
@@ -151,6 +164,8 @@ def _port(text: str, bad: Callable[[str], NoReturn], listen: bool) -> int:
 
 def _bad_address(text: str, what: str, problem: str, listen: bool, port_required: bool) -> NoReturn:
     form = "HOST:PORT" if port_required else "HOST[:PORT]"
+    if listen and port_required:  # a listening address (bind_address); advertise= takes no wildcard
+        form += ", :PORT or PORT (every interface)"
     ports = "0..65535" if listen else "1..65535"
     raise AddressError(f"{what} {text!r}: {problem}; expected {form} with PORT in {ports} and IPv6 addresses "
                        "in brackets (e.g. 10.0.0.5:8080, [fd00::2]:8080)")
@@ -209,9 +224,10 @@ def check_dialable(address: str, *, what: str = "address") -> str:
 
 
 def bind_problem(listen_on: str) -> str | None:
-    """Why a server cannot listen on ``listen_on`` (e.g. ``[Errno 98] Address already in use``), found
-    by binding a probe socket there as gRPC would; None when the probe binds (or the text is no
-    ``host:port``). gRPC itself only logs the cause."""
+    """Why a server cannot listen on ``listen_on`` (e.g. ``Address already in use``; followed by the address
+    that failed when it is not the one given, as for a host name), found by binding a probe socket there as
+    gRPC would; None when the probe binds (or the text is no listening address). gRPC itself only logs the
+    cause, and raises a RuntimeError that does not say it."""
     try:
         host, port = split_host_port(listen_on, what="listen address", listen=True)
         infos = socket.getaddrinfo(host or None, port or 0, type=socket.SOCK_STREAM, flags=socket.AI_PASSIVE)
@@ -223,7 +239,9 @@ def bind_problem(listen_on: str) -> str | None:
                 probe.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
                 probe.bind(sockaddr)
         except OSError as e:
-            return f"{e.strerror or e} ({join_host_port(str(sockaddr[0]), int(sockaddr[1]))})"
+            failed = join_host_port(str(sockaddr[0]), int(sockaddr[1]))
+            # the address that failed, when it is not the one asked (a name, a wildcard bound dual-stack)
+            return f"{e.strerror or e}" + ("" if (str(sockaddr[0]), sockaddr[1]) == (host, port) else f" ({failed})")
     return None
 
 

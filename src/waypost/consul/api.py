@@ -38,6 +38,7 @@ import urllib.parse
 from collections.abc import Iterable, Mapping
 from typing import Any
 
+from ..durations import format_duration
 from ..errors import PermissionDenied, RegistryError, RegistryUnavailable
 from .config import TOKEN_ENV, ConsulConfig
 
@@ -171,13 +172,22 @@ def _connected_trace() -> Any:
     return trace
 
 
+def _how_far(progress: Mapping[str, bool]) -> str:
+    """How far a request that did not finish got (``_connected_trace`` and ``request`` mark its progress)."""
+    if progress.get("answered"):
+        return "started answering but did not finish"
+    if progress.get("connected"):
+        return "accepted the connection but did not answer"
+    return "did not accept a connection"
+
+
 def _quote(segment: str) -> str:
     return urllib.parse.quote(segment, safe="")
 
 
 def _duration(seconds: float) -> str:
-    """Go duration text for Consul (``"55s"``, ``"1.5s"``)."""
-    return f"{seconds:g}s" if seconds != int(seconds) else f"{int(seconds)}s"
+    """Go duration text for Consul (``"55s"``, ``"1.5s"``): the gRPC JSON form, which Go's parser reads too."""
+    return format_duration(seconds)
 
 
 class ConsulClient:
@@ -195,6 +205,9 @@ class ConsulClient:
         self.filtered_by_acls = False
         #: Consul's ACL default policy as its last answer said (``X-Consul-Default-Acl-Policy``: allow, deny)
         self.default_acl_policy = ""
+        #: how far the last request got when its caller's own bound cancelled it (``asyncio.wait_for``): how and
+        #: what, for ``no_answer``; None when the last request was not cancelled
+        self.stalled: tuple[str, str] | None = None
 
     def __repr__(self) -> str:
         return f"<ConsulClient {self.config.redacted}>"
@@ -231,12 +244,22 @@ class ConsulClient:
         token = self.config.effective_token()
         return {"X-Consul-Token": token} if token else {}
 
+    def no_answer(self, how: str, within: float, what: str) -> RegistryUnavailable:
+        """The one text of a request the agent did not answer in time, whoever timed it out (this client, or a
+        caller's bound around it): which agent, how far the request got (``how``: it accepted the connection
+        but did not answer, ...), the bound the caller set (``within`` seconds) and the request (``what``)."""
+        return RegistryUnavailable(f"consul agent at {self.config.base_url} {how} within {format_duration(within)} "
+                                   f"({what})")
+
     async def request(self, method: str, path: str, *, params: Iterable[tuple[str, str]] = (), body: Any = None,
                       timeout: float | None = None, what: str = "", missing_ok: bool = False,
-                      ) -> tuple[Mapping[str, str], Any]:
+                      within: float | None = None) -> tuple[Mapping[str, str], Any]:
         """One request; returns the response headers and the decoded JSON body (None when empty).
 
-        ``timeout`` (default ``self.timeout``) bounds the whole request. ``what`` names the request in errors.
+        ``timeout`` (default ``self.timeout``) bounds the whole request; ``within`` is the bound a timeout's
+        error names (default ``timeout``): a caller that gives a request what is left of a longer deadline
+        (a dial's first list) names that deadline, not the last request's remainder. ``what`` names the
+        request in errors.
         ``missing_ok``: a 404 answers ``(headers, None)`` (a KV read of a missing key still carries the index to
         block on) instead of raising ``ConsulNotFound``.
         """
@@ -248,6 +271,7 @@ class ConsulClient:
         data = None if body is None else json.dumps(body, separators=(",", ":"))
         client_timeout = aiohttp.ClientTimeout(total=limit, sock_connect=min(limit, self.timeout))
         progress: dict[str, bool] = {}
+        self.stalled = None
         try:
             async with session.request(method, path, params=list(params), data=data, headers=self._headers(),
                                        timeout=client_timeout, trace_request_ctx=progress) as resp:
@@ -255,16 +279,10 @@ class ConsulClient:
                 raw = await resp.read()
                 status, headers = resp.status, resp.headers
         except asyncio.CancelledError:
+            self.stalled = (_how_far(progress), what)  # a caller's wait_for: its error can say the same
             raise
         except asyncio.TimeoutError:
-            if progress.get("answered"):
-                how = "started answering but did not finish"
-            elif progress.get("connected"):
-                how = "accepted the connection but did not answer"
-            else:
-                how = "did not accept a connection"
-            raise RegistryUnavailable(f"consul agent at {self.config.base_url} {how} within {limit:g}s "
-                                      f"({what})") from None
+            raise self.no_answer(_how_far(progress), limit if within is None else within, what) from None
         except (aiohttp.ClientSSLError, ssl.SSLError) as e:
             raise ConsulTLSError(f"consul agent at {self.config.base_url}: TLS failed ({what}): "
                                  f"{str(e) or type(e).__name__}") from None
@@ -343,13 +361,14 @@ class ConsulClient:
 
     async def health_service(self, name: str, *, index: int = 0, wait: float | None = None,
                              tags: Iterable[str] = (), datacenter: str | None = None, passing: bool = True,
-                             timeout: float | None = None) -> tuple[int, list[Any]]:
+                             timeout: float | None = None, within: float | None = None) -> tuple[int, list[Any]]:
         """``GET /v1/health/service/<name>``: the result's index (``X-Consul-Index``) and its entries (each
         ``{"Node": ..., "Service": ..., "Checks": ...}`` from Consul; the entries are not checked here:
         ``waypost.consul.health.read_entries`` does that). With ``index`` > 0 and ``wait``, a blocking query.
         ``tags``: every one required; ``datacenter``: another datacenter than the agent's (default: the
         config's ``datacenter``, else the agent's). ``timeout`` bounds a non-blocking read instead of the
-        client's ``timeout``. ``MalformedAnswer`` when the body is not a JSON list."""
+        client's ``timeout``, and ``within`` is the bound its timeout names (``request``). ``MalformedAnswer``
+        when the body is not a JSON list."""
         params: list[tuple[str, str]] = []
         if passing:
             params.append(("passing", "1"))
@@ -363,7 +382,7 @@ class ConsulClient:
             params += [("index", str(index)), ("wait", _duration(min(wait, MAX_WAIT)))]
         limit = self._blocking_timeout(wait) if blocking else (timeout or self.timeout)
         headers, body = await self.request("GET", f"/v1/health/service/{_quote(name)}", params=params,
-                                           timeout=limit,
+                                           timeout=limit, within=None if blocking else within,
                                            what=f"reading the instances of {name!r}")
         self.filtered_by_acls = headers.get("X-Consul-Results-Filtered-By-ACLs", "").lower() == "true"
         self.default_acl_policy = headers.get("X-Consul-Default-Acl-Policy", "")

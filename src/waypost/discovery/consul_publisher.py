@@ -184,6 +184,14 @@ class ConsulPublisher(PublisherBase):
     def _where(self) -> str:
         return f"consul at {self.config.base_url}"
 
+    def _why(self, e: BaseException) -> str:
+        """A timeout of our own bound (``wait_for``) in the client's words, as a dial says it: which agent, how
+        far the request got (accepted the connection but did not answer, ...), within the publisher's timeout."""
+        if isinstance(e, asyncio.TimeoutError) and self.client.stalled is not None:
+            how, what = self.client.stalled
+            return str(self.client.no_answer(how, self.timeout, what))
+        return super()._why(e)
+
     async def _register(self) -> None:
         """PUT the registration (with its check, passing) and start keeping it alive."""
         await self.override.read()  # an operator's drain applies from the first registration on
@@ -250,7 +258,7 @@ class ConsulPublisher(PublisherBase):
         except PermissionDenied:
             raise
         except (asyncio.TimeoutError, RegistryError, RegistryUnavailable, OSError) as e:
-            why = "timed out" if isinstance(e, asyncio.TimeoutError) else str(e)
+            why = self._why(e)
             raise RegistryUnavailable(f"could not update the metadata of {self.service_id!r} in consul at "
                                       f"{self.config.base_url} within {self.timeout:g}s: {why}") from e
         self._last_ok = self._clock()

@@ -149,7 +149,8 @@ class ConsulResolver(LoopResolver[ConsulClient]):
         # ends before the backwards index could be seen
         index, entries = await client.health_service(
             self.service, index=self.index, wait=None if self._failing else self._query_wait(),
-            tags=self.tags, datacenter=self.datacenter, timeout=self._read_timeout())
+            tags=self.tags, datacenter=self.datacenter, timeout=self._read_timeout(),
+            within=self.timeout if not self._first.done() else None)  # a timeout names the start's bound
         self._answered(client, index, self.backends(entries))
 
     def _read_timeout(self) -> float | None:
