@@ -4,7 +4,7 @@
 
 Three Greeter servers in this process, each costing a different service time per call (9, 3 and 1 ms: the
 "hot", "warm" and "cool" one), report through ORCA (``waypost.serve`` mounts it; the ``xds`` extra is needed) the
-fraction of the last second they spent serving calls, as ``application_utilization``. A client dials the three
+work its calls of the last second cost (calls x service time, a busy fraction) as ``application_utilization``. A client dials the three
 with ``weighted_round_robin`` and prints how each round of 600 calls splits.
 
 A58 weighs a backend by ``qps / utilization``. Here utilization = qps x service time, so the weight is
@@ -37,7 +37,10 @@ WINDOW = 1.0  # seconds of busy time a report covers
 
 
 class BusyGreeter(GreeterServicer):
-    """Answers after ``cost`` seconds of work and keeps how busy that made it over the last WINDOW seconds."""
+    """Answers after ``cost`` seconds of work and keeps how much work its calls of the last WINDOW seconds cost.
+
+    The work is counted at its nominal cost, not timed: on a busy machine a 1 ms sleep can take several, and
+    timing it would measure the machine rather than the load (a real server would count its own units of work)."""
 
     def __init__(self, name: str, cost: float) -> None:
         self.name, self.cost = name, cost
@@ -45,15 +48,13 @@ class BusyGreeter(GreeterServicer):
         self.done: deque[tuple[float, float]] = deque()  # (end time, seconds spent) of recent calls
 
     def SayHello(self, request, context):
-        started = time.monotonic()
         time.sleep(self.cost)  # stands for the work (CPU, I/O...) a call costs this server
-        ended = time.monotonic()
         with self.lock:
-            self.done.append((ended, ended - started))
+            self.done.append((time.monotonic(), self.cost))
         return HelloReply(message=f"hello {request.name}", server=self.name)
 
     def utilization(self) -> float:
-        """Seconds spent serving calls per second, over the last WINDOW: it rises and falls with the calls."""
+        """Seconds of work per second over the last WINDOW: it rises and falls with the calls taken."""
         cutoff = time.monotonic() - WINDOW
         with self.lock:
             while self.done and self.done[0][0] < cutoff:
