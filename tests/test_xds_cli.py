@@ -45,7 +45,7 @@ def greet(shared_etcd, tmp_path_factory) -> Iterator[dict[str, Any]]:
     assert server.stdout is not None
     line = server.stdout.readline()
     assert line.startswith("serving "), line
-    serve = XdsServe(["greet=" + key], extra=("--prefix", key.split("/")[0] + "/"), log=tmp / "serve.log",
+    serve = XdsServe(["greeter=" + key], extra=("--prefix", key.split("/")[0] + "/"), log=tmp / "serve.log",
                      registry=url)
     try:
         yield {"serve": serve, "key": key, "tmp": tmp, "address": line.split()[-1]}
@@ -64,13 +64,34 @@ def _run(cmd: list[str], bootstrap: str, cwd: Path = ROOT) -> list[str]:
 
 def test_python_example_client_through_a_key_and_a_prefix(greet) -> None:
     bootstrap = greet["serve"].bootstrap()
-    lines = _run([sys.executable, str(EXAMPLES / "xds" / "client.py"), "--target", "xds:///greet", "--calls", "3"],
-                 bootstrap)
+    # as examples/xds/README.md runs it: the client's default target is the name the docs export
+    lines = _run([sys.executable, str(EXAMPLES / "xds" / "client.py"), "--calls", "3"], bootstrap)
     assert len(lines) == 3 and all(line.endswith("from " + greet["address"]) for line in lines), lines
     wait_until(lambda: "new service" in greet["serve"].log(), 20, "the prefix scan finds the key")
     lines = _run([sys.executable, str(EXAMPLES / "xds" / "client.py"), "--target", f"xds:///{greet['key']}",
                   "--calls", "2"], bootstrap)
     assert len(lines) == 2, lines
+
+
+#: the xDS name of the greet service in the docs and examples (docs/xds.md's quick start exports it)
+EXAMPLE_NAME = "greeter"
+
+
+def test_docs_and_examples_use_one_xds_name() -> None:
+    """docs/xds.md, README.md and examples/xds name the greet service alike: a reader mixing them (the docs' export,
+    the example client's default target) gets calls served, not DEADLINE_EXCEEDED."""
+    import re
+
+    texts = {p: p.read_text() for p in [ROOT / "docs" / "xds.md", ROOT / "README.md", EXAMPLES / "xds" / "README.md",
+                                        EXAMPLES / "xds" / "client.py", EXAMPLES / "xds" / "xds.yaml",
+                                        EXAMPLES / "xds" / "go-client" / "main.go"]}
+    names: dict[str, set[str]] = {}
+    for path, text in texts.items():
+        for m in re.finditer(r"xds:///([A-Za-z0-9._-]+)|--export[ ,\"']+([A-Za-z0-9._-]+)=(?:etcd|k8s|greet)", text):
+            names.setdefault(m[1] or m[2], set()).add(path.name)
+    greet = {n: where for n, where in names.items() if n.startswith("greet")}
+    assert set(greet) == {EXAMPLE_NAME}, greet
+    assert {"xds.md", "client.py", "xds.yaml", "main.go"} <= greet[EXAMPLE_NAME], greet
 
 
 def _go_client() -> Path:
@@ -92,7 +113,7 @@ def _go_client() -> Path:
 
 def test_go_example_client(greet) -> None:
     binary = _go_client()
-    lines = _run([str(binary), "-target", "xds:///greet", "-calls", "3"], greet["serve"].bootstrap())
+    lines = _run([str(binary), "-calls", "3"], greet["serve"].bootstrap())  # its default target
     assert len(lines) == 3 and all(line.endswith("from " + greet["address"]) for line in lines), lines
 
 

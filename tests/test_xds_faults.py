@@ -153,3 +153,43 @@ def test_serve_exits_cleanly_and_reports_bad_exports(tmp_path) -> None:
     serve = XdsServe(["greeter=direct:///127.0.0.1:1"])
     assert serve.terminate() == 0
     serve.close()
+
+
+def test_a_dead_source_is_one_line_down_and_one_back(etcd, unique_key, caplog) -> None:
+    """etcd is down when the control plane starts and comes up later: one WARNING names the export, its target,
+    the cause and that it never had endpoints; the retries in between are DEBUG lines only (no resolver or
+    subscriber warnings); one WARNING when it is back; waypost_xds_source_up goes 0 then 1."""
+    import logging
+
+    prometheus_client = pytest.importorskip("prometheus_client")
+    from waypost import _loop, connect, metrics
+    from waypost.xds import ControlPlane, parse_export
+
+    registry = prometheus_client.CollectorRegistry()
+    metrics.enable(registry)
+    etcd.members[0].stop()
+    control = ControlPlane([parse_export(f"late=etcd:///{etcd.endpoint}?key={unique_key}")])
+    try:
+        with caplog.at_level(logging.DEBUG, logger="waypost"):
+            control.start()
+
+            def lines(text: str, level: int = logging.WARNING) -> list[str]:
+                return [r.getMessage() for r in caplog.records if r.levelno >= level and text in r.getMessage()]
+
+            wait_until(lambda: lines("is down"), 30, "the down line")
+            wait_until(lambda: lines("still failing", logging.DEBUG), 60, "a repeated failure (at DEBUG)")
+            assert registry.get_sample_value("waypost_xds_source_up", {"export": "late"}) == 0
+            etcd.members[0].start()
+            _loop.run(connect(etcd.url()).put(f"{unique_key}/1", b"127.0.0.1:9"), 30)
+            wait_until(lambda: lines("is back"), 60, "the back line")
+            wait_until(lambda: len(control.endpoints("late") or ()) == 1, 30, "the endpoint served")
+        warnings = [f"{r.name}: {r.getMessage()}" for r in caplog.records
+                    if r.levelno >= logging.WARNING and r.name.startswith("waypost")]
+        print("\n" + "\n".join(warnings))
+        (down,) = lines("is down")
+        assert "'late'" in down and etcd.endpoint in down and "refused" in down and "no endpoints yet" in down, down
+        assert len(warnings) == 2 and "is back" in warnings[1], warnings
+        assert registry.get_sample_value("waypost_xds_source_up", {"export": "late"}) == 1
+    finally:
+        control.stop()
+        metrics.disable()

@@ -19,6 +19,7 @@ from tests.xds_interop_support import (
     run_wrr_client,
     scenario_balance_and_registrations,
     scenario_graceful_sigterm,
+    scenario_name_not_exported,
     scenario_pick_first_and_least_request,
     scenario_ring_hash_header,
     scenario_wrr_from_waypost_orca,
@@ -123,3 +124,7 @@ def test_grpc_go_xds_weighted_round_robin_follows_waypost_orca_reports(setup: Xd
 
 def test_grpc_go_xds_pick_first_and_least_request(setup: XdsSetup) -> None:
     scenario_pick_first_and_least_request("go", setup)
+
+
+def test_grpc_go_xds_fails_at_once_on_a_name_not_exported(setup: XdsSetup) -> None:
+    scenario_name_not_exported("go", setup)

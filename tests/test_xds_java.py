@@ -15,6 +15,7 @@ from tests.xds_interop_support import (
     java_timeout_mark,
     scenario_balance_and_registrations,
     scenario_graceful_sigterm,
+    scenario_name_not_exported,
     scenario_pick_first_and_least_request,
     scenario_ring_hash_header,
     scenario_wrr_from_waypost_orca,
@@ -52,3 +53,7 @@ def test_grpc_java_xds_weighted_round_robin_follows_waypost_orca_reports(setup: 
 
 def test_grpc_java_xds_pick_first_and_least_request(setup: XdsSetup) -> None:
     scenario_pick_first_and_least_request("java", setup)
+
+
+def test_grpc_java_xds_fails_at_once_on_a_name_not_exported(setup: XdsSetup) -> None:
+    scenario_name_not_exported("java", setup)

@@ -77,3 +77,40 @@ def test_grpcio_weighs_waypost_servers_by_their_orca_reports(reporting_servers, 
     finally:
         serve.terminate()
         serve.close()
+
+
+def _example_rounds(*flags: str) -> list[dict[str, int]]:
+    """examples/orca_wrr.py run as a reader runs it: the split of each round of 600 calls."""
+    import subprocess
+    import sys
+    from pathlib import Path
+
+    root = Path(__file__).resolve().parents[1]
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(root / "src"), os.environ.get("PYTHONPATH", "")])}
+    out = subprocess.run([sys.executable, str(root / "examples" / "orca_wrr.py"), "--rounds", "6", *flags],
+                         capture_output=True, text=True, timeout=240, env=env, check=False)
+    assert out.returncode == 0, out.stderr[-3000:]
+    rounds = []
+    for line in out.stdout.splitlines():
+        words = line.split(":", 1)[1].split()
+        rounds.append({words[i]: int(words[i + 1]) for i in range(0, len(words), 2)})
+    assert len(rounds) == 6, out.stdout
+    return rounds
+
+
+def test_example_utilization_that_follows_load_settles_as_a58_says() -> None:
+    """docs/load-reports.md's example: application_utilization = busy time per second (service times 9/3/1 ms),
+    so weight = qps / utilization = 1 / service time and 600 calls settle near 46/138/415."""
+    rounds = _example_rounds()
+    print(f"\norca_wrr.py, utilization follows load: {rounds}")
+    last = rounds[-1]
+    for name, expected in {"hot": 46, "warm": 138, "cool": 415}.items():
+        assert abs(last[name] - expected) <= max(0.25 * expected, 20), rounds
+
+
+def test_example_fixed_utilization_runs_away() -> None:
+    """The same with constant reports 0.9/0.3/0.1 (rates measured): weight = qps / constant rewards the backend
+    that already has the traffic, and the split drifts far past A58's 415 towards the 0.1 server."""
+    rounds = _example_rounds("--fixed")
+    print(f"\norca_wrr.py --fixed: {rounds}")
+    assert rounds[-1]["cool"] >= 500 and rounds[-1]["cool"] > rounds[0]["cool"], rounds

@@ -6,6 +6,8 @@ no waypost code takes part in its calls. It reads commands on stdin and answers 
 
 - ``calls NAME N [HEADER=VALUE|-] [TIMEOUT] [DELAY_MS] [FAIL_ON|-]``: N unary calls (the server sleeps DELAY_MS
   in each; the servers named in FAIL_ON end them with UNAVAILABLE) on ``xds:///NAME``: ``{"servers": {name: count}, "errors": [...]}``;
+- ``timed NAME TIMEOUT``: one call: ``{"server": name or "", "code": "OK" or the status code,
+  "details": the status details, "seconds": how long it took}``;
 - ``start NAME [PAUSE_MS]``: calls in a background thread until ``stop``, which answers
   ``{"events": [[monotonic time, server or "!CODE"], ...]}`` (CLOCK_MONOTONIC is system-wide on Linux);
 - ``quit``.
@@ -76,6 +78,15 @@ for line in sys.stdin:
             else:
                 counts[s] = counts.get(s, 0) + 1
         print(json.dumps({"servers": counts, "errors": errors}), flush=True)
+    elif cmd[0] == "timed":
+        started = time.monotonic()
+        try:
+            reply = stub(cmd[1]).Unary(echo_pb2.EchoRequest(message="x"), timeout=float(cmd[2]))
+            out = {"server": reply.server, "code": "OK", "details": ""}
+        except grpc.RpcError as e:
+            out = {"server": "", "code": e.code().name, "details": e.details() or ""}
+        out["seconds"] = time.monotonic() - started
+        print(json.dumps(out), flush=True)
     elif cmd[0] == "start":
         loop.update(events=[], stop=threading.Event())
         pause = float(cmd[2]) / 1000 if len(cmd) > 2 else 0.002
@@ -183,6 +194,10 @@ class StockClient:
     def calls(self, name: str, n: int, header: str | None = None, timeout: float = 5.0,
               delay_ms: int = 0, fail_on: str = "") -> dict[str, Any]:
         return self.ask_raw(f"calls {name} {n} {header or '-'} {timeout} {delay_ms} {fail_on or '-'}")
+
+    def timed(self, name: str, timeout: float) -> dict[str, Any]:
+        """One call: its server or status code and details, and how long it took."""
+        return self.ask_raw(f"timed {name} {timeout}")
 
     def start(self, name: str, pause_ms: float = 2) -> None:
         self.ask_raw(f"start {name} {pause_ms}")

@@ -234,7 +234,7 @@ def test_named_subscriptions_and_names_not_exported(caplog) -> None:
     st = StreamState()
     out = st.on_request(_req(LISTENER, ["a", "zz"]), snap)
     listed = _resp(out.responses[0][1])
-    assert len(listed.resources) == 1
+    assert sorted(_listener(r).name for r in listed.resources) == ["a", "zz"]  # zz: the not-exported Listener
     st.on_request(_req(LISTENER, ["a", "zz"], listed.version_info, listed.nonce), snap)
     assert sum("not exported" in r.getMessage() for r in caplog.records) == 1  # once per stream
     # EDS of a service whose source has not answered: nothing sent (no empty response)
@@ -243,6 +243,55 @@ def test_named_subscriptions_and_names_not_exported(caplog) -> None:
     assert st.on_request(_req(ENDPOINT, []), snap).responses == []
     # an unknown type is ignored
     assert st.on_request(_req("type.googleapis.com/x.Y"), snap).kind == "unknown"
+
+
+def _listener(any_msg):
+    from envoy.config.listener.v3 import listener_pb2
+
+    lis = listener_pb2.Listener()
+    any_msg.Unpack(lis)
+    return lis
+
+
+def test_an_unknown_listener_is_answered_with_one_that_fails_calls_until_exported() -> None:
+    """A stream subscribed only to a name not exported gets a response at once (a Listener whose inline route
+    config has no virtual host: the client fails its calls at once); exported later, the real one is pushed."""
+    e = parse_export("a=direct:///127.0.0.1:1")
+    before = _snapshot([e], {})
+    st = StreamState()
+    (resp,) = st.on_request(_req(LISTENER, ["late"]), before).responses
+    r = _resp(resp[1])
+    (lis,) = (_listener(x) for x in r.resources)
+    hcm = hcm_pb2.HttpConnectionManager()
+    lis.api_listener.api_listener.Unpack(hcm)
+    assert lis.name == "late" and r.version_info and hcm.HasField("route_config")
+    assert not hcm.route_config.virtual_hosts and [f.name for f in hcm.http_filters] == ["envoy.filters.http.router"]
+    st.on_request(_req(LISTENER, ["late"], r.version_info, r.nonce), before)  # ACK
+    assert st.on_snapshot(before) == []  # nothing new
+    after = _snapshot([e, parse_export("late=direct:///127.0.0.1:2")], {})
+    (pushed,) = st.on_snapshot(after)
+    p = _resp(pushed[1])
+    hcm = hcm_pb2.HttpConnectionManager()
+    _listener(p.resources[0]).api_listener.api_listener.Unpack(hcm)
+    assert p.version_info != r.version_info and hcm.rds.route_config_name == "late"
+    # replicas answer the same name with the same bytes and version
+    again = StreamState().on_request(_req(LISTENER, ["late"]), _snapshot([e], {})).responses[0][1]
+    assert _resp(again).version_info == r.version_info
+
+
+def test_an_unknown_cluster_gets_a_response_without_it() -> None:
+    """CDS is a full-state type: a response without a subscribed name says it does not exist, so one is sent even
+    when it carries nothing; the version covers the names left out."""
+    snap = _snapshot([parse_export("a=direct:///127.0.0.1:1")], {})
+    st = StreamState()
+    (resp,) = st.on_request(_req(CLUSTER, ["nope"]), snap).responses
+    r = _resp(resp[1])
+    assert not r.resources and r.version_info and r.type_url == CLUSTER
+    (resp2,) = st.on_request(_req(CLUSTER, ["nope", "a"], r.version_info, r.nonce), snap).responses
+    r2 = _resp(resp2[1])
+    assert [x.type_url for x in r2.resources] == [CLUSTER] and r2.version_info != r.version_info
+    (resp3,) = st.on_request(_req(CLUSTER, ["nope", "a", "other"], r2.version_info, r2.nonce), snap).responses
+    assert len(_resp(resp3[1]).resources) == 1 and _resp(resp3[1]).version_info != r2.version_info
 
 
 # ------------------------------------------------------------------------------------------ control plane rules

@@ -846,3 +846,15 @@ def scenario_pick_first_and_least_request(lang: str, setup: XdsSetup) -> dict[st
     assert len(results["pf"]["counts"]) == 1, results["pf"]
     assert len(results["lr"]["counts"]) >= 2, results["lr"]
     return {export: r["counts"] for export, r in results.items()}
+
+
+def scenario_name_not_exported(lang: str, setup: XdsSetup) -> dict[str, Any]:
+    """A typo'd ``xds:///NAME`` (not exported) fails with UNAVAILABLE naming it within a 10 s deadline (a JVM's first xDS resolution takes seconds on loaded cores), shorter
+    than the client's 15 s does-not-exist timer (unanswered, the call ended DEADLINE_EXCEEDED)."""
+    result = run_xds_client(lang, "xds:///greter", setup.bootstrap, 1, deadline=10.0, timeout=60)
+    print(f"\n{lang} xDS client, a name not exported: {result.get('codes')} after {result['seconds'] * 1000:.0f} ms "
+          f"(process start to end): {result.get('first_error', '')[:200]}")
+    codes = {str(k).upper(): v for k, v in (result.get("codes") or {}).items()}  # grpc-go: Unavailable
+    assert result["errors"] == 1 and codes == {"UNAVAILABLE": 1}, result
+    assert "greter" in result.get("first_error", ""), result
+    return result

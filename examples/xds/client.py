@@ -1,7 +1,7 @@
 """A plain grpcio client of the greet service through waypost's xDS control plane: no waypost in this process.
 
     GRPC_XDS_BOOTSTRAP_CONFIG="$(waypost xds bootstrap --server waypost-xds:18000)" \
-        python examples/xds/client.py [--target xds:///greet] [--calls 10]
+        python examples/xds/client.py [--target xds:///greeter] [--calls 10]
 
 gRPC's own xDS client asks the control plane for the service and balances every call in its core.
 """
@@ -17,7 +17,7 @@ from greet_pb2 import HelloRequest
 from greet_pb2_grpc import GreeterStub
 
 p = argparse.ArgumentParser()
-p.add_argument("--target", default="xds:///greet")
+p.add_argument("--target", default="xds:///greeter")
 p.add_argument("--calls", type=int, default=10)
 args = p.parse_args()
 

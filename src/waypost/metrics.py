@@ -45,6 +45,8 @@ xds_streams                                  gauge      ADS streams open on this
 xds_pushes_total{type}                       counter    xDS responses sent (type: LDS, RDS, CDS, EDS)
 xds_nacks_total{type}                        counter    xDS responses a client rejected (NACK; it keeps its last)
 xds_resources{type}                          gauge      resources served per type in the current snapshot
+xds_source_up{export}                        gauge      1 while the export's source (its resolver) answers, 0 while it
+                                                        fails (its last endpoints, if any, stay served)
 ===========================================  =========  =========================================================
 
 The publisher gauges come from sources the discovery layer registers with :func:`register_publisher_source`.
@@ -174,11 +176,14 @@ class PrometheusObserver:
         self.xds_pushes = pc.Counter("waypost_xds_pushes", "xDS responses sent", ["type"], registry=r)
         self.xds_nacks = pc.Counter("waypost_xds_nacks", "xDS responses rejected by a client", ["type"], registry=r)
         self.xds_resource_count = pc.Gauge("waypost_xds_resources", "xDS resources served", ["type"], registry=r)
+        self.xds_sources_up = pc.Gauge("waypost_xds_source_up", "1 while an xDS export's source answers, 0 while it "
+                                       "fails", ["export"], registry=r)
         self._live = _LiveCollector(self)
         r.register(self._live)
         self._all = [self.requests, self.failures, self.latency, self.ejections, self.rebuilds, self.reconnects,
                      self.store_resets, self.reloads, self.reregistrations, self.restored, self.resolver_errors,
-                     self.xds_streams, self.xds_pushes, self.xds_nacks, self.xds_resource_count, self._live]
+                     self.xds_streams, self.xds_pushes, self.xds_nacks, self.xds_resource_count,
+                     self.xds_sources_up, self._live]
         self._all.append(_register_publisher_collector(r))
         self._discovery = _DiscoveryCollector()
         r.register(self._discovery)
@@ -257,6 +262,9 @@ class PrometheusObserver:
 
     def xds_resources(self, type_: str, count: int) -> None:
         self.xds_resource_count.labels(type_).set(count)
+
+    def xds_source(self, export: str, up: bool) -> None:
+        self.xds_sources_up.labels(export).set(1 if up else 0)
 
     def unregister(self) -> None:
         for m in self._all:

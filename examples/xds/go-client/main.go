@@ -1,6 +1,6 @@
 // A grpc-go client of the greet service (examples/greet.proto) through waypost's xDS control plane.
 //
-//	GRPC_XDS_BOOTSTRAP_CONFIG="$(waypost xds bootstrap --server waypost-xds:18000)" go run . -target xds:///greet
+//	GRPC_XDS_BOOTSTRAP_CONFIG="$(waypost xds bootstrap --server waypost-xds:18000)" go run . -target xds:///greeter
 //
 // gRPC's own xDS client (the blank import below) asks the control plane for the service and balances every call.
 // The two small greet messages are encoded with protowire, so the example needs no generated code.
@@ -64,7 +64,7 @@ func helloReply(b []byte) (message, server string, err error) {
 }
 
 func main() {
-	target := flag.String("target", "xds:///greet", "the service, as exported by waypost xds serve")
+	target := flag.String("target", "xds:///greeter", "the service, as exported by waypost xds serve")
 	calls := flag.Int("calls", 10, "number of calls")
 	flag.Parse()
 	conn, err := grpc.NewClient(*target, grpc.WithTransportCredentials(insecure.NewCredentials()))

@@ -277,7 +277,10 @@ class _Group:
                     self.stale.failed()
                 if not src.failing:
                     src.failing = True
-                    log.warning("%r: %s %r failed, retrying every ~%gs: %s", self,
+                    # while a subscriber's attach still waits for the initial load, it is told by the
+                    # RegistryUnavailable it gets (and its resolver reports that): no second account of it here
+                    waiting = initial and self.ready is not None and not self.ready.done()
+                    (log.debug if waiting else log.warning)("%r: %s %r failed, retrying every ~%gs: %s", self,
                                 "initial load of" if initial else "reload of", src.key, COOL_DOWN, e)
                 await asyncio.sleep(cool_down())
                 continue

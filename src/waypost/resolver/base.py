@@ -40,13 +40,16 @@ class ResolverOptions:
     ignored); ``blocking`` says whether ``start`` may wait for the first list (sync dial) or must return
     at once (aio dial: never block the event loop). ``report_early`` (non-blocking start): report the
     registry's unreachability through ``on_error`` as soon as it is known (calls then fail at once naming
-    it), rather than only when the first load gives up after its timeout (calls wait until then).
+    it), rather than only when the first load gives up after its timeout (calls wait until then). ``quiet``: the
+    caller logs what ``on_error`` reports (the xDS control plane: one line per change of state), so the resolver
+    logs its failures at DEBUG only.
     """
 
     subsetter: Subsetter | None = None
     channel_options: Sequence[tuple[str, Any]] = ()
     blocking: bool = True
     report_early: bool = True
+    quiet: bool = False
 
 
 def notify(fn: Callable[[Any], None], arg: Any, target: Target) -> bool:

@@ -66,6 +66,7 @@ class LoopResolver(abc.ABC, Generic[Session]):
         self.subsetter = options.subsetter
         self.blocking = options.blocking
         self.report_early = options.report_early
+        self.quiet = options.quiet
         self._rng = rng if rng is not None else random.Random()
         self._clock = clock
         self._future: concurrent.futures.Future[None] | None = None
@@ -157,7 +158,7 @@ class LoopResolver(abc.ABC, Generic[Session]):
 
     def _log_failure(self, msg: str, new: bool, exc: BaseException | None) -> None:
         """One WARNING per new reason, DEBUG while it repeats; ``exc`` (not waypost's own): where it came from."""
-        (self.log.warning if new else self.log.debug)(
+        (self.log.warning if new and not self.quiet else self.log.debug)(
             "waypost: %s; %s", msg,
             f"keeping the last {self.noun}" if self._last is not None else f"no {self.noun} yet",
             exc_info=exc if new and exc is not None and not isinstance(exc, WaypostError) else None)

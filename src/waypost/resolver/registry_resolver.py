@@ -65,6 +65,7 @@ class RegistryResolver:
         self.subsetter = options.subsetter
         self.blocking = options.blocking
         self.report_early = options.report_early
+        self.quiet = options.quiet
         self.timeout = timeout
         self._sub: Any = None
         self._closed = False
@@ -117,7 +118,7 @@ class RegistryResolver:
                 if self.report_early and not (await asyncio.wait({opening}, timeout=DIAGNOSE_AFTER))[0]:
                     why = await self._why_unreachable()  # the load goes on; calls can tell why they fail
                     if why is not None and not opening.done():
-                        on_error(why)
+                        on_error(_plain(why))
                 sub = await opening
             except asyncio.CancelledError:
                 opening.cancel()  # the resolver is going: a subscriber opened meanwhile is closed at once
@@ -125,7 +126,7 @@ class RegistryResolver:
                 raise
             except Exception as e:  # noqa: BLE001  # keep trying; calls see the reason meanwhile
                 why = await self._why_unreachable()
-                log.warning("waypost: resolving %s failed: %s", self.target.redacted, e)
+                (log.debug if self.quiet else log.warning)("waypost: resolving %s failed: %s", self.target.redacted, e)
                 on_error(self._failure_text(e, why))
                 failures += 1
                 await asyncio.sleep(OPEN_BACKOFF.delay(failures))

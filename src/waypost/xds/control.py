@@ -17,6 +17,11 @@ Endpoint lists are kept with care:
   client's 15 s does-not-exist timer; with ``serve_empty=false`` it is left unanswered until it has one;
 - a service whose source has not answered at all gets its Listener, Route and Cluster but no assignment
   yet (clients wait for it, up to their own timeout).
+
+A source that fails (its registry unreachable...) is logged once when it goes down, naming the export, the
+cause and what stays served (nothing yet, an empty assignment, or its last N endpoints), and once when it is
+back; the failures in between are DEBUG lines, and the resolvers themselves stay quiet
+(``ResolverOptions(quiet=True)``). ``waypost_xds_source_up{export}`` is 1 or 0 accordingly (``metrics``).
 """
 
 from __future__ import annotations
@@ -58,6 +63,7 @@ class ControlPlane:
         self._eds: dict[str, Resource] = {}
         self._lists: dict[str, tuple[Backend, ...]] = {}
         self._usable: dict[str, int] = {}  # endpoints in the assignment served (host names are left out)
+        self._down: dict[str, str] = {}  # export -> the failure its source reported last (while it fails)
         self._resolvers: dict[str, Resolver] = {}
         self._watchers: list[PrefixWatcher] = []
         self._snapshot = Snapshot.empty()
@@ -162,12 +168,45 @@ class ControlPlane:
             _loop.call_soon(self._update, name, tuple(backends))
 
     def _on_error(self, name: str, message: str) -> None:
-        log.warning("xds: source of %r: %s (its last endpoints stay served)", name, message)
+        if _loop.in_loop():
+            self._failed(name, message)
+        else:
+            _loop.call_soon(self._failed, name, message)
+
+    def _failed(self, name: str, message: str) -> None:
+        """The source of ``name`` failed: one WARNING when it goes down, DEBUG while it stays down."""
+        export = self.exports.get(name)
+        if export is None:
+            return
+        was_down = name in self._down
+        self._down[name] = message
+        if was_down:
+            log.debug("xds: source of %r still failing: %s", name, message)
+            return
+        log.warning("xds: source of %r (%s) is down: %s; %s", name, _target_text(export), message,
+                    self._served_text(name))
+        _gauge(name, up=False)
+
+    def _served_text(self, name: str) -> str:
+        """What clients get for ``name`` while its source is down, in words."""
+        old = self._lists.get(name)
+        if old is None:
+            return "it has had no endpoints yet: clients wait for them"
+        if not old:
+            return ("it never had endpoints: its empty assignment stays served (calls fail at once)" if name in self._eds
+                    else "it never had endpoints: clients wait for them")
+        return f"its last {self._usable.get(name, len(old))} endpoint(s) stay served"
+
+    def _back(self, name: str, backends: tuple[Backend, ...]) -> None:
+        if self._down.pop(name, None) is not None:
+            log.warning("xds: source of %r is back: %d endpoint(s)", name, len(backends))
+        _gauge(name, up=True)
 
     def _update(self, name: str, backends: tuple[Backend, ...]) -> None:
         export = self.exports.get(name)
         if export is None:
             return
+        self._back(name, backends)
         old = self._lists.get(name)
         if not backends:
             if old:
@@ -223,6 +262,20 @@ class ControlPlane:
     def endpoints(self, name: str) -> tuple[Backend, ...] | None:
         """The endpoints served for ``name`` now (None: its source has not answered)."""
         return self._lists.get(name)
+
+
+def _gauge(name: str, *, up: bool) -> None:
+    obs = _metrics.current
+    if obs is not None:
+        obs.xds_source(name, up)
+
+
+def _target_text(export: Export) -> str:
+    """The export's target(s) as logged: credentials left out (``Target.redacted``)."""
+    from ..resolver.target import parse_target
+
+    targets = [export.target] if isinstance(export.target, str) else list(export.target)
+    return ", ".join(parse_target(t).redacted for t in targets)
 
 
 def _same(a: tuple[Backend, ...], b: tuple[Backend, ...]) -> bool:

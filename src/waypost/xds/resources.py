@@ -63,6 +63,9 @@ ENDPOINT = "type.googleapis.com/envoy.config.endpoint.v3.ClusterLoadAssignment"
 #: the order a client asks for them
 TYPES = (LISTENER, ROUTE, CLUSTER, ENDPOINT)
 SHORT = {LISTENER: "LDS", ROUTE: "RDS", CLUSTER: "CDS", ENDPOINT: "EDS"}
+#: the "full state" types of state-of-the-world xDS: a response carries every subscribed resource that exists, so
+#: leaving a subscribed name out tells the client it does not exist (and an empty subscription is a wildcard)
+FULL_STATE = (LISTENER, CLUSTER)
 _ADS = config_source_pb2.ConfigSource(ads=config_source_pb2.AggregatedConfigSource(),
                                       resource_api_version=config_source_pb2.V3)
 
@@ -73,12 +76,28 @@ def pack(msg: Message) -> any_pb2.Any:
     return packed
 
 
+def _router() -> list[hcm_pb2.HttpFilter]:
+    return [hcm_pb2.HttpFilter(name="envoy.filters.http.router", typed_config=pack(router_pb2.Router()))]
+
+
 def listener(export: Export) -> listener_pb2.Listener:
-    hcm = hcm_pb2.HttpConnectionManager(
-        rds=hcm_pb2.Rds(config_source=_ADS, route_config_name=export.name),
-        http_filters=[hcm_pb2.HttpFilter(name="envoy.filters.http.router", typed_config=pack(router_pb2.Router()))],
-    )
+    hcm = hcm_pb2.HttpConnectionManager(rds=hcm_pb2.Rds(config_source=_ADS, route_config_name=export.name),
+                                        http_filters=_router())
     return listener_pb2.Listener(name=export.name, api_listener=api_listener_pb2.ApiListener(api_listener=pack(hcm)))
+
+
+def not_exported_listener(name: str) -> listener_pb2.Listener:
+    """The Listener answering a subscription to a name that is not exported: an inline RouteConfiguration with
+    no virtual host, so the client fails its calls at once with UNAVAILABLE naming it (grpcio: ``LDS resource
+    NAME: could not find VirtualHost for NAME in RouteConfiguration``).
+
+    Leaving the name out of the LDS response would be state of the world's way to say it does not exist, but
+    grpcio, grpc-go and grpc-java 1.85 do not conclude that for a name they never received (the response may
+    answer an older request, they reason): they wait for their 15 s does-not-exist timer. Exported later, the
+    name gets its real Listener in the next response (same name, new version), which the client takes."""
+    rc = route_pb2.RouteConfiguration(name=f"{name} (not exported by this control plane)")
+    hcm = hcm_pb2.HttpConnectionManager(route_config=rc, http_filters=_router())
+    return listener_pb2.Listener(name=name, api_listener=api_listener_pb2.ApiListener(api_listener=pack(hcm)))
 
 
 def route_config(export: Export) -> route_pb2.RouteConfiguration:

@@ -19,11 +19,12 @@ from __future__ import annotations
 import hashlib
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
+from functools import lru_cache
 
 from envoy.service.discovery.v3 import discovery_pb2
 from google.protobuf.message import Message
 
-from .resources import TYPES, pack
+from .resources import FULL_STATE, LISTENER, TYPES, not_exported_listener, pack
 
 
 @dataclass(frozen=True)
@@ -38,6 +39,12 @@ class Resource:
     def of(cls, name: str, msg: Message) -> Resource:
         data = pack(msg).SerializeToString(deterministic=True)
         return cls(name, data, hashlib.sha256(data).digest()[:16])
+
+
+@lru_cache(maxsize=1024)  # the same typo from many clients is built once
+def not_exported(name: str) -> Resource:
+    """The Listener answering a subscription to ``name``, which is not exported (``resources.not_exported_listener``)."""
+    return Resource.of(name, not_exported_listener(name))
 
 
 def _varint(n: int) -> bytes:
@@ -62,20 +69,26 @@ _VERSION, _RESOURCES, _TYPE_URL, _NONCE = 1, 2, 4, 5
 assert discovery_pb2.DiscoveryResponse.DESCRIPTOR.fields_by_name["nonce"].number == _NONCE
 
 
-def version_of(type_url: str, resources: Iterable[Resource]) -> str:
+def version_of(type_url: str, resources: Iterable[Resource], absent: Iterable[str] = ()) -> str:
+    """The version of a response carrying ``resources`` and, for a full-state type, telling that the names in
+    ``absent`` do not exist (a response that answers one more unknown name is a new version)."""
     h = hashlib.sha256(type_url.encode())
     for r in resources:
         h.update(r.name.encode() + b"\0" + r.digest)
+    for name in absent:
+        h.update(b"\1" + name.encode())
     return h.hexdigest()[:16]
 
 
 @dataclass(frozen=True)
 class Body:
-    """A response without its nonce: ``bytes_for(nonce)`` completes it (the nonce field appended)."""
+    """A response without its nonce: ``bytes_for(nonce)`` completes it (the nonce field appended). ``names``
+    are the resources it carries, ``absent`` the subscribed names it tells do not exist (full-state types)."""
 
     version: str
     names: tuple[str, ...]
     data: bytes
+    absent: tuple[str, ...] = ()
 
     def bytes_for(self, nonce: str) -> bytes:
         return self.data + _field(_NONCE, nonce.encode())
@@ -86,7 +99,8 @@ class Snapshot:
     """Every resource served now, per type URL (module docstring)."""
 
     resources: Mapping[str, Mapping[str, Resource]]
-    _bodies: dict[tuple[str, tuple[str, ...]], Body] = field(default_factory=dict, compare=False, repr=False)
+    _bodies: dict[tuple[str, tuple[str, ...], tuple[str, ...]], Body] = field(default_factory=dict, compare=False,
+                                                                             repr=False)
 
     @classmethod
     def empty(cls) -> Snapshot:
@@ -96,20 +110,31 @@ class Snapshot:
         return self.resources.get(type_url, {})
 
     def body(self, type_url: str, wanted: frozenset[str] | None) -> Body | None:
-        """The response to a subscription (``wanted`` None: wildcard), or None when it names nothing served."""
+        """The response to a subscription (``wanted`` None: wildcard), or None when there is nothing to say.
+
+        A name subscribed to but not served (not exported, or its endpoints not known yet):
+
+        - Listener: answered with ``not_exported(name)``, a Listener that fails the client's calls at once (its
+          docstring says why leaving it out is not enough);
+        - Cluster: left out of a response that is sent anyway, even with no resource (state of the world's
+          "does not exist" for full-state types; the version covers the names left out);
+        - Route, Endpoint: not answered (leaving a name out says nothing for these types).
+        """
         have = self.names(type_url)
         names = tuple(sorted(have if wanted is None else (n for n in wanted if n in have)))
-        if not names:
+        unknown = tuple(sorted(wanted - have.keys())) if wanted is not None and type_url in FULL_STATE else ()
+        placeholders, absent = ((unknown, ()) if type_url == LISTENER else ((), unknown))
+        if not names and not unknown:
             return None
-        key = (type_url, names)
+        key = (type_url, names, unknown)
         body = self._bodies.get(key)  # a benign race at worst builds it twice (one loop thread uses it)
         if body is None:
-            items = [have[n] for n in names]
-            version = version_of(type_url, items)
+            items = sorted([have[n] for n in names] + [not_exported(n) for n in placeholders], key=lambda r: r.name)
+            version = version_of(type_url, items, absent)
             parts = [_field(_VERSION, version.encode())]
             parts += [_field(_RESOURCES, r.any_bytes) for r in items]
             parts.append(_field(_TYPE_URL, type_url.encode()))
-            body = self._bodies[key] = Body(version, names, b"".join(parts))
+            body = self._bodies[key] = Body(version, tuple(r.name for r in items), b"".join(parts), absent)
         return body
 
     def count(self) -> dict[str, int]:

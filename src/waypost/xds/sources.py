@@ -30,7 +30,8 @@ def start_source(export: Export, on_update: Callable[[str, Sequence[Backend]], N
     """Start the resolver of ``export``'s target; ``on_update(name, backends)`` / ``on_error(name, message)``
     from any thread."""
     target = parse_target(export.target) if isinstance(export.target, str) else parse_targets(list(export.target))
-    resolver = make_resolver(target, ResolverOptions(blocking=False, report_early=True))
+    # quiet: the control plane logs what on_error reports, once per change of state (control.py)
+    resolver = make_resolver(target, ResolverOptions(blocking=False, report_early=True, quiet=True))
     name = export.name
     resolver.start(lambda backends: on_update(name, backends), lambda message: on_error(name, message))
     return resolver

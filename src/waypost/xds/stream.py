@@ -13,8 +13,10 @@ last response sent, and the last version the client accepted.
   is sent when the subscribed resources' version differs from the last one sent.
 - ``node`` is remembered from the first request that carries it (grpcio and grpc-go send it only once).
 - Empty ``resource_names`` in the first LDS or CDS request (or ``*``) is a wildcard: every exported one.
-- A name that is not exported is logged once per stream and left out of the responses; a response that
-  would carry nothing is not sent (the client's does-not-exist timer decides, and nothing is deleted).
+- A name that is not exported is logged once per stream (with the exported names) and answered as
+  ``Snapshot.body`` says: a Listener of that name that fails the client's calls at once (so a typo'd
+  ``xds:///NAME`` fails in milliseconds, not after the client's 15 s does-not-exist timer), a Cluster response
+  without it, and no Route or Endpoint response. Exported later, it is served as soon as it is.
 """
 
 from __future__ import annotations
@@ -25,11 +27,13 @@ from dataclasses import dataclass, field
 
 from envoy.service.discovery.v3 import discovery_pb2
 
-from .resources import CLUSTER, ENDPOINT, LISTENER, SHORT
+from .resources import CLUSTER, ENDPOINT, FULL_STATE, LISTENER, SHORT
 from .snapshot import Snapshot
 
 log = logging.getLogger("waypost.xds")
-_WILDCARD_TYPES = (LISTENER, CLUSTER)
+#: what a stream answers for a name that is not exported, per type (``Snapshot.body``)
+_UNKNOWN_ANSWER = {LISTENER: "answered with a Listener that fails its calls at once",
+                   CLUSTER: "answered without it (it does not exist)"}
 
 
 @dataclass
@@ -95,7 +99,7 @@ class StreamState:
         elif req.response_nonce:
             ts.acked_version = req.version_info
         names = frozenset(req.resource_names)
-        if t in _WILDCARD_TYPES and ("*" in names or (first and not names)):
+        if t in FULL_STATE and ("*" in names or (first and not names)):
             ts.wanted = None
         elif not (ts.wanted is None and not names):
             ts.wanted = names - {"*"}
@@ -132,8 +136,9 @@ class StreamState:
             if name in exported or (t, name) in self._unknown_logged:
                 continue
             self._unknown_logged.add((t, name))
-            log.warning("xds: %s subscribed to %s %r, which is not exported (exported: %s); not answered",
-                        self.who, SHORT[t], name[:200], ", ".join(sorted(exported)[:20]) or "none")
+            log.warning("xds: %s subscribed to %s %r, which is not exported (exported: %s); %s",
+                        self.who, SHORT[t], name[:200], ", ".join(sorted(exported)[:20]) or "none",
+                        _UNKNOWN_ANSWER.get(t, "not answered"))
 
     def summary(self) -> dict[str, object]:
         return {SHORT[t]: {"wanted": "*" if ts.wanted is None else sorted(ts.wanted), "sent": ts.sent_version,
