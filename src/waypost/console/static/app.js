@@ -349,7 +349,10 @@ function chart(title, series, backends, value, fmt) {
   s.append(svg("line", { x1: L, x2: L, y1: T, y2: H - B, class: "axis" }));
   if (series.length) {
     const ticks = series.length > 2 ? [t0, (t0 + t1) / 2, t1] : [t1];
+    const shown = new Set();  // a window of a few seconds: the same clock time once
     ticks.forEach((t) => {
+      if (shown.has(clock(t))) return;
+      shown.add(clock(t));
       const label = svg("text", { x: x(t).toFixed(1), y: H - 5, class: "tick",
         "text-anchor": t === t0 && ticks.length > 1 ? "start" : t === t1 ? "end" : "middle" });
       label.textContent = clock(t);
