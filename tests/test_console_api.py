@@ -159,3 +159,31 @@ def test_cli_drain_weight_undrain(shared_etcd, unique_key):
     assert res.exit_code == 2
     res = run.invoke(app, [*args, "drain", unique_key, "0.0.0.0:80"])
     assert res.exit_code == 1 and "Error:" in res.output
+
+
+def test_the_token_check_says_whether_the_token_is_right_and_writes_nothing(shared_etcd, unique_key, caplog):
+    caplog.set_level(logging.WARNING, logger="waypost.console.audit")
+    with running_console(registries=[shared_etcd.url()]) as (_, url):
+        assert http(f"{url}api/token", "POST", headers={"X-Waypost-Token": TOKEN}) == \
+            (200, {"ok": True, "read_only": False})
+        assert http(f"{url}api/token", "POST", headers={"Authorization": f"Bearer {TOKEN}"})[0] == 200
+        status, answer = http(f"{url}api/token", "POST")
+        assert status == 401 and answer["token"] == "missing", answer
+        status, answer = http(f"{url}api/token", "POST", headers={"X-Waypost-Token": "nope"})
+        assert status == 403 and answer["token"] == "wrong", answer
+        assert http(f"{url}api/token", "POST", headers={"X-Waypost-Token": TOKEN, "Origin": "http://evil.example"}
+                    )[0] == 403
+        # a write refused for its token says which way too (the page names its token field from it)
+        assert write(url, "drain", {"key": unique_key, "address": "127.0.0.1:7414"}, token=None)[1]["token"] \
+            == "missing"
+        assert write(url, "drain", {"key": unique_key, "address": "127.0.0.1:7414"}, token="x")[1]["token"] == "wrong"
+    audit = [r.getMessage() for r in caplog.records if r.name == "waypost.console.audit"]
+    assert any("refused token check from 127.0.0.1" in m and ": 403 wrong token" in m for m in audit), audit
+    assert not any(" by 127.0.0.1 at " in m for m in audit), audit  # no action was done
+
+
+def test_the_favicon_is_served(shared_etcd):
+    with running_console(registries=[shared_etcd.url()]) as (_, url):
+        for path in ("favicon.ico", "static/favicon.svg"):
+            with urllib.request.urlopen(f"{url}{path}", timeout=10) as resp:
+                assert resp.headers["Content-Type"].startswith("image/svg+xml") and b"<svg" in resp.read()

@@ -78,3 +78,30 @@ def test_cli_drain_in_consul_reaches_the_publisher(shared_agent):
             wait_until(lambda: weight() is None, 15, what="no weight once undrained")
     finally:
         a.stop()
+
+
+def test_a_console_on_a_dead_agent_shows_it_down_and_recovers_when_it_answers(consul_bin, tmp_path):
+    from tests.consul_support import ConsulAgent
+
+    agent = ConsulAgent(tmp_path / "consul", binary=consul_bin)  # its ports picked, nothing listening yet
+    name = unique_name("down")
+    try:
+        with running_console(registries=[agent.url], timeout=2.0) as (console, url):
+            source = console.source_names()[0]
+
+            def state() -> dict:
+                return http(f"{url}api/services")[1]["sources"][source]
+
+            down = wait_until(lambda: (s := state())["error"] and s, 15, what="the agent shown as down")
+            assert agent.address in down["error"] and down["kind"] == "consul" and not down["read"], down
+            agent.start()
+            a = echo_serve("a", name, agent.url)
+            try:
+                wait_until(lambda: any(s["key"] == name and s["instances"]
+                                       for s in http(f"{url}api/services")[1]["services"]), 30,
+                           what="the service listed once the agent answers")
+                assert state()["error"] is None and state()["read"] is True
+            finally:
+                a.stop()
+    finally:
+        agent.close()

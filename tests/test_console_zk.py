@@ -92,3 +92,27 @@ def test_the_console_lists_zk_services_and_drains_them(server):
             wait_until(lambda: not inst(), 15, what="the instance gone")
     finally:
         a.stop()
+
+
+def test_a_console_on_a_dead_zookeeper_shows_it_down_and_recovers_when_it_answers(server):
+    late = zk_support.ZkServer()  # its port picked, nothing listening yet
+    name = f"console-{uuid.uuid4().hex[:8]}"
+    url = f"zk://{late.hosts}"
+    try:
+        with running_console(registries=[url], timeout=2.0) as (console, curl):
+            source = console.source_names()[0]
+
+            def state() -> dict:
+                return http(f"{curl}api/services")[1]["sources"][source]
+
+            down = wait_until(lambda: (s := state())["error"] and s, 15, what="ZooKeeper shown as down")
+            assert late.hosts in down["error"] and down["kind"] == "zk" and not down["read"], down
+            late.start()
+            a = echo_serve("a", name, url)
+            try:
+                wait_until(lambda: a.address in instances(curl, name), 30, what="the service listed once it answers")
+                assert state()["error"] is None and state()["read"] is True
+            finally:
+                a.stop()
+    finally:
+        late.close()

@@ -8,11 +8,14 @@ changes in a moment are one message per browser, and nothing reads a registry pe
 from __future__ import annotations
 
 import asyncio
+import logging
 import time
 from dataclasses import dataclass, field
 from typing import Any
 
 from ..balancer.weights import weight_of
+
+log = logging.getLogger("waypost.console")
 
 
 @dataclass
@@ -52,6 +55,20 @@ class Health:
     detail: str = ""
 
 
+@dataclass
+class SourceState:
+    """Whether a registry can be read now: ``error`` is why not (None: it can), ``since`` when that began (the
+    first failure of an outage, or the read that ended one; the console's start until its first answer)."""
+
+    kind: str  # etcd, memory, consul, zk
+    error: str | None
+    since: float
+    read: bool = False  # read at least once (False: the page has never had its list)
+
+    def as_json(self) -> dict[str, Any]:
+        return {"kind": self.kind, "error": self.error, "since": self.since, "read": self.read}
+
+
 class Board:
     def __init__(self) -> None:
         self.started = time.time()
@@ -61,8 +78,8 @@ class Board:
         self.health: dict[str, Health] = {}
         #: metrics URL -> {"error": str|None, "targets": {target: {"backends": {...}, "series": [...]}}}
         self.clients: dict[str, dict[str, Any]] = {}
-        #: source -> why it cannot be read now (None when it can)
-        self.sources: dict[str, str | None] = {}
+        #: registry name -> whether it can be read now (``source_down`` / ``source_up``)
+        self.sources: dict[str, SourceState] = {}
         self.version = 0
         self.closed = False  # set when the console stops: event streams end
         self._changed = asyncio.Event()
@@ -80,6 +97,31 @@ class Board:
             except asyncio.TimeoutError:
                 pass
         return self.version
+
+    def source_down(self, name: str, kind: str, why: str) -> None:
+        """``name`` cannot be read (``why``): shown on the page from the first failure on, until ``source_up``."""
+        now = time.time()
+        state = self.sources.get(name)
+        if state is None or state.error is None:
+            log.warning("console: %s unreachable: %s (shown as down; tried again until it answers)", name, why)
+            self.sources[name] = SourceState(kind, why, now, state.read if state else False)
+        elif state.error != why:
+            log.info("console: %s still unreachable: %s", name, why)
+            state.error = why  # the same outage: ``since`` stays
+        else:
+            return
+        self.touch()
+
+    def source_up(self, name: str, kind: str) -> None:
+        """``name`` answered: clears a ``source_down`` (logged: it recovered)."""
+        state = self.sources.get(name)
+        if state is not None and state.error is None and state.read:
+            return
+        if state is not None and state.error is not None:
+            log.warning("console: %s answers again (down since %s)", name,
+                        time.strftime("%H:%M:%S", time.localtime(state.since)))
+        self.sources[name] = SourceState(kind, None, time.time(), True)
+        self.touch()
 
     def addresses(self) -> set[str]:
         return {a for s in self.services.values() for a in s.instances}
@@ -106,4 +148,5 @@ class Board:
         orphans = [{"source": src, "key": k, "address": a, **o}
                    for (src, k, a), o in sorted(self.overrides.items()) if (src, k, a) not in live]
         return {"version": self.version, "time": now, "started": self.started, "services": services,
-                "orphan_overrides": orphans, "sources": dict(self.sources), "clients": self.clients}
+                "orphan_overrides": orphans, "sources": {n: st.as_json() for n, st in self.sources.items()},
+                "clients": self.clients}

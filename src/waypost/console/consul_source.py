@@ -80,8 +80,15 @@ class ConsulSource:
         return int(headers.get("X-Consul-Index", "0") or 0), names
 
     async def start(self) -> None:
-        index, names = await on_control(self._list(0, None))
-        await self._apply(names)
+        """One read of the catalog, then the blocking queries. An agent that does not answer is shown as down, not
+        raised: ``_follow`` asks again until it answers."""
+        index = 0
+        try:
+            index, names = await on_control(self._list(0, None))
+        except Exception as e:  # noqa: BLE001 (shown on the page; asked again)
+            self.board.source_down(self.name, "consul", str(e) or type(e).__name__)
+        else:
+            await self._apply(names)
         self._task = asyncio.create_task(self._follow(index), name="waypost-console-consul")
         self._overrides_task = asyncio.create_task(self._follow_overrides(), name="waypost-console-consul-kv")
 
@@ -119,20 +126,14 @@ class ConsulSource:
             except asyncio.CancelledError:
                 raise
             except Exception as e:  # noqa: BLE001 (shown on the page; tried again)
-                why = str(e) or type(e).__name__
-                if self.board.sources.get(self.name) != why:
-                    self.board.sources[self.name] = why
-                    self.board.touch()
+                self.board.source_down(self.name, "consul", str(e) or type(e).__name__)
                 await asyncio.sleep(RETRY_INTERVAL)
                 continue
             index = 0 if new_index < index else new_index  # an index that went back: start over (Consul's rule)
-            if self.board.sources.get(self.name):
-                self.board.sources[self.name] = None
-                self.board.touch()
             await self._apply(names)
 
     async def _apply(self, names: list[str]) -> None:
-        self.board.sources.setdefault(self.name, None)
+        self.board.source_up(self.name, "consul")
         await follow_services(self._services, names, self.board, target=lambda n: service_target(self.config, n),
                               source=self.name, fmt="consul", timeout=self.timeout, closed=lambda: self._closed)
 

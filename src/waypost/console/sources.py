@@ -62,6 +62,7 @@ class RegistrySource:
         self.registry = registry
         self.board = board
         self.name = registry.url
+        self.kind = registry.url.split("://", 1)[0]  # etcd, memory
         self.writable = writable
         self._loop = asyncio.get_running_loop()
         #: record key -> (service id, address, lease), from the keyspace read and watch
@@ -77,9 +78,17 @@ class RegistrySource:
     # -- start and stop ------------------------------------------------------------------------------
 
     async def start(self) -> None:
-        res = await on_control(self.registry.get("", prefix=True))
-        self._reload(res.kvs, at_start=True)
-        self._watch = _loop.submit(self._follow(res.revision))
+        """One read of the keyspace (bounded by the registry's own timeout), then the watch. A registry that does
+        not answer is shown as down, not raised: ``_follow`` reads it again until it answers."""
+        rev: int | None = None
+        try:
+            res = await on_control(self.registry.get("", prefix=True))
+        except Exception as e:  # noqa: BLE001 (shown on the page; read again)
+            self._unreachable(str(e) or type(e).__name__)
+        else:
+            self._reload(res.kvs, at_start=True)
+            rev = res.revision
+        self._watch = _loop.submit(self._follow(rev))
         self._tasks.append(asyncio.create_task(self._ttl_loop(), name="waypost-console-ttl"))
 
     async def close(self) -> None:
@@ -103,7 +112,7 @@ class RegistrySource:
         gone = [sid for sid in self._subs if not self._by_sid.get(sid)]
         for sid in gone:
             self._drop(sid)
-        self.board.sources[self.name] = None
+        self.board.source_up(self.name, self.kind)
         self.board.touch()
 
     def _apply(self, events: Iterable[tuple[str, KeyValue]], at_start: bool = False) -> None:
@@ -166,9 +175,23 @@ class RegistrySource:
             self.board.overrides[(self.name, parts[0], parts[1])] = o
         self.board.touch()
 
-    async def _follow(self, rev: int) -> None:
-        """On the control loop: watch the whole keyspace from ``rev``; after a failure read it again."""
+    async def _follow(self, rev: int | None) -> None:
+        """On the control loop: watch the whole keyspace from ``rev``; after a failure (or with no ``rev``: never
+        read yet) read it again, every ``RETRY_INTERVAL`` s until it answers."""
+        first = rev is None
         while not self._closed:
+            if rev is None:
+                try:
+                    res = await self.registry.get("", prefix=True)
+                except asyncio.CancelledError:
+                    raise
+                except Exception as e:  # noqa: BLE001 (shown on the page; read again)
+                    self._loop.call_soon_threadsafe(self._unreachable, str(e) or type(e).__name__)
+                    await asyncio.sleep(RETRY_INTERVAL)
+                    continue
+                rev = res.revision
+                self._loop.call_soon_threadsafe(self._reload, list(res.kvs), first)
+                first = False
             watch = self.registry.watch("", prefix=True, start_revision=rev + 1)
             try:
                 async for batch in watch:
@@ -179,24 +202,14 @@ class RegistrySource:
             except asyncio.CancelledError:
                 raise
             except Exception as e:  # noqa: BLE001 (the console shows the registry's state instead)
-                why = str(e) or type(e).__name__
-                self._loop.call_soon_threadsafe(self._unreachable, why)
+                self._loop.call_soon_threadsafe(self._unreachable, str(e) or type(e).__name__)
                 await asyncio.sleep(RETRY_INTERVAL)
-                try:
-                    res = await self.registry.get("", prefix=True)
-                except Exception as e2:  # noqa: BLE001
-                    log.debug("console: reading %s failed: %s", self.name, e2)
-                    continue
-                rev = res.revision
-                self._loop.call_soon_threadsafe(self._reload, list(res.kvs))
+                rev = None
             finally:
                 watch.cancel()
 
     def _unreachable(self, why: str) -> None:
-        if self.board.sources.get(self.name) != why:
-            log.warning("console: %s: %s", self.name, why)
-            self.board.sources[self.name] = why
-            self.board.touch()
+        self.board.source_down(self.name, self.kind, why)
 
     # -- one key: its subscriber ----------------------------------------------------------------------------
 

@@ -1,6 +1,7 @@
 """The console's HTTP side (aiohttp's web server): the page, its assets, the JSON API and the event stream.
 
 Reads (``GET /``, ``/static/*``, ``/api/services``, ``/api/events``) are open to whoever can reach the port.
+``POST /api/token`` answers whether a token is the right one (the same checks as a write's, writing nothing).
 Writes (``POST /api/drain|undrain|weight``) pass ``guard_write``: not read-only; a token in a header
 (``Authorization: Bearer T`` or ``X-Waypost-Token: T``; never a cookie, so a browser never sends it by itself):
 missing 401, wrong 403; a JSON body (``Content-Type: application/json``: an HTML form cannot send one); and no
@@ -50,8 +51,8 @@ def _json(data: Any, status: int = 200) -> web.Response:
     return web.json_response(data, status=status, dumps=lambda d: json.dumps(d, default=str))
 
 
-def _refuse(status: int, message: str) -> web.Response:
-    return _json({"ok": False, "error": message}, status)
+def _refuse(status: int, message: str, **extra: Any) -> web.Response:
+    return _json({"ok": False, "error": message, **extra}, status)
 
 
 @web.middleware
@@ -74,19 +75,24 @@ async def security_headers(request: web.Request, handler: Any) -> web.StreamResp
     return resp
 
 
-def guard_write(request: web.Request) -> web.Response | None:
-    """None when this write may go on; else the refusal to send (see the module docstring)."""
+def check_token(request: web.Request) -> web.Response | None:
+    """None when the request carries this console's token; else the refusal (401 missing, 403 wrong), whose
+    ``token`` field (``missing`` / ``wrong``) lets the page say what to do with its token field."""
     state = request.app[APP_STATE]
-    if state.read_only:
-        return _refuse(403, "this console is read-only (--read-only)")
     given = request.headers.get("X-Waypost-Token")
     auth = request.headers.get("Authorization", "")
     if given is None and auth.lower().startswith("bearer "):
         given = auth[7:].strip()
     if not given:
-        return _refuse(401, "a token is needed: send it as 'Authorization: Bearer TOKEN' or 'X-Waypost-Token'")
+        return _refuse(401, "a token is needed: send it as 'Authorization: Bearer TOKEN' or 'X-Waypost-Token'",
+                       token="missing")
     if not hmac.compare_digest(given.encode(), state.token.encode()):
-        return _refuse(403, "wrong token")
+        return _refuse(403, "wrong token", token="wrong")
+    return None
+
+
+def check_same_site(request: web.Request) -> web.Response | None:
+    """None unless the request comes from another site (``Sec-Fetch-Site``, ``Origin``): then the 403."""
     site = request.headers.get("Sec-Fetch-Site")
     if site is not None and site not in ("same-origin", "none"):
         return _refuse(403, f"cross-site request refused (Sec-Fetch-Site: {site})")
@@ -95,15 +101,47 @@ def guard_write(request: web.Request) -> web.Response | None:
         o = urlsplit(origin)
         if origin == "null" or o.scheme != request.scheme or o.netloc.lower() != (request.host or "").lower():
             return _refuse(403, f"cross-site request refused (Origin: {origin})")
+    return None
+
+
+def guard_write(request: web.Request) -> web.Response | None:
+    """None when this write may go on; else the refusal to send (see the module docstring)."""
+    if request.app[APP_STATE].read_only:
+        return _refuse(403, "this console is read-only (--read-only)")
+    refused = check_token(request) or check_same_site(request)
+    if refused is not None:
+        return refused
     if request.content_type != "application/json":
         return _refuse(415, "send a JSON body (Content-Type: application/json)")
     return None
+
+
+def _audit_refusal(verb: str, request: web.Request, refused: web.Response) -> None:
+    audit.warning("audit: refused %s from %s at %s: %d %s", verb, request.remote or "?",
+                  time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()), refused.status,
+                  json.loads(refused.body)["error"] if isinstance(refused.body, bytes) else "")
+
+
+async def token_check(request: web.Request) -> web.Response:
+    """``POST /api/token``: whether the token sent is this console's (200, else 401/403 as a write would get),
+    writing nothing: the page's token badge shows what the server said, not merely that a field was filled."""
+    refused = check_token(request) or check_same_site(request)
+    if refused is not None:
+        _audit_refusal("token check", request, refused)
+        return refused
+    return _json({"ok": True, "read_only": request.app[APP_STATE].read_only})
 
 
 async def index(request: web.Request) -> web.StreamResponse:
     html = resources.files("waypost.console").joinpath("static/index.html").read_bytes()
     return web.Response(body=html, content_type="text/html", charset="utf-8",
                         headers={"Cache-Control": "no-store"})
+
+
+async def favicon(request: web.Request) -> web.StreamResponse:
+    """``/favicon.ico``, which browsers ask for by themselves: the page's SVG icon."""
+    icon = resources.files("waypost.console").joinpath("static/favicon.svg").read_bytes()
+    return web.Response(body=icon, content_type="image/svg+xml", headers={"Cache-Control": "max-age=86400"})
 
 
 async def services(request: web.Request) -> web.Response:
@@ -146,9 +184,7 @@ def _action_handler(verb: str) -> Any:
     async def handle(request: web.Request) -> web.Response:
         refused = guard_write(request)
         if refused is not None:
-            audit.warning("audit: refused %s from %s at %s: %d %s", verb, request.remote or "?",
-                          time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()), refused.status,
-                          json.loads(refused.body)["error"] if isinstance(refused.body, bytes) else "")
+            _audit_refusal(verb, request, refused)
             return refused
         try:
             body = await request.json()
@@ -184,6 +220,8 @@ def make_app(state: Any, board: Board) -> web.Application:
     app[APP_STATE] = state
     static = resources.files("waypost.console").joinpath("static")
     app.router.add_get("/", index)
+    app.router.add_get("/favicon.ico", favicon)
+    app.router.add_post("/api/token", token_check)
     app.router.add_static("/static/", str(static), show_index=False, append_version=False)
     app.router.add_get("/api/services", services)
     app.router.add_get("/api/config", config)

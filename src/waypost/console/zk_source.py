@@ -70,30 +70,28 @@ class ZkSource:
         return names, overrides
 
     async def start(self) -> None:
-        names, overrides = await asyncio.wait_for(on_control(self._read()), self.timeout + 5)
-        await self._apply(names, overrides)
+        """One read, then one every ``INTERVAL`` s. A ZooKeeper that does not answer is shown as down, not raised:
+        the next rounds try again until it answers."""
+        await self._round()
         self._task = asyncio.create_task(self._follow(), name="waypost-console-zk")
 
     async def _follow(self) -> None:
         while not self._closed:
             await asyncio.sleep(INTERVAL)
-            try:
-                names, overrides = await asyncio.wait_for(on_control(self._read()), self.timeout + 5)
-            except asyncio.CancelledError:
-                raise
-            except Exception as e:  # noqa: BLE001 (shown on the page; tried again)
-                why = str(e) or type(e).__name__
-                if self.board.sources.get(self.name) != why:
-                    self.board.sources[self.name] = why
-                    self.board.touch()
-                continue
-            if self.board.sources.get(self.name):
-                self.board.sources[self.name] = None
-                self.board.touch()
-            await self._apply(names, overrides)
+            await self._round()
+
+    async def _round(self) -> None:
+        try:
+            names, overrides = await asyncio.wait_for(on_control(self._read()), self.timeout + 5)
+        except asyncio.CancelledError:
+            raise
+        except Exception as e:  # noqa: BLE001 (shown on the page; tried again)
+            self.board.source_down(self.name, "zk", str(e) or type(e).__name__)
+            return
+        await self._apply(names, overrides)
 
     async def _apply(self, names: list[str], overrides: dict[tuple[str, str, str], dict[str, Any]]) -> None:
-        self.board.sources.setdefault(self.name, None)
+        self.board.source_up(self.name, "zk")
         old = {k: v for k, v in self.board.overrides.items() if k[0] == self.name}
         if old != overrides:
             for k in old:

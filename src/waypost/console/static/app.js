@@ -2,7 +2,8 @@
 // Everything from the registry is shown with textContent (never parsed as HTML).
 "use strict";
 
-const state = { snap: null, receivedAt: 0, config: null, weights: {} };
+// tokenState: "none" (no token in this tab), "checking", "accepted" or "refused": what the server last said of it
+const state = { snap: null, receivedAt: 0, config: null, weights: {}, tokenState: "none", colors: {} };
 const $ = (id) => document.getElementById(id);
 const COLORS = ["#2458c6", "#c0392b", "#1f8a4c", "#b9770e", "#7d3cb5", "#0e8c8c", "#d35400", "#5d6d7e"];
 
@@ -37,12 +38,39 @@ function takeTokenFromFragment() {
     sessionStorage.setItem("waypost-token", decodeURIComponent(m[1]));
     history.replaceState(null, "", location.pathname + location.search);
   }
-  showTokenState();
 }
 
-function showTokenState() {
-  $("token-state").textContent = token() ? "set" : "not set";
-  $("token-state").className = token() ? "badge on" : "badge";
+const TOKEN_BADGE = {  // state -> [text, class, title]
+  none: ["not set", "badge", "drain and weight need the write token waypost console printed at start"],
+  checking: ["checking…", "badge", "asking the console whether it is the right token"],
+  accepted: ["accepted", "badge on", "the console accepted this token"],
+  refused: ["refused", "badge off", "the console refused this token: paste the one waypost console printed"],
+};
+
+function setTokenState(s) {
+  state.tokenState = token() ? s : "none";
+  const [text, cls, title] = TOKEN_BADGE[state.tokenState];
+  const b = $("token-state");
+  b.textContent = text;
+  b.className = cls;
+  b.title = title;
+}
+
+// The badge shows what the server says of the token (POST /api/token writes nothing), not that a field was filled.
+async function checkToken() {
+  if (!token()) { setTokenState("none"); return; }
+  setTokenState("checking");
+  try {
+    const resp = await fetch("/api/token", { method: "POST", credentials: "omit",
+      headers: { "X-Waypost-Token": token() } });
+    setTokenState(resp.ok ? "accepted" : "refused");
+  } catch (e) {
+    setTokenState("refused");
+  }
+}
+
+function askForToken() {
+  $("token").focus();
 }
 
 // ---------------------------------------------------------------------------------------------- actions
@@ -70,10 +98,28 @@ async function act(verb, key, address, source, weight) {
   let answer = {};
   try { answer = await resp.json(); } catch (e) { /* not JSON */ }
   if (resp.ok) {
+    setTokenState("accepted");
     say(`${verb} ${key} ${address}: done` + (weight !== undefined ? ` (weight ${weight})` : ""), true);
+  } else if (answer.token === "missing") {  // the API's wording names headers; on the page: the token field
+    setTokenState("none");
+    say(`${verb} ${key} ${address} refused (${resp.status}): this needs the console's write token. Paste it in ` +
+      `the token field above and press "use" (waypost console prints it at start, and a #token= link).`, false);
+    askForToken();
+  } else if (answer.token === "wrong") {
+    setTokenState("refused");
+    say(`${verb} ${key} ${address} refused (${resp.status}): the token in this tab is not this console's. Paste ` +
+      `the one waypost console printed in the token field above and press "use".`, false);
+    askForToken();
   } else {
     say(`${verb} ${key} ${address} refused (${resp.status}): ${answer.error || resp.statusText}`, false);
   }
+}
+
+function drain(svc, inst) {
+  const ask = `Drain ${inst.address} of ${svc.key} (${svc.source})?\n\nIts weight becomes 0: clients stop ` +
+    `sending it new calls; calls in flight finish. Undo with "undrain".`;
+  if (!confirm(ask)) { say(`drain ${svc.key} ${inst.address}: cancelled, nothing changed`, true); return; }
+  act("drain", svc.key, inst.address, svc.source);
 }
 
 // ---------------------------------------------------------------------------------------------- filters
@@ -97,10 +143,43 @@ function matches(svc, inst) {
 
 function syncOptions(select, values) {
   const have = new Set([...select.options].map((o) => o.value));
-  for (const v of values) if (!have.has(v)) select.append(el("option", { value: v }, v));
+  for (const v of values) if (v && !have.has(v)) { select.append(el("option", { value: v }, v)); have.add(v); }
+}
+
+// The filters live in the query string (?q=&format=&source=&drained=1&unhealthy=1): a link opens with them.
+const FILTERS = { q: "search", format: "f-format", source: "f-source" };
+const FLAGS = { drained: "f-drained", unhealthy: "f-unhealthy" };
+
+function filtersToUrl() {
+  const p = new URLSearchParams();
+  for (const [name, id] of Object.entries(FILTERS)) if ($(id).value.trim()) p.set(name, $(id).value.trim());
+  for (const [name, id] of Object.entries(FLAGS)) if ($(id).checked) p.set(name, "1");
+  const qs = p.toString();
+  const want = location.pathname + (qs ? `?${qs}` : "") + location.hash;
+  if (want !== location.pathname + location.search + location.hash) history.replaceState(null, "", want);
+}
+
+function filtersFromUrl() {
+  const p = new URLSearchParams(location.search);
+  for (const [name, id] of Object.entries(FILTERS)) {
+    const v = p.get(name) || "";
+    if ($(id).tagName === "SELECT") syncOptions($(id), [v]);  // its options come with the first snapshot
+    $(id).value = v;
+  }
+  for (const [name, id] of Object.entries(FLAGS)) $(id).checked = p.get(name) === "1";
 }
 
 // ---------------------------------------------------------------------------------------------- rendering
+
+function plural(n, word) { return `${n} ${word}${n === 1 ? "" : "s"}`; }
+
+// "2 keys, 6 instances" when everything is shown; "1 of 2 keys, 3 of 6 instances shown" under a filter
+function countText(keysShown, keys, shown, total) {
+  if (keysShown === keys && shown === total) return `${plural(keys, "key")}, ${plural(total, "instance")}`;
+  return `${keysShown} of ${plural(keys, "key")}, ${shown} of ${plural(total, "instance")} shown`;
+}
+
+function clock(t) { return new Date(t * 1000).toLocaleTimeString([], { hour12: false }); }
 
 function dur(s) {
   if (s === null || s === undefined) return "-";
@@ -128,31 +207,31 @@ function instanceRow(svc, inst, elapsed) {
     placeholder: String(inst.weight), disabled: !writable,
     oninput: (e) => { state.weights[rowId] = e.target.value; },
   });
-  const actions = el("td", { class: "actions" },
+  const actions = el("td", { class: "actions" }, el("div", { class: "buttons" },
     drained
       ? el("button", { class: "undrain", disabled: !writable || !ovr,
         title: ovr ? "remove the override: the instance's own weight again" : "drained by its own registration",
         onclick: () => act("undrain", svc.key, inst.address, svc.source) }, "undrain")
-      : el("button", { class: "drain", disabled: !writable,
-        onclick: () => act("drain", svc.key, inst.address, svc.source) }, "drain"),
-    " ", wInput, " ",
+      : el("button", { class: "drain", disabled: !writable, onclick: () => drain(svc, inst) }, "drain"),
+    wInput,
     el("button", { class: "set-weight", disabled: !writable, onclick: () => {
       const v = state.weights[rowId];
       if (v === undefined || v === "" || !/^\d+$/.test(v)) { say("weight: a whole number >= 0", false); return; }
       delete state.weights[rowId];
+      if (parseInt(v, 10) === 0) { drain(svc, inst); return; }  // weight 0 is a drain: asked the same way
       act("weight", svc.key, inst.address, svc.source, parseInt(v, 10));
     } }, "set"),
-    ovr && !drained ? [" ", el("button", { class: "undo", disabled: !writable,
-      onclick: () => act("undrain", svc.key, inst.address, svc.source) }, "undo")] : null);
+    ovr && !drained ? el("button", { class: "undo", disabled: !writable,
+      onclick: () => act("undrain", svc.key, inst.address, svc.source) }, "undo") : null));
   const health = inst.health || "…";
   return el("tr", { class: drained ? "drained" : "", "data-key": svc.key, "data-address": inst.address },
-    el("td", {}, inst.address),
+    el("td", { class: "address" }, inst.address),
     el("td", { class: "num weight" }, drained ? el("span", { class: "badge warn" }, "drained") : String(inst.weight),
       ovr ? el("span", { class: "muted", title: `override by ${ovr.by} at ${new Date(ovr.at * 1000).toISOString()}` },
         ` (override by ${ovr.by})`) : null),
     el("td", {}, md.zone !== undefined ? String(md.zone) : ""),
     el("td", {}, md.version !== undefined ? String(md.version) : ""),
-    el("td", { class: "muted" }, otherMeta(md)),
+    el("td", { class: "muted meta-cell" }, otherMeta(md)),
     el("td", { class: "num" }, inst.ttl === null ? "-" : dur(inst.ttl - elapsed)),
     el("td", { class: "num" }, (inst.age_at_least ? "≥" : "") + dur(inst.age + elapsed)),
     el("td", { class: `health h-${health}`, title: inst.health_detail || "" }, health),
@@ -165,29 +244,56 @@ function renderServices(snap, elapsed) {
     ? document.activeElement.closest("tr") : null;
   const focusKey = focused ? `${focused.dataset.key}|${focused.dataset.address}` : null;
   box.replaceChildren();
-  let shown = 0, total = 0;
+  let shown = 0, total = 0, keysShown = 0;
+  const down = downSources(snap);
   for (const svc of snap.services) {
     total += svc.instances.length;
     const rows = svc.instances.filter((i) => matches(svc, i));
     if (!rows.length && !(svc.instances.length === 0 && matches(svc, null))) continue;
     shown += rows.length;
+    keysShown += 1;
     const table = el("table", {},
       el("thead", {}, el("tr", {}, ["address", "weight", "zone", "version", "metadata", "lease TTL", "age",
         "health", ""].map((h) => el("th", {}, h)))),
       el("tbody", {}, rows.map((i) => instanceRow(svc, i, elapsed))));
     box.append(el("div", { class: "service", "data-service": svc.key },
       el("h2", {}, svc.key, el("span", { class: "badge" }, svc.format),
-        el("span", { class: "meta" }, `${svc.instances.length} instance(s) in ${svc.source}`),
+        el("span", { class: "meta" }, `${plural(svc.instances.length, "instance")} in ${svc.source}`),
         svc.writable ? null : el("span", { class: "badge" }, "read-only source"),
+        down[svc.source] ? el("span", { class: "badge bad", title: down[svc.source].error },
+          `registry down since ${clock(down[svc.source].since)}: its last list`) : null,
         svc.error ? el("span", { class: "badge bad" }, svc.error) : null),
       svc.instances.length ? table : el("div", { class: "empty" }, "no instance")));
   }
-  if (!snap.services.length) box.append(el("div", { class: "empty" }, "nothing registered yet"));
-  $("counts").textContent = `${snap.services.length} key(s), ${shown} of ${total} instance(s) shown`;
+  if (!snap.services.length) {
+    const unread = Object.entries(down).filter(([, st]) => !st.read).map(([n]) => n);
+    box.append(el("div", { class: "empty" }, unread.length
+      ? `nothing read yet: ${unread.join(", ")} ${unread.length === 1 ? "does" : "do"} not answer (see above)`
+      : "nothing registered yet"));
+  }
+  $("counts").textContent = countText(keysShown, snap.services.length, shown, total);
   if (focusKey) {
     for (const tr of box.querySelectorAll("tr[data-address]")) {
       if (`${tr.dataset.key}|${tr.dataset.address}` === focusKey) tr.querySelector(".weight-input").focus();
     }
+  }
+}
+
+function downSources(snap) {
+  return Object.fromEntries(Object.entries(snap.sources || {}).filter(([, st]) => st && st.error));
+}
+
+// One line per registry that does not answer: which one, why, since when; the console reads it again by itself.
+function renderSources(snap, elapsed) {
+  const box = $("sources");
+  box.replaceChildren();
+  for (const [name, st] of Object.entries(downSources(snap))) {
+    const ago = dur(snap.time - st.since + elapsed);
+    box.append(el("div", { class: "source-down", "data-source": name },
+      el("strong", {}, `${st.kind} registry ${name} is unreachable`),
+      ` since ${clock(st.since)} (${ago}): `, el("code", {}, st.error), ". ",
+      st.read ? "Shown below: the last list read from it. " : "Nothing read from it yet. ",
+      "The console keeps trying and updates this page when it answers."));
   }
 }
 
@@ -204,24 +310,86 @@ function renderOrphans(snap) {
       onclick: () => act("undrain", o.key, o.address, o.source) }, "remove"))))))));
 }
 
+// A backend keeps its colour for the page's lifetime (a backend gone keeps its past line, in its colour).
+function colorOf(backend) {
+  if (!(backend in state.colors)) state.colors[backend] = COLORS[Object.keys(state.colors).length % COLORS.length];
+  return state.colors[backend];
+}
+
+// Every backend of a series, those in the client's list now first, then those gone (their past points stay).
+function seriesBackends(t) {
+  const now = t.backends || [];
+  const seen = new Set(now);
+  const gone = [];
+  for (const p of t.series || []) {
+    for (const b of Object.keys(p.calls || {})) if (!seen.has(b)) { seen.add(b); gone.push(b); }
+  }
+  return { all: [...now, ...gone.sort()], gone: new Set(gone) };
+}
+
+// A line chart with a value axis (0, half, max) and a time axis (clock times of the first, middle and last point).
 function chart(title, series, backends, value, fmt) {
-  const W = 260, H = 90, P = 4;
+  const W = 300, H = 130, L = 48, R = 8, T = 6, B = 20;
   const pts = series.map((p) => backends.map((b) => value(p, b)));
   let max = 0;
   for (const row of pts) for (const v of row) if (v !== null && v > max) max = v;
   if (max <= 0) max = 1;
   const s = svg("svg", { width: W, height: H, viewBox: `0 0 ${W} ${H}`, role: "img", "aria-label": title });
-  const x = (i) => P + (series.length > 1 ? (i * (W - 2 * P)) / (series.length - 1) : 0);
-  const y = (v) => H - P - (v / max) * (H - 2 * P);
+  const t0 = series.length ? series[0].t : 0, t1 = series.length ? series[series.length - 1].t : 1;
+  const x = (t) => L + (t1 > t0 ? ((t - t0) * (W - L - R)) / (t1 - t0) : (W - L - R));
+  const y = (v) => H - B - (v / max) * (H - B - T);
+  for (const f of [0, 0.5, 1]) {
+    const yy = y(f * max).toFixed(1);
+    s.append(svg("line", { x1: L, x2: W - R, y1: yy, y2: yy, class: f ? "grid" : "axis" }));
+    const label = svg("text", { x: L - 4, y: yy, "text-anchor": "end", "dominant-baseline": "middle",
+      class: "tick" });
+    label.textContent = fmt(f * max);
+    s.append(label);
+  }
+  s.append(svg("line", { x1: L, x2: L, y1: T, y2: H - B, class: "axis" }));
+  if (series.length) {
+    const ticks = series.length > 2 ? [t0, (t0 + t1) / 2, t1] : [t1];
+    const shown = new Set();  // a window of a few seconds: the same clock time once
+    ticks.forEach((t) => {
+      if (shown.has(clock(t))) return;
+      shown.add(clock(t));
+      const label = svg("text", { x: x(t).toFixed(1), y: H - 5, class: "tick",
+        "text-anchor": t === t0 && ticks.length > 1 ? "start" : t === t1 ? "end" : "middle" });
+      label.textContent = clock(t);
+      s.append(label);
+    });
+  } else {
+    const label = svg("text", { x: (L + W) / 2, y: H / 2, "text-anchor": "middle", class: "tick" });
+    label.textContent = "no points yet";
+    s.append(label);
+  }
   backends.forEach((b, j) => {
     const coords = [];
-    pts.forEach((row, i) => { if (row[j] !== null) coords.push(`${x(i).toFixed(1)},${y(row[j]).toFixed(1)}`); });
-    if (coords.length) s.append(svg("polyline", { points: coords.join(" "), fill: "none",
-      stroke: COLORS[j % COLORS.length], "stroke-width": "1.5" }));
+    pts.forEach((row, i) => { if (row[j] !== null) coords.push(`${x(series[i].t).toFixed(1)},${y(row[j]).toFixed(1)}`); });
+    if (coords.length > 1) s.append(svg("polyline", { points: coords.join(" "), fill: "none", stroke: colorOf(b),
+      "stroke-width": "1.5", "data-backend": b }));
+    else if (coords.length) {
+      const [cx, cy] = coords[0].split(",");
+      s.append(svg("circle", { cx, cy, r: 2, fill: colorOf(b), "data-backend": b }));
+    }
   });
   const last = pts.length ? pts[pts.length - 1] : [];
   const now = backends.map((b, j) => `${b} ${last[j] === null || last[j] === undefined ? "-" : fmt(last[j])}`);
-  return el("div", { class: "chart", title: now.join("\n") }, el("h3", {}, `${title} (max ${fmt(max)})`), s);
+  return el("div", { class: "chart", title: now.join("\n") }, el("h3", {}, title), s);
+}
+
+// The share of calls of a point with no call finished is no share (not 0%): no point is drawn.
+function share(p, b) {
+  const calls = Object.values(p.calls || {}).reduce((a, c) => a + c, 0);
+  return calls && p.share[b] !== undefined ? p.share[b] : null;
+}
+
+// What of a client target the search box keeps: everything when the target or metrics URL matches, else the
+// backends whose address matches (none: the target is not shown).
+function clientMatch(url, target, backends) {
+  const q = $("search").value.trim().toLowerCase();
+  if (!q || `${url} ${target}`.toLowerCase().includes(q)) return backends;
+  return backends.filter((b) => b.toLowerCase().includes(q));
 }
 
 function renderClients(snap) {
@@ -231,23 +399,29 @@ function renderClients(snap) {
     const card = el("div", { class: "service client", "data-metrics": url },
       el("h2", {}, "client ", el("span", { class: "meta" }, url),
         c.error ? el("span", { class: "badge bad" }, c.error) : null));
+    let targets = 0;
     for (const [target, t] of Object.entries(c.targets || {})) {
-      const backends = t.backends || [];
-      card.append(el("div", { class: "meta empty" }, target),
+      const { all, gone } = seriesBackends(t);
+      const backends = clientMatch(url, target, all);
+      if (!backends.length && all.length) continue;
+      targets += 1;
+      const series = t.series || [];
+      const last = series.length ? series[series.length - 1] : null;
+      card.append(el("div", { class: "target", "data-target": target }, el("div", { class: "meta empty" }, target),
         el("div", { class: "charts" },
-          chart("share of calls", t.series, backends, (p, b) => (p.share[b] ?? null), (v) => `${Math.round(v * 100)}%`),
-          chart("in flight", t.series, backends, (p, b) => (p.in_flight[b] ?? null), (v) => v.toFixed(0)),
-          chart("latency estimate", t.series, backends, (p, b) => (p.latency[b] ?? null),
+          chart("share of calls", series, backends, share, (v) => `${Math.round(v * 100)}%`),
+          chart("in flight", series, backends, (p, b) => (p.in_flight[b] ?? null), (v) => v.toFixed(v < 10 ? 1 : 0)),
+          chart("latency estimate", series, backends, (p, b) => (p.latency[b] ?? null),
             (v) => `${(v * 1000).toFixed(1)} ms`)),
-        el("div", { class: "legend" }, backends.map((b, j) => {
+        el("div", { class: "legend" }, backends.map((b) => {
           const sw = svg("svg", { width: 10, height: 10 });
-          sw.append(svg("rect", { width: 10, height: 10, fill: COLORS[j % COLORS.length] }));
-          const last = t.series.length ? t.series[t.series.length - 1] : null;
-          const share = last && last.share[b] !== undefined ? ` ${Math.round(last.share[b] * 100)}%` : "";
-          return el("span", { "data-backend": b }, sw, ` ${b}${share}`);
-        })));
+          sw.append(svg("rect", { width: 10, height: 10, fill: colorOf(b) }));
+          const sh = last && share(last, b) !== null ? ` ${Math.round(share(last, b) * 100)}%` : "";
+          return el("span", { "data-backend": b, class: gone.has(b) ? "gone" : "" }, sw, ` ${b}${sh}`,
+            gone.has(b) ? " (gone)" : "");
+        }))));
     }
-    box.append(card);
+    if (targets || !Object.keys(c.targets || {}).length) box.append(card);
   }
 }
 
@@ -257,8 +431,7 @@ function render() {
   const elapsed = (Date.now() - state.receivedAt) / 1000;
   syncOptions($("f-format"), [...new Set(snap.services.map((s) => s.format))]);
   syncOptions($("f-source"), [...new Set(snap.services.map((s) => s.source))]);
-  const down = Object.entries(snap.sources || {}).filter(([, why]) => why);
-  $("sources").textContent = down.length ? down.map(([n, why]) => `${n}: ${why}`).join("; ") : "";
+  renderSources(snap, elapsed);
   renderServices(snap, elapsed);
   renderOrphans(snap);
   renderClients(snap);
@@ -284,19 +457,22 @@ async function loadConfig() {
     state.config = { read_only: true };
   }
   $("readonly").hidden = !state.config.read_only;
+  if (state.config.read_only) $("token-form").hidden = true;
   render();
 }
 
 document.addEventListener("DOMContentLoaded", () => {
   takeTokenFromFragment();
+  checkToken();
+  filtersFromUrl();
   $("token-form").addEventListener("submit", (e) => {
     e.preventDefault();
     sessionStorage.setItem("waypost-token", $("token").value.trim());
     $("token").value = "";
-    showTokenState();
+    checkToken();
   });
   for (const id of ["search", "f-format", "f-source", "f-drained", "f-unhealthy"]) {
-    $(id).addEventListener("input", render);
+    $(id).addEventListener("input", () => { filtersToUrl(); render(); });
   }
   loadConfig();
   connect();
