@@ -7,44 +7,71 @@ implements ``Resolver``: ``start(on_update, on_error)``, ``resolve_now(reason)``
 
 from __future__ import annotations
 
+from typing import TYPE_CHECKING, Any
+
 from ..errors import InvalidTarget
+from ..registry.kinds import lookup, part
 from .base import OnError, OnUpdate, Resolver, ResolverFactory, ResolverOptions
-from .consul import ConsulResolver
 from .direct import DirectResolver
-from .dns import DnsResolver
-from .k8s import K8sResolver
 from .multi import MultiResolver
 from .registry_resolver import RegistryResolver
 from .subset import DEFAULT_SUBSET_SIZE, Subsetter, deterministic_subset
 from .target import Target, parse_target, parse_targets
-from .zk import ZkResolver
 
-#: The resolver class for each target scheme.
-RESOLVERS: dict[str, ResolverFactory] = {
-    "direct": DirectResolver,
-    "etcd": RegistryResolver,
-    "memory": RegistryResolver,
-    "dns": DnsResolver,
-    "k8s": K8sResolver,
-    "consul": ConsulResolver,
-    "multi": MultiResolver,
-    "zk": ZkResolver,
-}
+if TYPE_CHECKING:
+    from .consul import ConsulResolver
+    from .dns import DnsResolver
+    from .k8s import K8sResolver
+    from .zk import ZkResolver
+
+
+def __getattr__(name: str) -> Any:
+    # the resolvers of registry kinds load with their kind (a target of theirs, or a name asked for here);
+    # plain imports, so that the layer checks see them
+    if name == "ConsulResolver":
+        from .consul import ConsulResolver
+
+        return ConsulResolver
+    if name == "DnsResolver":
+        from .dns import DnsResolver
+
+        return DnsResolver
+    if name == "K8sResolver":
+        from .k8s import K8sResolver
+
+        return K8sResolver
+    if name == "ZkResolver":
+        from .zk import ZkResolver
+
+        return ZkResolver
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+
+
+def resolver_factory(scheme: str) -> ResolverFactory:
+    """The resolver class of a target scheme (``multi``: several targets as one; any other: its registry kind's,
+    ``registry/kinds.py``, loaded on first use)."""
+    if scheme == "multi":
+        return MultiResolver
+    kind = lookup(scheme)
+    if kind is None or kind.resolver is None:
+        raise InvalidTarget(f"no resolver for scheme {scheme!r}")
+    factory: ResolverFactory = part(kind, "resolver")
+    return factory
 
 
 def make_resolver(target: Target | str, options: ResolverOptions | None = None) -> Resolver:
     """The resolver for ``target`` (a string is parsed first), built with ``options`` (defaults if None)."""
     if isinstance(target, str):
         target = parse_target(target)
-    factory = RESOLVERS.get(target.scheme)
-    if factory is None:
-        raise InvalidTarget(f"no resolver for scheme {target.scheme!r}: {target.redacted}")
+    try:
+        factory = resolver_factory(target.scheme)
+    except InvalidTarget:
+        raise InvalidTarget(f"no resolver for scheme {target.scheme!r}: {target.redacted}") from None
     return factory(target, options)
 
 
 __all__ = [
     "DEFAULT_SUBSET_SIZE",
-    "RESOLVERS",
     "ConsulResolver",
     "DirectResolver",
     "DnsResolver",
@@ -63,4 +90,5 @@ __all__ = [
     "make_resolver",
     "parse_target",
     "parse_targets",
+    "resolver_factory",
 ]
