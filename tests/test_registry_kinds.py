@@ -11,8 +11,9 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from waypost import urlparams
-from waypost.consul import ConsulConfig
 from waypost.errors import InvalidTarget
+from waypost.registries.consul import ConsulConfig
+from waypost.registries.zookeeper.client import ZkConfig
 from waypost.registry.formats import (
     DEFAULT_FORMAT,
     ETCD_NAMING,
@@ -25,7 +26,6 @@ from waypost.registry.formats import (
 from waypost.registry.kinds import KEYED, KINDS, instance_registries, kind_of, part
 from waypost.registry.url import RegistryURL, parse_any, parse_registry_url
 from waypost.resolver.target import known_schemes, parse_target
-from waypost.zk import ZkConfig
 
 
 def _fail(problem: str) -> InvalidTarget:

@@ -54,12 +54,12 @@ if TYPE_CHECKING:
     from .client.hashkey import hash_key as hash_key
     from .discovery import Publisher as Publisher
     from .discovery import Subscriber as Subscriber
-    from .discovery.consul_publisher import ConsulPublisher as ConsulPublisher
     from .discovery.registration import Registration as Registration
     from .discovery.registrations import MultiPublisher as MultiPublisher
-    from .discovery.zk_publisher import ZkPublisher as ZkPublisher
     from .loadreport import load_interceptor as load_interceptor
     from .loadreport import set_load as set_load
+    from .registries.consul.publisher import ConsulPublisher as ConsulPublisher
+    from .registries.zookeeper.publisher import ZkPublisher as ZkPublisher
     from .registry import connect as connect
     from .registry.base import Registry as Registry
     from .registry.kinds import RegistryKind as RegistryKind
@@ -85,8 +85,8 @@ _LAZY = {
     "RegistryKind": ("waypost.registry.kinds", "RegistryKind"),
     "register_kind": ("waypost.registry.kinds", "register_kind"),
     "Publisher": ("waypost.discovery", "Publisher"),
-    "ConsulPublisher": ("waypost.discovery.consul_publisher", "ConsulPublisher"),
-    "ZkPublisher": ("waypost.discovery.zk_publisher", "ZkPublisher"),
+    "ConsulPublisher": ("waypost.registries.consul.publisher", "ConsulPublisher"),
+    "ZkPublisher": ("waypost.registries.zookeeper.publisher", "ZkPublisher"),
     "MultiPublisher": ("waypost.discovery.registrations", "MultiPublisher"),
     "Registration": ("waypost.discovery.registration", "Registration"),
     "Subscriber": ("waypost.discovery", "Subscriber"),

@@ -31,9 +31,6 @@ from dataclasses import dataclass
 from importlib import metadata
 from typing import Any
 
-from ..consul import config as consul_config
-from ..zk import config as zk_config
-
 log = logging.getLogger("waypost.registry")
 
 #: the entry-point group third-party kinds are found in
@@ -157,8 +154,6 @@ def load(ref: Ref, what: str = "") -> Any:
 # ---- the table ---------------------------------------------------------------------------------------------
 
 _R = "waypost.resolver."
-_D = "waypost.discovery."
-_C = "waypost.console."
 
 _BUILTIN = (
     RegistryKind("direct", None, "direct:///127.0.0.1:8080,127.0.0.1:8081", resolver=_R + "direct:DirectResolver"),
@@ -168,23 +163,16 @@ _BUILTIN = (
     RegistryKind("memory", None, "memory:///?key=greet.rpc", "memory://default", keyed=True,
                  resolver=_R + "registry_resolver:RegistryResolver"),
     # 443: gRPC's port of a name given without one; dnspython only for a DNS server named in the target
-    RegistryKind("dns", 443, "dns:///greet.example.com:8080", extra="dns", resolver=_R + "dns:DnsResolver",
-                 title="DNS"),
-    RegistryKind("k8s", None, "k8s://default/greet:50051", extra="k8s", resolver=_R + "k8s:K8sResolver",
-                 parse_target=_R + "k8s_target:parse_k8s_target", target_params=("kubeconfig", "context"),
-                 title="Kubernetes"),
-    RegistryKind("consul", consul_config.CONSUL_DEFAULT_PORT, "consul://127.0.0.1:8500/greet",
-                 consul_config.CONSUL_EXAMPLE,
-                 parse_url="waypost.consul.config:parse_registry_url", publisher=_D + "consul_publisher:ConsulPublisher",
-                 resolver=_R + "consul:ConsulResolver", console_source=_C + "consul_source:ConsulSource",
-                 override_store=_C + "consul_source:ConsulOverrideStore",
-                 target_params=("tag", "dc", "token", "tls", "cacert", "certfile", "keyfile"), max_hosts=1,
-                 extra="consul", title="Consul"),
-    RegistryKind("zk", zk_config.DEFAULT_PORT, "zk://127.0.0.1:2181/greet", zk_config.EXAMPLE,
-                 parse_url="waypost.zk.config:parse_registry_url", publisher=_D + "zk_publisher:ZkPublisher",
-                 resolver=_R + "zk:ZkResolver", console_source=_C + "zk_source:ZkSource",
-                 override_store=_C + "zk_store:ZkOverrides",
-                 target_params=("namespace", "session_timeout"), extra="zk", title="ZooKeeper"),
+    RegistryKind("dns", 443, "dns:///greet.example.com:8080", extra="dns",
+                 resolver="waypost.registries.dns.resolver:DnsResolver", title="DNS"),
+)
+
+#: the modules of waypost's other kinds (``waypost.registries``), each declaring its ``KIND``: loaded, in this
+#: order, the first time a scheme is looked up that the core rows above do not have
+BUILTIN_MODULES = (
+    "waypost.registries.kubernetes.kind",
+    "waypost.registries.consul.kind",
+    "waypost.registries.zookeeper.kind",
 )
 
 #: every kind by scheme, in the order messages list them (plug-ins after waypost's own)
@@ -196,6 +184,8 @@ KEYED = tuple(k.scheme for k in KINDS.values() if k.keyed)
 
 _lock = threading.RLock()
 _plugins_loaded = False
+#: the schemes of BUILTIN_MODULES' kinds, once loaded (``register_kind`` does not replace them)
+_OWN_SCHEMES: set[str] = set()
 
 
 def register_kind(kind: RegistryKind, *, replace: bool = False) -> RegistryKind:
@@ -211,7 +201,7 @@ def register_kind(kind: RegistryKind, *, replace: bool = False) -> RegistryKind:
         raise ValueError(f"register_kind: {kind.scheme}: a kind needs a resolver (dial targets), a publisher "
                          "(serve(registry=...)), or both")
     with _lock:
-        builtin = {s for k in _BUILTIN for s in (k.scheme, *k.aliases)}
+        builtin = {s for k in _BUILTIN for s in (k.scheme, *k.aliases)} | _OWN_SCHEMES
         for s in (kind.scheme, *kind.aliases):
             taken = SCHEMES.get(s)
             if taken is None or taken == kind:
@@ -230,14 +220,18 @@ def register_kind(kind: RegistryKind, *, replace: bool = False) -> RegistryKind:
 
 
 def load_plugins() -> None:
-    """Register the kinds of the ``waypost.registries`` entry points (once per process). A plug-in that fails to
-    load, or whose object is no ``RegistryKind``, is logged and skipped: a broken package never breaks dialing
-    the others."""
+    """Register waypost's own kinds (``BUILTIN_MODULES``), then those of the ``waypost.registries`` entry points
+    (once per process). A plug-in that fails to load, or whose object is no ``RegistryKind`` of its entry point's
+    name, is logged and skipped: a broken package never breaks dialing the others."""
     global _plugins_loaded
     with _lock:
         if _plugins_loaded:
             return
         _plugins_loaded = True
+        for name in BUILTIN_MODULES:
+            own: RegistryKind = importlib.import_module(name).KIND
+            register_kind(own)
+            _OWN_SCHEMES.update((own.scheme, *own.aliases))
         for ep in metadata.entry_points(group=ENTRY_POINT_GROUP):
             try:
                 obj = ep.load()

@@ -2,12 +2,12 @@
 
 The contract (``resolver.base``): a resolver is built as ``SomeResolver(target, ResolverOptions)`` and
 implements ``Resolver``: ``start(on_update, on_error)``, ``resolve_now(reason)``, ``close()`` and
-``aclose()``. ``make_resolver(target, options)`` picks one by scheme.
+``aclose()``. ``make_resolver(target, options)`` picks one by scheme: ``multi`` (several targets), else the
+target's registry kind's (``registry/kinds.py``; each kind's resolver lives in its package under
+``waypost.registries``).
 """
 
 from __future__ import annotations
-
-from typing import TYPE_CHECKING, Any
 
 from ..errors import InvalidTarget
 from ..registry.kinds import lookup, part
@@ -17,34 +17,6 @@ from .multi import MultiResolver
 from .registry_resolver import RegistryResolver
 from .subset import DEFAULT_SUBSET_SIZE, Subsetter, deterministic_subset
 from .target import Target, parse_target, parse_targets
-
-if TYPE_CHECKING:
-    from .consul import ConsulResolver
-    from .dns import DnsResolver
-    from .k8s import K8sResolver
-    from .zk import ZkResolver
-
-
-def __getattr__(name: str) -> Any:
-    # the resolvers of registry kinds load with their kind (a target of theirs, or a name asked for here);
-    # plain imports, so that the layer checks see them
-    if name == "ConsulResolver":
-        from .consul import ConsulResolver
-
-        return ConsulResolver
-    if name == "DnsResolver":
-        from .dns import DnsResolver
-
-        return DnsResolver
-    if name == "K8sResolver":
-        from .k8s import K8sResolver
-
-        return K8sResolver
-    if name == "ZkResolver":
-        from .zk import ZkResolver
-
-        return ZkResolver
-    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
 
 
 def resolver_factory(scheme: str) -> ResolverFactory:
@@ -72,10 +44,7 @@ def make_resolver(target: Target | str, options: ResolverOptions | None = None) 
 
 __all__ = [
     "DEFAULT_SUBSET_SIZE",
-    "ConsulResolver",
     "DirectResolver",
-    "DnsResolver",
-    "K8sResolver",
     "MultiResolver",
     "OnError",
     "OnUpdate",
@@ -85,7 +54,6 @@ __all__ = [
     "ResolverOptions",
     "Subsetter",
     "Target",
-    "ZkResolver",
     "deterministic_subset",
     "make_resolver",
     "parse_target",

@@ -10,7 +10,7 @@ from __future__ import annotations
 import re
 from types import MappingProxyType
 
-from .target import Target, fail, unquote_strict
+from ...resolver.target import Target, fail, unquote_strict
 
 # Kubernetes names: a namespace and a service are DNS-1123 labels; a port name is one too (EndpointSlice ports)
 _DNS_LABEL_RE = re.compile(r"[a-z0-9]([-a-z0-9]*[a-z0-9])?")

@@ -15,14 +15,14 @@ import logging
 import urllib.parse
 from collections.abc import Callable
 
-from ..consul.api import ConsulClient
-from ..consul.config import ConsulConfig, parse_registry_url
-from ..consul.kv import kv_delete, kv_get, kv_list, kv_put
-from ..discovery.override import OVERRIDE_ROOT, parse_override, split_override_key
-from ..netutil import parse_host_port
-from ..registry.base import DeleteResult, KeyValue, PutResult
-from .board import Board
-from .sources import RETRY_INTERVAL, TargetSource, follow_services, on_control
+from ...console.board import Board
+from ...console.sources import RETRY_INTERVAL, TargetSource, follow_services, on_control
+from ...discovery.override import OVERRIDE_ROOT, parse_override, split_override_key
+from ...netutil import parse_host_port
+from ...registry.base import DeleteResult, KeyValue, PutResult
+from .api import ConsulClient
+from .config import ConsulConfig, parse_registry_url
+from .kv import kv_delete, kv_get, kv_list, kv_put
 
 log = logging.getLogger("waypost.console")
 

@@ -6,9 +6,9 @@ from __future__ import annotations
 
 from typing import Any
 
-from .. import zk
-from ..registry.base import DeleteResult, KeyValue, PutResult
-from ..registry.formats import Kratos
+from ...registry.base import DeleteResult, KeyValue, PutResult
+from ...registry.formats import Kratos
+from . import client as zk
 
 #: the session asked for these writes (they take a moment)
 SESSION_TIMEOUT = 10.0
