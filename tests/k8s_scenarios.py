@@ -199,8 +199,8 @@ def service_appears_after_dial(cluster: Any) -> None:
 
 
 def _recording_resolver(target: str) -> tuple[Any, list[list[str]], list[str]]:
+    from waypost.registries.kubernetes.resolver import K8sResolver
     from waypost.resolver import ResolverOptions, parse_target
-    from waypost.resolver.k8s import K8sResolver
 
     pushes: list[list[str]] = []
     errors: list[str] = []
@@ -329,7 +329,7 @@ def in_cluster_config_and_token_rotation(cluster: Any) -> None:
     from tests.etcd_helpers import TcpProxy
     from tests.k8s_support import ADMIN_TOKEN
     from tests.waiting import wait_until
-    from waypost.k8s import config as k8s_config
+    from waypost.registries.kubernetes import config as k8s_config
 
     ns, svc = unique("pod"), "greet"
     cluster.create_namespace(ns)

@@ -12,7 +12,7 @@ import pytest
 
 import waypost
 import waypost.aio
-import waypost.resolver.dns as wdns
+import waypost.registries.dns.resolver as wdns
 from tests.backends import echo_pb2, echo_pb2_grpc
 from tests.backends.server import EchoServer
 from tests.dns_support import Dnsmasq, dnsmasq  # noqa: F401  (fixture)

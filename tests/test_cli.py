@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import os
+import queue
 import signal
 import subprocess
 import sys
@@ -100,33 +101,43 @@ def test_resolve_shows_addresses_metadata_and_subset(registrations, shared_etcd)
 
 def test_register_then_watch_sees_add_and_remove(shared_etcd, unique_key):
     url = shared_etcd.url()
-    events: list[dict] = []
-    watch_done = threading.Event()
+    reg = waypost.connect(url)
+    reg.sync.put(f"{unique_key}/sentinel", "127.0.0.1:9554")  # the watch shows it once it is watching
+    events: queue.Queue[dict] = queue.Queue()
+    watcher = subprocess.Popen(
+        [sys.executable, "-m", "waypost.cli", "--registry", url, "--json", "watch", unique_key, "--for", "60"],
+        stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, text=True, cwd=ROOT,
+    )
 
-    def watcher():
-        proc = subprocess.run(
-            [sys.executable, "-m", "waypost.cli", "--registry", url, "--json", "watch", unique_key, "--for", "6"],
-            check=False, capture_output=True, text=True, timeout=60, cwd=ROOT,
-        )
-        events.extend(json.loads(line) for line in proc.stdout.splitlines() if line.strip())
-        watch_done.set()
+    def read() -> None:
+        assert watcher.stdout is not None
+        for line in watcher.stdout:
+            if line.strip():
+                events.put(json.loads(line))
 
-    t = threading.Thread(target=watcher)
-    t.start()
-    time.sleep(2.0)  # the watcher's process starts and loads
-    res = run("--json", "register", unique_key, "127.0.0.1:9555", "--meta", "weight=7", "--ttl", "5", "--for", "1",
-              registry=url)
-    assert res.exit_code == 0, res.output
-    lines = [json.loads(x) for x in res.stdout.splitlines()]
-    assert lines[0]["event"] == "registered" and lines[0]["metadata"] == {"weight": 7}
-    assert lines[-1]["event"] == "deregistered"
-    assert waypost.connect(url).sync.get(unique_key + "/", prefix=True).kvs == []
-    t.join(60)
-    assert watch_done.is_set()
-    kinds = [(e["event"], e["address"]) for e in events]
-    assert ("add", "127.0.0.1:9555") in kinds and ("remove", "127.0.0.1:9555") in kinds, kinds
-    assert kinds.index(("add", "127.0.0.1:9555")) < kinds.index(("remove", "127.0.0.1:9555"))
-    add = next(e for e in events if e["event"] == "add")
+    threading.Thread(target=read, daemon=True).start()
+    seen: list[dict] = []
+
+    def until(event: str, address: str) -> None:
+        while not any(e["event"] == event and e["address"] == address for e in seen):
+            seen.append(events.get(timeout=30))
+
+    try:
+        until("present", "127.0.0.1:9554")  # watching now: no sleep that guesses how long the start takes
+        res = run("--json", "register", unique_key, "127.0.0.1:9555", "--meta", "weight=7", "--ttl", "5", "--for",
+                  "1", registry=url)
+        assert res.exit_code == 0, res.output
+        lines = [json.loads(x) for x in res.stdout.splitlines()]
+        assert lines[0]["event"] == "registered" and lines[0]["metadata"] == {"weight": 7}
+        assert lines[-1]["event"] == "deregistered"
+        assert [kv.value for kv in reg.sync.get(unique_key + "/", prefix=True).kvs] == [b"127.0.0.1:9554"]
+        until("remove", "127.0.0.1:9555")
+    finally:
+        watcher.terminate()
+        watcher.wait(10)
+    kinds = [(e["event"], e["address"]) for e in seen if e["address"] == "127.0.0.1:9555"]
+    assert kinds == [("add", "127.0.0.1:9555"), ("remove", "127.0.0.1:9555")], kinds
+    add = next(e for e in seen if e["event"] == "add")
     assert add["metadata"] == {"weight": 7}
 
 

@@ -13,8 +13,8 @@ from tests.console_support import echo_serve, http, running_console, write
 from tests.consul_support import fixture_consul_bin, fixture_shared_agent, unique_name  # noqa: F401 (fixtures)
 from tests.waiting import wait_until
 from waypost._cli import app
-from waypost.console.consul_source import service_target
-from waypost.consul import ConsulConfig
+from waypost.registries.consul import ConsulConfig
+from waypost.registries.consul.console import service_target
 
 
 def test_consul_services_are_listed_drained_through_the_kv_store_and_follow_the_catalog(shared_agent):

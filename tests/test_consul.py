@@ -23,13 +23,13 @@ from tests.etcd_helpers import TcpProxy
 from tests.latency_proxy import LatencyProxy
 from tests.resolver_updates import ResolverUpdates
 from tests.waiting import wait_until
-from waypost.consul import ConsulConfig, from_target, parse_registry_url
-from waypost.consul.api import decode_meta, encode_meta
-from waypost.discovery.consul_publisher import ConsulPublisher
 from waypost.errors import InvalidTarget, RegistryUnavailable
 from waypost.etcd.local import free_port
+from waypost.registries.consul import ConsulConfig, from_target, parse_registry_url
+from waypost.registries.consul.api import decode_meta, encode_meta
+from waypost.registries.consul.publisher import ConsulPublisher
+from waypost.registries.consul.resolver import ConsulResolver
 from waypost.resolver import ResolverOptions, parse_target
-from waypost.resolver.consul import ConsulResolver
 from waypost.types import Backend
 
 pytestmark = [consul_support.timeout_mark()]

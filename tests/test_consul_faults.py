@@ -26,10 +26,10 @@ from tests.consul_support import unique_name as _name
 from tests.etcd_helpers import TcpProxy
 from tests.resolver_updates import ResolverUpdates
 from tests.waiting import wait_until
-from waypost.discovery.consul_publisher import ConsulPublisher
 from waypost.errors import RegistryUnavailable
+from waypost.registries.consul.publisher import ConsulPublisher
+from waypost.registries.consul.resolver import ConsulResolver
 from waypost.resolver import ResolverOptions, parse_target
-from waypost.resolver.consul import ConsulResolver
 
 pytestmark = [consul_support.timeout_mark()]
 
@@ -169,7 +169,7 @@ def test_any_json_is_read_without_raising_anything_but_malformed_answer():
     never another exception (which would have ended the resolver's loop)."""
     hypothesis = pytest.importorskip("hypothesis")
     st = hypothesis.strategies
-    from waypost.consul.health import MalformedAnswer
+    from waypost.registries.consul.health import MalformedAnswer
 
     leaf = st.none() | st.booleans() | st.integers(-5, 70000) | st.floats(allow_nan=False) | st.text(max_size=8)
     json_values = st.recursive(leaf, lambda inner: st.lists(inner, max_size=3)

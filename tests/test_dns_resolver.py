@@ -10,7 +10,7 @@ from pathlib import Path
 import pytest
 
 import waypost
-import waypost.resolver.dns as wdns
+import waypost.registries.dns.resolver as wdns
 from tests.dns_support import Dnsmasq, dnsmasq  # noqa: F401  (fixture)
 from tests.waiting import wait_until
 from waypost.resolver import ResolverOptions

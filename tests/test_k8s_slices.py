@@ -1,4 +1,4 @@
-"""EndpointSlices -> addresses (waypost.k8s.slices) and the k8s:// target grammar: pure, no apiserver.
+"""EndpointSlices -> addresses (waypost.registries.kubernetes.slices) and the k8s:// target grammar: pure, no apiserver.
 
 The apiserver-backed behaviour (list, watch, 410, restarts, auth) is in tests/test_k8s_resolver.py.
 """
@@ -12,7 +12,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from waypost.errors import InvalidTarget
-from waypost.k8s.slices import SERVICE_NAME_LABEL, ServiceSlices, slice_endpoints
+from waypost.registries.kubernetes.slices import SERVICE_NAME_LABEL, ServiceSlices, slice_endpoints
 from waypost.resolver.target import parse_target
 
 

@@ -1,6 +1,7 @@
 """The Registration contract, the same for every registry: one start / pause / resume / update / stop sequence run
-against the etcd ``Publisher`` (real etcd), ``ConsulPublisher`` (a real Consul agent) and ``ZkPublisher`` (a real
-ZooKeeper), each checked by reading the registry itself; and the start-up retry: a registry that is down when
+against the etcd ``Publisher`` (real etcd), ``ConsulPublisher`` (a real Consul agent), ``ZkPublisher`` (a real
+ZooKeeper) and the example plug-in kind's (``files://``, examples/registry_plugin), each checked by reading the
+registry itself; and the start-up retry: a registry that is down when
 ``start()`` is called and up within its ``timeout`` gets the registration.
 """
 
@@ -8,6 +9,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+import sys
 import threading
 import uuid
 from collections.abc import Callable, Iterator
@@ -23,9 +25,12 @@ from waypost.discovery.multi_publisher import MultiPublisher
 from waypost.discovery.no_registration import NoRegistration
 from waypost.discovery.registration import Registration
 from waypost.discovery.registrations import make_publisher
+from waypost.registry import kinds
 
 ADDR = "127.0.0.1:7301"
-KINDS = ["etcd", "consul", "zk"]
+KINDS = ["etcd", "consul", "zk", "files"]
+#: the example plug-in kind (examples/registry_plugin): a third party's kind passes the same contract
+PLUGIN = Path(__file__).resolve().parents[1] / "examples" / "registry_plugin"
 
 
 def _service() -> str:
@@ -95,6 +100,29 @@ def _zk_kind(server: zk_support.ZkServer) -> Kind:
     return Kind(f"zk://{server.hosts}", view, close)
 
 
+def _files_kind(root: Path) -> Kind:
+    sys.path.insert(0, str(PLUGIN))
+    try:
+        import waypost_files
+    finally:
+        sys.path.remove(str(PLUGIN))
+    waypost.register_kind(waypost_files.KIND, replace=True)
+
+    def view(service: str) -> dict[str, str]:
+        out = {}
+        for path in (root / service).glob("*.json"):
+            body = json.loads(path.read_text())
+            out[body["address"]] = str(body["metadata"].get("weight"))
+        return out
+
+    def close() -> None:
+        with kinds._lock:  # the table as it was
+            kinds.KINDS.pop("files", None)
+            kinds.SCHEMES.pop("files", None)
+
+    return Kind(f"files://{root}", view, close)
+
+
 @pytest.fixture(scope="module", params=KINDS)
 def kind(request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFactory) -> Iterator[Kind]:
     name = request.param
@@ -109,6 +137,10 @@ def kind(request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFactor
                                         binary=consul_support.consul_binary()) as agent:
             k = _consul_kind(agent)
             yield k
+    elif name == "files":
+        k = _files_kind(tmp_path_factory.mktemp("files-contract"))
+        yield k
+        k.close()
     else:
         if why := zk_support.skip_reason():
             pytest.skip(why)

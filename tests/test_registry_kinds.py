@@ -11,8 +11,9 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from waypost import urlparams
-from waypost.consul import ConsulConfig
 from waypost.errors import InvalidTarget
+from waypost.registries.consul import ConsulConfig
+from waypost.registries.zookeeper.client import ZkConfig
 from waypost.registry.formats import (
     DEFAULT_FORMAT,
     ETCD_NAMING,
@@ -22,11 +23,9 @@ from waypost.registry.formats import (
     Entry,
     SideRecords,
 )
-from waypost.registry.kinds import INSTANCE_REGISTRIES, KEYED, KINDS, kind_of
+from waypost.registry.kinds import KEYED, KINDS, instance_registries, kind_of, part
 from waypost.registry.url import RegistryURL, parse_any, parse_registry_url
-from waypost.resolver import RESOLVERS
-from waypost.resolver.target import KNOWN_SCHEMES, parse_target
-from waypost.zk import ZkConfig
+from waypost.resolver.target import known_schemes, parse_target
 
 
 def _fail(problem: str) -> InvalidTarget:
@@ -38,16 +37,16 @@ def _fail(problem: str) -> InvalidTarget:
 
 def test_every_kind_has_a_resolver_and_a_target_example_of_its_own_scheme():
     for scheme, kind in KINDS.items():
-        assert scheme in RESOLVERS, scheme
+        assert callable(part(kind, "resolver")), scheme
         assert parse_target(kind.target_example).scheme == scheme
         for alias in kind.aliases:
             assert parse_target(kind.target_example.replace(f"{scheme}:", f"{alias}:", 1)).scheme == scheme
 
 
 def test_the_schemes_messages_list_keep_their_order():
-    assert KNOWN_SCHEMES == ("direct", "etcd", "discov", "memory", "dns", "k8s", "consul", "zk", "ipv4", "ipv6")
+    assert known_schemes() == ("direct", "etcd", "discov", "memory", "dns", "k8s", "consul", "zk", "ipv4", "ipv6")
     assert KEYED == ("etcd", "memory")
-    assert INSTANCE_REGISTRIES == ("consul", "zk")
+    assert instance_registries() == ("consul", "zk")
 
 
 @pytest.mark.parametrize("scheme", ["etcd", "consul", "zk"])
@@ -77,8 +76,8 @@ def test_parse_any_hands_each_kind_to_its_parser():
 
 
 def test_connect_refuses_instance_registries_naming_their_publisher():
-    for scheme in INSTANCE_REGISTRIES:
-        with pytest.raises(InvalidTarget, match=f"waypost.{KINDS[scheme].publisher}, and dial {scheme}://"):
+    for scheme in instance_registries():
+        with pytest.raises(InvalidTarget, match=f"{KINDS[scheme].publisher_name}, and dial {scheme}://"):
             parse_registry_url(f"{scheme}://127.0.0.1")
 
 

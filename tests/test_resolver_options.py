@@ -57,21 +57,21 @@ current-context: x
 
 def _consul(tmp_path: Path, options: ResolverOptions, timeout: float) -> LoopResolver[Any]:
     pytest.importorskip("aiohttp")
-    from waypost.resolver.consul import ConsulResolver
+    from waypost.registries.consul.resolver import ConsulResolver
 
     return ConsulResolver(parse_target(f"consul://127.0.0.1:{free_port()}/greet"), options, timeout=timeout)
 
 
 def _zk(tmp_path: Path, options: ResolverOptions, timeout: float) -> LoopResolver[Any]:
     pytest.importorskip("kazoo")
-    from waypost.resolver.zk import ZkResolver
+    from waypost.registries.zookeeper.resolver import ZkResolver
 
     return ZkResolver(parse_target(f"zk://127.0.0.1:{free_port()}/greet"), options, timeout=timeout)
 
 
 def _k8s(tmp_path: Path, options: ResolverOptions, timeout: float) -> LoopResolver[Any]:
     pytest.importorskip("kubernetes_asyncio")
-    from waypost.resolver.k8s import K8sResolver
+    from waypost.registries.kubernetes.resolver import K8sResolver
 
     target = parse_target(f"k8s://default/greet:80?kubeconfig={_kubeconfig(tmp_path, free_port())}")
     return K8sResolver(target, options, timeout=timeout)
@@ -137,7 +137,7 @@ def test_blocking_start_fails_naming_what_could_not_be_read(kind: str, tmp_path:
 
 
 def test_dns_blocking_start_returns_with_the_first_list() -> None:
-    from waypost.resolver.dns import DnsResolver
+    from waypost.registries.dns.resolver import DnsResolver
 
     calls = Calls()
     r = DnsResolver(parse_target("dns:///localhost:80"), ResolverOptions(blocking=True))
@@ -160,7 +160,7 @@ def silent_dns_server() -> Iterator[str]:
 @pytest.mark.parametrize("blocking", [True, False])
 def test_dns_start_blocks_only_when_asked(blocking: bool, silent_dns_server: str) -> None:
     pytest.importorskip("dns.asyncresolver")
-    from waypost.resolver.dns import DnsResolver
+    from waypost.registries.dns.resolver import DnsResolver
 
     calls = Calls()
     r = DnsResolver(parse_target(f"dns://{silent_dns_server}/svc.test:80"), ResolverOptions(blocking=blocking),

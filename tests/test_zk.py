@@ -26,17 +26,17 @@ from tests.resolver_updates import ResolverUpdates
 from tests.waiting import wait_until
 from waypost.errors import InvalidTarget, RegistryUnavailable
 from waypost.etcd.local import free_port
+from waypost.registries.zookeeper.client import ZkConfig, from_target, layout, parse_registry_url
 from waypost.resolver.base import ResolverOptions
 from waypost.resolver.target import parse_target
 from waypost.types import Backend
-from waypost.zk import ZkConfig, from_target, layout, parse_registry_url
 
 pytestmark = [pytest.mark.skipif(zk_support.skip_reason() is not None, reason=str(zk_support.skip_reason())),
               zk_support.timeout_mark()]
 
 if zk_support.skip_reason() is None:
-    from waypost.discovery.zk_publisher import ZkPublisher
-    from waypost.resolver.zk import ZkResolver
+    from waypost.registries.zookeeper.publisher import ZkPublisher
+    from waypost.registries.zookeeper.resolver import ZkResolver
 
 _n = itertools.count()
 

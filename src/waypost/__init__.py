@@ -8,6 +8,8 @@ Clients: ``dial`` (a ``grpc.Channel``), ``aio.dial`` (a ``grpc.aio.Channel``), `
 for the raw backend list. Registries: ``connect``. Errors: ``WaypostError`` and its subclasses; valid but
 suspicious configuration (a service-config name matching no method, ...) is a ``ConfigWarning``. Custom load-balancing policies: ``Policy``, ``Picker``,
 ``PickInfo``, ``PickResult``, ``Outcome``, ``PickError``, ``register_policy`` (docs/custom-policies.md).
+Registry kinds of one's own: ``RegistryKind``, ``register_kind`` or the ``waypost.registries`` entry points
+(docs/registry-kinds.md).
 gRPC's own xDS clients over waypost's discovery: ``waypost.xds`` (``xds.channel``, ``waypost xds serve``; docs/xds.md).
 """
 
@@ -52,14 +54,16 @@ if TYPE_CHECKING:
     from .client.hashkey import hash_key as hash_key
     from .discovery import Publisher as Publisher
     from .discovery import Subscriber as Subscriber
-    from .discovery.consul_publisher import ConsulPublisher as ConsulPublisher
     from .discovery.registration import Registration as Registration
     from .discovery.registrations import MultiPublisher as MultiPublisher
-    from .discovery.zk_publisher import ZkPublisher as ZkPublisher
     from .loadreport import load_interceptor as load_interceptor
     from .loadreport import set_load as set_load
+    from .registries.consul.publisher import ConsulPublisher as ConsulPublisher
+    from .registries.zookeeper.publisher import ZkPublisher as ZkPublisher
     from .registry import connect as connect
     from .registry.base import Registry as Registry
+    from .registry.kinds import RegistryKind as RegistryKind
+    from .registry.kinds import register_kind as register_kind
     from .resolver.target import parse_target as parse_target
     from .server import AsyncServeHandle as AsyncServeHandle
     from .server import BindError as BindError
@@ -77,9 +81,12 @@ _LAZY = {
     "orca": ("waypost.orca", None),
     "connect": ("waypost.registry", "connect"),
     "Registry": ("waypost.registry.base", "Registry"),
+    # registry kinds as plug-ins (docs/registry-kinds.md)
+    "RegistryKind": ("waypost.registry.kinds", "RegistryKind"),
+    "register_kind": ("waypost.registry.kinds", "register_kind"),
     "Publisher": ("waypost.discovery", "Publisher"),
-    "ConsulPublisher": ("waypost.discovery.consul_publisher", "ConsulPublisher"),
-    "ZkPublisher": ("waypost.discovery.zk_publisher", "ZkPublisher"),
+    "ConsulPublisher": ("waypost.registries.consul.publisher", "ConsulPublisher"),
+    "ZkPublisher": ("waypost.registries.zookeeper.publisher", "ZkPublisher"),
     "MultiPublisher": ("waypost.discovery.registrations", "MultiPublisher"),
     "Registration": ("waypost.discovery.registration", "Registration"),
     "Subscriber": ("waypost.discovery", "Subscriber"),
@@ -145,6 +152,7 @@ __all__ = [
     "Registration",
     "Registry",
     "RegistryError",
+    "RegistryKind",
     "RegistryUnavailable",
     "ServeHandle",
     "Subscriber",
@@ -159,6 +167,7 @@ __all__ = [
     "orca",
     "parse_service_config",
     "parse_target",
+    "register_kind",
     "register_policy",
     "serve",
     "serve_async",

@@ -47,11 +47,11 @@ def _act(c: Any, verb: str, key: str, addr: str, weight: int | None = None) -> N
         action = make_action(verb, {"key": key, "address": addr, "weight": weight})
     except ActionError as e:
         raise click.ClickException(str(e)) from None
-    if c.registry_url.strip().lower().startswith("consul://"):
-        done, present = _loop.run(_act_in_consul(c.registry_url, action), 30)
-        where = done["source"]
-    elif c.registry_url.strip().lower().startswith("zk://"):
-        done, present = _loop.run(_act_in_zk(c.registry_url, action), 30)
+    from .registry.kinds import kind_of, part
+
+    kind = kind_of(c.registry_url)
+    if kind is not None and kind.override_store is not None:  # a kind holding instances, with its own store
+        done, present = _loop.run(_act_in_store(part(kind, "override_store")(c.registry_url), action), 30)
         where = done["source"]
     else:
         registry = c.registry()
@@ -72,52 +72,17 @@ def _act(c: Any, verb: str, key: str, addr: str, weight: int | None = None) -> N
                     f"(a publisher that follows overrides: waypost's Publisher over etcd or memory)", markup=False)
 
 
-async def _act_in_consul(url: str, action: Any) -> tuple[dict[str, Any], bool]:
-    """An action on a Consul agent's KV store; also whether the instance is registered there now."""
+async def _act_in_store(store: Any, action: Any) -> tuple[dict[str, Any], bool]:
+    """An action on a registry kind's override store (``RegistryKind.override_store``: Consul's KV store,
+    ZooKeeper's override znodes, ...); also whether the instance is registered there now."""
     from .console.actions import apply
-    from .console.consul_source import ConsulOverrides
-    from .consul.api import ConsulClient
-    from .consul.config import parse_registry_url
-    from .netutil import parse_host_port
 
-    config = parse_registry_url(url)
-    client = ConsulClient(config)
-    try:
-        done = await apply(ConsulOverrides(config.redacted, lambda: client), action, _who(), source=config.redacted)
-        try:
-            _, entries = await client.health_service(action.key, passing=False)
-            host, port = parse_host_port(action.address)
-            present = any((e.get("Service") or {}).get("Port") == port and
-                          (e.get("Service") or {}).get("Address") in (host, action.address.rpartition(":")[0])
-                          for e in entries if isinstance(e, dict))
-        except Exception:  # noqa: BLE001 (a note only)
-            present = True
-        return {**done, "source": config.redacted}, present
-    finally:
-        await client.close()
-
-
-async def _act_in_zk(url: str, action: Any) -> tuple[dict[str, Any], bool]:
-    """An action on ZooKeeper (the override znode); also whether the instance is registered there now."""
-    from . import zk
-    from .console.actions import apply
-    from .console.zk_store import ZkOverrides
-    from .registry.formats import Kratos
-
-    store = ZkOverrides(url)
     try:
         done = await apply(store, action, _who(), source=store.url)
         try:
-            client = await store._session()
-            base = f"{store.config.namespace.rstrip('/')}/{action.key}"
-            codec = Kratos(store.config.namespace)
-            present = False
-            for child in await zk.result(client.get_children_async(base)):
-                value, _ = await zk.result(client.get_async(f"{base}/{child}"))
-                entry = codec.decode(f"{base}/{child}", value)
-                present = present or (entry is not None and entry.address == action.address)
+            present = bool(await store.registered(action.key, action.address))
         except Exception:  # noqa: BLE001 (a note only)
-            present = False
+            present = True
         return {**done, "source": store.url}, present
     finally:
         await store.close()

@@ -155,24 +155,14 @@ def resolve(target: str, *, subset_size: int = 32, client_id: str | None = None,
 def _resolver_for(t: Any, timeout: float) -> Any:
     """The resolver of target ``t`` for a one-off lookup: blocking (its start raises RegistryUnavailable naming
     why), the first answer bounded by ``timeout``, no subsetting (the full list is shown)."""
-    from .resolver import (
-        ConsulResolver,
-        DnsResolver,
-        K8sResolver,
-        MultiResolver,
-        RegistryResolver,
-        ResolverOptions,
-        ZkResolver,
-        make_resolver,
-    )
+    from .resolver import RegistryResolver, ResolverOptions, make_resolver, resolver_factory
 
     if t.scheme == "dns":
-        return DnsResolver(t, timeout=timeout)
+        return resolver_factory("dns")(t, timeout=timeout)  # type: ignore[call-arg]
     if t.uses_registry:
         return RegistryResolver(t, timeout=timeout)
-    bounded = {"k8s": K8sResolver, "consul": ConsulResolver, "zk": ZkResolver, "multi": MultiResolver}
-    if t.scheme in bounded:
-        return bounded[t.scheme](t, ResolverOptions(blocking=True), timeout=timeout)
+    if t.scheme != "direct":  # a kind followed by a loop (consul, k8s, zk, a plug-in's) or several targets
+        return resolver_factory(t.scheme)(t, ResolverOptions(blocking=True), timeout=timeout)  # type: ignore[call-arg]
     return make_resolver(t)
 
 

@@ -22,14 +22,12 @@ from ..netutil import split_host_port
 from ..redaction import redact_url
 from ..registry import connect
 from ..registry.base import Registry
+from ..registry.kinds import all_kinds, kind_of, part
 from .board import Board
 from .clients import ClientMetrics
-from .consul_source import ConsulSource, is_consul
 from .probe import HealthProber
 from .sources import RegistrySource, TargetSource, on_control
 from .web import is_loopback, make_app
-from .zk_source import ZkSource
-from .zk_store import is_zk
 
 log = logging.getLogger("waypost.console")
 
@@ -66,17 +64,23 @@ class Console:
         self.loopback_only = is_loopback(self.host)
         if (config.tls_cert is None) != (config.tls_key is None):
             raise ValueError("--tls-cert and --tls-key go together")
+        #: the registries of kinds holding service instances, each followed by its kind's console source
+        self.store_urls: list[str] = []
+        keyed: list[str | Registry] = []
         for r in config.registries:
-            if isinstance(r, str) and r.strip().lower().startswith("k8s://"):
-                raise ValueError(f"{redact_url(r)}: the console lists etcd, memory, consul:// and zk:// registries; "
-                                 "show a Kubernetes service with --target k8s://NAMESPACE/SERVICE:PORT")
-        self.consul_urls = [r for r in config.registries if isinstance(r, str) and is_consul(r)]
-        self.zk_urls = [r for r in config.registries if isinstance(r, str) and is_zk(r)]
-        self.registries: list[Registry] = [connect(r) if isinstance(r, str) else r for r in config.registries
-                                           if not (is_consul(r) or is_zk(r))]
+            kind = kind_of(r) if isinstance(r, str) else None
+            if kind is None or kind.keyed:
+                keyed.append(r)  # etcd, memory, a Registry (connect() names an unknown scheme)
+            elif kind.console_source is not None:
+                self.store_urls.append(r)  # type: ignore[arg-type]  # kind_of saw a string
+            else:
+                listed = ", ".join(f"{k.scheme}://" for k in all_kinds().values() if k.keyed or k.console_source)
+                raise ValueError(f"{redact_url(str(r))}: the console lists {listed} registries; show a "
+                                 f"{kind.title} service with --target {kind.target_example}")
+        self.registries: list[Registry] = [connect(r) if isinstance(r, str) else r for r in keyed]
         self.board: Board | None = None
         self._sources: list[Any] = []
-        self._store_sources: list[ConsulSource | ZkSource] = []
+        self._store_sources: list[Any] = []
         self._prober: HealthProber | None = None
         self._metrics: ClientMetrics | None = None
         self._runner: web.AppRunner | None = None
@@ -87,12 +91,12 @@ class Console:
     on_control = staticmethod(on_control)
 
     def source_names(self) -> list[str]:
-        return ([r.url for r in self.registries] + [redact_url(u) for u in self.consul_urls + self.zk_urls]
+        return ([r.url for r in self.registries] + [redact_url(u) for u in self.store_urls]
                 + [redact_url(t) for t in self.config.targets])
 
     def writable(self) -> list[tuple[str, Any]]:
-        """(name, store) of every registry the console's actions may write: etcd and memory registries, the KV
-        store of each Consul agent, ZooKeeper's override znodes."""
+        """(name, store) of every registry the console's actions may write: etcd and memory registries, and
+        each other kind's override store (its console source's ``writer``: Consul's KV, ZooKeeper's znodes)."""
         return [(r.url, r) for r in self.registries] + [(c.name, c.writer) for c in self._store_sources]
 
     def metrics_urls(self) -> list[str]:
@@ -119,16 +123,13 @@ class Console:
                 src = RegistrySource(r, board)
                 self._sources.append(src)
                 await src.start()
-            for url in self.consul_urls:
-                csrc = ConsulSource(url, board, self.config.timeout)
-                self._sources.append(csrc)
-                self._store_sources.append(csrc)
-                await csrc.start()
-            for url in self.zk_urls:
-                zsrc = ZkSource(url, board, self.config.timeout)
-                self._sources.append(zsrc)
-                self._store_sources.append(zsrc)
-                await zsrc.start()
+            for url in self.store_urls:
+                kind = kind_of(url)
+                assert kind is not None  # sorted in __init__
+                ssrc = part(kind, "console_source")(url, board, self.config.timeout)
+                self._sources.append(ssrc)
+                self._store_sources.append(ssrc)
+                await ssrc.start()
             for t in self.config.targets:
                 tsrc = TargetSource(t, board, self.config.timeout)
                 self._sources.append(tsrc)

@@ -76,14 +76,14 @@ def apply_override(metadata: Mapping[str, Any] | None, override: Mapping[str, An
     return {**(metadata or {}), "weight": override["weight"]}
 
 
-def _shown(current: dict[str, Any] | None) -> str:
+def shown_record(current: dict[str, Any] | None) -> str:
     """How a log line names the override in force."""
     if current is None:
         return "removed: the registration carries its own metadata again"
     return f"weight {current['weight']} (set by {current.get('by', '?')})"
 
 
-def _take(follower: Any, value: bytes | None) -> bool:
+def take_record(follower: Any, value: bytes | None) -> bool:
     """Make ``value`` (the record's bytes; None: no record) the follower's ``current``; True when the weight
     in force changed (who and when alone change nothing). A bad record counts as none, logged once."""
     new = None if value is None else parse_override(value)
@@ -129,7 +129,7 @@ class OverrideFollower:
                  "read on %r to follow them): %s", self.key, OVERRIDE_ROOT, e)
 
     def _set(self, value: bytes | None) -> bool:
-        return _take(self, value)
+        return take_record(self, value)
 
     async def run(self) -> None:
         """Watch the record until cancelled; after a failure, read it again and watch from there."""
@@ -141,7 +141,7 @@ class OverrideFollower:
                     last = batch[-1] if batch else None
                     if last is not None and self._set(last.kv.value if last.type == "put" else None):
                         log.warning("override %r: %s", self.key,
-                                    _shown(self.current))
+                                    shown_record(self.current))
                         await self._on_change()
                 raise ConnectionError("the watch ended")
             except asyncio.CancelledError:
@@ -163,56 +163,6 @@ class OverrideFollower:
                 watch.cancel()
 
 
-class ConsulOverrideFollower:
-    """The same for a ``ConsulPublisher``: the record is a key of Consul's KV store (same path and JSON),
-    followed by a blocking query of at most ``CONSUL_WAIT`` seconds at a time."""
-
-    CONSUL_WAIT = 60.0
-
-    def __init__(self, client: Any, key: str, address: str, on_change: Callable[[], Awaitable[None]],
-                 rng: random.Random) -> None:
-        self.client = client
-        self.key = override_key(key, address)
-        self.current: dict[str, Any] | None = None
-        self._on_change = on_change
-        self._rng = rng
-        self._index = 0
-        self._denied = False
-        self._bad_logged = False
-
-    async def read(self, wait: float | None = None) -> bool:
-        """Read the key now (``wait``: block until it changes after the last read); True when ``current``
-        changed. An ACL token that may not read it: no override (said once)."""
-        from ..consul.kv import kv_get
-
-        if self._denied:
-            return False
-        try:
-            index, value = await kv_get(self.client, self.key, index=self._index, wait=wait)
-        except PermissionDenied as e:
-            self._denied = True
-            log.info("cannot read the override key %r in consul, so operator drains do not reach this publisher "
-                     "(give its token key_prefix \"%s\" read): %s", self.key, OVERRIDE_ROOT, e)
-            return False
-        self._index = 0 if index < self._index else index  # an index that went back: start over
-        return _take(self, value)
-
-    async def run(self) -> None:
-        while not self._denied:
-            try:
-                if await self.read(self.CONSUL_WAIT if self._index else None):
-                    log.warning("override %r: %s", self.key,
-                                _shown(self.current))
-                    await self._on_change()
-                if not self._index:  # no index to block on: do not spin
-                    await asyncio.sleep(cool_down(self._rng, RETRY_INTERVAL))
-            except asyncio.CancelledError:
-                raise
-            except Exception as e:  # noqa: BLE001 (the control plane must not die)
-                log.debug("reading the override key %r in consul failed: %s", self.key, e)
-                await asyncio.sleep(cool_down(self._rng, RETRY_INTERVAL))
-
-
 class OverrideState:
     """The record in force for a publisher that reads it within its own reconciliation (``ZkPublisher``: the
     znode ``/_waypost/override/<key>/<address>``, read with a watch before each write of its node)."""
@@ -225,7 +175,7 @@ class OverrideState:
 
     def take(self, value: bytes | None) -> bool:
         """Make ``value`` (None: no record) the one in force; True when the weight changed."""
-        changed = _take(self, value)
+        changed = take_record(self, value)
         if changed:
-            log.warning("override %r: %s", self.key, _shown(self.current))
+            log.warning("override %r: %s", self.key, shown_record(self.current))
         return changed

@@ -3,8 +3,8 @@
 ``make_publisher(registry, key, address, ...)`` is what ``serve()`` uses:
 
 - an etcd or memory registry (a URL or a ``waypost.connect`` result) -> ``Publisher`` (a key under a lease);
-- ``consul://...`` -> ``ConsulPublisher`` (a service instance in Consul's catalog, with a TTL check);
-- ``zk://...`` -> ``ZkPublisher`` (an ephemeral node in Kratos' layout);
+- a URL of a kind that holds service instances (``consul://``, ``zk://``, a plug-in's) -> that kind's publisher
+  (``registry/kinds.py``: e.g. ``ConsulPublisher``, a service instance in Consul's catalog with a TTL check);
 - a list of them -> ``MultiPublisher`` over one of each;
 - None -> ``NoRegistration``: nothing is written anywhere (inside Kubernetes: the readiness probe decides).
 
@@ -19,7 +19,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from ..registry.kinds import kind_of
+from ..registry.kinds import kind_of, part
 from .multi_publisher import MultiPublisher
 from .no_registration import NoRegistration
 from .registration import Registration
@@ -29,16 +29,17 @@ __all__ = ["MultiPublisher", "NoRegistration", "Registration", "connect_registri
 
 
 def registry_scheme(registry: Any) -> str:
-    """The kind (``registry/kinds.py``) whose publisher registers in ``registry``: ``consul``, ``zk``, or ``etcd``
-    for the keyed registries (etcd and memory URLs, Registry objects; an unknown scheme too: ``connect`` names
-    it)."""
+    """The kind (``registry/kinds.py``) whose publisher registers in ``registry``: one that holds service
+    instances (``consul``, ``zk``, a plug-in's), or ``etcd`` for the keyed registries (etcd and memory URLs,
+    Registry objects; an unknown scheme too: ``connect`` names it)."""
     kind = kind_of(registry) if isinstance(registry, str) else None
-    return kind.scheme if kind is not None and kind.publisher else "etcd"
+    return kind.scheme if kind is not None and kind.holds_instances else "etcd"
 
 
 def connect_registries(registry: Any) -> Any:
     """What a publisher is made with: etcd URLs connected (``waypost.connect``: one shared connection per
-    cluster), lists member by member, Consul and ZooKeeper URLs as they are (their publishers connect)."""
+    cluster), lists member by member, the URLs of the kinds holding instances as they are (their publishers
+    connect)."""
     if registry is None:
         return None
     if isinstance(registry, list | tuple):
@@ -60,15 +61,10 @@ def make_publisher(registry: Any, key: str, address: str, **kw: Any) -> Registra
         alerts = {k: kw.pop(k) for k in ("max_unregistered", "on_unregistered") if k in kw}
         members = [make_publisher(r, key, address, **kw) for r in registry]
         return MultiPublisher(members, timeout=kw.get("timeout", 5.0), **alerts)
-    scheme = registry_scheme(registry)
-    if scheme == "consul":
-        from .consul_publisher import ConsulPublisher
-
-        return ConsulPublisher(registry, key, address, **kw)
-    if scheme == "zk":
-        from .zk_publisher import ZkPublisher
-
-        return ZkPublisher(registry, key, address, **kw)
+    kind = kind_of(registry) if isinstance(registry, str) else None
+    if kind is not None and kind.holds_instances:
+        publisher: Registration = part(kind, "publisher")(registry, key, address, **kw)
+        return publisher
     from .publisher import Publisher
 
     return Publisher(registry, key, address, **kw)

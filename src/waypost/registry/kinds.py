@@ -1,31 +1,75 @@
-"""The kinds of registry waypost knows, in one table: what each URL scheme means, its default port, its URL
-parser, the pip extra it needs and an example.
+"""The kinds of registry waypost knows, in one table: what each URL scheme means, and where its parts live.
 
-A kind is a URL scheme (``etcd``, ``memory``, ``consul``, ``zk``, ``k8s``, ``dns``, ``direct``). Two families:
+A kind is a URL scheme (``etcd``, ``memory``, ``consul``, ``zk``, ``k8s``, ``dns``, ``direct``, or one a plug-in
+adds). Two families:
 
 - *keyed* kinds (etcd, memory) hold keys under leases: the ``Registry`` contract of ``registry/base.py``.
   ``waypost.connect`` takes their URLs (parsed by ``registry/url.py``) and every wire format works on them.
 - the other kinds hold something else: Consul's catalog and ZooKeeper's Kratos layout hold service instances
-  (registered with their own publishers; their URLs are parsed by ``consul/config.py`` and ``zk/config.py``),
-  Kubernetes' EndpointSlices, DNS and fixed addresses are only read (dial targets, no registry URL).
+  (registered with their own publishers), Kubernetes' EndpointSlices, DNS and fixed addresses are only read
+  (dial targets, no registry URL).
 
-Which publisher (``discovery/``) and which resolver (``resolver/``) serve a kind live in those layers, keyed by
-the same scheme names. The grammar of dial targets, aliases included (``discov:`` is etcd; gRPC's ``ipv4:`` and
-``ipv6:`` are direct), is ``resolver/target.py``'s.
+A kind names its parts by *reference*: ``"package.module:attribute"`` strings (or the objects themselves), loaded
+on first use (``load``). That is how the generic layers (``serve()``'s registrations, the resolvers, the
+console, ``waypost ls``) reach a kind without naming it, and why importing waypost loads no kind's client
+library: a ``zk://`` target imports kazoo when it is dialed, not before.
+
+Kinds outside waypost register themselves, as grpc-go's ``resolver.Register`` does: ``register_kind(kind)`` in
+their module, or an entry point in the ``waypost.registries`` group whose object is a ``RegistryKind`` (read
+once, the first time a scheme is looked up that no kind loaded so far has; a plug-in that fails to load is
+logged and skipped). ``docs/registry-kinds.md`` shows a complete one.
 """
 
 from __future__ import annotations
 
-from collections.abc import Callable
+import importlib
+import logging
+import re
+import threading
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass
+from importlib import metadata
+from typing import Any
 
-from ..consul import config as consul_config
-from ..zk import config as zk_config
+log = logging.getLogger("waypost.registry")
+
+#: the entry-point group third-party kinds are found in
+ENTRY_POINT_GROUP = "waypost.registries"
+
+#: a part of a kind: ``"package.module:attribute"`` (imported on first use) or the object itself
+Ref = str | Callable[..., Any]
+
+_SCHEME_RE = re.compile(r"[a-z][a-z0-9+.-]*")
 
 
 @dataclass(frozen=True)
 class RegistryKind:
-    """One kind of registry (see the module docstring)."""
+    """One kind of registry: its scheme and URL grammar, and where its parts are.
+
+    A kind that holds service instances gives ``resolver`` (dial targets ``SCHEME://HOST:PORT/SERVICE``),
+    ``publisher`` (``serve(..., registry="SCHEME://HOST:PORT")``) and ``parse_url`` (the registry URL's
+    settings); ``console_source`` lets ``waypost console`` list it. Each is a ``Ref``.
+
+    The contracts (the same for waypost's own kinds):
+
+    - ``resolver(target, options, *, timeout=SECONDS)`` -> a ``waypost.resolver.Resolver`` (subclass
+      ``waypost.resolver.loop_resolver.LoopResolver`` to get start, the blocking first list, backoff and pushes
+      done once); ``target`` is the parsed ``Target``: ``endpoints`` the registry's ``host:port``s, ``key`` the
+      service, ``options`` the query parameters (only those in ``target_params`` are accepted).
+    - ``publisher(url, key, address, ttl=, id=, metadata=, format=, *, timeout=, max_unregistered=,
+      on_unregistered=)`` -> a ``waypost.Registration`` (subclass ``waypost.discovery.publisher_base.PublisherBase``
+      to get the state machine: register within a timeout, keep alive, register again after a loss).
+    - ``parse_url(url)`` -> the settings object of a registry URL; raises ``waypost.InvalidTarget`` naming
+      what is wrong.
+    - ``console_source(url, board, timeout)`` -> an object with ``async start()``, ``async close()``, ``name``
+      (the source's shown name) and ``writer`` (where the console's drain and weight overrides go).
+    - ``override_store(url)`` -> what ``waypost drain`` writes: ``url`` (shown), ``async put(key, value, *,
+      prev_kv)`` and ``async delete(key, *, prev_kv)`` (the override records, as on etcd), ``async
+      registered(key, address)`` (is the instance there now) and ``async close()``.
+    - ``parse_target(scheme, authority, path, params, raw)`` -> a ``Target``, for a kind whose targets are not
+      ``SCHEME://HOST:PORT[,HOST:PORT]/SERVICE?PARAMS`` (that grammar is the default: ``target_params`` says
+      which parameters it takes, ``max_hosts`` how many hosts, ``default_port`` the port of a host without one).
+    """
 
     scheme: str
     #: the port of a host named without one, in its URLs and dial targets (None: they name no host:port)
@@ -37,43 +81,187 @@ class RegistryKind:
     #: keys under leases (the Registry contract): ``waypost.connect`` takes the URL
     keyed: bool = False
     #: the URL -> settings parser of a kind that is not keyed (keyed ones: ``registry.url.parse_registry_url``)
-    parse_url: Callable[[str], object] | None = None
-    #: the waypost name a service registers through, beside ``serve(registry=URL)`` (kinds that hold instances)
-    publisher: str | None = None
+    parse_url: Ref | None = None
+    #: the registration ``serve(registry=URL)`` makes (kinds that hold instances)
+    publisher: Ref | None = None
+    #: the resolver of its dial targets
+    resolver: Ref | None = None
+    #: what ``waypost console --registry URL`` follows
+    console_source: Ref | None = None
+    #: where ``waypost drain|weight|undrain --registry URL`` writes (None: a keyed registry's own keys)
+    override_store: Ref | None = None
+    #: the parser of its dial targets (None: the built-in grammar of its scheme, or ``HOSTS/SERVICE?PARAMS``)
+    parse_target: Ref | None = None
+    #: the query parameters its dial targets take (the ``HOSTS/SERVICE`` grammar)
+    target_params: tuple[str, ...] = ()
+    #: the most hosts one dial target names (None: any number)
+    max_hosts: int | None = None
     #: the pip extra the kind needs (``pip install 'waypost[EXTRA]'``); None: nothing beyond waypost itself
     extra: str | None = None
     #: other schemes of dial targets that mean this kind
     aliases: tuple[str, ...] = ()
+    #: what the registry is called in messages ("Consul"; default: the scheme)
+    title: str = ""
+
+    def __post_init__(self) -> None:
+        for s in (self.scheme, *self.aliases):
+            if not isinstance(s, str) or not _SCHEME_RE.fullmatch(s):
+                raise ValueError(f"registry kind: {s!r} is not a URL scheme (lower-case letters, digits, '+', '-', "
+                                 "'.', starting with a letter)")
+        if not self.title:
+            object.__setattr__(self, "title", self.scheme)
 
     @property
     def install_hint(self) -> str:
         """How to get what the kind needs, e.g. ``pip install 'waypost[zk]'`` ("" when nothing)."""
         return f"pip install 'waypost[{self.extra}]'" if self.extra else ""
 
+    @property
+    def holds_instances(self) -> bool:
+        """True for a kind that ``serve()`` registers in through its own publisher."""
+        return self.publisher is not None and not self.keyed
 
-#: every kind by scheme, in the order messages list them
-KINDS: dict[str, RegistryKind] = {k.scheme: k for k in (
-    RegistryKind("direct", None, "direct:///127.0.0.1:8080,127.0.0.1:8081"),
+    @property
+    def publisher_name(self) -> str:
+        """What its publisher is called in messages: ``waypost.ConsulPublisher`` for waypost's own kinds,
+        ``module.Class`` for a plug-in's ("" for none)."""
+        ref = self.publisher
+        if ref is None:
+            return ""
+        if not isinstance(ref, str):
+            return f"{getattr(ref, '__module__', '?')}.{getattr(ref, '__qualname__', '?')}"
+        module, _, attr = ref.partition(":")
+        return f"waypost.{attr}" if module.startswith("waypost.") else f"{module}.{attr}"
+
+
+def load(ref: Ref, what: str = "") -> Any:
+    """The object a ``Ref`` names, imported on first use (an object is returned as it is). ``ImportError``
+    names the reference, and ``what`` (e.g. "the consul resolver"), when the module or attribute is missing."""
+    if not isinstance(ref, str):
+        return ref
+    module, sep, attr = ref.partition(":")
+    if not sep or not module or not attr:
+        raise ValueError(f"{what or 'registry kind part'}: {ref!r} is not 'package.module:attribute'")
+    obj: Any = importlib.import_module(module)
+    try:
+        for part in attr.split("."):
+            obj = getattr(obj, part)
+    except AttributeError:
+        raise ImportError(f"{what or 'registry kind part'}: {module} has no {attr!r} ({ref})") from None
+    return obj
+
+
+# ---- the table ---------------------------------------------------------------------------------------------
+
+_R = "waypost.resolver."
+
+_BUILTIN = (
+    RegistryKind("direct", None, "direct:///127.0.0.1:8080,127.0.0.1:8081", resolver=_R + "direct:DirectResolver"),
     RegistryKind("etcd", 2379, "etcd:///127.0.0.1:2379?key=greet.rpc",
                  "etcd://user:secret@127.0.0.1:2379,10.0.0.2:2379?tls=1&ca=/etc/etcd/ca.pem&dial_timeout=3",
-                 keyed=True, aliases=("discov",)),
-    RegistryKind("memory", None, "memory:///?key=greet.rpc", "memory://default", keyed=True),
+                 keyed=True, aliases=("discov",), resolver=_R + "registry_resolver:RegistryResolver"),
+    RegistryKind("memory", None, "memory:///?key=greet.rpc", "memory://default", keyed=True,
+                 resolver=_R + "registry_resolver:RegistryResolver"),
     # 443: gRPC's port of a name given without one; dnspython only for a DNS server named in the target
-    RegistryKind("dns", 443, "dns:///greet.example.com:8080", extra="dns"),
-    RegistryKind("k8s", None, "k8s://default/greet:50051", extra="k8s"),
-    RegistryKind("consul", consul_config.CONSUL_DEFAULT_PORT, "consul://127.0.0.1:8500/greet",
-                 consul_config.CONSUL_EXAMPLE, parse_url=consul_config.parse_registry_url,
-                 publisher="ConsulPublisher", extra="consul"),
-    RegistryKind("zk", zk_config.DEFAULT_PORT, "zk://127.0.0.1:2181/greet", zk_config.EXAMPLE,
-                 parse_url=zk_config.parse_registry_url, publisher="ZkPublisher", extra="zk"),
-)}
+    RegistryKind("dns", 443, "dns:///greet.example.com:8080", extra="dns",
+                 resolver="waypost.registries.dns.resolver:DnsResolver", title="DNS"),
+)
 
+#: the modules of waypost's other kinds (``waypost.registries``), each declaring its ``KIND``: loaded, in this
+#: order, the first time a scheme is looked up that the core rows above do not have
+BUILTIN_MODULES = (
+    "waypost.registries.kubernetes.kind",
+    "waypost.registries.consul.kind",
+    "waypost.registries.zookeeper.kind",
+)
+
+#: every kind by scheme, in the order messages list them (plug-ins after waypost's own)
+KINDS: dict[str, RegistryKind] = {k.scheme: k for k in _BUILTIN}
 #: every scheme that names a kind, its aliases included, in the order messages list them
 SCHEMES: dict[str, RegistryKind] = {s: k for k in KINDS.values() for s in (k.scheme, *k.aliases)}
-#: the schemes whose URLs ``waypost.connect`` takes
+#: the schemes whose URLs ``waypost.connect`` takes (waypost's own: etcd and memory)
 KEYED = tuple(k.scheme for k in KINDS.values() if k.keyed)
-#: the schemes that hold service instances registered through their own publishers
-INSTANCE_REGISTRIES = tuple(k.scheme for k in KINDS.values() if k.publisher)
+
+_lock = threading.RLock()
+_plugins_loaded = False
+#: the schemes of BUILTIN_MODULES' kinds, once loaded (``register_kind`` does not replace them)
+_OWN_SCHEMES: set[str] = set()
+
+
+def register_kind(kind: RegistryKind, *, replace: bool = False) -> RegistryKind:
+    """Add ``kind`` to the table, so that its scheme works in ``dial``, ``serve(registry=...)``, the console and
+    the command line. A scheme (or alias) already taken is a ``ValueError`` naming its kind, unless
+    ``replace`` (a plug-in's own scheme only: waypost's kinds cannot be replaced). Returns ``kind``."""
+    if not isinstance(kind, RegistryKind):
+        raise TypeError(f"register_kind: expected a waypost.RegistryKind, got {type(kind).__name__}")
+    if kind.keyed:
+        raise ValueError(f"register_kind: {kind.scheme}: keyed kinds are waypost's own (etcd, memory); a plug-in "
+                         "kind holds service instances (publisher + resolver)")
+    if kind.resolver is None and kind.publisher is None:
+        raise ValueError(f"register_kind: {kind.scheme}: a kind needs a resolver (dial targets), a publisher "
+                         "(serve(registry=...)), or both")
+    with _lock:
+        builtin = {s for k in _BUILTIN for s in (k.scheme, *k.aliases)} | _OWN_SCHEMES
+        for s in (kind.scheme, *kind.aliases):
+            taken = SCHEMES.get(s)
+            if taken is None or taken == kind:
+                continue
+            if s in builtin or not replace:
+                raise ValueError(f"register_kind: scheme {s!r} is taken by the {taken.title} kind "
+                                 f"({taken.target_example})")
+        old = KINDS.get(kind.scheme)
+        if old is not None:
+            for s in (old.scheme, *old.aliases):
+                SCHEMES.pop(s, None)
+        KINDS[kind.scheme] = kind
+        for s in (kind.scheme, *kind.aliases):
+            SCHEMES[s] = kind
+    return kind
+
+
+def load_plugins() -> None:
+    """Register waypost's own kinds (``BUILTIN_MODULES``), then those of the ``waypost.registries`` entry points
+    (once per process). A plug-in that fails to load, or whose object is no ``RegistryKind`` of its entry point's
+    name, is logged and skipped: a broken package never breaks dialing the others."""
+    global _plugins_loaded
+    with _lock:
+        if _plugins_loaded:
+            return
+        _plugins_loaded = True
+        for name in BUILTIN_MODULES:
+            own: RegistryKind = importlib.import_module(name).KIND
+            register_kind(own)
+            _OWN_SCHEMES.update((own.scheme, *own.aliases))
+        for ep in metadata.entry_points(group=ENTRY_POINT_GROUP):
+            try:
+                obj = ep.load()
+                kind = obj() if callable(obj) and not isinstance(obj, RegistryKind) else obj
+                if kind.scheme != ep.name:
+                    raise ValueError(f"its kind's scheme is {kind.scheme!r}, not the entry point's name")
+                register_kind(kind)
+            except Exception as e:  # noqa: BLE001 -- any failure of a third party's code: log, skip, go on
+                log.warning("waypost: registry plug-in %r (%s) not loaded: %s", ep.name, ep.value, e)
+
+
+def lookup(scheme: str) -> RegistryKind | None:
+    """The kind of a scheme (an alias too; case-insensitive), the plug-ins looked at when no loaded kind has it."""
+    scheme = scheme.lower()
+    kind = SCHEMES.get(scheme)
+    if kind is None and not _plugins_loaded:
+        load_plugins()
+        kind = SCHEMES.get(scheme)
+    return kind
+
+
+def all_kinds() -> Mapping[str, RegistryKind]:
+    """Every kind, plug-ins included, by scheme, in the order messages list them."""
+    load_plugins()
+    return KINDS
+
+
+def instance_registries() -> tuple[str, ...]:
+    """The schemes of the kinds ``serve()`` registers in through their own publisher (consul, zk, plug-ins)."""
+    return tuple(k.scheme for k in all_kinds().values() if k.holds_instances)
 
 
 def scheme_of(url: str) -> str:
@@ -84,5 +272,18 @@ def scheme_of(url: str) -> str:
 
 def kind_of(url: str) -> RegistryKind | None:
     """The kind a URL or dial target names by its scheme (an alias too); None for any other."""
-    return SCHEMES.get(scheme_of(url))
+    scheme = scheme_of(url)
+    return lookup(scheme) if scheme else None
 
+
+def part(kind: RegistryKind, name: str) -> Any:
+    """A kind's part (``resolver``, ``publisher``, ``parse_url``, ``console_source``, ``parse_target``), loaded;
+    a missing client library is an ``ImportError`` saying what to install."""
+    ref = getattr(kind, name)
+    if ref is None:
+        raise LookupError(f"the {kind.title} kind has no {name}")
+    try:
+        return load(ref, f"the {kind.title} kind's {name}")
+    except ImportError as e:
+        hint = f" ({kind.install_hint})" if kind.install_hint else ""
+        raise ImportError(f"{e}{hint}") from e

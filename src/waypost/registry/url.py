@@ -15,7 +15,7 @@ from ..errors import InvalidTarget
 from ..etcd.config import URL_FIELDS, URL_OPTION_ALIASES, URL_OPTIONS, EtcdConfig, default
 from ..netutil import AddressError, normalize_host_port
 from ..redaction import redact_url
-from .kinds import INSTANCE_REGISTRIES, KEYED, KINDS, scheme_of
+from .kinds import KEYED, KINDS, instance_registries, lookup, part, scheme_of
 
 ETCD_EXAMPLE = KINDS["etcd"].url_example or ""
 MEMORY_EXAMPLE = KINDS["memory"].url_example or ""
@@ -78,12 +78,12 @@ def _endpoint(url: str, raw: str) -> str:
 
 def _not_keyed(url: str, scheme: str) -> InvalidTarget:
     """Why ``connect`` does not take a URL of another kind (or of none)."""
-    kind = KINDS.get(scheme)
-    if kind is not None and kind.publisher:
+    kind = lookup(scheme) if scheme else None
+    if kind is not None and kind.holds_instances:
         return _bad(url, f"{scheme}:// registries hold service instances, not keys: register with "
-                         f"serve(..., registry={redact_url(url)!r}) or waypost.{kind.publisher}, and dial "
+                         f"serve(..., registry={redact_url(url)!r}) or {kind.publisher_name}, and dial "
                          f"{scheme}://HOST/SERVICE targets; connect() takes {' and '.join(KEYED)} URLs")
-    others = " and ".join(f"{s}://" for s in INSTANCE_REGISTRIES)
+    others = " and ".join(f"{s}://" for s in instance_registries())
     return _bad(url, f"unknown scheme {urlparams.shown_scheme(scheme)!r} (known: {', '.join(KEYED)}; serve() and "
                      f"the publishers also take {others})")
 
@@ -149,7 +149,8 @@ def parse_registry_url(url: str) -> RegistryURL:
 def parse_any(url: str) -> object:
     """The settings of a registry URL of any kind: a ``RegistryURL`` (etcd, memory), a ``ConsulConfig`` or a
     ``ZkConfig``; ``InvalidTarget`` naming the problem, for a scheme that is no registry too."""
-    kind = KINDS.get(scheme_of(url)) if isinstance(url, str) else None
+    scheme = scheme_of(url) if isinstance(url, str) else ""
+    kind = lookup(scheme) if scheme else None
     if kind is None or kind.keyed or kind.parse_url is None:
         return parse_registry_url(url)  # its errors name the kinds
-    return kind.parse_url(url)
+    return part(kind, "parse_url")(url)

@@ -2,53 +2,49 @@
 
 The contract (``resolver.base``): a resolver is built as ``SomeResolver(target, ResolverOptions)`` and
 implements ``Resolver``: ``start(on_update, on_error)``, ``resolve_now(reason)``, ``close()`` and
-``aclose()``. ``make_resolver(target, options)`` picks one by scheme.
+``aclose()``. ``make_resolver(target, options)`` picks one by scheme: ``multi`` (several targets), else the
+target's registry kind's (``registry/kinds.py``; each kind's resolver lives in its package under
+``waypost.registries``).
 """
 
 from __future__ import annotations
 
 from ..errors import InvalidTarget
+from ..registry.kinds import lookup, part
 from .base import OnError, OnUpdate, Resolver, ResolverFactory, ResolverOptions
-from .consul import ConsulResolver
 from .direct import DirectResolver
-from .dns import DnsResolver
-from .k8s import K8sResolver
 from .multi import MultiResolver
 from .registry_resolver import RegistryResolver
 from .subset import DEFAULT_SUBSET_SIZE, Subsetter, deterministic_subset
 from .target import Target, parse_target, parse_targets
-from .zk import ZkResolver
 
-#: The resolver class for each target scheme.
-RESOLVERS: dict[str, ResolverFactory] = {
-    "direct": DirectResolver,
-    "etcd": RegistryResolver,
-    "memory": RegistryResolver,
-    "dns": DnsResolver,
-    "k8s": K8sResolver,
-    "consul": ConsulResolver,
-    "multi": MultiResolver,
-    "zk": ZkResolver,
-}
+
+def resolver_factory(scheme: str) -> ResolverFactory:
+    """The resolver class of a target scheme (``multi``: several targets as one; any other: its registry kind's,
+    ``registry/kinds.py``, loaded on first use)."""
+    if scheme == "multi":
+        return MultiResolver
+    kind = lookup(scheme)
+    if kind is None or kind.resolver is None:
+        raise InvalidTarget(f"no resolver for scheme {scheme!r}")
+    factory: ResolverFactory = part(kind, "resolver")
+    return factory
 
 
 def make_resolver(target: Target | str, options: ResolverOptions | None = None) -> Resolver:
     """The resolver for ``target`` (a string is parsed first), built with ``options`` (defaults if None)."""
     if isinstance(target, str):
         target = parse_target(target)
-    factory = RESOLVERS.get(target.scheme)
-    if factory is None:
-        raise InvalidTarget(f"no resolver for scheme {target.scheme!r}: {target.redacted}")
+    try:
+        factory = resolver_factory(target.scheme)
+    except InvalidTarget:
+        raise InvalidTarget(f"no resolver for scheme {target.scheme!r}: {target.redacted}") from None
     return factory(target, options)
 
 
 __all__ = [
     "DEFAULT_SUBSET_SIZE",
-    "RESOLVERS",
-    "ConsulResolver",
     "DirectResolver",
-    "DnsResolver",
-    "K8sResolver",
     "MultiResolver",
     "OnError",
     "OnUpdate",
@@ -58,9 +54,9 @@ __all__ = [
     "ResolverOptions",
     "Subsetter",
     "Target",
-    "ZkResolver",
     "deterministic_subset",
     "make_resolver",
     "parse_target",
     "parse_targets",
+    "resolver_factory",
 ]

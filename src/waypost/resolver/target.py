@@ -19,10 +19,8 @@ Accepted forms (the scheme is case-insensitive):
 - ``zk://H1:2181,H2:2181/SERVICE`` (port default 2181): the instances a Kratos service (or waypost) keeps as
   ephemeral nodes under ``/microservices/SERVICE``. Parameters: ``namespace=/PATH`` (Kratos' ``WithRootPath``),
   ``session_timeout=SECONDS``.
-- ``k8s://NAMESPACE/SERVICE:PORT`` (go-zero's form), ``k8s:///NAMESPACE/SERVICE:PORT`` or ``k8s:///SERVICE:PORT``
-  (no namespace: the pod's own, or the kubeconfig context's): the ready endpoints of a Kubernetes Service's
-  EndpointSlices. PORT is a number or the name of an EndpointSlice port. Parameters: ``kubeconfig=PATH`` and
-  ``context=NAME``. The namespace is ``Target.authority`` ("" when not given) and the service ``Target.key``.
+- ``k8s://NAMESPACE/SERVICE:PORT`` and the other forms of ``resolver/k8s_target.py`` (Kubernetes' grammar).
+- a plug-in kind's (``registry/kinds.py``): ``SCHEME://HOST:PORT,.../SERVICE?PARAMS``, or its own parser's.
 
 Query parameters of etcd targets: ``key``, ``format=gozero|etcd-naming|kratos`` (default gozero),
 ``exact=1`` (go-zero's exact key match), ``cache=PATH`` (the on-disk cache of the last list, read only
@@ -49,33 +47,46 @@ from urllib.parse import quote, unquote, urlencode
 from ..errors import InvalidTarget, did_you_mean
 from ..netutil import AddressError, join_host_port, parse_host_port
 from ..redaction import redact_url as redact
+from ..registry import kinds as _kinds
 from ..registry.formats import DEFAULT_FORMAT, FORMAT_NAMES
-from ..registry.kinds import KEYED, KINDS, SCHEMES
+from ..registry.kinds import KEYED, KINDS, SCHEMES, RegistryKind, all_kinds, lookup
 
 # gRPC's forms of direct addresses (``ipv4:a:1,b:2``, ``ipv6:[::1]:1``); they come out with scheme direct
 _ADDRESS_SCHEMES = ("ipv4", "ipv6")
-KNOWN_SCHEMES = (*SCHEMES, *_ADDRESS_SCHEMES)
 #: gRPC's port of a name or address given without one
 GRPC_DEFAULT_PORT = KINDS["dns"].default_port
 DNS_SERVER_DEFAULT_PORT = 53
 
-EXAMPLES = {
-    **{kind.scheme: kind.target_example for kind in KINDS.values()},
+#: examples of the target forms that are no kind's own scheme
+_OTHER_EXAMPLES = {
     "discov": KINDS["etcd"].target_example.replace("etcd:", "discov:", 1),
     "ipv4": "ipv4:127.0.0.1:8080,127.0.0.2:8080",
     "ipv6": "ipv6:[::1]:8080",
 }
 
+
+def known_schemes() -> tuple[str, ...]:
+    """Every scheme a target may have, in the order messages list them (plug-in kinds included)."""
+    all_kinds()
+    return (*SCHEMES, *_ADDRESS_SCHEMES)
+
+
+def example(scheme: str) -> str | None:
+    """A dial target of ``scheme`` (an alias or gRPC's address forms too), or None."""
+    kind = SCHEMES.get(scheme)
+    if kind is not None and kind.scheme == scheme:
+        return kind.target_example
+    return _OTHER_EXAMPLES.get(scheme)
+
+
 _REGISTRY_OPTIONS = ("user", "password", "tls", "cacert", "certfile", "keyfile", "dial_timeout", "request_timeout")
 _SECONDS_PARAMS = ("dial_timeout", "request_timeout")
-_ALLOWED_PARAMS = {
+# the built-in grammars' parameters; every other kind's are its ``target_params``
+_BUILTIN_PARAMS = {
     "etcd": ("key", "format", "exact", "cache", *_REGISTRY_OPTIONS),
     "memory": ("key", "format", "exact"),
     "direct": (),
     "dns": (),
-    "k8s": ("kubeconfig", "context"),
-    "consul": ("tag", "dc", "token", "tls", "cacert", "certfile", "keyfile"),
-    "zk": ("namespace", "session_timeout"),
 }
 _BOOL_PARAMS = ("exact", "tls")
 _TRUE = ("1", "true")
@@ -177,7 +188,7 @@ def parse_targets(targets: Sequence[str]) -> Target:
         if t.raw not in [p.raw for p in parsed]:
             parsed.append(t)
     if not parsed:
-        raise InvalidTarget(f"an empty list of targets; for example [{EXAMPLES['etcd']!r}, {EXAMPLES['consul']!r}]")
+        raise InvalidTarget(f"an empty list of targets; for example [{example('etcd')!r}, {example('consul')!r}]")
     if len(parsed) == 1:
         return parsed[0]
     raw = " + ".join(t.raw for t in parsed)
@@ -189,7 +200,7 @@ def parse_target(target: str) -> Target:
     if not isinstance(target, str):
         raise InvalidTarget(f"a target must be a string, got {type(target).__name__}")
     if not target:
-        raise InvalidTarget(f"empty target; for example {EXAMPLES['etcd']} or {EXAMPLES['direct']}")
+        raise InvalidTarget(f"empty target; for example {example('etcd')} or {example('direct')}")
     if _BAD_CHARS_RE.search(target):
         raise InvalidTarget(f"target {redact(target)!r} contains whitespace or control characters")
     if "://" in target:
@@ -197,16 +208,16 @@ def parse_target(target: str) -> Target:
         if not _SCHEME_RE.fullmatch(scheme):
             if _looks_like_addresses(scheme):
                 # e.g. "127.0.0.1:80://x" -- not a scheme at all
-                _fail("", target, f"{scheme!r} is not a scheme")
-            _fail("", target, f"{scheme!r} is not a valid scheme name")
+                fail("", target, f"{scheme!r} is not a scheme")
+            fail("", target, f"{scheme!r} is not a valid scheme name")
         scheme = scheme.lower()
         return _parse_hierarchical(scheme, rest, target)
     head, colon, rest = target.partition(":")
     lowered = head.lower()
     if colon and lowered in (*_ADDRESS_SCHEMES, "dns"):
         return _parse_opaque(lowered, rest, target)
-    if colon and lowered in KNOWN_SCHEMES:
-        _fail(
+    if colon and (lookup(lowered) is not None or lowered in _ADDRESS_SCHEMES):
+        fail(
             lowered,
             target,
             f"{lowered} targets are written {lowered}:///...; for a server named {head!r} write "
@@ -224,47 +235,49 @@ def parse_target(target: str) -> Target:
 
 def _parse_hierarchical(scheme: str, rest: str, raw: str) -> Target:
     if "#" in rest:
-        _fail(scheme, raw, "a target cannot have a '#fragment'")
+        fail(scheme, raw, "a target cannot have a '#fragment'")
     before_query, has_query, query = rest.partition("?")
     authority, slash, path = before_query.partition("/")
     path = slash + path
-    if scheme not in KNOWN_SCHEMES or scheme in _ADDRESS_SCHEMES:
+    found = lookup(scheme)
+    if found is None or scheme in _ADDRESS_SCHEMES:
         if scheme in _ADDRESS_SCHEMES and not authority:
             return _parse_opaque(scheme, rest, raw)
         _unknown_scheme(scheme, raw)
-    kind = SCHEMES[scheme].scheme
+    kind = found.scheme
     # An '@' past the authority is almost always a password with an unescaped '/', '?' or '#':
     # refuse without quoting pieces of it.
     if "@" in path or "@" in query:
-        _fail(scheme, raw, "unexpected '@' after the host list; percent-escape '@' in keys (%40) and "
+        fail(scheme, raw, "unexpected '@' after the host list; percent-escape '@' in keys (%40) and "
               "'/', '?', '#', '@' in passwords (%2F, %3F, %23, %40)")
     if "@" in authority and kind != "etcd":
-        _fail(scheme, raw, f"{scheme} targets take no credentials")
+        fail(scheme, raw, f"{scheme} targets take no credentials")
     params = _query(query, scheme, raw) if has_query else {}
-    allowed = _ALLOWED_PARAMS[kind]
+    allowed = _BUILTIN_PARAMS.get(kind, found.target_params)
     for name in params:
         if name not in allowed:
             _unknown_param(scheme, raw, name, allowed)
 
     if kind == "direct":
         if authority:
-            _fail(scheme, raw, f"direct targets have no authority ({authority!r}): use three slashes")
+            fail(scheme, raw, f"direct targets have no authority ({authority!r}): use three slashes")
         return Target(scheme="direct", endpoints=_endpoints(path[1:], scheme, raw, what="address"), raw=raw)
     if kind == "dns":
         return _parse_dns(scheme, authority, path, raw)
     if kind == "memory":
         return _parse_memory(authority, path, params, raw)
-    if kind == "k8s":
-        return _parse_k8s(authority, path, params, raw)
-    if kind in ("consul", "zk"):
-        return _parse_service_registry(kind, authority, path, params, raw)
-    return _parse_etcd(scheme, authority, path, params, raw)
+    if kind == "etcd":
+        return _parse_etcd(scheme, authority, path, params, raw)
+    if found.parse_target is not None:
+        parsed: Target = _kinds.part(found, "parse_target")(kind, authority, path, params, raw)
+        return parsed
+    return parse_service_target(found, authority, path, params, raw)
 
 
 def _parse_opaque(scheme: str, rest: str, raw: str) -> Target:
     """gRPC's ``ipv4:a:1,b:2``, ``ipv6:[::1]:1`` (port default 443) and ``dns:host:port``."""
     if "?" in rest or "#" in rest:
-        _fail(scheme, raw, f"{scheme} targets take no parameters")
+        fail(scheme, raw, f"{scheme} targets take no parameters")
     rest = rest.lstrip("/")
     if scheme == "dns":
         return _parse_dns(scheme, "", "/" + rest, raw)
@@ -272,7 +285,7 @@ def _parse_opaque(scheme: str, rest: str, raw: str) -> Target:
     for endpoint in endpoints:
         host = parse_host_port(endpoint)[0]
         if (scheme == "ipv6") != (":" in host) or (scheme == "ipv4" and not _is_ipv4(host)):
-            _fail(scheme, raw, f"{endpoint!r} is not an {scheme.upper()} address")
+            fail(scheme, raw, f"{endpoint!r} is not an {scheme.upper()} address")
     return Target(scheme="direct", endpoints=endpoints, raw=raw)
 
 
@@ -282,104 +295,57 @@ def _parse_dns(scheme: str, authority: str, path: str, raw: str) -> Target:
         host, port = _hostport(authority, scheme, raw, default_port=DNS_SERVER_DEFAULT_PORT, what="DNS server")
         server = join_host_port(host, port)
         if ":" not in host and not _is_ipv4(host):
-            _fail(scheme, raw, f"the DNS server {server!r} must be an IP address")
+            fail(scheme, raw, f"the DNS server {server!r} must be an IP address")
     name = path[1:]
     if not name:
-        _fail(scheme, raw, "missing the name to resolve")
+        fail(scheme, raw, "missing the name to resolve")
     if "," in name:
-        _fail(scheme, raw, "a dns target names exactly one host:port")
+        fail(scheme, raw, "a dns target names exactly one host:port")
     endpoint = join_host_port(*_hostport(name, scheme, raw, default_port=GRPC_DEFAULT_PORT, what="name"))
     return Target(scheme="dns", endpoints=(endpoint,), raw=raw, authority=server)
 
 
 def _parse_memory(authority: str, path: str, params: dict[str, str], raw: str) -> Target:
     if path not in ("", "/"):
-        _fail("memory", raw, f"unexpected path {path!r}: the key goes in ?key=")
+        fail("memory", raw, f"unexpected path {path!r}: the key goes in ?key=")
     key = _key(params, "memory", raw)
     fmt, options = _common_options(params, "memory", raw)
     return Target(scheme="memory", endpoints=(), key=key, format=fmt, options=options, raw=raw,
                   authority=authority)
 
 
-# Kubernetes names: a namespace and a service are DNS-1123 labels; a port name is one too (EndpointSlice ports)
-_DNS_LABEL_RE = re.compile(r"[a-z0-9]([-a-z0-9]*[a-z0-9])?")
-
-
-def _dns_label(text: str, what: str, raw: str) -> str:
-    if len(text) > 63 or not _DNS_LABEL_RE.fullmatch(text):
-        _fail("k8s", raw, f"{what} {text!r} is not a Kubernetes name (lower-case letters, digits and '-', "
-              "starting and ending with a letter or digit, at most 63 characters)")
-    return text
-
-
-def _parse_k8s(authority: str, path: str, params: dict[str, str], raw: str) -> Target:
-    """``k8s://ns/svc:port``, ``k8s:///ns/svc:port``, ``k8s:///svc:port``."""
-    rest = unquote_strict(path[1:], "k8s", raw)
-    if authority:
-        namespace, service_port = unquote_strict(authority, "k8s", raw), rest
-        if "/" in service_port:
-            _fail("k8s", raw, "the namespace is given twice (authority and path): write k8s://NAMESPACE/SERVICE:PORT")
-    else:
-        namespace, slash, service_port = rest.rpartition("/")
-        if slash and not namespace:
-            _fail("k8s", raw, "empty namespace before '/'")
-        if "/" in namespace:
-            _fail("k8s", raw, f"unexpected path {path!r}: write k8s:///NAMESPACE/SERVICE:PORT")
-    if not service_port:
-        _fail("k8s", raw, "missing SERVICE:PORT")
-    if "," in service_port:
-        _fail("k8s", raw, "a k8s target names exactly one service")
-    service, colon, port = service_port.partition(":")
-    if not colon or not port:
-        _fail("k8s", raw, f"missing the port after {service!r}: a number or the EndpointSlice port's name, "
-              f"e.g. k8s://{namespace or 'default'}/{service or 'greet'}:50051")
-    if namespace:
-        _dns_label(namespace, "namespace", raw)
-    _dns_label(service, "service", raw)
-    if port.isdigit():
-        if not 0 < int(port) < 65536:
-            _fail("k8s", raw, f"port {port} is out of range (1-65535)")
-        port = str(int(port))
-    else:
-        _dns_label(port, "port name", raw)
-    options = {"port": port}
-    for name in ("kubeconfig", "context"):
-        if name in params:
-            if not params[name]:
-                _fail("k8s", raw, f"empty {name}=")
-            options[name] = params[name]
-    return Target(scheme="k8s", endpoints=(), key=service, options=MappingProxyType(options), raw=raw,
-                  authority=namespace)
-
-
-def _parse_service_registry(scheme: str, authority: str, path: str, params: dict[str, str], raw: str) -> Target:
-    """``consul://HOST:PORT/SERVICE?...`` and ``zk://H1:P1,H2:P2/SERVICE``: the registry's hosts in the
-    authority, the service in the path."""
-    default_port = KINDS[scheme].default_port
+def parse_service_target(kind: RegistryKind, authority: str, path: str, params: dict[str, str], raw: str) -> Target:
+    """The grammar of the kinds that hold service instances (``consul://HOST:PORT/SERVICE?...``,
+    ``zk://H1:P1,H2:P2/SERVICE``, plug-ins): the registry's hosts in the authority (at most ``kind.max_hosts``;
+    ``kind.default_port`` when a host has none), the service in the path, the parameters checked against
+    ``kind.target_params`` already. ``tls=`` is normalised to 1/0; ``tag=`` is a list without empty tags."""
+    scheme = kind.scheme
+    default_port = kind.default_port
     if not authority:
-        _fail(scheme, raw, f"the {scheme} hosts go in the authority: {EXAMPLES[scheme]}")
+        fail(scheme, raw, f"the {kind.title} hosts go in the authority: {kind.target_example}")
     hosts = _endpoints(authority, scheme, raw, what=f"{scheme} host", default_port=default_port)
-    if scheme == "consul" and len(hosts) > 1:
-        _fail(scheme, raw, "one Consul agent per target (the agent knows the cluster)")
+    if kind.max_hosts is not None and len(hosts) > kind.max_hosts:
+        many = "one host" if kind.max_hosts == 1 else f"at most {kind.max_hosts} hosts"
+        fail(scheme, raw, f"a {scheme} target names {many} (the {kind.title} registry knows its peers)")
     service = unquote_strict(path, scheme, raw).strip("/")
     if not service:
-        _fail(scheme, raw, f"missing the service name after the hosts: {EXAMPLES[scheme]}")
+        fail(scheme, raw, f"missing the service name after the hosts: {kind.target_example}")
     if "/" in service or _BAD_CHARS_RE.search(service):
-        _fail(scheme, raw, f"the service name {service!r} cannot contain '/' or control characters")
+        fail(scheme, raw, f"the service name {service!r} cannot contain '/' or control characters")
     options: dict[str, str] = {}
     for name, value in params.items():
         if name == "tls":
             lowered = value.lower()
             if lowered not in _TRUE + _FALSE:
-                _fail(scheme, raw, f"tls= expects 1, 0, true or false, got {value!r}")
+                fail(scheme, raw, f"tls= expects 1, 0, true or false, got {value!r}")
             value = "1" if lowered in _TRUE else "0"
         elif not value:
-            _fail(scheme, raw, f"empty {name}=")
+            fail(scheme, raw, f"empty {name}=")
         elif name == "tag" and any(not t for t in value.split(",")):
-            _fail(scheme, raw, "empty tag in tag=")
+            fail(scheme, raw, "empty tag in tag=")
         options[name] = value
     if ("certfile" in options) != ("keyfile" in options):
-        _fail(scheme, raw, "certfile= and keyfile= go together")
+        fail(scheme, raw, "certfile= and keyfile= go together")
     return Target(scheme=scheme, endpoints=hosts, key=service, options=MappingProxyType(options), raw=raw)
 
 
@@ -392,8 +358,8 @@ def _parse_etcd(scheme: str, authority: str, path: str, params: dict[str, str], 
         hosts = _endpoints(authority, scheme, raw, what="etcd host", default_port=KINDS["etcd"].default_port)
         key = unquote_strict(path, scheme, raw).strip("/")
         if key and "key" in params:
-            _fail(scheme, raw, "the key is given twice (in the path and as ?key=); use one: "
-                  f"{EXAMPLES[scheme]}")
+            fail(scheme, raw, "the key is given twice (in the path and as ?key=); use one: "
+                  f"{example(scheme)}")
         if not key:
             key = _key(params, scheme, raw)
     else:
@@ -402,24 +368,24 @@ def _parse_etcd(scheme: str, authority: str, path: str, params: dict[str, str], 
     fmt, options = _common_options(params, scheme, raw)
     if userinfo:
         if "user" in options or "password" in options:
-            _fail(scheme, raw, "credentials are given twice (user:pass@ and ?user=/?password=)")
+            fail(scheme, raw, "credentials are given twice (user:pass@ and ?user=/?password=)")
         user, colon, password = userinfo.partition(":")
         user = unquote_strict(user, scheme, raw)
         if not user:
-            _fail(scheme, raw, "empty user name before '@'")
+            fail(scheme, raw, "empty user name before '@'")
         options["user"] = user
         if colon:
             options["password"] = unquote_strict(password, scheme, raw)
     if "password" in options and "user" not in options:
-        _fail(scheme, raw, "a password needs a user")
+        fail(scheme, raw, "a password needs a user")
     for name in ("user", "cacert", "certfile", "keyfile", "cache"):
         if name in options and not options[name]:
-            _fail(scheme, raw, f"empty {name}=")
+            fail(scheme, raw, f"empty {name}=")
     if ("certfile" in options) != ("keyfile" in options):
         hint = ""
         if "keyfile" not in options and key.endswith((".pem", ".key", ".crt")):
             hint = " (key= is the service key; the TLS private key file is keyfile=)"
-        _fail(scheme, raw, f"certfile= and keyfile= go together{hint}")
+        fail(scheme, raw, f"certfile= and keyfile= go together{hint}")
     return Target(scheme="etcd", endpoints=hosts, key=key, format=fmt,
                   options=MappingProxyType(options), raw=raw)
 
@@ -427,11 +393,11 @@ def _parse_etcd(scheme: str, authority: str, path: str, params: dict[str, str], 
 def _key(params: dict[str, str], scheme: str, raw: str) -> str:
     key = params.get("key")
     if key is None:
-        _fail(scheme, raw, f"{scheme} target needs ?key=: {EXAMPLES[scheme]}")
+        fail(scheme, raw, f"{scheme} target needs ?key=: {example(scheme)}")
     if not key:
-        _fail(scheme, raw, f"empty ?key=: {EXAMPLES[scheme]}")
+        fail(scheme, raw, f"empty ?key=: {example(scheme)}")
     if _BAD_CHARS_RE.search(key.replace(" ", "")):
-        _fail(scheme, raw, "the key contains control characters")
+        fail(scheme, raw, "the key contains control characters")
     return key
 
 
@@ -439,7 +405,7 @@ def _common_options(params: dict[str, str], scheme: str, raw: str) -> tuple[str,
     fmt = params.get("format", DEFAULT_FORMAT)
     if fmt not in FORMAT_NAMES:
         close = did_you_mean(fmt, FORMAT_NAMES)
-        _fail(scheme, raw, f"unknown format {fmt!r}{close}; expected one of: {', '.join(FORMAT_NAMES)}")
+        fail(scheme, raw, f"unknown format {fmt!r}{close}; expected one of: {', '.join(FORMAT_NAMES)}")
     options: dict[str, str] = {}
     for name, value in params.items():
         if name in ("key", "format"):
@@ -447,10 +413,10 @@ def _common_options(params: dict[str, str], scheme: str, raw: str) -> tuple[str,
         if name in _BOOL_PARAMS:
             lowered = value.lower()
             if lowered not in _TRUE + _FALSE:
-                _fail(scheme, raw, f"{name}= expects 1, 0, true or false, got {value!r}")
+                fail(scheme, raw, f"{name}= expects 1, 0, true or false, got {value!r}")
             value = "1" if lowered in _TRUE else "0"
         elif name in _SECONDS_PARAMS and not _is_positive_number(value):
-            _fail(scheme, raw, f"{name}= expects a number of seconds > 0, got {value!r}")
+            fail(scheme, raw, f"{name}= expects a number of seconds > 0, got {value!r}")
         options[name] = value
     return fmt, options
 
@@ -465,9 +431,9 @@ def _query(query: str, scheme: str, raw: str) -> dict[str, str]:
         name = unquote_strict(name.replace("+", " "), scheme, raw)
         value = unquote_strict(value.replace("+", " "), scheme, raw)
         if not name:
-            _fail(scheme, raw, f"query parameter without a name: {redact(part)!r}")
+            fail(scheme, raw, f"query parameter without a name: {redact(part)!r}")
         if name in params:
-            _fail(scheme, raw, f"query parameter {name!r} is given twice")
+            fail(scheme, raw, f"query parameter {name!r} is given twice")
         params[name] = value
     return params
 
@@ -475,11 +441,11 @@ def _query(query: str, scheme: str, raw: str) -> dict[str, str]:
 def unquote_strict(text: str, scheme: str, raw: str) -> str:
     """Percent-decode ``text`` as UTF-8, refusing malformed escapes."""
     if _BAD_ESCAPE_RE.search(text):
-        _fail(scheme, raw, "malformed %-escape (expected % followed by two hex digits)")
+        fail(scheme, raw, "malformed %-escape (expected % followed by two hex digits)")
     try:
         decoded = unquote(text, errors="strict")
     except UnicodeDecodeError:
-        _fail(scheme, raw, "%-escapes that are not UTF-8")
+        fail(scheme, raw, "%-escapes that are not UTF-8")
     return decoded
 
 
@@ -488,11 +454,11 @@ def _endpoints(
 ) -> tuple[str, ...]:
     if not text:
         plural = "addresses" if what == "address" else what + "s"
-        _fail(scheme, raw, f"no {plural} given: {EXAMPLES.get(scheme, EXAMPLES['direct'])}")
+        fail(scheme, raw, f"no {plural} given: {example(scheme) or example('direct')}")
     out: list[str] = []
     for i, part in enumerate(text.split(",")):
         if not part:
-            _fail(scheme, raw, f"empty {what} at position {i + 1} of the comma-separated list")
+            fail(scheme, raw, f"empty {what} at position {i + 1} of the comma-separated list")
         endpoint = join_host_port(*_hostport(part, scheme, raw, default_port=default_port, what=what))
         if endpoint not in out:
             out.append(endpoint)
@@ -504,7 +470,7 @@ def _hostport(text: str, scheme: str, raw: str, *, default_port: int | None, wha
     try:
         return parse_host_port(text, what=what, default_port=default_port)
     except AddressError as e:
-        _fail(scheme, raw, str(e))
+        fail(scheme, raw, str(e))
 
 
 def _is_positive_number(text: str) -> bool:
@@ -529,23 +495,24 @@ def _looks_like_addresses(text: str) -> bool:
 
 def _unknown_param(scheme: str, raw: str, name: str, allowed: tuple[str, ...]) -> NoReturn:
     if not allowed:
-        _fail(scheme, raw, f"unknown query parameter {name!r}: {scheme} targets take no parameters")
+        fail(scheme, raw, f"unknown query parameter {name!r}: {scheme} targets take no parameters")
     hint = f" (did you mean {_RENAMED[name]!r}?)" if name in _RENAMED and _RENAMED[name] in allowed else ""
     hint = hint or did_you_mean(name, allowed)
-    _fail(scheme, raw, f"unknown query parameter {name!r}{hint}; expected one of: {', '.join(allowed)}")
+    fail(scheme, raw, f"unknown query parameter {name!r}{hint}; expected one of: {', '.join(allowed)}")
 
 
 def _unknown_scheme(scheme: str, raw: str) -> NoReturn:
     note = " (not supported by waypost)" if scheme in _UNSUPPORTED else ""
     raise InvalidTarget(
-        f"unknown target scheme {scheme!r}{note} in {redact(raw)!r}; known schemes: {', '.join(KNOWN_SCHEMES)}"
-        f" (e.g. {EXAMPLES['etcd']})"
+        f"unknown target scheme {scheme!r}{note} in {redact(raw)!r}; known schemes: {', '.join(known_schemes())}"
+        f" (e.g. {example('etcd')})"
     )
 
 
-def _fail(scheme: str, raw: str, message: str) -> NoReturn:
-    example = EXAMPLES.get(scheme)
-    tail = f" (example: {example})" if example and example not in message else ""
+def fail(scheme: str, raw: str, message: str) -> NoReturn:
+    """Raise ``InvalidTarget`` for ``raw``, a target of ``scheme``: ``message`` and an example of the scheme."""
+    shown = example(scheme)
+    tail = f" (example: {shown})" if shown and shown not in message else ""
     label = f"invalid {scheme} target" if scheme else "invalid target"
     raise InvalidTarget(f"{label} {redact(raw)!r}: {message}{tail}")
 

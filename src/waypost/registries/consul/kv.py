@@ -7,7 +7,7 @@ import base64
 import urllib.parse
 from typing import Any
 
-from ..errors import RegistryError
+from ...errors import RegistryError
 from .api import MAX_WAIT, ConsulClient
 
 

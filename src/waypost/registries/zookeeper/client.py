@@ -1,5 +1,5 @@
 """ZooKeeper support: settings (``config``), Kratos' node layout (``layout``), and the few helpers that the
-publisher (``waypost.discovery.zk_publisher``) and the resolver (``waypost.resolver.zk``) share to drive a kazoo
+publisher (``waypost.registries.zookeeper.publisher``) and the resolver (``waypost.registries.zookeeper.resolver``) share to drive a kazoo
 client from the control loop.
 
 kazoo runs threads of its own (per client: a connection thread and two callback workers). Nothing here blocks the
@@ -18,8 +18,8 @@ import threading
 from collections.abc import Sequence
 from typing import Any
 
-from ..errors import RegistryUnavailable
-from ..netutil import parse_host_port
+from ...errors import RegistryUnavailable
+from ...netutil import parse_host_port
 from .config import (
     DEFAULT_PORT,
     DEFAULT_SESSION_TIMEOUT,

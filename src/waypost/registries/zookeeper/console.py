@@ -14,11 +14,11 @@ import logging
 import urllib.parse
 from typing import Any
 
-from .. import zk
-from ..discovery.override import OVERRIDE_ROOT, parse_override
-from .board import Board
-from .sources import TargetSource, follow_services, on_control
-from .zk_store import ZkOverrides
+from ...console.board import Board
+from ...console.sources import TargetSource, follow_services, on_control
+from ...discovery.override import OVERRIDE_ROOT, parse_override
+from . import client as zk
+from .store import ZkOverrides
 
 log = logging.getLogger("waypost.console")
 

@@ -38,8 +38,8 @@ import urllib.parse
 from collections.abc import Iterable, Mapping
 from typing import Any
 
-from ..durations import format_duration
-from ..errors import PermissionDenied, RegistryError, RegistryUnavailable
+from ...durations import format_duration
+from ...errors import PermissionDenied, RegistryError, RegistryUnavailable
 from .config import TOKEN_ENV, ConsulConfig
 
 INSTALL_HINT = "consul:// registries and targets need the consul extra: pip install 'waypost[consul]'"
@@ -364,7 +364,7 @@ class ConsulClient:
                              timeout: float | None = None, within: float | None = None) -> tuple[int, list[Any]]:
         """``GET /v1/health/service/<name>``: the result's index (``X-Consul-Index``) and its entries (each
         ``{"Node": ..., "Service": ..., "Checks": ...}`` from Consul; the entries are not checked here:
-        ``waypost.consul.health.read_entries`` does that). With ``index`` > 0 and ``wait``, a blocking query.
+        ``waypost.registries.consul.health.read_entries`` does that). With ``index`` > 0 and ``wait``, a blocking query.
         ``tags``: every one required; ``datacenter``: another datacenter than the agent's (default: the
         config's ``datacenter``, else the agent's). ``timeout`` bounds a non-blocking read instead of the
         client's ``timeout``, and ``within`` is the bound its timeout names (``request``). ``MalformedAnswer``

@@ -6,7 +6,7 @@ control loop:
 1. **list** the service's EndpointSlices; the list's ``resourceVersion`` is where the watch starts;
 2. **watch** from there with bookmarks (``allowWatchBookmarks``: the apiserver moves our resourceVersion on
    even when nothing changes, so a resumed watch rarely starts from a version it has forgotten); each event
-   updates the slices (``waypost.k8s.slices``) and, when the addresses changed, the channel gets the list;
+   updates the slices (``waypost.registries.kubernetes.slices``) and, when the addresses changed, the channel gets the list;
    the server ends a watch after ``timeoutSeconds`` (5-10 min, random, as client-go) and it resumes at once
    from the last version;
 3. **410 Gone** (our version was compacted away): list again and replace, so slices deleted meanwhile
@@ -33,13 +33,13 @@ from collections.abc import AsyncIterator, Callable
 from dataclasses import dataclass
 from typing import Any
 
-from ..errors import InvalidTarget, RegistryUnavailable
-from ..k8s import config as k8s_config
-from ..k8s.slices import SERVICE_NAME_LABEL, ServiceSlices
-from ..types import Backend
-from .base import ResolverOptions
-from .loop_resolver import LoopResolver
-from .target import Target
+from ...errors import InvalidTarget, RegistryUnavailable
+from ...resolver.base import ResolverOptions
+from ...resolver.loop_resolver import LoopResolver
+from ...resolver.target import Target
+from ...types import Backend
+from . import config as k8s_config
+from .slices import SERVICE_NAME_LABEL, ServiceSlices
 
 log = logging.getLogger("waypost.resolver.k8s")
 

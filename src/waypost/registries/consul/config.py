@@ -23,10 +23,10 @@ import urllib.parse
 from dataclasses import dataclass, field
 from typing import Any
 
-from .. import urlparams
-from ..errors import InvalidTarget
-from ..netutil import AddressError, normalize_host_port, split_host_port
-from ..urlparams import TargetLike
+from ... import urlparams
+from ...errors import InvalidTarget
+from ...netutil import AddressError, normalize_host_port, split_host_port
+from ...urlparams import TargetLike
 
 CONSUL_DEFAULT_PORT = 8500
 CONSUL_EXAMPLE = "consul://127.0.0.1:8500?token=SECRET&tls=1&ca=/etc/consul/ca.pem&dc=dc1"

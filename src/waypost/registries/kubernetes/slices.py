@@ -23,7 +23,7 @@ from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 from typing import Any
 
-from ..netutil import join_host_port
+from ...netutil import join_host_port
 
 log = logging.getLogger("waypost.k8s")
 

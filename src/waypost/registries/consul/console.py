@@ -14,15 +14,15 @@ import json
 import logging
 import urllib.parse
 from collections.abc import Callable
-from typing import Any
 
-from ..consul.api import ConsulClient
-from ..consul.config import ConsulConfig, parse_registry_url
-from ..consul.kv import kv_delete, kv_get, kv_list, kv_put
-from ..discovery.override import OVERRIDE_ROOT, parse_override, split_override_key
-from ..registry.base import DeleteResult, KeyValue, PutResult
-from .board import Board
-from .sources import RETRY_INTERVAL, TargetSource, follow_services, on_control
+from ...console.board import Board
+from ...console.sources import RETRY_INTERVAL, TargetSource, follow_services, on_control
+from ...discovery.override import OVERRIDE_ROOT, parse_override, split_override_key
+from ...netutil import parse_host_port
+from ...registry.base import DeleteResult, KeyValue, PutResult
+from .api import ConsulClient
+from .config import ConsulConfig, parse_registry_url
+from .kv import kv_delete, kv_get, kv_list, kv_put
 
 log = logging.getLogger("waypost.console")
 
@@ -172,5 +172,21 @@ class ConsulOverrides:
         return DeleteResult(0, int(prev is not None), [prev] if prev is not None else [])
 
 
-def is_consul(url: Any) -> bool:
-    return isinstance(url, str) and url.strip().lower().startswith("consul://")
+class ConsulOverrideStore(ConsulOverrides):
+    """``waypost drain`` on a Consul registry URL: the overrides over a client of its own (``close()`` after)."""
+
+    def __init__(self, url: str) -> None:
+        config = parse_registry_url(url)
+        self._own = ConsulClient(config)
+        super().__init__(config.redacted, lambda: self._own)
+
+    async def registered(self, key: str, address: str) -> bool:
+        """Whether ``address`` is an instance of service ``key`` in the catalog now (passing or not)."""
+        _, entries = await self._own.health_service(key, passing=False)
+        host, port = parse_host_port(address)
+        return any((e.get("Service") or {}).get("Port") == port and
+                   (e.get("Service") or {}).get("Address") in (host, address.rpartition(":")[0])
+                   for e in entries if isinstance(e, dict))
+
+    async def close(self) -> None:
+        await self._own.close()

@@ -6,7 +6,7 @@ What is registered (``PUT /v1/agent/service/register`` on the agent of the regis
 - ``Name`` = ``key`` (the service), ``ID`` = ``id`` if given, else ``<key>-<host>-<port>`` (stable across
   restarts of the process, so a restarted server replaces its own stale instance instead of adding one);
 - ``Address``/``Port`` from ``address`` (``host:port``; an IPv6 host without brackets);
-- ``Meta`` from ``metadata``: strings as they are, other values as JSON text (``waypost.consul.api.encode_meta``;
+- ``Meta`` from ``metadata``: strings as they are, other values as JSON text (``waypost.registries.consul.api.encode_meta``;
   the resolver decodes them back), ``metadata["tags"]`` (a list of strings) as the ``Tags``; no tags otherwise;
 - one TTL check (``CheckID`` ``service:<ID>``, ``TTL`` = ``ttl`` s, registered passing) that this publisher
   passes every ``ttl/3`` s, with ``DeregisterCriticalServiceAfter`` = max(1 min, 3 * ttl) (Consul's minimum is
@@ -50,15 +50,16 @@ import time
 from collections.abc import Callable, Mapping
 from typing import Any
 
-from ..backoff import Backoff
-from ..consul.api import ConsulClient, ConsulNotFound, decode_meta, encode_meta
-from ..consul.config import ConsulConfig, resolve_config
-from ..errors import PermissionDenied, RegistryError, RegistryUnavailable, describe_value, shown_key
-from ..netutil import AddressError, check_dialable, parse_host_port
-from .group import cool_down
-from .outage import OnUnregistered, Outage
-from .override import ConsulOverrideFollower, apply_override
-from .publisher_base import REVOKE_TIMEOUT, PublisherBase
+from ...backoff import Backoff
+from ...discovery.group import cool_down
+from ...discovery.outage import OnUnregistered, Outage
+from ...discovery.override import apply_override
+from ...discovery.publisher_base import REVOKE_TIMEOUT, PublisherBase
+from ...errors import PermissionDenied, RegistryError, RegistryUnavailable, describe_value, shown_key
+from ...netutil import AddressError, check_dialable, parse_host_port
+from .api import ConsulClient, ConsulNotFound, decode_meta, encode_meta
+from .config import ConsulConfig, resolve_config
+from .overrides import ConsulOverrideFollower
 
 log = logging.getLogger("waypost.discovery")
 

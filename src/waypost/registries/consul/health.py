@@ -16,7 +16,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
-from ..netutil import join_host_port
+from ...netutil import join_host_port
 from .api import MalformedAnswer, decode_meta
 
 __all__ = ["Entries", "Instance", "MalformedAnswer", "read_entries"]

@@ -1,6 +1,6 @@
 """Consul: the agent settings (``ConsulConfig``, ``consul://`` registry URLs) and a small asyncio client of its
-HTTP API (``ConsulClient``, on aiohttp: the ``consul`` extra). ``waypost.discovery.consul_publisher`` registers
-with it and ``waypost.resolver.consul`` discovers with it (docs/consul.md)."""
+HTTP API (``ConsulClient``, on aiohttp: the ``consul`` extra); ``publisher`` registers with it, ``resolver``
+discovers with it, ``console`` shows it (docs/consul.md)."""
 
 from __future__ import annotations
 

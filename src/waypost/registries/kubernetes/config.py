@@ -22,7 +22,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from ..errors import InvalidTarget
+from ...errors import InvalidTarget
 
 #: Where the kubelet mounts a pod's service account (token, ca.crt, namespace).
 SERVICE_ACCOUNT_DIR = Path("/var/run/secrets/kubernetes.io/serviceaccount")
@@ -92,7 +92,7 @@ def kubeconfig_paths(explicit: str | None = None) -> list[str]:
 def _in_cluster() -> ClientConfig:
     from kubernetes_asyncio.client import Configuration
 
-    from ..netutil import join_host_port
+    from ...netutil import join_host_port
 
     host, port = os.environ["KUBERNETES_SERVICE_HOST"], os.environ["KUBERNETES_SERVICE_PORT"]
     ca = SERVICE_ACCOUNT_DIR / "ca.crt"

@@ -1,7 +1,7 @@
 """ZkPublisher: keep one address registered in ZooKeeper as an ephemeral node in Kratos' layout, whatever
 happens to the session. The same public interface as ``waypost.discovery.Publisher`` (what ``serve()`` drives).
 
-What is registered (``waypost.zk.layout``): the EPHEMERAL node ``<namespace>/<key>/<id>`` (namespace
+What is registered (``waypost.registries.zookeeper.layout``): the EPHEMERAL node ``<namespace>/<key>/<id>`` (namespace
 ``/microservices`` unless the registry URL says ``?namespace=``; the persistent parents are created when missing,
 with empty data, as Kratos does), holding Go's JSON of Kratos' ``ServiceInstance``:
 ``{"id":"<id>","name":"<key>","version":"","metadata":null,"endpoints":["grpc://<address>"]}``. ``id`` is the
@@ -54,17 +54,18 @@ import uuid
 from collections.abc import Callable, Mapping
 from typing import Any
 
-from .. import _loop, metrics, zk
-from ..errors import PermissionDenied, RegistryError, RegistryUnavailable, describe_value
-from ..netutil import check_dialable
-from ..registry.formats import Kratos
-from ..zk.config import ZkConfig
-from ..zk.layout import LayoutError
-from ..zk.session import granted as granted_session_timeout
-from .group import cool_down
-from .outage import OnUnregistered, Outage
-from .override import OverrideState, apply_override
-from .publisher_base import REVOKE_TIMEOUT, PublisherBase
+from ... import _loop, metrics
+from ...discovery.group import cool_down
+from ...discovery.outage import OnUnregistered, Outage
+from ...discovery.override import OverrideState, apply_override
+from ...discovery.publisher_base import REVOKE_TIMEOUT, PublisherBase
+from ...errors import PermissionDenied, RegistryError, RegistryUnavailable, describe_value
+from ...netutil import check_dialable
+from ...registry.formats import Kratos
+from . import client as zk
+from .config import ZkConfig
+from .layout import LayoutError
+from .session import granted as granted_session_timeout
 
 log = logging.getLogger("waypost.discovery")
 

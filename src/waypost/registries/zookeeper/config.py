@@ -24,10 +24,10 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
 
-from .. import urlparams
-from ..errors import InvalidTarget
-from ..netutil import AddressError, normalize_host_port
-from ..urlparams import TargetLike, seconds_ok
+from ... import urlparams
+from ...errors import InvalidTarget
+from ...netutil import AddressError, normalize_host_port
+from ...urlparams import TargetLike, seconds_ok
 from .layout import DEFAULT_NAMESPACE, LayoutError, check_namespace
 
 DEFAULT_PORT = 2181

@@ -1,7 +1,7 @@
 """zk://H1:2181,H2:2181/SERVICE: the instances of a service kept in ZooKeeper in Kratos' layout.
 
-What is read (``waypost.zk.layout``): the children of ``/microservices/SERVICE`` (one ephemeral node per instance,
-written by Kratos' ``contrib/registry/zookeeper`` or by ``waypost.discovery.zk_publisher``), each holding Kratos'
+What is read (``waypost.registries.zookeeper.layout``): the children of ``/microservices/SERVICE`` (one ephemeral node per instance,
+written by Kratos' ``contrib/registry/zookeeper`` or by ``waypost.registries.zookeeper.publisher``), each holding Kratos'
 ``ServiceInstance`` JSON; a backend is the instance's first ``grpc://`` endpoint with its metadata (strings, plus
 ``version`` when set). Instances without a ``grpc://`` endpoint (HTTP-only), with another ``name`` or with data that
 is not such JSON are skipped (logged once per node), as are duplicates of an address; the rest stay.
@@ -32,14 +32,14 @@ from collections.abc import AsyncIterator, Callable
 from dataclasses import dataclass
 from typing import Any
 
-from .. import zk
-from ..errors import InvalidTarget
-from ..registry.formats import Entry, Kratos
-from ..types import Backend
-from ..zk.layout import LayoutError
-from .base import ResolverOptions
-from .loop_resolver import LoopResolver
-from .target import Target
+from ...errors import InvalidTarget
+from ...registry.formats import Entry, Kratos
+from ...resolver.base import ResolverOptions
+from ...resolver.loop_resolver import LoopResolver
+from ...resolver.target import Target
+from ...types import Backend
+from . import client as zk
+from .layout import LayoutError
 
 log = logging.getLogger("waypost.resolver.zk")
 

@@ -36,7 +36,7 @@ resolver logs a WARNING when Consul says so (``X-Consul-Results-Filtered-By-ACLs
 under a default-deny policy (a token without service:read on the service gets an empty, unflagged answer).
 
 Backends: ``host:port`` with the service's ``Address`` (else the node's) and ``Port``; their metadata is
-the service's ``Meta`` decoded (``waypost.consul.api.decode_meta``: JSON text back to values, other strings
+the service's ``Meta`` decoded (``waypost.registries.consul.api.decode_meta``: JSON text back to values, other strings
 as they are) plus ``tags`` (a list) when the instance has tags. Two instances on one address: the first by
 ID wins.
 """
@@ -51,15 +51,15 @@ import time
 from collections.abc import AsyncIterator, Callable, Sequence
 from typing import Any
 
-from .. import metrics
-from ..consul.api import ConsulClient, ConsulTLSError, require_client
-from ..consul.config import TOKEN_ENV, from_target
-from ..consul.health import MalformedAnswer, read_entries
-from ..errors import InvalidTarget, PermissionDenied, RegistryError, RegistryUnavailable, WaypostError
-from ..types import Backend
-from .base import ResolverOptions
-from .loop_resolver import LoopResolver
-from .target import Target
+from ... import metrics
+from ...errors import InvalidTarget, PermissionDenied, RegistryError, RegistryUnavailable, WaypostError
+from ...resolver.base import ResolverOptions
+from ...resolver.loop_resolver import LoopResolver
+from ...resolver.target import Target
+from ...types import Backend
+from .api import ConsulClient, ConsulTLSError, require_client
+from .config import TOKEN_ENV, from_target
+from .health import MalformedAnswer, read_entries
 
 log = logging.getLogger("waypost.resolver.consul")
 

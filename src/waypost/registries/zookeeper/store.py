@@ -6,8 +6,9 @@ from __future__ import annotations
 
 from typing import Any
 
-from .. import zk
-from ..registry.base import DeleteResult, KeyValue, PutResult
+from ...registry.base import DeleteResult, KeyValue, PutResult
+from ...registry.formats import Kratos
+from . import client as zk
 
 #: the session asked for these writes (they take a moment)
 SESSION_TIMEOUT = 10.0
@@ -74,11 +75,21 @@ class ZkOverrides:
             pass
         return DeleteResult(0, int(prev is not None), [prev] if prev is not None else [])
 
+    async def registered(self, key: str, address: str) -> bool:
+        """Whether ``address`` is an instance of service ``key`` in Kratos' layout now."""
+        client = await self._session()
+        base = f"{self.config.namespace.rstrip('/')}/{key}"
+        codec = Kratos(self.config.namespace)
+        for child in await zk.result(client.get_children_async(base)):
+            value, _ = await zk.result(client.get_async(f"{base}/{child}"))
+            entry = codec.decode(f"{base}/{child}", value)
+            if entry is not None and entry.address == address:
+                return True
+        return False
+
     async def close(self) -> None:
         client, self._client = self._client, None
         if client is not None:
             await zk.close_client(client)
 
 
-def is_zk(url: Any) -> bool:
-    return isinstance(url, str) and url.strip().lower().startswith("zk://")

@@ -29,14 +29,14 @@ from collections.abc import AsyncIterator, Callable, Iterable
 from dataclasses import dataclass
 from typing import Any
 
-from .. import _loop
-from ..backoff import Backoff
-from ..errors import InvalidTarget
-from ..netutil import join_host_port, parse_host_port
-from ..types import Backend
-from .base import ResolverOptions
-from .loop_resolver import START_GRACE, LoopResolver
-from .target import Target
+from ... import _loop
+from ...backoff import Backoff
+from ...errors import InvalidTarget
+from ...netutil import join_host_port, parse_host_port
+from ...resolver.base import ResolverOptions
+from ...resolver.loop_resolver import START_GRACE, LoopResolver
+from ...resolver.target import Target
+from ...types import Backend
 
 log = logging.getLogger("waypost.resolver.dns")
 

@@ -1,0 +1,1 @@
+"""ZooKeeper: Kratos' layout of service instances as ephemeral nodes (``zk://``). docs/zookeeper.md."""
