@@ -5,6 +5,8 @@
 - an etcd or memory registry (a URL or a ``waypost.connect`` result) -> ``Publisher`` (a key under a lease);
 - ``consul://...`` -> ``ConsulPublisher`` (a service instance in Consul's catalog, with a TTL check);
 - ``zk://...`` -> ``ZkPublisher`` (an ephemeral node in Kratos' layout);
+- ``eureka://...`` -> ``EurekaPublisher`` (an instance of an application, renewed by heartbeats), from its kind's
+  package (``registry.kinds.plugin``);
 - a list of them -> ``MultiPublisher`` over one of each;
 - None -> ``NoRegistration``: nothing is written anywhere (inside Kubernetes: the readiness probe decides).
 
@@ -19,7 +21,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from ..registry.kinds import kind_of
+from ..registry.kinds import kind_of, plugin
 from .multi_publisher import MultiPublisher
 from .no_registration import NoRegistration
 from .registration import Registration
@@ -61,6 +63,10 @@ def make_publisher(registry: Any, key: str, address: str, **kw: Any) -> Registra
         members = [make_publisher(r, key, address, **kw) for r in registry]
         return MultiPublisher(members, timeout=kw.get("timeout", 5.0), **alerts)
     scheme = registry_scheme(registry)
+    kind = kind_of(registry) if isinstance(registry, str) else None
+    if kind is not None and kind.package and kind.publisher:
+        publisher: Registration = getattr(plugin(scheme), kind.publisher)(registry, key, address, **kw)
+        return publisher
     if scheme == "consul":
         from .consul_publisher import ConsulPublisher
 

@@ -1,7 +1,8 @@
 """The kinds of registry waypost knows, in one table: what each URL scheme means, its default port, its URL
 parser, the pip extra it needs and an example.
 
-A kind is a URL scheme (``etcd``, ``memory``, ``consul``, ``zk``, ``k8s``, ``dns``, ``direct``). Two families:
+A kind is a URL scheme (``etcd``, ``memory``, ``consul``, ``zk``, ``eureka``, ``k8s``, ``dns``, ``direct``). Two
+families:
 
 - *keyed* kinds (etcd, memory) hold keys under leases: the ``Registry`` contract of ``registry/base.py``.
   ``waypost.connect`` takes their URLs (parsed by ``registry/url.py``) and every wire format works on them.
@@ -10,14 +11,18 @@ A kind is a URL scheme (``etcd``, ``memory``, ``consul``, ``zk``, ``k8s``, ``dns
   Kubernetes' EndpointSlices, DNS and fixed addresses are only read (dial targets, no registry URL).
 
 Which publisher (``discovery/``) and which resolver (``resolver/``) serve a kind live in those layers, keyed by
-the same scheme names. The grammar of dial targets, aliases included (``discov:`` is etcd; gRPC's ``ipv4:`` and
+the same scheme names; except for a kind with a ``package`` (Eureka): that package holds everything of the kind
+above the generic layers, which reach it by name only (``plugin``), through ``parse_registry_url``, the class named
+by ``publisher``, ``resolver`` and ``console_source``. The grammar of dial targets, aliases included (``discov:`` is etcd; gRPC's ``ipv4:`` and
 ``ipv6:`` are direct), is ``resolver/target.py``'s.
 """
 
 from __future__ import annotations
 
+import importlib
 from collections.abc import Callable
 from dataclasses import dataclass
+from typing import Any
 
 from ..consul import config as consul_config
 from ..zk import config as zk_config
@@ -44,6 +49,8 @@ class RegistryKind:
     extra: str | None = None
     #: other schemes of dial targets that mean this kind
     aliases: tuple[str, ...] = ()
+    #: the package that implements the whole kind, imported by name on first use (``plugin``)
+    package: str | None = None
 
     @property
     def install_hint(self) -> str:
@@ -66,6 +73,10 @@ KINDS: dict[str, RegistryKind] = {k.scheme: k for k in (
                  publisher="ConsulPublisher", extra="consul"),
     RegistryKind("zk", zk_config.DEFAULT_PORT, "zk://127.0.0.1:2181/greet", zk_config.EXAMPLE,
                  parse_url=zk_config.parse_registry_url, publisher="ZkPublisher", extra="zk"),
+    RegistryKind("eureka", 8761, "eureka://127.0.0.1:8761/greeter",
+                 "eureka://10.0.0.1:8761,10.0.0.2:8761?path=/eureka",
+                 parse_url=lambda url: plugin("eureka").parse_registry_url(url), publisher="EurekaPublisher",
+                 extra="eureka", package="waypost.eureka"),
 )}
 
 #: every scheme that names a kind, its aliases included, in the order messages list them
@@ -86,3 +97,11 @@ def kind_of(url: str) -> RegistryKind | None:
     """The kind a URL or dial target names by its scheme (an alias too); None for any other."""
     return SCHEMES.get(scheme_of(url))
 
+
+
+def plugin(scheme: str) -> Any:
+    """The package of a kind that has one (``RegistryKind.package``), imported now if it was not yet."""
+    package = KINDS[scheme].package
+    if package is None:
+        raise LookupError(f"the {scheme} kind has no package of its own")
+    return importlib.import_module(package)

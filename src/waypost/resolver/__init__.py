@@ -2,12 +2,14 @@
 
 The contract (``resolver.base``): a resolver is built as ``SomeResolver(target, ResolverOptions)`` and
 implements ``Resolver``: ``start(on_update, on_error)``, ``resolve_now(reason)``, ``close()`` and
-``aclose()``. ``make_resolver(target, options)`` picks one by scheme.
+``aclose()``. ``make_resolver(target, options)`` picks one by scheme (a kind with a package of its own, such as
+Eureka, gives its ``resolver`` factory: ``registry.kinds.plugin``).
 """
 
 from __future__ import annotations
 
 from ..errors import InvalidTarget
+from ..registry.kinds import KINDS, plugin
 from .base import OnError, OnUpdate, Resolver, ResolverFactory, ResolverOptions
 from .consul import ConsulResolver
 from .direct import DirectResolver
@@ -37,6 +39,9 @@ def make_resolver(target: Target | str, options: ResolverOptions | None = None) 
     if isinstance(target, str):
         target = parse_target(target)
     factory = RESOLVERS.get(target.scheme)
+    kind = KINDS.get(target.scheme)
+    if factory is None and kind is not None and kind.package:
+        factory = plugin(kind.scheme).resolver
     if factory is None:
         raise InvalidTarget(f"no resolver for scheme {target.scheme!r}: {target.redacted}")
     return factory(target, options)

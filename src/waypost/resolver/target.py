@@ -19,6 +19,9 @@ Accepted forms (the scheme is case-insensitive):
 - ``zk://H1:2181,H2:2181/SERVICE`` (port default 2181): the instances a Kratos service (or waypost) keeps as
   ephemeral nodes under ``/microservices/SERVICE``. Parameters: ``namespace=/PATH`` (Kratos' ``WithRootPath``),
   ``session_timeout=SECONDS``.
+- ``eureka://H1:8761,H2:8761/APP`` (port default 8761): the UP instances of an Eureka application (peers of one
+  cluster: one is read, the next when it fails). Parameters: ``path=/eureka`` (the REST API's base path),
+  ``interval=5s`` (how often the registry is fetched, a gRPC JSON duration), ``tls=1``.
 - ``k8s://NAMESPACE/SERVICE:PORT`` (go-zero's form), ``k8s:///NAMESPACE/SERVICE:PORT`` or ``k8s:///SERVICE:PORT``
   (no namespace: the pod's own, or the kubeconfig context's): the ready endpoints of a Kubernetes Service's
   EndpointSlices. PORT is a number or the name of an EndpointSlice port. Parameters: ``kubeconfig=PATH`` and
@@ -46,6 +49,7 @@ from types import MappingProxyType
 from typing import NoReturn
 from urllib.parse import quote, unquote, urlencode
 
+from ..durations import DurationError, parse_positive_duration
 from ..errors import InvalidTarget, did_you_mean
 from ..netutil import AddressError, join_host_port, parse_host_port
 from ..redaction import redact_url as redact
@@ -76,6 +80,7 @@ _ALLOWED_PARAMS = {
     "k8s": ("kubeconfig", "context"),
     "consul": ("tag", "dc", "token", "tls", "cacert", "certfile", "keyfile"),
     "zk": ("namespace", "session_timeout"),
+    "eureka": ("path", "interval", "tls"),
 }
 _BOOL_PARAMS = ("exact", "tls")
 _TRUE = ("1", "true")
@@ -256,7 +261,7 @@ def _parse_hierarchical(scheme: str, rest: str, raw: str) -> Target:
         return _parse_memory(authority, path, params, raw)
     if kind == "k8s":
         return _parse_k8s(authority, path, params, raw)
-    if kind in ("consul", "zk"):
+    if kind in ("consul", "zk", "eureka"):
         return _parse_service_registry(kind, authority, path, params, raw)
     return _parse_etcd(scheme, authority, path, params, raw)
 
@@ -377,6 +382,13 @@ def _parse_service_registry(scheme: str, authority: str, path: str, params: dict
             _fail(scheme, raw, f"empty {name}=")
         elif name == "tag" and any(not t for t in value.split(",")):
             _fail(scheme, raw, "empty tag in tag=")
+        elif name == "interval":
+            try:
+                parse_positive_duration(value)
+            except DurationError as e:
+                _fail(scheme, raw, f"interval={value!r}: {e}")
+        elif name == "path" and (not value.startswith("/") or any(c in value for c in "?#% ")):
+            _fail(scheme, raw, f"path={value!r} must be a URL path starting with '/' (e.g. path=/eureka)")
         options[name] = value
     if ("certfile" in options) != ("keyfile" in options):
         _fail(scheme, raw, "certfile= and keyfile= go together")
