@@ -14,6 +14,7 @@ from typing import Any
 
 from .discovery.override import OVERRIDE_ROOT
 from .registry.formats import ETCD_NAMING, GOZERO, GOZERO_META_ROOT, KRATOS, valid_address
+from .registry.kinds import KINDS, plugin
 
 log = logging.getLogger("waypost.cli")
 
@@ -171,6 +172,9 @@ def _resolver_for(t: Any, timeout: float) -> Any:
     if t.uses_registry:
         return RegistryResolver(t, timeout=timeout)
     bounded = {"k8s": K8sResolver, "consul": ConsulResolver, "zk": ZkResolver, "multi": MultiResolver}
+    kind = KINDS.get(t.scheme)
+    if kind is not None and kind.package:  # a kind in a package of its own (Eureka): its resolver factory
+        return plugin(kind.scheme).resolver(t, ResolverOptions(blocking=True), timeout=timeout)
     if t.scheme in bounded:
         return bounded[t.scheme](t, ResolverOptions(blocking=True), timeout=timeout)
     return make_resolver(t)

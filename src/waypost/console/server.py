@@ -22,6 +22,7 @@ from ..netutil import split_host_port
 from ..redaction import redact_url
 from ..registry import connect
 from ..registry.base import Registry
+from ..registry.kinds import kind_of, plugin, scheme_of
 from .board import Board
 from .clients import ClientMetrics
 from .consul_source import ConsulSource, is_consul
@@ -36,6 +37,11 @@ log = logging.getLogger("waypost.console")
 DEFAULT_LISTEN = "127.0.0.1:8470"
 #: seconds requests still running get when the console stops
 SHUTDOWN_TIMEOUT = 2.0
+
+
+def _has_package(url: object) -> bool:
+    kind = kind_of(url) if isinstance(url, str) else None
+    return kind is not None and kind.package is not None
 
 
 @dataclass
@@ -72,11 +78,13 @@ class Console:
                                  "show a Kubernetes service with --target k8s://NAMESPACE/SERVICE:PORT")
         self.consul_urls = [r for r in config.registries if isinstance(r, str) and is_consul(r)]
         self.zk_urls = [r for r in config.registries if isinstance(r, str) and is_zk(r)]
+        # kinds in a package of their own (Eureka) give their console source by name
+        self.plugin_urls = [r for r in config.registries if isinstance(r, str) and _has_package(r)]
         self.registries: list[Registry] = [connect(r) if isinstance(r, str) else r for r in config.registries
-                                           if not (is_consul(r) or is_zk(r))]
+                                           if not (is_consul(r) or is_zk(r) or _has_package(r))]
         self.board: Board | None = None
         self._sources: list[Any] = []
-        self._store_sources: list[ConsulSource | ZkSource] = []
+        self._store_sources: list[Any] = []  # ConsulSource, ZkSource, a kind package's console_source
         self._prober: HealthProber | None = None
         self._metrics: ClientMetrics | None = None
         self._runner: web.AppRunner | None = None
@@ -87,7 +95,8 @@ class Console:
     on_control = staticmethod(on_control)
 
     def source_names(self) -> list[str]:
-        return ([r.url for r in self.registries] + [redact_url(u) for u in self.consul_urls + self.zk_urls]
+        stores = self.consul_urls + self.zk_urls + self.plugin_urls
+        return ([r.url for r in self.registries] + [redact_url(u) for u in stores]
                 + [redact_url(t) for t in self.config.targets])
 
     def writable(self) -> list[tuple[str, Any]]:
@@ -129,6 +138,11 @@ class Console:
                 self._sources.append(zsrc)
                 self._store_sources.append(zsrc)
                 await zsrc.start()
+            for url in self.plugin_urls:
+                psrc = plugin(str(scheme_of(url))).console_source(url, board, self.config.timeout)
+                self._sources.append(psrc)
+                self._store_sources.append(psrc)
+                await psrc.start()
             for t in self.config.targets:
                 tsrc = TargetSource(t, board, self.config.timeout)
                 self._sources.append(tsrc)

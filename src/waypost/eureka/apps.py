@@ -2,7 +2,8 @@
 
 - ``encode_metadata`` / ``decode_metadata``: Eureka's metadata values are strings. A waypost string that is not
   JSON text goes as it is (``"eu-1"``), any other value as compact JSON (``20`` -> ``"20"``, ``True`` ->
-  ``"true"``), and a string that would read as JSON is quoted (``"20"`` -> ``"\\"20\\""``), so decoding gives
+  ``"true"``), and a string that would read as JSON, or is empty, is quoted (``"20"`` -> ``"\\"20\\""``), so
+  decoding gives
   every value back; values written by others (Spring's ``management.port: "8080"``) decode the same way.
 - ``Instance.from_json``: one instance of an answer (``instanceId``, ``ipAddr``, ``port``, ``status``,
   ``metadata``...), ``MalformedInstance`` naming what is missing or wrong. Eureka writes ``port`` as
@@ -66,7 +67,7 @@ def encode_metadata(metadata: Mapping[str, Any] | None) -> dict[str, str]:
         if not isinstance(key, str) or not META_KEY_RE.fullmatch(key):
             raise ValueError(f"metadata key {key!r:.140} cannot be an Eureka metadata key (a letter or '_', then "
                              "letters, digits, '_', '.' and '-'; at most 128)")
-        if isinstance(value, str) and not _is_json(value):
+        if isinstance(value, str) and value and not _is_json(value):
             out[key] = value
             continue
         try:
@@ -77,7 +78,9 @@ def encode_metadata(metadata: Mapping[str, Any] | None) -> dict[str, str]:
 
 
 def decode_metadata(meta: Any) -> dict[str, Any]:
-    """Eureka's metadata -> waypost's: JSON text decodes, other strings stay; codec markers (``@class``) go."""
+    """Eureka's metadata -> waypost's: JSON text decodes, other strings stay; codec markers (``@class``) go, and
+    so do empty values (Eureka's metadata API sets keys but cannot remove one: an empty value is how a key is
+    taken back)."""
     out: dict[str, Any] = {}
     if not isinstance(meta, Mapping):
         return out
@@ -86,6 +89,8 @@ def decode_metadata(meta: Any) -> dict[str, Any]:
             continue
         if not isinstance(value, str):
             out[key] = value
+            continue
+        if not value:
             continue
         try:
             decoded = _strict_json(value)

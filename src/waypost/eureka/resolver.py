@@ -32,7 +32,6 @@ import logging
 import random
 import time
 from collections.abc import AsyncIterator, Callable
-from typing import Any
 
 from ..discovery.group import cool_down
 from ..errors import InvalidTarget, WaypostError
