@@ -312,6 +312,16 @@ class EurekaServer:
         inst = body["application"].get("instance", [])
         return inst if isinstance(inst, list) else [inst]
 
+    def listed(self, app: str) -> dict[str, str]:
+        """instanceId -> status of ``app`` in the full registry (``GET /apps``: what a fetching client reads,
+        through the server's read cache, which shows a change within ``response-cache-update-interval-ms``)."""
+        apps = self.get("/apps")["applications"].get("application", [])
+        for a in apps if isinstance(apps, list) else [apps]:
+            if a["name"] == app.upper():
+                inst = a.get("instance", [])
+                return {i["instanceId"]: i["status"] for i in (inst if isinstance(inst, list) else [inst])}
+        return {}
+
     def statuses(self, app: str) -> dict[str, str]:
         """instanceId -> status of ``app``'s instances."""
         return {i["instanceId"]: i["status"] for i in self.instances(app)}
@@ -412,5 +422,28 @@ class SpringClient:
         self.close()
 
 
-__all__ = ["EurekaBuildError", "EurekaServer", "EurekaUnavailable", "SpringClient", "eureka_jars", "skip_reason",
-           "timeout_mark"]
+
+
+_shared: list[EurekaServer] = []
+_shared_lock = threading.Lock()
+
+
+def shared_server() -> EurekaServer:
+    """One Eureka server for every test of this process that does not stop it (each uses its own app names):
+    a JVM start is the slow part of these tests. Stopped when the process ends (``proc_reaper``)."""
+    with _shared_lock:
+        if not _shared or not _shared[0].alive:
+            _shared[:] = [EurekaServer().start()]
+        return _shared[0]
+
+
+_names = iter(range(1, 1 << 30))
+
+
+def unique_app(prefix: str = "app") -> str:
+    """An application name no other test of this process uses (lower case: Eureka upper-cases it)."""
+    return f"{prefix}-{os.getpid()}-{next(_names)}"
+
+
+__all__ = ["EurekaBuildError", "EurekaServer", "EurekaUnavailable", "SpringClient", "eureka_jars", "shared_server",
+           "skip_reason", "timeout_mark", "unique_app"]

@@ -174,7 +174,7 @@ def _resolver_for(t: Any, timeout: float) -> Any:
     bounded = {"k8s": K8sResolver, "consul": ConsulResolver, "zk": ZkResolver, "multi": MultiResolver}
     kind = KINDS.get(t.scheme)
     if kind is not None and kind.package:  # a kind in a package of its own (Eureka): its resolver factory
-        return plugin(kind.scheme).resolver(t, ResolverOptions(blocking=True), timeout=timeout)
+        return plugin(kind.scheme).new_resolver(t, ResolverOptions(blocking=True), timeout=timeout)
     if t.scheme in bounded:
         return bounded[t.scheme](t, ResolverOptions(blocking=True), timeout=timeout)
     return make_resolver(t)

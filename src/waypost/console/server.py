@@ -139,7 +139,7 @@ class Console:
                 self._store_sources.append(zsrc)
                 await zsrc.start()
             for url in self.plugin_urls:
-                psrc = plugin(str(scheme_of(url))).console_source(url, board, self.config.timeout)
+                psrc = plugin(str(scheme_of(url))).new_console_source(url, board, self.config.timeout)
                 self._sources.append(psrc)
                 self._store_sources.append(psrc)
                 await psrc.start()

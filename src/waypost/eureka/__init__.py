@@ -10,8 +10,8 @@
 - ``console_source``: the console's view of an Eureka registry and its drain (Eureka's status override).
 
 The generic layers reach this package by name, through its row in ``waypost.registry.kinds`` (``package``), and
-only these names: ``parse_registry_url``, ``EurekaPublisher`` (the row's ``publisher``), ``resolver`` (a resolver
-factory), ``console_source``. They are imported on first use, so ``import waypost.eureka`` stays light.
+only these names: ``parse_registry_url``, ``EurekaPublisher`` (the row's ``publisher``), ``new_resolver`` (a
+resolver factory), ``new_console_source``. They are imported on first use, so ``import waypost.eureka`` stays light.
 """
 
 from __future__ import annotations
@@ -28,14 +28,14 @@ _LAZY = {
 }
 
 
-def resolver(target: Any, options: Any = None, /, **kw: Any) -> Any:
+def new_resolver(target: Any, options: Any = None, /, **kw: Any) -> Any:
     """An ``EurekaResolver`` for a parsed ``eureka://`` target (the kinds table's resolver factory)."""
     from .resolver import EurekaResolver
 
     return EurekaResolver(target, options, **kw)
 
 
-def console_source(url: str, board: Any, timeout: float) -> Any:
+def new_console_source(url: str, board: Any, timeout: float) -> Any:
     """The console's source of the Eureka registry at ``url`` (``EurekaSource``)."""
     from .console_source import EurekaSource
 
@@ -50,4 +50,4 @@ def __getattr__(name: str) -> Any:
 
 
 __all__ = ["DEFAULT_PORT", "EXAMPLE", "TARGET_EXAMPLE", "EurekaConfig", "EurekaPublisher", "EurekaResolver",
-           "EurekaSource", "console_source", "parse_registry_url", "resolver"]
+           "EurekaSource", "new_console_source", "new_resolver", "parse_registry_url"]

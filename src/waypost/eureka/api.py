@@ -169,7 +169,8 @@ class EurekaClient:
         return await self.request("GET", "/apps", what="fetching the registry")
 
     async def delta(self) -> Any:
-        return await self.request("GET", "/apps/delta", what="fetching the registry's delta")
+        # named as a full fetch: a failure reads the same whichever fetch met it (one log line per problem)
+        return await self.request("GET", "/apps/delta", what="fetching the registry")
 
     async def app(self, app: str) -> Any:
         return await self.request("GET", f"/apps/{app}", what=f"reading {app}", missing_ok=True)

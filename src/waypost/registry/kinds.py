@@ -13,7 +13,7 @@ families:
 Which publisher (``discovery/``) and which resolver (``resolver/``) serve a kind live in those layers, keyed by
 the same scheme names; except for a kind with a ``package`` (Eureka): that package holds everything of the kind
 above the generic layers, which reach it by name only (``plugin``), through ``parse_registry_url``, the class named
-by ``publisher``, ``resolver`` and ``console_source``. The grammar of dial targets, aliases included (``discov:`` is etcd; gRPC's ``ipv4:`` and
+by ``publisher``, ``new_resolver`` and ``new_console_source``. The grammar of dial targets, aliases included (``discov:`` is etcd; gRPC's ``ipv4:`` and
 ``ipv6:`` are direct), is ``resolver/target.py``'s.
 """
 

@@ -3,7 +3,7 @@
 The contract (``resolver.base``): a resolver is built as ``SomeResolver(target, ResolverOptions)`` and
 implements ``Resolver``: ``start(on_update, on_error)``, ``resolve_now(reason)``, ``close()`` and
 ``aclose()``. ``make_resolver(target, options)`` picks one by scheme (a kind with a package of its own, such as
-Eureka, gives its ``resolver`` factory: ``registry.kinds.plugin``).
+Eureka, gives its ``new_resolver`` factory: ``registry.kinds.plugin``).
 """
 
 from __future__ import annotations
@@ -41,7 +41,7 @@ def make_resolver(target: Target | str, options: ResolverOptions | None = None) 
     factory = RESOLVERS.get(target.scheme)
     kind = KINDS.get(target.scheme)
     if factory is None and kind is not None and kind.package:
-        factory = plugin(kind.scheme).resolver
+        factory = plugin(kind.scheme).new_resolver
     if factory is None:
         raise InvalidTarget(f"no resolver for scheme {target.scheme!r}: {target.redacted}")
     return factory(target, options)
