@@ -332,3 +332,34 @@ def own_eureka() -> Iterator[EurekaServer]:
         pytest.skip(why)
     with EurekaServer() as server:
         yield server
+
+
+def test_console_lists_eureka_apps_and_drains_through_the_status_override(eureka: EurekaServer) -> None:
+    from tests.console_support import echo_serve, http, running_console, write
+
+    name = unique_app("console")
+    a = echo_serve("a", name, eureka.url, ttl=6, metadata={"weight": 20, "zone": "z9"})
+    try:
+        wait_until(lambda: eureka.listed(name), 15, what="readable")
+        with running_console(registries=[eureka.url]) as (_, url):
+            def row() -> dict[str, Any] | None:
+                for s in http(f"{url}api/services")[1]["services"]:
+                    if s["key"] == name.upper() and s["instances"]:
+                        return s
+                return None
+
+            svc = wait_until(row, 30, what="the eureka app listed")
+            assert svc["format"] == "eureka" and svc["writable"]
+            inst = svc["instances"][0]
+            assert inst["address"] == a.address and inst["metadata"]["zone"] == "z9" and inst["weight"] == 20
+            status, answer = write(url, "drain", {"key": svc["key"], "address": a.address})
+            assert status == 200, answer
+            wait_until(lambda: eureka.statuses(name) == {a.publisher.key: "OUT_OF_SERVICE"}, 15)
+            wait_until(lambda: row() is None, 30, what="out of every client's list")
+            assert write(url, "weight", {"key": svc["key"], "address": a.address, "weight": 7})[0] == 200
+            wait_until(lambda: (r := row()) and r["instances"][0]["weight"] == 7, 30, what="UP again with weight 7")
+            assert write(url, "undrain", {"key": svc["key"], "address": a.address})[0] == 200
+            wait_until(lambda: (r := row()) and r["instances"][0]["weight"] == 20
+                       and "waypost.weight.own" not in r["instances"][0]["metadata"], 30, what="its own weight back")
+    finally:
+        a.stop()

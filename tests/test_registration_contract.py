@@ -1,6 +1,6 @@
 """The Registration contract, the same for every registry: one start / pause / resume / update / stop sequence run
-against the etcd ``Publisher`` (real etcd), ``ConsulPublisher`` (a real Consul agent) and ``ZkPublisher`` (a real
-ZooKeeper), each checked by reading the registry itself; and the start-up retry: a registry that is down when
+against the etcd ``Publisher`` (real etcd), ``ConsulPublisher`` (a real Consul agent), ``ZkPublisher`` (a real
+ZooKeeper) and ``EurekaPublisher`` (a real Spring Cloud Eureka server), each checked by reading the registry itself; and the start-up retry: a registry that is down when
 ``start()`` is called and up within its ``timeout`` gets the registration.
 """
 
@@ -17,7 +17,7 @@ from typing import Any
 import pytest
 
 import waypost
-from tests import consul_support, zk_support
+from tests import consul_support, eureka_support, zk_support
 from tests.waiting import wait_until
 from waypost.discovery.multi_publisher import MultiPublisher
 from waypost.discovery.no_registration import NoRegistration
@@ -25,7 +25,7 @@ from waypost.discovery.registration import Registration
 from waypost.discovery.registrations import make_publisher
 
 ADDR = "127.0.0.1:7301"
-KINDS = ["etcd", "consul", "zk"]
+KINDS = ["etcd", "consul", "zk", "eureka"]
 
 
 def _service() -> str:
@@ -95,6 +95,14 @@ def _zk_kind(server: zk_support.ZkServer) -> Kind:
     return Kind(f"zk://{server.hosts}", view, close)
 
 
+def _eureka_kind(server: eureka_support.EurekaServer) -> Kind:
+    def view(service: str) -> dict[str, str]:
+        return {f"{i['ipAddr']}:{i['port']['$']}": str(json.loads(i["metadata"]["weight"]))
+                for i in server.instances(service) if i["status"] == "UP"}
+
+    return Kind(server.url, view, lambda: None)
+
+
 @pytest.fixture(scope="module", params=KINDS)
 def kind(request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFactory) -> Iterator[Kind]:
     name = request.param
@@ -109,6 +117,10 @@ def kind(request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFactor
                                         binary=consul_support.consul_binary()) as agent:
             k = _consul_kind(agent)
             yield k
+    elif name == "eureka":
+        if why := eureka_support.skip_reason():
+            pytest.skip(why)
+        yield _eureka_kind(eureka_support.shared_server())
     else:
         if why := zk_support.skip_reason():
             pytest.skip(why)
@@ -263,6 +275,26 @@ def test_zookeeper_down_at_start_and_up_within_the_timeout_gets_the_registration
             wait_until(lambda: ADDR in kind.view(service), 10, what="registered once ZooKeeper is up")
         finally:
             kind.close()
+    finally:
+        pub.stop()
+        server.close()
+
+
+def test_eureka_down_at_start_and_up_within_the_timeout_gets_the_registration() -> None:
+    if why := eureka_support.skip_reason():
+        pytest.skip(why)
+    server = eureka_support.EurekaServer()
+    service = _service()
+    pub = make_publisher(server.url, service, ADDR, ttl=5, timeout=90, id="late")
+    try:
+        t, errors = _start_in_thread(pub)
+        t.join(1.5)
+        assert t.is_alive() and not errors, errors  # refused so far: start() keeps trying
+        server.start()
+        t.join(90)
+        assert not t.is_alive() and not errors, errors
+        assert pub.registered
+        wait_until(lambda: server.statuses(service) == {"late": "UP"}, 10, what="registered once Eureka is up")
     finally:
         pub.stop()
         server.close()
