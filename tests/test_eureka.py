@@ -26,7 +26,6 @@ from tests.backends.server import EchoServer, EchoServicer
 from tests.eureka_support import EurekaServer, SpringClient, unique_app
 from tests.resolver_updates import ResolverUpdates
 from tests.waiting import wait_until
-from waypost.discovery.registrations import make_publisher
 from waypost.errors import RegistryUnavailable
 from waypost.etcd.local import free_port
 from waypost.eureka.publisher import EurekaPublisher
@@ -73,9 +72,8 @@ def test_unreachable_eureka_at_serve_and_at_dial() -> None:
     # UNAVAILABLE with the same words instead of hanging
     with pytest.raises(RegistryUnavailable, match=rf"eureka: no list .* app GREETER at {url}.*unreachable"):
         _resolver(f"{url}/greeter", timeout=1.0)
-    with waypost.dial(f"{url}/greeter", block=False) as ch:
-        with pytest.raises(grpc.RpcError) as err:
-            echo_pb2_grpc.EchoStub(ch).Unary(echo_pb2.EchoRequest(), timeout=10)
+    with waypost.dial(f"{url}/greeter", block=False) as ch, pytest.raises(grpc.RpcError) as err:
+        echo_pb2_grpc.EchoStub(ch).Unary(echo_pb2.EchoRequest(), timeout=10)
     assert err.value.code() == grpc.StatusCode.UNAVAILABLE
     assert "eureka" in err.value.details() and f"127.0.0.1:{port}" in err.value.details()
 
@@ -253,8 +251,7 @@ def test_a_bad_or_partial_answer_keeps_the_last_list_and_is_logged_once(eureka: 
         for body in (b'{"applications": {"application": [{"name": "X", "inst', b"<html>proxy error</html>",
                      b'{"something": "else"}'):
             mode["body"] = body
-            failures = r.failures
-            wait_until(lambda: r.failures >= failures + 2, 30, what="the bad answer read again")
+            wait_until(lambda before=r.failures: r.failures >= before + 2, 30, what="the bad answer read again")
         assert u.addresses() == ["127.0.0.1:50090"] and r.pushes == pushes  # the last list kept
         warnings = [rec.getMessage() for rec in caplog.records if rec.levelno == logging.WARNING]
         assert len(warnings) == 3, warnings  # one per distinct problem, not one per fetch

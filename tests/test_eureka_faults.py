@@ -56,7 +56,7 @@ class Load:
                 self.failed.append(f"{e.code()}: {e.details()}")
             time.sleep(0.01)
 
-    def __enter__(self) -> Load:
+    def __enter__(self) -> Load:  # noqa: PYI034
         self._thread.start()
         return self
 

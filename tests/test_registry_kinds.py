@@ -22,7 +22,7 @@ from waypost.registry.formats import (
     Entry,
     SideRecords,
 )
-from waypost.registry.kinds import INSTANCE_REGISTRIES, KEYED, KINDS, kind_of
+from waypost.registry.kinds import INSTANCE_REGISTRIES, KEYED, KINDS, kind_of, plugin
 from waypost.registry.url import RegistryURL, parse_any, parse_registry_url
 from waypost.resolver import RESOLVERS
 from waypost.resolver.target import KNOWN_SCHEMES, parse_target
@@ -38,25 +38,28 @@ def _fail(problem: str) -> InvalidTarget:
 
 def test_every_kind_has_a_resolver_and_a_target_example_of_its_own_scheme():
     for scheme, kind in KINDS.items():
-        assert scheme in RESOLVERS, scheme
+        # a kind in a package of its own (Eureka) gives its resolver factory by name
+        assert scheme in RESOLVERS or callable(plugin(scheme).new_resolver), scheme
         assert parse_target(kind.target_example).scheme == scheme
         for alias in kind.aliases:
             assert parse_target(kind.target_example.replace(f"{scheme}:", f"{alias}:", 1)).scheme == scheme
 
 
 def test_the_schemes_messages_list_keep_their_order():
-    assert KNOWN_SCHEMES == ("direct", "etcd", "discov", "memory", "dns", "k8s", "consul", "zk", "ipv4", "ipv6")
+    assert KNOWN_SCHEMES == ("direct", "etcd", "discov", "memory", "dns", "k8s", "consul", "zk", "eureka", "ipv4",
+                             "ipv6")
     assert KEYED == ("etcd", "memory")
-    assert INSTANCE_REGISTRIES == ("consul", "zk")
+    assert INSTANCE_REGISTRIES == ("consul", "zk", "eureka")
 
 
-@pytest.mark.parametrize("scheme", ["etcd", "consul", "zk"])
+@pytest.mark.parametrize("scheme", ["etcd", "consul", "zk", "eureka"])
 def test_a_host_without_a_port_gets_the_kinds_default_port_in_urls_and_targets(scheme):
     port = KINDS[scheme].default_port
     url = f"{scheme}://10.0.0.7"
     target = f"{scheme}://10.0.0.7/greet"
     parsed = parse_any(url)
-    hosts = {"etcd": lambda: parsed.endpoints, "consul": lambda: (parsed.address,), "zk": lambda: parsed.hosts}
+    hosts = {"etcd": lambda: parsed.endpoints, "consul": lambda: (parsed.address,), "zk": lambda: parsed.hosts,
+             "eureka": lambda: parsed.servers}
     assert hosts[scheme]() == (f"10.0.0.7:{port}",)
     assert parse_target(target).endpoints == (f"10.0.0.7:{port}",)
 

@@ -3,7 +3,8 @@
 The public API is re-exported here; everything else is private by convention.
 
 Servers: ``serve`` / ``serve_async`` (bind, start, register, drain on SIGTERM), or ``Publisher`` by hand;
-every registration (``Publisher``, ``ConsulPublisher``, ``ZkPublisher``, ``MultiPublisher``) is a ``Registration``.
+every registration (``Publisher``, ``ConsulPublisher``, ``ZkPublisher``, ``EurekaPublisher``, ``MultiPublisher``) is a
+``Registration``.
 Clients: ``dial`` (a ``grpc.Channel``), ``aio.dial`` (a ``grpc.aio.Channel``), ``hash_key``; ``Subscriber``
 for the raw backend list. Registries: ``connect``. Errors: ``WaypostError`` and its subclasses; valid but
 suspicious configuration (a service-config name matching no method, ...) is a ``ConfigWarning``. Custom load-balancing policies: ``Policy``, ``Picker``,
@@ -56,6 +57,7 @@ if TYPE_CHECKING:
     from .discovery.registration import Registration as Registration
     from .discovery.registrations import MultiPublisher as MultiPublisher
     from .discovery.zk_publisher import ZkPublisher as ZkPublisher
+    from .eureka.publisher import EurekaPublisher as EurekaPublisher
     from .loadreport import load_interceptor as load_interceptor
     from .loadreport import set_load as set_load
     from .registry import connect as connect
@@ -80,6 +82,7 @@ _LAZY = {
     "Publisher": ("waypost.discovery", "Publisher"),
     "ConsulPublisher": ("waypost.discovery.consul_publisher", "ConsulPublisher"),
     "ZkPublisher": ("waypost.discovery.zk_publisher", "ZkPublisher"),
+    "EurekaPublisher": ("waypost.eureka.publisher", "EurekaPublisher"),
     "MultiPublisher": ("waypost.discovery.registrations", "MultiPublisher"),
     "Registration": ("waypost.discovery.registration", "Registration"),
     "Subscriber": ("waypost.discovery", "Subscriber"),
@@ -130,6 +133,7 @@ __all__ = [
     "Compacted",
     "ConfigWarning",
     "ConsulPublisher",
+    "EurekaPublisher",
     "InvalidServiceConfig",
     "InvalidTarget",
     "MultiPublisher",
