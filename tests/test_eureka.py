@@ -360,3 +360,30 @@ def test_console_lists_eureka_apps_and_drains_through_the_status_override(eureka
                        and "waypost.weight.own" not in r["instances"][0]["metadata"], 30, what="its own weight back")
     finally:
         a.stop()
+
+
+EMPTY_REGISTRY = b'{"applications": {"versions__delta": "1", "apps__hashcode": "", "application": []}}'
+
+
+def test_an_empty_registry_after_an_outage_is_held_then_applied_if_it_stays(eureka: EurekaServer) -> None:
+    """What a client sees of an Eureka restarted empty: errors, then an empty registry until the instances'
+    next heartbeats. The last list is held for ``settle`` s, then the empty one applies."""
+    key = unique_app("held")
+    pub = EurekaPublisher(eureka.url, key, "127.0.0.1:50099", ttl=6).start()
+    proxy, mode = _proxy(eureka.address)
+    r, u = _resolver(f"eureka://127.0.0.1:{proxy.server_address[1]}/{key}?interval=0.2s", settle=3.0)
+    try:
+        wait_until(lambda: u.addresses() == ["127.0.0.1:50099"], 15)
+        mode["body"] = b"<html>502 Bad Gateway</html>"
+        wait_until(lambda: r.failures >= 1, 15, what="the outage seen")
+        mode["body"] = EMPTY_REGISTRY
+        fetches = r.full_fetches + r.delta_fetches
+        wait_until(lambda: r.full_fetches + r.delta_fetches >= fetches + 3, 15, what="the empty registry read")
+        assert u.addresses() == ["127.0.0.1:50099"] and r.holds == 1  # not emptied out of an outage
+        wait_until(lambda: u.addresses() == [], 15, what="applied once it stayed empty for settle s")
+        mode["body"] = None
+        wait_until(lambda: u.addresses() == ["127.0.0.1:50099"], 15, what="back")
+    finally:
+        r.close()
+        pub.stop()
+        proxy.shutdown()

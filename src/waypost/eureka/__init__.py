@@ -17,9 +17,14 @@ resolver factory), ``new_console_source``. They are imported on first use, so ``
 from __future__ import annotations
 
 import importlib
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from .config import DEFAULT_PORT, EXAMPLE, TARGET_EXAMPLE, EurekaConfig, parse_registry_url
+
+if TYPE_CHECKING:  # the real types for type checkers; at run time they load on first use (__getattr__)
+    from .console_source import EurekaSource as EurekaSource
+    from .publisher import EurekaPublisher as EurekaPublisher
+    from .resolver import EurekaResolver as EurekaResolver
 
 _LAZY = {
     "EurekaPublisher": ("publisher", "EurekaPublisher"),

@@ -109,8 +109,9 @@ class EurekaResolver(LoopResolver[EurekaClient]):
         finally:
             await client.close()
 
-    async def _follow(self, client: EurekaClient) -> None:
+    async def _follow(self, session: EurekaClient) -> None:
         """One fetch (after the interval, unless the last one failed: the loop's backoff paused then)."""
+        client = session
         if self._failing == 0 and (self.full_fetches or self.delta_fetches):
             await asyncio.sleep(cool_down(self._rng, self.interval))
         if self._first.done():
