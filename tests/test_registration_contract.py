@@ -1,7 +1,8 @@
 """The Registration contract, the same for every registry: one start / pause / resume / update / stop sequence run
 against the etcd ``Publisher`` (real etcd), ``ConsulPublisher`` (a real Consul agent), ``ZkPublisher`` (a real
-ZooKeeper) and the example plug-in kind's (``files://``, examples/registry_plugin), each checked by reading the
-registry itself; and the start-up retry: a registry that is down when
+ZooKeeper), ``EurekaPublisher`` (a real Spring Cloud Eureka server) and the example plug-in kind's (``files://``,
+examples/registry_plugin), each checked by reading the registry itself; and the start-up retry: a registry that is
+down when
 ``start()`` is called and up within its ``timeout`` gets the registration.
 """
 
@@ -19,7 +20,7 @@ from typing import Any
 import pytest
 
 import waypost
-from tests import consul_support, zk_support
+from tests import consul_support, eureka_support, zk_support
 from tests.waiting import wait_until
 from waypost.discovery.multi_publisher import MultiPublisher
 from waypost.discovery.no_registration import NoRegistration
@@ -28,7 +29,7 @@ from waypost.discovery.registrations import make_publisher
 from waypost.registry import kinds
 
 ADDR = "127.0.0.1:7301"
-KINDS = ["etcd", "consul", "zk", "files"]
+KINDS = ["etcd", "consul", "zk", "eureka", "files"]
 #: the example plug-in kind (examples/registry_plugin): a third party's kind passes the same contract
 PLUGIN = Path(__file__).resolve().parents[1] / "examples" / "registry_plugin"
 
@@ -121,6 +122,12 @@ def _files_kind(root: Path) -> Kind:
             kinds.SCHEMES.pop("files", None)
 
     return Kind(f"files://{root}", view, close)
+def _eureka_kind(server: eureka_support.EurekaServer) -> Kind:
+    def view(service: str) -> dict[str, str]:
+        return {f"{i['ipAddr']}:{i['port']['$']}": str(json.loads(i["metadata"]["weight"]))
+                for i in server.instances(service) if i["status"] == "UP"}
+
+    return Kind(server.url, view, lambda: None)
 
 
 @pytest.fixture(scope="module", params=KINDS)
@@ -141,6 +148,10 @@ def kind(request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFactor
         k = _files_kind(tmp_path_factory.mktemp("files-contract"))
         yield k
         k.close()
+    elif name == "eureka":
+        if why := eureka_support.skip_reason():
+            pytest.skip(why)
+        yield _eureka_kind(eureka_support.shared_server())
     else:
         if why := zk_support.skip_reason():
             pytest.skip(why)
@@ -295,6 +306,26 @@ def test_zookeeper_down_at_start_and_up_within_the_timeout_gets_the_registration
             wait_until(lambda: ADDR in kind.view(service), 10, what="registered once ZooKeeper is up")
         finally:
             kind.close()
+    finally:
+        pub.stop()
+        server.close()
+
+
+def test_eureka_down_at_start_and_up_within_the_timeout_gets_the_registration() -> None:
+    if why := eureka_support.skip_reason():
+        pytest.skip(why)
+    server = eureka_support.EurekaServer()
+    service = _service()
+    pub = make_publisher(server.url, service, ADDR, ttl=5, timeout=90, id="late")
+    try:
+        t, errors = _start_in_thread(pub)
+        t.join(1.5)
+        assert t.is_alive() and not errors, errors  # refused so far: start() keeps trying
+        server.start()
+        t.join(90)
+        assert not t.is_alive() and not errors, errors
+        assert pub.registered
+        wait_until(lambda: server.statuses(service) == {"late": "UP"}, 10, what="registered once Eureka is up")
     finally:
         pub.stop()
         server.close()

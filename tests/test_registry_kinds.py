@@ -44,18 +44,19 @@ def test_every_kind_has_a_resolver_and_a_target_example_of_its_own_scheme():
 
 
 def test_the_schemes_messages_list_keep_their_order():
-    assert known_schemes() == ("direct", "etcd", "discov", "memory", "dns", "k8s", "consul", "zk", "ipv4", "ipv6")
+    assert known_schemes() == ("direct", "etcd", "discov", "memory", "dns", "k8s", "consul", "zk", "eureka", "ipv4", "ipv6")
     assert KEYED == ("etcd", "memory")
-    assert instance_registries() == ("consul", "zk")
+    assert instance_registries() == ("consul", "zk", "eureka")
 
 
-@pytest.mark.parametrize("scheme", ["etcd", "consul", "zk"])
+@pytest.mark.parametrize("scheme", ["etcd", "consul", "zk", "eureka"])
 def test_a_host_without_a_port_gets_the_kinds_default_port_in_urls_and_targets(scheme):
     port = KINDS[scheme].default_port
     url = f"{scheme}://10.0.0.7"
     target = f"{scheme}://10.0.0.7/greet"
     parsed = parse_any(url)
-    hosts = {"etcd": lambda: parsed.endpoints, "consul": lambda: (parsed.address,), "zk": lambda: parsed.hosts}
+    hosts = {"etcd": lambda: parsed.endpoints, "consul": lambda: (parsed.address,), "zk": lambda: parsed.hosts,
+             "eureka": lambda: parsed.servers}
     assert hosts[scheme]() == (f"10.0.0.7:{port}",)
     assert parse_target(target).endpoints == (f"10.0.0.7:{port}",)
 

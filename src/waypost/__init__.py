@@ -3,7 +3,8 @@
 The public API is re-exported here; everything else is private by convention.
 
 Servers: ``serve`` / ``serve_async`` (bind, start, register, drain on SIGTERM), or ``Publisher`` by hand;
-every registration (``Publisher``, ``ConsulPublisher``, ``ZkPublisher``, ``MultiPublisher``) is a ``Registration``.
+every registration (``Publisher``, ``ConsulPublisher``, ``ZkPublisher``, ``EurekaPublisher``, ``MultiPublisher``) is a
+``Registration``.
 Clients: ``dial`` (a ``grpc.Channel``), ``aio.dial`` (a ``grpc.aio.Channel``), ``hash_key``; ``Subscriber``
 for the raw backend list. Registries: ``connect``. Errors: ``WaypostError`` and its subclasses; valid but
 suspicious configuration (a service-config name matching no method, ...) is a ``ConfigWarning``. Custom load-balancing policies: ``Policy``, ``Picker``,
@@ -59,6 +60,7 @@ if TYPE_CHECKING:
     from .loadreport import load_interceptor as load_interceptor
     from .loadreport import set_load as set_load
     from .registries.consul.publisher import ConsulPublisher as ConsulPublisher
+    from .registries.eureka.publisher import EurekaPublisher as EurekaPublisher
     from .registries.zookeeper.publisher import ZkPublisher as ZkPublisher
     from .registry import connect as connect
     from .registry.base import Registry as Registry
@@ -87,6 +89,7 @@ _LAZY = {
     "Publisher": ("waypost.discovery", "Publisher"),
     "ConsulPublisher": ("waypost.registries.consul.publisher", "ConsulPublisher"),
     "ZkPublisher": ("waypost.registries.zookeeper.publisher", "ZkPublisher"),
+    "EurekaPublisher": ("waypost.registries.eureka.publisher", "EurekaPublisher"),
     "MultiPublisher": ("waypost.discovery.registrations", "MultiPublisher"),
     "Registration": ("waypost.discovery.registration", "Registration"),
     "Subscriber": ("waypost.discovery", "Subscriber"),
@@ -137,6 +140,7 @@ __all__ = [
     "Compacted",
     "ConfigWarning",
     "ConsulPublisher",
+    "EurekaPublisher",
     "InvalidServiceConfig",
     "InvalidTarget",
     "MultiPublisher",

@@ -173,6 +173,7 @@ BUILTIN_MODULES = (
     "waypost.registries.kubernetes.kind",
     "waypost.registries.consul.kind",
     "waypost.registries.zookeeper.kind",
+    "waypost.registries.eureka.kind",
 )
 
 #: every kind by scheme, in the order messages list them (plug-ins after waypost's own)

@@ -1,0 +1,199 @@
+"""A small asyncio client of Eureka's REST API (the parts waypost uses), on aiohttp (the ``eureka`` extra).
+
+Why not py-eureka-client: it runs its own threads and timers; here every request is a coroutine on waypost's
+control loop, next to the other registries' watches. The surface (``/eureka`` is the config's base path):
+
+- ``register(app, instance)``: ``POST /apps/APP`` (204); ``renew``: ``PUT /apps/APP/ID`` (200; 404 once the
+  server no longer has the instance: ``EurekaNotFound``); ``cancel``: ``DELETE /apps/APP/ID``;
+- ``apps()``: ``GET /apps`` (the whole registry); ``delta()``: ``GET /apps/delta``; ``app(APP)``: ``GET
+  /apps/APP`` (``None`` for an app the server does not know);
+- ``set_status(app, id, value)``: ``PUT /apps/APP/ID/status?value=OUT_OF_SERVICE`` (an operator's status
+  override); ``clear_status``: ``DELETE /apps/APP/ID/status``; ``update_metadata``: ``PUT
+  /apps/APP/ID/metadata?k=v`` (merged into the instance's metadata).
+
+Several servers (peers that replicate each other): a request goes to the server that answered last; when it
+cannot be reached, times out or answers 5xx, the same request goes to the next one, each at most once, as
+Eureka's own ``RetryableEurekaHttpClient`` does; the one that answers becomes the current server. Only when
+every server failed does the request fail, with ``RegistryUnavailable`` naming each server and what happened.
+Each server gets ``timeout`` seconds. A 404 is ``EurekaNotFound``; another non-2xx is ``RegistryError`` with
+Eureka's message; a 200 that is not JSON is ``MalformedAnswer``.
+
+The client makes its aiohttp session on first use, on the running loop (use one client from one loop);
+``close()`` closes it.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import logging
+from collections.abc import Iterable, Mapping
+from typing import Any
+
+from ...errors import RegistryError, RegistryUnavailable
+from .apps import MalformedAnswer
+from .config import EurekaConfig
+
+log = logging.getLogger("waypost.eureka")
+
+INSTALL_HINT = "eureka:// registries and targets need the eureka extra: pip install 'waypost[eureka]'"
+_JSON = {"Accept": "application/json", "Content-Type": "application/json", "User-Agent": "waypost"}
+
+
+def require_client() -> None:
+    """Raise a clear ImportError when aiohttp is missing (at construction, not on first use)."""
+    try:
+        import aiohttp  # noqa: F401
+    except ImportError as e:
+        raise ImportError(INSTALL_HINT) from e
+
+
+class EurekaNotFound(RegistryError):
+    """Eureka answered 404: it does not know the app or the instance (deleted, evicted, or the server
+    restarted empty)."""
+
+
+class _ServerFailed(Exception):
+    """One server could not serve a request (unreachable, timed out, 5xx): the next one is tried."""
+
+
+class EurekaClient:
+    """The REST API of one Eureka cluster (``config``); ``timeout`` bounds each server's try, in seconds."""
+
+    def __init__(self, config: EurekaConfig, *, timeout: float = 5.0) -> None:
+        require_client()
+        if not timeout > 0:
+            raise ValueError(f"timeout must be positive, got {timeout!r}")
+        self.config = config
+        self.timeout = float(timeout)
+        self._session: Any = None
+        #: the index (in ``config.servers``) of the server requests go to first
+        self.current = 0
+        #: times a request moved on to another server
+        self.failovers = 0
+
+    def __repr__(self) -> str:
+        return f"<EurekaClient {self.config.url}>"
+
+    @property
+    def server(self) -> str:
+        """The server requests go to now."""
+        return self.config.servers[self.current]
+
+    def _get_session(self) -> Any:
+        import aiohttp
+
+        if self._session is None or self._session.closed:
+            self._session = aiohttp.ClientSession(connector=aiohttp.TCPConnector(limit=0), headers=_JSON)
+        return self._session
+
+    async def close(self) -> None:
+        session, self._session = self._session, None
+        if session is not None and not session.closed:
+            await session.close()
+
+    async def request(self, method: str, path: str, *, params: Iterable[tuple[str, str]] = (), body: Any = None,
+                      what: str = "", missing_ok: bool = False) -> Any:
+        """One request, failing over between the servers; the decoded JSON body (None when empty; None for a
+        404 with ``missing_ok``)."""
+        what = what or f"{method} {path}"
+        servers = self.config.servers
+        failures: list[str] = []
+        for step in range(len(servers)):
+            index = (self.current + step) % len(servers)
+            try:
+                result = await self._one(servers[index], method, path, list(params), body, what, missing_ok)
+            except _ServerFailed as e:
+                failures.append(str(e))
+                if len(servers) > 1:
+                    log.debug("eureka: %s; trying the next server", e)
+                continue
+            if index != self.current:
+                self.failovers += 1
+                log.info("eureka: %s now goes to %s (%s)", self.config.url, servers[index], "; ".join(failures))
+                self.current = index
+            return result
+        raise RegistryUnavailable(f"eureka at {', '.join(self.config.base_url(s) for s in servers)}: {what} "
+                                  f"failed: {'; '.join(failures)}")
+
+    async def _one(self, server: str, method: str, path: str, params: list[tuple[str, str]], body: Any, what: str,
+                   missing_ok: bool) -> Any:
+        import aiohttp
+
+        base = self.config.base_url(server)
+        data = None if body is None else json.dumps(body, separators=(",", ":"))
+        progress: dict[str, bool] = {}
+        try:
+            async with self._get_session().request(method, base + path, params=params, data=data,
+                                                   timeout=aiohttp.ClientTimeout(total=self.timeout)) as resp:
+                progress["answered"] = True
+                raw = await resp.read()
+                status = resp.status
+        except asyncio.CancelledError:
+            raise
+        except asyncio.TimeoutError:
+            how = "started answering but did not finish" if progress else "did not answer"
+            raise _ServerFailed(f"{base} {how} within {self.timeout:g}s") from None
+        except (aiohttp.ClientError, OSError) as e:
+            raise _ServerFailed(f"{base} is unreachable: {str(e) or type(e).__name__}") from None
+        if status >= 500:
+            raise _ServerFailed(f"{base} answered HTTP {status} {_message(raw)}")
+        if status == 404:
+            if missing_ok:
+                return None
+            raise EurekaNotFound(f"eureka at {base}: {what}: 404 {_message(raw)}")
+        if not 200 <= status < 300:
+            raise RegistryError(f"eureka at {base}: {what}: HTTP {status} {_message(raw)}")
+        text = raw.strip()
+        if not text:
+            return None
+        try:
+            return json.loads(text)
+        except ValueError:
+            raise MalformedAnswer(f"malformed answer from eureka at {base}: {what}: not JSON: {text[:200]!r}") \
+                from None
+
+    # ---- the API --------------------------------------------------------------------------------------
+
+    async def register(self, app: str, instance: Mapping[str, Any]) -> None:
+        await self.request("POST", f"/apps/{app}", body={"instance": instance}, what=f"registering in {app}")
+
+    async def renew(self, app: str, instance_id: str) -> None:
+        """The heartbeat; ``EurekaNotFound`` when the server no longer has the instance."""
+        await self.request("PUT", f"/apps/{app}/{instance_id}", what=f"renewing {app}/{instance_id}")
+
+    async def cancel(self, app: str, instance_id: str) -> None:
+        await self.request("DELETE", f"/apps/{app}/{instance_id}", what=f"deleting {app}/{instance_id}")
+
+    async def apps(self) -> Any:
+        return await self.request("GET", "/apps", what="fetching the registry")
+
+    async def delta(self) -> Any:
+        # named as a full fetch: a failure reads the same whichever fetch met it (one log line per problem)
+        return await self.request("GET", "/apps/delta", what="fetching the registry")
+
+    async def app(self, app: str) -> Any:
+        return await self.request("GET", f"/apps/{app}", what=f"reading {app}", missing_ok=True)
+
+    async def set_status(self, app: str, instance_id: str, value: str) -> None:
+        await self.request("PUT", f"/apps/{app}/{instance_id}/status", params=[("value", value)],
+                           what=f"overriding the status of {app}/{instance_id} with {value}")
+
+    async def clear_status(self, app: str, instance_id: str) -> None:
+        await self.request("DELETE", f"/apps/{app}/{instance_id}/status", params=[("value", "UP")],
+                           what=f"removing the status override of {app}/{instance_id}")
+
+    async def update_metadata(self, app: str, instance_id: str, metadata: Mapping[str, str]) -> None:
+        await self.request("PUT", f"/apps/{app}/{instance_id}/metadata", params=list(metadata.items()),
+                           what=f"updating the metadata of {app}/{instance_id}")
+
+
+def _message(raw: bytes) -> str:
+    text = raw.decode(errors="replace").strip()
+    try:
+        doc = json.loads(text)
+    except ValueError:
+        return text[:300]
+    if isinstance(doc, Mapping):
+        return str(doc.get("error") or doc.get("message") or text)[:300]
+    return text[:300]

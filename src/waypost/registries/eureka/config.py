@@ -1,0 +1,192 @@
+"""Where Eureka is: ``EurekaConfig``, from a registry URL or a ``eureka://`` dial target.
+
+Registry URL (what ``serve(registry=...)`` and ``EurekaPublisher`` take)::
+
+    eureka://HOST[:PORT][,HOST2[:PORT]...][?path=/eureka&tls=1]
+
+- the port defaults to 8761 (Spring Cloud's ``eureka.client.service-url.defaultZone`` default);
+- several servers: peers of one Eureka cluster (they replicate each other's registrations); a client talks to
+  one and moves to the next when it fails, as Eureka's own client does;
+- ``path``: the base path of Eureka's REST API on those servers, default ``/eureka`` (Spring Cloud's); a
+  server mapped elsewhere (``eureka.server.path``, a reverse proxy) names its own;
+- ``tls=1``: HTTPS (the system's CAs).
+
+Dial target (``waypost.resolver.target``)::
+
+    eureka://HOST[:PORT][,HOST2...]/APP[?path=/eureka&interval=5s&tls=1]
+
+``APP`` is the application name (Eureka upper-cases it, so the case given does not matter); ``interval`` is
+how often the registry is fetched (a gRPC JSON duration, ``waypost.durations``; default ``DEFAULT_INTERVAL``).
+"""
+
+from __future__ import annotations
+
+import functools
+import urllib.parse
+from collections.abc import Callable
+from dataclasses import dataclass
+
+from ... import urlparams
+from ...durations import DurationError, format_duration, parse_positive_duration
+from ...errors import InvalidTarget
+from ...netutil import AddressError, normalize_host_port
+from ...urlparams import TargetLike
+
+DEFAULT_PORT = 8761
+DEFAULT_PATH = "/eureka"
+#: how often a resolver fetches the registry when the target says nothing (Eureka's own client: 30 s, which
+#: is why its fleets are slow to notice changes; waypost clients notice within this)
+DEFAULT_INTERVAL = 3.0
+EXAMPLE = "eureka://10.0.0.1:8761,10.0.0.2:8761?path=/eureka"
+TARGET_EXAMPLE = "eureka://127.0.0.1:8761/greeter"
+#: the options of a registry URL; a dial target also takes ``interval``
+URL_OPTIONS = ("path", "tls")
+TARGET_OPTIONS = ("path", "interval", "tls")
+
+
+@dataclass(frozen=True)
+class EurekaConfig:
+    """The servers of one Eureka cluster (``host:port``, normalized, in the order given) and its base path."""
+
+    servers: tuple[str, ...] = (f"127.0.0.1:{DEFAULT_PORT}",)
+    path: str = DEFAULT_PATH
+    tls: bool = False
+
+    def __post_init__(self) -> None:
+        if not self.servers:
+            raise InvalidTarget(f"an Eureka configuration names at least one server (example: {EXAMPLE})")
+        try:
+            servers = tuple(dict.fromkeys(
+                normalize_host_port(s, what="eureka server", default_port=DEFAULT_PORT) for s in self.servers))
+        except AddressError as e:
+            raise InvalidTarget(str(e)) from None
+        object.__setattr__(self, "servers", servers)
+        object.__setattr__(self, "path", check_path(self.path, lambda p: InvalidTarget(f"eureka: {p}")))
+
+    def base_url(self, server: str) -> str:
+        """``http://host:port/eureka`` of one of the servers."""
+        return f"{'https' if self.tls else 'http'}://{server}{self.path}"
+
+    @property
+    def url(self) -> str:
+        """The registry URL of these settings (no secrets: Eureka's URLs carry none here)."""
+        q = [("path", self.path)] if self.path != DEFAULT_PATH else []
+        if self.tls:
+            q.append(("tls", "1"))
+        query = urllib.parse.urlencode(q, safe="/")
+        return f"eureka://{','.join(self.servers)}" + (f"?{query}" if query else "")
+
+    redacted = url
+
+    def __str__(self) -> str:
+        return self.url
+
+
+def check_path(path: str, fail: Callable[[str], Exception]) -> str:
+    """A base path: ``/`` then segments, no query, no trailing slash (``/`` alone means the root)."""
+    if not isinstance(path, str) or not path.startswith("/"):
+        raise fail(f"path={path!r} must start with '/' (Spring Cloud's is {DEFAULT_PATH})")
+    if any(c in path for c in "?#% ") or "//" in path:
+        raise fail(f"path={path!r} is not a plain URL path (no '?', '#', '%', spaces or '//')")
+    return path.rstrip("/")
+
+
+def parse_interval(value: str, fail: Callable[[str], Exception]) -> float:
+    """``interval=``: a gRPC JSON duration > 0 (``"2s"``, ``"0.5s"``)."""
+    try:
+        return parse_positive_duration(value)
+    except DurationError as e:
+        raise fail(f"interval={value!r}: {e}") from None
+
+
+def _bad(url: str, problem: str) -> InvalidTarget:
+    return urlparams.url_error(url, problem, example=EXAMPLE, label="eureka registry URL")
+
+
+def parse_registry_url(url: str) -> EurekaConfig:
+    """Parse and validate ``eureka://host:port[,host:port]?...``; raises ``InvalidTarget`` naming the bad part."""
+    if not isinstance(url, str) or not url.strip():
+        raise InvalidTarget(f"empty eureka registry URL (example: {EXAMPLE})")
+    url = url.strip()
+    scheme, sep, rest = url.partition("://")
+    if not sep or scheme.lower() != "eureka":
+        shown = urlparams.shown_scheme(scheme)
+        raise _bad(url, f"expected scheme eureka://, got {shown + '://' if sep else 'no scheme'}")
+    netloc, _, query = rest.partition("?")
+    query = query.partition("#")[0]
+    if "@" in netloc:
+        raise _bad(url, "user info ('user@') is not supported: waypost talks to Eureka without credentials")
+    netloc, slash, path = netloc.partition("/")
+    if slash and path.strip("/"):
+        raise _bad(url, f"unexpected path {'/' + path!r}: a registry URL names the servers only (the app is the "
+                        "key given to serve()), and Eureka's base path goes in ?path=")
+    if not netloc:
+        raise _bad(url, "no host")
+    fail = functools.partial(_bad, url)
+    servers = []
+    for part in urllib.parse.unquote(netloc).split(","):
+        try:
+            servers.append(normalize_host_port(part, what="eureka server", default_port=DEFAULT_PORT))
+        except AddressError as e:
+            raise fail(str(e)) from None
+    opts: dict[str, object] = {}
+    for name, value in urlparams.options(query, fail, known=URL_OPTIONS):
+        if name == "tls":
+            opts["tls"] = urlparams.flag(name, value, fail)
+        else:
+            opts["path"] = check_path(value, fail)
+    return EurekaConfig(servers=tuple(servers), **opts)  # type: ignore[arg-type]
+
+
+@dataclass(frozen=True)
+class TargetSettings:
+    """What a ``eureka://.../APP`` dial target says: the cluster, the app (upper case) and the fetch interval."""
+
+    config: EurekaConfig
+    app: str
+    interval: float = DEFAULT_INTERVAL
+
+
+def from_target(target: TargetLike, key: str) -> TargetSettings:
+    """The settings of a parsed ``eureka://HOSTS/APP?...`` dial target (``key``: its app)."""
+    if target.scheme != "eureka" or not target.endpoints:
+        raise InvalidTarget(f"not a eureka target: {target.redacted}")
+
+    def fail(problem: str) -> InvalidTarget:
+        return InvalidTarget(f"eureka target {target.redacted!r}: {problem} (example: {TARGET_EXAMPLE})")
+
+    o = target.options
+    config = EurekaConfig(servers=tuple(target.endpoints), path=check_path(o.get("path", DEFAULT_PATH), fail),
+                          tls=urlparams.flag("tls", o.get("tls", "0"), fail))
+    interval = parse_interval(o["interval"], fail) if "interval" in o else DEFAULT_INTERVAL
+    return TargetSettings(config, app_name(key, fail), interval)
+
+
+def app_name(key: str, fail: Callable[[str], Exception] = ValueError) -> str:
+    """The Eureka application name of a service key: upper case, as the server stores it."""
+    if not isinstance(key, str) or not key.strip():
+        raise fail(f"an Eureka application name must be a non-empty string, got {key!r}")
+    if any(c in key for c in "/?#%") or any(ord(c) < 33 for c in key):
+        raise fail(f"Eureka application name {key!r} cannot contain '/', '?', '#', '%', spaces or control "
+                   "characters (it is a path segment of Eureka's REST API)")
+    return key.upper()
+
+
+def target_for(config: EurekaConfig, app: str, interval: float | None = None) -> str:
+    """The dial target of ``app`` in the cluster of ``config``."""
+    q = [("path", config.path)] if config.path != DEFAULT_PATH else []
+    if config.tls:
+        q.append(("tls", "1"))
+    if interval is not None and interval != DEFAULT_INTERVAL:
+        q.append(("interval", format_duration(interval)))
+    query = urllib.parse.urlencode(q, safe="/")
+    return f"eureka://{','.join(config.servers)}/{app}" + (f"?{query}" if query else "")
+
+
+def resolve_config(registry: EurekaConfig | str) -> EurekaConfig:
+    """An ``EurekaConfig`` as given, or parsed from a registry URL."""
+    if isinstance(registry, EurekaConfig):
+        return registry
+    if isinstance(registry, str):
+        return parse_registry_url(registry)
+    raise TypeError(f"expected a eureka:// registry URL or an EurekaConfig, got {type(registry).__name__}")

@@ -1,0 +1,213 @@
+"""An Eureka registry on the console (``--registry eureka://host:8761``): every application it holds.
+
+The application list is read every ``INTERVAL`` s (``GET /eureka/apps``) on waypost's control loop; each
+application is shown through waypost's own Eureka resolver (an ``eureka://host:8761/APP`` target: the UP
+instances, what a client dialing it sees).
+
+Drain and weight (``EurekaOverrides``, what ``console.actions.apply`` writes through) act on Eureka itself, not
+on a record of waypost's:
+
+- drain (weight 0): Eureka's status override, ``PUT /apps/APP/ID/status?value=OUT_OF_SERVICE``: the instance
+  leaves every client's list (waypost's and Spring's, which only use UP instances) at their next fetch, and stays
+  out across its own re-registrations until the override is removed;
+- another weight: ``PUT /apps/APP/ID/metadata?weight=N`` (and the status override removed): Eureka merges it
+  into the instance's metadata, until the instance registers again with its own (a restart, or an Eureka that lost
+  it);
+- undo: the status override removed (``DELETE /apps/APP/ID/status``) and, when a weight was set, the weight the
+  instance had before put back (kept by the console in metadata ``waypost.weight.own`` when it first changed it;
+  ``-``: it had none). Eureka's API can set a metadata key but not remove one: an empty value means removed
+  (``apps.decode_metadata`` leaves it out).
+
+An instance under a status override is shown as an override of weight 0 (it is in no client's list, so the board
+lists it among the overrides without a live instance).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import logging
+import time
+from typing import Any
+
+from ...console.board import Board
+from ...console.sources import RETRY_INTERVAL, TargetSource, follow_services, on_control
+from ...discovery.override import parse_override, split_override_key
+from ...registry.base import DeleteResult, KeyValue, PutResult
+from .api import EurekaClient
+from .apps import Instance, MalformedAnswer, RegistryCopy, applications, as_list
+from .config import app_name, parse_registry_url, target_for
+
+log = logging.getLogger("waypost.console")
+
+#: seconds between two reads of the application list
+INTERVAL = 3.0
+#: the metadata key keeping an instance's own weight while the console's weight is in force
+OWN_WEIGHT_KEY = "waypost.weight.own"
+DRAINED = "OUT_OF_SERVICE"
+
+
+class EurekaSource:
+    def __init__(self, url: str, board: Board, timeout: float = 5.0) -> None:
+        self.config = parse_registry_url(url)
+        self.name = self.config.url
+        self.board = board
+        self.timeout = timeout
+        self._client: EurekaClient | None = None
+        self._services: dict[str, TargetSource] = {}
+        self._task: asyncio.Task[None] | None = None
+        self._closed = False
+        #: what the console's writes go through (``actions.apply``): Eureka's status overrides and metadata
+        self.writer = EurekaOverrides(self.name, self.client)
+
+    @property
+    def url(self) -> str:
+        return self.name
+
+    def client(self) -> EurekaClient:
+        """The cluster's client (made, and used only, on the control loop)."""
+        if self._client is None:
+            self._client = EurekaClient(self.config, timeout=self.timeout)
+        return self._client
+
+    async def _read(self) -> RegistryCopy:
+        """On the control loop: the whole registry."""
+        client = self.client()
+        copy = RegistryCopy()
+        copy.replace(applications(await client.apps(), client.server), [])
+        return copy
+
+    async def start(self) -> None:
+        """Follow the registry; one that cannot be read yet is shown as down, and read again until it answers."""
+        await self._read_once()
+        self._task = asyncio.create_task(self._follow(), name="waypost-console-eureka")
+
+    async def _read_once(self) -> bool:
+        try:
+            copy = await on_control(self._read())
+        except asyncio.CancelledError:
+            raise
+        except Exception as e:  # noqa: BLE001 (shown on the page; tried again)
+            self.board.source_down(self.name, "eureka", str(e) or type(e).__name__)
+            return False
+        self.board.source_up(self.name, "eureka")
+        await self._apply(copy)
+        return True
+
+    async def _follow(self) -> None:
+        while not self._closed:
+            await asyncio.sleep(INTERVAL)
+            if not await self._read_once():
+                await asyncio.sleep(RETRY_INTERVAL)
+
+    async def _apply(self, copy: RegistryCopy) -> None:
+        drained = {(self.name, inst.app, inst.address): {"weight": 0, "by": "eureka status override"}
+                   for app in copy.names() for inst in copy.instances(app)
+                   if inst.address and str(inst.raw.get("overriddenStatus", "")).upper() == DRAINED}
+        old = {k: v for k, v in self.board.overrides.items() if k[0] == self.name}
+        if drained != old:
+            for k in old:
+                self.board.overrides.pop(k, None)
+            self.board.overrides.update(drained)  # type: ignore[arg-type]
+            self.board.touch()
+        await follow_services(self._services, copy.names(), self.board,
+                              target=lambda n: target_for(self.config, n), source=self.name, fmt="eureka",
+                              timeout=self.timeout, closed=lambda: self._closed)
+
+    async def close(self) -> None:
+        self._closed = True
+        if self._task is not None:
+            self._task.cancel()
+        for src in self._services.values():
+            await src.close()
+        self._services.clear()
+        client, self._client = self._client, None
+        if client is not None:
+            await on_control(client.close())
+
+
+class EurekaOverrides:
+    """The two writes ``actions.apply`` makes, as Eureka's status override and metadata (run on the control
+    loop). The record key names the app and the address; every instance of the app at that address is acted on."""
+
+    def __init__(self, name: str, client: Any) -> None:
+        self.url = name
+        self._client = client
+
+    async def _instances(self, record_key: str) -> tuple[str, list[Instance]]:
+        parts = split_override_key(record_key)
+        if parts is None:
+            raise ValueError(f"not an override record: {record_key!r}")
+        key, address = parts
+        app = app_name(key)
+        body = await self._client().app(app)
+        doc = body.get("application") if isinstance(body, dict) else None
+        if body is not None and not isinstance(doc, dict):
+            raise MalformedAnswer(f"malformed answer from eureka at {self.url}: reading {app}: {str(body)[:160]!r}")
+        found = []
+        for raw in as_list(doc.get("instance") if doc else None):
+            inst = Instance.from_json(raw, app)
+            if inst.address == address:
+                found.append(inst)
+        return app, found
+
+    @staticmethod
+    def _record(inst: Instance) -> KeyValue | None:
+        """What is in force on ``inst`` now, as an override record (None: nothing)."""
+        drained = str(inst.raw.get("overriddenStatus", "")).upper() == DRAINED
+        if drained:
+            return KeyValue("", json.dumps({"weight": 0, "by": "eureka status override"}).encode())
+        if _own_weight(inst) is not None and isinstance(inst.metadata.get("weight"), int):
+            return KeyValue("", json.dumps({"weight": inst.metadata["weight"], "by": "eureka metadata"}).encode())
+        return None
+
+    async def put(self, key: str, value: bytes, *, prev_kv: bool = False) -> PutResult:
+        override = parse_override(value)
+        if override is None:
+            raise ValueError(f"not an override: {value[:200]!r}")
+        app, found = await self._instances(key)
+        if not found:
+            raise LookupError(f"eureka at {self.url}: no instance of {app} at {split_override_key(key)}: nothing to "
+                              "drain (Eureka's overrides apply to registered instances only)")
+        prev = self._record(found[0])
+        client = self._client()
+        for inst in found:
+            if override["weight"] == 0:
+                await client.set_status(app, inst.id, DRAINED)
+                continue
+            meta = {"weight": str(override["weight"])}
+            if _own_weight(inst) is None:
+                meta[OWN_WEIGHT_KEY] = _raw_meta(inst, "weight") or "-"
+            await client.update_metadata(app, inst.id, meta)
+            if str(inst.raw.get("overriddenStatus", "")).upper() == DRAINED:
+                await client.clear_status(app, inst.id)
+        log.info("eureka: %s %s at %s", "drained" if override["weight"] == 0 else f"weight {override['weight']} for",
+                 app, [i.id for i in found])
+        return PutResult(int(time.time()), prev if prev_kv else None)
+
+    async def delete(self, key: str, *, prev_kv: bool = False) -> DeleteResult:
+        app, found = await self._instances(key)
+        prev = self._record(found[0]) if found else None
+        client = self._client()
+        for inst in found:
+            if str(inst.raw.get("overriddenStatus", "")).upper() == DRAINED:
+                await client.clear_status(app, inst.id)
+            own = _own_weight(inst)
+            if own is not None:
+                await client.update_metadata(app, inst.id, {"weight": "" if own == "-" else own, OWN_WEIGHT_KEY: ""})
+        return DeleteResult(0, int(prev is not None), [prev] if prev is not None and prev_kv else [])
+
+
+def _raw_meta(inst: Instance, key: str) -> str:
+    meta = inst.raw.get("metadata")
+    value = meta.get(key) if isinstance(meta, dict) else None
+    return value if isinstance(value, str) else ""
+
+
+def _own_weight(inst: Instance) -> str | None:
+    """The weight text the console kept before it set one (``-``: none), or None when it set none."""
+    return _raw_meta(inst, OWN_WEIGHT_KEY) or None
+
+
+def is_eureka(url: Any) -> bool:
+    return isinstance(url, str) and url.strip().lower().startswith("eureka://")

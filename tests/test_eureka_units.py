@@ -1,0 +1,93 @@
+"""Eureka without a server: URLs and targets, the metadata codec, instances, the registry copy, its delta and the
+reconcile hash code (the JSON is what a Spring Cloud Eureka server answers: shared/notes' observed REST behaviour)."""
+
+from __future__ import annotations
+
+import pytest
+
+from waypost.errors import InvalidTarget
+from waypost.registries.eureka.apps import (
+    Instance,
+    RegistryCopy,
+    decode_metadata,
+    encode_metadata,
+    reconcile_hashcode,
+)
+from waypost.registries.eureka.config import EurekaConfig, from_target, parse_registry_url, target_for
+from waypost.registry.kinds import KINDS, kind_of
+from waypost.registry.url import parse_any
+from waypost.resolver import parse_target
+
+
+def test_registry_urls() -> None:
+    c = parse_registry_url("eureka://10.0.0.1,10.0.0.2:8762")
+    assert c == EurekaConfig(servers=("10.0.0.1:8761", "10.0.0.2:8762"))
+    assert c.base_url(c.servers[0]) == "http://10.0.0.1:8761/eureka"
+    assert parse_registry_url("EUREKA://h:1?path=/registry/&tls=1").base_url("h:1") == "https://h:1/registry"
+    assert parse_registry_url(c.url) == c and isinstance(parse_any("eureka://h"), EurekaConfig)
+    for bad, says in [("eureka://", "no host"), ("eureka://h:99999", "port"), ("eureka://h?ttl=3", "unknown option"),
+                      ("eureka://h/greeter", "the app is the key"), ("eureka://u:p@h", "user info"),
+                      ("eureka://h?path=eureka", "must start with '/'"), ("consul://h", "expected scheme")]:
+        with pytest.raises(InvalidTarget, match=says):
+            parse_registry_url(bad)
+    assert kind_of("eureka://h").publisher == "EurekaPublisher" and KINDS["eureka"].default_port == 8761
+
+
+def test_dial_targets() -> None:
+    t = parse_target("eureka://127.0.0.1,127.0.0.2:9000/greeter?interval=2s&path=/e")
+    s = from_target(t, t.key or "")
+    assert (s.app, s.interval, s.config.servers, s.config.path) == (
+        "GREETER", 2.0, ("127.0.0.1:8761", "127.0.0.2:9000"), "/e")
+    assert parse_target(target_for(s.config, "GREETER", 2.0)).options["interval"] == "2s"
+    assert from_target(parse_target("eureka://h/x"), "x").interval <= 5  # a few seconds by default
+    for bad, says in [("eureka://h/g?interval=2", "interval='2'"), ("eureka://h/g?interval=0s", "> 0s"),
+                      ("eureka://h/", "missing the service name"), ("eureka://h/g?key=x", "unknown"),
+                      ("eureka://h/g?path=x", "path='x'")]:
+        with pytest.raises(InvalidTarget, match=says):
+            parse_target(bad)
+
+
+def test_metadata_round_trips_as_strings() -> None:
+    md = {"weight": 20, "zone": "eu-1", "canary": True, "text20": "20", "empty": "", "nested": {"a": [1]}}
+    wire = encode_metadata(md)
+    assert all(isinstance(v, str) for v in wire.values())
+    assert wire["weight"] == "20" and wire["zone"] == "eu-1" and wire["text20"] == '"20"'
+    assert decode_metadata(wire) == md
+    # what Spring writes; codec markers and empty values (a key taken back) are left out
+    assert decode_metadata({"management.port": "8080", "@class": "java.util.Collections$EmptyMap", "w": ""}) == {
+        "management.port": 8080}
+    with pytest.raises(ValueError, match="cannot be an Eureka metadata key"):
+        encode_metadata({"bad key": 1})
+
+
+def _inst(iid: str, status: str = "UP", port: int = 5000, meta: dict[str, str] | None = None,
+          action: str = "ADDED") -> dict[str, object]:
+    return {"instanceId": iid, "app": "GREETER", "ipAddr": "127.0.0.1", "status": status,
+            "port": {"$": port, "@enabled": "true"}, "metadata": meta or {}, "actionType": action}
+
+
+def test_instances_take_the_grpc_port_from_metadata() -> None:
+    assert Instance.from_json(_inst("a", meta={"gRPC_port": "6565"})).address == "127.0.0.1:6565"
+    assert Instance.from_json(_inst("a", meta={"gRPC_port": "x"})).address == "127.0.0.1:5000"
+    disabled = {**_inst("a"), "port": {"$": 5000, "@enabled": "false"}}
+    assert Instance.from_json(disabled).address is None
+    with pytest.raises(ValueError, match="no ipAddr"):
+        Instance.from_json({"instanceId": "a", "app": "X", "status": "UP"})
+
+
+def test_the_delta_and_the_reconcile_hash_code() -> None:
+    assert reconcile_hashcode(["UP", "OUT_OF_SERVICE", "UP"]) == "OUT_OF_SERVICE_1_UP_2_"  # Eureka's own format
+    copy, problems = RegistryCopy(), []
+    # a single instance written as the object itself (some codecs do), and a malformed one beside it
+    copy.replace({"application": [{"name": "GREETER", "instance": _inst("a")},
+                                  {"name": "OTHER", "instance": [{"instanceId": "z"}]}]}, problems)
+    assert [i.id for i in copy.instances("GREETER")] == ["a"] and len(problems) == 1
+    delta = {"application": [{"name": "GREETER", "instance": [
+        _inst("b", action="ADDED"), _inst("a", "OUT_OF_SERVICE", action="MODIFIED")]}]}
+    copy.apply_delta(delta, problems)
+    copy.apply_delta(delta, problems)  # idempotent: a delta fetched twice changes nothing more
+    assert copy.hashcode() == "OUT_OF_SERVICE_1_UP_1_"
+    copy.apply_delta({"application": {"name": "GREETER", "instance": _inst("a", action="DELETED")}}, problems)
+    assert [i.id for i in copy.instances("GREETER")] == ["b"] and copy.hashcode() == "UP_1_"
+    copy.apply_delta({"application": {"name": "GREETER", "instance": _inst("b", action="DELETED")}}, problems)
+    assert copy.names() == [] and copy.hashcode() == ""
