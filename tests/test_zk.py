@@ -26,7 +26,8 @@ from tests.resolver_updates import ResolverUpdates
 from tests.waiting import wait_until
 from waypost.errors import InvalidTarget, RegistryUnavailable
 from waypost.etcd.local import free_port
-from waypost.registries.zookeeper.client import ZkConfig, from_target, layout, parse_registry_url
+from waypost.registries.zookeeper import layout
+from waypost.registries.zookeeper.client import ZkConfig, from_target, parse_registry_url
 from waypost.resolver.base import ResolverOptions
 from waypost.resolver.target import parse_target
 from waypost.types import Backend
