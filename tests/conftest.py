@@ -1,4 +1,5 @@
-"""Shared fixtures: real etcd processes on free loopback ports, and registries over them."""
+"""Shared fixtures: real etcd processes on free loopback ports, and registries over them; and the grouping of
+tests for parallel runs (pytest-xdist, ``-n 2 --dist loadgroup``, see ``pytest_collection_modifyitems``)."""
 
 from __future__ import annotations
 
@@ -96,3 +97,52 @@ def netns_host(tmp_path_factory):
         yield host
     finally:
         host.stop()
+
+
+# ---- parallel runs (pytest-xdist) ----------------------------------------------------------------------------------
+
+#: session fixtures too costly to start once per worker: every test using one runs on the same worker
+_SHARED_SESSION_FIXTURES = {
+    "netns_host": "k8s-netns",  # a kube-apiserver (and its etcd) in a private network namespace
+    # the Go interop programs: on a cold cache one worker builds them (minutes) and another would only wait on
+    # the build lock; grouped, the other worker goes on with the rest of the suite meanwhile
+    "go_bins": "go-interop",
+}
+_NARROW_SCOPES = ("module", "package", "class")
+
+
+def xdist_group_of(item: pytest.Item) -> str | None:
+    """The ``xdist_group`` a test joins under ``--dist loadgroup``, or None (it goes to any free worker).
+
+    Each xdist worker sets up its own copy of every fixture wider than a function. Tests that share a costly
+    session fixture (``_SHARED_SESSION_FIXTURES``) are grouped on one worker so that it starts once per run, not
+    once per worker; tests that share a module- or class-scoped fixture (a Consul agent, a ZooKeeper server, an xDS
+    setup) are grouped by module (and by that fixture's parameter, when it has one) so that it starts once, as in a
+    serial run. A group named by an explicit ``xdist_group`` mark wins. Everything else is spread test by test.
+    """
+    if item.get_closest_marker("xdist_group") is not None:
+        return None
+    info = getattr(item, "_fixtureinfo", None)
+    if info is None:
+        return None
+    narrow: list[str] = []
+    for name in item.fixturenames:
+        if name in _SHARED_SESSION_FIXTURES:
+            return _SHARED_SESSION_FIXTURES[name]
+        defs = info.name2fixturedefs.get(name)
+        if defs and defs[-1].scope in _NARROW_SCOPES:
+            narrow.append(name)
+    if not narrow:
+        return None
+    params = getattr(getattr(item, "callspec", None), "params", {})
+    suffix = "".join(f",{name}={params[name]}" for name in sorted(narrow) if name in params)
+    # xdist reads the group after the last "@" of the test id, and only when no "]" follows it
+    return f"{item.path.name}{suffix}".replace("@", "_").replace("]", "_")
+
+
+@pytest.hookimpl(tryfirst=True)  # before xdist's own hook, which reads the marks into the test ids
+def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
+    for item in items:
+        group = xdist_group_of(item)
+        if group is not None:
+            item.add_marker(pytest.mark.xdist_group(group))
