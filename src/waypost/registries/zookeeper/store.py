@@ -80,7 +80,13 @@ class ZkOverrides:
         client = await self._session()
         base = f"{self.config.namespace.rstrip('/')}/{key}"
         codec = Kratos(self.config.namespace)
-        for child in await zk.result(client.get_children_async(base)):
+        from kazoo.exceptions import NoNodeError
+
+        try:
+            children = await zk.result(client.get_children_async(base))
+        except NoNodeError:
+            return False  # no instance of the service at all
+        for child in children:
             value, _ = await zk.result(client.get_async(f"{base}/{child}"))
             entry = codec.decode(f"{base}/{child}", value)
             if entry is not None and entry.address == address:
