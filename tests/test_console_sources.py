@@ -134,7 +134,7 @@ def test_a_taken_port_is_one_error_line(unique_key):
         port = s.getsockname()[1]
         res = CliRunner().invoke(app, ["console", "--registry", f"memory://{unique_key}", "--listen",
                                        f"127.0.0.1:{port}", "--for", "0.5"])
-    assert res.exit_code == 1 and f"cannot serve on 127.0.0.1:{port}" in res.output, res.output
+    assert res.exit_code == 1 and f"the console cannot listen on 127.0.0.1:{port}" in res.output, res.output
     assert "Traceback" not in res.output
 
 

@@ -337,7 +337,7 @@ def test_console_lists_eureka_apps_and_drains_through_the_status_override(eureka
     name = unique_app("console")
     a = echo_serve("a", name, eureka.url, ttl=6, metadata={"weight": 20, "zone": "z9"})
     try:
-        wait_until(lambda: eureka.listed(name), 15, what="readable")
+        wait_until(lambda: eureka.listed(name), 30, what="readable")  # a loaded machine: serve()'s start-up retry
         with running_console(registries=[eureka.url]) as (_, url):
             def row() -> dict[str, Any] | None:
                 for s in http(f"{url}api/services")[1]["services"]:

@@ -20,6 +20,16 @@ CALLS = 40
 DEADLINE = 20.0  # far longer than a failover; only a call stuck on the dead backend reaches it
 
 
+def assert_left_the_dead_backend(failures: list[tuple]) -> None:
+    """No call waited on the dead backend or failed before reaching one. One race is gRPC's, not ours: a call
+    written onto the dead backend's connection before grpc's poller read its close fails as sent ("Stream
+    removed"/"Socket closed": it may have reached a server, so only an explicit retry policy may repeat it).
+    The next call sees the close, so at most one call can lose that race."""
+    sent = [f for f in failures if f[0] is grpc.StatusCode.UNAVAILABLE
+            and any(m in (f[1] or "").lower() for m in ("stream removed", "socket closed"))]
+    assert len(sent) <= 1 and len(failures) == len(sent), failures
+
+
 @pytest.fixture
 def pair():
     procs = spawn_many(["a", "b"])
@@ -44,7 +54,7 @@ def test_sync_wait_for_ready_calls_leave_a_killed_backend(pair):
                 assert stub.Unary(Req(), timeout=DEADLINE, wait_for_ready=True).server == "b"
             except grpc.RpcError as e:
                 failures.append((e.code(), e.details()))
-        assert failures == []
+        assert_left_the_dead_backend(failures)
 
 
 def test_aio_wait_for_ready_calls_leave_a_killed_backend(pair):
@@ -70,7 +80,7 @@ def test_aio_wait_for_ready_calls_leave_a_killed_backend(pair):
                     failures.append((e.code(), e.details()))
             return failures
 
-    assert asyncio.run(main()) == []
+    assert_left_the_dead_backend(asyncio.run(main()))
 
 
 def test_sync_wait_for_ready_stream_leaves_a_killed_backend(pair):
@@ -87,4 +97,4 @@ def test_sync_wait_for_ready_stream_leaves_a_killed_backend(pair):
                 assert replies and all(r.server == "b" for r in replies)
             except grpc.RpcError as e:
                 failures.append((e.code(), e.details()))
-        assert failures == []
+        assert_left_the_dead_backend(failures)
