@@ -111,6 +111,8 @@ def test_dial_a_list_of_targets_uses_the_union_and_keeps_a_lost_sources_list(two
             wait_until(lambda: len(ch.balancer.subconns()) == 3, 10, what="the union of both registries")
             both = [sc for sc in ch.balancer.subconns() if sc.address == servers["both"].address]
             assert len(both) == 1 and dict(both[0].backend.metadata) == {"from": "a"}  # the first source's
+            # round_robin picks among READY connections only: 12 calls reach all three once all three are READY
+            wait_until(lambda: len(ch.balancer.ready_addresses()) == 3, 20, what="all three READY")
             assert {stub.Unary(Req(), timeout=5).server for _ in range(12)} == set(servers)
             # registry a dies: its last list is kept, calls go on to every backend, none fails
             a.members[0].kill()
