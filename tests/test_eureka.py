@@ -387,3 +387,44 @@ def test_an_empty_registry_after_an_outage_is_held_then_applied_if_it_stays(eure
         r.close()
         pub.stop()
         proxy.shutdown()
+
+
+def test_cli_drain_on_an_eureka_registry_writes_the_status_override(eureka: EurekaServer) -> None:
+    """``waypost drain/undrain`` with an ``eureka://`` registry: Eureka's status override, which takes the
+    instance out of every client's list (waypost's here) and back, with no failed call."""
+    from click.testing import CliRunner
+
+    from tests.console_support import echo_serve
+    from waypost._cli import app
+
+    name = unique_app("clidrain")
+    a = echo_serve("a", name, eureka.url, ttl=6)
+    b = echo_serve("b", name, eureka.url, ttl=6)
+    try:
+        wait_until(lambda: len(eureka.listed(name)) == 2, 30, what="both readable")
+        with waypost.dial(f"eureka://{eureka.address}/{name}?interval=0.2s", balancer="round_robin") as ch:
+            stub = echo_pb2_grpc.EchoStub(ch)
+            addresses = lambda: {sc.address for sc in ch.balancer.subconns()}
+            wait_until(lambda: addresses() == {a.address, b.address}, 30, what="both in the client's list")
+            run = CliRunner()
+            res = run.invoke(app, ["--registry", eureka.url, "--json", "drain", name, a.address],
+                             catch_exceptions=False)
+            assert res.exit_code == 0, res.output
+            assert json.loads(res.output.splitlines()[0])["registered"] is True
+            wait_until(lambda: eureka.statuses(name) == {a.publisher.key: "OUT_OF_SERVICE",
+                                                         b.publisher.key: "UP"}, 15)
+            failed = 0
+            deadline = time.monotonic() + 30
+            while addresses() != {b.address} and time.monotonic() < deadline:  # bounded
+                try:
+                    stub.Unary(echo_pb2.EchoRequest(), timeout=5)
+                except grpc.RpcError:
+                    failed += 1
+                time.sleep(0.02)
+            assert addresses() == {b.address} and failed == 0
+            res = run.invoke(app, ["--registry", eureka.url, "undrain", name, a.address], catch_exceptions=False)
+            assert res.exit_code == 0, res.output
+            wait_until(lambda: addresses() == {a.address, b.address}, 30, what="back in the client's list")
+    finally:
+        a.stop()
+        b.stop()

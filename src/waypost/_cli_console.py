@@ -94,7 +94,7 @@ def register(app: click.Group, global_options: Callable[..., Any], pass_ctx: Cal
     @app.command("console", short_help="A live web page of every service and instance, with drain controls.")
     @click.option("--listen", default=None, metavar="HOST:PORT", help="Where to serve (default 127.0.0.1:8470).")
     @click.option("--registry", "registries", multiple=True, metavar="URL",
-                  help="A registry to show, repeatable: etcd://, memory://, consul://, zk:// "
+                  help="A registry to show, repeatable: etcd://, memory://, consul://, zk://, eureka:// "
                        "(default: the global --registry).")
     @click.option("--target", "targets", multiple=True, metavar="TARGET",
                   help="A dial target to show through its resolver, read-only (k8s://, consul://, zk://, dns:///).")

@@ -198,6 +198,26 @@ class EurekaOverrides:
         return DeleteResult(0, int(prev is not None), [prev] if prev is not None and prev_kv else [])
 
 
+class EurekaOverrideStore(EurekaOverrides):
+    """``waypost drain``/``weight``/``undrain`` on an Eureka registry URL: the same writes as the console's, over
+    a client of its own (``close()`` after)."""
+
+    def __init__(self, url: str, timeout: float = 5.0) -> None:
+        config = parse_registry_url(url)
+        self._own = EurekaClient(config, timeout=timeout)
+        super().__init__(config.url, lambda: self._own)
+
+    async def registered(self, key: str, address: str) -> bool:
+        """Whether ``address`` is an instance of app ``key`` in Eureka now (whatever its status)."""
+        body = await self._own.app(app_name(key))
+        doc = body.get("application") if isinstance(body, dict) else None
+        return any(Instance.from_json(raw, app_name(key)).address == address
+                   for raw in as_list(doc.get("instance") if isinstance(doc, dict) else None))
+
+    async def close(self) -> None:
+        await self._own.close()
+
+
 def _raw_meta(inst: Instance, key: str) -> str:
     meta = inst.raw.get("metadata")
     value = meta.get(key) if isinstance(meta, dict) else None

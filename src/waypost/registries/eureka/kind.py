@@ -12,6 +12,7 @@ KIND = RegistryKind(
     "eureka", DEFAULT_PORT, TARGET_EXAMPLE, EXAMPLE,
     parse_url=_HERE + "config:parse_registry_url", publisher=_HERE + "publisher:EurekaPublisher",
     resolver=_HERE + "resolver:EurekaResolver", console_source=_HERE + "console_source:EurekaSource",
+    override_store=_HERE + "console_source:EurekaOverrideStore",
     parse_target=_HERE + "target:parse_eureka_target", target_params=("path", "interval", "tls"),
     extra="eureka", title="Eureka",
 )
