@@ -235,8 +235,26 @@ class EurekaServer:
                 raise RuntimeError(f"Eureka did not answer /eureka/apps within {self.ready_timeout:.0f} s; log:\n"
                                    f"{self.log_tail()}")
             time.sleep(0.1)
+        self._wait_open_for_registrations(deadline)
         self.startup_seconds.append(time.monotonic() - started)
         return self
+
+    def _wait_open_for_registrations(self, deadline: float) -> None:
+        """Until a registration is readable through ``/apps`` (a probe instance, removed after): a JVM that has
+        just begun answering can still be opening its registry and read cache, and a loaded machine stretches
+        that past what a test waits for its first registration."""
+        app, probe = f"waypost-ready-{os.getpid()}", f"probe-{self.starts}"
+        while time.monotonic() < deadline:
+            try:
+                if self.register(app, probe, 9, ttl=30) == 204 and self.listed(app):
+                    self.delete(app, probe)
+                    return
+            except (OSError, ValueError, KeyError):
+                pass
+            time.sleep(0.2)
+        self.stop()
+        raise RuntimeError(f"Eureka did not show a registration within {self.ready_timeout:.0f} s; log:\n"
+                           f"{self.log_tail()}")
 
     def answers(self) -> bool:
         try:

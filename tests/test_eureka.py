@@ -107,7 +107,7 @@ def test_dial_follows_up_instances_and_a_status_override_drains_without_a_failed
     assert eureka.register(key, "starting-1", free_port(), status="STARTING") == 204
     assert eureka.register(key, "down-1", free_port(), status="DOWN") == 204
     try:
-        wait_until(lambda: len(eureka.listed(key)) == 4, 15, what="the instances readable by clients")
+        wait_until(lambda: len(eureka.listed(key)) == 4, 30, what="the instances readable by clients")
         with waypost.dial(f"eureka://{eureka.address}/{key}?interval=0.5s", balancer="round_robin") as ch:
             stub = echo_pb2_grpc.EchoStub(ch)
             wait_until(lambda: {stub.Unary(echo_pb2.EchoRequest(), timeout=10).server for _ in range(8)}
@@ -296,7 +296,7 @@ def test_cli_resolve_and_xds_export_a_eureka_target(eureka: EurekaServer) -> Non
     pub = EurekaPublisher(eureka.url, key, "127.0.0.1:50097", ttl=6, metadata={"weight": 3}).start()
     try:
         target = f"eureka://{eureka.address}/{key}"
-        wait_until(lambda: eureka.listed(key), 15, what="the instance readable by clients")
+        wait_until(lambda: eureka.listed(key), 30, what="the instance readable by clients")
         out = subprocess.run([sys.executable, "-m", "waypost.cli", "--json", "resolve", target],
                              check=False, capture_output=True, text=True, timeout=90,
                              env=_child_env())
