@@ -114,6 +114,8 @@ def slices_merged_readiness_terminating(cluster: Any) -> None:
         target = f"k8s://{ns}/{svc}:grpc?kubeconfig={_kubeconfig(cluster)}"
         with waypost.dial(target, balancer="round_robin") as ch:
             stub = echo_pb2_grpc.EchoStub(ch)
+            # round_robin picks among READY connections only: wait for all three before counting who is called
+            wait_until(lambda: len(ch.balancer.ready_addresses()) == 3, 20, what="three backends READY")
             assert _servers_hit(stub) == {"pod-2", "pod-3", "pod-v6"}  # not the terminating pod-4, not other's pod-5
             addrs = sorted(sc.address for sc in ch.balancer.subconns())
             assert addrs == sorted([f"10.77.0.2:{port}", f"10.77.0.3:{port}", f"[fd77::2]:{port}"]), addrs
