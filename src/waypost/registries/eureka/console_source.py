@@ -138,7 +138,10 @@ class EurekaOverrides:
         parts = split_override_key(record_key)
         if parts is None:
             raise ValueError(f"not an override record: {record_key!r}")
-        key, address = parts
+        return await self._instances_at(*parts)
+
+    async def _instances_at(self, key: str, address: str) -> tuple[str, list[Instance]]:
+        """The app of service ``key`` and its instances at ``address`` (whatever their status)."""
         app = app_name(key)
         body = await self._client().app(app)
         doc = body.get("application") if isinstance(body, dict) else None
@@ -209,10 +212,7 @@ class EurekaOverrideStore(EurekaOverrides):
 
     async def registered(self, key: str, address: str) -> bool:
         """Whether ``address`` is an instance of app ``key`` in Eureka now (whatever its status)."""
-        body = await self._own.app(app_name(key))
-        doc = body.get("application") if isinstance(body, dict) else None
-        return any(Instance.from_json(raw, app_name(key)).address == address
-                   for raw in as_list(doc.get("instance") if isinstance(doc, dict) else None))
+        return bool((await self._instances_at(key, address))[1])
 
     async def close(self) -> None:
         await self._own.close()
