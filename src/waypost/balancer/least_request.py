@@ -18,17 +18,16 @@ over the window; default off).
 from __future__ import annotations
 
 import logging
-import threading
 from collections.abc import Sequence
 from typing import Any
 
 from ..errors import InvalidServiceConfig, NoBackendAvailable
 from ..types import Backend
 from . import method_costs, p2c, slow_start
-from .base import DoneHook, Outcome, Picker, PickInfo, PickResult, Policy
+from .base import DoneHook, Outcome, Picker, PickInfo, PickResult
 from .config_fields import policy_config
-from .stats import StatsTable
-from .weights import CapacityMemo, CapacityPicker, all_drained
+from .load_aware import LoadAwarePolicy
+from .weights import CapacityPicker, all_drained
 
 log = logging.getLogger("waypost.balancer.least_request")
 
@@ -105,20 +104,19 @@ class LeastRequestPicker(CapacityPicker["LeastRequestPolicy", _Inflight]):
         return i
 
 
-class LeastRequestPolicy(Policy):
+class LeastRequestPolicy(LoadAwarePolicy[_Inflight]):
     """Pick the least loaded of ``choiceCount`` random backends, by calls in flight."""
 
     name = "least_request"
+    log = log
 
     def __init__(self, config: Any = None, **kwargs: Any) -> None:
         super().__init__(config, **kwargs)
         self.choice_count = int(self.config.get("choiceCount", DEFAULT_CHOICE_COUNT))
         self.costs: dict[str, int] = dict(self.config.get(method_costs.FIELD, {}))
-        self.slow_start = slow_start.SlowStart.of(self.config, self.rng)
-        self._lock = threading.Lock()
-        self._capacity = CapacityMemo(log)
-        self._counters: StatsTable[_Inflight] = StatsTable(
-            lambda _b: _Inflight(self.slow_start.born(self.clock())))
+
+    def _new_stats(self, backend: Backend) -> _Inflight:
+        return _Inflight(self.slow_start.born(self.clock()))
 
     @classmethod
     def parse_config(cls, raw: Any, path: str) -> dict[str, Any]:
@@ -139,12 +137,7 @@ class LeastRequestPolicy(Policy):
         return cfg
 
     def build(self, backends: Sequence[Backend]) -> Picker:
-        capacity = self._capacity.split(backends)
-        backends = capacity.backends
-        with self._lock:
-            self.slow_start.on_build(self.clock(), len(backends))
-            counters = self._counters.sync(backends)
-        return LeastRequestPicker(self, capacity, counters)
+        return LeastRequestPicker(self, *self._rebuild(backends))
 
     def _done_hook(self, counter: _Inflight, cost: int = 1) -> DoneHook:
         def done(outcome: Outcome) -> None:
@@ -156,4 +149,4 @@ class LeastRequestPolicy(Policy):
     def inflight(self) -> dict[str, int]:
         """address -> calls in flight (each counted at its method's cost)."""
         with self._lock:
-            return {addr: c.count for addr, c in self._counters.items()}
+            return {addr: c.count for addr, c in self._stats.items()}

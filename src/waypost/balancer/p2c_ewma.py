@@ -39,17 +39,17 @@ from __future__ import annotations
 
 import logging
 import math
-import threading
 from collections.abc import Sequence
 from typing import Any
 
 from ..errors import NoBackendAvailable
 from ..types import Backend
 from . import p2c, slow_start
-from .base import DoneHook, Outcome, Picker, PickInfo, PickResult, Policy
+from .base import DoneHook, Outcome, Picker, PickInfo, PickResult
 from .config_fields import policy_config
-from .stats import StatsTable, is_failure
-from .weights import CapacityMemo, CapacityPicker, all_drained
+from .load_aware import LoadAwarePolicy
+from .stats import is_failure
+from .weights import CapacityPicker, all_drained
 
 log = logging.getLogger("waypost.balancer.p2c")
 
@@ -158,20 +158,18 @@ class P2CPicker(CapacityPicker["P2CEwmaPolicy", P2CStats]):
         return i1
 
 
-class P2CEwmaPolicy(Policy):
+class P2CEwmaPolicy(LoadAwarePolicy[P2CStats]):
     """go-zero's P2C with time-decayed EWMA latency, statistics kept across rebuilds."""
 
     name = "p2c_ewma"
+    log = log
 
     def __init__(self, config: Any = None, **kwargs: Any) -> None:
         super().__init__(config, **kwargs)
-        self.slow_start = slow_start.SlowStart.of(self.config, self.rng)
-        self._lock = threading.Lock()
-        self._capacity = CapacityMemo(log)
-        self._stats: StatsTable[P2CStats] = StatsTable(
-            lambda b: P2CStats(b.address, self.clock(), self.slow_start.born(self.clock())))
-        self._current: tuple[P2CStats, ...] = ()
         self._log_stamp = self.clock()
+
+    def _new_stats(self, backend: Backend) -> P2CStats:
+        return P2CStats(backend.address, self.clock(), self.slow_start.born(self.clock()))
 
     @classmethod
     def parse_config(cls, raw: Any, path: str) -> dict[str, Any]:
@@ -180,13 +178,7 @@ class P2CEwmaPolicy(Policy):
         return cfg
 
     def build(self, backends: Sequence[Backend]) -> Picker:
-        capacity = self._capacity.split(backends)
-        backends = capacity.backends
-        with self._lock:
-            self.slow_start.on_build(self.clock(), len(backends))
-            stats = self._stats.sync(backends)
-            self._current = tuple(stats)
-        return P2CPicker(self, capacity, stats)
+        return P2CPicker(self, *self._rebuild(backends))
 
     def _done_hook(self, st: P2CStats) -> DoneHook:
         def done(outcome: Outcome) -> None:
@@ -214,7 +206,7 @@ class P2CEwmaPolicy(Policy):
                 return
             self._log_stamp = now
             parts = []
-            for st in self._current:
+            for st in self._stats.values():  # the backends of the latest build
                 parts.append(f"conn: {st.address}, load: {st.load()}, reqs: {st.requests}")
                 st.requests = 0
         log.info("p2c - %s", "; ".join(parts))

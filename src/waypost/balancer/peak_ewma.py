@@ -53,7 +53,6 @@ from __future__ import annotations
 import logging
 import math
 import statistics
-import threading
 from collections.abc import Callable, Sequence
 from typing import Any
 
@@ -61,10 +60,11 @@ from ..durations import parse_config_duration
 from ..errors import NoBackendAvailable
 from ..types import Backend
 from . import method_costs, p2c, slow_start
-from .base import BackendSignal, DoneHook, Outcome, Picker, PickInfo, PickResult, Policy
+from .base import BackendSignal, DoneHook, Outcome, Picker, PickInfo, PickResult
 from .config_fields import policy_config
-from .stats import StatsTable, is_failure
-from .weights import CapacityMemo, CapacityPicker, all_drained
+from .load_aware import LoadAwarePolicy
+from .stats import is_failure
+from .weights import CapacityPicker, all_drained
 
 log = logging.getLogger("waypost.balancer.peak_ewma")
 
@@ -191,22 +191,18 @@ class PeakEwmaPicker(CapacityPicker["PeakEwmaPolicy", PeakEwmaStats]):
         return PickResult(self._backends[i], policy._done_hook(chosen))
 
 
-class PeakEwmaPolicy(Policy):
+class PeakEwmaPolicy(LoadAwarePolicy[PeakEwmaStats]):
     """P2C over peak EWMA latency x (in flight + 1); statistics kept across rebuilds."""
 
     name = "peak_ewma"
+    log = log
 
     def __init__(self, config: Any = None, **kwargs: Any) -> None:
         super().__init__(config, **kwargs)
         self.decay = float(self.config.get("decayTime", DEFAULT_DECAY_TIME))
         self.default_rtt = float(self.config.get("defaultRtt", DEFAULT_RTT))
         self.costs: dict[str, int] = dict(self.config.get(method_costs.FIELD, {}))
-        self.slow_start = slow_start.SlowStart.of(self.config, self.rng)
-        self._lock = threading.Lock()
-        self._start_rtt = self.default_rtt  # a new backend's estimate; set by build from its peers
-        self._stats: StatsTable[PeakEwmaStats] = StatsTable(
-            lambda b: PeakEwmaStats(b.address, self.clock(), self._start_rtt, self.slow_start.born(self.clock())))
-        self._capacity = CapacityMemo(log)
+        self._start_rtt = self.default_rtt  # a new backend's estimate; set by each rebuild from its peers
         self._log_stamp = self.clock()
         #: the statistics line's name, and more text per address (set by a policy built on this one)
         self.log_name = self.name
@@ -222,15 +218,15 @@ class PeakEwmaPolicy(Policy):
         return cfg
 
     def build(self, backends: Sequence[Backend]) -> Picker:
-        capacity = self._capacity.split(backends)
-        backends = capacity.backends
-        now = self.clock()
-        with self._lock:
-            peers = sorted(st.estimate(now, self.decay) for _, st in self._stats.items() if st.sampled)
-            self._start_rtt = min(self.default_rtt, statistics.median(peers)) if peers else self.default_rtt
-            self.slow_start.on_build(now, len(backends))
-            stats = self._stats.sync(backends)
-        return PeakEwmaPicker(self, capacity, stats)
+        return PeakEwmaPicker(self, *self._rebuild(backends))
+
+    def _new_stats(self, backend: Backend) -> PeakEwmaStats:
+        return PeakEwmaStats(backend.address, self.clock(), self._start_rtt, self.slow_start.born(self.clock()))
+
+    def _on_rebuild(self, now: float) -> None:
+        # a new backend starts at its sampled peers' median (capped by defaultRtt), not at defaultRtt itself
+        peers = sorted(st.estimate(now, self.decay) for _, st in self._stats.items() if st.sampled)
+        self._start_rtt = min(self.default_rtt, statistics.median(peers)) if peers else self.default_rtt
 
     def _done_hook(self, st: PeakEwmaStats, cost: int = 1) -> DoneHook:
         def done(outcome: Outcome) -> None:

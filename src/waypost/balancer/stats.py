@@ -75,6 +75,10 @@ class StatsTable(Generic[T]):
     def items(self) -> list[tuple[str, T]]:
         return list(self._entries.items())
 
+    def values(self) -> list[T]:
+        """The entries of the latest ``sync``, in its order."""
+        return list(self._entries.values())
+
 
 def dedupe(backends: Sequence[Backend]) -> list[Backend]:
     """Backends with duplicate addresses removed (first one wins), order kept."""

@@ -1,0 +1,55 @@
+"""LoadAwarePolicy: what the policies that keep per-backend load share (least_request, p2c_ewma, peak_ewma).
+
+Each keeps one state object per backend across rebuilds (a ``StatsTable``), honours registered weights through a
+``CapacityMemo`` and ramps new backends up with ``slow_start``. A rebuild does the same three steps in each, under
+the policy's lock because the done hooks of calls still in flight update the same state: split the backends by
+weight, tell slow start how many there are, and keep the state of the addresses still there.
+"""
+
+from __future__ import annotations
+
+import abc
+import logging
+import threading
+from collections.abc import Sequence
+from typing import Any, ClassVar, Generic, TypeVar
+
+from ..types import Backend
+from . import slow_start
+from .base import Policy
+from .stats import StatsTable
+from .weights import Capacity, CapacityMemo
+
+S = TypeVar("S")
+
+
+class LoadAwarePolicy(Policy, Generic[S]):
+    """A policy with per-backend state of type ``S``, weights and slow start; subclasses build their picker from
+    ``self._rebuild(backends)``."""
+
+    #: where a bad registered weight is logged (each policy's own logger, so the line names the policy)
+    log: ClassVar[logging.Logger]
+
+    def __init__(self, config: Any = None, **kwargs: Any) -> None:
+        super().__init__(config, **kwargs)
+        self.slow_start = slow_start.SlowStart.of(self.config, self.rng)
+        self._lock = threading.Lock()
+        self._capacity = CapacityMemo(self.log)
+        self._stats: StatsTable[S] = StatsTable(self._new_stats)
+
+    @abc.abstractmethod
+    def _new_stats(self, backend: Backend) -> S:
+        """The state of a backend seen for the first time."""
+
+    def _on_rebuild(self, now: float) -> None:
+        """Called under the lock before the new backends' state is made (peak_ewma seeds their estimate here)."""
+
+    def _rebuild(self, backends: Sequence[Backend]) -> tuple[Capacity, list[S]]:
+        """The backends kept by their weights, and their state index for index."""
+        capacity = self._capacity.split(backends)
+        now = self.clock()
+        with self._lock:
+            self._on_rebuild(now)
+            self.slow_start.on_build(now, len(capacity.backends))
+            stats = self._stats.sync(capacity.backends)
+        return capacity, stats
