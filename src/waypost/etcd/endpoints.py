@@ -94,27 +94,22 @@ class Endpoint:
         self._stream: dict[str, Any] = {}
 
     def unary(self, method: str, req_type: Any, resp_type: Any) -> Any:
-        mc = self._unary.get(method)
-        if mc is None:
-            self._check_open()
-            mc = self.channel.unary_unary(
-                method, request_serializer=req_type.SerializeToString, response_deserializer=resp_type.FromString,
-            )
-            self._unary[method] = mc
-        return mc
-
-    def _check_open(self) -> None:
-        if self.channel is None:
-            raise RegistryUnavailable(f"etcd {self.address}: the connection is paused for a fork")
+        """The channel's unary callable for ``method``, made once."""
+        return self._callable(self._unary, "unary_unary", method, req_type, resp_type)
 
     def stream(self, method: str, req_type: Any, resp_type: Any) -> Any:
-        mc = self._stream.get(method)
+        """The channel's bidirectional-stream callable for ``method``, made once."""
+        return self._callable(self._stream, "stream_stream", method, req_type, resp_type)
+
+    def _callable(self, cache: dict[str, Any], kind: str, method: str, req_type: Any, resp_type: Any) -> Any:
+        mc = cache.get(method)
         if mc is None:
-            self._check_open()
-            mc = self.channel.stream_stream(
+            if self.channel is None:
+                raise RegistryUnavailable(f"etcd {self.address}: the connection is paused for a fork")
+            mc = getattr(self.channel, kind)(
                 method, request_serializer=req_type.SerializeToString, response_deserializer=resp_type.FromString,
             )
-            self._stream[method] = mc
+            cache[method] = mc
         return mc
 
     def __repr__(self) -> str:

@@ -24,7 +24,7 @@ from ._methods import LEASE_KEEPALIVE
 from ._proto import waypost_etcd_pb2 as pb
 from .auth import Auth, Metadata
 from .endpoints import Endpoint, EndpointPool
-from .stream import Restart, StreamSupervisor, reap
+from .stream import Restart, StreamOwner, StreamSupervisor, reap
 
 log = logging.getLogger("waypost.etcd.lease")
 
@@ -100,7 +100,7 @@ class _Lease:
         return max(self.sent[0] + MIN_PATIENCE, self.expires - margin)
 
 
-class KeepAliveManager:
+class KeepAliveManager(StreamOwner):
     """Runs the shared keepalive stream of one client (on the control loop)."""
 
     def __init__(self, pool: EndpointPool, auth: Auth, clock: Callable[[], float]) -> None:
@@ -114,16 +114,6 @@ class KeepAliveManager:
             "keepalive", LEASE_KEEPALIVE, pb.LeaseKeepAliveRequest, pb.LeaseKeepAliveResponse,
             pool=pool, auth=auth, clock=clock, log=log, session=self._session,
             active=lambda: bool(self._leases), on_denied=self._denied, on_end=lambda: None)
-
-    @property
-    def connected(self) -> bool:
-        """True while the keepalive stream is open."""
-        return self.stream.connected
-
-    @property
-    def connects(self) -> int:
-        """Number of (re)connections of the stream, for tests and diagnostics."""
-        return self.stream.connects
 
     # -- membership --------------------------------------------------------------------
 

@@ -77,6 +77,22 @@ class StreamOutage:
             obs.registry_reconnect(self.stream)
 
 
+class StreamOwner:
+    """What a manager of one supervised stream (the lease keepalives, the watches) tells its callers about it."""
+
+    stream: StreamSupervisor
+
+    @property
+    def connected(self) -> bool:
+        """True while the stream is open."""
+        return self.stream.connected
+
+    @property
+    def connects(self) -> int:
+        """Number of (re)connections of the stream, for tests and diagnostics."""
+        return self.stream.connects
+
+
 class StreamSupervisor:
     """Keeps one stream of an owner (keepalive or watch manager) running while the owner has work."""
 

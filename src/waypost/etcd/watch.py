@@ -29,7 +29,7 @@ from ._methods import RANGE, WATCH
 from ._proto import waypost_etcd_pb2 as pb
 from .auth import Auth, Metadata
 from .endpoints import Endpoint, EndpointPool
-from .stream import Restart, StreamSupervisor
+from .stream import Restart, StreamOwner, StreamSupervisor
 
 log = logging.getLogger("waypost.etcd.watch")
 
@@ -176,7 +176,7 @@ class Watcher:
         ))
 
 
-class WatchManager:
+class WatchManager(StreamOwner):
     """Runs the shared watch stream of one client (on the control loop)."""
 
     def __init__(self, pool: EndpointPool, auth: Auth, clock: Callable[[], float],
@@ -208,16 +208,6 @@ class WatchManager:
         #: why the session's call was cancelled from outside (the session ends with it)
         self._restart: Restart | None = None
         pool.failure_listeners.append(self._endpoint_failed)
-
-    @property
-    def connected(self) -> bool:
-        """True while the watch stream is open."""
-        return self.stream.connected
-
-    @property
-    def connects(self) -> int:
-        """Number of (re)connections of the stream, for tests and diagnostics."""
-        return self.stream.connects
 
     def _endpoint_failed(self, ep: Endpoint) -> None:
         """Another call found our stream's member broken: move the stream now instead of waiting
