@@ -159,31 +159,26 @@ def register(app: click.Group, global_options: Callable[..., Any], pass_ctx: Cal
                                            f"{bind_problem(address) or e.strerror or e}") from None
         exit_if_interrupted(stop)
 
-    @app.command("drain", short_help="Take traffic off ADDR under KEY (weight 0 override).")
-    @click.argument("key")
-    @click.argument("addr")
-    @global_options
-    @pass_ctx
+    def override_command(name: str, short_help: str) -> Callable[[Callable[..., None]], Any]:
+        """An operator action on ADDR registered under KEY (drain, undrain, weight): same arguments and options."""
+        def decorate(f: Callable[..., None]) -> Any:
+            f = pass_ctx(global_options(click.argument("addr")(f)))
+            return app.command(name, short_help=short_help)(click.argument("key")(f))
+        return decorate
+
+    @override_command("drain", "Take traffic off ADDR under KEY (weight 0 override).")
     def drain_cmd(c: Any, key: str, addr: str) -> None:
         """Drain ADDR registered under KEY: its publisher registers weight 0, so no policy picks it while its
         calls finish. Undo with waypost undrain KEY ADDR."""
         _act(c, "drain", key, addr)
 
-    @app.command("undrain", short_help="Remove the override of ADDR under KEY (undo drain or weight).")
-    @click.argument("key")
-    @click.argument("addr")
-    @global_options
-    @pass_ctx
+    @override_command("undrain", "Remove the override of ADDR under KEY (undo drain or weight).")
     def undrain_cmd(c: Any, key: str, addr: str) -> None:
         """Remove the operator override of ADDR under KEY: its registration carries its own weight again."""
         _act(c, "undrain", key, addr)
 
-    @app.command("weight", short_help="Override the weight of ADDR under KEY.")
-    @click.argument("key")
-    @click.argument("addr")
+    @override_command("weight", "Override the weight of ADDR under KEY.")
     @click.argument("weight", type=click.IntRange(0, 1_000_000))
-    @global_options
-    @pass_ctx
     def weight_cmd(c: Any, key: str, addr: str, weight: int) -> None:
         """Set the weight of ADDR under KEY (0 drains it) until waypost undrain KEY ADDR."""
         _act(c, "weight", key, addr, weight)
