@@ -31,7 +31,6 @@ from __future__ import annotations
 
 import asyncio
 import json
-import math
 import re
 import ssl
 import urllib.parse
@@ -40,6 +39,7 @@ from typing import Any
 
 from ...durations import format_duration
 from ...errors import PermissionDenied, RegistryError, RegistryUnavailable
+from ...registry.meta_text import decode_value, encode_value
 from .config import TOKEN_ENV, ConsulConfig
 
 INSTALL_HINT = "consul:// registries and targets need the consul extra: pip install 'waypost[consul]'"
@@ -53,22 +53,6 @@ MAX_META_PAIRS = 64
 MAX_META_VALUE = 512
 #: the metadata key whose value (a list of strings) becomes the registration's Tags instead of a Meta entry
 TAGS_KEY = "tags"
-
-
-def _strict_json(text: str) -> Any:
-    """``json.loads`` that refuses NaN/Infinity (raises ValueError)."""
-    def refuse(name: str) -> Any:
-        raise ValueError(name)
-
-    return json.loads(text, parse_constant=refuse)
-
-
-def _is_json(text: str) -> bool:
-    try:
-        _strict_json(text)
-    except ValueError:
-        return False
-    return True
 
 
 def encode_meta(metadata: Mapping[str, Any] | None) -> tuple[list[str], dict[str, str]]:
@@ -96,13 +80,7 @@ def encode_meta(metadata: Mapping[str, Any] | None) -> tuple[list[str], dict[str
                              "and '-')")
         if key.lower().startswith("consul-"):
             raise ValueError(f"metadata key {key!r}: Consul reserves Meta keys starting with 'consul-'")
-        if isinstance(value, str) and not _is_json(value):
-            text = value
-        else:
-            try:
-                text = json.dumps(value, separators=(",", ":"), ensure_ascii=False, allow_nan=False)
-            except (TypeError, ValueError) as e:
-                raise type(e)(f"metadata[{key!r}]: {e}") from None
+        text = encode_value(key, value)
         if len(text) > MAX_META_VALUE:
             raise ValueError(f"metadata[{key!r}] is {len(text)} characters as a Consul Meta value; Consul's limit "
                              f"is {MAX_META_VALUE}")
@@ -116,18 +94,7 @@ def decode_meta(meta: Mapping[str, Any] | None, tags: Iterable[str] | None = Non
     """Consul (Meta, Tags) -> waypost metadata: each Meta value that is JSON text decodes (``20`` -> 20,
     ``true`` -> True, ``"\"20\""`` -> ``"20"``), any other stays the string it is; non-empty Tags come back as
     ``metadata["tags"]`` (a list; they win over a Meta entry ``tags``)."""
-    out: dict[str, Any] = {}
-    for key, value in (meta or {}).items():
-        if not isinstance(value, str):
-            out[key] = value
-            continue
-        try:
-            decoded = _strict_json(value)
-        except ValueError:
-            decoded = value
-        if isinstance(decoded, float) and not math.isfinite(decoded):  # e.g. 1e999
-            decoded = value
-        out[key] = decoded
+    out: dict[str, Any] = {key: decode_value(value) for key, value in (meta or {}).items()}
     tag_list = [t for t in (tags or ()) if isinstance(t, str)]
     if tag_list:
         out[TAGS_KEY] = tag_list
