@@ -24,7 +24,7 @@ one (Consul adds up to wait/16 of jitter). Errors: unreachable, timed out, 502/5
 an answer that did not finish. The ACL token goes in ``X-Consul-Token`` and never into a message.
 
 The client makes its aiohttp session on first use, on the running loop (use one client from one loop);
-``close()`` closes it (a later request opens a new one).
+``close()`` closes it (a later request opens a new one): ``waypost.registry.http_api``.
 """
 
 from __future__ import annotations
@@ -39,6 +39,7 @@ from typing import Any
 
 from ...durations import format_duration
 from ...errors import PermissionDenied, RegistryError, RegistryUnavailable
+from ...registry.http_api import HttpApiClient, require_aiohttp
 from ...registry.meta_text import decode_value, encode_value
 from .config import TOKEN_ENV, ConsulConfig
 
@@ -101,12 +102,17 @@ def decode_meta(meta: Mapping[str, Any] | None, tags: Iterable[str] | None = Non
     return out
 
 
+def result_index(headers: Mapping[str, str]) -> int:
+    """A read's ``X-Consul-Index``: what a blocking query waits from next (0 when missing or not a number)."""
+    try:
+        return int(headers.get("X-Consul-Index", "0"))
+    except ValueError:
+        return 0
+
+
 def require_client() -> None:
     """Raise a clear ImportError when aiohttp is missing (at construction, not on first use)."""
-    try:
-        import aiohttp  # noqa: F401
-    except ImportError as e:
-        raise ImportError(INSTALL_HINT) from e
+    require_aiohttp(INSTALL_HINT)
 
 
 class ConsulTLSError(RegistryUnavailable):
@@ -157,16 +163,14 @@ def _duration(seconds: float) -> str:
     return format_duration(seconds)
 
 
-class ConsulClient:
+class ConsulClient(HttpApiClient):
     """One agent's HTTP API (``config``); ``timeout`` bounds every non-blocking request, in seconds."""
 
+    install_hint = INSTALL_HINT
+
     def __init__(self, config: ConsulConfig, *, timeout: float = 5.0) -> None:
-        require_client()
-        if not timeout > 0:
-            raise ValueError(f"timeout must be positive, got {timeout!r}")
+        super().__init__(timeout)
         self.config = config
-        self.timeout = float(timeout)
-        self._session: Any = None
         self._ssl: ssl.SSLContext | None = None
         #: whether the last ``health_service`` answer left out instances the token may not read (ACLs on)
         self.filtered_by_acls = False
@@ -191,21 +195,12 @@ class ConsulClient:
             self._ssl = ctx
         return self._ssl
 
-    def _get_session(self) -> Any:
+    def _new_session(self) -> Any:
         import aiohttp
 
-        if self._session is None or self._session.closed:
-            connector = aiohttp.TCPConnector(ssl=self._ssl_context() or False, limit=0)
-            self._session = aiohttp.ClientSession(connector=connector, base_url=self.config.base_url,
-                                                  headers={"User-Agent": "waypost"},
-                                                  trace_configs=[_connected_trace()])
-        return self._session
-
-    async def close(self) -> None:
-        """Close the HTTP session (its connections); a later request opens a new one."""
-        session, self._session = self._session, None
-        if session is not None and not session.closed:
-            await session.close()
+        connector = aiohttp.TCPConnector(ssl=self._ssl_context() or False, limit=0)
+        return aiohttp.ClientSession(connector=connector, base_url=self.config.base_url,
+                                     headers={"User-Agent": "waypost"}, trace_configs=[_connected_trace()])
 
     def _headers(self) -> dict[str, str]:
         token = self.config.effective_token()
@@ -353,10 +348,7 @@ class ConsulClient:
                                            what=f"reading the instances of {name!r}")
         self.filtered_by_acls = headers.get("X-Consul-Results-Filtered-By-ACLs", "").lower() == "true"
         self.default_acl_policy = headers.get("X-Consul-Default-Acl-Policy", "")
-        try:
-            new_index = int(headers.get("X-Consul-Index", "0"))
-        except ValueError:
-            new_index = 0
+        new_index = result_index(headers)
         if not isinstance(body, list):
             raise MalformedAnswer(f"malformed answer from consul at {self.config.base_url}: the instances of "
                                   f"{name!r} are a {'null' if body is None else type(body).__name__}, not a list: "
