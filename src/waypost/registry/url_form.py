@@ -9,11 +9,15 @@ Options are read with ``waypost.urlparams``; hosts with ``hosts``, by ``waypost.
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass
+from typing import TypeVar
 
 from .. import urlparams
 from ..errors import InvalidTarget
 from ..netutil import AddressError, normalize_host_port
+
+Config = TypeVar("Config")
 
 
 @dataclass(frozen=True)
@@ -69,3 +73,14 @@ class URLForm:
     def hosts(self, url: str, host_list: str, *, what: str, default_port: int) -> list[str]:
         """Each ``host[:port]`` of a comma-separated list, as ``host`` makes it."""
         return [self.host(url, raw, what=what, default_port=default_port) for raw in host_list.split(",")]
+
+    def settings(self, given: object, config_type: type[Config], parse: Callable[[str], Config]) -> Config:
+        """``given`` as it is when it is a ``config_type`` already, else parsed as a registry URL (``parse``);
+        TypeError for anything else."""
+        if isinstance(given, config_type):
+            return given
+        if isinstance(given, str):
+            return parse(given)
+        name = config_type.__name__
+        raise TypeError(f"expected a {self.scheme}:// registry URL or {'an' if name[0] in 'AEIOU' else 'a'} {name}, "
+                        f"got {type(given).__name__}")

@@ -166,8 +166,4 @@ def _config(opts: dict[str, Any], bad: Any) -> ConsulConfig:
 
 def resolve_config(registry: ConsulConfig | str) -> ConsulConfig:
     """A ``ConsulConfig`` as given, or parsed from a registry URL."""
-    if isinstance(registry, ConsulConfig):
-        return registry
-    if isinstance(registry, str):
-        return parse_registry_url(registry)
-    raise TypeError(f"expected a consul:// registry URL or a ConsulConfig, got {type(registry).__name__}")
+    return URL_FORM.settings(registry, ConsulConfig, parse_registry_url)

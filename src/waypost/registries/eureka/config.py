@@ -167,8 +167,4 @@ def target_for(config: EurekaConfig, app: str, interval: float | None = None) ->
 
 def resolve_config(registry: EurekaConfig | str) -> EurekaConfig:
     """An ``EurekaConfig`` as given, or parsed from a registry URL."""
-    if isinstance(registry, EurekaConfig):
-        return registry
-    if isinstance(registry, str):
-        return parse_registry_url(registry)
-    raise TypeError(f"expected a eureka:// registry URL or an EurekaConfig, got {type(registry).__name__}")
+    return URL_FORM.settings(registry, EurekaConfig, parse_registry_url)

@@ -205,8 +205,4 @@ def from_target(target: TargetLike) -> ZkConfig:
 
 def resolve_config(registry_url_or_config: ZkConfig | str) -> ZkConfig:
     """A ZkConfig as it is, a string parsed as a registry URL; TypeError for anything else."""
-    if isinstance(registry_url_or_config, ZkConfig):
-        return registry_url_or_config
-    if isinstance(registry_url_or_config, str):
-        return parse_registry_url(registry_url_or_config)
-    raise TypeError(f"expected a zk:// registry URL or a ZkConfig, got {type(registry_url_or_config).__name__}")
+    return URL_FORM.settings(registry_url_or_config, ZkConfig, parse_registry_url)
