@@ -24,14 +24,13 @@ one (Consul adds up to wait/16 of jitter). Errors: unreachable, timed out, 502/5
 an answer that did not finish. The ACL token goes in ``X-Consul-Token`` and never into a message.
 
 The client makes its aiohttp session on first use, on the running loop (use one client from one loop);
-``close()`` closes it (a later request opens a new one).
+``close()`` closes it (a later request opens a new one): ``waypost.registry.http_api``.
 """
 
 from __future__ import annotations
 
 import asyncio
 import json
-import math
 import re
 import ssl
 import urllib.parse
@@ -40,6 +39,8 @@ from typing import Any
 
 from ...durations import format_duration
 from ...errors import PermissionDenied, RegistryError, RegistryUnavailable
+from ...registry.http_api import HttpApiClient, require_aiohttp
+from ...registry.meta_text import decode_value, encode_value
 from .config import TOKEN_ENV, ConsulConfig
 
 INSTALL_HINT = "consul:// registries and targets need the consul extra: pip install 'waypost[consul]'"
@@ -53,22 +54,6 @@ MAX_META_PAIRS = 64
 MAX_META_VALUE = 512
 #: the metadata key whose value (a list of strings) becomes the registration's Tags instead of a Meta entry
 TAGS_KEY = "tags"
-
-
-def _strict_json(text: str) -> Any:
-    """``json.loads`` that refuses NaN/Infinity (raises ValueError)."""
-    def refuse(name: str) -> Any:
-        raise ValueError(name)
-
-    return json.loads(text, parse_constant=refuse)
-
-
-def _is_json(text: str) -> bool:
-    try:
-        _strict_json(text)
-    except ValueError:
-        return False
-    return True
 
 
 def encode_meta(metadata: Mapping[str, Any] | None) -> tuple[list[str], dict[str, str]]:
@@ -96,13 +81,7 @@ def encode_meta(metadata: Mapping[str, Any] | None) -> tuple[list[str], dict[str
                              "and '-')")
         if key.lower().startswith("consul-"):
             raise ValueError(f"metadata key {key!r}: Consul reserves Meta keys starting with 'consul-'")
-        if isinstance(value, str) and not _is_json(value):
-            text = value
-        else:
-            try:
-                text = json.dumps(value, separators=(",", ":"), ensure_ascii=False, allow_nan=False)
-            except (TypeError, ValueError) as e:
-                raise type(e)(f"metadata[{key!r}]: {e}") from None
+        text = encode_value(key, value)
         if len(text) > MAX_META_VALUE:
             raise ValueError(f"metadata[{key!r}] is {len(text)} characters as a Consul Meta value; Consul's limit "
                              f"is {MAX_META_VALUE}")
@@ -116,30 +95,24 @@ def decode_meta(meta: Mapping[str, Any] | None, tags: Iterable[str] | None = Non
     """Consul (Meta, Tags) -> waypost metadata: each Meta value that is JSON text decodes (``20`` -> 20,
     ``true`` -> True, ``"\"20\""`` -> ``"20"``), any other stays the string it is; non-empty Tags come back as
     ``metadata["tags"]`` (a list; they win over a Meta entry ``tags``)."""
-    out: dict[str, Any] = {}
-    for key, value in (meta or {}).items():
-        if not isinstance(value, str):
-            out[key] = value
-            continue
-        try:
-            decoded = _strict_json(value)
-        except ValueError:
-            decoded = value
-        if isinstance(decoded, float) and not math.isfinite(decoded):  # e.g. 1e999
-            decoded = value
-        out[key] = decoded
+    out: dict[str, Any] = {key: decode_value(value) for key, value in (meta or {}).items()}
     tag_list = [t for t in (tags or ()) if isinstance(t, str)]
     if tag_list:
         out[TAGS_KEY] = tag_list
     return out
 
 
+def result_index(headers: Mapping[str, str]) -> int:
+    """A read's ``X-Consul-Index``: what a blocking query waits from next (0 when missing or not a number)."""
+    try:
+        return int(headers.get("X-Consul-Index", "0"))
+    except ValueError:
+        return 0
+
+
 def require_client() -> None:
     """Raise a clear ImportError when aiohttp is missing (at construction, not on first use)."""
-    try:
-        import aiohttp  # noqa: F401
-    except ImportError as e:
-        raise ImportError(INSTALL_HINT) from e
+    require_aiohttp(INSTALL_HINT)
 
 
 class ConsulTLSError(RegistryUnavailable):
@@ -190,16 +163,14 @@ def _duration(seconds: float) -> str:
     return format_duration(seconds)
 
 
-class ConsulClient:
+class ConsulClient(HttpApiClient):
     """One agent's HTTP API (``config``); ``timeout`` bounds every non-blocking request, in seconds."""
 
+    install_hint = INSTALL_HINT
+
     def __init__(self, config: ConsulConfig, *, timeout: float = 5.0) -> None:
-        require_client()
-        if not timeout > 0:
-            raise ValueError(f"timeout must be positive, got {timeout!r}")
+        super().__init__(timeout)
         self.config = config
-        self.timeout = float(timeout)
-        self._session: Any = None
         self._ssl: ssl.SSLContext | None = None
         #: whether the last ``health_service`` answer left out instances the token may not read (ACLs on)
         self.filtered_by_acls = False
@@ -224,21 +195,12 @@ class ConsulClient:
             self._ssl = ctx
         return self._ssl
 
-    def _get_session(self) -> Any:
+    def _new_session(self) -> Any:
         import aiohttp
 
-        if self._session is None or self._session.closed:
-            connector = aiohttp.TCPConnector(ssl=self._ssl_context() or False, limit=0)
-            self._session = aiohttp.ClientSession(connector=connector, base_url=self.config.base_url,
-                                                  headers={"User-Agent": "waypost"},
-                                                  trace_configs=[_connected_trace()])
-        return self._session
-
-    async def close(self) -> None:
-        """Close the HTTP session (its connections); a later request opens a new one."""
-        session, self._session = self._session, None
-        if session is not None and not session.closed:
-            await session.close()
+        connector = aiohttp.TCPConnector(ssl=self._ssl_context() or False, limit=0)
+        return aiohttp.ClientSession(connector=connector, base_url=self.config.base_url,
+                                     headers={"User-Agent": "waypost"}, trace_configs=[_connected_trace()])
 
     def _headers(self) -> dict[str, str]:
         token = self.config.effective_token()
@@ -386,10 +348,7 @@ class ConsulClient:
                                            what=f"reading the instances of {name!r}")
         self.filtered_by_acls = headers.get("X-Consul-Results-Filtered-By-ACLs", "").lower() == "true"
         self.default_acl_policy = headers.get("X-Consul-Default-Acl-Policy", "")
-        try:
-            new_index = int(headers.get("X-Consul-Index", "0"))
-        except ValueError:
-            new_index = 0
+        new_index = result_index(headers)
         if not isinstance(body, list):
             raise MalformedAnswer(f"malformed answer from consul at {self.config.base_url}: the instances of "
                                   f"{name!r} are a {'null' if body is None else type(body).__name__}, not a list: "

@@ -26,6 +26,7 @@ from typing import Any
 from ... import urlparams
 from ...errors import InvalidTarget
 from ...netutil import AddressError, normalize_host_port, split_host_port
+from ...registry.url_form import URLForm
 from ...urlparams import TargetLike
 
 CONSUL_DEFAULT_PORT = 8500
@@ -103,38 +104,20 @@ class ConsulConfig:
         return self.redacted
 
 
-def _bad(url: str, problem: str) -> InvalidTarget:
-    return urlparams.url_error(url, problem, example=CONSUL_EXAMPLE, label="consul registry URL")
+URL_FORM = URLForm("consul", "consul registry URL", CONSUL_EXAMPLE)
 
 
 def parse_registry_url(url: str) -> ConsulConfig:
     """Parse and validate ``consul://host:port?...``; raises ``InvalidTarget`` naming the bad part."""
-    if not isinstance(url, str) or not url.strip():
-        raise InvalidTarget(f"empty consul registry URL (example: {CONSUL_EXAMPLE})")
-    url = url.strip()
-    scheme, sep, rest = url.partition("://")
-    if not sep or scheme.lower() != "consul":
-        shown = urlparams.shown_scheme(scheme)
-        raise _bad(url, f"expected scheme consul://, got {shown + '://' if sep else 'no scheme'}")
-    netloc, _, query = rest.partition("?")
-    query = query.partition("#")[0]
-    if "@" in netloc:
-        raise _bad(url, "user info ('user@') is not used by Consul: give the ACL token as ?token=")
-    netloc, slash, path = netloc.partition("/")
-    if slash and path.strip("/"):
-        raise _bad(url, f"unexpected path {'/' + path!r} (a registry URL names only the agent; the service "
-                        "is the key given to serve()/ConsulPublisher)")
-    if not netloc:
-        raise _bad(url, "no host")
+    url, netloc, query = URL_FORM.host_part(
+        url, no_userinfo="is not used by Consul: give the ACL token as ?token=",
+        no_path=" (a registry URL names only the agent; the service is the key given to serve()/ConsulPublisher)")
     if "," in netloc:
-        raise _bad(url, "one Consul agent per URL (the local agent knows the cluster)")
-    try:
-        address = normalize_host_port(urllib.parse.unquote(netloc), what="consul address",
-                                      default_port=CONSUL_DEFAULT_PORT)
-    except AddressError as e:
-        raise _bad(url, str(e)) from None
+        raise URL_FORM.error(url, "one Consul agent per URL (the local agent knows the cluster)")
+    address = URL_FORM.host(url, urllib.parse.unquote(netloc), what="consul address",
+                            default_port=CONSUL_DEFAULT_PORT)
     opts: dict[str, Any] = {}
-    fail = functools.partial(_bad, url)
+    fail = functools.partial(URL_FORM.error, url)
     for name, value in urlparams.options(query, fail, known=_URL_OPTIONS, aliases=_ALIASES):
         fname = _URL_OPTIONS[name]
         if name == "tls":
@@ -143,7 +126,7 @@ def parse_registry_url(url: str) -> ConsulConfig:
             opts[fname] = urlparams.tls_file(urlparams.TLS_FILE_WORDS[name], value, fail)
         else:
             if not value:
-                raise _bad(url, f"empty {name}=")
+                raise fail(f"empty {name}=")
             opts[fname] = value
     return _config({"address": address, **opts}, fail)
 
@@ -183,8 +166,4 @@ def _config(opts: dict[str, Any], bad: Any) -> ConsulConfig:
 
 def resolve_config(registry: ConsulConfig | str) -> ConsulConfig:
     """A ``ConsulConfig`` as given, or parsed from a registry URL."""
-    if isinstance(registry, ConsulConfig):
-        return registry
-    if isinstance(registry, str):
-        return parse_registry_url(registry)
-    raise TypeError(f"expected a consul:// registry URL or a ConsulConfig, got {type(registry).__name__}")
+    return URL_FORM.settings(registry, ConsulConfig, parse_registry_url)

@@ -16,7 +16,8 @@ import urllib.parse
 from collections.abc import Callable
 
 from ...console.board import Board
-from ...console.sources import RETRY_INTERVAL, TargetSource, follow_services, on_control
+from ...console.catalog_source import CatalogSource
+from ...console.sources import RETRY_INTERVAL, on_control
 from ...discovery.override import OVERRIDE_ROOT, parse_override, split_override_key
 from ...netutil import parse_host_port
 from ...registry.base import DeleteResult, KeyValue, PutResult
@@ -44,29 +45,17 @@ def service_target(config: ConsulConfig, service: str) -> str:
     return f"consul://{config.address}/{urllib.parse.quote(service, safe='')}{query}"
 
 
-class ConsulSource:
+class ConsulSource(CatalogSource):
+    kind = "consul"
+
     def __init__(self, url: str, board: Board, timeout: float = 5.0) -> None:
         self.config = parse_registry_url(url)
-        self.name = self.config.redacted
-        self.board = board
-        self.timeout = timeout
-        self._client: ConsulClient | None = None
-        self._services: dict[str, TargetSource] = {}
-        self._task: asyncio.Task[None] | None = None
-        self._overrides_task: asyncio.Task[None] | None = None
-        self._closed = False
+        super().__init__(self.config.redacted, board, timeout, lambda: ConsulClient(self.config, timeout=timeout))
         #: what the console's writes go through (``actions.apply``): the KV store of this agent
         self.writer = ConsulOverrides(self.name, self.client)
 
-    @property
-    def url(self) -> str:
-        return self.name
-
-    def client(self) -> ConsulClient:
-        """The agent's client (made, and used only, on the control loop)."""
-        if self._client is None:
-            self._client = ConsulClient(self.config, timeout=self.timeout)
-        return self._client
+    def _target(self, service: str) -> str:
+        return service_target(self.config, service)
 
     async def _list(self, index: int, wait: float | None) -> tuple[int, list[str]]:
         """On the control loop: the catalog's service names, and the index to wait from next."""
@@ -86,11 +75,11 @@ class ConsulSource:
         try:
             index, names = await on_control(self._list(0, None))
         except Exception as e:  # noqa: BLE001 (shown on the page; asked again)
-            self.board.source_down(self.name, "consul", str(e) or type(e).__name__)
+            self._down(e)
         else:
             await self._apply(names)
-        self._task = asyncio.create_task(self._follow(index), name="waypost-console-consul")
-        self._overrides_task = asyncio.create_task(self._follow_overrides(), name="waypost-console-consul-kv")
+        self._spawn(self._follow(index), "consul")
+        self._spawn(self._follow_overrides(), "consul-kv")
 
     async def _follow_overrides(self) -> None:
         """The override records of this agent's KV store on the board (a blocking query of the prefix)."""
@@ -110,12 +99,7 @@ class ConsulSource:
                 parts, o = split_override_key(key), parse_override(value)
                 if parts is not None and o is not None:
                     now[(self.name, parts[0], parts[1])] = o
-            old = {k: v for k, v in self.board.overrides.items() if k[0] == self.name}
-            if now != old:
-                for k in old:
-                    self.board.overrides.pop(k, None)
-                self.board.overrides.update(now)
-                self.board.touch()
+            self._show_overrides(now)
             if not index:
                 await asyncio.sleep(RETRY_INTERVAL)
 
@@ -126,7 +110,7 @@ class ConsulSource:
             except asyncio.CancelledError:
                 raise
             except Exception as e:  # noqa: BLE001 (shown on the page; tried again)
-                self.board.source_down(self.name, "consul", str(e) or type(e).__name__)
+                self._down(e)
                 await asyncio.sleep(RETRY_INTERVAL)
                 continue
             index = 0 if new_index < index else new_index  # an index that went back: start over (Consul's rule)
@@ -134,20 +118,7 @@ class ConsulSource:
 
     async def _apply(self, names: list[str]) -> None:
         self.board.source_up(self.name, "consul")
-        await follow_services(self._services, names, self.board, target=lambda n: service_target(self.config, n),
-                              source=self.name, fmt="consul", timeout=self.timeout, closed=lambda: self._closed)
-
-    async def close(self) -> None:
-        self._closed = True
-        for task in (self._task, self._overrides_task):
-            if task is not None:
-                task.cancel()
-        for src in self._services.values():
-            await src.close()
-        self._services.clear()
-        client, self._client = self._client, None
-        if client is not None:
-            await on_control(client.close())
+        await self._follow_names(names)
 
 
 class ConsulOverrides:

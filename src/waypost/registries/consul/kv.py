@@ -8,29 +8,30 @@ import urllib.parse
 from typing import Any
 
 from ...errors import RegistryError
-from .api import MAX_WAIT, ConsulClient
+from .api import MAX_WAIT, ConsulClient, result_index
 
 
 def _path(key: str) -> str:
     return "/v1/kv/" + urllib.parse.quote(key, safe="/")
 
 
+def _blocking(client: ConsulClient, index: int, wait: float | None) -> tuple[list[tuple[str, str]], float | None]:
+    """The query parameters and the request's bound of a read: blocking from ``index`` for ``wait`` s when both
+    are given (bounded by the wait plus a tenth and the client's timeout), else a plain read."""
+    if index <= 0 or not wait:
+        return [], None
+    wait = min(wait, MAX_WAIT)
+    return [("index", str(index)), ("wait", f"{wait:g}s")], wait * 1.1 + client.timeout
+
+
 async def kv_get(client: ConsulClient, key: str, *, index: int = 0, wait: float | None = None
                  ) -> tuple[int, bytes | None]:
     """The key's value (None: no such key) and the index to block on next; with ``index`` > 0 and ``wait``, a
     blocking query that answers when the key changes (or after ``wait`` s)."""
-    params: list[tuple[str, str]] = []
-    blocking = index > 0 and bool(wait)
-    if blocking:
-        assert wait is not None
-        params = [("index", str(index)), ("wait", f"{min(wait, MAX_WAIT):g}s")]
-    limit = min(wait or 0, MAX_WAIT) * 1.1 + client.timeout if blocking else None
+    params, limit = _blocking(client, index, wait)
     headers, body = await client.request("GET", _path(key), params=params, timeout=limit, missing_ok=True,
                                          what=f"reading the key {key!r}")
-    try:
-        new_index = int(headers.get("X-Consul-Index", "0"))
-    except ValueError:
-        new_index = 0
+    new_index = result_index(headers)
     if body is None:
         return new_index, None
     if not isinstance(body, list) or not body or not isinstance(body[0], dict):
@@ -51,18 +52,10 @@ async def kv_delete(client: ConsulClient, key: str) -> None:
 async def kv_list(client: ConsulClient, prefix: str, *, index: int = 0, wait: float | None = None
                   ) -> tuple[int, list[tuple[str, bytes]]]:
     """Every key under ``prefix`` with its value, and the index to block on next (as ``kv_get``)."""
-    params: list[tuple[str, str]] = [("recurse", "1")]
-    blocking = index > 0 and bool(wait)
-    if blocking:
-        assert wait is not None
-        params += [("index", str(index)), ("wait", f"{min(wait, MAX_WAIT):g}s")]
-    limit = min(wait or 0, MAX_WAIT) * 1.1 + client.timeout if blocking else None
-    headers, body = await client.request("GET", _path(prefix), params=params, timeout=limit, missing_ok=True,
-                                         what=f"listing the keys under {prefix!r}")
-    try:
-        new_index = int(headers.get("X-Consul-Index", "0"))
-    except ValueError:
-        new_index = 0
+    params, limit = _blocking(client, index, wait)
+    headers, body = await client.request("GET", _path(prefix), params=[("recurse", "1"), *params], timeout=limit,
+                                         missing_ok=True, what=f"listing the keys under {prefix!r}")
+    new_index = result_index(headers)
     out: list[tuple[str, bytes]] = []
     for item in body if isinstance(body, list) else []:
         if isinstance(item, dict) and isinstance(item.get("Key"), str):

@@ -52,11 +52,10 @@ from typing import Any
 
 from ...backoff import Backoff
 from ...discovery.group import cool_down
-from ...discovery.outage import OnUnregistered, Outage
+from ...discovery.heartbeat_publisher import HeartbeatPublisher
+from ...discovery.outage import OnUnregistered
 from ...discovery.override import apply_override
-from ...discovery.publisher_base import REVOKE_TIMEOUT, PublisherBase
-from ...errors import PermissionDenied, RegistryError, RegistryUnavailable, describe_value, shown_key
-from ...netutil import AddressError, check_dialable, parse_host_port
+from ...errors import PermissionDenied, RegistryError, describe_value, shown_key
 from .api import ConsulClient, ConsulNotFound, decode_meta, encode_meta
 from .config import ConsulConfig, resolve_config
 from .overrides import ConsulOverrideFollower
@@ -72,8 +71,13 @@ GUARD_WAIT = 60.0
 GUARD_FIRST_RETRY = 0.2
 
 
-class ConsulPublisher(PublisherBase):
+class ConsulPublisher(HeartbeatPublisher):
     """Registers ``address`` as an instance of service ``key`` in Consul (see the module docstring)."""
+
+    registry_name = "Consul"
+    not_found = ConsulNotFound
+    config: ConsulConfig
+    client: ConsulClient
 
     def __init__(
         self, registry_url_or_config: ConsulConfig | str, key: str, address: str, ttl: int = 10,
@@ -86,45 +90,24 @@ class ConsulPublisher(PublisherBase):
                              f"{describe_value(key)}")
         if "/" in key or any(ord(c) < 32 for c in key):
             raise ValueError(f"Consul service name {shown_key(key)} cannot contain '/' or control characters")
-        if isinstance(ttl, bool) or not isinstance(ttl, int) or ttl < 1:
-            raise ValueError(f"ttl must be a whole number of seconds >= 1, got {describe_value(ttl)}")
-        if not isinstance(timeout, (int, float)) or timeout <= 0:
-            raise ValueError(f"timeout must be positive, got {timeout!r}")
-        if not isinstance(address, str) or address.startswith(("unix:", "unix-abstract:")):
-            raise ValueError(f"Consul registers host:port addresses, got {describe_value(address)}")
-        check_dialable(address, what="publisher address")
-        try:
-            self.host, self.port = parse_host_port(address, what="publisher address")
-        except AddressError as e:
-            raise ValueError(str(e)) from None
-        if id is not None and (isinstance(id, bool) or not isinstance(id, (int, str)) or str(id) == ""):
-            raise ValueError(f"id must be a non-empty string or an int, got {describe_value(id)}")
-        self.config = resolve_config(registry_url_or_config)
-        self.outage = Outage(self, max_unregistered, on_unregistered, clock)
-        self.base_key = key
-        self.value = address
-        self.service_id = str(id) if id is not None else f"{key}-{self.host}-{self.port}"
+        super().__init__(registry_url_or_config, key, address, ttl, id, metadata, format, timeout=timeout,
+                         max_unregistered=max_unregistered, on_unregistered=on_unregistered,
+                         retry_interval=retry_interval, rng=rng, clock=clock)
         self.check_id = f"service:{self.service_id}"
-        self.ttl = ttl
-        self.timeout = float(timeout)
-        self.retry_interval = retry_interval
-        #: passes of the TTL check, every ttl/3 s
-        self.pass_interval = ttl / 3
         self.deregister_after = max(MIN_DEREGISTER_AFTER, 3 * ttl)
-        self.format = format  # accepted for Publisher compatibility; Consul has one format
-        self.metadata = self._checked_metadata(metadata)
-        self.client = ConsulClient(self.config, timeout=self.timeout)
-        self._rng = rng or random.Random()
-        self._clock = clock
-        self._last_ok = 0.0  # clock time of the last successful register or pass
-        self._heartbeat_task: asyncio.Task[None] | None = None
-        self._guard_task: asyncio.Task[None] | None = None
-        self.registrations = 0  # successful registrations (1 after start, +1 per recovery or resume)
-        self.passes = 0
         self.restored = 0  # registrations put back after someone overwrote them
         #: an operator's weight override: the KV key ``_waypost/override/<key>/<address>`` (``override.py``)
         self.override = ConsulOverrideFollower(self.client, key, address, self._update_late, self._rng)
         self._override_task: asyncio.Task[None] | None = None
+
+    def _resolve_config(self, registry_url_or_config: ConsulConfig | str) -> ConsulConfig:
+        return resolve_config(registry_url_or_config)
+
+    def _new_client(self) -> ConsulClient:
+        return ConsulClient(self.config, timeout=self.timeout)
+
+    def _default_id(self, key: str) -> str:
+        return f"{key}-{self.host}-{self.port}"
 
     # -- validation ----------------------------------------------------------------------------------------
 
@@ -158,18 +141,14 @@ class ConsulPublisher(PublisherBase):
     # -- properties ----------------------------------------------------------------------------------------
 
     @property
-    def key(self) -> str | None:
-        """The instance ID registered now (None while not registered)."""
-        return self.service_id if self._registered else None
+    def service_id(self) -> str:
+        """The instance's ID in Consul (``instance_id``: Consul calls it the service ID)."""
+        return self.instance_id
 
     @property
-    def lease_id(self) -> None:
-        """Consul has no leases (the TTL check plays their role): always None."""
-        return None
-
-    @property
-    def registry(self) -> ConsulConfig:
-        return self.config
+    def passes(self) -> int:
+        """Passes of the TTL check that worked (``renewals``)."""
+        return self.renewals
 
     def decoded_metadata(self) -> dict[str, Any]:
         """The metadata as a resolver reads it back (``encode_meta`` then ``decode_meta``)."""
@@ -185,6 +164,9 @@ class ConsulPublisher(PublisherBase):
     def _where(self) -> str:
         return f"consul at {self.config.base_url}"
 
+    def _terms(self) -> str:
+        return f"TTL {self.ttl}s, deregistered after {self.deregister_after}s critical"
+
     def _why(self, e: BaseException) -> str:
         """A timeout of our own bound (``wait_for``) in the client's words, as a dial says it: which agent, how
         far the request got (accepted the connection but did not answer, ...), within the publisher's timeout."""
@@ -194,75 +176,31 @@ class ConsulPublisher(PublisherBase):
         return super()._why(e)
 
     async def _register(self) -> None:
-        """PUT the registration (with its check, passing) and start keeping it alive."""
         await self.override.read()  # an operator's drain applies from the first registration on
-        async with self._write_lock():
-            await self.client.register_service(self._definition())
-        if self._state != "running":  # paused or stopped meanwhile: the caller deregisters
-            return
-        self._registered = True
-        self._last_ok = self._clock()
-        self.registrations += 1
-        self.outage.end()
-        loop = asyncio.get_running_loop()
-        if self._heartbeat_task is None or self._heartbeat_task.done():
-            self._heartbeat_task = loop.create_task(self._heartbeat())
-        if self._guard_task is None or self._guard_task.done():
-            self._guard_task = loop.create_task(self._guard())
-        if self._override_task is None or self._override_task.done():
-            self._override_task = loop.create_task(self.override.run())
-        log.debug("%r: registered (TTL %ds, deregistered after %ds critical)", self, self.ttl, self.deregister_after)
+        await super()._register()
+
+    def _start_keepers(self) -> None:
+        super()._start_keepers()
+        self._keep("guard", self._guard)
+        if self._override_task is None or self._override_task.done():  # follows the override across losses
+            self._override_task = asyncio.get_running_loop().create_task(self.override.run())
+
+    async def _write_registration(self) -> None:
+        """PUT the registration (with its check, passing); the same ID updates it in place."""
+        await self.client.register_service(self._definition())
+
+    async def _remove(self) -> None:
+        await self.client.deregister_service(self.service_id)
+
+    def _left_behind(self) -> str:
+        return (f"could not deregister {self.service_id!r} (it leaves the passing list within {self.ttl}s and the "
+                f"catalog after {self.deregister_after}s more)")
 
     async def _withdraw(self) -> None:
-        await self._teardown(deregister=True)
-
-    async def _close(self) -> None:
-        await self.client.close()
-
-    async def _teardown(self, deregister: bool) -> None:
-        """Stop passing and guarding; deregister (bounded; else the check goes critical after ttl and the
-        instance is reaped after DeregisterCriticalServiceAfter)."""
-        self._cancel_tasks(include_retry=True)
         if self._override_task is not None:
             self._override_task.cancel()
             self._override_task = None
-        self._registered = False
-        self.outage.end()  # paused or stopped on purpose: not an outage
-        if deregister:
-            try:
-                async with self._write_lock():
-                    await asyncio.wait_for(self.client.deregister_service(self.service_id), REVOKE_TIMEOUT)
-            except ConsulNotFound:
-                pass  # gone already (agent restarted)
-            except Exception as e:  # noqa: BLE001 (the control plane must not die)
-                log.warning("%r: could not deregister %r (it leaves the passing list within %ds and the catalog "
-                            "after %ds more): %s", self, self.service_id, self.ttl, self.deregister_after,
-                            str(e) or type(e).__name__)
-
-    def _cancel_tasks(self, include_retry: bool) -> None:
-        current = asyncio.current_task()
-        tasks = [self._heartbeat_task, self._guard_task] + ([self._retry_task] if include_retry else [])
-        for task in tasks:
-            if task is not None and task is not current:
-                task.cancel()
-        self._heartbeat_task = self._guard_task = None
-        if include_retry:
-            self._retry_task = None
-
-    async def _update_metadata(self, metadata: dict[str, Any] | None) -> None:
-        self.metadata = metadata
-        if self._state != "running" or not self._registered:
-            return  # the next registration carries it
-        try:
-            async with self._write_lock():
-                await asyncio.wait_for(self.client.register_service(self._definition()), self.timeout)
-        except PermissionDenied:
-            raise
-        except (asyncio.TimeoutError, RegistryError, RegistryUnavailable, OSError) as e:
-            why = self._why(e)
-            raise RegistryUnavailable(f"could not update the metadata of {self.service_id!r} in consul at "
-                                      f"{self.config.base_url} within {self.timeout:g}s: {why}") from e
-        self._last_ok = self._clock()
+        await super()._withdraw()
 
     # -- keeping it alive ----------------------------------------------------------------------------------
 
@@ -272,39 +210,15 @@ class ConsulPublisher(PublisherBase):
             return True
         return isinstance(e, RegistryError) and "does not have associated TTL" in str(e)
 
-    async def _heartbeat(self) -> None:
-        """Pass the TTL check every ttl/3 s; on failure retry ~1 s; lost when nothing passed for ttl s."""
-        failing = False
-        while self._state == "running" and self._registered:
-            delay = min(self.retry_interval, self.pass_interval) if failing else self.pass_interval
-            await asyncio.sleep(cool_down(self._rng, delay))
-            if self._state != "running" or not self._registered:
-                return
-            try:
-                await self.client.pass_check(self.check_id)
-            except asyncio.CancelledError:
-                raise
-            except Exception as e:  # noqa: BLE001 (the control plane must not die)
-                if self._gone(e):
-                    log.debug("%r: the agent no longer has check %r (%s)", self, self.check_id, e)
-                    self._recover_later(e)
-                    return
-                overdue = self._clock() - self._last_ok
-                if overdue >= self.ttl:
-                    self._recover_later(RegistryUnavailable(
-                        f"no pass of {self.check_id!r} succeeded for {overdue:.1f}s (TTL {self.ttl}s), so the "
-                        f"check is critical: {e}"))
-                    return
-                (log.warning if not failing else log.debug)(
-                    "%r: passing %r failed (retrying; lost only after %ds without a pass): %s", self,
-                    self.check_id, self.ttl, str(e) or type(e).__name__)
-                failing = True
-                continue
-            self.passes += 1
-            self._last_ok = self._clock()
-            if failing:
-                log.info("%r: passing %r works again", self, self.check_id)
-            failing = False
+    async def _renew(self) -> None:
+        await self.client.pass_check(self.check_id)
+
+    def _renewal(self) -> str:
+        return f"passing {self.check_id!r}"
+
+    def _lost_text(self, overdue: float, e: Exception) -> str:
+        return (f"no pass of {self.check_id!r} succeeded for {overdue:.1f}s (TTL {self.ttl}s), so the check is "
+                f"critical: {e}")
 
     async def _guard(self) -> None:
         """Follow our own registration on the agent (a blocking read on its content hash): gone -> register
@@ -340,15 +254,9 @@ class ConsulPublisher(PublisherBase):
                 log.warning("%r: %r was changed from outside; putting it back", self, self.service_id)
                 try:
                     async with self._write_lock():
-                        await self.client.register_service(self._definition())
+                        await self._write_registration()
                     self.restored += 1
                 except Exception as e:  # noqa: BLE001
                     log.debug("%r: putting back %r failed: %s", self, self.service_id, e)
                     await asyncio.sleep(cool_down(self._rng, self.retry_interval))
                 content_hash = ""
-
-    def _forget(self, reason: BaseException | None) -> None:
-        self._cancel_tasks(include_retry=False)
-        was_registered, self._registered = self._registered, False
-        if was_registered:
-            log.warning("%r: registration lost (%s); registering again", self, reason or "unknown reason")

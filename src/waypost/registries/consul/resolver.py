@@ -52,9 +52,11 @@ from collections.abc import AsyncIterator, Callable, Sequence
 from typing import Any
 
 from ... import metrics
-from ...errors import InvalidTarget, PermissionDenied, RegistryError, RegistryUnavailable, WaypostError
+from ...errors import InvalidTarget, PermissionDenied, RegistryError, RegistryUnavailable
 from ...resolver.base import ResolverOptions
+from ...resolver.empty_hold import EmptyListHold
 from ...resolver.loop_resolver import LoopResolver
+from ...resolver.read_failure import failure_text
 from ...resolver.target import Target
 from ...types import Backend
 from .api import ConsulClient, ConsulTLSError, require_client
@@ -102,7 +104,8 @@ class ConsulResolver(LoopResolver[ConsulClient]):
         self._started = clock()  # when the first list's deadline started (set again by the loop)
         self._last_query = 0.0
         self._reconnected_at: float | None = None  # clock time of the first good answer after a failure
-        self._held_since: float | None = None  # an empty answer is being held since (see _hold)
+        #: an empty answer right after a reconnect, held (see ``_hold``)
+        self._empty = EmptyListHold(settle, clock, on_start=self._hold_started, on_expired=self._hold_expired)
         self._warned: set[str] = set()  # the malformed-entry problems already logged
         # introspection (and tests)
         self.queries = 0
@@ -110,8 +113,6 @@ class ConsulResolver(LoopResolver[ConsulClient]):
         self.resets = 0
         #: malformed entries skipped in answers otherwise used
         self.malformed = 0
-        #: empty answers held after a reconnect
-        self.holds = 0
         #: whether the last answer may have left out instances for lack of ACL permission (warned on each change)
         self.acl_hidden = False
         self.index = 0
@@ -165,9 +166,9 @@ class ConsulResolver(LoopResolver[ConsulClient]):
     def _query_wait(self) -> float:
         """A blocking query's wait: ``wait``, or, while an empty answer is held, what is left of the hold
         (the answer after it confirms the empty list, unless the list changed meanwhile)."""
-        if self._held_since is None:
+        if self._empty.since is None:
             return self.wait
-        return min(self.wait, max(self._held_since + self.settle - self._clock(), 0.1))
+        return min(self.wait, max(self._empty.since + self.settle - self._clock(), 0.1))
 
     def _failed(self, e: Exception) -> None:
         self.failures += 1
@@ -227,30 +228,24 @@ class ConsulResolver(LoopResolver[ConsulClient]):
         ``settle`` s of a reconnect, an empty answer does not replace a non-empty list until it has stayed
         empty for ``settle`` s (a blocking query bounded by what is left confirms it); any non-empty answer
         is applied at once and ends the hold. Outside that window an empty answer is applied as it comes."""
-        if backends or not self._last:
-            self._held_since = None
-            return False
-        now = self._clock()
-        if self._held_since is None:
-            if self._reconnected_at is None or now - self._reconnected_at >= self.settle:
-                return False
-            self._held_since = now
-            self.holds += 1
-            log.info("waypost: consul: %s answered no passing instance right after a reconnect; keeping the "
-                     "last %d for up to %gs unless they come back", self._what(), len(self._last), self.settle)
-            return True
-        if now - self._held_since < self.settle:
-            return True
+        reconnected = self._reconnected_at is not None and self._clock() - self._reconnected_at < self.settle
+        return self._empty.hold(not backends and bool(self._last), may_start=reconnected)
+
+    @property
+    def holds(self) -> int:
+        """Empty answers held after a reconnect."""
+        return self._empty.holds
+
+    def _hold_started(self) -> None:
+        log.info("waypost: consul: %s answered no passing instance right after a reconnect; keeping the last %d "
+                 "for up to %gs unless they come back", self._what(), len(self._last or ()), self.settle)
+
+    def _hold_expired(self, held: float) -> None:
         log.warning("waypost: consul: %s has had no passing instance for %gs since a reconnect: applying the "
-                    "empty list", self._what(), now - self._held_since)
-        self._held_since = None
-        return False
+                    "empty list", self._what(), held)
 
     def _describe(self, e: Exception) -> str:
-        text = str(e) or type(e).__name__
-        if not isinstance(e, WaypostError):
-            text = f"{type(e).__name__}: {text}"
-        return f"consul: reading the instances of {self._what()} failed: {text}"
+        return f"consul: reading the instances of {self._what()} failed: {failure_text(e)}"
 
     def backends(self, entries: Sequence[Any]) -> tuple[Backend, ...]:
         """The backends of health entries (sorted by address; one per address: the first by service ID).

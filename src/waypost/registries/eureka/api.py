@@ -19,7 +19,7 @@ Each server gets ``timeout`` seconds. A 404 is ``EurekaNotFound``; another non-2
 Eureka's message; a 200 that is not JSON is ``MalformedAnswer``.
 
 The client makes its aiohttp session on first use, on the running loop (use one client from one loop);
-``close()`` closes it.
+``close()`` closes it (``waypost.registry.http_api``).
 """
 
 from __future__ import annotations
@@ -31,6 +31,7 @@ from collections.abc import Iterable, Mapping
 from typing import Any
 
 from ...errors import RegistryError, RegistryUnavailable
+from ...registry.http_api import HttpApiClient, require_aiohttp
 from .apps import MalformedAnswer
 from .config import EurekaConfig
 
@@ -42,10 +43,7 @@ _JSON = {"Accept": "application/json", "Content-Type": "application/json", "User
 
 def require_client() -> None:
     """Raise a clear ImportError when aiohttp is missing (at construction, not on first use)."""
-    try:
-        import aiohttp  # noqa: F401
-    except ImportError as e:
-        raise ImportError(INSTALL_HINT) from e
+    require_aiohttp(INSTALL_HINT)
 
 
 class EurekaNotFound(RegistryError):
@@ -57,16 +55,14 @@ class _ServerFailed(Exception):
     """One server could not serve a request (unreachable, timed out, 5xx): the next one is tried."""
 
 
-class EurekaClient:
+class EurekaClient(HttpApiClient):
     """The REST API of one Eureka cluster (``config``); ``timeout`` bounds each server's try, in seconds."""
 
+    install_hint = INSTALL_HINT
+
     def __init__(self, config: EurekaConfig, *, timeout: float = 5.0) -> None:
-        require_client()
-        if not timeout > 0:
-            raise ValueError(f"timeout must be positive, got {timeout!r}")
+        super().__init__(timeout)
         self.config = config
-        self.timeout = float(timeout)
-        self._session: Any = None
         #: the index (in ``config.servers``) of the server requests go to first
         self.current = 0
         #: times a request moved on to another server
@@ -80,17 +76,10 @@ class EurekaClient:
         """The server requests go to now."""
         return self.config.servers[self.current]
 
-    def _get_session(self) -> Any:
+    def _new_session(self) -> Any:
         import aiohttp
 
-        if self._session is None or self._session.closed:
-            self._session = aiohttp.ClientSession(connector=aiohttp.TCPConnector(limit=0), headers=_JSON)
-        return self._session
-
-    async def close(self) -> None:
-        session, self._session = self._session, None
-        if session is not None and not session.closed:
-            await session.close()
+        return aiohttp.ClientSession(connector=aiohttp.TCPConnector(limit=0), headers=_JSON)
 
     async def request(self, method: str, path: str, *, params: Iterable[tuple[str, str]] = (), body: Any = None,
                       what: str = "", missing_ok: bool = False) -> Any:

@@ -20,7 +20,6 @@
 from __future__ import annotations
 
 import json
-import math
 import re
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
@@ -28,6 +27,7 @@ from typing import Any
 
 from ...errors import RegistryError
 from ...netutil import AddressError, join_host_port, parse_host_port
+from ...registry.meta_text import decode_value, encode_value
 
 #: metadata keys Eureka's codecs (JSON and XML) carry: XML names, so Spring's ``management.port`` too
 META_KEY_RE = re.compile(r"[A-Za-z_][A-Za-z0-9_.-]{0,127}")
@@ -45,21 +45,6 @@ class MalformedInstance(ValueError):
     """One instance of an answer cannot be used (the message says why); it is skipped."""
 
 
-def _strict_json(text: str) -> Any:
-    def refuse(name: str) -> Any:
-        raise ValueError(name)
-
-    return json.loads(text, parse_constant=refuse)
-
-
-def _is_json(text: str) -> bool:
-    try:
-        _strict_json(text)
-    except ValueError:
-        return False
-    return True
-
-
 def encode_metadata(metadata: Mapping[str, Any] | None) -> dict[str, str]:
     """waypost metadata -> Eureka's (strings); TypeError/ValueError naming an entry Eureka cannot carry."""
     out: dict[str, str] = {}
@@ -67,13 +52,7 @@ def encode_metadata(metadata: Mapping[str, Any] | None) -> dict[str, str]:
         if not isinstance(key, str) or not META_KEY_RE.fullmatch(key):
             raise ValueError(f"metadata key {key!r:.140} cannot be an Eureka metadata key (a letter or '_', then "
                              "letters, digits, '_', '.' and '-'; at most 128)")
-        if isinstance(value, str) and value and not _is_json(value):
-            out[key] = value
-            continue
-        try:
-            out[key] = json.dumps(value, separators=(",", ":"), ensure_ascii=False, allow_nan=False)
-        except (TypeError, ValueError) as e:
-            raise type(e)(f"metadata[{key!r}]: {e}") from None
+        out[key] = encode_value(key, value, quote_empty=True)  # empty: how a key is taken back (below)
     return out
 
 
@@ -87,18 +66,8 @@ def decode_metadata(meta: Any) -> dict[str, Any]:
     for key, value in meta.items():
         if not isinstance(key, str) or key.startswith("@"):
             continue
-        if not isinstance(value, str):
-            out[key] = value
-            continue
-        if not value:
-            continue
-        try:
-            decoded = _strict_json(value)
-        except ValueError:
-            decoded = value
-        if isinstance(decoded, float) and not math.isfinite(decoded):
-            decoded = value
-        out[key] = decoded
+        if value != "":
+            out[key] = decode_value(value)
     return out
 
 

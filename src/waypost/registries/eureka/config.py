@@ -30,6 +30,7 @@ from ... import urlparams
 from ...durations import DurationError, format_duration, parse_positive_duration
 from ...errors import InvalidTarget
 from ...netutil import AddressError, normalize_host_port
+from ...registry.url_form import URLForm
 from ...urlparams import TargetLike
 
 DEFAULT_PORT = 8761
@@ -99,36 +100,17 @@ def parse_interval(value: str, fail: Callable[[str], Exception]) -> float:
         raise fail(f"interval={value!r}: {e}") from None
 
 
-def _bad(url: str, problem: str) -> InvalidTarget:
-    return urlparams.url_error(url, problem, example=EXAMPLE, label="eureka registry URL")
+URL_FORM = URLForm("eureka", "eureka registry URL", EXAMPLE)
 
 
 def parse_registry_url(url: str) -> EurekaConfig:
     """Parse and validate ``eureka://host:port[,host:port]?...``; raises ``InvalidTarget`` naming the bad part."""
-    if not isinstance(url, str) or not url.strip():
-        raise InvalidTarget(f"empty eureka registry URL (example: {EXAMPLE})")
-    url = url.strip()
-    scheme, sep, rest = url.partition("://")
-    if not sep or scheme.lower() != "eureka":
-        shown = urlparams.shown_scheme(scheme)
-        raise _bad(url, f"expected scheme eureka://, got {shown + '://' if sep else 'no scheme'}")
-    netloc, _, query = rest.partition("?")
-    query = query.partition("#")[0]
-    if "@" in netloc:
-        raise _bad(url, "user info ('user@') is not supported: waypost talks to Eureka without credentials")
-    netloc, slash, path = netloc.partition("/")
-    if slash and path.strip("/"):
-        raise _bad(url, f"unexpected path {'/' + path!r}: a registry URL names the servers only (the app is the "
-                        "key given to serve()), and Eureka's base path goes in ?path=")
-    if not netloc:
-        raise _bad(url, "no host")
-    fail = functools.partial(_bad, url)
-    servers = []
-    for part in urllib.parse.unquote(netloc).split(","):
-        try:
-            servers.append(normalize_host_port(part, what="eureka server", default_port=DEFAULT_PORT))
-        except AddressError as e:
-            raise fail(str(e)) from None
+    url, netloc, query = URL_FORM.host_part(
+        url, no_userinfo="is not supported: waypost talks to Eureka without credentials",
+        no_path=": a registry URL names the servers only (the app is the key given to serve()), and Eureka's base "
+                "path goes in ?path=")
+    fail = functools.partial(URL_FORM.error, url)
+    servers = URL_FORM.hosts(url, urllib.parse.unquote(netloc), what="eureka server", default_port=DEFAULT_PORT)
     opts: dict[str, object] = {}
     for name, value in urlparams.options(query, fail, known=URL_OPTIONS):
         if name == "tls":
@@ -185,8 +167,4 @@ def target_for(config: EurekaConfig, app: str, interval: float | None = None) ->
 
 def resolve_config(registry: EurekaConfig | str) -> EurekaConfig:
     """An ``EurekaConfig`` as given, or parsed from a registry URL."""
-    if isinstance(registry, EurekaConfig):
-        return registry
-    if isinstance(registry, str):
-        return parse_registry_url(registry)
-    raise TypeError(f"expected a eureka:// registry URL or an EurekaConfig, got {type(registry).__name__}")
+    return URL_FORM.settings(registry, EurekaConfig, parse_registry_url)

@@ -31,7 +31,8 @@ import time
 from typing import Any
 
 from ...console.board import Board
-from ...console.sources import RETRY_INTERVAL, TargetSource, follow_services, on_control
+from ...console.catalog_source import CatalogSource
+from ...console.sources import RETRY_INTERVAL, on_control
 from ...discovery.override import parse_override, split_override_key
 from ...registry.base import DeleteResult, KeyValue, PutResult
 from .api import EurekaClient
@@ -47,28 +48,17 @@ OWN_WEIGHT_KEY = "waypost.weight.own"
 DRAINED = "OUT_OF_SERVICE"
 
 
-class EurekaSource:
+class EurekaSource(CatalogSource):
+    kind = "eureka"
+
     def __init__(self, url: str, board: Board, timeout: float = 5.0) -> None:
         self.config = parse_registry_url(url)
-        self.name = self.config.url
-        self.board = board
-        self.timeout = timeout
-        self._client: EurekaClient | None = None
-        self._services: dict[str, TargetSource] = {}
-        self._task: asyncio.Task[None] | None = None
-        self._closed = False
+        super().__init__(self.config.url, board, timeout, lambda: EurekaClient(self.config, timeout=timeout))
         #: what the console's writes go through (``actions.apply``): Eureka's status overrides and metadata
         self.writer = EurekaOverrides(self.name, self.client)
 
-    @property
-    def url(self) -> str:
-        return self.name
-
-    def client(self) -> EurekaClient:
-        """The cluster's client (made, and used only, on the control loop)."""
-        if self._client is None:
-            self._client = EurekaClient(self.config, timeout=self.timeout)
-        return self._client
+    def _target(self, service: str) -> str:
+        return target_for(self.config, service)
 
     async def _read(self) -> RegistryCopy:
         """On the control loop: the whole registry."""
@@ -80,7 +70,7 @@ class EurekaSource:
     async def start(self) -> None:
         """Follow the registry; one that cannot be read yet is shown as down, and read again until it answers."""
         await self._read_once()
-        self._task = asyncio.create_task(self._follow(), name="waypost-console-eureka")
+        self._spawn(self._follow(), "eureka")
 
     async def _read_once(self) -> bool:
         try:
@@ -88,7 +78,7 @@ class EurekaSource:
         except asyncio.CancelledError:
             raise
         except Exception as e:  # noqa: BLE001 (shown on the page; tried again)
-            self.board.source_down(self.name, "eureka", str(e) or type(e).__name__)
+            self._down(e)
             return False
         self.board.source_up(self.name, "eureka")
         await self._apply(copy)
@@ -101,29 +91,10 @@ class EurekaSource:
                 await asyncio.sleep(RETRY_INTERVAL)
 
     async def _apply(self, copy: RegistryCopy) -> None:
-        drained = {(self.name, inst.app, inst.address): {"weight": 0, "by": "eureka status override"}
-                   for app in copy.names() for inst in copy.instances(app)
-                   if inst.address and str(inst.raw.get("overriddenStatus", "")).upper() == DRAINED}
-        old = {k: v for k, v in self.board.overrides.items() if k[0] == self.name}
-        if drained != old:
-            for k in old:
-                self.board.overrides.pop(k, None)
-            self.board.overrides.update(drained)  # type: ignore[arg-type]
-            self.board.touch()
-        await follow_services(self._services, copy.names(), self.board,
-                              target=lambda n: target_for(self.config, n), source=self.name, fmt="eureka",
-                              timeout=self.timeout, closed=lambda: self._closed)
-
-    async def close(self) -> None:
-        self._closed = True
-        if self._task is not None:
-            self._task.cancel()
-        for src in self._services.values():
-            await src.close()
-        self._services.clear()
-        client, self._client = self._client, None
-        if client is not None:
-            await on_control(client.close())
+        self._show_overrides({(self.name, inst.app, inst.address): {"weight": 0, "by": "eureka status override"}
+                              for app in copy.names() for inst in copy.instances(app)
+                              if inst.address and str(inst.raw.get("overriddenStatus", "")).upper() == DRAINED})
+        await self._follow_names(copy.names())
 
 
 class EurekaOverrides:

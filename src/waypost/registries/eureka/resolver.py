@@ -34,9 +34,11 @@ import time
 from collections.abc import AsyncIterator, Callable
 
 from ...discovery.group import cool_down
-from ...errors import InvalidTarget, WaypostError
+from ...errors import InvalidTarget
 from ...resolver.base import ResolverOptions
+from ...resolver.empty_hold import EmptyListHold
 from ...resolver.loop_resolver import LoopResolver
+from ...resolver.read_failure import failure_text
 from ...resolver.target import Target
 from ...types import Backend
 from .api import EurekaClient, require_client
@@ -78,7 +80,8 @@ class EurekaResolver(LoopResolver[EurekaClient]):
         self.copy = RegistryCopy()
         self._full_next = True  # the next fetch is a full one
         self._full_reason = "first fetch"
-        self._held_since: float | None = None
+        #: an empty list from a full fetch, held (module docstring, 5)
+        self._empty = EmptyListHold(settle, clock, on_start=self._hold_started, on_expired=self._hold_expired)
         self._warned: set[str] = set()
         # introspection (and tests)
         self.full_fetches = 0
@@ -86,7 +89,6 @@ class EurekaResolver(LoopResolver[EurekaClient]):
         self.mismatches = 0
         self.failures = 0
         self.malformed = 0
-        self.holds = 0
 
     def __repr__(self) -> str:
         return f"<EurekaResolver {self.target.redacted} full={self.full_fetches} delta={self.delta_fetches}>"
@@ -167,28 +169,22 @@ class EurekaResolver(LoopResolver[EurekaClient]):
 
     def _hold(self, backends: tuple[Backend, ...], from_full: bool) -> bool:
         """Whether to keep the last list instead of this empty one from a full fetch (module docstring, 5)."""
-        if backends or not self._last or (not from_full and self._held_since is None):
-            self._held_since = None
-            return False
-        now = self._clock()
-        if self._held_since is None:
-            self._held_since = now
-            self.holds += 1
-            log.info("waypost: eureka: %s has no UP instance after a full fetch (%s); keeping the last %d for up to "
-                     "%gs unless they come back", self._what(), self._full_reason, len(self._last), self.settle)
-            return True
-        if now - self._held_since < self.settle:
-            return True
-        log.warning("waypost: eureka: %s has had no UP instance for %gs: applying the empty list", self._what(),
-                    now - self._held_since)
-        self._held_since = None
-        return False
+        return self._empty.hold(not backends and bool(self._last), may_start=from_full)
+
+    @property
+    def holds(self) -> int:
+        """Empty lists from a full fetch held."""
+        return self._empty.holds
+
+    def _hold_started(self) -> None:
+        log.info("waypost: eureka: %s has no UP instance after a full fetch (%s); keeping the last %d for up to "
+                 "%gs unless they come back", self._what(), self._full_reason, len(self._last or ()), self.settle)
+
+    def _hold_expired(self, held: float) -> None:
+        log.warning("waypost: eureka: %s has had no UP instance for %gs: applying the empty list", self._what(), held)
 
     def _describe(self, e: Exception) -> str:
-        text = str(e) or type(e).__name__
-        if not isinstance(e, WaypostError):
-            text = f"{type(e).__name__}: {text}"
-        return f"eureka: reading {self._what()} failed: {text}"
+        return f"eureka: reading {self._what()} failed: {failure_text(e)}"
 
     def backends(self) -> tuple[Backend, ...]:
         """The app's UP instances as backends (sorted by address; one per address: the first by instance id)."""

@@ -27,6 +27,7 @@ from typing import Any
 from ... import urlparams
 from ...errors import InvalidTarget
 from ...netutil import AddressError, normalize_host_port
+from ...registry.url_form import URLForm
 from ...urlparams import TargetLike, seconds_ok
 from .layout import DEFAULT_NAMESPACE, LayoutError, check_namespace
 
@@ -144,8 +145,7 @@ def require_kazoo() -> None:
 # ---- registry URLs and targets -------------------------------------------------------------------------------
 
 
-def _bad(url: str, problem: str) -> InvalidTarget:
-    return urlparams.url_error(url, problem, example=EXAMPLE, label="ZooKeeper registry URL")
+URL_FORM = URLForm("zk", "ZooKeeper registry URL", EXAMPLE)
 
 
 def _options(given: Mapping[str, str], fail: urlparams.Fail) -> dict[str, Any]:
@@ -165,30 +165,20 @@ def _options(given: Mapping[str, str], fail: urlparams.Fail) -> dict[str, Any]:
 
 def parse_registry_url(url: str) -> ZkConfig:
     """``zk://H1:2181,H2:2181[?session_timeout=S&namespace=/P]`` -> ZkConfig; InvalidTarget naming the problem."""
-    if not isinstance(url, str) or not url.strip():
-        raise InvalidTarget(f"empty ZooKeeper registry URL (example: {EXAMPLE})")
-    url = url.strip()
-    scheme, sep, rest = url.partition("://")
-    if not sep or scheme.lower() != "zk":
-        raise _bad(url, "a ZooKeeper registry URL starts with zk://")
+    url, rest = URL_FORM.rest(url, wrong_scheme="a ZooKeeper registry URL starts with zk://")
     if "#" in rest:
-        raise _bad(url, "a registry URL has no '#fragment'")
+        raise URL_FORM.error(url, "a registry URL has no '#fragment'")
     before_query, _, query = rest.partition("?")
     netloc, slash, path = before_query.partition("/")
     if "@" in netloc:
-        raise _bad(url, "ZooKeeper registry URLs take no credentials (digest ACLs are not supported)")
+        raise URL_FORM.error(url, "ZooKeeper registry URLs take no credentials (digest ACLs are not supported)")
     if path.strip("/"):
-        raise _bad(url, f"unexpected path {slash + path!r}: a registry URL names the ZooKeeper hosts only, the "
+        raise URL_FORM.error(url, f"unexpected path {slash + path!r}: a registry URL names the ZooKeeper hosts only, the "
                         "service is the publisher's key (dial targets are zk://HOSTS/SERVICE)")
     if not netloc:
-        raise _bad(url, "no host")
-    hosts = []
-    for raw in netloc.split(","):
-        try:
-            hosts.append(normalize_host_port(raw, what="ZooKeeper host", default_port=DEFAULT_PORT))
-        except AddressError as e:
-            raise _bad(url, str(e)) from None
-    fail = functools.partial(_bad, url)
+        raise URL_FORM.error(url, "no host")
+    hosts = URL_FORM.hosts(url, netloc, what="ZooKeeper host", default_port=DEFAULT_PORT)
+    fail = functools.partial(URL_FORM.error, url)
     given = dict(urlparams.options(query, fail))  # the names are checked with a target's, by _options
     return ZkConfig(hosts=tuple(hosts), **_options(given, fail))
 
@@ -215,8 +205,4 @@ def from_target(target: TargetLike) -> ZkConfig:
 
 def resolve_config(registry_url_or_config: ZkConfig | str) -> ZkConfig:
     """A ZkConfig as it is, a string parsed as a registry URL; TypeError for anything else."""
-    if isinstance(registry_url_or_config, ZkConfig):
-        return registry_url_or_config
-    if isinstance(registry_url_or_config, str):
-        return parse_registry_url(registry_url_or_config)
-    raise TypeError(f"expected a zk:// registry URL or a ZkConfig, got {type(registry_url_or_config).__name__}")
+    return URL_FORM.settings(registry_url_or_config, ZkConfig, parse_registry_url)

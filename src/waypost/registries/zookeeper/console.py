@@ -15,7 +15,8 @@ import urllib.parse
 from typing import Any
 
 from ...console.board import Board
-from ...console.sources import TargetSource, follow_services, on_control
+from ...console.catalog_source import CatalogSource
+from ...console.sources import on_control
 from ...discovery.override import OVERRIDE_ROOT, parse_override
 from . import client as zk
 from .store import ZkOverrides
@@ -27,16 +28,13 @@ INTERVAL = 2.0
 MAX_OVERRIDES = 1000
 
 
-class ZkSource:
+class ZkSource(CatalogSource):
+    kind = "zk"
+
     def __init__(self, url: str, board: Board, timeout: float = 5.0) -> None:
-        self.writer = ZkOverrides(url, timeout)  # its session serves the listing too
+        self.writer = ZkOverrides(url, timeout)  # its session serves the listing too: it is the client
         self.config = self.writer.config
-        self.name = self.config.url
-        self.board = board
-        self.timeout = timeout
-        self._services: dict[str, TargetSource] = {}
-        self._task: asyncio.Task[None] | None = None
-        self._closed = False
+        super().__init__(self.config.url, board, timeout, lambda: self.writer)
 
     def _target(self, service: str) -> str:
         q = f"?namespace={urllib.parse.quote(self.config.namespace, safe='/')}" \
@@ -73,7 +71,7 @@ class ZkSource:
         """One read, then one every ``INTERVAL`` s. A ZooKeeper that does not answer is shown as down, not raised:
         the next rounds try again until it answers."""
         await self._round()
-        self._task = asyncio.create_task(self._follow(), name="waypost-console-zk")
+        self._spawn(self._follow(), "zk")
 
     async def _follow(self) -> None:
         while not self._closed:
@@ -86,26 +84,14 @@ class ZkSource:
         except asyncio.CancelledError:
             raise
         except Exception as e:  # noqa: BLE001 (shown on the page; tried again)
-            self.board.source_down(self.name, "zk", str(e) or type(e).__name__)
+            self._down(e)
             return
         await self._apply(names, overrides)
 
     async def _apply(self, names: list[str], overrides: dict[tuple[str, str, str], dict[str, Any]]) -> None:
         self.board.source_up(self.name, "zk")
-        old = {k: v for k, v in self.board.overrides.items() if k[0] == self.name}
-        if old != overrides:
-            for k in old:
-                self.board.overrides.pop(k, None)
-            self.board.overrides.update(overrides)
-            self.board.touch()
-        await follow_services(self._services, names, self.board, target=self._target, source=self.name,
-                              fmt="zk", timeout=self.timeout, closed=lambda: self._closed)
+        self._show_overrides(overrides)
+        await self._follow_names(names)
 
-    async def close(self) -> None:
-        self._closed = True
-        if self._task is not None:
-            self._task.cancel()
-        for src in self._services.values():
-            await src.close()
-        self._services.clear()
-        await on_control(self.writer.close())
+    async def _release(self) -> None:
+        await on_control(self.writer.close())  # it serves the console's writes too: closed whether a read used it or not

@@ -56,6 +56,7 @@ from typing import Any
 
 from ... import _loop, metrics
 from ...discovery.group import cool_down
+from ...discovery.heartbeat_publisher import check_ttl
 from ...discovery.outage import OnUnregistered, Outage
 from ...discovery.override import OverrideState, apply_override
 from ...discovery.publisher_base import REVOKE_TIMEOUT, PublisherBase
@@ -92,8 +93,7 @@ class ZkPublisher(PublisherBase):
             zk.check_node_name(key, "publisher key (the service name)")
         except LayoutError as e:
             raise ValueError(str(e)) from None
-        if isinstance(ttl, bool) or not isinstance(ttl, int) or ttl < 1:
-            raise ValueError(f"ttl must be a whole number of seconds >= 1, got {describe_value(ttl)}")
+        check_ttl(ttl)
         if isinstance(timeout, bool) or not isinstance(timeout, (int, float)) or not timeout > 0:
             raise ValueError(f"timeout must be a positive number of seconds, got {describe_value(timeout)}")
         if isinstance(id, bool) or not (id is None or isinstance(id, (int, str))):
