@@ -1,7 +1,7 @@
 """What load accounting and ORCA cost a server: throughput and CPU per call, with and without, side by side.
 
 Three Echo servers run as subprocesses of this script (``--serve``), identical except that ``accounted`` has
-waypost's load-report service and its accounting interceptor mounted (``waypost.loadreport.mount``) and
+waypost's load-report service and its accounting interceptor mounted (``waypost.orca.mount_waypost_report``) and
 ``orca`` has what ``waypost.serve`` mounts now (``waypost.orca.mount``: the same accounting plus the ORCA
 per-call trailer on every call and the out-of-band service; during its rounds the client also holds one
 StreamCoreMetrics stream open at a 1 s interval). The client (this process, ``--callers`` threads in a closed loop, replies
@@ -60,9 +60,9 @@ def serve_main(mode: str, workers: int) -> int:
     server = grpc.server(futures.ThreadPoolExecutor(workers))
     echo_pb2_grpc.add_EchoServicer_to_server(EchoServicer(mode), server)
     if mode == "accounted":
-        from waypost.loadreport import mount
+        from waypost.orca import mount_waypost_report
 
-        mount(server)
+        mount_waypost_report(server)
     elif mode == "orca":
         from waypost import orca
 
@@ -121,7 +121,7 @@ def load_round(stub: echo_pb2_grpc.EchoStub, callers: int, seconds: float) -> in
 
 def interceptor_cost_us(calls: int = 200_000, repeat: int = 5) -> dict[str, float]:
     """Per-call time of the accounting path alone (in-process, no network): wrapped minus bare."""
-    from waypost.loadreport import LoadInterceptor
+    from waypost.orca import LoadInterceptor
 
     def behavior(request: object, context: object) -> object:
         return request

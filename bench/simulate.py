@@ -8,7 +8,7 @@ queued/in service on the backend, as a cancelled gRPC call does until the server
 waypost pickers are driven through ``Policy.build`` / ``Picker.pick`` / ``done(Outcome)`` with the
 simulation clock injected as the policy clock. No threads, no sleeping; everything is seeded.
 
-Each simulated server keeps a real ``waypost.loadreport.LoadAccount`` on the simulation clock, fed
+Each simulated server keeps a real ``waypost.orca.LoadAccount`` on the simulation clock, fed
 as the server's load interceptor feeds it: ``begin`` when a call reaches the server (a queued call
 counts as in flight: the real handler runs while it waits for a slot), ``end`` when it finishes (or
 when a call whose deadline passed leaves the queue). ``prequal`` gets a simulated prober: a probe
@@ -65,7 +65,7 @@ import grpc
 
 from waypost.balancer.base import Outcome, PickInfo, Policy
 from waypost.balancer.policies import get_policy
-from waypost.loadreport.account import LoadAccount
+from waypost.orca.account import LoadAccount
 from waypost.service_config import DEFAULT_POLICY
 from waypost.types import Backend
 

@@ -6,7 +6,7 @@ A deterministic discrete-event simulation driving the real pickers (``Policy.bui
 callers (each sends its next call the moment its last one ends: 1 is sequential calls, nothing else in flight)
 against backends that are equal in everything but their registered weight: every call takes ``LATENCY`` seconds
 times a seeded jitter of +-20 %, whatever the load. Each simulated server keeps a real
-``waypost.loadreport.LoadAccount`` on the simulation clock (a call counts there from its pick to its end), and
+``waypost.orca.LoadAccount`` on the simulation clock (a call counts there from its pick to its end), and
 ``prequal`` gets a simulated prober that reads it ``PROBE_DELAY`` after a probe is sent and answers as long again
 later, so its probe choice is measured, not only its peak_ewma fallback.
 
@@ -38,7 +38,7 @@ import grpc
 
 from waypost.balancer.base import Outcome, PickInfo
 from waypost.balancer.policies import get_policy
-from waypost.loadreport.account import LoadAccount
+from waypost.orca.account import LoadAccount
 from waypost.types import Backend
 
 POLICIES = ("peak_ewma", "p2c_ewma", "least_request", "prequal")

@@ -1,6 +1,6 @@
 #!/usr/bin/env sh
 # Regenerate waypost's protobuf message classes: the etcd subset (src/waypost/etcd/proto) and the
-# load-report service (src/waypost/loadreport/proto). Needs grpcio-tools (pip install 'waypost[dev]').
+# waypost.load.v1 load report (src/waypost/orca/proto). Needs grpcio-tools (pip install 'waypost[dev]').
 # Only messages are generated: the etcd client calls etcd's gRPC method paths directly and the
 # load-report service registers its one method by path, so no *_grpc stubs are needed.
 set -eu
@@ -15,5 +15,5 @@ gen() {  # gen <proto dir> <output dir> <proto file> <package docstring>
 }
 
 gen src/waypost/etcd/proto src/waypost/etcd/_proto waypost_etcd.proto "Generated etcd message classes"
-gen src/waypost/loadreport/proto src/waypost/loadreport/_proto waypost_load.proto \
-  "Generated load-report message classes"
+gen src/waypost/orca/proto src/waypost/orca/_generated waypost_load.proto \
+  "Generated waypost.load.v1 message classes"

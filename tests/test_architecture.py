@@ -4,6 +4,7 @@ and the size limit of a module."""
 
 from __future__ import annotations
 
+import ast
 import subprocess
 import sys
 from pathlib import Path
@@ -32,3 +33,75 @@ def test_no_module_is_over_the_size_limit() -> None:
         if generated not in p.parents and (n := len(p.read_text().splitlines())) > MAX_LINES
     }
     assert not too_big, f"modules over {MAX_LINES} lines (split them by job): {too_big}"
+
+
+def _module_of(path: Path) -> tuple[str, bool]:
+    """The dotted name of a source file, and whether it is a package's ``__init__``."""
+    parts = list(path.relative_to(SRC.parent).with_suffix("").parts)
+    if parts[-1] == "__init__":
+        return ".".join(parts[:-1]), True
+    return ".".join(parts), False
+
+
+def _is_module(dotted: str) -> bool:
+    base = SRC.parent.joinpath(*dotted.split("."))
+    return base.with_suffix(".py").is_file() or (base / "__init__.py").is_file()
+
+
+def _private(name: str) -> bool:
+    return name.startswith("_") and not name.startswith("__")
+
+
+def _reach_ins(path: Path) -> list[str]:
+    """``from A import _name`` (not a module), private modules imported from outside their package, and
+    ``module._name`` on an imported waypost module: the places one module uses another one's private names."""
+    me, is_pkg = _module_of(path)
+    package = me if is_pkg else me.rpartition(".")[0]
+    found: list[str] = []
+    modules: dict[str, str] = {}  # local name -> the waypost module it is bound to
+
+    def private_module_ok(dotted: str) -> bool:  # a package's private module, used inside that package
+        parent = dotted.rpartition(".")[0]
+        return me == parent or me.startswith(parent + ".")
+
+    tree = ast.parse(path.read_text(), str(path))
+    for node in ast.walk(tree):
+        if isinstance(node, ast.ImportFrom):
+            if node.level:
+                base = package.rsplit(".", node.level - 1)[0] if node.level > 1 else package
+                target = f"{base}.{node.module}" if node.module else base
+            else:
+                target = node.module or ""
+            if target != "waypost" and not target.startswith("waypost."):
+                continue
+            for alias in node.names:
+                dotted = f"{target}.{alias.name}"
+                if _is_module(dotted):
+                    modules[alias.asname or alias.name] = dotted
+                    if _private(alias.name) and not private_module_ok(dotted):
+                        found.append(f"{me}:{node.lineno} imports the private module {dotted}")
+                elif _private(alias.name):
+                    found.append(f"{me}:{node.lineno} imports {alias.name} from {target}")
+        elif isinstance(node, ast.Import):
+            for alias in node.names:
+                if not alias.name.startswith("waypost"):
+                    continue
+                parts = alias.name.split(".")
+                for i, part in enumerate(parts):
+                    if _private(part) and not private_module_ok(".".join(parts[:i + 1])):
+                        found.append(f"{me}:{node.lineno} imports the private module {alias.name}")
+                if alias.asname:
+                    modules[alias.asname] = alias.name
+    for node in ast.walk(tree):
+        if (isinstance(node, ast.Attribute) and _private(node.attr) and isinstance(node.value, ast.Name)
+                and node.value.id in modules):
+            dotted = f"{modules[node.value.id]}.{node.attr}"
+            if not (_is_module(dotted) and private_module_ok(dotted)):
+                found.append(f"{me}:{node.lineno} uses {dotted}")
+    return found
+
+
+def test_no_module_reaches_into_another_modules_private_names() -> None:
+    found = [hit for p in sorted(SRC.rglob("*.py")) if not p.name.endswith("_pb2.py") for hit in _reach_ins(p)]
+    assert not found, ("private names used from another module (make them public, or move the code that needs "
+                       "them):\n" + "\n".join(found))

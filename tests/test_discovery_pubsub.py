@@ -19,7 +19,7 @@ from waypost.errors import RegistryUnavailable
 from waypost.registry.memory import MemoryRegistry
 
 
-def _group(sub: Subscriber) -> submod._Group:
+def _group(sub: Subscriber) -> submod.SharedReader:
     assert sub._group is not None
     return sub._group
 
@@ -170,7 +170,7 @@ def test_gozero_metadata_written_between_the_two_initial_reads_is_not_lost(regis
     # read but before the address read must still come with its metadata (the side prefix is read
     # again). Here the address read is held until the registration is in.
     key = "racemd.rpc"
-    orig_load, orig_get = submod._Group._load, submod._Group._get
+    orig_load, orig_get = submod.SharedReader._load, submod.SharedReader._get
     calls = []
     injected = []
 
@@ -187,14 +187,14 @@ def test_gozero_metadata_written_between_the_two_initial_reads_is_not_lost(regis
             await asyncio.sleep(0.005)
         return await orig_get(self, src)
 
-    submod._Group._load, submod._Group._get = load, get
+    submod.SharedReader._load, submod.SharedReader._get = load, get
     try:
         with Subscriber(registry, key) as sub:
             (b,) = sub.backends()
             assert (b.address, dict(b.metadata)) == ("127.0.0.1:7013", {"w": 1})
         assert calls == [True, False, True]
     finally:
-        submod._Group._load, submod._Group._get = orig_load, orig_get
+        submod.SharedReader._load, submod.SharedReader._get = orig_load, orig_get
         registry.sync.delete(f"_waypost/meta/{key}/", prefix=True)
         registry.sync.delete(f"{key}/", prefix=True)
 

@@ -12,8 +12,8 @@ import pytest
 
 import waypost
 from waypost import orca
-from waypost.loadreport import LoadAccount, pb, report_stub, set_load
-from waypost.orca import _protos
+from waypost.orca import LoadAccount, _protos, report_stub, set_load
+from waypost.orca import waypost_load_pb as pb
 from waypost.orca.reporter import CACHE_SECONDS, RateMeter
 from waypost.orca.service import _interval
 

@@ -42,7 +42,7 @@ def test_built_wheel_installs_into_a_fresh_venv(tmp_path):
     with zipfile.ZipFile(wheels[0]) as whl:
         names = set(whl.namelist())
     for needed in ("waypost/py.typed", "waypost/etcd/_proto/waypost_etcd_pb2.py",
-                   "waypost/etcd/_proto/waypost_etcd_pb2.pyi", "waypost/loadreport/_proto/waypost_load_pb2.py",
+                   "waypost/etcd/_proto/waypost_etcd_pb2.pyi", "waypost/orca/_generated/waypost_load_pb2.py",
                    "waypost/cli.py"):
         assert needed in names, needed
     assert not [n for n in names if n.startswith(("tests/", "bench/", "examples/"))]

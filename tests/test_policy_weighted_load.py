@@ -20,7 +20,7 @@ import pytest
 from tests.policy_support import FakeClock
 from waypost.balancer.base import Outcome, PickError, PickInfo
 from waypost.balancer.policies import get_policy
-from waypost.loadreport.account import LoadAccount
+from waypost.orca.account import LoadAccount
 from waypost.types import Backend
 
 LOAD_AWARE = ["peak_ewma", "p2c_ewma", "least_request", "prequal"]

@@ -57,8 +57,8 @@ if TYPE_CHECKING:
     from .discovery import Subscriber as Subscriber
     from .discovery.registration import Registration as Registration
     from .discovery.registrations import MultiPublisher as MultiPublisher
-    from .loadreport import load_interceptor as load_interceptor
-    from .loadreport import set_load as set_load
+    from .orca import load_interceptor as load_interceptor
+    from .orca import set_load as set_load
     from .registries.consul.publisher import ConsulPublisher as ConsulPublisher
     from .registries.eureka.publisher import EurekaPublisher as EurekaPublisher
     from .registries.zookeeper.publisher import ZkPublisher as ZkPublisher
@@ -103,8 +103,8 @@ _LAZY = {
     "parse_service_config": ("waypost.service_config", "parse_service_config"),
     "parse_target": ("waypost.resolver.target", "parse_target"),
     "Backend": ("waypost.types", "Backend"),
-    "set_load": ("waypost.loadreport", "set_load"),
-    "load_interceptor": ("waypost.loadreport", "load_interceptor"),
+    "set_load": ("waypost.orca", "set_load"),
+    "load_interceptor": ("waypost.orca", "load_interceptor"),
     # the policy contract; register_policy from ``policies`` so the built-ins are registered first
     "Policy": ("waypost.balancer.base", "Policy"),
     "Picker": ("waypost.balancer.base", "Picker"),

@@ -172,8 +172,8 @@ def _before() -> None:
     global _release, _forking
     _suspended.clear()
     _release = None
-    loop = _loop._loop
-    if loop is None or _loop._pid != os.getpid() or not loop.is_running() or _loop.in_loop():
+    loop = _loop.current_loop()
+    if loop is None or not loop.is_running() or _loop.in_loop():
         return  # no control loop in this process (or forking from it: nothing we can wait for)
     _forking = True
     t0 = time.monotonic()

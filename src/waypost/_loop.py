@@ -44,6 +44,12 @@ def get_loop() -> asyncio.AbstractEventLoop:
         return _loop
 
 
+def current_loop() -> asyncio.AbstractEventLoop | None:
+    """The control loop if this process started it (None before that, and in a forked child: the loop thread
+    stayed in the parent)."""
+    return _loop if _pid == os.getpid() else None
+
+
 def in_loop() -> bool:
     """True when called from the control-plane loop thread."""
     return _thread is not None and threading.current_thread() is _thread and _pid == os.getpid()

@@ -21,7 +21,7 @@ import time
 from collections.abc import Callable, Iterable
 from typing import Any
 
-from .discovery.outage import _positive_seconds, exit_process
+from .discovery.outage import exit_process, positive_seconds
 from .discovery.registration import Registration
 from .errors import describe_value
 
@@ -37,7 +37,7 @@ def check_shutdown_args(on_shutdown: Iterable[ShutdownHook] | None, hard_deadlin
                         allow_async: bool) -> tuple[ShutdownHook, ...]:
     """The hooks as a tuple; TypeError or ValueError naming what is wrong (``allow_async``: ``serve_async`` takes
     coroutine functions too)."""
-    if hard_deadline is not None and not _positive_seconds(hard_deadline):
+    if hard_deadline is not None and not positive_seconds(hard_deadline):
         raise ValueError(f"serve: hard_deadline must be a positive number of seconds after the stop began (or None), "
                          f"got {describe_value(hard_deadline)}")
     if on_shutdown is None:

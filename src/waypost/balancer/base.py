@@ -52,8 +52,10 @@ class Outcome:
 DoneHook = Callable[[Outcome], None]
 
 
-def _noop_done(outcome: Outcome) -> None:
-    return None
+def noop_done(outcome: Outcome) -> None:
+    """The default ``PickResult.done``: a picker that keeps no per-call state (the channel then builds no
+    ``Outcome`` for the call)."""
+    return
 
 
 @dataclass(frozen=True, slots=True)
@@ -62,7 +64,7 @@ class PickResult:
     (``Outcome.trailing_metadata``), e.g. to read a server's per-call load report."""
 
     backend: Backend
-    done: DoneHook = _noop_done
+    done: DoneHook = noop_done
     wants_trailers: bool = False
 
 

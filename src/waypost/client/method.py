@@ -19,7 +19,7 @@ import grpc.aio
 
 from .. import metrics as _metrics
 from .._grpc_private import registered_method_kwargs
-from ..balancer.base import Outcome, PickError, PickInfo, PickResult, _noop_done
+from ..balancer.base import Outcome, PickError, PickInfo, PickResult, noop_done
 from .aio_wait import AioPickWaiter
 from .balancer_wrapper import BalancerWrapper
 from .config import ChannelConfig
@@ -175,7 +175,7 @@ class MethodBase(Generic[ChannelT]):
         sc.inflight -= 1
         latency = _perf() - t0
         done = res.done
-        if done is not _noop_done:  # most pickers keep no per-call state: no Outcome to build for them
+        if done is not noop_done:  # most pickers keep no per-call state: no Outcome to build for them
             done(Outcome(code, latency, trailers_of(call) if res.wants_trailers else None))
         obs = _metrics.current
         if obs is not None:

@@ -32,7 +32,7 @@ from typing import Any
 import grpc
 
 from ..balancer.base import Policy
-from ..loadreport import pb, report_stub
+from ..orca.waypost_report import pb, report_stub
 from .subconn import SubConn
 
 log = logging.getLogger("waypost.client.prober")

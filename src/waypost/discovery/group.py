@@ -1,6 +1,6 @@
 """The shared reader behind every Subscriber of one (registry, key, exact, format) in the process.
 
-One ``_Group`` does the reading: a Get of the prefix (``<key>/``; exact mode: the key itself), then a
+One ``SharedReader`` does the reading: a Get of the prefix (``<key>/``; exact mode: the key itself), then a
 Watch from the Get's revision + 1. The group keeps its decoded entries in a non-exclusive ``Container``
 that its non-exclusive subscribers share (one copy of a big set); each exclusive subscriber gets a
 container of its own, fed with the same changes (``exclusive`` is per subscriber). Compaction or any
@@ -69,7 +69,7 @@ class _Source:
     raw: dict[str, tuple[bytes, int]] = field(default_factory=dict)
 
 
-class _Group:
+class SharedReader:
     """The shared reader for one (registry, key, exact, format); lives on the control loop."""
 
     def __init__(self, registry: Registry, key: str, exact: bool, fmt: WireFormat) -> None:
@@ -242,9 +242,9 @@ class _Group:
     async def _load(self, src: _Source, read: asyncio.Future[ValueColumns] | None = None) -> None:
         res = await (read if read is not None else self._get(src))
         with _gc_paused(len(res.keys)):
-            self._apply_get(src, res)
+            self.apply_get(src, res)
 
-    def _apply_get(self, src: _Source, res: ValueColumns) -> None:
+    def apply_get(self, src: _Source, res: ValueColumns) -> None:
         new = dict(zip(res.keys, zip(res.values, res.mod_revisions)))
         if not src.raw:  # the initial load: everything is an add
             src.raw, src.revision = new, res.revision
@@ -540,7 +540,7 @@ def _by_revision(kr: tuple[str, int]) -> int:
 
 
 # (registry, key, exact, format) -> group; touched only on the control loop
-_groups: dict[tuple[Any, ...], _Group] = {}
+_groups: dict[tuple[Any, ...], SharedReader] = {}
 
 
 def _count_reload(key: str, reason: str) -> None:
@@ -549,16 +549,19 @@ def _count_reload(key: str, reason: str) -> None:
         obs.watch_reload(key, reason)
 
 
-def _acquire(registry: Registry, key: str, exact: bool, fmt: WireFormat) -> _Group:
+def acquire_reader(registry: Registry, key: str, exact: bool, fmt: WireFormat) -> SharedReader:
+    """The process's reader of (registry, key, exact, format), made when none is open; one more reference to it
+    (give it back with ``release_reader``)."""
     gk = (registry, key, exact, fmt.name)
     group = _groups.get(gk)
     if group is None or group._closed:
-        group = _groups[gk] = _Group(registry, key, exact, fmt)
+        group = _groups[gk] = SharedReader(registry, key, exact, fmt)
     group.refs += 1
     return group
 
 
-def _release(group: _Group, container: Container | None) -> None:
+def release_reader(group: SharedReader, container: Container | None) -> None:
+    """Give back a reference from ``acquire_reader`` (and detach ``container`` from it); the last one closes it."""
     if container is not None:
         group.detach(container)
     group.refs -= 1

@@ -43,7 +43,7 @@ OnUnregistered = Callable[[Any], object] | Literal["exit"] | None
 
 def check_unregistered_args(max_unregistered: float | None, on_unregistered: OnUnregistered) -> float | None:
     """Validate the pair; returns ``max_unregistered`` as a float (None: no alert)."""
-    if max_unregistered is not None and not _positive_seconds(max_unregistered):
+    if max_unregistered is not None and not positive_seconds(max_unregistered):
         raise ValueError(f"max_unregistered must be a positive number of seconds (or None), got {max_unregistered!r}")
     if on_unregistered is not None and on_unregistered != "exit" and not callable(on_unregistered):
         raise ValueError(f"on_unregistered must be a callable f(publisher) or 'exit', got {on_unregistered!r}")
@@ -52,7 +52,8 @@ def check_unregistered_args(max_unregistered: float | None, on_unregistered: OnU
     return None if max_unregistered is None else float(max_unregistered)
 
 
-def _positive_seconds(value: object) -> bool:
+def positive_seconds(value: object) -> bool:
+    """True when ``value`` is a finite number of seconds above 0 (not a bool): what a duration option accepts."""
     return (isinstance(value, (int, float)) and not isinstance(value, bool) and math.isfinite(value)
             and value > 0)
 

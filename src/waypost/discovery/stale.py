@@ -40,7 +40,7 @@ STALE_READ_TIMEOUT = 1.5
 
 
 class _Group(Protocol):
-    """What ``StaleStart`` needs of ``group._Group`` (which imports this module)."""
+    """What ``StaleStart`` needs of ``group.SharedReader`` (which imports this module)."""
 
     registry: Registry
     key: str
@@ -54,7 +54,7 @@ class _Group(Protocol):
     @property
     def sources(self) -> list[Any]: ...
 
-    def _apply_get(self, src: Any, res: ValueColumns) -> None: ...
+    def apply_get(self, src: Any, res: ValueColumns) -> None: ...
 
 
 _all: weakref.WeakSet[StaleStart] = weakref.WeakSet()
@@ -163,7 +163,7 @@ class StaleStart:
             return
         source, lists = found
         for src in reversed(g.sources):  # the metadata first, so the addresses appear with it
-            g._apply_get(src, lists[src.key])
+            g.apply_get(src, lists[src.key])
         self.source, self.since = source, time.monotonic()
         assert g.ready is not None
         log.warning("%r: etcd did not answer a linearizable read (no leader, or unreachable): using %d records "

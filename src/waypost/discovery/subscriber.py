@@ -1,6 +1,6 @@
 """Subscriber: the live set of addresses registered under a key, kept by Get + Watch.
 
-Subscribers of the same (registry, key, exact, format) in a process share one reader, a ``_Group``
+Subscribers of the same (registry, key, exact, format) in a process share one reader, a ``SharedReader``
 (``waypost.discovery.group``: the Get, the Watch, reloads, go-zero metadata side records).
 """
 
@@ -17,7 +17,7 @@ from ..registry.formats import WireFormat, get_format
 from ..types import Backend
 from .cache import CacheWriter
 from .container import Container, Listener
-from .group import _acquire, _Group, _release, active_subscriptions, cool_down, diff
+from .group import SharedReader, acquire_reader, active_subscriptions, cool_down, diff, release_reader
 
 __all__ = ["Subscriber", "active_subscriptions", "cool_down", "diff", "resolve_registry"]
 
@@ -74,7 +74,7 @@ class Subscriber:
         self.exclusive = exclusive
         self._container = Container(exclusive)  # empty until opened, and again once closed
         self._listeners: list[Listener] = []
-        self._group: _Group | None = None
+        self._group: SharedReader | None = None
         self._closed = False
 
     @classmethod
@@ -92,13 +92,13 @@ class Subscriber:
         return self
 
     async def _open(self, timeout: float) -> None:
-        group = _acquire(self.registry, self.key, self.exact, self.format)
+        group = acquire_reader(self.registry, self.key, self.exact, self.format)
         if self.cache_file is not None:
             group.stale.offer_cache(self.cache_file)
         try:
             container = await group.attach(self.exclusive, timeout)
         except BaseException:
-            _release(group, None)
+            release_reader(group, None)
             raise
         self._group = group
         self._container = container
@@ -164,7 +164,7 @@ class Subscriber:
             if self._group is not None and self._cache.changed in self._group.stale.on_live:
                 self._group.stale.on_live.remove(self._cache.changed)
         if self._group is not None:
-            _release(self._group, self._container)
+            release_reader(self._group, self._container)
             self._group = None
         self._container = Container(self.exclusive)
 

@@ -126,7 +126,7 @@ class EtcdClient:
         last: grpc.aio.AioRpcError | None = None
         for _ in range(MAX_ROUNDS):  # bounded by the deadline long before this
             if self._closed:
-                raise self.pool._closed_error(op)
+                raise self.pool.closed_error(op)
             left = deadline - clock()
             if left <= 0 or attempts > n + 1:
                 break

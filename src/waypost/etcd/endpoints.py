@@ -179,7 +179,8 @@ class EndpointPool:
         self._abandoned = True
         self._closed = True
 
-    def _closed_error(self, op: str) -> RegistryUnavailable:
+    def closed_error(self, op: str) -> RegistryUnavailable:
+        """The error an operation ``op`` gets once the pool is closed (or abandoned in a forked child)."""
         if self._abandoned:
             return RegistryUnavailable(
                 f"etcd {op}: this etcd client was created before fork() in the parent process; "
@@ -258,7 +259,7 @@ class EndpointPool:
         if fast is not None:
             return fast
         if self._closed:
-            raise self._closed_error(op)
+            raise self.closed_error(op)
         wait = self.cfg.dial_timeout if timeout is None else timeout
         deadline = self.clock() + wait
         delay = 0.005
@@ -272,10 +273,10 @@ class EndpointPool:
                     raise RegistryUnavailable(f"etcd {op}: the connection stayed paused for a fork "
                                               f"longer than {wait:g}s") from None
                 if self._closed:
-                    raise self._closed_error(op)
+                    raise self.closed_error(op)
                 continue
             if self._closed:  # closed while waiting: its channels are gone
-                raise self._closed_error(op)
+                raise self.closed_error(op)
             now = self.clock()
             fallback: int | None = None
             for i in range(n):
@@ -294,7 +295,7 @@ class EndpointPool:
                 self._current = fallback
                 return self.endpoints[fallback]
             if self._closed:
-                raise self._closed_error(op)
+                raise self.closed_error(op)
             if now >= deadline:
                 reasons = await self.why_unreachable()
                 raise RegistryUnavailable(

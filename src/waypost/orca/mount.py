@@ -1,15 +1,23 @@
-"""``mount(server)``: what ``waypost.serve``/``serve_async`` call to make a server (not started yet) report its
-load, both as ``waypost.load.v1`` and as ORCA.
+"""Making a server (not started yet) report its load: what ``waypost.serve``/``serve_async`` call.
 
-- ``grpc.server``: an ``OrcaInterceptor`` goes first in the pipeline (as ``waypost.loadreport.mount`` does with
-  the load interceptor): it accounts calls, adds the per-call trailer (unless turned off with
-  ``configure(per_call=False)``) and answers both services. An interceptor already given to
-  ``grpc.server(interceptors=...)`` is kept: an ``OrcaInterceptor`` as it is; a plain load interceptor gets
+``mount(server)`` mounts both waypost's own report (``waypost.load.v1``) and ORCA:
+
+- ``grpc.server``: an ``OrcaInterceptor`` goes first in the pipeline: it accounts calls, adds the per-call trailer
+  (unless turned off with ``configure(per_call=False)``) and answers both services. An interceptor already given
+  to ``grpc.server(interceptors=...)`` is kept: an ``OrcaInterceptor`` as it is; a plain load interceptor gets
   the out-of-band service next to it (reports with its rates, no trailers).
 - ``grpc.aio.server``: interceptors cannot be added once it exists. Created with
   ``interceptors=[waypost.orca.interceptor(aio=True)]`` it does everything above; otherwise the services
   mounted here report CPU, memory and the application's values, with no rates and no trailers.
-- Without xds-protos: ``waypost.loadreport.mount`` only (logged once, see ``_protos``).
+- Without xds-protos: ``mount_waypost_report`` only (logged once, see ``_protos``).
+
+``mount_waypost_report(server)`` mounts ``waypost.load.v1`` alone, the same way with a ``LoadInterceptor``.
+
+The interceptor goes first because load reports must not depend on the application's interceptors (which could
+reject a probe without its credentials) and the accounting should include their time. grpcio has no public way to
+add an interceptor to a created server, so this sets the pipeline grpcio built from ``interceptors=``
+(``_grpc_private``); when grpcio's internals differ, a warning is logged and the server reports CPU and the
+application's values only.
 """
 
 from __future__ import annotations
@@ -17,20 +25,21 @@ from __future__ import annotations
 import logging
 import threading
 import weakref
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
 import grpc
 
 from .._grpc_private import prepend_server_interceptor
-from ..loadreport import mount as mount_load_reports
-from ..loadreport.interceptor import LoadInterceptor
-from ..loadreport.service import Reporter
 from ._protos import protos
+from .account import LoadAccount
+from .load_interceptor import LoadInterceptor
 from .recorder import ServerMetricsRecorder
 from .reporter import OrcaReporter
 from .server_interceptor import AsyncOrcaInterceptor, OrcaInterceptor
 from .service import DEFAULT_MAX_STREAMS, DEFAULT_MIN_INTERVAL, OobService
+from .waypost_report import Reporter
 
 log = logging.getLogger("waypost.orca")
 
@@ -84,26 +93,16 @@ def mount(server: Any, recorder: ServerMetricsRecorder | None = None) -> ServerM
     """Add waypost's load reports and ORCA to ``server`` (see the module doc); the server's recorder, or None
     without xds-protos (then only ``waypost.load.v1`` is mounted)."""
     if protos() is None:
-        mount_load_reports(server)
+        mount_waypost_report(server)
         return None
     aio = isinstance(server, grpc.aio.Server)
-    oob: OobService | None = None
-    if aio:
-        reporter = OrcaReporter(None, recorder)
-        server.add_generic_rpc_handlers((Reporter(None).generic_handler(aio=True),))
+    installed = _install(server, lambda: interceptor(False, recorder), "ORCA", "waypost.orca.interceptor()",
+                         "for rates and trailers")
+    if isinstance(installed, OrcaInterceptor):
+        reporter, oob = installed.orca, installed.oob
     else:
-        installed = prepend_server_interceptor(server, interceptor(False, recorder), keep=LoadInterceptor)
-        if isinstance(installed, OrcaInterceptor):
-            reporter, oob = installed.orca, installed.oob
-        else:
-            if installed is None:
-                log.warning("ORCA: cannot add the interceptor to %r (unknown grpcio internals); pass "
-                            "interceptors=[waypost.orca.interceptor()] to grpc.server() for rates and trailers",
-                            server)
-            account = installed.account if installed is not None else None
-            reporter = OrcaReporter(account, recorder)
-            server.add_generic_rpc_handlers((Reporter(account).generic_handler(aio=False),))
-    if oob is None:
+        account = _serve_waypost_report(server, installed, aio)
+        reporter = OrcaReporter(account, recorder)
         oob = OobService(reporter, settings.min_interval, settings.max_streams)
     server.add_generic_rpc_handlers((oob.generic_handler(aio=aio),))
     try:
@@ -112,6 +111,36 @@ def mount(server: Any, recorder: ServerMetricsRecorder | None = None) -> ServerM
     except TypeError:  # a server object that takes no weak reference: found through its handle only
         pass
     return reporter.recorder
+
+
+def mount_waypost_report(server: Any) -> LoadAccount | None:
+    """Add the ``waypost.load.v1`` service (and, on a ``grpc.server``, the load interceptor) to ``server``.
+
+    Returns the account the reports are built from (None when the calls cannot be accounted here).
+    """
+    installed = _install(server, LoadInterceptor, "load reports", "waypost.load_interceptor()", "to report calls")
+    return _serve_waypost_report(server, installed, isinstance(server, grpc.aio.Server))
+
+
+def _install(server: Any, make: Callable[[], LoadInterceptor], what: str, hint: str,
+             purpose: str) -> LoadInterceptor | None:
+    """The load interceptor first in a ``grpc.server``'s pipeline: ``make()``'s, or the one already there; None on
+    a ``grpc.aio.server`` (it takes interceptors only when created) or when grpcio's internals are not known."""
+    if isinstance(server, grpc.aio.Server):
+        return None
+    installed = prepend_server_interceptor(server, make(), keep=LoadInterceptor)
+    if installed is None:
+        log.warning("%s: cannot add the load interceptor to %r (unknown grpcio internals); pass "
+                    "interceptors=[%s] to grpc.server() %s", what, server, hint, purpose)
+    return installed
+
+
+def _serve_waypost_report(server: Any, installed: LoadInterceptor | None, aio: bool) -> LoadAccount | None:
+    """Mount the ``waypost.load.v1`` service on ``server``, reporting from ``installed``'s account (if any)."""
+    account = installed.account if installed is not None else None
+    # answers only when no load interceptor is present: an interceptor answers the reports itself
+    server.add_generic_rpc_handlers((Reporter(account).generic_handler(aio=aio),))
+    return account
 
 
 def server_recorder(server: Any) -> ServerMetricsRecorder:

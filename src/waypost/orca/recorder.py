@@ -118,8 +118,9 @@ class CallMetricsRecorder(_Values):
             return dict(self._cost), dict(self._named)
 
 
-class _Slot:
-    """The current call's place for a recorder, made only when the handler asks for one."""
+class CallSlot:
+    """The current call's place for its recorder (the recorder is made only when the handler asks for one); the
+    ORCA interceptor sets ``current_slot`` to it while the call's handler runs."""
 
     __slots__ = ("recorder",)
 
@@ -127,7 +128,7 @@ class _Slot:
         self.recorder: CallMetricsRecorder | None = None
 
 
-current_slot: ContextVar[_Slot | None] = ContextVar("waypost_orca_call", default=None)
+current_slot: ContextVar[CallSlot | None] = ContextVar("waypost_orca_call", default=None)
 
 
 def call_recorder(context: Any = None) -> CallMetricsRecorder:

@@ -4,7 +4,7 @@ application recorded.
 Measured (each replaced by the ``ServerMetricsRecorder``'s value when the application set one):
 
 - ``cpu_utilization``: the process's CPU time per wall-clock second over the cores it may run on, between
-  readings at least ``CPU_INTERVAL`` (0.5 s) apart (``waypost.loadreport.account.CpuMeter``);
+  readings at least ``CPU_INTERVAL`` (0.5 s) apart (``account.CpuMeter``, as in ``waypost.load.v1``);
 - ``mem_utilization``: resident memory over physical memory (Linux ``/proc/self/statm``; absent elsewhere);
 - ``rps_fractional`` and ``eps``: calls completed and calls failed per second over the last ``RATE_INTERVAL``
   (1 s) window, from the server's ``LoadAccount``. Without a rate, gRPC's weighted_round_robin cannot weigh a
@@ -24,8 +24,8 @@ import time
 from collections.abc import Callable
 from typing import Any
 
-from ..loadreport.account import CpuMeter, LoadAccount, application_value
 from ._protos import protos
+from .account import CpuMeter, LoadAccount, application_value
 from .recorder import CallMetricsRecorder, ServerMetricsRecorder
 
 RATE_INTERVAL = 1.0  # seconds: the window of rps_fractional and eps

@@ -8,8 +8,8 @@ import math
 import pytest
 
 from tests.policy_support import FakeClock
-from waypost.loadreport import account as acc
-from waypost.loadreport.account import (
+from waypost.orca import account as acc
+from waypost.orca.account import (
     FRESH_WINDOW,
     CpuMeter,
     LoadAccount,
@@ -136,7 +136,7 @@ def test_a_failing_callback_is_logged_once_and_reported_as_absent(caplog):
         raise RuntimeError("queue gone")
 
     set_load(broken)
-    with caplog.at_level(logging.WARNING, logger="waypost.loadreport"):
+    with caplog.at_level(logging.WARNING, logger="waypost.orca"):
         assert application_value() is None
         assert application_value() is None
     assert [r.getMessage() for r in caplog.records if "queue gone" in r.getMessage()] != []

@@ -16,7 +16,8 @@ from tests.backends import echo_pb2, echo_pb2_grpc
 from tests.backends.server import EchoServer, EchoServicer
 from tests.waiting import wait_until
 from waypost.balancer.policies import POLICIES
-from waypost.loadreport import LoadInterceptor, load_interceptor, pb, report_stub, set_load
+from waypost.orca import LoadInterceptor, load_interceptor, report_stub, set_load
+from waypost.orca import waypost_load_pb as pb
 from waypost.server import serve, serve_async
 
 

@@ -1,8 +1,10 @@
-"""The load-report service, ``waypost.load.v1.LoadReporter/Report``: one O(1) reading per call.
+"""waypost's own load report, ``waypost.load.v1.LoadReporter/Report``: one O(1) reading per call.
 
-A ``Reporter`` turns a ``LoadAccount`` (or nothing, on a server without the load interceptor: then
-only CPU and the application value are reported) into a ``LoadReport`` message. The method is
-registered by its path with grpcio's generic handlers, so no generated ``*_grpc`` stub is needed.
+The report carries what ORCA's does not: the server's calls in flight and its latency estimate at the current
+load (the ``prequal`` policy picks on them). A ``Reporter`` turns a ``LoadAccount`` (or nothing, on a server
+without the load interceptor: then only CPU and the application value are reported) into a ``LoadReport``
+message. The method is registered by its path with grpcio's generic handlers, so no generated ``*_grpc`` stub is
+needed; ``report_stub`` calls it the same way.
 """
 
 from __future__ import annotations
@@ -11,16 +13,11 @@ from typing import Any
 
 import grpc
 
-from ._proto import waypost_load_pb2 as pb
+from ._generated import waypost_load_pb2 as pb
 from .account import CpuMeter, LoadAccount, application_value
 
 SERVICE = "waypost.load.v1.LoadReporter"
 REPORT_METHOD = f"/{SERVICE}/Report"
-
-#: calls that say nothing about the application's load: never accounted (a health Watch stays open for
-#: the life of the channel and would count as a call in flight forever)
-UNACCOUNTED_PREFIXES = (REPORT_METHOD, "/grpc.health.v1.Health/", "/grpc.reflection.",
-                        "/xds.service.orca.v3.OpenRcaService/")
 
 
 class Reporter:

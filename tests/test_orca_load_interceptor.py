@@ -8,7 +8,8 @@ from collections import namedtuple
 import grpc
 import pytest
 
-from waypost.loadreport import REPORT_METHOD, AsyncLoadInterceptor, LoadInterceptor, pb
+from waypost.orca import REPORT_METHOD, AsyncLoadInterceptor, LoadInterceptor
+from waypost.orca import waypost_load_pb as pb
 
 Details = namedtuple("Details", ["method", "invocation_metadata"])
 ECHO = Details("/waypost.test.Echo/Unary", ())

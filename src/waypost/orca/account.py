@@ -31,7 +31,7 @@ import time
 from collections.abc import Callable
 from dataclasses import dataclass
 
-log = logging.getLogger("waypost.loadreport")
+log = logging.getLogger("waypost.orca")
 
 BUCKETS = 12  # RIF buckets: 0, 1, 2-3, 4-7, ..., 1024+
 ALPHA = 1.0 / 8  # EWMA weight of a new latency sample within its bucket

@@ -1,1 +1,0 @@
-"""Generated load-report message classes (scripts/gen_proto.sh); do not edit."""
