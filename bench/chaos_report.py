@@ -1,14 +1,14 @@
 #!/usr/bin/env python3
 """The chaos report: every chaos scenario against real etcd and real backend processes, one table.
 
-Scenarios (``tests/chaos_scenarios.py``, the same code ``tests/test_chaos.py`` asserts in short form):
+Scenarios (``harness/chaos/scenarios.py``, the same code ``tests/test_chaos.py`` asserts in short form):
 etcd down, etcd leader killed (3 members), compaction under registration churn, 100 publishers churning
 at ~50 changes/s, backend SIGKILL and SIGSTOP under load with a retryPolicy, a publisher process frozen
 longer than its TTL, a process forking 8 children per round after dialing an etcd target (gunicorn/uWSGI
-preload); and (``tests/chaos_etcd_store.py``) etcd SIGKILLed and back with an older store (data directory
+preload); and (``harness/chaos/etcd_store.py``) etcd SIGKILLed and back with an older store (data directory
 wiped, or restored from a snapshot), a publisher behind a link adding 0.9 s each way; two registries backing each
 other up (servers registered in both, clients reading both), one of them down; one member of a 3-member cluster
-cut off from the other two while the clients talk to it (``tests/etcd_partition.py``).
+cut off from the other two while the clients talk to it (``harness/etcd_partition.py``).
 A Consul server agent (data dir kept) restarted under load, down longer than its instances' TTL.
 Columns: RPCs sent and failed, registrations lost, recovery time (what "recovery" means per scenario
 is in the JSON as ``recovery_what``) and its bound.
@@ -35,9 +35,9 @@ for p in (ROOT / "src", ROOT):
     if str(p) not in sys.path:
         sys.path.insert(0, str(p))
 
-from tests import chaos_etcd_store as cstore
-from tests import chaos_scenarios as cs
-from tests.etcd_partition import PartitionCluster
+from harness.chaos import etcd_store as cstore
+from harness.chaos import scenarios as cs
+from harness.etcd_partition import PartitionCluster
 from waypost.etcd.local import LocalEtcd
 
 # name -> (members, run(etcd, quick) -> results)
@@ -58,7 +58,7 @@ SCENARIOS: dict[str, tuple[int, Callable[[LocalEtcd, bool], list[cs.Result]]]] =
 
 
 def partitioned_member(base_dir: Path, quick: bool) -> list[cs.Result]:
-    """A 3-member cluster behind peer relays (``tests/etcd_partition.py``), one member cut off under load."""
+    """A 3-member cluster behind peer relays (``harness/etcd_partition.py``), one member cut off under load."""
     with PartitionCluster(3, base_dir=base_dir) as pc:
         return [cs.partitioned_member(pc, partition_s=4.0 if quick else 8.0)]
 
@@ -122,8 +122,8 @@ def fork_children(etcd: LocalEtcd, quick: bool) -> list[cs.Result]:
     import signal
 
     import waypost
-    from tests.backends import echo_pb2, echo_pb2_grpc
-    from tests.backends.procs import EchoProcess
+    from harness.backends import echo_pb2, echo_pb2_grpc
+    from harness.backends.procs import EchoProcess
 
     rounds, children = (2, 8) if quick else (5, 8)
     r = cs.Result(f"fork {children} children x {rounds} rounds", bound_s=20.0,

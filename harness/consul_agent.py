@@ -17,7 +17,7 @@
   everything else (and, once told to, the health endpoint too) to the real agent.
 
 Every process here is started by this module and stopped by it by its PID (SIGTERM, SIGKILL after a bound);
-``tests/proc_reaper.py`` stops what is left when the test process ends, killed or not.
+``harness/proc_reaper.py`` stops what is left when the test process ends, killed or not.
 """
 
 from __future__ import annotations
@@ -39,8 +39,8 @@ from typing import Any
 
 import pytest
 
-from tests import proc_reaper
-from tests.go_servers import BuildError, GoServer, Unavailable
+from harness import proc_reaper
+from harness.go_servers import BuildError, GoServer, Unavailable
 from waypost.etcd.local import free_port
 
 CONSUL_VERSION = "v1.14.11"
@@ -95,7 +95,7 @@ def timeout_mark() -> Any:
 
 
 def consul_binary(timeout: float | None = None) -> Path:
-    """The consul binary, built once per Go toolchain (tests/go_servers.py)."""
+    """The consul binary, built once per Go toolchain (harness/go_servers.py)."""
     reason = skip_reason()
     if reason is not None:
         raise ConsulUnavailable(reason)
@@ -414,7 +414,7 @@ class HealthProxy:
         self._thread.join(5)
 
 
-if __name__ == "__main__":  # build (or find) the binary: python -m tests.consul_support
+if __name__ == "__main__":  # build (or find) the binary: python -m harness.consul_agent
     print(consul_binary())
 
 

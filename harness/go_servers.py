@@ -8,7 +8,7 @@ build log beside it, under a file lock so that concurrent test processes build i
 already built binary instead. ``skip_reason()`` says why it cannot be had here (no Go, a Go too old); tests skip
 with it.
 
-``go_binary()`` is also the interop programs' toolchain (tests/interop_support.py).
+``go_binary()`` is also the interop programs' toolchain (tests/interop/support.py).
 """
 
 from __future__ import annotations
@@ -24,7 +24,7 @@ import time
 from dataclasses import dataclass
 from pathlib import Path
 
-from tests.proc_reaper import wait_group
+from harness.proc_reaper import wait_group
 
 #: Go's standard install location, for environments whose PATH lacks it
 GO_DEFAULT = Path("/usr/local/go/bin/go")

@@ -14,7 +14,7 @@ import socket
 import threading
 import time
 
-from tests.etcd_helpers import TcpProxy
+from harness.tcp_proxy import TcpProxy
 
 
 class LatencyProxy(TcpProxy):

@@ -7,7 +7,7 @@ import math
 
 import pytest
 
-from tests.policy_support import FakeClock
+from tests.balancer.support import FakeClock
 from waypost.loadreport import account as acc
 from waypost.loadreport.account import (
     FRESH_WINDOW,

@@ -12,9 +12,9 @@ import pytest
 from grpc_health.v1 import health_pb2, health_pb2_grpc
 
 import waypost
-from tests.backends import echo_pb2, echo_pb2_grpc
-from tests.backends.server import EchoServer, EchoServicer
-from tests.waiting import wait_until
+from harness.backends import echo_pb2, echo_pb2_grpc
+from harness.backends.server import EchoServer, EchoServicer
+from harness.waiting import wait_until
 from waypost.balancer.policies import POLICIES
 from waypost.loadreport import LoadInterceptor, load_interceptor, pb, report_stub, set_load
 from waypost.server import serve, serve_async

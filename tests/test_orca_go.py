@@ -1,4 +1,4 @@
-"""waypost's ORCA against grpc-go (real peers from tests/xds_interop_support.py):
+"""waypost's ORCA against grpc-go (real peers from tests/xds/interop_support.py):
 
 (a) grpc-go's weighted_round_robin over three waypost servers reporting cpu 0.9/0.3/0.1 at 100 rps splits as A58
     predicts, per call and out of band;
@@ -18,9 +18,9 @@ import grpc
 import pytest
 
 import waypost
-from tests.backends import echo_pb2, echo_pb2_grpc
-from tests.backends.server import EchoServicer
-from tests.xds_interop_support import (
+from harness.backends import echo_pb2, echo_pb2_grpc
+from harness.backends.server import EchoServicer
+from tests.xds.interop_support import (
     fixture_xds_procs,  # noqa: F401 (the xds_procs fixture)
     go_timeout_mark,
     run_wrr_client,

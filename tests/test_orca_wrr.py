@@ -17,7 +17,7 @@ import pytest
 
 import waypost
 import waypost.aio
-from tests.waiting import wait_until
+from harness.waiting import wait_until
 from waypost import orca
 from waypost.balancer.base import Outcome, PickInfo
 from waypost.balancer.orca_wrr import OrcaWeightedRoundRobinPolicy, StaticStrideScheduler

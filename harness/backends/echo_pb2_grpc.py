@@ -3,7 +3,7 @@
 import grpc
 import warnings
 
-from tests.backends import echo_pb2 as tests_dot_backends_dot_echo__pb2
+from harness.backends import echo_pb2 as harness_dot_backends_dot_echo__pb2
 
 GRPC_GENERATED_VERSION = '1.85.1'
 GRPC_VERSION = grpc.__version__
@@ -18,7 +18,7 @@ except ImportError:
 if _version_not_supported:
     raise RuntimeError(
         f'The grpc package installed is at version {GRPC_VERSION},'
-        + ' but the generated code in tests/backends/echo_pb2_grpc.py depends on'
+        + ' but the generated code in harness/backends/echo_pb2_grpc.py depends on'
         + f' grpcio>={GRPC_GENERATED_VERSION}.'
         + f' Please upgrade your grpc module to grpcio>={GRPC_GENERATED_VERSION}'
         + f' or downgrade your generated code using grpcio-tools<={GRPC_VERSION}.'
@@ -36,28 +36,28 @@ class EchoStub:
         """
         self.Unary = channel.unary_unary(
                 '/waypost.test.Echo/Unary',
-                request_serializer=tests_dot_backends_dot_echo__pb2.EchoRequest.SerializeToString,
-                response_deserializer=tests_dot_backends_dot_echo__pb2.EchoReply.FromString,
+                request_serializer=harness_dot_backends_dot_echo__pb2.EchoRequest.SerializeToString,
+                response_deserializer=harness_dot_backends_dot_echo__pb2.EchoReply.FromString,
                 _registered_method=True)
         self.ServerStream = channel.unary_stream(
                 '/waypost.test.Echo/ServerStream',
-                request_serializer=tests_dot_backends_dot_echo__pb2.EchoRequest.SerializeToString,
-                response_deserializer=tests_dot_backends_dot_echo__pb2.EchoReply.FromString,
+                request_serializer=harness_dot_backends_dot_echo__pb2.EchoRequest.SerializeToString,
+                response_deserializer=harness_dot_backends_dot_echo__pb2.EchoReply.FromString,
                 _registered_method=True)
         self.ClientStream = channel.stream_unary(
                 '/waypost.test.Echo/ClientStream',
-                request_serializer=tests_dot_backends_dot_echo__pb2.EchoRequest.SerializeToString,
-                response_deserializer=tests_dot_backends_dot_echo__pb2.EchoReply.FromString,
+                request_serializer=harness_dot_backends_dot_echo__pb2.EchoRequest.SerializeToString,
+                response_deserializer=harness_dot_backends_dot_echo__pb2.EchoReply.FromString,
                 _registered_method=True)
         self.BidiStream = channel.stream_stream(
                 '/waypost.test.Echo/BidiStream',
-                request_serializer=tests_dot_backends_dot_echo__pb2.EchoRequest.SerializeToString,
-                response_deserializer=tests_dot_backends_dot_echo__pb2.EchoReply.FromString,
+                request_serializer=harness_dot_backends_dot_echo__pb2.EchoRequest.SerializeToString,
+                response_deserializer=harness_dot_backends_dot_echo__pb2.EchoReply.FromString,
                 _registered_method=True)
         self.SetHealth = channel.unary_unary(
                 '/waypost.test.Echo/SetHealth',
-                request_serializer=tests_dot_backends_dot_echo__pb2.HealthRequest.SerializeToString,
-                response_deserializer=tests_dot_backends_dot_echo__pb2.EchoReply.FromString,
+                request_serializer=harness_dot_backends_dot_echo__pb2.HealthRequest.SerializeToString,
+                response_deserializer=harness_dot_backends_dot_echo__pb2.EchoReply.FromString,
                 _registered_method=True)
 
 
@@ -100,28 +100,28 @@ def add_EchoServicer_to_server(servicer, server):
     rpc_method_handlers = {
             'Unary': grpc.unary_unary_rpc_method_handler(
                     servicer.Unary,
-                    request_deserializer=tests_dot_backends_dot_echo__pb2.EchoRequest.FromString,
-                    response_serializer=tests_dot_backends_dot_echo__pb2.EchoReply.SerializeToString,
+                    request_deserializer=harness_dot_backends_dot_echo__pb2.EchoRequest.FromString,
+                    response_serializer=harness_dot_backends_dot_echo__pb2.EchoReply.SerializeToString,
             ),
             'ServerStream': grpc.unary_stream_rpc_method_handler(
                     servicer.ServerStream,
-                    request_deserializer=tests_dot_backends_dot_echo__pb2.EchoRequest.FromString,
-                    response_serializer=tests_dot_backends_dot_echo__pb2.EchoReply.SerializeToString,
+                    request_deserializer=harness_dot_backends_dot_echo__pb2.EchoRequest.FromString,
+                    response_serializer=harness_dot_backends_dot_echo__pb2.EchoReply.SerializeToString,
             ),
             'ClientStream': grpc.stream_unary_rpc_method_handler(
                     servicer.ClientStream,
-                    request_deserializer=tests_dot_backends_dot_echo__pb2.EchoRequest.FromString,
-                    response_serializer=tests_dot_backends_dot_echo__pb2.EchoReply.SerializeToString,
+                    request_deserializer=harness_dot_backends_dot_echo__pb2.EchoRequest.FromString,
+                    response_serializer=harness_dot_backends_dot_echo__pb2.EchoReply.SerializeToString,
             ),
             'BidiStream': grpc.stream_stream_rpc_method_handler(
                     servicer.BidiStream,
-                    request_deserializer=tests_dot_backends_dot_echo__pb2.EchoRequest.FromString,
-                    response_serializer=tests_dot_backends_dot_echo__pb2.EchoReply.SerializeToString,
+                    request_deserializer=harness_dot_backends_dot_echo__pb2.EchoRequest.FromString,
+                    response_serializer=harness_dot_backends_dot_echo__pb2.EchoReply.SerializeToString,
             ),
             'SetHealth': grpc.unary_unary_rpc_method_handler(
                     servicer.SetHealth,
-                    request_deserializer=tests_dot_backends_dot_echo__pb2.HealthRequest.FromString,
-                    response_serializer=tests_dot_backends_dot_echo__pb2.EchoReply.SerializeToString,
+                    request_deserializer=harness_dot_backends_dot_echo__pb2.HealthRequest.FromString,
+                    response_serializer=harness_dot_backends_dot_echo__pb2.EchoReply.SerializeToString,
             ),
     }
     generic_handler = grpc.method_handlers_generic_handler(
@@ -149,8 +149,8 @@ class Echo:
             request,
             target,
             '/waypost.test.Echo/Unary',
-            tests_dot_backends_dot_echo__pb2.EchoRequest.SerializeToString,
-            tests_dot_backends_dot_echo__pb2.EchoReply.FromString,
+            harness_dot_backends_dot_echo__pb2.EchoRequest.SerializeToString,
+            harness_dot_backends_dot_echo__pb2.EchoReply.FromString,
             options,
             channel_credentials,
             insecure,
@@ -176,8 +176,8 @@ class Echo:
             request,
             target,
             '/waypost.test.Echo/ServerStream',
-            tests_dot_backends_dot_echo__pb2.EchoRequest.SerializeToString,
-            tests_dot_backends_dot_echo__pb2.EchoReply.FromString,
+            harness_dot_backends_dot_echo__pb2.EchoRequest.SerializeToString,
+            harness_dot_backends_dot_echo__pb2.EchoReply.FromString,
             options,
             channel_credentials,
             insecure,
@@ -203,8 +203,8 @@ class Echo:
             request_iterator,
             target,
             '/waypost.test.Echo/ClientStream',
-            tests_dot_backends_dot_echo__pb2.EchoRequest.SerializeToString,
-            tests_dot_backends_dot_echo__pb2.EchoReply.FromString,
+            harness_dot_backends_dot_echo__pb2.EchoRequest.SerializeToString,
+            harness_dot_backends_dot_echo__pb2.EchoReply.FromString,
             options,
             channel_credentials,
             insecure,
@@ -230,8 +230,8 @@ class Echo:
             request_iterator,
             target,
             '/waypost.test.Echo/BidiStream',
-            tests_dot_backends_dot_echo__pb2.EchoRequest.SerializeToString,
-            tests_dot_backends_dot_echo__pb2.EchoReply.FromString,
+            harness_dot_backends_dot_echo__pb2.EchoRequest.SerializeToString,
+            harness_dot_backends_dot_echo__pb2.EchoReply.FromString,
             options,
             channel_credentials,
             insecure,
@@ -257,8 +257,8 @@ class Echo:
             request,
             target,
             '/waypost.test.Echo/SetHealth',
-            tests_dot_backends_dot_echo__pb2.HealthRequest.SerializeToString,
-            tests_dot_backends_dot_echo__pb2.EchoReply.FromString,
+            harness_dot_backends_dot_echo__pb2.HealthRequest.SerializeToString,
+            harness_dot_backends_dot_echo__pb2.EchoReply.FromString,
             options,
             channel_credentials,
             insecure,

@@ -15,12 +15,12 @@ ROOT = Path(__file__).resolve().parents[2]
 
 
 class EchoProcess:
-    """``python -m tests.backends.server`` in a child process; ``.port`` once it printed it."""
+    """``python -m harness.backends.server`` in a child process; ``.port`` once it printed it."""
 
     def __init__(self, name: str, port: int = 0, delay_ms: int = 0, no_health: bool = False,
                  workers: int = 32, start_timeout: float = 60.0) -> None:
         self.name = name
-        cmd = [sys.executable, "-m", "tests.backends.server", "--port", str(port), "--name", name,
+        cmd = [sys.executable, "-m", "harness.backends.server", "--port", str(port), "--name", name,
                "--delay-ms", str(delay_ms), "--workers", str(workers)]
         if no_health:
             cmd.append("--no-health")

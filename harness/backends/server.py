@@ -1,6 +1,6 @@
 """The Echo test server. Every reply carries the server's name so tests see which backend answered.
 
-Run as a subprocess: ``python -m tests.backends.server --port P --name NAME [--delay-ms D]``; it prints
+Run as a subprocess: ``python -m harness.backends.server --port P --name NAME [--delay-ms D]``; it prints
 ``PORT <n>`` on stdout once it is serving. In-process: ``EchoServer(name).start()``.
 """
 
@@ -15,7 +15,8 @@ from concurrent import futures
 
 import grpc
 from grpc_health.v1 import health, health_pb2, health_pb2_grpc
-from tests.backends import echo_pb2, echo_pb2_grpc
+
+from harness.backends import echo_pb2, echo_pb2_grpc
 
 
 def _previous_attempts(context: grpc.ServicerContext) -> str:

@@ -12,10 +12,10 @@ import tempfile
 import time
 from pathlib import Path
 
-from tests import chaos_scenarios as cs
-from tests.backends.server import EchoServer
-from tests.latency_proxy import LatencyProxy
-from tests.waiting import holds_within
+from harness.backends.server import EchoServer
+from harness.chaos import scenarios as cs
+from harness.latency_proxy import LatencyProxy
+from harness.waiting import holds_within
 from waypost import _loop
 from waypost.discovery import Publisher
 from waypost.etcd.config import EtcdConfig

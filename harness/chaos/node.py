@@ -1,7 +1,7 @@
 """A backend node for the chaos scenarios: one Echo server on ``--ports`` loopback ports, each port
 registered by its own waypost Publisher (registered only after the port is open).
 
-Run: ``python tests/chaos_node.py --registry URL --key K --name NAME [--ports N] [--ttl S]``.
+Run: ``python harness/chaos/node.py --registry URL --key K --name NAME [--ports N] [--ttl S]``.
 It prints ``READY <json list of addresses>`` once every address is registered, then reads commands on stdin:
 
 - ``churn SECONDS RATE SEED``: pause/resume random publishers at about RATE changes per second for
@@ -23,14 +23,14 @@ import time
 from concurrent import futures
 from pathlib import Path
 
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(ROOT))
 
 import grpc
 
 import waypost
-from tests.backends import echo_pb2_grpc
-from tests.backends.server import EchoServicer
+from harness.backends import echo_pb2_grpc
+from harness.backends.server import EchoServicer
 from waypost.discovery import Publisher
 
 

@@ -1,5 +1,5 @@
 """Chaos scenarios shared by ``tests/test_chaos.py`` (short versions, asserted) and ``bench/chaos_report.py``
-(the table and JSON). Real etcd (``LocalEtcd``), real backend processes (``tests/chaos_node.py``: an Echo
+(the table and JSON). Real etcd (``LocalEtcd``), real backend processes (``harness/chaos/node.py``: an Echo
 server whose ports are registered by waypost Publishers), clients in this process under steady load
 through ``waypost.dial``. Loopback only; every wait is bounded.
 
@@ -29,16 +29,16 @@ from typing import Any
 import grpc
 
 import waypost
-from tests.backends import echo_pb2, echo_pb2_grpc
-from tests.etcd_partition import PartitionCluster
-from tests.waiting import holds_within, wait_until
+from harness.backends import echo_pb2, echo_pb2_grpc
+from harness.etcd_partition import PartitionCluster
+from harness.waiting import holds_within, wait_until
 from waypost import _loop
 from waypost.discovery import Publisher, Subscriber
 from waypost.etcd.config import EtcdConfig
 from waypost.etcd.local import LocalEtcd
 from waypost.registry.etcd import EtcdRegistry
 
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = Path(__file__).resolve().parents[2]
 
 Req = echo_pb2.EchoRequest
 
@@ -169,7 +169,7 @@ def convergence(histories: list[History], live: set[str], t_end: float, timeout:
 
 
 class Node:
-    """A backend process (``tests/chaos_node.py``). Construct several, then ``ready()`` each: they start in
+    """A backend process (``harness/chaos/node.py``). Construct several, then ``ready()`` each: they start in
     parallel."""
 
     def __init__(self, registry_url: str | list[str], key: str, name: str, ports: int = 1, ttl: int = 10,
@@ -179,7 +179,7 @@ class Node:
         env = dict(os.environ)
         env["PYTHONPATH"] = os.pathsep.join([str(ROOT), str(ROOT / "src"), env.get("PYTHONPATH", "")])
         self.proc = subprocess.Popen(
-            [sys.executable, str(ROOT / "tests" / "chaos_node.py"), *(a for u in urls for a in ("--registry", u)),
+            [sys.executable, str(ROOT / "harness" / "chaos" / "node.py"), *(a for u in urls for a in ("--registry", u)),
              "--key", key,
              "--name", name, "--ports", str(ports), "--ttl", str(ttl), *(["--serve"] if serve else [])],
             cwd=ROOT, env=env, stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
@@ -499,7 +499,7 @@ def compaction_churn(etcd: LocalEtcd, churn_s: float = 3.0, publishers: int = 12
                      key: str = "chaos-compact.rpc", seed: int = 7) -> Result:
     """Publishers churn while one subscriber is cut off from etcd and the history it would need is compacted
     away; every subscriber must converge to exactly the live set."""
-    from tests.etcd_helpers import TcpProxy
+    from harness.tcp_proxy import TcpProxy
 
     r = Result("compaction under churn", bound_s=5.0, recovery_what="subscribers converged after churn stopped")
     rng = random.Random(seed)
@@ -707,11 +707,11 @@ def consul_agent_restart(down_s: float = 10.0, ttl: int = 5, key: str = "chaos-c
     comes back with both instances in its catalog but critical until each publisher passes its check again; a
     resolver reading in that moment must keep the last list. Promise: no failed call, the instances passing
     again within 5 s of the agent's return, and a backend registered afterwards gets traffic."""
-    from tests import consul_support
+    from harness import consul_agent
 
     r = Result(f"consul agent restart, down {down_s:g} s (TTL {ttl} s)", bound_s=5.0,
                recovery_what="instances passing again after the agent returns")
-    with consul_support.ConsulAgent(base_dir, persistent=True) as agent, \
+    with consul_agent.ConsulAgent(base_dir, persistent=True) as agent, \
             nodes(agent.url, key, ["a", "b"], ttl=ttl, serve=True) as (a, b), \
             loaded_channel(f"consul://{agent.address}/{key}", warm=2) as (ch, load):
         want = sorted([a.address, b.address])
@@ -777,7 +777,7 @@ async def _uses(reg: EtcdRegistry) -> str:
 
 def partitioned_member(pc: PartitionCluster, partition_s: float = 8.0, key: str = "chaos-partition.rpc",
                        request_timeout: float = 10.0) -> Result:
-    """One member of a 3-member cluster cut off from the other two (``tests/etcd_partition.py``) for
+    """One member of a 3-member cluster cut off from the other two (``harness/etcd_partition.py``) for
     ``partition_s`` seconds under load, while every client talks to it: it is listed first by the backends'
     publishers, the loaded channel's resolver and a subscriber, all with ``request_timeout`` (10 s: one
     attempt on a member would outlast the callers' own budgets). A backend registered during the partition,

@@ -3,7 +3,7 @@ admin client certificate, raw watches, and helpers for the objects the tests wri
 EndpointSlices, RBAC grants).
 
 ``KubeEndpoint`` says where an apiserver listens and where its files are (``dir``: the serving certificate in
-``certs/``, the client CA and the admin client certificate in ``pki/``, see tests/k8s_pki.py); ``KubeApi`` adds the
+``certs/``, the client CA and the admin client certificate in ``pki/``, see harness/k8s/pki.py); ``KubeApi`` adds the
 requests to it. ``ADMIN_TOKEN`` (user admin, group system:masters) may do anything, ``READER_TOKEN`` (user reader)
 only what ``KubeApi.grant()`` allows.
 """

@@ -2,7 +2,7 @@
 
 ``apiserver_binary()`` builds kube-apiserver v1.36.3 with ``BUILD_SCRIPT`` into
 ``${WAYPOST_SERVERS_CACHE:-~/.cache/waypost-servers}/kube-apiserver-v1.36.3-<go version hash>/`` (the build log
-beside the binary), under a file lock so that concurrent test processes build it once (tests/go_servers.py). A
+beside the binary), under a file lock so that concurrent test processes build it once (harness/go_servers.py). A
 cold build takes minutes on 2 cores (about 7); a warm one reuses Go's build cache and only links again.
 ``$WAYPOST_KUBE_APISERVER`` names an already built binary instead.
 """
@@ -12,7 +12,7 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any
 
-from tests.go_servers import BuildError, GoServer, Unavailable
+from harness.go_servers import BuildError, GoServer, Unavailable
 
 K8S_VERSION = "v1.36.3"
 #: per-test bound once the binary exists
@@ -50,7 +50,7 @@ def timeout_mark() -> Any:
 
 
 def apiserver_binary(timeout: float | None = None) -> Path:
-    """The kube-apiserver binary, built once per Go toolchain (tests/go_servers.py). Raises ``K8sUnavailable``
+    """The kube-apiserver binary, built once per Go toolchain (harness/go_servers.py). Raises ``K8sUnavailable``
     when it cannot be built here and ``K8sBuildError`` when the build fails or exceeds its timeout
     (``$WAYPOST_K8S_BUILD_TIMEOUT``, 1800 s)."""
     return APISERVER.binary(timeout)

@@ -1,5 +1,5 @@
 """A real Kubernetes control plane for the tests: etcd (``LocalEtcd``) + kube-apiserver on free ports in a temporary
-directory, with token and client-certificate authentication, RBAC, the REST helpers of tests/k8s_api.py, kubeconfig
+directory, with token and client-certificate authentication, RBAC, the REST helpers of harness/k8s/api.py, kubeconfig
 writing, apiserver stop/start/restart on the same port, and ``force_watch_gone()`` (a watch resumed from an older
 resourceVersion then gets 410 Gone).
 
@@ -21,7 +21,7 @@ apiserver flags (see ``KubeCluster.apiserver_command``), and why:
 * ``--enable-priority-and-fairness=false``, ``--profiling=false``: less background work on a small machine.
 
 Every process here is started by this module and stopped by it by its PID (SIGTERM, SIGKILL after a bound);
-``tests/proc_reaper.py`` stops what is left when the test process ends, killed or not.
+``harness/proc_reaper.py`` stops what is left when the test process ends, killed or not.
 """
 
 from __future__ import annotations
@@ -36,11 +36,11 @@ import time
 from collections.abc import Sequence
 from pathlib import Path
 
-from tests import proc_reaper
-from tests.k8s_api import KubeApi
-from tests.k8s_build import apiserver_binary
-from tests.k8s_kubeconfig import KubeconfigWriter
-from tests.k8s_pki import make_pki
+from harness import proc_reaper
+from harness.k8s.api import KubeApi
+from harness.k8s.build import apiserver_binary
+from harness.k8s.kubeconfig import KubeconfigWriter
+from harness.k8s.pki import make_pki
 from waypost.etcd.local import LocalEtcd, free_port
 
 

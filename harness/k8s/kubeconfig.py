@@ -9,7 +9,7 @@ from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
-from tests.k8s_api import ADMIN_TOKEN, KubeEndpoint
+from harness.k8s.api import ADMIN_TOKEN, KubeEndpoint
 
 
 class KubeconfigWriter(KubeEndpoint):

@@ -1,10 +1,10 @@
 """Kubernetes scenarios inside a private network namespace: Kubernetes refuses loopback addresses in
-EndpointSlices, so ``NetnsHost`` runs ``tests/netns_host.py`` under ``unshare -n`` (and, where permitted, a PID
+EndpointSlices, so ``NetnsHost`` runs ``harness/k8s/netns_host.py`` under ``unshare -n`` (and, where permitted, a PID
 namespace of its own) with pods on 10.77.0.2-9 of the namespace's own lo, and runs scenarios of
-``tests/k8s_scenarios.py`` there, one at a time, each bounded.
+``harness/k8s/scenarios.py`` there, one at a time, each bounded.
 
 The host process is started by this module and stopped by it by its PID (it stops its cluster first when its
-stdin closes); ``tests/proc_reaper.py`` stops a host still running when the test process ends, killed or not.
+stdin closes); ``harness/proc_reaper.py`` stops a host still running when the test process ends, killed or not.
 """
 
 from __future__ import annotations
@@ -26,12 +26,12 @@ from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
-from tests import proc_reaper
-from tests.k8s_build import apiserver_binary
+from harness import proc_reaper
+from harness.k8s.build import apiserver_binary
 
-log = logging.getLogger("tests.k8s_netns")
+log = logging.getLogger("harness.k8s.netns")
 
-ROOT = Path(__file__).resolve().parent.parent
+ROOT = Path(__file__).resolve().parents[2]
 #: the addresses NetnsHost puts on the private namespace's lo (never use them outside such a namespace)
 POD_ADDRESSES = tuple(f"10.77.0.{i}" for i in range(2, 10))
 
@@ -64,7 +64,7 @@ def _pid_namespace_ok() -> bool:
 
 
 class NetnsHost:
-    """``tests/netns_host.py`` in a private network namespace, driven over JSON lines (see that module).
+    """``harness/k8s/netns_host.py`` in a private network namespace, driven over JSON lines (see that module).
 
     Build the apiserver before ``start()``: there is no network inside. ``run(name)`` raises AssertionError
     with the scenario's traceback and the host's recent stderr when it fails; a host that died (or was ended
@@ -95,7 +95,7 @@ class NetnsHost:
 
     def command(self) -> list[str]:
         setup = ["ip link set lo up", *(f"ip addr add {a}/32 dev lo" for a in self.addresses)]
-        inner = " && ".join([*setup, 'exec "$0" -m tests.netns_host "$@"'])
+        inner = " && ".join([*setup, 'exec "$0" -m harness.k8s.netns_host "$@"'])
         if self._pidns is None:
             self._pidns = _pid_namespace_ok()
         isolate = ["-n", "-p", "-f", "--kill-child", "--mount-proc"] if self._pidns else ["-n"]

@@ -1,13 +1,13 @@
 """A process that lives inside a private network namespace and runs Kubernetes scenarios there.
 
-Started by ``tests.k8s_support.NetnsHost`` (``unshare -n ... exec python -m tests.netns_host``), never by hand
+Started by ``harness.k8s.support.NetnsHost`` (``unshare -n ... exec python -m harness.k8s.netns_host``), never by hand
 outside such a namespace: the scenarios bind 10.77.0.x. It starts a ``KubeCluster`` (etcd + kube-apiserver on
 127.0.0.1 inside the namespace; the binary from ``$WAYPOST_KUBE_APISERVER``, there is no network to build it),
 then speaks JSON lines:
 
 * stdout, once: ``{"ready": true, "base_url": ..., "ca_file": ..., "startup_s": ...}`` (or ``{"ready": false,
   "error": ...}`` and exit 2);
-* stdin: ``{"scenario": NAME, "timeout": S, "args": {...}}`` -> runs ``tests.k8s_scenarios.SCENARIOS[NAME](cluster,
+* stdin: ``{"scenario": NAME, "timeout": S, "args": {...}}`` -> runs ``harness.k8s.scenarios.SCENARIOS[NAME](cluster,
   **args)`` in a thread, bounded by S;
 * stdout: ``{"ok": true}`` or ``{"ok": false, "error": "traceback text"}`` per request. A scenario that overran
   its timeout cannot be stopped (it is a thread): the answer then says ``"exiting": true``, the host stops its
@@ -31,7 +31,7 @@ import time
 import traceback
 from typing import Any, TextIO
 
-log = logging.getLogger("tests.netns_host")
+log = logging.getLogger("harness.k8s.netns_host")
 
 
 def _protocol_stream() -> TextIO:
@@ -48,7 +48,7 @@ def _stack_of(thread: threading.Thread) -> str:
 
 
 def _run_one(cluster: Any, name: str, args: dict[str, Any], timeout: float) -> dict[str, Any]:
-    from tests import k8s_scenarios
+    from harness.k8s import scenarios as k8s_scenarios
 
     fn = k8s_scenarios.SCENARIOS.get(name)
     if fn is None:
@@ -102,7 +102,7 @@ def main(argv: list[str] | None = None) -> int:
     # as PID 1 of its own PID namespace, a signal without a handler would be ignored
     signal.signal(signal.SIGTERM, on_term)
 
-    from tests.k8s_support import KubeCluster
+    from harness.k8s.support import KubeCluster
 
     started = time.monotonic()
     cluster = KubeCluster(bind_host=args.bind_host, watch_cache=args.watch_cache, base_dir=args.dir)

@@ -6,7 +6,7 @@ from __future__ import annotations
 import subprocess
 from pathlib import Path
 
-from tests.k8s_api import ADMIN_TOKEN, READER_TOKEN
+from harness.k8s.api import ADMIN_TOKEN, READER_TOKEN
 
 
 def _openssl(*args: str, cwd: Path) -> None:

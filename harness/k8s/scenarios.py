@@ -1,5 +1,5 @@
-"""Scenarios that run inside the private network namespace (tests/netns_host.py), one call each:
-``SCENARIOS[name](cluster, **args)`` with a started ``tests.k8s_support.KubeCluster``; raise to fail.
+"""Scenarios that run inside the private network namespace (harness/k8s/netns_host.py), one call each:
+``SCENARIOS[name](cluster, **args)`` with a started ``harness.k8s.support.KubeCluster``; raise to fail.
 
 Pods are 10.77.0.2-9 on the namespace's lo (``k8s_support.POD_ADDRESSES``). The cluster lives as long as the
 host process does and is shared by the scenarios: use namespaces/names of your own (``unique()``).
@@ -15,8 +15,8 @@ from typing import Any
 
 import grpc
 
-from tests.backends import echo_pb2, echo_pb2_grpc
-from tests.backends.server import EchoServer
+from harness.backends import echo_pb2, echo_pb2_grpc
+from harness.backends.server import EchoServer
 
 _ids = itertools.count(1)
 
@@ -67,7 +67,7 @@ def pods_reachable(cluster: Any) -> None:
 
 # ---- the k8s:// resolver against the real apiserver -------------------------------------------------------
 #
-# Every wait is bounded (tests.waiting.wait_until); every channel, resolver, proxy and server is closed in a
+# Every wait is bounded (harness.waiting.wait_until); every channel, resolver, proxy and server is closed in a
 # finally. The kubeconfigs live in the cluster's directory.
 
 Req = echo_pb2.EchoRequest
@@ -96,7 +96,7 @@ def slices_merged_readiness_terminating(cluster: Any) -> None:
     import subprocess
 
     import waypost
-    from tests.waiting import wait_until
+    from harness.waiting import wait_until
 
     subprocess.run(["ip", "-6", "addr", "add", "fd77::2/128", "dev", "lo"], check=False, capture_output=True)
     ns, svc = unique("merge"), "greet"
@@ -166,7 +166,7 @@ def service_appears_after_dial(cluster: Any) -> None:
 
     import waypost
     import waypost.aio
-    from tests.waiting import wait_until
+    from harness.waiting import wait_until
 
     ns, svc = unique("later"), "greet"
     cluster.create_namespace(ns)
@@ -215,8 +215,8 @@ def relist_after_410_without_spurious_removal(cluster: Any) -> None:
     """The link to the apiserver is cut; meanwhile one slice is deleted, another changed, and etcd compacted; on
     reconnect the watch's version is gone (410): a relist, whose diff drops exactly what went away. Endpoints
     present all along are never removed, not even for one push, and the last list was kept during the cut."""
-    from tests.etcd_helpers import TcpProxy
-    from tests.waiting import wait_until
+    from harness.tcp_proxy import TcpProxy
+    from harness.waiting import wait_until
 
     ns, svc = unique("gone"), "greet"
     cluster.create_namespace(ns)
@@ -254,7 +254,7 @@ def apiserver_restart_keeps_serving(cluster: Any) -> None:
     import threading
 
     import waypost
-    from tests.waiting import wait_until
+    from harness.waiting import wait_until
 
     ns, svc = unique("restart"), "greet"
     cluster.create_namespace(ns)
@@ -296,7 +296,7 @@ def kubeconfig_auth_and_clear_refusals(cluster: Any) -> None:
     """Token auth from a kubeconfig: a token without RBAC rights is refused with the 403 and the rule to add, a
     wrong token with the 401 and where it came from; granted, the same kubeconfig works; client certs too."""
     import waypost
-    from tests.k8s_support import READER_TOKEN
+    from harness.k8s.support import READER_TOKEN
     from waypost.errors import RegistryUnavailable
 
     ns, svc = unique("auth"), "greet"
@@ -328,9 +328,9 @@ def in_cluster_config_and_token_rotation(cluster: Any) -> None:
     request, a good one again -> it recovers)."""
     import shutil
 
-    from tests.etcd_helpers import TcpProxy
-    from tests.k8s_support import ADMIN_TOKEN
-    from tests.waiting import wait_until
+    from harness.k8s.support import ADMIN_TOKEN
+    from harness.tcp_proxy import TcpProxy
+    from harness.waiting import wait_until
     from waypost.registries.kubernetes import config as k8s_config
 
     ns, svc = unique("pod"), "greet"
@@ -423,7 +423,7 @@ def examples_in_pods(cluster: Any) -> None:
 
     from grpc_health.v1 import health_pb2, health_pb2_grpc
 
-    root = Path(__file__).resolve().parents[1]
+    root = Path(__file__).resolve().parents[2]
     ns = unique("examples")
     cluster.create_namespace(ns)
     port = 50051
@@ -491,7 +491,7 @@ def bench_slice_to_picker(cluster: Any, changes: int = 40, out: str = "") -> Non
     rv = cluster.list_slices(ns, svc)["metadata"]["resourceVersion"]
 
     def raw_watch() -> None:  # the floor: the apiserver's own event latency to a watching client
-        from tests.k8s_support import ADMIN_TOKEN
+        from harness.k8s.support import ADMIN_TOKEN
 
         conn = http.client.HTTPSConnection(cluster.bind_host, cluster.port, timeout=60,
                                            context=cluster.ssl_context())

@@ -1,13 +1,13 @@
 """Kubernetes test harness: a real kube-apiserver (built from source once, cached) over a real etcd, and
 scenarios run in a private network namespace. The pieces, one job per module, are all importable from here:
 
-* tests/k8s_build.py: ``apiserver_binary()`` builds kube-apiserver once (cached, locked, bounded);
+* harness/k8s/build.py: ``apiserver_binary()`` builds kube-apiserver once (cached, locked, bounded);
   ``timeout_mark()`` is the per-test bound allowing for a cold build.
-* tests/k8s_cluster.py: ``KubeCluster``, etcd + kube-apiserver on free ports (and why each apiserver flag).
-* tests/k8s_api.py: the REST helpers (``KubeApi``: requests, raw watches, namespaces, Services,
+* harness/k8s/cluster.py: ``KubeCluster``, etcd + kube-apiserver on free ports (and why each apiserver flag).
+* harness/k8s/api.py: the REST helpers (``KubeApi``: requests, raw watches, namespaces, Services,
   EndpointSlices, RBAC grants), ``KubeApiError``, ``ADMIN_TOKEN`` and ``READER_TOKEN``.
-* tests/k8s_kubeconfig.py: kubeconfig writing; tests/k8s_pki.py: the certificates and the token file.
-* tests/k8s_netns.py: ``NetnsHost`` (scenarios of tests/k8s_scenarios.py inside a private network namespace,
+* harness/k8s/kubeconfig.py: kubeconfig writing; harness/k8s/pki.py: the certificates and the token file.
+* harness/k8s/netns.py: ``NetnsHost`` (scenarios of harness/k8s/scenarios.py inside a private network namespace,
   pods on ``POD_ADDRESSES``).
 
 ``skip_reason()`` says why the harness cannot run here (no Go, no openssl, no etcd, no ``unshare -n``, ...): tests
@@ -19,8 +19,8 @@ from __future__ import annotations
 import os
 import shutil
 
-from tests.k8s_api import ADMIN_TOKEN, READER_TOKEN, KubeApiError
-from tests.k8s_build import (
+from harness.k8s.api import ADMIN_TOKEN, READER_TOKEN, KubeApiError
+from harness.k8s.build import (
     APISERVER,
     K8S_VERSION,
     TEST_TIMEOUT,
@@ -30,8 +30,8 @@ from tests.k8s_build import (
     is_built,
     timeout_mark,
 )
-from tests.k8s_cluster import KubeCluster
-from tests.k8s_netns import POD_ADDRESSES, NetnsHost, netns_skip_reason
+from harness.k8s.cluster import KubeCluster
+from harness.k8s.netns import POD_ADDRESSES, NetnsHost, netns_skip_reason
 from waypost.etcd.local import EtcdNotFound, find_binary
 
 _skip_cache: dict[bool, str | None] = {}

@@ -13,11 +13,11 @@ import grpc
 import pytest
 
 import waypost
-from tests.backends import echo_pb2, echo_pb2_grpc
-from tests.backends.helpers import echo_servers
-from tests.waiting import wait_until
+from harness.backends import echo_pb2, echo_pb2_grpc
+from harness.waiting import wait_until
+from tests.channel.support import echo_servers
 
-EXAMPLES = Path(__file__).resolve().parents[1] / "examples"
+EXAMPLES = Path(__file__).resolve().parents[2] / "examples"
 WEIGHTS = {"a": 4, "b": 2, "c": 1}
 
 

@@ -8,7 +8,7 @@ from collections import Counter
 
 import pytest
 
-from tests.policy_support import bs
+from tests.balancer.support import bs
 from waypost.balancer import p2c
 from waypost.balancer.base import PickInfo
 from waypost.balancer.p2c_ewma import P2CEwmaPolicy

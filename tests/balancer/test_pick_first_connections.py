@@ -12,10 +12,10 @@ import pytest
 
 import waypost
 import waypost.aio
-from tests.backends import echo_pb2, echo_pb2_grpc
-from tests.backends.procs import spawn_many
-from tests.policy_support import FakeClock, bs
-from tests.waiting import wait_until
+from harness.backends import echo_pb2, echo_pb2_grpc
+from harness.backends.procs import spawn_many
+from harness.waiting import wait_until
+from tests.balancer.support import FakeClock, bs
 from waypost.balancer.pick_first import CONNECTION_ATTEMPT_DELAY, PickFirstPolicy
 from waypost.types import CONNECTING, READY, TRANSIENT_FAILURE
 

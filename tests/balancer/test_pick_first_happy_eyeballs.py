@@ -1,7 +1,7 @@
 """pick_first gets past a first address that never answers (gRFC A61 "Happy Eyeballs").
 
 Target ``direct:///BH,RESET,GARBAGE,A,B``: BH accepts TCP connections and never speaks HTTP/2 (black hole),
-RESET resets them, GARBAGE answers with bytes that are not HTTP/2 (plain sockets, tests.backends.broken_listeners),
+RESET resets them, GARBAGE answers with bytes that are not HTTP/2 (plain sockets, harness.backends.broken_listeners),
 A and B are real gRPC Echo servers. While an attempt is still connecting after the attempt delay (250 ms) the
 next address is tried too, and a failed attempt moves on at once, so the first call succeeds on A or B within
 its 2 s deadline, for every policy, on sync and aio channels, fresh or after the backend in use stopped. Before,
@@ -18,11 +18,11 @@ import pytest
 
 import waypost
 import waypost.aio
-from tests.backends import echo_pb2, echo_pb2_grpc
-from tests.backends.broken_listeners import BrokenListener, broken_listeners
-from tests.backends.helpers import echo_servers
-from tests.policy_support import FakeClock, bs
-from tests.waiting import wait_until
+from harness.backends import echo_pb2, echo_pb2_grpc
+from harness.backends.broken_listeners import BrokenListener, broken_listeners
+from harness.waiting import wait_until
+from tests.balancer.support import FakeClock, bs
+from tests.channel.support import echo_servers
 from waypost.balancer.pick_first import CONNECTION_ATTEMPT_DELAY, PickFirstPolicy
 from waypost.balancer.policies import known_policies
 from waypost.types import CONNECTING, READY, TRANSIENT_FAILURE

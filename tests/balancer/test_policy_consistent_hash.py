@@ -11,7 +11,7 @@ import grpc
 import mmh3
 import pytest
 
-from tests.policy_support import bs
+from tests.balancer.support import bs
 from waypost.balancer.base import PickError, PickInfo, key_bytes, normalize_hash_key
 from waypost.balancer.consistent_hash import MISSING_KEY_MESSAGE, REPLICAS, HashRing, hash64
 from waypost.balancer.policies import get_policy

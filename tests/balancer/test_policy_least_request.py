@@ -7,7 +7,7 @@ from collections import Counter
 
 import pytest
 
-from tests.policy_support import bs
+from tests.balancer.support import bs
 from waypost.balancer.base import Outcome, PickInfo
 from waypost.balancer.policies import get_policy
 from waypost.errors import InvalidServiceConfig

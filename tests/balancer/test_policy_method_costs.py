@@ -7,7 +7,7 @@ import random
 import grpc
 import pytest
 
-from tests.policy_support import FakeClock, bs
+from tests.balancer.support import FakeClock, bs
 from waypost.balancer.base import Outcome, PickInfo
 from waypost.balancer.policies import get_policy
 from waypost.errors import InvalidServiceConfig
@@ -96,9 +96,9 @@ def test_prequal_does_not_take_method_costs():
 
 def test_real_channel_counts_the_configured_cost_and_releases_it():
     import waypost
-    from tests.backends import echo_pb2, echo_pb2_grpc
-    from tests.backends.helpers import direct, echo_servers
-    from tests.waiting import wait_until
+    from harness.backends import echo_pb2, echo_pb2_grpc
+    from harness.waiting import wait_until
+    from tests.channel.support import direct, echo_servers
 
     cfg = {"loadBalancingConfig": [{"least_request": {"methodCosts": {"/waypost.test.Echo/Unary": 7},
                                                       "slowStartWindow": "10s"}}]}

@@ -18,7 +18,7 @@ import pytest
 
 from waypost.service_config import DEFAULT_POLICY
 
-SCRIPT = Path(__file__).resolve().parents[1] / "bench" / "simulate.py"
+SCRIPT = Path(__file__).resolve().parents[2] / "bench" / "simulate.py"
 SCENARIOS = ["slow_backend", "degrading", "heterogeneous", "flapping", "cold_start"]
 SLOW_START_POLICIES = ["least_request", "p2c_ewma", "peak_ewma", "prequal"]
 POLICIES = ["round_robin", "random", "smooth_weighted_round_robin", "least_request", "p2c_ewma", "peak_ewma", "prequal",

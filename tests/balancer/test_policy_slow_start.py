@@ -9,7 +9,7 @@ from collections import Counter
 import grpc
 import pytest
 
-from tests.policy_support import FakeClock, bs
+from tests.balancer.support import FakeClock, bs
 from waypost.balancer import slow_start
 from waypost.balancer.base import Outcome, PickInfo
 from waypost.balancer.policies import get_policy

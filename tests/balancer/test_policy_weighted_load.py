@@ -17,7 +17,7 @@ from typing import Any
 import grpc
 import pytest
 
-from tests.policy_support import FakeClock
+from tests.balancer.support import FakeClock
 from waypost.balancer.base import Outcome, PickError, PickInfo
 from waypost.balancer.policies import get_policy
 from waypost.loadreport.account import LoadAccount
@@ -211,9 +211,9 @@ def test_end_to_end_sequential_calls_over_real_servers_share_by_weight():
     import os
 
     import waypost
-    from tests.backends import echo_pb2, echo_pb2_grpc
-    from tests.backends.helpers import echo_servers
-    from tests.waiting import wait_until
+    from harness.backends import echo_pb2, echo_pb2_grpc
+    from harness.waiting import wait_until
+    from tests.channel.support import echo_servers
 
     name = f"wload{os.getpid()}x{next(itertools.count())}"
     registry = waypost.connect(f"memory://{name}")

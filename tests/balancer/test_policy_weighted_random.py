@@ -13,9 +13,9 @@ import grpc
 import pytest
 
 import waypost
-from tests.backends import echo_pb2, echo_pb2_grpc
-from tests.backends.helpers import echo_servers
-from tests.waiting import wait_until
+from harness.backends import echo_pb2, echo_pb2_grpc
+from harness.waiting import wait_until
+from tests.channel.support import echo_servers
 from waypost.balancer.base import PickError, PickInfo
 from waypost.balancer.policies import get_policy
 from waypost.balancer.weighted_random import alias_table

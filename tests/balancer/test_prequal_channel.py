@@ -14,9 +14,9 @@ import pytest
 
 import waypost
 import waypost.aio
-from tests.backends import echo_pb2, echo_pb2_grpc
-from tests.backends.server import EchoServer, EchoServicer
-from tests.waiting import wait_until
+from harness.backends import echo_pb2, echo_pb2_grpc
+from harness.backends.server import EchoServer, EchoServicer
+from harness.waiting import wait_until
 from waypost.server import serve
 
 SLOW_MS = 40

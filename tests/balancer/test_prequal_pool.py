@@ -6,7 +6,7 @@ import random
 
 import pytest
 
-from tests.policy_support import FakeClock
+from tests.balancer.support import FakeClock
 from waypost.balancer.prequal_pool import Probe, ProbePool
 
 

@@ -1,6 +1,6 @@
 """The fork scenarios of ``tests/test_fork_etcd.py``, each run in a fresh process of its own:
 
-    python -m tests.fork_scenarios NAME ETCD_ENDPOINT KEY ADDRESS_A ADDRESS_B
+    python -m tests.channel.fork_scenarios NAME ETCD_ENDPOINT KEY ADDRESS_A ADDRESS_B
 
 (exit status 0 when the scenario held, the failed assertion on stderr otherwise). A fresh process because
 what a fork can do depends on every gRPC object alive in the forking process: a test process that ran other
@@ -24,8 +24,8 @@ from collections.abc import Callable
 
 import waypost
 import waypost.aio
-from tests.backends import echo_pb2, echo_pb2_grpc
-from tests.waiting import wait_until
+from harness.backends import echo_pb2, echo_pb2_grpc
+from harness.waiting import wait_until
 from waypost.etcd.local import find_binary
 
 Req = echo_pb2.EchoRequest

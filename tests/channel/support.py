@@ -1,4 +1,4 @@
-"""Helpers for channel tests: server groups, a policy that records outcomes (bounded waits: tests.waiting)."""
+"""Helpers for channel tests: server groups, a policy that records outcomes (bounded waits: harness.waiting)."""
 
 from __future__ import annotations
 
@@ -9,12 +9,12 @@ from contextlib import contextmanager
 from typing import Any
 
 import pytest
+
+from harness.backends.server import EchoServer
 from waypost.balancer.base import Outcome, Picker, PickInfo, PickResult, Policy
 from waypost.balancer.policies import POLICIES, register_policy
 from waypost.errors import NoBackendAvailable
 from waypost.types import Backend
-
-from .server import EchoServer
 
 
 @contextmanager

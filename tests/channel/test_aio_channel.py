@@ -14,14 +14,14 @@ import pytest
 
 import waypost
 import waypost.aio
-from tests.backends import echo_pb2, echo_pb2_grpc
-from tests.backends.helpers import (
+from harness.backends import echo_pb2, echo_pb2_grpc
+from harness.backends.procs import spawn_many
+from tests.channel.support import (
     RECORDER,
     direct,
     echo_servers,
     recording,  # noqa: F401  # fixture used by pytestmark
 )
-from tests.backends.procs import spawn_many
 
 Req = echo_pb2.EchoRequest
 pytestmark = pytest.mark.usefixtures("recording")  # the test_recording policy, for this module only

@@ -15,7 +15,7 @@ import grpc.aio
 import pytest
 
 import waypost.aio
-from tests.backends import echo_pb2, echo_pb2_grpc
+from harness.backends import echo_pb2, echo_pb2_grpc
 from waypost.client.aio_replay import AsyncReplay, WriteReplay
 from waypost.client.replay import REPLAY_LIMIT
 

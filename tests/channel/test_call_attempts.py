@@ -12,9 +12,9 @@ import pytest
 
 import waypost
 import waypost.aio
-from tests.backends import echo_pb2
-from tests.backends.helpers import direct, echo_servers
-from tests.waiting import wait_until
+from harness.backends import echo_pb2
+from harness.waiting import wait_until
+from tests.channel.support import direct, echo_servers
 from waypost.balancer.base import PickInfo
 from waypost.client.aio_wait import AioPickWaiter
 from waypost.client.picker_wrapper import PickerSnapshot, PickerWrapper

@@ -9,10 +9,10 @@ import grpc
 import pytest
 
 import waypost
-from tests.backends import echo_pb2, echo_pb2_grpc
-from tests.backends.helpers import direct
-from tests.backends.procs import EchoProcess, spawn_many
-from tests.waiting import wait_until
+from harness.backends import echo_pb2, echo_pb2_grpc
+from harness.backends.procs import EchoProcess, spawn_many
+from harness.waiting import wait_until
+from tests.channel.support import direct
 from waypost.client.options import merge_options
 
 Req = echo_pb2.EchoRequest

@@ -12,9 +12,9 @@ import grpc
 import pytest
 
 import waypost
-from tests.backends import echo_pb2, echo_pb2_grpc
-from tests.backends.helpers import direct, echo_servers
-from tests.waiting import wait_until
+from harness.backends import echo_pb2, echo_pb2_grpc
+from harness.waiting import wait_until
+from tests.channel.support import direct, echo_servers
 
 Req = echo_pb2.EchoRequest
 _n = itertools.count()

@@ -9,15 +9,15 @@ import grpc
 import pytest
 
 import waypost
-from tests.backends import echo_pb2, echo_pb2_grpc
-from tests.backends.helpers import (
+from harness.backends import echo_pb2, echo_pb2_grpc
+from harness.backends.server import EchoServer
+from harness.waiting import wait_until
+from tests.channel.support import (
     RECORDER,
     direct,
     echo_servers,
     recording,  # noqa: F401  # fixture used by pytestmark
 )
-from tests.backends.server import EchoServer
-from tests.waiting import wait_until
 from waypost.etcd.local import free_port
 from waypost.service_config import DEFAULT_POLICY
 

@@ -11,9 +11,9 @@ import pytest
 
 import waypost
 import waypost.aio
-from tests.backends import echo_pb2, echo_pb2_grpc
-from tests.backends.helpers import echo_servers
-from tests.waiting import wait_until
+from harness.backends import echo_pb2, echo_pb2_grpc
+from harness.waiting import wait_until
+from tests.channel.support import echo_servers
 from waypost.etcd.local import free_port
 
 Req = echo_pb2.EchoRequest

@@ -14,10 +14,10 @@ import pytest
 
 import waypost
 import waypost.aio
-from tests.backends import echo_pb2, echo_pb2_grpc
-from tests.backends.helpers import direct, echo_servers
-from tests.backends.procs import spawn_many
-from tests.waiting import wait_until
+from harness.backends import echo_pb2, echo_pb2_grpc
+from harness.backends.procs import spawn_many
+from harness.waiting import wait_until
+from tests.channel.support import direct, echo_servers
 from waypost.client.method_names import CHECK_AFTER
 from waypost.client.retry import never_sent
 from waypost.service_config import parse_service_config

@@ -1,6 +1,6 @@
 """fork() after dialing an etcd target (gunicorn/uWSGI preload): real etcd, real backend processes, real forks.
 
-Every scenario (``tests/fork_scenarios.py``) runs in a fresh Python process of its own, which dials, calls,
+Every scenario (``tests/channel/fork_scenarios.py``) runs in a fresh Python process of its own, which dials, calls,
 and forks 8 children per round; each child exits with a code its parent checks (a signal = a crash), and the
 parent keeps calling, watching and publishing across the forks. Each scenario process is bounded (timeout).
 """
@@ -15,9 +15,9 @@ from pathlib import Path
 
 import pytest
 
-from tests.backends.procs import EchoProcess
+from harness.backends.procs import EchoProcess
 
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = Path(__file__).resolve().parents[2]
 SCENARIO_TIMEOUT_S = 120
 
 pytestmark = pytest.mark.skipif(not hasattr(os, "fork") or sys.platform == "darwin", reason="needs fork (Linux)")
@@ -43,7 +43,7 @@ def run_scenario(name: str, etcd, key: str, backends: tuple[EchoProcess, EchoPro
     env.pop("GRPC_ENABLE_FORK_SUPPORT", None)  # gRPC's default: core prepares for fork
     try:
         out = subprocess.run(
-            [sys.executable, "-m", "tests.fork_scenarios", name, etcd.endpoint, key, a.address, b.address],
+            [sys.executable, "-m", "tests.channel.fork_scenarios", name, etcd.endpoint, key, a.address, b.address],
             check=False, cwd=ROOT, env=env, capture_output=True, text=True, timeout=SCENARIO_TIMEOUT_S,
         )
     except subprocess.TimeoutExpired as e:

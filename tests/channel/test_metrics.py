@@ -12,10 +12,10 @@ import pytest
 from prometheus_client import CollectorRegistry, generate_latest
 
 import waypost
-from tests.backends import echo_pb2, echo_pb2_grpc
-from tests.backends.helpers import direct, echo_servers
-from tests.etcd_helpers import TcpProxy
-from tests.waiting import wait_until
+from harness.backends import echo_pb2, echo_pb2_grpc
+from harness.tcp_proxy import TcpProxy
+from harness.waiting import wait_until
+from tests.channel.support import direct, echo_servers
 from waypost import _loop, metrics
 from waypost.discovery import Publisher, Subscriber
 from waypost.etcd.config import EtcdConfig

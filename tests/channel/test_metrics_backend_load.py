@@ -10,9 +10,9 @@ import pytest
 from prometheus_client import CollectorRegistry
 
 import waypost
-from tests.backends import echo_pb2, echo_pb2_grpc
-from tests.backends.server import EchoServicer
-from tests.waiting import wait_until
+from harness.backends import echo_pb2, echo_pb2_grpc
+from harness.backends.server import EchoServicer
+from harness.waiting import wait_until
 from waypost import metrics
 from waypost.server import serve
 

@@ -8,8 +8,8 @@ from concurrent import futures
 
 import grpc
 
-from tests.backends import echo_pb2_grpc
-from tests.backends.server import EchoServer, EchoServicer
+from harness.backends import echo_pb2_grpc
+from harness.backends.server import EchoServer, EchoServicer
 from waypost.client.prober import SubConnProber
 from waypost.client.subconn import SubConn
 from waypost.server import serve

@@ -17,9 +17,9 @@ import pytest
 
 import waypost
 import waypost.aio
-from tests.backends import echo_pb2, echo_pb2_grpc
-from tests.backends.helpers import echo_servers
-from tests.latency_proxy import LatencyProxy
+from harness.backends import echo_pb2, echo_pb2_grpc
+from harness.latency_proxy import LatencyProxy
+from tests.channel.support import echo_servers
 
 Req = echo_pb2.EchoRequest
 UNAVAILABLE = grpc.StatusCode.UNAVAILABLE.value[0]

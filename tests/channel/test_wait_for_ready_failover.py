@@ -11,9 +11,9 @@ import pytest
 
 import waypost
 import waypost.aio
-from tests.backends import echo_pb2, echo_pb2_grpc
-from tests.backends.procs import spawn_many
-from tests.waiting import wait_until
+from harness.backends import echo_pb2, echo_pb2_grpc
+from harness.backends.procs import spawn_many
+from harness.waiting import wait_until
 
 Req = echo_pb2.EchoRequest
 CALLS = 40

@@ -5,7 +5,7 @@ removes and re-adds the second address every ~2 ms (what the resolver does when 
 Prints ``calls N flips N errors N [first errors]`` and exits 0 if no call failed, 1 otherwise. Run in a
 subprocess by ``tests/test_chaos.py``: a crash (segfault) must not take the test process down.
 
-Usage: python tests/chaos_race.py [SECONDS]
+Usage: python tests/chaos/race.py [SECONDS]
 """
 
 from __future__ import annotations
@@ -16,11 +16,11 @@ import threading
 import time
 from pathlib import Path
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
 
 import waypost
-from tests.backends import echo_pb2, echo_pb2_grpc
-from tests.backends.helpers import direct, echo_servers
+from harness.backends import echo_pb2, echo_pb2_grpc
+from tests.channel.support import direct, echo_servers
 from waypost.types import Backend
 
 

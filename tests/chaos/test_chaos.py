@@ -2,7 +2,7 @@
 
 Each scenario runs real backend processes registered in a real etcd and a balanced channel under steady
 load in this process, injects one fault, and returns what it saw; the assertion is that the promise held:
-0 failed RPCs, 0 lost registrations, recovery within the bound (see ``tests/chaos_scenarios.py``).
+0 failed RPCs, 0 lost registrations, recovery within the bound (see ``harness/chaos/scenarios.py``).
 """
 
 from __future__ import annotations
@@ -14,9 +14,9 @@ from pathlib import Path
 
 import pytest
 
-from tests import chaos_scenarios as cs
-from tests.etcd_partition import PartitionCluster
-from tests.waiting import wait_until
+from harness.chaos import scenarios as cs
+from harness.etcd_partition import PartitionCluster
+from harness.waiting import wait_until
 
 pytestmark = [pytest.mark.slow, pytest.mark.timeout(180)]
 
@@ -73,7 +73,7 @@ def test_addresses_flapping_under_calls_fail_no_call():
     no call may fail, and the process must not crash (it runs in a subprocess for that reason). Before
     removed backends' channels were closed after a grace period, this segfaulted grpc (a multicallable
     created on a channel being closed) or failed calls with "Cannot invoke RPC on closed channel!"."""
-    proc = subprocess.run([sys.executable, str(Path(__file__).with_name("chaos_race.py")), "2"],
+    proc = subprocess.run([sys.executable, str(Path(__file__).with_name("race.py")), "2"],
                           capture_output=True, text=True, timeout=90, check=False)
     assert proc.returncode == 0, f"exit {proc.returncode}: {proc.stdout[-500:]} {proc.stderr[-1500:]}"
 
@@ -114,10 +114,10 @@ def test_graceful_stop_by_serve_under_load(etcd):
 def test_consul_agent_restart_fails_no_call(tmp_path):
     """A persistent Consul agent down 7 s (> the 5 s TTL) under load: its instances come back critical until
     their publishers pass again; the channel must keep its list meanwhile."""
-    from tests import consul_support
+    from harness import consul_agent
 
-    reason = consul_support.skip_reason()
+    reason = consul_agent.skip_reason()
     if reason:
         pytest.skip(reason)
-    consul_support.consul_binary()
+    consul_agent.consul_binary()
     _assert_held(cs.consul_agent_restart(down_s=7.0, ttl=5, base_dir=tmp_path / "consul"))

@@ -19,7 +19,7 @@ import waypost
 from waypost._cli import app
 from waypost.etcd.local import free_port
 
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = Path(__file__).resolve().parents[2]
 
 
 def run(*args: str, registry: str | None = None):

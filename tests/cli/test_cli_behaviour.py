@@ -14,10 +14,10 @@ from pathlib import Path
 import pytest
 
 import waypost
-from tests.waiting import wait_until
+from harness.waiting import wait_until
 from waypost.etcd.local import free_port
 
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = Path(__file__).resolve().parents[2]
 #: what a command may take past its --timeout: interpreter and grpc start-up on a loaded 2-core machine
 MARGIN = 4.0
 

@@ -21,7 +21,7 @@ from click.testing import CliRunner
 from waypost._cli import app
 from waypost.etcd.local import EtcdNotFound, find_binary, free_port
 
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = Path(__file__).resolve().parents[2]
 EXPORT = ("--export", "greet=direct:///127.0.0.1:1")
 
 

@@ -18,7 +18,7 @@ from waypost.demo.runner import BACKENDS, NEWCOMER, NOT_SHOWN, POLICIES, SLOW, V
 from waypost.etcd.local import free_port
 from waypost.service_config import DEFAULT_POLICY
 
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = Path(__file__).resolve().parents[2]
 
 
 def _alive(pid: int) -> bool:

@@ -13,8 +13,8 @@ from typing import Any
 
 import grpc
 
-from tests.backends import echo_pb2_grpc
-from tests.backends.server import EchoServicer
+from harness.backends import echo_pb2_grpc
+from harness.backends.server import EchoServicer
 from waypost.console import Console, ConsoleConfig
 from waypost.server import serve
 

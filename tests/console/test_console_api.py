@@ -12,8 +12,8 @@ import pytest
 from click.testing import CliRunner
 
 import waypost
-from tests.console_support import TOKEN, echo_serve, http, instances, running_console, write
-from tests.waiting import wait_until
+from harness.waiting import wait_until
+from tests.console.support import TOKEN, echo_serve, http, instances, running_console, write
 from waypost._cli import app
 from waypost.discovery.override import override_key
 

@@ -24,9 +24,9 @@ import grpc
 import pytest
 
 import waypost
-from tests.backends import echo_pb2, echo_pb2_grpc
-from tests.console_support import TOKEN, echo_serve, http, running_console, write
-from tests.waiting import wait_until
+from harness.backends import echo_pb2, echo_pb2_grpc
+from harness.waiting import wait_until
+from tests.console.support import TOKEN, echo_serve, http, running_console, write
 from waypost import metrics
 from waypost.discovery.override import override_key
 

@@ -9,9 +9,9 @@ import json
 from click.testing import CliRunner
 
 import waypost
-from tests.console_support import echo_serve, http, running_console, write
-from tests.consul_support import fixture_consul_bin, fixture_shared_agent, unique_name  # noqa: F401 (fixtures)
-from tests.waiting import wait_until
+from harness.consul_agent import fixture_consul_bin, fixture_shared_agent, unique_name  # noqa: F401 (fixtures)
+from harness.waiting import wait_until
+from tests.console.support import echo_serve, http, running_console, write
 from waypost._cli import app
 from waypost.registries.consul import ConsulConfig
 from waypost.registries.consul.console import service_target
@@ -81,7 +81,7 @@ def test_cli_drain_in_consul_reaches_the_publisher(shared_agent):
 
 
 def test_a_console_on_a_dead_agent_shows_it_down_and_recovers_when_it_answers(consul_bin, tmp_path):
-    from tests.consul_support import ConsulAgent
+    from harness.consul_agent import ConsulAgent
 
     agent = ConsulAgent(tmp_path / "consul", binary=consul_bin)  # its ports picked, nothing listening yet
     name = unique_name("down")

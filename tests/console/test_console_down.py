@@ -10,8 +10,8 @@ import time
 
 from click.testing import CliRunner
 
-from tests.console_support import echo_serve, http, instances, running_console
-from tests.waiting import wait_until
+from harness.waiting import wait_until
+from tests.console.support import echo_serve, http, instances, running_console
 from waypost._cli import app
 from waypost.etcd.local import free_port
 

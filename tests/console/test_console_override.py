@@ -8,7 +8,7 @@ import time
 import pytest
 
 import waypost
-from tests.waiting import wait_until
+from harness.waiting import wait_until
 from waypost.discovery.override import (
     apply_override,
     encode_override,

@@ -11,10 +11,10 @@ import pytest
 from click.testing import CliRunner
 
 import waypost
-from tests.backends import echo_pb2, echo_pb2_grpc
-from tests.backends.helpers import echo_servers
-from tests.console_support import echo_serve, http, instances, running_console, write
-from tests.waiting import wait_until
+from harness.backends import echo_pb2, echo_pb2_grpc
+from harness.waiting import wait_until
+from tests.channel.support import echo_servers
+from tests.console.support import echo_serve, http, instances, running_console, write
 from waypost import metrics
 from waypost._cli import app
 from waypost.console.clients import parse, point

@@ -11,9 +11,9 @@ import pytest
 from click.testing import CliRunner
 
 import waypost
-from tests import zk_support
-from tests.console_support import echo_serve, http, instances, running_console, write
-from tests.waiting import wait_until
+from harness.waiting import wait_until
+from tests.console.support import echo_serve, http, instances, running_console, write
+from tests.zookeeper import support as zk_support
 from waypost._cli import app
 
 

@@ -1,5 +1,5 @@
 """Consul: ConsulPublisher, ConsulResolver and consul:// channels against a real Consul agent (v1.14.11, built once
-and cached by tests/consul_support.py; skipped, saying why, without Go). Other clients' views go through plain
+and cached by harness/consul_agent.py; skipped, saying why, without Go). Other clients' views go through plain
 HTTP (urllib), never through waypost's client."""
 
 from __future__ import annotations
@@ -14,15 +14,15 @@ import pytest
 
 import waypost
 import waypost.resolver
-from tests import consul_support
-from tests.backends import echo_pb2, echo_pb2_grpc
-from tests.backends.server import EchoServer
-from tests.consul_support import fixture_consul_bin, fixture_shared_agent  # noqa: F401 (fixtures)
-from tests.consul_support import unique_name as _name
-from tests.etcd_helpers import TcpProxy
-from tests.latency_proxy import LatencyProxy
-from tests.resolver_updates import ResolverUpdates
-from tests.waiting import wait_until
+from harness import consul_agent
+from harness.backends import echo_pb2, echo_pb2_grpc
+from harness.backends.server import EchoServer
+from harness.consul_agent import fixture_consul_bin, fixture_shared_agent  # noqa: F401 (fixtures)
+from harness.consul_agent import unique_name as _name
+from harness.latency_proxy import LatencyProxy
+from harness.tcp_proxy import TcpProxy
+from harness.waiting import wait_until
+from tests.resolver.updates import ResolverUpdates
 from waypost.errors import InvalidTarget, RegistryUnavailable
 from waypost.etcd.local import free_port
 from waypost.registries.consul import ConsulConfig, from_target, parse_registry_url
@@ -32,7 +32,7 @@ from waypost.registries.consul.resolver import ConsulResolver
 from waypost.resolver import ResolverOptions, parse_target
 from waypost.types import Backend
 
-pytestmark = [consul_support.timeout_mark()]
+pytestmark = [consul_agent.timeout_mark()]
 
 
 
@@ -40,9 +40,9 @@ pytestmark = [consul_support.timeout_mark()]
 
 
 @pytest.fixture
-def agent(consul_bin, tmp_path) -> Iterator[consul_support.ConsulAgent]:
+def agent(consul_bin, tmp_path) -> Iterator[consul_agent.ConsulAgent]:
     """An agent of its own, for tests that stop or restart it."""
-    with consul_support.ConsulAgent(tmp_path / "consul", binary=consul_bin) as a:
+    with consul_agent.ConsulAgent(tmp_path / "consul", binary=consul_bin) as a:
         yield a
 
 
@@ -229,7 +229,7 @@ def test_datacenter_filter(shared_agent, consul_bin, tmp_path):
     """A second agent in datacenter dc2, WAN-joined: ?dc=dc2 reads its services through the first agent."""
     a = shared_agent
     name = _name("dc")
-    with consul_support.ConsulAgent(tmp_path / "dc2", datacenter="dc2", node="waypost-dc2", binary=consul_bin) as b:
+    with consul_agent.ConsulAgent(tmp_path / "dc2", datacenter="dc2", node="waypost-dc2", binary=consul_bin) as b:
         a.put(f"/v1/agent/join/127.0.0.1:{b.serf_wan_port}?wan=1")
         wait_until(lambda: "dc2" in a.get("/v1/catalog/datacenters"), 15)
         b.register(name, "127.0.0.1", 7301)
@@ -424,7 +424,7 @@ def test_health_entries_are_plain_json(shared_agent):
 
 
 def test_acl_token_from_url_target_and_environment(consul_bin, tmp_path, monkeypatch, caplog):
-    with consul_support.ConsulAgent(tmp_path / "acl", binary=consul_bin, acl_token="root-secret") as a:
+    with consul_agent.ConsulAgent(tmp_path / "acl", binary=consul_bin, acl_token="root-secret") as a:
         name = _name("acl")
         writer = a.make_token(f'service "{name}" {{ policy = "write" }} node_prefix "" {{ policy = "read" }}',
                               name="writer")
@@ -470,7 +470,7 @@ def test_https_with_client_certificates(consul_bin, tmp_path):
     client_cert, client_key = tmp_path / "client.pem", tmp_path / "client.key"
     client.cert_chain_pems[0].write_to_path(str(client_cert))
     client.private_key_pem.write_to_path(str(client_key))
-    with consul_support.ConsulAgent(tmp_path / "tls", binary=consul_bin,
+    with consul_agent.ConsulAgent(tmp_path / "tls", binary=consul_bin,
                                     tls_files=(str(ca_file), str(cert_file), str(key_file))) as a:
         name = _name("tls")
         https = f"127.0.0.1:{a.https_port}"
@@ -515,7 +515,7 @@ def test_consul_dns_answers_for_a_waypost_registration(consul_bin, tmp_path):
     import dns.rcode
     import dns.rdatatype
 
-    with consul_support.ConsulAgent(tmp_path / "consul", binary=consul_bin, dns=True) as agent:
+    with consul_agent.ConsulAgent(tmp_path / "consul", binary=consul_bin, dns=True) as agent:
         name = _name("dns")
         server = ("127.0.0.1", agent.dns_port)
 

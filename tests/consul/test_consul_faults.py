@@ -1,5 +1,5 @@
-"""Consul resolver under faults, against a real Consul agent (v1.14.11, tests/consul_support.py): answers that are
-not Consul's (a proxy or another server at the agent's address: ``consul_support.HealthProxy``), an address that
+"""Consul resolver under faults, against a real Consul agent (v1.14.11, harness/consul_agent.py): answers that are
+not Consul's (a proxy or another server at the agent's address: ``consul_agent.HealthProxy``), an address that
 accepts connections and never answers, and an agent restarted with its state (a server agent with a data dir)
 whose instances come back critical until their owners pass their checks again."""
 
@@ -18,20 +18,20 @@ import grpc
 import pytest
 
 import waypost
-from tests import consul_support
-from tests.backends import echo_pb2, echo_pb2_grpc
-from tests.backends.server import EchoServer
-from tests.consul_support import fixture_consul_bin, fixture_shared_agent  # noqa: F401 (fixtures)
-from tests.consul_support import unique_name as _name
-from tests.etcd_helpers import TcpProxy
-from tests.resolver_updates import ResolverUpdates
-from tests.waiting import wait_until
+from harness import consul_agent
+from harness.backends import echo_pb2, echo_pb2_grpc
+from harness.backends.server import EchoServer
+from harness.consul_agent import fixture_consul_bin, fixture_shared_agent  # noqa: F401 (fixtures)
+from harness.consul_agent import unique_name as _name
+from harness.tcp_proxy import TcpProxy
+from harness.waiting import wait_until
+from tests.resolver.updates import ResolverUpdates
 from waypost.errors import RegistryUnavailable
 from waypost.registries.consul.publisher import ConsulPublisher
 from waypost.registries.consul.resolver import ConsulResolver
 from waypost.resolver import ResolverOptions, parse_target
 
-pytestmark = [consul_support.timeout_mark()]
+pytestmark = [consul_agent.timeout_mark()]
 
 
 #: what a proxy or another server at the agent's address might answer with a 200
@@ -45,15 +45,15 @@ NOT_JSON = b"<html><body>502 Bad Gateway</body></html>"
 
 
 @pytest.fixture
-def persistent_agent(consul_bin, tmp_path) -> Iterator[consul_support.ConsulAgent]:
+def persistent_agent(consul_bin, tmp_path) -> Iterator[consul_agent.ConsulAgent]:
     """A server agent keeping its data dir across restarts (not -dev)."""
-    with consul_support.ConsulAgent(tmp_path / "consul", binary=consul_bin, persistent=True) as a:
+    with consul_agent.ConsulAgent(tmp_path / "consul", binary=consul_bin, persistent=True) as a:
         yield a
 
 
 @pytest.fixture
-def health_proxy(shared_agent) -> Iterator[consul_support.HealthProxy]:
-    proxy = consul_support.HealthProxy(("127.0.0.1", shared_agent.http_port), [NOT_INSTANCES])
+def health_proxy(shared_agent) -> Iterator[consul_agent.HealthProxy]:
+    proxy = consul_agent.HealthProxy(("127.0.0.1", shared_agent.http_port), [NOT_INSTANCES])
     try:
         yield proxy
     finally:

@@ -13,8 +13,8 @@ import time
 
 import pytest
 
-from tests.etcd_helpers import run
-from tests.waiting import wait_until
+from harness.waiting import wait_until
+from tests.etcd.helpers import run
 from waypost.discovery import Publisher, Subscriber
 from waypost.errors import PermissionDenied
 from waypost.registry import connect

@@ -10,8 +10,8 @@ import threading
 import pytest
 
 import waypost
-from tests.etcd_helpers import run
-from tests.waiting import wait_until
+from harness.waiting import wait_until
+from tests.etcd.helpers import run
 from waypost import _loop
 from waypost.discovery import Publisher, Subscriber, active_subscriptions
 from waypost.discovery import subscriber as submod

@@ -13,10 +13,10 @@ from pathlib import Path
 import pytest
 
 import waypost
-from tests.backends import echo_pb2, echo_pb2_grpc
-from tests.backends.helpers import echo_servers
-from tests.etcd_helpers import make_registry, run
-from tests.waiting import wait_until
+from harness.backends import echo_pb2, echo_pb2_grpc
+from harness.waiting import wait_until
+from tests.channel.support import echo_servers
+from tests.etcd.helpers import make_registry, run
 from waypost.discovery import Subscriber, cache
 from waypost.errors import RegistryUnavailable
 

@@ -14,7 +14,7 @@ from typing import Any
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from tests.waiting import wait_until
+from harness.waiting import wait_until
 from waypost.discovery import Subscriber
 from waypost.discovery.container import Container
 from waypost.registry.formats import Entry

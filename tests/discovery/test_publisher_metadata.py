@@ -11,9 +11,9 @@ import grpc
 import pytest
 
 import waypost
-from tests.backends import echo_pb2, echo_pb2_grpc
-from tests.backends.server import EchoServicer
-from tests.waiting import wait_until
+from harness.backends import echo_pb2, echo_pb2_grpc
+from harness.backends.server import EchoServicer
+from harness.waiting import wait_until
 from waypost.server import serve
 
 ADDR = "127.0.0.1:7001"

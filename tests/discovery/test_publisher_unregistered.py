@@ -19,15 +19,15 @@ from pathlib import Path
 import pytest
 from prometheus_client import CollectorRegistry
 
-from tests.etcd_helpers import run
-from tests.policy_support import FakeClock
-from tests.waiting import wait_until
+from harness.waiting import wait_until
+from tests.balancer.support import FakeClock
+from tests.etcd.helpers import run
 from waypost import metrics
 from waypost.discovery import Publisher
 from waypost.discovery.outage import UNREGISTERED_EXIT_CODE, Outage, check_unregistered_args
 from waypost.registry import connect
 
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = Path(__file__).resolve().parents[2]
 
 
 # ---- unit: the outage clock, the arguments, the gauges' folding --------------------------------------------
@@ -152,8 +152,8 @@ CHILD = textwrap.dedent("""
     import asyncio, atexit, logging, sys, time
     from concurrent import futures
     import grpc, waypost
-    from tests.backends import echo_pb2_grpc
-    from tests.backends.server import EchoServicer
+    from harness.backends import echo_pb2_grpc
+    from harness.backends.server import EchoServicer
 
     mode, url, key = sys.argv[1:4]
     logging.basicConfig(level=logging.INFO, stream=sys.stderr)

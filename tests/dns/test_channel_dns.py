@@ -13,10 +13,10 @@ import pytest
 import waypost
 import waypost.aio
 import waypost.registries.dns.resolver as wdns
-from tests.backends import echo_pb2, echo_pb2_grpc
-from tests.backends.server import EchoServer
-from tests.dns_support import Dnsmasq, dnsmasq  # noqa: F401  (fixture)
-from tests.waiting import wait_until
+from harness.backends import echo_pb2, echo_pb2_grpc
+from harness.backends.server import EchoServer
+from harness.waiting import wait_until
+from tests.dns.support import Dnsmasq, dnsmasq  # noqa: F401  (fixture)
 
 pytest.importorskip("dns.resolver")  # dnspython: the "dns" extra (in the dev set)
 

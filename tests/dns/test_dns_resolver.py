@@ -11,8 +11,8 @@ import pytest
 
 import waypost
 import waypost.registries.dns.resolver as wdns
-from tests.dns_support import Dnsmasq, dnsmasq  # noqa: F401  (fixture)
-from tests.waiting import wait_until
+from harness.waiting import wait_until
+from tests.dns.support import Dnsmasq, dnsmasq  # noqa: F401  (fixture)
 from waypost.resolver import ResolverOptions
 
 pytest.importorskip("dns.resolver")

@@ -7,8 +7,8 @@ import threading
 
 import pytest
 
-from tests.etcd_helpers import add_user, collect_events, enable_auth, on_loop, registry, run
-from tests.waiting import wait_until
+from harness.waiting import wait_until
+from tests.etcd.helpers import add_user, collect_events, enable_auth, on_loop, registry, run
 from waypost.errors import PermissionDenied, RegistryUnavailable
 from waypost.etcd.local import LocalEtcd
 from waypost.registry import connect

@@ -7,8 +7,9 @@ import time
 
 import pytest
 
-from tests.etcd_helpers import TcpProxy, collect_events, next_batch, on_loop, registry
-from tests.waiting import wait_until
+from harness.tcp_proxy import TcpProxy
+from harness.waiting import wait_until
+from tests.etcd.helpers import collect_events, next_batch, on_loop, registry
 from waypost.errors import Compacted, LeaseNotFound, RegistryUnavailable
 
 

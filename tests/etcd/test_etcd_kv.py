@@ -6,7 +6,7 @@ import time
 
 import pytest
 
-from tests.etcd_helpers import on_loop, registry, run
+from tests.etcd.helpers import on_loop, registry, run
 from waypost.errors import LeaseNotFound, RegistryError, RegistryUnavailable
 from waypost.etcd import _methods
 from waypost.etcd._proto import waypost_etcd_pb2 as pb

@@ -1,7 +1,7 @@
 """A client talking to an etcd member that is cut off from the majority moves to the healthy members.
 
 Real 3-member clusters whose peer traffic goes through relays that can cut one member off
-(``tests/etcd_partition.py``); the client lists the member to be isolated first, so it is the one it uses.
+(``harness/etcd_partition.py``); the client lists the member to be isolated first, so it is the one it uses.
 Each test first proves the cut (the member reports no leader, a linearizable read through it gets no
 answer), then checks what waypost does through it: with the default timeouts and with
 ``request_timeout=10``, which makes one attempt on a member wait longer than the callers' own budgets
@@ -17,9 +17,9 @@ from collections.abc import Iterator
 import pytest
 
 import waypost
-from tests.etcd_helpers import run
-from tests.etcd_partition import PartitionCluster, etcdctl, linearizable_read_fails
-from tests.waiting import wait_until
+from harness.etcd_partition import PartitionCluster, etcdctl, linearizable_read_fails
+from harness.waiting import wait_until
+from tests.etcd.helpers import run
 from waypost.discovery import Publisher, Subscriber
 from waypost.etcd.local import LocalEtcd
 

@@ -14,7 +14,7 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from tests.etcd_helpers import registry, run
+from tests.etcd.helpers import registry, run
 from waypost.errors import RegistryError
 from waypost.etcd import records
 from waypost.etcd._proto import waypost_etcd_pb2 as pb

@@ -6,8 +6,8 @@ import json
 import logging
 import time
 
-from tests.etcd_helpers import registry
-from tests.latency_proxy import LatencyProxy
+from harness.latency_proxy import LatencyProxy
+from tests.etcd.helpers import registry
 from waypost.discovery import Publisher
 
 WATCH_FOR = 20.0  # seconds: four TTLs

@@ -16,10 +16,10 @@ import pytest
 from prometheus_client import CollectorRegistry
 
 import waypost
-from tests.backends import echo_pb2, echo_pb2_grpc
-from tests.backends.helpers import echo_servers
-from tests.etcd_helpers import put_when_back
-from tests.waiting import wait_until
+from harness.backends import echo_pb2, echo_pb2_grpc
+from harness.waiting import wait_until
+from tests.channel.support import echo_servers
+from tests.etcd.helpers import put_when_back
 from waypost import metrics
 from waypost.discovery import Subscriber
 from waypost.etcd.local import EtcdNotFound, LocalEtcd, find_binary

@@ -17,8 +17,8 @@ import time
 import pytest
 
 import waypost
-from tests.etcd_helpers import put_when_back
-from tests.waiting import wait_until
+from harness.waiting import wait_until
+from tests.etcd.helpers import put_when_back
 from waypost.etcd.local import LocalEtcd, free_port
 
 ROUNDS = 6

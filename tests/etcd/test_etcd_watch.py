@@ -7,8 +7,8 @@ import threading
 
 import pytest
 
-from tests.etcd_helpers import collect_events, next_batch, registry
-from tests.waiting import wait_until
+from harness.waiting import wait_until
+from tests.etcd.helpers import collect_events, next_batch, registry
 from waypost.errors import Compacted
 from waypost.etcd.local import LocalEtcd
 

@@ -10,10 +10,10 @@ import pytest
 from click.testing import CliRunner
 
 import waypost
-from tests.backends import echo_pb2, echo_pb2_grpc
-from tests.backends.helpers import echo_servers
-from tests.etcd_helpers import add_user, enable_auth
-from tests.waiting import wait_until
+from harness.backends import echo_pb2, echo_pb2_grpc
+from harness.waiting import wait_until
+from tests.channel.support import echo_servers
+from tests.etcd.helpers import add_user, enable_auth
 from waypost._cli import app
 from waypost.errors import PermissionDenied
 

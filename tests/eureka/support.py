@@ -1,7 +1,7 @@
 """Eureka test harness: a real Spring Cloud Netflix Eureka server and a stock Spring Cloud Eureka client, both built
-once with Maven from tests/eureka_servers/ and cached.
+once with Maven from tests/eureka/servers/ and cached.
 
-* ``eureka_jars()`` builds tests/eureka_servers/{server,client} (spring-boot-starter-parent 4.0.7,
+* ``eureka_jars()`` builds tests/eureka/servers/{server,client} (spring-boot-starter-parent 4.0.7,
   spring-cloud-dependencies 2025.1.4; the recipe of shared/notes/real-registries.md) with ``mvn -q -B package``
   into ``${WAYPOST_SERVERS_CACHE:-~/.cache/waypost-servers}/eureka-<hash of the sources>/``, under a file lock so
   that concurrent test processes build once; bounded by ``$WAYPOST_EUREKA_BUILD_TIMEOUT`` (default 1200 s). Each
@@ -18,7 +18,7 @@ once with Maven from tests/eureka_servers/ and cached.
   once a second, as one JSON line per watched app, what Spring's ``DiscoveryClient`` sees.
 
 Every process here is started by this module and stopped by it by its PID (SIGTERM, SIGKILL after a bound);
-``tests/proc_reaper.py`` stops what is left when the test process ends, killed or not.
+``harness/proc_reaper.py`` stops what is left when the test process ends, killed or not.
 """
 
 from __future__ import annotations
@@ -39,11 +39,11 @@ import urllib.request
 from pathlib import Path
 from typing import Any, BinaryIO
 
-from tests import proc_reaper
-from tests.go_servers import servers_cache
+from harness import proc_reaper
+from harness.go_servers import servers_cache
 from waypost.etcd.local import free_port
 
-SOURCES = Path(__file__).resolve().parent / "eureka_servers"
+SOURCES = Path(__file__).resolve().parent / "servers"
 BUILD_TIMEOUT = float(os.environ.get("WAYPOST_EUREKA_BUILD_TIMEOUT", "1200"))
 #: per-test bound once the jars exist (a JVM start is ~10-20 s on a busy machine)
 TEST_TIMEOUT = 150.0
@@ -367,7 +367,7 @@ class EurekaServer:
 
 
 class SpringClient:
-    """The stock Spring Cloud Eureka client application (tests/eureka_servers/client): registers ``app`` with
+    """The stock Spring Cloud Eureka client application (tests/eureka/servers/client): registers ``app`` with
     ``gRPC_port`` metadata and prints what Spring's DiscoveryClient sees of ``watch`` apps (``seen``)."""
 
     def __init__(self, server: EurekaServer, app: str, grpc_port: int, watch: tuple[str, ...] = (),

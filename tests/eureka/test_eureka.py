@@ -1,6 +1,6 @@
 """Eureka: EurekaPublisher, EurekaResolver and eureka:// channels against a real Spring Cloud Netflix Eureka server,
 and a stock Spring Cloud Eureka client for the other direction (both built once and cached by
-tests/eureka_support.py; skipped, saying why, without java or mvn). One server for the module (a JVM start is the
+tests/eureka/support.py; skipped, saying why, without java or mvn). One server for the module (a JVM start is the
 slow part); each test uses its own app names. Other clients' views go through plain HTTP (urllib)."""
 
 from __future__ import annotations
@@ -20,12 +20,12 @@ import grpc
 import pytest
 
 import waypost
-from tests import eureka_support
-from tests.backends import echo_pb2, echo_pb2_grpc
-from tests.backends.server import EchoServer, EchoServicer
-from tests.eureka_support import EurekaServer, SpringClient, unique_app
-from tests.resolver_updates import ResolverUpdates
-from tests.waiting import wait_until
+from harness.backends import echo_pb2, echo_pb2_grpc
+from harness.backends.server import EchoServer, EchoServicer
+from harness.waiting import wait_until
+from tests.eureka import support as eureka_support
+from tests.eureka.support import EurekaServer, SpringClient, unique_app
+from tests.resolver.updates import ResolverUpdates
 from waypost.errors import RegistryUnavailable
 from waypost.etcd.local import free_port
 from waypost.registries.eureka.publisher import EurekaPublisher
@@ -319,7 +319,7 @@ def _child_env() -> dict[str, str]:
     import os
     from pathlib import Path
 
-    root = Path(__file__).resolve().parent.parent
+    root = Path(__file__).resolve().parents[2]
     return dict(os.environ, PYTHONPATH=os.pathsep.join([str(root / "src"), str(root)]))
 
 
@@ -332,7 +332,7 @@ def own_eureka() -> Iterator[EurekaServer]:
 
 
 def test_console_lists_eureka_apps_and_drains_through_the_status_override(eureka: EurekaServer) -> None:
-    from tests.console_support import echo_serve, http, running_console, write
+    from tests.console.support import echo_serve, http, running_console, write
 
     name = unique_app("console")
     a = echo_serve("a", name, eureka.url, ttl=6, metadata={"weight": 20, "zone": "z9"})
@@ -394,7 +394,7 @@ def test_cli_drain_on_an_eureka_registry_writes_the_status_override(eureka: Eure
     instance out of every client's list (waypost's here) and back, with no failed call."""
     from click.testing import CliRunner
 
-    from tests.console_support import echo_serve
+    from tests.console.support import echo_serve
     from waypost._cli import app
 
     name = unique_app("clidrain")

@@ -18,15 +18,15 @@ import grpc
 import pytest
 
 import waypost
-from tests import eureka_support
-from tests.backends import echo_pb2, echo_pb2_grpc
-from tests.backends.server import EchoServer
-from tests.eureka_support import EurekaServer, unique_app
-from tests.waiting import wait_until
+from harness.backends import echo_pb2, echo_pb2_grpc
+from harness.backends.server import EchoServer
+from harness.waiting import wait_until
+from tests.eureka import support as eureka_support
+from tests.eureka.support import EurekaServer, unique_app
 from waypost.registries.eureka.publisher import EurekaPublisher
 
 pytestmark = [eureka_support.timeout_mark()]
-ROOT = Path(__file__).resolve().parent.parent
+ROOT = Path(__file__).resolve().parents[2]
 
 
 @pytest.fixture(scope="module")
@@ -100,8 +100,8 @@ CHILD = textwrap.dedent("""
     import sys
     from concurrent import futures
     import grpc, waypost
-    from tests.backends import echo_pb2_grpc
-    from tests.backends.server import EchoServicer
+    from harness.backends import echo_pb2_grpc
+    from harness.backends.server import EchoServicer
 
     server = grpc.server(futures.ThreadPoolExecutor(8))
     echo_pb2_grpc.add_EchoServicer_to_server(EchoServicer("child"), server)

@@ -34,9 +34,9 @@ import pytest
 from grpc_health.v1 import health_pb2, health_pb2_grpc
 
 import waypost
-from tests.go_servers import go_binary
+from harness.go_servers import go_binary
 
-ROOT = Path(__file__).resolve().parent.parent
+ROOT = Path(__file__).resolve().parents[2]
 INTEROP = ROOT / "interop"
 BIN_ROOT = INTEROP / "bin"
 PROGRAMS = ("gozero-server", "gozero-client", "gozero-sub", "gozero-pub", "gozero-hash", "etcdnaming")
@@ -62,7 +62,7 @@ def source_hash(go: str) -> str:
     version = subprocess.run([go, "version"], capture_output=True, text=True, timeout=60, check=True).stdout
     h.update(version.encode())
     files = [INTEROP / "go.mod", INTEROP / "go.sum"]
-    # interop/xds is a module of its own (tests/xds_interop_support.py builds it): not part of these programs
+    # interop/xds is a module of its own (tests/xds/interop_support.py builds it): not part of these programs
     own = [p for p in INTEROP.rglob("*.go") if BIN_ROOT not in p.parents and INTEROP / "xds" not in p.parents]
     files += sorted(own)
     for p in files:

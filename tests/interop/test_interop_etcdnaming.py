@@ -13,14 +13,14 @@ import json
 import pytest
 
 import waypost
-from tests.interop_support import (  # noqa: F401  (fixture_*: pytest fixtures go_bins, go_peers)
+from harness.waiting import wait_until
+from tests.interop.support import (  # noqa: F401  (fixture_*: pytest fixtures go_bins, go_peers)
     call_counts,
     fixture_go_bins,
     fixture_go_peers,
     py_backends,
     timeout_mark,
 )
-from tests.waiting import wait_until
 from waypost.etcd.local import free_port
 
 pytestmark = [pytest.mark.interop, timeout_mark()]

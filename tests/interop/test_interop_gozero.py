@@ -1,6 +1,6 @@
 """Interop with real go-zero (v1.10.3) peers through one etcd: the go-zero cases 1-4.
 
-The Go programs live in ``interop/cmd`` (built once per session by ``tests/interop_support.py``).
+The Go programs live in ``interop/cmd`` (built once per session by ``tests/interop/support.py``).
 Every backend names itself in the ``x-backend`` trailer, so both sides can tell who answered.
 """
 
@@ -17,14 +17,14 @@ import time
 import pytest
 
 import waypost
-from tests.interop_support import (  # noqa: F401  (fixture_*: pytest fixtures go_bins, go_peers)
+from harness.waiting import wait_until
+from tests.interop.support import (  # noqa: F401  (fixture_*: pytest fixtures go_bins, go_peers)
     call_counts,
     fixture_go_bins,
     fixture_go_peers,
     py_backends,
     timeout_mark,
 )
-from tests.waiting import wait_until
 from waypost.balancer.consistent_hash import HashRing
 from waypost.etcd.local import free_port
 from waypost.service_config import DEFAULT_POLICY

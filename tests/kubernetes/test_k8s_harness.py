@@ -1,5 +1,5 @@
-"""The Kubernetes harness itself: a real kube-apiserver (tests/k8s_support.py), REST helpers, 410 on demand,
-and scenarios in a private network namespace (tests/netns_host.py, tests/k8s_scenarios.py)."""
+"""The Kubernetes harness itself: a real kube-apiserver (harness/k8s/support.py), REST helpers, 410 on demand,
+and scenarios in a private network namespace (harness/k8s/netns_host.py, harness/k8s/scenarios.py)."""
 
 from __future__ import annotations
 
@@ -8,8 +8,8 @@ from collections.abc import Iterator
 
 import pytest
 
-from tests import k8s_support
-from tests.k8s_support import KubeApiError, KubeCluster
+from harness.k8s import support as k8s_support
+from harness.k8s.support import KubeApiError, KubeCluster
 
 pytestmark = [k8s_support.timeout_mark()]
 

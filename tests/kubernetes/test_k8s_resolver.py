@@ -1,13 +1,13 @@
 """k8s:// targets against a real kube-apiserver, with real gRPC servers on pod addresses (10.77.0.x, fd77::2)
-inside a private network namespace made by this test run: tests/k8s_scenarios.py has the scenarios, each
-bounded; tests/k8s_support.py builds the apiserver (cached) and runs the namespace. Skips, saying why, without
+inside a private network namespace made by this test run: harness/k8s/scenarios.py has the scenarios, each
+bounded; harness/k8s/support.py builds the apiserver (cached) and runs the namespace. Skips, saying why, without
 Go, unshare or ip."""
 
 from __future__ import annotations
 
 import pytest
 
-from tests import k8s_support
+from harness.k8s import support as k8s_support
 
 pytestmark = [k8s_support.timeout_mark()]
 

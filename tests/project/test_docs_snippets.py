@@ -26,10 +26,10 @@ from pathlib import Path
 
 import pytest
 
-from tests.waiting import wait_until
+from harness.waiting import wait_until
 from waypost.etcd.local import LocalEtcd
 
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = Path(__file__).resolve().parents[2]
 EXAMPLES = ROOT / "examples"
 MARKER = re.compile(r"^<!-- runnable(?::\s*([a-z ]+))?\s*-->$")
 TAGS = {"etcd", "background"}

@@ -10,8 +10,8 @@ import pytest
 from click.testing import CliRunner
 
 import waypost
-from tests.backends.helpers import echo_servers
-from tests.etcd_helpers import registry
+from tests.channel.support import echo_servers
+from tests.etcd.helpers import registry
 from waypost._cli import app
 from waypost.errors import RegistryError, RegistryUnavailable
 from waypost.netutil import AddressError

@@ -12,7 +12,7 @@ from pathlib import Path
 import waypost
 from waypost.etcd.local import free_port
 
-EXAMPLES = Path(__file__).resolve().parents[1] / "examples"
+EXAMPLES = Path(__file__).resolve().parents[2] / "examples"
 
 
 def start_server(script: str, url: str, key: str, *extra: str) -> tuple[subprocess.Popen[str], str]:

@@ -20,13 +20,13 @@ from click.testing import CliRunner
 
 import waypost
 import waypost.aio
-from tests.backends import echo_pb2, echo_pb2_grpc
-from tests.backends.procs import spawn_many
-from tests.waiting import wait_until
+from harness.backends import echo_pb2, echo_pb2_grpc
+from harness.backends.procs import spawn_many
+from harness.waiting import wait_until
 from waypost._cli import app
 from waypost.etcd.local import LocalEtcd
 
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = Path(__file__).resolve().parents[2]
 
 
 def cli(*args: str):

@@ -14,7 +14,7 @@ import pytest
 
 import waypost
 
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = Path(__file__).resolve().parents[2]
 BIN = Path(sys.executable).parent
 
 # A small user program: the public API, typed as a user would write it. It is only type-checked, never run.

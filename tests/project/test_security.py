@@ -15,15 +15,15 @@ import grpc
 import pytest
 
 import waypost
-from tests.backends import echo_pb2, echo_pb2_grpc
-from tests.backends.server import EchoServicer
-from tests.waiting import wait_until
+from harness.backends import echo_pb2, echo_pb2_grpc
+from harness.backends.server import EchoServicer
+from harness.waiting import wait_until
 from waypost import _loop
 from waypost.etcd.local import LocalEtcd
 
 trustme = pytest.importorskip("trustme")
 
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = Path(__file__).resolve().parents[2]
 Req = echo_pb2.EchoRequest
 
 ROOT_PW = "R00t-pw-9f3Kq"

@@ -6,7 +6,7 @@ import itertools
 
 import pytest
 
-from tests.waiting import holds_within, wait_until
+from harness.waiting import holds_within, wait_until
 
 
 def test_returns_the_first_truthy_value():

@@ -8,7 +8,7 @@ import time
 
 import pytest
 
-from tests.etcd_helpers import run
+from tests.etcd.helpers import run
 from waypost.errors import InvalidTarget, RegistryUnavailable
 from waypost.etcd.local import free_port
 from waypost.registry import connect, parse_registry_url

@@ -14,9 +14,9 @@ import grpc
 import pytest
 
 import waypost
-from tests.backends import echo_pb2, echo_pb2_grpc
-from tests.backends.server import EchoServer, EchoServicer
-from tests.waiting import wait_until
+from harness.backends import echo_pb2, echo_pb2_grpc
+from harness.backends.server import EchoServer, EchoServicer
+from harness.waiting import wait_until
 from waypost.discovery.registrations import MultiPublisher
 from waypost.errors import InvalidTarget, RegistryUnavailable
 from waypost.etcd.local import LocalEtcd, free_port
@@ -206,12 +206,13 @@ def test_aio_dial_a_list_of_targets():
 def test_serve_in_etcd_consul_and_zookeeper_at_once_and_dial_all_three(shared_etcd, tmp_path, unique_key):
     """One server in three kinds of registry, one channel reading the three: make_publisher picks each kind, the
     union is one backend; a graceful stop leaves nothing in any of them."""
-    from tests import consul_support, zk_support
+    from harness import consul_agent
+    from tests.zookeeper import support as zk_support
 
-    for why in (consul_support.skip_reason(), zk_support.skip_reason()):
+    for why in (consul_agent.skip_reason(), zk_support.skip_reason()):
         if why:
             pytest.skip(why)
-    with consul_support.ConsulAgent(tmp_path / "consul", binary=consul_support.consul_binary()) as agent:
+    with consul_agent.ConsulAgent(tmp_path / "consul", binary=consul_agent.consul_binary()) as agent:
         zk = zk_support.ZkServer().start()
         try:
             service = unique_key.replace(".", "-")
@@ -264,11 +265,11 @@ def test_update_metadata_is_validated_for_every_registry_before_any_is_written(s
     """Metadata that one registry cannot carry (Consul: a value over 512 characters, a key with a space) or that
     JSON cannot carry is refused by ``update_metadata`` with the error ``serve()`` gives for it, and written
     nowhere: the registries never disagree."""
-    from tests import consul_support
+    from harness import consul_agent
 
-    if why := consul_support.skip_reason():
+    if why := consul_agent.skip_reason():
         pytest.skip(why)
-    with consul_support.ConsulAgent(tmp_path / "consul", binary=consul_support.consul_binary()) as agent:
+    with consul_agent.ConsulAgent(tmp_path / "consul", binary=consul_agent.consul_binary()) as agent:
         service = unique_key.replace(".", "-")
         registries = [shared_etcd.url(), agent.url]
         bad: list[tuple[dict[str, Any], type[Exception]]] = [

@@ -20,8 +20,10 @@ from typing import Any
 import pytest
 
 import waypost
-from tests import consul_support, eureka_support, zk_support
-from tests.waiting import wait_until
+from harness import consul_agent
+from harness.waiting import wait_until
+from tests.eureka import support as eureka_support
+from tests.zookeeper import support as zk_support
 from waypost.discovery.multi_publisher import MultiPublisher
 from waypost.discovery.no_registration import NoRegistration
 from waypost.discovery.registration import Registration
@@ -31,7 +33,7 @@ from waypost.registry import kinds
 ADDR = "127.0.0.1:7301"
 KINDS = ["etcd", "consul", "zk", "eureka", "files"]
 #: the example plug-in kind (examples/registry_plugin): a third party's kind passes the same contract
-PLUGIN = Path(__file__).resolve().parents[1] / "examples" / "registry_plugin"
+PLUGIN = Path(__file__).resolve().parents[2] / "examples" / "registry_plugin"
 
 
 def _service() -> str:
@@ -68,7 +70,7 @@ def _etcd_kind(node: Any) -> Kind:
     return Kind(node.url(), view, close)
 
 
-def _consul_kind(agent: consul_support.ConsulAgent) -> Kind:
+def _consul_kind(agent: consul_agent.ConsulAgent) -> Kind:
     def view(service: str) -> dict[str, str]:
         return {f"{e['Service']['Address']}:{e['Service']['Port']}": str(json.loads(e["Service"]["Meta"]["weight"]))
                 for e in agent.health(service)}
@@ -138,10 +140,10 @@ def kind(request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFactor
         yield k
         k.close()
     elif name == "consul":
-        if why := consul_support.skip_reason():
+        if why := consul_agent.skip_reason():
             pytest.skip(why)
-        with consul_support.ConsulAgent(tmp_path_factory.mktemp("consul-contract"),
-                                        binary=consul_support.consul_binary()) as agent:
+        with consul_agent.ConsulAgent(tmp_path_factory.mktemp("consul-contract"),
+                                        binary=consul_agent.consul_binary()) as agent:
             k = _consul_kind(agent)
             yield k
     elif name == "files":
@@ -163,7 +165,7 @@ def kind(request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFactor
                 k.close()
 
 
-pytestmark = [consul_support.timeout_mark()]
+pytestmark = [consul_agent.timeout_mark()]
 
 
 def test_one_lifecycle_in_every_registry(kind: Kind) -> None:
@@ -268,9 +270,9 @@ def _start_in_thread(pub: Registration) -> tuple[threading.Thread, list[BaseExce
 
 
 def test_consul_down_at_start_and_up_within_the_timeout_gets_the_registration(tmp_path: Path) -> None:
-    if why := consul_support.skip_reason():
+    if why := consul_agent.skip_reason():
         pytest.skip(why)
-    agent = consul_support.ConsulAgent(tmp_path / "consul", binary=consul_support.consul_binary())
+    agent = consul_agent.ConsulAgent(tmp_path / "consul", binary=consul_agent.consul_binary())
     service = _service()
     pub = make_publisher(agent.url, service, ADDR, ttl=5, timeout=30, metadata={"weight": 1})
     try:

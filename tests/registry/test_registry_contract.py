@@ -8,8 +8,8 @@ import time
 
 import pytest
 
-from tests.etcd_helpers import next_batches, run
-from tests.waiting import wait_until
+from harness.waiting import wait_until
+from tests.etcd.helpers import next_batches, run
 from waypost import _loop
 from waypost.errors import Compacted, LeaseNotFound
 

@@ -17,11 +17,11 @@ from pathlib import Path
 import pytest
 
 import waypost
-from tests.backends import echo_pb2, echo_pb2_grpc
-from tests.waiting import wait_until
+from harness.backends import echo_pb2, echo_pb2_grpc
+from harness.waiting import wait_until
 from waypost.registry import kinds
 
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = Path(__file__).resolve().parents[2]
 PLUGIN = ROOT / "examples" / "registry_plugin"
 
 
@@ -66,7 +66,7 @@ def site(tmp_path: Path) -> Path:
 
 SERVER = """
 import sys, waypost
-from tests.backends.server import EchoServer
+from harness.backends.server import EchoServer
 echo = EchoServer(sys.argv[2])
 handle = waypost.serve(echo.server, "greeter", listen_on="127.0.0.1:0", registry=sys.argv[1], ttl=3,
                        metadata={"zone": sys.argv[2]})
@@ -120,7 +120,7 @@ def test_serve_and_dial_through_the_plugin_kind_and_a_killed_server_expires(site
     # a client in another process, which knows the kind only through the entry point too
     out = _python(site, f"""
         import json, waypost
-        from tests.backends import echo_pb2, echo_pb2_grpc
+        from harness.backends import echo_pb2, echo_pb2_grpc
         with waypost.dial({url + "/greeter?interval=0.2s"!r}, balancer="round_robin") as ch:
             stub = echo_pb2_grpc.EchoStub(ch)
             print(json.dumps(sorted({{stub.Unary(echo_pb2.EchoRequest(message="x"), timeout=5).server

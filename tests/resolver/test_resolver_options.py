@@ -19,7 +19,7 @@ from typing import Any
 
 import pytest
 
-from tests.waiting import wait_until
+from harness.waiting import wait_until
 from waypost import RegistryUnavailable
 from waypost.etcd.local import free_port
 from waypost.resolver import ResolverOptions, parse_target

@@ -9,20 +9,20 @@ from collections.abc import Iterator
 import pytest
 
 import waypost
-from tests import consul_support
-from tests.consul_support import fixture_consul_bin  # noqa: F401 (fixture)
-from tests.waiting import wait_until
+from harness import consul_agent
+from harness.consul_agent import fixture_consul_bin  # noqa: F401 (fixture)
+from harness.waiting import wait_until
 
 
 @pytest.fixture
-def persistent_agent(consul_bin, tmp_path) -> Iterator[consul_support.ConsulAgent]:
-    with consul_support.ConsulAgent(tmp_path / "consul", binary=consul_bin, persistent=True) as agent:
+def persistent_agent(consul_bin, tmp_path) -> Iterator[consul_agent.ConsulAgent]:
+    with consul_agent.ConsulAgent(tmp_path / "consul", binary=consul_bin, persistent=True) as agent:
         yield agent
 
 
 def test_consul_outage_error_clears_when_the_same_list_is_read_again(persistent_agent):
     agent = persistent_agent
-    name = consul_support.unique_name("recovers")
+    name = consul_agent.unique_name("recovers")
     agent.register(name, "127.0.0.1", 7001)  # no check: passing while the agent runs
     with waypost.dial(f"consul://{agent.address}/{name}", balancer="round_robin") as ch:
 

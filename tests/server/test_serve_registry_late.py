@@ -14,9 +14,9 @@ import grpc
 import pytest
 
 import waypost
-from tests.backends import echo_pb2_grpc
-from tests.backends.server import EchoServicer
-from tests.waiting import wait_until
+from harness.backends import echo_pb2_grpc
+from harness.backends.server import EchoServicer
+from harness.waiting import wait_until
 from waypost.etcd.local import LocalEtcd, free_port
 
 pytestmark = [pytest.mark.slow, pytest.mark.timeout(120)]

@@ -19,14 +19,14 @@ import pytest
 from grpc_health.v1 import health_pb2, health_pb2_grpc
 
 import waypost
-from tests.backends import echo_pb2, echo_pb2_grpc
-from tests.backends.server import EchoServicer
-from tests.waiting import wait_until
+from harness.backends import echo_pb2, echo_pb2_grpc
+from harness.backends.server import EchoServicer
+from harness.waiting import wait_until
 from waypost import _loop
 from waypost.etcd.local import free_port
 from waypost.server import BindError, serve
 
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = Path(__file__).resolve().parents[2]
 SERVING = health_pb2.HealthCheckResponse.SERVING
 NOT_SERVING = health_pb2.HealthCheckResponse.NOT_SERVING
 
@@ -187,8 +187,8 @@ CHILD = textwrap.dedent("""
     import sys
     from concurrent import futures
     import grpc, waypost
-    from tests.backends import echo_pb2_grpc
-    from tests.backends.server import EchoServicer
+    from harness.backends import echo_pb2_grpc
+    from harness.backends.server import EchoServicer
 
     server = grpc.server(futures.ThreadPoolExecutor(8))
     echo_pb2_grpc.add_EchoServicer_to_server(EchoServicer("child"), server)
@@ -321,7 +321,7 @@ STUCK_CHILD = {
         import sys, time
         from concurrent import futures
         import grpc, waypost
-        from tests.backends import echo_pb2, echo_pb2_grpc
+        from harness.backends import echo_pb2, echo_pb2_grpc
 
         class Stuck(echo_pb2_grpc.EchoServicer):
             def Unary(self, request, context):
@@ -339,7 +339,7 @@ STUCK_CHILD = {
     "aio": textwrap.dedent("""
         import asyncio, sys
         import grpc, waypost
-        from tests.backends import echo_pb2, echo_pb2_grpc
+        from harness.backends import echo_pb2, echo_pb2_grpc
 
         class Stuck(echo_pb2_grpc.EchoServicer):
             async def Unary(self, request, context):

@@ -21,19 +21,19 @@ import grpc
 import pytest
 
 import waypost
-from tests.backends import echo_pb2_grpc
-from tests.backends.server import EchoServicer
+from harness.backends import echo_pb2_grpc
+from harness.backends.server import EchoServicer
 from waypost.server import serve
 
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = Path(__file__).resolve().parents[2]
 NETNS_ADDRESS = "10.77.0.2"  # only ever inside the namespace the test makes
 
 CHILD = textwrap.dedent("""
     import json, logging
     from concurrent import futures
     import grpc, waypost
-    from tests.backends import echo_pb2, echo_pb2_grpc
-    from tests.backends.server import EchoServicer
+    from harness.backends import echo_pb2, echo_pb2_grpc
+    from harness.backends.server import EchoServicer
     from waypost.etcd.local import LocalEtcd
 
     logging.basicConfig(level=logging.WARNING)  # the parent reads the warnings on stderr

@@ -9,7 +9,7 @@ import pytest
 from grpc_health.v1 import health_pb2, health_pb2_grpc
 
 import waypost
-from tests.backends import echo_pb2, echo_pb2_grpc
+from harness.backends import echo_pb2, echo_pb2_grpc
 from waypost.etcd.local import free_port
 from waypost.server import serve_async
 

@@ -18,7 +18,7 @@ import waypost
 from waypost._serving import HARD_DEADLINE_EXIT_CODE
 from waypost.server import serve
 
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = Path(__file__).resolve().parents[2]
 
 CHILD = r'''
 import asyncio, logging, signal, sys, threading, time

@@ -47,7 +47,7 @@ with Go's build cache warm), Java cold ~40 s (Maven 29-39 s
 into an empty ~/.m2 part, javac ~8 s); warm, both are a hash and a file check.
 
 Every process is started here and stopped here by its PID (SIGTERM, SIGKILL after a bound): ``stop_started()``
-(the ``xds_procs`` fixture calls it after each test) and ``tests/proc_reaper.py`` (at exit, and on SIGTERM/SIGHUP).
+(the ``xds_procs`` fixture calls it after each test) and ``harness/proc_reaper.py`` (at exit, and on SIGTERM/SIGHUP).
 
 Trap (grpc-go): a client_side_weighted_round_robin blackout_period of 0 received over xDS is dropped by grpc-go's
 converter, so gRPC's 10 s default applies (the control plane sends 1 ns instead, docs/xds.md); in a service config
@@ -75,11 +75,11 @@ from typing import Any, Self
 
 import pytest
 
-from tests import proc_reaper
-from tests.go_servers import build_env, go_binary, go_version, servers_cache
-from tests.interop_support import GoProc
+from harness import proc_reaper
+from harness.go_servers import build_env, go_binary, go_version, servers_cache
+from tests.interop.support import GoProc
 
-ROOT = Path(__file__).resolve().parent.parent
+ROOT = Path(__file__).resolve().parents[2]
 GO_DIR = ROOT / "interop" / "xds"
 JAVA_DIR = ROOT / "interop" / "xds-java"
 GO_PROGRAMS = ("xds-client", "wrr-client", "orca-server")
@@ -617,8 +617,8 @@ def serve_echo(name: str, key: str, registry: str, *, metadata: Mapping[str, Any
     import grpc
 
     import waypost
-    from tests.backends import echo_pb2_grpc
-    from tests.backends.server import EchoServicer
+    from harness.backends import echo_pb2_grpc
+    from harness.backends.server import EchoServicer
 
     server = grpc.server(futures.ThreadPoolExecutor(max_workers=8))
     echo_pb2_grpc.add_EchoServicer_to_server(EchoServicer(name), server)
@@ -631,8 +631,8 @@ import json, sys
 from concurrent import futures
 import grpc
 import waypost
-from tests.backends import echo_pb2_grpc
-from tests.backends.server import EchoServicer
+from harness.backends import echo_pb2_grpc
+from harness.backends.server import EchoServicer
 
 name, key, registry = sys.argv[1:4]
 server = grpc.server(futures.ThreadPoolExecutor(max_workers=8))

@@ -18,8 +18,8 @@ import pytest
 
 pytest.importorskip("envoy.service.discovery.v3.ads_pb2", reason="the xds extra (xds-protos) is not installed")
 
-from tests.test_xds_support import ROOT, XdsServe, _env
-from tests.waiting import wait_until
+from harness.waiting import wait_until
+from tests.xds.test_xds_support import ROOT, XdsServe, _env
 
 EXAMPLES = ROOT / "examples"
 GO_CACHE = Path(os.environ.get("WAYPOST_SERVERS_CACHE", Path.home() / ".cache" / "waypost-servers"))
@@ -155,7 +155,7 @@ def test_serve_over_tls(tmp_path) -> None:
 def test_serve_from_a_config_file_with_metrics(tmp_path) -> None:
     import urllib.request
 
-    from tests.test_xds_support import free_port
+    from tests.xds.test_xds_support import free_port
 
     config = tmp_path / "xds.json"
     config.write_text(json.dumps({"exports": {"a": {"target": "direct:///127.0.0.1:1", "policy": "ring_hash"},

@@ -13,16 +13,16 @@ import pytest
 
 pytest.importorskip("envoy.service.discovery.v3.ads_pb2", reason="the xds extra (xds-protos) is not installed")
 
-from tests.test_xds_support import ROOT, Backends, XdsServe, _env, free_port, picks_all, stock_client
-from tests.waiting import wait_until
+from harness.waiting import wait_until
+from tests.xds.test_xds_support import ROOT, Backends, XdsServe, _env, free_port, picks_all, stock_client
 
 BACKEND = r'''
 import sys
 from concurrent import futures
 import grpc
 import waypost
-from tests.backends import echo_pb2_grpc
-from tests.backends.server import EchoServicer
+from harness.backends import echo_pb2_grpc
+from harness.backends.server import EchoServicer
 
 name, key, registry = sys.argv[1:4]
 server = grpc.server(futures.ThreadPoolExecutor(max_workers=16))

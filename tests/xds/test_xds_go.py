@@ -1,6 +1,6 @@
 """grpc-go as the foreign peer: its xDS client dialing xds:///NAME through `waypost xds serve` over real etcd,
 and its ORCA stack (grpc-go's orca package reporting, weighted_round_robin balancing) as a check of the peers
-that waypost's own ORCA code is tested against (tests/xds_interop_support.py)."""
+that waypost's own ORCA code is tested against (tests/xds/interop_support.py)."""
 
 from __future__ import annotations
 
@@ -8,7 +8,7 @@ from collections.abc import Iterator
 
 import pytest
 
-from tests.xds_interop_support import (
+from tests.xds.interop_support import (
     A58_LOADS,
     PROPAGATION_BOUND,
     XdsSetup,

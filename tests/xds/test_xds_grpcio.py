@@ -14,8 +14,8 @@ import pytest
 
 pytest.importorskip("envoy.service.discovery.v3.ads_pb2", reason="the xds extra (xds-protos) is not installed")
 
-from tests.test_xds_support import Backends, StockClient, XdsServe, picks_all, stock_client
-from tests.waiting import wait_until
+from harness.waiting import wait_until
+from tests.xds.test_xds_support import Backends, StockClient, XdsServe, picks_all, stock_client
 
 _ids = itertools.count()
 

@@ -1,5 +1,5 @@
 """grpc-java (1.85.1) as the foreign peer: its xDS client dialing xds:///NAME through `waypost xds serve` over real
-etcd (interop/xds-java, built once with Maven and javac; tests/xds_interop_support.py)."""
+etcd (interop/xds-java, built once with Maven and javac; tests/xds/interop_support.py)."""
 
 from __future__ import annotations
 
@@ -7,7 +7,7 @@ from collections.abc import Iterator
 
 import pytest
 
-from tests.xds_interop_support import (
+from tests.xds.interop_support import (
     PROPAGATION_BOUND,
     XdsSetup,
     fixture_xds_procs,  # noqa: F401 (the xds_procs fixture)

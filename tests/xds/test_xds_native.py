@@ -11,15 +11,15 @@ import pytest
 
 pytest.importorskip("envoy.service.discovery.v3.ads_pb2", reason="the xds extra (xds-protos) is not installed")
 
-from tests.test_xds_support import ROOT, _env
+from tests.xds.test_xds_support import ROOT, _env
 from waypost.xds import XdsBootstrapConflict, local
 
 SCRIPT = r'''
 import asyncio, json, os, sys
 import grpc
 import waypost
-from tests.backends import echo_pb2, echo_pb2_grpc
-from tests.backends.helpers import echo_servers
+from harness.backends import echo_pb2, echo_pb2_grpc
+from tests.channel.support import echo_servers
 
 out = {}
 with echo_servers("p1", "p2", "p3") as servers:

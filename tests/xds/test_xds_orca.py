@@ -17,10 +17,10 @@ import pytest
 pytest.importorskip("envoy.service.discovery.v3.ads_pb2", reason="the xds extra (xds-protos) is not installed")
 
 import waypost
-from tests.backends import echo_pb2_grpc
-from tests.backends.server import EchoServicer
-from tests.test_xds_support import XdsServe, stock_client
-from tests.waiting import wait_until
+from harness.backends import echo_pb2_grpc
+from harness.backends.server import EchoServicer
+from harness.waiting import wait_until
+from tests.xds.test_xds_support import XdsServe, stock_client
 from waypost import orca
 
 UTILS = {"w0": 0.9, "w1": 0.3, "w2": 0.1}
@@ -85,7 +85,7 @@ def _example_rounds(*flags: str) -> list[dict[str, int]]:
     import sys
     from pathlib import Path
 
-    root = Path(__file__).resolve().parents[1]
+    root = Path(__file__).resolve().parents[2]
     env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(root / "src"), os.environ.get("PYTHONPATH", "")])}
     out = subprocess.run([sys.executable, str(root / "examples" / "orca_wrr.py"), "--rounds", "6", *flags],
                          capture_output=True, text=True, timeout=240, env=env, check=False)

@@ -18,9 +18,9 @@ from envoy.config.core.v3 import base_pb2
 from envoy.config.endpoint.v3 import endpoint_pb2
 from envoy.service.discovery.v3 import discovery_pb2
 
-from tests.backends.helpers import echo_servers
-from tests.test_xds_support import stock_client
-from tests.waiting import wait_until
+from harness.waiting import wait_until
+from tests.channel.support import echo_servers
+from tests.xds.test_xds_support import stock_client
 from waypost import _loop
 from waypost.xds import ControlPlane, bootstrap_json, parse_export
 from waypost.xds.policy import _typed
@@ -238,7 +238,7 @@ async def _ask_all(port: int, name: str) -> dict[str, str]:
 def test_two_replicas_serve_the_same_versions(shared_etcd, unique_key) -> None:
     """Replicas with the same exports over the same registry answer with the same version for every type (versions
     come from content), so a client failing over sees no change."""
-    from tests.test_xds_support import Backends
+    from tests.xds.test_xds_support import Backends
 
     b = Backends(shared_etcd.url(), unique_key)
     b.add("v1", zone="a")

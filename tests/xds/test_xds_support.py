@@ -28,16 +28,16 @@ from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
-from tests.backends.server import EchoServer
-from tests.waiting import wait_until
+from harness.backends.server import EchoServer
+from harness.waiting import wait_until
 from waypost.discovery import Publisher
 
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = Path(__file__).resolve().parents[2]
 
 STOCK_CLIENT = r'''
 import json, sys, threading, time
 import grpc
-from tests.backends import echo_pb2, echo_pb2_grpc
+from harness.backends import echo_pb2, echo_pb2_grpc
 
 stubs = {}
 def stub(name):

@@ -15,7 +15,7 @@
   session in a couple of seconds.
 
 Every process here is started by this module and stopped by it by its PID (SIGTERM, SIGKILL after a bound);
-``tests/proc_reaper.py`` stops what is left when the test process ends, killed or not.
+``harness/proc_reaper.py`` stops what is left when the test process ends, killed or not.
 """
 
 from __future__ import annotations
@@ -31,8 +31,8 @@ import time
 from pathlib import Path
 from typing import BinaryIO
 
-from tests import proc_reaper
-from tests.go_servers import servers_cache
+from harness import proc_reaper
+from harness.go_servers import servers_cache
 from waypost.etcd.local import free_port
 
 ZK_VERSION = "3.9.5"

@@ -1,7 +1,7 @@
-"""ZooKeeper: ZkPublisher and ZkResolver against a real ZooKeeper 3.9.5 (tests/zk_support.py), in Kratos' layout.
+"""ZooKeeper: ZkPublisher and ZkResolver against a real ZooKeeper 3.9.5 (tests/zookeeper/support.py), in Kratos' layout.
 
 The "other client" is a plain kazoo client (what a Kratos service's go-zookeeper connection would see and write).
-Every server and proxy listens on 127.0.0.1; every wait is bounded (tests.waiting).
+Every server and proxy listens on 127.0.0.1; every wait is bounded (harness.waiting).
 """
 
 from __future__ import annotations
@@ -18,12 +18,12 @@ import pytest
 
 import waypost
 import waypost.resolver
-from tests import zk_support
-from tests.backends import echo_pb2, echo_pb2_grpc
-from tests.backends.helpers import echo_servers
-from tests.etcd_helpers import TcpProxy
-from tests.resolver_updates import ResolverUpdates
-from tests.waiting import wait_until
+from harness.backends import echo_pb2, echo_pb2_grpc
+from harness.tcp_proxy import TcpProxy
+from harness.waiting import wait_until
+from tests.channel.support import echo_servers
+from tests.resolver.updates import ResolverUpdates
+from tests.zookeeper import support as zk_support
 from waypost.errors import InvalidTarget, RegistryUnavailable
 from waypost.etcd.local import free_port
 from waypost.registries.zookeeper import layout
