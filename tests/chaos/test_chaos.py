@@ -2,7 +2,7 @@
 
 Each scenario runs real backend processes registered in a real etcd and a balanced channel under steady
 load in this process, injects one fault, and returns what it saw; the assertion is that the promise held:
-0 failed RPCs, 0 lost registrations, recovery within the bound (see ``harness/chaos/scenarios.py``).
+0 failed RPCs, 0 lost registrations, recovery within the bound (see ``harness/chaos/``).
 """
 
 from __future__ import annotations
@@ -14,15 +14,20 @@ from pathlib import Path
 
 import pytest
 
-from harness.chaos import scenarios as cs
+from harness.chaos.backend_faults import backend_kill_and_stop, graceful_stop, publisher_frozen
+from harness.chaos.consul_restart import consul_agent_restart
+from harness.chaos.etcd_faults import compaction_churn, etcd_down, leader_killed, publisher_churn
+from harness.chaos.observe import close_registry, private_registry
+from harness.chaos.partition import partitioned_member
+from harness.chaos.result import Result, fmt_table
 from harness.etcd_partition import PartitionCluster
 from harness.waiting import wait_until
 
 pytestmark = [pytest.mark.slow, pytest.mark.timeout(180)]
 
 
-def _assert_held(*results: cs.Result) -> None:
-    text = cs.fmt_table(list(results))
+def _assert_held(*results: Result) -> None:
+    text = fmt_table(list(results))
     print("\n" + text)
     for r in results:
         if r.problems:  # what was seen, for the failure message
@@ -34,38 +39,38 @@ def _assert_held(*results: cs.Result) -> None:
 
 
 def test_etcd_down_loses_nothing(etcd):
-    _assert_held(cs.etcd_down(etcd, down_s=3.0))
+    _assert_held(etcd_down(etcd, down_s=3.0))
 
 
 def test_etcd_down_longer_than_the_ttl_loses_nothing(etcd):
     # the publishers give their leases up meanwhile and register again with new ones on etcd's return
-    _assert_held(cs.etcd_down(etcd, down_s=3.0, ttl=2))
+    _assert_held(etcd_down(etcd, down_s=3.0, ttl=2))
 
 
 def test_leader_killed_loses_nothing(etcd_cluster):
-    _assert_held(cs.leader_killed(etcd_cluster, observe_s=2.0))
+    _assert_held(leader_killed(etcd_cluster, observe_s=2.0))
 
 
 def test_partitioned_member_loses_nothing(tmp_path):
     # every client talks to the member cut off, with request_timeout=10 (longer than the callers' budgets)
     with PartitionCluster(3, base_dir=tmp_path / "etcd") as pc:
-        _assert_held(cs.partitioned_member(pc, partition_s=4.0))
+        _assert_held(partitioned_member(pc, partition_s=4.0))
 
 
 def test_compaction_under_churn_converges(etcd):
-    _assert_held(cs.compaction_churn(etcd, churn_s=1.5))
+    _assert_held(compaction_churn(etcd, churn_s=1.5))
 
 
 def test_100_publishers_churning_converge_within_1s(etcd):
-    _assert_held(cs.publisher_churn(etcd, churn_s=2.0))
+    _assert_held(publisher_churn(etcd, churn_s=2.0))
 
 
 def test_backend_sigkill_and_sigstop_with_retry_policy(etcd):
-    _assert_held(*cs.backend_kill_and_stop(etcd, stop_s=2.0))
+    _assert_held(*backend_kill_and_stop(etcd, stop_s=2.0))
 
 
 def test_frozen_publisher_registers_again_within_2s(etcd):
-    _assert_held(cs.publisher_frozen(etcd, ttl=2))
+    _assert_held(publisher_frozen(etcd, ttl=2))
 
 
 def test_addresses_flapping_under_calls_fail_no_call():
@@ -86,7 +91,7 @@ def test_lease_recovery_is_make_before_break(etcd):
     from waypost import _loop
     from waypost.discovery import Publisher, Subscriber
 
-    reg = cs.private_registry(etcd.endpoints)
+    reg = private_registry(etcd.endpoints)
     try:
         pubs = [Publisher(reg, "mbb.rpc", f"127.0.0.1:{7501 + i}", ttl=10).start() for i in range(3)]
         want = sorted(p.value for p in pubs)
@@ -104,11 +109,11 @@ def test_lease_recovery_is_make_before_break(etcd):
         for p in pubs:
             p.stop()
     finally:
-        cs.close_registry(reg)
+        close_registry(reg)
 
 
 def test_graceful_stop_by_serve_under_load(etcd):
-    _assert_held(cs.graceful_stop(etcd))
+    _assert_held(graceful_stop(etcd))
 
 
 def test_consul_agent_restart_fails_no_call(tmp_path):
@@ -120,4 +125,4 @@ def test_consul_agent_restart_fails_no_call(tmp_path):
     if reason:
         pytest.skip(reason)
     consul_agent.consul_binary()
-    _assert_held(cs.consul_agent_restart(down_s=7.0, ttl=5, base_dir=tmp_path / "consul"))
+    _assert_held(consul_agent_restart(down_s=7.0, ttl=5, base_dir=tmp_path / "consul"))
