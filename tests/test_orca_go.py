@@ -1,4 +1,4 @@
-"""waypost's ORCA against grpc-go (real peers from tests/xds/interop_support.py):
+"""waypost's ORCA against grpc-go (real peers from tests/xds/orca_peers.py):
 
 (a) grpc-go's weighted_round_robin over three waypost servers reporting cpu 0.9/0.3/0.1 at 100 rps splits as A58
     predicts, per call and out of band;
@@ -20,13 +20,9 @@ import pytest
 import waypost
 from harness.backends import echo_pb2, echo_pb2_grpc
 from harness.backends.server import EchoServicer
-from tests.xds.interop_support import (
-    fixture_xds_procs,  # noqa: F401 (the xds_procs fixture)
-    go_timeout_mark,
-    run_wrr_client,
-    start_orca_server,
-    wrr_config,
-)
+from tests.xds.go_peers import go_timeout_mark
+from tests.xds.orca_peers import run_wrr_client, start_orca_server, wrr_config
+from tests.xds.peer_procs import fixture_xds_procs  # noqa: F401 (the xds_procs fixture)
 from waypost import orca
 
 pytestmark = [go_timeout_mark(), pytest.mark.usefixtures("xds_procs"), pytest.mark.interop]

@@ -62,7 +62,7 @@ def source_hash(go: str) -> str:
     version = subprocess.run([go, "version"], capture_output=True, text=True, timeout=60, check=True).stdout
     h.update(version.encode())
     files = [INTEROP / "go.mod", INTEROP / "go.sum"]
-    # interop/xds is a module of its own (tests/xds/interop_support.py builds it): not part of these programs
+    # interop/xds is a module of its own (tests/xds/go_peers.py builds it): not part of these programs
     own = [p for p in INTEROP.rglob("*.go") if BIN_ROOT not in p.parents and INTEROP / "xds" not in p.parents]
     files += sorted(own)
     for p in files:

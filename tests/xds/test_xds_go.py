@@ -1,6 +1,6 @@
 """grpc-go as the foreign peer: its xDS client dialing xds:///NAME through `waypost xds serve` over real etcd,
 and its ORCA stack (grpc-go's orca package reporting, weighted_round_robin balancing) as a check of the peers
-that waypost's own ORCA code is tested against (tests/xds/interop_support.py)."""
+that waypost's own ORCA code is tested against (tests/xds/orca_peers.py)."""
 
 from __future__ import annotations
 
@@ -8,25 +8,26 @@ from collections.abc import Iterator
 
 import pytest
 
-from tests.xds.interop_support import (
+from tests.xds.go_peers import go_programs, go_timeout_mark
+from tests.xds.orca_peers import (
     A58_LOADS,
+    check_a58_split,
+    run_wrr_client,
+    start_orca_server,
+    start_wrr_client,
+    wrr_config,
+)
+from tests.xds.peer_procs import fixture_xds_procs  # noqa: F401 (the xds_procs fixture)
+from tests.xds.xds_scenarios import (
     PROPAGATION_BOUND,
     XdsSetup,
-    check_a58_split,
-    fixture_xds_procs,  # noqa: F401 (the xds_procs fixture)
-    go_programs,
-    go_timeout_mark,
-    run_wrr_client,
     scenario_balance_and_registrations,
     scenario_graceful_sigterm,
     scenario_name_not_exported,
     scenario_pick_first_and_least_request,
     scenario_ring_hash_header,
     scenario_wrr_from_waypost_orca,
-    start_orca_server,
-    start_wrr_client,
     watch,
-    wrr_config,
 )
 
 pytestmark = [go_timeout_mark(), pytest.mark.usefixtures("xds_procs")]

@@ -1,5 +1,5 @@
 """grpc-java (1.85.1) as the foreign peer: its xDS client dialing xds:///NAME through `waypost xds serve` over real
-etcd (interop/xds-java, built once with Maven and javac; tests/xds/interop_support.py)."""
+etcd (interop/xds-java, built once with Maven and javac; tests/xds/java_peers.py)."""
 
 from __future__ import annotations
 
@@ -7,12 +7,11 @@ from collections.abc import Iterator
 
 import pytest
 
-from tests.xds.interop_support import (
+from tests.xds.java_peers import java_classpath, java_timeout_mark
+from tests.xds.peer_procs import fixture_xds_procs  # noqa: F401 (the xds_procs fixture)
+from tests.xds.xds_scenarios import (
     PROPAGATION_BOUND,
     XdsSetup,
-    fixture_xds_procs,  # noqa: F401 (the xds_procs fixture)
-    java_classpath,
-    java_timeout_mark,
     scenario_balance_and_registrations,
     scenario_graceful_sigterm,
     scenario_name_not_exported,
