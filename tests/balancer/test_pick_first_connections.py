@@ -1,5 +1,5 @@
 """pick_first holds one connection, as gRPC's does: it connects to the first address, tries the next when that
-fails (or after the attempt delay: tests/test_pick_first_happy_eyeballs.py), and keeps no connection to the others
+fails (or after the attempt delay: tests/balancer/test_pick_first_happy_eyeballs.py), and keeps no connection to the others
 once one works. Real Echo servers in child processes, one of them killed; the connections are counted on the
 channel (held subconns and those still draining)."""
 

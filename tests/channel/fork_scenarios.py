@@ -1,4 +1,4 @@
-"""The fork scenarios of ``tests/test_fork_etcd.py``, each run in a fresh process of its own:
+"""The fork scenarios of ``tests/channel/test_fork_etcd.py``, each run in a fresh process of its own:
 
     python -m tests.channel.fork_scenarios NAME ETCD_ENDPOINT KEY ADDRESS_A ADDRESS_B
 

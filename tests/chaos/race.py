@@ -3,7 +3,7 @@
 Three threads call through a round_robin channel over two in-process Echo servers while this thread
 removes and re-adds the second address every ~2 ms (what the resolver does when a publisher flaps).
 Prints ``calls N flips N errors N [first errors]`` and exits 0 if no call failed, 1 otherwise. Run in a
-subprocess by ``tests/test_chaos.py``: a crash (segfault) must not take the test process down.
+subprocess by ``tests/chaos/test_chaos.py``: a crash (segfault) must not take the test process down.
 
 Usage: python tests/chaos/race.py [SECONDS]
 """

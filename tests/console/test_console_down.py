@@ -1,7 +1,7 @@
 """A console started while its etcd is down: it serves, shows the registry as down (which one, why, since when)
 and lists its services on its own once a real etcd answers on that address (``tests/conftest.py``'s fixture,
-stopped before the console starts and started after). Consul and ZooKeeper: tests/test_console_consul.py and
-tests/test_console_zk.py."""
+stopped before the console starts and started after). Consul and ZooKeeper: tests/console/test_console_consul.py and
+tests/console/test_console_zk.py."""
 
 from __future__ import annotations
 

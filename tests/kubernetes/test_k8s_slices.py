@@ -1,6 +1,6 @@
 """EndpointSlices -> addresses (waypost.registries.kubernetes.slices) and the k8s:// target grammar: pure, no apiserver.
 
-The apiserver-backed behaviour (list, watch, 410, restarts, auth) is in tests/test_k8s_resolver.py.
+The apiserver-backed behaviour (list, watch, 410, restarts, auth) is in tests/kubernetes/test_k8s_resolver.py.
 """
 
 from __future__ import annotations

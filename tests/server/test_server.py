@@ -109,7 +109,7 @@ def test_registered_only_after_port_accepts(reg_url, unique_key):
 
 
 def test_wildcard_listen_advertises_loopback_when_allowed(shared_etcd, unique_key):
-    # (without allow_loopback a loopback registry no longer means loopback: tests/test_server_advertise.py)
+    # (without allow_loopback a loopback registry no longer means loopback: tests/server/test_server_advertise.py)
     h = serve(new_server(), unique_key, registry=shared_etcd.url(), grace=0, metadata={"weight": 20},
               allow_loopback=True)
     try:
