@@ -1,4 +1,4 @@
-// Package echo is the waypost test service (harness/backends/echo.proto) without
+// Package echo is the waypost test service (tests/backends/echo.proto) without
 // generated code: its two messages are built at run time from a descriptor
 // (dynamicpb), so the standard proto codec carries them and no protoc step is
 // needed to build these programs.
