@@ -10,5 +10,6 @@
   (bounded waits).
 
 It imports nothing from tests/ (tests/project/test_architecture.py checks that, and that bench/ imports nothing
-from tests/ either). It is not part of the package: the wheel and sdist hold src/waypost only.
+from tests/ either). It is not part of the package: pyproject.toml finds packages under src/ only
+(tests/project/test_packaging.py checks that the wheel holds none of harness/, tests/, bench/ or examples/).
 """
