@@ -21,10 +21,10 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 sys.path.insert(0, str(ROOT / "src"))
 
-import waypost  # noqa: E402
-import waypost.aio  # noqa: E402
-from tests.backends import echo_pb2, echo_pb2_grpc  # noqa: E402
-from tests.backends.procs import spawn_many  # noqa: E402
+import waypost
+import waypost.aio
+from harness.backends import echo_pb2, echo_pb2_grpc
+from harness.backends.procs import spawn_many
 
 SRC = str(Path(waypost.__file__).resolve().parent)
 REQ = echo_pb2.EchoRequest(message="x")

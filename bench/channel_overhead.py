@@ -32,8 +32,8 @@ import grpc.aio
 
 import waypost
 import waypost.aio
-from tests.backends import echo_pb2, echo_pb2_grpc
-from tests.backends.procs import spawn_many
+from harness.backends import echo_pb2, echo_pb2_grpc
+from harness.backends.procs import spawn_many
 
 RR = json.dumps({"loadBalancingConfig": [{"round_robin": {}}]})
 REQ = echo_pb2.EchoRequest(message="x")

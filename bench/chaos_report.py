@@ -1,14 +1,14 @@
 #!/usr/bin/env python3
 """The chaos report: every chaos scenario against real etcd and real backend processes, one table.
 
-Scenarios (``tests/chaos_scenarios.py``, the same code ``tests/test_chaos.py`` asserts in short form):
-etcd down, etcd leader killed (3 members), compaction under registration churn, 100 publishers churning
+Scenarios (``harness/chaos/``: etcd_faults, backend_faults, partition, consul_restart; the same code
+``tests/chaos/test_chaos.py`` asserts in short form): etcd down, etcd leader killed (3 members), compaction under registration churn, 100 publishers churning
 at ~50 changes/s, backend SIGKILL and SIGSTOP under load with a retryPolicy, a publisher process frozen
 longer than its TTL, a process forking 8 children per round after dialing an etcd target (gunicorn/uWSGI
-preload); and (``tests/chaos_etcd_store.py``) etcd SIGKILLed and back with an older store (data directory
+preload); and (``harness/chaos/etcd_store.py``) etcd SIGKILLed and back with an older store (data directory
 wiped, or restored from a snapshot), a publisher behind a link adding 0.9 s each way; two registries backing each
 other up (servers registered in both, clients reading both), one of them down; one member of a 3-member cluster
-cut off from the other two while the clients talk to it (``tests/etcd_partition.py``).
+cut off from the other two while the clients talk to it (``harness/etcd_partition.py``).
 A Consul server agent (data dir kept) restarted under load, down longer than its instances' TTL.
 Columns: RPCs sent and failed, registrations lost, recovery time (what "recovery" means per scenario
 is in the JSON as ``recovery_what``) and its bound.
@@ -35,36 +35,46 @@ for p in (ROOT / "src", ROOT):
     if str(p) not in sys.path:
         sys.path.insert(0, str(p))
 
-from tests import chaos_etcd_store as cstore
-from tests import chaos_scenarios as cs
-from tests.etcd_partition import PartitionCluster
+from harness.chaos import etcd_store as cstore
+from harness.chaos import partition
+from harness.chaos.backend_faults import backend_kill_and_stop, graceful_stop, publisher_frozen
+from harness.chaos.consul_restart import consul_agent_restart
+from harness.chaos.etcd_faults import (
+    compaction_churn,
+    etcd_down,
+    leader_killed,
+    one_of_two_registries_down,
+    publisher_churn,
+)
+from harness.chaos.result import Result, fmt_table
+from harness.etcd_partition import PartitionCluster
 from waypost.etcd.local import LocalEtcd
 
 # name -> (members, run(etcd, quick) -> results)
-SCENARIOS: dict[str, tuple[int, Callable[[LocalEtcd, bool], list[cs.Result]]]] = {
-    "etcd_down": (1, lambda e, q: [cs.etcd_down(e, down_s=3.0 if q else 10.0)]),
-    "etcd_down_past_ttl": (1, lambda e, q: [cs.etcd_down(e, down_s=3.0 if q else 10.0, ttl=2 if q else 5)]),
-    "leader_killed": (3, lambda e, q: [cs.leader_killed(e, observe_s=2.0 if q else 8.0)]),
-    "compaction": (1, lambda e, q: [cs.compaction_churn(e, churn_s=1.5 if q else 6.0)]),
-    "churn": (1, lambda e, q: [cs.publisher_churn(e, churn_s=2.0 if q else 10.0)]),
-    "backend": (1, lambda e, q: cs.backend_kill_and_stop(e, stop_s=2.0 if q else 5.0)),
-    "graceful_stop": (1, lambda e, q: [cs.graceful_stop(e)]),
-    "frozen_publisher": (1, lambda e, q: [cs.publisher_frozen(e, ttl=2 if q else 5)]),
+SCENARIOS: dict[str, tuple[int, Callable[[LocalEtcd, bool], list[Result]]]] = {
+    "etcd_down": (1, lambda e, q: [etcd_down(e, down_s=3.0 if q else 10.0)]),
+    "etcd_down_past_ttl": (1, lambda e, q: [etcd_down(e, down_s=3.0 if q else 10.0, ttl=2 if q else 5)]),
+    "leader_killed": (3, lambda e, q: [leader_killed(e, observe_s=2.0 if q else 8.0)]),
+    "compaction": (1, lambda e, q: [compaction_churn(e, churn_s=1.5 if q else 6.0)]),
+    "churn": (1, lambda e, q: [publisher_churn(e, churn_s=2.0 if q else 10.0)]),
+    "backend": (1, lambda e, q: backend_kill_and_stop(e, stop_s=2.0 if q else 5.0)),
+    "graceful_stop": (1, lambda e, q: [graceful_stop(e)]),
+    "frozen_publisher": (1, lambda e, q: [publisher_frozen(e, ttl=2 if q else 5)]),
     "etcd_wiped": (1, lambda e, q: [cstore.etcd_store_gone_back(e, "wiped")]),
     "etcd_restored": (1, lambda e, q: [cstore.etcd_store_gone_back(e, "restored")]),
     "slow_link": (1, lambda e, q: [cstore.slow_link_publisher(e, observe_s=10.0 if q else 20.0)]),
-    "two_registries": (1, lambda e, q: [cs.one_of_two_registries_down(e, down_s=3.0 if q else 10.0, ttl=2 if q else 5)]),
+    "two_registries": (1, lambda e, q: [one_of_two_registries_down(e, down_s=3.0 if q else 10.0, ttl=2 if q else 5)]),
 }
 
 
-def partitioned_member(base_dir: Path, quick: bool) -> list[cs.Result]:
-    """A 3-member cluster behind peer relays (``tests/etcd_partition.py``), one member cut off under load."""
+def partitioned_member(base_dir: Path, quick: bool) -> list[Result]:
+    """A 3-member cluster behind peer relays (``harness/etcd_partition.py``), one member cut off under load."""
     with PartitionCluster(3, base_dir=base_dir) as pc:
-        return [cs.partitioned_member(pc, partition_s=4.0 if quick else 8.0)]
+        return [partition.partitioned_member(pc, partition_s=4.0 if quick else 8.0)]
 
 
 # name -> run(base_dir, quick) -> results: scenarios that start an etcd of their own
-OWN_ETCD: dict[str, Callable[[Path, bool], list[cs.Result]]] = {
+OWN_ETCD: dict[str, Callable[[Path, bool], list[Result]]] = {
     "partitioned_member": partitioned_member,
 }
 
@@ -76,7 +86,7 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--out", default=str(ROOT / "bench" / "results" / "chaos.json"))
     args = ap.parse_args(argv)
     names = args.only or [*SCENARIOS, *OWN_ETCD]
-    results: list[cs.Result] = []
+    results: list[Result] = []
     t0 = time.monotonic()
     with tempfile.TemporaryDirectory(prefix="waypost-chaos-") as tmp:
         for i, name in enumerate(names):
@@ -90,10 +100,10 @@ def main(argv: list[str] | None = None) -> int:
                 with LocalEtcd(members, base_dir=base) as etcd:  # started by __enter__
                     results.extend(run(etcd, args.quick))
             except Exception as e:  # noqa: BLE001  # one scenario's crash is a row, not the end
-                r = cs.Result(name)
+                r = Result(name)
                 r.problems.append(f"scenario raised {type(e).__name__}: {e}")
                 results.append(r)
-    table = cs.fmt_table(results)
+    table = fmt_table(results)
     print(table)
     out = {
         "quick": args.quick,
@@ -112,7 +122,7 @@ def main(argv: list[str] | None = None) -> int:
 # ---- fork (gunicorn/uWSGI preload) --------------------------------------------------------------------
 
 
-def fork_children(etcd: LocalEtcd, quick: bool) -> list[cs.Result]:
+def fork_children(etcd: LocalEtcd, quick: bool) -> list[Result]:
     """A process dials an etcd target, calls, then forks 8 children per round. Each child calls on the
     inherited channel and on a fresh dial (2 calls; a crashed or hung child counts both as failed and as
     lost). The parent calls after every round. recovery = slowest round, from the first fork to the last
@@ -122,11 +132,11 @@ def fork_children(etcd: LocalEtcd, quick: bool) -> list[cs.Result]:
     import signal
 
     import waypost
-    from tests.backends import echo_pb2, echo_pb2_grpc
-    from tests.backends.procs import EchoProcess
+    from harness.backends import echo_pb2, echo_pb2_grpc
+    from harness.backends.procs import EchoProcess
 
     rounds, children = (2, 8) if quick else (5, 8)
-    r = cs.Result(f"fork {children} children x {rounds} rounds", bound_s=20.0,
+    r = Result(f"fork {children} children x {rounds} rounds", bound_s=20.0,
                   recovery_what="slowest round: first fork -> last child exited")
     be = EchoProcess("a")
     try:
@@ -200,8 +210,8 @@ SCENARIOS["fork"] = (1, lambda e, q: fork_children(e, q))
 # ---- consul agent restart (a persistent server agent of its own; the etcd started for it is not used) -------
 
 
-def consul_restart(etcd: LocalEtcd, quick: bool) -> list[cs.Result]:
-    return [cs.consul_agent_restart(down_s=7.0 if quick else 10.0, ttl=5, base_dir=etcd.base_dir / "consul")]
+def consul_restart(etcd: LocalEtcd, quick: bool) -> list[Result]:
+    return [consul_agent_restart(down_s=7.0 if quick else 10.0, ttl=5, base_dir=etcd.base_dir / "consul")]
 
 
 SCENARIOS["consul_restart"] = (1, consul_restart)

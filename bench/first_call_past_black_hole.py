@@ -31,9 +31,9 @@ import grpc
 
 import waypost
 import waypost.aio
-from tests.backends import echo_pb2, echo_pb2_grpc
-from tests.backends.broken_listeners import broken_listeners
-from tests.backends.server import EchoServer
+from harness.backends import echo_pb2, echo_pb2_grpc
+from harness.backends.broken_listeners import broken_listeners
+from harness.backends.server import EchoServer
 from waypost.balancer.policies import known_policies
 
 REQ = echo_pb2.EchoRequest(message="x")

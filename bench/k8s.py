@@ -10,7 +10,7 @@ the write (a plain HTTP PUT):
   channel's balancer): the resolver's own watch, the diff, the new backend's connection and the new picker.
 
 Everything runs inside a private network namespace made for the run (``unshare -n``, pods on 10.77.0.x), with
-kube-apiserver built from source once and cached (tests/k8s_support.py); it needs Go, ``unshare`` and ``ip``.
+kube-apiserver built from source once and cached (harness/k8s/support.py); it needs Go, ``unshare`` and ``ip``.
 
 Usage: python bench/k8s.py [--changes N] [--out PATH]
 The last lines are the figures and their ratio; they go to bench/results/k8s.json. Default run ~30 s once the
@@ -31,7 +31,7 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[1]
 sys.path[:0] = [str(ROOT), str(ROOT / "src")]
 
-from tests import k8s_support
+from harness.k8s import support as k8s_support
 
 
 def pct(xs: list[float], q: float) -> float:

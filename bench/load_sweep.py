@@ -59,7 +59,7 @@ import grpc
 
 import waypost
 import waypost.aio
-from tests.backends import echo_pb2, echo_pb2_grpc
+from harness.backends import echo_pb2, echo_pb2_grpc
 from waypost.balancer.policies import POLICIES
 
 REQ = echo_pb2.EchoRequest(message="x")

@@ -45,8 +45,8 @@ sys.path.insert(0, str(ROOT / "src"))
 
 import grpc
 
-from tests.backends import echo_pb2, echo_pb2_grpc
-from tests.backends.server import EchoServicer
+from harness.backends import echo_pb2, echo_pb2_grpc
+from harness.backends.server import EchoServicer
 
 REQ = echo_pb2.EchoRequest(message="x")
 CLK_TCK = os.sysconf("SC_CLK_TCK") if hasattr(os, "sysconf") else 100

@@ -36,8 +36,8 @@ sys.path.insert(0, str(ROOT / "src"))
 import grpc
 
 import waypost
-from tests.backends import echo_pb2, echo_pb2_grpc
-from tests.backends.procs import EchoProcess
+from harness.backends import echo_pb2, echo_pb2_grpc
+from harness.backends.procs import EchoProcess
 
 RR = json.dumps({"loadBalancingConfig": [{"round_robin": {}}]})
 REQ = echo_pb2.EchoRequest(message="x")

@@ -10,7 +10,7 @@ from collections.abc import Iterator
 
 import pytest
 
-from tests import proc_reaper
+from harness import proc_reaper
 from waypost.etcd.local import LocalEtcd
 
 _ids = itertools.count()
@@ -81,8 +81,8 @@ def registry(registry_url):
 @pytest.fixture(scope="session")
 def netns_host(tmp_path_factory):
     """A process inside a private network namespace with a real kube-apiserver, running the scenarios of
-    tests/k8s_scenarios.py (tests/k8s_support.NetnsHost). Skips, saying why, without Go, unshare or ip."""
-    from tests import k8s_support
+    harness/k8s/scenarios.py (tests/k8s_support.NetnsHost). Skips, saying why, without Go, unshare or ip."""
+    from harness.k8s import support as k8s_support
 
     reason = k8s_support.skip_reason(netns=True)
     if reason:
@@ -136,8 +136,10 @@ def xdist_group_of(item: pytest.Item) -> str | None:
         return None
     params = getattr(getattr(item, "callspec", None), "params", {})
     suffix = "".join(f",{name}={params[name]}" for name in sorted(narrow) if name in params)
+    # the module's path from the root, not its file name: test files of different folders may share a name.
     # xdist reads the group after the last "@" of the test id, and only when no "]" follows it
-    return f"{item.path.name}{suffix}".replace("@", "_").replace("]", "_")
+    module = item.nodeid.split("::", 1)[0]
+    return f"{module}{suffix}".replace("@", "_").replace("]", "_")
 
 
 @pytest.hookimpl(tryfirst=True)  # before xdist's own hook, which reads the marks into the test ids

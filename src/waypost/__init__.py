@@ -39,7 +39,7 @@ logging.getLogger("waypost").addHandler(logging.NullHandler())
 
 # Type checkers see the real names; at run time the heavier modules are imported on first use (``_LAZY``),
 # so ``import waypost`` stays cheap and a missing optional piece never breaks the rest. The two lists are
-# kept in step by tests/test_public_api.py.
+# kept in step by tests/project/test_public_api.py.
 if TYPE_CHECKING:
     from . import aio as aio
     from . import orca as orca

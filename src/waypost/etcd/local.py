@@ -288,7 +288,7 @@ class LocalEtcd:
     ) -> None:
         """``client_ports``: fixed client ports, one per member (default: free ones). ``advertise_peer_ports``:
         the peer ports each member advertises to the others instead of the one it listens on, one per member:
-        relays (``tests/etcd_partition.py``) that forward to ``members[i].peer_port`` and can cut a member off."""
+        relays (``harness/etcd_partition.py``) that forward to ``members[i].peer_port`` and can cut a member off."""
         self._tmp: tempfile.TemporaryDirectory[str] | None = None
         if base_dir is None:
             self._tmp = tempfile.TemporaryDirectory(prefix="waypost-etcd-")

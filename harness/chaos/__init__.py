@@ -1,0 +1,1 @@
+"""The chaos scenarios: real etcd (or Consul), real backend processes, clients under steady load."""

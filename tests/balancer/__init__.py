@@ -1,0 +1,1 @@
+"""The load-balancing policies: on a fake clock, and through channels over real servers."""

@@ -1,0 +1,1 @@
+"""The chaos suite (short versions of bench/chaos_report.py) and the crash-race repro."""

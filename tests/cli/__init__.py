@@ -1,0 +1,1 @@
+"""The waypost command as a user runs it."""

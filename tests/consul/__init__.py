@@ -1,0 +1,1 @@
+"""consul:// registries and targets against a real Consul agent."""

@@ -1,0 +1,1 @@
+"""Publishers and subscribers: containers, views, wire formats, faults and stale lists."""

@@ -1,0 +1,1 @@
+"""dns targets against a real dnsmasq (and the server it runs)."""

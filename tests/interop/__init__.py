@@ -1,0 +1,1 @@
+"""Interop with real go-zero and grpc-go etcd-naming peers."""

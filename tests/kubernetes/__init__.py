@@ -1,0 +1,1 @@
+"""k8s:// targets: EndpointSlices, and a real kube-apiserver in a private network namespace."""

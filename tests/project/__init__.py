@@ -1,0 +1,1 @@
+"""The project as a whole: architecture, packaging, public API, docs, examples, benches, error texts."""

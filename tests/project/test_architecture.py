@@ -1,0 +1,138 @@
+"""The architecture is checked, not only described (docs/architecture.md): the import-linter contracts in
+pyproject.toml (the layers, and no cycle between any two modules of a package, imports inside functions included)
+and the size limit of a module; and that the harness shared by tests/ and bench/ is not tied to tests/."""
+
+from __future__ import annotations
+
+import ast
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parents[2]
+SRC = ROOT / "src" / "waypost"
+MAX_LINES = 600
+
+
+def test_import_contracts_are_kept() -> None:
+    pytest.importorskip("importlinter", reason="import-linter comes with the dev extra")
+    lint = Path(sys.executable).parent / "lint-imports"
+    proc = subprocess.run([str(lint), "--no-cache", "--no-logo"], check=False, cwd=ROOT, capture_output=True, text=True,
+                          timeout=120)
+    assert proc.returncode == 0, f"an import contract is broken:\n{proc.stdout}\n{proc.stderr}"
+    assert "0 broken" in proc.stdout and " kept" in proc.stdout, proc.stdout
+
+
+def test_no_module_is_over_the_size_limit() -> None:
+    generated = SRC / "etcd" / "_proto"
+    too_big = {
+        str(p.relative_to(SRC)): n
+        for p in SRC.rglob("*.py")
+        if generated not in p.parents and (n := len(p.read_text().splitlines())) > MAX_LINES
+    }
+    assert not too_big, f"modules over {MAX_LINES} lines (split them by job): {too_big}"
+
+
+def _imported_modules(path: Path) -> set[str]:
+    """Every module ``path`` imports, at the top or inside functions."""
+    found: set[str] = set()
+    for node in ast.walk(ast.parse(path.read_text(), str(path))):
+        if isinstance(node, ast.Import):
+            found.update(a.name for a in node.names)
+        elif isinstance(node, ast.ImportFrom) and node.module and node.level == 0:
+            found.add(node.module)
+    return found
+
+
+def test_bench_and_the_harness_import_nothing_from_tests() -> None:
+    # what bench/ runs against lives in harness/; a bench reaching into tests/ would tie it to the test suite
+    files = [*sorted((ROOT / "bench").glob("*.py")), *sorted((ROOT / "harness").rglob("*.py"))]
+    assert files
+    reaching = {}
+    for p in files:
+        into_tests = sorted(m for m in _imported_modules(p) if m == "tests" or m.startswith("tests."))
+        if into_tests:
+            reaching[str(p.relative_to(ROOT))] = into_tests
+    assert not reaching, f"bench/ and harness/ must not import from tests/: {reaching}"
+
+
+def test_no_test_helper_is_over_the_size_limit() -> None:
+    helpers = [p for folder in ("tests", "harness") for p in (ROOT / folder).rglob("*.py")
+               if not p.name.startswith("test_") and not p.name.endswith(("_pb2.py", "_pb2_grpc.py"))]
+    assert helpers
+    too_big = {str(p.relative_to(ROOT)): n for p in helpers if (n := len(p.read_text().splitlines())) > MAX_LINES}
+    assert not too_big, f"helper modules over {MAX_LINES} lines (split them by job): {too_big}"
+
+
+def _module_of(path: Path) -> tuple[str, bool]:
+    """The dotted name of a source file, and whether it is a package's ``__init__``."""
+    parts = list(path.relative_to(SRC.parent).with_suffix("").parts)
+    if parts[-1] == "__init__":
+        return ".".join(parts[:-1]), True
+    return ".".join(parts), False
+
+
+def _is_module(dotted: str) -> bool:
+    base = SRC.parent.joinpath(*dotted.split("."))
+    return base.with_suffix(".py").is_file() or (base / "__init__.py").is_file()
+
+
+def _private(name: str) -> bool:
+    return name.startswith("_") and not name.startswith("__")
+
+
+def _reach_ins(path: Path) -> list[str]:
+    """``from A import _name`` (not a module), private modules imported from outside their package, and
+    ``module._name`` on an imported waypost module: the places one module uses another one's private names."""
+    me, is_pkg = _module_of(path)
+    package = me if is_pkg else me.rpartition(".")[0]
+    found: list[str] = []
+    modules: dict[str, str] = {}  # local name -> the waypost module it is bound to
+
+    def private_module_ok(dotted: str) -> bool:  # a package's private module, used inside that package
+        parent = dotted.rpartition(".")[0]
+        return me == parent or me.startswith(parent + ".")
+
+    tree = ast.parse(path.read_text(), str(path))
+    for node in ast.walk(tree):
+        if isinstance(node, ast.ImportFrom):
+            if node.level:
+                base = package.rsplit(".", node.level - 1)[0] if node.level > 1 else package
+                target = f"{base}.{node.module}" if node.module else base
+            else:
+                target = node.module or ""
+            if target != "waypost" and not target.startswith("waypost."):
+                continue
+            for alias in node.names:
+                dotted = f"{target}.{alias.name}"
+                if _is_module(dotted):
+                    modules[alias.asname or alias.name] = dotted
+                    if _private(alias.name) and not private_module_ok(dotted):
+                        found.append(f"{me}:{node.lineno} imports the private module {dotted}")
+                elif _private(alias.name):
+                    found.append(f"{me}:{node.lineno} imports {alias.name} from {target}")
+        elif isinstance(node, ast.Import):
+            for alias in node.names:
+                if not alias.name.startswith("waypost"):
+                    continue
+                parts = alias.name.split(".")
+                for i, part in enumerate(parts):
+                    if _private(part) and not private_module_ok(".".join(parts[:i + 1])):
+                        found.append(f"{me}:{node.lineno} imports the private module {alias.name}")
+                if alias.asname:
+                    modules[alias.asname] = alias.name
+    for node in ast.walk(tree):
+        if (isinstance(node, ast.Attribute) and _private(node.attr) and isinstance(node.value, ast.Name)
+                and node.value.id in modules):
+            dotted = f"{modules[node.value.id]}.{node.attr}"
+            if not (_is_module(dotted) and private_module_ok(dotted)):
+                found.append(f"{me}:{node.lineno} uses {dotted}")
+    return found
+
+
+def test_no_module_reaches_into_another_modules_private_names() -> None:
+    found = [hit for p in sorted(SRC.rglob("*.py")) if not p.name.endswith("_pb2.py") for hit in _reach_ins(p)]
+    assert not found, ("private names used from another module (make them public, or move the code that needs "
+                       "them):\n" + "\n".join(found))

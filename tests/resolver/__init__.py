@@ -1,0 +1,1 @@
+"""What every resolver shares: options, recovery, reconnect backoff."""

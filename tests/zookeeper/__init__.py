@@ -1,0 +1,1 @@
+"""zk:// registries and targets against a real ZooKeeper (and the server it runs)."""
