@@ -201,6 +201,7 @@ def register_kind(kind: RegistryKind, *, replace: bool = False) -> RegistryKind:
     if kind.resolver is None and kind.publisher is None:
         raise ValueError(f"register_kind: {kind.scheme}: a kind needs a resolver (dial targets), a publisher "
                          "(serve(registry=...)), or both")
+    load_plugins()  # waypost's own kinds first, so their schemes are taken even before the first look-up
     with _lock:
         builtin = {s for k in _BUILTIN for s in (k.scheme, *k.aliases)} | _OWN_SCHEMES
         for s in (kind.scheme, *kind.aliases):
