@@ -52,6 +52,8 @@ if TYPE_CHECKING:
     from .balancer.base import Policy as Policy
     from .balancer.policies import register_policy as register_policy
     from .channel import dial as dial
+    from .client.dial_options import DialKeywords as DialKeywords
+    from .client.dial_options import DialOptions as DialOptions
     from .client.hashkey import hash_key as hash_key
     from .discovery import Publisher as Publisher
     from .discovery import Subscriber as Subscriber
@@ -67,6 +69,8 @@ if TYPE_CHECKING:
     from .registry.kinds import RegistryKind as RegistryKind
     from .registry.kinds import register_kind as register_kind
     from .resolver.target import parse_target as parse_target
+    from .serve_options import ServeKeywords as ServeKeywords
+    from .serve_options import ServeOptions as ServeOptions
     from .server import AsyncServeHandle as AsyncServeHandle
     from .server import BindError as BindError
     from .server import ServeHandle as ServeHandle
@@ -98,7 +102,11 @@ _LAZY = {
     "ServeHandle": ("waypost.server", "ServeHandle"),
     "AsyncServeHandle": ("waypost.server", "AsyncServeHandle"),
     "BindError": ("waypost.server", "BindError"),
+    "ServeOptions": ("waypost.serve_options", "ServeOptions"),
+    "ServeKeywords": ("waypost.serve_options", "ServeKeywords"),
     "dial": ("waypost.channel", "dial"),
+    "DialOptions": ("waypost.client.dial_options", "DialOptions"),
+    "DialKeywords": ("waypost.client.dial_options", "DialKeywords"),
     "hash_key": ("waypost.client.hashkey", "hash_key"),
     "parse_service_config": ("waypost.service_config", "parse_service_config"),
     "parse_target": ("waypost.resolver.target", "parse_target"),
@@ -140,6 +148,8 @@ __all__ = [
     "Compacted",
     "ConfigWarning",
     "ConsulPublisher",
+    "DialKeywords",
+    "DialOptions",
     "EurekaPublisher",
     "InvalidServiceConfig",
     "InvalidTarget",
@@ -159,6 +169,8 @@ __all__ = [
     "RegistryKind",
     "RegistryUnavailable",
     "ServeHandle",
+    "ServeKeywords",
+    "ServeOptions",
     "Subscriber",
     "WaypostError",
     "ZkPublisher",

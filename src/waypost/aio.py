@@ -21,8 +21,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
-import random
-from collections.abc import Callable, Iterable, Mapping, Sequence
+from collections.abc import Callable, Sequence
 from typing import TYPE_CHECKING, Any
 
 import grpc
@@ -33,7 +32,8 @@ from .client.aio_stream_calls import StreamStreamMultiCallable, UnaryStreamMulti
 from .client.aio_unary_calls import StreamUnaryMultiCallable, UnaryUnaryMultiCallable
 from .client.aio_wait import AioPickWaiter
 from .client.balancer_wrapper import BalancerWrapper
-from .client.config import ChannelConfig, build_config
+from .client.config import ChannelConfig, dial_config
+from .client.dial_options import DialKeywords
 from .client.empty_key import EmptyKey
 from .client.health import watch_health
 from .client.method import MulticallableFactory, by_kind
@@ -44,6 +44,8 @@ from .client.watcher import INTERVAL
 from .types import STATE_NAMES
 
 if TYPE_CHECKING:
+    from typing_extensions import Unpack
+
     from .registry.base import Registry
     from .server import serve_async as serve
 
@@ -243,24 +245,7 @@ def _stop_task(task: asyncio.Future[Any]) -> None:
     task.cancel()
 
 
-def dial(
-    target: str | Sequence[str] | Registry,
-    balancer: str | None = None,
-    service_config: Mapping[str, Any] | str | None = None,
-    options: Sequence[tuple[str, Any]] | None = None,
-    credentials: grpc.ChannelCredentials | None = None,
-    interceptors: Iterable[Any] | None = None,
-    *,
-    subset_size: int | None = None,
-    client_id: str | None = None,
-    rng: random.Random | None = None,
-    block: bool = False,
-    retries: int | None = None,
-    metadata_filter: Mapping[str, Any] | None = None,
-    prefer: Mapping[str, Any] | None = None,
-    min_preferred: int | None = None,
-    key: str | None = None,
-) -> Channel:
+def dial(target: str | Sequence[str] | Registry, **options: Unpack[DialKeywords]) -> Channel:
     """A balanced ``grpc.aio.Channel`` (same arguments as ``waypost.dial``). ``interceptors`` are grpc.aio
     client interceptors, applied to every attempt on its backend. Registry targets resolve in the
     background: calls wait for the first address list (up to their deadline).
@@ -273,14 +258,9 @@ def dial(
     gives up (5 s), then fail with UNAVAILABLE naming the registry and why.
 
     ``retries``, ``metadata_filter``, ``prefer``, ``min_preferred``: as for ``waypost.dial``."""
-    _fork.check_child_can_use_grpc("waypost.aio.dial")  # a child forked with grpc.aio alive: fail now, not hang
-    config = build_config(target, balancer, service_config, subset_size=subset_size, client_id=client_id, rng=rng,
-                          retries=retries, metadata_filter=metadata_filter, prefer=prefer,
-                          min_preferred=min_preferred, key=key)
-    if not isinstance(block, bool):
-        raise TypeError(f"dial: block must be True or False, got {block!r}")
-    return Channel(config.target.redacted, config, options=options, credentials=credentials,
-                   interceptors=list(interceptors or ()), block=block)
+    config, opts = dial_config("waypost.aio.dial", target, options)
+    return Channel(config.target.redacted, config, options=opts.options, credentials=opts.credentials,
+                   interceptors=list(opts.interceptors or ()), block=opts.blocks(False))
 
 
 def __getattr__(name: str) -> Any:

@@ -9,16 +9,16 @@ unchanged. This module holds the channel itself: its backends, connectivity, clo
 from __future__ import annotations
 
 import logging
-import random
 import threading
-from collections.abc import Callable, Iterable, Mapping, Sequence
+from collections.abc import Callable, Sequence
 from typing import TYPE_CHECKING, Any
 
 import grpc
 
 from . import _fork
 from .client.balancer_wrapper import BalancerWrapper
-from .client.config import ChannelConfig, build_config
+from .client.config import ChannelConfig, dial_config
+from .client.dial_options import DialKeywords
 from .client.empty_key import EmptyKey
 from .client.health import watch_health
 from .client.method import MulticallableFactory, by_kind
@@ -31,6 +31,8 @@ from .client.watcher import WATCHER
 from .types import STATE_NAMES
 
 if TYPE_CHECKING:
+    from typing_extensions import Unpack
+
     from .registry.base import Registry
 
 log = logging.getLogger("waypost.channel")
@@ -192,27 +194,13 @@ def _stop_health(handle: _fork.PausableTask) -> None:
     handle.cancel()
 
 
-def dial(
-    target: str | Sequence[str] | Registry,
-    balancer: str | None = None,
-    service_config: Mapping[str, Any] | str | None = None,
-    options: Sequence[tuple[str, Any]] | None = None,
-    credentials: grpc.ChannelCredentials | None = None,
-    interceptors: Iterable[Any] | None = None,
-    *,
-    subset_size: int | None = None,
-    client_id: str | None = None,
-    rng: random.Random | None = None,
-    block: bool = True,
-    retries: int | None = None,
-    metadata_filter: Mapping[str, Any] | None = None,
-    prefer: Mapping[str, Any] | None = None,
-    min_preferred: int | None = None,
-    key: str | None = None,
-) -> grpc.Channel:
+def dial(target: str | Sequence[str] | Registry, **options: Unpack[DialKeywords]) -> grpc.Channel:
     """A balanced ``grpc.Channel`` to ``target`` (``etcd://``, ``direct:///``, ``dns:///``, ``k8s://``, ``consul://``,
     ``zk://``...: see docs/discovery.md); a list of targets follows all of them and uses the union (registries that
     back each other up: ``waypost.resolver.multi``).
+
+    The keywords are the fields of ``waypost.DialOptions`` (their defaults and meanings; ``waypost.aio.dial``
+    takes the same ones).
 
     ``balancer`` names the policy (a shortcut for ``loadBalancingConfig``; it must agree with the service
     config when both name one); with neither, ``waypost.service_config.DEFAULT_POLICY`` (peak_ewma: P2C
@@ -238,14 +226,10 @@ def dial(
     ``prefer={"zone": "us-east-1a"}, min_preferred=N`` (default 1): use only the matching backends while at
     least N of them are READY, else all of them (docs/discovery.md, "Routing by metadata").
     """
-    _fork.check_child_can_use_grpc("waypost.dial")  # a child forked with grpc.aio alive: fail now, not hang
-    config = build_config(target, balancer, service_config, subset_size=subset_size, client_id=client_id, rng=rng,
-                          retries=retries, metadata_filter=metadata_filter, prefer=prefer,
-                          min_preferred=min_preferred, key=key)
-    if not isinstance(block, bool):
-        raise TypeError(f"dial: block must be True or False, got {block!r}")
-    channel: grpc.Channel = Channel(config.target.redacted, config, options=options, credentials=credentials, block=block)
-    interceptors = list(interceptors or ())
+    config, opts = dial_config("waypost.dial", target, options)
+    channel: grpc.Channel = Channel(config.target.redacted, config, options=opts.options, credentials=opts.credentials,
+                                    block=opts.blocks(True))
+    interceptors = list(opts.interceptors or ())
     if interceptors:
         channel = grpc.intercept_channel(channel, *interceptors)
     return channel

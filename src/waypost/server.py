@@ -47,24 +47,23 @@ import threading
 import time
 from collections.abc import Callable, Generator, Iterable, Iterator, Mapping
 from contextlib import contextmanager
-from typing import Any, ClassVar, Protocol
+from typing import TYPE_CHECKING, Any, ClassVar, Protocol
 
 import grpc
 
-from ._serving import Aio, HardDeadline, ShutdownHook, Threads, check_shutdown_args, hook_name
+from ._serving import Aio, HardDeadline, ShutdownHook, Threads, hook_name
 from .discovery.registration import Registration
 from .discovery.registrations import connect_registries, make_publisher
 from .errors import WaypostError
 from .netutil import advertised_address, bind_problem
 from .orca import mount as mount_load_reports
+from .serve_options import DEFAULT_DRAIN_DELAY, LISTEN_ANY, ServeKeywords, ServeOptions
+
+if TYPE_CHECKING:
+    from typing_extensions import Unpack
 
 log = logging.getLogger("waypost.server")
 
-#: how long a stopping server keeps serving after deregistering: a watch event reaches clients in
-#: milliseconds on a healthy etcd; one second also covers a loaded client
-DEFAULT_DRAIN_DELAY = 1.0
-
-DEFAULT_REGISTRY = "etcd://127.0.0.1:2379"
 _SIGNALS = (signal.SIGTERM, signal.SIGINT)
 
 
@@ -88,18 +87,6 @@ def _bind(server: Any, listen_on: str, credentials: grpc.ServerCredentials | Non
     if not port:
         raise BindError(f"cannot listen on {listen_on!r}: {bind_problem(listen_on) or 'address in use or not local'}")
     return int(port)
-
-
-def _check_args(key: str, grace: float, publisher_args: Mapping[str, Any], registry: Any = "") -> None:
-    from .discovery.outage import check_unregistered_args
-
-    if not isinstance(key, str) or not key:
-        raise ValueError(f"serve: key must be a non-empty string, got {key!r}")
-    if grace < 0:
-        raise ValueError(f"serve: grace must be >= 0 seconds, got {grace!r}")
-    check_unregistered_args(publisher_args.get("max_unregistered"), publisher_args.get("on_unregistered"))
-    if registry is None and publisher_args.get("max_unregistered") is not None:
-        raise ValueError("serve: max_unregistered / on_unregistered need a registry (registry=None registers nothing)")
 
 
 # ------------------------------------------------------------------------------- the shared sequences
@@ -153,25 +140,23 @@ def _health_steps(servicer: Any, services: Iterable[str], serving: bool) -> _Ste
         yield functools.partial(servicer.set, name, status)
 
 
-def _serve_steps(handle_cls: type[_Base], server: Any, key: str, listen_on: str, registry: Any, grace: float,
-                 advertise: str | None, allow_loopback: bool | None, health: bool,
-                 credentials: grpc.ServerCredentials | None, stop_args: dict[str, Any], publisher_args: dict[str, Any]
-                 ) -> _Steps:
+def _serve_steps(handle_cls: type[_Base], server: Any, key: str, listen_on: str, options: ServeOptions) -> _Steps:
     """Start-up (module docstring, steps 1-5); returns the handle."""
     fl = handle_cls.flavor
-    _check_args(key, grace, publisher_args, registry)
-    reg = connect_registries(registry)
+    if not isinstance(key, str) or not key:
+        raise ValueError(f"serve: key must be a non-empty string, got {key!r}")
+    reg = connect_registries(options.registry)
     servicer = None
-    if health:  # (1) before start, NOT_SERVING for now
+    if options.health:  # (1) before start, NOT_SERVING for now
         from grpc_health.v1 import health_pb2_grpc
 
         servicer = fl.new_health_servicer()
         yield from _health_steps(servicer, ("", key), serving=False)
         health_pb2_grpc.add_HealthServicer_to_server(servicer, server)
     recorder = mount_load_reports(server)  # waypost.load.v1 + ORCA + call accounting (waypost.orca), before start
-    port = _bind(server, listen_on, credentials)  # (2)
+    port = _bind(server, listen_on, options.credentials)  # (2)
     try:
-        address, publisher = _publisher(reg, key, listen_on, port, advertise, allow_loopback, **publisher_args)
+        address, publisher = _publisher(reg, key, listen_on, port, options)
     except BaseException:
         # grpcio keeps a bound, never-started server's socket listening even after stop(): start it
         # (nobody knows the address yet) so that stop() really closes the port
@@ -184,10 +169,11 @@ def _serve_steps(handle_cls: type[_Base], server: Any, key: str, listen_on: str,
     except BaseException:
         yield functools.partial(fl.stop_server, server, 0, limit=5)
         raise
-    handle = handle_cls(server, key, address, port, reg, publisher, servicer, grace)
-    handle.drain_delay = max(0.0, float(stop_args["drain_delay"]))
+    handle = handle_cls(server, key, address, port, reg, publisher, servicer, options.grace)
+    handle.drain_delay = max(0.0, float(options.drain_delay))
     handle.orca_recorder = recorder
-    handle.on_shutdown, handle.hard_deadline = stop_args["on_shutdown"], stop_args["hard_deadline"]
+    handle.on_shutdown = tuple(options.on_shutdown or ())
+    handle.hard_deadline = options.hard_deadline
     publisher.outage.exit_action = handle._exit_unregistered  # "exit": stop the server gracefully first
     yield from handle._health_steps(True)  # (5)
     log.info("serving %r at %s (%s)", key, address,
@@ -409,29 +395,11 @@ class ServeHandle(_Base):
         self.stop()
 
 
-def serve(
-    server: grpc.Server,
-    key: str,
-    listen_on: str = "0.0.0.0:0",
-    registry: Any = DEFAULT_REGISTRY,
-    metadata: Mapping[str, Any] | None = None,
-    grace: float = 10.0,
-    advertise: str | None = None,
-    ttl: int = 10,
-    id: int | str | None = None,
-    format: str = "gozero",
-    allow_loopback: bool | None = None,
-    health: bool = True,
-    credentials: grpc.ServerCredentials | None = None,
-    *,
-    register_timeout: float = 5.0,
-    drain_delay: float = DEFAULT_DRAIN_DELAY,
-    max_unregistered: float | None = None,
-    on_unregistered: Callable[[Any], object] | str | None = None,
-    on_shutdown: Iterable[Callable[[], object]] | None = None,
-    hard_deadline: float | None = None,
-) -> ServeHandle:
+def serve(server: grpc.Server, key: str, listen_on: str = LISTEN_ANY, **options: Unpack[ServeKeywords]) -> ServeHandle:
     """Bind, start and register a ``grpc.server`` (not started yet) under ``key``; returns its handle.
+
+    ``listen_on`` is where to bind (port 0: a free port, the real one registered). The keywords are the fields
+    of ``waypost.ServeOptions`` (their defaults and meanings; ``serve_async`` takes the same ones).
 
     ``registry`` is a registry URL (``etcd://``, ``consul://``, ``zk://``), a Registry (``waypost.connect``), a list
     of them (registered in each; see ``waypost.discovery.registrations``), or None (nothing registered: inside
@@ -448,21 +416,17 @@ def serve(
     are done. ``hard_deadline``: seconds after the stop began when the process is ended with status 70
     (an ERROR, then ``os._exit``) even if hooks or calls still run.
     """
-    publisher_args = {"ttl": ttl, "id": id, "metadata": metadata, "format": format, "timeout": register_timeout,
-                      "max_unregistered": max_unregistered, "on_unregistered": on_unregistered}
-    stop_args = {"on_shutdown": check_shutdown_args(on_shutdown, hard_deadline, allow_async=False),
-                 "hard_deadline": hard_deadline, "drain_delay": drain_delay}
-    handle: ServeHandle = _drive(_serve_steps(ServeHandle, server, key, listen_on, registry, grace, advertise,
-                                              allow_loopback, health, credentials, stop_args, publisher_args))
+    handle: ServeHandle = _drive(_serve_steps(ServeHandle, server, key, listen_on,
+                                              ServeOptions(**options).for_threads()))
     return handle
 
 
-def _publisher(reg: Any, key: str, listen_on: str, port: int, advertise: str | None, allow_loopback: bool | None,
-               **publisher_args: Any) -> tuple[str, Registration]:
+def _publisher(reg: Any, key: str, listen_on: str, port: int, options: ServeOptions) -> tuple[str, Registration]:
     """The advertised address and the (not yet started) publisher that will register it."""
 
-    address = advertised_address(listen_on, port, advertise=advertise, registry=reg, allow_loopback=allow_loopback)
-    return address, make_publisher(reg, key, address, **publisher_args)
+    address = advertised_address(listen_on, port, advertise=options.advertise, registry=reg,
+                                 allow_loopback=options.allow_loopback)
+    return address, make_publisher(reg, key, address, **options.publisher_args())
 
 
 # ------------------------------------------------------------------------------------------------ aio
@@ -555,40 +519,15 @@ class AsyncServeHandle(_Base):
         await self.stop()
 
 
-async def serve_async(
-    server: grpc.aio.Server,
-    key: str,
-    listen_on: str = "0.0.0.0:0",
-    registry: Any = DEFAULT_REGISTRY,
-    metadata: Mapping[str, Any] | None = None,
-    grace: float = 10.0,
-    advertise: str | None = None,
-    ttl: int = 10,
-    id: int | str | None = None,
-    format: str = "gozero",
-    allow_loopback: bool | None = None,
-    health: bool = True,
-    credentials: grpc.ServerCredentials | None = None,
-    *,
-    register_timeout: float = 5.0,
-    drain_delay: float = DEFAULT_DRAIN_DELAY,
-    max_unregistered: float | None = None,
-    on_unregistered: Callable[[Any], object] | str | None = None,
-    on_shutdown: Iterable[Callable[[], object]] | None = None,
-    hard_deadline: float | None = None,
-) -> AsyncServeHandle:
+async def serve_async(server: grpc.aio.Server, key: str, listen_on: str = LISTEN_ANY,
+                      **options: Unpack[ServeKeywords]) -> AsyncServeHandle:
     """``serve`` for a ``grpc.aio.server`` (not started yet): bind, ``await server.start()``, register.
     ``on_unregistered="exit"`` ends the event loop with ``SystemExit(75)`` after the graceful stop.
     ``on_shutdown`` hooks may be plain or coroutine functions (awaited on the server's loop, one by one,
     at the same point as with ``serve``); ``hard_deadline`` as with ``serve``."""
-    publisher_args = {"ttl": ttl, "id": id, "metadata": metadata, "format": format, "timeout": register_timeout,
-                      "max_unregistered": max_unregistered, "on_unregistered": on_unregistered}
-    stop_args = {"on_shutdown": check_shutdown_args(on_shutdown, hard_deadline, allow_async=True),
-                 "hard_deadline": hard_deadline, "drain_delay": drain_delay}
-    handle: AsyncServeHandle = await _drive_async(_serve_steps(
-        AsyncServeHandle, server, key, listen_on, registry, grace, advertise, allow_loopback, health, credentials,
-        stop_args, publisher_args))
+    handle: AsyncServeHandle = await _drive_async(_serve_steps(AsyncServeHandle, server, key, listen_on,
+                                                               ServeOptions(**options)))
     return handle
 
 
-__all__ = ["AsyncServeHandle", "BindError", "ServeHandle", "serve", "serve_async"]
+__all__ = ["AsyncServeHandle", "BindError", "ServeHandle", "ServeKeywords", "ServeOptions", "serve", "serve_async"]

@@ -276,7 +276,7 @@ async def test_cancel_and_deadline_are_reported():
 
 async def test_dial_outside_a_running_loop_binds_on_first_use():
     with echo_servers("a") as srv:
-        ch = await asyncio.to_thread(waypost.aio.dial, direct(srv), "round_robin")
+        ch = await asyncio.to_thread(waypost.aio.dial, direct(srv), balancer="round_robin")
         try:
             assert (await echo_pb2_grpc.EchoStub(ch).Unary(Req(), timeout=20)).server == "a"
         finally:

@@ -125,8 +125,10 @@ PROGRAM = textwrap.dedent('''
 
 # (what is revealed, a part of what mypy says, a part of what pyright says), in the order of the program
 EXPECTED = [
-    ("dial", "def (target: str | typing.Sequence[str] | waypost.registry.base.Registry, balancer: str | None",
-     "(target: str | Sequence[str] | Registry, balancer: str | None"),
+    # the keywords are DialKeywords (typed once for both dials; tests/test_options.py checks each one)
+    ("dial", ("def (target: str | typing.Sequence[str] | waypost.registry.base.Registry, "
+             "**options: **TypedDict(waypost.client.dial_options.DialKeywords"),
+     "(target: str | Sequence[str] | Registry, **options: **DialKeywords)"),
     ("channel", "", "Channel"),
     ("waypost.hash_key", "def (key: str | bytes | int | None)", "(key: str | bytes | int | None)"),
     ("waypost.aio.dial", "-> waypost.aio.Channel", "-> Channel"),

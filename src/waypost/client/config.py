@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import random
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
@@ -13,6 +13,7 @@ from ..resolver import Resolver, ResolverOptions, Subsetter, make_resolver
 from ..resolver.subset import DEFAULT_SUBSET_SIZE
 from ..resolver.target import Target, parse_target, parse_targets, target_for_registry
 from ..service_config import MethodConfig, ServiceConfig, parse_service_config
+from .dial_options import DialKeywords, DialOptions
 from .method_names import MethodNameCheck
 from .retry_throttle import RetryThrottle
 from .routing import FilteringSubsetter, Routing
@@ -48,29 +49,32 @@ class ChannelConfig:
                                                           report_early))
 
 
+def dial_config(what: str, target: str | Sequence[str] | Registry, keywords: DialKeywords
+                ) -> tuple[ChannelConfig, DialOptions]:
+    """What a dial does before building its channel (``what``: the dial's name, for its errors): the options from
+    its keywords, checked, and the channel's config from them and the target."""
+    from .. import _fork
+
+    _fork.check_child_can_use_grpc(what)  # a child forked with grpc.aio alive: fail now, not hang
+    options = DialOptions(**keywords)
+    return build_config(target, options), options
+
+
 def build_config(
     target: str | Sequence[str] | Registry,
-    balancer: str | None,
-    service_config: Mapping[str, Any] | str | bytes | ServiceConfig | None,
+    options: DialOptions,
     *,
-    subset_size: int | None = None,
-    client_id: int | str | None = None,
-    rng: random.Random | None = None,
     clock: Callable[[], float] | None = None,
-    retries: int | None = None,
-    metadata_filter: Mapping[str, Any] | None = None,
-    prefer: Mapping[str, Any] | None = None,
-    min_preferred: int | None = None,
-    key: str | None = None,
 ) -> ChannelConfig:
     """Validate everything a dial needs; raises InvalidTarget / InvalidServiceConfig / ValueError.
 
-    ``target`` is a target string, or a registry from ``waypost.connect`` with the service ``key``.
+    ``target`` is a target string, or a registry from ``waypost.connect`` with the service ``options.key``.
 
-    ``retries``: the retryPolicy shortcut (``parse_service_config``); ``metadata_filter``, ``prefer``,
+    ``options.retries``: the retryPolicy shortcut (``parse_service_config``); ``metadata_filter``, ``prefer``,
     ``min_preferred``: routing by registration metadata (``client.routing``)."""
     from ..errors import InvalidTarget
 
+    key = options.key
     if key is not None:
         if isinstance(target, str):
             raise InvalidTarget("dial: key= goes with a registry object (waypost.connect(url)); a target string "
@@ -85,17 +89,18 @@ def build_config(
         t = parse_target(target)
     _warn_if_etcd_port(t)
     # no policy named: service_config.DEFAULT_POLICY
-    sc = parse_service_config(service_config, balancer=balancer, retries=retries)
-    routing = Routing.make(metadata_filter, prefer, min_preferred)
+    sc = parse_service_config(options.service_config, balancer=options.balancer, retries=options.retries)
+    routing = Routing.make(options.metadata_filter, options.prefer, options.min_preferred)
     if routing is not None:
         routing.target = t.redacted
-    rng = rng if rng is not None else random.Random()
+    rng = options.rng if options.rng is not None else random.Random()
     cls = policies.get_policy(sc.lb_policy)
     kw: dict[str, Any] = {"rng": random.Random(rng.getrandbits(64))}
     if clock is not None:
         kw["clock"] = clock
     policy = cls(sc.lb_config, **kw)
-    size = DEFAULT_SUBSET_SIZE if subset_size is None else subset_size
+    size = DEFAULT_SUBSET_SIZE if options.subset_size is None else options.subset_size
+    client_id = options.client_id
     subsetter = Subsetter(size, client_id=client_id, seed=rng.getrandbits(32)) if routing is None or \
         routing.filter is None else FilteringSubsetter(routing, size, client_id=client_id, seed=rng.getrandbits(32))
     return ChannelConfig(
