@@ -28,7 +28,7 @@ from waypost.client.config import build_config
 from waypost.client.dial_options import DialKeywords, DialOptions
 from waypost.serve_options import ServeKeywords, ServeOptions
 
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = Path(__file__).resolve().parents[2]
 BIN = Path(sys.executable).parent
 
 
