@@ -48,10 +48,10 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 sys.path.insert(0, str(ROOT / "src"))
 
-from harness.go_module import GoModule  # noqa: E402
-from waypost import _loop  # noqa: E402
-from waypost.etcd.local import LocalEtcd  # noqa: E402
-from waypost.registry import connect  # noqa: E402
+from harness.go_module import GoModule
+from waypost import _loop
+from waypost.etcd.local import LocalEtcd
+from waypost.registry import connect
 
 PROGRAMS = GoModule(ROOT / "bench" / "xds_scale", ("ads-load", "gcp-server"), "bench-xds-scale")
 #: file descriptors each process may open: a stream is a connection on each side
@@ -72,9 +72,12 @@ class Proc:
 
     def __init__(self, argv: list[str], name: str, env: dict[str, str] | None = None) -> None:
         self.name = name
-        self.log = tempfile.NamedTemporaryFile(prefix=f"xds-scale-{name}-", suffix=".log", delete=False)
-        self.proc = subprocess.Popen(argv, stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=self.log,
-                                     text=True, env={**os.environ, **(env or {})}, preexec_fn=_raise_nofile)
+        fd, log = tempfile.mkstemp(prefix=f"xds-scale-{name}-", suffix=".log")
+        self.log_path = log
+        # children inherit the raised RLIMIT_NOFILE of this process (main)
+        self.proc = subprocess.Popen(argv, stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=fd,
+                                     text=True, env={**os.environ, **(env or {})})
+        os.close(fd)
         self.lines: queue.Queue[dict[str, Any]] = queue.Queue()
         threading.Thread(target=self._read, daemon=True).start()
 
@@ -97,7 +100,7 @@ class Proc:
             try:
                 item = self.lines.get(timeout=max(deadline - time.monotonic(), 0.01))
             except queue.Empty:
-                raise TimeoutError(f"{self.name}: no {want or 'line'} within {timeout} s (log {self.log.name})") from None
+                raise TimeoutError(f"{self.name}: no {want or 'line'} within {timeout} s (log {self.log_path})") from None
             if want is None or want in item or ("raw" in item and want in item["raw"]):
                 return item
 
