@@ -29,7 +29,7 @@ from __future__ import annotations
 import asyncio
 import logging
 import time
-from collections.abc import Iterable, Sequence
+from collections.abc import Callable, Iterable, Sequence
 from typing import Any
 
 import grpc
@@ -46,6 +46,10 @@ from .snapshot import Resource, Snapshot
 from .sources import PrefixWatcher, start_source
 
 log = logging.getLogger("waypost.xds")
+#: the shortest time between two pushes (seconds): a change after a quiet spell goes out at once, a burst of
+#: changes folds into one push per interval (Istio debounces 100 ms after the last change, up to 10 s; leading
+#: edge plus this bound keeps a single change's latency at the push itself)
+PUSH_INTERVAL = 0.1
 
 
 class ControlPlane:
@@ -55,7 +59,14 @@ class ControlPlane:
     ``add_export``; everything else runs on the control loop."""
 
     def __init__(self, exports: Iterable[Export] = (), prefixes: Iterable[PrefixExport] = (), *,
-                 prefix_interval: float = 2.0) -> None:
+                 prefix_interval: float = 2.0, push_interval: float = PUSH_INTERVAL,
+                 clock: Callable[[], float] = time.monotonic) -> None:
+        if not push_interval >= 0:
+            raise XdsConfigError(f"push_interval must be a number of seconds >= 0, got {push_interval!r}")
+        self.push_interval = push_interval
+        self._clock = clock
+        self._last_push = float("-inf")
+        self._pending: asyncio.Handle | None = None
         self.exports: dict[str, Export] = {}
         self.prefixes = tuple(prefixes)
         self.prefix_interval = prefix_interval
@@ -140,7 +151,7 @@ class ControlPlane:
             return
         self.exports[export.name] = export
         self._add(export)
-        self._mark()
+        self._rebuild()  # add_export returns with it served: no pacing for this one
 
     def _prefix_found(self, p: PrefixExport) -> Any:
         def found(service: str, target: str) -> None:
@@ -231,13 +242,24 @@ class ControlPlane:
         self._mark()
 
     def _mark(self) -> None:
-        """Rebuild once for every change queued in this loop iteration (a burst of updates: one push)."""
-        if not self._dirty:
-            self._dirty = True
-            asyncio.get_running_loop().call_soon(self._rebuild)
+        """Rebuild for the changes queued: at once when the last push is ``push_interval`` old or more, else at
+        that moment, so a single change is pushed without delay and a burst makes at most one push per
+        interval (every change meanwhile folds into it; none waits longer than the interval)."""
+        if self._dirty:
+            return
+        self._dirty = True
+        loop = asyncio.get_running_loop()
+        wait = self._last_push + self.push_interval - self._clock()
+        self._pending = loop.call_later(wait, self._rebuild) if wait > 0 else loop.call_soon(self._rebuild)
 
     def _rebuild(self) -> None:
+        """Build the snapshot of every change so far and push it (also at once, for ``add_export``, which returns
+        with its export served: a push scheduled for later then has nothing left to do)."""
+        if self._pending is not None:
+            self._pending.cancel()
+            self._pending = None
         self._dirty = False
+        self._last_push = self._clock()
         started = time.perf_counter()
         per_type: dict[str, dict[str, Resource]] = {t: {} for t in TYPES}
         for name, static in self._static.items():
@@ -246,8 +268,9 @@ class ControlPlane:
             if name in self._eds:
                 per_type[ENDPOINT][name] = self._eds[name]
         snap = Snapshot(per_type)
+        changed = _changed_names(self._snapshot, snap)
         self._snapshot = snap
-        queued = self.ads.push(snap)
+        queued = self.ads.push(snap, changed)
         took = time.perf_counter() - started
         self.stats.update(snapshots=self.stats["snapshots"] + 1, last_push_seconds=took, last_push_responses=queued)
         obs = _metrics.current
@@ -276,6 +299,18 @@ def _target_text(export: Export) -> str:
 
     targets = [export.target] if isinstance(export.target, str) else list(export.target)
     return ", ".join(parse_target(t).redacted for t in targets)
+
+
+def _changed_names(old: Snapshot, new: Snapshot) -> dict[str, set[str]]:
+    """Per type, the names whose resource was added, changed or removed from ``old`` to ``new`` (resources
+    of unchanged services are the same objects: compared by identity first, by digest otherwise)."""
+    out: dict[str, set[str]] = {}
+    for t in TYPES:
+        a, b = old.names(t), new.names(t)
+        names = {n for n, r in b.items() if (o := a.get(n)) is not r and (o is None or o.digest != r.digest)}
+        names.update(n for n in a if n not in b)
+        out[t] = names
+    return out
 
 
 def _same(a: tuple[Backend, ...], b: tuple[Backend, ...]) -> bool:
