@@ -173,6 +173,17 @@ def test_bad_files_raise_one_error_naming_the_file(pki, tmp_path, case) -> None:
     assert e.value.field == field and e.value.path == str(path) and says in str(e.value)
 
 
+def test_an_unreadable_file_says_to_check_its_permissions(pki, monkeypatch) -> None:
+    from waypost.xds import tls
+
+    def denied(path: str, mode: str = "r") -> Any:
+        raise PermissionError(13, "Permission denied", path)
+
+    monkeypatch.setattr(tls, "open", denied, raising=False)  # root reads any file: the error is made here
+    with pytest.raises(TlsFileError, match=r"cannot read it \(Permission denied\): check its permissions"):
+        ServerTls(TlsFiles(str(pki.cert), str(pki.key)))
+
+
 def test_config_file_tls_table(pki) -> None:
     cfg = parse_config(f'[tls]\ncert = "{pki.cert}"\nkey = "{pki.key}"\nclient_ca = "{pki.ca_file}"\n', "x.toml")
     assert cfg.tls == TlsFiles(str(pki.cert), str(pki.key), str(pki.ca_file)) and cfg.exports == ()

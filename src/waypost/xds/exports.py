@@ -34,6 +34,10 @@ hash_header=x-user"``. A config file (JSON, or TOML read with ``tomllib``) holds
     prefix = "prod/"
     policy = "round_robin"    # options for each export found
 
+    [tls]                     # the server's TLS (waypost.xds.tls): cert, key, optionally client_ca (mTLS)
+    cert = "/etc/waypost/tls.crt"
+    key = "/etc/waypost/tls.key"
+
 Every mistake raises ``XdsConfigError`` naming the export (or file) and the field.
 """
 
