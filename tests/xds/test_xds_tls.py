@@ -308,6 +308,22 @@ def test_mtls_refuses_clients_without_a_certificate_of_the_ca(pki, tmp_path) -> 
         serve.close()
 
 
+def test_serve_takes_tls_from_the_config_file(pki, tmp_path) -> None:
+    import grpc
+
+    config = tmp_path / "xds.json"
+    config.write_text(json.dumps({"exports": {"tls": "direct:///127.0.0.1:1"},
+                                  "tls": {"cert": str(pki.cert), "key": str(pki.key), "client_ca": str(pki.ca_file)}}))
+    serve = XdsServe([], extra=("--config", str(config)), log=tmp_path / "serve.log")
+    try:
+        assert ads_listener(serve.port, pki.ca_file, pki.client_cert, pki.client_key).resources
+        with pytest.raises(grpc.RpcError):  # client_ca: mTLS
+            ads_listener(serve.port, pki.ca_file)
+    finally:
+        assert serve.terminate() == 0
+        serve.close()
+
+
 # -- stock clients through a TLS and an mTLS control plane (Echo backends registered in a real etcd) -------------
 
 class Planes:
