@@ -58,7 +58,33 @@ def _exports(c: Any, specs: tuple[str, ...], config: Path | None, prefixes: tupl
         found.append(parse_prefix(body, f"--prefix {head!r}"))
     if not exports and not found:
         raise click.UsageError("nothing to serve: give --export NAME=TARGET, --prefix PREFIX or --config FILE")
-    return exports, found
+    return exports, found, cfg.tls
+
+
+def _server_credentials(cert: Path | None, key: Path | None, client_ca: Path | None, config: Path | None,
+                        config_tls: Any) -> Any:
+    """The ADS server's TLS (``xds/tls.py``) from the flags or the config file's ``[tls]``; None: plaintext."""
+    from .xds.tls import ServerTls, TlsFileError, TlsFiles
+
+    if client_ca is not None and cert is None:
+        raise click.UsageError("--client-ca needs --tls-cert and --tls-key (mTLS is TLS whose clients also show a "
+                               "certificate)")
+    if (cert is None) != (key is None):
+        raise click.UsageError("--tls-cert and --tls-key go together")
+    if cert is not None and config_tls is not None:
+        raise click.UsageError(f"TLS is given both by --tls-cert and in the [tls] table of {config}: give it in one "
+                               "place")
+    names = {"cert": "--tls-cert", "key": "--tls-key", "client_ca": "--client-ca"}
+    if cert is not None and key is not None:
+        files = TlsFiles(str(cert), str(key), None if client_ca is None else str(client_ca))
+    elif config_tls is not None:
+        files, names = config_tls, {k: f"{config}: tls.{k}" for k in names}
+    else:
+        return None
+    try:
+        return ServerTls(files).credentials()
+    except TlsFileError as e:
+        raise click.ClickException(f"{names[e.field]} {e.path}: {e.problem}") from None
 
 
 def xds_commands(global_options: Callable[[Any], Any], pass_ctx: Callable[[Any], Any]) -> click.Group:
@@ -79,40 +105,37 @@ def xds_commands(global_options: Callable[[Any], Any], pass_ctx: Callable[[Any],
                   help="Serve every service key under PREFIX in --registry (found as they appear; repeatable).")
     @click.option("--config", type=click.Path(dir_okay=False, path_type=Path), default=None,
                   help="Exports and prefixes from a JSON or TOML file.")
-    @click.option("--tls-cert", type=click.Path(dir_okay=False, exists=True, path_type=Path), default=None,
-                  help="Serve TLS with this certificate chain (PEM).")
-    @click.option("--tls-key", type=click.Path(dir_okay=False, exists=True, path_type=Path), default=None,
+    @click.option("--tls-cert", type=click.Path(dir_okay=False, path_type=Path), default=None,
+                  help="Serve TLS with this certificate chain (PEM; re-read when it changes).")
+    @click.option("--tls-key", type=click.Path(dir_okay=False, path_type=Path), default=None,
                   help="The private key of --tls-cert (PEM).")
+    @click.option("--client-ca", type=click.Path(dir_okay=False, path_type=Path), default=None,
+                  help="mTLS: require client certificates signed by this CA (PEM).")
     @click.option("--metrics-port", type=click.IntRange(0, 65535), default=None,
                   help="Serve Prometheus metrics on 127.0.0.1:PORT.")
     @global_options
     @pass_ctx
     def serve_cmd(c: Any, listen: str, specs: tuple[str, ...], prefixes: tuple[str, ...], config: Path | None,
-                  tls_cert: Path | None, tls_key: Path | None, metrics_port: int | None) -> None:
+                  tls_cert: Path | None, tls_key: Path | None, client_ca: Path | None,
+                  metrics_port: int | None) -> None:
         """Serve the exported services over ADS (xDS v3, state of the world) until SIGTERM or Ctrl-C.
 
         Prints 'xds: serving on HOST:PORT' once it accepts streams. Example:
         waypost xds serve --listen 0.0.0.0:18000 --export 'greeter=etcd:///10.0.0.1:2379?key=greet.rpc'"""
-        import grpc
-
         from .netutil import bind_address, bind_problem, join_host_port, split_host_port
 
         try:
             from .xds.control import ControlPlane
         except ImportError as e:
             raise click.ClickException(str(e)) from None  # names the extra to install
-        if (tls_cert is None) != (tls_key is None):
-            raise click.UsageError("--tls-cert and --tls-key go together")
         address = bind_address(listen, what="--listen")  # :PORT and PORT (every interface) as gRPC takes them
-        exports, prefixes_found = _exports(c, specs, config, prefixes)
+        exports, prefixes_found, config_tls = _exports(c, specs, config, prefixes)
+        creds = _server_credentials(tls_cert, tls_key, client_ca, config, config_tls)
         # Probed before gRPC binds: on a failed bind gRPC logs its own line and raises a RuntimeError that
         # does not say why; the probe's answer is the one line the command ends with.
         why = bind_problem(address)
         if why:
             raise click.ClickException(f"xds serve cannot listen on {address}: {why}")
-        creds = None
-        if tls_cert is not None and tls_key is not None:
-            creds = grpc.ssl_server_credentials([(tls_key.read_bytes(), tls_cert.read_bytes())])
         if metrics_port is not None:
             from . import metrics
 
@@ -145,13 +168,27 @@ def xds_commands(global_options: Callable[[Any], Any], pass_ctx: Callable[[Any],
                   help="A control plane (repeatable: replicas, tried in order).")
     @click.option("--node-id", default=None, help="The client's node id (default: waypost-HOSTNAME).")
     @click.option("--zone", default=None, help="The client's zone (node.locality.zone).")
+    @click.option("--tls", "tls", is_flag=True, help="Reach the control plane over TLS (gRFC A65 'tls' credentials).")
+    @click.option("--ca-file", default=None, metavar="PATH",
+                  help="--tls: the CA that signed the control plane's certificate (default: the system's roots).")
+    @click.option("--cert-file", default=None, metavar="PATH", help="--tls: the client's certificate chain (mTLS).")
+    @click.option("--key-file", default=None, metavar="PATH", help="--tls: the key of --cert-file.")
+    @click.option("--refresh-interval", type=click.IntRange(1), default=None, metavar="SECONDS",
+                  help="--tls: how often the client re-reads the files (its default: 600).")
     @global_options
     @pass_ctx
-    def bootstrap_cmd(c: Any, servers: tuple[str, ...], node_id: str | None, zone: str | None) -> None:
+    def bootstrap_cmd(c: Any, servers: tuple[str, ...], node_id: str | None, zone: str | None, tls: bool,
+                      ca_file: str | None, cert_file: str | None, key_file: str | None,
+                      refresh_interval: int | None) -> None:
         """Print the xDS bootstrap JSON: save it to a file named by GRPC_XDS_BOOTSTRAP, or put the text itself in
-        GRPC_XDS_BOOTSTRAP_CONFIG, then dial xds:///NAME."""
-        from .xds.bootstrap import bootstrap_json
+        GRPC_XDS_BOOTSTRAP_CONFIG, then dial xds:///NAME. File paths are printed as given: the client reads them."""
+        from .xds.bootstrap import INSECURE, bootstrap_json, tls_channel_creds
 
-        click.echo(bootstrap_json(list(servers), node_id, zone=zone))
+        given = [flag for flag, v in (("--ca-file", ca_file), ("--cert-file", cert_file), ("--key-file", key_file),
+                                      ("--refresh-interval", refresh_interval)) if v is not None]
+        if given and not tls:
+            raise click.UsageError(f"{given[0]} goes with --tls (the bootstrap is insecure without it)")
+        creds = tls_channel_creds(ca_file, cert_file, key_file, refresh_interval) if tls else INSECURE
+        click.echo(bootstrap_json(list(servers), node_id, zone=zone, channel_creds=creds))
 
     return xds
