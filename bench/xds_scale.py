@@ -104,15 +104,34 @@ class Proc:
             if want is None or want in item or ("raw" in item and want in item["raw"]):
                 return item
 
+    def pids(self) -> list[int]:
+        """This process and its children (the workers of ``--workers``)."""
+        pid = self.proc.pid
+        try:
+            children = Path(f"/proc/{pid}/task/{pid}/children").read_text().split()
+        except OSError:
+            children = []
+        return [pid, *map(int, children)]
+
     def cpu_seconds(self) -> float:
-        fields = Path(f"/proc/{self.proc.pid}/stat").read_text().rsplit(")", 1)[1].split()
-        return (int(fields[11]) + int(fields[12])) / CLK_TCK  # utime, stime
+        total = 0
+        for pid in self.pids():
+            try:
+                fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+            except OSError:
+                continue
+            total += int(fields[11]) + int(fields[12])  # utime, stime
+        return total / CLK_TCK
 
     def rss_kib(self) -> int:
-        for line in Path(f"/proc/{self.proc.pid}/status").read_text().splitlines():
-            if line.startswith("VmRSS:"):
-                return int(line.split()[1])
-        return 0
+        total = 0
+        for pid in self.pids():
+            try:
+                lines = Path(f"/proc/{pid}/status").read_text().splitlines()
+            except OSError:
+                continue
+            total += next((int(line.split()[1]) for line in lines if line.startswith("VmRSS:")), 0)
+        return total
 
     def stop(self) -> None:
         if self.proc.poll() is None:

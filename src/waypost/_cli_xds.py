@@ -87,6 +87,35 @@ def _server_credentials(cert: Path | None, key: Path | None, client_ca: Path | N
         raise click.ClickException(f"{names[e.field]} {e.path}: {e.problem}") from None
 
 
+def _print_exports(c: Any, exports: Any, prefixes: Any) -> None:
+    names = ", ".join(e.name for e in exports) or "none yet"
+    c.err.print(f"exports: {names}" + (f"; prefixes: {', '.join(p.prefix for p in prefixes)}" if prefixes else ""),
+                markup=False)
+
+
+def _supervise(c: Any, address: str, count: int, exports: Any, prefixes: Any) -> None:
+    """``--workers N``: run N workers on one port until SIGTERM (``xds/workers.py``); exit with their code."""
+    from .xds.workers import Workers
+
+    try:
+        pool = Workers(count, [sys.executable, "-m", "waypost.cli", *sys.argv[1:]], address)
+    except OSError as e:
+        raise click.ClickException(f"xds serve cannot listen on {address}: {e.strerror or e}") from None
+    with stop_on_signals() as stop:
+        try:
+            pool.start()
+        except RuntimeError as e:
+            raise click.ClickException(str(e)) from None
+        click.echo(f"xds: serving on {pool.address}")
+        sys.stdout.flush()
+        _print_exports(c, exports, prefixes)
+        c.err.print(f"workers: {count} processes on one port", markup=False)
+        code = pool.run(stop)
+    exit_if_interrupted(stop)
+    if code:
+        raise SystemExit(code)
+
+
 def xds_commands(global_options: Callable[[Any], Any], pass_ctx: Callable[[Any], Any]) -> click.Group:
     """The ``xds`` command group, with the caller's global options on each command."""
 
@@ -112,12 +141,21 @@ def xds_commands(global_options: Callable[[Any], Any], pass_ctx: Callable[[Any],
     @click.option("--client-ca", type=click.Path(dir_okay=False, path_type=Path), default=None,
                   help="mTLS: require client certificates signed by this CA (PEM).")
     @click.option("--metrics-port", type=click.IntRange(0, 65535), default=None,
-                  help="Serve Prometheus metrics on 127.0.0.1:PORT.")
+                  help="Serve Prometheus metrics on 127.0.0.1:PORT (with --workers: worker i on PORT+i).")
+    @click.option("--workers", type=click.IntRange(1, 64), default=1, show_default=True,
+                  help="Control-plane processes sharing the port (SO_REUSEPORT), each following the registry: "
+                       "one per core for large fleets.")
+    @click.option("--push-interval", type=click.FloatRange(0, 60), default=0.1, show_default=True, metavar="SECONDS",
+                  help="The shortest time between two pushes: a lone change goes out at once, a burst folds into "
+                       "one push per interval.")
+    @click.option("--max-connection-age", type=click.FloatRange(0), default=1800.0, show_default=True,
+                  metavar="SECONDS", help="Send a client's connection GOAWAY after about SECONDS (+/-10 %), so a "
+                       "fleet spreads over the replicas again after one was away; 0: never.")
     @global_options
     @pass_ctx
     def serve_cmd(c: Any, listen: str, specs: tuple[str, ...], prefixes: tuple[str, ...], config: Path | None,
                   tls_cert: Path | None, tls_key: Path | None, client_ca: Path | None,
-                  metrics_port: int | None) -> None:
+                  metrics_port: int | None, workers: int, push_interval: float, max_connection_age: float) -> None:
         """Serve the exported services over ADS (xDS v3, state of the world) until SIGTERM or Ctrl-C.
 
         Prints 'xds: serving on HOST:PORT' once it accepts streams. Example:
@@ -126,16 +164,25 @@ def xds_commands(global_options: Callable[[Any], Any], pass_ctx: Callable[[Any],
 
         try:
             from .xds.control import ControlPlane
+            from .xds.workers import worker_index, worker_listen
         except ImportError as e:
             raise click.ClickException(str(e)) from None  # names the extra to install
         address = bind_address(listen, what="--listen")  # :PORT and PORT (every interface) as gRPC takes them
         exports, prefixes_found, config_tls = _exports(c, specs, config, prefixes)
         creds = _server_credentials(tls_cert, tls_key, client_ca, config, config_tls)
-        # Probed before gRPC binds: on a failed bind gRPC logs its own line and raises a RuntimeError that
-        # does not say why; the probe's answer is the one line the command ends with.
-        why = bind_problem(address)
-        if why:
-            raise click.ClickException(f"xds serve cannot listen on {address}: {why}")
+        index = worker_index()
+        if index is None and workers > 1:
+            _supervise(c, address, workers, exports, prefixes_found)
+            return
+        if index is not None:  # a worker of --workers: the supervisor holds the port for it
+            address = worker_listen() or address
+            metrics_port = None if metrics_port is None else metrics_port + index
+        else:
+            # Probed before gRPC binds: on a failed bind gRPC logs its own line and raises a RuntimeError that
+            # does not say why; the probe's answer is the one line the command ends with.
+            why = bind_problem(address)
+            if why:
+                raise click.ClickException(f"xds serve cannot listen on {address}: {why}")
         if metrics_port is not None:
             from . import metrics
 
@@ -145,18 +192,18 @@ def xds_commands(global_options: Callable[[Any], Any], pass_ctx: Callable[[Any],
                 raise click.ClickException(f"xds serve cannot serve metrics on 127.0.0.1:{metrics_port}: "
                                            f"{bind_problem(f'127.0.0.1:{metrics_port}') or e.strerror or e}") from None
         with stop_on_signals() as stop:
-            control = ControlPlane(exports, prefixes_found)
+            control = ControlPlane(exports, prefixes_found, push_interval=push_interval,
+                                   max_connection_age=max_connection_age or None)
             try:
                 try:
-                    port = control.start(address, creds)
+                    port = control.start(address, creds, reuse_port=index is not None)
                 except (OSError, RuntimeError) as e:  # taken between the probe and the bind: grpcio's RuntimeError
                     raise click.ClickException(f"xds serve cannot listen on {address}: "
                                                f"{bind_problem(address) or e}") from None
                 click.echo(f"xds: serving on {join_host_port(split_host_port(address, listen=True)[0], port)}")
                 sys.stdout.flush()
-                names = ", ".join(e.name for e in exports) or "none yet"
-                c.err.print(f"exports: {names}" + (f"; prefixes: {', '.join(p.prefix for p in prefixes_found)}"
-                                                   if prefixes_found else ""), markup=False)
+                if index is None:
+                    _print_exports(c, exports, prefixes_found)
                 while not stop.wait(0.5):
                     pass
             finally:

@@ -60,7 +60,8 @@ class ControlPlane:
 
     def __init__(self, exports: Iterable[Export] = (), prefixes: Iterable[PrefixExport] = (), *,
                  prefix_interval: float = 2.0, push_interval: float = PUSH_INTERVAL,
-                 clock: Callable[[], float] = time.monotonic) -> None:
+                 max_connection_age: float | None = None, clock: Callable[[], float] = time.monotonic) -> None:
+        self.max_connection_age = max_connection_age
         if not push_interval >= 0:
             raise XdsConfigError(f"push_interval must be a number of seconds >= 0, got {push_interval!r}")
         self.push_interval = push_interval
@@ -99,10 +100,11 @@ class ControlPlane:
         return self._snapshot
 
     def start(self, listen: str = "127.0.0.1:0", credentials: grpc.ServerCredentials | None = None,
-              timeout: float = 30.0) -> int:
-        return _loop.run(self.astart(listen, credentials), timeout)
+              timeout: float = 30.0, *, reuse_port: bool = False) -> int:
+        return _loop.run(self.astart(listen, credentials, reuse_port=reuse_port), timeout)
 
-    async def astart(self, listen: str, credentials: grpc.ServerCredentials | None = None) -> int:
+    async def astart(self, listen: str, credentials: grpc.ServerCredentials | None = None, *,
+                     reuse_port: bool = False) -> int:
         """On the control loop: start the sources and the ADS server; returns the port."""
         for e in list(self.exports.values()):
             self._add(e)
@@ -111,7 +113,8 @@ class ControlPlane:
             self._watchers.append(w)
             w.start()
         self._rebuild()
-        port = await self.ads.start(listen, credentials)
+        port = await self.ads.start(listen, credentials, reuse_port=reuse_port,
+                                    max_connection_age=self.max_connection_age)
         self._started = True
         log.info("xds: serving %d export(s) on port %d", len(self.exports), port)
         return port

@@ -37,6 +37,8 @@ METHOD = "StreamAggregatedResources"
 #: a fleet reconnecting at once (a replica restarted) would see CANCELLED streams and retry with backoff. An ADS
 #: stream waiting here costs a few KiB, so the limits are set far above any fleet one process serves.
 MAX_PENDING_CALLS = 1_000_000
+#: seconds a stream may go on after its connection's GOAWAY (``max_connection_age``)
+MAX_AGE_GRACE = 5.0
 SERVER_OPTIONS = [
     ("grpc.so_reuseport", 0),  # a second control plane on the same port is an error, not a silent share
     ("grpc.server.max_pending_requests", MAX_PENDING_CALLS),
@@ -99,9 +101,19 @@ class AdsServer:
             response_serializer=lambda data: data)
         return grpc.method_handlers_generic_handler(SERVICE, {METHOD: method})
 
-    async def start(self, listen: str, credentials: grpc.ServerCredentials | None = None) -> int:
-        """Bind ``listen`` (host:port; port 0: any) and start serving; returns the port."""
-        server = grpc.aio.server(options=SERVER_OPTIONS)
+    async def start(self, listen: str, credentials: grpc.ServerCredentials | None = None, *,
+                    reuse_port: bool = False, max_connection_age: float | None = None) -> int:
+        """Bind ``listen`` (host:port; port 0: any) and start serving; returns the port. ``reuse_port``: share
+        the port with other processes that bind it so (``workers.py``). ``max_connection_age`` (seconds; None:
+        never): a connection gets GOAWAY after about that long (gRPC adds +/-10 % jitter, so a fleet that
+        connected at once does not reconnect at once), and its stream ends ``MAX_AGE_GRACE`` s later; gRPC's
+        clients open a new one, keeping their resources meanwhile, so a fleet spreads again over the replicas
+        after one was away."""
+        options = [(k, 1 if reuse_port else v) if k == "grpc.so_reuseport" else (k, v) for k, v in SERVER_OPTIONS]
+        if max_connection_age:
+            options += [("grpc.max_connection_age_ms", max(round(max_connection_age * 1000), 1)),
+                        ("grpc.max_connection_age_grace_ms", round(MAX_AGE_GRACE * 1000))]
+        server = grpc.aio.server(options=options)
         server.add_generic_rpc_handlers((self.handler(),))
         port = server.add_secure_port(listen, credentials) if credentials else server.add_insecure_port(listen)
         if not port:

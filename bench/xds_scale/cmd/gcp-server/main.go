@@ -132,7 +132,9 @@ func main() {
 		return s
 	}
 	ctx := context.Background()
-	cache := cachev3.NewSnapshotCache(true, fleet{}, nil)
+	// ads=true (ordered responses) only for one service: with it, v0.14 does not answer a request naming part
+	// of the snapshot (its superset check), which is what a client of one of several services sends
+	cache := cachev3.NewSnapshotCache(*services == 1, fleet{}, nil)
 	if err := cache.SetSnapshot(ctx, "fleet", snapshot()); err != nil {
 		fmt.Fprintln(os.Stderr, err)
 		os.Exit(1)
