@@ -317,5 +317,10 @@ def _changed_names(old: Snapshot, new: Snapshot) -> dict[str, set[str]]:
 
 
 def _same(a: tuple[Backend, ...], b: tuple[Backend, ...]) -> bool:
+    """The same backends with the same metadata, in any order."""
+    if len(a) != len(b):
+        return False  # the common change (one more, one fewer) without sorting a big list
+    if a == b:
+        return True
     key = lambda bs: sorted((x.address, sorted((str(k), str(v)) for k, v in x.metadata.items())) for x in bs)
     return key(a) == key(b)

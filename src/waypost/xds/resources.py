@@ -36,6 +36,7 @@ same bytes in every control-plane replica.
 
 from __future__ import annotations
 
+import functools
 import ipaddress
 import logging
 from collections.abc import Sequence
@@ -123,6 +124,16 @@ def cluster(export: Export) -> cluster_pb2.Cluster:
 def _socket(address: str) -> address_pb2.Address | None:
     """The socket address of an IP ``host:port``; None for anything else (gRPC's xDS clients reject a host name
     in an endpoint, and grpcio then rejects the whole assignment)."""
+    parts = _ip_port(address)
+    if parts is None:
+        return None
+    return address_pb2.Address(socket_address=address_pb2.SocketAddress(address=parts[0], port_value=parts[1]))
+
+
+@functools.lru_cache(maxsize=1 << 16)
+def _ip_port(address: str) -> tuple[str, int] | None:
+    """``address`` as (IP text, port), parsed once: a change in a 1,000-endpoint service rebuilds its whole
+    assignment, and parsing every address again was most of that (23 ms of 25 ms per rebuild)."""
     try:
         host, port = split_host_port(address, what="address")
         ip = ipaddress.ip_address(host.strip("[]")) if host else None
@@ -130,7 +141,7 @@ def _socket(address: str) -> address_pb2.Address | None:
         return None
     if ip is None or port is None:
         return None
-    return address_pb2.Address(socket_address=address_pb2.SocketAddress(address=str(ip), port_value=port))
+    return str(ip), port
 
 
 def _text(metadata: object, key: str) -> str:
