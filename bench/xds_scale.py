@@ -20,12 +20,14 @@ Per case (S streams over M services of N endpoints each), for each control plane
 
 Cases: ``--streams`` (default 100,1000,3000,10000) with one service of 10 endpoints; ``--many`` (1,000 streams
 over 50 services: a change reaches svc-0's 20 clients, ``others`` counts the responses to other clients); and
-``--big`` (one 1,000-endpoint service, 10 streams: one endpoint more).
+``--big`` (one 1,000-endpoint service, 10 streams: one endpoint more). With one service, a third rival,
+``floor`` (``bench/xds_scale/floor_server.py``), is ADS on grpc.aio with no control plane in it: one write and
+one read per stream per change, the least any Python ADS server on grpc.aio does.
 
 The Go programs are built once into ``~/.cache/waypost-servers`` (``harness.go_module``). The last lines are
 the ratios (waypost / go-control-plane: below 1 is waypost ahead); JSON: bench/results/xds_scale.json.
 
-Usage: python bench/xds_scale.py [--streams 100,1000] [--changes 5] [--only waypost|gcp] [--workers N]
+Usage: python bench/xds_scale.py [--streams 100,1000] [--changes 5] [--only waypost|gcp] [--workers 1,2]
 """
 
 from __future__ import annotations
@@ -207,6 +209,22 @@ class GoControlPlane:
         self.proc.stop()
 
 
+class FloorPlane:
+    """``bench/xds_scale/floor_server.py``: ADS on grpc.aio with nothing else (one service only)."""
+
+    def __init__(self) -> None:
+        env = {"PYTHONPATH": os.pathsep.join([str(ROOT / "src"), os.environ.get("PYTHONPATH", "")])}
+        self.proc = Proc([sys.executable, str(ROOT / "bench" / "xds_scale" / "floor_server.py")], "floor", env)
+        self.address = self.proc.read(60, "listening")["listening"]
+
+    def change(self, svc: int) -> None:
+        self.proc.send(f"change {svc}")
+        self.proc.read(30, "changed")
+
+    def close(self) -> None:
+        self.proc.stop()
+
+
 def run_case(plane: Any, load_bin: Path, streams: int, services: int, changes: int,
              connect_timeout: float) -> dict[str, Any]:
     """One fleet against one control plane (module docstring)."""
@@ -261,12 +279,15 @@ def main() -> int:
     ap.add_argument("--many", type=int, default=1000, help="streams of the 50-service case (0: skip)")
     ap.add_argument("--big", type=int, default=1000, help="endpoints of the big-service case (0: skip)")
     ap.add_argument("--only", choices=("waypost", "gcp"), default=None)
-    ap.add_argument("--workers", type=int, default=1, help="waypost xds serve --workers")
+    ap.add_argument("--workers", default="1,2", help="waypost xds serve --workers values, each a rival (comma list)")
+    ap.add_argument("--floor", action=argparse.BooleanOptionalAction, default=True,
+                    help="also run grpc.aio's floor (floor_server.py: ADS with no control plane in it)")
     ap.add_argument("--connect-timeout", type=float, default=120.0)
     ap.add_argument("--build-timeout", type=float, default=900.0)
     ap.add_argument("--out", default=str(ROOT / "bench" / "results" / "xds_scale.json"))
     args = ap.parse_args()
     _raise_nofile()
+    worker_counts = [int(w) for w in args.workers.split(",") if w.strip()]
     bins = PROGRAMS.build(args.build_timeout)
     cases = [(int(s), 1, args.endpoints) for s in args.streams.split(",") if s.strip()]
     if args.many:
@@ -277,18 +298,22 @@ def main() -> int:
     with tempfile.TemporaryDirectory(prefix="waypost-bench-") as tmp, LocalEtcd(1, base_dir=Path(tmp)) as etcd:
         for streams, services, endpoints in cases:
             row: dict[str, Any] = {"streams": streams, "services": services, "endpoints": endpoints}
-            for which in ("gcp", "waypost"):
-                if args.only and args.only != which:
+            planes = [("gcp", 0)] + [(f"waypost-{w}w" if w > 1 else "waypost", w) for w in worker_counts]
+            if args.floor and services == 1 and endpoints == args.endpoints:
+                planes.append(("floor", 0))
+            for which, workers in planes:
+                if args.only and not which.startswith(args.only):
                     continue
                 plane: Any = (GoControlPlane(bins["gcp-server"], services, endpoints) if which == "gcp"
-                              else WaypostPlane(etcd, services, endpoints, args.workers))
+                              else FloorPlane() if which == "floor"
+                              else WaypostPlane(etcd, services, endpoints, workers))
                 try:
                     row[which] = run_case(plane, bins["ads-load"], streams, services, args.changes,
                                           args.connect_timeout)
                 finally:
                     plane.close()
                 r = row[which]
-                print(f"{which:8} S={streams:<6} M={services:<3} N={endpoints:<5} connect {r['connect_s']:.2f} s "
+                print(f"{which:12} S={streams:<6} M={services:<3} N={endpoints:<5} connect {r['connect_s']:.2f} s "
                       f"({r['connected']}/{streams}, {r['failed_attempts']} failed attempts), push p99 "
                       f"{r['push_p99_ms']} ms max {r['push_max_ms']} ms, cpu {r['cpu_us_per_change_per_stream']} "
                       f"us/change/stream, rss {r['rss_kib_per_stream']} KiB/stream, others {r['other_responses']}",
@@ -296,13 +321,15 @@ def main() -> int:
             results.append(row)
     print()
     for row in results:
-        wp, gcp = row.get("waypost"), row.get("gcp")
-        if not (wp and gcp):
-            continue
-        print(f"ratio S={row['streams']} M={row['services']} N={row['endpoints']}: connect all "
-              f"{_ratio(wp['connect_s'], gcp['connect_s'])}, push p99 {_ratio(wp['push_p99_ms'], gcp['push_p99_ms'])}, "
-              f"cpu/change/stream {_ratio(wp['cpu_us_per_change_per_stream'], gcp['cpu_us_per_change_per_stream'])}, "
-              f"rss/stream {_ratio(wp['rss_kib_per_stream'], gcp['rss_kib_per_stream'])} (waypost / go-control-plane)")
+        gcp = row.get("gcp")
+        for name, wp in row.items():
+            if not (name.startswith(("waypost", "floor")) and gcp):
+                continue
+            print(f"ratio {name} S={row['streams']} M={row['services']} N={row['endpoints']}: connect all "
+                  f"{_ratio(wp['connect_s'], gcp['connect_s'])}, push p99 "
+                  f"{_ratio(wp['push_p99_ms'], gcp['push_p99_ms'])}, cpu/change/stream "
+                  f"{_ratio(wp['cpu_us_per_change_per_stream'], gcp['cpu_us_per_change_per_stream'])}, rss/stream "
+                  f"{_ratio(wp['rss_kib_per_stream'], gcp['rss_kib_per_stream'])} (/ go-control-plane)")
     out = Path(args.out)
     out.parent.mkdir(parents=True, exist_ok=True)
     out.write_text(json.dumps({"cases": results, "argv": sys.argv[1:], "cpus": os.cpu_count()}, indent=2))
