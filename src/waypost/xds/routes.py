@@ -30,10 +30,13 @@ from typing import Any
 
 import grpc
 from envoy.config.route.v3 import route_components_pb2 as rc_pb2
+from envoy.type.matcher.v3 import string_pb2
 from google.protobuf import wrappers_pb2
 
 from .errors import XdsConfigError
+from .faults import FAULT_FILTER, http_fault
 from .policy import hash_policies
+from .traffic import Route, Split, destination
 
 log = logging.getLogger("waypost.xds")
 _CODES = {grpc.StatusCode.CANCELLED: "cancelled", grpc.StatusCode.DEADLINE_EXCEEDED: "deadline-exceeded",
@@ -76,8 +79,16 @@ def parse_service_config(value: Any, where: str) -> Any:
     return cfg
 
 
-def _action(export: Any, retry: rc_pb2.RetryPolicy | None) -> rc_pb2.RouteAction:
-    action = rc_pb2.RouteAction(cluster=export.name, hash_policy=hash_policies(export))
+def _action(export: Any, retry: rc_pb2.RetryPolicy | None, to: Split | None = None,
+            empty: frozenset[str] = frozenset()) -> rc_pb2.RouteAction:
+    action = rc_pb2.RouteAction(hash_policy=hash_policies(export))
+    pairs = destination(export, to, empty)
+    if len(pairs) == 1:
+        action.cluster = pairs[0][0]
+    else:  # gRFC A28: gRPC picks a cluster per call in proportion to the weights
+        action.weighted_clusters.clusters.extend(
+            rc_pb2.WeightedCluster.ClusterWeight(name=name, weight=wrappers_pb2.UInt32Value(value=weight))
+            for name, weight in pairs)
     if retry is not None:
         action.retry_policy.CopyFrom(retry)
     return action
@@ -100,23 +111,47 @@ def _export_retry(export: Any) -> rc_pb2.RetryPolicy | None:
                               num_retries=wrappers_pb2.UInt32Value(value=export.retries))
 
 
-def routes(export: Any) -> list[rc_pb2.Route]:
-    """The export's routes (module docstring): per-method, per-service, then the catch-all."""
+def routes(export: Any, empty: frozenset[str] = frozenset()) -> list[rc_pb2.Route]:
+    """The export's routes (module docstring): its own ``routes``, then per method and per service of its
+    service_config, then the catch-all; ``empty``: the subsets that have no endpoint now (``traffic.py``)."""
     cfg = export.service_config
     out: list[rc_pb2.Route] = []
     default_retry = _export_retry(export)
+    if cfg is not None:
+        mc = cfg.method_config("/")
+        default_retry = _retry(mc.retry_policy) if mc is not None else None
+    out += [_traffic_route(export, r, default_retry, empty) for r in export.routes]
     if cfg is not None:
         methods = sorted({(s, m) for s, m, _ in cfg.names if s and m})
         services = sorted({s for s, m, _ in cfg.names if s and not m})
         for service, method in methods:
             mc = cfg.method_config(f"/{service}/{method}")
             out.append(rc_pb2.Route(match=rc_pb2.RouteMatch(path=f"/{service}/{method}"),
-                                    route=_action(export, _retry(mc.retry_policy))))
+                                    route=_action(export, _retry(mc.retry_policy), empty=empty)))
         for service in services:
             mc = cfg.method_config(f"/{service}/")
             out.append(rc_pb2.Route(match=rc_pb2.RouteMatch(prefix=f"/{service}/"),
-                                    route=_action(export, _retry(mc.retry_policy))))
-        mc = cfg.method_config("/")
-        default_retry = _retry(mc.retry_policy) if mc is not None else None
-    out.append(rc_pb2.Route(match=rc_pb2.RouteMatch(prefix=""), route=_action(export, default_retry)))
+                                    route=_action(export, _retry(mc.retry_policy), empty=empty)))
+    out.append(rc_pb2.Route(match=rc_pb2.RouteMatch(prefix=""), route=_action(export, default_retry, empty=empty)))
     return out
+
+
+def _traffic_route(export: Any, r: Route, retry: rc_pb2.RetryPolicy | None, empty: frozenset[str]) -> rc_pb2.Route:
+    """One entry of the export's ``routes``, with the export's default retry policy."""
+    if r.method:
+        match = rc_pb2.RouteMatch(path=f"/{r.service}/{r.method}")
+    else:
+        match = rc_pb2.RouteMatch(prefix=f"/{r.service}/" if r.service else "")
+    for h in r.headers:
+        if h.kind == "present":
+            match.headers.append(rc_pb2.HeaderMatcher(name=h.name, present_match=True))
+        else:
+            string = string_pb2.StringMatcher(**{h.kind: h.value})
+            match.headers.append(rc_pb2.HeaderMatcher(name=h.name, string_match=string))
+    action = _action(export, retry, r.to, empty)
+    if r.timeout is not None:
+        action.max_stream_duration.max_stream_duration.FromNanoseconds(round(r.timeout * 1e9))
+    route = rc_pb2.Route(match=match, route=action)
+    if r.fault is not None:
+        route.typed_per_filter_config[FAULT_FILTER].Pack(http_fault(r.fault), deterministic=True)
+    return route
