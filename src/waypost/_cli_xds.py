@@ -61,6 +61,34 @@ def _exports(c: Any, specs: tuple[str, ...], config: Path | None, prefixes: tupl
     return exports, found
 
 
+def _reload_on_change(config: Path, load: Callable[[], Any], control: Any, prefixes: list[Any]) -> Callable[[], None]:
+    """Start a ConfigReloader of ``config`` applying its exports to ``control`` (SIGHUP asks for a reload; prefixes
+    are read at start only); returns what stops it."""
+    import signal
+    import threading
+
+    from .xds.reload import ConfigReloader
+
+    def apply(loaded: Any) -> None:
+        exports, found = loaded
+        if list(found) != list(prefixes):
+            log.warning("xds: config %s: prefixes are read at start only; restart to apply their change", config)
+        control.replace_exports(exports)
+
+    reloader = ConfigReloader(config, load, apply)
+    reloader.start()
+    previous = None
+    if threading.current_thread() is threading.main_thread():  # signal handlers exist there only
+        previous = signal.signal(signal.SIGHUP, lambda _signum, _frame: reloader.request())
+
+    def stop() -> None:
+        reloader.stop()
+        if previous is not None:
+            signal.signal(signal.SIGHUP, previous)
+
+    return stop
+
+
 def xds_commands(global_options: Callable[[Any], Any], pass_ctx: Callable[[Any], Any]) -> click.Group:
     """The ``xds`` command group, with the caller's global options on each command."""
 
@@ -74,7 +102,8 @@ def xds_commands(global_options: Callable[[Any], Any], pass_ctx: Callable[[Any],
                   help="Where the ADS server listens (:PORT or PORT: every interface; port 0: any free port).")
     @click.option("--export", "specs", multiple=True, metavar="'NAME=TARGET [OPT=V ...]'",
                   help="Serve NAME from a dial target, or from a KEY in --registry (repeatable). "
-                       "Options: policy, hash_header, prefer, retries, retry_on, service_config, serve_empty.")
+                       "Options: policy, hash_header, prefer, retries, retry_on, service_config, serve_empty, "
+                       "subset_key, subsets, split, max_requests.")
     @click.option("--prefix", "prefixes", multiple=True, metavar="'PREFIX [OPT=V ...]'",
                   help="Serve every service key under PREFIX in --registry (found as they appear; repeatable).")
     @click.option("--config", type=click.Path(dir_okay=False, path_type=Path), default=None,
@@ -123,6 +152,7 @@ def xds_commands(global_options: Callable[[Any], Any], pass_ctx: Callable[[Any],
                                            f"{bind_problem(f'127.0.0.1:{metrics_port}') or e.strerror or e}") from None
         with stop_on_signals() as stop:
             control = ControlPlane(exports, prefixes_found)
+            stop_reload = None
             try:
                 try:
                     port = control.start(address, creds)
@@ -134,9 +164,14 @@ def xds_commands(global_options: Callable[[Any], Any], pass_ctx: Callable[[Any],
                 names = ", ".join(e.name for e in exports) or "none yet"
                 c.err.print(f"exports: {names}" + (f"; prefixes: {', '.join(p.prefix for p in prefixes_found)}"
                                                    if prefixes_found else ""), markup=False)
+                if config is not None:  # SIGHUP or a change of the file: its exports applied, no restart
+                    stop_reload = _reload_on_change(config, lambda: _exports(c, specs, config, prefixes), control,
+                                                 prefixes_found)
                 while not stop.wait(0.5):
                     pass
             finally:
+                if stop_reload is not None:
+                    stop_reload()
                 control.stop(grace=1.0)
         exit_if_interrupted(stop)
 

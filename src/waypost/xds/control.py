@@ -348,8 +348,9 @@ class ControlPlane:
         self._empty[name] = empty
         self._static[name][ROUTE] = Resource.of(name, route_config(export, empty))
         if empty - before:
-            log.warning("xds: %s: subset(s) %s have no endpoint: left out of the splits (their share goes to the "
-                        "other subsets) until they have one", name, describe(sorted(empty - before)))
+            log.warning("xds: %s: subset(s) %s have no endpoint: left out of the splits until they have one (their "
+                        "share goes to the split's other subsets, or to the whole cluster %s when none is left)",
+                        name, describe(sorted(empty - before)), name)
         if before - empty:
             log.warning("xds: %s: subset(s) %s have endpoints again: back in the splits", name,
                         describe(sorted(before - empty)))

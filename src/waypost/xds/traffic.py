@@ -156,7 +156,8 @@ def parse_subsets(value: Any, where: str) -> tuple[Subset, ...]:
         return tuple(out)
     if not isinstance(value, (list, tuple)) or not value:
         raise _fail(where, "expected a list of values of subset_key, or a table of NAME = {KEY = VALUE}")
-    return tuple(Subset(_token(v, where, "a subset value")) for v in dict.fromkeys(value))
+    names = [_token(v, where, "a subset value") for v in value]
+    return tuple(Subset(v) for v in dict.fromkeys(names))
 
 
 def _scalar(value: Any, where: str) -> str:
