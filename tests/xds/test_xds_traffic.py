@@ -1,0 +1,188 @@
+"""Traffic policy through ``waypost xds serve --config FILE`` over a real etcd, seen by the stock grpc-go and grpc-java
+xDS clients: a 95/5 canary split by ``version``, a header route to the canary, a subset with no instance losing no
+call, a split changed in the file reaching running clients with no restart, faults (gRFC A33) as configured, and the
+subset cluster names (``NAME/version=v2``) taken by both. grpcio: tests/xds/test_xds_traffic_grpcio.py."""
+
+from __future__ import annotations
+
+import json
+import os
+import time
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from tests.xds.go_peers import go_programs, go_timeout_mark
+from tests.xds.java_peers import java_classpath, java_timeout_mark
+from tests.xds.peer_procs import fixture_xds_procs  # noqa: F401 (the xds_procs fixture)
+from tests.xds.xds_peers import run_xds_client, serve_echo, start_xds_client, xds_control_plane
+from tests.xds.xds_scenarios import PROPAGATION_BOUND, watch
+
+pytestmark = pytest.mark.usefixtures("xds_procs")
+
+#: the instances of each export: name -> metadata (a canary v2 beside two v1)
+INSTANCES = {"s1": {"version": "v1"}, "s2": {"version": "v1"}, "c1": {"version": "v2"}}
+
+
+def toml_config(exports: dict[str, dict[str, Any]]) -> str:
+    """A config file's text: each export's options as TOML (inline tables; routes as an array of tables)."""
+    lines = []
+    for name, body in exports.items():
+        lines.append(f"[exports.{json.dumps(name)}]")
+        for k, v in body.items():
+            if k != "routes":
+                lines.append(f"{k} = {_toml(v)}")
+        for r in body.get("routes", []):
+            lines.append(f"[[exports.{json.dumps(name)}.routes]]")
+            lines += [f"{k} = {_toml(v)}" for k, v in r.items()]
+    return "\n".join(lines) + "\n"
+
+
+def _toml(v: Any) -> str:
+    if isinstance(v, dict):
+        return "{ " + ", ".join(f"{json.dumps(k)} = {_toml(x)}" for k, x in v.items()) + " }"
+    if isinstance(v, bool):
+        return "true" if v else "false"
+    return json.dumps(v)
+
+
+class TrafficSetup:
+    """One ``waypost xds serve --config FILE`` with the exports below, each over its own etcd key with INSTANCES
+    registered (but ``lonely``: v1 only)."""
+
+    def __init__(self, etcd: Any, tmp: Path) -> None:
+        self.registry = etcd.url()
+        prefix = f"xdst{os.getpid()}-{time.monotonic_ns() % 10**9}"
+        names = ("canary", "moving", "lonely", "faulty")
+        self.keys = {n: f"{prefix}-{n}.rpc" for n in names}
+        target = {n: f"etcd:///{etcd.endpoint}?key={self.keys[n]}" for n in names}
+        canary_route = {"headers": {"x-canary": "1"}, "subset": "v2"}
+        self.exports: dict[str, dict[str, Any]] = {
+            "canary": {"target": target["canary"], "subset_key": "version", "split": {"v1": 95, "v2": 5},
+                       "routes": [canary_route]},
+            "moving": {"target": target["moving"], "subset_key": "version", "split": {"v1": 95, "v2": 5}},
+            "lonely": {"target": target["lonely"], "subset_key": "version", "split": {"v1": 95, "v2": 5},
+                       "routes": [canary_route]},
+            "faulty": {"target": target["faulty"], "fault": {"abort": "unavailable", "abort_percent": 25},
+                       "routes": [{"headers": {"x-slow": {"present": True}},
+                                   "fault": {"delay": "0.25s", "delay_percent": 100}}]},
+        }
+        self.path = tmp / "xds.toml"
+        self.path.write_text(toml_config(self.exports))
+        self.handles = []
+        try:
+            for n in names:
+                for inst, meta in INSTANCES.items():
+                    if n == "lonely" and meta["version"] == "v2":
+                        continue
+                    self.handles.append(serve_echo(f"{n}-{inst}", self.keys[n], self.registry, metadata=meta))
+            self.addr, self.bootstrap, self.proc = xds_control_plane({}, extra_args=["--config", str(self.path)])
+        except BaseException:
+            self.close()
+            raise
+
+    def rewrite(self, name: str, **changes: Any) -> None:
+        """Change one export's options in the file (atomically: written beside it, then renamed over it)."""
+        self.exports[name] = {**self.exports[name], **changes}
+        tmp = self.path.with_suffix(".new")
+        tmp.write_text(toml_config(self.exports))
+        tmp.replace(self.path)
+
+    def close(self) -> None:
+        if getattr(self, "proc", None) is not None:
+            self.proc.stop()
+        for h in self.handles:
+            h.stop(0)
+
+
+@pytest.fixture(scope="module", name="setup")
+def fixture_setup(shared_etcd, tmp_path_factory) -> Iterator[TrafficSetup]:
+    s = TrafficSetup(shared_etcd, tmp_path_factory.mktemp("traffic"))
+    try:
+        yield s
+    finally:
+        s.close()
+
+
+@pytest.fixture(params=[pytest.param("go", marks=go_timeout_mark()), pytest.param("java", marks=java_timeout_mark())])
+def lang(request) -> str:
+    (go_programs if request.param == "go" else java_classpath)()  # build (or skip) first
+    return str(request.param)
+
+
+def _by_version(counts: dict[str, int], export: str) -> dict[str, int]:
+    out = {"v1": 0, "v2": 0}
+    for server, n in counts.items():
+        out[INSTANCES[server.removeprefix(f"{export}-")]["version"]] += n
+    return out
+
+
+def test_canary_split_95_5_by_version(lang: str, setup: TrafficSetup) -> None:
+    """4,000 calls split 95/5 between the v1 and v2 subsets (clusters canary/version=v1 and canary/version=v2),
+    within 2 points; both v1 instances share theirs; no call fails."""
+    result = run_xds_client(lang, "xds:///canary", setup.bootstrap, 4000, wait_for_ready=True, deadline=30.0,
+                            timeout=240)
+    assert result["errors"] == 0 and result["calls"] == 4000, result
+    split = _by_version(result["counts"], "canary")
+    share = 100 * split["v2"] / 4000
+    print(f"\n{lang} canary 95/5: {result['counts']} -> v2 {share:.2f} % of 4000 calls")
+    assert 3.0 <= share <= 7.0, result["counts"]
+    assert min(result["counts"].get(f"canary-{s}", 0) for s in ("s1", "s2")) > 1000, result["counts"]
+
+
+def test_header_route_sends_every_call_to_the_canary(lang: str, setup: TrafficSetup) -> None:
+    result = run_xds_client(lang, "xds:///canary", setup.bootstrap, 200, headers={"x-canary": "1"},
+                            wait_for_ready=True, deadline=30.0, timeout=120)
+    print(f"\n{lang} x-canary: 1 -> {result['counts']}")
+    assert result["errors"] == 0 and result["counts"] == {"canary-c1": 200}, result
+
+
+def test_a_canary_with_no_instance_loses_no_call(lang: str, setup: TrafficSetup) -> None:
+    """lonely's v2 subset has no instance: it is left out of the split (else gRPC would fail ~5 % of the calls)
+    and its header route sends to the whole cluster."""
+    plain = run_xds_client(lang, "xds:///lonely", setup.bootstrap, 400, wait_for_ready=True, deadline=30.0,
+                           timeout=120)
+    header = run_xds_client(lang, "xds:///lonely", setup.bootstrap, 50, headers={"x-canary": "1"},
+                            wait_for_ready=True, deadline=30.0, timeout=120)
+    print(f"\n{lang} empty canary: {plain['counts']}; with the header: {header['counts']}")
+    for r in (plain, header):
+        assert r["errors"] == 0 and set(r["counts"]) == {"lonely-s1", "lonely-s2"}, r
+
+
+def test_split_changed_in_the_file_moves_running_clients(lang: str, setup: TrafficSetup) -> None:
+    """95/5 -> 50/50 in the file, no restart: a running client's batches follow within PROPAGATION_BOUND (the
+    file is polled every second); no call fails. Then back to 95/5."""
+    run = start_xds_client(lang, "xds:///moving", setup.bootstrap, 200_000, batch=200, interval=0.001,
+                           deadline=10.0, max_time=120.0)
+    try:
+        watch(run, lambda c: sum(c.values()) == 200 and _by_version(c, "moving")["v2"] <= 25, 60.0, "a 95/5 batch")
+        t0 = time.monotonic()
+        setup.rewrite("moving", split={"v1": 50, "v2": 50})
+        line = watch(run, lambda c: 70 <= _by_version(c, "moving")["v2"] <= 130, PROPAGATION_BOUND, "a 50/50 batch")
+        took = line["_at"] - t0
+        setup.rewrite("moving", split={"v1": 95, "v2": 5})
+        watch(run, lambda c: _by_version(c, "moving")["v2"] <= 25, PROPAGATION_BOUND, "95/5 again")
+        final = run.finish(30.0, interrupt=True)
+    finally:
+        run.stop()
+        setup.rewrite("moving", split={"v1": 95, "v2": 5})
+    print(f"\n{lang}: split 95/5 -> 50/50 in the file reached the client's picks in {took * 1000:.0f} ms; "
+          f"{final['calls']} calls, {final['errors']} failed")
+    assert final["errors"] == 0, final
+
+
+def test_faults_as_configured(lang: str, setup: TrafficSetup) -> None:
+    """The export's fault aborts 25 % of the calls with UNAVAILABLE; the x-slow route's own fault (which replaces
+    it there) delays every call by 0.25 s and aborts none."""
+    result = run_xds_client(lang, "xds:///faulty", setup.bootstrap, 800, wait_for_ready=True, deadline=30.0,
+                            timeout=180)
+    codes = {str(k).upper(): v for k, v in (result.get("codes") or {}).items()}
+    share = 100 * result["errors"] / 800
+    print(f"\n{lang} fault abort 25 %: {share:.1f} % failed ({codes}): {result.get('first_error', '')[:120]}")
+    assert set(codes) == {"UNAVAILABLE"} and 18 <= share <= 32, result
+    slow = run_xds_client(lang, "xds:///faulty", setup.bootstrap, 9, headers={"x-slow": "1"}, wait_for_ready=True,
+                          deadline=30.0, timeout=120)
+    print(f"{lang} fault delay 0.25 s x 9 calls (x-slow): {slow['seconds']:.2f} s, {slow['errors']} failed")
+    assert slow["errors"] == 0 and slow["seconds"] >= 2.0, slow  # 8 calls after the first at least 0.25 s each
