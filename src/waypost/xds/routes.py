@@ -17,10 +17,14 @@ maxAttempts - 1, ``retry_on`` = retryableStatusCodes (gRPC honours cancelled, de
 resource-exhausted and unavailable: other codes are refused at start), ``retry_back_off`` = initialBackoff /
 maxBackoff. xDS has no backoff multiplier: gRPC uses 2.
 
-**Timeouts are not sent.** A route's ``max_stream_duration`` (gRFC A31) is where xDS carries them, but grpcio 1.85
-applies it wrongly: with 1 s on the route every call failed at once with DEADLINE_EXCEEDED, with 1.5 s or 2 s calls
-failed after a fraction of a second, and only values of several seconds behaved. A methodConfig ``timeout`` is
-therefore left out (a warning says so); set deadlines in the clients.
+**A methodConfig timeout is not sent.** A route's ``max_stream_duration`` (gRFC A31) is where xDS carries it, but
+grpcio 1.85 ends calls about 1.06 s before it (with 1 s every call fails at once with DEADLINE_EXCEEDED, with 2 s
+calls end at 0.94 s), while grpc-go and grpc-java honour it: a methodConfig ``timeout`` is therefore left out (a
+warning says so). An export's ``routes`` may set one explicitly (``timeout``, ``traffic.py``), knowing this.
+
+The export's own ``routes`` (``traffic.py``: header and method matches, subsets and splits, timeouts, faults) come
+first, in their order, each with the export's default retry policy; the service_config routes and the catch-all go
+where the export's ``split`` sends (its whole cluster without one).
 """
 
 from __future__ import annotations
@@ -66,8 +70,9 @@ def parse_service_config(value: Any, where: str) -> Any:
     except ValueError as e:
         raise XdsConfigError(f"{where}: {e}") from None
     if any(mc.timeout is not None for mc in cfg.method_configs):
-        log.warning("xds %s: the service config's timeouts are not sent over xDS (grpcio misapplies a route's "
-                    "max_stream_duration); set deadlines in the clients", where)
+        log.warning("xds %s: the service config's timeouts are not sent over xDS (grpcio ends calls about 1 s "
+                    "before a route's max_stream_duration); set deadlines in the clients, or a route's timeout "
+                    "(the export's routes option)", where)
     for service, method, path in cfg.names:
         mc = cfg.method_config(f"/{service}/{method}")
         rp = mc.retry_policy if mc is not None else None
