@@ -8,6 +8,8 @@ from __future__ import annotations
 
 import json
 import os
+import subprocess
+import sys
 import time
 from collections.abc import Iterator
 from pathlib import Path
@@ -17,8 +19,9 @@ import pytest
 
 from harness.backends.server import EchoServer
 from tests.xds.go_peers import go_programs, go_timeout_mark
-from tests.xds.java_peers import java_classpath, java_timeout_mark
-from tests.xds.peer_procs import fixture_xds_procs  # noqa: F401 (the xds_procs fixture)
+from tests.xds.java_peers import JAVA_MAIN, java_binary, java_classpath, java_timeout_mark
+from tests.xds.orca_peers import ClientRun, client_args
+from tests.xds.peer_procs import ROOT, fixture_xds_procs  # noqa: F401 (the xds_procs fixture)
 from tests.xds.test_xds_support import stock_client
 from tests.xds.xds_peers import run_xds_client, serve_echo, start_xds_client, xds_control_plane
 from tests.xds.xds_scenarios import PROPAGATION_BOUND, watch
@@ -59,7 +62,7 @@ class TrafficSetup:
     def __init__(self, etcd: Any, tmp: Path) -> None:
         self.registry = etcd.url()
         prefix = f"xdst{os.getpid()}-{time.monotonic_ns() % 10**9}"
-        names = ("canary", "moving", "lonely", "faulty", "quick", "slow")
+        names = ("canary", "moving", "lonely", "faulty", "quick", "slow", "breaker")
         self.keys = {n: f"{prefix}-{n}.rpc" for n in names}
         target = {n: f"etcd:///{etcd.endpoint}?key={self.keys[n]}" for n in names}
         canary_route = {"headers": {"x-canary": "1"}, "subset": "v2"}
@@ -76,12 +79,14 @@ class TrafficSetup:
         # quick answers in 0.3 s, slow in 2 s (the servers' own delay): both under a 1 s route timeout
         for n in ("quick", "slow"):
             self.exports[n] = {"target": target[n], "routes": [{"service": "waypost.test.Echo", "timeout": "1s"}]}
+        # circuit breaking (gRFC A32): at most 2 calls in flight to a server answering in 0.5 s
+        self.exports["breaker"] = {"target": target["breaker"], "max_requests": 2}
         self.path = tmp / "xds.toml"
         self.path.write_text(toml_config(self.exports))
         self.handles: list[Any] = []
         self.delayed: list[tuple[EchoServer, Publisher]] = []
         try:
-            for n, delay in (("quick", 300), ("slow", 2000)):
+            for n, delay in (("quick", 300), ("slow", 2000), ("breaker", 500)):
                 server = EchoServer(f"{n}-1", delay_ms=delay).start()
                 pub = Publisher(self.registry, self.keys[n], server.address, ttl=10)
                 pub.start()
@@ -259,3 +264,76 @@ def test_grpcio_route_timeout_ends_calls_about_a_second_early(setup: TrafficSetu
     took = time.monotonic() - started
     print(f"\ngrpcio route timeout 1 s, server answering in 0.3 s: {quick} in {took:.2f} s for 5")
     assert quick == {"servers": {}, "errors": ["!DEADLINE_EXCEEDED"] * 5} and took < 5 * 0.3, (quick, took)
+
+
+def _parallel_client(lang: str, target: str, bootstrap: str, calls: int, parallel: int,
+                     interval: float) -> dict[str, Any]:
+    """The stock client's ``-parallel N`` (its calls N at a time, started ``interval`` apart) run to the end;
+    returns its final line."""
+    args = [*client_args(calls, 0, interval, 10.0, None, 0, True, 120.0), "-parallel", str(parallel)]
+    env = {"GRPC_XDS_BOOTSTRAP_CONFIG": bootstrap}
+    if lang == "go":
+        argv = [str(go_programs()["xds-client"]), "-target", target, *args]
+    else:
+        argv = [str(java_binary()), "-XX:+UseSerialGC", "-XX:TieredStopAtLevel=1", "-cp", java_classpath(), JAVA_MAIN,
+                "-target", target, *args]
+    run = ClientRun(argv, f"xds-client-{lang}-parallel", env=env)
+    run.batches = []
+    try:
+        return run.finish(150.0)
+    finally:
+        run.stop()
+
+
+def test_circuit_breaking_fails_calls_beyond_max_requests(lang: str, setup: TrafficSetup) -> None:
+    """max_requests = 2 (gRFC A32) and waves of 6 calls (started 20 ms apart) to a server answering in 0.5 s:
+    grpc-go fails 4 of each wave at once with UNAVAILABLE. grpc-java 1.85 counts calls in flight only when the
+    Cluster has a load-reporting server (its counting stream tracer comes with the LRS locality stats, which
+    waypost does not serve), so it never trips: every call succeeds (docs/xds.md). Without max_requests every call
+    succeeds."""
+    result = _parallel_client(lang, "xds:///breaker", setup.bootstrap, 30, 6, 0.02)
+    codes = {str(k).upper(): v for k, v in (result.get("codes") or {}).items()}
+    ok = sum(result["counts"].values())
+    print(f"\n{lang} max_requests 2, 5 waves of 6 calls: {ok} succeeded, {codes} in {result['seconds']:.2f} s: "
+          f"{result.get('first_error', '')[:100]}")
+    if lang == "java":  # if this fails, grpc-java enforces max_requests now: update docs/xds.md
+        assert result["errors"] == 0 and ok == 30, result
+    else:
+        assert set(codes) == {"UNAVAILABLE"} and 8 <= ok <= 12, result
+    free = _parallel_client(lang, "xds:///quick", setup.bootstrap, 30, 6, 0.02)
+    assert free["errors"] == 0 and free["counts"] == {"quick-1": 30}, free
+
+
+_GRPCIO_WAVES = r"""
+import json, sys
+from concurrent import futures
+import grpc
+from harness.backends import echo_pb2, echo_pb2_grpc
+
+target, waves, width = sys.argv[1], int(sys.argv[2]), int(sys.argv[3])
+stub = echo_pb2_grpc.EchoStub(grpc.insecure_channel(target))
+def one(_):
+    try:
+        return stub.Unary(echo_pb2.EchoRequest(message="x"), timeout=10, wait_for_ready=True).server
+    except grpc.RpcError as e:
+        return "!" + e.code().name
+out = {}
+with futures.ThreadPoolExecutor(width) as pool:
+    for _ in range(waves):
+        for r in pool.map(one, range(width)):
+            out[r] = out.get(r, 0) + 1
+print(json.dumps(out))
+"""
+
+
+def test_grpcio_circuit_breaking(setup: TrafficSetup, tmp_path: Path) -> None:
+    script = tmp_path / "waves.py"
+    script.write_text(_GRPCIO_WAVES)
+    env = {**os.environ, "GRPC_XDS_BOOTSTRAP_CONFIG": setup.bootstrap,
+           "PYTHONPATH": os.pathsep.join([str(ROOT), str(ROOT / "src")])}
+    env.pop("GRPC_XDS_BOOTSTRAP", None)
+    out = subprocess.run([sys.executable, str(script), "xds:///breaker", "5", "6"], capture_output=True, text=True,
+                         env=env, cwd=ROOT, timeout=120, check=True)
+    got = json.loads(out.stdout.strip().splitlines()[-1])
+    print(f"\ngrpcio max_requests 2, 5 waves of 6 calls: {got}")
+    assert set(got) == {"breaker-1", "!UNAVAILABLE"} and 8 <= got["breaker-1"] <= 12, got
