@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import json
 import os
+import signal
 import subprocess
 import sys
 import time
@@ -18,6 +19,7 @@ from typing import Any
 import pytest
 
 from harness.backends.server import EchoServer
+from harness.waiting import wait_until
 from tests.xds.go_peers import go_programs, go_timeout_mark
 from tests.xds.java_peers import JAVA_MAIN, java_binary, java_classpath, java_timeout_mark
 from tests.xds.orca_peers import ClientRun, client_args
@@ -337,3 +339,25 @@ def test_grpcio_circuit_breaking(setup: TrafficSetup, tmp_path: Path) -> None:
     got = json.loads(out.stdout.strip().splitlines()[-1])
     print(f"\ngrpcio max_requests 2, 5 waves of 6 calls: {got}")
     assert set(got) == {"breaker-1", "!UNAVAILABLE"} and 8 <= got["breaker-1"] <= 12, got
+
+
+def test_bad_file_keeps_the_last_good_config_and_sighup_reloads(setup: TrafficSetup, grpcio: Any) -> None:
+    """A file that does not load is logged in one line naming the export and field, and the last good config stays
+    served; SIGHUP reads the file again even unchanged."""
+    def logged(text: str, what: str) -> str:
+        return wait_until(lambda: text in setup.proc.stderr_tail(20000) and setup.proc.stderr_tail(20000), 15.0, what)
+
+    setup.rewrite("moving", split={"v1": 0, "v2": 0})
+    try:
+        log = logged("not reloaded", "the bad file's log line")
+        line = next(t for t in log.splitlines() if "not reloaded" in t)
+        print(f"\nbad file: {line.strip()[-160:]}")
+        assert "export 'moving': split: every weight is 0" in line, line
+        got = grpcio.calls("moving", 200, timeout=30)
+        assert not got["errors"] and 2 <= _by_version(got["servers"], "moving")["v2"] <= 25, got  # still 95/5
+    finally:
+        setup.rewrite("moving", split={"v1": 95, "v2": 5})
+    logged("reloaded (the file changed)", "the good file's reload")
+    setup.proc.proc.send_signal(signal.SIGHUP)
+    logged("reloaded (SIGHUP)", "the SIGHUP reload")
+    assert setup.proc.proc.poll() is None

@@ -75,12 +75,12 @@ class ConfigReloader:
         try:
             loaded = self.load()
         except Exception as e:  # noqa: BLE001 -- any failure to load keeps the last good config
-            log.error("xds: config %s not reloaded (%s), the last good one stays: %s", self.path, why, e)
+            log.error("xds: config not reloaded (%s): %s; the last good one stays", why, e)  # e names the file
             return False
         try:
             self.apply(loaded)
         except Exception as e:  # noqa: BLE001 -- e.g. an export given twice across --export and the file
-            log.error("xds: config %s not applied (%s), the last good one stays: %s", self.path, why, e)
+            log.error("xds: config %s not reloaded (%s): %s; the last good one stays", self.path, why, e)
             return False
         self.reloads += 1
         log.warning("xds: config %s reloaded (%s)", self.path, why)
