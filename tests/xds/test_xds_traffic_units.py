@@ -349,3 +349,18 @@ def test_reloader_applies_changes_and_keeps_the_last_good_config(tmp_path: Path,
     r.request()  # SIGHUP: read even though it did not change
     path.write_text('[exports.g]\ntarget = "direct:///127.0.0.1:4"\n')
     assert r.check() and applied[-1].exports[0].target == "direct:///127.0.0.1:4"
+
+
+def test_the_canary_example_and_the_docs_example_load() -> None:
+    from waypost.xds import load_config
+
+    root = Path(__file__).resolve().parents[2]
+    cfg = load_config(root / "examples" / "xds" / "canary.toml")
+    greeter, search = cfg.exports
+    assert greeter.split is not None and greeter.split.weights == (("v1", 95), ("v2", 5))
+    assert [r.to.weights if r.to else None for r in greeter.routes] == [(("v2", 1),), None, None]
+    assert sorted(subset_clusters(search)) == ["search/version=v7", "search/version=v8,zone=eu-west-1a"]
+    doc = (root / "docs" / "xds.md").read_text()
+    section = doc[doc.index("## Traffic policy"):]
+    example = section[section.index("```toml\n") + 8:]
+    assert example[:example.index("```")] in (root / "examples" / "xds" / "canary.toml").read_text()

@@ -7,8 +7,12 @@ For the service NAME (what a client dials as ``xds:///NAME``):
 - **RouteConfiguration NAME**: one virtual host, domains ``["*"]``, routes to cluster NAME: one per method and
   service of the export's ``service_config``, then the catch-all (prefix ``""``), with retries (retry_policy) and
   the ``hash_header`` (hash_policy): ``routes.py``;
-- **Cluster NAME**: type EDS over ADS, ``load_balancing_policy`` and ``outlier_detection`` (``policy.py``);
-- **ClusterLoadAssignment NAME**: the endpoints, mapped as below.
+- **Cluster NAME**: type EDS over ADS, ``load_balancing_policy`` and ``outlier_detection`` (``policy.py``), and
+  ``circuit_breakers`` with the export's ``max_requests``;
+- **ClusterLoadAssignment NAME**: the endpoints, mapped as below;
+- with a traffic policy (``traffic.py``): a Cluster and a ClusterLoadAssignment per subset (``NAME/KEY=VALUE``, its
+  instances only), routes to them (``weighted_clusters`` for a split), and the fault filter (``faults.py``) before
+  the router in the Listener when the export or one of its routes injects faults.
 
 Endpoint mapping:
 
