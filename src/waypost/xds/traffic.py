@@ -219,24 +219,32 @@ def _status(value: Any, where: str) -> int:
                        f"got {str(value)[:40]!r}")
 
 
+def _table(value: Any, where: str, keys: tuple[str, ...], expected: str) -> Mapping[str, Any]:
+    """``value`` as a table whose keys are all among ``keys``."""
+    if not isinstance(value, Mapping):
+        raise _fail(where, f"expected a table ({expected})")
+    unknown = sorted(str(k) for k in set(value) - set(keys))
+    if unknown:
+        raise _fail(where, f"unknown key {unknown[0][:40]!r}; known: {', '.join(keys)}")
+    return value
+
+
+def _duration(value: Any, where: str) -> float:
+    try:
+        return parse_positive_duration(value)
+    except DurationError as e:
+        raise _fail(where, str(e)) from None
+
+
 def parse_fault(value: Any, where: str) -> Fault:
     """``{delay = "2s", delay_percent = 50, abort = "unavailable", abort_percent = 10}``."""
-    if not isinstance(value, Mapping):
-        raise _fail(where, "expected a table with delay and/or abort (and their _percent)")
-    unknown = sorted(str(k) for k in set(value) - set(_FAULT_KEYS))
-    if unknown:
-        raise _fail(where, f"unknown key {unknown[0][:40]!r}; known: {', '.join(_FAULT_KEYS)}")
+    value = _table(value, where, _FAULT_KEYS, "delay and/or abort, and their _percent")
     if "delay" not in value and "abort" not in value:
         raise _fail(where, "give delay and/or abort")
     for kind in ("delay", "abort"):
         if f"{kind}_percent" in value and kind not in value:
             raise _fail(where, f"{kind}_percent without {kind}")
-    delay = None
-    if "delay" in value:
-        try:
-            delay = parse_positive_duration(value["delay"])
-        except DurationError as e:
-            raise _fail(f"{where}: delay", str(e)) from None
+    delay = _duration(value["delay"], f"{where}: delay") if "delay" in value else None
     return Fault(delay=delay, delay_percent=_percent(value.get("delay_percent", 100), f"{where}: delay_percent"),
                  abort=_status(value["abort"], f"{where}: abort") if "abort" in value else None,
                  abort_percent=_percent(value.get("abort_percent", 100), f"{where}: abort_percent"))
@@ -269,11 +277,7 @@ def _headers(value: Any, where: str) -> tuple[HeaderMatch, ...]:
 
 
 def _route(value: Any, where: str) -> Route:
-    if not isinstance(value, Mapping):
-        raise _fail(where, "expected a table (service, method, headers, subset, split, timeout, fault)")
-    unknown = sorted(str(k) for k in set(value) - set(_ROUTE_KEYS))
-    if unknown:
-        raise _fail(where, f"unknown key {unknown[0][:40]!r}; known: {', '.join(_ROUTE_KEYS)}")
+    value = _table(value, where, _ROUTE_KEYS, ", ".join(_ROUTE_KEYS))
     service, method = value.get("service", ""), value.get("method", "")
     if service and (not isinstance(service, str) or not _SERVICE_RE.fullmatch(service)):
         raise _fail(f"{where}: service", f"expected a full service name (pkg.Service), got {str(service)[:80]!r}")
@@ -292,16 +296,11 @@ def _route(value: Any, where: str) -> Route:
         to = Split(((_token(value["subset"], f"{where}: subset", "a subset name"), 1),))
     elif "split" in value:
         to = parse_split(value["split"], f"{where}: split")
-    timeout = None
-    if "timeout" in value:
-        try:
-            timeout = parse_positive_duration(value["timeout"])
-        except DurationError as e:
-            raise _fail(f"{where}: timeout", str(e)) from None
-        if timeout <= GRPCIO_TIMEOUT_EARLY:
-            log.warning("xds %s: timeout %gs: grpcio clients fail every call at once with a route timeout this "
-                        "short (they end calls about %.2f s before it); grpc-go and grpc-java honour it",
-                        where, timeout, GRPCIO_TIMEOUT_EARLY)
+    timeout = _duration(value["timeout"], f"{where}: timeout") if "timeout" in value else None
+    if timeout is not None and timeout <= GRPCIO_TIMEOUT_EARLY:
+        log.warning("xds %s: timeout %gs: grpcio clients fail every call at once with a route timeout this short "
+                    "(they end calls about %.2f s before it); grpc-go and grpc-java honour it",
+                    where, timeout, GRPCIO_TIMEOUT_EARLY)
     fault = parse_fault(value["fault"], f"{where}: fault") if "fault" in value else None
     return Route(service=service or "", method=method or "", headers=headers, to=to, timeout=timeout, fault=fault)
 
