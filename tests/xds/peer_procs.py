@@ -20,6 +20,7 @@ from typing import Any, Self
 import pytest
 
 from harness import proc_reaper
+from harness.go_servers import BuildError as _HarnessBuildError
 from tests.interop.support import GoProc
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -29,8 +30,8 @@ TEST_TIMEOUT = 120.0
 LOG_DIR = Path(tempfile.gettempdir()) / f"waypost-xds-interop-{os.getpid()}"
 
 
-class BuildError(RuntimeError):
-    """A build failed (a real failure, not a skip)."""
+#: a build failed (a real failure, not a skip): one class for every builder (harness.go_module's too)
+BuildError = _HarnessBuildError
 
 
 # -- processes ------------------------------------------------------------------------------------------

@@ -25,6 +25,7 @@ from tests.xds.xds_scenarios import (
     scenario_graceful_sigterm,
     scenario_name_not_exported,
     scenario_pick_first_and_least_request,
+    scenario_registered_weights,
     scenario_ring_hash_header,
     scenario_wrr_from_waypost_orca,
     watch,
@@ -129,3 +130,8 @@ def test_grpc_go_xds_pick_first_and_least_request(setup: XdsSetup) -> None:
 
 def test_grpc_go_xds_fails_at_once_on_a_name_not_exported(setup: XdsSetup) -> None:
     scenario_name_not_exported("go", setup)
+
+
+@pytest.mark.parametrize("export", ["wt", "wlr"])  # round_robin, least_request
+def test_grpc_go_xds_registered_weights_split_the_calls(setup: XdsSetup, export: str) -> None:
+    scenario_registered_weights("go", setup, export)

@@ -25,8 +25,8 @@ def setup(shared_etcd, tmp_path_factory) -> Iterator[dict[str, Any]]:
     tmp = tmp_path_factory.mktemp("xds")
     prefix = f"xds{os.getpid()}-{next(_ids)}"
     endpoint = shared_etcd.endpoint
-    keys = {n: f"{prefix}-{n}.rpc" for n in ("bal", "drain", "zone", "hash")}
-    opts = {"bal": "", "drain": "", "zone": " prefer=zone:a", "hash": " policy=ring_hash hash_header=x-user"}
+    keys = {n: f"{prefix}-{n}.rpc" for n in ("bal", "drain", "zone", "hash", "wt")}
+    opts = {"bal": "", "drain": "", "zone": " prefer=zone:a", "hash": " policy=ring_hash hash_header=x-user", "wt": ""}
     exports = [f"{n}=etcd:///{endpoint}?key={k}{opts[n]}" for n, k in keys.items()]
     serve = XdsServe(exports, log=tmp / "serve.log")
     try:
@@ -84,6 +84,33 @@ def test_drained_backend_gets_no_traffic(setup) -> None:
         assert client.calls("drain", 60)["servers"].get("x") is None
     finally:
         b.close()
+
+
+def _shares(client: StockClient, name: str, calls: int) -> dict[str, float]:
+    got = client.calls(name, calls)
+    assert not got["errors"], got
+    return {k: round(100.0 * v / calls, 1) for k, v in sorted(got["servers"].items())}
+
+
+def test_registered_weights_split_round_robin_calls(setup) -> None:
+    """Weights 10/30/60 in one zone split a round_robin client's calls 10/30/60 % (each weight is a sub-zone
+    locality), and 80/20/0 split them 80/20 once re-registered."""
+    client: StockClient = setup["client"]
+    b = _backends(setup, "wt")
+    try:
+        for n, w in (("a", 10), ("b", 30), ("c", 60)):
+            b.add(n, weight=w)
+        picks_all(client, "wt", {"a", "b", "c"}, n=60)
+        first = _shares(client, "wt", 2000)
+        for n, w in (("a", 80), ("b", 20), ("c", 0)):
+            b.pubs[n].update_metadata({"weight": w})
+        picks_all(client, "wt", {"a", "b"}, n=60)
+        second = _shares(client, "wt", 2000)
+    finally:
+        b.close()
+    print(f"\nstock grpcio, registered weights: 10/30/60 -> {first}; 80/20/0 -> {second} (2000 calls each)")
+    for got, want in ((first, {"a": 10, "b": 30, "c": 60}), (second, {"a": 80, "b": 20})):
+        assert set(got) == set(want) and all(abs(got[k] - w) <= 5 for k, w in want.items()), (got, want)
 
 
 def test_zone_preference_is_a_priority_with_failover(setup) -> None:

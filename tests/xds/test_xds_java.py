@@ -16,6 +16,7 @@ from tests.xds.xds_scenarios import (
     scenario_graceful_sigterm,
     scenario_name_not_exported,
     scenario_pick_first_and_least_request,
+    scenario_registered_weights,
     scenario_ring_hash_header,
     scenario_wrr_from_waypost_orca,
 )
@@ -56,3 +57,8 @@ def test_grpc_java_xds_pick_first_and_least_request(setup: XdsSetup) -> None:
 
 def test_grpc_java_xds_fails_at_once_on_a_name_not_exported(setup: XdsSetup) -> None:
     scenario_name_not_exported("java", setup)
+
+
+@pytest.mark.parametrize("export", ["wt", "wlr"])  # round_robin, least_request
+def test_grpc_java_xds_registered_weights_split_the_calls(setup: XdsSetup, export: str) -> None:
+    scenario_registered_weights("java", setup, export)

@@ -154,11 +154,16 @@ def test_assignment_weights_drain_localities_and_priorities() -> None:
         _b("not-an-address"),
         _b("localhost:80"),  # a host name: grpcio would reject the whole assignment
     ])
-    by_zone = {loc.locality.zone: loc for loc in cla.endpoints}
-    assert set(by_zone) == {"a", "b"}
-    assert by_zone["a"].priority == 0 and by_zone["b"].priority == 1
-    assert by_zone["a"].load_balancing_weight.value == 5
-    assert by_zone["b"].load_balancing_weight.value == 100 + 7  # the drained one counts 0
+    by_zone = {(loc.locality.zone, loc.locality.sub_zone): loc for loc in cla.endpoints}
+    # zone b holds two weights (100 and 7): round_robin spreads evenly inside a locality, so each weight gets a
+    # sub-zone of its own and the locality weights carry the split; the drained one joins the first
+    assert set(by_zone) == {("a", ""), ("b", "weight-100"), ("b", "weight-7")}
+    assert by_zone["a", ""].priority == 0 and by_zone["b", "weight-100"].priority == by_zone["b", "weight-7"].priority == 1
+    assert by_zone["a", ""].load_balancing_weight.value == 5
+    assert by_zone["b", "weight-100"].load_balancing_weight.value == 100  # the drained one counts 0
+    assert by_zone["b", "weight-7"].load_balancing_weight.value == 7
+    assert [ep.endpoint.address.socket_address.address for ep in by_zone["b", "weight-100"].lb_endpoints] == [
+        "10.0.0.2", "10.0.0.3"]
     eps = {ep.endpoint.address.socket_address.address: ep for loc in cla.endpoints for ep in loc.lb_endpoints}
     assert set(eps) == {"10.0.0.1", "10.0.0.2", "10.0.0.3", "::1"}
     assert eps["10.0.0.3"].health_status == health_check_pb2.DRAINING
@@ -167,6 +172,37 @@ def test_assignment_weights_drain_localities_and_priorities() -> None:
     # no preference, or a zone nobody is in: one priority (no gap)
     assert {loc.priority for loc in load_assignment(parse_export("g=direct:///127.0.0.1:1 prefer=zone:z"),
                                                     [_b("10.0.0.1:1", zone="a"), _b("10.0.0.2:1")]).endpoints} == {0}
+
+
+def _localities(spec: str, weights: list[object]) -> list[tuple[str, int, list[int]]]:
+    cla = load_assignment(parse_export(spec), [_b(f"10.0.0.{i + 1}:80", zone="z", weight=w)
+                                               for i, w in enumerate(weights)])
+    return [(loc.locality.sub_zone, loc.load_balancing_weight.value, [ep.load_balancing_weight.value
+                                                                      for ep in loc.lb_endpoints])
+            for loc in cla.endpoints]
+
+
+@pytest.mark.parametrize("policy", ["round_robin", "pick_first", "least_request"])
+def test_distinct_weights_in_one_zone_become_weighted_sub_zones(policy: str) -> None:
+    assert _localities(f"g=direct:///127.0.0.1:1 policy={policy}", [10, 30, 60, 30]) == [
+        ("weight-60", 60, [60]), ("weight-30", 60, [30, 30]), ("weight-10", 10, [10])]
+
+
+@pytest.mark.parametrize("policy", ["ring_hash", "client_side_weighted_round_robin"])
+def test_policies_weighing_endpoints_themselves_keep_one_locality(policy: str) -> None:
+    assert _localities(f"g=direct:///127.0.0.1:1 policy={policy}", [10, 30, 60]) == [("", 100, [10, 30, 60])]
+
+
+def test_equal_weights_give_the_resources_of_a_fleet_without_weights() -> None:
+    """No churn for fleets without weights: equal weights (given or the default), with drained ones among
+    them, build exactly the bytes they built before sub-zones existed (one locality, no sub_zone)."""
+    e = parse_export("g=direct:///127.0.0.1:1")
+    plain = load_assignment(e, [_b("10.0.0.1:80"), _b("10.0.0.2:80"), _b("10.0.0.3:80", weight=0)])
+    assert [loc.locality.sub_zone for loc in plain.endpoints] == [""]
+    same = load_assignment(e, [_b("10.0.0.1:80", weight=100), _b("10.0.0.2:80", weight="100"),
+                               _b("10.0.0.3:80", weight=0)])
+    assert same.SerializeToString(deterministic=True) == plain.SerializeToString(deterministic=True)
+    assert _localities("g=direct:///127.0.0.1:1", [20, 20]) == [("", 40, [20, 20])]
 
 
 def test_every_locality_has_a_weight_even_when_all_drained() -> None:
@@ -383,4 +419,9 @@ def test_fuzz_assignments_are_always_valid(items, prefer) -> None:
     assert all(ep.load_balancing_weight.value >= 1 for loc in cla.endpoints for ep in loc.lb_endpoints)
     priorities = sorted({loc.priority for loc in cla.endpoints})
     assert priorities == list(range(len(priorities)))
+    for loc in cla.endpoints:  # a sub-zone holds one serving weight, and its weight is their sum
+        serving = [ep.load_balancing_weight.value for ep in loc.lb_endpoints if ep.health_status != health_check_pb2.DRAINING]
+        if loc.locality.sub_zone:
+            assert len(set(serving)) == 1 and loc.locality.sub_zone == f"weight-{serving[0]}"
+        assert loc.load_balancing_weight.value == max(sum(serving), 1)
     cla.SerializeToString()

@@ -26,7 +26,7 @@ from tests.xds.xds_peers import (
 #: exports of the shared control plane: name -> export options after the target
 SCENARIO_EXPORTS = {"bal": "", "hash": " policy=ring_hash hash_header=x-key", "term": "",
                     "wrr": " policy=client_side_weighted_round_robin", "pf": " policy=pick_first",
-                    "lr": " policy=least_request"}
+                    "lr": " policy=least_request", "wt": "", "wlr": " policy=least_request"}
 #: "eventually" bound for a registry change to reach a client's picks (measured: well under 1 s)
 PROPAGATION_BOUND = 15.0
 
@@ -223,3 +223,54 @@ def scenario_name_not_exported(lang: str, setup: XdsSetup) -> dict[str, Any]:
     assert result["errors"] == 1 and codes == {"UNAVAILABLE": 1}, result
     assert "greter" in result.get("first_error", ""), result
     return result
+
+
+#: registered weights a weighted run checks, and how far (percentage points) a share may be from its weight
+WEIGHT_TOLERANCE = 5.0
+
+
+def _shares(run: ClientRun, calls: int) -> tuple[dict[str, float], int]:
+    """Percent of the next ``calls`` calls (whole batches) each server took."""
+    counts: dict[str, int] = {}
+    while sum(counts.values()) < calls:
+        for k, v in run.progress(30.0)["counts"].items():
+            counts[k] = counts.get(k, 0) + v
+    total = sum(counts.values())
+    return {k: round(100.0 * v / total, 1) for k, v in sorted(counts.items())}, total
+
+
+def _check_shares(shares: dict[str, float], want: dict[str, float], label: str) -> None:
+    assert set(shares) == set(want), (label, shares, want)
+    for k, w in want.items():
+        assert abs(shares[k] - w) <= WEIGHT_TOLERANCE, (label, shares, want)
+
+
+def scenario_registered_weights(lang: str, setup: XdsSetup, export: str = "wt") -> dict[str, dict[str, float]]:
+    """Three servers in one zone registered with weights 10/30/60 split the calls 10/30/60 % (round_robin spreads
+    evenly inside a locality: the control plane gives each weight a sub-zone), and re-registered as 80/20/0 they
+    split 80/20 with nothing to the drained one, with no failed call. Returns the measured shares."""
+    key = setup.keys[export]
+    weights = {"a": 10, "b": 30, "c": 60}
+    handles = {n: serve_echo(n, key, setup.registry, metadata={"weight": w}) for n, w in weights.items()}
+    run = start_xds_client(lang, f"xds:///{export}", setup.bootstrap, 200_000, batch=100, deadline=10.0)
+    out: dict[str, dict[str, float]] = {}
+    try:
+        watch(run, lambda c: set(c) == {"a", "b", "c"}, 60.0, "a, b and c")
+        run.progress(30.0)  # a batch more: every registration is in the assignment the client holds
+        out["10/30/60"], n1 = _shares(run, 2000)
+        for name, w in (("a", 80), ("b", 20), ("c", 0)):
+            handles[name].update_metadata({"weight": w})
+        watch(run, lambda c: "c" not in c and set(c) == {"a", "b"}, PROPAGATION_BOUND, "c drained")
+        run.progress(30.0)
+        out["80/20/0"], n2 = _shares(run, 2000)
+        final = run.finish(30.0, interrupt=True)
+    finally:
+        run.stop()
+        for h in handles.values():
+            h.stop(0)
+    print(f"\n{lang} xDS client, export {export!r}, registered weights: 10/30/60 -> {out['10/30/60']} ({n1} calls); "
+          f"80/20/0 -> {out['80/20/0']} ({n2} calls); {final['errors']} failed of {final['calls']}")
+    assert final["errors"] == 0, final
+    _check_shares(out["10/30/60"], {"a": 10.0, "b": 30.0, "c": 60.0}, f"{lang} {export} 10/30/60")
+    _check_shares(out["80/20/0"], {"a": 80.0, "b": 20.0}, f"{lang} {export} 80/20/0")
+    return out

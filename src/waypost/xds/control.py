@@ -29,7 +29,7 @@ from __future__ import annotations
 import asyncio
 import logging
 import time
-from collections.abc import Iterable, Sequence
+from collections.abc import Callable, Iterable, Sequence
 from typing import Any
 
 import grpc
@@ -58,6 +58,10 @@ from .sources import PrefixWatcher, start_source
 from .traffic import describe, empty_subsets
 
 log = logging.getLogger("waypost.xds")
+#: the shortest time between two pushes (seconds): a change after a quiet spell goes out at once, a burst of
+#: changes folds into one push per interval (Istio debounces 100 ms after the last change, up to 10 s; leading
+#: edge plus this bound keeps a single change's latency at the push itself)
+PUSH_INTERVAL = 0.1
 
 
 class ControlPlane:
@@ -67,7 +71,15 @@ class ControlPlane:
     ``add_export``, ``replace_exports``; everything else runs on the control loop."""
 
     def __init__(self, exports: Iterable[Export] = (), prefixes: Iterable[PrefixExport] = (), *,
-                 prefix_interval: float = 2.0) -> None:
+                 prefix_interval: float = 2.0, push_interval: float = PUSH_INTERVAL,
+                 max_connection_age: float | None = None, clock: Callable[[], float] = time.monotonic) -> None:
+        self.max_connection_age = max_connection_age
+        if not push_interval >= 0:
+            raise XdsConfigError(f"push_interval must be a number of seconds >= 0, got {push_interval!r}")
+        self.push_interval = push_interval
+        self._clock = clock
+        self._last_push = float("-inf")
+        self._pending: asyncio.Handle | None = None
         self.exports: dict[str, Export] = {}
         self.prefixes = tuple(prefixes)
         self.prefix_interval = prefix_interval
@@ -107,10 +119,11 @@ class ControlPlane:
         return self._snapshot
 
     def start(self, listen: str = "127.0.0.1:0", credentials: grpc.ServerCredentials | None = None,
-              timeout: float = 30.0) -> int:
-        return _loop.run(self.astart(listen, credentials), timeout)
+              timeout: float = 30.0, *, reuse_port: bool = False) -> int:
+        return _loop.run(self.astart(listen, credentials, reuse_port=reuse_port), timeout)
 
-    async def astart(self, listen: str, credentials: grpc.ServerCredentials | None = None) -> int:
+    async def astart(self, listen: str, credentials: grpc.ServerCredentials | None = None, *,
+                     reuse_port: bool = False) -> int:
         """On the control loop: start the sources and the ADS server; returns the port."""
         for e in list(self.exports.values()):
             self._add(e)
@@ -119,7 +132,8 @@ class ControlPlane:
             self._watchers.append(w)
             w.start()
         self._rebuild()
-        port = await self.ads.start(listen, credentials)
+        port = await self.ads.start(listen, credentials, reuse_port=reuse_port,
+                                    max_connection_age=self.max_connection_age)
         self._started = True
         log.info("xds: serving %d export(s) on port %d", len(self.exports), port)
         return port
@@ -159,7 +173,7 @@ class ControlPlane:
             return
         self.exports[export.name] = export
         self._add(export)
-        self._mark()
+        self._rebuild()  # add_export returns with it served: no pacing for this one
 
     def replace_exports(self, exports: Iterable[Export]) -> None:
         """Serve ``exports`` instead of the exports served so far (from any thread; returns once the new snapshot
@@ -204,7 +218,7 @@ class ControlPlane:
                 self._add(e)
                 log.info("xds: export %r %s", e.name, "added" if old is None else "changed (new source)")
         if changed:
-            self._mark()
+            self._rebuild()  # replace_exports returns with the new config served: no pacing for this one
 
     def _remove(self, name: str) -> None:
         """Stop serving ``name``: its source is closed (its late updates are dropped) and its resources go."""
@@ -356,13 +370,24 @@ class ControlPlane:
                         describe(sorted(before - empty)))
 
     def _mark(self) -> None:
-        """Rebuild once for every change queued in this loop iteration (a burst of updates: one push)."""
-        if not self._dirty:
-            self._dirty = True
-            asyncio.get_running_loop().call_soon(self._rebuild)
+        """Rebuild for the changes queued: at once when the last push is ``push_interval`` old or more, else at
+        that moment, so a single change is pushed without delay and a burst makes at most one push per
+        interval (every change meanwhile folds into it; none waits longer than the interval)."""
+        if self._dirty:
+            return
+        self._dirty = True
+        loop = asyncio.get_running_loop()
+        wait = self._last_push + self.push_interval - self._clock()
+        self._pending = loop.call_later(wait, self._rebuild) if wait > 0 else loop.call_soon(self._rebuild)
 
     def _rebuild(self) -> None:
+        """Build the snapshot of every change so far and push it (also at once, for ``add_export``, which returns
+        with its export served: a push scheduled for later then has nothing left to do)."""
+        if self._pending is not None:
+            self._pending.cancel()
+            self._pending = None
         self._dirty = False
+        self._last_push = self._clock()
         started = time.perf_counter()
         per_type: dict[str, dict[str, Resource]] = {t: {} for t in TYPES}
         for name, static in self._static.items():
@@ -373,8 +398,9 @@ class ControlPlane:
             per_type[CLUSTER].update(self._subset_clusters.get(name, {}))
             per_type[ENDPOINT].update(self._subset_eds.get(name, {}))
         snap = Snapshot(per_type)
+        changed = _changed_names(self._snapshot, snap)
         self._snapshot = snap
-        queued = self.ads.push(snap)
+        queued = self.ads.push(snap, changed)
         took = time.perf_counter() - started
         self.stats.update(snapshots=self.stats["snapshots"] + 1, last_push_seconds=took, last_push_responses=queued)
         obs = _metrics.current
@@ -405,6 +431,23 @@ def _target_text(export: Export) -> str:
     return ", ".join(parse_target(t).redacted for t in targets)
 
 
+def _changed_names(old: Snapshot, new: Snapshot) -> dict[str, set[str]]:
+    """Per type, the names whose resource was added, changed or removed from ``old`` to ``new`` (resources
+    of unchanged services are the same objects: compared by identity first, by digest otherwise)."""
+    out: dict[str, set[str]] = {}
+    for t in TYPES:
+        a, b = old.names(t), new.names(t)
+        names = {n for n, r in b.items() if (o := a.get(n)) is not r and (o is None or o.digest != r.digest)}
+        names.update(n for n in a if n not in b)
+        out[t] = names
+    return out
+
+
 def _same(a: tuple[Backend, ...], b: tuple[Backend, ...]) -> bool:
+    """The same backends with the same metadata, in any order."""
+    if len(a) != len(b):
+        return False  # the common change (one more, one fewer) without sorting a big list
+    if a == b:
+        return True
     key = lambda bs: sorted((x.address, sorted((str(k), str(v)) for k, v in x.metadata.items())) for x in bs)
     return key(a) == key(b)

@@ -40,6 +40,10 @@ hash_header=x-user"``. A config file (JSON, or TOML read with ``tomllib``) holds
     prefix = "prod/"
     policy = "round_robin"    # options for each export found
 
+    [tls]                     # the server's TLS (waypost.xds.tls): cert, key, optionally client_ca (mTLS)
+    cert = "/etc/waypost/tls.crt"
+    key = "/etc/waypost/tls.key"
+
 Every mistake raises ``XdsConfigError`` naming the export (or file) and the field.
 """
 
@@ -55,6 +59,7 @@ from typing import Any
 from ..registry.kinds import kind_of
 from .errors import XdsConfigError
 from .policy import check_export
+from .tls import TlsFiles, tls_files_from_table
 from .traffic import (
     Fault,
     Route,
@@ -119,10 +124,11 @@ class PrefixExport:
 
 @dataclass(frozen=True)
 class XdsConfig:
-    """A parsed config: named exports and prefixes."""
+    """A parsed config: named exports and prefixes, and the server's TLS files (``[tls]``, ``tls.py``)."""
 
     exports: tuple[Export, ...] = ()
     prefixes: tuple[PrefixExport, ...] = ()
+    tls: TlsFiles | None = None
 
 
 def parse_export(spec: str, *, bare_key: Any = None) -> Export:
@@ -298,9 +304,10 @@ def parse_config(raw: bytes | str, where: str = "config", *, as_json: bool = Fal
 def config_from_dict(data: Any, where: str = "config") -> XdsConfig:
     if not isinstance(data, Mapping):
         raise XdsConfigError(f"{where}: expected a table/object with 'exports' and/or 'prefixes'")
-    unknown = sorted(set(data) - {"exports", "prefixes"})
+    unknown = sorted(set(data) - {"exports", "prefixes", "tls"})
     if unknown:
-        raise XdsConfigError(f"{where}: unknown key {str(unknown[0])[:40]!r} (expected 'exports', 'prefixes')")
+        raise XdsConfigError(f"{where}: unknown key {str(unknown[0])[:40]!r} (expected 'exports', 'prefixes', "
+                             "'tls')")
     exports_raw = data.get("exports", {})
     if not isinstance(exports_raw, Mapping):
         raise XdsConfigError(f"{where}: 'exports' must be a table of NAME -> {{target = ..., options}}")
@@ -317,7 +324,8 @@ def config_from_dict(data: Any, where: str = "config") -> XdsConfig:
     if not isinstance(prefixes_raw, list):
         raise XdsConfigError(f"{where}: 'prefixes' must be a list of {{registry, prefix, options}}")
     prefixes = [parse_prefix(p, f"{where}: prefixes[{i}]") for i, p in enumerate(prefixes_raw)]
-    return XdsConfig(tuple(exports), tuple(prefixes))
+    tls = tls_files_from_table(data["tls"], f"{where}: tls") if "tls" in data else None
+    return XdsConfig(tuple(exports), tuple(prefixes), tls)
 
 
 def parse_prefix(body: Any, where: str) -> PrefixExport:

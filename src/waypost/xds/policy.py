@@ -125,6 +125,15 @@ def _flag(value: Any, where: str) -> bool:
     return bool(value)
 
 
+def weights_need_localities(export: Export) -> bool:
+    """Whether the export's policy spreads evenly over a locality's endpoints, so registered weights reach the
+    client only as locality weights (``resources.load_assignment`` then puts each distinct weight in a sub-zone
+    of its own): round_robin, pick_first and least_request. ring_hash honours endpoint weights itself, and
+    client_side_weighted_round_robin weighs by the backends' ORCA reports inside one locality (sub-zones would
+    fence its weights in)."""
+    return _ALIASES.get(export.policy, export.policy) in ("round_robin", "pick_first", "least_request")
+
+
 def lb_policy(export: Export, where: str = "") -> cluster_pb2.LoadBalancingPolicy:
     """The Cluster's ``load_balancing_policy`` for the export (see the module's table)."""
     where = where or f"export {export.name!r}"

@@ -1,9 +1,10 @@
 """The ADS endpoint: ``envoy.service.discovery.v3.AggregatedDiscoveryService/StreamAggregatedResources``
 (state of the world, xDS v3) on a ``grpc.aio`` server.
 
-Each stream has a ``StreamState`` (``stream.py``) and an outbound queue: a reader task feeds requests to the
-state machine, a new snapshot adds the responses it calls for to every stream's queue, and the handler
-writes the queue. Responses are pre-serialized bytes (``snapshot.Body``), so the method is registered with
+Each stream has a ``StreamState`` (``stream.py``) and its waiting responses (``Stream``: at most one per
+type, a newer one replacing an unwritten one): a reader task feeds requests to the state machine, a new
+snapshot adds the responses it calls for to the streams whose subscriptions it changed, and the handler
+writes them. Responses are pre-serialized bytes (``snapshot.Body``), so the method is registered with
 an identity response serializer: pushing one snapshot to many streams serializes the resources once.
 
 The server runs on the event loop it is started on (``ControlPlane`` uses waypost's control loop).
@@ -13,7 +14,8 @@ from __future__ import annotations
 
 import asyncio
 import logging
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
+from collections.abc import Set as AbstractSet
 from typing import TYPE_CHECKING, Any
 
 import grpc
@@ -30,29 +32,57 @@ log = logging.getLogger("waypost.xds")
 
 SERVICE = "envoy.service.discovery.v3.AggregatedDiscoveryService"
 METHOD = "StreamAggregatedResources"
-#: responses a slow stream may have queued before it is cut (a client that stopped reading)
-MAX_QUEUED = 1000
+#: calls that may wait to be accepted. grpc.aio cancels a new call once more than
+#: ``grpc.server.max_pending_requests`` (default 1,000; hard limit 3,000) wait for the event loop to take them:
+#: a fleet reconnecting at once (a replica restarted) would see CANCELLED streams and retry with backoff. An ADS
+#: stream waiting here costs a few KiB, so the limits are set far above any fleet one process serves.
+MAX_PENDING_CALLS = 1_000_000
+#: seconds a stream may go on after its connection's GOAWAY (``max_connection_age``)
+MAX_AGE_GRACE = 5.0
+SERVER_OPTIONS = [
+    ("grpc.so_reuseport", 0),  # a second control plane on the same port is an error, not a silent share
+    ("grpc.server.max_pending_requests", MAX_PENDING_CALLS),
+    ("grpc.server.max_pending_requests_hard_limit", MAX_PENDING_CALLS),
+]
 
 
 class Stream:
-    """One open ADS stream: its state and its outbound queue."""
+    """One open ADS stream: its state and the responses not written yet, at most one per type.
+
+    A newer response of a type replaces one still waiting (state of the world: each response carries the whole
+    subscribed state, so the newest is all a client needs). A client that reads slowly, or not at all, thus holds
+    at most four responses here and delays nobody: its writer waits on its own flow control, and every change
+    meanwhile folds into what it gets next."""
 
     def __init__(self, peer: str) -> None:
         self.state = StreamState(peer)
-        self.queue: asyncio.Queue[bytes | None] = asyncio.Queue()
+        self.pending: dict[str, bytes] = {}
+        self.wake = asyncio.Event()
+        self.closed = False
         self.pushes = 0
+        self.replaced = 0
 
     def send(self, responses: list[tuple[str, bytes]]) -> None:
         for t, data in responses:
-            if self.queue.qsize() >= MAX_QUEUED:
-                log.warning("xds: %s does not read its responses; closing the stream", self.state.who)
-                self.queue.put_nowait(None)
-                return
-            self.queue.put_nowait(data)
+            if t in self.pending:
+                self.replaced += 1
+            self.pending[t] = data
             self.pushes += 1
             obs = _metrics.current
             if obs is not None:
                 obs.xds_push(SHORT[t])
+        if responses:
+            self.wake.set()
+
+    def close(self) -> None:
+        self.closed = True
+        self.wake.set()
+
+    def next_response(self) -> bytes | None:
+        """The oldest waiting response (responses go out in the order their types were first queued)."""
+        for t in self.pending:
+            return self.pending.pop(t)
+        return None
 
 
 class AdsServer:
@@ -71,9 +101,19 @@ class AdsServer:
             response_serializer=lambda data: data)
         return grpc.method_handlers_generic_handler(SERVICE, {METHOD: method})
 
-    async def start(self, listen: str, credentials: grpc.ServerCredentials | None = None) -> int:
-        """Bind ``listen`` (host:port; port 0: any) and start serving; returns the port."""
-        server = grpc.aio.server(options=[("grpc.so_reuseport", 0)])
+    async def start(self, listen: str, credentials: grpc.ServerCredentials | None = None, *,
+                    reuse_port: bool = False, max_connection_age: float | None = None) -> int:
+        """Bind ``listen`` (host:port; port 0: any) and start serving; returns the port. ``reuse_port``: share
+        the port with other processes that bind it so (``workers.py``). ``max_connection_age`` (seconds; None:
+        never): a connection gets GOAWAY after about that long (gRPC adds +/-10 % jitter, so a fleet that
+        connected at once does not reconnect at once), and its stream ends ``MAX_AGE_GRACE`` s later; gRPC's
+        clients open a new one, keeping their resources meanwhile, so a fleet spreads again over the replicas
+        after one was away."""
+        options = [(k, 1 if reuse_port else v) if k == "grpc.so_reuseport" else (k, v) for k, v in SERVER_OPTIONS]
+        if max_connection_age:
+            options += [("grpc.max_connection_age_ms", max(round(max_connection_age * 1000), 1)),
+                        ("grpc.max_connection_age_grace_ms", round(MAX_AGE_GRACE * 1000))]
+        server = grpc.aio.server(options=options)
         server.add_generic_rpc_handlers((self.handler(),))
         port = server.add_secure_port(listen, credentials) if credentials else server.add_insecure_port(listen)
         if not port:
@@ -84,18 +124,21 @@ class AdsServer:
 
     async def stop(self, grace: float = 1.0) -> None:
         for s in list(self.streams):
-            s.queue.put_nowait(None)
+            s.close()
         if self.server is not None:
             await self.server.stop(grace)
             self.server = None
 
-    def push(self, snap: Snapshot) -> int:
-        """Queue what ``snap`` changes for every stream; returns the number of responses queued."""
+    def push(self, snap: Snapshot, changed: Mapping[str, AbstractSet[str]] | None = None) -> int:
+        """Queue what ``snap`` changes for every stream; returns the number of responses queued. ``changed``
+        (type URL -> resource names added, changed or removed since the last push), when given, spares the
+        streams that subscribed to none of them (the work of a push follows what changed, not the fleet)."""
         n = 0
         for s in list(self.streams):
-            responses = s.state.on_snapshot(snap)
-            s.send(responses)
-            n += len(responses)
+            responses = s.state.on_snapshot(snap, changed)
+            if responses:
+                s.send(responses)
+                n += len(responses)
         return n
 
     async def _stream(self, requests: Any, context: grpc.aio.ServicerContext) -> Any:
@@ -107,11 +150,11 @@ class AdsServer:
         reader = asyncio.get_running_loop().create_task(self._read(stream, context))
         log.info("xds: stream from %s opened", stream.state.peer)
         try:
-            while True:
-                data = await stream.queue.get()
-                if data is None:
-                    break
-                await context.write(data)
+            while not stream.closed:
+                await stream.wake.wait()
+                stream.wake.clear()
+                while not stream.closed and (data := stream.next_response()) is not None:
+                    await context.write(data)
         finally:
             self.streams.discard(stream)
             reader.cancel()
@@ -141,4 +184,4 @@ class AdsServer:
             raise
         except Exception as e:  # noqa: BLE001 -- the client went away (or sent garbage): end this stream only
             log.debug("xds: stream of %s: read ended: %r", stream.state.who, e)
-        stream.queue.put_nowait(None)
+        stream.close()

@@ -23,6 +23,8 @@ from __future__ import annotations
 
 import itertools
 import logging
+from collections.abc import Mapping
+from collections.abc import Set as AbstractSet
 from dataclasses import dataclass, field
 
 from envoy.service.discovery.v3 import discovery_pb2
@@ -110,10 +112,16 @@ class StreamState:
             out.responses.append(resp)
         return out
 
-    def on_snapshot(self, snap: Snapshot) -> list[tuple[str, bytes]]:
-        """The responses a new snapshot calls for (only the types whose subscribed resources changed)."""
+    def on_snapshot(self, snap: Snapshot, changed: Mapping[str, AbstractSet[str]] | None = None) -> list[tuple[str, bytes]]:
+        """The responses a new snapshot calls for (only the types whose subscribed resources changed).
+        ``changed`` (type URL -> names whose resource changed), when given, skips at once the types where this
+        stream subscribed to none of them; without it every subscribed type is compared."""
         out = []
         for t, ts in self.types.items():
+            if changed is not None:
+                names = changed.get(t)
+                if not names or (ts.wanted is not None and ts.wanted.isdisjoint(names)):
+                    continue
             self._log_unknown(t, snap)
             resp = self._response(t, ts, snap)
             if resp is not None:

@@ -348,7 +348,7 @@ def has_traffic(export: Any) -> bool:
     return bool(export.subsets or export.split or export.routes or export.max_requests or export.fault)
 
 
-def members(subset: Subset, backends: Iterable[Any]) -> list[Any]:
+def subset_backends(subset: Subset, backends: Iterable[Any]) -> list[Any]:
     """The backends ``subset`` selects."""
     return [b for b in backends if subset.selects(b.metadata)]
 

@@ -1,0 +1,270 @@
+// ads-load: S xDS clients in one process, as a fleet of gRPC xDS clients looks to a control plane. Each client
+// has its own connection and its own node id, opens an ADS stream (state of the world), subscribes in gRPC's
+// order LDS -> RDS -> CDS -> EDS to one service (client i: svc-(i mod M)) and ACKs every response. A client whose
+// stream fails before its first ClusterLoadAssignment counts one failed connect attempt and retries after a
+// short jittered backoff, as gRPC's xDS client does.
+//
+// All S clients start at once (a connect storm). Output, JSON lines on stdout:
+//
+//	{"connected": S, "seconds": T, "p50_ms": .., "p99_ms": .., "failed_attempts": F, "codes": {...}}
+//	  once every client holds its first assignment (or -connect-timeout passed: "connected" < S)
+//
+// stdin commands:
+//
+//	mark SVC   the next assignment of svc-SVC is a change to time: answered {"marked": SVC, "expect": N} at once;
+//	           then, once each of the N clients of svc-SVC got a newer assignment (or -push-timeout passed),
+//	           {"push": SVC, "got": n, "expect": N, "p50_ms", "p99_ms", "max_ms", "others": K} (times from the mark;
+//	           others: responses that reached clients of other services meanwhile)
+//	stats      {"streams": open, "responses": total responses received}
+//	quit       exit
+package main
+
+import (
+	"bufio"
+	"context"
+	"encoding/json"
+	"flag"
+	"fmt"
+	"math/rand"
+	"os"
+	"sort"
+	"strconv"
+	"strings"
+	"sync"
+	"sync/atomic"
+	"syscall"
+	"time"
+
+	core "github.com/envoyproxy/go-control-plane/envoy/config/core/v3"
+	discovery "github.com/envoyproxy/go-control-plane/envoy/service/discovery/v3"
+	"google.golang.org/grpc"
+	"google.golang.org/grpc/credentials/insecure"
+	"google.golang.org/grpc/status"
+)
+
+const (
+	typeLDS = "type.googleapis.com/envoy.config.listener.v3.Listener"
+	typeRDS = "type.googleapis.com/envoy.config.route.v3.RouteConfiguration"
+	typeCDS = "type.googleapis.com/envoy.config.cluster.v3.Cluster"
+	typeEDS = "type.googleapis.com/envoy.config.endpoint.v3.ClusterLoadAssignment"
+)
+
+var next = map[string]string{typeLDS: typeRDS, typeRDS: typeCDS, typeCDS: typeEDS}
+
+// mark: the change being timed
+type mark struct {
+	epoch int64
+	svc   int
+	at    time.Time
+}
+
+type fleet struct {
+	server    string
+	services  int
+	current   atomic.Pointer[mark]
+	arrivals  chan arrival
+	failed    atomic.Int64
+	open      atomic.Int64
+	responses atomic.Int64
+	codesMu   sync.Mutex
+	codes     map[string]int
+	connected chan time.Duration
+}
+
+type arrival struct {
+	epoch int64
+	svc   int
+	after time.Duration
+}
+
+func (f *fleet) client(ctx context.Context, i int, start time.Time) {
+	svc := i % f.services
+	name := fmt.Sprintf("svc-%d", svc)
+	node := &core.Node{Id: fmt.Sprintf("ads-load-%d", i), Cluster: "ads-load"}
+	backoff := 100 * time.Millisecond
+	connected := false
+	var lastEpoch int64
+	for ctx.Err() == nil {
+		err := func() error {
+			conn, err := grpc.NewClient(f.server, grpc.WithTransportCredentials(insecure.NewCredentials()),
+				grpc.WithDefaultCallOptions(grpc.MaxCallRecvMsgSize(256<<20)))
+			if err != nil {
+				return err
+			}
+			defer conn.Close()
+			stream, err := discovery.NewAggregatedDiscoveryServiceClient(conn).StreamAggregatedResources(ctx)
+			if err != nil {
+				return err
+			}
+			f.open.Add(1)
+			defer f.open.Add(-1)
+			if err := stream.Send(&discovery.DiscoveryRequest{Node: node, TypeUrl: typeLDS, ResourceNames: []string{name}}); err != nil {
+				return err
+			}
+			seen := map[string]bool{}
+			for {
+				resp, err := stream.Recv()
+				if err != nil {
+					return err
+				}
+				f.responses.Add(1)
+				t := resp.GetTypeUrl()
+				if err := stream.Send(&discovery.DiscoveryRequest{TypeUrl: t, VersionInfo: resp.GetVersionInfo(),
+					ResponseNonce: resp.GetNonce(), ResourceNames: []string{name}}); err != nil {
+					return err
+				}
+				if !seen[t] {
+					seen[t] = true
+					if nt, ok := next[t]; ok {
+						if err := stream.Send(&discovery.DiscoveryRequest{TypeUrl: nt, ResourceNames: []string{name}}); err != nil {
+							return err
+						}
+					}
+				}
+				if t != typeEDS {
+					continue
+				}
+				if !connected {
+					connected = true
+					f.connected <- time.Since(start)
+					if m := f.current.Load(); m != nil {
+						lastEpoch = m.epoch // a mark before this client connected is not its change
+					}
+					continue
+				}
+				if m := f.current.Load(); m != nil && m.epoch > lastEpoch {
+					lastEpoch = m.epoch
+					f.arrivals <- arrival{m.epoch, svc, time.Since(m.at)}
+				} else if m != nil {
+					select { // a response beyond the timed one: counted if there is room, never waited for
+					case f.arrivals <- arrival{-1, svc, 0}:
+					default:
+					}
+				}
+			}
+		}()
+		if ctx.Err() != nil {
+			return
+		}
+		if !connected {
+			f.failed.Add(1)
+		}
+		code := status.Code(err).String()
+		f.codesMu.Lock()
+		f.codes[code]++
+		f.codesMu.Unlock()
+		time.Sleep(backoff/2 + time.Duration(rand.Int63n(int64(backoff))))
+		if backoff < 2*time.Second {
+			backoff *= 2
+		}
+	}
+}
+
+func percentile(ds []time.Duration, p float64) float64 {
+	if len(ds) == 0 {
+		return 0
+	}
+	sort.Slice(ds, func(a, b int) bool { return ds[a] < ds[b] })
+	idx := int(p * float64(len(ds)-1))
+	return float64(ds[idx].Microseconds()) / 1000
+}
+
+func main() {
+	server := flag.String("server", "127.0.0.1:18000", "the control plane")
+	streams := flag.Int("streams", 100, "clients (one connection and one ADS stream each)")
+	services := flag.Int("services", 1, "services the clients spread over (client i: svc-(i mod M))")
+	connectTimeout := flag.Duration("connect-timeout", 120*time.Second, "bound on the connect storm")
+	pushTimeout := flag.Duration("push-timeout", 60*time.Second, "bound on one timed change")
+	flag.Parse()
+	var lim syscall.Rlimit
+	if syscall.Getrlimit(syscall.RLIMIT_NOFILE, &lim) == nil {
+		lim.Cur = lim.Max
+		_ = syscall.Setrlimit(syscall.RLIMIT_NOFILE, &lim)
+	}
+	f := &fleet{server: *server, services: *services, arrivals: make(chan arrival, 1<<20),
+		codes: map[string]int{}, connected: make(chan time.Duration, *streams)}
+	out := json.NewEncoder(os.Stdout)
+	ctx, cancel := context.WithCancel(context.Background())
+	defer cancel()
+	start := time.Now()
+	for i := 0; i < *streams; i++ {
+		go f.client(ctx, i, start)
+	}
+	var times []time.Duration
+	deadline := time.After(*connectTimeout)
+wait:
+	for len(times) < *streams {
+		select {
+		case d := <-f.connected:
+			times = append(times, d)
+		case <-deadline:
+			break wait
+		}
+	}
+	var last time.Duration
+	for _, d := range times {
+		last = max(last, d)
+	}
+	f.codesMu.Lock()
+	codes := map[string]int{}
+	for k, v := range f.codes {
+		codes[k] = v
+	}
+	f.codesMu.Unlock()
+	_ = out.Encode(map[string]any{"connected": len(times), "seconds": last.Seconds(), "p50_ms": percentile(times, 0.5),
+		"p99_ms": percentile(times, 0.99), "failed_attempts": f.failed.Load(), "codes": codes})
+
+	per := make([]int, *services)
+	for i := 0; i < *streams; i++ {
+		per[i%*services]++
+	}
+	var epoch int64
+	in := bufio.NewScanner(os.Stdin)
+	for in.Scan() {
+		fields := strings.Fields(in.Text())
+		if len(fields) == 0 {
+			continue
+		}
+		switch fields[0] {
+		case "mark":
+			svc := 0
+			if len(fields) > 1 {
+				svc, _ = strconv.Atoi(fields[1])
+			}
+			for len(f.arrivals) > 0 { // stale arrivals of an earlier change
+				<-f.arrivals
+			}
+			epoch++
+			f.current.Store(&mark{epoch: epoch, svc: svc, at: time.Now()})
+			_ = out.Encode(map[string]any{"marked": svc, "expect": per[svc%*services]})
+			var got []time.Duration
+			others := 0
+			timeout := time.After(*pushTimeout)
+		collect:
+			for len(got) < per[svc%*services] {
+				select {
+				case a := <-f.arrivals:
+					if a.epoch == epoch && a.svc == svc {
+						got = append(got, a.after)
+					} else {
+						others++
+					}
+				case <-timeout:
+					break collect
+				}
+			}
+			var mx time.Duration
+			for _, d := range got {
+				mx = max(mx, d)
+			}
+			_ = out.Encode(map[string]any{"push": svc, "got": len(got), "expect": per[svc%*services],
+				"p50_ms": percentile(got, 0.5), "p99_ms": percentile(got, 0.99),
+				"max_ms": float64(mx.Microseconds()) / 1000, "others": others})
+		case "stats":
+			_ = out.Encode(map[string]any{"streams": f.open.Load(), "responses": f.responses.Load(),
+				"failed_attempts": f.failed.Load()})
+		case "quit":
+			return
+		}
+	}
+}
