@@ -116,6 +116,34 @@ def _supervise(c: Any, address: str, count: int, exports: Any, prefixes: Any) ->
         raise SystemExit(code)
 
 
+def _reload_on_change(config: Path, load: Callable[[], Any], control: Any, prefixes: list[Any]) -> Callable[[], None]:
+    """Start a ConfigReloader of ``config`` applying its exports to ``control`` (SIGHUP asks for a reload; prefixes
+    are read at start only); returns what stops it."""
+    import signal
+    import threading
+
+    from .xds.reload import ConfigReloader
+
+    def apply(loaded: Any) -> None:
+        exports, found, _tls = loaded  # [tls] paths are read at start; xds/tls.py re-reads the files themselves
+        if list(found) != list(prefixes):
+            log.warning("xds: config %s: prefixes are read at start only; restart to apply their change", config)
+        control.replace_exports(exports)
+
+    reloader = ConfigReloader(config, load, apply)
+    reloader.start()
+    previous = None
+    if threading.current_thread() is threading.main_thread():  # signal handlers exist there only
+        previous = signal.signal(signal.SIGHUP, lambda _signum, _frame: reloader.request())
+
+    def stop() -> None:
+        reloader.stop()
+        if previous is not None:
+            signal.signal(signal.SIGHUP, previous)
+
+    return stop
+
+
 def xds_commands(global_options: Callable[[Any], Any], pass_ctx: Callable[[Any], Any]) -> click.Group:
     """The ``xds`` command group, with the caller's global options on each command."""
 
@@ -129,7 +157,8 @@ def xds_commands(global_options: Callable[[Any], Any], pass_ctx: Callable[[Any],
                   help="Where the ADS server listens (:PORT or PORT: every interface; port 0: any free port).")
     @click.option("--export", "specs", multiple=True, metavar="'NAME=TARGET [OPT=V ...]'",
                   help="Serve NAME from a dial target, or from a KEY in --registry (repeatable). "
-                       "Options: policy, hash_header, prefer, retries, retry_on, service_config, serve_empty.")
+                       "Options: policy, hash_header, prefer, retries, retry_on, service_config, serve_empty, "
+                       "subset_key, subsets, split, max_requests.")
     @click.option("--prefix", "prefixes", multiple=True, metavar="'PREFIX [OPT=V ...]'",
                   help="Serve every service key under PREFIX in --registry (found as they appear; repeatable).")
     @click.option("--config", type=click.Path(dir_okay=False, path_type=Path), default=None,
@@ -194,6 +223,7 @@ def xds_commands(global_options: Callable[[Any], Any], pass_ctx: Callable[[Any],
         with stop_on_signals() as stop:
             control = ControlPlane(exports, prefixes_found, push_interval=push_interval,
                                    max_connection_age=max_connection_age or None)
+            stop_reload = None
             try:
                 try:
                     port = control.start(address, creds, reuse_port=index is not None)
@@ -204,9 +234,14 @@ def xds_commands(global_options: Callable[[Any], Any], pass_ctx: Callable[[Any],
                 sys.stdout.flush()
                 if index is None:
                     _print_exports(c, exports, prefixes_found)
+                if config is not None:  # SIGHUP or a change of the file: its exports applied, no restart
+                    stop_reload = _reload_on_change(config, lambda: _exports(c, specs, config, prefixes), control,
+                                                    prefixes_found)
                 while not stop.wait(0.5):
                     pass
             finally:
+                if stop_reload is not None:
+                    stop_reload()
                 control.stop(grace=1.0)
         exit_if_interrupted(stop)
 

@@ -39,11 +39,23 @@ from .. import metrics as _metrics
 from ..resolver import Resolver
 from ..types import Backend
 from .errors import XdsConfigError
-from .exports import Export, PrefixExport, make_export
-from .resources import ENDPOINT, SHORT, TYPES, load_assignment, static_resources
+from .exports import Export, PrefixExport, check_unique, make_export
+from .resources import (
+    CLUSTER,
+    ENDPOINT,
+    ROUTE,
+    SHORT,
+    TYPES,
+    load_assignment,
+    route_config,
+    static_resources,
+    subset_assignments,
+    subset_clusters,
+)
 from .server import AdsServer
 from .snapshot import Resource, Snapshot
 from .sources import PrefixWatcher, start_source
+from .traffic import describe, empty_subsets
 
 log = logging.getLogger("waypost.xds")
 #: the shortest time between two pushes (seconds): a change after a quiet spell goes out at once, a burst of
@@ -56,7 +68,7 @@ class ControlPlane:
     """Serves ``exports`` (and services found under ``prefixes``) over ADS (module docstring).
 
     ``start(listen)`` returns the bound port; ``stop()`` ends it. Thread-safe entry points: ``start``, ``stop``,
-    ``add_export``; everything else runs on the control loop."""
+    ``add_export``, ``replace_exports``; everything else runs on the control loop."""
 
     def __init__(self, exports: Iterable[Export] = (), prefixes: Iterable[PrefixExport] = (), *,
                  prefix_interval: float = 2.0, push_interval: float = PUSH_INTERVAL,
@@ -73,6 +85,13 @@ class ControlPlane:
         self.prefix_interval = prefix_interval
         self._static: dict[str, dict[str, Resource]] = {}
         self._eds: dict[str, Resource] = {}
+        # an export's subsets (traffic.py): their Clusters and assignments by cluster name, and the subsets with
+        # no endpoint now (left out of the export's splits)
+        self._subset_clusters: dict[str, dict[str, Resource]] = {}
+        self._subset_eds: dict[str, dict[str, Resource]] = {}
+        self._empty: dict[str, frozenset[str]] = {}
+        self._found: set[str] = set()  # exports found under prefixes (replace_exports leaves them)
+        self._generation: dict[str, int] = {}  # per export: its source's generation (a replaced one's updates are dropped)
         self._lists: dict[str, tuple[Backend, ...]] = {}
         self._usable: dict[str, int] = {}  # endpoints in the assignment served (host names are left out)
         self._down: dict[str, str] = {}  # export -> the failure its source reported last (while it fails)
@@ -156,6 +175,62 @@ class ControlPlane:
         self._add(export)
         self._rebuild()  # add_export returns with it served: no pacing for this one
 
+    def replace_exports(self, exports: Iterable[Export]) -> None:
+        """Serve ``exports`` instead of the exports served so far (from any thread; returns once the new snapshot
+        is built): those found under prefixes stay; an export whose target did not change keeps its source and
+        its endpoints (only its resources are rebuilt, and only if its definition changed); the others' sources
+        are started or stopped. Equal definitions change nothing (no push)."""
+        new = list(exports)
+        check_unique(new)
+        if _loop.in_loop():
+            self._replace(new)
+        else:
+            _loop.run(self._areplace(new), 30)
+
+    async def _areplace(self, exports: list[Export]) -> None:
+        self._replace(exports)
+
+    def _replace(self, exports: list[Export]) -> None:
+        wanted = {e.name: e for e in exports}
+        if not self._started:  # astart starts what is in self.exports
+            self.exports = {**{n: e for n, e in self.exports.items() if n in self._found}, **wanted}
+            return
+        changed = False
+        for name in [n for n in self.exports if n not in wanted and n not in self._found]:
+            self._remove(name)
+            log.info("xds: export %r removed", name)
+            changed = True
+        for e in exports:
+            old = self.exports.get(e.name)
+            self._found.discard(e.name)
+            if old == e and e.name in self._resolvers:
+                continue
+            changed = True
+            if old is not None and old.target == e.target and e.name in self._resolvers:
+                self.exports[e.name] = e
+                self._build_static(e)
+                self._reassign(e)
+                log.info("xds: export %r changed (same source)", e.name)
+            else:
+                if old is not None:
+                    self._remove(e.name)
+                self.exports[e.name] = e
+                self._add(e)
+                log.info("xds: export %r %s", e.name, "added" if old is None else "changed (new source)")
+        if changed:
+            self._rebuild()  # replace_exports returns with the new config served: no pacing for this one
+
+    def _remove(self, name: str) -> None:
+        """Stop serving ``name``: its source is closed (its late updates are dropped) and its resources go."""
+        self._generation[name] = self._generation.get(name, 0) + 1
+        resolver = self._resolvers.pop(name, None)
+        if resolver is not None:
+            task = asyncio.get_running_loop().create_task(resolver.aclose())
+            task.add_done_callback(lambda t: t.cancelled() or t.exception())  # retrieved: a failed close is moot
+        for table in (self.exports, self._static, self._eds, self._lists, self._usable, self._down,
+                      self._subset_clusters, self._subset_eds, self._empty):
+            table.pop(name, None)
+
     def _prefix_found(self, p: PrefixExport) -> Any:
         def found(service: str, target: str) -> None:
             if service in self.exports:
@@ -165,6 +240,7 @@ class ControlPlane:
             except XdsConfigError as e:
                 log.error("xds: %s", e)
                 return
+            self._found.add(service)
             self._add_checked(export)
 
         return found
@@ -172,24 +248,41 @@ class ControlPlane:
     # ------------------------------------------------------------------ sources (control loop)
 
     def _add(self, export: Export) -> None:
+        self._build_static(export)
+        generation = self._generation[export.name] = self._generation.get(export.name, 0) + 1
+        self._resolvers[export.name] = start_source(
+            export, lambda name, backends: self._on_update(name, backends, generation),
+            lambda name, message: self._on_error(name, message, generation))
+
+    def _build_static(self, export: Export) -> None:
+        """The export's Listener, Route and Cluster, and its subsets' Clusters (the splits as configured until
+        its endpoints show which subsets are empty)."""
         self._static[export.name] = {t: Resource.of(export.name, m) for t, m in static_resources(export).items()}
-        self._resolvers[export.name] = start_source(export, self._on_update, self._on_error)
+        self._subset_clusters[export.name] = {n: Resource.of(n, c) for n, c in subset_clusters(export).items()}
+        self._subset_eds.pop(export.name, None)
+        self._empty[export.name] = frozenset()
 
-    def _on_update(self, name: str, backends: Sequence[Backend]) -> None:
+    def _on_update(self, name: str, backends: Sequence[Backend], generation: int | None = None) -> None:
         if _loop.in_loop():
-            self._update(name, tuple(backends))
+            self._update(name, tuple(backends), generation)
         else:
-            _loop.call_soon(self._update, name, tuple(backends))
+            _loop.call_soon(self._update, name, tuple(backends), generation)
 
-    def _on_error(self, name: str, message: str) -> None:
+    def _on_error(self, name: str, message: str, generation: int | None = None) -> None:
         if _loop.in_loop():
-            self._failed(name, message)
+            self._failed(name, message, generation)
         else:
-            _loop.call_soon(self._failed, name, message)
+            _loop.call_soon(self._failed, name, message, generation)
 
-    def _failed(self, name: str, message: str) -> None:
+    def _current(self, name: str, generation: int | None) -> Export | None:
+        """The export ``name``, unless the update comes from a source it no longer has (``_remove``)."""
+        if generation is not None and self._generation.get(name) != generation:
+            return None
+        return self.exports.get(name)
+
+    def _failed(self, name: str, message: str, generation: int | None = None) -> None:
         """The source of ``name`` failed: one WARNING when it goes down, DEBUG while it stays down."""
-        export = self.exports.get(name)
+        export = self._current(name, generation)
         if export is None:
             return
         was_down = name in self._down
@@ -216,8 +309,8 @@ class ControlPlane:
             log.warning("xds: source of %r is back: %d endpoint(s)", name, len(backends))
         _gauge(name, up=True)
 
-    def _update(self, name: str, backends: tuple[Backend, ...]) -> None:
-        export = self.exports.get(name)
+    def _update(self, name: str, backends: tuple[Backend, ...], generation: int | None = None) -> None:
+        export = self._current(name, generation)
         if export is None:
             return
         self._back(name, backends)
@@ -241,8 +334,40 @@ class ControlPlane:
         self._lists[name] = backends
         self._usable[name] = usable
         self._eds[name] = Resource.of(name, cla)
+        self._assign_subsets(export, backends)
         log.info("xds: %s: %d endpoint(s)", name, usable)
         self._mark()
+
+    def _reassign(self, export: Export) -> None:
+        """After a change of the export's definition: its assignments again, from the list it is served now."""
+        name = export.name
+        if name not in self._eds:
+            return
+        backends = self._lists.get(name, ())
+        self._eds[name] = Resource.of(name, load_assignment(export, backends))
+        self._assign_subsets(export, backends)
+
+    def _assign_subsets(self, export: Export, backends: Sequence[Backend]) -> None:
+        """The subsets' assignments from ``backends``; when the set of empty subsets changes, the route
+        (they are left out of the splits while empty: traffic.py) and one log line."""
+        name = export.name
+        if not export.subsets:
+            return
+        parts = subset_assignments(export, backends)
+        self._subset_eds[name] = {cla.cluster_name: Resource.of(cla.cluster_name, cla) for cla, _ in parts.values()}
+        empty = empty_subsets(export, {n: live for n, (_, live) in parts.items()})
+        before = self._empty.get(name, frozenset())
+        if empty == before:
+            return
+        self._empty[name] = empty
+        self._static[name][ROUTE] = Resource.of(name, route_config(export, empty))
+        if empty - before:
+            log.warning("xds: %s: subset(s) %s have no endpoint: left out of the splits until they have one (their "
+                        "share goes to the split's other subsets, or to the whole cluster %s when none is left)",
+                        name, describe(sorted(empty - before)), name)
+        if before - empty:
+            log.warning("xds: %s: subset(s) %s have endpoints again: back in the splits", name,
+                        describe(sorted(before - empty)))
 
     def _mark(self) -> None:
         """Rebuild for the changes queued: at once when the last push is ``push_interval`` old or more, else at
@@ -270,6 +395,8 @@ class ControlPlane:
                 per_type[t][name] = r
             if name in self._eds:
                 per_type[ENDPOINT][name] = self._eds[name]
+            per_type[CLUSTER].update(self._subset_clusters.get(name, {}))
+            per_type[ENDPOINT].update(self._subset_eds.get(name, {}))
         snap = Snapshot(per_type)
         changed = _changed_names(self._snapshot, snap)
         self._snapshot = snap

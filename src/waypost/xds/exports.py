@@ -18,6 +18,12 @@ waypost dial target, or a list of them), with options that shape the resources:
 ``outlier_detection``  the ``outlier_detection`` policy config of a service config (config file only)
 ``serve_empty``      ``true`` (default): a service whose source answered with no endpoint is served with an
                      empty assignment (calls fail at once); ``false``: left unanswered until it has endpoints
+``subset_key``,      traffic policy: subsets of the instances by metadata, weighted splits between them, routes
+``subsets``,         on headers or methods (with timeouts), circuit breaking (``max_requests``) and fault
+``split``,           injection (``waypost.xds.traffic``); ``routes`` and ``fault`` are config-file only
+``routes``,
+``max_requests``,
+``fault``
 ===================  =========================================================================================
 
 On the command line an export is one argument: ``NAME=TARGET`` followed by space-separated options
@@ -46,7 +52,7 @@ from __future__ import annotations
 import json
 import re
 from collections.abc import Mapping
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
@@ -54,14 +60,28 @@ from ..registry.kinds import kind_of
 from .errors import XdsConfigError
 from .policy import check_export
 from .tls import TlsFiles, tls_files_from_table
+from .traffic import (
+    Fault,
+    Route,
+    Split,
+    Subset,
+    parse_fault,
+    parse_max_requests,
+    parse_routes,
+    parse_split,
+    parse_subset_key,
+    parse_subsets,
+    resolve_subsets,
+)
 
 #: an xDS service name: what follows ``xds:///`` (a DNS-ish name, also the Listener/Cluster name)
 NAME_RE = re.compile(r"[A-Za-z0-9](?:[A-Za-z0-9._/\-]{0,251}[A-Za-z0-9._\-])?")
 RETRY_CODES = ("cancelled", "deadline-exceeded", "internal", "resource-exhausted", "unavailable")
 OPTIONS = ("policy", "policy_config", "hash_header", "prefer", "retries", "retry_on",
-           "service_config", "outlier_detection", "serve_empty")
+           "service_config", "outlier_detection", "serve_empty",
+           "subset_key", "subsets", "split", "routes", "max_requests", "fault")
 #: options that only a config file can set (their values are objects)
-_OBJECT_OPTIONS = ("policy_config", "outlier_detection")
+_OBJECT_OPTIONS = ("policy_config", "outlier_detection", "routes", "fault")
 _HEADER_RE = re.compile(r"[a-z0-9][a-z0-9._\-]{0,127}")
 
 
@@ -80,6 +100,13 @@ class Export:
     outlier_detection: Mapping[str, Any] | None = None
     serve_empty: bool = True
     service_config: Any = None  # a validated waypost.service_config.ServiceConfig (methodConfig only)
+    # traffic policy (waypost.xds.traffic)
+    subset_key: str | None = None
+    subsets: tuple[Subset, ...] = ()  # resolved by make_export: every subset named anywhere, with its selector
+    split: Split | None = None
+    routes: tuple[Route, ...] = ()
+    max_requests: int | None = None
+    fault: Fault | None = None
 
     def __hash__(self) -> int:  # the mappings are never mutated; hash what identifies the export
         return hash((self.name, self.target))
@@ -144,6 +171,7 @@ def make_export(name: Any, target: Any, options: Mapping[str, Any], where: str |
     for key, value in options.items():
         kw[key] = _OPTION_PARSERS[key](value, f"{where}: {key}")
     export = Export(name=name, target=targets, **kw)
+    export = replace(export, subsets=resolve_subsets(export, where))
     if export.service_config is not None and export.retries:
         raise XdsConfigError(f"{where}: give retries either in service_config or as the retries option")
     check_export(export, where)
@@ -240,6 +268,8 @@ _OPTION_PARSERS: dict[str, Any] = {
     "policy": _policy, "policy_config": _object, "hash_header": _header, "prefer": _prefer,
     "retries": _retries, "retry_on": _retry_on, "outlier_detection": _object,
     "serve_empty": _bool,
+    "subset_key": parse_subset_key, "subsets": parse_subsets, "split": parse_split, "routes": parse_routes,
+    "max_requests": parse_max_requests, "fault": parse_fault,
 }
 
 

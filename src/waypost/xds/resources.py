@@ -7,8 +7,12 @@ For the service NAME (what a client dials as ``xds:///NAME``):
 - **RouteConfiguration NAME**: one virtual host, domains ``["*"]``, routes to cluster NAME: one per method and
   service of the export's ``service_config``, then the catch-all (prefix ``""``), with retries (retry_policy) and
   the ``hash_header`` (hash_policy): ``routes.py``;
-- **Cluster NAME**: type EDS over ADS, ``load_balancing_policy`` and ``outlier_detection`` (``policy.py``);
-- **ClusterLoadAssignment NAME**: the endpoints, mapped as below.
+- **Cluster NAME**: type EDS over ADS, ``load_balancing_policy`` and ``outlier_detection`` (``policy.py``), and
+  ``circuit_breakers`` with the export's ``max_requests``;
+- **ClusterLoadAssignment NAME**: the endpoints, mapped as below;
+- with a traffic policy (``traffic.py``): a Cluster and a ClusterLoadAssignment per subset (``NAME/KEY=VALUE``, its
+  instances only), routes to them (``weighted_clusters`` for a split), and the fault filter (``faults.py``) before
+  the router in the Listener when the export or one of its routes injects faults.
 
 Endpoint mapping:
 
@@ -41,22 +45,24 @@ import ipaddress
 import logging
 from collections.abc import Sequence
 
-from envoy.config.cluster.v3 import cluster_pb2
+from envoy.config.cluster.v3 import circuit_breaker_pb2, cluster_pb2
 from envoy.config.core.v3 import address_pb2, base_pb2, config_source_pb2, health_check_pb2
 from envoy.config.endpoint.v3 import endpoint_components_pb2, endpoint_pb2
 from envoy.config.listener.v3 import api_listener_pb2, listener_pb2
 from envoy.config.route.v3 import route_components_pb2, route_pb2
 from envoy.extensions.filters.http.router.v3 import router_pb2
 from envoy.extensions.filters.network.http_connection_manager.v3 import http_connection_manager_pb2 as hcm_pb2
-from google.protobuf import any_pb2
+from google.protobuf import any_pb2, wrappers_pb2
 from google.protobuf.message import Message
 
 from ..balancer.weights import DEFAULT_WEIGHT, weight_of
 from ..netutil import split_host_port
 from ..types import Backend
 from .exports import Export
+from .faults import FAULT_FILTER, http_fault
 from .policy import lb_policy, outlier_detection, weights_need_localities
 from .routes import routes
+from .traffic import fault_filters_needed, subset_backends
 
 log = logging.getLogger("waypost.xds")
 
@@ -84,9 +90,16 @@ def _router() -> list[hcm_pb2.HttpFilter]:
     return [hcm_pb2.HttpFilter(name="envoy.filters.http.router", typed_config=pack(router_pb2.Router()))]
 
 
+def _http_filters(export: Export) -> list[hcm_pb2.HttpFilter]:
+    """The router, after the fault filter when the export or one of its routes injects faults (gRFC A33)."""
+    if not fault_filters_needed(export):
+        return _router()
+    return [hcm_pb2.HttpFilter(name=FAULT_FILTER, typed_config=pack(http_fault(export.fault))), *_router()]
+
+
 def listener(export: Export) -> listener_pb2.Listener:
     hcm = hcm_pb2.HttpConnectionManager(rds=hcm_pb2.Rds(config_source=_ADS, route_config_name=export.name),
-                                        http_filters=_router())
+                                        http_filters=_http_filters(export))
     return listener_pb2.Listener(name=export.name, api_listener=api_listener_pb2.ApiListener(api_listener=pack(hcm)))
 
 
@@ -104,20 +117,25 @@ def not_exported_listener(name: str) -> listener_pb2.Listener:
     return listener_pb2.Listener(name=name, api_listener=api_listener_pb2.ApiListener(api_listener=pack(hcm)))
 
 
-def route_config(export: Export) -> route_pb2.RouteConfiguration:
-    vhost = route_components_pb2.VirtualHost(name=export.name, domains=["*"], routes=routes(export))
+def route_config(export: Export, empty: frozenset[str] = frozenset()) -> route_pb2.RouteConfiguration:
+    """The export's RouteConfiguration; ``empty``: its subsets with no endpoint now (left out of the splits)."""
+    vhost = route_components_pb2.VirtualHost(name=export.name, domains=["*"], routes=routes(export, empty))
     return route_pb2.RouteConfiguration(name=export.name, virtual_hosts=[vhost])
 
 
-def cluster(export: Export) -> cluster_pb2.Cluster:
+def cluster(export: Export, name: str | None = None) -> cluster_pb2.Cluster:
+    """The export's Cluster, or (``name``) one of its subsets' with the same policy."""
     c = cluster_pb2.Cluster(
-        name=export.name,
+        name=name or export.name,
         type=cluster_pb2.Cluster.EDS,
         eds_cluster_config=cluster_pb2.Cluster.EdsClusterConfig(eds_config=_ADS),
         load_balancing_policy=lb_policy(export),
     )
     if export.outlier_detection is not None:
         c.outlier_detection.CopyFrom(outlier_detection(export.outlier_detection, f"export {export.name!r}"))
+    if export.max_requests is not None:  # gRFC A32: gRPC reads the DEFAULT priority's max_requests only
+        c.circuit_breakers.thresholds.append(circuit_breaker_pb2.CircuitBreakers.Thresholds(
+            priority=base_pb2.DEFAULT, max_requests=wrappers_pb2.UInt32Value(value=export.max_requests)))
     return c
 
 
@@ -215,9 +233,28 @@ def _priorities(export: Export, localities: list[tuple[str, str]]) -> dict[tuple
 
 
 def static_resources(export: Export) -> dict[str, Message]:
-    """Listener, RouteConfiguration and Cluster of the export (they depend on the export only)."""
+    """Listener, RouteConfiguration and Cluster of the export (they depend on the export only, but for the
+    RouteConfiguration of an export with subsets: ``route_config(export, empty)`` once its endpoints are known)."""
     return {LISTENER: listener(export), ROUTE: route_config(export), CLUSTER: cluster(export)}
 
 
+def subset_clusters(export: Export) -> dict[str, cluster_pb2.Cluster]:
+    """The Cluster of each of the export's subsets, by name (``traffic.py``)."""
+    return {s.cluster(export.name): cluster(export, s.cluster(export.name)) for s in export.subsets}
+
+
+def subset_assignments(export: Export, backends: Sequence[Backend]
+                       ) -> dict[str, tuple[endpoint_pb2.ClusterLoadAssignment, int]]:
+    """Per subset name: the ClusterLoadAssignment of the backends it selects (named by its cluster), and how
+    many of its endpoints take calls (not drained)."""
+    out = {}
+    for s in export.subsets:
+        cla = load_assignment(export, subset_backends(s, backends))
+        cla.cluster_name = s.cluster(export.name)
+        live = sum(ep.health_status != health_check_pb2.DRAINING for loc in cla.endpoints for ep in loc.lb_endpoints)
+        out[s.name] = (cla, live)
+    return out
+
+
 __all__ = ["CLUSTER", "DEFAULT_WEIGHT", "ENDPOINT", "LISTENER", "ROUTE", "SHORT", "TYPES", "cluster", "listener",
-           "load_assignment", "pack", "route_config", "static_resources"]
+           "load_assignment", "pack", "route_config", "static_resources", "subset_assignments", "subset_clusters"]

@@ -17,10 +17,14 @@ maxAttempts - 1, ``retry_on`` = retryableStatusCodes (gRPC honours cancelled, de
 resource-exhausted and unavailable: other codes are refused at start), ``retry_back_off`` = initialBackoff /
 maxBackoff. xDS has no backoff multiplier: gRPC uses 2.
 
-**Timeouts are not sent.** A route's ``max_stream_duration`` (gRFC A31) is where xDS carries them, but grpcio 1.85
-applies it wrongly: with 1 s on the route every call failed at once with DEADLINE_EXCEEDED, with 1.5 s or 2 s calls
-failed after a fraction of a second, and only values of several seconds behaved. A methodConfig ``timeout`` is
-therefore left out (a warning says so); set deadlines in the clients.
+**A methodConfig timeout is not sent.** A route's ``max_stream_duration`` (gRFC A31) is where xDS carries it, but
+grpcio 1.85 ends calls about 1.06 s before it (with 1 s every call fails at once with DEADLINE_EXCEEDED, with 2 s
+calls end at 0.94 s), while grpc-go and grpc-java honour it: a methodConfig ``timeout`` is therefore left out (a
+warning says so). An export's ``routes`` may set one explicitly (``timeout``, ``traffic.py``), knowing this.
+
+The export's own ``routes`` (``traffic.py``: header and method matches, subsets and splits, timeouts, faults) come
+first, in their order, each with the export's default retry policy; the service_config routes and the catch-all go
+where the export's ``split`` sends (its whole cluster without one).
 """
 
 from __future__ import annotations
@@ -30,10 +34,13 @@ from typing import Any
 
 import grpc
 from envoy.config.route.v3 import route_components_pb2 as rc_pb2
+from envoy.type.matcher.v3 import string_pb2
 from google.protobuf import wrappers_pb2
 
 from .errors import XdsConfigError
+from .faults import FAULT_FILTER, http_fault
 from .policy import hash_policies
+from .traffic import Route, Split, destination
 
 log = logging.getLogger("waypost.xds")
 _CODES = {grpc.StatusCode.CANCELLED: "cancelled", grpc.StatusCode.DEADLINE_EXCEEDED: "deadline-exceeded",
@@ -63,8 +70,9 @@ def parse_service_config(value: Any, where: str) -> Any:
     except ValueError as e:
         raise XdsConfigError(f"{where}: {e}") from None
     if any(mc.timeout is not None for mc in cfg.method_configs):
-        log.warning("xds %s: the service config's timeouts are not sent over xDS (grpcio misapplies a route's "
-                    "max_stream_duration); set deadlines in the clients", where)
+        log.warning("xds %s: the service config's timeouts are not sent over xDS (grpcio ends calls about 1 s "
+                    "before a route's max_stream_duration); set deadlines in the clients, or a route's timeout "
+                    "(the export's routes option)", where)
     for service, method, path in cfg.names:
         mc = cfg.method_config(f"/{service}/{method}")
         rp = mc.retry_policy if mc is not None else None
@@ -76,8 +84,16 @@ def parse_service_config(value: Any, where: str) -> Any:
     return cfg
 
 
-def _action(export: Any, retry: rc_pb2.RetryPolicy | None) -> rc_pb2.RouteAction:
-    action = rc_pb2.RouteAction(cluster=export.name, hash_policy=hash_policies(export))
+def _action(export: Any, retry: rc_pb2.RetryPolicy | None, to: Split | None = None,
+            empty: frozenset[str] = frozenset()) -> rc_pb2.RouteAction:
+    action = rc_pb2.RouteAction(hash_policy=hash_policies(export))
+    pairs = destination(export, to, empty)
+    if len(pairs) == 1:
+        action.cluster = pairs[0][0]
+    else:  # gRFC A28: gRPC picks a cluster per call in proportion to the weights
+        action.weighted_clusters.clusters.extend(
+            rc_pb2.WeightedCluster.ClusterWeight(name=name, weight=wrappers_pb2.UInt32Value(value=weight))
+            for name, weight in pairs)
     if retry is not None:
         action.retry_policy.CopyFrom(retry)
     return action
@@ -100,23 +116,47 @@ def _export_retry(export: Any) -> rc_pb2.RetryPolicy | None:
                               num_retries=wrappers_pb2.UInt32Value(value=export.retries))
 
 
-def routes(export: Any) -> list[rc_pb2.Route]:
-    """The export's routes (module docstring): per-method, per-service, then the catch-all."""
+def routes(export: Any, empty: frozenset[str] = frozenset()) -> list[rc_pb2.Route]:
+    """The export's routes (module docstring): its own ``routes``, then per method and per service of its
+    service_config, then the catch-all; ``empty``: the subsets that have no endpoint now (``traffic.py``)."""
     cfg = export.service_config
     out: list[rc_pb2.Route] = []
     default_retry = _export_retry(export)
+    if cfg is not None:
+        mc = cfg.method_config("/")
+        default_retry = _retry(mc.retry_policy) if mc is not None else None
+    out += [_traffic_route(export, r, default_retry, empty) for r in export.routes]
     if cfg is not None:
         methods = sorted({(s, m) for s, m, _ in cfg.names if s and m})
         services = sorted({s for s, m, _ in cfg.names if s and not m})
         for service, method in methods:
             mc = cfg.method_config(f"/{service}/{method}")
             out.append(rc_pb2.Route(match=rc_pb2.RouteMatch(path=f"/{service}/{method}"),
-                                    route=_action(export, _retry(mc.retry_policy))))
+                                    route=_action(export, _retry(mc.retry_policy), empty=empty)))
         for service in services:
             mc = cfg.method_config(f"/{service}/")
             out.append(rc_pb2.Route(match=rc_pb2.RouteMatch(prefix=f"/{service}/"),
-                                    route=_action(export, _retry(mc.retry_policy))))
-        mc = cfg.method_config("/")
-        default_retry = _retry(mc.retry_policy) if mc is not None else None
-    out.append(rc_pb2.Route(match=rc_pb2.RouteMatch(prefix=""), route=_action(export, default_retry)))
+                                    route=_action(export, _retry(mc.retry_policy), empty=empty)))
+    out.append(rc_pb2.Route(match=rc_pb2.RouteMatch(prefix=""), route=_action(export, default_retry, empty=empty)))
     return out
+
+
+def _traffic_route(export: Any, r: Route, retry: rc_pb2.RetryPolicy | None, empty: frozenset[str]) -> rc_pb2.Route:
+    """One entry of the export's ``routes``, with the export's default retry policy."""
+    if r.method:
+        match = rc_pb2.RouteMatch(path=f"/{r.service}/{r.method}")
+    else:
+        match = rc_pb2.RouteMatch(prefix=f"/{r.service}/" if r.service else "")
+    for h in r.headers:
+        if h.kind == "present":
+            match.headers.append(rc_pb2.HeaderMatcher(name=h.name, present_match=True))
+        else:
+            string = string_pb2.StringMatcher(**{h.kind: h.value})
+            match.headers.append(rc_pb2.HeaderMatcher(name=h.name, string_match=string))
+    action = _action(export, retry, r.to, empty)
+    if r.timeout is not None:
+        action.max_stream_duration.max_stream_duration.FromNanoseconds(round(r.timeout * 1e9))
+    route = rc_pb2.Route(match=match, route=action)
+    if r.fault is not None:
+        route.typed_per_filter_config[FAULT_FILTER].Pack(http_fault(r.fault), deterministic=True)
+    return route

@@ -7,6 +7,7 @@ import (
 	"os/signal"
 	"strconv"
 	"strings"
+	"sync"
 	"syscall"
 	"time"
 
@@ -25,6 +26,7 @@ type ClientFlags struct {
 	WaitForReady *bool
 	Message      *string
 	MaxSeconds   *time.Duration
+	Parallel     *int
 	Headers      KV
 }
 
@@ -39,6 +41,7 @@ func RegisterClientFlags() *ClientFlags {
 		WaitForReady: flag.Bool("wait-for-ready", false, "make calls wait-for-ready"),
 		Message:      flag.String("message", "hello", "EchoRequest.message"),
 		MaxSeconds:   flag.Duration("max-time", 10*time.Minute, "upper bound on the whole loop"),
+		Parallel:     flag.Int("parallel", 1, "issue the calls N at a time, their starts -interval apart (a wave of N shares its first call's headers and deadline)"),
 	}
 	flag.Var(&f.Headers, "header", "request header k=v (repeatable); {i} in v is replaced by the call index (mod -keys)")
 	return f
@@ -67,6 +70,7 @@ func RunCalls(conn *grpc.ClientConn, f *ClientFlags) int {
 	interrupted := false
 	done := 0
 	pairs := f.Headers.Pairs()
+	var wave []outcome // -parallel: the outcomes of the current wave not counted yet
 	opts := []grpc.CallOption{}
 	if *f.WaitForReady {
 		opts = append(opts, grpc.WaitForReady(true))
@@ -102,10 +106,17 @@ loop:
 			}
 			ctx = metadata.AppendToOutgoingContext(ctx, kv...)
 		}
-		req := NewRequest()
-		SetString(req, "message", *f.Message)
-		reply := NewReply()
-		err := conn.Invoke(ctx, UnaryMethod, req, reply, opts...)
+		var server string
+		var err error
+		if *f.Parallel > 1 {
+			if len(wave) == 0 {
+				wave = callWave(ctx, conn, *f.Message, min(*f.Parallel, *f.Calls-i), *f.Interval, opts)
+			}
+			server, err = wave[0].server, wave[0].err
+			wave = wave[1:]
+		} else {
+			server, err = call(ctx, conn, *f.Message, opts)
+		}
 		cancel()
 		done++
 		if err != nil {
@@ -121,7 +132,6 @@ loop:
 				batchFirst = msg
 			}
 		} else {
-			server := GetString(reply, "server")
 			total[server]++
 			batch[server]++
 			if *f.Keys > 0 && key != "" {
@@ -160,4 +170,39 @@ loop:
 	}
 	Emit(final)
 	return errors
+}
+
+type outcome struct {
+	server string
+	err    error
+}
+
+func call(ctx context.Context, conn *grpc.ClientConn, message string, opts []grpc.CallOption) (string, error) {
+	req := NewRequest()
+	SetString(req, "message", message)
+	reply := NewReply()
+	if err := conn.Invoke(ctx, UnaryMethod, req, reply, opts...); err != nil {
+		return "", err
+	}
+	return GetString(reply, "server"), nil
+}
+
+// callWave makes n calls together (started interval apart, all in flight at once) and returns their outcomes
+// once all have ended.
+func callWave(ctx context.Context, conn *grpc.ClientConn, message string, n int, interval time.Duration,
+	opts []grpc.CallOption) []outcome {
+	out := make([]outcome, n)
+	var wg sync.WaitGroup
+	for j := range out {
+		if j > 0 && interval > 0 {
+			time.Sleep(interval)
+		}
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			out[j].server, out[j].err = call(ctx, conn, message, opts)
+		}()
+	}
+	wg.Wait()
+	return out
 }

@@ -1,5 +1,6 @@
 package waypost.interop;
 
+import com.google.common.util.concurrent.ListenableFuture;
 import com.google.protobuf.CodedInputStream;
 import com.google.protobuf.CodedOutputStream;
 import io.grpc.CallOptions;
@@ -22,6 +23,7 @@ import java.util.List;
 import java.util.Map;
 import java.util.TreeMap;
 import java.util.concurrent.CountDownLatch;
+import java.util.concurrent.ExecutionException;
 import java.util.concurrent.TimeUnit;
 
 /**
@@ -33,7 +35,8 @@ import java.util.concurrent.TimeUnit;
  *
  * <p>Flags: -target, -calls N, -interval D, -deadline D, -batch K, -header k=v (repeatable; {i} in v is the
  * call index, mod -keys K when given, and "by_key" reports which server each value reached), -wait-for-ready,
- * -max-time D, -message S. Durations: 250ms, 1.5s, 2m. SIGTERM ends the loop early ("interrupted": true).
+ * -max-time D, -message S, -parallel N (calls issued N at a time, their starts -interval apart: a wave shares its
+ * first call's headers and deadline). Durations: 250ms, 1.5s, 2m. SIGTERM ends the loop early ("interrupted": true).
  *
  * <p>The two messages are hand-encoded (EchoRequest.message = 1, EchoReply.server = 2): no protoc step.
  */
@@ -169,6 +172,7 @@ public final class XdsClient {
     long deadlineMs = 5000;
     int batch = 0;
     int keys = 0;
+    int parallel = 1;
     boolean waitForReady = false;
     long maxTimeMs = 600_000;
     String message = "hello";
@@ -190,6 +194,7 @@ public final class XdsClient {
         case "-deadline" -> deadlineMs = parseDuration(v);
         case "-batch" -> batch = Integer.parseInt(v);
         case "-keys" -> keys = Integer.parseInt(v);
+        case "-parallel" -> parallel = Integer.parseInt(v);
         case "-max-time" -> maxTimeMs = parseDuration(v);
         case "-message" -> message = v;
         case "-header" -> {
@@ -235,6 +240,7 @@ public final class XdsClient {
     boolean interrupted = false;
     long start = System.nanoTime();
     long stopAt = start + maxTimeMs * 1_000_000L;
+    List<ListenableFuture<String>> wave = new ArrayList<>(); // -parallel: calls of this wave not counted yet
     for (int i = 0; i < calls; i++) {
       if (stopRequested || System.nanoTime() > stopAt) {
         interrupted = true;
@@ -260,7 +266,20 @@ public final class XdsClient {
       }
       done++;
       try {
-        String server = ClientCalls.blockingUnaryCall(ch, UNARY, opts, message);
+        String server;
+        if (parallel > 1) {
+          if (wave.isEmpty()) {
+            for (int j = 0; j < Math.min(parallel, calls - i); j++) {
+              if (j > 0 && intervalMs > 0) {
+                Thread.sleep(intervalMs);
+              }
+              wave.add(ClientCalls.futureUnaryCall(ch.newCall(UNARY, opts), message));
+            }
+          }
+          server = outcome(wave.remove(0));
+        } else {
+          server = ClientCalls.blockingUnaryCall(ch, UNARY, opts, message);
+        }
         total.merge(server, 1, (x, y) -> (Integer) x + (Integer) y);
         batchCounts.merge(server, 1, (x, y) -> (Integer) x + (Integer) y);
         if (keys > 0 && !key.isEmpty()) {
@@ -268,6 +287,9 @@ public final class XdsClient {
           Map<String, Object> m = (Map<String, Object>) byKey.computeIfAbsent(key, k -> new TreeMap<>());
           m.merge(server, 1, (x, y) -> (Integer) x + (Integer) y);
         }
+      } catch (InterruptedException e) {
+        interrupted = true;
+        break;
       } catch (StatusRuntimeException e) {
         if (stopRequested) {
           done--;
@@ -328,6 +350,18 @@ public final class XdsClient {
     finished.countDown();
     if (!stopRequested) {
       System.exit(0);
+    }
+  }
+
+  /** The server of a call of a wave, or its status as a StatusRuntimeException (as a blocking call throws). */
+  private static String outcome(ListenableFuture<String> call) {
+    try {
+      return call.get();
+    } catch (ExecutionException e) {
+      throw Status.fromThrowable(e.getCause()).asRuntimeException();
+    } catch (InterruptedException e) {
+      call.cancel(true);
+      throw Status.CANCELLED.withDescription("interrupted").asRuntimeException();
     }
   }
 

@@ -1,0 +1,377 @@
+"""An export's traffic policy: subsets of its instances, weighted splits between them, routes on headers or
+methods with their timeouts, circuit breaking and fault injection (docs/xds.md, "Traffic policy").
+
+===================  =========================================================================================
+export option        meaning
+===================  =========================================================================================
+``subset_key``       a metadata key (``version``): each value named in ``split``, ``routes`` or ``subsets``
+                     is a subset, the instances whose metadata has that value
+``subsets``          the subsets by name: a list of values of ``subset_key`` (``v1,v2`` on the command line),
+                     or a table ``NAME = {KEY = VALUE, ...}`` (every pair must match; config file)
+``split``            the default route's weighted split: ``{v1 = 95, v2 = 5}`` (``v1:95,v2:5`` on the command
+                     line); weights are integers, a weight 0 keeps the subset out
+``routes``           a list of routes tried in order before the service_config routes and the default route
+                     (config file): ``service`` [+ ``method``] and/or ``headers`` to match, ``subset`` or
+                     ``split`` to send to (neither: where the default route sends), ``timeout``, ``fault``
+``max_requests``     circuit breaking (gRFC A32): at most N calls in flight per client to each of the export's
+                     clusters; more fail at once with UNAVAILABLE
+``fault``            fault injection (gRFC A33) on every route: ``{delay = "2s", delay_percent = 50,
+                     abort = "unavailable", abort_percent = 10}`` (a route's own ``fault`` replaces it there)
+===================  =========================================================================================
+
+Every subset is a Cluster of its own, named ``NAME/KEY=VALUE`` (``NAME/KEY1=V1,KEY2=V2`` for several keys), with
+the export's policy, outlier detection and circuit breaking, and a ClusterLoadAssignment of the instances it
+selects. A ``=`` never appears in an export name, so a subset's cluster never collides with an export's.
+
+A route header is ``NAME = "VALUE"`` (exact), ``NAME = {prefix = "P"}``, ``NAME = {exact = "V"}`` or
+``NAME = {present = true}``; all of a route's headers must match. ``-bin`` headers and ``grpc-`` headers are
+refused: gRPC never matches them (gRFC A28).
+
+**A route's timeout** is its ``max_stream_duration`` (gRFC A31): grpc-go and grpc-java end a call at it
+(DEADLINE_EXCEEDED), or at the client's own deadline when that comes first. grpcio 1.85 (gRPC C-core) ends calls
+about 1.06 s *before* it (measured for timeouts of 1.2 s to 4 s: 2 s ends a call at 0.94 s), so a route timeout of
+about 1 s or less fails every grpcio call at once; a warning at load says so for such a timeout.
+
+**A subset with no endpoint is left out of every split while it is empty** (one log line says so when it
+empties and when it is back): gRPC fails every call it routes to an empty cluster, so a canary split of 95/5
+whose canary has no instance would lose 5 % of the calls; left out, they go to the rest of the split. A route
+whose subsets are all empty sends to the export's whole cluster ``NAME`` instead (a canary header then reaches
+the stable instances rather than failing). Before its source first answers, a split is served as configured.
+"""
+
+from __future__ import annotations
+
+import logging
+import re
+from collections.abc import Iterable, Mapping, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+import grpc
+
+from ..durations import DurationError, parse_positive_duration
+from .errors import XdsConfigError
+
+log = logging.getLogger("waypost.xds")
+
+#: a subset name or a value of ``subset_key``, and a metadata key: what a cluster name may carry
+TOKEN_RE = re.compile(r"[A-Za-z0-9][A-Za-z0-9._\-]{0,62}")
+_HEADER_RE = re.compile(r"[a-z0-9][a-z0-9._\-]{0,127}")
+_SERVICE_RE = re.compile(r"[A-Za-z_][A-Za-z0-9_.]{0,254}")
+_METHOD_RE = re.compile(r"[A-Za-z_][A-Za-z0-9_]{0,127}")
+_ROUTE_KEYS = ("service", "method", "headers", "subset", "split", "timeout", "fault")
+_FAULT_KEYS = ("delay", "delay_percent", "abort", "abort_percent")
+#: how much earlier than a route's timeout grpcio 1.85 ends a call (measured for 1.2 s to 4 s: module docstring)
+GRPCIO_TIMEOUT_EARLY = 1.06
+#: the largest split weight (gRPC sums them in a uint32)
+MAX_WEIGHT = 1_000_000
+MAX_REQUESTS = 2**32 - 1
+
+
+@dataclass(frozen=True)
+class Subset:
+    """Instances whose metadata has every (key, value) of ``selector``; an empty selector is filled from
+    ``subset_key`` (the name is the value) when the export is checked."""
+
+    name: str
+    selector: tuple[tuple[str, str], ...] = ()
+
+    def cluster(self, export_name: str) -> str:
+        """The name of its Cluster (and ClusterLoadAssignment)."""
+        return f"{export_name}/" + ",".join(f"{k}={v}" for k, v in self.selector)
+
+    def selects(self, metadata: Mapping[str, Any]) -> bool:
+        return all(_text(metadata.get(k)) == v for k, v in self.selector)
+
+
+@dataclass(frozen=True)
+class Split:
+    """Where a route sends: subsets and their weights, sorted by name (equal configs, equal resources)."""
+
+    weights: tuple[tuple[str, int], ...]
+
+
+@dataclass(frozen=True)
+class HeaderMatch:
+    name: str
+    kind: str  # "exact", "prefix" or "present"
+    value: str = ""
+
+
+@dataclass(frozen=True)
+class Fault:
+    """gRFC A33's HTTPFault: a fixed delay and/or an abort with a gRPC status, each on a percentage of calls."""
+
+    delay: float | None = None
+    delay_percent: float = 100.0
+    abort: int | None = None  # a gRPC status code number
+    abort_percent: float = 100.0
+
+
+@dataclass(frozen=True)
+class Route:
+    """One entry of ``routes``: what it matches, where it sends (None: where the default route sends)."""
+
+    service: str = ""
+    method: str = ""
+    headers: tuple[HeaderMatch, ...] = ()
+    to: Split | None = None
+    timeout: float | None = None
+    fault: Fault | None = None
+
+
+def _text(value: Any) -> str:
+    return value if isinstance(value, str) else "" if value is None else str(value)
+
+
+def _fail(where: str, message: str) -> XdsConfigError:
+    return XdsConfigError(f"{where}: {message}")
+
+
+def _token(value: Any, where: str, what: str) -> str:
+    if not isinstance(value, str) or not TOKEN_RE.fullmatch(value):
+        raise _fail(where, f"{what} must be letters, digits, '.', '-' or '_' (at most 63, starting with a letter "
+                           f"or digit), got {str(value)[:80]!r}")
+    return value
+
+
+def _integer(value: Any, where: str, lo: int, hi: int) -> int:
+    if isinstance(value, str) and value.strip().isdigit():
+        value = int(value)
+    if isinstance(value, bool) or not isinstance(value, int) or not lo <= value <= hi:
+        raise _fail(where, f"expected an integer from {lo} to {hi}, got {str(value)[:80]!r}")
+    return value
+
+
+# ------------------------------------------------------------------ option parsers (exports._OPTION_PARSERS)
+
+def parse_subset_key(value: Any, where: str) -> str:
+    return _token(value, where, "the metadata key")
+
+
+def parse_subsets(value: Any, where: str) -> tuple[Subset, ...]:
+    """A list of subset_key values (or a comma list), or a table NAME -> {KEY: VALUE}."""
+    if isinstance(value, str):
+        value = [v.strip() for v in value.split(",")]
+    if isinstance(value, Mapping):
+        out = []
+        for name, selector in value.items():
+            here = f"{where}: {str(name)[:60]!r}"
+            _token(name, where, "a subset name")
+            if not isinstance(selector, Mapping) or not selector:
+                raise _fail(here, "expected a table of metadata KEY = VALUE (at least one)")
+            pairs = tuple(sorted((_token(k, here, "a metadata key"), _token(_scalar(v, here), here, "a value"))
+                                 for k, v in selector.items()))
+            out.append(Subset(name, pairs))
+        return tuple(out)
+    if not isinstance(value, (list, tuple)) or not value:
+        raise _fail(where, "expected a list of values of subset_key, or a table of NAME = {KEY = VALUE}")
+    names = [_token(v, where, "a subset value") for v in value]
+    return tuple(Subset(v) for v in dict.fromkeys(names))
+
+
+def _scalar(value: Any, where: str) -> str:
+    if isinstance(value, bool) or not isinstance(value, (str, int)):
+        raise _fail(where, f"a metadata value must be a string or an integer, got {type(value).__name__}")
+    return str(value)
+
+
+def parse_split(value: Any, where: str) -> Split:
+    """``{v1 = 95, v2 = 5}`` or ``v1:95,v2:5``."""
+    if isinstance(value, str):
+        items: dict[str, Any] = {}
+        for part in value.split(","):
+            name, sep, weight = part.strip().partition(":")
+            if not sep:
+                raise _fail(where, f"expected SUBSET:WEIGHT,... (e.g. v1:95,v2:5), got {part[:60]!r}")
+            if name in items:
+                raise _fail(where, f"subset {name[:60]!r} given twice")
+            items[name] = weight
+        value = items
+    if not isinstance(value, Mapping) or not value:
+        raise _fail(where, "expected a table of SUBSET = WEIGHT (e.g. {v1 = 95, v2 = 5})")
+    weights = tuple(sorted((_token(k, where, "a subset name"), _integer(w, f"{where}: {k}", 0, MAX_WEIGHT))
+                           for k, w in value.items()))
+    if not sum(w for _, w in weights):
+        raise _fail(where, "every weight is 0: at least one must be positive")
+    return Split(weights)
+
+
+def parse_max_requests(value: Any, where: str) -> int:
+    return _integer(value, where, 1, MAX_REQUESTS)
+
+
+def _percent(value: Any, where: str) -> float:
+    if isinstance(value, bool) or not isinstance(value, (int, float)) or not 0 <= value <= 100:
+        raise _fail(where, f"expected a percentage from 0 to 100, got {str(value)[:40]!r}")
+    return float(value)
+
+
+def _status(value: Any, where: str) -> int:
+    if isinstance(value, int) and not isinstance(value, bool) and 1 <= value <= 16:
+        return value
+    if isinstance(value, str):
+        name = value.strip().upper().replace("-", "_")
+        for code in grpc.StatusCode:
+            if code.name == name and code is not grpc.StatusCode.OK:
+                return int(code.value[0])
+    raise _fail(where, f"expected a gRPC status code other than OK (a name such as unavailable, or 1-16), "
+                       f"got {str(value)[:40]!r}")
+
+
+def _table(value: Any, where: str, keys: tuple[str, ...], expected: str) -> Mapping[str, Any]:
+    """``value`` as a table whose keys are all among ``keys``."""
+    if not isinstance(value, Mapping):
+        raise _fail(where, f"expected a table ({expected})")
+    unknown = sorted(str(k) for k in set(value) - set(keys))
+    if unknown:
+        raise _fail(where, f"unknown key {unknown[0][:40]!r}; known: {', '.join(keys)}")
+    return value
+
+
+def _duration(value: Any, where: str) -> float:
+    try:
+        return parse_positive_duration(value)
+    except DurationError as e:
+        raise _fail(where, str(e)) from None
+
+
+def parse_fault(value: Any, where: str) -> Fault:
+    """``{delay = "2s", delay_percent = 50, abort = "unavailable", abort_percent = 10}``."""
+    value = _table(value, where, _FAULT_KEYS, "delay and/or abort, and their _percent")
+    if "delay" not in value and "abort" not in value:
+        raise _fail(where, "give delay and/or abort")
+    for kind in ("delay", "abort"):
+        if f"{kind}_percent" in value and kind not in value:
+            raise _fail(where, f"{kind}_percent without {kind}")
+    delay = _duration(value["delay"], f"{where}: delay") if "delay" in value else None
+    return Fault(delay=delay, delay_percent=_percent(value.get("delay_percent", 100), f"{where}: delay_percent"),
+                 abort=_status(value["abort"], f"{where}: abort") if "abort" in value else None,
+                 abort_percent=_percent(value.get("abort_percent", 100), f"{where}: abort_percent"))
+
+
+def _headers(value: Any, where: str) -> tuple[HeaderMatch, ...]:
+    if not isinstance(value, Mapping) or not value:
+        raise _fail(where, 'expected a table of HEADER = "VALUE" or HEADER = {prefix|exact = "V"} or {present = true}')
+    out = []
+    for name, match in value.items():
+        here = f"{where}: {str(name)[:60]!r}"
+        if not isinstance(name, str) or not _HEADER_RE.fullmatch(name):
+            raise _fail(here, "not a header name (lower-case letters, digits, '.', '-', '_')")
+        if name.endswith("-bin") or name.startswith("grpc-"):
+            raise _fail(here, "gRPC never matches -bin or grpc- headers (gRFC A28)")
+        if isinstance(match, str):
+            out.append(HeaderMatch(name, "exact", match))
+            continue
+        if not isinstance(match, Mapping) or len(match) != 1:
+            raise _fail(here, 'expected "VALUE", {exact = "V"}, {prefix = "P"} or {present = true}')
+        ((kind, arg),) = match.items()
+        if kind in ("exact", "prefix") and isinstance(arg, str) and (arg or kind == "exact"):
+            out.append(HeaderMatch(name, kind, arg))
+        elif kind == "present" and arg is True:
+            out.append(HeaderMatch(name, "present"))
+        else:
+            raise _fail(here, f'expected {{exact = "V"}}, {{prefix = "P"}} (non-empty) or {{present = true}}, '
+                              f"got {{{str(kind)[:30]} = {str(arg)[:30]!r}}}")
+    return tuple(sorted(out, key=lambda h: h.name))
+
+
+def _route(value: Any, where: str) -> Route:
+    value = _table(value, where, _ROUTE_KEYS, ", ".join(_ROUTE_KEYS))
+    service, method = value.get("service", ""), value.get("method", "")
+    if service and (not isinstance(service, str) or not _SERVICE_RE.fullmatch(service)):
+        raise _fail(f"{where}: service", f"expected a full service name (pkg.Service), got {str(service)[:80]!r}")
+    if method and (not isinstance(method, str) or not _METHOD_RE.fullmatch(method)):
+        raise _fail(f"{where}: method", f"expected a method name, got {str(method)[:80]!r}")
+    if method and not service:
+        raise _fail(where, "method needs service")
+    headers = _headers(value["headers"], f"{where}: headers") if "headers" in value else ()
+    if not service and not headers:
+        raise _fail(where, "match on service (and method) and/or headers; the route that takes every call is the "
+                           "default route (the export's split)")
+    if "subset" in value and "split" in value:
+        raise _fail(where, "give subset or split, not both")
+    to = None
+    if "subset" in value:
+        to = Split(((_token(value["subset"], f"{where}: subset", "a subset name"), 1),))
+    elif "split" in value:
+        to = parse_split(value["split"], f"{where}: split")
+    timeout = _duration(value["timeout"], f"{where}: timeout") if "timeout" in value else None
+    if timeout is not None and timeout <= GRPCIO_TIMEOUT_EARLY:
+        log.warning("xds %s: timeout %gs: grpcio clients fail every call at once with a route timeout this short "
+                    "(they end calls about %.2f s before it); grpc-go and grpc-java honour it",
+                    where, timeout, GRPCIO_TIMEOUT_EARLY)
+    fault = parse_fault(value["fault"], f"{where}: fault") if "fault" in value else None
+    return Route(service=service or "", method=method or "", headers=headers, to=to, timeout=timeout, fault=fault)
+
+
+def parse_routes(value: Any, where: str) -> tuple[Route, ...]:
+    if not isinstance(value, (list, tuple)):
+        raise _fail(where, "expected a list of route tables ([[exports.NAME.routes]])")
+    return tuple(_route(r, f"{where}[{i}]") for i, r in enumerate(value))
+
+
+# ------------------------------------------------------------------ the export as a whole
+
+def resolve_subsets(export: Any, where: str) -> tuple[Subset, ...]:
+    """The export's subsets, every name in ``split`` and ``routes`` checked against them (by ``subset_key``,
+    the names used are subsets too); raises XdsConfigError naming the field."""
+    given = {s.name: s for s in export.subsets}
+    key = export.subset_key
+    used = [(name, "split") for name, _ in (export.split.weights if export.split else ())]
+    for i, r in enumerate(export.routes):
+        used += [(name, f"routes[{i}]") for name, _ in (r.to.weights if r.to else ())]
+    if key is None and any(not s.selector for s in given.values()):
+        raise _fail(where, "subsets: a list of values needs subset_key (or give a table NAME = {KEY = VALUE})")
+    subsets = dict(given)
+    for name, field in used:
+        if name in subsets:
+            continue
+        if key is None:
+            known = ", ".join(sorted(subsets)) or "none: set subset_key or subsets"
+            raise _fail(where, f"{field}: unknown subset {name!r} (subsets: {known})")
+        subsets[name] = Subset(name)
+    out = tuple(sorted((s if s.selector else Subset(s.name, ((key, s.name),)) for s in subsets.values()),
+                       key=lambda s: s.name))
+    by_selector: dict[tuple[tuple[str, str], ...], str] = {}
+    for s in out:
+        other = by_selector.setdefault(s.selector, s.name)
+        if other != s.name:
+            raise _fail(where, f"subsets {other!r} and {s.name!r} select the same instances")
+    if key is not None and not out:
+        raise _fail(where, "subset_key is set but no subset is named (in subsets, split or routes)")
+    return out
+
+
+def has_traffic(export: Any) -> bool:
+    """Whether the export uses any option of this module (without, its resources are exactly the plain ones)."""
+    return bool(export.subsets or export.split or export.routes or export.max_requests or export.fault)
+
+
+def subset_backends(subset: Subset, backends: Iterable[Any]) -> list[Any]:
+    """The backends ``subset`` selects."""
+    return [b for b in backends if subset.selects(b.metadata)]
+
+
+def destination(export: Any, to: Split | None, empty: frozenset[str]) -> list[tuple[str, int]]:
+    """The (cluster, weight) pairs a route sends to: ``to`` (None: the export's split, else its whole cluster),
+    less the subsets in ``empty`` and the weights 0; nothing left: the export's whole cluster."""
+    to = to or export.split
+    if to is None:
+        return [(export.name, 1)]
+    clusters = {s.name: s.cluster(export.name) for s in export.subsets}
+    pairs = [(clusters[name], w) for name, w in to.weights if w and name not in empty]
+    return pairs or [(export.name, 1)]
+
+
+def fault_filters_needed(export: Any) -> bool:
+    return export.fault is not None or any(r.fault is not None for r in export.routes)
+
+
+def empty_subsets(export: Any, counts: Mapping[str, int]) -> frozenset[str]:
+    """The subsets whose assignment has no endpoint that takes calls (``counts``: subset -> such endpoints)."""
+    return frozenset(s.name for s in export.subsets if not counts.get(s.name))
+
+
+def describe(names: Sequence[str]) -> str:
+    return ", ".join(repr(n) for n in sorted(names))
