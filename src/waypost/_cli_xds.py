@@ -93,7 +93,7 @@ def _print_exports(c: Any, exports: Any, prefixes: Any) -> None:
                 markup=False)
 
 
-def _supervise(c: Any, address: str, count: int, exports: Any, prefixes: Any) -> None:
+def _supervise(c: Any, address: str, count: int, exports: Any, prefixes: Any, reloads: bool) -> None:
     """``--workers N``: run N workers on one port until SIGTERM (``xds/workers.py``); exit with their code."""
     from .xds.workers import Workers
 
@@ -101,6 +101,15 @@ def _supervise(c: Any, address: str, count: int, exports: Any, prefixes: Any) ->
         pool = Workers(count, [sys.executable, "-m", "waypost.cli", *sys.argv[1:]], address)
     except OSError as e:
         raise click.ClickException(f"xds serve cannot listen on {address}: {e.strerror or e}") from None
+    import signal
+
+    def on_hup(signum: int, _frame: Any) -> None:
+        if reloads:
+            pool.forward(signum)  # each worker re-reads --config
+        else:
+            log.warning("xds: SIGHUP: nothing to reload (no --config)")
+
+    signal.signal(signal.SIGHUP, on_hup)
     with stop_on_signals() as stop:
         try:
             pool.start()
@@ -201,7 +210,7 @@ def xds_commands(global_options: Callable[[Any], Any], pass_ctx: Callable[[Any],
         creds = _server_credentials(tls_cert, tls_key, client_ca, config, config_tls)
         index = worker_index()
         if index is None and workers > 1:
-            _supervise(c, address, workers, exports, prefixes_found)
+            _supervise(c, address, workers, exports, prefixes_found, config is not None)
             return
         if index is not None:  # a worker of --workers: the supervisor holds the port for it
             address = worker_listen() or address

@@ -96,6 +96,10 @@ def test_workers_share_one_port_agree_on_versions_and_a_killed_one_comes_back(tm
             for ch in channels:
                 ch.close()
 
+        os.kill(serve.proc.pid, signal.SIGHUP)  # passed on to the workers (each re-reads --config): nobody dies
+        time.sleep(0.5)
+        assert serve.proc.poll() is None and _children(serve.proc.pid) == workers
+
         os.kill(workers[0], signal.SIGKILL)  # the supervisor starts it again; the other serves meanwhile
         assert _listener_version(serve.address) in versions
         wait_until(lambda: (c := _children(serve.proc.pid)) and len(c) == 2 and workers[0] not in c, 30,

@@ -14,7 +14,8 @@ another worker sees no change.
   ``WAYPOST_XDS_WORKER_LISTEN`` = the address to bind; it prints ``xds: serving on`` as a lone control plane
   does, and the supervisor prints its own once every worker does.
 - A worker that exits while the supervisor runs is started again (after 1 s, doubling to 30 s while it keeps
-  failing); SIGTERM or Ctrl-C reach every worker, and the supervisor exits once they have.
+  failing); SIGTERM or Ctrl-C reach every worker, and the supervisor exits once they have; SIGHUP to the
+  supervisor is passed on to every worker (each re-reads ``--config``).
 - ``--metrics-port P``: worker i serves its metrics on 127.0.0.1:P+i. ``waypost xds status`` and the console
   reach the worker whose connection they get: each worker knows its own streams.
 """
@@ -139,6 +140,12 @@ class Workers:
                     del restart_at[w.index]
                     w.start()
         return self.stop()
+
+    def forward(self, signum: int) -> None:
+        """Send ``signum`` to every running worker (SIGHUP: each re-reads its config file)."""
+        for w in self.workers:
+            if w.proc is not None and w.proc.poll() is None:
+                w.proc.send_signal(signum)
 
     def stop(self) -> int:
         """End every worker (SIGTERM, then SIGKILL past the grace); returns the first non-zero exit code."""
