@@ -17,6 +17,7 @@ from typing import Any
 import click
 
 from ._cli_signals import exit_if_interrupted, stop_on_signals
+from ._cli_xds_status import status_command
 
 log = logging.getLogger("waypost.xds")
 
@@ -154,4 +155,5 @@ def xds_commands(global_options: Callable[[Any], Any], pass_ctx: Callable[[Any],
 
         click.echo(bootstrap_json(list(servers), node_id, zone=zone))
 
+    xds.add_command(status_command(global_options, pass_ctx))  # waypost xds status (CSDS)
     return xds

@@ -20,6 +20,7 @@ import grpc
 from envoy.service.discovery.v3 import discovery_pb2
 
 from .. import metrics as _metrics
+from .csds import add_to_server as add_csds
 from .resources import SHORT
 from .stream import StreamState
 
@@ -75,6 +76,7 @@ class AdsServer:
         """Bind ``listen`` (host:port; port 0: any) and start serving; returns the port."""
         server = grpc.aio.server(options=[("grpc.so_reuseport", 0)])
         server.add_generic_rpc_handlers((self.handler(),))
+        add_csds(server, lambda: [s.state for s in self.streams])  # client status, same port and credentials
         port = server.add_secure_port(listen, credentials) if credentials else server.add_insecure_port(listen)
         if not port:
             raise OSError(f"xds: cannot listen on {listen}")
