@@ -17,6 +17,7 @@ from typing import Any
 import click
 
 from ._cli_signals import exit_if_interrupted, stop_on_signals
+from ._cli_xds_status import status_command
 
 log = logging.getLogger("waypost.xds")
 
@@ -282,4 +283,5 @@ def xds_commands(global_options: Callable[[Any], Any], pass_ctx: Callable[[Any],
         creds = tls_channel_creds(ca_file, cert_file, key_file, refresh_interval) if tls else INSECURE
         click.echo(bootstrap_json(list(servers), node_id, zone=zone, channel_creds=creds))
 
+    xds.add_command(status_command(global_options, pass_ctx))  # waypost xds status (CSDS)
     return xds

@@ -45,6 +45,8 @@ xds_streams                                  gauge      ADS streams open on this
 xds_pushes_total{type}                       counter    xDS responses sent (type: LDS, RDS, CDS, EDS)
 xds_nacks_total{type}                        counter    xDS responses a client rejected (NACK; it keeps its last)
 xds_resources{type}                          gauge      resources served per type in the current snapshot
+xds_push_seconds                             histogram  from a change in a source to its responses queued for every
+                                                        stream (the push interval's wait included)
 xds_source_up{export}                        gauge      1 while the export's source (its resolver) answers, 0 while it
                                                         fails (its last endpoints, if any, stay served)
 ===========================================  =========  =========================================================
@@ -176,6 +178,8 @@ class PrometheusObserver:
         self.xds_pushes = pc.Counter("waypost_xds_pushes", "xDS responses sent", ["type"], registry=r)
         self.xds_nacks = pc.Counter("waypost_xds_nacks", "xDS responses rejected by a client", ["type"], registry=r)
         self.xds_resource_count = pc.Gauge("waypost_xds_resources", "xDS resources served", ["type"], registry=r)
+        self.xds_push_latency = pc.Histogram("waypost_xds_push_seconds", "From a source's change to its responses "
+                                             "queued for every stream", buckets=LATENCY_BUCKETS, registry=r)
         self.xds_sources_up = pc.Gauge("waypost_xds_source_up", "1 while an xDS export's source answers, 0 while it "
                                        "fails", ["export"], registry=r)
         self._live = _LiveCollector(self)
@@ -183,7 +187,7 @@ class PrometheusObserver:
         self._all = [self.requests, self.failures, self.latency, self.ejections, self.rebuilds, self.reconnects,
                      self.store_resets, self.reloads, self.reregistrations, self.restored, self.resolver_errors,
                      self.xds_streams, self.xds_pushes, self.xds_nacks, self.xds_resource_count,
-                     self.xds_sources_up, self._live]
+                     self.xds_push_latency, self.xds_sources_up, self._live]
         self._all.append(_register_publisher_collector(r))
         self._discovery = _DiscoveryCollector()
         r.register(self._discovery)
@@ -259,6 +263,9 @@ class PrometheusObserver:
 
     def xds_nack(self, type_: str) -> None:
         self.xds_nacks.labels(type_).inc()
+
+    def xds_pushed(self, seconds: float) -> None:
+        self.xds_push_latency.observe(seconds)
 
     def xds_resources(self, type_: str, count: int) -> None:
         self.xds_resource_count.labels(type_).set(count)

@@ -56,6 +56,7 @@ def test_nacked_resource_keeps_the_last_good_one(tmp_path, caplog) -> None:
         assert value("waypost_xds_nacks_total", {"type": "CDS"}) == 1
         assert value("waypost_xds_pushes_total", {"type": "EDS"}) >= 1
         assert value("waypost_xds_resources", {"type": "LDS"}) == 1
+        assert value("waypost_xds_push_seconds_count") >= 1  # the source's first list, pushed
         assert value("waypost_xds_streams") == 0  # the client's stream ended with it
     finally:
         metrics.disable()

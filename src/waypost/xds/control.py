@@ -80,6 +80,7 @@ class ControlPlane:
         self._clock = clock
         self._last_push = float("-inf")
         self._pending: asyncio.Handle | None = None
+        self._marked_at: float | None = None  # when the first change not pushed yet came
         self.exports: dict[str, Export] = {}
         self.prefixes = tuple(prefixes)
         self.prefix_interval = prefix_interval
@@ -376,6 +377,7 @@ class ControlPlane:
         if self._dirty:
             return
         self._dirty = True
+        self._marked_at = self._clock()
         loop = asyncio.get_running_loop()
         wait = self._last_push + self.push_interval - self._clock()
         self._pending = loop.call_later(wait, self._rebuild) if wait > 0 else loop.call_soon(self._rebuild)
@@ -407,6 +409,9 @@ class ControlPlane:
         if obs is not None:
             for t, n in snap.count().items():
                 obs.xds_resources(SHORT[t], n)
+            if self._marked_at is not None:
+                obs.xds_pushed(max(self._clock() - self._marked_at, 0.0))
+        self._marked_at = None
         if queued:
             log.debug("xds: snapshot pushed: %d response(s) in %.1f ms", queued, took * 1000)
 

@@ -22,6 +22,7 @@ import grpc
 from envoy.service.discovery.v3 import discovery_pb2
 
 from .. import metrics as _metrics
+from .csds import add_to_server as add_csds
 from .resources import SHORT
 from .stream import StreamState
 
@@ -115,6 +116,7 @@ class AdsServer:
                         ("grpc.max_connection_age_grace_ms", round(MAX_AGE_GRACE * 1000))]
         server = grpc.aio.server(options=options)
         server.add_generic_rpc_handlers((self.handler(),))
+        add_csds(server, lambda: [s.state for s in self.streams])  # client status, same port and credentials
         port = server.add_secure_port(listen, credentials) if credentials else server.add_insecure_port(listen)
         if not port:
             raise OSError(f"xds: cannot listen on {listen}")

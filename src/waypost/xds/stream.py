@@ -11,7 +11,13 @@ last response sent, and the last version the client accepted.
   not send the rejected version again (it would be rejected again); the next change sends a new one.
 - Otherwise it is an **ACK** (or the first request of that type): the subscription is updated and a response
   is sent when the subscribed resources' version differs from the last one sent.
-- ``node`` is remembered from the first request that carries it (grpcio and grpc-go send it only once).
+- ``node`` (the whole Node message) is remembered from the first request that carries it (grpcio and grpc-go
+  send it only once).
+
+For client status (``csds.py``) a stream also keeps, per type, the resources of the last response sent, when it
+was sent, whether the client ACKed or NACKed it (with the NACK's message and time), and the resources of the last
+response it ACKed. In state of the world an ACK or NACK answers a whole response, so every resource of that
+response shares its state: ``statuses()`` lists one ``ResourceStatus`` per subscribed resource.
 - Empty ``resource_names`` in the first LDS or CDS request (or ``*``) is a wildcard: every exported one.
 - A name that is not exported is logged once per stream (with the exported names) and answered as
   ``Snapshot.body`` says: a Listener of that name that fails the client's calls at once (so a typo'd
@@ -23,14 +29,16 @@ from __future__ import annotations
 
 import itertools
 import logging
-from collections.abc import Mapping
+import time
+from collections.abc import Callable, Mapping
 from collections.abc import Set as AbstractSet
 from dataclasses import dataclass, field
 
+from envoy.config.core.v3 import base_pb2
 from envoy.service.discovery.v3 import discovery_pb2
 
 from .resources import CLUSTER, ENDPOINT, FULL_STATE, LISTENER, SHORT
-from .snapshot import Snapshot
+from .snapshot import Resource, Snapshot, not_exported
 
 log = logging.getLogger("waypost.xds")
 #: what a stream answers for a name that is not exported, per type (``Snapshot.body``)
@@ -49,6 +57,39 @@ class TypeState:
     nacked_version: str = ""
     nacks: int = 0
     requests: int = 0
+    #: the resources of the last response sent (as sent), the names it told do not exist (full-state types),
+    #: and when it was queued (wall clock, seconds)
+    sent: tuple[Resource, ...] = ()
+    sent_absent: tuple[str, ...] = ()
+    sent_at: float = 0.0
+    #: what the client answered to the last response sent: "" (nothing yet), "ack" or "nack"
+    answer: str = ""
+    #: the names of the last response the client ACKed
+    acked_names: frozenset[str] = frozenset()
+    #: the last NACK: the client's message and when it came (wall clock)
+    nack_message: str = ""
+    nack_at: float = 0.0
+
+
+@dataclass(frozen=True)
+class ResourceStatus:
+    """One subscribed resource as this stream's client holds it (``StreamState.statuses``).
+
+    ``state``: ``synced`` (the client ACKed the response that carried it), ``stale`` (sent, not answered yet),
+    ``nacked`` (the client rejected that response), ``not_sent`` (subscribed, nothing sent: not exported, or no
+    endpoints yet). ``client``: what the client holds: ``acked``, ``nacked``, ``requested`` (nothing accepted
+    yet) or ``does_not_exist`` (a full-state response it ACKed said so)."""
+
+    type_url: str
+    name: str
+    state: str
+    client: str
+    version: str = ""
+    resource: Resource | None = None
+    updated_at: float = 0.0
+    error: str = ""
+    error_version: str = ""
+    error_at: float = 0.0
 
 
 @dataclass
@@ -62,23 +103,33 @@ class Outcome:
 
 
 class StreamState:
-    """One ADS stream's view (module docstring). ``peer`` only names it in logs."""
+    """One ADS stream's view (module docstring). ``peer`` only names it in logs; ``clock`` stamps the times
+    client status reports (wall clock)."""
 
-    def __init__(self, peer: str = "?") -> None:
+    def __init__(self, peer: str = "?", clock: Callable[[], float] = time.time) -> None:
         self.peer = peer
-        self.node_id = ""
-        self.node_cluster = ""
+        self.node: base_pb2.Node | None = None
+        self.clock = clock
         self.types: dict[str, TypeState] = {}
         self._nonces = itertools.count(1)
         self._unknown_logged: set[tuple[str, str]] = set()
+
+    @property
+    def node_id(self) -> str:
+        return self.node.id if self.node is not None else ""
+
+    @property
+    def node_cluster(self) -> str:
+        return self.node.cluster if self.node is not None else ""
 
     @property
     def who(self) -> str:
         return f"node {self.node_id or '?'} ({self.peer})"
 
     def on_request(self, req: discovery_pb2.DiscoveryRequest, snap: Snapshot) -> Outcome:
-        if req.HasField("node") and not self.node_id:
-            self.node_id, self.node_cluster = req.node.id, req.node.cluster
+        if req.HasField("node") and self.node is None:
+            self.node = base_pb2.Node()
+            self.node.CopyFrom(req.node)
         t = req.type_url
         if t not in SHORT:
             log.warning("xds: %s asked for unknown type %r: ignored", self.who, t[:120])
@@ -96,10 +147,12 @@ class StreamState:
             kind, error = "nack", req.error_detail.message
             ts.nacks += 1
             ts.nacked_version = ts.sent_version
+            ts.answer, ts.nack_message, ts.nack_at = "nack", error, self.clock()
             log.warning("xds: %s rejected %s version %s (nonce %s), keeps version %r: %s", self.who, SHORT[t],
                         ts.sent_version, req.response_nonce, req.version_info, error[:2000])
         elif req.response_nonce:
             ts.acked_version = req.version_info
+            ts.answer, ts.acked_names = "ack", frozenset(r.name for r in ts.sent)
         names = frozenset(req.resource_names)
         if t in FULL_STATE and ("*" in names or (first and not names)):
             ts.wanted = None
@@ -134,7 +187,33 @@ class StreamState:
             return None  # nothing served, or the client has (or rejected) exactly this
         nonce = str(next(self._nonces))
         ts.sent_nonce, ts.sent_version = nonce, body.version
+        have = snap.names(t)
+        # a name the snapshot lacks is a placeholder Listener (Snapshot.body); the lookup is lru-cached
+        ts.sent = tuple(have.get(n) or not_exported(n) for n in body.names)
+        ts.sent_absent, ts.sent_at, ts.answer = body.absent, self.clock(), ""
         return t, body.bytes_for(nonce)
+
+    def statuses(self) -> list[ResourceStatus]:
+        """One ``ResourceStatus`` per subscribed resource, per type (wildcard: every resource of the last response
+        of that type); sorted by type, then name."""
+        out: list[ResourceStatus] = []
+        for t, ts in sorted(self.types.items()):
+            sent = {r.name: r for r in ts.sent}
+            names = sorted(sent) if ts.wanted is None else sorted(ts.wanted)
+            for name in names:
+                r = sent.get(name)
+                if r is None:
+                    acked_absent = ts.answer == "ack" and name in ts.sent_absent
+                    out.append(ResourceStatus(t, name, "not_sent", "does_not_exist" if acked_absent else "requested",
+                                              updated_at=ts.sent_at if acked_absent else 0.0))
+                    continue
+                state, client = {"ack": ("synced", "acked"), "nack": ("nacked", "nacked")}.get(
+                    ts.answer, ("stale", "acked" if name in ts.acked_names else "requested"))
+                nacked = state == "nacked"
+                out.append(ResourceStatus(t, name, state, client, ts.sent_version, r, ts.sent_at,
+                                          ts.nack_message if nacked else "", ts.nacked_version if nacked else "",
+                                          ts.nack_at if nacked else 0.0))
+        return out
 
     def _log_unknown(self, t: str, snap: Snapshot) -> None:
         if not self.types[t].wanted:
@@ -153,4 +232,4 @@ class StreamState:
                            "acked": ts.acked_version, "nacks": ts.nacks} for t, ts in self.types.items()}
 
 
-__all__ = ["ENDPOINT", "Outcome", "StreamState", "TypeState"]
+__all__ = ["ENDPOINT", "Outcome", "ResourceStatus", "StreamState", "TypeState"]

@@ -1,0 +1,175 @@
+"""``waypost xds status``: what every client of an xDS control plane holds, from its CSDS service (docs/xds.md).
+
+Asks ``envoy.service.status.v3.ClientStatusDiscoveryService/FetchClientStatus`` and prints one row per client
+(as ``istioctl proxy-status`` does): its node id, cluster and zone, then per type (LDS, RDS, CDS, EDS) whether it
+holds what was sent (SYNCED), has not answered yet (STALE) or rejected it (NACKED), with the version; NACK
+messages and subscribed names never sent follow the table. ``--json`` prints the ClientStatusResponse itself.
+
+Registered by ``_cli_xds.xds_commands``; the xDS protos (the ``xds`` extra) are imported only when it runs.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+import click
+
+#: a type's cell names the worst state among its resources (NACKED first)
+_WORST_FIRST = ("ERROR", "STALE", "SYNCED", "NOT_SENT")
+_SHOWN = {"ERROR": "NACKED", "STALE": "STALE", "SYNCED": "SYNCED", "NOT_SENT": "NOT SENT"}
+_STYLE = {"ERROR": "red", "STALE": "yellow", "SYNCED": "green", "NOT_SENT": "yellow"}
+
+
+def fetch_status(server: str, node_prefix: str | None, credentials: Any, timeout: float) -> Any:
+    """The ClientStatusResponse of ``server`` (clients whose node id starts with ``node_prefix``, if given);
+    raises click.ClickException saying why there is none."""
+    import grpc
+    from envoy.service.status.v3 import csds_pb2, csds_pb2_grpc
+    from envoy.type.matcher.v3 import node_pb2, string_pb2
+
+    request = csds_pb2.ClientStatusRequest()
+    if node_prefix is not None:
+        request.node_matchers.append(node_pb2.NodeMatcher(node_id=string_pb2.StringMatcher(prefix=node_prefix)))
+    channel = grpc.secure_channel(server, credentials) if credentials is not None else grpc.insecure_channel(server)
+    try:
+        return csds_pb2_grpc.ClientStatusDiscoveryServiceStub(channel).FetchClientStatus(request, timeout=timeout)
+    except grpc.RpcError as e:
+        code, details = e.code(), e.details() or ""  # type: ignore[attr-defined]  # a call's error is its Call
+        if code is grpc.StatusCode.UNIMPLEMENTED:
+            raise click.ClickException(f"{server} is not an xDS control plane with CSDS "
+                                       "(it does not serve envoy.service.status.v3.ClientStatusDiscoveryService)"
+                                       ) from None
+        if code is grpc.StatusCode.UNAVAILABLE:
+            raise click.ClickException(f"cannot reach {server}: {details}") from None
+        if code is grpc.StatusCode.DEADLINE_EXCEEDED:
+            raise click.ClickException(f"{server} did not answer within {timeout:g}s") from None
+        raise click.ClickException(f"{server}: {code.name}: {details}") from None
+    finally:
+        channel.close()
+
+
+def client_credentials(ca: Path | None, cert: Path | None, key: Path | None) -> Any:
+    """TLS channel credentials from the flags (None: plaintext)."""
+    if (cert is None) != (key is None):
+        raise click.UsageError("--tls-cert and --tls-key go together")
+    if ca is None and cert is None:
+        return None
+    import grpc
+
+    return grpc.ssl_channel_credentials(root_certificates=ca.read_bytes() if ca else None,
+                                        private_key=key.read_bytes() if key else None,
+                                        certificate_chain=cert.read_bytes() if cert else None)
+
+
+def type_cell(configs: list[Any]) -> tuple[str, str]:
+    """(text, rich style) of one type's column for one client: its worst state and the version sent."""
+    from envoy.service.status.v3 import csds_pb2
+
+    if not configs:
+        return "-", "dim"
+    states = {csds_pb2.ConfigStatus.Name(g.config_status) for g in configs}
+    worst = next((s for s in _WORST_FIRST if s in states), min(states))
+    versions = sorted({g.version_info for g in configs if g.version_info})
+    text = _SHOWN.get(worst, worst)
+    if versions:
+        text += f" ({', '.join(v[:8] for v in versions)})"
+    return text, _STYLE.get(worst, "")
+
+
+def rows(response: Any) -> tuple[list[list[tuple[str, str]]], list[str]]:
+    """The table's rows (one per client; cells as (text, style)) and the notes below it (NACKs, names not sent)."""
+    from envoy.service.status.v3 import csds_pb2
+
+    from .xds.resources import SHORT, TYPES
+
+    table, notes = [], []
+    for config in response.config:
+        node = config.node
+        per_type: dict[str, list[Any]] = {t: [] for t in TYPES}
+        for g in config.generic_xds_configs:
+            per_type.setdefault(g.type_url, []).append(g)
+            short = SHORT.get(g.type_url, g.type_url.rsplit(".", 1)[-1])
+            if g.config_status == csds_pb2.ERROR:
+                notes.append(f"{node.id or '?'}: {short} {g.name!r} version {g.error_state.version_info or '?'} "
+                             f"NACKED: {g.error_state.details}")
+            elif g.config_status == csds_pb2.NOT_SENT:
+                notes.append(f"{node.id or '?'}: {short} {g.name!r} subscribed, not sent (not exported, or no "
+                             "endpoints known yet)")
+        zone = "/".join(p for p in (node.locality.region, node.locality.zone, node.locality.sub_zone) if p)
+        table.append([(node.id or "?", ""), (node.cluster or "-", ""), (zone or "-", "")]
+                     + [type_cell(per_type[t]) for t in TYPES])
+    return table, notes
+
+
+def response_json(response: Any) -> str:
+    """The ClientStatusResponse as JSON; a resource of a type this process has no descriptor of is printed
+    without its contents (its type, name, version and states stay), with a note on stderr."""
+    from google.protobuf.json_format import MessageToJson
+
+    from .xds import resources  # noqa: F401  (registers every type waypost serves, for the Any fields)
+
+    try:
+        return MessageToJson(response, indent=2, sort_keys=True)
+    except TypeError as e:  # json_format cannot render an Any of an unknown type
+        click.echo(f"note: resource contents left out: {e}", err=True)
+        stripped = type(response)()
+        stripped.CopyFrom(response)
+        for config in stripped.config:
+            for g in config.generic_xds_configs:
+                g.ClearField("xds_config")
+        return MessageToJson(stripped, indent=2, sort_keys=True)
+
+
+def status_command(global_options: Callable[[Any], Any], pass_ctx: Callable[[Any], Any]) -> click.Command:
+    """``waypost xds status``, with the caller's global options."""
+
+    @click.command("status", short_help="What each client of an xDS control plane holds (CSDS).")
+    @click.option("--server", required=True, metavar="HOST:PORT", help="The control plane (waypost xds serve).")
+    @click.option("--node", "node_prefix", default=None, metavar="PREFIX",
+                  help="Only the clients whose node id starts with PREFIX.")
+    @click.option("--tls-ca", type=click.Path(dir_okay=False, exists=True, path_type=Path), default=None,
+                  help="Reach a TLS control plane, trusting these CA certificates (PEM).")
+    @click.option("--tls-cert", type=click.Path(dir_okay=False, exists=True, path_type=Path), default=None,
+                  help="A client certificate chain (PEM) for a control plane that asks for one.")
+    @click.option("--tls-key", type=click.Path(dir_okay=False, exists=True, path_type=Path), default=None,
+                  help="The private key of --tls-cert (PEM).")
+    @click.option("--timeout", type=click.FloatRange(min=0, min_open=True), default=10.0, show_default=True,
+                  help="Seconds to wait for the answer.")
+    @global_options
+    @pass_ctx
+    def status_cmd(c: Any, server: str, node_prefix: str | None, tls_ca: Path | None, tls_cert: Path | None,
+                   tls_key: Path | None, timeout: float) -> None:
+        """List every client connected to the control plane at --server and, per resource type, whether it holds
+        the version sent (SYNCED), has not answered it yet (STALE) or rejected it (NACKED, with the client's
+        message below the table). --json prints the CSDS ClientStatusResponse as JSON."""
+        try:
+            import waypost.xds  # noqa: F401  (names the extra to install when it is missing)
+        except ImportError as e:
+            raise click.ClickException(str(e)) from None
+        response = fetch_status(server, node_prefix, client_credentials(tls_ca, tls_cert, tls_key), timeout)
+        if c.as_json:
+            click.echo(response_json(response))
+            return
+        if not response.config:
+            c.out.print(f"no client connected to {server}" + (f" with a node id starting {node_prefix!r}"
+                                                             if node_prefix is not None else ""), markup=False)
+            return
+        from rich.table import Table
+        from rich.text import Text
+
+        from .xds.resources import SHORT
+
+        table, notes = rows(response)
+        t = Table(title=f"{server}  ({len(table)} client{'s' if len(table) != 1 else ''})", title_justify="left",
+                  title_style="bold")
+        for col in ("NODE", "CLUSTER", "ZONE", *SHORT.values()):
+            t.add_column(col, overflow="fold")
+        for row in table:
+            t.add_row(*(Text(text, style=style) for text, style in row))
+        c.out.print(t)
+        for note in notes:
+            c.out.print(note, markup=False)
+
+    return status_cmd

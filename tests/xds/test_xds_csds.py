@@ -1,0 +1,181 @@
+"""Client status (CSDS, ``envoy.service.status.v3.ClientStatusDiscoveryService``) and ``waypost xds status``
+against real clients: a stock grpcio client and a grpc-go one that ACK everything, a raw stream that NACKs a
+Cluster with a message, and one subscribed to an assignment that is never sent."""
+
+from __future__ import annotations
+
+import json
+import queue
+import subprocess
+import sys
+from collections.abc import Iterator
+from typing import Any
+
+import pytest
+
+pytest.importorskip("envoy.service.discovery.v3.ads_pb2", reason="the xds extra (xds-protos) is not installed")
+
+import grpc
+from envoy.service.discovery.v3 import discovery_pb2
+from envoy.service.status.v3 import csds_pb2, csds_pb2_grpc
+from envoy.type.matcher.v3 import node_pb2, string_pb2
+
+from harness.waiting import wait_until
+from tests.channel.support import echo_servers
+from tests.xds.go_peers import go_timeout_mark
+from tests.xds.peer_procs import ROOT, fixture_xds_procs  # noqa: F401 (the xds_procs fixture)
+from tests.xds.test_xds_support import _env, stock_client
+from tests.xds.xds_peers import start_xds_client
+from waypost.xds import ControlPlane, bootstrap_json, parse_export
+from waypost.xds.resources import CLUSTER, ENDPOINT, LISTENER, ROUTE
+
+_ADS = "/envoy.service.discovery.v3.AggregatedDiscoveryService/StreamAggregatedResources"
+
+
+class RawStream:
+    """An ADS stream driven by hand (requests put on a queue, responses read one by one)."""
+
+    def __init__(self, port: int, node_id: str) -> None:
+        self.channel = grpc.insecure_channel(f"127.0.0.1:{port}")
+        self.requests: queue.Queue[Any] = queue.Queue()
+        self.node_id = node_id
+
+        def gen() -> Iterator[Any]:
+            while (item := self.requests.get()) is not None:
+                yield item
+
+        self.responses = self.channel.stream_stream(
+            _ADS, request_serializer=discovery_pb2.DiscoveryRequest.SerializeToString,
+            response_deserializer=discovery_pb2.DiscoveryResponse.FromString)(gen(), timeout=120)
+
+    def ask(self, type_url: str, name: str, **kw: Any) -> None:
+        self.requests.put(discovery_pb2.DiscoveryRequest(type_url=type_url, resource_names=[name],
+                                                         node={"id": self.node_id, "cluster": "raw"}, **kw))
+
+    def close(self) -> None:
+        self.requests.put(None)
+        self.channel.close()
+
+
+@pytest.fixture(name="plane")
+def fixture_plane(tmp_path) -> Iterator[dict[str, Any]]:
+    with echo_servers("c1", "c2") as servers:
+        control = ControlPlane([parse_export("st=direct:///" + ",".join(s.address for s in servers))])
+        port = control.start()
+        raws: list[RawStream] = []
+        try:
+            with stock_client(bootstrap_json([f"127.0.0.1:{port}"], "csds-grpcio", zone="z1"), tmp_path) as client:
+                wait_until(lambda: set(client.calls("st", 10)["servers"]) == {"c1", "c2"}, 20, "calls through xDS")
+                nacker = RawStream(port, "csds-nacker")
+                raws.append(nacker)
+                nacker.ask(CLUSTER, "st")
+                first = next(nacker.responses)
+                nacker.ask(CLUSTER, "st", version_info="", response_nonce=first.nonce,
+                           error_detail={"code": 3, "message": "cluster st: not for me (test NACK)"})
+                waiting = RawStream(port, "csds-waiting")
+                raws.append(waiting)
+                waiting.ask(ENDPOINT, "nowhere")  # not exported: an assignment is never sent
+                wait_until(lambda: len(control.ads.streams) == 3 and all(
+                    s.state.node_id for s in control.ads.streams), 20, "three streams with nodes")
+                wait_until(lambda: any(ts.nacks for s in control.ads.streams for ts in s.state.types.values()),
+                           20, "the NACK in")
+                yield {"port": port, "control": control, "first_cds_version": first.version_info}
+        finally:
+            for r in raws:
+                r.close()
+            control.stop()
+
+
+def _fetch(port: int, request: csds_pb2.ClientStatusRequest | None = None) -> csds_pb2.ClientStatusResponse:
+    with grpc.insecure_channel(f"127.0.0.1:{port}") as ch:
+        return csds_pb2_grpc.ClientStatusDiscoveryServiceStub(ch).FetchClientStatus(
+            request or csds_pb2.ClientStatusRequest(), timeout=10)
+
+
+def _by_node(resp: csds_pb2.ClientStatusResponse) -> dict[str, Any]:
+    return {c.node.id: {(g.type_url, g.name): g for g in c.generic_xds_configs} for c in resp.config}
+
+
+def test_fetch_client_status_lists_every_client_with_its_acks_and_nacks(plane) -> None:
+    resp = _fetch(plane["port"])
+    nodes = _by_node(resp)
+    assert set(nodes) == {"csds-grpcio", "csds-nacker", "csds-waiting"}
+    grpcio = nodes["csds-grpcio"]
+    assert set(grpcio) == {(LISTENER, "st"), (ROUTE, "st"), (CLUSTER, "st"), (ENDPOINT, "st")}
+    assert all(g.config_status == csds_pb2.SYNCED and g.client_status == 3 for g in grpcio.values())  # ACKED
+    assert all(g.version_info and g.xds_config.type_url == t for (t, _), g in grpcio.items())
+    zone = next(c.node.locality.zone for c in resp.config if c.node.id == "csds-grpcio")
+    assert zone == "z1"  # the whole Node, as the client sent it
+    nacked = nodes["csds-nacker"][(CLUSTER, "st")]
+    assert nacked.config_status == csds_pb2.ERROR and nacked.client_status == 4  # NACKED
+    assert nacked.error_state.details == "cluster st: not for me (test NACK)"
+    assert nacked.error_state.version_info == plane["first_cds_version"]
+    never = nodes["csds-waiting"][(ENDPOINT, "nowhere")]
+    assert never.config_status == csds_pb2.NOT_SENT and not never.version_info
+
+
+def test_node_matchers_filter_and_an_unsupported_one_is_refused(plane) -> None:
+    prefix = csds_pb2.ClientStatusRequest(node_matchers=[node_pb2.NodeMatcher(
+        node_id=string_pb2.StringMatcher(prefix="csds-n"))])
+    assert [c.node.id for c in _fetch(plane["port"], prefix).config] == ["csds-nacker"]
+    regex = csds_pb2.ClientStatusRequest(node_matchers=[node_pb2.NodeMatcher(
+        node_id=string_pb2.StringMatcher(safe_regex={"regex": "csds-(grpcio|waiting)"}))])
+    assert sorted(c.node.id for c in _fetch(plane["port"], regex).config) == ["csds-grpcio", "csds-waiting"]
+    custom = csds_pb2.ClientStatusRequest(node_matchers=[node_pb2.NodeMatcher(
+        node_id=string_pb2.StringMatcher(custom={"name": "my.matcher"}))])
+    with pytest.raises(grpc.RpcError) as err:
+        _fetch(plane["port"], custom)
+    assert err.value.code() is grpc.StatusCode.INVALID_ARGUMENT and "custom" in err.value.details()
+
+
+def test_stream_client_status_answers_each_request(plane) -> None:
+    with grpc.insecure_channel(f"127.0.0.1:{plane['port']}") as ch:
+        stub = csds_pb2_grpc.ClientStatusDiscoveryServiceStub(ch)
+        only = csds_pb2.ClientStatusRequest(node_matchers=[node_pb2.NodeMatcher(
+            node_id=string_pb2.StringMatcher(exact="csds-waiting"))])
+        answers = list(stub.StreamClientStatus(iter([csds_pb2.ClientStatusRequest(), only]), timeout=10))
+    assert [len(a.config) for a in answers] == [3, 1]
+
+
+def _status_cli(port: int, *args: str) -> subprocess.CompletedProcess[str]:
+    return subprocess.run([sys.executable, "-m", "waypost.cli", *args, "xds", "status", "--server",
+                           f"127.0.0.1:{port}"], cwd=ROOT, env=_env(COLUMNS="200"), capture_output=True, text=True,
+                          timeout=60, check=False)
+
+
+def test_waypost_xds_status_prints_a_row_per_client_and_the_nack(plane) -> None:
+    out = _status_cli(plane["port"])
+    assert out.returncode == 0, out.stderr
+    text = out.stdout
+    for node in ("csds-grpcio", "csds-nacker", "csds-waiting"):
+        assert node in text
+    assert "SYNCED" in text and "NACKED" in text and "not for me (test NACK)" in text
+    assert "'nowhere' subscribed, not sent" in text
+    as_json = _status_cli(plane["port"], "--json")
+    assert as_json.returncode == 0, as_json.stderr
+    assert {c["node"]["id"] for c in json.loads(as_json.stdout)["config"]} == {
+        "csds-grpcio", "csds-nacker", "csds-waiting"}
+
+
+def test_waypost_xds_status_says_what_is_wrong_with_the_server() -> None:
+    with echo_servers("plain") as servers:  # a gRPC server, not a control plane
+        port = int(servers[0].address.rsplit(":", 1)[1])
+        out = _status_cli(port)
+    assert out.returncode != 0 and "is not an xDS control plane with CSDS" in out.stderr, out.stderr
+
+
+@go_timeout_mark()
+@pytest.mark.usefixtures("xds_procs")
+def test_a_grpc_go_client_is_listed_synced(plane) -> None:
+    boot = bootstrap_json([f"127.0.0.1:{plane['port']}"], "csds-go")
+    run = start_xds_client("go", "xds:///st", boot, 100_000, interval=0.01, batch=20)
+    try:
+        run.progress(60.0)
+        nodes = wait_until(lambda: (n := _by_node(_fetch(plane["port"]))).get("csds-go") and len(n["csds-go"]) == 4
+                           and all(g.config_status == csds_pb2.SYNCED for g in n["csds-go"].values()) and n, 20,
+                           "the go client's four resources SYNCED")
+        assert {t for t, _ in nodes["csds-go"]} == {LISTENER, ROUTE, CLUSTER, ENDPOINT}
+        out = _status_cli(plane["port"])
+        assert "csds-go" in out.stdout, out.stdout
+    finally:
+        run.stop()
