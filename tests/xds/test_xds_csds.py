@@ -147,6 +147,7 @@ def test_waypost_xds_status_prints_a_row_per_client_and_the_nack(plane) -> None:
     out = _status_cli(plane["port"])
     assert out.returncode == 0, out.stderr
     text = out.stdout
+    print("\n" + text)
     for node in ("csds-grpcio", "csds-nacker", "csds-waiting"):
         assert node in text
     assert "SYNCED" in text and "NACKED" in text and "not for me (test NACK)" in text
