@@ -102,6 +102,8 @@ def register(app: click.Group, global_options: Callable[..., Any], pass_ctx: Cal
                   help="A client's waypost.metrics.serve URL (repeatable): what clients see, as live charts.")
     @click.option("--token", envvar=CONSOLE_TOKEN_ENV, default=None, metavar="TOKEN",
                   help=f"The token writes need (env {CONSOLE_TOKEN_ENV}; default: a new one, printed).")
+    @click.option("--xds", "xds", default=None, metavar="HOST:PORT",
+                  help="Also list the clients of this xDS control plane per service (its CSDS service).")
     @click.option("--read-only", is_flag=True, help="Refuse every write (drain, weight).")
     @click.option("--tls-cert", type=click.Path(exists=True, dir_okay=False), default=None, help="Serve HTTPS.")
     @click.option("--tls-key", type=click.Path(exists=True, dir_okay=False), default=None, help="Its key.")
@@ -109,7 +111,8 @@ def register(app: click.Group, global_options: Callable[..., Any], pass_ctx: Cal
                   help="Stop after SECONDS (default: until Ctrl-C).")
     @pass_ctx
     def console_cmd(c: Any, listen: str | None, registries: tuple[str, ...], targets: tuple[str, ...],
-                    metrics: tuple[str, ...], token: str | None, read_only: bool, tls_cert: str | None,
+                    metrics: tuple[str, ...], xds: str | None, token: str | None, read_only: bool,
+                    tls_cert: str | None,
                     tls_key: str | None, duration: float | None) -> None:
         """Serve a live web page of every key, instance and registry, with drain and weight controls.
 
@@ -123,7 +126,7 @@ def register(app: click.Group, global_options: Callable[..., Any], pass_ctx: Cal
         console = Console(ConsoleConfig(
             registries=list(registries) or [c.registry_url], targets=list(targets), metrics=list(metrics),
             listen=listen or DEFAULT_LISTEN, token=token, read_only=read_only, tls_cert=tls_cert,
-            tls_key=tls_key))
+            tls_key=tls_key, xds=xds))
         started = threading.Event()
 
         def on_started(url: str) -> None:

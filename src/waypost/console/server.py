@@ -28,6 +28,7 @@ from .clients import ClientMetrics
 from .probe import HealthProber
 from .sources import RegistrySource, TargetSource, on_control
 from .web import is_loopback, make_app
+from .xds_clients import XdsClients
 
 log = logging.getLogger("waypost.console")
 
@@ -49,6 +50,8 @@ class ConsoleConfig:
     timeout: float = 5.0
     health_interval: float = 3.0
     metrics_interval: float = 2.0
+    #: an xDS control plane (HOST:PORT) whose clients the page lists, from its client status service
+    xds: str | None = None
     extra: dict[str, Any] = field(default_factory=dict)
 
 
@@ -83,6 +86,7 @@ class Console:
         self._store_sources: list[Any] = []
         self._prober: HealthProber | None = None
         self._metrics: ClientMetrics | None = None
+        self.xds_clients: XdsClients | None = None
         self._runner: web.AppRunner | None = None
         self.url = ""
 
@@ -138,6 +142,9 @@ class Console:
             self._prober.start()
             self._metrics = ClientMetrics(board, list(self.config.metrics), interval=self.config.metrics_interval)
             self._metrics.start()
+            if self.config.xds:
+                self.xds_clients = XdsClients(self.config.xds, timeout=self.config.timeout)
+                self.xds_clients.start()
             self._runner = web.AppRunner(make_app(self, board), access_log=None, handle_signals=False,
                                         shutdown_timeout=SHUTDOWN_TIMEOUT)
             await self._runner.setup()
@@ -166,7 +173,7 @@ class Console:
         if self._runner is not None:
             await self._runner.cleanup()
             self._runner = None
-        for closer in (self._prober, self._metrics, *self._sources):
+        for closer in (self._prober, self._metrics, self.xds_clients, *self._sources):
             if closer is not None:
                 try:
                     await closer.close()

@@ -151,7 +151,16 @@ async def services(request: web.Request) -> web.Response:
 async def config(request: web.Request) -> web.Response:
     state = request.app[APP_STATE]
     return _json({"read_only": state.read_only, "sources": state.source_names(),
-                  "writable": [n for n, _ in state.writable()], "metrics": state.metrics_urls()})
+                  "writable": [n for n, _ in state.writable()], "metrics": state.metrics_urls(),
+                  "xds": state.config.xds})
+
+
+async def xds(request: web.Request) -> web.Response:
+    """``GET /api/xds``: each exported service's xDS clients (``xds_clients.py``); 404 without ``--xds``."""
+    clients = request.app[APP_STATE].xds_clients
+    if clients is None:
+        return _refuse(404, "no xDS control plane given to this console (waypost console --xds HOST:PORT)")
+    return _json(clients.snapshot())
 
 
 async def events(request: web.Request) -> web.StreamResponse:
@@ -226,6 +235,7 @@ def make_app(state: Any, board: Board) -> web.Application:
     app.router.add_get("/api/services", services)
     app.router.add_get("/api/config", config)
     app.router.add_get("/api/events", events)
+    app.router.add_get("/api/xds", xds)
     for verb in ("drain", "undrain", "weight"):
         app.router.add_post(f"/api/{verb}", _action_handler(verb))
     return app

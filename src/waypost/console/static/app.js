@@ -425,6 +425,41 @@ function renderClients(snap) {
   }
 }
 
+function renderXds() {
+  const box = $("xds");
+  box.replaceChildren();
+  const x = state.xds;
+  if (!x) return;
+  const card = el("div", { class: "service xds" },
+    el("h2", {}, "xDS clients ", el("span", { class: "meta" }, x.server),
+      x.error ? el("span", { class: "badge bad" }, x.error) : null));
+  const services = Object.entries(x.services || {});
+  if (!services.length) card.append(el("div", { class: "meta empty" }, "no client connected"));
+  for (const [name, clients] of services) {
+    const table = el("table", { class: "instances", "data-xds-service": name },
+      el("tr", {}, ["client", "zone", "LDS", "RDS", "CDS", "EDS", ""].map((h) => el("th", {}, h))));
+    for (const c of clients) {
+      table.append(el("tr", { "data-node": c.node }, el("td", {}, c.node), el("td", {}, c.zone || "-"),
+        ["LDS", "RDS", "CDS", "EDS"].map((t) => {
+          const v = c.types[t] || "-";
+          return el("td", {}, el("span", { class: "badge " + (v === "SYNCED" ? "on" : v === "-" ? "" : v === "NACKED" ? "bad" : "warn") }, v));
+        }),
+        el("td", { class: "meta" }, (c.nacks || []).join("; "))));
+    }
+    card.append(el("div", { class: "target" }, el("div", { class: "meta empty" }, `${name}: ${clients.length} client${clients.length === 1 ? "" : "s"}`), table));
+  }
+  box.append(card);
+}
+
+async function pollXds() {
+  try {
+    state.xds = await (await fetch("/api/xds")).json();
+  } catch (e) {
+    state.xds = { server: state.config.xds, error: "the console did not answer", services: {} };
+  }
+  renderXds();
+}
+
 function render() {
   const snap = state.snap;
   if (!snap) return;
@@ -457,6 +492,10 @@ async function loadConfig() {
     state.config = { read_only: true };
   }
   $("readonly").hidden = !state.config.read_only;
+  if (state.config.xds) {
+    pollXds();
+    setInterval(pollXds, 2000);
+  }
   if (state.config.read_only) $("token-form").hidden = true;
   render();
 }

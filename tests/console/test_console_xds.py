@@ -1,0 +1,65 @@
+"""``waypost console --xds HOST:PORT``: each exported service's xDS clients, read from the control plane's client
+status service, in ``GET /api/xds`` and on the page (Playwright with Debian's chromium), and an unreachable
+control plane shown as an error."""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from typing import Any
+
+import pytest
+
+pytest.importorskip("envoy.service.discovery.v3.ads_pb2", reason="the xds extra (xds-protos) is not installed")
+
+from harness.waiting import wait_until
+from tests.channel.support import echo_servers
+from tests.console.support import http, running_console
+from tests.console.test_console_browser import browser, page  # noqa: F401 (fixtures)
+from tests.xds.test_xds_support import free_port, stock_client
+from waypost.xds import ControlPlane, bootstrap_json, parse_export
+
+
+@pytest.fixture(name="xds_plane")
+def fixture_xds_plane(tmp_path) -> Iterator[int]:
+    with echo_servers("x1", "x2") as servers:
+        control = ControlPlane([parse_export("shop=direct:///" + ",".join(s.address for s in servers))])
+        port = control.start()
+        try:
+            with stock_client(bootstrap_json([f"127.0.0.1:{port}"], "console-grpcio", zone="z9"), tmp_path) as c:
+                wait_until(lambda: set(c.calls("shop", 10)["servers"]) == {"x1", "x2"}, 20, "calls through xDS")
+                yield port
+        finally:
+            control.stop()
+
+
+def _synced(url: str) -> Any:
+    status, body = http(url + "api/xds")
+    clients = body.get("services", {}).get("shop", []) if status == 200 else []
+    return clients if clients and set(clients[0]["types"].values()) == {"SYNCED"} else None
+
+
+def test_api_lists_each_service_with_its_clients(xds_plane) -> None:
+    with running_console(registries=["memory://console-xds"], xds=f"127.0.0.1:{xds_plane}") as (_, url):
+        clients = wait_until(lambda: _synced(url), 20, "the grpcio client SYNCED under shop")
+        assert clients[0]["node"] == "console-grpcio" and clients[0]["zone"] == "z9"
+        assert set(clients[0]["types"]) == {"LDS", "RDS", "CDS", "EDS"}
+        assert http(url + "api/config")[1]["xds"] == f"127.0.0.1:{xds_plane}"
+
+
+def test_without_xds_the_api_says_how_to_ask_and_a_dead_plane_is_an_error() -> None:
+    with running_console(registries=["memory://console-xds2"]) as (_, url):
+        status, body = http(url + "api/xds")
+        assert status == 404 and "--xds" in body["error"]
+    with running_console(registries=["memory://console-xds3"], xds=f"127.0.0.1:{free_port()}", timeout=1.0) as (_, url):
+        body = wait_until(lambda: (b := http(url + "api/xds")[1]).get("error") and b, 20, "the error shown")
+        assert "UNAVAILABLE" in body["error"]
+
+
+def test_the_page_shows_the_clients(xds_plane, page) -> None:  # noqa: F811 (the fixture)
+    with running_console(registries=["memory://console-xds4"], xds=f"127.0.0.1:{xds_plane}") as (_, url):
+        wait_until(lambda: _synced(url), 20, "the client SYNCED")
+        page.goto(url)
+        row = page.locator('[data-xds-service="shop"] [data-node="console-grpcio"]')
+        row.wait_for(timeout=15000)
+        text = row.inner_text()
+        assert "SYNCED" in text and "z9" in text, text
