@@ -20,6 +20,7 @@ from harness.chaos.etcd_faults import compaction_churn, etcd_down, leader_killed
 from harness.chaos.observe import close_registry, private_registry
 from harness.chaos.partition import partitioned_member
 from harness.chaos.result import Result, fmt_table
+from harness.consul_agent import timeout_mark as consul_timeout_mark
 from harness.etcd_partition import PartitionCluster
 from harness.waiting import wait_until
 
@@ -116,6 +117,7 @@ def test_graceful_stop_by_serve_under_load(etcd):
     _assert_held(graceful_stop(etcd))
 
 
+@consul_timeout_mark()  # the Consul build (minutes, on a fresh machine) may happen inside this test
 def test_consul_agent_restart_fails_no_call(tmp_path):
     """A persistent Consul agent down 7 s (> the 5 s TTL) under load: its instances come back critical until
     their publishers pass again; the channel must keep its list meanwhile."""

@@ -182,8 +182,10 @@ def scenario_wrr_from_waypost_orca(lang: str, setup: XdsSetup) -> dict[str, Any]
             rec = waypost.orca.server_recorder(h)
             rec.set_cpu_utilization(cpu)
             rec.set_qps(100.0)
+        # waypost.serve registers in the background: until the control plane has seen the registrations the
+        # export's assignment is empty and a call fails at once; wait_for_ready makes the first calls wait instead
         result = run_xds_client(lang, "xds:///wrr", setup.bootstrap, 2400, batch=600, interval=0.0015,
-                                deadline=30.0, timeout=120)
+                                deadline=30.0, wait_for_ready=True, timeout=120)
     finally:
         for h in handles.values():
             h.stop(0)
