@@ -40,6 +40,8 @@ from tests.xds.xds_scenarios import watch
 #: the programs of bench/xds_scale (the same module, programs and cache as bench/xds_scale.py: built once for both)
 ADS_LOAD = GoModule(ROOT / "bench" / "xds_scale", ("ads-load", "gcp-server"), "bench-xds-scale")
 BUILD_TIMEOUT = float(os.environ.get("WAYPOST_XDS_GO_BUILD_TIMEOUT", "900"))
+#: the reconnect storm's fleet (a larger one by hand: WAYPOST_XDS_STORM_STREAMS=6000)
+STORM_STREAMS = int(os.environ.get("WAYPOST_XDS_STORM_STREAMS", "2000"))
 
 
 def _timeout_mark() -> pytest.MarkDecorator:
@@ -208,7 +210,7 @@ def test_a_replica_killed_under_1000_clients_loses_no_call(tmp_path: Path, share
 
 
 def test_a_reconnect_storm_after_a_restart_is_served_without_refusals(tmp_path: Path) -> None:
-    streams = 2000
+    streams = STORM_STREAMS
     serve = XdsServe(["svc-0=direct:///127.0.0.1:1"], log=tmp_path / "serve.log")
     try:
         load = AdsLoad([serve.address], streams)
@@ -216,18 +218,26 @@ def test_a_reconnect_storm_after_a_restart_is_served_without_refusals(tmp_path: 
         assert conn["connected"] == streams and conn["failed_attempts"] == 0, conn
         load.wait_holding(lambda s: s["holding"] == streams, 10, "every client holding")
         killed = time.monotonic()
-        serve.kill()
+        serve.kill()  # returns once the process is gone: its sockets are closed
+        dead = time.time()
         if serve.proc and serve.proc.stdout:
             serve.proc.stdout.close()
         serve.start()  # the same port
         up = time.monotonic()
-        back = load.wait_holding(lambda s: s["holding"] == streams, 50, "every client holding again")
+        back = load.wait_holding(lambda s: s["holding"] == streams, 50 + streams / 200, "every client holding again")
         took = back["_at"] - up
+        # A client whose connection the dying process closed first reconnects at once, and may complete a TCP
+        # handshake on the listening socket before the kernel closes that too: the kernel then resets it. Those
+        # are the dying process's, dialed before it was gone; the restarted control plane must refuse nobody.
+        refused = back.get("refused") or []
+        assert len(refused) == back["failed_reconnects"], back  # every failed reconnect is listed (100 kept)
+        by_restarted = [r for r in refused if r["dialed"] >= dead]
         print(f"\nreconnect storm: {streams} clients, control plane SIGKILLed and started again on its port "
               f"({up - killed:.2f} s down): all holding again {took:.2f} s after it listened "
-              f"({back['reconnects']} reconnects, {back['failed_reconnects']} failed, {back['unreachable']} "
-              f"unreachable attempts while it was down; codes {back['codes']})")
-        assert back["failed_reconnects"] == 0 and back["reconnects"] == streams, back
+              f"({back['reconnects']} reconnects; {back['unreachable']} attempts unreachable while it was down; "
+              f"{len(refused) - len(by_restarted)} reset by the dying process, {len(by_restarted)} failed on the "
+              f"restarted one; codes {back['codes']})")
+        assert not by_restarted and back["reconnects"] == streams, (by_restarted[:5], back)
         load.stop()
     finally:
         serve.close()

@@ -8,8 +8,9 @@
 // time its stream ends (or its connection cannot be made), moves to the next server in the list, as a gRPC client
 // moves down its bootstrap. A stream that held an assignment is followed by a new stream at once (the backoff
 // starts again from 100 ms), as grpc-go does after a stream that received a response. Each attempt first waits
-// for its connection to be READY (bounded by -ready-timeout): a connection refused (a server down) is
-// "unreachable", not a refusal by a server.
+// for its connection to be READY (bounded by -ready-timeout): an attempt whose TCP connection could not be made
+// (connection refused: a server down) is "unreachable", not a refusal by a server; one whose TCP connection was
+// made but that never got READY, or whose stream ended before its assignment, was refused.
 //
 // All S clients start at once (a connect storm). Output, JSON lines on stdout:
 //
@@ -26,9 +27,12 @@
 //	            "by_server": {addr: streams open on it}, "holding": clients whose current stream holds an assignment,
 //	            "holding_by_server": {addr: n}, "reconnects": streams that got an assignment after the client had
 //	            held one before (on any server), "failed_reconnects": streams that ended before their assignment
-//	            on a READY connection (or whose connection did not get READY within -ready-timeout) after the
-//	            client had held one: the refusals of a reconnect storm, "unreachable": attempts whose connection
-//	            failed (connection refused: no server there), "codes": {code: streams ended with it}}
+//	            or whose connection was accepted (TCP) but did not get READY, after the client had held one: the
+//	            refusals of a reconnect storm, "unreachable": attempts whose TCP connection could not be made
+//	            (connection refused: no server there), "codes": {code: attempts ended with it},
+//	            "refused": the first 100 failed reconnects [{"error", "server", "dialed": Unix seconds of its
+//	            last TCP connection, "at": Unix seconds it ended}] (a connection made just before a server died
+//	            is reset by the dying kernel socket, not refused by a server that was up: "dialed" tells them apart)}
 //	quit       exit
 package main
 
@@ -36,10 +40,10 @@ import (
 	"bufio"
 	"context"
 	"encoding/json"
-	"errors"
 	"flag"
 	"fmt"
 	"math/rand"
+	"net"
 	"os"
 	"sort"
 	"strconv"
@@ -94,6 +98,7 @@ type fleet struct {
 	unreachable      atomic.Int64
 	codesMu          sync.Mutex
 	codes            map[string]int
+	refused          []map[string]any // the first refusedKept failed reconnects: error, server, dialed, at
 	connected        chan time.Duration
 }
 
@@ -103,13 +108,16 @@ type arrival struct {
 	after time.Duration
 }
 
-// errUnreachable: the connection failed (TRANSIENT_FAILURE) before it was READY: nobody served there
-var errUnreachable = status.Error(codes.Unavailable, "connection failed before READY")
+// refusedKept: how many failed reconnects the stats list one by one
+const refusedKept = 100
+
+// errFailed: the connection failed (TRANSIENT_FAILURE) before it was READY
+var errFailed = status.Error(codes.Unavailable, "connection failed before READY")
 
 // errNotReady: the connection was neither READY nor failed within -ready-timeout
 var errNotReady = status.Error(codes.DeadlineExceeded, "connection not READY within -ready-timeout")
 
-// ready waits for conn to be READY: nil, errUnreachable (it failed first) or errNotReady (the bound passed).
+// ready waits for conn to be READY: nil, errFailed (it failed first) or errNotReady (the bound passed).
 func ready(ctx context.Context, conn *grpc.ClientConn, bound time.Duration) error {
 	conn.Connect()
 	wctx, cancel := context.WithTimeout(ctx, bound)
@@ -119,7 +127,11 @@ func ready(ctx context.Context, conn *grpc.ClientConn, bound time.Duration) erro
 		case connectivity.Ready:
 			return nil
 		case connectivity.TransientFailure, connectivity.Shutdown:
-			return errUnreachable
+			// a fail-fast call on it ends at once with the connection's last error: say which
+			if _, err := discovery.NewAggregatedDiscoveryServiceClient(conn).StreamAggregatedResources(ctx); err != nil {
+				return fmt.Errorf("%w: %s", errFailed, status.Convert(err).Message())
+			}
+			return errFailed
 		default:
 			if !conn.WaitForStateChange(wctx, s) {
 				if ctx.Err() != nil {
@@ -141,10 +153,18 @@ func (f *fleet) client(ctx context.Context, i int, start time.Time) {
 	srv := i % len(f.servers)
 	var lastEpoch int64
 	for ctx.Err() == nil {
-		held := false // this stream got its assignment
+		held := false           // this stream got its assignment
+		var dialed atomic.Int64 // when a TCP connection of this attempt was last made (Unix µs; 0: none was)
+		dialer := func(ctx context.Context, addr string) (net.Conn, error) {
+			c, err := (&net.Dialer{}).DialContext(ctx, "tcp", addr)
+			if err == nil {
+				dialed.Store(time.Now().UnixMicro())
+			}
+			return c, err
+		}
 		err := func() error {
 			conn, err := grpc.NewClient(f.servers[srv], grpc.WithTransportCredentials(insecure.NewCredentials()),
-				grpc.WithDefaultCallOptions(grpc.MaxCallRecvMsgSize(256<<20)))
+				grpc.WithContextDialer(dialer), grpc.WithDefaultCallOptions(grpc.MaxCallRecvMsgSize(256<<20)))
 			if err != nil {
 				return err
 			}
@@ -222,7 +242,7 @@ func (f *fleet) client(ctx context.Context, i int, start time.Time) {
 		if ctx.Err() != nil {
 			return
 		}
-		unreachable := errors.Is(err, errUnreachable)
+		unreachable := dialed.Load() == 0
 		if unreachable {
 			f.unreachable.Add(1)
 		}
@@ -230,6 +250,13 @@ func (f *fleet) client(ctx context.Context, i int, start time.Time) {
 			f.failed.Add(1)
 		} else if !held && !unreachable {
 			f.failedReconnects.Add(1)
+			f.codesMu.Lock()
+			if len(f.refused) < refusedKept {
+				f.refused = append(f.refused, map[string]any{"error": err.Error(), "server": f.servers[srv],
+					"dialed": float64(dialed.Load()) / 1e6,
+					"at":     float64(time.Now().UnixMicro()) / 1e6})
+			}
+			f.codesMu.Unlock()
 		}
 		code := status.Code(err).String()
 		f.codesMu.Lock()
@@ -370,12 +397,13 @@ wait:
 			for k, v := range f.codes {
 				codes[k] = v
 			}
+			refused := append([]map[string]any{}, f.refused...)
 			f.codesMu.Unlock()
 			_ = out.Encode(map[string]any{"streams": f.open.Load(), "responses": f.responses.Load(),
 				"failed_attempts": f.failed.Load(), "by_server": byServer, "holding": f.holding.Load(),
 				"holding_by_server": holdingBy, "reconnects": f.reconnects.Load(),
 				"failed_reconnects": f.failedReconnects.Load(), "unreachable": f.unreachable.Load(),
-				"codes": codes})
+				"codes": codes, "refused": refused})
 		case "quit":
 			return
 		}
