@@ -2,7 +2,15 @@
 // has its own connection and its own node id, opens an ADS stream (state of the world), subscribes in gRPC's
 // order LDS -> RDS -> CDS -> EDS to one service (client i: svc-(i mod M)) and ACKs every response. A client whose
 // stream fails before its first ClusterLoadAssignment counts one failed connect attempt and retries after a
-// short jittered backoff, as gRPC's xDS client does.
+// short jittered backoff (100 ms doubling to 2 s), as gRPC's xDS client does.
+//
+// -server takes one address or a comma-separated list (replicas): client i starts on servers[i mod n] and, each
+// time its stream ends (or its connection cannot be made), moves to the next server in the list, as a gRPC client
+// moves down its bootstrap. A stream that held an assignment is followed by a new stream at once (the backoff
+// starts again from 100 ms), as grpc-go does after a stream that received a response. Each attempt first waits
+// for its connection to be READY (bounded by -ready-timeout): an attempt whose TCP connection could not be made
+// (connection refused: a server down) is "unreachable", not a refusal by a server; one whose TCP connection was
+// made but that never got READY, or whose stream ended before its assignment, was refused.
 //
 // All S clients start at once (a connect storm). Output, JSON lines on stdout:
 //
@@ -15,7 +23,16 @@
 //	           then, once each of the N clients of svc-SVC got a newer assignment (or -push-timeout passed),
 //	           {"push": SVC, "got": n, "expect": N, "p50_ms", "p99_ms", "max_ms", "others": K} (times from the mark;
 //	           others: responses that reached clients of other services meanwhile)
-//	stats      {"streams": open, "responses": total responses received}
+//	stats      {"streams": open, "responses": total responses received, "failed_attempts": F,
+//	            "by_server": {addr: streams open on it}, "holding": clients whose current stream holds an assignment,
+//	            "holding_by_server": {addr: n}, "reconnects": streams that got an assignment after the client had
+//	            held one before (on any server), "failed_reconnects": streams that ended before their assignment
+//	            or whose connection was accepted (TCP) but did not get READY, after the client had held one: the
+//	            refusals of a reconnect storm, "unreachable": attempts whose TCP connection could not be made
+//	            (connection refused: no server there), "codes": {code: attempts ended with it},
+//	            "refused": the first 100 failed reconnects [{"error", "server", "dialed": Unix seconds of its
+//	            last TCP connection, "at": Unix seconds it ended}] (a connection made just before a server died
+//	            is reset by the dying kernel socket, not refused by a server that was up: "dialed" tells them apart)}
 //	quit       exit
 package main
 
@@ -26,6 +43,7 @@ import (
 	"flag"
 	"fmt"
 	"math/rand"
+	"net"
 	"os"
 	"sort"
 	"strconv"
@@ -38,6 +56,8 @@ import (
 	core "github.com/envoyproxy/go-control-plane/envoy/config/core/v3"
 	discovery "github.com/envoyproxy/go-control-plane/envoy/service/discovery/v3"
 	"google.golang.org/grpc"
+	"google.golang.org/grpc/codes"
+	"google.golang.org/grpc/connectivity"
 	"google.golang.org/grpc/credentials/insecure"
 	"google.golang.org/grpc/status"
 )
@@ -59,16 +79,27 @@ type mark struct {
 }
 
 type fleet struct {
-	server    string
+	servers   []string
 	services  int
+	readyWait time.Duration
 	current   atomic.Pointer[mark]
 	arrivals  chan arrival
 	failed    atomic.Int64
 	open      atomic.Int64
 	responses atomic.Int64
-	codesMu   sync.Mutex
-	codes     map[string]int
-	connected chan time.Duration
+	// per server (index into servers): streams open, clients holding an assignment
+	openBy    []atomic.Int64
+	holdingBy []atomic.Int64
+	holding   atomic.Int64
+	// reconnects: assignments on a new stream after the client held one; failedReconnects: streams (on a READY
+	// connection, or whose connection never got READY in time) that ended before their assignment after that
+	reconnects       atomic.Int64
+	failedReconnects atomic.Int64
+	unreachable      atomic.Int64
+	codesMu          sync.Mutex
+	codes            map[string]int
+	refused          []map[string]any // the first refusedKept failed reconnects: error, server, dialed, at
+	connected        chan time.Duration
 }
 
 type arrival struct {
@@ -77,27 +108,84 @@ type arrival struct {
 	after time.Duration
 }
 
+// refusedKept: how many failed reconnects the stats list one by one
+const refusedKept = 100
+
+// errFailed: the connection failed (TRANSIENT_FAILURE) before it was READY
+var errFailed = status.Error(codes.Unavailable, "connection failed before READY")
+
+// errNotReady: the connection was neither READY nor failed within -ready-timeout
+var errNotReady = status.Error(codes.DeadlineExceeded, "connection not READY within -ready-timeout")
+
+// ready waits for conn to be READY: nil, errFailed (it failed first) or errNotReady (the bound passed).
+func ready(ctx context.Context, conn *grpc.ClientConn, bound time.Duration) error {
+	conn.Connect()
+	wctx, cancel := context.WithTimeout(ctx, bound)
+	defer cancel()
+	for {
+		switch s := conn.GetState(); s {
+		case connectivity.Ready:
+			return nil
+		case connectivity.TransientFailure, connectivity.Shutdown:
+			// a fail-fast call on it ends at once with the connection's last error: say which
+			if _, err := discovery.NewAggregatedDiscoveryServiceClient(conn).StreamAggregatedResources(ctx); err != nil {
+				return fmt.Errorf("%w: %s", errFailed, status.Convert(err).Message())
+			}
+			return errFailed
+		default:
+			if !conn.WaitForStateChange(wctx, s) {
+				if ctx.Err() != nil {
+					return ctx.Err()
+				}
+				return errNotReady
+			}
+		}
+	}
+}
+
 func (f *fleet) client(ctx context.Context, i int, start time.Time) {
 	svc := i % f.services
 	name := fmt.Sprintf("svc-%d", svc)
 	node := &core.Node{Id: fmt.Sprintf("ads-load-%d", i), Cluster: "ads-load"}
-	backoff := 100 * time.Millisecond
-	connected := false
+	const initialBackoff = 100 * time.Millisecond
+	backoff := initialBackoff
+	connected := false // this client held an assignment once
+	srv := i % len(f.servers)
 	var lastEpoch int64
 	for ctx.Err() == nil {
+		held := false           // this stream got its assignment
+		var dialed atomic.Int64 // when a TCP connection of this attempt was last made (Unix µs; 0: none was)
+		dialer := func(ctx context.Context, addr string) (net.Conn, error) {
+			c, err := (&net.Dialer{}).DialContext(ctx, "tcp", addr)
+			if err == nil {
+				dialed.Store(time.Now().UnixMicro())
+			}
+			return c, err
+		}
 		err := func() error {
-			conn, err := grpc.NewClient(f.server, grpc.WithTransportCredentials(insecure.NewCredentials()),
-				grpc.WithDefaultCallOptions(grpc.MaxCallRecvMsgSize(256<<20)))
+			conn, err := grpc.NewClient(f.servers[srv], grpc.WithTransportCredentials(insecure.NewCredentials()),
+				grpc.WithContextDialer(dialer), grpc.WithDefaultCallOptions(grpc.MaxCallRecvMsgSize(256<<20)))
 			if err != nil {
 				return err
 			}
 			defer conn.Close()
+			if err := ready(ctx, conn, f.readyWait); err != nil {
+				return err
+			}
 			stream, err := discovery.NewAggregatedDiscoveryServiceClient(conn).StreamAggregatedResources(ctx)
 			if err != nil {
 				return err
 			}
 			f.open.Add(1)
-			defer f.open.Add(-1)
+			f.openBy[srv].Add(1)
+			defer func() {
+				f.open.Add(-1)
+				f.openBy[srv].Add(-1)
+				if held {
+					f.holding.Add(-1)
+					f.holdingBy[srv].Add(-1)
+				}
+			}()
 			if err := stream.Send(&discovery.DiscoveryRequest{Node: node, TypeUrl: typeLDS, ResourceNames: []string{name}}); err != nil {
 				return err
 			}
@@ -124,6 +212,14 @@ func (f *fleet) client(ctx context.Context, i int, start time.Time) {
 				if t != typeEDS {
 					continue
 				}
+				if !held {
+					held = true
+					f.holding.Add(1)
+					f.holdingBy[srv].Add(1)
+					if connected {
+						f.reconnects.Add(1)
+					}
+				}
 				if !connected {
 					connected = true
 					f.connected <- time.Since(start)
@@ -146,13 +242,31 @@ func (f *fleet) client(ctx context.Context, i int, start time.Time) {
 		if ctx.Err() != nil {
 			return
 		}
+		unreachable := dialed.Load() == 0
+		if unreachable {
+			f.unreachable.Add(1)
+		}
 		if !connected {
 			f.failed.Add(1)
+		} else if !held && !unreachable {
+			f.failedReconnects.Add(1)
+			f.codesMu.Lock()
+			if len(f.refused) < refusedKept {
+				f.refused = append(f.refused, map[string]any{"error": err.Error(), "server": f.servers[srv],
+					"dialed": float64(dialed.Load()) / 1e6,
+					"at":     float64(time.Now().UnixMicro()) / 1e6})
+			}
+			f.codesMu.Unlock()
 		}
 		code := status.Code(err).String()
 		f.codesMu.Lock()
 		f.codes[code]++
 		f.codesMu.Unlock()
+		srv = (srv + 1) % len(f.servers) // the next server of the list, as a client moves down its bootstrap
+		if held {
+			backoff = initialBackoff // a stream that held an assignment: a new one at once
+			continue
+		}
 		time.Sleep(backoff/2 + time.Duration(rand.Int63n(int64(backoff))))
 		if backoff < 2*time.Second {
 			backoff *= 2
@@ -170,19 +284,31 @@ func percentile(ds []time.Duration, p float64) float64 {
 }
 
 func main() {
-	server := flag.String("server", "127.0.0.1:18000", "the control plane")
+	server := flag.String("server", "127.0.0.1:18000", "the control plane, or a comma-separated list of replicas")
 	streams := flag.Int("streams", 100, "clients (one connection and one ADS stream each)")
 	services := flag.Int("services", 1, "services the clients spread over (client i: svc-(i mod M))")
 	connectTimeout := flag.Duration("connect-timeout", 120*time.Second, "bound on the connect storm")
 	pushTimeout := flag.Duration("push-timeout", 60*time.Second, "bound on one timed change")
+	readyTimeout := flag.Duration("ready-timeout", 20*time.Second, "bound on one connection getting READY")
 	flag.Parse()
 	var lim syscall.Rlimit
 	if syscall.Getrlimit(syscall.RLIMIT_NOFILE, &lim) == nil {
 		lim.Cur = lim.Max
 		_ = syscall.Setrlimit(syscall.RLIMIT_NOFILE, &lim)
 	}
-	f := &fleet{server: *server, services: *services, arrivals: make(chan arrival, 1<<20),
-		codes: map[string]int{}, connected: make(chan time.Duration, *streams)}
+	var servers []string
+	for _, s := range strings.Split(*server, ",") {
+		if s = strings.TrimSpace(s); s != "" {
+			servers = append(servers, s)
+		}
+	}
+	if len(servers) == 0 {
+		fmt.Fprintln(os.Stderr, "ads-load: -server: no address")
+		os.Exit(2)
+	}
+	f := &fleet{servers: servers, services: *services, readyWait: *readyTimeout, arrivals: make(chan arrival, 1<<20),
+		codes: map[string]int{}, connected: make(chan time.Duration, *streams),
+		openBy: make([]atomic.Int64, len(servers)), holdingBy: make([]atomic.Int64, len(servers))}
 	out := json.NewEncoder(os.Stdout)
 	ctx, cancel := context.WithCancel(context.Background())
 	defer cancel()
@@ -261,8 +387,23 @@ wait:
 				"p50_ms": percentile(got, 0.5), "p99_ms": percentile(got, 0.99),
 				"max_ms": float64(mx.Microseconds()) / 1000, "others": others})
 		case "stats":
+			byServer, holdingBy := map[string]int64{}, map[string]int64{}
+			for k, addr := range f.servers {
+				byServer[addr] += f.openBy[k].Load()
+				holdingBy[addr] += f.holdingBy[k].Load()
+			}
+			f.codesMu.Lock()
+			codes := map[string]int{}
+			for k, v := range f.codes {
+				codes[k] = v
+			}
+			refused := append([]map[string]any{}, f.refused...)
+			f.codesMu.Unlock()
 			_ = out.Encode(map[string]any{"streams": f.open.Load(), "responses": f.responses.Load(),
-				"failed_attempts": f.failed.Load()})
+				"failed_attempts": f.failed.Load(), "by_server": byServer, "holding": f.holding.Load(),
+				"holding_by_server": holdingBy, "reconnects": f.reconnects.Load(),
+				"failed_reconnects": f.failedReconnects.Load(), "unreachable": f.unreachable.Load(),
+				"codes": codes, "refused": refused})
 		case "quit":
 			return
 		}
