@@ -120,12 +120,12 @@ def test_connections_are_cycled_after_their_max_age_without_a_failed_call(tmp_pa
         control = ControlPlane([export], max_connection_age=1.0)
         port = control.start()
         try:
-            seen: set[int] = set()
+            seen: dict[int, object] = {}  # holding each stream keeps its id() from being reused
             with stock_client(bootstrap_json([f"127.0.0.1:{port}"], "aged-test"), tmp_path) as client:
                 client.start("aged", pause_ms=5)
                 deadline = time.monotonic() + 8.0
                 while time.monotonic() < deadline:
-                    seen.update(id(s) for s in list(control.ads.streams))
+                    seen.update((id(s), s) for s in list(control.ads.streams))
                     time.sleep(0.05)
                 events = client.stop()
             errors = [e for e in events if e[1].startswith("!")]

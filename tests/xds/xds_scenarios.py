@@ -12,6 +12,8 @@ from typing import Any
 
 import pytest
 
+from harness.waiting import wait_until
+
 from tests.xds.orca_peers import A58_LOADS, ClientRun, check_a58_split
 from tests.xds.xds_peers import (
     run_xds_client,
@@ -117,6 +119,10 @@ def scenario_ring_hash_header(lang: str, setup: XdsSetup) -> dict[str, dict[str,
     key = setup.keys["hash"]
     handles = {n: serve_echo(n, key, setup.registry) for n in ("h1", "h2", "h3")}
     try:
+        # serve() registers in the background: a backend joining after the first calls would move keys (the ring
+        # changes), so the client starts once all three are registered and the control plane had time to see them
+        wait_until(lambda: all(h.publisher.registered for h in handles.values()), 30.0)
+        time.sleep(0.5)
         # ring_hash queues a pick whose backend is still connecting (gRFC A42): even the first calls keep to it.
         # The first call's deadline also covers the JVM's xDS resolution on loaded cores: a long one
         result = run_xds_client(lang, "xds:///hash", setup.bootstrap, 160, headers={"x-key": "user-{i}"},
