@@ -86,7 +86,7 @@ def main() -> int:
         started = time.monotonic()
         try:
             got = build()
-        except BaseException as e:  # noqa: BLE001 (pytest.skip raises an exception derived from BaseException)
+        except BaseException as e:  # pytest.skip raises a BaseException
             if isinstance(e, KeyboardInterrupt):
                 raise
             print(f"prebuild: {name}: not available ({type(e).__name__}: {str(e)[:300]})", flush=True)

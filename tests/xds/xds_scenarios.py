@@ -13,7 +13,6 @@ from typing import Any
 import pytest
 
 from harness.waiting import wait_until
-
 from tests.xds.orca_peers import A58_LOADS, ClientRun, check_a58_split
 from tests.xds.xds_peers import (
     run_xds_client,
