@@ -50,12 +50,12 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 sys.path.insert(0, str(ROOT / "src"))
 
-from harness.go_module import GoModule
+from harness.xds_scale_programs import XDS_SCALE_PROGRAMS
 from waypost import _loop
 from waypost.etcd.local import LocalEtcd
 from waypost.registry import connect
 
-PROGRAMS = GoModule(ROOT / "bench" / "xds_scale", ("ads-load", "gcp-server"), "bench-xds-scale")
+PROGRAMS = XDS_SCALE_PROGRAMS
 #: file descriptors each process may open: a stream is a connection on each side
 NOFILE = 65536
 CLK_TCK = os.sysconf("SC_CLK_TCK")

@@ -11,6 +11,7 @@ then skip or fail with the same message as before. Exit status 0 always.
 
 from __future__ import annotations
 
+import os
 import sys
 import time
 from collections.abc import Callable
@@ -64,9 +65,9 @@ def _xds_java() -> Any:
 
 
 def _xds_scale() -> Any:
-    from tests.xds.test_xds_replicas import ADS_LOAD, BUILD_TIMEOUT
+    from harness.xds_scale_programs import XDS_SCALE_PROGRAMS
 
-    return ADS_LOAD.build(BUILD_TIMEOUT)
+    return XDS_SCALE_PROGRAMS.build(float(os.environ.get("WAYPOST_XDS_GO_BUILD_TIMEOUT", "900")))
 
 
 ITEMS: dict[str, Callable[[], Any]] = {

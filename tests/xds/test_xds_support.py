@@ -128,6 +128,9 @@ class XdsServe:
         self.start()
 
     def start(self) -> None:
+        """Start it (again, after ``kill()``: on the port it had)."""
+        if self.proc and self.proc.stdout:
+            self.proc.stdout.close()
         glob = ["--registry", self.registry] if self.registry else []
         cmd = [sys.executable, "-m", "waypost.cli", "-v", *glob, "xds", "serve", "--listen",
                f"127.0.0.1:{self.port}", *self.extra]

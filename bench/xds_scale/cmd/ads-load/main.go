@@ -91,8 +91,8 @@ type fleet struct {
 	openBy    []atomic.Int64
 	holdingBy []atomic.Int64
 	holding   atomic.Int64
-	// reconnects: assignments on a new stream after the client held one; failedReconnects: streams (on a READY
-	// connection, or whose connection never got READY in time) that ended before their assignment after that
+	// reconnects: assignments on a new stream after the client held one; failedReconnects: attempts after that
+	// whose TCP connection was made but that ended before their assignment (refused by a server that was there)
 	reconnects       atomic.Int64
 	failedReconnects atomic.Int64
 	unreachable      atomic.Int64
