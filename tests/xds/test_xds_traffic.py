@@ -245,6 +245,23 @@ def test_grpcio_canary_split_header_route_and_empty_canary(setup: TrafficSetup, 
     assert not lonely["errors"] and set(lonely["servers"]) == {"lonely-s1", "lonely-s2"}, lonely
 
 
+def test_grpcio_subset_clusters_are_no_unknown_names_and_a_typo_is(setup: TrafficSetup, grpcio: Any) -> None:
+    """grpcio subscribes to the canary's subset clusters (``canary/version=v1``...) and their assignments: names
+    the control plane serves, so nothing is logged about them; a typo'd name is logged once, with the exported
+    names and the name it is closest to."""
+    got = grpcio.calls("canary", 200, timeout=30)
+    assert not got["errors"] and _by_version(got["servers"], "canary")["v2"] > 0, got  # both subsets in use
+    warned = [line for line in setup.proc.stderr_tail(200_000).splitlines()
+              if "not exported" in line and "'canray'" not in line]
+    assert warned == [], warned
+    assert grpcio.timed("canray", 10)["code"] == "UNAVAILABLE"
+    line = wait_until(lambda: next((t for t in setup.proc.stderr_tail(200_000).splitlines() if "'canray'" in t), None),
+                      10, "the typo's warning")
+    print(f"\na typo: {line.strip()[-200:]}")
+    assert "LDS 'canray', which is not exported (exported: breaker, canary, faulty" in line, line
+    assert "did you mean 'canary'?" in line, line
+
+
 def test_grpcio_faults_as_configured(setup: TrafficSetup, grpcio: Any) -> None:
     got = grpcio.calls("faulty", 800, timeout=30)
     share = 100 * len(got["errors"]) / 800

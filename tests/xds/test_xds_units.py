@@ -281,6 +281,37 @@ def test_named_subscriptions_and_names_not_exported(caplog) -> None:
     assert st.on_request(_req("type.googleapis.com/x.Y"), snap).kind == "unknown"
 
 
+def test_subset_clusters_and_waiting_assignments_are_served_names_and_a_typo_is_not(caplog) -> None:
+    """A canary's subset clusters (``canary/version=v1``) and the assignments of clusters whose endpoints are not
+    known yet are names this control plane serves: subscribing to them logs nothing. A name it does not serve is
+    logged once per stream, with the exported names and the closest served name of its type."""
+    from waypost.xds.exports import parse_config
+    from waypost.xds.resources import subset_clusters
+
+    (canary,) = parse_config('[exports.canary]\ntarget = "direct:///127.0.0.1:1"\nsubset_key = "version"\n'
+                             'split = { v1 = 90, v2 = 10 }\n').exports
+    snap = _snapshot([canary], {})
+    snap.resources[CLUSTER].update({n: Resource.of(n, c) for n, c in subset_clusters(canary).items()})
+    st = StreamState()
+    subsets = ["canary", "canary/version=v1", "canary/version=v2"]
+    st.on_request(_req(CLUSTER, subsets), snap)
+    st.on_request(_req(ENDPOINT, subsets), snap)  # no endpoints known yet: waiting, not unknown
+    st.on_request(_req(LISTENER, ["canary"]), snap)
+    assert [r.getMessage() for r in caplog.records if r.levelname == "WARNING"] == []
+    st.on_request(_req(CLUSTER, [*subsets, "canary/version=v3"]), snap)
+    st.on_request(_req(ENDPOINT, [*subsets, "canary/version=v3"]), snap)
+    st.on_request(_req(LISTENER, ["canray"]), snap)
+    st.on_request(_req(LISTENER, ["canray", "zzz"]), snap)
+    warned = [r.getMessage() for r in caplog.records if r.levelname == "WARNING"]
+    assert len(warned) == 4, warned  # once per (type, name) per stream
+    cds, eds, lds, far = warned
+    assert "CDS 'canary/version=v3', which is not exported (exported: canary); did you mean 'canary/version=v2'?" \
+        in cds and "answered without it" in cds
+    assert "EDS 'canary/version=v3'" in eds and "did you mean 'canary/version=v2'?" in eds
+    assert "LDS 'canray', which is not exported (exported: canary); did you mean 'canary'?" in lds
+    assert "LDS 'zzz'" in far and "did you mean" not in far
+
+
 def _listener(any_msg):
     from envoy.config.listener.v3 import listener_pb2
 

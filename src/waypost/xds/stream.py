@@ -19,14 +19,17 @@ was sent, whether the client ACKed or NACKed it (with the NACK's message and tim
 response it ACKed. In state of the world an ACK or NACK answers a whole response, so every resource of that
 response shares its state: ``statuses()`` lists one ``ResourceStatus`` per subscribed resource.
 - Empty ``resource_names`` in the first LDS or CDS request (or ``*``) is a wildcard: every exported one.
-- A name that is not exported is logged once per stream (with the exported names) and answered as
-  ``Snapshot.body`` says: a Listener of that name that fails the client's calls at once (so a typo'd
-  ``xds:///NAME`` fails in milliseconds, not after the client's 15 s does-not-exist timer), a Cluster response
-  without it, and no Route or Endpoint response. Exported later, it is served as soon as it is.
+- A name this control plane does not serve (a name not exported, a typo) is logged once per stream, with the
+  exported names and the closest name of its type when one is close; the names of subsets' clusters and of
+  assignments still waiting for their endpoints are served names. It is answered as ``Snapshot.body`` says: a
+  Listener of that name that fails the client's calls at once (so a typo'd ``xds:///NAME`` fails in
+  milliseconds, not after the client's 15 s does-not-exist timer), a Cluster response without it, and no Route
+  or Endpoint response. Exported later, it is served as soon as it is.
 """
 
 from __future__ import annotations
 
+import difflib
 import itertools
 import logging
 import time
@@ -216,20 +219,30 @@ class StreamState:
         return out
 
     def _log_unknown(self, t: str, snap: Snapshot) -> None:
-        if not self.types[t].wanted:
+        wanted = self.types[t].wanted
+        if not wanted:
             return
-        exported = snap.names(LISTENER)
-        for name in self.types[t].wanted or ():
-            if name in exported or (t, name) in self._unknown_logged:
+        known = _known(snap, t)
+        for name in wanted:
+            if (t, name) in self._unknown_logged or name in known:
                 continue
             self._unknown_logged.add((t, name))
-            log.warning("xds: %s subscribed to %s %r, which is not exported (exported: %s); %s",
+            exported = snap.names(LISTENER)
+            close = difflib.get_close_matches(name, known, n=1)
+            log.warning("xds: %s subscribed to %s %r, which is not exported (exported: %s)%s; %s",
                         self.who, SHORT[t], name[:200], ", ".join(sorted(exported)[:20]) or "none",
-                        _UNKNOWN_ANSWER.get(t, "not answered"))
+                        f"; did you mean {close[0]!r}?" if close else "", _UNKNOWN_ANSWER.get(t, "not answered"))
 
     def summary(self) -> dict[str, object]:
         return {SHORT[t]: {"wanted": "*" if ts.wanted is None else sorted(ts.wanted), "sent": ts.sent_version,
                            "acked": ts.acked_version, "nacks": ts.nacks} for t, ts in self.types.items()}
+
+
+def _known(snap: Snapshot, t: str) -> Mapping[str, Resource]:
+    """The names a subscription of type ``t`` may name: the resources of that type served now (an export's
+    Listener, Route and Cluster, and its subsets' Clusters, ``NAME/KEY=VALUE``); for an assignment, every
+    Cluster's, whether its endpoints are known yet or not. A subscription to another name is logged."""
+    return snap.names(CLUSTER if t == ENDPOINT else t)
 
 
 __all__ = ["ENDPOINT", "Outcome", "ResourceStatus", "StreamState", "TypeState"]
