@@ -11,6 +11,7 @@ Registered by ``_cli_xds.xds_commands``; the xDS protos (the ``xds`` extra) are 
 from __future__ import annotations
 
 from collections.abc import Callable
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -22,7 +23,7 @@ _SHOWN = {"ERROR": "NACKED", "STALE": "STALE", "SYNCED": "SYNCED", "NOT_SENT": "
 _STYLE = {"ERROR": "red", "STALE": "yellow", "SYNCED": "green", "NOT_SENT": "yellow"}
 
 
-def fetch_status(server: str, node_prefix: str | None, credentials: Any, timeout: float) -> Any:
+def fetch_status(server: str, node_prefix: str | None, tls: TlsFlags, timeout: float) -> Any:
     """The ClientStatusResponse of ``server`` (clients whose node id starts with ``node_prefix``, if given);
     raises click.ClickException saying why there is none."""
     import grpc
@@ -32,6 +33,9 @@ def fetch_status(server: str, node_prefix: str | None, credentials: Any, timeout
     request = csds_pb2.ClientStatusRequest()
     if node_prefix is not None:
         request.node_matchers.append(node_pb2.NodeMatcher(node_id=string_pb2.StringMatcher(prefix=node_prefix)))
+    if tls.given:  # probed first: gRPC logs a failed handshake of its own on stderr before failing the call
+        raise_on_tls_mismatch(server, tls, timeout)
+    credentials = tls.credentials()
     channel = grpc.secure_channel(server, credentials) if credentials is not None else grpc.insecure_channel(server)
     try:
         return csds_pb2_grpc.ClientStatusDiscoveryServiceStub(channel).FetchClientStatus(request, timeout=timeout)
@@ -41,6 +45,9 @@ def fetch_status(server: str, node_prefix: str | None, credentials: Any, timeout
             raise click.ClickException(f"{server} is not an xDS control plane with CSDS "
                                        "(it does not serve envoy.service.status.v3.ClientStatusDiscoveryService)"
                                        ) from None
+        if code in (grpc.StatusCode.UNAVAILABLE, grpc.StatusCode.DEADLINE_EXCEEDED) and not tls.given:
+            # gRPC says "Socket closed" when a plaintext call meets a TLS port: a probe of the port tells
+            raise_on_tls_mismatch(server, tls, timeout)
         if code is grpc.StatusCode.UNAVAILABLE:
             raise click.ClickException(f"cannot reach {server}: {details}") from None
         if code is grpc.StatusCode.DEADLINE_EXCEEDED:
@@ -50,17 +57,88 @@ def fetch_status(server: str, node_prefix: str | None, credentials: Any, timeout
         channel.close()
 
 
-def client_credentials(ca: Path | None, cert: Path | None, key: Path | None) -> Any:
-    """TLS channel credentials from the flags (None: plaintext)."""
-    if (cert is None) != (key is None):
-        raise click.UsageError("--tls-cert and --tls-key go together")
-    if ca is None and cert is None:
-        return None
-    import grpc
+@dataclass(frozen=True)
+class TlsFlags:
+    """The TLS flags of ``waypost xds status``: none given is a plaintext call."""
 
-    return grpc.ssl_channel_credentials(root_certificates=ca.read_bytes() if ca else None,
-                                        private_key=key.read_bytes() if key else None,
-                                        certificate_chain=cert.read_bytes() if cert else None)
+    ca: Path | None = None
+    cert: Path | None = None
+    key: Path | None = None
+
+    def __post_init__(self) -> None:
+        if (self.cert is None) != (self.key is None):
+            raise click.UsageError("--tls-cert and --tls-key go together")
+
+    @property
+    def given(self) -> bool:
+        return self.ca is not None or self.cert is not None
+
+    def credentials(self) -> Any:
+        """TLS channel credentials from the flags (None: plaintext)."""
+        if not self.given:
+            return None
+        import grpc
+
+        def read(p: Path | None) -> bytes | None:
+            return p.read_bytes() if p is not None else None
+
+        return grpc.ssl_channel_credentials(root_certificates=read(self.ca), private_key=read(self.key),
+                                            certificate_chain=read(self.cert))
+
+
+def raise_on_tls_mismatch(server: str, tls: TlsFlags, timeout: float) -> None:
+    """Raises click.ClickException saying what a probe of ``server``'s port shows wrong with these TLS flags
+    (``tls_mismatch``), if anything."""
+    why = tls_mismatch(server, tls, timeout)
+    if why is not None:
+        raise click.ClickException(why)
+
+
+def tls_mismatch(server: str, tls: TlsFlags, timeout: float) -> str | None:
+    """Why a call to ``server`` with these TLS flags fails, when a probe of its port shows a TLS mismatch (one
+    line: what happened and the flags to pass); None when the probe shows none (``xds/tls_probe.py``)."""
+    import ssl
+
+    from .netutil import split_host_port
+    from .xds.tls_probe import probe_tls
+
+    try:
+        host, port = split_host_port(server, what="--server")
+    except ValueError:
+        return None
+    if port is None:
+        return None
+    try:
+        p = probe_tls(host, port, ca=tls.ca, cert=tls.cert, key=tls.key, timeout=min(timeout, 5.0))
+    except (ssl.SSLError, OSError) as e:
+        return f"cannot use the TLS files given (--tls-ca, --tls-cert, --tls-key): {e}"
+    if p is None or p.tls is None:
+        return None
+    where = f"the control plane at {server}"
+    if not tls.given:
+        if not p.tls:
+            return None  # plaintext on both sides: not a TLS matter
+        if p.asks_cert:
+            return (f"the TLS handshake failed: {where} serves TLS and asks for a client certificate (mTLS), and "
+                    "this call was plaintext; pass --tls-ca, --tls-cert and --tls-key")
+        return (f"the TLS handshake failed: {where} serves TLS and this call was plaintext; pass --tls-ca (and "
+                "--tls-cert/--tls-key if it asks for a client certificate)")
+    if not p.tls:
+        return (f"the TLS handshake failed: {where} does not serve TLS (it answered in plaintext); leave out "
+                "--tls-ca, --tls-cert and --tls-key")
+    if p.untrusted:
+        trusted = f"--tls-ca {tls.ca}" if tls.ca is not None else "the system's CA certificates"
+        return (f"the TLS handshake failed: the certificate of {where} is not trusted by {trusted} "
+                f"({p.untrusted}); pass --tls-ca with the CA that signed it")
+    if p.accepted:
+        return None
+    if tls.cert is None:
+        if p.asks_cert:
+            return (f"a client certificate is required: {where} asks for one (mTLS) and closed the connection "
+                    "without it; pass --tls-cert and --tls-key")
+        return None
+    return (f"{where} refused the client certificate {tls.cert} (it closed the connection after the TLS "
+            "handshake); pass a certificate signed by a CA it trusts (its --client-ca)")
 
 
 def type_cell(configs: list[Any]) -> tuple[str, str]:
@@ -148,7 +226,7 @@ def status_command(global_options: Callable[[Any], Any], pass_ctx: Callable[[Any
             import waypost.xds  # noqa: F401  (names the extra to install when it is missing)
         except ImportError as e:
             raise click.ClickException(str(e)) from None
-        response = fetch_status(server, node_prefix, client_credentials(tls_ca, tls_cert, tls_key), timeout)
+        response = fetch_status(server, node_prefix, TlsFlags(tls_ca, tls_cert, tls_key), timeout)
         if c.as_json:
             click.echo(response_json(response))
             return

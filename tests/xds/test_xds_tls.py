@@ -308,6 +308,69 @@ def test_mtls_refuses_clients_without_a_certificate_of_the_ca(pki, tmp_path) -> 
         serve.close()
 
 
+def _status(serve: XdsServe, *flags: str) -> subprocess.CompletedProcess[str]:
+    return cli("xds", "status", "--server", serve.address, *flags)
+
+
+def _one_error_line(out: subprocess.CompletedProcess[str]) -> str:
+    """The single line a failed command wrote on stderr (click's ``Error: ...``), the exit status checked."""
+    assert out.returncode == 1, (out.returncode, out.stdout, out.stderr)
+    lines = out.stderr.splitlines()
+    assert len(lines) == 1 and lines[0].startswith("Error: "), out.stderr
+    return lines[0]
+
+
+def test_status_without_tls_flags_says_the_control_plane_serves_tls(pki, tmp_path) -> None:
+    """A plaintext ``waypost xds status`` to a TLS or an mTLS control plane: one line saying so and which flags to
+    pass (gRPC alone says ``Socket closed``); with them it works."""
+    tls, mtls = _serve(pki, tmp_path, mtls=False), _serve(pki, tmp_path, mtls=True)
+    try:
+        line = _one_error_line(_status(tls))
+        assert line == (f"Error: the TLS handshake failed: the control plane at {tls.address} serves TLS and this "
+                        "call was plaintext; pass --tls-ca (and --tls-cert/--tls-key if it asks for a client "
+                        "certificate)"), line
+        line = _one_error_line(_status(mtls))
+        assert line == (f"Error: the TLS handshake failed: the control plane at {mtls.address} serves TLS and asks "
+                        "for a client certificate (mTLS), and this call was plaintext; pass --tls-ca, --tls-cert "
+                        "and --tls-key"), line
+        ok = _status(tls, "--tls-ca", str(pki.ca_file))
+        assert ok.returncode == 0 and f"no client connected to {tls.address}" in ok.stdout, ok.stderr
+    finally:
+        for serve in (tls, mtls):
+            assert serve.terminate() == 0
+            serve.close()
+
+
+def test_status_against_mtls_says_a_client_certificate_is_required(pki, tmp_path) -> None:
+    """``waypost xds status --tls-ca`` to an mTLS control plane: one line saying a client certificate is required;
+    one from a CA it does not trust is said to be refused; TLS flags to a plaintext control plane, or a CA that did
+    not sign its certificate, are named too."""
+    mtls = _serve(pki, tmp_path, mtls=True)
+    plain = XdsServe(["plain=direct:///127.0.0.1:1"], log=tmp_path / "plain.log")
+    ca = ("--tls-ca", str(pki.ca_file))
+    try:
+        line = _one_error_line(_status(mtls, *ca))
+        assert line == (f"Error: a client certificate is required: the control plane at {mtls.address} asks for one "
+                        "(mTLS) and closed the connection without it; pass --tls-cert and --tls-key"), line
+        line = _one_error_line(_status(mtls, *ca, "--tls-cert", str(pki.other_cert), "--tls-key", str(pki.other_key)))
+        assert f"refused the client certificate {pki.other_cert}" in line, line
+        line = _one_error_line(_status(mtls, "--tls-ca", str(pki.dir / "other.pem")))  # a client cert, not its CA
+        assert f"the certificate of the control plane at {mtls.address} is not trusted by --tls-ca" in line, line
+        line = _one_error_line(_status(plain, *ca))
+        assert line == (f"Error: the TLS handshake failed: the control plane at {plain.address} does not serve TLS "
+                        "(it answered in plaintext); leave out --tls-ca, --tls-cert and --tls-key"), line
+        ok = _status(mtls, *ca, "--tls-cert", str(pki.client_cert), "--tls-key", str(pki.client_key))
+        assert ok.returncode == 0 and f"no client connected to {mtls.address}" in ok.stdout, ok.stderr
+        gone = plain.port
+        assert plain.terminate() == 0
+        line = _one_error_line(cli("xds", "status", "--server", f"127.0.0.1:{gone}", *ca))  # nothing listens
+        assert line.startswith(f"Error: cannot reach 127.0.0.1:{gone}: "), line
+    finally:
+        assert mtls.terminate() == 0
+        mtls.close()
+        plain.close()
+
+
 def test_serve_takes_tls_from_the_config_file(pki, tmp_path) -> None:
     import grpc
 
