@@ -173,3 +173,17 @@ def test_serve_from_a_config_file_with_metrics(tmp_path) -> None:
     finally:
         assert serve.terminate() == 0
         serve.close()
+
+
+def test_serve_refuses_a_quoted_split_weight_in_one_line(tmp_path) -> None:
+    """``split = { v1 = 90, v2 = "10" }``: the weights are integers; the error names the file, export, field and
+    value, and serve exits 1 without serving."""
+    config = tmp_path / "canary.toml"
+    config.write_text('[exports.canary]\ntarget = "direct:///127.0.0.1:1"\nsubset_key = "version"\n'
+                      'split = { v1 = 90, v2 = "10" }\n')
+    out = subprocess.run([sys.executable, "-m", "waypost.cli", "xds", "serve", "--listen", "127.0.0.1:0", "--config",
+                          str(config)], cwd=ROOT, env=_env(), capture_output=True, text=True, timeout=60, check=False)
+    assert out.returncode == 1 and out.stdout == "", (out.returncode, out.stdout, out.stderr)
+    said = (f"Error: {config}: export 'canary': split: v2: expected an integer from 0 to 1000000, got the string '10' "
+            "(write v2 = 10, without quotes)")
+    assert out.stderr.splitlines() == [said], out.stderr

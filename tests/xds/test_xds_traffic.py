@@ -98,7 +98,8 @@ class TrafficSetup:
                     if n == "lonely" and meta["version"] == "v2":
                         continue
                     self.handles.append(serve_echo(f"{n}-{inst}", self.keys[n], self.registry, metadata=meta))
-            self.addr, self.bootstrap, self.proc = xds_control_plane({}, extra_args=["--config", str(self.path)])
+            # -v: a reload that works is an INFO line
+            self.addr, self.bootstrap, self.proc = xds_control_plane({}, extra_args=["--config", str(self.path), "-v"])
         except BaseException:
             self.close()
             raise
@@ -374,7 +375,8 @@ def test_bad_file_keeps_the_last_good_config_and_sighup_reloads(setup: TrafficSe
         assert not got["errors"] and 2 <= _by_version(got["servers"], "moving")["v2"] <= 25, got  # still 95/5
     finally:
         setup.rewrite("moving", split={"v1": 95, "v2": 5})
-    logged("reloaded (the file changed)", "the good file's reload")
+    reloaded = f"INFO waypost.xds: xds: config {setup.path} reloaded"  # an INFO line: nothing went wrong
+    logged(f"{reloaded} (the file changed)", "the good file's reload")
     setup.proc.proc.send_signal(signal.SIGHUP)
-    logged("reloaded (SIGHUP)", "the SIGHUP reload")
+    logged(f"{reloaded} (SIGHUP)", "the SIGHUP reload")
     assert setup.proc.proc.poll() is None

@@ -189,6 +189,9 @@ def test_table_subsets_and_command_line_forms() -> None:
     ({"subset_key": "version"}, "no subset is named"),
     ({"subset_key": "version", "split": {"v1": 0}}, "every weight is 0"),
     ({"subset_key": "version", "split": {"v1": -1}}, "split: v1: expected an integer"),
+    ({"subset_key": "version", "split": {"v1": 90, "v2": "10"}},  # weights are integers: a quoted one is refused
+     r"split: v2: expected an integer from 0 to 1000000, got the string '10' \(write v2 = 10, without quotes\)"),
+    ({"subset_key": "version", "split": {"v1": "x"}}, r"split: v1: expected an integer .* got the string 'x'$"),
     ({"subset_key": "bad key"}, "subset_key: the metadata key must be"),
     ({"subset_key": "version", "split": "v1=3"}, "SUBSET:WEIGHT"),
     ({"subsets": {"a": {"version": "v1"}, "b": {"version": "v1"}}}, "select the same instances"),
@@ -349,6 +352,29 @@ def test_reloader_applies_changes_and_keeps_the_last_good_config(tmp_path: Path,
     r.request()  # SIGHUP: read even though it did not change
     path.write_text('[exports.g]\ntarget = "direct:///127.0.0.1:4"\n')
     assert r.check() and applied[-1].exports[0].target == "direct:///127.0.0.1:4"
+
+
+def test_reload_of_a_quoted_weight_keeps_the_last_good_config_and_a_good_reload_is_info(tmp_path: Path,
+                                                                                         caplog) -> None:
+    """``split = { v1 = 90, v2 = "10" }`` is refused at a reload too: one ERROR line naming the export, the field
+    and the value, the last good config kept; a reload that works is an INFO line (nothing went wrong)."""
+    from waypost.xds import load_config
+
+    path = tmp_path / "xds.toml"
+    good = '[exports.canary]\ntarget = "direct:///127.0.0.1:1"\nsubset_key = "version"\n'
+    path.write_text(good + "split = { v1 = 95, v2 = 5 }\n")
+    applied: list[Any] = []
+    r = ConfigReloader(path, lambda: load_config(path), applied.append)
+    with caplog.at_level(logging.DEBUG, logger="waypost.xds"):
+        path.write_text(good + 'split = { v1 = 90, v2 = "10" }\n')
+        assert not r.check() and not applied
+        path.write_text(good + "split = { v1 = 50, v2 = 50 }\n")
+        assert r.check() and applied[-1].exports[0].split.weights == (("v1", 50), ("v2", 50))
+    lines = [(rec.levelname, rec.getMessage()) for rec in caplog.records if "reloaded" in rec.getMessage()]
+    assert [level for level, _ in lines] == ["ERROR", "INFO"], lines
+    assert (f"{path}: export 'canary': split: v2: expected an integer from 0 to 1000000, got the string '10' "
+            "(write v2 = 10, without quotes); the last good one stays") in lines[0][1], lines[0][1]
+    assert lines[1][1] == f"xds: config {path} reloaded (the file changed)"
 
 
 def test_the_canary_example_and_the_docs_example_load() -> None:

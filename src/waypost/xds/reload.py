@@ -83,5 +83,5 @@ class ConfigReloader:
             log.error("xds: config %s not reloaded (%s): %s; the last good one stays", self.path, why, e)
             return False
         self.reloads += 1
-        log.warning("xds: config %s reloaded (%s)", self.path, why)
+        log.info("xds: config %s reloaded (%s)", self.path, why)
         return True

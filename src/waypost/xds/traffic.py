@@ -177,7 +177,7 @@ def _scalar(value: Any, where: str) -> str:
 
 
 def parse_split(value: Any, where: str) -> Split:
-    """``{v1 = 95, v2 = 5}`` or ``v1:95,v2:5``."""
+    """``{v1 = 95, v2 = 5}`` (a table: integer weights) or ``v1:95,v2:5`` (the command line's text)."""
     if isinstance(value, str):
         items: dict[str, Any] = {}
         for part in value.split(","):
@@ -186,10 +186,15 @@ def parse_split(value: Any, where: str) -> Split:
                 raise _fail(where, f"expected SUBSET:WEIGHT,... (e.g. v1:95,v2:5), got {part[:60]!r}")
             if name in items:
                 raise _fail(where, f"subset {name[:60]!r} given twice")
-            items[name] = weight
+            items[name] = int(weight) if weight.strip().isdigit() else weight
         value = items
     if not isinstance(value, Mapping) or not value:
         raise _fail(where, "expected a table of SUBSET = WEIGHT (e.g. {v1 = 95, v2 = 5})")
+    for k, w in value.items():
+        if isinstance(w, str):  # a quoted number in a file is refused: the weights are integers
+            fix = f" (write {str(k)[:60]} = {w.strip()}, without quotes)" if w.strip().isdigit() else ""
+            raise _fail(f"{where}: {str(k)[:60]}", f"expected an integer from 0 to {MAX_WEIGHT}, got the string "
+                                                    f"{w[:40]!r}{fix}")
     weights = tuple(sorted((_token(k, where, "a subset name"), _integer(w, f"{where}: {k}", 0, MAX_WEIGHT))
                            for k, w in value.items()))
     if not sum(w for _, w in weights):
