@@ -3,7 +3,9 @@
 Asks ``envoy.service.status.v3.ClientStatusDiscoveryService/FetchClientStatus`` and prints one row per client
 (as ``istioctl proxy-status`` does): its node id, cluster and zone, then per type (LDS, RDS, CDS, EDS) whether it
 holds what was sent (SYNCED), has not answered yet (STALE) or rejected it (NACKED), with the version; NACK
-messages and subscribed names never sent follow the table. ``--json`` prints the ClientStatusResponse itself.
+messages and subscribed names never sent follow the table. On a terminal the table is drawn (rich); to a pipe or
+a file it is plain text, one line per client with every cell whole, whatever the width. ``--json`` prints the
+ClientStatusResponse itself.
 
 Registered by ``_cli_xds.xds_commands``; the xDS protos (the ``xds`` extra) are imported only when it runs.
 """
@@ -181,6 +183,12 @@ def rows(response: Any) -> tuple[list[list[tuple[str, str]]], list[str]]:
     return table, notes
 
 
+def plain_table(header: list[str], body: list[list[str]]) -> str:
+    """The table as text: columns padded with spaces, every cell whole (never wrapped or cut)."""
+    widths = [max(len(r[i]) for r in (header, *body)) for i in range(len(header))]
+    return "\n".join("  ".join(cell.ljust(w) for cell, w in zip(r, widths)).rstrip() for r in (header, *body))
+
+
 def response_json(response: Any) -> str:
     """The ClientStatusResponse as JSON; a resource of a type this process has no descriptor of is printed
     without its contents (its type, name, version and states stay), with a note on stderr."""
@@ -234,19 +242,24 @@ def status_command(global_options: Callable[[Any], Any], pass_ctx: Callable[[Any
             c.out.print(f"no client connected to {server}" + (f" with a node id starting {node_prefix!r}"
                                                              if node_prefix is not None else ""), markup=False)
             return
-        from rich.table import Table
-        from rich.text import Text
-
         from .xds.resources import SHORT
 
         table, notes = rows(response)
-        t = Table(title=f"{server}  ({len(table)} client{'s' if len(table) != 1 else ''})", title_justify="left",
-                  title_style="bold")
-        for col in ("NODE", "CLUSTER", "ZONE", *SHORT.values()):
-            t.add_column(col, overflow="fold")
-        for row in table:
-            t.add_row(*(Text(text, style=style) for text, style in row))
-        c.out.print(t)
+        title = f"{server}  ({len(table)} client{'s' if len(table) != 1 else ''})"
+        header = ["NODE", "CLUSTER", "ZONE", *SHORT.values()]
+        if c.out.is_terminal:
+            from rich.table import Table
+            from rich.text import Text
+
+            t = Table(title=title, title_justify="left", title_style="bold")
+            for col in header:
+                t.add_column(col, overflow="fold")
+            for row in table:
+                t.add_row(*(Text(text, style=style) for text, style in row))
+            c.out.print(t)
+        else:  # a pipe or a file: whole cells, one line per client, whatever the width (grep, awk, logs)
+            click.echo(title)
+            click.echo(plain_table(header, [[text for text, _ in row] for row in table]))
         for note in notes:
             c.out.print(note, markup=False)
 

@@ -137,10 +137,10 @@ def test_stream_client_status_answers_each_request(plane) -> None:
     assert [len(a.config) for a in answers] == [3, 1]
 
 
-def _status_cli(port: int, *args: str) -> subprocess.CompletedProcess[str]:
+def _status_cli(port: int, *args: str, columns: int = 200) -> subprocess.CompletedProcess[str]:
     return subprocess.run([sys.executable, "-m", "waypost.cli", *args, "xds", "status", "--server",
-                           f"127.0.0.1:{port}"], cwd=ROOT, env=_env(COLUMNS="200"), capture_output=True, text=True,
-                          timeout=60, check=False)
+                           f"127.0.0.1:{port}"], cwd=ROOT, env=_env(COLUMNS=str(columns)), capture_output=True,
+                          text=True, timeout=60, check=False)
 
 
 def test_waypost_xds_status_prints_a_row_per_client_and_the_nack(plane) -> None:
@@ -156,6 +156,26 @@ def test_waypost_xds_status_prints_a_row_per_client_and_the_nack(plane) -> None:
     assert as_json.returncode == 0, as_json.stderr
     assert {c["node"]["id"] for c in json.loads(as_json.stdout)["config"]} == {
         "csds-grpcio", "csds-nacker", "csds-waiting"}
+
+
+def test_waypost_xds_status_to_a_pipe_never_wraps_a_cell(plane) -> None:
+    """Not on a terminal (here a pipe 40 columns wide), each client is one line with its node id and versions
+    whole: a plain table, columns padded with spaces."""
+    out = _status_cli(plane["port"], columns=40)
+    assert out.returncode == 0, out.stderr
+    lines = out.stdout.splitlines()
+    print("\n" + out.stdout)
+    assert lines[0] == f"127.0.0.1:{plane['port']}  (3 clients)"
+    assert lines[1].split() == ["NODE", "CLUSTER", "ZONE", "LDS", "RDS", "CDS", "EDS"]
+    grpcio = _by_node(_fetch(plane["port"]))["csds-grpcio"]
+    versions = {t: g.version_info[:8] for (t, _), g in grpcio.items()}
+    row = next(line for line in lines if line.startswith("csds-grpcio "))
+    assert row.split() == ["csds-grpcio", "waypost", "z1"] + [
+        part for t in (LISTENER, ROUTE, CLUSTER, ENDPOINT) for part in ("SYNCED", f"({versions[t]})")], row
+    waiting = next(line for line in lines if line.startswith("csds-waiting "))
+    assert waiting.split() == ["csds-waiting", "raw", "-", "-", "-", "-", "NOT", "SENT"], waiting
+    assert row.index("SYNCED") == lines[1].index("LDS") and waiting.index("NOT SENT") == lines[1].index("EDS")
+    assert not any(ch in out.stdout for ch in "┃│━")  # no box drawing
 
 
 def test_waypost_xds_status_says_what_is_wrong_with_the_server() -> None:
