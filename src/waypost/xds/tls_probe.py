@@ -62,11 +62,11 @@ def probe_tls(host: str, port: int, *, ca: Path | None = None, cert: Path | None
         if direction == "read":
             seen.add(int(msg_type))
 
-    try:
-        ctx._msg_callback = watch  # type: ignore[attr-defined]  # CPython's message callback (3.8+), not public
-        can_tell = True
-    except AttributeError:
-        can_tell = False
+    # CPython's message callback (3.8+, not public): a class property; an instance attribute of that name would
+    # be set on any Python and never called
+    can_tell = isinstance(getattr(ssl.SSLContext, "_msg_callback", None), property)
+    if can_tell:
+        ctx._msg_callback = watch  # type: ignore[attr-defined]
 
     def probe(tls: bool | None, **kw: Any) -> TlsProbe:
         asks = (_CERTIFICATE_REQUEST in seen) if can_tell else None
