@@ -352,6 +352,35 @@ def test_the_layout_fits_the_window_and_the_charts_have_axes(browser, tmp_path, 
             s.stop()
 
 
+_COLUMN_WIDTHS = """(key) => [...document.querySelectorAll(`div.service[data-service="${key}"] th`)]
+  .map((th) => th.getBoundingClientRect().width)"""
+
+
+@pytest.mark.parametrize("width", [800, 1400])
+def test_a_drain_does_not_move_the_columns(browser, unique_key, width):
+    reg = f"memory://{unique_key}"
+    md = {"weight": 20, "zone": "eu-west-1a", "version": "1.2.3"}
+    servers = [echo_serve(n, unique_key, reg, metadata=md) for n in ("a", "b")]
+    ctx = browser.new_context(viewport={"width": width, "height": 900})
+    page = ctx.new_page()
+    try:
+        with running_console(registries=[reg]) as (_, url):
+            page.goto(url)
+            row = _row(page, unique_key, servers[0].address)
+            row.locator("td.health.h-SERVING").wait_for(timeout=10_000)
+            before = page.evaluate(_COLUMN_WIDTHS, unique_key)
+            assert write(url, "drain", {"key": unique_key, "address": servers[0].address})[0] == 200
+            row.locator("td.weight .badge", has_text="drained").wait_for(timeout=10_000)
+            row.locator("button.undrain").wait_for(timeout=10_000)  # the row's other controls changed too
+            after = page.evaluate(_COLUMN_WIDTHS, unique_key)
+            assert len(before) == len(after) == 9
+            assert all(abs(a - b) < 0.5 for a, b in zip(before, after, strict=True)), (before, after)
+    finally:
+        ctx.close()
+        for s in servers:
+            s.stop()
+
+
 def test_the_filters_are_kept_in_the_url_and_restored_from_it(page, browser, unique_key):
     reg, other = f"memory://{unique_key}", f"{unique_key}-other"
     servers = [echo_serve("a", unique_key, reg), echo_serve("b", unique_key, reg), echo_serve("o", other, reg)]
