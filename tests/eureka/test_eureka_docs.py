@@ -26,7 +26,7 @@ PAGE = ROOT / "docs" / "eureka.md"
 def _documented_commands() -> list[str]:
     """The lines of the ```sh block of the page's "A development Eureka" section, comments cut off."""
     section = PAGE.read_text().split("## A development Eureka", 1)[1].split("\n## ", 1)[0]
-    block = re.search(r"```sh\n(.*?)\n```", section, re.S)
+    block = re.search(r"```sh\n(.*?)\n```", section, re.DOTALL)
     assert block, "docs/eureka.md: no ```sh block in 'A development Eureka'"
     return [line.split("#", 1)[0].strip() for line in block.group(1).splitlines()]
 

@@ -44,7 +44,7 @@ def test_every_page_opens_with_what_a_user_does(page: Path):
     words = len(_prose(lines[1:fence]).split())
     assert words <= OPENING_WORDS, f"{page.name}: {words} words before its first command or example"
     # figures come after what to do: no measurement in the words before it
-    assert not re.search(r"\bmeasured\b|\d\s*(ms|us|µs)\b", _prose(lines[1:fence]), re.I), page.name
+    assert not re.search(r"\bmeasured\b|\d\s*(ms|us|µs)\b", _prose(lines[1:fence]), re.IGNORECASE), page.name
 
 
 def _kinds(pred) -> set[str]:
@@ -86,7 +86,7 @@ def test_every_kind_is_listed_where_the_kinds_are_listed():
     assert {s for s in console_kinds if f"`{s}`" not in sources} == set(), sources
 
 
-EXCERPT = re.compile(r"^<!-- excerpt: (\S+) -->\n```[\w-]*\n(.*?)\n```", re.S | re.M)
+EXCERPT = re.compile(r"^<!-- excerpt: (\S+) -->\n```[\w-]*\n(.*?)\n```", re.DOTALL | re.MULTILINE)
 
 
 def test_excerpts_are_their_files_verbatim():
@@ -124,7 +124,7 @@ LINK = re.compile(r"\]\(([^)\s]+)\)")
 def test_relative_links_and_anchors_lead_somewhere():
     broken = []
     for page in [ROOT / "README.md", *PAGES, ROOT / "examples" / "README.md"]:
-        text = re.sub(r"```.*?```", "", page.read_text(), flags=re.S)
+        text = re.sub(r"```.*?```", "", page.read_text(), flags=re.DOTALL)
         for target in LINK.findall(text):
             if re.match(r"[a-z]+:", target):
                 continue  # http(s), mailto
