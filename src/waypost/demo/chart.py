@@ -64,6 +64,9 @@ def figure(samples_by_policy: dict[str, list[Sample]], results: dict[str, Any]) 
     ax_share.set_ylabel("share of calls (%)")
     ax_share.set_title("share per backend")
     ax_share.tick_params(axis="x", labelrotation=30, labelsize=8)
+    for label in ax_share.get_xticklabels():  # long names end under their bar instead of overlapping the next
+        label.set_horizontalalignment("right")
+        label.set_rotation_mode("anchor")
     ax_share.set_ylim(0, 100)
     ax_share.legend(fontsize=8, title="backend", title_fontsize=8, loc="upper left", bbox_to_anchor=(1.02, 1.0),
                     borderaxespad=0.0)
