@@ -14,7 +14,7 @@ pytest.importorskip("envoy.service.discovery.v3.ads_pb2", reason="the xds extra 
 from harness.waiting import wait_until
 from tests.channel.support import echo_servers
 from tests.console.support import echo_serve, http, running_console
-from tests.console.test_console_browser import browser, page  # noqa: F401 (fixtures)
+from tests.console.test_console_browser import _screenshot, browser, page  # noqa: F401 (fixtures)
 from tests.xds.test_xds_support import free_port, stock_client
 from waypost.xds import ControlPlane, bootstrap_json, parse_export
 
@@ -92,6 +92,7 @@ def test_a_canary_split_is_shown_beside_its_instances(tmp_path, page) -> None:  
             line = page.locator('[data-xds-split="shop"]')
             line.wait_for(timeout=15_000)
             assert "version=v1 · 90 %" in line.inner_text() and "version=v2 · 10 %" in line.inner_text()
+            _screenshot(page, tmp_path / "console-canary.png")
     finally:
         control.stop()
         for s in servers.values():
