@@ -97,3 +97,25 @@ def test_a_canary_split_is_shown_beside_its_instances(tmp_path, page) -> None:  
         control.stop()
         for s in servers.values():
             s.stop()
+
+
+def test_traffic_of_reads_the_default_routes_split() -> None:
+    """``traffic_of`` over a client status answer holding the RouteConfiguration the control plane builds."""
+    from envoy.service.status.v3 import csds_pb2
+
+    from waypost.console.xds_clients import traffic_of
+    from waypost.xds.resources import ROUTE, route_config
+
+    def answer(spec: str) -> csds_pb2.ClientStatusResponse:
+        resp = csds_pb2.ClientStatusResponse()
+        g = resp.config.add().generic_xds_configs.add(type_url=ROUTE, name="shop")
+        g.xds_config.Pack(route_config(parse_export(spec)))
+        return resp
+
+    split = traffic_of(answer("shop=direct:///127.0.0.1:1 subset_key=version split=v1:3,v2:1"), "shop")
+    assert split == {"split": [
+        {"cluster": "shop/version=v1", "subset": "version=v1", "weight": 3, "share": 0.75, "addresses": []},
+        {"cluster": "shop/version=v2", "subset": "version=v2", "weight": 1, "share": 0.25, "addresses": []}]}
+    plain = traffic_of(answer("shop=direct:///127.0.0.1:1"), "shop")
+    assert plain == {"split": [{"cluster": "shop", "subset": "", "weight": 1, "share": 1.0, "addresses": []}]}
+    assert traffic_of(answer("shop=direct:///127.0.0.1:1"), "other") is None

@@ -126,14 +126,17 @@ class XdsClients:
                         exclude_resource_contents=True), timeout=self.timeout)
                     services = group_by_service(response)
                     traffic = {}
+                    contents: dict[str, Any] = {}  # node id -> its resources, fetched once per poll
                     for service, clients in services.items():
-                        synced = [c for c in clients if c["types"].get("RDS") == "SYNCED"]
-                        if not synced:
+                        node = next((c["node"] for c in clients
+                                     if c["types"].get("RDS") == "SYNCED" and c["node"] != "?"), None)
+                        if node is None:
                             continue
-                        one = await stub.FetchClientStatus(csds_pb2.ClientStatusRequest(node_matchers=[
-                            node_pb2.NodeMatcher(node_id=string_pb2.StringMatcher(exact=synced[0]["node"]))]),
-                            timeout=self.timeout)
-                        found = traffic_of(one, service)
+                        if node not in contents:
+                            contents[node] = await stub.FetchClientStatus(csds_pb2.ClientStatusRequest(
+                                node_matchers=[node_pb2.NodeMatcher(node_id=string_pb2.StringMatcher(exact=node))]),
+                                timeout=self.timeout)
+                        found = traffic_of(contents[node], service)
                         if found is not None:
                             traffic[service] = found
                     self.services, self.traffic, self.error, self.updated = services, traffic, None, time.time()
