@@ -14,7 +14,7 @@ import pytest
 
 from waypost.balancer.policies import POLICIES as REGISTERED
 from waypost.demo.load import Sample, percentile, summarize
-from waypost.demo.runner import BACKENDS, NEWCOMER, NOT_SHOWN, POLICIES, SLOW, VICTIM
+from waypost.demo.runner import BACKENDS, NEWCOMER, NOT_SHOWN, POLICIES, SLOW, VICTIM, takeaway
 from waypost.etcd.local import free_port
 from waypost.service_config import DEFAULT_POLICY
 
@@ -71,6 +71,9 @@ def test_demo_quick_with_etcd(tmp_path):
     check_results(out)
     assert Path(out["chart"]).is_file() and Path(out["chart"]).stat().st_size > 10_000
     assert "chart:" in proc.stdout and "0 failed calls" in proc.stdout and "SIGKILL" in proc.stdout
+    # the closing line: from this run's figures, on one line
+    assert out["takeaway"] == takeaway(out["policies"]) and out["takeaway"].startswith("Takeaway: ")
+    assert out["takeaway"] in proc.stdout.splitlines(), proc.stdout[-2000:]
     assert f"{len(POLICIES)} of {len(REGISTERED)} policies run; not run here: " in proc.stdout  # the others, named with why
     assert all(f"{p} (" in proc.stdout for p in NOT_SHOWN), proc.stdout
     # every process the demo started is gone

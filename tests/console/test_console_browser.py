@@ -11,7 +11,10 @@ Skips, saying why, without the ``playwright`` package or a chromium binary (``ap
 
 from __future__ import annotations
 
+import itertools
+import math
 import os
+import re
 import shutil
 import struct
 import threading
@@ -83,6 +86,50 @@ _BOXES = """() => [...document.querySelectorAll("div.service[data-service]")].ma
              const r = e.getBoundingClientRect(); return [e.className || e.tagName, r.left, r.right, r.top, r.bottom];
            }) };
 })"""
+
+
+#: per chart: its frame, its value axis's x, and each tick label's text, value (data-value, value ticks only) and box
+_CHART_BOXES = """() => [...document.querySelectorAll('div.client .chart svg')].map((s) => {
+  const f = s.getBoundingClientRect();
+  const axis = [...s.querySelectorAll('line.axis')].find((l) => l.getAttribute('x1') === l.getAttribute('x2'));
+  return { title: s.getAttribute('aria-label'), frame: [f.left, f.right, f.top, f.bottom],
+           axis: f.left + Number(axis.getAttribute('x1')) * f.width / s.viewBox.baseVal.width,
+           labels: [...s.querySelectorAll('text.tick')].map((t) => { const r = t.getBoundingClientRect();
+             return { text: t.textContent, value: t.dataset.value === undefined ? null : Number(t.dataset.value),
+                      box: [r.left, r.right, r.top, r.bottom] }; }) };
+})"""
+
+
+def _is_round_step(step: float) -> bool:
+    """A step of 1, 2 or 5 times a power of ten."""
+    exponent = math.floor(math.log10(step) + 1e-9)
+    return any(math.isclose(step, m * 10**exponent, rel_tol=1e-6) for m in (1, 2, 5, 10))
+
+
+def _check_charts(page: Any) -> None:
+    """Every tick label inside its chart's frame (1 px border) and clear of the value axis and of each other;
+    the value ticks round: 0, then equal steps of 1, 2 or 5 times a power of ten, their labels those numbers."""
+    charts = page.evaluate(_CHART_BOXES)
+    assert charts
+    for c in charts:
+        left, right, top, bottom = c["frame"]
+        for lab in c["labels"]:
+            x0, x1, y0, y1 = lab["box"]
+            assert left + 1 <= x0 and x1 <= right - 1 and top + 1 <= y0 and y1 <= bottom - 1, (c["title"], lab, c)
+        values = [lab for lab in c["labels"] if lab["value"] is not None]
+        assert len(values) >= 2, c
+        for lab in values:
+            assert lab["box"][1] <= c["axis"] - 1, (c["title"], "a value label over the axis", lab, c["axis"])
+        for a, b in itertools.pairwise(sorted(values, key=lambda v: v["box"][2])):
+            assert a["box"][3] <= b["box"][2], (c["title"], "value labels overlap", a, b)
+        ticks = sorted(lab["value"] for lab in values)
+        step = ticks[1] - ticks[0]
+        assert ticks[0] == 0 and _is_round_step(step), (c["title"], ticks)
+        assert all(math.isclose(t, i * step, rel_tol=1e-9) for i, t in enumerate(ticks)), (c["title"], ticks)
+        shown = [float(re.match(r"[0-9.]+", lab["text"]).group()) for lab in sorted(values, key=lambda v: v["value"])]
+        shown_step = shown[1] - shown[0]
+        assert _is_round_step(shown_step), (c["title"], shown)
+        assert all(math.isclose(v, i * shown_step, rel_tol=1e-9, abs_tol=1e-9) for i, v in enumerate(shown)), shown
 
 
 def test_the_page_lists_a_live_registration_and_removes_a_stopped_one(page, shared_etcd, unique_key):
@@ -266,6 +313,11 @@ def test_the_layout_fits_the_window_and_the_charts_have_axes(browser, tmp_path, 
                 for name, x0, x1, y0, y1 in card["controls"]:
                     assert left <= x0 and x1 <= right and top <= y0 and y1 <= bottom, (card["key"], name, card)
             assert page.locator("#counts").inner_text() == "2 keys, 3 instances"
+            # no empty band between the filters and the first card (only main's own padding)
+            gap = page.evaluate("""() => document.querySelector('div.service').getBoundingClientRect().top -
+                document.querySelector('nav').getBoundingClientRect().bottom""")
+            assert 0 <= gap <= 12, f"{gap:.1f} px between the filters and the first card"
+            _check_charts(page)
 
             # the charts: value ticks and clock times on each; the gone backend keeps its past line
             target = page.locator("div.client .target").first
@@ -297,6 +349,35 @@ def test_the_layout_fits_the_window_and_the_charts_have_axes(browser, tmp_path, 
         exporter.shutdown()
         metrics.disable()
         for s in [*servers, lone]:
+            s.stop()
+
+
+_COLUMN_WIDTHS = """(key) => [...document.querySelectorAll(`div.service[data-service="${key}"] th`)]
+  .map((th) => th.getBoundingClientRect().width)"""
+
+
+@pytest.mark.parametrize("width", [800, 1400])
+def test_a_drain_does_not_move_the_columns(browser, unique_key, width):
+    reg = f"memory://{unique_key}"
+    md = {"weight": 20, "zone": "eu-west-1a", "version": "1.2.3"}
+    servers = [echo_serve(n, unique_key, reg, metadata=md) for n in ("a", "b")]
+    ctx = browser.new_context(viewport={"width": width, "height": 900})
+    page = ctx.new_page()
+    try:
+        with running_console(registries=[reg]) as (_, url):
+            page.goto(url)
+            row = _row(page, unique_key, servers[0].address)
+            row.locator("td.health.h-SERVING").wait_for(timeout=10_000)
+            before = page.evaluate(_COLUMN_WIDTHS, unique_key)
+            assert write(url, "drain", {"key": unique_key, "address": servers[0].address})[0] == 200
+            row.locator("td.weight .badge", has_text="drained").wait_for(timeout=10_000)
+            row.locator("button.undrain").wait_for(timeout=10_000)  # the row's other controls changed too
+            after = page.evaluate(_COLUMN_WIDTHS, unique_key)
+            assert len(before) == len(after) == 9
+            assert all(abs(a - b) < 0.5 for a, b in zip(before, after, strict=True)), (before, after)
+    finally:
+        ctx.close()
+        for s in servers:
             s.stop()
 
 

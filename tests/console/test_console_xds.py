@@ -13,8 +13,8 @@ pytest.importorskip("envoy.service.discovery.v3.ads_pb2", reason="the xds extra 
 
 from harness.waiting import wait_until
 from tests.channel.support import echo_servers
-from tests.console.support import http, running_console
-from tests.console.test_console_browser import browser, page  # noqa: F401 (fixtures)
+from tests.console.support import echo_serve, http, running_console
+from tests.console.test_console_browser import _screenshot, browser, page  # noqa: F401 (fixtures)
 from tests.xds.test_xds_support import free_port, stock_client
 from waypost.xds import ControlPlane, bootstrap_json, parse_export
 
@@ -63,3 +63,59 @@ def test_the_page_shows_the_clients(xds_plane, page) -> None:  # noqa: F811 (the
         row.wait_for(timeout=15000)
         text = row.inner_text()
         assert "SYNCED" in text and "z9" in text, text
+
+
+def test_a_canary_split_is_shown_beside_its_instances(tmp_path, page) -> None:  # noqa: F811 (the fixture)
+    """An export splitting 90/10 between version=v1 and version=v2: the page shows each instance's subset and
+    its share (as the control plane's clients were sent it), and the split in the xDS card."""
+    reg, key = "memory://console-canary", "canary.rpc"
+    versions = {"s1": "v1", "s2": "v1", "c1": "v2"}
+    servers = {n: echo_serve(n, key, reg, metadata={"version": v}) for n, v in versions.items()}
+    control = ControlPlane([parse_export(f"shop={reg}/?key={key} subset_key=version split=v1:90,v2:10")])
+    port = control.start()
+    try:
+        with stock_client(bootstrap_json([f"127.0.0.1:{port}"], "canary-grpcio"), tmp_path) as c, \
+                running_console(registries=[reg], xds=f"127.0.0.1:{port}") as (_, url):
+            wait_until(lambda: set(c.calls("shop", 60)["servers"]) == set(versions), 30, "calls on all three")
+            traffic = wait_until(lambda: http(url + "api/xds")[1].get("traffic", {}).get("shop"), 20,
+                                 "the split of shop in /api/xds")
+            split = {p["subset"]: (p["share"], sorted(p["addresses"])) for p in traffic["split"]}
+            assert split == {"version=v1": (0.9, sorted([servers["s1"].address, servers["s2"].address])),
+                             "version=v2": (0.1, [servers["c1"].address])}, split
+            page.goto(url)
+            for name, version in versions.items():
+                badge = page.locator(f'div.service[data-service="{key}"] tr[data-address="{servers[name].address}"] '
+                                     "td.weight .badge.split")
+                badge.wait_for(timeout=15_000)
+                want = "version=v1 · 90 %" if version == "v1" else "version=v2 · 10 %"
+                assert badge.inner_text() == want, (name, badge.inner_text())
+            line = page.locator('[data-xds-split="shop"]')
+            line.wait_for(timeout=15_000)
+            assert "version=v1 · 90 %" in line.inner_text() and "version=v2 · 10 %" in line.inner_text()
+            _screenshot(page, tmp_path / "console-canary.png")
+    finally:
+        control.stop()
+        for s in servers.values():
+            s.stop()
+
+
+def test_traffic_of_reads_the_default_routes_split() -> None:
+    """``traffic_of`` over a client status answer holding the RouteConfiguration the control plane builds."""
+    from envoy.service.status.v3 import csds_pb2
+
+    from waypost.console.xds_clients import traffic_of
+    from waypost.xds.resources import ROUTE, route_config
+
+    def answer(spec: str) -> csds_pb2.ClientStatusResponse:
+        resp = csds_pb2.ClientStatusResponse()
+        g = resp.config.add().generic_xds_configs.add(type_url=ROUTE, name="shop")
+        g.xds_config.Pack(route_config(parse_export(spec)))
+        return resp
+
+    split = traffic_of(answer("shop=direct:///127.0.0.1:1 subset_key=version split=v1:3,v2:1"), "shop")
+    assert split == {"split": [
+        {"cluster": "shop/version=v1", "subset": "version=v1", "weight": 3, "share": 0.75, "addresses": []},
+        {"cluster": "shop/version=v2", "subset": "version=v2", "weight": 1, "share": 0.25, "addresses": []}]}
+    plain = traffic_of(answer("shop=direct:///127.0.0.1:1"), "shop")
+    assert plain == {"split": [{"cluster": "shop", "subset": "", "weight": 1, "share": 1.0, "addresses": []}]}
+    assert traffic_of(answer("shop=direct:///127.0.0.1:1"), "other") is None

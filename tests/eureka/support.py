@@ -1,9 +1,11 @@
 """Eureka test harness: a real Spring Cloud Netflix Eureka server and a stock Spring Cloud Eureka client, both built
-once with Maven from tests/eureka/servers/ and cached.
+once with Maven and cached.
 
-* ``eureka_jars()`` builds tests/eureka/servers/{server,client} (spring-boot-starter-parent 4.0.7,
-  spring-cloud-dependencies 2025.1.4; the recipe of shared/notes/real-registries.md) with ``mvn -q -B package``
-  into ``${WAYPOST_SERVERS_CACHE:-~/.cache/waypost-servers}/eureka-<hash of the sources>/``, under a file lock so
+* ``eureka_jars()`` builds the server from examples/eureka-server/ (the very project docs/eureka.md gives users
+  for a development Eureka, so the page cannot drift from what the tests run) and the client from
+  tests/eureka/servers/client/ (spring-boot-starter-parent 4.0.7, spring-cloud-dependencies 2025.1.4) with
+  ``BUILD_COMMAND`` (the documented ``mvn -q -B package -DskipTests``) into
+  ``${WAYPOST_SERVERS_CACHE:-~/.cache/waypost-servers}/eureka-<hash of the sources>/``, under a file lock so
   that concurrent test processes build once; bounded by ``$WAYPOST_EUREKA_BUILD_TIMEOUT`` (default 1200 s). Each
   jar is then extracted (Spring Boot's ``-Djarmode=tools extract``) and given a class-data-sharing archive from a
   training run (``-XX:ArchiveClassesAtExit`` with ``spring.context.exit=onRefresh``): the server then answers in
@@ -43,7 +45,12 @@ from harness import proc_reaper
 from harness.go_servers import servers_cache
 from waypost.etcd.local import free_port
 
-SOURCES = Path(__file__).resolve().parent / "servers"
+ROOT = Path(__file__).resolve().parents[2]
+#: the Maven project of each application: the server is the development Eureka of docs/eureka.md
+SOURCES = {"server": ROOT / "examples" / "eureka-server",
+           "client": Path(__file__).resolve().parent / "servers" / "client"}
+#: how each project is built: the command docs/eureka.md gives users (tests/eureka/test_eureka_docs.py checks)
+BUILD_COMMAND = ["mvn", "-q", "-B", "package", "-DskipTests"]
 BUILD_TIMEOUT = float(os.environ.get("WAYPOST_EUREKA_BUILD_TIMEOUT", "1200"))
 #: per-test bound once the jars exist (a JVM start is ~10-20 s on a busy machine)
 TEST_TIMEOUT = 150.0
@@ -71,9 +78,10 @@ def java_binary() -> str | None:
 
 def _sources_hash() -> str:
     h = hashlib.sha256()
-    for path in sorted(p for p in SOURCES.rglob("*") if p.is_file() and "target" not in p.parts):
-        h.update(str(path.relative_to(SOURCES)).encode())
-        h.update(path.read_bytes())
+    for name, root in sorted(SOURCES.items()):
+        for path in sorted(p for p in root.rglob("*") if p.is_file() and "target" not in p.parts):
+            h.update(f"{name}/{path.relative_to(root)}".encode())
+            h.update(path.read_bytes())
     return h.hexdigest()[:12]
 
 
@@ -151,9 +159,9 @@ def eureka_jars(timeout: float | None = None) -> dict[str, Path]:
         log_path = root / "build.log"
         for name, jar in jars.items():
             src = root / name / "src"
-            shutil.copytree(SOURCES / name, src)
+            shutil.copytree(SOURCES[name], src, ignore=shutil.ignore_patterns("target"))
             left = limit - (time.monotonic() - started)
-            _run(["mvn", "-q", "-B", "package", "-DskipTests"], src, log_path, left, f"building the Eureka {name}")
+            _run(BUILD_COMMAND, src, log_path, left, f"building the Eureka {name}")
             _run([java, "-Djarmode=tools", "-jar", str(src / "target" / f"eureka-{name}.jar"), "extract",
                   "--destination", str(jar.parent)], root, log_path, 120, f"extracting the Eureka {name}")
             # the training run: start the application context, then exit, writing the classes it loaded
@@ -463,5 +471,5 @@ def unique_app(prefix: str = "app") -> str:
     return f"{prefix}-{os.getpid()}-{next(_names)}"
 
 
-__all__ = ["EurekaBuildError", "EurekaServer", "EurekaUnavailable", "SpringClient", "eureka_jars", "shared_server",
-           "skip_reason", "timeout_mark", "unique_app"]
+__all__ = ["BUILD_COMMAND", "SOURCES", "EurekaBuildError", "EurekaServer", "EurekaUnavailable", "SpringClient",
+           "eureka_jars", "shared_server", "skip_reason", "timeout_mark", "unique_app"]

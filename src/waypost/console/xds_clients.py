@@ -5,6 +5,13 @@ every ``interval`` seconds and keeps, per exported service (the Listener names t
 client holding it: its node id, zone, and per type (LDS, RDS, CDS, EDS) the worst state of what it was sent
 (NACKED before STALE before NOT SENT before SYNCED) with the NACK's message. ``snapshot()`` is what ``GET
 /api/xds`` answers; an unreachable control plane is an ``error`` there, and the last clients seen stay listed.
+
+The split of each service (``traffic``): what its clients were actually sent, read from one of them (a second
+``FetchClientStatus`` with the resources' contents, matched on that client's node id, so the answer holds one
+client's resources rather than every client's): the default (last) route of its RouteConfiguration, and, for a
+``weighted_clusters`` split, each cluster's weight, share and the addresses of its ClusterLoadAssignment. A subset
+cluster is named ``NAME/KEY=VALUE`` (``waypost.xds.traffic``): the page shows ``version=v2 · 10 %`` beside those
+instances. A service none of whose clients is connected has no entry: nobody was sent a split.
 """
 
 from __future__ import annotations
@@ -51,18 +58,57 @@ def group_by_service(response: Any) -> dict[str, list[dict[str, Any]]]:
     return out
 
 
+def traffic_of(response: Any, service: str) -> dict[str, Any] | None:
+    """``service``'s default-route split as the client(s) of ``response`` were sent it: ``{"split": [{"cluster",
+    "subset", "weight", "share", "addresses"}, ...]}`` (one entry, share 1, when the route sends to one cluster);
+    None when the response holds no RouteConfiguration of that name."""
+    from envoy.config.endpoint.v3 import endpoint_pb2
+    from envoy.config.route.v3 import route_pb2
+
+    from ..xds.resources import ENDPOINT, ROUTE
+
+    route_config: Any = None
+    addresses: dict[str, list[str]] = {}
+    for config in response.config:
+        for g in config.generic_xds_configs:
+            if not g.HasField("xds_config"):
+                continue
+            if g.type_url == ROUTE and g.name == service and route_config is None:
+                route_config = route_pb2.RouteConfiguration.FromString(g.xds_config.value)
+            elif g.type_url == ENDPOINT and g.name not in addresses:
+                cla = endpoint_pb2.ClusterLoadAssignment.FromString(g.xds_config.value)
+                addresses[g.name] = sorted(
+                    f"{a.address}:{a.port_value}" if ":" not in a.address else f"[{a.address}]:{a.port_value}"
+                    for loc in cla.endpoints for e in loc.lb_endpoints
+                    for a in (e.endpoint.address.socket_address,))
+    if route_config is None or not route_config.virtual_hosts or not route_config.virtual_hosts[0].routes:
+        return None
+    action = route_config.virtual_hosts[0].routes[-1].route  # the catch-all comes last
+    if action.HasField("weighted_clusters"):
+        parts = [(c.name, c.weight.value) for c in action.weighted_clusters.clusters]
+    else:
+        parts = [(action.cluster, 1)]
+    total = sum(w for _, w in parts) or 1
+    return {"split": [{"cluster": name, "subset": name.split("/", 1)[1] if "/" in name else "",
+                       "weight": weight, "share": weight / total, "addresses": addresses.get(name, [])}
+                      for name, weight in parts]}
+
+
 class XdsClients:
     """The poller (module docstring); ``start()`` on the console's loop, ``close()`` to end it."""
 
     def __init__(self, server: str, interval: float = 2.0, timeout: float = 5.0) -> None:
         self.server, self.interval, self.timeout = server, interval, timeout
         self.services: dict[str, list[dict[str, Any]]] = {}
+        #: service -> its split as its clients were sent it (``traffic_of``)
+        self.traffic: dict[str, dict[str, Any]] = {}
         self.error: str | None = None
         self.updated = 0.0
         self._task: asyncio.Task[None] | None = None
 
     def snapshot(self) -> dict[str, Any]:
-        return {"server": self.server, "error": self.error, "updated": self.updated, "services": self.services}
+        return {"server": self.server, "error": self.error, "updated": self.updated, "services": self.services,
+                "traffic": self.traffic}
 
     def start(self) -> None:
         self._task = asyncio.get_running_loop().create_task(self._run())
@@ -70,6 +116,7 @@ class XdsClients:
     async def _run(self) -> None:
         import grpc
         from envoy.service.status.v3 import csds_pb2, csds_pb2_grpc
+        from envoy.type.matcher.v3 import node_pb2, string_pb2
 
         async with grpc.aio.insecure_channel(self.server) as channel:
             stub = csds_pb2_grpc.ClientStatusDiscoveryServiceStub(channel)
@@ -77,7 +124,22 @@ class XdsClients:
                 try:
                     response = await stub.FetchClientStatus(csds_pb2.ClientStatusRequest(
                         exclude_resource_contents=True), timeout=self.timeout)
-                    self.services, self.error, self.updated = group_by_service(response), None, time.time()
+                    services = group_by_service(response)
+                    traffic = {}
+                    contents: dict[str, Any] = {}  # node id -> its resources, fetched once per poll
+                    for service, clients in services.items():
+                        node = next((c["node"] for c in clients
+                                     if c["types"].get("RDS") == "SYNCED" and c["node"] != "?"), None)
+                        if node is None:
+                            continue
+                        if node not in contents:
+                            contents[node] = await stub.FetchClientStatus(csds_pb2.ClientStatusRequest(
+                                node_matchers=[node_pb2.NodeMatcher(node_id=string_pb2.StringMatcher(exact=node))]),
+                                timeout=self.timeout)
+                        found = traffic_of(contents[node], service)
+                        if found is not None:
+                            traffic[service] = found
+                    self.services, self.traffic, self.error, self.updated = services, traffic, None, time.time()
                 except grpc.RpcError as e:
                     code = e.code() if isinstance(e, grpc.Call) else None
                     error = ("not an xDS control plane with CSDS" if code is grpc.StatusCode.UNIMPLEMENTED

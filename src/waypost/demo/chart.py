@@ -21,11 +21,23 @@ def write_chart(samples_by_policy: dict[str, list[Sample]], results: dict[str, A
 
         matplotlib.use("Agg")
         import matplotlib.pyplot as plt
-        from matplotlib import ticker
     except ImportError:
         return None, "matplotlib is not installed (pip install 'waypost[plots]')"
 
-    fig, (ax_cdf, ax_share) = plt.subplots(1, 2, figsize=(13, 5))
+    fig = figure(samples_by_policy, results)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fig.savefig(path, dpi=100)
+    plt.close(fig)
+    return path.resolve(), ""
+
+
+def figure(samples_by_policy: dict[str, list[Sample]], results: dict[str, Any]) -> Any:
+    """The chart's matplotlib Figure (needs matplotlib). The share panel's legend sits right of its axes, clear
+    of the bars (pick_first's bar is full height: a legend inside would cover it)."""
+    import matplotlib.pyplot as plt
+    from matplotlib import ticker
+
+    fig, (ax_cdf, ax_share) = plt.subplots(1, 2, figsize=(13, 5), layout="constrained")
     for policy, samples in samples_by_policy.items():
         lat = sorted(s.latency * 1000 for s in samples if s.error is None)
         if not lat:
@@ -52,10 +64,11 @@ def write_chart(samples_by_policy: dict[str, list[Sample]], results: dict[str, A
     ax_share.set_ylabel("share of calls (%)")
     ax_share.set_title("share per backend")
     ax_share.tick_params(axis="x", labelrotation=30, labelsize=8)
-    ax_share.legend(fontsize=8)
+    for label in ax_share.get_xticklabels():  # long names end under their bar instead of overlapping the next
+        label.set_horizontalalignment("right")
+        label.set_rotation_mode("anchor")
+    ax_share.set_ylim(0, 100)
+    ax_share.legend(fontsize=8, title="backend", title_fontsize=8, loc="upper left", bbox_to_anchor=(1.02, 1.0),
+                    borderaxespad=0.0)
     fig.suptitle("waypost demo: 4 backends, b4 is 10x slower")
-    fig.tight_layout()
-    path.parent.mkdir(parents=True, exist_ok=True)
-    fig.savefig(path, dpi=100)
-    plt.close(fig)
-    return path.resolve(), ""
+    return fig

@@ -119,6 +119,8 @@ def run_demo(quick: bool = False, out_dir: Path | None = None, chart: bool = Tru
             path, why = write_chart(samples_by_policy, results, (out_dir or Path.cwd()) / "waypost-demo.png")
             out.print(f"[5] chart: {path}" if path else f"[5] chart skipped: {why}")
             results["chart"] = str(path) if path else None
+        results["takeaway"] = takeaway(results["policies"])
+        out.print(f"[bold]{results['takeaway']}[/]", soft_wrap=True)  # one line, whatever the width
         results["seconds"] = round(time.monotonic() - t_start, 1)
         results["registry_mode"] = cluster.mode
         out.print(f"done in {results['seconds']:.1f} s; cleaning up")
@@ -128,6 +130,27 @@ def run_demo(quick: bool = False, out_dir: Path | None = None, chart: bool = Tru
         cluster.close()
         if summary_path is not None:
             summary_path.write_text(json.dumps(results, indent=1, sort_keys=True))
+
+
+def takeaway(policies: dict[str, Any], baseline: str = "round_robin") -> str:
+    """The run in one line, from its measured figures: among the policies that spread the calls (a policy whose
+    calls all went to one backend, pick_first, is fast only while that backend has room), the one with the
+    lowest p99, by how much it beat ``baseline``'s p99, and the share each sent to the slow backend."""
+    ran = {p: s for p, s in policies.items() if s.get("calls") and not s.get("errors")}
+    spread = {p: s for p, s in ran.items() if sum(1 for b in s["backends"].values() if b["calls"]) > 1}
+    if not spread:
+        return "Takeaway: no policy spread its calls without errors on this run."
+    best = min(spread, key=lambda p: spread[p]["p99_ms"])
+    b = spread[best]
+    head = f"Takeaway: {_label(best)} gave the lowest p99 of the policies that spread the calls, {b['p99_ms']:.1f} ms"
+    base = spread.get(baseline)
+    if base is None:
+        return f"{head}."
+    if best == baseline:
+        return f"{head}: {baseline} itself; no policy beat it on this run."
+    shares = (b["backends"][SLOW]["share"], base["backends"][SLOW]["share"])
+    return (f"{head}, {base['p99_ms'] / max(b['p99_ms'], 1e-9):.1f}x lower than {baseline}'s {base['p99_ms']:.1f} ms "
+            f"(it sent {shares[0]:.0%} of its calls to the slow {SLOW}, {baseline} {shares[1]:.0%}).")
 
 
 def _progress(out: Console, text: str) -> contextlib.AbstractContextManager[Any]:

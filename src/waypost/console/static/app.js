@@ -195,7 +195,30 @@ function otherMeta(md) {
     .map(([k, v]) => `${k}=${typeof v === "string" ? v : JSON.stringify(v)}`).join(", ");
 }
 
-function instanceRow(svc, inst, elapsed) {
+const COLUMNS = [["address", "address"], ["weight", "weight"], ["zone", "zone"], ["version", "version"],
+  ["metadata", "meta"], ["lease TTL", "ttl"], ["age", "age"], ["health", "health"], ["", "actions"]];
+
+// address -> the xDS splits it is in ({service, subset, share}), from the control plane's clients (--xds)
+function splitsByAddress() {
+  const out = {};
+  for (const [service, t] of Object.entries((state.xds && state.xds.traffic) || {})) {
+    if (!t.split || t.split.length < 2) continue;  // one cluster: no split to show
+    for (const part of t.split) {
+      for (const a of part.addresses) (out[a] = out[a] || []).push({ service, subset: part.subset, share: part.share });
+    }
+  }
+  return out;
+}
+
+function percent(share) { return `${Math.round(share * 1000) / 10} %`; }
+
+function splitBadges(splits) {
+  return (splits || []).map((sp) => el("span", { class: "badge split", "data-subset": sp.subset,
+    title: `xDS: the default route of ${sp.service} sends ${percent(sp.share)} of the calls to the subset ` +
+      `${sp.subset || sp.service} (as its clients were sent it)` }, `${sp.subset || sp.service} · ${percent(sp.share)}`));
+}
+
+function instanceRow(svc, inst, elapsed, splits) {
   const rowId = `${svc.id}|${inst.address}`;
   const writable = svc.writable && state.config && !state.config.read_only;
   const md = inst.metadata || {};
@@ -228,7 +251,7 @@ function instanceRow(svc, inst, elapsed) {
     el("td", { class: "address" }, inst.address),
     el("td", { class: "num weight" }, drained ? el("span", { class: "badge warn" }, "drained") : String(inst.weight),
       ovr ? el("span", { class: "muted", title: `override by ${ovr.by} at ${new Date(ovr.at * 1000).toISOString()}` },
-        ` (override by ${ovr.by})`) : null),
+        ` (override by ${ovr.by})`) : null, splitBadges(splits[inst.address])),
     el("td", {}, md.zone !== undefined ? String(md.zone) : ""),
     el("td", {}, md.version !== undefined ? String(md.version) : ""),
     el("td", { class: "muted meta-cell" }, otherMeta(md)),
@@ -246,16 +269,19 @@ function renderServices(snap, elapsed) {
   box.replaceChildren();
   let shown = 0, total = 0, keysShown = 0;
   const down = downSources(snap);
+  const splits = splitsByAddress();
   for (const svc of snap.services) {
     total += svc.instances.length;
     const rows = svc.instances.filter((i) => matches(svc, i));
     if (!rows.length && !(svc.instances.length === 0 && matches(svc, null))) continue;
     shown += rows.length;
     keysShown += 1;
-    const table = el("table", {},
-      el("thead", {}, el("tr", {}, ["address", "weight", "zone", "version", "metadata", "lease TTL", "age",
-        "health", ""].map((h) => el("th", {}, h)))),
-      el("tbody", {}, rows.map((i) => instanceRow(svc, i, elapsed))));
+    // fixed column widths (style.css, per col class): a row drained, an override or a split shown never moves
+    // the other columns
+    const table = el("table", { class: "listing" },
+      el("colgroup", {}, COLUMNS.map(([, cls]) => el("col", { class: `c-${cls}` }))),
+      el("thead", {}, el("tr", {}, COLUMNS.map(([h, cls]) => el("th", { class: `c-${cls}` }, h)))),
+      el("tbody", {}, rows.map((i) => instanceRow(svc, i, elapsed, splits))));
     box.append(el("div", { class: "service", "data-service": svc.key },
       el("h2", {}, svc.key, el("span", { class: "badge" }, svc.format),
         el("span", { class: "meta" }, `${plural(svc.instances.length, "instance")} in ${svc.source}`),
@@ -327,24 +353,53 @@ function seriesBackends(t) {
   return { all: [...now, ...gone.sort()], gone: new Set(gone) };
 }
 
-// A line chart with a value axis (0, half, max) and a time axis (clock times of the first, middle and last point).
-function chart(title, series, backends, value, fmt) {
-  const W = 300, H = 130, L = 48, R = 8, T = 6, B = 20;
+// Round value ticks: a step of 1, 2 or 5 times a power of ten, about `n` of them from 0 to at least `max`.
+function niceTicks(max, n) {
+  const raw = max / n;
+  const p = 10 ** Math.floor(Math.log10(raw));
+  const f = raw / p;
+  const step = (f <= 1 ? 1 : f <= 2 ? 2 : f <= 5 ? 5 : 10) * p;
+  const count = Math.max(1, Math.ceil(max / step - 1e-9));
+  const ticks = [];
+  for (let i = 0; i <= count; i++) ticks.push(Number((i * step).toPrecision(12)));
+  return { ticks, step, top: ticks[ticks.length - 1] };
+}
+
+// How wide a tick label is drawn (the .tick font), to leave room for the widest one left of the axis.
+const measure = document.createElement("canvas").getContext("2d");
+function textWidth(text) {
+  measure.font = `10px ${getComputedStyle(document.body).fontFamily}`;
+  return measure.measureText(text).width;
+}
+
+// A number with the decimals a step needs (a step of 0.5 shows 1.5, a step of 20 shows 40).
+function stepped(v, step) {
+  return v.toFixed(Math.max(0, Math.min(6, -Math.floor(Math.log10(step) + 1e-9))));
+}
+
+// A line chart with round value ticks (niceTicks; `axis(top, step)` gives the label of each) and a time axis
+// (clock times of the first, middle and last point). The labels stay inside the frame: the value axis starts
+// right of the widest label, the top tick sits below the top edge.
+function chart(title, series, backends, value, fmt, axis, cap) {
+  const W = 300, H = 130, R = 8, T = 10, B = 20;
   const pts = series.map((p) => backends.map((b) => value(p, b)));
   let max = 0;
   for (const row of pts) for (const v of row) if (v !== null && v > max) max = v;
-  if (max <= 0) max = 1;
+  if (max <= 0) max = cap || 1;
+  const { ticks, step, top } = niceTicks(cap ? Math.min(max, cap) : max, 3);
+  const label = axis(top, step);
+  const L = Math.ceil(Math.max(...ticks.map((v) => textWidth(label(v))))) + 10;
   const s = svg("svg", { width: W, height: H, viewBox: `0 0 ${W} ${H}`, role: "img", "aria-label": title });
   const t0 = series.length ? series[0].t : 0, t1 = series.length ? series[series.length - 1].t : 1;
   const x = (t) => L + (t1 > t0 ? ((t - t0) * (W - L - R)) / (t1 - t0) : (W - L - R));
-  const y = (v) => H - B - (v / max) * (H - B - T);
-  for (const f of [0, 0.5, 1]) {
-    const yy = y(f * max).toFixed(1);
-    s.append(svg("line", { x1: L, x2: W - R, y1: yy, y2: yy, class: f ? "grid" : "axis" }));
-    const label = svg("text", { x: L - 4, y: yy, "text-anchor": "end", "dominant-baseline": "middle",
-      class: "tick" });
-    label.textContent = fmt(f * max);
-    s.append(label);
+  const y = (v) => H - B - (Math.min(v, top) / top) * (H - B - T);
+  for (const v of ticks) {
+    const yy = y(v).toFixed(1);
+    s.append(svg("line", { x1: L, x2: W - R, y1: yy, y2: yy, class: v ? "grid" : "axis" }));
+    const text = svg("text", { x: L - 5, y: yy, "text-anchor": "end", "dominant-baseline": "middle",
+      class: "tick value", "data-value": v });
+    text.textContent = label(v);
+    s.append(text);
   }
   s.append(svg("line", { x1: L, x2: L, y1: T, y2: H - B, class: "axis" }));
   if (series.length) {
@@ -353,7 +408,7 @@ function chart(title, series, backends, value, fmt) {
     ticks.forEach((t) => {
       if (shown.has(clock(t))) return;
       shown.add(clock(t));
-      const label = svg("text", { x: x(t).toFixed(1), y: H - 5, class: "tick",
+      const label = svg("text", { x: x(t).toFixed(1), y: H - 5, class: "tick time",
         "text-anchor": t === t0 && ticks.length > 1 ? "start" : t === t1 ? "end" : "middle" });
       label.textContent = clock(t);
       s.append(label);
@@ -376,6 +431,11 @@ function chart(title, series, backends, value, fmt) {
   const last = pts.length ? pts[pts.length - 1] : [];
   const now = backends.map((b, j) => `${b} ${last[j] === null || last[j] === undefined ? "-" : fmt(last[j])}`);
   return el("div", { class: "chart", title: now.join("\n") }, el("h3", {}, title), s);
+}
+
+// Latency ticks in ms below a second, in s from there (one unit per chart).
+function latencyAxis(top, step) {
+  return top < 1 ? (v) => `${stepped(v * 1000, step * 1000)} ms` : (v) => `${stepped(v, step)} s`;
 }
 
 // The share of calls of a point with no call finished is no share (not 0%): no point is drawn.
@@ -409,10 +469,12 @@ function renderClients(snap) {
       const last = series.length ? series[series.length - 1] : null;
       card.append(el("div", { class: "target", "data-target": target }, el("div", { class: "meta empty" }, target),
         el("div", { class: "charts" },
-          chart("share of calls", series, backends, share, (v) => `${Math.round(v * 100)}%`),
-          chart("in flight", series, backends, (p, b) => (p.in_flight[b] ?? null), (v) => v.toFixed(v < 10 ? 1 : 0)),
+          chart("share of calls", series, backends, share, (v) => `${Math.round(v * 100)}%`,
+            (top, step) => (v) => `${stepped(v * 100, step * 100)}%`, 1),
+          chart("in flight", series, backends, (p, b) => (p.in_flight[b] ?? null), (v) => v.toFixed(v < 10 ? 1 : 0),
+            (top, step) => (v) => stepped(v, step)),
           chart("latency estimate", series, backends, (p, b) => (p.latency[b] ?? null),
-            (v) => `${(v * 1000).toFixed(1)} ms`)),
+            (v) => `${(v * 1000).toFixed(1)} ms`, latencyAxis)),
         el("div", { class: "legend" }, backends.map((b) => {
           const sw = svg("svg", { width: 10, height: 10 });
           sw.append(svg("rect", { width: 10, height: 10, fill: colorOf(b) }));
@@ -446,7 +508,11 @@ function renderXds() {
         }),
         el("td", { class: "meta" }, (c.nacks || []).join("; "))));
     }
-    card.append(el("div", { class: "target" }, el("div", { class: "meta empty" }, `${name}: ${clients.length} client${clients.length === 1 ? "" : "s"}`), table));
+    const t = (x.traffic || {})[name];
+    const split = t && t.split.length > 1 ? el("div", { class: "meta empty split-line", "data-xds-split": name },
+      "split of the default route: ", splitBadges(t.split.map((p) => ({ service: name, subset: p.subset,
+        share: p.share })))) : null;
+    card.append(el("div", { class: "target" }, el("div", { class: "meta empty" }, `${name}: ${clients.length} client${clients.length === 1 ? "" : "s"}`), split, table));
   }
   box.append(card);
 }
@@ -458,6 +524,7 @@ async function pollXds() {
     state.xds = { server: state.config.xds, error: "the console did not answer", services: {} };
   }
   renderXds();
+  render();  // the instance rows show the splits
 }
 
 function render() {
