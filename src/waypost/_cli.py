@@ -154,13 +154,15 @@ class _NoAuditLine(logging.Filter):
 
 @click.group(cls=_Group, context_settings={"help_option_names": ["-h", "--help"]})
 @click.option("--registry", envvar="WAYPOST_REGISTRY", default=DEFAULT_REGISTRY, show_default=True,
-              metavar="URL", help="Registry URL (env WAYPOST_REGISTRY): etcd://h1:2379,h2:2379 or memory://NAME.")
+              metavar="URL", help="Registry URL (env WAYPOST_REGISTRY): etcd://h1:2379,h2:2379 or memory://NAME; "
+              "console, drain, undrain and weight also take consul://, zk:// and eureka://.")
 @click.option("--json", "as_json", is_flag=True, help="Machine-readable output (JSON).")
 @click.option("-v", "--verbose", count=True, help="Log more (-v: info, -vv: debug) to stderr.")
 @click.version_option(package_name="waypost", prog_name="waypost")
 @click.pass_context
 def app(ctx: click.Context, registry: str, as_json: bool, verbose: int) -> None:
-    """Service registration, discovery and load balancing for Python gRPC, over etcd.
+    """Service registration, discovery and load balancing for Python gRPC: etcd, Consul, ZooKeeper, Eureka,
+    Kubernetes and DNS, and an xDS control plane for gRPC's own xDS clients.
 
     The global options may also follow the command (waypost watch KEY -v --json)."""
     ctx.obj = Ctx(registry, as_json, verbose)
@@ -488,11 +490,15 @@ def resolve_cmd(c: Ctx, target: str, subset_size: int, client_id: str | None, ti
     result = _inspect.resolve(target, subset_size=subset_size, client_id=client_id, timeout=timeout)
     if c.as_json:
         c.emit(result)
+    if not result["backends"]:  # found nothing: a client dialing it fails its calls; status 1, as `host` does
+        raise click.ClickException(_nothing_found(result))
+    if c.as_json:
         return
-    t = Table(title=f"{result['target']}  ({result['scheme']}"
-              + (f", key {result['key']!r}, {result['format']}" if result.get("key") else "")
-              + f"): {len(result['backends'])} address(es), {sum(b['in_subset'] for b in result['backends'])} "
-              "in this client's subset", title_justify="left", title_style="bold")
+    what = (f", key {result['key']!r}, {result['format']}" if result["format"] else f", service {result['key']!r}"
+            ) if result.get("key") else ""
+    t = Table(title=f"{result['target']}  ({result['scheme']}{what}): {len(result['backends'])} address(es), "
+              f"{sum(b['in_subset'] for b in result['backends'])} in this client's subset", title_justify="left",
+              title_style="bold")
     for col in ("address", "metadata", "in subset"):
         t.add_column(col, overflow="fold")
     for b in result["backends"]:
@@ -500,6 +506,19 @@ def resolve_cmd(c: Ctx, target: str, subset_size: int, client_id: str | None, ti
     c.out.print(t)
     if result.get("note"):
         c.err.print(result["note"])
+
+
+def _nothing_found(result: dict[str, Any]) -> str:
+    """``resolve``'s one line for a target with no address: a registry key with nothing under it says so and names
+    the registered keys closest to it; the wire-format note when records of another format are there."""
+    if result.get("note"):
+        return f"{result['target']}: no address; {result['note'].splitlines()[-1].removeprefix('note: ')}"
+    if result["format"] and result.get("key"):
+        close = result.get("close_keys") or []
+        meant = f"; did you mean {' or '.join(repr(k) for k in close)}?" if close else ""
+        return (f"nothing is registered under key {result['key']!r} in {result['target'].partition('?')[0]}{meant} "
+                "(`waypost ls` lists the registered keys)")
+    return f"{result['target']}: no address (a client dialing it would fail its calls)"
 
 
 _register_demo(app, _global_options, pass_ctx)  # waypost demo / bench
