@@ -82,12 +82,17 @@ def not_a_key_registry(url: str, command: str) -> str | None:
     if kind is None or kind.keyed:
         return None
     keyed = " and ".join(KEYED)
+    # watch and resolve take a dial target instead of a KEY: the same command, with the kind's own target grammar
+    shows = command if command in ("watch", "resolve") else "resolve"
+    if command in ("watch", "resolve"):
+        head = f"a bare KEY of `waypost {command}` is a key in an {' or '.join(KEYED)} registry"
+    else:
+        head = f"`waypost {command}` works on {keyed} registries (keys)"
     if kind.url_example is None:  # read only, as a dial target (k8s, dns, direct)
-        return (f"`waypost {command}` works on {keyed} registries (keys); {kind.scheme}:// is no registry URL but "
-                f"a dial target ({kind.target_example}): `waypost resolve {kind.target_example}` shows its addresses")
-    return (f"`waypost {command}` works on {keyed} registries (keys); --registry {redact_url(url)} is a {kind.title} registry, "
-            f"which holds service instances: `waypost resolve {kind.target_example}` shows the instances of one "
-            "service")
+        return (f"{head}; {kind.scheme}:// is no registry URL but a dial target: `waypost {shows} "
+                f"{kind.target_example}` shows its addresses")
+    return (f"{head}; --registry {redact_url(url)} is a {kind.title} registry, which holds service instances: "
+            f"`waypost {shows} {kind.target_example}` shows the instances of one service")
 
 
 def unreachable(registry: Any, what: str, timeout: float) -> str:

@@ -137,6 +137,11 @@ def test_ls_on_a_registry_of_another_kind_says_what_to_run(plugin_kind):
                     "is a Eureka registry, which holds service instances: `waypost resolve "
                     "eureka://127.0.0.1:8761/greeter` shows the instances of one service"), line
     assert "serve(" not in line and "connect()" not in line
+    # watch and resolve take the target itself
+    line = one_line(run("--registry", "eureka://127.0.0.1:8761", "watch", "greeter"))
+    assert line == ("Error: a bare KEY of `waypost watch` is a key in an etcd or memory registry; --registry "
+                    "eureka://127.0.0.1:8761 is a Eureka registry, which holds service instances: `waypost watch "
+                    "eureka://127.0.0.1:8761/greeter` shows the instances of one service"), line
     # a plug-in's kind: its own target grammar, from its entry in the table of kinds
     line = one_line(run("--registry", "nacos://127.0.0.1:8848", "register", "greeter", "127.0.0.1:9001"))
     assert "`waypost register` works on etcd and memory registries" in line, line
