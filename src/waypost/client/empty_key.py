@@ -99,5 +99,8 @@ class EmptyKey:
             self.due = None
         if self._deliver is None:
             done()
-        else:
+            return
+        try:
             self._deliver(done)
+        except RuntimeError:  # the channel's event loop is closed: no call is left to tell
+            log.debug("waypost: %s: the close keys arrived after the channel's loop closed", self.target.redacted)
