@@ -48,7 +48,7 @@ def user_error(e: BaseException) -> click.ClickException | None:
 
 def one_line_errors(command: click.Command) -> None:
     """Make ``command`` and every command under it end a ``click.UsageError`` raised by its body in one line with
-    status 1 (``user_error``); click's own parse errors keep their usage banner and status 2."""
+    status 1; click's own parse errors (raised before the body runs) keep their usage banner and status 2."""
     if command.callback is not None and not getattr(command.callback, "_waypost_one_line", False):
         command.callback = _wrapped(command.callback)
     if isinstance(command, click.Group):
