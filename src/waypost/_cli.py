@@ -9,14 +9,10 @@ from __future__ import annotations
 import concurrent.futures
 import json
 import logging
-import os
-import signal
-import subprocess
 import sys
 import threading
 import time
-from collections.abc import Callable, Iterator
-from contextlib import contextmanager
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -25,9 +21,12 @@ from rich.console import Console
 from rich.table import Table
 
 from ._cli_console import register as _register_console
+from ._cli_demo import register as _register_demo
+from ._cli_errors import not_a_key_registry, one_line_errors, unreachable, user_error
+from ._cli_errors import one_line as _one_line
 from ._cli_signals import exit_if_interrupted, stop_on_signals
 from ._cli_xds import xds_commands
-from .errors import PermissionDenied, WaypostError
+from .errors import PermissionDenied, RegistryUnavailable, WaypostError
 from .registry.formats import DEFAULT_FORMAT, FORMAT_NAMES
 
 DEFAULT_REGISTRY = "etcd://127.0.0.1:2379"
@@ -38,7 +37,7 @@ CONFIGURE_LOGGING = False
 
 
 class _Group(click.Group):
-    """Turns waypost's own errors into one clean line (click prints ``Error: ...`` and exits 1)."""
+    """Turns waypost's own errors into one clean line (click prints ``Error: ...`` and exits 1; ``_cli_errors``)."""
 
     def list_commands(self, ctx: click.Context) -> list[str]:
         return list(self.commands)  # in the order they are defined: the order a new user needs them
@@ -46,18 +45,11 @@ class _Group(click.Group):
     def invoke(self, ctx: click.Context) -> Any:
         try:
             return super().invoke(ctx)
-        except WaypostError as e:
-            raise click.ClickException(_one_line(e)) from None
-        except (TimeoutError, concurrent.futures.TimeoutError) as e:  # a registry call that did not answer in time
-            raise click.ClickException(f"timed out: {e or 'the registry did not answer'}") from None
-        except ValueError as e:  # bad input caught by the library (a key, an id, metadata, ...)
-            logging.getLogger("waypost.cli").debug("invalid input", exc_info=True)
-            raise click.ClickException(_one_line(e)) from None
-
-
-def _one_line(e: BaseException) -> str:
-    text = str(e).strip().splitlines()
-    return text[0] if text else type(e).__name__
+        except Exception as e:
+            clean = user_error(e)
+            if clean is None:
+                raise
+            raise clean from None
 
 
 class Ctx:
@@ -71,11 +63,19 @@ class Ctx:
         self.err = Console(stderr=True, highlight=False, soft_wrap=True)
         self._registry: Any = None
 
-    def registry(self) -> Any:
+    def registry(self, wait: float | None = None) -> Any:
+        """The registry of --registry, for a command that reads or writes keys (etcd, memory). ``wait``: how long
+        a call may wait for an etcd endpoint to connect (a diagnostic command's --timeout), unless the URL says."""
         if self._registry is None:
             from .registry import connect
 
-            self._registry = connect(self.registry_url)
+            wrong = not_a_key_registry(self.registry_url, click.get_current_context().info_name or "")
+            if wrong:
+                raise click.ClickException(wrong)
+            url = self.registry_url
+            if wait is not None and url.startswith("etcd://") and "dial_timeout=" not in url:
+                url += f"{'&' if '?' in url else '?'}dial_timeout={wait:g}"
+            self._registry = connect(url)
         return self._registry
 
     def emit(self, obj: Any) -> None:
@@ -154,13 +154,15 @@ class _NoAuditLine(logging.Filter):
 
 @click.group(cls=_Group, context_settings={"help_option_names": ["-h", "--help"]})
 @click.option("--registry", envvar="WAYPOST_REGISTRY", default=DEFAULT_REGISTRY, show_default=True,
-              metavar="URL", help="Registry URL (env WAYPOST_REGISTRY): etcd://h1:2379,h2:2379 or memory://NAME.")
+              metavar="URL", help="Registry URL (env WAYPOST_REGISTRY): etcd://h1:2379,h2:2379 or memory://NAME; "
+              "console, drain, undrain and weight also take consul://, zk:// and eureka://.")
 @click.option("--json", "as_json", is_flag=True, help="Machine-readable output (JSON).")
 @click.option("-v", "--verbose", count=True, help="Log more (-v: info, -vv: debug) to stderr.")
 @click.version_option(package_name="waypost", prog_name="waypost")
 @click.pass_context
 def app(ctx: click.Context, registry: str, as_json: bool, verbose: int) -> None:
-    """Service registration, discovery and load balancing for Python gRPC, over etcd.
+    """Service registration, discovery and load balancing for Python gRPC: etcd, Consul, ZooKeeper, Eureka,
+    Kubernetes and DNS, and an xDS control plane for gRPC's own xDS clients.
 
     The global options may also follow the command (waypost watch KEY -v --json)."""
     ctx.obj = Ctx(registry, as_json, verbose)
@@ -255,7 +257,7 @@ def ls_cmd(c: Ctx, prefix: str, timeout: float) -> None:
     from . import _inspect
     from .registry import SyncRegistry
 
-    reg = SyncRegistry(c.registry(), timeout=timeout)
+    reg = SyncRegistry(c.registry(wait=timeout), timeout=timeout)
     try:
         res = reg.get(prefix, prefix=True)
         kvs = list(res.kvs)
@@ -266,9 +268,9 @@ def ls_cmd(c: Ctx, prefix: str, timeout: float) -> None:
                 click.echo(f"note: listing without waypost metadata: {e}", err=True)
         entries = _inspect.classify(kvs)
         ttls = _inspect.lease_ttls(reg, entries)
-    except (TimeoutError, concurrent.futures.TimeoutError):
-        raise click.ClickException(f"{c.registry().url} did not answer within {timeout:g}s "
-                                   "(is etcd running there? `waypost etcd` starts one)") from None
+    except (TimeoutError, concurrent.futures.TimeoutError, RegistryUnavailable):
+        raise click.ClickException(unreachable(c.registry(), f"list {prefix!r}" if prefix else "list the keys",
+                                                 timeout)) from None
     if c.as_json:
         c.emit({"revision": res.revision, "services": _inspect.group(entries, ttls)})
         return
@@ -366,7 +368,10 @@ def watch_cmd(c: Ctx, key: str, fmt: str, exact: bool, duration: float | None, t
         return {b.address: dict(b.metadata) for b in sub.backends()}
 
     with stop_on_signals() as stop:
-        sub = Subscriber(c.registry(), key, exact=exact, format=fmt, timeout=timeout)
+        try:
+            sub = Subscriber(c.registry(), key, exact=exact, format=fmt, timeout=timeout)
+        except RegistryUnavailable:
+            raise click.ClickException(unreachable(c.registry(), f"read {key!r}", timeout)) from None
         try:
             present(snapshot(sub), f"{key!r} ({fmt}) in {c.registry().url}")
             from ._inspect import other_formats_hint
@@ -485,11 +490,15 @@ def resolve_cmd(c: Ctx, target: str, subset_size: int, client_id: str | None, ti
     result = _inspect.resolve(target, subset_size=subset_size, client_id=client_id, timeout=timeout)
     if c.as_json:
         c.emit(result)
+    if not result["backends"]:  # found nothing: a client dialing it fails its calls; status 1, as `host` does
+        raise click.ClickException(_nothing_found(result))
+    if c.as_json:
         return
-    t = Table(title=f"{result['target']}  ({result['scheme']}"
-              + (f", key {result['key']!r}, {result['format']}" if result.get("key") else "")
-              + f"): {len(result['backends'])} address(es), {sum(b['in_subset'] for b in result['backends'])} "
-              "in this client's subset", title_justify="left", title_style="bold")
+    what = (f", key {result['key']!r}, {result['format']}" if result["format"] else f", service {result['key']!r}"
+            ) if result.get("key") else ""
+    t = Table(title=f"{result['target']}  ({result['scheme']}{what}): {len(result['backends'])} address(es), "
+              f"{sum(b['in_subset'] for b in result['backends'])} in this client's subset", title_justify="left",
+              title_style="bold")
     for col in ("address", "metadata", "in subset"):
         t.add_column(col, overflow="fold")
     for b in result["backends"]:
@@ -499,90 +508,20 @@ def resolve_cmd(c: Ctx, target: str, subset_size: int, client_id: str | None, ti
         c.err.print(result["note"])
 
 
-# --------------------------------------------------------------------------------------------- demo, bench
+def _nothing_found(result: dict[str, Any]) -> str:
+    """``resolve``'s one line for a target with no address: a registry key with nothing under it says so and names
+    the registered keys closest to it; the wire-format note when records of another format are there."""
+    if result.get("note"):
+        return f"{result['target']}: no address; {result['note'].splitlines()[-1].removeprefix('note: ')}"
+    if result["format"] and result.get("key"):
+        close = result.get("close_keys") or []
+        meant = f"; did you mean {' or '.join(repr(k) for k in close)}?" if close else ""
+        return (f"nothing is registered under key {result['key']!r} in {result['target'].partition('?')[0]}{meant} "
+                "(`waypost ls` lists the registered keys)")
+    return f"{result['target']}: no address (a client dialing it would fail its calls)"
 
 
-@app.command("demo", short_help="Live demo (about 40 s): 7 policies, a kill and an add under load.")
-@click.option("--quick", is_flag=True, help="A short run (CI), about 20 s: fewer calls per policy.")
-@click.option("--out", "out_dir", type=click.Path(file_okay=False, path_type=Path), default=None,
-              help="Where to write the chart (default: the current directory).")
-@click.option("--no-chart", is_flag=True, help="Skip the PNG chart.")
-@click.option("--summary-json", type=click.Path(dir_okay=False, path_type=Path), default=None, hidden=True,
-              help="Write the figures as JSON (for tests and scripts).")
-@_global_options
-@pass_ctx
-def demo_cmd(c: Ctx, quick: bool, out_dir: Path | None, no_chart: bool, summary_json: Path | None) -> None:
-    """Live demo: local etcd, 4 backends (one slow), 7 of the policies (it names the
-    others and why), a backend killed and one added under load.
-
-    A run takes about 40 s on 2 cores (--quick: about 20 s) and ends every process it started. Reuses the etcd at --registry when it answers, else starts its own (or, without an etcd binary, runs
-    everything in this process on the memory registry)."""
-    from .demo import run_demo
-
-    with _sigterm_as_interrupt():
-        rc = run_demo(quick=quick, out_dir=out_dir, chart=not no_chart, console=c.out,
-                      registry_url=c.registry_url, summary_path=summary_json)
-    if rc:
-        raise click.exceptions.Exit(rc)
-
-
-@contextmanager
-def _sigterm_as_interrupt() -> Iterator[None]:
-    """SIGTERM raises KeyboardInterrupt, so ``finally`` blocks clean up the processes we started."""
-    if threading.current_thread() is not threading.main_thread():
-        yield
-        return
-
-    def handler(signum: int, _frame: Any) -> None:
-        raise KeyboardInterrupt
-
-    previous = signal.signal(signal.SIGTERM, handler)
-    try:
-        yield
-    finally:
-        signal.signal(signal.SIGTERM, previous)
-
-
-def _bench_dir() -> Path | None:
-    for base in (Path.cwd(), Path(__file__).resolve().parents[2]):
-        d = base / "bench"
-        if d.is_dir() and any(d.glob("*.py")):
-            return d
-    return None
-
-
-@app.command("bench", short_help="Run (or list) the benchmarks in bench/.",
-             context_settings={"allow_interspersed_args": False, "ignore_unknown_options": True})
-@click.argument("name", required=False)
-@click.argument("args", nargs=-1, type=click.UNPROCESSED)
-@_global_options
-@pass_ctx
-def bench_cmd(c: Ctx, name: str | None, args: tuple[str, ...]) -> None:
-    """Run the benchmark NAME from bench/ (without NAME: list them).
-
-    Everything after NAME goes to the script: waypost bench NAME --help shows the benchmark's own help."""
-    d = _bench_dir()
-    if d is None:
-        raise click.ClickException("no bench/ directory found: run from a waypost source checkout")
-    scripts = sorted(p for p in d.glob("*.py") if not p.name.startswith("_"))
-    names = [p.stem for p in scripts]
-    if not name:
-        if c.as_json:
-            c.emit({"benchmarks": names, "dir": str(d)})
-        else:
-            c.out.print(f"benchmarks in {d}: " + ", ".join(names))
-            c.out.print("run one: waypost bench NAME [ARGS...]   (results go to bench/results/)")
-        return
-    stem = name.removesuffix(".py")
-    if stem not in names:
-        raise click.ClickException(f"unknown benchmark {name!r}; known: {', '.join(names)}")
-    env = dict(os.environ)
-    proc = subprocess.run([sys.executable, str(d / f"{stem}.py"), *args], check=False, cwd=d.parent, env=env)
-    if proc.returncode:  # the command exits with the script's status
-        failed = click.ClickException(f"benchmark {stem} exited with status {proc.returncode}")
-        failed.exit_code = proc.returncode if 0 < proc.returncode < 256 else 1  # type: ignore[misc]
-        raise failed
-
-
+_register_demo(app, _global_options, pass_ctx)  # waypost demo / bench
 app.add_command(xds_commands(_global_options, pass_ctx))  # waypost xds serve / bootstrap
 _register_console(app, _global_options, pass_ctx)  # waypost console / drain / undrain / weight
+one_line_errors(app)  # every command: an error found once it runs is one line (_cli_errors)

@@ -50,9 +50,11 @@ def _act(c: Any, verb: str, key: str, addr: str, weight: int | None = None) -> N
     from .registry.kinds import kind_of, part
 
     kind = kind_of(c.registry_url)
+    written = ""  # what a store that writes no override record did instead (Eureka's status override)
     if kind is not None and kind.override_store is not None:  # a kind holding instances, with its own store
-        done, present = _loop.run(_act_in_store(part(kind, "override_store")(c.registry_url), action), 30)
-        where = done["source"]
+        store = part(kind, "override_store")(c.registry_url)
+        done, present = _loop.run(_act_in_store(store, action), 30)
+        where, written = done["source"], getattr(store, "written", "")
     else:
         registry = c.registry()
         done = _loop.run(apply(registry, action, _who(), source=registry.url), 30)
@@ -62,11 +64,12 @@ def _act(c: Any, verb: str, key: str, addr: str, weight: int | None = None) -> N
         except Exception:  # noqa: BLE001 (a note only)
             present = True
     if c.as_json:
-        c.emit({**done, "registered": present})
+        c.emit({**done, "registered": present, **({"record": None, "written": written} if written else {})})
         return
     what = {"drain": "drained (weight 0)", "weight": f"weight set to {weight}",
             "undrain": "override removed (its own weight again)"}[verb]
-    c.out.print(f"{key} {addr}: {what} in {where} ({done['record']}); its publisher applies it at once")
+    c.out.print(f"{key} {addr}: {what} in {where}: {written}" if written else
+                f"{key} {addr}: {what} in {where} ({done['record']}); its publisher applies it at once", markup=False)
     if not present:
         c.err.print(f"note: {addr} is not registered under {key!r} now; the override applies when it registers "
                     f"(a publisher that follows overrides: waypost's Publisher over etcd or memory)", markup=False)

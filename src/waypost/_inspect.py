@@ -140,16 +140,34 @@ def resolve(target: str, *, subset_size: int = 32, client_id: str | None = None,
     if subsetter is not None and client_id is None and len(backends) > subset_size:
         note = (f"note: {len(backends)} addresses > subset size {subset_size}; a client keeps a stable subset "
                 "from its own random seed (this is one such subset; --client-id N for deterministic subsetting)")
+    close: list[str] | None = None
     if t.uses_registry and t.key:
         hint = other_formats_hint(t.registry_url(), t.key, t.format, len(backends), exact=t.exact)
         note = f"{note}\n{hint}" if note and hint else (note or hint)
+        if not backends and not hint:
+            close = close_keys_in(t.registry_url(), t.key, timeout)
     return {
         "target": t.redacted, "scheme": t.scheme, "key": t.key, "format": t.format if t.uses_registry else None,
         "subset_size": subset_size if subsetter else None, "client_id": client_id,
         "backends": [{"address": b.address, "metadata": dict(b.metadata), "in_subset": b.address in chosen}
                      for b in backends],
         "note": note,
+        "close_keys": close,
     }
+
+
+def close_keys_in(registry: Any, key: str, timeout: float) -> list[str]:
+    """The service keys of ``registry`` closest to ``key`` (a key with nothing registered: a misspelt one?),
+    best first; [] when none is close or the keys cannot be read within ``timeout``."""
+    from .client.empty_key import LIST_LIMIT, close_keys
+    from .registry import SyncRegistry, connect
+
+    try:
+        reg = connect(registry) if isinstance(registry, str) else registry
+        kvs = SyncRegistry(reg, timeout=timeout).get("", prefix=True, keys_only=True, limit=LIST_LIMIT).kvs
+    except Exception:  # noqa: BLE001 -- a hint only
+        return []
+    return close_keys(key, (kv.key for kv in kvs))
 
 
 def _resolver_for(t: Any, timeout: float) -> Any:

@@ -82,7 +82,7 @@ class Channel(MulticallableFactory, grpc.aio.Channel):
             close_channel=self._close_backend_channel,
             health_service=health,
             routing=config.routing,
-            empty=EmptyKey.for_target(config.target),
+            empty=EmptyKey.for_target(config.target, deliver=lambda done: self._post(lambda _: done(), None)),
             start_health=self._start_health if health is not None else None,
             stop_health=_stop_task if health is not None else None,
             resolve_now=self._resolver.resolve_now,

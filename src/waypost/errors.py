@@ -6,10 +6,16 @@ Every error a user can cause carries a message that names what was wrong.
 from __future__ import annotations
 
 import difflib
+import functools
+import inspect
 import os
 import sys
 import warnings
-from collections.abc import Iterable
+from collections.abc import Callable, Collection, Iterable, Mapping
+from typing import ParamSpec, TypeVar
+
+_P = ParamSpec("_P")
+_R = TypeVar("_R")
 
 
 class WaypostError(Exception):
@@ -111,6 +117,54 @@ def did_you_mean(name: str, choices: Iterable[str]) -> str:
     """`` (did you mean 'x'?)`` for the closest of ``choices`` to a misspelt ``name``, else ""."""
     close = difflib.get_close_matches(name, list(choices), n=1, cutoff=0.7)
     return f" (did you mean {close[0]!r}?)" if close else ""
+
+
+#: registration metadata keys a caller may give as keywords of their own (``serve(..., weight=3)``)
+METADATA_WORDS = ("weight", "zone", "version")
+
+
+def unexpected_keyword(what: str, name: str, value: object, known: Iterable[str], *,
+                       metadata: bool = False) -> TypeError:
+    """Python's own words for a misspelt keyword, under the name the caller used, and the closest one known:
+    ``waypost.dial() got an unexpected keyword argument 'balncer'; did you mean 'balancer'?``. ``metadata``: the
+    function takes ``metadata=``, so ``weight=3`` (or ``wieght=3``) means ``metadata={'weight': 3}``."""
+    known = list(known)
+    close = difflib.get_close_matches(name, known, n=1, cutoff=0.6)
+    meant = f"{close[0]!r}" if close else ""
+    if metadata and not close:
+        word = difflib.get_close_matches(name, METADATA_WORDS, n=1, cutoff=0.6)
+        if word:
+            meant = f"metadata={{{word[0]!r}: {value!r}}}"
+    return TypeError(f"{what}() got an unexpected keyword argument {name!r}" + (f"; did you mean {meant}?" if meant
+                                                                                   else ""))
+
+
+def check_keywords(what: str, given: Mapping[str, object], known: Collection[str], *, metadata: bool = False) -> None:
+    """Raise ``unexpected_keyword`` for the first of ``given`` that is not in ``known`` (an options dataclass's
+    fields: its own TypeError would name the dataclass, not the function the caller called)."""
+    for name, value in given.items():
+        if name not in known:
+            raise unexpected_keyword(what, name, value, known, metadata=metadata)
+
+
+def suggests_keywords(what: str) -> Callable[[Callable[_P, _R]], Callable[_P, _R]]:
+    """Decorate a function (or a class's ``__init__``) so that a misspelt keyword says ``what`` and the closest
+    keyword it takes (``unexpected_keyword``); the signature, for type checkers and ``inspect``, stays its own."""
+
+    def decorate(f: Callable[_P, _R]) -> Callable[_P, _R]:
+        params = inspect.signature(f).parameters
+        known = [n for n, p in params.items()
+                 if p.kind in (p.POSITIONAL_OR_KEYWORD, p.KEYWORD_ONLY) and n != "self"]
+        metadata = "metadata" in known
+
+        @functools.wraps(f)
+        def call(*args: _P.args, **kwargs: _P.kwargs) -> _R:
+            check_keywords(what, kwargs, known, metadata=metadata)
+            return f(*args, **kwargs)
+
+        return call
+
+    return decorate
 
 
 #: the longest piece of a key an error message shows (a 2 MB key must not fill a log)

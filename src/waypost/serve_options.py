@@ -7,12 +7,13 @@ signatures), so each default and each check is written here once; ``server.py`` 
 from __future__ import annotations
 
 from collections.abc import Callable, Iterable, Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, fields
 from typing import Any, TypedDict
 
 import grpc
 
 from ._serving import check_shutdown_args
+from .errors import check_keywords
 
 #: how long a stopping server keeps serving after deregistering: a watch event reaches clients in
 #: milliseconds on a healthy etcd; one second also covers a loaded client
@@ -107,6 +108,13 @@ class ServeOptions:
         hooks = check_shutdown_args(self.on_shutdown, self.hard_deadline, allow_async=True)
         object.__setattr__(self, "on_shutdown", hooks)  # frozen, but the checked tuple replaces what was given
 
+    @classmethod
+    def from_keywords(cls, what: str, keywords: ServeKeywords) -> ServeOptions:
+        """The options of ``serve``'s keywords; a misspelt one is a TypeError naming the function (``what``) and
+        the keyword meant (``waypost.serve() got an unexpected keyword argument 'wieght'; did you mean metadata={'weight': 3}?``)."""
+        check_keywords(what, keywords, _FIELDS, metadata=True)
+        return cls(**keywords)
+
     def for_threads(self) -> ServeOptions:
         """These options, for a ``grpc.server``: its hooks run in a thread, so none may be a coroutine function."""
         check_shutdown_args(self.on_shutdown, None, allow_async=False)
@@ -117,3 +125,7 @@ class ServeOptions:
         return {"ttl": self.ttl, "id": self.id, "metadata": self.metadata, "format": self.format,
                 "timeout": self.register_timeout, "max_unregistered": self.max_unregistered,
                 "on_unregistered": self.on_unregistered}
+
+
+#: the keywords ``serve`` takes after ``listen_on``
+_FIELDS = frozenset(f.name for f in fields(ServeOptions))

@@ -417,7 +417,7 @@ def serve(server: grpc.Server, key: str, listen_on: str = LISTEN_ANY, **options:
     (an ERROR, then ``os._exit``) even if hooks or calls still run.
     """
     handle: ServeHandle = _drive(_serve_steps(ServeHandle, server, key, listen_on,
-                                              ServeOptions(**options).for_threads()))
+                                              ServeOptions.from_keywords("waypost.serve", options).for_threads()))
     return handle
 
 
@@ -526,7 +526,7 @@ async def serve_async(server: grpc.aio.Server, key: str, listen_on: str = LISTEN
     ``on_shutdown`` hooks may be plain or coroutine functions (awaited on the server's loop, one by one,
     at the same point as with ``serve``); ``hard_deadline`` as with ``serve``."""
     handle: AsyncServeHandle = await _drive_async(_serve_steps(AsyncServeHandle, server, key, listen_on,
-                                                               ServeOptions(**options)))
+                                                               ServeOptions.from_keywords("waypost.serve_async", options)))
     return handle
 
 

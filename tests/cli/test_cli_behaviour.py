@@ -82,10 +82,26 @@ def test_lookups_in_a_stopped_etcd_fail(etcd, unique_key):
         assert elapsed < 2 + MARGIN, (args, elapsed)
 
 
-def test_a_successful_empty_lookup_is_no_error(shared_etcd, unique_key):
-    proc, _ = waypost_cmd("--json", "resolve", f"etcd:///{shared_etcd.endpoint}?key={unique_key}")
-    assert proc.returncode == 0, proc.stderr
-    assert json.loads(proc.stdout)["backends"] == []
+def test_a_key_with_nothing_registered_is_status_1_naming_the_close_keys(shared_etcd, unique_key):
+    """``resolve`` found nothing: a client dialing it would fail its calls, so the command fails too (as ``host``
+    does for a name it does not find), saying so in one line with the registered keys closest to it; ``--json``
+    still prints what was found (no address) for scripts, which tell it from a failed lookup (no JSON)."""
+    key = f"{unique_key}.greeter"
+    misspelt = f"{unique_key}.greetr"
+    with waypost.Publisher(shared_etcd.url(), key, "127.0.0.1:9001"):
+        for args in (["resolve", f"etcd:///{shared_etcd.endpoint}?key={misspelt}"],
+                     ["--registry", shared_etcd.url(), "resolve", misspelt]):
+            proc, _ = waypost_cmd(*args)
+            err = single_error(proc)
+            # (the shared etcd may hold other tests' keys, close ones too: the closest is named first)
+            assert err.startswith(f"Error: nothing is registered under key {misspelt!r} in "
+                                  f"etcd:///{shared_etcd.endpoint}; did you mean {key!r}"), err
+            assert err.endswith("? (`waypost ls` lists the registered keys)"), err
+            assert proc.stdout == ""  # no empty table
+        proc, _ = waypost_cmd("--json", "resolve", f"etcd:///{shared_etcd.endpoint}?key={misspelt}")
+        assert proc.returncode == 1 and "did you mean" in proc.stderr, proc.stderr
+        out = json.loads(proc.stdout)
+        assert out["backends"] == [] and out["close_keys"][0] == key
 
 
 def test_records_of_another_format_than_asked_are_pointed_out(shared_etcd, unique_key):
@@ -94,9 +110,8 @@ def test_records_of_another_format_than_asked_are_pointed_out(shared_etcd, uniqu
     pub.start()
     try:
         proc, _ = waypost_cmd("resolve", f"etcd:///{shared_etcd.endpoint}?key={unique_key}")  # gozero asked
-        assert proc.returncode == 0, proc.stderr
-        assert "another wire format (1 etcd-naming) than 'gozero', which found 0: try format=etcd-naming" in \
-            proc.stderr, proc.stderr
+        err = single_error(proc)  # no address for a go-zero client: status 1, saying why
+        assert "another wire format (1 etcd-naming) than 'gozero', which found 0: try format=etcd-naming" in err, err
         proc, _ = waypost_cmd("--registry", shared_etcd.url(), "watch", unique_key, "--for", "0.5")
         assert proc.returncode == 0, proc.stderr
         assert "try --format etcd-naming" in proc.stderr, proc.stderr

@@ -68,10 +68,12 @@ def test_unreachable_eureka_at_serve_and_at_dial() -> None:
     with pytest.raises(RegistryUnavailable, match=rf"could not register .* in eureka at http://127.0.0.1:{port}/eureka "
                                                   r"within 1.5s"):
         waypost.serve(_echo("x"), "greeter", listen_on="127.0.0.1:0", registry=url, register_timeout=1.5)
-    # a blocking dial raises naming Eureka and the address; an aio-style (non-blocking) channel's calls fail
-    # UNAVAILABLE with the same words instead of hanging
-    with pytest.raises(RegistryUnavailable, match=rf"eureka: no list .* app GREETER at {url}.*unreachable"):
+    # a blocking dial raises one sentence naming Eureka's URL once, and why; an aio-style (non-blocking) channel's
+    # calls fail UNAVAILABLE with the same words instead of hanging
+    with pytest.raises(RegistryUnavailable) as e:
         _resolver(f"{url}/greeter", timeout=1.0)
+    assert str(e.value) == (f"cannot reach Eureka at http://127.0.0.1:{port}/eureka: connection refused; is it "
+                            "running? (no list of the instances of app GREETER within 1s)")
     with waypost.dial(f"{url}/greeter", block=False) as ch, pytest.raises(grpc.RpcError) as err:
         echo_pb2_grpc.EchoStub(ch).Unary(echo_pb2.EchoRequest(), timeout=10)
     assert err.value.code() == grpc.StatusCode.UNAVAILABLE
@@ -285,6 +287,26 @@ def test_spring_client_and_waypost_see_each_other(eureka: EurekaServer) -> None:
         pub.stop()
 
 
+def test_cli_on_an_unreachable_eureka_is_one_sentence() -> None:
+    """``waypost resolve`` and ``waypost drain`` with no Eureka there: one line, the URL once, why, and what to check
+    (aiohttp's own text named the host three times)."""
+    from click.testing import CliRunner
+
+    from waypost._cli import app
+
+    port = free_port()  # nothing listens
+    base = f"http://127.0.0.1:{port}/eureka"
+    for argv, line in [
+        (["resolve", f"eureka://127.0.0.1:{port}/greeter", "--timeout", "1"],
+         (f"Error: cannot reach Eureka at {base}: connection refused; is it running? (no list of the instances of app "
+         "GREETER within 1s)")),
+        (["--registry", f"eureka://127.0.0.1:{port}", "drain", "greeter", "127.0.0.1:5000"],
+         f"Error: cannot reach Eureka at {base}: connection refused; is it running?"),
+    ]:
+        res = CliRunner().invoke(app, argv, catch_exceptions=False)
+        assert res.exit_code == 1 and res.stderr.splitlines() == [line], res.output
+
+
 def test_cli_resolve_and_xds_export_a_eureka_target(eureka: EurekaServer) -> None:
     import subprocess
     import sys
@@ -304,6 +326,11 @@ def test_cli_resolve_and_xds_export_a_eureka_target(eureka: EurekaServer) -> Non
         got = json.loads(out.stdout)
         assert got["scheme"] == "eureka"
         assert [(b["address"], b["metadata"].get("weight")) for b in got["backends"]] == [("127.0.0.1:50097", 3)]
+        out = subprocess.run([sys.executable, "-m", "waypost.cli", "resolve", target], check=False,
+                             capture_output=True, text=True, timeout=90, env=_child_env())
+        assert out.returncode == 0, out.stderr
+        title = out.stdout.splitlines()[0]  # the service named plainly: no wire format (that is etcd's)
+        assert title.startswith(f"{target}  (eureka, service {key!r}): 1 address(es)"), title
         seen: list[list[str]] = []
         resolver = start_source(parse_export(f"greeter={target}"), lambda name, b: seen.append([x.address for x in b]),
                                 lambda name, msg: None)
@@ -410,7 +437,11 @@ def test_cli_drain_on_an_eureka_registry_writes_the_status_override(eureka: Eure
             res = run.invoke(app, ["--registry", eureka.url, "--json", "drain", name, a.address],
                              catch_exceptions=False)
             assert res.exit_code == 0, res.output
-            assert json.loads(res.output.splitlines()[0])["registered"] is True
+            done = json.loads(res.output.splitlines()[0])
+            instance = f"{name.upper()}/{a.publisher.key}"
+            assert done["registered"] is True and done["record"] is None  # no override record: Eureka's own override
+            assert done["written"] == (f"Eureka's status override of {instance} set to OUT_OF_SERVICE: clients drop "
+                                       "it at their next fetch"), done
             wait_until(lambda: eureka.statuses(name) == {a.publisher.key: "OUT_OF_SERVICE",
                                                          b.publisher.key: "UP"}, 15)
             failed = 0
@@ -424,6 +455,8 @@ def test_cli_drain_on_an_eureka_registry_writes_the_status_override(eureka: Eure
             assert addresses() == {b.address} and failed == 0
             res = run.invoke(app, ["--registry", eureka.url, "undrain", name, a.address], catch_exceptions=False)
             assert res.exit_code == 0, res.output
+            assert res.stdout.strip().endswith(f": Eureka's status override of {instance} removed"), res.stdout
+            assert "_waypost/override" not in res.stdout
             wait_until(lambda: addresses() == {a.address, b.address}, 30, what="back in the client's list")
     finally:
         a.stop()

@@ -91,3 +91,42 @@ def test_a_key_ending_in_a_slash_is_refused(shared_etcd):
     res = CliRunner().invoke(app, ["--registry", shared_etcd.url(), "register", "greet.rpc/", "127.0.0.1:8080"])
     assert res.exit_code != 0 and "ends with '/'" in res.stderr
     assert not waypost.connect(shared_etcd.url()).sync.get("greet.rpc/", prefix=True).kvs
+
+
+def _type_error(call) -> str:
+    with pytest.raises(TypeError) as e:
+        call()
+    return str(e.value)
+
+
+def test_a_misspelt_keyword_names_the_function_called_and_the_keyword_meant():
+    import asyncio
+
+    import waypost.aio
+
+    server = grpc.server(futures.ThreadPoolExecutor(1))
+    cases = [
+        (lambda: waypost.dial("direct:///127.0.0.1:1", balncer="round_robin"),
+         "waypost.dial() got an unexpected keyword argument 'balncer'; did you mean 'balancer'?"),
+        (lambda: waypost.aio.dial("direct:///127.0.0.1:1", subset_sise=3),
+         "waypost.aio.dial() got an unexpected keyword argument 'subset_sise'; did you mean 'subset_size'?"),
+        (lambda: waypost.serve(server, "greet.rpc", registry=None, tll=3),
+         "waypost.serve() got an unexpected keyword argument 'tll'; did you mean 'ttl'?"),
+        # a weight is registration metadata: the keyword it is closest to says so
+        (lambda: waypost.serve(server, "greet.rpc", registry=None, wieght=3),
+         "waypost.serve() got an unexpected keyword argument 'wieght'; did you mean metadata={'weight': 3}?"),
+        (lambda: asyncio.run(waypost.aio.serve(grpc.aio.server(), "greet.rpc", registry=None, grase=1.0)),
+         "waypost.serve_async() got an unexpected keyword argument 'grase'; did you mean 'grace'?"),
+        (lambda: waypost.Publisher("memory://errors", "greet.rpc", "127.0.0.1:8080", metdata={}),
+         "waypost.Publisher() got an unexpected keyword argument 'metdata'; did you mean 'metadata'?"),
+        (lambda: waypost.Subscriber("memory://errors", "greet.rpc", fomat="kratos"),
+         "waypost.Subscriber() got an unexpected keyword argument 'fomat'; did you mean 'format'?"),
+        (lambda: waypost.EurekaPublisher("eureka://127.0.0.1:1", "greet", "127.0.0.1:8080", tttl=3),
+         "waypost.EurekaPublisher() got an unexpected keyword argument 'tttl'; did you mean 'ttl'?"),
+        # nothing close: Python's words, under the public name, and no guess
+        (lambda: waypost.dial("direct:///127.0.0.1:1", zzzz=1),
+         "waypost.dial() got an unexpected keyword argument 'zzzz'"),
+    ]
+    for call, text in cases:
+        assert _type_error(call) == text
+    server.stop(None)

@@ -189,7 +189,8 @@ class BalancerWrapper:
         self._rebuild()
 
     def _empty_looked_up(self) -> None:
-        """The close keys of an empty registry key are known: publish the fuller note if still empty."""
+        """The look-up of the close keys of an empty registry key ended: publish the fuller note if still empty
+        (the calls waiting for it go on)."""
         with self._lock:
             if self._closed or self._resolved_count != 0 or self._empty is None or self._note is None:
                 return
@@ -337,9 +338,11 @@ class BalancerWrapper:
 
     def _publish(self, picker: Any, ready: dict[str, SubConn]) -> None:
         # Caller holds _lock: wake waiting calls now; listeners run after the lock is released (_fire).
+        empty = self._empty
         self.pickers.publish(PickerSnapshot(
             picker, ready, tuple(self._pool.active.values()), resolved=self._resolved,
-            resolver_error=self._resolver_error, closed=self._closed, note=self._note))
+            resolver_error=self._resolver_error, closed=self._closed, note=self._note,
+            note_due=empty.due if empty is not None and self._note is not None and not ready else None))
         self._dirty = True
 
     def _fire(self) -> None:

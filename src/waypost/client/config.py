@@ -56,7 +56,7 @@ def dial_config(what: str, target: str | Sequence[str] | Registry, keywords: Dia
     from .. import _fork
 
     _fork.check_child_can_use_grpc(what)  # a child forked with grpc.aio alive: fail now, not hang
-    options = DialOptions(**keywords)
+    options = DialOptions.from_keywords(what, keywords)
     return build_config(target, options), options
 
 

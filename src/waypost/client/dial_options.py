@@ -10,10 +10,12 @@ from __future__ import annotations
 
 import random
 from collections.abc import Iterable, Mapping, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, fields
 from typing import Any, TypedDict
 
 import grpc
+
+from ..errors import check_keywords
 
 
 class DialKeywords(TypedDict, total=False):
@@ -79,7 +81,17 @@ class DialOptions:
         if self.block is not None and not isinstance(self.block, bool):
             raise TypeError(f"dial: block must be True or False, got {self.block!r}")
 
+    @classmethod
+    def from_keywords(cls, what: str, keywords: DialKeywords) -> DialOptions:
+        """The options of a dial's keywords; a misspelt one is a TypeError naming the dial (``what``) and the
+        keyword meant (``waypost.dial() got an unexpected keyword argument 'balncer'; did you mean 'balancer'?``)."""
+        check_keywords(what, keywords, _FIELDS)
+        return cls(**keywords)
+
     def blocks(self, default: bool) -> bool:
         """``block``, with the dial's own default for None."""
         return default if self.block is None else self.block
 
+
+#: the keywords a dial takes
+_FIELDS = frozenset(f.name for f in fields(DialOptions))

@@ -31,14 +31,17 @@ class PickerSnapshot:
     ``ready``: the subconns the picker may return, by address. ``backends``: every current subconn (their
     states are read live when describing). ``recover``: set in a forked child until the first use rebuilds
     the backend channels (called by the first call that finds nothing to pick). ``note``: why there are no
-    backends when the channel's ``metadata_filter`` dropped them all.
+    backends (the channel's ``metadata_filter`` dropped them all; nothing is registered under the key);
+    ``note_due``: a fuller note is on its way until this ``time.monotonic()`` (the close keys of an empty key,
+    ``empty_key.py``): a call that would fail waits for it until then.
     """
 
-    __slots__ = ("backends", "closed", "note", "picker", "ready", "recover", "resolved", "resolver_error")
+    __slots__ = ("backends", "closed", "note", "note_due", "picker", "ready", "recover", "resolved", "resolver_error")
 
     def __init__(self, picker: Picker | None, ready: dict[str, SubConn], backends: tuple[SubConn, ...] = (), *,
                  resolved: bool = False, resolver_error: str | None = None, closed: bool = False,
-                 recover: Callable[[], None] | None = None, note: str | None = None) -> None:
+                 recover: Callable[[], None] | None = None, note: str | None = None,
+                 note_due: float | None = None) -> None:
         self.picker = picker
         self.ready = ready
         self.backends = backends
@@ -46,7 +49,8 @@ class PickerSnapshot:
         self.resolver_error = resolver_error
         self.closed = closed
         self.recover = recover
-        self.note = note  # why the backend list is empty when a metadata_filter dropped every backend
+        self.note = note
+        self.note_due = note_due
 
 
 EMPTY = PickerSnapshot(None, {})
@@ -149,6 +153,8 @@ class PickerWrapper:
             return False
         if wait_for_ready:
             return True
+        if snap.note_due is not None and _mono() < snap.note_due:
+            return True  # why it fails is still being looked up (bounded): the failure then says it in full
         if not snap.resolved:
             # Resolution pending: wait for the first list, unless the resolver already reported a failure.
             return snap.resolver_error is None

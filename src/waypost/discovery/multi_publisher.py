@@ -18,7 +18,7 @@ import logging
 from collections.abc import Awaitable, Mapping, Sequence
 from typing import Any
 
-from ..errors import RegistryUnavailable
+from ..errors import RegistryUnavailable, suggests_keywords
 from .outage import OnUnregistered, Outage, registry_label
 from .registration import Registration, RegistrationFaces
 
@@ -43,6 +43,7 @@ class MultiPublisher(RegistrationFaces):
     #: a member's stop may take its own timeout plus its teardown bounds
     _extra_wait = 30.0
 
+    @suggests_keywords("waypost.MultiPublisher")
     def __init__(self, members: Sequence[Registration], *, timeout: float = 5.0,
                  retry_interval: float = RETRY_INTERVAL, max_unregistered: float | None = None, on_unregistered: OnUnregistered = None) -> None:
         if len(members) < 1:

@@ -53,6 +53,7 @@ from ..errors import (
     RegistryUnavailable,
     describe_value,
     shown_key,
+    suggests_keywords,
 )
 from ..etcd import deadline as caller_deadline
 from ..netutil import check_dialable
@@ -73,6 +74,7 @@ CAUSE_MARGIN = 0.5
 class Publisher(PublisherBase):
     """Registers ``value`` (an address ``host:port``) under ``key`` (see the module docstring)."""
 
+    @suggests_keywords("waypost.Publisher")
     def __init__(
         self, registry: Registry | str, key: str, value: str, ttl: int = 10, id: int | str | None = None,
         exclusive: bool = False, metadata: Mapping[str, Any] | None = None, format: str | WireFormat = "gozero",

@@ -12,6 +12,7 @@ import os
 from collections.abc import Callable
 
 from .. import _loop
+from ..errors import suggests_keywords
 from ..registry.base import Registry
 from ..registry.formats import WireFormat, get_format
 from ..types import Backend
@@ -50,6 +51,7 @@ class Subscriber:
     With ``cache_file`` the list is written there after each change (at most once a second) and at close.
     """
 
+    @suggests_keywords("waypost.Subscriber")
     def __init__(
         self, registry: Registry | str, key: str, exact: bool = False, format: str | WireFormat = "gozero",
         *, exclusive: bool = False, timeout: float = 5.0, cache_file: str | os.PathLike[str] | None = None,

@@ -37,6 +37,12 @@ def _kv(m: Any) -> KeyValue:
 
 
 #: each KeyValue field's slot setter, in field order (records.Columns lists the same fields in that order)
+def _plain(reason: str) -> str:
+    """An endpoint's reason in plain words: ``connection refused`` rather than the transport's sentence
+    (``Failed to connect to remote host: Connection refused``)."""
+    return "connection refused" if "connection refused" in reason.lower() else reason
+
+
 _FIELD_SETTERS = [KeyValue.__dict__[f.name].__set__ for f in fields(KeyValue)]
 
 
@@ -276,7 +282,8 @@ class EtcdRegistry(Registry):
 
     async def unreachable(self) -> str | None:
         reasons = await self.client.pool.why_unreachable()  # "address: reason" per endpoint not connected
-        return "; ".join("etcd at " + r.replace(": ", " unreachable: ", 1) for r in reasons) or None
+        return "; ".join(f"etcd at {address} unreachable: {_plain(reason)}"
+                         for address, _, reason in (r.partition(": ") for r in reasons)) or None
 
     async def close(self) -> None:
         """Close the client (keepalives stop, watches end) and drop this registry from connect's cache."""

@@ -9,6 +9,7 @@ without it until one is used; ``require_aiohttp`` makes the missing extra an err
 from __future__ import annotations
 
 import abc
+import os
 from typing import Any, ClassVar
 
 
@@ -47,3 +48,17 @@ class HttpApiClient(abc.ABC):
         session, self._session = self._session, None
         if session is not None and not session.closed:
             await session.close()
+
+
+def connect_problem(e: BaseException) -> str | None:
+    """Why a connection to a registry's HTTP API failed, in plain words (``connection refused``, ``Name or service
+    not known``), from aiohttp's connect error or an ``OSError``; None when ``e`` is no connection failure (an
+    answer that came, a timeout)."""
+    cause = getattr(e, "os_error", None) or e  # aiohttp's ClientConnectorError wraps the socket's error
+    if not isinstance(cause, OSError):
+        return None
+    if isinstance(cause, ConnectionRefusedError):
+        return "connection refused"
+    if cause.errno is not None and cause.errno > 0:
+        return os.strerror(cause.errno).lower()
+    return cause.strerror or str(cause) or type(cause).__name__

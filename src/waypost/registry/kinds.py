@@ -65,7 +65,9 @@ class RegistryKind:
       (the source's shown name) and ``writer`` (where the console's drain and weight overrides go).
     - ``override_store(url)`` -> what ``waypost drain`` writes: ``url`` (shown), ``async put(key, value, *,
       prev_kv)`` and ``async delete(key, *, prev_kv)`` (the override records, as on etcd), ``async
-      registered(key, address)`` (is the instance there now) and ``async close()``.
+      registered(key, address)`` (is the instance there now) and ``async close()``; a store that writes no
+      override record but something of the registry's own (Eureka's status override) says what in ``written``
+      after each put or delete, which ``waypost drain`` prints instead of the record's key.
     - ``parse_target(scheme, authority, path, params, raw)`` -> a ``Target``, for a kind whose targets are not
       ``SCHEME://HOST:PORT[,HOST:PORT]/SERVICE?PARAMS`` (that grammar is the default: ``target_params`` says
       which parameters it takes, ``max_hosts`` how many hosts, ``default_port`` the port of a host without one).

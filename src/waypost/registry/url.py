@@ -11,7 +11,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from .. import urlparams
-from ..errors import InvalidTarget
+from ..errors import InvalidTarget, did_you_mean
 from ..etcd.config import URL_FIELDS, URL_OPTION_ALIASES, URL_OPTIONS, EtcdConfig, default
 from ..netutil import AddressError, normalize_host_port
 from ..redaction import redact_url
@@ -81,11 +81,12 @@ def _not_keyed(url: str, scheme: str) -> InvalidTarget:
     kind = lookup(scheme) if scheme else None
     if kind is not None and kind.holds_instances:
         return _bad(url, f"{scheme}:// registries hold service instances, not keys: register with "
-                         f"serve(..., registry={redact_url(url)!r}) or {kind.publisher_name}, and dial "
-                         f"{scheme}://HOST/SERVICE targets; connect() takes {' and '.join(KEYED)} URLs")
-    others = " and ".join(f"{s}://" for s in instance_registries())
-    return _bad(url, f"unknown scheme {urlparams.shown_scheme(scheme)!r} (known: {', '.join(KEYED)}; serve() and "
-                     f"the publishers also take {others})")
+                         f"serve(..., registry={redact_url(url)!r}) or {kind.publisher_name}, and dial its targets "
+                         f"({kind.target_example}); connect() takes {' and '.join(KEYED)} URLs")
+    others = instance_registries()
+    shown = urlparams.shown_scheme(scheme)
+    return _bad(url, f"unknown scheme {shown!r}{did_you_mean(shown, (*KEYED, *others))} (known: {', '.join(KEYED)}; "
+                     f"serve() and the publishers also take {' and '.join(f'{s}://' for s in others)})")
 
 
 def parse_registry_url(url: str) -> RegistryURL:

@@ -31,19 +31,6 @@ PROBE_LIMIT = 2.0
 OPEN_BACKOFF = Backoff(first=0.5, cap=5.0, jitter=0.0)
 
 _INTERNAL_KEY = re.compile(r"'_waypost/[^']*'")
-#: a connection refused, as the transport words it (``Failed to connect to remote host: Connection refused``)
-_REFUSED = re.compile(r"[^;]*connection refused[^;]*", re.IGNORECASE)
-
-
-def _plain(why: str) -> str:
-    """Each endpoint's reason in plain words: ``connection refused`` rather than the transport's sentence."""
-    parts = []
-    for part in why.split("; "):
-        where, sep, reason = part.partition(" unreachable: ")
-        parts.append(f"{where}{sep}connection refused" if sep and _REFUSED.fullmatch(reason) else part)
-    return "; ".join(parts)
-
-
 def _close_opened(opening: asyncio.Future[Any]) -> None:
     """The end of a subscriber's opening nobody waits for any more: close what it opened, and
     retrieve what it failed with (nothing to report: its resolver is gone)."""
@@ -102,7 +89,7 @@ class RegistryResolver:
         unreachable: connection refused``), then what could not be read; never waypost's internal keys."""
         what = f"could not read the key {self.key!r} within {self.timeout:g}s"
         if why is not None:
-            return f"{_plain(why)} ({what}; is etcd running there? `waypost etcd` starts one)"
+            return f"{why} ({what}; is etcd running there? `waypost etcd` starts one)"
         text = _INTERNAL_KEY.sub("its metadata records", str(e)) or type(e).__name__
         return text if text.startswith("could not read") else f"{what}: {text}"
 
@@ -118,7 +105,7 @@ class RegistryResolver:
                 if self.report_early and not (await asyncio.wait({opening}, timeout=DIAGNOSE_AFTER))[0]:
                     why = await self._why_unreachable()  # the load goes on; calls can tell why they fail
                     if why is not None and not opening.done():
-                        on_error(_plain(why))
+                        on_error(why)
                 sub = await opening
             except asyncio.CancelledError:
                 opening.cancel()  # the resolver is going: a subscriber opened meanwhile is closed at once

@@ -502,7 +502,7 @@ def _unknown_param(scheme: str, raw: str, name: str, allowed: tuple[str, ...]) -
 
 
 def _unknown_scheme(scheme: str, raw: str) -> NoReturn:
-    note = " (not supported by waypost)" if scheme in _UNSUPPORTED else ""
+    note = " (not supported by waypost)" if scheme in _UNSUPPORTED else did_you_mean(scheme, known_schemes())
     raise InvalidTarget(
         f"unknown target scheme {scheme!r}{note} in {redact(raw)!r}; known schemes: {', '.join(known_schemes())}"
         f" (e.g. {example('etcd')})"

@@ -55,7 +55,7 @@ from ...discovery.group import cool_down
 from ...discovery.heartbeat_publisher import HeartbeatPublisher
 from ...discovery.outage import OnUnregistered
 from ...discovery.override import apply_override
-from ...errors import PermissionDenied, RegistryError, describe_value, shown_key
+from ...errors import PermissionDenied, RegistryError, describe_value, shown_key, suggests_keywords
 from .api import ConsulClient, ConsulNotFound, decode_meta, encode_meta
 from .config import ConsulConfig, resolve_config
 from .overrides import ConsulOverrideFollower
@@ -79,6 +79,7 @@ class ConsulPublisher(HeartbeatPublisher):
     config: ConsulConfig
     client: ConsulClient
 
+    @suggests_keywords("waypost.ConsulPublisher")
     def __init__(
         self, registry_url_or_config: ConsulConfig | str, key: str, address: str, ttl: int = 10,
         id: int | str | None = None, metadata: Mapping[str, Any] | None = None, format: object = "gozero",

@@ -31,7 +31,7 @@ from collections.abc import Iterable, Mapping
 from typing import Any
 
 from ...errors import RegistryError, RegistryUnavailable
-from ...registry.http_api import HttpApiClient, require_aiohttp
+from ...registry.http_api import HttpApiClient, connect_problem, require_aiohttp
 from .apps import MalformedAnswer
 from .config import EurekaConfig
 
@@ -51,8 +51,19 @@ class EurekaNotFound(RegistryError):
     restarted empty)."""
 
 
+class EurekaUnreachable(RegistryUnavailable):
+    """No server of the cluster could be connected to (refused, no route, an unknown name): ``cannot reach Eureka
+    at URL: connection refused; is it running?``."""
+
+
 class _ServerFailed(Exception):
-    """One server could not serve a request (unreachable, timed out, 5xx): the next one is tried."""
+    """One server could not serve a request (unreachable, timed out, 5xx): the next one is tried. ``refused``:
+    why it could not be connected to at all (None: it could, or it did not answer in time)."""
+
+    def __init__(self, text: str, base: str, refused: str | None = None) -> None:
+        super().__init__(text)
+        self.base = base
+        self.refused = refused
 
 
 class EurekaClient(HttpApiClient):
@@ -87,23 +98,23 @@ class EurekaClient(HttpApiClient):
         404 with ``missing_ok``)."""
         what = what or f"{method} {path}"
         servers = self.config.servers
-        failures: list[str] = []
+        failures: list[_ServerFailed] = []
         for step in range(len(servers)):
             index = (self.current + step) % len(servers)
             try:
                 result = await self._one(servers[index], method, path, list(params), body, what, missing_ok)
             except _ServerFailed as e:
-                failures.append(str(e))
+                failures.append(e)
                 if len(servers) > 1:
                     log.debug("eureka: %s; trying the next server", e)
                 continue
             if index != self.current:
                 self.failovers += 1
-                log.info("eureka: %s now goes to %s (%s)", self.config.url, servers[index], "; ".join(failures))
+                log.info("eureka: %s now goes to %s (%s)", self.config.url, servers[index],
+                         "; ".join(map(str, failures)))
                 self.current = index
             return result
-        raise RegistryUnavailable(f"eureka at {', '.join(self.config.base_url(s) for s in servers)}: {what} "
-                                  f"failed: {'; '.join(failures)}")
+        raise _all_failed(failures, what)
 
     async def _one(self, server: str, method: str, path: str, params: list[tuple[str, str]], body: Any, what: str,
                    missing_ok: bool) -> Any:
@@ -122,11 +133,13 @@ class EurekaClient(HttpApiClient):
             raise
         except asyncio.TimeoutError:
             how = "started answering but did not finish" if progress else "did not answer"
-            raise _ServerFailed(f"{base} {how} within {self.timeout:g}s") from None
+            raise _ServerFailed(f"{base} {how} within {self.timeout:g}s", base) from None
         except (aiohttp.ClientError, OSError) as e:
-            raise _ServerFailed(f"{base} is unreachable: {str(e) or type(e).__name__}") from None
+            refused = connect_problem(e)
+            raise _ServerFailed(f"{base} is unreachable: {refused or str(e) or type(e).__name__}", base,
+                                refused) from None
         if status >= 500:
-            raise _ServerFailed(f"{base} answered HTTP {status} {_message(raw)}")
+            raise _ServerFailed(f"{base} answered HTTP {status} {_message(raw)}", base)
         if status == 404:
             if missing_ok:
                 return None
@@ -175,6 +188,21 @@ class EurekaClient(HttpApiClient):
     async def update_metadata(self, app: str, instance_id: str, metadata: Mapping[str, str]) -> None:
         await self.request("PUT", f"/apps/{app}/{instance_id}/metadata", params=list(metadata.items()),
                            what=f"updating the metadata of {app}/{instance_id}")
+
+
+def _all_failed(failures: list[_ServerFailed], what: str) -> RegistryUnavailable:
+    """The error of a request no server could serve: one that no server could even be connected to says so in one
+    sentence (``cannot reach Eureka at http://h:8761/eureka: connection refused; is it running?``), the URLs
+    once; otherwise each server and what happened, after what was asked."""
+    if all(f.refused for f in failures):
+        reasons = {f.refused for f in failures}
+        if len(reasons) == 1:
+            where = f"{', '.join(f.base for f in failures)}: {reasons.pop()}"
+        else:
+            where = ", ".join(f"{f.base} ({f.refused})" for f in failures)
+        return EurekaUnreachable(f"cannot reach Eureka at {where}; is it running?")
+    return RegistryUnavailable(f"eureka at {', '.join(f.base for f in failures)}: {what} failed: "
+                               f"{'; '.join(map(str, failures))}")
 
 
 def _message(raw: bytes) -> str:

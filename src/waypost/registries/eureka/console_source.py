@@ -104,6 +104,8 @@ class EurekaOverrides:
     def __init__(self, name: str, client: Any) -> None:
         self.url = name
         self._client = client
+        #: what the last put or delete did, in words (``waypost drain`` prints it: no override record is written)
+        self.written = ""
 
     async def _instances(self, record_key: str) -> tuple[str, list[Instance]]:
         parts = split_override_key(record_key)
@@ -157,18 +159,26 @@ class EurekaOverrides:
                 await client.clear_status(app, inst.id)
         log.info("eureka: %s %s at %s", "drained" if override["weight"] == 0 else f"weight {override['weight']} for",
                  app, [i.id for i in found])
+        ids = ", ".join(f"{app}/{i.id}" for i in found)
+        self.written = (f"Eureka's status override of {ids} set to {DRAINED}: clients drop it at their next fetch"
+                        if override["weight"] == 0 else
+                        f"metadata weight={override['weight']} of {ids} in Eureka: clients see it at their next fetch")
         return PutResult(int(time.time()), prev if prev_kv else None)
 
     async def delete(self, key: str, *, prev_kv: bool = False) -> DeleteResult:
         app, found = await self._instances(key)
         prev = self._record(found[0]) if found else None
         client = self._client()
+        done = []
         for inst in found:
             if str(inst.raw.get("overriddenStatus", "")).upper() == DRAINED:
                 await client.clear_status(app, inst.id)
+                done.append(f"Eureka's status override of {app}/{inst.id} removed")
             own = _own_weight(inst)
             if own is not None:
                 await client.update_metadata(app, inst.id, {"weight": "" if own == "-" else own, OWN_WEIGHT_KEY: ""})
+                done.append(f"its own weight ({'none' if own == '-' else own}) back in the metadata of {app}/{inst.id}")
+        self.written = "; ".join(done) or f"nothing to undo on {app} in Eureka (no status override, no weight set)"
         return DeleteResult(0, int(prev is not None), [prev] if prev is not None and prev_kv else [])
 
 

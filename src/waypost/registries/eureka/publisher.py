@@ -44,6 +44,7 @@ from typing import Any
 
 from ...discovery.heartbeat_publisher import HeartbeatPublisher
 from ...discovery.outage import OnUnregistered
+from ...errors import suggests_keywords
 from .api import EurekaClient, EurekaNotFound
 from .apps import GRPC_PORT_KEY, decode_metadata, encode_metadata
 from .config import EurekaConfig, app_name, resolve_config
@@ -60,6 +61,7 @@ class EurekaPublisher(HeartbeatPublisher):
     config: EurekaConfig
     client: EurekaClient
 
+    @suggests_keywords("waypost.EurekaPublisher")
     def __init__(
         self, registry_url_or_config: EurekaConfig | str, key: str, address: str, ttl: int = 10,
         id: int | str | None = None, metadata: Mapping[str, Any] | None = None, format: object = "gozero",

@@ -41,7 +41,7 @@ from ...resolver.loop_resolver import LoopResolver
 from ...resolver.read_failure import failure_text
 from ...resolver.target import Target
 from ...types import Backend
-from .api import EurekaClient, require_client
+from .api import EurekaClient, EurekaUnreachable, require_client
 from .apps import RegistryCopy, applications
 from .config import from_target
 
@@ -83,6 +83,8 @@ class EurekaResolver(LoopResolver[EurekaClient]):
         #: an empty list from a full fetch, held (module docstring, 5)
         self._empty = EmptyListHold(settle, clock, on_start=self._hold_started, on_expired=self._hold_expired)
         self._warned: set[str] = set()
+        #: the last failure when no server could be connected to ("": another failure, or none)
+        self._unreachable = ""
         # introspection (and tests)
         self.full_fetches = 0
         self.delta_fetches = 0
@@ -136,6 +138,7 @@ class EurekaResolver(LoopResolver[EurekaClient]):
                 await self._fetch_all(client, problems)
                 from_full = True
         self._warn(problems)
+        self._unreachable = ""
         if self._read_worked():
             log.info("waypost: eureka: reading %s works again", self._what())
         backends = self.backends()
@@ -151,6 +154,7 @@ class EurekaResolver(LoopResolver[EurekaClient]):
 
     def _failed(self, e: Exception) -> None:
         self.failures += 1
+        self._unreachable = str(e) if isinstance(e, EurekaUnreachable) else ""
         self._full_next = True  # after a failure: everything again (a server may have restarted, or failed over)
         self._full_reason = "after a failure"
         self._report(self._describe(e), e)
@@ -184,7 +188,15 @@ class EurekaResolver(LoopResolver[EurekaClient]):
         log.warning("waypost: eureka: %s has had no UP instance for %gs: applying the empty list", self._what(), held)
 
     def _describe(self, e: Exception) -> str:
+        if isinstance(e, EurekaUnreachable):  # it says where, once: no need to name the target's servers again
+            return f"{e} (reading app {self.app})"
         return f"eureka: reading {self._what()} failed: {failure_text(e)}"
+
+    def _no_list_error(self) -> str:
+        if self._unreachable:  # one sentence: cannot reach Eureka at URL: connection refused; is it running?
+            return (f"{self._unreachable} (no {self.list_name} of app {self.app} within "
+                    f"{self._first_list_within():g}s)")
+        return super()._no_list_error()
 
     def backends(self) -> tuple[Backend, ...]:
         """The app's UP instances as backends (sorted by address; one per address: the first by instance id)."""

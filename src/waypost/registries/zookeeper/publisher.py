@@ -60,7 +60,7 @@ from ...discovery.heartbeat_publisher import check_ttl
 from ...discovery.outage import OnUnregistered, Outage
 from ...discovery.override import OverrideState, apply_override
 from ...discovery.publisher_base import REVOKE_TIMEOUT, PublisherBase
-from ...errors import PermissionDenied, RegistryError, RegistryUnavailable, describe_value
+from ...errors import PermissionDenied, RegistryError, RegistryUnavailable, describe_value, suggests_keywords
 from ...netutil import check_dialable
 from ...registry.formats import Kratos
 from . import client as zk
@@ -83,6 +83,7 @@ class ZkPublisher(PublisherBase):
 
     _extra_wait = REVOKE_TIMEOUT + zk.CLOSE_TIMEOUT + 10  # closing the session joins kazoo threads
 
+    @suggests_keywords("waypost.ZkPublisher")
     def __init__(
         self, registry_url_or_config: ZkConfig | str, key: str, address: str, ttl: int = 10,
         id: int | str | None = None, metadata: Mapping[str, Any] | None = None, format: Any = "gozero",
