@@ -67,7 +67,7 @@ class MethodBase(Generic[ChannelT]):
     """One method of one balanced channel; subclasses set ``_kind`` (the grpc channel method name).
 
     Public for the call objects that run attempts: ``channel``, ``balancer``, ``pickers``, the method
-    config's ``timeout``, ``wait_for_ready`` and ``retry_policy``, the channel's retry ``throttle`` and
+    config's ``timeout``, ``wait_for_ready``, ``retry_policy`` and ``hedging``, the channel's retry ``throttle`` and
     ``rng``, and ``settings``, ``pick_info``, ``begin``, ``inner``, ``finish``.
     """
 
@@ -89,6 +89,10 @@ class MethodBase(Generic[ChannelT]):
         self.timeout = mc.timeout if mc is not None else None
         self.wait_for_ready = mc.wait_for_ready if mc is not None else None
         self.retry_policy = mc.retry_policy if mc is not None else None
+        # hedged: unary and server-streaming methods with a hedgingPolicy (a client stream would have to be fed to
+        # several attempts at once: not hedged)
+        self.hedging = config.hedging.for_method(method, mc.hedging_policy) if mc is not None and \
+            self._kind in ("unary_unary", "unary_stream") else None
         self.throttle = config.throttle
         self.rng = config.rng
 

@@ -14,6 +14,8 @@ import logging
 import re
 from typing import Any
 
+import grpc
+
 from ..durations import parse_config_duration
 from ..errors import describe_value
 from .fields import check_fields, fail, number
@@ -62,7 +64,7 @@ def parse_hedging_policy(value: Any, path: str) -> HedgingPolicy:
     fallback = max(DEFAULT_FALLBACK_DELAY, min_delay)
     if "fallbackHedgingDelay" in value:
         fallback = parse_config_duration(value["fallbackHedgingDelay"], f"{path}.fallbackHedgingDelay")
-    codes = frozenset()
+    codes: frozenset[grpc.StatusCode] = frozenset()
     if "nonFatalStatusCodes" in value:
         codes = status_codes(value["nonFatalStatusCodes"], f"{path}.nonFatalStatusCodes", allow_empty=True,
                              what="non-fatal status code", why_not_ok="an OK answer always ends a hedged call")
