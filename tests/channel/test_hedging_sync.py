@@ -10,7 +10,7 @@ import waypost
 from harness.backends import echo_pb2, echo_pb2_grpc
 from harness.waiting import wait_until
 from tests.channel.hedging_support import hedging_config, scripted_servers
-from tests.channel.support import recording  # noqa: F401  # fixture
+from tests.channel.support import RECORDER, recording  # noqa: F401  # fixture
 
 Req = echo_pb2.EchoRequest
 
@@ -120,22 +120,23 @@ def test_server_stream_first_message_commits_and_the_loser_is_cancelled():
 
 
 def test_server_stream_non_fatal_then_answer():
-    with scripted_servers("a", "b") as (addresses, log), _dial(addresses, hedging_config("100s")) as ch:
+    with scripted_servers("a", "b") as (addresses, _log), _dial(addresses, hedging_config("100s")) as ch:
         replies = list(echo_pb2_grpc.EchoStub(ch).ServerStream(Req(message="UNAVAILABLE,ok"), timeout=20))
         assert [r.previous_attempts for r in replies] == ["1", "1"]
 
 
-def test_hedges_are_picks_that_end_with_done(recording):
+@pytest.mark.usefixtures("recording")
+def test_hedges_are_picks_that_end_with_done():
     """Each attempt is a pick of the policy and ends with its done(): the policy's in-flight count is kept."""
     cfg = hedging_config()
     cfg["loadBalancingConfig"] = [{"test_recording": {}}]
     with scripted_servers("a", "b", "c") as (addresses, log), _dial(addresses, cfg) as ch:
         stub = echo_pb2_grpc.EchoStub(ch)
-        recording.clear()
+        RECORDER.clear()
         for _ in range(3):
             assert stub.Unary(Req(message="block,ok"), timeout=20).previous_attempts == "1"
         wait_until(lambda: len(log.of("cancelled")) == 3, what="three first attempts cancelled")
-        wait_until(lambda: len(recording.outcomes) == len(recording.picks), what="a done() for every pick")
-        codes = [o.code for _, o in recording.outcomes]
+        wait_until(lambda: len(RECORDER.outcomes) == len(RECORDER.picks), what="a done() for every pick")
+        codes = [o.code for _, o in RECORDER.outcomes]
         assert codes.count(grpc.StatusCode.OK) == 3 and codes.count(grpc.StatusCode.CANCELLED) >= 3
         assert sum(sc.inflight for sc in ch.pickers.snap.ready.values()) == 0
