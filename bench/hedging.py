@@ -9,7 +9,8 @@ Two parts, both run by default:
   simulated clock, one event queue for all calls. Reports the fan-out's p50/p99/p99.9 and the extra calls (hedges
   as a share of calls).
 - ``real``: real Echo servers in subprocesses (``--backends`` of them, 10), one of which answers a call slowly
-  (``--slow-ms`` instead of ``--fast-ms``) with probability ``--real-slow-share`` (1 %); a ``waypost.aio.dial``
+  (``--slow-ms`` instead of ``--fast-ms``: 200 ms and 20 ms, long enough that this 2-core machine's scheduling
+  stalls do not drown them) with probability ``--real-slow-share`` (1 %); a ``waypost.aio.dial``
   client runs ``--real-requests`` fan-outs of ``--real-fanout`` calls each for each mode, bounded by
   ``--real-seconds`` per mode. Reports the same figures, measured.
 
@@ -251,26 +252,26 @@ def report(name: str, results: dict[str, dict[str, float]], say: Callable[[str],
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--part", choices=("sim", "real", "both"), default="both")
-    ap.add_argument("--fixed-delay", default="0.015s", help="hedgingDelay of the fixed mode (sim and real)")
+    ap.add_argument("--fixed-delay", default="0.03s", help="hedgingDelay of the fixed mode (sim and real)")
     ap.add_argument("--adaptive", default="p95,p98", help="the adaptive modes: their hedgingDelay quantiles")
     ap.add_argument("--max-attempts", type=int, default=3)
     ap.add_argument("--seed", type=int, default=1)
     sim = ap.add_argument_group("simulation")
     sim.add_argument("--requests", type=int, default=5000, help="fan-outs per mode")
     sim.add_argument("--fanout", type=int, default=100)
-    sim.add_argument("--base-ms", type=float, default=10.0, help="median of a normal call")
+    sim.add_argument("--base-ms", type=float, default=20.0, help="median of a normal call")
     sim.add_argument("--sigma", type=float, default=0.2, help="lognormal spread of a normal call")
     sim.add_argument("--slow-share", type=float, default=0.01)
     sim.add_argument("--slow-factor", type=float, default=10.0)
     sim.add_argument("--gap-ms", type=float, default=1.0, help="simulated time between fan-outs")
     rp = ap.add_argument_group("real processes")
     rp.add_argument("--backends", type=int, default=10)
-    rp.add_argument("--fast-ms", type=float, default=5.0)
-    rp.add_argument("--slow-ms", type=float, default=50.0)
+    rp.add_argument("--fast-ms", type=float, default=20.0)
+    rp.add_argument("--slow-ms", type=float, default=200.0)
     rp.add_argument("--real-slow-share", type=float, default=0.01, help="share of the slow backend's calls")
     rp.add_argument("--real-fanout", type=int, default=10)
     rp.add_argument("--real-requests", type=int, default=2000)
-    rp.add_argument("--real-seconds", type=float, default=40.0, help="bound per mode")
+    rp.add_argument("--real-seconds", type=float, default=75.0, help="bound per mode")
     rp.add_argument("--real-warmup", type=int, default=20, help="fan-outs before measuring")
     ap.add_argument("--out", default=str(ROOT / "bench/results/hedging.json"))
     args = ap.parse_args()
