@@ -37,6 +37,16 @@ class HedgeLog:
         with self.lock:
             return [(s, n) for s, n, w in self.events if w == what]
 
+    def first(self, timeout: float = 20.0) -> tuple[str, int]:
+        """(server, 0): where the call's first attempt went, once its server logged it (bounded wait)."""
+        end = time.monotonic() + timeout
+        while True:
+            found = [e for e in self.of("start") if e[1] == 0]
+            if found or time.monotonic() > end:
+                assert found, "no server logged the first attempt"
+                return found[0]
+            time.sleep(0.01)
+
 
 class ScriptedEcho(echo_pb2_grpc.EchoServicer):
     def __init__(self, name: str, log: HedgeLog) -> None:
@@ -94,10 +104,12 @@ def scripted_servers(*names: str) -> Iterator[tuple[list[str], HedgeLog]]:
             s.stop(0).wait(10)
 
 
-def hedging_config(delay: str = "0.05s", *, max_attempts: int = 3, non_fatal: tuple[str, ...] = ("UNAVAILABLE",),
+def hedging_config(delay: str = "0.3s", *, max_attempts: int = 3, non_fatal: tuple[str, ...] = ("UNAVAILABLE",),
                    share: float | None = -1, throttling: dict[str, float] | None = None) -> dict[str, Any]:
-    """A round_robin service config hedging the Echo service. ``share``: maxExtraShare (-1: the most there is,
-    maxAttempts - 1, so the cap stays out of the way; None: left out, waypost's default)."""
+    """A round_robin service config hedging the Echo service. The default delay leaves a loaded machine's server
+    time to start the first attempt before the hedge ends it (else that server never sees the attempt at all).
+    ``share``: maxExtraShare (-1: the most there is, maxAttempts - 1, so the cap stays out of the way; None: left
+    out, waypost's default)."""
     policy: dict[str, Any] = {"maxAttempts": max_attempts, "hedgingDelay": delay,
                               "nonFatalStatusCodes": list(non_fatal)}
     if share is not None:

@@ -38,7 +38,7 @@ async def test_unary_hedge_goes_to_another_backend_and_the_loser_is_cancelled():
         async with await _dial(addresses, hedging_config()) as ch:
             call = echo_pb2_grpc.EchoStub(ch).Unary(Req(message="block,ok"), timeout=20)
             reply = await call
-            first = log.of("start")[0]
+            first = log.first()
             assert first[1] == 0 and reply.server != first[0] and reply.previous_attempts == "1"
             assert await call.code() == grpc.StatusCode.OK
             await until(lambda: log.of("cancelled") == [first], what="the first attempt's server saw the cancel")
@@ -74,7 +74,7 @@ async def test_server_stream_first_message_commits_and_the_loser_is_cancelled():
         async with await _dial(addresses, hedging_config()) as ch:
             call = echo_pb2_grpc.EchoStub(ch).ServerStream(Req(message="block,ok"), timeout=20)
             replies = [r async for r in call]
-            first = log.of("start")[0]
+            first = log.first()
             assert [r.index for r in replies] == [0, 1] and len({r.server for r in replies}) == 1
             assert replies[0].server != first[0] and await call.code() == grpc.StatusCode.OK
             await until(lambda: log.of("cancelled") == [first], what="the first attempt's server saw the cancel")

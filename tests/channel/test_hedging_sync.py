@@ -24,7 +24,7 @@ def _dial(addresses: list[str], config: dict) -> grpc.Channel:
 def test_unary_hedge_goes_to_another_backend_and_the_loser_is_cancelled():
     with scripted_servers("a", "b", "c") as (addresses, log), _dial(addresses, hedging_config()) as ch:
         reply = echo_pb2_grpc.EchoStub(ch).Unary(Req(message="block,ok"), timeout=20)
-        first = log.of("start")[0]
+        first = log.first()
         assert first[1] == 0 and reply.server != first[0]  # the hedge (attempt 1) answered, elsewhere
         assert reply.previous_attempts == "1"
         wait_until(lambda: log.of("cancelled") == [first], what="the first attempt's server saw the cancellation")
@@ -47,8 +47,8 @@ def test_unary_fatal_code_ends_the_call_and_cancels_the_others():
         with pytest.raises(grpc.RpcError) as err:
             echo_pb2_grpc.EchoStub(ch).Unary(Req(message="INVALID_ARGUMENT,block"), timeout=20)
         assert err.value.code() == grpc.StatusCode.INVALID_ARGUMENT
-        blocked = [e for e in log.of("start") if e[1] > 0]
-        wait_until(lambda: sorted(log.of("cancelled")) == sorted(blocked), what="each hedge's server saw it cancelled")
+        wait_until(lambda: set(log.of("cancelled")) == {e for e in log.of("start") if e[1] > 0},
+                   what="each hedge's server saw it cancelled")
 
 
 def test_all_non_fatal_failures_return_the_last_one():
@@ -113,7 +113,7 @@ def test_server_stream_first_message_commits_and_the_loser_is_cancelled():
     with scripted_servers("a", "b", "c") as (addresses, log), _dial(addresses, hedging_config()) as ch:
         stream = echo_pb2_grpc.EchoStub(ch).ServerStream(Req(message="block,ok"), timeout=20)
         replies = list(stream)
-        first = log.of("start")[0]
+        first = log.first()
         assert [r.index for r in replies] == [0, 1] and {r.server for r in replies} != {first[0]}
         assert len({r.server for r in replies}) == 1 and stream.code() == grpc.StatusCode.OK
         wait_until(lambda: log.of("cancelled") == [first], what="the first attempt's server saw the cancellation")
