@@ -94,3 +94,17 @@ async def test_application_cancel_cancels_every_attempt():
                 await call
             assert await call.code() == grpc.StatusCode.CANCELLED
             await until(lambda: len(log.of("cancelled")) == 3, what="every attempt's server saw the cancel")
+
+
+async def test_no_backend_fails_like_an_unhedged_call():
+    with scripted_servers("a") as (addresses, _log):
+        pass  # stopped: its port refuses connections now
+    async with waypost.aio.dial("direct:///" + addresses[0], service_config=hedging_config()) as ch:
+        stub = echo_pb2_grpc.EchoStub(ch)
+        with pytest.raises(grpc.aio.AioRpcError) as err:
+            await stub.Unary(Req(message="ok"), timeout=20)
+        assert err.value.code() == grpc.StatusCode.UNAVAILABLE
+        call = stub.ServerStream(Req(message="ok"), timeout=20)
+        with pytest.raises(grpc.aio.AioRpcError) as err:
+            await call.read()
+        assert err.value.code() == grpc.StatusCode.UNAVAILABLE and await call.code() == grpc.StatusCode.UNAVAILABLE

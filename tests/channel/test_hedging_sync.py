@@ -56,7 +56,7 @@ def test_all_non_fatal_failures_return_the_last_one():
     with scripted_servers("a", "b", "c") as (addresses, log), _dial(addresses, cfg) as ch:
         with pytest.raises(grpc.RpcError) as err:
             echo_pb2_grpc.EchoStub(ch).Unary(Req(message="UNAVAILABLE"), timeout=20)
-        assert err.value.code() == grpc.StatusCode.UNAVAILABLE
+        assert err.value.code() == grpc.StatusCode.UNAVAILABLE and "retries=" not in err.value.details()
         assert sorted(n for _, n in log.of("start")) == [0, 1, 2]  # maxAttempts, each on its own backend
         assert len({s for s, _ in log.of("start")}) == 3
 
@@ -140,3 +140,18 @@ def test_hedges_are_picks_that_end_with_done():
         codes = [o.code for _, o in RECORDER.outcomes]
         assert codes.count(grpc.StatusCode.OK) == 3 and codes.count(grpc.StatusCode.CANCELLED) >= 3
         assert sum(sc.inflight for sc in ch.pickers.snap.ready.values()) == 0
+
+
+def test_no_backend_fails_like_an_unhedged_call():
+    with scripted_servers("a") as (addresses, _log):
+        pass  # stopped: its port refuses connections now
+    cfg = hedging_config()
+    with waypost.dial("direct:///" + addresses[0], service_config=cfg) as ch:
+        stub = echo_pb2_grpc.EchoStub(ch)
+        with pytest.raises(grpc.RpcError) as err:
+            stub.Unary(Req(message="ok"), timeout=20)
+        assert err.value.code() == grpc.StatusCode.UNAVAILABLE
+        stream = stub.ServerStream(Req(message="ok"), timeout=20)
+        with pytest.raises(grpc.RpcError) as err:
+            list(stream)
+        assert err.value.code() == grpc.StatusCode.UNAVAILABLE

@@ -199,6 +199,8 @@ class MethodBase(Generic[ChannelT]):
     def explanation(self, code: grpc.StatusCode, details: str | None, sc: SubConn, probe: bool = False
                     ) -> str | None:
         """What to add to the details of a call failing for good on ``sc`` (``client.explain``), else None."""
+        if self.hedging is not None and code is _UNAVAILABLE:
+            return f"backend {sc.address}"  # hedged: it went to other backends already; no retries= hint
         return explain(code, details, sc.address, direct=self.channel.config.target.scheme == "direct",
                        retry_policy=self.retry_policy, probe=probe)
 
