@@ -78,7 +78,10 @@ def test_throttle_gates_hedges_and_counts_non_fatal_failures():
     assert plan.admit()
     plan.failed(U)  # 2 tokens: not above the threshold 2
     assert not plan.admit() and plan.wait() is None
-    assert method.plan().failed(NOT_FOUND) and throttle.tokens == 2  # a fatal status is not a failure (A6)
+    assert method.plan().failed(NOT_FOUND) and throttle.tokens == 2  # a fatal status is not a failure (A6)...
+    assert method.plan().failed(NOT_FOUND, -1) and throttle.tokens == 1  # ...unless its pushback says "stop"
+    throttle.record_success()
+    throttle.record_success()
     method.plan().succeeded()
     assert throttle.tokens == 2.5
 

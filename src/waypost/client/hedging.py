@@ -206,11 +206,12 @@ class HedgePlan:
         """An attempt ended with ``code`` (not OK). True: fatal, the call ends with it and the others are cancelled.
         Otherwise the next hedge is due at once, or after ``pushback`` ms (< 0: none). ``not_sent``: the attempt
         never reached a server (not a failure for the throttle)."""
-        if not not_sent and code not in self.m.policy.non_fatal_status_codes:
-            return True
+        fatal = not not_sent and code not in self.m.policy.non_fatal_status_codes
         throttle = self.m.throttle
-        if throttle is not None and not not_sent:
-            throttle.record_failure()
+        if throttle is not None and not not_sent and (not fatal or (pushback is not None and pushback < 0)):
+            throttle.record_failure()  # A6: non-fatal codes and "do not retry" pushbacks count as failures
+        if fatal:
+            return True
         if self._next_at is not None:
             if pushback is None:
                 self._next_at = self.m.clock()
