@@ -48,7 +48,7 @@ def test_examples_end_to_end(shared_etcd, unique_key):
         target = f"etcd:///{shared_etcd.endpoint}?key={unique_key}"
 
         for script, extra in (("client.py", ("--balancer", "round_robin")), ("aio_client.py", ()),
-                              ("custom_policy.py", ())):
+                              ("custom_policy.py", ()), ("hedging_client.py", ())):
             seen: set[str] = set()
             # A fresh channel may answer its first calls from the backend that connected first: run the
             # client a few times (each run is a new process) until both servers have answered.

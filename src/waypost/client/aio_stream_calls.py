@@ -15,6 +15,7 @@ import grpc.aio
 from ..balancer.base import PickResult
 from .aio_call_base import AioMethod, CallBase, is_stand_in, status_now
 from .aio_replay import replay_for
+from .hedging_aio import HedgedUnaryStreamCall
 from .subconn import SubConn
 
 log = logging.getLogger("waypost.aio")
@@ -219,7 +220,9 @@ class UnaryStreamMultiCallable(AioMethod, grpc.aio.UnaryStreamMultiCallable):
     _kind = "unary_stream"
 
     def __call__(self, request: Any, *, timeout: float | None = None, metadata: Any = None, credentials: Any = None,
-                 wait_for_ready: bool | None = None, compression: Any = None) -> UnaryStreamCall:
+                 wait_for_ready: bool | None = None, compression: Any = None) -> UnaryStreamCall | HedgedUnaryStreamCall:
+        if self.hedging is not None:
+            return HedgedUnaryStreamCall(self, request, timeout, metadata, credentials, wait_for_ready, compression)
         return UnaryStreamCall(self, request, timeout, metadata, credentials, wait_for_ready, compression)
 
 

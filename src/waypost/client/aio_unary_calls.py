@@ -17,6 +17,7 @@ from .._grpc_private import PLAIN_UNARY_UNARY_CALL, locally_cancelled
 from ..balancer.base import PickResult
 from .aio_call_base import AioMethod, CallBase, status_now
 from .aio_replay import replay_for
+from .hedging_aio import HedgedUnaryUnaryCall
 from .subconn import SubConn
 
 log = logging.getLogger("waypost.aio")
@@ -264,7 +265,9 @@ class UnaryUnaryMultiCallable(AioMethod, grpc.aio.UnaryUnaryMultiCallable):
     _kind = "unary_unary"
 
     def __call__(self, request: Any, *, timeout: float | None = None, metadata: Any = None, credentials: Any = None,
-                 wait_for_ready: bool | None = None, compression: Any = None) -> UnaryUnaryCall:
+                 wait_for_ready: bool | None = None, compression: Any = None) -> UnaryUnaryCall | HedgedUnaryUnaryCall:
+        if self.hedging is not None:
+            return HedgedUnaryUnaryCall(self, request, timeout, metadata, credentials, wait_for_ready, compression)
         return UnaryUnaryCall(self, request, timeout, metadata, credentials, wait_for_ready, compression)
 
 

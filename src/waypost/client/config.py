@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import random
+import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
@@ -14,6 +15,7 @@ from ..resolver.subset import DEFAULT_SUBSET_SIZE
 from ..resolver.target import Target, parse_target, parse_targets, target_for_registry
 from ..service_config import MethodConfig, ServiceConfig, parse_service_config
 from .dial_options import DialKeywords, DialOptions
+from .hedging import ChannelHedging
 from .method_names import MethodNameCheck
 from .retry_throttle import RetryThrottle
 from .routing import FilteringSubsetter, Routing
@@ -35,6 +37,8 @@ class ChannelConfig:
     routing: Routing | None = None
     #: the methodConfig name check (None: the config names no service)
     names: MethodNameCheck | None = field(default=None, repr=False)
+    #: the hedged methods' shared state: the extra-share budget and their recent latencies (``client.hedging``)
+    hedging: ChannelHedging = field(default_factory=lambda: ChannelHedging(None, time.monotonic), repr=False)
 
     def method_config(self, full_method: str) -> MethodConfig | None:
         """The method's settings; called once per multicallable (where unused methodConfig names are noticed)."""
@@ -103,16 +107,18 @@ def build_config(
     client_id = options.client_id
     subsetter = Subsetter(size, client_id=client_id, seed=rng.getrandbits(32)) if routing is None or \
         routing.filter is None else FilteringSubsetter(routing, size, client_id=client_id, seed=rng.getrandbits(32))
+    throttle = RetryThrottle.for_config(sc.retry_throttling)
     return ChannelConfig(
         target=t,
         service_config=sc,
         policy=policy,
-        throttle=RetryThrottle.for_config(sc.retry_throttling),
+        throttle=throttle,
         health_service=sc.health_check_service_name,
         rng=rng,
         subsetter=subsetter,
         routing=routing,
         names=MethodNameCheck.for_config(t.redacted, sc),
+        hedging=ChannelHedging(throttle, time.monotonic),
     )
 
 

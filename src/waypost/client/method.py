@@ -67,7 +67,7 @@ class MethodBase(Generic[ChannelT]):
     """One method of one balanced channel; subclasses set ``_kind`` (the grpc channel method name).
 
     Public for the call objects that run attempts: ``channel``, ``balancer``, ``pickers``, the method
-    config's ``timeout``, ``wait_for_ready`` and ``retry_policy``, the channel's retry ``throttle`` and
+    config's ``timeout``, ``wait_for_ready``, ``retry_policy`` and ``hedging``, the channel's retry ``throttle`` and
     ``rng``, and ``settings``, ``pick_info``, ``begin``, ``inner``, ``finish``.
     """
 
@@ -89,6 +89,10 @@ class MethodBase(Generic[ChannelT]):
         self.timeout = mc.timeout if mc is not None else None
         self.wait_for_ready = mc.wait_for_ready if mc is not None else None
         self.retry_policy = mc.retry_policy if mc is not None else None
+        # hedged: unary and server-streaming methods with a hedgingPolicy (a client stream would have to be fed to
+        # several attempts at once: not hedged)
+        self.hedging = config.hedging.for_method(method, mc.hedging_policy) if mc is not None and \
+            self._kind in ("unary_unary", "unary_stream") else None
         self.throttle = config.throttle
         self.rng = config.rng
 
@@ -195,6 +199,8 @@ class MethodBase(Generic[ChannelT]):
     def explanation(self, code: grpc.StatusCode, details: str | None, sc: SubConn, probe: bool = False
                     ) -> str | None:
         """What to add to the details of a call failing for good on ``sc`` (``client.explain``), else None."""
+        if self.hedging is not None and code is _UNAVAILABLE:
+            return f"backend {sc.address}"  # hedged: it went to other backends already; no retries= hint
         return explain(code, details, sc.address, direct=self.channel.config.target.scheme == "direct",
                        retry_policy=self.retry_policy, probe=probe)
 

@@ -12,6 +12,7 @@ from typing import Any
 
 import grpc
 
+from .hedging_sync import hedged_stream
 from .method import Attempt, BalancedChannel, MethodBase
 from .replay import Replay
 from .retrying_stream import RetryingStream
@@ -26,6 +27,11 @@ class _StreamResponseMethod(MethodBase[BalancedChannel]):
     def __call__(self, request: Any, timeout: float | None = None, metadata: Any = None, credentials: Any = None,
                  wait_for_ready: bool | None = None, compression: Any = None) -> Any:
         deadline, wfr = self.settings(timeout, wait_for_ready)
+        if self.hedging is not None:
+            try:
+                return hedged_stream(self, request, deadline, metadata, credentials, wfr, compression)
+            except grpc.RpcError as e:  # no backend at all: return the failed call, as grpc does
+                return e
         # Without a retry policy a client stream runs as one attempt: its requests may be consumed already when
         # it fails. A unary request is re-picked when its attempt never reached a server (transparent retry).
         if self.retry_policy is None and self._kind == "stream_stream":

@@ -13,6 +13,7 @@ from typing import Any
 import grpc
 
 from .future import ThreadFuture
+from .hedging_sync import hedged_with_call
 from .method import BalancedChannel, MethodBase
 from .replay import Replay
 from .retry import MAX_TRANSPARENT, RetryState
@@ -34,6 +35,8 @@ class _UnaryRequestMethod(MethodBase[BalancedChannel]):
     def with_call(self, request: Any, timeout: float | None = None, metadata: Any = None, credentials: Any = None,
                   wait_for_ready: bool | None = None, compression: Any = None) -> tuple[Any, grpc.Call]:
         deadline, wfr = self.settings(timeout, wait_for_ready)
+        if self.hedging is not None:
+            return hedged_with_call(self, request, deadline, metadata, credentials, wfr, compression)
         # Client streaming: requests are recorded for replay only when a retry policy may need them.
         replay = Replay(request) if self._kind == "stream_unary" and self.retry_policy is not None else None
         st: RetryState | None = None  # made when an attempt fails: a call that succeeds at once needs none
@@ -78,7 +81,7 @@ class _UnaryRequestMethod(MethodBase[BalancedChannel]):
     def future(self, request: Any, timeout: float | None = None, metadata: Any = None, credentials: Any = None,
                wait_for_ready: bool | None = None, compression: Any = None) -> grpc.Future:
         deadline, wfr = self.settings(timeout, wait_for_ready)
-        if self.retry_policy is None and not wfr:  # waiting for a backend may mean picking again: the thread
+        if self.retry_policy is None and self.hedging is None and not wfr:  # waiting for a backend may mean picking again: the thread
             try:
                 a = self.begin(metadata, deadline)
             except BalancerRpcError as e:
@@ -92,7 +95,7 @@ class _UnaryRequestMethod(MethodBase[BalancedChannel]):
                     raise
                 fut.add_done_callback(lambda c: self.finish(res, sc, t0, c.code(), c))
                 return fut  # type: ignore[no-any-return]
-        # Waiting for a backend or retrying would block: run the blocking call on a worker thread.
+        # Waiting for a backend, retrying or hedging would block: run the blocking call on a worker thread.
         timeout = None if deadline is None else max(deadline - _mono(), 0.0)
         return ThreadFuture(self.with_call, request, timeout, metadata, credentials, wfr, compression)
 

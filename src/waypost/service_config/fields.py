@@ -12,7 +12,6 @@ from ..durations import parse_config_duration
 from ..errors import InvalidServiceConfig, describe_value
 
 _UNSUPPORTED_WHY = {
-    "hedgingPolicy": "hedging is not supported by waypost; use retryPolicy",
     "maxRequestMessageBytes": "per-method message size limits are not supported by waypost; "
     "use the grpc.max_send_message_length channel option",
     "maxResponseMessageBytes": "per-method message size limits are not supported by waypost; "

@@ -1,7 +1,7 @@
 """The values a parsed service config is made of: plain, immutable data for the client to act on.
 
 Nothing here runs a retry or holds per-channel state: ``waypost.client.retry`` turns a ``RetryPolicy``
-into backoff delays and ``waypost.client.retry_throttle`` keeps the token bucket a ``RetryThrottling``
+into backoff delays, ``waypost.client.hedging`` runs a ``HedgingPolicy``, and ``waypost.client.retry_throttle`` keeps the token bucket a ``RetryThrottling``
 describes.
 """
 
@@ -38,12 +38,34 @@ class RetryPolicy:
 
 
 @dataclass(frozen=True, slots=True)
+class HedgingPolicy:
+    """A validated ``hedgingPolicy`` (gRFC A6, with waypost's additions): up to ``max_attempts`` copies of a
+    call (the first one included), the next one sent every hedging delay while none has answered.
+
+    The delay is ``delay`` seconds, or, when ``delay_quantile`` is set (``"hedgingDelay": "p95"``), that
+    quantile of the channel's recent latency for the method, never below ``min_delay``, and ``fallback_delay``
+    until enough latencies are known. ``max_extra_share``: hedges are at most this share of the channel's
+    hedged-method calls. The client runs it (``waypost.client.hedging``).
+    """
+
+    max_attempts: int
+    delay: float
+    non_fatal_status_codes: frozenset[grpc.StatusCode]
+    delay_quantile: float | None = None
+    min_delay: float = 0.0
+    fallback_delay: float = 0.0
+    max_extra_share: float = 0.05
+
+
+@dataclass(frozen=True, slots=True)
 class MethodConfig:
-    """The per-method settings of one ``methodConfig`` entry (None: not set)."""
+    """The per-method settings of one ``methodConfig`` entry (None: not set). At most one of ``retry_policy``
+    and ``hedging_policy`` is set (gRFC A6)."""
 
     timeout: float | None = None
     retry_policy: RetryPolicy | None = None
     wait_for_ready: bool | None = None
+    hedging_policy: HedgingPolicy | None = None
 
 
 @dataclass(frozen=True, slots=True)

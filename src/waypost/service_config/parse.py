@@ -12,13 +12,14 @@ from ..balancer.catalog import PolicyChoice, known_policies_text, parse_lb_confi
 from ..balancer.policies import POLICIES  # imported from here so the built-in policies are registered
 from ..errors import describe_value, did_you_mean
 from .fields import boolean, check_fields, duration, fail
+from .hedging import parse_hedging_policy
 from .jsonvalue import freeze, load_json, normalize
 from .model import DEFAULT_POLICY, MethodConfig, RetryPolicy, ServiceConfig
 from .retry import parse_retry_policy, parse_throttling, shortcut_retry_policy
 
 _TOP_FIELDS = ("loadBalancingPolicy", "loadBalancingConfig", "methodConfig", "retryThrottling", "healthCheckConfig")
-_METHOD_FIELDS = ("name", "timeout", "waitForReady", "retryPolicy")
-_METHOD_UNSUPPORTED = ("hedgingPolicy", "maxRequestMessageBytes", "maxResponseMessageBytes")
+_METHOD_FIELDS = ("name", "timeout", "waitForReady", "retryPolicy", "hedgingPolicy")
+_METHOD_UNSUPPORTED = ("maxRequestMessageBytes", "maxResponseMessageBytes")
 _NAME_FIELDS = ("service", "method")
 _HEALTH_FIELDS = ("serviceName",)
 
@@ -90,6 +91,10 @@ def _with_retry(
         if mc.retry_policy is not None:
             fail("retries", f"dial(retries=...) sets a retryPolicy for every method, and methodConfig[{i}] has "
                   "its own retryPolicy; give retries in one place (drop retries=, or that retryPolicy)")
+        if mc.hedging_policy is not None:
+            fail("retries", f"dial(retries=...) sets a retryPolicy for every method, and methodConfig[{i}] has a "
+                  "hedgingPolicy (a method has one or the other, gRFC A6); drop retries= and give retryPolicy "
+                  "to the other methods in the service config")
     swap = {id(mc): replace(mc, retry_policy=policy) for mc in configs}
     return ([swap[id(mc)] for mc in configs], {k: swap[id(v)] for k, v in by_method.items()},
             {k: swap[id(v)] for k, v in by_service.items()},
@@ -168,10 +173,16 @@ def _parse_method_configs(
         wait_for_ready = None
         if "waitForReady" in entry:
             wait_for_ready = boolean(entry["waitForReady"], f"{entry_path}.waitForReady")
+        if "retryPolicy" in entry and "hedgingPolicy" in entry:
+            fail(entry_path, "retryPolicy and hedgingPolicy both given: a method is retried or hedged, not both "
+                 "(gRFC A6); keep one")
         retry = None
         if "retryPolicy" in entry:
             retry = parse_retry_policy(entry["retryPolicy"], f"{entry_path}.retryPolicy")
-        mc = MethodConfig(timeout=timeout, retry_policy=retry, wait_for_ready=wait_for_ready)
+        hedging = None
+        if "hedgingPolicy" in entry:
+            hedging = parse_hedging_policy(entry["hedgingPolicy"], f"{entry_path}.hedgingPolicy")
+        mc = MethodConfig(timeout=timeout, retry_policy=retry, wait_for_ready=wait_for_ready, hedging_policy=hedging)
         configs.append(mc)
         for service, method in names:
             if not service:

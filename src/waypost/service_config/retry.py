@@ -48,7 +48,7 @@ def parse_retry_policy(value: Any, path: str) -> RetryPolicy:
     initial = duration(value["initialBackoff"], f"{path}.initialBackoff")
     maximum = duration(value["maxBackoff"], f"{path}.maxBackoff")
     multiplier = positive_number(value["backoffMultiplier"], f"{path}.backoffMultiplier")
-    codes = _status_codes(value["retryableStatusCodes"], f"{path}.retryableStatusCodes")
+    codes = status_codes(value["retryableStatusCodes"], f"{path}.retryableStatusCodes")
     if grpc.StatusCode.UNAVAILABLE not in codes:
         names = ", ".join(sorted(c.name for c in codes))
         warn_config(f"waypost: service config: {path}.retryableStatusCodes: [{names}] lacks UNAVAILABLE: retries "
@@ -78,9 +78,12 @@ def shortcut_retry_policy(retries: Any) -> RetryPolicy | None:
                        retryable_status_codes=frozenset({grpc.StatusCode.UNAVAILABLE}))
 
 
-def _status_codes(value: Any, path: str) -> frozenset[grpc.StatusCode]:
-    if not isinstance(value, list) or not value:
-        fail(path, f'expected a non-empty list of status codes like ["UNAVAILABLE"], got {describe_value(value)}')
+def status_codes(value: Any, path: str, *, allow_empty: bool = False, what: str = "retryable status code",
+                 why_not_ok: str = "retries follow failures") -> frozenset[grpc.StatusCode]:
+    """A list of status codes (names or numbers); OK is refused (``what``, ``why_not_ok`` say why)."""
+    if not isinstance(value, list) or (not value and not allow_empty):
+        kind = "a list" if allow_empty else "a non-empty list"
+        fail(path, f'expected {kind} of status codes like ["UNAVAILABLE"], got {describe_value(value)}')
     codes = set()
     for k, item in enumerate(value):
         item_path = f"{path}[{k}]"
@@ -96,7 +99,7 @@ def _status_codes(value: Any, path: str) -> frozenset[grpc.StatusCode]:
         else:
             fail(item_path, f'expected a status code name like "UNAVAILABLE" or a number, got {describe_value(item)}')
         if code is grpc.StatusCode.OK:
-            fail(item_path, "OK is not a retryable status code (retries follow failures)")
+            fail(item_path, f"OK is not a {what} ({why_not_ok})")
         codes.add(code)
     return frozenset(codes)
 
