@@ -116,7 +116,7 @@ def _s(name: str, *phases: Phase, begin_at: float = 0.0) -> Server:
 SCENARIOS: tuple[Scenario, ...] = (
     Scenario("simplest_possible_case",
              (_s("fast", Phase(latency=0.6)), _s("medium", Phase(latency=0.8)), _s("slightly_slow", Phase(latency=1.0))),
-             rate=11, duration=1200, clients=10, f=0.05, r=1.0, play=200,
+             rate=11, duration=1200, clients=10, f=0.2, r=1.0, play=50,
              best=Best("CONCURRENCY_LIMITER_ROUND_ROBIN", 100.0, 0.785757575)),
     Scenario("slow_503s_then_revert",
              (_s("fast", Phase(latency=0.06, capacity=60)),

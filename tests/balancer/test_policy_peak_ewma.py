@@ -140,8 +140,10 @@ def test_a_failed_call_never_makes_a_backend_look_fast_and_adds_a_penalty():
     assert p.snapshot()["a"]["load"] > 0.100 * 10  # the penalty: ten calls' worth (failure.FAILURE_WEIGHT)
     sample(p, "a", 0.500, code=grpc.StatusCode.UNAVAILABLE)  # a slow failure is a peak like any slow call
     assert est(p, "a") == pytest.approx(0.500)
-    sample(p, "b", 0.001, code=grpc.StatusCode.NOT_FOUND)  # the request's fault, not the backend's
-    assert est(p, "b") == pytest.approx(0.001)  # the first reply sets the estimate
+    sample(p, "b", 0.001, code=grpc.StatusCode.NOT_FOUND)  # the request's fault: it says "slow" at most
+    assert est(p, "b") == pytest.approx(peak_ewma.DEFAULT_RTT)
+    sample(p, "b", 0.002)
+    assert est(p, "b") == pytest.approx(0.002)  # the first reply sets the estimate
 
 
 def test_a_never_measured_backend_is_free_while_idle_then_gets_one_call_at_a_time():

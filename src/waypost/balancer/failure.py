@@ -15,6 +15,11 @@ how calls end into load, for every policy that plugs it into its ``done`` hook a
   lower bound of the backend's latency (it has been outstanding that long): a backend that accepts calls and never
   answers (a black hole) looks slower and slower, instead of looking as fast as its last answers while its
   estimate decays. (The second, not the first: one long-lived stream must not make a backend look silent.)
+- **request errors count a little.** A code about the request (INVALID_ARGUMENT, NOT_FOUND, ...: neither OK nor a
+  failure) is an answer, but adds ``REQUEST_ERROR_WEIGHT`` (a hundredth of a failure, as dialogue weighs 4xx
+  against 5xx) and its latency is sampled only when it raises the estimate: a backend that rejects every call in
+  20 ms (a bad deploy answering "invalid") must not look faster than the ones doing the work, while the background
+  rate of request errors a healthy backend returns, among its successes, costs it nothing;
 - **the caller's own ends do not count.** CANCELLED (the caller cancelled, a retry dropped its pick) is neither a
   success nor a failure: no penalty, no latency sample. DEADLINE_EXCEEDED after less than the backend's usual
   latency (the caller's deadline was too short for any backend) is the same; after longer, it is a failure.
@@ -44,6 +49,7 @@ __all__ = ["FAILURE_MEMORY", "FAILURE_WEIGHT", "PUSHBACK_KEY", "PUSHBACK_STOP", 
 
 FAILURE_WEIGHT = 10.0  # in-flight units a failure adds (dialogue's FAILURE_WEIGHT)
 FAILURE_MEMORY = 10.0  # seconds: the penalty's time constant (it fades as exp(-t / FAILURE_MEMORY))
+REQUEST_ERROR_WEIGHT = FAILURE_WEIGHT / 100  # in-flight units a request error adds
 MAX_STREAK = 5  # failures in a row beyond this add no more than FAILURE_WEIGHT * 2**MAX_STREAK each
 USUAL_WEIGHT = 0.2  # weight of a new success in the usual-latency average (deadline classification)
 PUSHBACK_KEY = "grpc-retry-pushback-ms"
@@ -54,7 +60,8 @@ PUSHBACK_STOP = -1.0
 class Verdict(enum.Enum):
     """What a call's end says about its backend."""
 
-    ANSWER = "answer"  # the backend answered (OK or a code about the request, not the backend)
+    ANSWER = "answer"  # the backend answered OK
+    REJECTED = "rejected"  # the backend answered with a code about the request (INVALID_ARGUMENT, NOT_FOUND, ...)
     FAILURE = "failure"  # the backend is in trouble
     NEUTRAL = "neutral"  # the caller ended it (cancelled, or a deadline below the backend's usual latency)
 
@@ -110,11 +117,14 @@ class BackendFailures:
         if code is grpc.StatusCode.DEADLINE_EXCEEDED:
             usual = self.usual
             return Verdict.NEUTRAL if usual is not None and outcome.latency < usual else Verdict.FAILURE
-        return Verdict.FAILURE if is_failure(code) else Verdict.ANSWER
+        if code is grpc.StatusCode.OK:
+            return Verdict.ANSWER
+        return Verdict.FAILURE if is_failure(code) else Verdict.REJECTED
 
     def ended(self, outcome: Outcome, now: float, inflight: int) -> Verdict:
         """A call sent here ended with ``outcome`` at ``now``, leaving ``inflight`` calls here: update the state and
-        return the verdict (the policy samples latency only for ``ANSWER`` and ``FAILURE``)."""
+        return the verdict (the policy samples the latency of an ``ANSWER``, and of a ``FAILURE`` or ``REJECTED``
+        only when it raises its estimate)."""
         verdict = self.verdict(outcome)
         if verdict is Verdict.NEUTRAL:
             if inflight <= 0:  # nothing left outstanding: no silence to measure
@@ -132,6 +142,10 @@ class BackendFailures:
                 self.pushback_until = max(self.pushback_until, now + pushback)
             return verdict
         self.answered_at = now
+        if verdict is Verdict.REJECTED:
+            self._penalty = self.penalty(now) + REQUEST_ERROR_WEIGHT
+            self._stamp = now
+            return verdict
         lat = max(0.0, outcome.latency)
         self.usual = lat if self.usual is None else self.usual + USUAL_WEIGHT * (lat - self.usual)
         if sent >= self.failed_at:  # sent after the last failure: the backend works now

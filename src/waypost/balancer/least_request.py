@@ -91,6 +91,13 @@ class LeastRequestPicker(CapacityPicker["LeastRequestPolicy", _Inflight]):
         drawn = self._draw(policy.choice_count)
         now = policy.clock()
         best = self._pick_ramped(n, drawn, now) if policy.slow_start.window else self._fewest(drawn, now)
+        if n > 1 and all(i == best for i in drawn) and self._stats[best].failures.troubled(now, None):
+            # drawn every time, with replacement: a failing backend is still compared with another one
+            other = policy.rng.randrange(n - 1) if self._draws is None else self._draws.other(policy.rng, best)
+            if self._draws is None and other >= best:
+                other += 1
+            if self._fewer(other, best, now):
+                best = other
         counter = self._stats[best]
         cost = policy.costs.get(info.method, 1) if policy.costs else 1
         with policy._lock:

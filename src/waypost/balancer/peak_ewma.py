@@ -258,9 +258,10 @@ class PeakEwmaPolicy(LoadAwarePolicy[PeakEwmaStats]):
                 verdict = st.failures.ended(outcome, now, st.inflight)
                 if verdict is Verdict.ANSWER:
                     st.observe(rtt, now, self.decay)
-                elif verdict is Verdict.FAILURE:
-                    st.failed_at = now
-                    if st.sampled and rtt > st.cost:  # a failure may say "slow", never "fast" (nor set a first estimate)
+                elif verdict is not Verdict.NEUTRAL:
+                    if verdict is Verdict.FAILURE:
+                        st.failed_at = now
+                    if st.sampled and rtt > st.cost:  # an error may say "slow", never "fast" (nor set a first estimate)
                         st.observe(rtt, now, self.decay)
 
         return done
