@@ -17,9 +17,11 @@ best case plus best case x in flight / capacity, 5x beyond capacity). A black ho
 answers; the calls carry a deadline ending at dialogue's ``abortAfter``, and, as dialogue's ``client_mean`` counts
 only the responses received, a call ending in DEADLINE_EXCEEDED counts as a failure and not in the mean.
 
-Time is compressed by each scenario's factor ``f`` (durations, latencies and schedules x f, request rates / f;
+Real calls per second stay at or below ~150 (the clients share a loaded 2-core machine: a client loop that cannot
+keep up sends late, reported as ``send_lag_s``). Time is compressed by each scenario's factor ``f`` (durations, latencies and schedules x f, request rates / f;
 with a rate factor ``r`` the rates are x r, so the calls in flight are x r of dialogue's): the latencies printed
-are divided by f, in dialogue's seconds. What is not compressed: the policies' own time constants (peak_ewma's
+are divided by f, in dialogue's seconds, as is ``floor``: the mean latency of a call to a server that answers at
+once, measured before each run (the loopback RPC cost in every latency here; dialogue's simulation has none). What is not compressed: the policies' own time constants (peak_ewma's
 10 s decay, the failure penalty's 10 s memory), which therefore span more of a compressed scenario than they
 would of dialogue's.
 
@@ -32,13 +34,16 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import contextlib
 import json
+import multiprocessing
 import os
 import random
 import statistics
 import sys
 import time
 from dataclasses import dataclass, field
+from multiprocessing.connection import Connection
 from pathlib import Path
 from typing import Any
 
@@ -62,6 +67,7 @@ EXHAUSTED = grpc.StatusCode.RESOURCE_EXHAUSTED  # HTTP 429
 INVALID = grpc.StatusCode.INVALID_ARGUMENT  # HTTP 400
 SERVICE = "waypost.test.Echo"
 FOREVER = 1e9  # dialogue's one-day black hole
+FLOOR_CALLS = 50
 
 
 @dataclass(frozen=True)
@@ -122,56 +128,56 @@ SCENARIOS: tuple[Scenario, ...] = (
              (_s("fast", Phase(latency=0.06, capacity=60)),
               _s("slow_failures_then_revert", Phase(latency=0.06, capacity=60),
                  Phase(at=3, code=UNAVAILABLE, latency=1.0, capacity=60), Phase(at=10, latency=0.06, capacity=60))),
-             rate=200, duration=15, clients=10, f=0.5, r=0.5,
+             rate=200, duration=15, clients=10, f=0.5, r=0.3,
              best=Best("CONCURRENCY_LIMITER_ROUND_ROBIN", 100.0, 0.088828705)),
     Scenario("fast_503s_then_revert",
              (_s("normal", Phase(latency=0.12)),
               _s("fast_503s_then_revert", Phase(latency=0.12), Phase(at=3, code=UNAVAILABLE, latency=0.0),
                  Phase(at=60, latency=0.12))),
-             rate=500, duration=90, clients=10, f=0.1, r=0.06,
+             rate=500, duration=90, clients=10, f=0.1, r=0.03,
              best=Best("CONCURRENCY_LIMITER_PIN_UNTIL_ERROR", 100.0, 0.120012009)),
     Scenario("fast_400s_then_revert",
              (_s("normal", Phase(latency=0.12)),
               _s("fast_400s_then_revert", Phase(latency=0.12), Phase(at=3, code=INVALID, latency=0.02),
                  Phase(at=30, latency=0.12))),
-             rate=100, duration=60, clients=10, f=0.1, r=0.3,
+             rate=100, duration=60, clients=10, f=0.1, r=0.15,
              best=Best("CONCURRENCY_LIMITER_ROUND_ROBIN", 93.6, 0.113583333)),
     Scenario("short_outage_on_one_node",
              (_s("stable", Phase(latency=2.0)),
               _s("has_short_outage", Phase(latency=2.0), Phase(at=30, code=INTERNAL, latency=0.0),
                  Phase(at=50, latency=2.0))),
-             rate=20, duration=80, clients=1, f=0.1, r=1.0,
+             rate=20, duration=80, clients=1, f=0.1, r=0.75,
              best=Best("CONCURRENCY_LIMITER_PIN_UNTIL_ERROR", 99.8, 18.248406257)),
     Scenario("drastic_slowdown",
              (_s("fast", Phase(latency=0.06, capacity=60)),
               _s("fast_then_slow_then_fast", Phase(latency=0.06, capacity=60), Phase(at=3, latency=10.0, capacity=60),
                  Phase(at=10, latency=0.06, capacity=60))),
-             rate=200, duration=20, clients=10, f=0.25, r=0.25,
+             rate=200, duration=20, clients=10, f=0.25, r=0.18,
              best=Best("CONCURRENCY_LIMITER_ROUND_ROBIN", 100.0, 0.251969999)),
     Scenario("all_nodes_500",
              (_s("node1", Phase(code=INTERNAL, latency=0.6), Phase(at=10, latency=0.6)),
               _s("node2", Phase(code=INTERNAL, latency=0.6), Phase(at=10, latency=0.6))),
-             rate=100, duration=20, clients=10, f=0.25, r=0.5,
+             rate=100, duration=20, clients=10, f=0.25, r=0.35,
              best=Best("CONCURRENCY_LIMITER_ROUND_ROBIN", 74.1, 3.347395)),
     Scenario("black_hole",
              (_s("node1", Phase(latency=0.6)),
               _s("node2_black_hole", Phase(latency=0.6), Phase(at=3, latency=FOREVER))),
-             rate=200, duration=10, clients=10, f=0.25, r=0.5, deadline=20.0,
+             rate=200, duration=10, clients=10, f=0.25, r=0.18, deadline=20.0,
              best=Best("CONCURRENCY_LIMITER_ROUND_ROBIN", 91.5, 0.600005464)),
     Scenario("one_endpoint_dies_on_each_server",
              (_s("server_where_e1_breaks", Phase(latency=0.6), Phase(at=3, latency=0.6, per_method={"e1": INTERNAL})),
               _s("server_where_e2_breaks", Phase(latency=0.6), Phase(at=3, latency=0.6, per_method={"e2": INTERNAL}))),
-             rate=250, duration=10, clients=10, f=0.25, r=0.4, endpoints=("e1", "e2"),
+             rate=250, duration=10, clients=10, f=0.25, r=0.15, endpoints=("e1", "e2"),
              best=Best("CONCURRENCY_LIMITER_ROUND_ROBIN", 66.2, 2.0278288)),
     Scenario("live_reloading",
              (_s("always_on", Phase(latency=0.6, capacity=60)),
               _s("always_broken", Phase(code=INTERNAL, latency=0.6, capacity=60)),
               _s("added_halfway", Phase(latency=0.6, capacity=60), begin_at=5.0)),
-             rate=250, duration=10, clients=10, f=0.25, r=0.4,
+             rate=250, duration=10, clients=10, f=0.25, r=0.15,
              best=Best("CONCURRENCY_LIMITER_PIN_UNTIL_ERROR", 94.3, 7.1919248)),
     Scenario("uncommon_flakes",
              (_s("fast0", Phase(latency=0.000001, fail_rate=0.01)), _s("fast1", Phase(latency=0.000001, fail_rate=0.01))),
-             rate=1000, duration=10, clients=10, f=1.0, r=0.2, play=5,
+             rate=1000, duration=10, clients=10, f=1.0, r=0.15, play=5,
              best=Best("CONCURRENCY_LIMITER_ROUND_ROBIN", 99.0, 0.000001)),
     Scenario("one_big_spike",
              (_s("node1", Phase(latency=0.15, error_capacity=(EXHAUSTED, 100))),
@@ -246,6 +252,8 @@ class Result:
     latencies: list[float] = field(default_factory=list)  # dialogue seconds, calls answered (not timed out)
     server_calls: dict[str, int] = field(default_factory=dict)
     seconds: float = 0.0
+    floor: float = 0.0  # dialogue seconds: a call to a server that answers at once (``_floor``)
+    lag: float = 0.0  # dialogue seconds: how late the latest call was sent (the client's loop was busy)
 
     @property
     def success(self) -> float:
@@ -258,43 +266,88 @@ class Result:
     def as_json(self) -> dict[str, Any]:
         return {"scenario": self.scenario, "policy": self.policy, "sent": self.sent, "ok": self.ok,
                 "success_pct": round(self.success, 2), "mean_s": round(self.mean, 6), "codes": self.codes,
-                "server_attempts": self.server_calls, "wall_s": round(self.seconds, 2)}
+                "server_attempts": self.server_calls, "wall_s": round(self.seconds, 2),
+                "floor_s": round(self.floor, 6), "send_lag_s": round(self.lag, 4)}
 
 
-async def play(sc: Scenario, policy: str, scale: float, seed: int) -> Result:
-    """One run of ``sc`` with ``policy`` (``scale``: a further factor on the sending duration, for --quick)."""
-    f = sc.f
+async def _serve(conn: Connection, sc: Scenario, seed: int) -> None:
+    """The servers' process: ``sc``'s servers and a zero-latency one (the loopback floor), their addresses sent on
+    ``conn``; then time 0 received, the schedules run until "stop", and each server's attempts sent back."""
+    loop = asyncio.get_running_loop()
     rng = random.Random(seed)
-    t0 = time.monotonic()  # dialogue time 0 (the servers' schedules and the first call), set once connected
-    servers: list[tuple[grpc.aio.Server, ScheduledEcho, str]] = []
-    for spec in sc.servers:
+    servers: list[tuple[grpc.aio.Server, ScheduledEcho]] = []
+    addresses: list[str] = []
+    for spec in (*sc.servers, _s("floor", Phase())):
         srv = grpc.aio.server(interceptors=[AsyncLoadInterceptor()])
-        svc = ScheduledEcho(spec, t0, f, rng)
+        svc = ScheduledEcho(spec, time.monotonic(), sc.f, rng)
         echo_pb2_grpc.add_EchoServicer_to_server(svc, srv)
         port = srv.add_insecure_port("127.0.0.1:0")
         await srv.start()
-        servers.append((srv, svc, f"127.0.0.1:{port}"))
-    registry_name = f"dialogue{os.getpid()}x{seed}"
-    registry = waypost.connect(f"memory://{registry_name}")
-    publishers = {s.name: waypost.Publisher(registry, "dialogue.rpc", addr) for (_, _, addr), s in
-                  zip(servers, sc.servers, strict=True)}
-    for spec in sc.servers:
-        if spec.begin_at == 0.0:
-            await asyncio.to_thread(publishers[spec.name].start)
-    target = f"memory://{registry_name}/?key=dialogue.rpc"
+        servers.append((srv, svc))
+        addresses.append(f"127.0.0.1:{port}")
+    conn.send(addresses)
+    t0 = await loop.run_in_executor(None, conn.recv)
+    for _, svc in servers:
+        svc.t0 = t0
+    await loop.run_in_executor(None, conn.recv)  # "stop"
+    conn.send({svc.spec.name: svc.calls for _, svc in servers[:-1]})
+    for srv, _ in servers:
+        await srv.stop(0)
+
+
+def _serve_process(conn: Connection, sc: Scenario, seed: int) -> None:
+    asyncio.run(_serve(conn, sc, seed))
+
+
+async def _floor(address: str) -> float:
+    """Mean seconds of a call to a server that answers at once, through waypost (sequential): the part of every
+    latency measured here that is loopback RPC cost on this machine now, not the scenario."""
+    async with waypost.aio.dial(f"direct:///{address}") as ch:
+        stub = echo_pb2_grpc.EchoStub(ch)
+        await stub.Unary(echo_pb2.EchoRequest(), timeout=20, wait_for_ready=True)
+        times = []
+        for _ in range(FLOOR_CALLS):
+            t = time.perf_counter()
+            await stub.Unary(echo_pb2.EchoRequest(), timeout=20)
+            times.append(time.perf_counter() - t)
+    return statistics.fmean(times)
+
+
+async def play(sc: Scenario, policy: str, scale: float, seed: int) -> Result:
+    """One run of ``sc`` with ``policy`` (``scale``: a further factor on the sending duration, for --quick). The
+    servers run in a child process (their own event loop and cores' share), the clients here."""
+    f = sc.f
+    conn, child_conn = multiprocessing.get_context("spawn").Pipe()
+    child = multiprocessing.get_context("spawn").Process(target=_serve_process, args=(child_conn, sc, seed),
+                                                        daemon=True)
+    child.start()
+    loop = asyncio.get_running_loop()
     result = Result(sc.name, policy)
-    cfg = _service_config(policy, f)
-    channels = [waypost.aio.dial(target, service_config=cfg) for _ in range(sc.clients)]
+    channels: list[Any] = []
+    publishers: dict[str, Any] = {}
     try:
+        if not await loop.run_in_executor(None, conn.poll, 60):
+            raise RuntimeError("the servers' process did not start within 60 s")
+        addresses = conn.recv()
+        result.floor = await _floor(addresses[-1]) / f
+        registry_name = f"dialogue{os.getpid()}x{seed}x{time.monotonic_ns()}"
+        registry = waypost.connect(f"memory://{registry_name}")
+        publishers = {spec.name: waypost.Publisher(registry, "dialogue.rpc", addr)
+                      for spec, addr in zip(sc.servers, addresses, strict=False)}
+        for spec in sc.servers:
+            if spec.begin_at == 0.0:
+                await asyncio.to_thread(publishers[spec.name].start)
+        target = f"memory://{registry_name}/?key=dialogue.rpc"
+        cfg = _service_config(policy, f)
+        channels = [waypost.aio.dial(target, service_config=cfg) for _ in range(sc.clients)]
         stubs = [echo_pb2_grpc.EchoStub(ch) for ch in channels]
         first = sum(1 for s in sc.servers if s.begin_at == 0.0)
         give_up = time.monotonic() + 20
         # connected before time 0 (dialogue's channels exist before its first request)
         while any(len(ch.balancer.ready_addresses()) < first for ch in channels) and time.monotonic() < give_up:
             await asyncio.sleep(0.02)
-        t0 = time.monotonic() + 0.05
-        for _, svc, _ in servers:
-            svc.t0 = t0
+        t0 = time.monotonic() + 0.05  # CLOCK_MONOTONIC: the same clock in the servers' process
+        conn.send(t0)
         await asyncio.sleep(max(0.0, t0 - time.monotonic()))
         timeout = None if sc.deadline is None else sc.deadline * f
         pending: set[asyncio.Task[None]] = set()
@@ -327,6 +380,8 @@ async def play(sc: Scenario, policy: str, scale: float, seed: int) -> Result:
             delay = due - time.monotonic()
             if delay > 0:
                 await asyncio.sleep(delay)
+            else:
+                result.lag = max(result.lag, -delay / f)
             t = asyncio.ensure_future(one(i))
             pending.add(t)
             t.add_done_callback(pending.discard)
@@ -334,14 +389,21 @@ async def play(sc: Scenario, policy: str, scale: float, seed: int) -> Result:
         if pending:
             await asyncio.wait(pending)
         result.seconds = time.monotonic() - t0
-        result.server_calls = {svc.spec.name: svc.calls for _, svc, _ in servers}
+        conn.send("stop")
+        if await loop.run_in_executor(None, conn.poll, 30):
+            result.server_calls = conn.recv()
     finally:
         for ch in channels:
             await ch.close()
-        for p in publishers.values():
-            await asyncio.to_thread(p.stop)
-        for srv, _, _ in servers:
-            await srv.stop(0)
+        for pub in publishers.values():
+            await asyncio.to_thread(pub.stop)
+        if child.is_alive():
+            with contextlib.suppress(Exception):
+                conn.send("stop")
+            child.join(10)
+        if child.is_alive():
+            child.terminate()
+            child.join(5)
     return result
 
 
@@ -367,7 +429,8 @@ def main(argv: list[str] | None = None) -> int:
         ap.error(f"unknown scenario(s) {unknown}: choose from {sorted(names)}")
     scale = 0.5 if args.quick else 1.0
     rows: list[dict[str, Any]] = []
-    print(f"{'scenario':34} {'policy':14} {'success':>8} {'mean s':>8}   dialogue's best: success, mean (strategy)")
+    print(f"{'scenario':34} {'policy':14} {'success':>8} {'mean s':>8} {'floor s':>8}   dialogue's best: success, mean "
+          f"(strategy)")
     for sc in SCENARIOS:
         if sc.name not in chosen:
             continue
@@ -378,7 +441,7 @@ def main(argv: list[str] | None = None) -> int:
                                     "mean_s": sc.best.mean}
             row["time_factor"], row["rate_factor"] = sc.f, sc.r
             rows.append(row)
-            print(f"{sc.name:34} {policy:14} {res.success:7.1f}% {res.mean:8.3f}   {sc.best.success:.1f}%, "
+            print(f"{sc.name:34} {policy:14} {res.success:7.1f}% {res.mean:8.3f} {res.floor:8.3f}   {sc.best.success:.1f}%, "
                   f"{sc.best.mean:.3f} ({sc.best.strategy})  attempts {res.server_calls} codes {res.codes}",
                   flush=True)
     out = Path(args.out)
