@@ -245,3 +245,16 @@ def test_a_pushed_back_backend_gets_no_call_for_that_long_then_its_share(name):
     sim.run(10.0)  # its penalty (a failure) fades
     after = sim.run(5.0)
     assert after["b"] > 0.3 * sum(after.values()), after
+
+
+@pytest.mark.parametrize("name", POLICIES)
+def test_a_long_outage_costs_a_trial_call_now_and_then_and_a_recovery_is_seen_within_seconds(name):
+    # 12 calls a second: the others' load is low, so only a trial brings the failing backend a call
+    sim = Sim(name, {"good": healthy(0.03), "bad": failing_between(101.0, 161.0, UNAVAILABLE, 0.001, 0.03)})
+    sim.run(1.0, 1 / 12)
+    sim.run(20.0, 1 / 12)  # failing: trials 1, 2, 4, 8, 16 s apart
+    late = sim.run(40.0, 1 / 12)
+    assert late["bad"] <= 40 / failure.MAX_TRIAL_INTERVAL + 1, late
+    sim.run(failure.MAX_TRIAL_INTERVAL, 1 / 12)  # recovered at 161 s: its next trial succeeds
+    after = sim.run(10.0, 1 / 12)
+    assert after["bad"] > 0.3 * sum(after.values()), after

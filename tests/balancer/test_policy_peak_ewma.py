@@ -138,8 +138,8 @@ def test_a_failed_call_never_makes_a_backend_look_fast_and_adds_a_penalty():
     sample(p, "a", 0.001, code=grpc.StatusCode.UNAVAILABLE)
     assert est(p, "a") == pytest.approx(0.100)  # not averaged down by the fast failure
     assert p.snapshot()["a"]["load"] > 0.100 * 10  # the penalty: ten calls' worth (failure.FAILURE_WEIGHT)
-    sample(p, "a", 0.500, code=grpc.StatusCode.UNAVAILABLE)  # a slow failure is a peak like any slow call
-    assert est(p, "a") == pytest.approx(0.500)
+    sample(p, "a", 0.500, code=grpc.StatusCode.UNAVAILABLE)  # nor slow: its penalty says it fails
+    assert est(p, "a") == pytest.approx(0.100)
     sample(p, "b", 0.001, code=grpc.StatusCode.NOT_FOUND)  # the request's fault: it says "slow" at most
     assert est(p, "b") == pytest.approx(peak_ewma.DEFAULT_RTT)
     sample(p, "b", 0.002)

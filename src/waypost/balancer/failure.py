@@ -11,6 +11,10 @@ how calls end into load, for every policy that plugs it into its ``done`` hook a
   backend failing as slowly as the others succeed loses its traffic too. A success of a call *sent after* the
   last failure clears it: a backend that recovered regains its share from its first good answer (answers of calls
   sent before it started failing say nothing about now);
+- **trials.** A penalised backend not picked for ``TRIAL_INTERVAL * 2**(streak - 1)`` seconds (at most
+  ``MAX_TRIAL_INTERVAL``) wins its next comparison: one call finds out whether it recovered (its success clears the
+  penalty), however low the others' load keeps the bar. Each failed trial doubles the wait, so a backend down for
+  long costs a call every ``MAX_TRIAL_INTERVAL`` per client, and one down briefly is back within seconds;
 - **silence is latency.** From the second call picked since a backend's last answer, the age of that call is a
   lower bound of the backend's latency (it has been outstanding that long): a backend that accepts calls and never
   answers (a black hole) looks slower and slower, instead of looking as fast as its last answers while its
@@ -50,6 +54,8 @@ __all__ = ["FAILURE_MEMORY", "FAILURE_WEIGHT", "PUSHBACK_KEY", "PUSHBACK_STOP", 
 FAILURE_WEIGHT = 10.0  # in-flight units a failure adds (dialogue's FAILURE_WEIGHT)
 FAILURE_MEMORY = 10.0  # seconds: the penalty's time constant (it fades as exp(-t / FAILURE_MEMORY))
 REQUEST_ERROR_WEIGHT = FAILURE_WEIGHT / 100  # in-flight units a request error adds
+TRIAL_INTERVAL = 1.0  # seconds: the wait before a penalised backend's first trial call
+MAX_TRIAL_INTERVAL = 16.0  # seconds: ... and the longest
 MAX_STREAK = 5  # failures in a row beyond this add no more than FAILURE_WEIGHT * 2**MAX_STREAK each
 USUAL_WEIGHT = 0.2  # weight of a new success in the usual-latency average (deadline classification)
 PUSHBACK_KEY = "grpc-retry-pushback-ms"
@@ -87,8 +93,8 @@ class BackendFailures:
     """The failure state of one backend; the owning policy calls ``picked`` and ``ended`` under its lock and reads
     ``penalty``, ``silence`` and ``pushed_back`` in its comparison."""
 
-    __slots__ = ("_penalty", "_stamp", "answered_at", "failed_at", "pending", "pushback_until", "quiet_since",
-                 "streak", "usual")
+    __slots__ = ("_penalty", "_stamp", "answered_at", "failed_at", "pending", "picked_at", "pushback_until",
+                 "quiet_since", "streak", "usual")
 
     def __init__(self) -> None:
         self._penalty = 0.0  # in-flight units at time _stamp
@@ -97,6 +103,7 @@ class BackendFailures:
         self.failed_at = -math.inf  # clock of the last failure
         self.answered_at = -math.inf  # clock of the last answer
         self.pending = 0  # calls picked since the last answer
+        self.picked_at = -math.inf  # clock of the last pick
         self.quiet_since: float | None = None  # when the second of those was picked (see the module doc)
         self.pushback_until = -math.inf
         self.usual: float | None = None  # seconds: average latency of the answers
@@ -105,6 +112,7 @@ class BackendFailures:
 
     def picked(self, now: float) -> None:
         """A call was sent here at ``now``."""
+        self.picked_at = now
         self.pending += 1
         if self.pending == 2:
             self.quiet_since = now
@@ -123,8 +131,8 @@ class BackendFailures:
 
     def ended(self, outcome: Outcome, now: float, inflight: int) -> Verdict:
         """A call sent here ended with ``outcome`` at ``now``, leaving ``inflight`` calls here: update the state and
-        return the verdict (the policy samples the latency of an ``ANSWER``, and of a ``FAILURE`` or ``REJECTED``
-        only when it raises its estimate)."""
+        return the verdict (the policy samples the latency of an ``ANSWER``, of a ``REJECTED`` only when it raises
+        its estimate, of a ``FAILURE`` never)."""
         verdict = self.verdict(outcome)
         if verdict is Verdict.NEUTRAL:
             if inflight <= 0:  # nothing left outstanding: no silence to measure
@@ -161,6 +169,14 @@ class BackendFailures:
             return 0.0
         return p * math.exp(-max(0.0, now - self._stamp) / FAILURE_MEMORY)
 
+    def trial_due(self, now: float) -> bool:
+        """Whether this penalised backend has waited long enough for a trial call (see the module doc)."""
+        streak = self.streak
+        if streak == 0 or self.pushed_back(now):
+            return False
+        wait = min(MAX_TRIAL_INTERVAL, TRIAL_INTERVAL * 2 ** min(streak - 1, 10))
+        return now - max(self.picked_at, self.failed_at) >= wait
+
     def silence(self, now: float) -> float:
         """Seconds a call has been outstanding here without any answer since it was sent (0: none); a lower bound
         of this backend's latency now."""
@@ -181,8 +197,12 @@ class BackendFailures:
 
 
 def prefer_second(first: BackendFailures, second: BackendFailures, now: float) -> bool | None:
-    """Pushback decides a comparison before load: True/False when exactly one of the two pushed back (take the
-    other), None when it does not decide."""
+    """What decides a comparison before load: a trial that is due (take that one), else pushback (take the one that
+    did not push back). True: take ``second``; False: take ``first``; None: compare the loads."""
+    if first.trial_due(now):
+        return False
+    if second.trial_due(now):
+        return True
     a, b = first.pushed_back(now), second.pushed_back(now)
     if a == b:
         return None

@@ -29,8 +29,9 @@ works with any backend:
   first reply, and that reply sets its estimate (a slow first reply replaces it at once). Never above
   ``defaultRtt``: failing or slow peers do not make a newcomer look slow;
 - failures (``failure``): a failed call adds a fading penalty in in-flight units (``load = estimate * (in flight
-  + 1) + reference * penalty``, the reference being the larger latency of the pair compared), its latency is
-  sampled only when it raises the estimate (a backend that fails fast must not look fast); the age of a call
+  + 1) + reference * penalty``, the reference being the larger latency of the pair compared), its latency is not
+  sampled (a backend that fails fast must not look fast, one that fails slowly is penalised already, and neither
+  must look slow once it answers again; a request error's latency is sampled only as a peak); the age of a call
   outstanding since the backend's last answer is a lower bound of its estimate (a black hole looks slower every
   second); cancelled calls and deadlines below the backend's usual latency are not sampled at all; a backend that
   sent ``grpc-retry-pushback-ms`` loses every comparison with one that did not, for that long.
@@ -258,11 +259,10 @@ class PeakEwmaPolicy(LoadAwarePolicy[PeakEwmaStats]):
                 verdict = st.failures.ended(outcome, now, st.inflight)
                 if verdict is Verdict.ANSWER:
                     st.observe(rtt, now, self.decay)
-                elif verdict is not Verdict.NEUTRAL:
-                    if verdict is Verdict.FAILURE:
-                        st.failed_at = now
-                    if st.sampled and rtt > st.cost:  # an error may say "slow", never "fast" (nor set a first estimate)
-                        st.observe(rtt, now, self.decay)
+                elif verdict is Verdict.FAILURE:  # its penalty says enough; its latency, fast or slow, is not a reply's
+                    st.failed_at = now
+                elif verdict is Verdict.REJECTED and st.sampled and rtt > st.cost:
+                    st.observe(rtt, now, self.decay)  # a request error may say "slow", never "fast"
 
         return done
 
