@@ -263,9 +263,16 @@ class Result:
     def mean(self) -> float:
         return statistics.fmean(self.latencies) if self.latencies else float("nan")
 
+    def quantile(self, q: float) -> float:
+        if not self.latencies:
+            return float("nan")
+        ordered = sorted(self.latencies)
+        return ordered[min(len(ordered) - 1, int(q * len(ordered)))]
+
     def as_json(self) -> dict[str, Any]:
         return {"scenario": self.scenario, "policy": self.policy, "sent": self.sent, "ok": self.ok,
-                "success_pct": round(self.success, 2), "mean_s": round(self.mean, 6), "codes": self.codes,
+                "success_pct": round(self.success, 2), "mean_s": round(self.mean, 6),
+                "p50_s": round(self.quantile(0.5), 6), "p99_s": round(self.quantile(0.99), 6), "codes": self.codes,
                 "server_attempts": self.server_calls, "wall_s": round(self.seconds, 2),
                 "floor_s": round(self.floor, 6), "send_lag_s": round(self.lag, 4)}
 

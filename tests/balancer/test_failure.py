@@ -65,11 +65,11 @@ def test_a_penalty_grows_with_failures_in_a_row_fades_and_a_fresh_answer_clears_
     assert not f.troubled(12.0, 0.1)
 
 
-def test_request_errors_weigh_a_hundredth_of_a_failure_and_a_success_clears_them():
+def test_request_errors_weigh_a_tenth_of_a_failure_and_a_success_clears_them():
     f = BackendFailures()
     for _ in range(10):
         f.ended(Outcome(grpc.StatusCode.INVALID_ARGUMENT, 0.02), 10.0, 0)
-    assert f.penalty(10.0) == pytest.approx(failure.FAILURE_WEIGHT / 10)
+    assert f.penalty(10.0) == pytest.approx(failure.FAILURE_WEIGHT)
     assert f.streak == 0
     f.ended(Outcome(OK, 0.1), 11.0, 0)
     assert f.penalty(11.0) == 0.0
@@ -83,7 +83,7 @@ def test_a_backend_rejecting_every_call_fast_does_not_draw_the_calls(name):
                                                                   0.02, 0.1)})
     sim.run(10.0)
     during = sim.run(20.0)
-    assert during["bad"] < 0.5 * sum(during.values()), during
+    assert during["bad"] < 0.05 * sum(during.values()), during  # round robin: 50 %
 
 
 def test_silence_counts_from_the_second_call_since_the_last_answer():
