@@ -187,7 +187,7 @@ def test_a_backend_failing_as_slowly_as_the_other_succeeds_loses_its_traffic(nam
     assert during["bad"] < 0.05 * sum(during.values()), during
 
 
-@pytest.mark.parametrize("name", ["peak_ewma", "prequal"])
+@pytest.mark.parametrize("name", POLICIES)
 def test_a_black_hole_loses_its_traffic_within_a_few_call_latencies(name):
     sim = Sim(name, {"good": healthy(0.1), "hole": lambda t: None if t >= 110.0 else (OK, 0.1)})
     sim.run(10.0)

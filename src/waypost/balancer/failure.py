@@ -188,12 +188,15 @@ class BackendFailures:
         """Whether the backend asked (``grpc-retry-pushback-ms``) for no calls until after ``now``."""
         return now < self.pushback_until
 
-    def troubled(self, now: float, latency: float | None) -> bool:
-        """Whether this backend should not be chosen on other signals alone (prequal's pool): pushed back, a failure
-        penalty of a call or more, or silent for longer than twice ``latency`` (its estimate; None: unknown)."""
+    def troubled(self, now: float, latency: float | None = None) -> bool:
+        """Whether this backend should not be chosen on other signals alone (prequal's pool, least_request's draw of
+        one backend twice): pushed back, a failure penalty of a call or more, or silent for longer than twice
+        ``latency`` (the policy's estimate; None: the average latency of its answers here, if any)."""
         if self.pushed_back(now) or self.penalty(now) >= 1.0:
             return True
         s = self.silence(now)
+        if latency is None:
+            latency = self.usual
         return s > 0.0 and latency is not None and s > 2.0 * latency
 
 

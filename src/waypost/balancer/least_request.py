@@ -9,7 +9,8 @@ the weights. Weight 0 drains. In-flight counts are kept in the policy by address
 
 Failures (``failure``): a backend's recent failures count as more calls in flight (a penalty that fades, cleared by
 an answer to a call sent after them), so a backend that fails fast, holding no call for long, does not draw the
-calls; one that sent ``grpc-retry-pushback-ms`` loses every comparison with one that did not, for that long;
+calls; a failing one, or one silent for over twice its usual latency (a black hole), drawn every time is compared
+with another backend all the same; one that sent ``grpc-retry-pushback-ms`` loses every comparison with one that did not, for that long;
 cancelled calls and deadlines below the backend's usual latency do not count.
 
 Thread safety: one ``threading.Lock`` per policy guards the counters' increments and decrements;
@@ -91,8 +92,8 @@ class LeastRequestPicker(CapacityPicker["LeastRequestPolicy", _Inflight]):
         drawn = self._draw(policy.choice_count)
         now = policy.clock()
         best = self._pick_ramped(n, drawn, now) if policy.slow_start.window else self._fewest(drawn, now)
-        if n > 1 and all(i == best for i in drawn) and self._stats[best].failures.troubled(now, None):
-            # drawn every time, with replacement: a failing backend is still compared with another one
+        if n > 1 and all(i == best for i in drawn) and self._stats[best].failures.troubled(now):
+            # drawn every time, with replacement: a failing (or silent) backend is still compared with another one
             other = policy.rng.randrange(n - 1) if self._draws is None else self._draws.other(policy.rng, best)
             if self._draws is None and other >= best:
                 other += 1
