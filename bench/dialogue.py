@@ -360,7 +360,8 @@ async def play(sc: Scenario, policy: str, scale: float, seed: int) -> Result:
         pending: set[asyncio.Task[None]] = set()
 
         async def one(i: int) -> None:
-            req = echo_pb2.EchoRequest(message=sc.endpoints[i % len(sc.endpoints)])
+            # call i goes out on client i % clients; each client alternates between the endpoints
+            req = echo_pb2.EchoRequest(message=sc.endpoints[(i // len(stubs)) % len(sc.endpoints)])
             start = time.perf_counter()
             try:
                 await stubs[i % len(stubs)].Unary(req, timeout=timeout)
