@@ -19,7 +19,8 @@ only the responses received, a call ending in DEADLINE_EXCEEDED counts as a fail
 
 Real calls per second stay at or below ~150 (the clients share a loaded 2-core machine: a client loop that cannot
 keep up sends late, reported as ``send_lag_s``). Time is compressed by each scenario's factor ``f`` (durations, latencies and schedules x f, request rates / f;
-with a rate factor ``r`` the rates are x r, so the calls in flight are x r of dialogue's): the latencies printed
+with a rate factor ``r`` the rates are x r, and so is the number of clients, so that each client sends at
+dialogue's rate per client and sees what a dialogue client sees, while the servers carry r of dialogue's load): the latencies printed
 are divided by f, in dialogue's seconds, as is ``floor``: the mean latency of a call to a server that answers at
 once, measured before each run (the loopback RPC cost in every latency here; dialogue's simulation has none). What is not compressed: the policies' own time constants (peak_ewma's
 10 s decay, the failure penalty's 10 s memory), which therefore span more of a compressed scenario than they
@@ -233,6 +234,12 @@ class ScheduledEcho(echo_pb2_grpc.EchoServicer):
             self.inflight -= 1
 
 
+def clients_of(sc: Scenario) -> int:
+    """dialogue's clients x the rate factor: each client sends at dialogue's rate per client, so what one client's
+    picker sees (its calls in flight, how many calls it sends before a failure comes back) is dialogue's."""
+    return max(1, round(sc.clients * sc.r))
+
+
 def _service_config(policy: str, f: float) -> dict[str, Any]:
     # dialogue retries 503 and 429 (4 retries, exponential backoff from a 250 ms slot), not 500
     return {"loadBalancingConfig": [{policy: {}}],
@@ -346,7 +353,7 @@ async def play(sc: Scenario, policy: str, scale: float, seed: int) -> Result:
                 await asyncio.to_thread(publishers[spec.name].start)
         target = f"memory://{registry_name}/?key=dialogue.rpc"
         cfg = _service_config(policy, f)
-        channels = [waypost.aio.dial(target, service_config=cfg) for _ in range(sc.clients)]
+        channels = [waypost.aio.dial(target, service_config=cfg) for _ in range(clients_of(sc))]
         stubs = [echo_pb2_grpc.EchoStub(ch) for ch in channels]
         first = sum(1 for s in sc.servers if s.begin_at == 0.0)
         give_up = time.monotonic() + 20
