@@ -135,9 +135,10 @@ class BackendFailures:
         return the verdict (the policy samples the latency of an ``ANSWER``, of a ``REJECTED`` only when it raises
         its estimate, of a ``FAILURE`` never)."""
         verdict = self.verdict(outcome)
-        if verdict is Verdict.NEUTRAL:
-            if inflight <= 0:  # nothing left outstanding: no silence to measure
-                self.pending, self.quiet_since = 0, None
+        if verdict is Verdict.NEUTRAL:  # not an answer, but one call fewer outstanding since the last answer
+            self.pending = 0 if inflight <= 0 else max(0, self.pending - 1)
+            if self.pending < 2:
+                self.quiet_since = None
             return verdict
         self.pending, self.quiet_since = 0, None
         sent = now - max(0.0, outcome.latency)
