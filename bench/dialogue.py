@@ -7,7 +7,7 @@ changes on dialogue's schedule (a status code, a latency, a finite capacity, a b
 channels as the clients, once per policy; it prints each scenario's success rate and mean latency per policy beside
 dialogue's best strategy's published figures and writes them to ``bench/results/dialogue.json``.
 
-Run: ``python bench/dialogue.py`` (a few minutes), ``--quick`` (the default policy and round_robin, shorter),
+Run: ``python bench/dialogue.py`` (a few minutes), ``--quick`` (the default policy and round_robin, half the calls),
 ``--policies peak_ewma,round_robin``, ``--scenarios black_hole,short_outage_on_one_node``.
 
 Mapping (dialogue -> gRPC): HTTP 500 -> INTERNAL (not retried, as dialogue does not), 503 -> UNAVAILABLE and
@@ -18,13 +18,14 @@ answers; the calls carry a deadline ending at dialogue's ``abortAfter``, and, as
 only the responses received, a call ending in DEADLINE_EXCEEDED counts as a failure and not in the mean.
 
 Real calls per second stay at or below ~150 (the clients share a loaded 2-core machine: a client loop that cannot
-keep up sends late, reported as ``send_lag_s``). Time is compressed by each scenario's factor ``f`` (durations, latencies and schedules x f, request rates / f;
-with a rate factor ``r`` the rates are x r, and so is the number of clients, so that each client sends at
-dialogue's rate per client and sees what a dialogue client sees, while the servers carry r of dialogue's load): the latencies printed
-are divided by f, in dialogue's seconds, as is ``floor``: the mean latency of a call to a server that answers at
-once, measured before each run (the loopback RPC cost in every latency here; dialogue's simulation has none). What is not compressed: the policies' own time constants (peak_ewma's
-10 s decay, the failure penalty's 10 s memory), which therefore span more of a compressed scenario than they
-would of dialogue's.
+keep up sends late, reported as ``send_lag_s``). Time is compressed by each scenario's factor ``f`` (durations,
+latencies and schedules x f, request rates / f); with a rate factor ``r`` the rates are x r, and so is the number
+of clients, so that each client sends at dialogue's rate per client and sees what a dialogue client sees, while the
+servers carry r of dialogue's load. The latencies printed are divided by f, in dialogue's seconds, as is
+``floor``: the mean latency of a call to a server that answers at once, measured before each run (the loopback RPC
+cost in every latency here; dialogue's simulation has none). What is not compressed: the policies' own time
+constants (peak_ewma's 10 s decay; the failure penalty's 10 s memory and its 1-16 s trial intervals), which
+therefore span more of a compressed scenario than they would of dialogue's.
 
 Not played: ``slowdown_and_error_thresholds`` and the ``server_side_rate_limits*`` scenarios (minutes to hours of
 queueing behind dialogue's client-side limiter, or sticky channels: nothing in a gRPC balancer maps onto them).
@@ -234,10 +235,11 @@ class ScheduledEcho(echo_pb2_grpc.EchoServicer):
             self.inflight -= 1
 
 
-def clients_of(sc: Scenario) -> int:
-    """dialogue's clients x the rate factor: each client sends at dialogue's rate per client, so what one client's
-    picker sees (its calls in flight, how many calls it sends before a failure comes back) is dialogue's."""
-    return max(1, round(sc.clients * sc.r))
+def clients_of(sc: Scenario, scale: float) -> int:
+    """dialogue's clients x the rate factor (x ``scale``): each client sends at dialogue's rate per client (as near
+    as whole clients allow), so what one client's picker sees (its calls in flight, how many calls it sends before
+    a failure comes back) is dialogue's."""
+    return max(1, round(sc.clients * sc.r * scale))
 
 
 def _service_config(policy: str, f: float) -> dict[str, Any]:
@@ -328,7 +330,7 @@ async def _floor(address: str) -> float:
 
 
 async def play(sc: Scenario, policy: str, scale: float, seed: int) -> Result:
-    """One run of ``sc`` with ``policy`` (``scale``: a further factor on the sending duration, for --quick). The
+    """One run of ``sc`` with ``policy`` (``scale``: a further rate factor, for --quick). The
     servers run in a child process (their own event loop and cores' share), the clients here."""
     f = sc.f
     conn, child_conn = multiprocessing.get_context("spawn").Pipe()
@@ -353,7 +355,7 @@ async def play(sc: Scenario, policy: str, scale: float, seed: int) -> Result:
                 await asyncio.to_thread(publishers[spec.name].start)
         target = f"memory://{registry_name}/?key=dialogue.rpc"
         cfg = _service_config(policy, f)
-        channels = [waypost.aio.dial(target, service_config=cfg) for _ in range(clients_of(sc))]
+        channels = [waypost.aio.dial(target, service_config=cfg) for _ in range(clients_of(sc, scale))]
         stubs = [echo_pb2_grpc.EchoStub(ch) for ch in channels]
         first = sum(1 for s in sc.servers if s.begin_at == 0.0)
         give_up = time.monotonic() + 20
@@ -384,8 +386,8 @@ async def play(sc: Scenario, policy: str, scale: float, seed: int) -> Result:
         if sc.burst is not None:
             total, interval = sc.burst, 0.0
         else:
-            rate = sc.rate * sc.r / f  # real calls per second
-            total = max(1, int(sc.rate * sc.r * (sc.play or sc.duration) * scale))
+            rate = sc.rate * sc.r * scale / f  # real calls per second
+            total = max(1, int(sc.rate * sc.r * scale * (sc.play or sc.duration)))
             interval = 1.0 / rate
         joins = sorted((s.begin_at * f + t0, s.name) for s in sc.servers if s.begin_at > 0.0)
         for i in range(total):
@@ -424,7 +426,7 @@ async def play(sc: Scenario, policy: str, scale: float, seed: int) -> Result:
 
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    ap.add_argument("--quick", action="store_true", help="the default policy and round_robin, half the sending time")
+    ap.add_argument("--quick", action="store_true", help="the default policy and round_robin, half the rate and clients")
     ap.add_argument("--policies", help="comma-separated policies (default: peak_ewma, least_request, prequal, "
                                        "round_robin)")
     ap.add_argument("--scenarios", help="comma-separated scenario names (default: all)")
