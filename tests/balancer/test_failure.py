@@ -55,9 +55,11 @@ def test_a_penalty_grows_with_failures_in_a_row_fades_and_a_fresh_answer_clears_
     f = BackendFailures()
     f.ended(Outcome(UNAVAILABLE, 0.001), 10.0, 0)
     assert f.penalty(10.0) == failure.FAILURE_WEIGHT
-    f.ended(Outcome(UNAVAILABLE, 0.001), 10.0, 0)
-    assert f.penalty(10.0) == 3 * failure.FAILURE_WEIGHT  # the second in a row weighs twice the first
-    assert f.penalty(10.0 + failure.FAILURE_MEMORY) == pytest.approx(3 * failure.FAILURE_WEIGHT / math.e)
+    f.ended(Outcome(UNAVAILABLE, 0.5), 10.0, 0)  # sent before the first failure came back: the same burst
+    assert f.penalty(10.0) == 2 * failure.FAILURE_WEIGHT and f.streak == 1
+    f.ended(Outcome(UNAVAILABLE, 0.0), 10.0, 0)  # sent after it: the second in a row weighs twice the first
+    assert f.penalty(10.0) == 4 * failure.FAILURE_WEIGHT and f.streak == 2
+    assert f.penalty(10.0 + failure.FAILURE_MEMORY) == pytest.approx(4 * failure.FAILURE_WEIGHT / math.e)
     f.ended(Outcome(OK, 5.0), 12.0, 0)  # sent at 7.0, before the failures: says nothing about now
     assert f.penalty(12.0) > 0.0
     f.ended(Outcome(OK, 0.1), 12.0, 0)  # sent at 11.9, after them: the backend works

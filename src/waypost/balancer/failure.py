@@ -5,8 +5,9 @@ A backend that fails fast has nothing in flight and a short latency, so a picker
 how calls end into load, for every policy that plugs it into its ``done`` hook and its comparison:
 
 - **a failure is a penalty in in-flight units, not a latency.** Each failed call (``stats.FAILURE_CODES``) adds
-  ``FAILURE_WEIGHT`` calls' worth of load, more for each failure in a row (``FAILURE_WEIGHT * 2**streak``, capped
-  at ``MAX_STREAK``); the penalty fades with time constant ``FAILURE_MEMORY`` (Palantir dialogue's balanced
+  ``FAILURE_WEIGHT`` calls' worth of load, twice as much for each failure in a row (``FAILURE_WEIGHT * 2**(streak
+  - 1)``, the streak capped at ``MAX_STREAK``; a failure counts in the streak when its call was sent after the
+  previous failure came back: the calls of one burst, in flight together, are one failure of the streak); the penalty fades with time constant ``FAILURE_MEMORY`` (Palantir dialogue's balanced
   channel adds 10 in-flight units per failure fading over 30 s). It is the same whatever the failure's latency: a
   backend failing as slowly as the others succeed loses its traffic too. A success of a call *sent after* the
   last failure clears it: a backend that recovered regains its share from its first good answer (answers of calls
@@ -143,9 +144,10 @@ class BackendFailures:
         self.pending, self.quiet_since = 0, None
         sent = now - max(0.0, outcome.latency)
         if verdict is Verdict.FAILURE:
-            self._penalty = self.penalty(now) + FAILURE_WEIGHT * 2 ** min(self.streak, MAX_STREAK)
+            if self.streak == 0 or sent >= self.failed_at:  # a new chance failed; not one more of a burst in flight
+                self.streak += 1
+            self._penalty = self.penalty(now) + FAILURE_WEIGHT * 2 ** min(self.streak - 1, MAX_STREAK)
             self._stamp = now
-            self.streak += 1
             self.failed_at = now
             pushback = outcome.pushback
             if pushback is not None and pushback >= 0.0:
