@@ -7,8 +7,9 @@ how calls end into load, for every policy that plugs it into its ``done`` hook a
 - **a failure is a penalty in in-flight units, not a latency.** Each failed call (``stats.FAILURE_CODES``) adds
   ``FAILURE_WEIGHT`` calls' worth of load, twice as much for each failure in a row (``FAILURE_WEIGHT * 2**(streak
   - 1)``, the streak capped at ``MAX_STREAK``; a failure counts in the streak when its call was sent after the
-  previous failure came back: the calls of one burst, in flight together, are one failure of the streak); the penalty fades with time constant ``FAILURE_MEMORY`` (Palantir dialogue's balanced
-  channel adds 10 in-flight units per failure fading over 30 s). It is the same whatever the failure's latency: a
+  previous failure came back: the calls of one burst, in flight together, are one failure of the streak); the
+  penalty fades with time constant ``FAILURE_MEMORY`` (Palantir dialogue's balanced channel adds 10 in-flight
+  units per failure fading over 30 s). It is the same whatever the failure's latency: a
   backend failing as slowly as the others succeed loses its traffic too. A success of a call *sent after* the
   last failure clears it: a backend that recovered regains its share from its first good answer (answers of calls
   sent before it started failing say nothing about now);
@@ -21,11 +22,12 @@ how calls end into load, for every policy that plugs it into its ``done`` hook a
   answers (a black hole) looks slower and slower, instead of looking as fast as its last answers while its
   estimate decays. (The second, not the first: one long-lived stream must not make a backend look silent.)
 - **request errors count a little.** A code about the request (INVALID_ARGUMENT, NOT_FOUND, ...: neither OK nor a
-  failure) is an answer, but adds ``REQUEST_ERROR_WEIGHT`` (a tenth of a first failure: one call in flight; dialogue
-  weighs a 4xx a hundredth of a 5xx, and on dialogue's fast-400s scenario that let the rejecting backend keep 9 % of
-  the calls here, against its 6 %) and its latency is sampled only when it raises the estimate: a backend that rejects every call in
-  20 ms (a bad deploy answering "invalid") must not look faster than the ones doing the work, while the background
-  rate of request errors a healthy backend returns, among its successes, costs it nothing;
+  failure) is an answer, but adds ``REQUEST_ERROR_WEIGHT`` (a tenth of a first failure: one call in flight;
+  dialogue weighs a 4xx a hundredth of a 5xx, which in bench/dialogue.py's fast-400s scenario still let 8.8 % of
+  the calls be rejected, against dialogue's 6.4 %) and its latency is sampled only when it raises the estimate: a
+  backend that rejects every call in 20 ms (a bad deploy answering "invalid") must not look faster than the ones
+  doing the work, while the background rate of request errors a healthy backend returns, among its successes,
+  costs it nothing (a success clears the penalty);
 - **the caller's own ends do not count.** CANCELLED (the caller cancelled, a retry dropped its pick) is neither a
   success nor a failure: no penalty, no latency sample. DEADLINE_EXCEEDED after less than the backend's usual
   latency (the caller's deadline was too short for any backend) is the same; after longer, it is a failure.
@@ -95,15 +97,14 @@ class BackendFailures:
     """The failure state of one backend; the owning policy calls ``picked`` and ``ended`` under its lock and reads
     ``penalty``, ``silence`` and ``pushed_back`` in its comparison."""
 
-    __slots__ = ("_penalty", "_stamp", "answered_at", "failed_at", "pending", "picked_at", "pushback_until",
-                 "quiet_since", "streak", "usual")
+    __slots__ = ("_penalty", "_stamp", "failed_at", "pending", "picked_at", "pushback_until", "quiet_since",
+                 "streak", "usual")
 
     def __init__(self) -> None:
         self._penalty = 0.0  # in-flight units at time _stamp
         self._stamp = 0.0
         self.streak = 0  # failures since the last fresh answer
         self.failed_at = -math.inf  # clock of the last failure
-        self.answered_at = -math.inf  # clock of the last answer
         self.pending = 0  # calls picked since the last answer
         self.picked_at = -math.inf  # clock of the last pick
         self.quiet_since: float | None = None  # when the second of those was picked (see the module doc)
@@ -153,7 +154,6 @@ class BackendFailures:
             if pushback is not None and pushback >= 0.0:
                 self.pushback_until = max(self.pushback_until, now + pushback)
             return verdict
-        self.answered_at = now
         if verdict is Verdict.REJECTED:
             self._penalty = self.penalty(now) + REQUEST_ERROR_WEIGHT
             self._stamp = now

@@ -10,8 +10,8 @@ the weights. Weight 0 drains. In-flight counts are kept in the policy by address
 Failures (``failure``): a backend's recent failures count as more calls in flight (a penalty that fades, cleared by
 an answer to a call sent after them), so a backend that fails fast, holding no call for long, does not draw the
 calls; a failing one, or one silent for over twice its usual latency (a black hole), drawn every time is compared
-with another backend all the same; one that sent ``grpc-retry-pushback-ms`` loses every comparison with one that did not, for that long;
-cancelled calls and deadlines below the backend's usual latency do not count.
+with another backend all the same; one that sent ``grpc-retry-pushback-ms`` loses every comparison with one that did
+not, for that long; cancelled calls and deadlines below the backend's usual latency do not count.
 
 Thread safety: one ``threading.Lock`` per policy guards the counters' increments and decrements;
 the comparison reads them without the lock (a slightly stale count only changes a tie-break).
