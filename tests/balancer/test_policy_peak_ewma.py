@@ -119,20 +119,31 @@ def test_load_multiplies_by_in_flight_plus_one_and_penalises_a_zero_estimate():
     picker = p.build(bs("a"))
     held = [picker.pick(PickInfo()) for _ in range(3)]
     assert p.snapshot()["a"]["load"] == pytest.approx(peak_ewma.DEFAULT_RTT * 4)
-    clock.now += 10_000 * peak_ewma.DEFAULT_DECAY_TIME  # decayed to zero with 3 in flight
-    assert p.snapshot()["a"]["load"] == peak_ewma.PENALTY + 3
+    clock.now += 10_000 * peak_ewma.DEFAULT_DECAY_TIME  # decayed to zero with 3 in flight, none answered:
+    silent = 10_000 * peak_ewma.DEFAULT_DECAY_TIME  # ... the age of the calls is the estimate's floor (failure)
+    assert p.snapshot()["a"]["load"] == pytest.approx(silent * 4)
     for r in held:
         r.done(Outcome(OK, 0.01))
+    one = picker.pick(PickInfo())  # one call in flight since the last answer: no silence (it may be a stream)
+    clock.now += 10_000 * peak_ewma.DEFAULT_DECAY_TIME
+    assert p.snapshot()["a"]["load"] == peak_ewma.PENALTY + 1
+    one.done(Outcome(OK, 0.01))
     assert p.snapshot()["a"]["inflight"] == 0
 
 
-def test_a_failed_call_counts_as_slow():
+def test_a_failed_call_never_makes_a_backend_look_fast_and_adds_a_penalty():
     clock = FakeClock(1000.0)
     p = make(clock)
+    sample(p, "a", 0.100)
     sample(p, "a", 0.001, code=grpc.StatusCode.UNAVAILABLE)
-    assert est(p, "a") == pytest.approx(peak_ewma.FAILURE_RTT)
-    sample(p, "b", 0.001, code=grpc.StatusCode.NOT_FOUND)  # the request's fault, not the backend's
-    assert est(p, "b") == pytest.approx(0.001)  # the first reply sets the estimate
+    assert est(p, "a") == pytest.approx(0.100)  # not averaged down by the fast failure
+    assert p.snapshot()["a"]["load"] > 0.100 * 10  # the penalty: ten calls' worth (failure.FAILURE_WEIGHT)
+    sample(p, "a", 0.500, code=grpc.StatusCode.UNAVAILABLE)  # nor slow: its penalty says it fails
+    assert est(p, "a") == pytest.approx(0.100)
+    sample(p, "b", 0.001, code=grpc.StatusCode.NOT_FOUND)  # the request's fault: it says "slow" at most
+    assert est(p, "b") == pytest.approx(peak_ewma.DEFAULT_RTT)
+    sample(p, "b", 0.002)
+    assert est(p, "b") == pytest.approx(0.002)  # the first reply sets the estimate
 
 
 def test_a_never_measured_backend_is_free_while_idle_then_gets_one_call_at_a_time():

@@ -6,7 +6,8 @@ from __future__ import annotations
 import grpc
 import pytest
 
-from waypost.client.hedging import ChannelHedging, ExtraShare, LatencyQuantile, pushback_ms
+from waypost.balancer.failure import PUSHBACK_STOP, pushback_of
+from waypost.client.hedging import ChannelHedging, ExtraShare, LatencyQuantile
 from waypost.client.retry_throttle import RetryThrottle
 from waypost.service_config import HedgingPolicy, RetryThrottling
 
@@ -58,14 +59,14 @@ def test_pushback():
     method = _channel(clock).for_method("/a.S/M", _policy())
     assert method is not None
     plan = method.plan()
-    assert plan.failed(U, 200) is False and plan.wait() == pytest.approx(0.2)
+    assert plan.failed(U, 0.2) is False and plan.wait() == pytest.approx(0.2)
     plan = method.plan()
     assert plan.failed(U, -1) is False and plan.wait() is None
-    assert pushback_ms([("grpc-retry-pushback-ms", "250")]) == 250
-    assert pushback_ms([("grpc-retry-pushback-ms", "-5")]) == -5
-    assert pushback_ms([("grpc-retry-pushback-ms", "soon")]) == -1  # unreadable: do not retry (A6)
-    assert pushback_ms([("grpc-retry-pushback-ms", str(2**31))]) == -1
-    assert pushback_ms([("other", "1")]) is None and pushback_ms(None) is None
+    assert pushback_of([("grpc-retry-pushback-ms", "250")]) == 0.25
+    assert pushback_of([("grpc-retry-pushback-ms", "-5")]) == PUSHBACK_STOP
+    assert pushback_of([("grpc-retry-pushback-ms", "soon")]) == PUSHBACK_STOP  # unreadable: do not retry (A6)
+    assert pushback_of([("grpc-retry-pushback-ms", str(2**31))]) == PUSHBACK_STOP  # not a 32-bit integer
+    assert pushback_of([("other", "1")]) is None and pushback_of(None) is None
 
 
 def test_throttle_gates_hedges_and_counts_non_fatal_failures():

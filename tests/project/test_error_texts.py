@@ -99,6 +99,12 @@ def _type_error(call) -> str:
     return str(e.value)
 
 
+async def _serve_async_with(**kwargs: object) -> None:
+    # the grpc.aio server is made inside the loop: made outside, it asks for the thread's event loop, which an earlier
+    # test's asyncio.run may have left unset
+    await waypost.aio.serve(grpc.aio.server(), "greet.rpc", registry=None, **kwargs)  # type: ignore[arg-type]
+
+
 def test_a_misspelt_keyword_names_the_function_called_and_the_keyword_meant():
     import asyncio
 
@@ -115,7 +121,7 @@ def test_a_misspelt_keyword_names_the_function_called_and_the_keyword_meant():
         # a weight is registration metadata: the keyword it is closest to says so
         (lambda: waypost.serve(server, "greet.rpc", registry=None, wieght=3),
          "waypost.serve() got an unexpected keyword argument 'wieght'; did you mean metadata={'weight': 3}?"),
-        (lambda: asyncio.run(waypost.aio.serve(grpc.aio.server(), "greet.rpc", registry=None, grase=1.0)),
+        (lambda: asyncio.run(_serve_async_with(grase=1.0)),
          "waypost.serve_async() got an unexpected keyword argument 'grase'; did you mean 'grace'?"),
         (lambda: waypost.Publisher("memory://errors", "greet.rpc", "127.0.0.1:8080", metdata={}),
          "waypost.Publisher() got an unexpected keyword argument 'metdata'; did you mean 'metadata'?"),

@@ -42,11 +42,17 @@ class Outcome:
 
     ``trailing_metadata``: the call's trailing metadata pairs, only when the pick asked for them
     (``PickResult.wants_trailers``; otherwise None: reading them costs every call a little).
+    ``pushback``: a failed call's ``grpc-retry-pushback-ms`` trailer in seconds (``failure.pushback_of``: None when
+    absent, ``failure.PUSHBACK_STOP`` when negative or malformed); read on failures only.
+
+    CANCELLED is the caller's end (it cancelled, or a retry dropped the pick); DEADLINE_EXCEEDED's latency is what the
+    caller's deadline allowed: ``failure.BackendFailures.verdict`` tells them from the backend's failures.
     """
 
     code: grpc.StatusCode = grpc.StatusCode.OK
     latency: float = 0.0
     trailing_metadata: Sequence[tuple[str, str | bytes]] | None = None
+    pushback: float | None = None
 
 
 DoneHook = Callable[[Outcome], None]

@@ -7,6 +7,12 @@ the first one drawn, a backend with probability its weight's share, is taken; un
 the weights. Weight 0 drains. In-flight counts are kept in the policy by address, so they survive rebuilds, and a
 ``done`` from an older picker still decrements the right counter.
 
+Failures (``failure``): a backend's recent failures count as more calls in flight (a penalty that fades, cleared by
+an answer to a call sent after them), so a backend that fails fast, holding no call for long, does not draw the
+calls; a failing one, or one silent for over twice its usual latency (a black hole), drawn every time is compared
+with another backend all the same; one that sent ``grpc-retry-pushback-ms`` loses every comparison with one that did
+not, for that long; cancelled calls and deadlines below the backend's usual latency do not count.
+
 Thread safety: one ``threading.Lock`` per policy guards the counters' increments and decrements;
 the comparison reads them without the lock (a slightly stale count only changes a tie-break).
 
@@ -26,6 +32,7 @@ from ..types import Backend
 from . import method_costs, p2c, slow_start
 from .base import DoneHook, Outcome, Picker, PickInfo, PickResult
 from .config_fields import policy_config
+from .failure import BackendFailures, prefer_second
 from .load_aware import LoadAwarePolicy
 from .weights import CapacityPicker, all_drained
 
@@ -40,21 +47,26 @@ CONFIG_FIELDS = {"choiceCount", method_costs.FIELD, slow_start.FIELD}
 
 
 class _Inflight:
-    __slots__ = ("born", "count")
+    __slots__ = ("born", "count", "failures")
 
     def __init__(self, born: float = slow_start.NOT_RAMPING) -> None:
         self.count = 0  # calls in flight, each counted at its method's cost
         self.born = born  # when its slow start began
+        self.failures = BackendFailures()
 
 
 class LeastRequestPicker(CapacityPicker["LeastRequestPolicy", _Inflight]):
     """``_stats``: each backend's calls in flight (``_Inflight``)."""
 
-    def _fewer(self, i: int, best: int) -> bool:
-        """Whether ``i`` has fewer calls in flight than ``best``; when the weights differ, calls / weight compared
-        (cross-multiplied: exact integers)."""
+    def _fewer(self, i: int, best: int, now: float) -> bool:
+        """Whether ``i`` has fewer calls in flight than ``best``, failure penalties included; when the weights
+        differ, calls / weight compared (cross-multiplied). A backend that pushed back loses to one that did not."""
+        si, sb = self._stats[i], self._stats[best]
+        pushed = prefer_second(sb.failures, si.failures, now)
+        if pushed is not None:
+            return pushed
         w = self._weights
-        ci, cb = self._stats[i].count, self._stats[best].count
+        ci, cb = si.count + si.failures.penalty(now), sb.count + sb.failures.penalty(now)
         return ci < cb if w is None else ci * w[best] < cb * w[i]
 
     def _draw(self, count: int) -> list[int]:
@@ -62,11 +74,11 @@ class LeastRequestPicker(CapacityPicker["LeastRequestPolicy", _Inflight]):
         rng = self._policy.rng
         return p2c.choices(rng, len(self._backends), count) if self._draws is None else self._draws.choices(rng, count)
 
-    def _fewest(self, drawn: Sequence[int]) -> int:
+    def _fewest(self, drawn: Sequence[int], now: float) -> int:
         """The draw with the fewest calls in flight (the first drawn on ties)."""
         best = drawn[0]
         for i in drawn[1:]:
-            if self._fewer(i, best):
+            if self._fewer(i, best, now):
                 best = i
         return best
 
@@ -78,24 +90,32 @@ class LeastRequestPicker(CapacityPicker["LeastRequestPolicy", _Inflight]):
             raise NoBackendAvailable("least_request: no READY backend")
         policy = self._policy
         drawn = self._draw(policy.choice_count)
-        best = self._pick_ramped(n, drawn) if policy.slow_start.window else self._fewest(drawn)
+        now = policy.clock()
+        best = self._pick_ramped(n, drawn, now) if policy.slow_start.window else self._fewest(drawn, now)
+        if n > 1 and all(i == best for i in drawn) and self._stats[best].failures.troubled(now):
+            # drawn every time, with replacement: a failing (or silent) backend is still compared with another one
+            other = policy.rng.randrange(n - 1) if self._draws is None else self._draws.other(policy.rng, best)
+            if self._draws is None and other >= best:
+                other += 1
+            if self._fewer(other, best, now):
+                best = other
         counter = self._stats[best]
         cost = policy.costs.get(info.method, 1) if policy.costs else 1
         with policy._lock:
             counter.count += cost
+            counter.failures.picked(now)
         return PickResult(self._backends[best], policy._done_hook(counter, cost))
 
-    def _pick_ramped(self, n: int, drawn: Sequence[int]) -> int:
+    def _pick_ramped(self, n: int, drawn: Sequence[int], now: float) -> int:
         """The choice with slow start on: the same draws, compared among the admitted ones. When none is (every draw
         is a ramping backend, e.g. the same one drawn twice), up to ``choiceCount`` more single draws, the first
         admitted one taken (else the last): comparing the rejected draws anyway would hand a ramping backend
         every pick where it is all that was drawn (1/16 of the picks with 4 backends and 2 draws)."""
         policy = self._policy
-        now = policy.clock()
         ramp = policy.slow_start
         admitted = [i for i in drawn if ramp.admits(self._stats[i].born, now)]
         if admitted:
-            return self._fewest(admitted)
+            return self._fewest(admitted, now)
         i = drawn[-1]
         for _ in range(policy.choice_count):
             i = policy.rng.randrange(n) if self._draws is None else self._draws.draw(policy.rng)
@@ -141,8 +161,10 @@ class LeastRequestPolicy(LoadAwarePolicy[_Inflight]):
 
     def _done_hook(self, counter: _Inflight, cost: int = 1) -> DoneHook:
         def done(outcome: Outcome) -> None:
+            now = self.clock()
             with self._lock:
                 counter.count -= cost
+                counter.failures.ended(outcome, now, counter.count)
 
         return done
 

@@ -28,8 +28,13 @@ works with any backend:
   theirs; at its peers' median it is tried at once, its calls in flight limit how many it gets before its
   first reply, and that reply sets its estimate (a slow first reply replaces it at once). Never above
   ``defaultRtt``: failing or slow peers do not make a newcomer look slow;
-- a failed call (``stats.FAILURE_CODES``) is sampled as at least ``FAILURE_RTT`` seconds: a backend that
-  fails fast must not look fast.
+- failures (``failure``): a failed call adds a fading penalty in in-flight units (``load = estimate * (in flight
+  + 1) + reference * penalty``, the reference being the larger latency of the pair compared), its latency is not
+  sampled (a backend that fails fast must not look fast, one that fails slowly is penalised already, and neither
+  must look slow once it answers again; a request error's latency is sampled only as a peak); the age of a call
+  outstanding since the backend's last answer is a lower bound of its estimate (a black hole looks slower every
+  second); cancelled calls and deadlines below the backend's usual latency are not sampled at all; a backend that
+  sent ``grpc-retry-pushback-ms`` loses every comparison with one that did not, for that long.
 
 A pick draws two distinct backends at random and takes the lower load (one backend: it). When the weights differ
 the two are drawn by weight, with replacement; one drawn twice is taken, unless a call failed there within
@@ -62,15 +67,14 @@ from ..types import Backend
 from . import method_costs, p2c, slow_start
 from .base import BackendSignal, DoneHook, Outcome, Picker, PickInfo, PickResult
 from .config_fields import policy_config
+from .failure import BackendFailures, Verdict, prefer_second
 from .load_aware import LoadAwarePolicy
-from .stats import is_failure
 from .weights import CapacityPicker, all_drained
 
 log = logging.getLogger("waypost.balancer.peak_ewma")
 
 DEFAULT_DECAY_TIME = 10.0  # seconds: the window latency is observed over (Linkerd's default)
 DEFAULT_RTT = 0.030  # seconds: the estimate of a backend never sampled (Linkerd's default)
-FAILURE_RTT = 1.0  # seconds: the least latency a failed call is sampled as
 PENALTY = 1e6  # load of a backend whose estimate decayed to zero while it has calls in flight
 DURATION_FIELDS = {"decayTime", "defaultRtt"}
 #: the fields a policy built on this one (prequal) passes on to it
@@ -82,7 +86,7 @@ LOG_INTERVAL = 60.0  # seconds between statistics lines
 class PeakEwmaStats:
     """What peak_ewma knows about one backend."""
 
-    __slots__ = ("address", "born", "cost", "failed_at", "inflight", "requests", "sampled", "stamp")
+    __slots__ = ("address", "born", "cost", "failed_at", "failures", "inflight", "requests", "sampled", "stamp")
 
     def __init__(self, address: str, now: float, start_rtt: float, born: float = slow_start.NOT_RAMPING) -> None:
         self.address = address
@@ -93,21 +97,29 @@ class PeakEwmaStats:
         self.requests = 0  # picks since the last statistics line
         self.sampled = False  # True once a call has ended here
         self.failed_at = -math.inf  # clock of the last failed call here
+        self.failures = BackendFailures()
 
     def estimate(self, now: float, decay: float) -> float:
         """The latency estimate at ``now``: decayed towards zero since the last sample."""
         return self.cost * math.exp(-max(0.0, now - self.stamp) / decay)
 
-    def load(self, now: float, decay: float, units: float | None = None) -> float:
-        """``estimate * (in flight + 1)``; with ``units`` (weights differ: ``weights.Capacity``) the calls in flight
-        are counted per unit of capacity, ``in flight / units``."""
+    def latency(self, now: float, decay: float) -> float:
+        """The estimate, at least the age of a call outstanding since the last answer (``failure``: silence)."""
+        return max(self.estimate(now, decay), self.failures.silence(now))
+
+    def load(self, now: float, decay: float, units: float | None = None, ref: float = 0.0) -> float:
+        """``latency * (in flight + 1) + max(latency, ref) * failure penalty``; with ``units`` (weights differ:
+        ``weights.Capacity``) the calls in flight are counted per unit of capacity, ``in flight / units``. ``ref``:
+        the other candidate's latency (a penalty counts at the pair's larger latency: a failing backend's own
+        estimate fades while it gets no calls, its penalty must not fade with it)."""
         queue = self.inflight if units is None else self.inflight / units
+        penalty = self.failures.penalty(now)
         if not self.sampled:  # never measured: free while idle (measured at once), then one call at a time
-            return PENALTY + queue if self.inflight else 0.0
-        est = self.estimate(now, decay)
+            return (PENALTY + queue if self.inflight else 0.0) + penalty * ref
+        est = self.latency(now, decay)
         if est == 0.0 and self.inflight:
-            return PENALTY + queue
-        return est * (queue + 1)
+            return PENALTY + queue + penalty * ref
+        return est * (queue + 1) + max(est, ref) * penalty
 
     def observe(self, rtt: float, now: float, decay: float) -> None:
         if rtt > self.cost or not self.sampled:  # a peak, or the first measurement: it replaces a mere guess
@@ -132,11 +144,17 @@ class PeakEwmaPicker(CapacityPicker["PeakEwmaPolicy", PeakEwmaStats]):
         return self._drained
 
     def _lighter(self, j: int, i: int, now: float, decay: float) -> bool:
-        """Whether backend ``j``'s load is below ``i``'s (per unit of capacity when the weights differ)."""
+        """Whether backend ``j``'s load is below ``i``'s (per unit of capacity when the weights differ); a backend
+        that pushed back loses to one that did not (``failure``)."""
+        si, sj = self._stats[i], self._stats[j]
+        pushed = prefer_second(si.failures, sj.failures, now)
+        if pushed is not None:
+            return pushed
+        ref = max(si.latency(now, decay), sj.latency(now, decay))
         u = self._units
         if u is None:
-            return self._stats[j].load(now, decay) < self._stats[i].load(now, decay)
-        return p2c.prefer(self._policy.rng, self._stats[i].load(now, decay, u[i]), self._stats[j].load(now, decay, u[j]))
+            return sj.load(now, decay, ref=ref) < si.load(now, decay, ref=ref)
+        return p2c.prefer(self._policy.rng, si.load(now, decay, u[i], ref), sj.load(now, decay, u[j], ref))
 
     def _weighted_pair(self, now: float, decay: float) -> tuple[int, int]:
         """Weighted P2C's candidates (``weights.Capacity``): two draws by weight; a backend drawn twice where a call
@@ -165,9 +183,10 @@ class PeakEwmaPicker(CapacityPicker["PeakEwmaPolicy", PeakEwmaStats]):
             raise NoBackendAvailable("peak_ewma: no READY backend")
         policy = self._policy
         i = 0
+        now = policy.clock()
         with policy._lock:
             if n > 1:
-                now, decay = policy.clock(), policy.decay
+                decay = policy.decay
                 i, j = p2c.pair(policy.rng, n) if self._draws is None else self._weighted_pair(now, decay)
                 si, sj = self._stats[i], self._stats[j]
                 only = policy.slow_start.only_admitted(si.born, sj.born, now)
@@ -178,6 +197,7 @@ class PeakEwmaPicker(CapacityPicker["PeakEwmaPolicy", PeakEwmaStats]):
             chosen = self._stats[i]
             chosen.inflight += cost
             chosen.requests += 1
+            chosen.failures.picked(now)
         return PickResult(self._backends[i], policy._done_hook(chosen, cost))
 
     def take(self, i: int) -> PickResult:
@@ -185,9 +205,11 @@ class PeakEwmaPicker(CapacityPicker["PeakEwmaPolicy", PeakEwmaStats]):
         one: count the call in these statistics and return the hook that samples its latency."""
         policy = self._policy
         chosen = self._stats[i]
+        now = policy.clock()
         with policy._lock:
             chosen.inflight += 1
             chosen.requests += 1
+            chosen.failures.picked(now)
         return PickResult(self._backends[i], policy._done_hook(chosen))
 
 
@@ -231,15 +253,16 @@ class PeakEwmaPolicy(LoadAwarePolicy[PeakEwmaStats]):
     def _done_hook(self, st: PeakEwmaStats, cost: int = 1) -> DoneHook:
         def done(outcome: Outcome) -> None:
             rtt = max(0.0, outcome.latency)
-            failed = is_failure(outcome.code)
-            if failed:
-                rtt = max(rtt, FAILURE_RTT)
             now = self.clock()
             with self._lock:
                 st.inflight -= cost
-                st.observe(rtt, now, self.decay)
-                if failed:
+                verdict = st.failures.ended(outcome, now, st.inflight)
+                if verdict is Verdict.ANSWER:
+                    st.observe(rtt, now, self.decay)
+                elif verdict is Verdict.FAILURE:  # its penalty says enough; its latency, fast or slow, is not a reply's
                     st.failed_at = now
+                elif verdict is Verdict.REJECTED and st.sampled and rtt > st.cost:
+                    st.observe(rtt, now, self.decay)  # a request error may say "slow", never "fast"
 
         return done
 
@@ -257,15 +280,13 @@ class PeakEwmaPolicy(LoadAwarePolicy[PeakEwmaStats]):
             st = self._stats.get(address)
             return None if st is None else (st.inflight, st.estimate(now, self.decay))
 
-    def failing_latency(self, address: str) -> float | None:
-        """The latency estimate of ``address`` now if a call of this client failed there within the last
-        ``decayTime`` (the estimate then holds the failure's ``FAILURE_RTT``); None otherwise."""
+    def troubled(self, address: str) -> bool:
+        """Whether ``address`` must not be chosen on load reports alone now: it pushed back, carries a failure
+        penalty or has been silent for long (``failure.BackendFailures.troubled``)."""
         now = self.clock()
         with self._lock:
             st = self._stats.get(address)
-            if st is None or now - st.failed_at > self.decay:
-                return None
-            return st.estimate(now, self.decay)
+            return st is not None and st.failures.troubled(now, st.estimate(now, self.decay) if st.sampled else None)
 
     def inflight_of(self, address: str) -> int:
         """This client's calls in flight at ``address`` (0 when unknown); one dict read, no lock (an int read is

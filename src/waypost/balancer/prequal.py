@@ -23,9 +23,10 @@ flight from every client (RIF) and its latency estimate at that load. This polic
   every READY backend. With fewer than two usable probes (and more than one backend) there is no choice to
   make from the pool either;
 - **latency as compared**: the server's estimate at its load; for a server that has none yet (no call ended
-  there: it just joined), the fastest fresh probe's, so that it is tried and measured; and never below this
-  client's own estimate of a backend where its calls failed within ``decayTime`` (a backend that fails fast
-  must not look fast: peak_ewma counts a failure as ``FAILURE_RTT``);
+  there: it just joined), the fastest fresh probe's, so that it is tried and measured;
+- **failures** (``failure``): a probe of a backend where this client's calls failed lately (a penalty left), that
+  pushed back or that has left a call unanswered for over twice its latency is not used: peak_ewma, which counts
+  them, decides that pick (a backend that fails fast reports few requests in flight and must not look idle);
 - **falls back to ``peak_ewma``** (its very statistics: every call is counted there, whichever way it was chosen)
   when the pool holds fewer than two usable probes. Backends without load reports (the probe answered
   UNIMPLEMENTED, or the report carries no in-flight count) are not probed again while they stay; when drawn as
@@ -203,7 +204,6 @@ class PrequalPolicy(Policy):
     def on_probe(self, address: str, in_flight: int, latency: float | None) -> None:
         now = self.clock()
         view = self.fallback.stats_of(address)
-        failing = self.fallback.failing_latency(address)
         with self._lock:
             asked = self._outstanding.pop(address, None)
             if address not in self._ready or view is None:
@@ -217,9 +217,7 @@ class PrequalPolicy(Policy):
                 fastest = self._pool.fastest()
                 lat = view[1] if fastest is None else min(fastest, view[1])
             else:
-                # a backend that fails fast must not look fast: when this client's calls failed there lately, its
-                # estimate (a failure counts as FAILURE_RTT) stands if higher (a server counts its errors' time)
-                lat = max(0.0, latency, failing or 0.0)
+                lat = max(0.0, latency)
             own = view[0] if asked is None else min(view[0], asked[1])
             self._pool.add(Probe(address, float(in_flight), lat, now, own=own, units=self._units_of(address)))
             self._last[address] = (float(in_flight), latency, now, own)
@@ -254,7 +252,7 @@ class PrequalPolicy(Policy):
                 usable = _Admitted(index, self.fallback.admits)
             probe = self._pool.choose(usable, self.fallback.inflight_of, min(2, len(addresses)), hot_choice=False,
                                       weights=self._weights)
-            if probe is not None:
+            if probe is not None and not self.fallback.troubled(probe.address):  # failures: peak_ewma decides
                 self.probe_picks += 1
                 # counted under our lock, so the next pick's HCL sees this call in flight
                 result = fallback.take(index[probe.address])

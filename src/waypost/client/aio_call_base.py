@@ -23,9 +23,10 @@ import grpc.aio
 
 from .._grpc_private import status_of
 from ..balancer.base import PickResult
+from ..balancer.failure import pushback_of
 from .aio_replay import AsyncReplay, WriteReplay
 from .aio_wait import AioPickWaiter
-from .method import AsyncBalancedChannel, Attempt, MethodBase
+from .method import AsyncBalancedChannel, Attempt, MethodBase, trailers_of
 from .replay import Replay
 from .retry import RetryState
 from .rpcerror import BalancerRpcError
@@ -203,7 +204,7 @@ class CallBase(abc.ABC):
         d = self._decided
         if d is not None and d[0] is call:
             return d[1]
-        delay = self._retry().after_failure(code, details)
+        delay = self._retry().after_failure(code, details, pushback_of(trailers_of(call)))
         if delay is not None and not self._replayable():
             delay = None
         self._decided = (call, delay)

@@ -16,7 +16,7 @@ from __future__ import annotations
 
 import math
 import threading
-from collections.abc import Callable, Sequence
+from collections.abc import Callable
 from typing import Any
 
 import grpc
@@ -25,28 +25,11 @@ from ..balancer.base import Outcome, PickError, PickResult
 from ..service_config import HedgingPolicy
 from .retry_throttle import RetryThrottle
 
-__all__ = ["CANCELLED_PICK", "PUSHBACK", "ChannelHedging", "ExtraShare", "HedgePlan", "LatencyQuantile", "MethodHedging",
-           "pushback_ms"]
-
-#: the server's pushback (gRFC A6): ms before the next hedge; negative or unreadable: no more hedges
-PUSHBACK = "grpc-retry-pushback-ms"
+__all__ = ["CANCELLED_PICK", "ChannelHedging", "ExtraShare", "HedgePlan", "LatencyQuantile", "MethodHedging"]
 
 #: the outcome of a pick released unused (its ``done`` must run exactly once)
 CANCELLED_PICK = Outcome(grpc.StatusCode.CANCELLED, 0.0)
 
-
-def pushback_ms(trailers: Sequence[tuple[str, Any]] | None) -> int | None:
-    """The ``grpc-retry-pushback-ms`` of an attempt's trailing metadata: None when absent, -1 when it is not a
-    signed 32-bit integer (A6: unreadable means "do not retry")."""
-    for key, value in trailers or ():
-        if key == PUSHBACK:
-            text = value.decode("ascii", "replace") if isinstance(value, bytes) else str(value)
-            try:
-                n = int(text)
-            except ValueError:
-                return -1
-            return n if -(2**31) <= n < 2**31 else -1
-    return None
 
 
 class LatencyQuantile:
@@ -202,9 +185,10 @@ class HedgePlan:
         """No more hedges for this call (no untried backend left)."""
         self._next_at = None
 
-    def failed(self, code: grpc.StatusCode, pushback: int | None = None, *, not_sent: bool = False) -> bool:
+    def failed(self, code: grpc.StatusCode, pushback: float | None = None, *, not_sent: bool = False) -> bool:
         """An attempt ended with ``code`` (not OK). True: fatal, the call ends with it and the others are cancelled.
-        Otherwise the next hedge is due at once, or after ``pushback`` ms (< 0: none). ``not_sent``: the attempt
+        Otherwise the next hedge is due at once, or after ``pushback`` seconds (the server's ``grpc-retry-pushback-ms``
+        as ``balancer.failure.pushback_of`` reads it; < 0: none). ``not_sent``: the attempt
         never reached a server (not a failure for the throttle)."""
         fatal = not not_sent and code not in self.m.policy.non_fatal_status_codes
         throttle = self.m.throttle
@@ -218,7 +202,7 @@ class HedgePlan:
             elif pushback < 0:
                 self._next_at = None
             else:
-                self._next_at = self.m.clock() + pushback / 1000
+                self._next_at = self.m.clock() + pushback
         return False
 
     def succeeded(self) -> None:

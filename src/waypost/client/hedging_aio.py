@@ -12,8 +12,9 @@ from typing import Any
 import grpc
 import grpc.aio
 
+from ..balancer.failure import pushback_of
 from .aio_call_base import AioMethod, aio_error, status_now
-from .hedging import CANCELLED_PICK, HedgePlan, pick_untried, pushback_ms
+from .hedging import CANCELLED_PICK, HedgePlan, pick_untried
 from .method import Attempt
 from .retry import PREVIOUS_ATTEMPTS, never_sent
 from .rpcerror import BalancerRpcError
@@ -141,7 +142,7 @@ class AioRace:
                 self._commit(att)
                 return ev
             code, details = payload.code(), payload.details()
-            if plan.failed(code, pushback_ms(tuple(payload.trailing_metadata() or ())),
+            if plan.failed(code, pushback_of(tuple(payload.trailing_metadata() or ())),
                            not_sent=never_sent(code, details)):
                 self._commit(att)
                 return ev

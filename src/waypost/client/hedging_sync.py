@@ -15,7 +15,8 @@ from typing import Any
 
 import grpc
 
-from .hedging import CANCELLED_PICK, HedgePlan, pick_untried, pushback_ms
+from ..balancer.failure import pushback_of
+from .hedging import CANCELLED_PICK, HedgePlan, pick_untried
 from .method import Attempt, BalancedChannel, MethodBase
 from .retry import PREVIOUS_ATTEMPTS, never_sent
 
@@ -124,7 +125,7 @@ class SyncRace:
                 self._commit(att)
                 return ev
             code, details = payload.code(), payload.details()
-            if plan.failed(code, pushback_ms(payload.trailing_metadata()), not_sent=never_sent(code, details)):
+            if plan.failed(code, pushback_of(payload.trailing_metadata()), not_sent=never_sent(code, details)):
                 self._commit(att)
                 return ev
             last = ev

@@ -20,6 +20,7 @@ import grpc.aio
 from .. import metrics as _metrics
 from .._grpc_private import registered_method_kwargs
 from ..balancer.base import Outcome, PickError, PickInfo, PickResult, noop_done
+from ..balancer.failure import pushback_of
 from .aio_wait import AioPickWaiter
 from .balancer_wrapper import BalancerWrapper
 from .config import ChannelConfig
@@ -33,6 +34,7 @@ from .subconn import SubConn
 _perf = time.perf_counter
 _mono = time.monotonic
 _UNAVAILABLE = grpc.StatusCode.UNAVAILABLE
+_OK = grpc.StatusCode.OK
 
 #: A started attempt, from ``MethodBase.begin``: (pick result, subconn, the backend's multicallable, start time
 #: (``perf_counter``), the attempt's timeout: what is left of the call's deadline, or None).
@@ -174,13 +176,16 @@ class MethodBase(Generic[ChannelT]):
                succeeded: bool = False) -> None:
         """The attempt that ``begin`` started on ``sc`` at ``t0`` ended with ``code``: count it out of flight,
         tell the picker and the metrics (and the balancer, on UNAVAILABLE: it re-checks that backend's
-        connection). ``call``: the finished call or its RpcError, read for trailing metadata only when the pick
-        asked for them (``res.wants_trailers``). ``succeeded``: this end is the call's success (``succeeded``)."""
+        connection). ``call``: the finished call or its RpcError, read for trailing metadata when the pick
+        asked for them (``res.wants_trailers``) and on failures (``grpc-retry-pushback-ms``, ``Outcome.pushback``;
+        failures are rare, so every call does not pay for it). ``succeeded``: this end is the call's success (``succeeded``)."""
         sc.inflight -= 1
         latency = _perf() - t0
         done = res.done
         if done is not noop_done:  # most pickers keep no per-call state: no Outcome to build for them
-            done(Outcome(code, latency, trailers_of(call) if res.wants_trailers else None))
+            trailers = trailers_of(call) if res.wants_trailers or (code is not _OK and call is not None) else None
+            done(Outcome(code, latency, trailers if res.wants_trailers else None,
+                         None if code is _OK else pushback_of(trailers)))
         obs = _metrics.current
         if obs is not None:
             obs.call_done(self.balancer.target, sc.address, code, latency)

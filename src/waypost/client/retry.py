@@ -2,6 +2,8 @@
 
 gRPC's retry semantics (gRFC A6), done by the balanced channel so that each attempt is a fresh pick:
 - only codes in ``retryableStatusCodes``, at most ``maxAttempts`` attempts, jittered exponential backoff;
+- a server's ``grpc-retry-pushback-ms`` trailer: a non-negative value is the delay instead of the backoff, a
+  negative or malformed one ends the retries;
 - only while no response message has been received (streams: before the first message);
 - the deadline covers all attempts; ``grpc-previous-rpc-attempts`` is sent on retries;
 - ``retryThrottling``: a token bucket per channel gates retries;
@@ -24,6 +26,7 @@ from typing import Any, Protocol
 import grpc
 
 from ..balancer.base import Outcome, PickResult
+from ..balancer.failure import PUSHBACK_STOP
 from ..service_config import RetryPolicy
 from .retry_throttle import RetryThrottle
 
@@ -113,8 +116,12 @@ class RetryState:
         policy = self.policy
         return policy is not None and code in policy.retryable_status_codes and self.attempts + 1 < policy.max_attempts
 
-    def after_failure(self, code: grpc.StatusCode, details: str | None) -> float | None:
-        """An attempt failed: seconds to wait before the next one, or None to give up (raise)."""
+    def after_failure(self, code: grpc.StatusCode, details: str | None, pushback: float | None = None
+                      ) -> float | None:
+        """An attempt failed: seconds to wait before the next one, or None to give up (raise).
+
+        ``pushback``: the attempt's ``grpc-retry-pushback-ms`` (``failure.pushback_of`` of its trailers); gRFC A6: a
+        non-negative value replaces the backoff, a negative or malformed one (``PUSHBACK_STOP``) stops retrying."""
         if never_sent(code, details) and self.transparent < MAX_TRANSPARENT:
             self.transparent += 1
             return 0.0
@@ -125,9 +132,9 @@ class RetryState:
             return None
         allowed = self.throttle.record_failure() if self.throttle is not None else True
         self.attempts += 1
-        if not allowed or self.attempts >= policy.max_attempts:
+        if not allowed or self.attempts >= policy.max_attempts or pushback == PUSHBACK_STOP:
             return None
-        delay = backoff_delay(policy, self.attempts, self.rng)
+        delay = backoff_delay(policy, self.attempts, self.rng) if pushback is None else pushback
         if self.deadline is not None and time.monotonic() + delay >= self.deadline:
             return None
         return delay

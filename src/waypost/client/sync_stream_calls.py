@@ -12,8 +12,9 @@ from typing import Any
 
 import grpc
 
+from ..balancer.failure import pushback_of
 from .hedging_sync import hedged_stream
-from .method import Attempt, BalancedChannel, MethodBase
+from .method import Attempt, BalancedChannel, MethodBase, trailers_of
 from .replay import Replay
 from .retrying_stream import RetryingStream
 from .rpcerror import BalancerRpcError
@@ -51,7 +52,7 @@ class _StreamResponseMethod(MethodBase[BalancedChannel]):
         def retry_delay(e: grpc.RpcError) -> float | None:
             if replay is not None and not replay.replayable:
                 return None
-            return st.after_failure(e.code(), e.details())
+            return st.after_failure(e.code(), e.details(), pushback_of(trailers_of(e)))
 
         try:
             return RetryingStream(start, retry_delay)

@@ -12,9 +12,10 @@ from typing import Any
 
 import grpc
 
+from ..balancer.failure import pushback_of
 from .future import ThreadFuture
 from .hedging_sync import hedged_with_call
-from .method import BalancedChannel, MethodBase
+from .method import BalancedChannel, MethodBase, trailers_of
 from .replay import Replay
 from .retry import MAX_TRANSPARENT, RetryState
 from .rpcerror import BalancerRpcError
@@ -52,7 +53,7 @@ class _UnaryRequestMethod(MethodBase[BalancedChannel]):
                 self.finish(res, sc, t0, code, e)
                 if st is None:
                     st = self.retry_state(deadline, sc.address)
-                delay = st.after_failure(code, e.details())
+                delay = st.after_failure(code, e.details(), pushback_of(trailers_of(e)))
                 if delay is None or (replay is not None and not replay.replayable) or (
                         replay is None and self._kind == "stream_unary"):  # consumed requests: no replay
                     explained = self.explained(e, sc)
