@@ -173,8 +173,8 @@ def _session_script(page: Path, ports: dict[int, int], logs: Path) -> str:
     """The page's ``session`` snippets as one bash script: ports replaced, each background job's output also
     kept in a file of its own, and a wait after each for its first line."""
     lines = ["trap '_rc=$?; kill $(jobs -p) 2>/dev/null || true; wait; exit $_rc' EXIT",
-             "_ready() { for _ in $(seq 600); do [ -s \"$1\" ] && return 0; sleep 0.1; done; "
-             "echo \"no output from a background job within 60 s: $1\" >&2; return 1; }"]
+             ("_ready() { for _ in $(seq 600); do [ -s \"$1\" ] && return 0; sleep 0.1; done; "
+              "echo \"no output from a background job within 60 s: $1\" >&2; return 1; }")]
     jobs = 0
     for snippet in (s for s in find_snippets() if s.path == page and "session" in s.tags):
         lines.append(f"# --- {snippet.id}")
