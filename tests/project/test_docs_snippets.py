@@ -8,6 +8,12 @@ with tags: ``<!-- runnable: etcd background -->``.
   ``greet.rpc`` there first, so a client snippet has someone to call.
 - ``background``: the snippet serves until it is stopped: it must print ``serving`` within 30 s, then it is
   sent SIGTERM and must exit 0 (the graceful stop the docs promise).
+- ``session``: the page's ``session`` snippets (shell) are the steps of one walk-through, run in order in one
+  bash, as a reader types them into one terminal (the tutorial). A line ending in ``&`` (optionally followed
+  by ``VAR=$!``) starts a job in the background, and the next line runs once that job has printed its first
+  line (a reader waits for ``serving ...``). The ports the page uses (``SESSION_PORTS``: etcd's 2379, the
+  servers' 50051 and 50052) are replaced by free ones and ``WAYPOST_REGISTRY`` points at that etcd, so the
+  walk-through runs beside anything else; whatever is still running at the end is stopped.
 
 Python snippets run in a fresh interpreter with examples/ as the working directory (its generated
 ``greet_pb2`` and ``greeter`` import as the README's quick start expects), shell snippets with the venv's
@@ -32,8 +38,12 @@ from waypost.etcd.local import LocalEtcd
 ROOT = Path(__file__).resolve().parents[2]
 EXAMPLES = ROOT / "examples"
 MARKER = re.compile(r"^<!-- runnable(?::\s*([a-z ]+))?\s*-->$")
-TAGS = {"etcd", "background"}
+TAGS = {"etcd", "background", "session"}
 DEV_ETCD = "127.0.0.1:2379"
+#: the fixed ports a ``session`` page uses, each replaced by a free port when it runs
+SESSION_PORTS = (2379, 50051, 50052)
+#: ``CMD &`` or ``CMD & VAR=$!`` (a trailing comment allowed): a background job in a session
+BACKGROUND = re.compile(r"^(?P<cmd>[^#]+?)\s+&(?P<var>\s+\w+=\$!)?\s*(?P<comment>#.*)?$")
 
 
 @dataclass(frozen=True)
@@ -51,7 +61,7 @@ class Snippet:
 
 def find_snippets() -> list[Snippet]:
     out: list[Snippet] = []
-    for path in [ROOT / "README.md", *sorted((ROOT / "docs").glob("*.md"))]:
+    for path in [ROOT / "README.md", *sorted((ROOT / "docs").rglob("*.md"))]:
         lines = path.read_text().splitlines()
         for i, text in enumerate(lines):
             m = MARKER.match(text.strip())
@@ -59,7 +69,8 @@ def find_snippets() -> list[Snippet]:
                 continue
             tags = frozenset((m.group(1) or "").split())
             fence = lines[i + 1] if i + 1 < len(lines) else ""
-            if fence not in ("```python", "```sh") or not tags <= TAGS:
+            if fence not in ("```python", "```sh") or not tags <= TAGS or ("session" in tags and (
+                    fence != "```sh" or tags != {"session"})):
                 raise AssertionError(f"{path.name}:{i + 1}: a runnable marker must precede a ```python or ```sh "
                                      f"block and use the tags {sorted(TAGS)} (got {fence!r}, {sorted(tags)})")
             end = lines.index("```", i + 2)
@@ -67,12 +78,14 @@ def find_snippets() -> list[Snippet]:
     return out
 
 
-SNIPPETS = find_snippets()
+SNIPPETS = [s for s in find_snippets() if "session" not in s.tags]
+SESSIONS = sorted({s.path for s in find_snippets() if "session" in s.tags})
 
 
 def test_the_docs_mark_snippets_runnable():
     assert len(SNIPPETS) >= 8, [s.id for s in SNIPPETS]
     assert any(s.path.name == "README.md" for s in SNIPPETS)
+    assert ROOT / "docs" / "tutorial.md" in SESSIONS
 
 
 @pytest.fixture
@@ -154,3 +167,47 @@ def test_snippet_runs(snippet: Snippet, request):
     finally:
         for p in helpers:
             _stop(p)
+
+
+def _session_script(page: Path, ports: dict[int, int], logs: Path) -> str:
+    """The page's ``session`` snippets as one bash script: ports replaced, each background job's output also
+    kept in a file of its own, and a wait after each for its first line."""
+    lines = ["trap '_rc=$?; kill $(jobs -p) 2>/dev/null || true; wait; exit $_rc' EXIT",
+             ("_ready() { for _ in $(seq 600); do [ -s \"$1\" ] && return 0; sleep 0.1; done; "
+              "echo \"no output from a background job within 60 s: $1\" >&2; return 1; }")]
+    jobs = 0
+    for snippet in (s for s in find_snippets() if s.path == page and "session" in s.tags):
+        lines.append(f"# --- {snippet.id}")
+        code = snippet.code
+        for fixed, free in ports.items():
+            code = re.sub(rf"\b{fixed}\b", str(free), code)
+        for line in code.splitlines():
+            m = BACKGROUND.match(line)
+            if m is None:
+                lines.append(line)
+                continue
+            jobs += 1
+            log = logs / f"job{jobs}.log"
+            lines.append(f"{m.group('cmd')} > >(tee {log}) 2>&1 &{m.group('var') or ''}")
+            lines.append(f"_ready {log}")
+    return "\n".join(lines) + "\n"
+
+
+@pytest.mark.parametrize("page", SESSIONS, ids=[str(p.relative_to(ROOT)) for p in SESSIONS])
+def test_session_runs_in_order(page: Path, tmp_path):
+    """A walk-through (the tutorial) runs step by step, as a reader types it, and every step succeeds."""
+    from waypost.etcd.local import free_port
+
+    ports = {fixed: free_port() for fixed in SESSION_PORTS}
+    script = _session_script(page, ports, tmp_path)
+    env = {**_env(), "WAYPOST_REGISTRY": f"etcd://127.0.0.1:{ports[2379]}"}
+    # a process group of its own: if the walk-through hangs, everything it started is stopped with it
+    proc = subprocess.Popen(["bash", "-euo", "pipefail", "-c", script], cwd=EXAMPLES, env=env,
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, start_new_session=True)
+    try:
+        out, err = proc.communicate(timeout=300)
+    finally:
+        if proc.poll() is None:
+            os.killpg(proc.pid, signal.SIGKILL)
+            proc.communicate()
+    assert proc.returncode == 0, (str(page), out[-4000:], err[-4000:])

@@ -12,7 +12,8 @@ import pytest
 from waypost.registry.kinds import all_kinds
 
 ROOT = Path(__file__).resolve().parents[2]
-PAGES = sorted((ROOT / "docs").glob("*.md"))
+#: every page of the docs, the site's subfolders (how-to/, reference/) included
+PAGES = sorted((ROOT / "docs").rglob("*.md"))
 #: the first code block of a page starts within this many lines of its title
 OPENING_LINES = 15
 #: at most this many words of prose come before it
@@ -36,7 +37,7 @@ def _prose(lines: list[str]) -> str:
     return " ".join(line for line in lines if not line.startswith("<!--"))
 
 
-@pytest.mark.parametrize("page", PAGES, ids=[p.name for p in PAGES])
+@pytest.mark.parametrize("page", PAGES, ids=[str(p.relative_to(ROOT / "docs")) for p in PAGES])
 def test_every_page_opens_with_what_a_user_does(page: Path):
     lines, fence = _opening(page)
     assert fence is not None, f"{page.name}: no command or example before its first '##' section"
