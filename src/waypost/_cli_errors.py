@@ -22,7 +22,7 @@ from typing import Any
 
 import click
 
-from .errors import WaypostError
+from .errors import RegistryUnavailable, WaypostError
 
 log = logging.getLogger("waypost.cli")
 
@@ -33,9 +33,16 @@ def one_line(e: BaseException) -> str:
     return text[0] if text else type(e).__name__
 
 
+#: what a command adds when an etcd does not answer
+ETCD_HINT = "is etcd running there? `waypost etcd` starts one"
+
+
 def user_error(e: BaseException) -> click.ClickException | None:
     """The one-line error a command ends with for ``e``, one of waypost's or the library's errors; None for an
     error no user input explains (a bug: its traceback stays). click's own errors are not its business."""
+    if isinstance(e, RegistryUnavailable) and str(e).startswith("etcd ") and ETCD_HINT not in str(e):
+        # an etcd that is not running is the usual first mistake: every command says how to start one
+        return click.ClickException(f"{one_line(e)} ({ETCD_HINT})")
     if isinstance(e, WaypostError):
         return click.ClickException(one_line(e))
     if isinstance(e, (TimeoutError, concurrent.futures.TimeoutError)):  # a registry call that did not answer in time
@@ -104,6 +111,6 @@ def unreachable(registry: Any, what: str, timeout: float) -> str:
         why = _loop.run(registry.unreachable(), 3.0)
     except Exception:  # noqa: BLE001 -- a diagnosis only
         why = None
-    hint = "is etcd running there? `waypost etcd` starts one" if registry.url.startswith("etcd://") else ""
+    hint = ETCD_HINT if registry.url.startswith("etcd://") else ""
     head = why or f"{registry.url} did not answer"
     return f"{head} (could not {what} within {timeout:g}s{'; ' + hint if hint else ''})"

@@ -93,6 +93,14 @@ def test_ls_without_etcd_says_so_and_how_to_start_one_whatever_the_timeout():
     assert "_waypost" not in line
 
 
+def test_drain_without_etcd_says_how_to_start_one():
+    """Every command that writes to an etcd that is not running ends with the same hint as ls (the first mistake)."""
+    url = f"etcd://127.0.0.1:{free_port()}"
+    line = one_line(run("--registry", url, "drain", "greet.rpc", "127.0.0.1:50051"))
+    assert line.startswith("Error: etcd "), line
+    assert line.endswith("(is etcd running there? `waypost etcd` starts one)"), line
+
+
 def test_ls_waits_its_timeout_for_an_etcd_that_is_starting(tmp_path):
     """--timeout is how long ls waits for etcd, not the etcd client's own dial timeout (3 s): an etcd that starts
     4 s after the command is listed."""
