@@ -65,6 +65,7 @@ import grpc
 
 from waypost.balancer.base import Outcome, PickInfo, Policy
 from waypost.balancer.policies import get_policy
+from waypost.orca import call_load
 from waypost.orca.account import LoadAccount
 from waypost.service_config import DEFAULT_POLICY
 from waypost.types import Backend
@@ -245,9 +246,11 @@ def capacity_weights(specs: list[BackendSpec]) -> dict[str, int]:
 
 
 class _Call:
-    __slots__ = ("arrival", "backend", "done", "finished", "started", "token")
+    __slots__ = ("arrival", "backend", "done", "finished", "started", "token", "wants_trailers")
 
-    def __init__(self, arrival: float, backend: str, done: Any, token: tuple[int, float]) -> None:
+    def __init__(self, arrival: float, backend: str, done: Any, token: tuple[int, float],
+                 wants_trailers: bool = False) -> None:
+        self.wants_trailers = wants_trailers
         self.arrival = arrival
         self.backend = backend
         self.done = done
@@ -381,14 +384,20 @@ class Simulation:
             self.busy_time[server.spec.address] += busy
         self._push(self.now + service, "finish", (server, call, failed))
 
-    def _complete(self, call: _Call, code: grpc.StatusCode) -> None:
+    def _complete(self, call: _Call, code: grpc.StatusCode, server: _Server | None = None) -> None:
+        """The client sees ``call`` end; ``server``: it ended there (not at its deadline), so the trailer carries
+        the server's load (``call_load``) when the pick asked for it and the servers send it."""
         call.finished = True
         latency = self.now - call.arrival
         if call.arrival >= self.warmup:
             self.latencies.append(latency)
             if code != grpc.StatusCode.OK:
                 self.errors += 1
-        call.done(Outcome(code, latency))
+        trailers = None
+        if call.wants_trailers and server is not None and self.scenario.reports:
+            snap = server.account.snapshot()
+            trailers = ((call_load.KEY, call_load.encode(snap.in_flight, snap.latency_estimate)),)
+        call.done(Outcome(code, latency, trailers))
 
     def run(self) -> dict[str, Any]:
         sc = self.scenario
@@ -438,7 +447,7 @@ class Simulation:
                     if sc.join is not None and t < warmup + 1.0:
                         self.first_second[addr] += 1
                 server = self.servers[addr]
-                call = _Call(t, addr, res.done, server.account.begin())
+                call = _Call(t, addr, res.done, server.account.begin(), res.wants_trailers)
                 if server.busy < server.spec.slots:
                     self._start(server, call)
                 else:
@@ -449,7 +458,7 @@ class Simulation:
                 server.busy -= 1
                 server.account.end(call.token, failed)
                 if not call.finished:
-                    self._complete(call, grpc.StatusCode.UNAVAILABLE if failed else grpc.StatusCode.OK)
+                    self._complete(call, grpc.StatusCode.UNAVAILABLE if failed else grpc.StatusCode.OK, server)
                 while server.queue and server.busy < server.spec.slots:
                     nxt = server.queue.popleft()
                     if nxt.finished:  # calls whose deadline passed were cancelled: the server notices now

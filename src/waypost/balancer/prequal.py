@@ -64,7 +64,8 @@ from ..durations import parse_config_duration
 from ..errors import InvalidServiceConfig, NoBackendAvailable
 from ..types import Backend
 from . import slow_start
-from .base import BackendSignal, LoadProber, Picker, PickInfo, PickResult, Policy
+from ..orca import call_load
+from .base import BackendSignal, DoneHook, LoadProber, Outcome, Picker, PickInfo, PickResult, Policy
 from .config_fields import policy_config
 from .peak_ewma import DURATION_FIELDS as PEAK_DURATIONS
 from .peak_ewma import FALLBACK_FIELDS as PEAK_FIELDS
@@ -95,7 +96,8 @@ RATE_WINDOW = 1.0  # seconds: picks and probes are counted over this window for 
 NUMBER_FIELDS = {"probesPerPick": (0.0, 100.0), "maxProbeRate": (0.1, 1e6), "hotQuantile": (0.01, 1.0)}
 INT_FIELDS = {"poolSize": (1, 1024), "reuseBudget": (1, 1000)}
 DURATION_FIELDS = {"maxProbeAge", "probeTimeout"}
-CONFIG_FIELDS = set(NUMBER_FIELDS) | set(INT_FIELDS) | DURATION_FIELDS | PEAK_FIELDS
+BOOL_FIELDS = {"callReports"}
+CONFIG_FIELDS = set(NUMBER_FIELDS) | set(INT_FIELDS) | DURATION_FIELDS | BOOL_FIELDS | PEAK_FIELDS
 
 
 class PrequalPicker(Picker):
@@ -130,6 +132,7 @@ class PrequalPolicy(Policy):
         self.probes_per_pick = float(cfg.get("probesPerPick", DEFAULT_PROBES_PER_PICK))
         self.max_probe_rate = float(cfg.get("maxProbeRate", DEFAULT_MAX_PROBE_RATE))
         self.probe_timeout = float(cfg.get("probeTimeout", DEFAULT_PROBE_TIMEOUT))
+        self.call_reports = bool(cfg.get("callReports", True))
         self._auto_reuse = "reuseBudget" not in cfg
         self.fallback = PeakEwmaPolicy({k: cfg[k] for k in PEAK_FIELDS & set(cfg)}, clock=self.clock, rng=self.rng)
         self.fallback.log_name, self.fallback.log_extra = self.name, self._log_extra
@@ -153,6 +156,7 @@ class PrequalPolicy(Policy):
         self._last: dict[str, tuple[float, float | None, float, int]] = {}
         self._credit = 0.0
         now = self.clock()
+        self._reported = -math.inf  # when a server last reported its load (a probe's answer or a call's trailer)
         self._tokens = 1.0
         self._token_stamp = now
         self._window_start = now
@@ -170,6 +174,9 @@ class PrequalPolicy(Policy):
         for key, (ilo, ihi) in INT_FIELDS.items():
             if key in cfg:
                 cfg[key] = _integer(cfg[key], f"{path}.{key}", ilo, ihi)
+        for key in BOOL_FIELDS & set(cfg):
+            if not isinstance(cfg[key], bool):
+                raise InvalidServiceConfig(f"{path}.{key}: expected true or false, got {cfg[key]!r}")
         for key in (DURATION_FIELDS | PEAK_DURATIONS) & set(cfg):
             cfg[key] = parse_config_duration(cfg[key], f"{path}.{key}", positive=True)
         slow_start.parse_window(cfg, path)
@@ -201,13 +208,24 @@ class PrequalPolicy(Policy):
         return PrequalPicker(self, backends, fallback)
 
     def on_probe(self, address: str, in_flight: int, latency: float | None) -> None:
+        self._record(address, in_flight, latency, probed=True)
+
+    def on_call_report(self, address: str, in_flight: int, latency: float | None) -> None:
+        """The server's load as one of our calls there ended (``call_load``: its trailer), our call no longer
+        counted in either side: a probe's answer that cost no RPC."""
+        self._record(address, in_flight, latency, probed=False)
+
+    def _record(self, address: str, in_flight: int, latency: float | None, probed: bool) -> None:
         now = self.clock()
         view = self.fallback.stats_of(address)
         failing = self.fallback.failing_latency(address)
         with self._lock:
-            asked = self._outstanding.pop(address, None)
+            asked = self._outstanding.pop(address, None) if probed else None
+            if not probed:
+                self._window_probes += 1  # a report per call: the reuse budget shrinks to match
             if address not in self._ready or view is None:
                 return  # a late answer from a backend that left
+            self._reported = now
             if latency is None:
                 # No call has ended there since the server started (it just joined): as fast as the fastest
                 # fresh probe, so that it is tried and measured. HCL takes the lowest latency, so anything
@@ -252,8 +270,10 @@ class PrequalPolicy(Policy):
             usable: Mapping[str, int] | _Admitted = index
             if self.fallback.slow_start.window:
                 usable = _Admitted(index, self.fallback.admits)
-            probe = self._pool.choose(usable, self.fallback.inflight_of, min(2, len(addresses)), hot_choice=False,
-                                      weights=self._weights)
+            probe = None
+            if now - self._reported <= self._pool.max_age:  # no server reported its load lately: peak_ewma
+                probe = self._pool.choose(usable, self.fallback.inflight_of, min(2, len(addresses)),
+                                          hot_choice=False, weights=self._weights)
             if probe is not None:
                 self.probe_picks += 1
                 # counted under our lock, so the next pick's HCL sees this call in flight
@@ -261,7 +281,20 @@ class PrequalPolicy(Policy):
             else:
                 result = fallback.draw()
             targets = self._schedule(now, addresses)
+        if self.call_reports:
+            result = PickResult(result.backend, self._report_hook(result.backend.address, result.done),
+                                wants_trailers=True)
         return result, targets
+
+    def _report_hook(self, address: str, done: DoneHook) -> DoneHook:
+        """``done`` (peak_ewma's statistics), then the server's load from the call's trailer (``call_load``)."""
+        def report(outcome: Outcome) -> None:
+            done(outcome)
+            load = call_load.decode(outcome.trailing_metadata)
+            if load is not None:
+                self.on_call_report(address, *load)
+
+        return report
 
     def _schedule(self, now: float, addresses: Sequence[str]) -> list[str]:
         # Caller holds _lock. Credits from the call rate, tokens from the rate cap; one probe per credit and token.
