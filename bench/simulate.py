@@ -84,6 +84,7 @@ SLOW_START = "10s"  # cold_start: the slowStartWindow of the second run of the r
 SLOW_START_POLICIES = ("least_request", "p2c_ewma", "peak_ewma", "prequal")
 
 SWEEP_UTILS = (30, 50, 70, 80, 90, 95)  # offered load, % of the fleet's true capacity
+QUICK_UTILS = (50, 80, 95)  # ... with --quick
 SWEEP_CLIENTS = 20
 SWEEP_BACKENDS = 50
 #: seconds of each sweep run not measured (full run, --quick): every client starts knowing nothing
@@ -192,8 +193,13 @@ class SweepFleet:
     def capacity(self) -> float:
         """Calls per second the fleet completes when saturated, at its lowest (while its neighbours are noisy):
         u is a share of what the fleet can always serve."""
-        factor = {a: f for _, addrs, f in self.changes for a in addrs}
-        return sum(b.capacity / factor.get(b.address, 1.0) for b in self.backends)
+        now: dict[str, float] = {}  # address -> its service time factor so far
+        slowest: dict[str, float] = {}
+        for _, addrs, f in sorted(self.changes):
+            for a in addrs:
+                now[a] = now.get(a, 1.0) * f
+                slowest[a] = max(slowest.get(a, 1.0), now[a])
+        return sum(b.capacity / slowest.get(b.address, 1.0) for b in self.backends)
 
 
 def sweep_fleets() -> dict[str, SweepFleet]:
@@ -699,7 +705,8 @@ def main(argv: list[str] | None = None) -> int:
         unknown = sorted(set(fleets or ()) - set(sweep_fleets()))
         if unknown:
             ap.error(f"--fleets: unknown fleet(s) {unknown}; choose from {list(sweep_fleets())}")
-        report["sweep"] = run_sweep(sweep_measured, sweep_warmup, args.seed, fleets)
+        report["sweep"] = run_sweep(sweep_measured, sweep_warmup, args.seed, fleets,
+                                    QUICK_UTILS if args.quick else SWEEP_UTILS)
     report["wall_seconds"] = time.perf_counter() - started
     args.out.parent.mkdir(parents=True, exist_ok=True)
     args.out.write_text(json.dumps(report, indent=2, sort_keys=True) + "\n")

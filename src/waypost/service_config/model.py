@@ -20,7 +20,7 @@ import grpc
 #: shows both): peak_ewma needs nothing from the servers, so it works with any fleet. gRPC would use
 #: pick_first, which sends every call to one backend; go-zero uses p2c_ewma, which stays available by
 #: name with go-zero's exact formula.
-DEFAULT_POLICY = "peak_ewma"
+DEFAULT_POLICY = "prequal"
 
 
 @dataclass(frozen=True, slots=True)
