@@ -137,13 +137,25 @@ def test_hcl_picks_the_cold_backend_with_the_lowest_latency():
     picker = policy.build(bs("a", "b", "c"))
     policy.on_probe("a", 2, 0.010)
     policy.on_probe("b", 1, 0.050)
-    policy.on_probe("c", 9, 0.001)  # fastest estimate, but 9 in flight: hot
+    policy.on_probe("c", 9, 0.020)  # 9 in flight: hot
     assert pick(picker) == "a"
     assert policy.probe_picks == 1
     # the call is counted in peak_ewma's statistics too (one set of statistics, whichever way it was chosen)
     res = picker.pick(INFO)
     assert policy.fallback.snapshot()[res.backend.address]["inflight"] == 1
     res.done(Outcome(OK, 0.001))
+
+
+def test_a_cold_backend_slower_than_a_hot_one_lets_peak_ewma_decide():
+    # cold because it is slow (its few calls keep its RIF low): HCL would send it every pick; peak_ewma decides
+    clock = FakeClock(10.0)
+    policy, _ = make(clock, probesPerPick=0, reuseBudget=1000, hotQuantile=0.5)
+    picker = policy.build(bs("a", "b", "c"))
+    policy.on_probe("a", 2, 0.010)
+    policy.on_probe("b", 1, 0.050)
+    policy.on_probe("c", 9, 0.001)  # hot, but the server says a call there takes 1 ms
+    pick(picker)
+    assert policy.probe_picks == 0
 
 
 def test_our_calls_since_the_report_make_a_backend_hot():
@@ -170,8 +182,9 @@ def test_a_server_without_an_estimate_yet_counts_as_fast_as_the_fastest_and_gets
     held = [picker.pick(INFO) for _ in range(4)]  # calls kept in flight
     got = Counter(r.backend.address for r in held)
     # tried at once (it ties with the fastest), but our calls there scale its latency and make it hot: it shares
-    # with the fast ones, and the slow one is not needed yet
-    assert 1 <= got["new"] <= 2 and got["a"] >= 1 and got["c"] == 0, got
+    # with the fast ones. (Once the fast ones are loaded above the slow one's 40 ms, the pool contradicts itself
+    # and peak_ewma decides: this client never called c, so c may get one call there.)
+    assert 1 <= got["new"] <= 2 and got["a"] >= 1 and got["c"] <= 1, got
     for r in held:
         r.done(Outcome(OK, 0.004))
 
