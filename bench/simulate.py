@@ -410,7 +410,7 @@ class Simulation:
         rate = sc.rate / sc.clients
         bursts = sc.bursts
         if bursts is not None:  # a Poisson process at the peak rate, thinned to the rate of the moment
-            period, on, off = bursts
+            _, on, off = bursts
             peak = max(on, off) / ((on + off) / 2)
             rate *= peak
         for k in range(sc.clients):

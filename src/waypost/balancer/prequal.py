@@ -62,9 +62,9 @@ from typing import Any
 
 from ..durations import parse_config_duration
 from ..errors import InvalidServiceConfig, NoBackendAvailable
+from ..orca import call_load
 from ..types import Backend
 from . import slow_start
-from ..orca import call_load
 from .base import BackendSignal, DoneHook, LoadProber, Outcome, Picker, PickInfo, PickResult, Policy
 from .config_fields import policy_config
 from .peak_ewma import DURATION_FIELDS as PEAK_DURATIONS

@@ -18,9 +18,8 @@ import logging
 from functools import partial
 from typing import Any
 
-from . import call_load
 from .account import LoadAccount
-from .handler_wrapper import CountedCall
+from .handler_wrapper import CountedCall, add_trailers
 from .load_interceptor import AsyncLoadInterceptor, LoadInterceptor, LoadInterceptorBase
 from .recorder import CallSlot, ServerMetricsRecorder, current_slot
 from .reporter import OrcaReporter
@@ -34,13 +33,11 @@ class ReportedCall(CountedCall):
     ``reporter``, ends by adding its ORCA report to the call's trailing metadata (not when the handler raised: its
     error status is all the call answers)."""
 
-    __slots__ = ("_account", "_context", "_reporter", "_reset", "slot")
+    __slots__ = ("_reporter", "_reset", "slot")
 
     def __init__(self, account: LoadAccount, reporter: OrcaReporter | None, context: Any) -> None:
         CountedCall.__init__(self, account, context)
-        self._account = account
         self._reporter = reporter
-        self._context = context
         self.slot = CallSlot()
         self._reset = current_slot.set(self.slot)
 
@@ -53,9 +50,12 @@ class ReportedCall(CountedCall):
             current_slot.reset(self._reset)
         except ValueError:  # a response stream closed from another context (grpcio cancelling it)
             pass
-        CountedCall.end(self, failed)
-        if self._reporter is not None:  # after the call left the account: the load its client's next call meets
-            _add_trailer(self._context, self._reporter, self.slot, self._account)
+        self._account.end(self._token, failed)
+        # after the call left the account: the load its client's next call meets
+        md = self.load_trailer()
+        if self._reporter is not None:
+            md = _orca_trailer(self._reporter, self.slot) + md
+        add_trailers(self._context, md)
 
     def detach(self) -> None:
         current_slot.reset(self._reset)
@@ -64,15 +64,12 @@ class ReportedCall(CountedCall):
         self._reset = current_slot.set(self.slot)
 
 
-def _add_trailer(context: Any, reporter: OrcaReporter, slot: CallSlot, account: LoadAccount) -> None:
+def _orca_trailer(reporter: OrcaReporter, slot: CallSlot) -> tuple[tuple[str, Any], ...]:
     try:
-        snap = account.snapshot()
-        md = reporter.trailer_metadata(slot.recorder) + (
-            (call_load.KEY, call_load.encode(snap.in_flight, snap.latency_estimate)),)
-        existing = context.trailing_metadata()
-        context.set_trailing_metadata(tuple(existing) + md if existing else md)
+        return reporter.trailer_metadata(slot.recorder)
     except Exception:  # a report must never fail the call it rides on
         log.debug("ORCA: no trailer for this call", exc_info=True)
+        return ()
 
 
 class OrcaInterceptorBase(LoadInterceptorBase):
