@@ -12,6 +12,8 @@ how full a backend is. Scenarios:
   hetero      4 backends with 1:2:4:8 slots, 4 ms mean (registered with no weights)
   hetero_weighted  the same fleet registered with weights 1:2:4:8 (its capacities; through a memory registry)
   antagonist  4 backends x 4 slots, 4 ms mean; one drops to 2 slots half-way through each run
+  hetero248   3 backends with 2/4/8 slots, 40 ms mean (350 calls/s in all: an open loop one Python client can
+              drive at 95 %)
 
 Load: closed loops of ``--callers`` sync threads (each sends its next call when the previous one
 ends), and one grpc.aio run per scenario with ``--aio-callers`` concurrent coroutines. Policies:
@@ -27,6 +29,9 @@ from the moment it loses half its slots).
 
 Lines: ``sweep <scenario> c=<C>: p99 <policy>/oracle = <r>`` (aio runs: scenario ``<scenario>/aio``),
 last ``sweep worst: p99 default/oracle = <r>``. JSON to bench/results/load_sweep.json.
+``--utils 80,90``: open loops instead (``run_open``): Poisson arrivals at u % of the fleet's true capacity from one
+grpc.aio client, each call its own task, latency counted from when the call was due; each policy and the oracle at
+each u, in the same run. Lines ``sweep <scenario>/open u=<U>%: p99 <policy>/oracle = <r>``.
 ``--quick``: callers 4 only, short runs, no aio (under 2 minutes on an idle 2-core machine).
 ``--probe-cost``: no sweep; the client CPU of one prequal load-report probe beside that of one balanced call
 (sequential, against one backend subprocess), and the probe rate that keeps probes at 3 % of the client CPU

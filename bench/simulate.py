@@ -691,7 +691,7 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--out", type=Path, default=Path(__file__).resolve().parent / "results" / "simulate.json")
     args = ap.parse_args(argv)
     duration = args.duration or (4.0 if args.quick else 20.0)
-    sweep_measured = args.sweep_duration or (0.25 if args.quick else 3.0)
+    sweep_measured = args.sweep_duration or (0.25 if args.quick else 1.5)
     sweep_warmup = SWEEP_WARMUP[1] if args.quick else SWEEP_WARMUP[0]
 
     started = time.perf_counter()

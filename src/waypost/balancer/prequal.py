@@ -2,8 +2,12 @@
 
 After "Load is not what you should balance: Introducing Prequal" (Wydrowski, Kleinberg, Rumble; NSDI '24).
 Every backend served by ``waypost.serve`` answers ``waypost.load.v1.LoadReporter/Report`` with its requests in
-flight from every client (RIF) and its latency estimate at that load. This policy:
+flight from every client (RIF) and its latency estimate at that load, and ends every call's trailing metadata with
+the same two figures (``waypost.orca.call_load``). This policy:
 
+- **reads the server's load from every call it picks** (``callReports``, on by default: the pick asks for the
+  trailer, the done hook feeds it to the pool as a probe answer that cost no RPC). The paper ties the probing rate
+  to the query rate; a report per call is that rate, for a trailer lookup instead of an RPC;
 - **probes off the call path.** Each pick earns ``probesPerPick`` probe credits; a credit is spent on a probe of a
   backend drawn at random among the READY ones, through the channel's ``LoadProber`` (``base.LoadProber``), which
   sends it asynchronously and returns at once (of two backends drawn, the one reported on least recently is
@@ -16,8 +20,12 @@ flight from every client (RIF) and its latency estimate at that load. This polic
   second, so a probe rate capped below the call rate still covers every pick); a probe's RIF has this client's
   part brought up to date from peak_ewma's in-flight counts, its latency scaled with it (``prequal_pool``);
 - **chooses hot-cold lexicographically** (HCL): among the pool's probes of this picker's backends, the cold ones
-  (RIF at or below the ``hotQuantile`` of recent RIFs) by lowest latency. The paper takes the hot ones by lowest
-  RIF when no probe is cold; here peak_ewma decides then: the pool holds a few probes of the fleet, cold ones are
+  (RIF at or below the ``hotQuantile`` of recent RIFs; 0.95, not the paper's 0.84: RIF is not per capacity, and
+  the largest backends of a heterogeneous fleet were hot for carrying their share) by lowest latency. When a hot
+  probe promises a lower latency than the best cold one, peak_ewma decides: a slow or cold-starting backend stays
+  cold *because* it is slow (its few calls keep its RIF low), and HCL would send it every pick (bench/simulate.py:
+  one client, 1 of 4 backends 10x slower, p99 74 ms before, 35 ms after). The paper takes the hot ones by lowest
+  RIF when no probe is cold; here peak_ewma decides then too: the pool holds a few probes of the fleet, cold ones are
   used up first, so a pool left with hot probes only holds the overloaded backends and would herd every pick
   onto them (bench/simulate.py's 50-backend sweep: p99 up to 9x the oracle), while peak_ewma's P2C draws from
   every READY backend. With fewer than two usable probes (and more than one backend) there is no choice to
@@ -27,7 +35,9 @@ flight from every client (RIF) and its latency estimate at that load. This polic
   client's own estimate of a backend where its calls failed within ``decayTime`` (a backend that fails fast
   must not look fast: peak_ewma counts a failure as ``FAILURE_RTT``);
 - **falls back to ``peak_ewma``** (its very statistics: every call is counted there, whichever way it was chosen)
-  when the pool holds fewer than two usable probes. Backends without load reports (the probe answered
+  when the pool holds fewer than two usable probes, and whenever no server reported its load within
+  ``maxProbeAge`` (a fleet without load reports: the picks are peak_ewma's, the pool of this client's own views
+  is not consulted). Backends without load reports (the probe answered
   UNIMPLEMENTED, or the report carries no in-flight count) are not probed again while they stay; when drawn as
   probe targets they enter
   the pool with peak_ewma's view of them (this client's calls in flight, its latency estimate), so a mixed fleet
@@ -42,7 +52,7 @@ each backend gets its weight's share; weight 0 keeps a backend out of both.
 Config (``loadBalancingConfig``)::
 
     {"prequal": {"probesPerPick": 1, "maxProbeRate": 16, "poolSize": 16, "maxProbeAge": "1s",
-                 "reuseBudget": 4, "hotQuantile": 0.84, "probeTimeout": "0.25s",
+                 "reuseBudget": 4, "hotQuantile": 0.95, "callReports": true, "probeTimeout": "0.25s",
                  "decayTime": "10s", "defaultRtt": "0.03s"}}
 
 (``decayTime``/``defaultRtt`` configure the peak_ewma fallback.) ``slowStartWindow`` (``slow_start``, default off)
