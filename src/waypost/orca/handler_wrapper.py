@@ -63,8 +63,9 @@ class CountedCall:
 
     def load_trailer(self) -> tuple[tuple[str, str], ...]:
         """The ``call_load`` trailer: the server's requests in flight and latency estimate now."""
-        snap = self._account.snapshot()
-        return ((call_load.KEY, call_load.encode(snap.in_flight, snap.latency_estimate)),)
+        account = self._account
+        in_flight = account.in_flight  # an int read is atomic: no lock (the estimate takes it once)
+        return ((call_load.KEY, call_load.encode(in_flight, account.latency_estimate(in_flight))),)
 
     def detach(self) -> None:
         """The handler returned its response stream; the call goes on when the stream is iterated."""
