@@ -21,7 +21,8 @@ the same two figures (``waypost.orca.call_load``). This policy:
   part brought up to date from peak_ewma's in-flight counts, its latency scaled with it (``prequal_pool``);
 - **chooses hot-cold lexicographically** (HCL): among the pool's probes of this picker's backends, the cold ones
   (RIF at or below the ``hotQuantile`` of recent RIFs; 0.95, not the paper's 0.84: RIF is not per capacity, and
-  the largest backends of a heterogeneous fleet were hot for carrying their share) by lowest latency. When a hot
+  the largest backends of a heterogeneous fleet were hot for carrying their share; 0.84 when registered weights
+  differ, RIF then counting per unit of capacity) by lowest latency. When a hot
   probe promises a lower latency than the best cold one, peak_ewma decides: a slow or cold-starting backend stays
   cold *because* it is slow (its few calls keep its RIF low), and HCL would send it every pick (bench/simulate.py:
   one client, 1 of 4 backends 10x slower, p99 74 ms before, 35 ms after). The paper takes the hot ones by lowest
@@ -97,6 +98,8 @@ DEFAULT_MAX_AGE = 1.0  # seconds
 #: above the paper's 0.84: RIF is not per capacity, and at 0.84 the largest backends of a heterogeneous fleet (more calls
 #: in flight for being larger) were hot and starved (bench/simulate.py sweep: many_clients, hetero_cap)
 DEFAULT_HOT_QUANTILE = 0.95
+#: ... but when registered weights differ, RIF is counted per unit of capacity (``prequal_pool``): the paper's value
+WEIGHTED_HOT_QUANTILE = 0.84
 DEFAULT_PROBE_TIMEOUT = 0.25  # seconds
 MIN_AUTO_REUSE = 2  # the automatic reuse budget's floor (a probe is worth at least two picks)
 FIRST_AUTO_REUSE = 16  # ... before the first window is counted
@@ -209,6 +212,8 @@ class PrequalPolicy(Policy):
         with self._lock:
             self._ready = ready
             self._capacities = capacities
+            if "hotQuantile" not in self.config:
+                self._pool.rif_quantile = DEFAULT_HOT_QUANTILE if capacities is None else WEIGHTED_HOT_QUANTILE
             self._weights = None if capacities is None else {a: w for a, (w, _) in capacities.items()}
             for gone in [a for a in self._last if a not in ready]:
                 self._pool.discard(gone)
