@@ -27,9 +27,20 @@ Scenarios (1 client each)
 
 Utilization sweep (``SWEEP_CLIENTS`` clients, each with its own policy instance, sharing 50 backends,
 starting at random times over ``SWEEP_STAGGER``; offered load u x the fleet's true capacity; a warm-up
-of ``SWEEP_WARMUP`` seconds, not measured, then ``--sweep-duration`` seconds measured)
-  slow_tenth     50 backends x 4 slots x 10 ms, 5 of them 5x slower (50 ms)
-  hetero_cap     50 backends with 2, 4 or 8 slots (about a third each) x 10 ms, no weights registered
+of ``SWEEP_WARMUP`` seconds, not measured, then ``--sweep-duration`` seconds measured; ``--fleets`` picks some)
+  slow_tenth      50 backends x 4 slots x 10 ms, 5 of them 5x slower (50 ms)
+  hetero_cap      50 backends with 2, 4 or 8 slots (about a third each) x 10 ms, no weights registered
+  noisy_neighbour 50 x 4 slots x 10 ms; 5 of them at half capacity for the middle 40 % of the run (u is of the
+                  capacity meanwhile; the oracle's weights follow)
+  bursty          hetero_cap's backends, arrivals on/off (``BURSTS``: 1.6x the mean rate, then 0.4x, 50 ms each)
+  bimodal         50 x 4 slots, 10 ms mean: a tenth of the calls 10x slower than the rest (``BIMODAL``)
+  few_clients     hetero_cap's backends, ``FEW_CLIENTS`` clients
+  many_clients    5 backends with 8/16/32/16/8 slots x 10 ms, ``MANY_CLIENTS`` clients
+  no_reports      hetero_cap, servers without load reports (no call trailer; probes answer UNIMPLEMENTED)
+A call that ends at its server (not at its deadline) carries the server's ``call_load`` trailer when the pick asked
+for it. Each point also reports the backends' utilization, max and average (busy slot-time over the measured window).
+The sweep runs ``SWEEP_POLICIES``: random and smooth_weighted_round_robin are left out (unweighted, they split as
+round_robin does).
 
 Policies: round_robin, random, smooth_weighted_round_robin, least_request, p2c_ewma, peak_ewma, prequal,
 ``default`` (the policy ``waypost.service_config.DEFAULT_POLICY`` names, read at run time) and
@@ -39,7 +50,8 @@ weights = true capacity (slots / mean service time).
 
 Usage: python bench/simulate.py [--quick] [--seed N] [--duration S] [--sweep-duration S]
                                 [--no-sweep | --sweep-only] [--out PATH]
-Sweep lines: ``util <fleet> u=<U>%: p99 <policy>/oracle = <r>`` (``default`` included), a table of
+Sweep lines: ``util <fleet> u=<U>%: p99 <policy>/oracle = <r>, backend utilization max/avg = <M>%/<A>%``
+(``default`` included; ``--quick``: u = ``QUICK_UTILS`` only), a table of
 them, then the policies ranked by their worst ratio, ties by the geometric mean over the sweep
 (``util rank <n>: <policy> worst p99/oracle = <r> (<fleet> u=<U>%), geomean <g>``) and where the
 default stands (``util default = <policy>: worst p99/oracle = <r> (...), geomean <g>``).
@@ -72,6 +84,9 @@ from waypost.types import Backend
 
 POLICIES = ["round_robin", "random", "smooth_weighted_round_robin", "least_request", "p2c_ewma", "peak_ewma",
             "prequal", "default", "oracle"]
+#: the sweep leaves out random and smooth_weighted_round_robin: with no weights registered they split as round_robin
+#: does (random with more variance), and the sweep's wall time is what bounds how many fleets it can cover
+SWEEP_POLICIES = [p for p in POLICIES if p not in ("random", "smooth_weighted_round_robin")]
 DEADLINE = 1.0  # seconds: the client's per-call deadline
 SIGMA = 0.5  # lognormal shape of service times
 #: seconds, one way, client <-> server, for load-report probes only: a probe reads the server's account this long
@@ -533,17 +548,18 @@ def percentile(sorted_values: list[float], q: float) -> float:
     return sorted_values[rank - 1]
 
 
-def run_policies(sc: Scenario, duration: float, seed: int) -> dict[str, dict[str, Any]]:
-    """Every policy of ``POLICIES`` over ``sc``. ``default`` names another policy of the list (a run is a function
+def run_policies(sc: Scenario, duration: float, seed: int, policies: list[str] = POLICIES
+                 ) -> dict[str, dict[str, Any]]:
+    """Every policy of ``policies`` over ``sc``. ``default`` names another policy of the list (a run is a function
     of scenario, policy, duration and seed only): its figures are that policy's; otherwise it runs on its own."""
     results: dict[str, dict[str, Any]] = {}
-    for name in POLICIES:
-        if name == "default" and DEFAULT_POLICY in POLICIES:
+    for name in policies:
+        if name == "default" and DEFAULT_POLICY in policies:
             continue
         results[name] = Simulation(sc, name, duration, seed).run()
     if "default" not in results:
         results["default"] = dict(results[DEFAULT_POLICY])
-    return {name: results[name] for name in POLICIES}
+    return {name: results[name] for name in policies}
 
 
 def label(name: str) -> str:
@@ -613,7 +629,7 @@ def run_sweep(measured: float, warmup: float, seed: int, fleets: list[str] | Non
         points: dict[str, Any] = {}
         for util in utils:
             sc = sweep_scenario(fleet, util, warmup)
-            results = run_policies(sc, duration, seed)
+            results = run_policies(sc, duration, seed, SWEEP_POLICIES)
             oracle = results["oracle"]["p99"]
             ratios = {name: r["p99"] / oracle for name, r in results.items() if name != "oracle"}
             print(f"\n-- util {fleet} u={util}%: {sc.rate:.0f} calls/s offered, {results['oracle']['calls']} calls "
@@ -635,7 +651,7 @@ def run_sweep(measured: float, warmup: float, seed: int, fleets: list[str] | Non
 
     print(f"\nutil: p99 / oracle p99 ({warmup:g} s warm-up + {measured:g} s measured); the oracle's and the "
           "default's backend utilization max/avg")
-    names = [n for n in POLICIES if n != "oracle"]
+    names = [n for n in SWEEP_POLICIES if n != "oracle"]
     print(f"{'fleet':<16}{'u':>4}  {'oracle ms':>9}" + "".join(f"{n[:12]:>13}" for n in names)
           + f"{'oracle util':>13}{'default util':>14}")
     for fleet, fd in out["fleets"].items():
