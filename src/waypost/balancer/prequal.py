@@ -69,6 +69,7 @@ import logging
 import math
 import threading
 from collections.abc import Callable, Mapping, Sequence
+from dataclasses import replace
 from typing import Any
 
 from ..durations import parse_config_duration
@@ -299,8 +300,8 @@ class PrequalPolicy(Policy):
                 result = fallback.draw()
             targets = self._schedule(now, addresses)
         if self.call_reports:
-            result = PickResult(result.backend, self._report_hook(result.backend.address, result.done),
-                                wants_trailers=True)
+            # replace, not a new PickResult: whatever else peak_ewma's result carries stays
+            result = replace(result, done=self._report_hook(result.backend.address, result.done), wants_trailers=True)
         return result, targets
 
     def _report_hook(self, address: str, done: DoneHook) -> DoneHook:
