@@ -12,6 +12,8 @@ how full a backend is. Scenarios:
   hetero      4 backends with 1:2:4:8 slots, 4 ms mean (registered with no weights)
   hetero_weighted  the same fleet registered with weights 1:2:4:8 (its capacities; through a memory registry)
   antagonist  4 backends x 4 slots, 4 ms mean; one drops to 2 slots half-way through each run
+  hetero248   3 backends with 2/4/8 slots, 40 ms mean (350 calls/s in all: an open loop one Python client can
+              drive at 95 %)
 
 Load: closed loops of ``--callers`` sync threads (each sends its next call when the previous one
 ends), and one grpc.aio run per scenario with ``--aio-callers`` concurrent coroutines. Policies:
@@ -27,6 +29,9 @@ from the moment it loses half its slots).
 
 Lines: ``sweep <scenario> c=<C>: p99 <policy>/oracle = <r>`` (aio runs: scenario ``<scenario>/aio``),
 last ``sweep worst: p99 default/oracle = <r>``. JSON to bench/results/load_sweep.json.
+``--utils 80,90``: open loops instead (``run_open``): Poisson arrivals at u % of the fleet's true capacity from one
+grpc.aio client, each call its own task, latency counted from when the call was due; each policy and the oracle at
+each u, in the same run. Lines ``sweep <scenario>/open u=<U>%: p99 <policy>/oracle = <r>``.
 ``--quick``: callers 4 only, short runs, no aio (under 2 minutes on an idle 2-core machine).
 ``--probe-cost``: no sweep; the client CPU of one prequal load-report probe beside that of one balanced call
 (sequential, against one backend subprocess), and the probe rate that keeps probes at 3 % of the client CPU
@@ -232,6 +237,7 @@ SCENARIOS = {
     "hetero": Scenario("hetero", [1, 2, 4, 8], [4, 4, 4, 4]),
     "hetero_weighted": Scenario("hetero_weighted", [1, 2, 4, 8], [4, 4, 4, 4], registered=[1, 2, 4, 8]),
     "antagonist": Scenario("antagonist", [4, 4, 4, 4], [4, 4, 4, 4], victim=0),
+    "hetero248": Scenario("hetero248", [2, 4, 8], [40, 40, 40]),
 }
 
 
@@ -388,6 +394,99 @@ async def run_aio(policy: str, addrs: list[str], oracle: Oracle, callers: int, w
     return summarize(lat, dict(sorted(served.items())), errors)
 
 
+async def run_open(policy: str, addrs: list[str], oracle: Oracle, rate: float, warmup: float, seconds: float,
+                   target: str, seed: int) -> dict[str, Any]:
+    """Open loop: calls arrive as a Poisson process of ``rate`` per second (seeded), whatever the replies do; each
+    runs as its own task on one grpc.aio channel (the oracle: one per backend)."""
+    if policy == "oracle":
+        chans: list[Any] = [grpc.aio.insecure_channel(a) for a in addrs]
+        for c in chans:
+            await asyncio.wait_for(c.channel_ready(), 30)
+        stubs = [echo_pb2_grpc.EchoStub(c) for c in chans]
+
+        def send() -> Any:
+            return stubs[oracle.next()].Unary(REQ, timeout=CALL_TIMEOUT)
+    else:
+        chans = [waypost.aio.dial(target, **dial_args(policy))]
+        stub = echo_pb2_grpc.EchoStub(chans[0])
+
+        def send() -> Any:
+            return stub.Unary(REQ, timeout=CALL_TIMEOUT)
+
+    lat: list[float] = []
+    served: dict[str, int] = {}
+    errors = 0
+    rng = random.Random(seed)
+    start = time.perf_counter()
+    record_from, stop = start + warmup, start + warmup + seconds
+
+    async def one(t0: float) -> None:
+        nonlocal errors
+        try:
+            r = await send()
+        except grpc.RpcError:
+            errors += 1
+            return
+        if t0 >= record_from:
+            lat.append(time.perf_counter() - t0)
+            served[r.server] = served.get(r.server, 0) + 1
+
+    tasks = []
+    due = start
+    for _ in range(int(rate * (warmup + seconds) * 2) + 10):  # bounded by count as well as time
+        due += rng.expovariate(rate)
+        if due >= stop:
+            break
+        delay = due - time.perf_counter()
+        if delay > 0:
+            await asyncio.sleep(delay)
+        tasks.append(asyncio.ensure_future(one(due)))  # latency from when the call was due: a late send counts
+    try:
+        await asyncio.wait_for(asyncio.gather(*tasks), CALL_TIMEOUT + 10)
+    finally:
+        for c in chans:
+            await c.close()
+    return summarize(lat, dict(sorted(served.items())), errors)
+
+
+def open_loop_scenario(sc: Scenario, policies: list[str], utils: list[int], warmup: float, seconds: float,
+                       seed: int, max_seconds: float) -> list[dict[str, Any]]:
+    """Each policy under open-loop load at each ``u`` % of the fleet's true capacity, the oracle in the same run."""
+    procs: list[BackendProcess] = []
+    try:
+        for i, (slots, mean) in enumerate(zip(sc.slots, sc.mean_ms)):
+            procs.append(BackendProcess(f"{sc.name}{i}", slots, mean, seed + i, max_seconds))
+        addrs = [p.address for p in procs]
+        target, publishers = registered_target(sc, addrs)
+        capacity = sum(sc.weights(False))
+        rows, run = [], 0
+        for u in utils:
+            label = f"{sc.name}/open"
+            results: dict[str, dict[str, Any]] = {}
+            for policy in policies:
+                run += 1
+                for i, p in enumerate(procs):
+                    p.configure(sc.slots[i], seed * 1000 + run * 10 + i)
+                oracle = Oracle(lambda: sc.weights(False), len(addrs))
+                r = asyncio.run(run_open(policy, addrs, oracle, capacity * u / 100, warmup, seconds, target,
+                                         seed * 1000 + u))
+                results[policy] = r
+                print(f"  {label:16s} u={u:<3d} {policy:20s} p50 {r['p50_ms']:7.2f} ms  p99 {r['p99_ms']:7.2f} ms  "
+                      f"calls {r['calls']:6d}  errors {r['errors']}  share {r['share']}", flush=True)
+            oracle_p99 = results["oracle"]["p99_ms"]
+            ratios = {p: r["p99_ms"] / oracle_p99 for p, r in results.items() if p != "oracle"}
+            for p, ratio in ratios.items():
+                print(f"sweep {label} u={u}%: p99 {p}/oracle = {ratio:.3f}", flush=True)
+            rows.append({"scenario": label, "util": u, "rate": capacity * u / 100, "results": results,
+                         "p99_over_oracle": ratios})
+        for pub in publishers:
+            pub.stop()
+        return rows
+    finally:
+        for p in procs:
+            p.close()
+
+
 def sweep_scenario(sc: Scenario, policies: list[str], callers: list[int], aio_callers: int, warmup: float,
                    seconds: float, seed: int, max_seconds: float) -> list[dict[str, Any]]:
     procs: list[BackendProcess] = []
@@ -506,6 +605,9 @@ def main() -> int:
     ap.add_argument("--aio-callers", type=int, default=16, help="coroutines of the aio run (0: no aio run)")
     ap.add_argument("--policies", default=",".join(ALL_POLICIES),
                     help="comma-separated; unregistered waypost policies are skipped (oracle is always run)")
+    ap.add_argument("--utils", default="",
+                    help="comma-separated %% of the fleet's true capacity: open-loop runs (Poisson arrivals, one "
+                         "grpc.aio client) instead of the closed loops")
     ap.add_argument("--seconds", type=float, default=4.0, help="measured time per run")
     ap.add_argument("--warmup", type=float, default=1.5, help="unmeasured load before each measurement")
     ap.add_argument("--seed", type=int, default=1)
@@ -546,7 +648,12 @@ def main() -> int:
     t0 = time.monotonic()
     rows: list[dict[str, Any]] = []
     budget = 3600.0 + len(callers) * len(policies) * (args.seconds + args.warmup) * 10
+    utils = [int(u) for u in args.utils.split(",") if u]
     for name in args.scenarios.split(","):
+        if utils:
+            rows += open_loop_scenario(SCENARIOS[name], [p for p in policies if p != "native_round_robin"], utils,
+                                       args.warmup, args.seconds, args.seed, budget)
+            continue
         rows += sweep_scenario(SCENARIOS[name], policies, callers, args.aio_callers, args.warmup, args.seconds,
                                args.seed, budget)
     defaults = [r["p99_over_oracle"]["default"] for r in rows if "default" in r["p99_over_oracle"]]

@@ -27,9 +27,20 @@ Scenarios (1 client each)
 
 Utilization sweep (``SWEEP_CLIENTS`` clients, each with its own policy instance, sharing 50 backends,
 starting at random times over ``SWEEP_STAGGER``; offered load u x the fleet's true capacity; a warm-up
-of ``SWEEP_WARMUP`` seconds, not measured, then ``--sweep-duration`` seconds measured)
-  slow_tenth     50 backends x 4 slots x 10 ms, 5 of them 5x slower (50 ms)
-  hetero_cap     50 backends with 2, 4 or 8 slots (about a third each) x 10 ms, no weights registered
+of ``SWEEP_WARMUP`` seconds, not measured, then ``--sweep-duration`` seconds measured; ``--fleets`` picks some)
+  slow_tenth      50 backends x 4 slots x 10 ms, 5 of them 5x slower (50 ms)
+  hetero_cap      50 backends with 2, 4 or 8 slots (about a third each) x 10 ms, no weights registered
+  noisy_neighbour 50 x 4 slots x 10 ms; 5 of them at half capacity for the middle 40 % of the run (u is of the
+                  capacity meanwhile; the oracle's weights follow)
+  bursty          hetero_cap's backends, arrivals on/off (``BURSTS``: 1.6x the mean rate, then 0.4x, 50 ms each)
+  bimodal         50 x 4 slots, 10 ms mean: a tenth of the calls 10x slower than the rest (``BIMODAL``)
+  few_clients     hetero_cap's backends, ``FEW_CLIENTS`` clients
+  many_clients    5 backends with 8/16/32/16/8 slots x 10 ms, ``MANY_CLIENTS`` clients
+  no_reports      hetero_cap, servers without load reports (no call trailer; probes answer UNIMPLEMENTED)
+A call that ends at its server (not at its deadline) carries the server's ``call_load`` trailer when the pick asked
+for it. Each point also reports the backends' utilization, max and average (busy slot-time over the measured window).
+The sweep runs ``SWEEP_POLICIES``: random and smooth_weighted_round_robin are left out (unweighted, they split as
+round_robin does).
 
 Policies: round_robin, random, smooth_weighted_round_robin, least_request, p2c_ewma, peak_ewma, prequal,
 ``default`` (the policy ``waypost.service_config.DEFAULT_POLICY`` names, read at run time) and
@@ -39,7 +50,8 @@ weights = true capacity (slots / mean service time).
 
 Usage: python bench/simulate.py [--quick] [--seed N] [--duration S] [--sweep-duration S]
                                 [--no-sweep | --sweep-only] [--out PATH]
-Sweep lines: ``util <fleet> u=<U>%: p99 <policy>/oracle = <r>`` (``default`` included), a table of
+Sweep lines: ``util <fleet> u=<U>%: p99 <policy>/oracle = <r>, backend utilization max/avg = <M>%/<A>%``
+(``default`` included; ``--quick``: u = ``QUICK_UTILS`` only), a table of
 them, then the policies ranked by their worst ratio, ties by the geometric mean over the sweep
 (``util rank <n>: <policy> worst p99/oracle = <r> (<fleet> u=<U>%), geomean <g>``) and where the
 default stands (``util default = <policy>: worst p99/oracle = <r> (...), geomean <g>``).
@@ -65,12 +77,16 @@ import grpc
 
 from waypost.balancer.base import Outcome, PickInfo, Policy
 from waypost.balancer.policies import get_policy
+from waypost.orca import call_load
 from waypost.orca.account import LoadAccount
 from waypost.service_config import DEFAULT_POLICY
 from waypost.types import Backend
 
 POLICIES = ["round_robin", "random", "smooth_weighted_round_robin", "least_request", "p2c_ewma", "peak_ewma",
             "prequal", "default", "oracle"]
+#: the sweep leaves out random and smooth_weighted_round_robin: with no weights registered they split as round_robin
+#: does (random with more variance), and the sweep's wall time is what bounds how many fleets it can cover
+SWEEP_POLICIES = [p for p in POLICIES if p not in ("random", "smooth_weighted_round_robin")]
 DEADLINE = 1.0  # seconds: the client's per-call deadline
 SIGMA = 0.5  # lognormal shape of service times
 #: seconds, one way, client <-> server, for load-report probes only: a probe reads the server's account this long
@@ -83,6 +99,7 @@ SLOW_START = "10s"  # cold_start: the slowStartWindow of the second run of the r
 SLOW_START_POLICIES = ("least_request", "p2c_ewma", "peak_ewma", "prequal")
 
 SWEEP_UTILS = (30, 50, 70, 80, 90, 95)  # offered load, % of the fleet's true capacity
+QUICK_UTILS = (50, 80, 95)  # ... with --quick
 SWEEP_CLIENTS = 20
 SWEEP_BACKENDS = 50
 #: seconds of each sweep run not measured (full run, --quick): every client starts knowing nothing
@@ -91,6 +108,11 @@ SWEEP_WARMUP = (1.0, 0.25)
 #: instant stay in lockstep with a deterministic rotation (smooth_weighted_round_robin, the oracle): the k-th pick of every
 #: client goes to the same backend at about the same time, a burst no real fleet of clients produces
 SWEEP_STAGGER = 0.2
+NOISY = (0.3, 0.7)  # noisy_neighbour: fractions of the run when 5 backends lose half their capacity, get it back
+BURSTS = (0.1, 1.6, 0.4)  # bursty: period (s), rate factor on, off (the mean stays u)
+BIMODAL = (0.1, 10.0)  # bimodal: a tenth of the calls 10x slower than the others (the mean stays 10 ms)
+FEW_CLIENTS = 2
+MANY_CLIENTS = 100
 
 
 @dataclass
@@ -129,6 +151,14 @@ class Scenario:
     #: (fraction of the run, address): that backend joins then (every client's policy rebuilds) and the measurement
     #: starts then; before it, the policies see the others only (the oracle never sees it: it is ``bad``)
     join: tuple[float, str] | None = None
+    #: capacity changes: (fraction of the run, addresses, factor): their mean service time is multiplied by factor
+    #: then (the oracle's weights follow: it knows the truth)
+    changes: tuple[tuple[float, tuple[str, ...], float], ...] = ()
+    #: on/off arrivals: (period in seconds, rate factor in the first half, in the second half); the mean is kept
+    bursts: tuple[float, float, float] | None = None
+    #: bimodal service times: (share of slow calls, slow / fast mean); every backend's mean is kept
+    bimodal: tuple[float, float] | None = None
+    reports: bool = True  # False: the servers have no load-report service (probes answer UNIMPLEMENTED)
 
 
 def scenarios() -> list[Scenario]:
@@ -163,23 +193,68 @@ def _address(i: int) -> str:
     return f"10.1.{i // 250}.{i % 250 + 1}:8080"
 
 
-def sweep_fleets() -> dict[str, tuple[str, list[BackendSpec]]]:
-    """The sweep's fleets: name -> (description, backends)."""
+@dataclass(frozen=True)
+class SweepFleet:
+    """One fleet of the utilization sweep: its backends and how it is driven."""
+
+    description: str
+    backends: list[BackendSpec]
+    clients: int = SWEEP_CLIENTS
+    changes: tuple[tuple[float, tuple[str, ...], float], ...] = ()
+    bursts: tuple[float, float, float] | None = None
+    bimodal: tuple[float, float] | None = None
+    reports: bool = True
+
+    def capacity(self) -> float:
+        """Calls per second the fleet completes when saturated, at its lowest (while its neighbours are noisy):
+        u is a share of what the fleet can always serve."""
+        now: dict[str, float] = {}  # address -> its service time factor so far
+        slowest: dict[str, float] = {}
+        for _, addrs, f in sorted(self.changes):
+            for a in addrs:
+                now[a] = now.get(a, 1.0) * f
+                slowest[a] = max(slowest.get(a, 1.0), now[a])
+        return sum(b.capacity / slowest.get(b.address, 1.0) for b in self.backends)
+
+
+def sweep_fleets() -> dict[str, SweepFleet]:
+    """The sweep's fleets, by name."""
     n = SWEEP_BACKENDS
     slow = [BackendSpec(_address(i), slots=4, mean=0.050 if i % 10 == 4 else 0.010) for i in range(n)]
-    hetero = [BackendSpec(_address(i), slots=(2, 4, 8)[i % 3], mean=0.010) for i in range(n)]
+
+    def hetero() -> list[BackendSpec]:
+        return [BackendSpec(_address(i), slots=(2, 4, 8)[i % 3], mean=0.010) for i in range(n)]
+
+    def equal() -> list[BackendSpec]:
+        return [BackendSpec(_address(i), slots=4, mean=0.010) for i in range(n)]
+
+    few = [BackendSpec(_address(i), slots=(8, 16, 32, 16, 8)[i], mean=0.010) for i in range(5)]
+    noisy = tuple(_address(i) for i in range(2, n, 10))  # 5 of 50
     return {
-        "slow_tenth": (f"{n} backends x 4 slots x 10 ms, 5 of them 5x slower (50 ms)", slow),
-        "hetero_cap": (f"{n} backends, 2/4/8 slots (17/17/16) x 10 ms, no weights registered", hetero),
+        "slow_tenth": SweepFleet(f"{n} backends x 4 slots x 10 ms, 5 of them 5x slower (50 ms)", slow),
+        "hetero_cap": SweepFleet(f"{n} backends, 2/4/8 slots (17/17/16) x 10 ms, no weights registered", hetero()),
+        "noisy_neighbour": SweepFleet(
+            f"{n} backends x 4 slots x 10 ms; 5 of them at half capacity (20 ms) from 30 % to 70 % of the run "
+            "(u is of the capacity meanwhile)", equal(),
+            changes=((NOISY[0], noisy, 2.0), (NOISY[1], noisy, 0.5))),
+        "bursty": SweepFleet(f"hetero_cap's backends; arrivals on/off: {BURSTS[1]:g}x the mean rate for "
+                             f"{BURSTS[0] * 500:g} ms, {BURSTS[2]:g}x for as long", hetero(), bursts=BURSTS),
+        "bimodal": SweepFleet(f"{n} backends x 4 slots x 10 ms mean: {BIMODAL[0]:.0%} of calls {BIMODAL[1]:g}x "
+                              "slower than the rest", equal(), bimodal=BIMODAL),
+        "few_clients": SweepFleet(f"hetero_cap's backends, {FEW_CLIENTS} clients", hetero(), clients=FEW_CLIENTS),
+        "many_clients": SweepFleet(f"5 backends with 8/16/32/16/8 slots x 10 ms, {MANY_CLIENTS} clients", few,
+                                   clients=MANY_CLIENTS),
+        "no_reports": SweepFleet("hetero_cap, servers without load reports (probes answer UNIMPLEMENTED)",
+                                 hetero(), reports=False),
     }
 
 
 def sweep_scenario(fleet: str, util: int, warmup: float) -> Scenario:
-    description, specs = sweep_fleets()[fleet]
-    capacity = sum(b.capacity for b in specs)
-    return Scenario(f"{fleet}@{util}", description, specs, rate=capacity * util / 100.0, bad=None,
-                    oracle_weights=capacity_weights(specs),
-                    clients=SWEEP_CLIENTS, warmup=warmup, stagger=min(SWEEP_STAGGER, warmup))
+    f = sweep_fleets()[fleet]
+    return Scenario(f"{fleet}@{util}", f.description, f.backends, rate=f.capacity() * util / 100.0, bad=None,
+                    oracle_weights=capacity_weights(f.backends),
+                    clients=f.clients, warmup=warmup, stagger=min(SWEEP_STAGGER, warmup), changes=f.changes,
+                    bursts=f.bursts, bimodal=f.bimodal, reports=f.reports)
 
 
 def capacity_weights(specs: list[BackendSpec]) -> dict[str, int]:
@@ -192,9 +267,11 @@ def capacity_weights(specs: list[BackendSpec]) -> dict[str, int]:
 
 
 class _Call:
-    __slots__ = ("arrival", "backend", "done", "finished", "started", "token")
+    __slots__ = ("arrival", "backend", "done", "finished", "started", "token", "wants_trailers")
 
-    def __init__(self, arrival: float, backend: str, done: Any, token: tuple[int, float]) -> None:
+    def __init__(self, arrival: float, backend: str, done: Any, token: tuple[int, float],
+                 wants_trailers: bool = False) -> None:
+        self.wants_trailers = wants_trailers
         self.arrival = arrival
         self.backend = backend
         self.done = done
@@ -223,7 +300,10 @@ class _SimProber:
     def probe(self, address: str) -> bool:
         sim = self._sim
         sim.probes += 1
-        sim._push(sim.now + PROBE_DELAY, "probe_read", (self._client, address))
+        if sim.scenario.reports:
+            sim._push(sim.now + PROBE_DELAY, "probe_read", (self._client, address))
+        else:  # the server has no load-report service: UNIMPLEMENTED comes back after a round trip
+            sim._push(sim.now + 2 * PROBE_DELAY, "probe_failed", (self._client, address))
         return True
 
 
@@ -246,6 +326,7 @@ class Simulation:
         self.errors = 0
         self.probes = 0
         self.picks: Counter = Counter()
+        self.busy_time: Counter = Counter()  # address -> slot-seconds busy in the measured window
         self.first_second: Counter = Counter()  # with a join: picks in the first second after it
         self.all_picks = 0
         specs = scenario.backends
@@ -271,15 +352,27 @@ class Simulation:
             policy = cls(parsed, clock=clock, rng=random.Random(seed + 2 + k))
             if policy.wants_load_reports:
                 policy.attach_prober(_SimProber(self, k))
-            picker = policy.build(backends)
-            if policy_name == "oracle" and scenario.clients > 1 and scenario.oracle_weights:
-                # Clients that started together stay in lockstep through a deterministic rotation (the k-th
-                # pick of every client goes to the same backend at about the same time). Real clients started
-                # at different times: each oracle client starts at a random point of its weight cycle.
-                phase = random.Random(f"{seed}/oracle/{k}").randrange(sum(scenario.oracle_weights.values()))
-                for _ in range(phase):
-                    picker.pick(PickInfo()).done(Outcome())
             self.policies.append(policy)
+            self.pickers.append(policy.build(backends))
+        self._seed = seed
+        self._oracle_weighted = policy_name == "oracle" and scenario.oracle_weights is not None
+        if self._oracle_weighted:
+            self._build_oracle()
+
+    def _build_oracle(self) -> None:
+        """The oracle's pickers: smooth weighted round robin, weights = the backends' capacities now. Clients that
+        started together stay in lockstep through a deterministic rotation (the k-th pick of every client goes to
+        the same backend at about the same time). Real clients started at different times: each oracle client
+        starts at a random point of its weight cycle."""
+        weights = capacity_weights([BackendSpec(a, s.spec.slots, s.mean) for a, s in self.servers.items()])
+        backends = [Backend(a, {"weight": w}) for a, w in weights.items()]
+        cycle = sum(weights.values())
+        self.pickers = []
+        for k, policy in enumerate(self.policies):
+            picker = policy.build(backends)
+            if len(self.policies) > 1:
+                for _ in range(random.Random(f"{self._seed}/oracle/{k}/{cycle}").randrange(cycle)):
+                    picker.pick(PickInfo()).done(Outcome())
             self.pickers.append(picker)
 
     def _clock(self) -> float:
@@ -295,6 +388,10 @@ class Simulation:
             return spec.fail_latency, True
         server.started += 1
         mean = server.mean * (spec.cold_factor if server.started <= spec.cold_calls else 1.0)
+        bimodal = self.scenario.bimodal
+        if bimodal is not None:  # the same mean, split between fast calls and a share k times slower
+            share, k = bimodal
+            mean = mean / (1.0 + share * (k - 1.0)) * (k if self.rng.random() < share else 1.0)
         mu = math.log(mean) - SIGMA * SIGMA / 2
         return self.rng.lognormvariate(mu, SIGMA), False
 
@@ -302,26 +399,43 @@ class Simulation:
         server.busy += 1
         call.started = True
         service, failed = self._service_time(server)
+        # slot-seconds busy within the measured window (a call whose client gave up still holds its slot)
+        busy = min(self.now + service, self.duration) - max(self.now, self.warmup)
+        if busy > 0:
+            self.busy_time[server.spec.address] += busy
         self._push(self.now + service, "finish", (server, call, failed))
 
-    def _complete(self, call: _Call, code: grpc.StatusCode) -> None:
+    def _complete(self, call: _Call, code: grpc.StatusCode, server: _Server | None = None) -> None:
+        """The client sees ``call`` end; ``server``: it ended there (not at its deadline), so the trailer carries
+        the server's load (``call_load``) when the pick asked for it and the servers send it."""
         call.finished = True
         latency = self.now - call.arrival
         if call.arrival >= self.warmup:
             self.latencies.append(latency)
             if code != grpc.StatusCode.OK:
                 self.errors += 1
-        call.done(Outcome(code, latency))
+        trailers = None
+        if call.wants_trailers and server is not None and self.scenario.reports:
+            snap = server.account.snapshot()
+            trailers = ((call_load.KEY, call_load.encode(snap.in_flight, snap.latency_estimate)),)
+        call.done(Outcome(code, latency, trailers))
 
     def run(self) -> dict[str, Any]:
         sc = self.scenario
         rate = sc.rate / sc.clients
+        bursts = sc.bursts
+        if bursts is not None:  # a Poisson process at the peak rate, thinned to the rate of the moment
+            _, on, off = bursts
+            peak = max(on, off) / ((on + off) / 2)
+            rate *= peak
         for k in range(sc.clients):
             start = self.rng.uniform(0.0, sc.stagger) if sc.stagger else 0.0
             self._push(start + self.rng.expovariate(rate), "arrival", k)
         if sc.slowdown is not None:
             frac, addr, factor = sc.slowdown
             self._push(frac * self.duration, "slowdown", (addr, factor))
+        for frac, addrs, factor in sc.changes:
+            self._push(frac * self.duration, "capacity", (addrs, factor))
         if sc.join is not None and self._joins:
             self._push(sc.join[0] * self.duration, "join", None)
         info = PickInfo(method="/sim.Service/Call")
@@ -342,6 +456,10 @@ class Simulation:
             if kind == "arrival":
                 if t < self.duration:
                     self._push(t + self.rng.expovariate(rate), "arrival", payload)
+                if bursts is not None:
+                    level = bursts[1] if (t % bursts[0]) < bursts[0] / 2 else bursts[2]
+                    if self.rng.random() * peak * (bursts[1] + bursts[2]) / 2 >= level:
+                        continue  # thinned out: no call now
                 res = self.pickers[payload].pick(info)
                 addr = res.backend.address
                 self.all_picks += 1
@@ -350,7 +468,7 @@ class Simulation:
                     if sc.join is not None and t < warmup + 1.0:
                         self.first_second[addr] += 1
                 server = self.servers[addr]
-                call = _Call(t, addr, res.done, server.account.begin())
+                call = _Call(t, addr, res.done, server.account.begin(), res.wants_trailers)
                 if server.busy < server.spec.slots:
                     self._start(server, call)
                 else:
@@ -361,7 +479,7 @@ class Simulation:
                 server.busy -= 1
                 server.account.end(call.token, failed)
                 if not call.finished:
-                    self._complete(call, grpc.StatusCode.UNAVAILABLE if failed else grpc.StatusCode.OK)
+                    self._complete(call, grpc.StatusCode.UNAVAILABLE if failed else grpc.StatusCode.OK, server)
                 while server.queue and server.busy < server.spec.slots:
                     nxt = server.queue.popleft()
                     if nxt.finished:  # calls whose deadline passed were cancelled: the server notices now
@@ -372,6 +490,15 @@ class Simulation:
                 client, addr = payload
                 snap = self.servers[addr].account.snapshot()
                 self._push(t + PROBE_DELAY, "probe_answer", (client, addr, snap.in_flight, snap.latency_estimate))
+            elif kind == "probe_failed":
+                client, addr = payload
+                self.policies[client].on_probe_failed(addr, True)
+            elif kind == "capacity":
+                addrs, factor = payload
+                for addr in addrs:
+                    self.servers[addr].mean *= factor
+                if self._oracle_weighted:  # the oracle knows the truth: weights = capacities now
+                    self._build_oracle()
             elif kind == "probe_answer":
                 client, addr, in_flight, latency = payload
                 self.policies[client].on_probe(addr, in_flight, latency)
@@ -397,6 +524,10 @@ class Simulation:
             "error_rate": self.errors / total if total else 0.0,
             "share_by_kind": {k: v / picked for k, v in sorted(by_kind.items())} if picked else {},
         }
+        window = self.duration - self.warmup
+        if window > 0:  # each backend's busy share of its slots over the measured window
+            utils = [self.busy_time[b.address] / (b.slots * window) for b in self.scenario.backends]
+            out["util_max"], out["util_avg"] = max(utils), sum(utils) / len(utils)
         if len(self.scenario.backends) <= 8 and picked:
             out["share"] = {b.address: self.picks[b.address] / picked for b in self.scenario.backends}
         if self.scenario.join is not None:
@@ -417,17 +548,18 @@ def percentile(sorted_values: list[float], q: float) -> float:
     return sorted_values[rank - 1]
 
 
-def run_policies(sc: Scenario, duration: float, seed: int) -> dict[str, dict[str, Any]]:
-    """Every policy of ``POLICIES`` over ``sc``. ``default`` names another policy of the list (a run is a function
+def run_policies(sc: Scenario, duration: float, seed: int, policies: list[str] = POLICIES
+                 ) -> dict[str, dict[str, Any]]:
+    """Every policy of ``policies`` over ``sc``. ``default`` names another policy of the list (a run is a function
     of scenario, policy, duration and seed only): its figures are that policy's; otherwise it runs on its own."""
     results: dict[str, dict[str, Any]] = {}
-    for name in POLICIES:
-        if name == "default" and DEFAULT_POLICY in POLICIES:
+    for name in policies:
+        if name == "default" and DEFAULT_POLICY in policies:
             continue
         results[name] = Simulation(sc, name, duration, seed).run()
     if "default" not in results:
         results["default"] = dict(results[DEFAULT_POLICY])
-    return {name: results[name] for name in POLICIES}
+    return {name: results[name] for name in policies}
 
 
 def label(name: str) -> str:
@@ -478,46 +610,55 @@ def run_slow_start(sc: Scenario, duration: float, seed: int, results: dict[str, 
     return out
 
 
-def run_sweep(measured: float, warmup: float, seed: int) -> dict[str, Any]:
-    """The utilization sweep: every policy, every fleet, every u; prints its lines, returns its JSON part."""
+def run_sweep(measured: float, warmup: float, seed: int, fleets: list[str] | None = None,
+              utils: tuple[int, ...] = SWEEP_UTILS) -> dict[str, Any]:
+    """The utilization sweep: every policy, every fleet (or those named), every u; prints its lines, returns its
+    JSON part."""
     duration = warmup + measured
     out: dict[str, Any] = {"measured": measured, "warmup": warmup, "stagger": min(SWEEP_STAGGER, warmup),
-                           "clients": SWEEP_CLIENTS, "probe_delay": PROBE_DELAY, "utils": list(SWEEP_UTILS),
+                           "clients": SWEEP_CLIENTS, "probe_delay": PROBE_DELAY, "utils": list(utils),
                            "fleets": {}}
     ratios_of: dict[str, list[tuple[float, str]]] = {}  # policy -> [(p99 / oracle, where)]
-    for fleet, (description, specs) in sweep_fleets().items():
-        capacity = sum(b.capacity for b in specs)
+    for fleet, f in sweep_fleets().items():
+        if fleets is not None and fleet not in fleets:
+            continue
+        description, specs, capacity = f.description, f.backends, f.capacity()
         kinds = sorted({b.kind for b in specs})
-        print(f"\n== util {fleet}: {description}; capacity {capacity:.0f} calls/s, {SWEEP_CLIENTS} clients, "
+        print(f"\n== util {fleet}: {description}; capacity {capacity:.0f} calls/s, {f.clients} clients, "
               f"{warmup:g} s warm-up + {measured:g} s measured, deadline {DEADLINE:g} s")
         points: dict[str, Any] = {}
-        for util in SWEEP_UTILS:
+        for util in utils:
             sc = sweep_scenario(fleet, util, warmup)
-            results = run_policies(sc, duration, seed)
+            results = run_policies(sc, duration, seed, SWEEP_POLICIES)
             oracle = results["oracle"]["p99"]
             ratios = {name: r["p99"] / oracle for name, r in results.items() if name != "oracle"}
             print(f"\n-- util {fleet} u={util}%: {sc.rate:.0f} calls/s offered, {results['oracle']['calls']} calls "
                   f"measured (oracle)")
-            print(f"{'policy':<24}{'p50 ms':>9}{'p99 ms':>9}{'p999 ms':>9}{'errors':>8}  share {' '.join(kinds)}")
+            print(f"{'policy':<24}{'p50 ms':>9}{'p99 ms':>9}{'p999 ms':>9}{'errors':>8}{'util max/avg':>14}  "
+                  f"share {' '.join(kinds)}")
             for name, r in results.items():
                 share = " ".join(f"{r['share_by_kind'].get(k, 0.0):5.1%}" for k in kinds)
                 probes = (f"  probes/call {r['probes_per_call']:.3f}, picks by probes {r['probe_decided']:.0%}"
                           if "probe_decided" in r else "")
                 print(f"{label(name):<24}{r['p50'] * 1e3:9.1f}{r['p99'] * 1e3:9.1f}{r['p999'] * 1e3:9.1f}"
-                      f"{r['error_rate']:8.2%}  {share}{probes}")
+                      f"{r['error_rate']:8.2%}{_util(r):>14}  {share}{probes}")
             for name, ratio in ratios.items():
-                print(f"util {fleet} u={util}%: p99 {name}/oracle = {ratio:.3f}")
+                print(f"util {fleet} u={util}%: p99 {name}/oracle = {ratio:.3f}, backend utilization max/avg = "
+                      f"{_util(results[name])}")
                 ratios_of.setdefault(name, []).append((ratio, f"{fleet} u={util}%"))
             points[str(util)] = {"rate": sc.rate, "results": results, "p99_over_oracle": ratios}
         out["fleets"][fleet] = {"description": description, "capacity": capacity, "points": points}
 
-    print(f"\nutil: p99 / oracle p99 ({SWEEP_CLIENTS} clients, {warmup:g} s warm-up + {measured:g} s measured)")
-    names = [n for n in POLICIES if n != "oracle"]
-    print(f"{'fleet':<12}{'u':>4}  {'oracle ms':>9}" + "".join(f"{n[:12]:>13}" for n in names))
+    print(f"\nutil: p99 / oracle p99 ({warmup:g} s warm-up + {measured:g} s measured); the oracle's and the "
+          "default's backend utilization max/avg")
+    names = [n for n in SWEEP_POLICIES if n != "oracle"]
+    print(f"{'fleet':<16}{'u':>4}  {'oracle ms':>9}" + "".join(f"{n[:12]:>13}" for n in names)
+          + f"{'oracle util':>13}{'default util':>14}")
     for fleet, fd in out["fleets"].items():
         for util, pt in fd["points"].items():
-            print(f"{fleet:<12}{util + '%':>4}  {pt['results']['oracle']['p99'] * 1e3:9.1f}"
-                  + "".join(f"{pt['p99_over_oracle'][n]:13.2f}" for n in names))
+            print(f"{fleet:<16}{util + '%':>4}  {pt['results']['oracle']['p99'] * 1e3:9.1f}"
+                  + "".join(f"{pt['p99_over_oracle'][n]:13.2f}" for n in names)
+                  + f"{_util(pt['results']['oracle']):>13}{_util(pt['results']['default']):>14}")
     # ranked by the worst ratio; policies pinned at the deadline tie there, the geometric mean orders them
     rows = []
     for name, values in ratios_of.items():
@@ -529,11 +670,16 @@ def run_sweep(measured: float, warmup: float, seed: int) -> dict[str, Any]:
                      key=lambda r: (r["worst_p99_over_oracle"], r["geomean_p99_over_oracle"], r["policy"]))
     out["ranking"] = ranking
     out["default"] = {**default, "policy": DEFAULT_POLICY}
-    print(f"\nutil: policies ranked by their worst p99/oracle over both fleets and u = "
-          f"{', '.join(map(str, SWEEP_UTILS))} % (ties: by the geometric mean)")
+    print(f"\nutil: policies ranked by their worst p99/oracle over every fleet and u = "
+          f"{', '.join(map(str, utils))} % (ties: by the geometric mean)")
     for line in ranking_lines(out):
         print(line)
     return out
+
+
+def _util(r: dict[str, Any]) -> str:
+    """A run's backend utilization, max/avg, in percent."""
+    return f"{r['util_max']:.0%}/{r['util_avg']:.0%}"
 
 
 def ranking_lines(sweep: dict[str, Any]) -> list[str]:
@@ -556,10 +702,12 @@ def main(argv: list[str] | None = None) -> int:
     group = ap.add_mutually_exclusive_group()
     group.add_argument("--no-sweep", action="store_true", help="only the scenarios")
     group.add_argument("--sweep-only", action="store_true", help="only the utilization sweep")
+    ap.add_argument("--fleets", default=None,
+                    help=f"comma-separated sweep fleets (default: all of {', '.join(sweep_fleets())})")
     ap.add_argument("--out", type=Path, default=Path(__file__).resolve().parent / "results" / "simulate.json")
     args = ap.parse_args(argv)
     duration = args.duration or (4.0 if args.quick else 20.0)
-    sweep_measured = args.sweep_duration or (0.25 if args.quick else 3.0)
+    sweep_measured = args.sweep_duration or (0.25 if args.quick else 1.5)
     sweep_warmup = SWEEP_WARMUP[1] if args.quick else SWEEP_WARMUP[0]
 
     started = time.perf_counter()
@@ -569,7 +717,12 @@ def main(argv: list[str] | None = None) -> int:
     if not args.sweep_only:
         summary = run_scenarios(duration, args.seed, report)
     if not args.no_sweep:
-        report["sweep"] = run_sweep(sweep_measured, sweep_warmup, args.seed)
+        fleets = None if args.fleets is None else args.fleets.split(",")
+        unknown = sorted(set(fleets or ()) - set(sweep_fleets()))
+        if unknown:
+            ap.error(f"--fleets: unknown fleet(s) {unknown}; choose from {list(sweep_fleets())}")
+        report["sweep"] = run_sweep(sweep_measured, sweep_warmup, args.seed, fleets,
+                                    QUICK_UTILS if args.quick else SWEEP_UTILS)
     report["wall_seconds"] = time.perf_counter() - started
     args.out.parent.mkdir(parents=True, exist_ok=True)
     args.out.write_text(json.dumps(report, indent=2, sort_keys=True) + "\n")

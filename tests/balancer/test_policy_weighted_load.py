@@ -1,4 +1,4 @@
-"""Registered weights under the load-aware policies (peak_ewma, the default; p2c_ewma; least_request; prequal).
+"""Registered weights under the load-aware policies (prequal, the default; peak_ewma; p2c_ewma; least_request).
 
 Weighted P2C (``weights.Capacity``): candidates drawn by weight with replacement, compared on their calls in
 flight per unit of capacity; so the weight is a share when the fleet is idle, traffic follows the weights at equal

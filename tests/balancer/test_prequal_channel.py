@@ -140,3 +140,35 @@ def test_probes_to_a_stopped_backend_stop(unique_key):
                    what="a probe of a live backend after the stop")
         assert h.address not in {p.address for p in policy.pool()}  # ...its probe left with it...
         assert ch.balancer._prober.probe(h.address) is False  # ...and the prober refuses to send one
+
+
+def _no_probes() -> dict:
+    return {"loadBalancingConfig": [{"prequal": {"probesPerPick": 0}}]}
+
+
+def test_sync_calls_carry_the_servers_load_without_probes(unique_key):
+    # no probe at all: the pool fills from the calls' own trailers (waypost-server-load) and steers by them
+    with fleet(unique_key, [0, 0, SLOW_MS]) as addrs, \
+            waypost.dial(target(addrs), service_config=_no_probes()) as ch:
+        stub = echo_pb2_grpc.EchoStub(ch)
+        policy = ch.config.policy
+        wait_until(lambda: stub.Unary(REQ, timeout=10) and len({p.address for p in policy.pool()}) >= 2,
+                   what="call reports of two backends")
+        seen = Counter(stub.Unary(REQ, timeout=10).server for _ in range(CALLS))
+        assert policy.probes_sent == 0 and policy.probe_picks > 0
+        assert seen["s2"] < CALLS // 6, seen
+
+
+def test_aio_calls_carry_the_servers_load_without_probes(unique_key):
+    async def run(addrs: list[str]) -> object:
+        async with waypost.aio.dial(target(addrs), service_config=_no_probes()) as ch:
+            stub = echo_pb2_grpc.EchoStub(ch)
+            policy = ch.config.policy
+            for _ in range(CALLS):
+                await stub.Unary(REQ, timeout=10)
+            return policy
+
+    with fleet(unique_key, [0, 0]) as addrs:
+        policy = asyncio.run(run(addrs))
+    assert policy.probes_sent == 0 and policy.probe_picks > 0  # type: ignore[attr-defined]
+    assert {p.address for p in policy.pool()} <= set(addrs) and policy.pool()  # type: ignore[attr-defined]

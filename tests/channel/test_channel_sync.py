@@ -63,10 +63,10 @@ def test_seed_experiment_pick_first_vs_round_robin():
             assert got[0] != got[1] and got[0::2] == [got[0]] * 2 and got[1::2] == [got[1]] * 2
 
 
-def test_default_policy_is_peak_ewma_and_config_policy_wins():
+def test_default_policy_is_prequal_and_config_policy_wins():
     with echo_servers("a") as srv:
         with waypost.dial(direct(srv)) as ch:
-            assert ch.balancer.policy.name == "peak_ewma" == DEFAULT_POLICY
+            assert ch.balancer.policy.name == "prequal" == DEFAULT_POLICY
             assert echo_pb2_grpc.EchoStub(ch).Unary(Req()).server == "a"
         with waypost.dial(direct(srv), service_config={"loadBalancingPolicy": "round_robin"}) as ch:
             assert ch.balancer.policy.name == "round_robin"

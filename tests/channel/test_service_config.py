@@ -58,8 +58,8 @@ def test_real_policies_are_registered():
 @pytest.mark.parametrize(
     ("raw", "balancer", "policy"),
     [
-        (None, None, "peak_ewma"),  # waypost's default (DEFAULT_POLICY), the same as dial's
-        ({}, None, "peak_ewma"),
+        (None, None, "prequal"),  # waypost's default (DEFAULT_POLICY), the same as dial's
+        ({}, None, "prequal"),
         ("", None, None),  # empty text is invalid JSON: see the invalid table
         ({}, "p2c_ewma", "p2c_ewma"),  # go-zero's dial default through the shortcut
         (None, "ROUND_ROBIN", "round_robin"),

@@ -2,8 +2,12 @@
 
 After "Load is not what you should balance: Introducing Prequal" (Wydrowski, Kleinberg, Rumble; NSDI '24).
 Every backend served by ``waypost.serve`` answers ``waypost.load.v1.LoadReporter/Report`` with its requests in
-flight from every client (RIF) and its latency estimate at that load. This policy:
+flight from every client (RIF) and its latency estimate at that load, and ends every call's trailing metadata with
+the same two figures (``waypost.orca.call_load``). This policy:
 
+- **reads the server's load from every call it picks** (``callReports``, on by default: the pick asks for the
+  trailer, the done hook feeds it to the pool as a probe answer that cost no RPC). The paper ties the probing rate
+  to the query rate; a report per call is that rate, for a trailer lookup instead of an RPC;
 - **probes off the call path.** Each pick earns ``probesPerPick`` probe credits; a credit is spent on a probe of a
   backend drawn at random among the READY ones, through the channel's ``LoadProber`` (``base.LoadProber``), which
   sends it asynchronously and returns at once (of two backends drawn, the one reported on least recently is
@@ -16,8 +20,13 @@ flight from every client (RIF) and its latency estimate at that load. This polic
   second, so a probe rate capped below the call rate still covers every pick); a probe's RIF has this client's
   part brought up to date from peak_ewma's in-flight counts, its latency scaled with it (``prequal_pool``);
 - **chooses hot-cold lexicographically** (HCL): among the pool's probes of this picker's backends, the cold ones
-  (RIF at or below the ``hotQuantile`` of recent RIFs) by lowest latency. The paper takes the hot ones by lowest
-  RIF when no probe is cold; here peak_ewma decides then: the pool holds a few probes of the fleet, cold ones are
+  (RIF at or below the ``hotQuantile`` of recent RIFs; 0.95, not the paper's 0.84: RIF is not per capacity, and
+  the largest backends of a heterogeneous fleet were hot for carrying their share; 0.84 when registered weights
+  differ, RIF then counting per unit of capacity) by lowest latency. When a hot
+  probe promises a lower latency than the best cold one, peak_ewma decides: a slow or cold-starting backend stays
+  cold *because* it is slow (its few calls keep its RIF low), and HCL would send it every pick (bench/simulate.py:
+  one client, 1 of 4 backends 10x slower, p99 74 ms before, 35 ms after). The paper takes the hot ones by lowest
+  RIF when no probe is cold; here peak_ewma decides then too: the pool holds a few probes of the fleet, cold ones are
   used up first, so a pool left with hot probes only holds the overloaded backends and would herd every pick
   onto them (bench/simulate.py's 50-backend sweep: p99 up to 9x the oracle), while peak_ewma's P2C draws from
   every READY backend. With fewer than two usable probes (and more than one backend) there is no choice to
@@ -28,7 +37,9 @@ flight from every client (RIF) and its latency estimate at that load. This polic
   pushed back or that has left a call unanswered for over twice its latency is not used: peak_ewma, which counts
   them, decides that pick (a backend that fails fast reports few requests in flight and must not look idle);
 - **falls back to ``peak_ewma``** (its very statistics: every call is counted there, whichever way it was chosen)
-  when the pool holds fewer than two usable probes. Backends without load reports (the probe answered
+  when the pool holds fewer than two usable probes, and whenever no server reported its load within
+  ``maxProbeAge`` (a fleet without load reports: the picks are peak_ewma's, the pool of this client's own views
+  is not consulted). Backends without load reports (the probe answered
   UNIMPLEMENTED, or the report carries no in-flight count) are not probed again while they stay; when drawn as
   probe targets they enter
   the pool with peak_ewma's view of them (this client's calls in flight, its latency estimate), so a mixed fleet
@@ -43,7 +54,7 @@ each backend gets its weight's share; weight 0 keeps a backend out of both.
 Config (``loadBalancingConfig``)::
 
     {"prequal": {"probesPerPick": 1, "maxProbeRate": 16, "poolSize": 16, "maxProbeAge": "1s",
-                 "reuseBudget": 4, "hotQuantile": 0.84, "probeTimeout": "0.25s",
+                 "reuseBudget": 4, "hotQuantile": 0.95, "callReports": true, "probeTimeout": "0.25s",
                  "decayTime": "10s", "defaultRtt": "0.03s"}}
 
 (``decayTime``/``defaultRtt`` configure the peak_ewma fallback.) ``slowStartWindow`` (``slow_start``, default off)
@@ -59,13 +70,15 @@ import logging
 import math
 import threading
 from collections.abc import Callable, Mapping, Sequence
+from dataclasses import replace
 from typing import Any
 
 from ..durations import parse_config_duration
 from ..errors import InvalidServiceConfig, NoBackendAvailable
+from ..orca import call_load
 from ..types import Backend
 from . import slow_start
-from .base import BackendSignal, LoadProber, Picker, PickInfo, PickResult, Policy
+from .base import BackendSignal, DoneHook, LoadProber, Outcome, Picker, PickInfo, PickResult, Policy
 from .config_fields import policy_config
 from .peak_ewma import DURATION_FIELDS as PEAK_DURATIONS
 from .peak_ewma import FALLBACK_FIELDS as PEAK_FIELDS
@@ -84,7 +97,11 @@ DEFAULT_PROBES_PER_PICK = 1.0
 DEFAULT_MAX_PROBE_RATE = 16.0
 DEFAULT_POOL_SIZE = 16
 DEFAULT_MAX_AGE = 1.0  # seconds
-DEFAULT_HOT_QUANTILE = 0.84
+#: above the paper's 0.84: RIF is not per capacity, and at 0.84 the largest backends of a heterogeneous fleet (more calls
+#: in flight for being larger) were hot and starved (bench/simulate.py sweep: many_clients, hetero_cap)
+DEFAULT_HOT_QUANTILE = 0.95
+#: ... but when registered weights differ, RIF is counted per unit of capacity (``prequal_pool``): the paper's value
+WEIGHTED_HOT_QUANTILE = 0.84
 DEFAULT_PROBE_TIMEOUT = 0.25  # seconds
 MIN_AUTO_REUSE = 2  # the automatic reuse budget's floor (a probe is worth at least two picks)
 FIRST_AUTO_REUSE = 16  # ... before the first window is counted
@@ -96,7 +113,8 @@ RATE_WINDOW = 1.0  # seconds: picks and probes are counted over this window for 
 NUMBER_FIELDS = {"probesPerPick": (0.0, 100.0), "maxProbeRate": (0.1, 1e6), "hotQuantile": (0.01, 1.0)}
 INT_FIELDS = {"poolSize": (1, 1024), "reuseBudget": (1, 1000)}
 DURATION_FIELDS = {"maxProbeAge", "probeTimeout"}
-CONFIG_FIELDS = set(NUMBER_FIELDS) | set(INT_FIELDS) | DURATION_FIELDS | PEAK_FIELDS
+BOOL_FIELDS = {"callReports"}
+CONFIG_FIELDS = set(NUMBER_FIELDS) | set(INT_FIELDS) | DURATION_FIELDS | BOOL_FIELDS | PEAK_FIELDS
 
 
 class PrequalPicker(Picker):
@@ -131,6 +149,7 @@ class PrequalPolicy(Policy):
         self.probes_per_pick = float(cfg.get("probesPerPick", DEFAULT_PROBES_PER_PICK))
         self.max_probe_rate = float(cfg.get("maxProbeRate", DEFAULT_MAX_PROBE_RATE))
         self.probe_timeout = float(cfg.get("probeTimeout", DEFAULT_PROBE_TIMEOUT))
+        self.call_reports = bool(cfg.get("callReports", True))
         self._auto_reuse = "reuseBudget" not in cfg
         self.fallback = PeakEwmaPolicy({k: cfg[k] for k in PEAK_FIELDS & set(cfg)}, clock=self.clock, rng=self.rng)
         self.fallback.log_name, self.fallback.log_extra = self.name, self._log_extra
@@ -154,6 +173,7 @@ class PrequalPolicy(Policy):
         self._last: dict[str, tuple[float, float | None, float, int]] = {}
         self._credit = 0.0
         now = self.clock()
+        self._reported = -math.inf  # when a server last reported its load (a probe's answer or a call's trailer)
         self._tokens = 1.0
         self._token_stamp = now
         self._window_start = now
@@ -171,6 +191,9 @@ class PrequalPolicy(Policy):
         for key, (ilo, ihi) in INT_FIELDS.items():
             if key in cfg:
                 cfg[key] = _integer(cfg[key], f"{path}.{key}", ilo, ihi)
+        for key in BOOL_FIELDS & set(cfg):
+            if not isinstance(cfg[key], bool):
+                raise InvalidServiceConfig(f"{path}.{key}: expected true or false, got {cfg[key]!r}")
         for key in (DURATION_FIELDS | PEAK_DURATIONS) & set(cfg):
             cfg[key] = parse_config_duration(cfg[key], f"{path}.{key}", positive=True)
         slow_start.parse_window(cfg, path)
@@ -191,6 +214,8 @@ class PrequalPolicy(Policy):
         with self._lock:
             self._ready = ready
             self._capacities = capacities
+            if "hotQuantile" not in self.config:
+                self._pool.rif_quantile = DEFAULT_HOT_QUANTILE if capacities is None else WEIGHTED_HOT_QUANTILE
             self._weights = None if capacities is None else {a: w for a, (w, _) in capacities.items()}
             for gone in [a for a in self._last if a not in ready]:
                 self._pool.discard(gone)
@@ -202,12 +227,23 @@ class PrequalPolicy(Policy):
         return PrequalPicker(self, backends, fallback)
 
     def on_probe(self, address: str, in_flight: int, latency: float | None) -> None:
+        self._record(address, in_flight, latency, probed=True)
+
+    def on_call_report(self, address: str, in_flight: int, latency: float | None) -> None:
+        """The server's load as one of our calls there ended (``call_load``: its trailer), our call no longer
+        counted in either side: a probe's answer that cost no RPC."""
+        self._record(address, in_flight, latency, probed=False)
+
+    def _record(self, address: str, in_flight: int, latency: float | None, probed: bool) -> None:
         now = self.clock()
         view = self.fallback.stats_of(address)
         with self._lock:
-            asked = self._outstanding.pop(address, None)
+            asked = self._outstanding.pop(address, None) if probed else None
+            if not probed:
+                self._window_probes += 1  # a report per call: the reuse budget shrinks to match
             if address not in self._ready or view is None:
                 return  # a late answer from a backend that left
+            self._reported = now
             if latency is None:
                 # No call has ended there since the server started (it just joined): as fast as the fastest
                 # fresh probe, so that it is tried and measured. HCL takes the lowest latency, so anything
@@ -250,8 +286,10 @@ class PrequalPolicy(Policy):
             usable: Mapping[str, int] | _Admitted = index
             if self.fallback.slow_start.window:
                 usable = _Admitted(index, self.fallback.admits)
-            probe = self._pool.choose(usable, self.fallback.inflight_of, min(2, len(addresses)), hot_choice=False,
-                                      weights=self._weights)
+            probe = None
+            if now - self._reported <= self._pool.max_age:  # no server reported its load lately: peak_ewma
+                probe = self._pool.choose(usable, self.fallback.inflight_of, min(2, len(addresses)),
+                                          hot_choice=False, weights=self._weights)
             if probe is not None and not self.fallback.troubled(probe.address):  # failures: peak_ewma decides
                 self.probe_picks += 1
                 # counted under our lock, so the next pick's HCL sees this call in flight
@@ -259,7 +297,20 @@ class PrequalPolicy(Policy):
             else:
                 result = fallback.draw()
             targets = self._schedule(now, addresses)
+        if self.call_reports:
+            # replace, not a new PickResult: whatever else peak_ewma's result carries stays
+            result = replace(result, done=self._report_hook(result.backend.address, result.done), wants_trailers=True)
         return result, targets
+
+    def _report_hook(self, address: str, done: DoneHook) -> DoneHook:
+        """``done`` (peak_ewma's statistics), then the server's load from the call's trailer (``call_load``)."""
+        def report(outcome: Outcome) -> None:
+            done(outcome)
+            load = call_load.decode(outcome.trailing_metadata)
+            if load is not None:
+                self.on_call_report(address, *load)
+
+        return report
 
     def _schedule(self, now: float, addresses: Sequence[str]) -> list[str]:
         # Caller holds _lock. Credits from the call rate, tokens from the rate cap; one probe per credit and token.

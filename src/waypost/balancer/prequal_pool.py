@@ -124,8 +124,11 @@ class ProbePool:
 
     def choose(self, usable: Container[str], own: Callable[[str], int] | None = None, min_choice: int = 1,
                hot_choice: bool = True, weights: Mapping[str, int] | None = None) -> Probe | None:
-        """The HCL choice among the fresh probes of ``usable`` backends; None when fewer than ``min_choice``, or
-        when every candidate is hot and ``hot_choice`` is False (the caller then decides by other means).
+        """The HCL choice among the fresh probes of ``usable`` backends; None when fewer than ``min_choice``, or,
+        with ``hot_choice`` False, when every candidate is hot or when a hot one promises a lower latency than the
+        best cold one (the caller then decides by other means). A cold backend slower than a loaded one is cold
+        *because* it is slow (a slow or cold-starting server: the few calls it gets keep its RIF low); HCL would
+        send it every pick its RIF stays low for, and one call in a hundred there is the p99.
 
         ``own(address)``: this client's calls in flight there now (see the module doc). ``weights``: address ->
         registered weight when the weights differ (the cold choice is then weighted P2C, see the module doc).
@@ -152,6 +155,9 @@ class ProbePool:
             best = second if prefer(self._rng, latency[first.address], latency[second.address]) else first
         elif cold:
             best = _lowest(cold, lambda p: latency[p.address], self._rng)
+            if not hot_choice and len(cold) < len(candidates) and latency[best.address] > min(
+                    latency[p.address] for p in candidates if rif[p.address] / p.units > self._hot_above):
+                return None  # the pool contradicts itself: the caller decides (see the method doc)
         elif hot_choice:
             best = _lowest(candidates, lambda p: rif[p.address], self._rng)
         else:

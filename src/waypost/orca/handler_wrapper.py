@@ -26,6 +26,7 @@ import logging
 from collections.abc import AsyncIterator, Callable, Iterator
 from typing import Any
 
+from . import call_load
 from .account import LoadAccount
 from .service import SERVICE as ORCA_SERVICE
 from .waypost_report import REPORT_METHOD
@@ -43,25 +44,44 @@ UNACCOUNTED_PREFIXES = (REPORT_METHOD, "/grpc.health.v1.Health/", "/grpc.reflect
 class CountedCall:
     """One call in a ``LoadAccount``, from the start of its handler to its end (see the module doc)."""
 
-    __slots__ = ("_end", "_token")
+    __slots__ = ("_account", "_context", "_token")
 
     def __init__(self, account: LoadAccount, context: Any) -> None:
-        self._end = account.end
+        self._account = account
+        self._context = context
         self._token = account.begin()
 
     def raised(self) -> None:
         """The handler raised: the call failed, and its error status is all it answers."""
-        self._end(self._token, True)
+        self._account.end(self._token, True)
 
     def end(self, failed: bool) -> None:
-        """The call's result was returned, or its response stream ended (``failed``: it raised or was closed)."""
-        self._end(self._token, failed)
+        """The call's result was returned, or its response stream ended (``failed``: it raised or was closed).
+        Its trailing metadata gets the server's load now (``call_load``), after any the handler set."""
+        self._account.end(self._token, failed)
+        add_trailers(self._context, self.load_trailer())
+
+    def load_trailer(self) -> tuple[tuple[str, str], ...]:
+        """The ``call_load`` trailer: the server's requests in flight and latency estimate now."""
+        account = self._account
+        in_flight = account.in_flight  # an int read is atomic: no lock (the estimate takes it once)
+        return ((call_load.KEY, call_load.encode(in_flight, account.latency_estimate(in_flight))),)
 
     def detach(self) -> None:
         """The handler returned its response stream; the call goes on when the stream is iterated."""
 
     def attach(self) -> None:
         """The response stream is being iterated."""
+
+
+def add_trailers(context: Any, md: tuple[tuple[str, Any], ...]) -> None:
+    """Append ``md`` to the call's trailing metadata (after any the handler set); a report must never fail the call
+    it rides on."""
+    try:
+        existing = context.trailing_metadata()
+        context.set_trailing_metadata(tuple(existing) + md if existing else md)
+    except Exception:
+        log.debug("load trailer: not added to this call", exc_info=True)
 
 
 #: starts the accounting of one call, given the handler's context

@@ -7,7 +7,8 @@ makes either. Each handler is wrapped once by the load interceptor's ``HandlerWr
 ``ReportedCall``: a call pays the load accounting, a context variable set and reset (where ``call_recorder`` finds the call) and,
 with ``per_call``, one cached report added to the call's trailing metadata, after any the handler set, under two
 keys: ``endpoint-load-metrics-bin`` (gRPC's: grpc-go, grpc-java and C-core policies read it) and
-``waypost-load-metrics-bin`` (the same bytes). grpcio's C-core consumes gRPC's key on the client and never hands
+``waypost-load-metrics-bin`` (the same bytes), and ``call_load``'s ``waypost-server-load`` (the server's requests
+in flight and latency estimate as the call ends: what ``prequal`` balances on, without a probe). grpcio's C-core consumes gRPC's key on the client and never hands
 it to Python code, so waypost's own Python client reads the second one.
 """
 
@@ -18,7 +19,7 @@ from functools import partial
 from typing import Any
 
 from .account import LoadAccount
-from .handler_wrapper import CountedCall
+from .handler_wrapper import CountedCall, add_trailers
 from .load_interceptor import AsyncLoadInterceptor, LoadInterceptor, LoadInterceptorBase
 from .recorder import CallSlot, ServerMetricsRecorder, current_slot
 from .reporter import OrcaReporter
@@ -32,12 +33,11 @@ class ReportedCall(CountedCall):
     ``reporter``, ends by adding its ORCA report to the call's trailing metadata (not when the handler raised: its
     error status is all the call answers)."""
 
-    __slots__ = ("_context", "_reporter", "_reset", "slot")
+    __slots__ = ("_reporter", "_reset", "slot")
 
     def __init__(self, account: LoadAccount, reporter: OrcaReporter | None, context: Any) -> None:
         CountedCall.__init__(self, account, context)
         self._reporter = reporter
-        self._context = context
         self.slot = CallSlot()
         self._reset = current_slot.set(self.slot)
 
@@ -46,13 +46,16 @@ class ReportedCall(CountedCall):
         CountedCall.raised(self)
 
     def end(self, failed: bool) -> None:
-        if self._reporter is not None:
-            _add_trailer(self._context, self._reporter, self.slot)
         try:
             current_slot.reset(self._reset)
         except ValueError:  # a response stream closed from another context (grpcio cancelling it)
             pass
-        CountedCall.end(self, failed)
+        self._account.end(self._token, failed)
+        # after the call left the account: the load its client's next call meets
+        md = self.load_trailer()
+        if self._reporter is not None:
+            md = _orca_trailer(self._reporter, self.slot) + md
+        add_trailers(self._context, md)
 
     def detach(self) -> None:
         current_slot.reset(self._reset)
@@ -61,13 +64,12 @@ class ReportedCall(CountedCall):
         self._reset = current_slot.set(self.slot)
 
 
-def _add_trailer(context: Any, reporter: OrcaReporter, slot: CallSlot) -> None:
+def _orca_trailer(reporter: OrcaReporter, slot: CallSlot) -> tuple[tuple[str, Any], ...]:
     try:
-        md = reporter.trailer_metadata(slot.recorder)
-        existing = context.trailing_metadata()
-        context.set_trailing_metadata(tuple(existing) + md if existing else md)
+        return reporter.trailer_metadata(slot.recorder)
     except Exception:  # a report must never fail the call it rides on
         log.debug("ORCA: no trailer for this call", exc_info=True)
+        return ()
 
 
 class OrcaInterceptorBase(LoadInterceptorBase):

@@ -9,7 +9,7 @@ Semantics follow gRPC (gRFC A2/A6, grpc-go's service config parser):
 - ``loadBalancingConfig``: a list of single-key objects; the first policy this library knows wins
   (unknown names before it are skipped with a warning); its config is validated by the policy.
 - ``loadBalancingPolicy``: the legacy policy name, case-insensitive; loses to ``loadBalancingConfig``.
-- neither: ``DEFAULT_POLICY`` (peak_ewma), unless ``dial(balancer=...)`` names one.
+- neither: ``DEFAULT_POLICY`` (prequal), unless ``dial(balancer=...)`` names one.
 - ``dial(retries=N)``: a retryPolicy on UNAVAILABLE for every method (an error next to the config's own); a
   retryPolicy whose codes lack UNAVAILABLE is logged once as a WARNING (it cannot move a call off a dead backend).
 - ``methodConfig``: per-method ``timeout``, ``waitForReady``, and ``retryPolicy`` or ``hedgingPolicy`` (one of

@@ -15,12 +15,13 @@ from typing import Any
 import grpc
 
 #: The policy of a channel whose service config names none (no ``loadBalancingConfig``, no
-#: ``loadBalancingPolicy``) and that is dialed without ``balancer=``. It is the winner of
-#: ``bench/load_sweep.py`` and of ``bench/simulate.py``'s 50-backend, 20-client sweep (docs/policies.md
-#: shows both): peak_ewma needs nothing from the servers, so it works with any fleet. gRPC would use
+#: ``loadBalancingPolicy``) and that is dialed without ``balancer=``. It is the winner of ``bench/simulate.py``'s
+#: 50-backend sweep over eight fleets and of ``bench/load_sweep.py``'s open-loop heterogeneous fleet
+#: (docs/policies.md shows both): it balances on the servers' own load (waypost servers send it on every call),
+#: and where the servers send none it picks as peak_ewma, which needs nothing from them. gRPC would use
 #: pick_first, which sends every call to one backend; go-zero uses p2c_ewma, which stays available by
 #: name with go-zero's exact formula.
-DEFAULT_POLICY = "peak_ewma"
+DEFAULT_POLICY = "prequal"
 
 
 @dataclass(frozen=True, slots=True)

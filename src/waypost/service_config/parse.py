@@ -32,7 +32,7 @@ def parse_service_config(
 
     ``balancer`` is the dial shortcut: a policy name used when the config names none; if the
     config names a different policy the two disagree and an error says both. With neither, the
-    policy is ``DEFAULT_POLICY`` (peak_ewma), the same one ``waypost.dial`` uses.
+    policy is ``DEFAULT_POLICY`` (prequal), the same one ``waypost.dial`` uses.
     ``retries`` is the other dial shortcut: a retryPolicy of ``retries`` retries on UNAVAILABLE for every
     method (``retry.shortcut_retry_policy``); a config with a retryPolicy of its own is then an error.
     Raises ``InvalidServiceConfig`` whose message starts with the JSON path of the bad field.
