@@ -106,6 +106,9 @@ class BalancerWrapper:
         """The resolver's new backend list (already subset). Keeps channels of addresses that stay."""
         if self._closed:
             return
+        obs = _metrics.current
+        if obs is not None:
+            obs.resolver_update(self.target)
         pool = self._pool
         routing = self._routing
         resolved = len(backends)

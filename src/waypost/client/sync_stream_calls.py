@@ -26,6 +26,11 @@ class _StreamResponseMethod(MethodBase[BalancedChannel]):
 
     def __call__(self, request: Any, timeout: float | None = None, metadata: Any = None, credentials: Any = None,
                  wait_for_ready: bool | None = None, compression: Any = None) -> Any:
+        return self.started_call(lambda: self._call(request, timeout, metadata, credentials, wait_for_ready,
+                                                    compression))
+
+    def _call(self, request: Any, timeout: float | None, metadata: Any, credentials: Any,
+              wait_for_ready: bool | None, compression: Any) -> Any:
         deadline, wfr = self.settings(timeout, wait_for_ready)
         if self.hedging is not None:
             try:
