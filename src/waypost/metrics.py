@@ -77,7 +77,10 @@ from typing import Any
 
 import grpc
 
+from .observer import Observer
 from .redaction import redact_url
+
+__all__ = ["Observer", "PrometheusObserver", "attach_sink", "detach_sink", "disable", "enable", "serve"]
 
 log = logging.getLogger("waypost.metrics")
 
@@ -133,63 +136,6 @@ def unregister_live_source(source: LiveSource) -> None:
     with _lock:
         if source in _sources:
             _sources.remove(source)
-
-
-class Observer:
-    """The library's events, one method each: a sink overrides those it records (the others do nothing).
-
-    Every hook is cheap and must never raise into the caller."""
-
-    def call_done(self, target: str, backend: str, code: grpc.StatusCode, latency: float, method: str = "") -> None:
-        """One attempt of ``method`` on ``backend`` finished with ``code`` after ``latency`` seconds."""
-
-    def picker_rebuilt(self, target: str) -> None:
-        """A new picker was built for ``target``."""
-
-    def backend_ejected(self, backend: str, target: str = "") -> None:
-        """Outlier detection ejected ``backend``."""
-
-    def backend_removed(self, target: str, backend: str) -> None:
-        """``backend`` left ``target``'s address set."""
-
-    def resolver_update(self, target: str) -> None:
-        """A channel of ``target`` received a backend list from its resolver."""
-
-    def registry_reconnect(self, stream: str) -> None:
-        """An etcd ``stream`` (``watch`` or ``keepalive``) broke and is being re-established."""
-
-    def store_reset(self) -> None:
-        """A watch stream found the etcd store gone back in time."""
-
-    def watch_reload(self, key: str, reason: str) -> None:
-        """A subscriber reloaded ``key`` (reason: compacted, reset, error)."""
-
-    def lease_reregistered(self, key: str) -> None:
-        """A publisher registered ``key`` again after losing its lease."""
-
-    def registration_restored(self, key: str) -> None:
-        """A publisher put its record back after an outside delete."""
-
-    def resolver_error(self, target: str, reason: str) -> None:
-        """A resolver's read of ``target``'s source failed."""
-
-    def xds_stream(self, delta: int) -> None:
-        """An ADS stream opened (+1) or closed (-1)."""
-
-    def xds_push(self, type_: str) -> None:
-        """An xDS response of ``type_`` was sent."""
-
-    def xds_nack(self, type_: str) -> None:
-        """A client rejected an xDS response of ``type_``."""
-
-    def xds_pushed(self, seconds: float) -> None:
-        """A source's change reached every stream's queue after ``seconds``."""
-
-    def xds_resources(self, type_: str, count: int) -> None:
-        """The snapshot serves ``count`` resources of ``type_``."""
-
-    def xds_source(self, export: str, up: bool) -> None:
-        """An xDS export's source answers (``up``) or fails."""
 
 
 class _Fanout(Observer):

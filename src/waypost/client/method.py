@@ -11,8 +11,7 @@ wrapper and the channel config (and, for grpc.aio, the ``AioPickWaiter``).
 from __future__ import annotations
 
 import time
-from collections.abc import Mapping
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from typing import Any, ClassVar, Generic, Literal, Protocol, TypeVar, overload
 
 import grpc
@@ -20,8 +19,8 @@ import grpc.aio
 
 from .. import metrics as _metrics
 from .._grpc_private import registered_method_kwargs
-from ..otel import hooks as _otel
 from ..balancer.base import Outcome, PickError, PickInfo, PickResult, noop_done
+from ..otel import hooks as _otel
 from .aio_wait import AioPickWaiter
 from .balancer_wrapper import BalancerWrapper
 from .config import ChannelConfig

@@ -43,7 +43,7 @@ _tracer: Any = None
 
 def _import_api() -> None:
     try:
-        import opentelemetry.metrics  # noqa: F401
+        import opentelemetry.metrics
         import opentelemetry.trace  # noqa: F401
     except ImportError:
         raise ImportError(

@@ -99,7 +99,7 @@ class _Call:
             self.ended = True
         sink = self.tel.sink
         if sink is not None:
-            sink.call_ended(method_attribute(self.method), self.target, code, _perf() - self.t0, self.retries, 0)
+            sink.call_ended(method_attribute(self.method), self.target, code, _perf() - self.t0, self.retries)
         span = self.span
         if span is not None:
             _end_span(span, code, details, {"waypost.attempts": self.attempts})

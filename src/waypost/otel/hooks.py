@@ -35,7 +35,7 @@ class AttemptStart(float):
     __slots__ = ("end",)
     end: AttemptEnd
 
-    def __new__(cls, t0: float, end: AttemptEnd) -> AttemptStart:
+    def __new__(cls, t0: float, end: AttemptEnd) -> AttemptStart:  # noqa: PYI034
         self = super().__new__(cls, t0)
         self.end = end
         return self

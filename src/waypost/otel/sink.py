@@ -31,16 +31,14 @@ NAMES: Mapping[str, tuple[str, str, str, str]] = {
     "grpc.client.call.duration": ("histogram", "s", "grpc.method, grpc.target, grpc.status",
                                   "a call from start to status, every attempt and backoff included (A66)"),
     "grpc.client.call.retries": ("histogram", "{retry}", "grpc.method, grpc.target",
-                                 "retries and hedges of a call, transparent ones excluded; recorded for calls "
-                                 "that had one (A96)"),
-    "grpc.client.call.transparent_retries": ("histogram", "{transparent_retry}", "grpc.method, grpc.target",
-                                             "transparent retries of a call; recorded for calls that had one (A96)"),
+                                 ("retries and hedges of a call (transparent ones included); recorded for calls "
+                                  "that had one (A96)")),
     "waypost.client.picks": ("counter", "{pick}", "grpc.target, waypost.backend",
                              "attempts sent to each backend (the balancer's picks)"),
     "waypost.client.attempts": ("counter", "{attempt}",
                                 "grpc.method, grpc.target, grpc.status, waypost.attempt.kind",
-                                "attempts ended, by kind (first, retry, hedge, transparent) and status: retries "
-                                "and hedges by outcome (a hedge that lost the race ends CANCELLED)"),
+                                ("attempts ended, by kind (first, retry, hedge) and status: retries and hedges "
+                                 "by outcome (a hedge that lost the race ends CANCELLED)")),
     "waypost.client.ejections": ("counter", "{ejection}", "grpc.target, waypost.backend",
                                  "outlier-detection ejections"),
     "waypost.client.picker_rebuilds": ("counter", "{picker}", "grpc.target",
@@ -88,7 +86,6 @@ class OtelSink(metrics.Observer):
         self.attempt_duration = i["grpc.client.attempt.duration"]
         self.call_duration = i["grpc.client.call.duration"]
         self.call_retries = i["grpc.client.call.retries"]
-        self.call_transparent = i["grpc.client.call.transparent_retries"]
         self.picks = i["waypost.client.picks"]
         self.attempts = i["waypost.client.attempts"]
         self.ejections = i["waypost.client.ejections"]
@@ -151,16 +148,13 @@ class OtelSink(metrics.Observer):
             self.attempt_duration.record(latency, attributes)
         self.attempts.add(1, {**attributes, "waypost.attempt.kind": kind})
 
-    def call_ended(self, method: str, target: str, code: grpc.StatusCode, seconds: float, retries: int,
-                   transparent: int) -> None:
+    def call_ended(self, method: str, target: str, code: grpc.StatusCode, seconds: float, retries: int) -> None:
         if not self.grpc_metrics:
             return
         t = self.target(target)
         self.call_duration.record(seconds, {"grpc.method": method, "grpc.target": t, "grpc.status": code.name})
         if retries:
             self.call_retries.record(retries, {"grpc.method": method, "grpc.target": t})
-        if transparent:
-            self.call_transparent.record(transparent, {"grpc.method": method, "grpc.target": t})
 
     # -- metrics.Observer: the events every sink receives -------------------------------------------------------
 
