@@ -12,8 +12,8 @@ collector (any: the OpenTelemetry Collector, Jaeger, Tempo...), or to the consol
 from __future__ import annotations
 
 import argparse
-from concurrent import futures
 import sys
+from concurrent import futures
 from pathlib import Path
 
 import grpc
@@ -25,12 +25,12 @@ from opentelemetry.sdk.trace import TracerProvider
 from opentelemetry.sdk.trace.export import BatchSpanProcessor, ConsoleSpanExporter
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # the examples' generated stubs
-import greet_pb2  # noqa: E402
-import greet_pb2_grpc  # noqa: E402
-from greeter import Greeter  # noqa: E402
+import waypost
+import waypost.otel
 
-import waypost  # noqa: E402
-import waypost.otel  # noqa: E402
+import greet_pb2
+import greet_pb2_grpc
+from greeter import Greeter
 
 
 class Unavailable(Greeter):

@@ -195,3 +195,18 @@ def test_without_opentelemetry_nothing_breaks_and_enable_names_the_extra():
     out = subprocess.run([sys.executable, "-c", code], check=False, capture_output=True, text=True, timeout=60)
     assert out.returncode == 0, out.stderr
     assert "pip install 'waypost[otel]'" in out.stdout
+
+
+def test_the_example_sends_a_retried_calls_spans_with_a_console_exporter():
+    from pathlib import Path
+
+    examples = Path(__file__).resolve().parents[2] / "examples"
+    out = subprocess.run([sys.executable, "otel/retried_call.py", "--console", "-n", "4"], cwd=examples, check=False,
+                         capture_output=True, text=True, timeout=90)
+    assert out.returncode == 0, out.stderr
+    names = [line.split('"')[3] for line in out.stdout.splitlines() if line.strip().startswith('"name": "')]
+    calls = names.count("Sent.greet.Greeter.SayHello")
+    assert calls == 4
+    # the failing backend's attempts were retried: more attempts than calls, a server span for each attempt
+    assert names.count("Attempt.greet.Greeter.SayHello") == names.count("Recv.greet.Greeter.SayHello") > calls
+    assert "grpc.client.attempt.duration" in names and "waypost.client.picks" in names
