@@ -3,6 +3,8 @@ sinks (Prometheus, OpenTelemetry) record. Here, below every layer, so that any l
 
 from __future__ import annotations
 
+from collections.abc import Sequence
+
 import grpc
 
 
@@ -22,6 +24,16 @@ class Observer:
 
     def backend_removed(self, target: str, backend: str) -> None:
         """``backend`` left ``target``'s address set."""
+
+    def wrr_scheduler_update(self, target: str, weights: Sequence[float], not_yet_usable: int, stale: int,
+                             rr_fallback: bool) -> None:
+        """weighted_round_robin built a scheduler for ``target`` over ``weights`` (0: no usable weight):
+        ``not_yet_usable`` endpoints had no report yet or were in their blackout period, ``stale`` ones had a
+        weight older than the expiration period; ``rr_fallback``: too few usable weights, plain round robin."""
+
+    def pick_first_event(self, target: str, event: str) -> None:
+        """pick_first saw a connection of ``target`` change: ``connection_attempts_succeeded``,
+        ``connection_attempts_failed`` or ``disconnections`` (the backend in use lost)."""
 
     def resolver_update(self, target: str) -> None:
         """A channel of ``target`` received a backend list from its resolver."""

@@ -9,7 +9,7 @@ every name is ``NAMES`` (and docs/observability.md).
 from __future__ import annotations
 
 import threading
-from collections.abc import Iterable, Mapping
+from collections.abc import Iterable, Mapping, Sequence
 from typing import Any
 
 import grpc
@@ -33,6 +33,22 @@ NAMES: Mapping[str, tuple[str, str, str, str]] = {
     "grpc.client.call.retries": ("histogram", "{retry}", "grpc.method, grpc.target",
                                  ("retries and hedges of a call (transparent ones included); recorded for calls "
                                   "that had one (A96)")),
+    "grpc.lb.wrr.rr_fallback": ("counter", "{update}", "grpc.target",
+                                "weighted_round_robin scheduler updates with too few usable weights (A78)"),
+    "grpc.lb.wrr.endpoint_weight_not_yet_usable": ("counter", "{endpoint}", "grpc.target",
+                                                   ("endpoints of each scheduler update without a usable weight yet "
+                                                    "(no report, or in the blackout period) (A78)")),
+    "grpc.lb.wrr.endpoint_weight_stale": ("counter", "{endpoint}", "grpc.target",
+                                          ("endpoints of each scheduler update whose weight is older than the "
+                                           "expiration period (A78)")),
+    "grpc.lb.wrr.endpoint_weights": ("histogram", "{weight}", "grpc.target",
+                                     "the endpoints' weights at each scheduler update, 0 for unusable ones (A78)"),
+    "grpc.lb.pick_first.connection_attempts_succeeded": ("counter", "{attempt}", "grpc.target",
+                                                         "pick_first: connections that became usable (A78)"),
+    "grpc.lb.pick_first.connection_attempts_failed": ("counter", "{attempt}", "grpc.target",
+                                                      "pick_first: connection attempts that failed (A78)"),
+    "grpc.lb.pick_first.disconnections": ("counter", "{disconnection}", "grpc.target",
+                                          "pick_first: the backend in use lost (A78)"),
     "waypost.client.picks": ("counter", "{pick}", "grpc.target, waypost.backend",
                              "attempts sent to each backend (the balancer's picks)"),
     "waypost.client.attempts": ("counter", "{attempt}",
@@ -86,6 +102,12 @@ class OtelSink(metrics.Observer):
         self.attempt_duration = i["grpc.client.attempt.duration"]
         self.call_duration = i["grpc.client.call.duration"]
         self.call_retries = i["grpc.client.call.retries"]
+        self.wrr_fallback = i["grpc.lb.wrr.rr_fallback"]
+        self.wrr_not_yet_usable = i["grpc.lb.wrr.endpoint_weight_not_yet_usable"]
+        self.wrr_stale = i["grpc.lb.wrr.endpoint_weight_stale"]
+        self.wrr_weights = i["grpc.lb.wrr.endpoint_weights"]
+        self.pick_first = {event: i[f"grpc.lb.pick_first.{event}"] for event in
+                           ("connection_attempts_succeeded", "connection_attempts_failed", "disconnections")}
         self.picks = i["waypost.client.picks"]
         self.attempts = i["waypost.client.attempts"]
         self.ejections = i["waypost.client.ejections"]
@@ -109,6 +131,8 @@ class OtelSink(metrics.Observer):
             return meter.create_counter(name, unit=unit, description=doc)
         if kind == "updowncounter":
             return meter.create_up_down_counter(name, unit=unit, description=doc)
+        if kind == "histogram" and unit != "s":
+            return meter.create_histogram(name, unit=unit, description=doc)
         if kind == "histogram":
             try:  # bucket advice: opentelemetry-api >= 1.23
                 return meter.create_histogram(name, unit=unit, description=doc,
@@ -163,6 +187,21 @@ class OtelSink(metrics.Observer):
 
     def backend_ejected(self, backend: str, target: str = "") -> None:
         self.ejections.add(1, {"grpc.target": self.target(target), "waypost.backend": backend})
+
+    def wrr_scheduler_update(self, target: str, weights: Sequence[float], not_yet_usable: int, stale: int,
+                             rr_fallback: bool) -> None:
+        attributes = {"grpc.target": self.target(target)}
+        if rr_fallback:
+            self.wrr_fallback.add(1, attributes)
+        if not_yet_usable:
+            self.wrr_not_yet_usable.add(not_yet_usable, attributes)
+        if stale:
+            self.wrr_stale.add(stale, attributes)
+        for w in weights:
+            self.wrr_weights.record(max(w, 0.0), attributes)
+
+    def pick_first_event(self, target: str, event: str) -> None:
+        self.pick_first[event].add(1, {"grpc.target": self.target(target)})
 
     def resolver_update(self, target: str) -> None:
         self.updates.add(1, {"grpc.target": self.target(target)})
