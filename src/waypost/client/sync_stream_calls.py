@@ -8,6 +8,8 @@ report) in ``method``.
 
 from __future__ import annotations
 
+import contextvars
+import functools
 from typing import Any
 
 import grpc
@@ -59,7 +61,8 @@ class _StreamResponseMethod(MethodBase[BalancedChannel]):
             return st.after_failure(e.code(), e.details())
 
         try:
-            return RetryingStream(start, retry_delay)
+            # a retry starts while the caller iterates: in the call's context all the same (its hash key, its span)
+            return RetryingStream(functools.partial(contextvars.copy_context().run, start), retry_delay)
         except grpc.RpcError as e:  # no backend at all: return the failed call, as grpc does
             return e
 
