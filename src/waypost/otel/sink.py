@@ -51,10 +51,10 @@ NAMES: Mapping[str, tuple[str, str, str, str]] = {
                                           "pick_first: the backend in use lost (A78)"),
     "waypost.client.picks": ("counter", "{pick}", "grpc.target, waypost.backend",
                              "attempts sent to each backend (the balancer's picks)"),
-    "waypost.client.attempts": ("counter", "{attempt}",
-                                "grpc.method, grpc.target, grpc.status, waypost.attempt.kind",
-                                ("attempts ended, by kind (first, retry, hedge) and status: retries and hedges "
-                                 "by outcome (a hedge that lost the race ends CANCELLED)")),
+    "waypost.client.retries": ("counter", "{attempt}",
+                               "grpc.method, grpc.target, grpc.status, waypost.attempt.kind",
+                               ("retries and hedges by outcome: each one's status when it ended (kind: retry or "
+                                "hedge; a hedge that lost the race ends CANCELLED)")),
     "waypost.client.ejections": ("counter", "{ejection}", "grpc.target, waypost.backend",
                                  "outlier-detection ejections"),
     "waypost.client.picker_rebuilds": ("counter", "{picker}", "grpc.target",
@@ -109,7 +109,7 @@ class OtelSink(metrics.Observer):
         self.pick_first = {event: i[f"grpc.lb.pick_first.{event}"] for event in
                            ("connection_attempts_succeeded", "connection_attempts_failed", "disconnections")}
         self.picks = i["waypost.client.picks"]
-        self.attempts = i["waypost.client.attempts"]
+        self.retries = i["waypost.client.retries"]
         self.ejections = i["waypost.client.ejections"]
         self.rebuilds = i["waypost.client.picker_rebuilds"]
         self.updates = i["waypost.resolver.updates"]
@@ -170,7 +170,8 @@ class OtelSink(metrics.Observer):
         attributes = {"grpc.method": method, "grpc.target": self.target(target), "grpc.status": code.name}
         if self.grpc_metrics:
             self.attempt_duration.record(latency, attributes)
-        self.attempts.add(1, {**attributes, "waypost.attempt.kind": kind})
+        if kind != "first":  # a first attempt's outcome is grpc.client.attempt.duration's (one SDK call less)
+            self.retries.add(1, {**attributes, "waypost.attempt.kind": kind})
 
     def call_ended(self, method: str, target: str, code: grpc.StatusCode, seconds: float, retries: int) -> None:
         if not self.grpc_metrics:
