@@ -62,6 +62,7 @@ class Clock:
         return self.t
 
 
+@pytest.mark.skipif(_protos.protos() is None, reason="ORCA reports need xds-protos (the xds extra)")
 def test_wrr_scheduler_updates_count_unusable_stale_weights_and_round_robin_fallbacks(reader):
     clock = Clock()
     cfg = OrcaWeightedRoundRobinPolicy.parse_config({"blackoutPeriod": "10s", "weightExpirationPeriod": "60s",
