@@ -133,7 +133,12 @@ def test_a_retried_sync_call_is_a_call_span_with_an_attempt_span_per_backend(ote
         stub = echo_pb2_grpc.EchoStub(ch)
         wait_until(lambda: len(ch.balancer.ready_addresses()) == 2, 30)
         replies = {stub.Unary(FAIL_ON_A, timeout=20).server for _ in range(4)}
+        live = otel.points()  # the gauges read from the live channel when the SDK collects
     assert replies == {"b"}
+    ready = [v for attrs, v in live["waypost.client.backends"]
+             if attrs == {"grpc.target": direct(servers), "waypost.state": "READY"}]
+    assert ready == [2]
+    assert {attrs["waypost.backend"] for attrs, _v in live["waypost.client.in_flight"]} <= {s.address for s in servers}
     check_tree(otel, servers)
     points = otel.points()
     target = direct(servers)
