@@ -75,7 +75,7 @@ def servers(otel: Otel) -> Iterator[list[EchoServer]]:
     try:
         for name in ("a", "b"):
             s = EchoServer(name)
-            mount(s.server, otel.tracer_provider.get_tracer("test"))  # what waypost.serve does
+            mount(s.server, lambda: otel.tracer_provider.get_tracer("test"))  # what waypost.serve does
             started.append(s.start())
         yield started
     finally:

@@ -105,3 +105,39 @@ def test_a_sync_stream_retried_while_iterating_keeps_its_attempts_under_the_call
     for attempts in retried:
         assert [a.attributes["waypost.backend"] for a in attempts] == [s.address for s in servers]
         assert [a.attributes["waypost.attempt.kind"] for a in attempts] == ["first", "retry"]
+
+
+class AsyncEcho(echo_pb2_grpc.EchoServicer):
+    def __init__(self, name: str) -> None:
+        self.name = name
+
+    async def Unary(self, request, context):
+        return echo_pb2.EchoReply(server=self.name)
+
+    async def ServerStream(self, request, context):
+        for i in range(2):
+            yield echo_pb2.EchoReply(server=self.name, index=i)
+
+
+def test_a_grpc_aio_server_with_the_interceptor_joins_the_clients_trace(spans):
+    async def run() -> list[str]:
+        server = grpc.aio.server(interceptors=[waypost.otel.server_interceptor(aio=True)])
+        echo_pb2_grpc.add_EchoServicer_to_server(AsyncEcho("aio"), server)
+        port = server.add_insecure_port("127.0.0.1:0")
+        await server.start()
+        try:
+            async with waypost.aio.dial(f"direct:///127.0.0.1:{port}") as ch:
+                stub = echo_pb2_grpc.EchoStub(ch)
+                got = [(await stub.Unary(echo_pb2.EchoRequest(), timeout=20)).server]
+                got += [r.server async for r in stub.ServerStream(echo_pb2.EchoRequest(), timeout=20)]
+                return got
+        finally:
+            await server.stop(0)
+
+    assert asyncio.run(asyncio.wait_for(run(), 60)) == ["aio", "aio", "aio"]
+    finished = spans.get_finished_spans()
+    for method in ("Unary", "ServerStream"):
+        [attempt] = [s for s in finished if s.name == f"Attempt.{ECHO}.{method}"]
+        [recv] = [s for s in finished if s.name == f"Recv.{ECHO}.{method}"]
+        assert recv.parent is not None and recv.parent.span_id == attempt.context.span_id
+        assert recv.context.trace_id == attempt.context.trace_id

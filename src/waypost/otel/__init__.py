@@ -106,20 +106,30 @@ def enabled() -> bool:
 
 def server_interceptor(aio: bool = False, tracer_provider: Any = None) -> Any:
     """An interceptor that joins each call's server span to the client's trace, for ``grpc.server(interceptors=)``
-    or, ``aio=True``, ``grpc.aio.server(interceptors=)`` (``waypost.serve`` adds one to a ``grpc.server`` itself)."""
-    _import_api()
-    from opentelemetry import trace
+    or, ``aio=True``, ``grpc.aio.server(interceptors=)`` (``waypost.serve`` adds one to a ``grpc.server`` itself).
 
+    Its spans go to ``tracer_provider``; by default to the one :func:`enable` was given, else to the global one
+    (looked up at each call, so the interceptor may be made before ``enable``)."""
+    _import_api()
     from .server import AsyncTraceInterceptor, TraceInterceptor
 
-    tracer = (tracer_provider or trace.get_tracer_provider()).get_tracer("waypost")
-    return AsyncTraceInterceptor(tracer) if aio else TraceInterceptor(tracer)
+    if tracer_provider is not None:
+        fixed = tracer_provider.get_tracer("waypost")
+        source: Any = lambda: fixed
+    else:
+        source = _current_tracer
+    return AsyncTraceInterceptor(source) if aio else TraceInterceptor(source)
+
+
+def _current_tracer() -> Any:
+    from opentelemetry import trace
+
+    return _tracer if _tracer is not None else trace.get_tracer_provider().get_tracer("waypost")
 
 
 def mount_server(server: Any) -> None:
     """What ``waypost.serve`` calls on a server before it starts: the trace interceptor while tracing is on."""
-    tracer = _tracer
-    if tracer is not None:
+    if _tracer is not None:
         from .server import mount
 
-        mount(server, tracer)
+        mount(server, _current_tracer)

@@ -25,6 +25,10 @@ _KINDS = (("unary_unary", grpc.unary_unary_rpc_method_handler, False),
           ("stream_stream", grpc.stream_stream_rpc_method_handler, True))
 
 
+#: where an interceptor's tracer comes from, asked at each call (``waypost.otel``'s, else the global provider's)
+TracerSource = Callable[[], Any]
+
+
 def _start(tracer: Any, details: Any) -> Any:
     from opentelemetry import propagate, trace
 
@@ -45,14 +49,14 @@ def _wrapped(handler: Any, wrap: Callable[[Any, bool], Any]) -> Any:
 class TraceInterceptor(grpc.ServerInterceptor):
     """``grpc.server``'s interceptor: each call's handler runs in a span joined to the client's trace."""
 
-    def __init__(self, tracer: Any) -> None:
+    def __init__(self, tracer: TracerSource) -> None:
         self.tracer = tracer
 
     def intercept_service(self, continuation: Callable[[Any], Any], details: grpc.HandlerCallDetails) -> Any:
         handler = continuation(details)
         if handler is None:
             return None
-        tracer = self.tracer
+        tracer = self.tracer()
 
         def wrap(behavior: Any, streaming: bool) -> Any:
             if streaming:
@@ -72,14 +76,14 @@ class TraceInterceptor(grpc.ServerInterceptor):
 class AsyncTraceInterceptor(grpc.aio.ServerInterceptor):
     """``grpc.aio.server``'s interceptor (pass it when creating the server)."""
 
-    def __init__(self, tracer: Any) -> None:
+    def __init__(self, tracer: TracerSource) -> None:
         self.tracer = tracer
 
     async def intercept_service(self, continuation: Callable[[Any], Any], details: grpc.HandlerCallDetails) -> Any:
         handler = await continuation(details)
         if handler is None:
             return None
-        tracer = self.tracer
+        tracer = self.tracer()
 
         def wrap(behavior: Any, streaming: bool) -> Any:
             if streaming:
@@ -101,7 +105,7 @@ class AsyncTraceInterceptor(grpc.aio.ServerInterceptor):
         return _wrapped(handler, wrap)
 
 
-def mount(server: Any, tracer: Any) -> None:
+def mount(server: Any, tracer: TracerSource) -> None:
     """Put a ``TraceInterceptor`` first on ``server`` (a ``grpc.server``; one already there is kept). A
     ``grpc.aio.server`` cannot take one once created: said once at debug level."""
     if isinstance(server, grpc.aio.Server):
