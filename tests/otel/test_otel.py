@@ -214,3 +214,44 @@ def test_the_example_sends_a_retried_calls_spans_with_a_console_exporter():
     # the failing backend's attempts were retried: more attempts than calls, a server span for each attempt
     assert names.count("Attempt.greet.Greeter.SayHello") == names.count("Recv.greet.Greeter.SayHello") > calls
     assert "grpc.client.attempt.duration" in names and "waypost.client.picks" in names
+
+
+def test_the_example_sends_to_an_otlp_collector():
+    """A real OTLP/gRPC receiver (opentelemetry-proto's services on a grpc.server) gets the example's spans and
+    metrics (skipped without the example's OTLP exporter)."""
+    from concurrent import futures
+    from pathlib import Path
+
+    pytest.importorskip("opentelemetry.exporter.otlp.proto.grpc")
+    from opentelemetry.proto.collector.metrics.v1 import metrics_service_pb2, metrics_service_pb2_grpc
+    from opentelemetry.proto.collector.trace.v1 import trace_service_pb2, trace_service_pb2_grpc
+
+    spans: list[str] = []
+    metric_names: set[str] = set()
+
+    class Traces(trace_service_pb2_grpc.TraceServiceServicer):
+        def Export(self, request, context):
+            spans.extend(s.name for rs in request.resource_spans for ss in rs.scope_spans for s in ss.spans)
+            return trace_service_pb2.ExportTraceServiceResponse()
+
+    class Metrics(metrics_service_pb2_grpc.MetricsServiceServicer):
+        def Export(self, request, context):
+            metric_names.update(m.name for rm in request.resource_metrics for sm in rm.scope_metrics
+                                for m in sm.metrics)
+            return metrics_service_pb2.ExportMetricsServiceResponse()
+
+    collector = grpc.server(futures.ThreadPoolExecutor(4))
+    trace_service_pb2_grpc.add_TraceServiceServicer_to_server(Traces(), collector)
+    metrics_service_pb2_grpc.add_MetricsServiceServicer_to_server(Metrics(), collector)
+    port = collector.add_insecure_port("127.0.0.1:0")
+    collector.start()
+    try:
+        examples = Path(__file__).resolve().parents[2] / "examples"
+        out = subprocess.run([sys.executable, "otel/retried_call.py", "--otlp", f"http://127.0.0.1:{port}", "-n", "4"],
+                             cwd=examples, check=False, capture_output=True, text=True, timeout=90)
+        assert out.returncode == 0, out.stderr
+    finally:
+        collector.stop(0)
+    assert spans.count("Sent.greet.Greeter.SayHello") == 4
+    assert spans.count("Attempt.greet.Greeter.SayHello") == spans.count("Recv.greet.Greeter.SayHello") > 4
+    assert {"grpc.client.attempt.duration", "grpc.client.call.duration", "waypost.client.picks"} <= metric_names
