@@ -14,7 +14,7 @@ What it records (names and attributes: docs/observability.md, and ``waypost.otel
   metadata; ``waypost.serve`` makes the server's handler span (``Recv.<service>.<method>``) a child of it;
 - metrics: gRPC's per-call client metrics (gRFC A66: ``grpc.client.attempt.started``, ``...attempt.duration``,
   ``grpc.client.call.duration``; A96: ``grpc.client.call.retries``) for waypost's balanced calls, and waypost's own
-  (``waypost.*``: picks per backend, attempts by kind and status, ejections, resolver updates, the registry
+  (``waypost.*``: picks per backend, retries and hedges by outcome, ejections, resolver updates, the registry
   connection, xDS pushes, NACKs and connected clients): the same events as ``waypost.metrics``' Prometheus ones.
 
 Next to grpcio's own OpenTelemetry plugin (``grpc_observability``): grpcio records ``grpc.client.*`` for each
