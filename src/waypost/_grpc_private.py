@@ -38,6 +38,10 @@ Checked against grpcio 1.60 (the oldest release waypost supports) and 1.85.
     which builds one): grpcio has no public way to add an interceptor to a server that already exists, and
     ``serve()`` receives servers the application created. Missing: returns None, and the caller says so (the
     load reports then carry CPU and the application's value only).
+
+``observability_plugin_active()``
+    ``grpc._observability.get_plugin()``: whether grpcio's own OpenTelemetry plugin is registered, so that
+    ``waypost.otel`` leaves gRPC's per-call metric names to it. Missing: False.
 """
 
 from __future__ import annotations
@@ -109,3 +113,17 @@ def prepend_server_interceptor(server: Any, interceptor: Any, keep: type) -> Any
             return i
     state.interceptor_pipeline = _interceptor.service_pipeline((interceptor, *existing))
     return interceptor
+
+
+def observability_plugin_active() -> bool:
+    """True while grpcio's own OpenTelemetry plugin (``grpc_observability``) is registered process-wide: it keeps
+    it in ``grpc._observability`` (grpcio >= 1.62); False on a grpcio without that module."""
+    try:
+        from grpc import _observability
+    except ImportError:
+        return False
+    get = getattr(_observability, "get_plugin", None)
+    if get is None:
+        return False
+    with get() as plugin:
+        return plugin is not None

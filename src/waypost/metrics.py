@@ -10,6 +10,10 @@ Off by default, and then free: the library's hooks read the module attribute ``c
 Turn it on with ``waypost.metrics.enable()`` (the default CollectorRegistry, or pass your own) or
 ``waypost.metrics.serve(9464)`` (also starts prometheus-client's HTTP exporter on loopback).
 
+The hooks are the events; the sinks record them. Prometheus is one sink, OpenTelemetry (``waypost.otel``) another:
+each sink is an :class:`Observer`, and with both enabled ``current`` is a fan-out to both (``attach_sink``), so
+the library calls every hook in one place whichever sinks listen.
+
 The scrape-time gauges (in-flight calls, backends per state, per-backend load signals) are read from live
 sources that the client registers with :func:`register_live_source`; this module imports nothing of the layers
 above it.
@@ -73,7 +77,10 @@ from typing import Any
 
 import grpc
 
+from .observer import Observer
 from .redaction import redact_url
+
+__all__ = ["Observer", "PrometheusObserver", "attach_sink", "detach_sink", "disable", "enable", "serve"]
 
 log = logging.getLogger("waypost.metrics")
 
@@ -82,8 +89,8 @@ LATENCY_BUCKETS = (0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0
 
 _lock = threading.Lock()
 
-#: the enabled observer, or None (disabled: every hook is skipped)
-current: PrometheusObserver | None = None
+#: the enabled sinks (``Observer``: one, or a fan-out to several), or None (disabled: every hook is skipped)
+current: Observer | None = None
 
 
 @dataclass(frozen=True)
@@ -131,6 +138,55 @@ def unregister_live_source(source: LiveSource) -> None:
             _sources.remove(source)
 
 
+class _Fanout(Observer):
+    """Several sinks behind the one ``current``: every hook calls each sink's."""
+
+    def __init__(self, sinks: Sequence[Observer]) -> None:
+        self.sinks = tuple(sinks)
+
+    def __getattribute__(self, name: str) -> Any:
+        if name.startswith("_") or name == "sinks":
+            return object.__getattribute__(self, name)
+        hooks = [getattr(s, name) for s in object.__getattribute__(self, "sinks")]
+
+        def fan_out(*args: Any, **kw: Any) -> None:
+            for hook in hooks:
+                try:
+                    hook(*args, **kw)
+                except Exception:  # a sink's failure must not reach the call path, nor starve the other sinks
+                    log.exception("waypost: metrics sink %r failed in %s", hook, name)
+        return fan_out
+
+
+#: the sinks added next to Prometheus (``attach_sink``): OpenTelemetry's
+_extra_sinks: list[Observer] = []
+#: the Prometheus sink, if enabled
+_prometheus: PrometheusObserver | None = None
+
+
+def _recompose() -> None:
+    """``current`` from the enabled sinks: None, the one sink, or a fan-out to all (call with ``_lock`` held)."""
+    global current
+    sinks: list[Observer] = ([_prometheus] if _prometheus is not None else []) + _extra_sinks
+    current = None if not sinks else sinks[0] if len(sinks) == 1 else _Fanout(sinks)
+
+
+def attach_sink(sink: Observer) -> None:
+    """Have every event reach ``sink`` too (idempotent; ``waypost.otel.enable`` attaches its sink here)."""
+    with _lock:
+        if sink not in _extra_sinks:
+            _extra_sinks.append(sink)
+        _recompose()
+
+
+def detach_sink(sink: Observer) -> None:
+    """Stop sending events to ``sink`` (no error if it was not attached)."""
+    with _lock:
+        if sink in _extra_sinks:
+            _extra_sinks.remove(sink)
+        _recompose()
+
+
 def _import_prometheus() -> Any:
     try:
         import prometheus_client
@@ -141,7 +197,7 @@ def _import_prometheus() -> Any:
     return prometheus_client
 
 
-class PrometheusObserver:
+class PrometheusObserver(Observer):
     """Receives the library's events and records them in a prometheus-client ``CollectorRegistry``.
 
     The methods are the hooks the library calls; each is cheap and never raises into the caller.
@@ -201,7 +257,7 @@ class PrometheusObserver:
 
     # -- data plane hooks (per attempt) -----------------------------------------------------------
 
-    def call_done(self, target: str, backend: str, code: grpc.StatusCode, latency: float) -> None:
+    def call_done(self, target: str, backend: str, code: grpc.StatusCode, latency: float, method: str = "") -> None:
         """One attempt on ``backend`` finished with ``code`` after ``latency`` seconds."""
         t = self.target_label(target)
         self.requests.labels(t, backend).inc()
@@ -462,9 +518,40 @@ class _DiscoveryCollector:
         yield stale
 
 
+def live_samples() -> list[ChannelSample]:
+    """What the live sources say now (every live channel), for sinks that read gauges when asked."""
+    with _lock:
+        sources = list(_sources)
+    return _read(sources)
+
+
+def publisher_samples() -> list[PublisherSample]:
+    """What the publisher sources say now (every live publisher)."""
+    with _lock:
+        sources = list(_publisher_sources)
+    return _read(sources)
+
+
+def discovery_samples() -> list[DiscoverySample]:
+    """What the discovery sources say now (every live subscription)."""
+    with _lock:
+        sources = list(_discovery_sources)
+    return _read(sources)
+
+
+def _read(sources: Sequence[Callable[[], Iterable[Any]]]) -> list[Any]:
+    out: list[Any] = []
+    for source in sources:
+        try:
+            out.extend(source())
+        except Exception:
+            log.exception("waypost: metrics source %r failed", source)
+    return out
+
+
 def observer() -> PrometheusObserver | None:
-    """The enabled observer, or None when metrics are off."""
-    return current
+    """The enabled Prometheus observer, or None when Prometheus metrics are off."""
+    return _prometheus
 
 
 def enable(registry: Any = None) -> PrometheusObserver:
@@ -473,24 +560,26 @@ def enable(registry: Any = None) -> PrometheusObserver:
     Idempotent for the same registry; enabling with another registry moves the metrics there. Raises
     ImportError naming the ``waypost[metrics]`` extra if prometheus-client is not installed.
     """
-    global current
+    global _prometheus
     with _lock:
-        if current is not None:
-            if registry is None or current.registry is registry:
-                return current
-            current.unregister()
-        current = PrometheusObserver(registry)
+        if _prometheus is not None:
+            if registry is None or _prometheus.registry is registry:
+                return _prometheus
+            _prometheus.unregister()
+        _prometheus = PrometheusObserver(registry)
+        _recompose()
         log.info("waypost metrics enabled")
-        return current
+        return _prometheus
 
 
 def disable() -> None:
     """Stop recording (the hooks become no-ops again) and unregister the metrics."""
-    global current
+    global _prometheus
     with _lock:
-        if current is not None:
-            current.unregister()
-            current = None
+        if _prometheus is not None:
+            _prometheus.unregister()
+            _prometheus = None
+        _recompose()
 
 
 def serve(port: int, addr: str = "127.0.0.1", registry: Any = None) -> Any:

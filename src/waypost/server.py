@@ -57,6 +57,7 @@ from .discovery.registrations import connect_registries, make_publisher
 from .errors import WaypostError
 from .netutil import advertised_address, bind_problem
 from .orca import mount as mount_load_reports
+from .otel import mount_server as mount_tracing
 from .serve_options import DEFAULT_DRAIN_DELAY, LISTEN_ANY, ServeKeywords, ServeOptions
 
 if TYPE_CHECKING:
@@ -154,6 +155,7 @@ def _serve_steps(handle_cls: type[_Base], server: Any, key: str, listen_on: str,
         yield from _health_steps(servicer, ("", key), serving=False)
         health_pb2_grpc.add_HealthServicer_to_server(servicer, server)
     recorder = mount_load_reports(server)  # waypost.load.v1 + ORCA + call accounting (waypost.orca), before start
+    mount_tracing(server)  # while waypost.otel traces: the server's spans join the clients' (waypost.otel.server)
     port = _bind(server, listen_on, options.credentials)  # (2)
     try:
         address, publisher = _publisher(reg, key, listen_on, port, options)

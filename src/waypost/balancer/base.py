@@ -139,6 +139,8 @@ class Policy(abc.ABC):
     wants_load_reports: ClassVar[bool] = False
     #: seconds: the deadline of a load-report probe (policies with ``wants_load_reports``)
     probe_timeout: float = 0.25
+    #: the channel's target (the channel sets it), for the metrics a policy reports (``waypost.metrics``)
+    target: str = ""
 
     def __init__(
         self,

@@ -33,6 +33,7 @@ import threading
 from collections.abc import Sequence
 from typing import Any
 
+from .. import metrics as _metrics
 from ..durations import parse_config_duration
 from ..errors import InvalidServiceConfig, NoBackendAvailable
 from ..orca import MIRROR_KEY, OOB_METHOD, TRAILER_KEY, available, oob_request
@@ -119,6 +120,13 @@ class _OrcaWrrPicker(Picker):
         weights = [self._policy._weight_now(ep, now) for ep in self._endpoints]
         self._scheduler = StaticStrideScheduler(weights, self._policy.rng.randrange(1 << 30))
         self._next_update = now + self._policy.update_period
+        obs = _metrics.current
+        if obs is not None:  # gRFC A78's grpc.lb.wrr.* metrics
+            expiration = self._policy.expiration
+            stale = sum(1 for ep in self._endpoints if ep.last_updated > -math.inf and
+                        now - ep.last_updated >= expiration)
+            unusable = sum(1 for w in weights if w <= 0) - stale
+            obs.wrr_scheduler_update(self._policy.target, weights, unusable, stale, self._scheduler.round_robin)
 
     def weights(self) -> list[int]:
         """The scaled weights picks follow now (for tests and introspection)."""

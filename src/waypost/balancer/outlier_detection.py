@@ -170,6 +170,15 @@ class OutlierDetectionPolicy(Policy):
         self._child_picker: Picker = self.child.build([])
         self._next_eval = self.clock() + self.settings.interval
 
+    @property  # type: ignore[override]
+    def target(self) -> str:
+        """The channel's target (``Policy.target``); set on the child policy too, for its own metrics."""
+        return self.child.target
+
+    @target.setter
+    def target(self, value: str) -> None:
+        self.child.target = value
+
     @classmethod
     def parse_config(cls, raw: Any, path: str) -> dict[str, Any]:
         OutlierConfig.parse(raw, path)  # validates; the policy re-reads the raw form
@@ -250,7 +259,7 @@ class OutlierDetectionPolicy(Policy):
             log.warning("ejecting %s: %s (multiplier %d)", st.address, why, st.multiplier)
             obs = _metrics.current
             if obs is not None:
-                obs.backend_ejected(st.address)
+                obs.backend_ejected(st.address, self.target)
 
     def _success_rate(self, now: float, states: Sequence[_AddrState], counts: dict[str, tuple[int, int]],
                       cfg: dict[str, int]) -> None:

@@ -31,8 +31,9 @@ from __future__ import annotations
 from collections.abc import Collection, Mapping, Sequence
 from typing import Any
 
+from .. import metrics as _metrics
 from ..errors import InvalidServiceConfig, NoBackendAvailable
-from ..types import CONNECTING, READY, Backend
+from ..types import CONNECTING, READY, TRANSIENT_FAILURE, Backend
 from .base import Picker, PickInfo, PickResult, Policy
 from .config_fields import policy_config
 from .stats import dedupe
@@ -73,6 +74,7 @@ class PickFirstPolicy(Policy):
         self._attempt_at: float | None = None
         self._latest: str | None = None
         self._due: float | None = None
+        self._seen: dict[str, int] = {}  # the states ``connections`` saw last (A78's connection metrics)
 
     @classmethod
     def parse_config(cls, raw: Any, path: str) -> dict[str, Any]:
@@ -106,6 +108,7 @@ class PickFirstPolicy(Policy):
         been connecting for ``connection_attempt_delay`` seconds (or none is connecting), the first address in
         order without a connection: it starts a new attempt. A pass that begins with a held connection still
         connecting (e.g. the one in use, its health answer pending) waits one delay before starting another."""
+        self._report(states)
         ordered = self.order(backends)
         usable = [b.address for b in ordered if states.get(b.address) == READY]
         if usable:
@@ -125,6 +128,23 @@ class PickFirstPolicy(Policy):
         # a timer only while an attempt is connecting and an address is left to start when it fires
         self._due = self._attempt_at + self.connection_attempt_delay if waiting and fresh else None
         return [b.address for b in ordered if b.address in states or b.address == start]
+
+    def _report(self, states: Mapping[str, int]) -> None:
+        """gRFC A78's pick_first metrics from the changes since the last ``connections``: an address that became
+        usable (a connection attempt succeeded), one that went from connecting to failed (an attempt failed), the
+        one in use no longer usable (a disconnection)."""
+        seen, self._seen = self._seen, dict(states)
+        obs = _metrics.current
+        if obs is None:
+            return
+        for address, state in states.items():
+            before = seen.get(address)
+            if state == READY and before != READY:
+                obs.pick_first_event(self.target, "connection_attempts_succeeded")
+            elif state == TRANSIENT_FAILURE and before in (CONNECTING, None):
+                obs.pick_first_event(self.target, "connection_attempts_failed")
+        if self._current is not None and seen.get(self._current) == READY and states.get(self._current) != READY:
+            obs.pick_first_event(self.target, "disconnections")
 
     def connections_timer(self) -> float | None:
         """Seconds until the attempt delay of the latest attempt runs out, when another address would then be

@@ -221,9 +221,9 @@ class UnaryStreamMultiCallable(AioMethod, grpc.aio.UnaryStreamMultiCallable):
 
     def __call__(self, request: Any, *, timeout: float | None = None, metadata: Any = None, credentials: Any = None,
                  wait_for_ready: bool | None = None, compression: Any = None) -> UnaryStreamCall | HedgedUnaryStreamCall:
-        if self.hedging is not None:
-            return HedgedUnaryStreamCall(self, request, timeout, metadata, credentials, wait_for_ready, compression)
-        return UnaryStreamCall(self, request, timeout, metadata, credentials, wait_for_ready, compression)
+        cls = HedgedUnaryStreamCall if self.hedging is not None else UnaryStreamCall
+        return self.started_call(lambda: cls(self, request, timeout, metadata, credentials, wait_for_ready,
+                                             compression))
 
 
 class StreamStreamMultiCallable(AioMethod, grpc.aio.StreamStreamMultiCallable):
@@ -232,5 +232,5 @@ class StreamStreamMultiCallable(AioMethod, grpc.aio.StreamStreamMultiCallable):
     def __call__(self, request_iterator: Any = None, timeout: float | None = None, metadata: Any = None,
                  credentials: Any = None, wait_for_ready: bool | None = None, compression: Any = None
                  ) -> StreamStreamCall:
-        return StreamStreamCall(self, None, timeout, metadata, credentials, wait_for_ready, compression,
-                                **replay_for(request_iterator))
+        return self.started_call(lambda: StreamStreamCall(self, None, timeout, metadata, credentials,
+                                                          wait_for_ready, compression, **replay_for(request_iterator)))

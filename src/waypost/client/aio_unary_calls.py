@@ -266,9 +266,9 @@ class UnaryUnaryMultiCallable(AioMethod, grpc.aio.UnaryUnaryMultiCallable):
 
     def __call__(self, request: Any, *, timeout: float | None = None, metadata: Any = None, credentials: Any = None,
                  wait_for_ready: bool | None = None, compression: Any = None) -> UnaryUnaryCall | HedgedUnaryUnaryCall:
-        if self.hedging is not None:
-            return HedgedUnaryUnaryCall(self, request, timeout, metadata, credentials, wait_for_ready, compression)
-        return UnaryUnaryCall(self, request, timeout, metadata, credentials, wait_for_ready, compression)
+        cls = HedgedUnaryUnaryCall if self.hedging is not None else UnaryUnaryCall
+        return self.started_call(lambda: cls(self, request, timeout, metadata, credentials, wait_for_ready,
+                                             compression))
 
 
 class StreamUnaryMultiCallable(AioMethod, grpc.aio.StreamUnaryMultiCallable):
@@ -277,5 +277,5 @@ class StreamUnaryMultiCallable(AioMethod, grpc.aio.StreamUnaryMultiCallable):
     def __call__(self, request_iterator: Any = None, timeout: float | None = None, metadata: Any = None,
                  credentials: Any = None, wait_for_ready: bool | None = None, compression: Any = None
                  ) -> StreamUnaryCall:
-        return StreamUnaryCall(self, None, timeout, metadata, credentials, wait_for_ready, compression,
-                               **replay_for(request_iterator))
+        return self.started_call(lambda: StreamUnaryCall(self, None, timeout, metadata, credentials, wait_for_ready,
+                                                         compression, **replay_for(request_iterator)))

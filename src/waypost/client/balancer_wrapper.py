@@ -69,6 +69,7 @@ class BalancerWrapper:
     ) -> None:
         self.target = target
         self.policy = policy
+        policy.target = target  # for the policy's own metrics (A78's grpc.lb.*)
         self.health_service = health_service
         self.pickers = PickerWrapper(target)
         self._pool = SubConnPool(target, make_channel=make_channel, probe=probe, close_channel=close_channel,
@@ -106,6 +107,9 @@ class BalancerWrapper:
         """The resolver's new backend list (already subset). Keeps channels of addresses that stay."""
         if self._closed:
             return
+        obs = _metrics.current
+        if obs is not None:
+            obs.resolver_update(self.target)
         pool = self._pool
         routing = self._routing
         resolved = len(backends)

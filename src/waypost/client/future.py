@@ -7,6 +7,7 @@ make several attempts, so ``future()`` on such a call runs the blocking path on 
 from __future__ import annotations
 
 import concurrent.futures
+import contextvars
 import threading
 from collections.abc import Callable
 from typing import Any
@@ -29,7 +30,8 @@ class ThreadFuture(grpc.Future, grpc.Call):  # type: ignore[misc]
     """A grpc.Future for calls that must wait for a backend or retry: the blocking call runs on a worker."""
 
     def __init__(self, fn: Callable[..., tuple[Any, grpc.Call]], *args: Any) -> None:
-        self._fut = _get_executor().submit(fn, *args)
+        # in the caller's context: its hash key (client.hashkey) and its current span go along
+        self._fut = _get_executor().submit(contextvars.copy_context().run, fn, *args)
         self._cancelled = False
 
     def _call(self) -> Any:

@@ -11,7 +11,7 @@ wrapper and the channel config (and, for grpc.aio, the ``AioPickWaiter``).
 from __future__ import annotations
 
 import time
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from typing import Any, ClassVar, Generic, Literal, Protocol, TypeVar, overload
 
 import grpc
@@ -21,6 +21,7 @@ from .. import metrics as _metrics
 from .._grpc_private import registered_method_kwargs
 from ..balancer.base import Outcome, PickError, PickInfo, PickResult, noop_done
 from ..balancer.failure import pushback_of
+from ..otel import hooks as _otel
 from .aio_wait import AioPickWaiter
 from .balancer_wrapper import BalancerWrapper
 from .config import ChannelConfig
@@ -63,6 +64,7 @@ class AsyncBalancedChannel(BalancedChannel, Protocol):
 
 
 ChannelT = TypeVar("ChannelT", bound=BalancedChannel)
+T = TypeVar("T")
 
 
 class MethodBase(Generic[ChannelT]):
@@ -170,7 +172,11 @@ class MethodBase(Generic[ChannelT]):
             tried.add(sc.address)
         mc = self.inner(sc)
         sc.inflight += 1
-        return res, sc, mc, _perf(), None if deadline is None else max(deadline - _mono(), 0.0)
+        t0 = _perf()
+        tel = _otel.current
+        if tel is not None:  # OpenTelemetry: the attempt's span, its trace context in the metadata (waypost.otel)
+            t0, mc = tel.attempt_begun(self._method, self.balancer, sc.address, mc, t0, self.hedging is not None)
+        return res, sc, mc, t0, None if deadline is None else max(deadline - _mono(), 0.0)
 
     def finish(self, res: PickResult, sc: SubConn, t0: float, code: grpc.StatusCode, call: Any = None,
                succeeded: bool = False) -> None:
@@ -188,11 +194,24 @@ class MethodBase(Generic[ChannelT]):
                          None if code is _OK else pushback_of(trailers)))
         obs = _metrics.current
         if obs is not None:
-            obs.call_done(self.balancer.target, sc.address, code, latency)
+            obs.call_done(self.balancer.target, sc.address, code, latency, self._method)
+        if type(t0) is not float:  # an attempt waypost.otel follows (hooks.AttemptStart)
+            t0.end.ended(code, latency, call)  # type: ignore[attr-defined]
         if code is _UNAVAILABLE:
             self.balancer.call_failed(sc, code)
         elif succeeded and self.throttle is not None:
             self.succeeded()
+
+    def blocking_call(self, run: Callable[[], T]) -> T:
+        """Run a blocking call (``run``: its attempts): as one traced call while ``waypost.otel`` is on."""
+        tel = _otel.current
+        return run() if tel is None else tel.blocking_call(self._method, self.balancer, run)
+
+    def started_call(self, start: Callable[[], T]) -> T:
+        """Start a call that goes on after ``start`` returns its call object: as one traced call while
+        ``waypost.otel`` is on (it ends with the call object's done callbacks)."""
+        tel = _otel.current
+        return start() if tel is None else tel.started_call(self._method, self.balancer, start)
 
     def succeeded(self) -> None:
         """A call of this method succeeded (a response stream: its first message came): retry throttling

@@ -8,6 +8,8 @@ report) in ``method``.
 
 from __future__ import annotations
 
+import contextvars
+import functools
 from typing import Any
 
 import grpc
@@ -27,6 +29,11 @@ class _StreamResponseMethod(MethodBase[BalancedChannel]):
 
     def __call__(self, request: Any, timeout: float | None = None, metadata: Any = None, credentials: Any = None,
                  wait_for_ready: bool | None = None, compression: Any = None) -> Any:
+        return self.started_call(lambda: self._call(request, timeout, metadata, credentials, wait_for_ready,
+                                                    compression))
+
+    def _call(self, request: Any, timeout: float | None, metadata: Any, credentials: Any,
+              wait_for_ready: bool | None, compression: Any) -> Any:
         deadline, wfr = self.settings(timeout, wait_for_ready)
         if self.hedging is not None:
             try:
@@ -55,7 +62,8 @@ class _StreamResponseMethod(MethodBase[BalancedChannel]):
             return st.after_failure(e.code(), e.details(), pushback_of(trailers_of(e)))
 
         try:
-            return RetryingStream(start, retry_delay)
+            # a retry starts while the caller iterates: in the call's context all the same (its hash key, its span)
+            return RetryingStream(functools.partial(contextvars.copy_context().run, start), retry_delay)
         except grpc.RpcError as e:  # no backend at all: return the failed call, as grpc does
             return e
 

@@ -35,6 +35,11 @@ class _UnaryRequestMethod(MethodBase[BalancedChannel]):
 
     def with_call(self, request: Any, timeout: float | None = None, metadata: Any = None, credentials: Any = None,
                   wait_for_ready: bool | None = None, compression: Any = None) -> tuple[Any, grpc.Call]:
+        return self.blocking_call(lambda: self._with_call(request, timeout, metadata, credentials, wait_for_ready,
+                                                          compression))
+
+    def _with_call(self, request: Any, timeout: float | None, metadata: Any, credentials: Any,
+                   wait_for_ready: bool | None, compression: Any) -> tuple[Any, grpc.Call]:
         deadline, wfr = self.settings(timeout, wait_for_ready)
         if self.hedging is not None:
             return hedged_with_call(self, request, deadline, metadata, credentials, wfr, compression)
@@ -81,6 +86,11 @@ class _UnaryRequestMethod(MethodBase[BalancedChannel]):
 
     def future(self, request: Any, timeout: float | None = None, metadata: Any = None, credentials: Any = None,
                wait_for_ready: bool | None = None, compression: Any = None) -> grpc.Future:
+        return self.started_call(lambda: self._future(request, timeout, metadata, credentials, wait_for_ready,
+                                                      compression))
+
+    def _future(self, request: Any, timeout: float | None, metadata: Any, credentials: Any,
+                wait_for_ready: bool | None, compression: Any) -> grpc.Future:
         deadline, wfr = self.settings(timeout, wait_for_ready)
         if self.retry_policy is None and self.hedging is None and not wfr:  # waiting for a backend may mean picking again: the thread
             try:
@@ -98,7 +108,7 @@ class _UnaryRequestMethod(MethodBase[BalancedChannel]):
                 return fut  # type: ignore[no-any-return]
         # Waiting for a backend, retrying or hedging would block: run the blocking call on a worker thread.
         timeout = None if deadline is None else max(deadline - _mono(), 0.0)
-        return ThreadFuture(self.with_call, request, timeout, metadata, credentials, wfr, compression)
+        return ThreadFuture(self._with_call, request, timeout, metadata, credentials, wfr, compression)
 
 
 class UnaryUnaryMultiCallable(_UnaryRequestMethod, grpc.UnaryUnaryMultiCallable):
