@@ -190,3 +190,38 @@ def test_without_the_field_there_is_no_limit():
     for _ in range(50):
         picker.pick(PickInfo())
     assert pol.limits is None and pol._stats.get("a").limit is None
+
+
+def test_a_call_waits_for_a_full_sound_backend_rather_than_go_to_a_failing_one_until_its_trial():
+    pol, clock, _ = _policy(initial=2, max=2)
+    picker = pol.build(bs("a", "b"))
+    warm = [picker.pick(PickInfo()) for _ in range(2)]
+    assert sorted(p.backend.address for p in warm) == ["a", "b"]
+    clock.now += 0.01
+    for p in warm:
+        p.done(Outcome(OK, 0.01))  # both answer: both measured
+    picks = [picker.pick(PickInfo()) for _ in range(4)]
+    assert sorted(p.backend.address for p in picks) == ["a", "a", "b", "b"]
+    clock.now += 0.01
+    for p in picks:
+        if p.backend.address == "b":
+            p.done(Outcome(INTERNAL, 0.01))  # b fails (limit 2 -> 1, a failure penalty); a is full
+    with pytest.raises(AtLimit):
+        picker.pick(PickInfo())  # b has room, but it fails: wait for a
+    clock.now += 1.0  # b's trial is due (failure.TRIAL_INTERVAL)
+    assert picker.pick(PickInfo()).backend.address == "b"
+    with pytest.raises(AtLimit):
+        picker.pick(PickInfo())  # b at its limit of 1 now, a still full
+
+
+def test_when_every_backend_fails_their_limits_pace_the_calls_sent_to_them():
+    pol, clock, _ = _policy(initial=1)
+    picker = pol.build(bs("a", "b"))
+    for _ in range(3):
+        picks = [picker.pick(PickInfo()) for _ in range(2)]
+        assert sorted(p.backend.address for p in picks) == ["a", "b"]
+        with pytest.raises(AtLimit):
+            picker.pick(PickInfo())
+        clock.now += 0.01
+        for p in picks:
+            p.done(Outcome(INTERNAL, 0.01))

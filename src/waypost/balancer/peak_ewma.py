@@ -162,17 +162,32 @@ class PeakEwmaPicker(CapacityPicker["PeakEwmaPolicy", PeakEwmaStats]):
         return p2c.prefer(self._policy.rng, si.load(now, decay, u[i], ref), sj.load(now, decay, u[j], ref))
 
     def _under_limit(self, now: float, decay: float) -> int:
-        """P2C among the backends under their concurrency limit (the choice fell on one at its limit); raises
-        ``AtLimit`` when there is none: the call waits for one (``concurrency_limit``)."""
-        open_ = [k for k, st in enumerate(self._stats) if st.limit is None or not st.limit.full()]
+        """P2C among the backends under their concurrency limit (the choice fell on one at its limit). Raises
+        ``AtLimit`` (the call waits for a backend to free up: ``concurrency_limit``) when there is none, and when
+        only failing backends have room while a sound one is full: a call waits for the sound one rather than
+        fail there, unless a failing one's trial is due (``failure``); when every backend fails, their limits
+        pace the calls sent to them."""
+        stats = self._stats
+        open_ = [k for k, st in enumerate(stats) if st.limit is None or not st.limit.full()]
+        sound = [k for k in open_ if not self._troubled(k, now, decay)]
+        if open_ and not sound and len(open_) < len(stats) and any(
+                not self._troubled(k, now, decay) for k in range(len(stats)) if k not in open_):
+            due = [k for k in open_ if stats[k].failures.trial_due(now)]
+            open_ = due[:1]
+        elif sound:
+            open_ = sound
         if not open_:
-            raise concurrency_limit.AtLimit(f"peak_ewma: every READY backend ({len(self._stats)}) is at its "
-                                            "concurrency limit")
+            raise concurrency_limit.AtLimit(f"peak_ewma: every READY backend ({len(stats)}) is at its "
+                                            "concurrency limit, or failing")
         if len(open_) == 1:
             return open_[0]
         a, b = p2c.pair(self._policy.rng, len(open_))
         i, j = open_[a], open_[b]
         return j if self._lighter(j, i, now, decay) else i
+
+    def _troubled(self, k: int, now: float, decay: float) -> bool:
+        st = self._stats[k]
+        return st.failures.troubled(now, st.estimate(now, decay) if st.sampled else None)
 
     def _weighted_pair(self, now: float, decay: float) -> tuple[int, int]:
         """Weighted P2C's candidates (``weights.Capacity``): two draws by weight; a backend drawn twice where a call
