@@ -36,7 +36,7 @@ from __future__ import annotations
 import logging
 import math
 import threading
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -169,6 +169,9 @@ class OutlierDetectionPolicy(Policy):
         self._ready: list[Backend] = []
         self._child_picker: Picker = self.child.build([])
         self._next_eval = self.clock() + self.settings.interval
+
+    def attach_waker(self, wake: Callable[[], None]) -> None:
+        self.child.attach_waker(wake)  # a child with a concurrency limit wakes the calls waiting for it
 
     @classmethod
     def parse_config(cls, raw: Any, path: str) -> dict[str, Any]:
