@@ -13,7 +13,7 @@ from tests.balancer.support import FakeClock, bs
 from waypost.balancer.base import Outcome, PickInfo
 from waypost.balancer.concurrency_limit import AtLimit, BackendLimit, LimitSettings, parse_limit
 from waypost.balancer.failure import Verdict
-from waypost.balancer.outlier_detection import OutlierDetectionPolicy
+from waypost.balancer.policies import get_policy
 from waypost.balancer.peak_ewma import PeakEwmaPolicy
 from waypost.errors import InvalidServiceConfig, NoBackendAvailable
 
@@ -230,8 +230,8 @@ def test_when_every_backend_fails_their_limits_pace_the_calls_sent_to_them():
 def test_outlier_detection_passes_the_wake_up_to_a_limited_child():
     woken: list[int] = []
     raw = {"childPolicy": [{"peak_ewma": {"concurrencyLimit": {"initial": 1, "max": 1}}}]}
-    pol = OutlierDetectionPolicy(OutlierDetectionPolicy.parse_config(raw, "lb.outlier_detection"), clock=FakeClock(),
-                                 rng=random.Random(3))
+    cls = get_policy("outlier_detection")
+    pol = cls(cls.parse_config(raw, "lb.outlier_detection"), clock=FakeClock(), rng=random.Random(3))
     pol.attach_waker(lambda: woken.append(1))
     picker = pol.build(bs("a"))
     p = picker.pick(PickInfo())
