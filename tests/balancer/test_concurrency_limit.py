@@ -13,8 +13,8 @@ from tests.balancer.support import FakeClock, bs
 from waypost.balancer.base import Outcome, PickInfo
 from waypost.balancer.concurrency_limit import AtLimit, BackendLimit, LimitSettings, parse_limit
 from waypost.balancer.failure import Verdict
-from waypost.balancer.policies import get_policy
 from waypost.balancer.peak_ewma import PeakEwmaPolicy
+from waypost.balancer.policies import get_policy
 from waypost.errors import InvalidServiceConfig, NoBackendAvailable
 
 OK = grpc.StatusCode.OK
