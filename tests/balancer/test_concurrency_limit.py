@@ -239,3 +239,21 @@ def test_outlier_detection_passes_the_wake_up_to_a_limited_child():
         picker.pick(PickInfo())
     p.done(Outcome(OK, 0.01))
     assert woken == [1]
+
+
+def test_least_request_takes_the_limit_too():
+    cls = get_policy("least_request")
+    pol = cls(cls.parse_config({"concurrencyLimit": {"initial": 2, "max": 2}}, "lb.least_request"),
+              clock=FakeClock(), rng=random.Random(5))
+    woken: list[int] = []
+    pol.attach_waker(lambda: woken.append(1))
+    picker = pol.build(bs("a", "b"))
+    picks = [picker.pick(PickInfo()) for _ in range(4)]
+    assert sorted(p.backend.address for p in picks) == ["a", "a", "b", "b"]
+    with pytest.raises(AtLimit, match="least_request: every READY backend"):
+        picker.pick(PickInfo())
+    picks[0].done(Outcome(OK, 0.01))
+    assert woken == [1]
+    assert picker.pick(PickInfo()).backend.address == picks[0].backend.address
+    with pytest.raises(InvalidServiceConfig, match=r"lb.least_request.concurrencyLimit.min: expected a whole"):
+        cls.parse_config({"concurrencyLimit": {"min": -1}}, "lb.least_request")

@@ -30,7 +30,7 @@ Thread safety: a ``BackendLimit`` is read and updated under its policy's lock.
 from __future__ import annotations
 
 import math
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -38,7 +38,7 @@ from ..errors import InvalidServiceConfig, NoBackendAvailable
 from .config_fields import check_fields
 from .failure import Verdict
 
-__all__ = ["FIELD", "AtLimit", "BackendLimit", "LimitSettings", "parse_limit", "settings_of"]
+__all__ = ["FIELD", "AtLimit", "BackendLimit", "LimitSettings", "parse_limit", "room", "settings_of"]
 
 FIELD = "concurrencyLimit"
 DEFAULT_INITIAL = 20  # dialogue's and Netflix concurrency-limits' initial limit
@@ -137,3 +137,21 @@ class BackendLimit:
         elif verdict is not Verdict.NEUTRAL and sent_with >= math.floor(self.limit * s.backoff):
             self.limit = min(float(s.max), self.limit + 1.0)
         return was_full and not self.full()
+
+
+def room(limits: Sequence[BackendLimit | None], troubled: Callable[[int], bool], trial_due: Callable[[int], bool],
+         who: str) -> list[int]:
+    """The indices of the backends a call may go to when the policy's choice was at its limit: those under their
+    limit and sound (``troubled`` False); only failing ones have room while a sound one is full: the one whose trial
+    is due (``trial_due``), if any (a call waits for the sound one rather than fail); every backend failing: those
+    under their limit (their limits pace the calls sent to them). Raises ``AtLimit`` (``who``: the policy, for the
+    message) when that leaves none: the call waits."""
+    open_ = [k for k, lim in enumerate(limits) if lim is None or not lim.full()]
+    sound = [k for k in open_ if not troubled(k)]
+    if sound:
+        return sound
+    if open_ and len(open_) < len(limits) and any(not troubled(k) for k in range(len(limits)) if k not in open_):
+        open_ = [k for k in open_ if trial_due(k)][:1]
+    if not open_:
+        raise AtLimit(f"{who}: every READY backend ({len(limits)}) is at its concurrency limit, or failing")
+    return open_

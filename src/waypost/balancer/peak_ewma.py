@@ -162,23 +162,11 @@ class PeakEwmaPicker(CapacityPicker["PeakEwmaPolicy", PeakEwmaStats]):
         return p2c.prefer(self._policy.rng, si.load(now, decay, u[i], ref), sj.load(now, decay, u[j], ref))
 
     def _under_limit(self, now: float, decay: float) -> int:
-        """P2C among the backends under their concurrency limit (the choice fell on one at its limit). Raises
-        ``AtLimit`` (the call waits for a backend to free up: ``concurrency_limit``) when there is none, and when
-        only failing backends have room while a sound one is full: a call waits for the sound one rather than
-        fail there, unless a failing one's trial is due (``failure``); when every backend fails, their limits
-        pace the calls sent to them."""
+        """P2C among the backends ``concurrency_limit.room`` leaves (the choice fell on one at its limit); raises
+        ``AtLimit`` when it leaves none (the call waits)."""
         stats = self._stats
-        open_ = [k for k, st in enumerate(stats) if st.limit is None or not st.limit.full()]
-        sound = [k for k in open_ if not self._troubled(k, now, decay)]
-        if open_ and not sound and len(open_) < len(stats) and any(
-                not self._troubled(k, now, decay) for k in range(len(stats)) if k not in open_):
-            due = [k for k in open_ if stats[k].failures.trial_due(now)]
-            open_ = due[:1]
-        elif sound:
-            open_ = sound
-        if not open_:
-            raise concurrency_limit.AtLimit(f"peak_ewma: every READY backend ({len(stats)}) is at its "
-                                            "concurrency limit, or failing")
+        open_ = concurrency_limit.room([st.limit for st in stats], lambda k: self._troubled(k, now, decay),
+                                       lambda k: stats[k].failures.trial_due(now), "peak_ewma")
         if len(open_) == 1:
             return open_[0]
         a, b = p2c.pair(self._policy.rng, len(open_))
