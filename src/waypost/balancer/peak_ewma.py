@@ -217,8 +217,9 @@ class PeakEwmaPicker(CapacityPicker["PeakEwmaPolicy", PeakEwmaStats]):
                     i = j
             chosen = self._stats[i]
             limit = chosen.limit
-            if limit is not None and limit.full():
-                chosen = self._stats[i := self._under_limit(now, policy.decay)]
+            if limit is not None and limit.full():  # the better of those with room, or wait (``concurrency_limit``)
+                i = self._under_limit(now, policy.decay)
+                chosen = self._stats[i]
                 limit = chosen.limit
             sent_with = 0 if limit is None else limit.acquire()
             chosen.inflight += cost
