@@ -8,7 +8,8 @@ channels as the clients, once per policy; it prints each scenario's success rate
 dialogue's best strategy's published figures and writes them to ``bench/results/dialogue.json``.
 
 Run: ``python bench/dialogue.py`` (a few minutes), ``--quick`` (the default policy and round_robin, half the calls),
-``--policies peak_ewma,round_robin``, ``--scenarios black_hole,short_outage_on_one_node``.
+``--policies peak_ewma,round_robin``, ``--scenarios black_hole,short_outage_on_one_node``; a policy name ending in
+``+limit`` (``peak_ewma+limit``) turns its adaptive concurrency limit on (``concurrencyLimit``, its defaults).
 
 Mapping (dialogue -> gRPC): HTTP 500 -> INTERNAL (not retried, as dialogue does not), 503 -> UNAVAILABLE and
 429 -> RESOURCE_EXHAUSTED (retried: a ``retryPolicy`` with dialogue's 4 retries and its 250 ms backoff slot, scaled),
@@ -242,9 +243,13 @@ def clients_of(sc: Scenario, scale: float) -> int:
     return max(1, round(sc.clients * sc.r * scale))
 
 
+LIMIT_SUFFIX = "+limit"  # a policy variant with its adaptive concurrency limit on (``concurrencyLimit``, defaults)
+
+
 def _service_config(policy: str, f: float) -> dict[str, Any]:
     # dialogue retries 503 and 429 (4 retries, exponential backoff from a 250 ms slot), not 500
-    return {"loadBalancingConfig": [{policy: {}}],
+    name, limited = policy.removesuffix(LIMIT_SUFFIX), policy.endswith(LIMIT_SUFFIX)
+    return {"loadBalancingConfig": [{name: {"concurrencyLimit": {}} if limited else {}}],
             "methodConfig": [{"name": [{"service": SERVICE}], "retryPolicy": {
                 "maxAttempts": 5, "initialBackoff": f"{max(0.001, 0.25 * f):.3f}s",
                 "maxBackoff": f"{max(0.01, 4.0 * f):.3f}s", "backoffMultiplier": 2,

@@ -90,6 +90,7 @@ class Channel(MulticallableFactory, grpc.aio.Channel):
         # wakes waiting picks and this channel's own waits at every change (runs on the loop: see _post)
         self._waiter = AioPickWaiter(self._balancer.pickers, self._ensure_loop)
         self._balancer.add_listener(self._waiter.changed)
+        self._balancer.pickers.on_wake = self._waiter.changed  # a backend at its concurrency limit freed (on the loop)
         self._loop: asyncio.AbstractEventLoop | None = None
         self._pending: list[Any] = []
         self._closing: set[asyncio.Future[Any]] = set()

@@ -187,6 +187,12 @@ class Policy(abc.ABC):
         tens of ms) once the time has passed."""
         return None
 
+    def attach_waker(self, wake: Callable[[], None]) -> None:
+        """Receive the channel's wake-up (once, before the first build). A picker may refuse a call for now with
+        ``concurrency_limit.AtLimit`` (every backend at its concurrency limit): the call then waits, and the
+        policy calls ``wake()`` (from a call's ``done`` hook, on whatever thread ends the call) when a backend can
+        take one again. This default ignores it (its pickers never refuse for now)."""
+
     # ---- load reports (only policies with ``wants_load_reports`` get these calls) ----------------------
 
     def attach_prober(self, prober: LoadProber) -> None:

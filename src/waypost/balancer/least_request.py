@@ -18,7 +18,8 @@ the comparison reads them without the lock (a slightly stale count only changes 
 
 Config: ``choiceCount`` (2..10, default 2); ``methodCosts`` (``method_costs``: a call of a listed method
 counts as that many calls in flight); ``slowStartWindow`` (``slow_start``: a new backend's share ramps up
-over the window; default off).
+over the window; default off); ``concurrencyLimit`` (``concurrency_limit``: an adaptive limit of calls in flight
+per backend; beyond every backend's, calls wait in the client; default off).
 """
 
 from __future__ import annotations
@@ -29,7 +30,7 @@ from typing import Any
 
 from ..errors import InvalidServiceConfig, NoBackendAvailable
 from ..types import Backend
-from . import method_costs, p2c, slow_start
+from . import concurrency_limit, method_costs, p2c, slow_start
 from .base import DoneHook, Outcome, Picker, PickInfo, PickResult
 from .config_fields import policy_config
 from .failure import BackendFailures, prefer_second
@@ -43,16 +44,18 @@ MIN_CHOICE_COUNT = 2
 MAX_CHOICE_COUNT = 10
 
 
-CONFIG_FIELDS = {"choiceCount", method_costs.FIELD, slow_start.FIELD}
+CONFIG_FIELDS = {"choiceCount", method_costs.FIELD, slow_start.FIELD, concurrency_limit.FIELD}
 
 
 class _Inflight:
-    __slots__ = ("born", "count", "failures")
+    __slots__ = ("born", "count", "failures", "limit")
 
-    def __init__(self, born: float = slow_start.NOT_RAMPING) -> None:
+    def __init__(self, born: float = slow_start.NOT_RAMPING, limit: concurrency_limit.BackendLimit | None = None
+                 ) -> None:
         self.count = 0  # calls in flight, each counted at its method's cost
         self.born = born  # when its slow start began
         self.failures = BackendFailures()
+        self.limit = limit  # its concurrency limit (``concurrencyLimit``; None: off)
 
 
 class LeastRequestPicker(CapacityPicker["LeastRequestPolicy", _Inflight]):
@@ -102,9 +105,18 @@ class LeastRequestPicker(CapacityPicker["LeastRequestPolicy", _Inflight]):
         counter = self._stats[best]
         cost = policy.costs.get(info.method, 1) if policy.costs else 1
         with policy._lock:
+            limit = counter.limit
+            if limit is not None and limit.full():  # the fewest among those with room (``concurrency_limit``)
+                stats = self._stats
+                best = self._fewest(concurrency_limit.room(
+                    [c.limit for c in stats], lambda k: stats[k].failures.troubled(now),
+                    lambda k: stats[k].failures.trial_due(now), LeastRequestPolicy.name), now)
+                counter = stats[best]
+                limit = counter.limit
+            sent_with = 0 if limit is None else limit.acquire()
             counter.count += cost
             counter.failures.picked(now)
-        return PickResult(self._backends[best], policy._done_hook(counter, cost))
+        return PickResult(self._backends[best], policy._done_hook(counter, cost, sent_with))
 
     def _pick_ramped(self, n: int, drawn: Sequence[int], now: float) -> int:
         """The choice with slow start on: the same draws, compared among the admitted ones. When none is (every draw
@@ -136,13 +148,15 @@ class LeastRequestPolicy(LoadAwarePolicy[_Inflight]):
         self.costs: dict[str, int] = dict(self.config.get(method_costs.FIELD, {}))
 
     def _new_stats(self, backend: Backend) -> _Inflight:
-        return _Inflight(self.slow_start.born(self.clock()))
+        limit = None if self.limits is None else concurrency_limit.BackendLimit(self.limits)
+        return _Inflight(self.slow_start.born(self.clock()), limit)
 
     @classmethod
     def parse_config(cls, raw: Any, path: str) -> dict[str, Any]:
         cfg = policy_config(raw, path, cls.name, CONFIG_FIELDS)
         method_costs.parse_costs(cfg, path)
         slow_start.parse_window(cfg, path)
+        concurrency_limit.parse_limit(cfg, path)
         if "choiceCount" in cfg:
             n = cfg["choiceCount"]
             if isinstance(n, float) and n.is_integer():
@@ -159,12 +173,18 @@ class LeastRequestPolicy(LoadAwarePolicy[_Inflight]):
     def build(self, backends: Sequence[Backend]) -> Picker:
         return LeastRequestPicker(self, *self._rebuild(backends))
 
-    def _done_hook(self, counter: _Inflight, cost: int = 1) -> DoneHook:
+    def _done_hook(self, counter: _Inflight, cost: int = 1, sent_with: int = 0) -> DoneHook:
+        """``sent_with``: ``BackendLimit.acquire``'s count (0: no limit)."""
         def done(outcome: Outcome) -> None:
             now = self.clock()
+            freed = False
             with self._lock:
                 counter.count -= cost
-                counter.failures.ended(outcome, now, counter.count)
+                verdict = counter.failures.ended(outcome, now, counter.count)
+                if counter.limit is not None and sent_with:
+                    freed = counter.limit.release(verdict, sent_with)
+            if freed:
+                self._freed()
 
         return done
 

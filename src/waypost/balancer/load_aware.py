@@ -3,7 +3,8 @@
 Each keeps one state object per backend across rebuilds (a ``StatsTable``), honours registered weights through a
 ``CapacityMemo`` and ramps new backends up with ``slow_start``. A rebuild does the same three steps in each, under
 the policy's lock because the done hooks of calls still in flight update the same state: split the backends by
-weight, tell slow start how many there are, and keep the state of the addresses still there.
+weight, tell slow start how many there are, and keep the state of the addresses still there. Each may carry a
+per-backend concurrency limit (``concurrency_limit``, the ``concurrencyLimit`` field): ``limits`` and ``wake``.
 """
 
 from __future__ import annotations
@@ -11,11 +12,11 @@ from __future__ import annotations
 import abc
 import logging
 import threading
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from typing import Any, ClassVar, Generic, TypeVar
 
 from ..types import Backend
-from . import slow_start
+from . import concurrency_limit, slow_start
 from .base import Policy
 from .stats import StatsTable
 from .weights import Capacity, CapacityMemo
@@ -36,6 +37,18 @@ class LoadAwarePolicy(Policy, Generic[S]):
         self._lock = threading.Lock()
         self._capacity = CapacityMemo(self.log)
         self._stats: StatsTable[S] = StatsTable(self._new_stats)
+        #: the per-backend concurrency limit (``concurrency_limit``; None: off) and the channel's wake-up
+        self.limits = concurrency_limit.settings_of(self.config)
+        self.wake: Callable[[], None] | None = None
+
+    def attach_waker(self, wake: Callable[[], None]) -> None:
+        self.wake = wake
+
+    def _freed(self) -> None:
+        """A backend at its concurrency limit can take a call again (outside the lock): wake the waiting calls."""
+        wake = self.wake
+        if wake is not None:
+            wake()
 
     @abc.abstractmethod
     def _new_stats(self, backend: Backend) -> S:

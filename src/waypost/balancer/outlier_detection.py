@@ -36,7 +36,7 @@ from __future__ import annotations
 import logging
 import math
 import threading
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -178,6 +178,9 @@ class OutlierDetectionPolicy(Policy):
     @target.setter
     def target(self, value: str) -> None:
         self.child.target = value
+
+    def attach_waker(self, wake: Callable[[], None]) -> None:
+        self.child.attach_waker(wake)  # a child with a concurrency limit wakes the calls waiting for it
 
     @classmethod
     def parse_config(cls, raw: Any, path: str) -> dict[str, Any]:

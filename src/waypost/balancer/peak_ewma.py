@@ -43,7 +43,9 @@ the two are drawn by weight, with replacement; one drawn twice is taken, unless 
 Config (``loadBalancingConfig``): ``{"peak_ewma": {"decayTime": "10s", "defaultRtt": "0.03s"}}``
 (gRPC JSON durations; the defaults are Linkerd's), ``slowStartWindow`` (``slow_start``: a backend that just
 appeared is admitted to a pair's comparison with a probability ramping from 10 % to 1 over the window; default
-off) and ``methodCosts`` (``method_costs``: a call of a listed method counts as that many calls in flight).
+off), ``methodCosts`` (``method_costs``: a call of a listed method counts as that many calls in flight) and
+``concurrencyLimit`` (``concurrency_limit``: an adaptive limit of calls in flight per backend; beyond every
+backend's, calls wait in the client; default off).
 
 A statistics line ``peak_ewma - conn: ADDR, inflight: N, latency: X ms, reqs: N; ...`` is logged
 (``waypost.balancer.peak_ewma``, INFO) when a minute has passed on the policy clock, from a pick (no
@@ -64,7 +66,7 @@ from typing import Any
 from ..durations import parse_config_duration
 from ..errors import NoBackendAvailable
 from ..types import Backend
-from . import method_costs, p2c, slow_start
+from . import concurrency_limit, method_costs, p2c, slow_start
 from .base import BackendSignal, DoneHook, Outcome, Picker, PickInfo, PickResult
 from .config_fields import policy_config
 from .failure import BackendFailures, Verdict, prefer_second
@@ -79,16 +81,18 @@ PENALTY = 1e6  # load of a backend whose estimate decayed to zero while it has c
 DURATION_FIELDS = {"decayTime", "defaultRtt"}
 #: the fields a policy built on this one (prequal) passes on to it
 FALLBACK_FIELDS = DURATION_FIELDS | {slow_start.FIELD}
-CONFIG_FIELDS = FALLBACK_FIELDS | {method_costs.FIELD}
+CONFIG_FIELDS = FALLBACK_FIELDS | {method_costs.FIELD, concurrency_limit.FIELD}
 LOG_INTERVAL = 60.0  # seconds between statistics lines
 
 
 class PeakEwmaStats:
     """What peak_ewma knows about one backend."""
 
-    __slots__ = ("address", "born", "cost", "failed_at", "failures", "inflight", "requests", "sampled", "stamp")
+    __slots__ = ("address", "born", "cost", "failed_at", "failures", "inflight", "limit", "requests", "sampled",
+                 "stamp")
 
-    def __init__(self, address: str, now: float, start_rtt: float, born: float = slow_start.NOT_RAMPING) -> None:
+    def __init__(self, address: str, now: float, start_rtt: float, born: float = slow_start.NOT_RAMPING,
+                 limit: concurrency_limit.BackendLimit | None = None) -> None:
         self.address = address
         self.born = born  # when its slow start began
         self.cost = start_rtt  # seconds, at time ``stamp``
@@ -98,6 +102,7 @@ class PeakEwmaStats:
         self.sampled = False  # True once a call has ended here
         self.failed_at = -math.inf  # clock of the last failed call here
         self.failures = BackendFailures()
+        self.limit = limit  # its concurrency limit (``concurrencyLimit``; None: off)
 
     def estimate(self, now: float, decay: float) -> float:
         """The latency estimate at ``now``: decayed towards zero since the last sample."""
@@ -156,6 +161,22 @@ class PeakEwmaPicker(CapacityPicker["PeakEwmaPolicy", PeakEwmaStats]):
             return sj.load(now, decay, ref=ref) < si.load(now, decay, ref=ref)
         return p2c.prefer(self._policy.rng, si.load(now, decay, u[i], ref), sj.load(now, decay, u[j], ref))
 
+    def _under_limit(self, now: float, decay: float) -> int:
+        """P2C among the backends ``concurrency_limit.room`` leaves (the choice fell on one at its limit); raises
+        ``AtLimit`` when it leaves none (the call waits)."""
+        stats = self._stats
+        open_ = concurrency_limit.room([st.limit for st in stats], lambda k: self._troubled(k, now, decay),
+                                       lambda k: stats[k].failures.trial_due(now), "peak_ewma")
+        if len(open_) == 1:
+            return open_[0]
+        a, b = p2c.pair(self._policy.rng, len(open_))
+        i, j = open_[a], open_[b]
+        return j if self._lighter(j, i, now, decay) else i
+
+    def _troubled(self, k: int, now: float, decay: float) -> bool:
+        st = self._stats[k]
+        return st.failures.troubled(now, st.estimate(now, decay) if st.sampled else None)
+
     def _weighted_pair(self, now: float, decay: float) -> tuple[int, int]:
         """Weighted P2C's candidates (``weights.Capacity``): two draws by weight; a backend drawn twice where a call
         failed within ``decayTime`` is compared with one drawn from the others (its weight buys it no pick)."""
@@ -195,10 +216,16 @@ class PeakEwmaPicker(CapacityPicker["PeakEwmaPolicy", PeakEwmaStats]):
                 elif i != j and self._lighter(j, i, now, decay):
                     i = j
             chosen = self._stats[i]
+            limit = chosen.limit
+            if limit is not None and limit.full():  # the better of those with room, or wait (``concurrency_limit``)
+                i = self._under_limit(now, policy.decay)
+                chosen = self._stats[i]
+                limit = chosen.limit
+            sent_with = 0 if limit is None else limit.acquire()
             chosen.inflight += cost
             chosen.requests += 1
             chosen.failures.picked(now)
-        return PickResult(self._backends[i], policy._done_hook(chosen, cost))
+        return PickResult(self._backends[i], policy._done_hook(chosen, cost, sent_with))
 
     def take(self, i: int) -> PickResult:
         """Pick backend ``i`` (of the build's backends, deduplicated, in order) chosen by a policy built on this
@@ -237,23 +264,28 @@ class PeakEwmaPolicy(LoadAwarePolicy[PeakEwmaStats]):
             cfg[key] = parse_config_duration(cfg[key], f"{path}.{key}", positive=True)
         slow_start.parse_window(cfg, path)
         method_costs.parse_costs(cfg, path)
+        concurrency_limit.parse_limit(cfg, path)
         return cfg
 
     def build(self, backends: Sequence[Backend]) -> Picker:
         return PeakEwmaPicker(self, *self._rebuild(backends))
 
     def _new_stats(self, backend: Backend) -> PeakEwmaStats:
-        return PeakEwmaStats(backend.address, self.clock(), self._start_rtt, self.slow_start.born(self.clock()))
+        limit = None if self.limits is None else concurrency_limit.BackendLimit(self.limits)
+        return PeakEwmaStats(backend.address, self.clock(), self._start_rtt, self.slow_start.born(self.clock()),
+                             limit)
 
     def _on_rebuild(self, now: float) -> None:
         # a new backend starts at its sampled peers' median (capped by defaultRtt), not at defaultRtt itself
         peers = sorted(st.estimate(now, self.decay) for _, st in self._stats.items() if st.sampled)
         self._start_rtt = min(self.default_rtt, statistics.median(peers)) if peers else self.default_rtt
 
-    def _done_hook(self, st: PeakEwmaStats, cost: int = 1) -> DoneHook:
+    def _done_hook(self, st: PeakEwmaStats, cost: int = 1, sent_with: int = 0) -> DoneHook:
+        """The hook that counts the call out and samples it; ``sent_with``: ``BackendLimit.acquire``'s count."""
         def done(outcome: Outcome) -> None:
             rtt = max(0.0, outcome.latency)
             now = self.clock()
+            freed = False
             with self._lock:
                 st.inflight -= cost
                 verdict = st.failures.ended(outcome, now, st.inflight)
@@ -263,6 +295,10 @@ class PeakEwmaPolicy(LoadAwarePolicy[PeakEwmaStats]):
                     st.failed_at = now
                 elif verdict is Verdict.REJECTED and st.sampled and rtt > st.cost:
                     st.observe(rtt, now, self.decay)  # a request error may say "slow", never "fast"
+                if st.limit is not None and sent_with:
+                    freed = st.limit.release(verdict, sent_with)
+            if freed:
+                self._freed()
 
         return done
 

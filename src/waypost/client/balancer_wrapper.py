@@ -98,6 +98,7 @@ class BalancerWrapper:
             # through the pool each time: the pool replaces its dict on close and after a fork
             self._prober = SubConnProber(lambda a: self._pool.active.get(a), policy, policy.probe_timeout)
             policy.attach_prober(self._prober)
+        policy.attach_waker(self.pickers.wake)  # a call refused at every backend's concurrency limit waits for it
         install_after_fork_hook()
         live.track(self)
 

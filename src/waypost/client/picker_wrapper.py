@@ -4,8 +4,11 @@ The balancer wrapper (``balancer_wrapper``) publishes a new immutable ``PickerSn
 the data plane reads ``snap`` without a lock: a pick is one attribute read, the policy's pick and a dict
 lookup. When nothing can be picked, the snapshot also says whether a call should wait (something is still
 connecting, resolution is pending) and why it fails otherwise (every backend's state, the resolver error).
-A retry whose pick went to a backend it already tried takes the same slow path (``next_pick``). A sync call
-waits here (``wait_pick``, on ``cond``); a grpc.aio call awaits the same steps on its loop (``aio_wait``).
+A retry whose pick went to a backend it already tried takes the same slow path (``next_pick``), and so does a
+call refused for now because every backend is at its concurrency limit (``concurrency_limit.AtLimit``: it waits
+whatever its ``wait_for_ready``, bounded by its deadline, and the policy's ``wake`` ends the wait when a call
+ends there). A sync call waits here (``wait_pick``, on ``cond``); a grpc.aio call awaits the same steps on its
+loop (``aio_wait``).
 """
 
 from __future__ import annotations
@@ -17,6 +20,7 @@ from collections.abc import Callable, Collection
 import grpc
 
 from ..balancer.base import Picker, PickError, PickInfo, PickResult
+from ..balancer.concurrency_limit import AtLimit
 from ..errors import NoBackendAvailable
 from .retry import avoid_tried
 from .rpcerror import BalancerRpcError
@@ -62,9 +66,11 @@ class PickerWrapper:
     def __init__(self, target: str) -> None:
         self.target = target
         self.snap = EMPTY
-        #: Bumped with every publish (under ``cond``): a waiting call re-picks when it moved.
+        #: Bumped with every publish and ``wake`` (under ``cond``): a waiting call re-picks when it moved.
         self.version = 0
         self.cond = threading.Condition(threading.Lock())
+        #: called by ``wake`` (a grpc.aio channel's waiter: its calls wait on its loop, not on ``cond``)
+        self.on_wake: Callable[[], None] | None = None
 
     # ---- publishing (balancer wrapper) ------------------------------------------------------------
 
@@ -74,6 +80,16 @@ class PickerWrapper:
             self.snap = snap
             self.version += 1
             self.cond.notify_all()
+
+    def wake(self) -> None:
+        """A backend at its concurrency limit can take a call again (the policy's waker): the waiting calls
+        pick again. From the thread that ended the call (a grpc.aio channel's: its loop)."""
+        with self.cond:
+            self.version += 1
+            self.cond.notify_all()
+        on_wake = self.on_wake
+        if on_wake is not None:
+            on_wake()
 
     def reset_after_fork(self, snap: PickerSnapshot) -> None:
         """In a forked child (one thread, locks possibly held by threads that no longer exist): a fresh
@@ -87,12 +103,21 @@ class PickerWrapper:
     def pick(self, info: PickInfo) -> tuple[PickResult, SubConn] | None:
         """A READY backend for this call, or None when there is none right now (the caller decides to wait
         or fail). Raises PickError when the policy rejects the call."""
+        try:
+            return self._pick(info)
+        except AtLimit:
+            return None
+
+    def _pick(self, info: PickInfo) -> tuple[PickResult, SubConn] | None:
+        """``pick``, raising ``AtLimit`` when every backend is at its concurrency limit (the call waits)."""
         snap = self.snap
         picker = snap.picker
         if picker is None:
             return None
         try:
             res = picker.pick(info)
+        except AtLimit:
+            raise
         except NoBackendAvailable:
             return None
         return res, snap.ready[res.backend.address]
@@ -104,7 +129,10 @@ class PickerWrapper:
         says (waiting for an untried one still connecting). Raises UNAVAILABLE when nothing is worth
         waiting for, and the policy's error when it rejects the call."""
         try:
-            r = self.pick(info)
+            try:
+                r = self._pick(info)
+            except AtLimit:
+                return None  # not a failure: wait for a call to end at a backend (``wake``) or for a new picker
             if r is None:
                 if not self.should_wait(wait_for_ready):
                     raise self.unavailable()
