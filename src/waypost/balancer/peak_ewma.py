@@ -62,7 +62,7 @@ from collections.abc import Callable, Sequence
 from typing import Any
 
 from ..durations import parse_config_duration
-from ..errors import NoBackendAvailable
+from ..errors import InvalidServiceConfig, NoBackendAvailable
 from ..types import Backend
 from . import method_costs, p2c, slow_start
 from .base import BackendSignal, DoneHook, Outcome, Picker, PickInfo, PickResult
@@ -78,8 +78,13 @@ DEFAULT_RTT = 0.030  # seconds: the estimate of a backend never sampled (Linkerd
 PENALTY = 1e6  # load of a backend whose estimate decayed to zero while it has calls in flight
 DURATION_FIELDS = {"decayTime", "defaultRtt"}
 #: the fields a policy built on this one (prequal) passes on to it
-FALLBACK_FIELDS = DURATION_FIELDS | {slow_start.FIELD}
+FALLBACK_FIELDS = DURATION_FIELDS | {slow_start.FIELD, "choiceCount"}
 CONFIG_FIELDS = FALLBACK_FIELDS | {method_costs.FIELD}
+#: backends compared per pick when the weights are equal (best of k). Two (P2C) caps a backend's share near 2 / n:
+#: 16 backends of 8 slots among 50 with 2 or 4 could get at most 54 % of the calls, their capacity is 56 %
+DEFAULT_CHOICE_COUNT = 4
+MIN_CHOICE_COUNT = 2
+MAX_CHOICE_COUNT = 10
 LOG_INTERVAL = 60.0  # seconds between statistics lines
 
 
@@ -156,6 +161,14 @@ class PeakEwmaPicker(CapacityPicker["PeakEwmaPolicy", PeakEwmaStats]):
             return sj.load(now, decay, ref=ref) < si.load(now, decay, ref=ref)
         return p2c.prefer(self._policy.rng, si.load(now, decay, u[i], ref), sj.load(now, decay, u[j], ref))
 
+    def _better(self, i: int, j: int, now: float, decay: float) -> int:
+        """The one of candidates ``i`` and ``j`` (drawn in that order) a pick takes."""
+        si, sj = self._stats[i], self._stats[j]
+        only = self._policy.slow_start.only_admitted(si.born, sj.born, now)
+        if only is not None:  # one of the pair is ramping and not admitted: the other one
+            return j if only else i
+        return j if i != j and self._lighter(j, i, now, decay) else i
+
     def _weighted_pair(self, now: float, decay: float) -> tuple[int, int]:
         """Weighted P2C's candidates (``weights.Capacity``): two draws by weight; a backend drawn twice where a call
         failed within ``decayTime`` is compared with one drawn from the others (its weight buys it no pick)."""
@@ -187,13 +200,17 @@ class PeakEwmaPicker(CapacityPicker["PeakEwmaPolicy", PeakEwmaStats]):
         with policy._lock:
             if n > 1:
                 decay = policy.decay
-                i, j = p2c.pair(policy.rng, n) if self._draws is None else self._weighted_pair(now, decay)
-                si, sj = self._stats[i], self._stats[j]
-                only = policy.slow_start.only_admitted(si.born, sj.born, now)
-                if only is not None:  # one of the pair is ramping and not admitted: the other one
-                    i = j if only else i
-                elif i != j and self._lighter(j, i, now, decay):
-                    i = j
+                k = policy.choice_count
+                if self._draws is not None:
+                    i, j = self._weighted_pair(now, decay)
+                    others = [j]
+                elif k == 2 or n == 2:
+                    i, j = p2c.pair(policy.rng, n)
+                    others = [j]
+                else:  # best of k: k distinct backends (all of them when there are no more)
+                    i, *others = p2c.distinct(policy.rng, n, k)
+                for j in others:
+                    i = self._better(i, j, now, decay)
             chosen = self._stats[i]
             chosen.inflight += cost
             chosen.requests += 1
@@ -224,6 +241,7 @@ class PeakEwmaPolicy(LoadAwarePolicy[PeakEwmaStats]):
         self.decay = float(self.config.get("decayTime", DEFAULT_DECAY_TIME))
         self.default_rtt = float(self.config.get("defaultRtt", DEFAULT_RTT))
         self.costs: dict[str, int] = dict(self.config.get(method_costs.FIELD, {}))
+        self.choice_count = int(self.config.get("choiceCount", DEFAULT_CHOICE_COUNT))
         self._start_rtt = self.default_rtt  # a new backend's estimate; set by each rebuild from its peers
         self._log_stamp = self.clock()
         #: the statistics line's name, and more text per address (set by a policy built on this one)
@@ -237,6 +255,12 @@ class PeakEwmaPolicy(LoadAwarePolicy[PeakEwmaStats]):
             cfg[key] = parse_config_duration(cfg[key], f"{path}.{key}", positive=True)
         slow_start.parse_window(cfg, path)
         method_costs.parse_costs(cfg, path)
+        if "choiceCount" in cfg:
+            count = cfg["choiceCount"]
+            if isinstance(count, bool) or not isinstance(count, int) or not (
+                    MIN_CHOICE_COUNT <= count <= MAX_CHOICE_COUNT):
+                raise InvalidServiceConfig(f"{path}.choiceCount: expected an integer from {MIN_CHOICE_COUNT} to "
+                                  f"{MAX_CHOICE_COUNT} (backends compared per pick), got {count!r}")
         return cfg
 
     def build(self, backends: Sequence[Backend]) -> Picker:
