@@ -36,14 +36,18 @@ works with any backend:
   second); cancelled calls and deadlines below the backend's usual latency are not sampled at all; a backend that
   sent ``grpc-retry-pushback-ms`` loses every comparison with one that did not, for that long.
 
-A pick draws two distinct backends at random and takes the lower load (one backend: it). When the weights differ
+A pick draws ``choiceCount`` distinct backends at random (4 by default; all of them when there are no more) and takes
+the lowest load, comparing them in draw order. Two (P2C, tower's and Finagle's draw) caps what one backend can get
+near ``2 / n`` of the calls: in 50 backends where 16 have 8 slots and the rest 2 or 4, the 16 could get at most 54 %
+of the calls against 56 % of the capacity, and the small ones queued (p99 1.4-2.3x an oracle's at 70-95 %
+utilization with 20 clients, against 0.87-1.09x with four). When the weights differ
 the two are drawn by weight, with replacement; one drawn twice is taken, unless a call failed there within
 ``decayTime``: it is then compared with a second one drawn from the others (``weights.Capacity``).
 
-Config (``loadBalancingConfig``): ``{"peak_ewma": {"decayTime": "10s", "defaultRtt": "0.03s"}}``
-(gRPC JSON durations; the defaults are Linkerd's), ``slowStartWindow`` (``slow_start``: a backend that just
-appeared is admitted to a pair's comparison with a probability ramping from 10 % to 1 over the window; default
-off) and ``methodCosts`` (``method_costs``: a call of a listed method counts as that many calls in flight).
+Config (``loadBalancingConfig``): ``{"peak_ewma": {"decayTime": "10s", "defaultRtt": "0.03s", "choiceCount": 4}}``
+(gRPC JSON durations; the decay and RTT defaults are Linkerd's; ``choiceCount`` 2..10, 2 being Linkerd's P2C),
+``slowStartWindow`` (``slow_start``: a backend that just appeared is admitted to each comparison of a pick with a
+probability ramping from 10 % to 1 over the window; default off) and ``methodCosts`` (``method_costs``: a call of a listed method counts as that many calls in flight).
 
 A statistics line ``peak_ewma - conn: ADDR, inflight: N, latency: X ms, reqs: N; ...`` is logged
 (``waypost.balancer.peak_ewma``, INFO) when a minute has passed on the policy clock, from a pick (no
@@ -86,6 +90,15 @@ DEFAULT_CHOICE_COUNT = 4
 MIN_CHOICE_COUNT = 2
 MAX_CHOICE_COUNT = 10
 LOG_INTERVAL = 60.0  # seconds between statistics lines
+
+
+def parse_choice_count(cfg: dict[str, Any], path: str) -> None:
+    """Check ``cfg``'s ``choiceCount`` when present (this policy's, and prequal's for its fallback)."""
+    if "choiceCount" in cfg:
+        count = cfg["choiceCount"]
+        if isinstance(count, bool) or not isinstance(count, int) or not MIN_CHOICE_COUNT <= count <= MAX_CHOICE_COUNT:
+            raise InvalidServiceConfig(f"{path}.choiceCount: expected an integer from {MIN_CHOICE_COUNT} to "
+                                       f"{MAX_CHOICE_COUNT} (backends compared per pick), got {count!r}")
 
 
 class PeakEwmaStats:
@@ -255,12 +268,7 @@ class PeakEwmaPolicy(LoadAwarePolicy[PeakEwmaStats]):
             cfg[key] = parse_config_duration(cfg[key], f"{path}.{key}", positive=True)
         slow_start.parse_window(cfg, path)
         method_costs.parse_costs(cfg, path)
-        if "choiceCount" in cfg:
-            count = cfg["choiceCount"]
-            if isinstance(count, bool) or not isinstance(count, int) or not (
-                    MIN_CHOICE_COUNT <= count <= MAX_CHOICE_COUNT):
-                raise InvalidServiceConfig(f"{path}.choiceCount: expected an integer from {MIN_CHOICE_COUNT} to "
-                                  f"{MAX_CHOICE_COUNT} (backends compared per pick), got {count!r}")
+        parse_choice_count(cfg, path)
         return cfg
 
     def build(self, backends: Sequence[Backend]) -> Picker:
