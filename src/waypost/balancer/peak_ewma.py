@@ -1,4 +1,4 @@
-"""peak_ewma: power of two choices over a peak-sensitive EWMA of latency x (calls in flight + 1).
+"""peak_ewma: best of k (4; 2 is P2C) over a peak-sensitive EWMA of latency x (calls in flight + 1).
 
 The load metric of Finagle's and Linkerd's (tower's) Peak EWMA balancers, client-side only, so it
 works with any backend:
@@ -200,7 +200,7 @@ class PeakEwmaPicker(CapacityPicker["PeakEwmaPolicy", PeakEwmaStats]):
         return result
 
     def draw(self, cost: int = 1) -> PickResult:
-        """P2C's choice, counted in flight, without the statistics line: a policy built on this one may call it
+        """The draw's choice, counted in flight, without the statistics line: a policy built on this one may call it
         under its own lock, which the line's extra text (``log_extra``) takes; it calls ``maybe_log`` after."""
         n = len(self._stats)
         if n == 0:
@@ -244,7 +244,7 @@ class PeakEwmaPicker(CapacityPicker["PeakEwmaPolicy", PeakEwmaStats]):
 
 
 class PeakEwmaPolicy(LoadAwarePolicy[PeakEwmaStats]):
-    """P2C over peak EWMA latency x (in flight + 1); statistics kept across rebuilds."""
+    """Best of ``choiceCount`` over peak EWMA latency x (in flight + 1); statistics kept across rebuilds."""
 
     name = "peak_ewma"
     log = log
