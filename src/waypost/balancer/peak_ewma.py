@@ -125,16 +125,18 @@ class PeakEwmaStats:
         """The estimate, at least the age of a call outstanding since the last answer (``failure``: silence)."""
         return max(self.estimate(now, decay), self.failures.silence(now))
 
-    def load(self, now: float, decay: float, units: float | None = None, ref: float = 0.0) -> float:
+    def load(self, now: float, decay: float, units: float | None = None, ref: float = 0.0,
+             latency: float | None = None) -> float:
         """``latency * (in flight + 1) + max(latency, ref) * failure penalty``; with ``units`` (weights differ:
         ``weights.Capacity``) the calls in flight are counted per unit of capacity, ``in flight / units``. ``ref``:
         the other candidate's latency (a penalty counts at the pair's larger latency: a failing backend's own
-        estimate fades while it gets no calls, its penalty must not fade with it)."""
+        estimate fades while it gets no calls, its penalty must not fade with it). ``latency``: ``self.latency(now,
+        decay)`` when the caller has it already (a pick's comparisons read it once per candidate)."""
         queue = self.inflight if units is None else self.inflight / units
         penalty = self.failures.penalty(now)
         if not self.sampled:  # never measured: free while idle (measured at once), then one call at a time
             return (PENALTY + queue if self.inflight else 0.0) + penalty * ref
-        est = self.latency(now, decay)
+        est = self.latency(now, decay) if latency is None else latency
         if est == 0.0 and self.inflight:
             return PENALTY + queue + penalty * ref
         return est * (queue + 1) + max(est, ref) * penalty
@@ -168,11 +170,12 @@ class PeakEwmaPicker(CapacityPicker["PeakEwmaPolicy", PeakEwmaStats]):
         pushed = prefer_second(si.failures, sj.failures, now)
         if pushed is not None:
             return pushed
-        ref = max(si.latency(now, decay), sj.latency(now, decay))
+        li, lj = si.latency(now, decay), sj.latency(now, decay)
+        ref = max(li, lj)
         u = self._units
         if u is None:
-            return sj.load(now, decay, ref=ref) < si.load(now, decay, ref=ref)
-        return p2c.prefer(self._policy.rng, si.load(now, decay, u[i], ref), sj.load(now, decay, u[j], ref))
+            return sj.load(now, decay, ref=ref, latency=lj) < si.load(now, decay, ref=ref, latency=li)
+        return p2c.prefer(self._policy.rng, si.load(now, decay, u[i], ref, li), sj.load(now, decay, u[j], ref, lj))
 
     def _better(self, i: int, j: int, now: float, decay: float) -> int:
         """The one of candidates ``i`` and ``j`` (drawn in that order) a pick takes."""
