@@ -39,15 +39,16 @@ works with any backend:
 A pick draws ``choiceCount`` distinct backends at random (4 by default; all of them when there are no more) and takes
 the lowest load, comparing them in draw order. Two (P2C, tower's and Finagle's draw) caps what one backend can get
 near ``2 / n`` of the calls: in 50 backends where 16 have 8 slots and the rest 2 or 4, the 16 could get at most 54 %
-of the calls against 56 % of the capacity, and the small ones queued (p99 1.4-2.3x an oracle's at 70-95 %
-utilization with 20 clients, against 0.87-1.09x with four). When the weights differ
-the two are drawn by weight, with replacement; one drawn twice is taken, unless a call failed there within
+of the calls against 56 % of the capacity, and the small ones queued (p99 1.40-2.35x an oracle's at 70-95 %
+utilization with 20 clients, against 0.87-1.09x with four). When the weights differ two are drawn by weight
+(weighted P2C: ``choiceCount`` does not apply), with replacement; one drawn twice is taken, unless a call failed there within
 ``decayTime``: it is then compared with a second one drawn from the others (``weights.Capacity``).
 
 Config (``loadBalancingConfig``): ``{"peak_ewma": {"decayTime": "10s", "defaultRtt": "0.03s", "choiceCount": 4}}``
 (gRPC JSON durations; the decay and RTT defaults are Linkerd's; ``choiceCount`` 2..10, 2 being Linkerd's P2C),
 ``slowStartWindow`` (``slow_start``: a backend that just appeared is admitted to each comparison of a pick with a
-probability ramping from 10 % to 1 over the window; default off) and ``methodCosts`` (``method_costs``: a call of a listed method counts as that many calls in flight).
+probability ramping from 10 % to 1 over the window; default off) and ``methodCosts`` (``method_costs``: a call of a
+listed method counts as that many calls in flight).
 
 A statistics line ``peak_ewma - conn: ADDR, inflight: N, latency: X ms, reqs: N; ...`` is logged
 (``waypost.balancer.peak_ewma``, INFO) when a minute has passed on the policy clock, from a pick (no
