@@ -44,11 +44,28 @@ def test_choices_draws_with_replacement_one_rng_call_each():
     assert any(len(set(d)) < 4 for d in drawn)  # repeats happen (3 indices, 4 draws: always)
 
 
+def test_distinct_draws_distinct_indices_through_sample():
+    rng, ref = random.Random(8), random.Random(8)
+    drawn = [p2c.distinct(rng, 6, 4) for _ in range(100)]
+    assert drawn == [ref.sample(range(6), 4) for _ in range(100)]
+    assert all(len(set(d)) == 4 for d in drawn)
+    assert sorted(p2c.distinct(rng, 3, 4)) == [0, 1, 2]  # fewer backends than choices: all of them
+
+
+def test_peak_ewma_draws_its_choices_distinct():
+    # peak_ewma's default best of 4 over 6 idle backends picks one of the 4 the same seeded rng gives
+    picker = PeakEwmaPolicy(rng=random.Random(5), clock=lambda: 0.0).build(bs("a", "b", "c", "d", "e", "f"))
+    ref = random.Random(5)
+    for _ in range(50):
+        drawn = p2c.distinct(ref, 6, 4)
+        assert picker.pick(PickInfo()).backend.address in {"abcdef"[i] for i in drawn}
+
+
 def test_p2c_policies_draw_through_the_shared_pair():
-    # peak_ewma and p2c_ewma over 5 idle backends pick one of the drawn pair, so each pick is in the pair
-    # the same seeded rng gives
-    for cls in (PeakEwmaPolicy, P2CEwmaPolicy):
-        picker = cls(rng=random.Random(5), clock=lambda: 0.0).build(bs("a", "b", "c", "d", "e"))
+    # p2c_ewma, and peak_ewma with choiceCount 2, over 5 idle backends pick one of the drawn pair, so each pick is
+    # in the pair the same seeded rng gives
+    for cls, cfg in ((PeakEwmaPolicy, {"choiceCount": 2}), (P2CEwmaPolicy, None)):
+        picker = cls(cfg, rng=random.Random(5), clock=lambda: 0.0).build(bs("a", "b", "c", "d", "e"))
         ref = random.Random(5)
         for _ in range(50):
             a, b = p2c.pair(ref, 5)

@@ -206,3 +206,38 @@ def test_config_is_validated_through_the_service_config():
         parse_service_config({"loadBalancingConfig": [{"peak_ewma": {"decayTime": "0s"}}]})
     with pytest.raises(InvalidServiceConfig, match="unknown field"):
         parse_service_config({"loadBalancingConfig": [{"peak_ewma": {"window": "5s"}}]})
+
+
+def test_choice_count_is_validated_for_peak_ewma_and_prequal_s_fallback():
+    for name in ("peak_ewma", "prequal"):
+        sc = parse_service_config({"loadBalancingConfig": [{name: {"choiceCount": 3}}]})
+        assert sc.lb_policy == name
+        for bad in (1, 11, "3", True, 2.5):
+            with pytest.raises(InvalidServiceConfig, match=r"choiceCount: expected an integer from 2 to 10"):
+                parse_service_config({"loadBalancingConfig": [{name: {"choiceCount": bad}}]})
+
+
+def test_best_of_k_takes_the_lowest_load_of_its_draw():
+    # 6 backends with the same estimate, calls held: with choiceCount 6 every pick compares all of them, so it takes
+    # one with the fewest calls in flight and the counts never differ by more than one; a slow one is never taken
+    clock = FakeClock()
+    p = get_policy("peak_ewma")({"choiceCount": 6}, clock=clock, rng=random.Random(3))
+    picker = p.build(bs("a", "b", "c", "d", "e", "f"))
+    first = [picker.pick(PickInfo()) for _ in range(6)]  # never measured: one call each until it answers
+    assert sorted(r.backend.address for r in first) == list("abcdef")
+    for r in first:
+        r.done(Outcome(OK, 0.01))
+    held = []
+    for _ in range(60):
+        held.append(picker.pick(PickInfo()))
+        inflight = [s["inflight"] for s in p.snapshot().values()]
+        assert max(inflight) - min(inflight) <= 1
+    assert [s["inflight"] for s in p.snapshot().values()] == [10] * 6
+    for r in held:
+        r.done(Outcome(OK, 0.1 if r.backend.address == "f" else 0.01))  # "f" answered 10x slower
+    picks: Counter[str] = Counter()
+    for _ in range(60):
+        r = picker.pick(PickInfo())
+        picks[r.backend.address] += 1
+        r.done(Outcome(OK, 0.01))
+    assert picks["f"] == 0 and set(picks) == set("abcde")

@@ -4,6 +4,9 @@
 over ``n``, the second uniform over the other ``n - 1`` (a draw below ``n - 1`` moved past the first). Two rng
 calls a pair, in that order, so a seeded rng gives the same picks wherever a policy draws through here.
 
+``distinct`` is peak_ewma's best-of-k draw: ``count`` distinct indices, uniformly (``rng.sample``), first drawn
+first.
+
 ``choices`` is gRPC A48's draw for ``least_request``: ``count`` indices *with* replacement, one rng call each
 (grpc-go draws the same way; with replacement a pick of ``choiceCount`` can hold one backend twice, which A48
 accepts as the price of not tracking what was drawn).
@@ -22,7 +25,7 @@ import bisect
 import random
 from collections.abc import Sequence
 
-__all__ = ["WeightedDraw", "choices", "pair"]
+__all__ = ["WeightedDraw", "choices", "distinct", "pair"]
 
 
 def pair(rng: random.Random, n: int) -> tuple[int, int]:
@@ -32,6 +35,11 @@ def pair(rng: random.Random, n: int) -> tuple[int, int]:
     if b >= a:
         b += 1
     return a, b
+
+
+def distinct(rng: random.Random, n: int, count: int) -> list[int]:
+    """``min(count, n)`` distinct indices below ``n``, uniformly among all ordered selections, in draw order."""
+    return rng.sample(range(n), min(count, n))
 
 
 def choices(rng: random.Random, n: int, count: int) -> list[int]:

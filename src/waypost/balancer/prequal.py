@@ -28,7 +28,7 @@ the same two figures (``waypost.orca.call_load``). This policy:
   one client, 1 of 4 backends 10x slower, p99 74 ms before, 35 ms after). The paper takes the hot ones by lowest
   RIF when no probe is cold; here peak_ewma decides then too: the pool holds a few probes of the fleet, cold ones are
   used up first, so a pool left with hot probes only holds the overloaded backends and would herd every pick
-  onto them (bench/simulate.py's 50-backend sweep: p99 up to 9x the oracle), while peak_ewma's P2C draws from
+  onto them (bench/simulate.py's 50-backend sweep: p99 up to 9x the oracle), while peak_ewma's best-of-4 draws from
   every READY backend. With fewer than two usable probes (and more than one backend) there is no choice to
   make from the pool either;
 - **latency as compared**: the server's estimate at its load; for a server that has none yet (no call ended
@@ -57,8 +57,8 @@ Config (``loadBalancingConfig``)::
                  "reuseBudget": 4, "hotQuantile": 0.95, "callReports": true, "probeTimeout": "0.25s",
                  "decayTime": "10s", "defaultRtt": "0.03s"}}
 
-(``decayTime``/``defaultRtt`` configure the peak_ewma fallback.) ``slowStartWindow`` (``slow_start``, default off)
-goes to the fallback, whose P2C ramps a new backend as peak_ewma does, and applies to the pool: a probe of a backend
+(``decayTime``/``defaultRtt``/``choiceCount`` configure the peak_ewma fallback.) ``slowStartWindow``
+(``slow_start``, default off) goes to the fallback, whose draw ramps a new backend as peak_ewma does, and applies to the pool: a probe of a backend
 in its window is a candidate of a pool choice only with the ramp's probability (drawn per candidate, O(pool)).
 Thread safety: one lock guards the pool and the
 probe scheduling; probes are sent and answers received outside any pick.
@@ -82,7 +82,7 @@ from .base import BackendSignal, DoneHook, LoadProber, Outcome, Picker, PickInfo
 from .config_fields import policy_config
 from .peak_ewma import DURATION_FIELDS as PEAK_DURATIONS
 from .peak_ewma import FALLBACK_FIELDS as PEAK_FIELDS
-from .peak_ewma import PeakEwmaPicker, PeakEwmaPolicy
+from .peak_ewma import PeakEwmaPicker, PeakEwmaPolicy, parse_choice_count
 from .prequal_pool import Probe, ProbePool
 from .stats import dedupe
 from .weights import all_drained
@@ -197,6 +197,7 @@ class PrequalPolicy(Policy):
         for key in (DURATION_FIELDS | PEAK_DURATIONS) & set(cfg):
             cfg[key] = parse_config_duration(cfg[key], f"{path}.{key}", positive=True)
         slow_start.parse_window(cfg, path)
+        parse_choice_count(cfg, path)
         return cfg
 
     # ---- the channel's side --------------------------------------------------------------------------
