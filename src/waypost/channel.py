@@ -203,8 +203,9 @@ def dial(target: str | Sequence[str] | Registry, **options: Unpack[DialKeywords]
     takes the same ones).
 
     ``balancer`` names the policy (a shortcut for ``loadBalancingConfig``; it must agree with the service
-    config when both name one); with neither, ``waypost.service_config.DEFAULT_POLICY`` (peak_ewma: P2C
-    over each backend's peak latency estimate x its calls in flight; see docs/policies.md).
+    config when both name one); with neither, ``waypost.service_config.DEFAULT_POLICY`` (prequal: the
+    servers' load read from every response, and peak_ewma -- the best of four backends by peak latency estimate x
+    calls in flight -- where servers send none; see docs/policies.md).
     ``service_config`` is gRPC's JSON (dict or text), validated here: anything invalid raises
     ``waypost.InvalidServiceConfig``; a bad target raises ``waypost.InvalidTarget``. ``interceptors`` are applied as ``grpc.intercept_channel``
     does (outcomes are still reported per attempt). ``subset_size`` (default 32) and ``client_id``
