@@ -19,6 +19,7 @@ from ..balancer.failure import pushback_of
 from .hedging import CANCELLED_PICK, HedgePlan, pick_untried
 from .method import Attempt, BalancedChannel, MethodBase
 from .retry import PREVIOUS_ATTEMPTS, never_sent
+from .retrying_stream import DelegatedCall
 
 _OK = grpc.StatusCode.OK
 _CANCELLED = grpc.StatusCode.CANCELLED
@@ -189,7 +190,7 @@ def hedged_with_call(m: MethodBase[BalancedChannel], request: Any, deadline: flo
     raise explained from None
 
 
-class HedgedStream(grpc.Call, grpc.Future):  # type: ignore[misc]
+class HedgedStream(DelegatedCall):
     """The response iterator of a hedged unary-stream call: the race runs at the first ``next``; then the winning
     attempt's messages (its first one kept from the race)."""
 
@@ -243,45 +244,11 @@ class HedgedStream(grpc.Call, grpc.Future):  # type: ignore[misc]
         self._settle()
         return self._call.details()
 
-    def is_active(self) -> bool:
-        return bool(self._call.is_active())
-
-    def time_remaining(self) -> Any:
-        return self._call.time_remaining()
-
     def cancel(self) -> bool:
         if not self._done:
             self._race.cancel()
             return True
         return bool(self._call.cancel())
-
-    def add_callback(self, callback: Any) -> bool:
-        return bool(self._call.add_callback(callback))
-
-    def cancelled(self) -> bool:
-        return bool(self._call.cancelled())
-
-    def running(self) -> bool:
-        return bool(self._call.running())
-
-    def done(self) -> bool:
-        return bool(self._call.done())
-
-    def result(self, timeout: float | None = None) -> Any:
-        return self._call.result(timeout)
-
-    def exception(self, timeout: float | None = None) -> Any:
-        return self._call.exception(timeout)
-
-    def traceback(self, timeout: float | None = None) -> Any:
-        return self._call.traceback(timeout)
-
-    def add_done_callback(self, fn: Any) -> None:
-        self._call.add_done_callback(lambda _c: fn(self))
-
-    def debug_error_string(self) -> Any:
-        return self._call.debug_error_string()
-
 
 def hedged_stream(m: MethodBase[BalancedChannel], request: Any, deadline: float | None, metadata: Any,
                   credentials: Any, wfr: bool | None, compression: Any) -> HedgedStream:

@@ -10,7 +10,62 @@ from typing import Any
 import grpc
 
 
-class RetryingStream(grpc.Call, grpc.Future):  # type: ignore[misc]
+class DelegatedCall(grpc.Call, grpc.Future):  # type: ignore[misc]
+    """A response stream's grpc.Call / grpc.Future methods, delegated to the attempt in ``self._call`` (the retrying
+    stream's current attempt, a hedged stream's winner); a subclass overrides what it must settle first."""
+
+    _call: Any
+
+    def initial_metadata(self) -> Any:
+        return self._call.initial_metadata()
+
+    def trailing_metadata(self) -> Any:
+        return self._call.trailing_metadata()
+
+    def code(self) -> Any:
+        return self._call.code()
+
+    def details(self) -> Any:
+        return self._call.details()
+
+    def is_active(self) -> bool:
+        return bool(self._call.is_active())
+
+    def time_remaining(self) -> Any:
+        return self._call.time_remaining()
+
+    def cancel(self) -> bool:
+        return bool(self._call.cancel())
+
+    def add_callback(self, callback: Any) -> bool:
+        return bool(self._call.add_callback(callback))
+
+    def cancelled(self) -> bool:
+        return bool(self._call.cancelled())
+
+    def running(self) -> bool:
+        return bool(self._call.running())
+
+    def done(self) -> bool:
+        return bool(self._call.done())
+
+    def result(self, timeout: float | None = None) -> Any:
+        return self._call.result(timeout)
+
+    def exception(self, timeout: float | None = None) -> Any:
+        return self._call.exception(timeout)
+
+    def traceback(self, timeout: float | None = None) -> Any:
+        return self._call.traceback(timeout)
+
+    def add_done_callback(self, fn: Any) -> None:
+        self._call.add_done_callback(lambda _c: fn(self))
+
+    def debug_error_string(self) -> Any:
+        return self._call.debug_error_string()
+
+
+class RetryingStream(DelegatedCall):
     """A response stream that starts a new attempt while no message has been received yet.
 
     ``start()`` begins an attempt and returns its call (a response iterator that is also a grpc.Call and
@@ -54,52 +109,7 @@ class RetryingStream(grpc.Call, grpc.Future):  # type: ignore[misc]
             self._committed = True
             return item
 
-    # grpc.Call / grpc.Future, delegated to the current attempt
-    def initial_metadata(self) -> Any:
-        return self._call.initial_metadata()
-
-    def trailing_metadata(self) -> Any:
-        return self._call.trailing_metadata()
-
-    def code(self) -> Any:
-        return self._call.code()
-
-    def details(self) -> Any:
-        return self._call.details()
-
-    def is_active(self) -> bool:
-        return bool(self._call.is_active())
-
-    def time_remaining(self) -> Any:
-        return self._call.time_remaining()
-
+    # grpc.Call / grpc.Future: delegated to the current attempt (DelegatedCall); a cancel also stops the retries
     def cancel(self) -> bool:
         self._cancelled = True
         return bool(self._call.cancel())
-
-    def add_callback(self, callback: Any) -> bool:
-        return bool(self._call.add_callback(callback))
-
-    def cancelled(self) -> bool:
-        return bool(self._call.cancelled())
-
-    def running(self) -> bool:
-        return bool(self._call.running())
-
-    def done(self) -> bool:
-        return bool(self._call.done())
-
-    def result(self, timeout: float | None = None) -> Any:
-        return self._call.result(timeout)
-
-    def exception(self, timeout: float | None = None) -> Any:
-        return self._call.exception(timeout)
-
-    def traceback(self, timeout: float | None = None) -> Any:
-        return self._call.traceback(timeout)
-
-    def add_done_callback(self, fn: Any) -> None:
-        self._call.add_done_callback(lambda _c: fn(self))
-
-    def debug_error_string(self) -> Any:
-        return self._call.debug_error_string()
