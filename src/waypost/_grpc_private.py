@@ -2,7 +2,7 @@
 
 Each name below says what it reads, why the public API is not enough, and what waypost does when a grpcio
 release no longer has it (every fallback keeps calls correct; only speed or a retry nuance is lost).
-Checked against grpcio 1.78.2 (the oldest release waypost supports: docs/compatibility.md) and 1.85; CI runs
+Checked against grpcio 1.82.1 (the oldest release waypost supports: docs/compatibility.md) and 1.85; CI runs
 tests/project/test_grpc_private.py, which forces every fallback, on both.
 
 ``PLAIN_UNARY_UNARY_CALL``
