@@ -31,7 +31,21 @@ from .errors import (
     WaypostError,
 )
 
-__version__ = "0.1.0"
+
+def _installed_version() -> str:
+    """This package's version, from its installed metadata (pyproject.toml's ``version``: the one place it is set).
+    A source tree on ``sys.path`` without an install has no metadata: ``"0+unknown"`` then, which sorts before
+    every release."""
+    from importlib.metadata import PackageNotFoundError, version
+
+    try:
+        return version("waypost")
+    except PackageNotFoundError:
+        return "0+unknown"
+
+
+__version__: str = _installed_version()
+"""The installed waypost's version (PEP 440), e.g. ``"0.1.0"``."""
 
 # A library never prints by itself: without this, Python's last-resort handler writes our warnings to
 # stderr when the application configured no logging. Configure logging to see them (docs/operations.md).

@@ -2,7 +2,8 @@
 
 Each name below says what it reads, why the public API is not enough, and what waypost does when a grpcio
 release no longer has it (every fallback keeps calls correct; only speed or a retry nuance is lost).
-Checked against grpcio 1.60 (the oldest release waypost supports) and 1.85.
+Checked against grpcio 1.82.1 (the oldest release waypost supports: docs/compatibility.md) and 1.85; CI runs
+tests/project/test_grpc_private.py, which forces every fallback, on both.
 
 ``PLAIN_UNARY_UNARY_CALL``
     ``grpc.aio._call.UnaryUnaryCall``: grpc.aio's own unary-unary call class (what a channel without
@@ -31,7 +32,7 @@ Checked against grpcio 1.60 (the oldest release waypost supports) and 1.85.
 ``registered_method_kwargs(flag)``
     The private ``_registered_method`` keyword of a channel's method factories (``unary_unary`` ...), which
     generated stubs of newer grpcio-tools pass and which lets grpcio skip a per-call method-name lookup.
-    grpcio 1.60 does not accept it. Missing: {} (the keyword is not forwarded; calls are the same).
+    Older grpcio releases (1.60 among them) do not accept it. Missing: {} (the keyword is not forwarded; calls are the same).
 
 ``prepend_server_interceptor(server, interceptor, keep)``
     ``server._state.interceptor_pipeline`` of a ``grpc.server`` (and ``grpc._interceptor.service_pipeline``,

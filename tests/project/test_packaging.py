@@ -8,6 +8,7 @@ environment, PIP_FIND_LINKS included, are passed through). Bounded: about 30-60 
 from __future__ import annotations
 
 import os
+import re
 import subprocess
 import sys
 import time
@@ -17,6 +18,10 @@ from pathlib import Path
 import pytest
 
 ROOT = Path(__file__).resolve().parents[2]
+# [project] version (read as text: tomllib is Python 3.11+, and this is the file's only top-level "version =")
+_VERSION_LINE = re.search(r'^version = "([^"]+)"', (ROOT / "pyproject.toml").read_text(), re.MULTILINE)
+assert _VERSION_LINE is not None, "pyproject.toml has no version line"
+PROJECT_VERSION = _VERSION_LINE.group(1)
 BUDGET = 170.0  # seconds for the whole test, every step bounded within it
 
 
@@ -32,13 +37,19 @@ def _run(cmd: list[str], deadline: float, **kw: object) -> subprocess.CompletedP
 @pytest.mark.timeout(BUDGET + 10)
 def test_built_wheel_installs_into_a_fresh_venv(tmp_path):
     pytest.importorskip("build", reason="the build frontend comes with the dev extra (pip install build)")
+    pytest.importorskip("twine", reason="twine comes with the dev extra (pip install twine)")
     deadline = time.monotonic() + BUDGET
     t0 = time.monotonic()
     dist = tmp_path / "dist"
     # the sdist, then the wheel built from the unpacked sdist: a file missing from the sdist breaks the wheel
     _run([sys.executable, "-m", "build", "--outdir", str(dist), str(ROOT)], deadline, cwd=tmp_path)
     wheels = list(dist.glob("waypost-*.whl"))
-    assert len(wheels) == 1 and len(list(dist.glob("waypost-*.tar.gz"))) == 1, list(dist.iterdir())
+    sdists = list(dist.glob("waypost-*.tar.gz"))
+    assert len(wheels) == 1 and len(sdists) == 1, list(dist.iterdir())
+    # what a package index would check on upload: the metadata renders (README as the long description), and
+    # --strict turns its warnings (a missing description content type, ...) into failures
+    checked = _run([sys.executable, "-m", "twine", "check", "--strict", str(wheels[0]), str(sdists[0])], deadline)
+    assert checked.stdout.count("PASSED") == 2, checked.stdout
     with zipfile.ZipFile(wheels[0]) as whl:
         names = set(whl.namelist())
     for needed in ("waypost/py.typed", "waypost/etcd/_proto/waypost_etcd_pb2.py",
@@ -61,7 +72,7 @@ def test_built_wheel_installs_into_a_fresh_venv(tmp_path):
             "import click, rich, dns.asyncresolver, prometheus_client\n"
             "print(waypost.__version__, md.version('waypost'), pathlib.Path(waypost.__file__).parent)\n")
     out = _run([str(py), "-c", code], deadline, env=env, cwd=tmp_path).stdout.split()
-    assert out[0] == out[1] == "0.1.0"
+    assert out[0] == out[1] == PROJECT_VERSION  # __version__ is the installed metadata's
     installed = Path(out[2])
     assert venv in installed.parents, installed  # the installed copy, not the source tree
     assert (installed / "py.typed").exists()

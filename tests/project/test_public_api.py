@@ -274,3 +274,11 @@ def test_failing_dial_prints_nothing_without_logging_configured():
     assert proc.returncode == 0, proc.stderr
     assert proc.stdout.startswith("failed "), proc.stdout
     assert proc.stderr == ""
+
+
+def test_version_is_the_installed_metadata_and_a_release_number():
+    import importlib.metadata
+    import re
+
+    assert waypost.__version__ == importlib.metadata.version("waypost")
+    assert re.fullmatch(r"\d+\.\d+\.\d+", waypost.__version__), waypost.__version__  # what CHANGELOG.md lists
