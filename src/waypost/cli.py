@@ -6,17 +6,12 @@ stays importable without them so a missing extra is one clear line, not a traceb
 
 from __future__ import annotations
 
-import os
 import sys
 from collections.abc import Sequence
 
 
 def main(argv: Sequence[str] | None = None) -> int:
     """Run the ``waypost`` command; returns (and, as a script, exits with) its status."""
-    # gRPC's C core logs a failed TLS handshake or a refused connection at INFO on stderr, before the command's own
-    # one-line error says what happened and what to do; a user who wants its lines sets GRPC_VERBOSITY themselves.
-    # Set before grpc is imported (it reads the variable once).
-    os.environ.setdefault("GRPC_VERBOSITY", "ERROR")
     missing = [m for m in ("click", "rich") if not _importable(m)]
     if missing:
         sys.stderr.write(
