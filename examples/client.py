@@ -12,7 +12,7 @@ from greet_pb2_grpc import GreeterStub
 
 p = argparse.ArgumentParser()
 p.add_argument("--target", default="etcd:///127.0.0.1:2379?key=greet.rpc")
-p.add_argument("--balancer", default=None, help="a policy name (default: waypost's default, peak_ewma)")
+p.add_argument("--balancer", default=None, help="a policy name (default: waypost's default, prequal)")
 p.add_argument("-n", type=int, default=6)
 args = p.parse_args()
 

@@ -443,8 +443,11 @@ def examples_in_pods(cluster: Any) -> None:
                 assert status == health_pb2.HealthCheckResponse.SERVING, (ip, status)
         cluster.put_slice(ns, "greet-abc12", "greet", endpoints=["10.77.0.4", "10.77.0.5"], ports=_grpc_port(port))
         # enough calls that both pods are READY before the last ones (the first calls may all go to the pod
-        # whose connection came up first, on a loaded machine)
+        # whose connection came up first, on a loaded machine); round_robin: one call at a time leaves both pods
+        # idle, and the default policy would keep to the faster one (what is checked here is that the client
+        # follows the slice to both pods)
         out = subprocess.run([sys.executable, str(root / "examples/kubernetes/client.py"), "--calls", "40",
+                              "--balancer", "round_robin",
                               "--target", f"k8s://{ns}/greet:grpc?kubeconfig={_kubeconfig(cluster)}"],
                              check=False, capture_output=True, text=True, timeout=60)
         assert out.returncode == 0, out.stderr[-2000:]

@@ -361,7 +361,10 @@ async def test_write_api_half_close_reaches_the_retry_after_its_replay(env: Env)
 
 async def test_no_retry_after_a_response_message(env: Env):
     env.log.replies_at_end = False  # bidi replies to each message: m0 gets a reply before m1 fails
-    call = env.stub.BidiStream(agen(msgs(3, fail_at=1)), timeout=T)
+    # m2 is held until the call is over: sent as the server's status arrives, grpc.aio's failed send can set the
+    # call's status to INTERNAL ("Failed execute_batch") before the server's UNAVAILABLE is read (a race of grpcio's)
+    never = asyncio.Event()
+    call = env.stub.BidiStream(agen(msgs(3, fail_at=1), gate=never, hold_at=2), timeout=T)
     got = []
     with pytest.raises(grpc.aio.AioRpcError) as ei:
         async for r in call:
