@@ -25,7 +25,7 @@ from ..balancer.base import Outcome, PickError, PickResult
 from ..service_config import HedgingPolicy
 from .retry_throttle import RetryThrottle
 
-__all__ = ["CANCELLED_PICK", "ChannelHedging", "ExtraShare", "HedgePlan", "LatencyQuantile", "MethodHedging"]
+__all__ = ["CANCELLED_PICK", "ChannelHedging", "ExtraShare", "HedgePlan", "LatencyQuantile", "MethodHedging", "RaceState"]
 
 #: the outcome of a pick released unused (its ``done`` must run exactly once)
 CANCELLED_PICK = Outcome(grpc.StatusCode.CANCELLED, 0.0)
@@ -235,3 +235,24 @@ def pick_untried(pickers: Any, info: Any, tried: set[str]) -> tuple[PickResult, 
         picked[0].done(CANCELLED_PICK)
     sc = untried[0]
     return PickResult(sc.backend), sc
+
+
+class RaceState:
+    """What the sync and the grpc.aio race of one hedged call both hold: the method, its plan, the call's
+    arguments for every attempt, the backends tried and the attempts still running (``hedging_sync``,
+    ``hedging_aio``)."""
+
+    def __init__(self, m: Any, request: Any, deadline: float | None, metadata: Any, credentials: Any,
+                 wfr: bool | None, compression: Any, stream: bool) -> None:
+        assert m.hedging is not None
+        self.m = m
+        self.plan: HedgePlan = m.hedging.plan()
+        self._request = request
+        self._deadline = deadline
+        self._metadata = metadata
+        self._credentials = credentials
+        self._compression = compression
+        self._wfr = wfr
+        self._stream = stream
+        self.tried: set[str] = set()
+        self.started = 0

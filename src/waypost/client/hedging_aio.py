@@ -14,7 +14,7 @@ import grpc.aio
 
 from ..balancer.failure import pushback_of
 from .aio_call_base import AioMethod, aio_error, status_now
-from .hedging import CANCELLED_PICK, HedgePlan, pick_untried
+from .hedging import CANCELLED_PICK, RaceState, pick_untried
 from .method import Attempt
 from .retry import PREVIOUS_ATTEMPTS, never_sent
 from .rpcerror import BalancerRpcError
@@ -37,25 +37,15 @@ class _Attempt:
         self.task: asyncio.Task[None] | None = None
 
 
-class AioRace:
+class AioRace(RaceState):
     """The attempts of one hedged grpc.aio call; ``run`` returns (attempt, kind, payload) of the one that commits."""
 
     def __init__(self, m: AioMethod, request: Any, deadline: float | None, metadata: Any, credentials: Any,
                  wfr: bool | None, compression: Any, *, stream: bool) -> None:
-        assert m.hedging is not None
-        self.m = m
-        self.plan: HedgePlan = m.hedging.plan()
-        self._request = request
-        self._deadline = deadline
-        self._metadata = metadata
-        self._credentials = credentials
-        self._compression = compression
-        self._wfr = wfr
-        self._stream = stream
+        super().__init__(m, request, deadline, metadata, credentials, wfr, compression, stream)
+        self.m: AioMethod = m
         self._q: asyncio.Queue[tuple[_Attempt, str, Any]] = asyncio.Queue()
-        self.tried: set[str] = set()
         self.live: list[_Attempt] = []
-        self.started = 0
 
     async def _first(self) -> None:
         m, md, deadline = self.m, self._metadata, self._deadline

@@ -16,7 +16,7 @@ from typing import Any
 import grpc
 
 from ..balancer.failure import pushback_of
-from .hedging import CANCELLED_PICK, HedgePlan, pick_untried
+from .hedging import CANCELLED_PICK, RaceState, pick_untried
 from .method import Attempt, BalancedChannel, MethodBase
 from .retry import PREVIOUS_ATTEMPTS, never_sent
 from .retrying_stream import DelegatedCall
@@ -38,26 +38,17 @@ class _Attempt:
         self.sc = sc
 
 
-class SyncRace:
+class SyncRace(RaceState):
     """The attempts of one hedged sync call. ``run`` blocks until one commits and returns (attempt, kind, payload):
     ``_MSG`` with the first message, ``_END``, ``_DONE`` (a unary future, OK or the final error) or ``_ERR`` (a
     stream's final error)."""
 
     def __init__(self, m: MethodBase[BalancedChannel], request: Any, deadline: float | None, metadata: Any,
                  credentials: Any, wfr: bool | None, compression: Any, *, stream: bool) -> None:
-        assert m.hedging is not None
-        self.m = m
-        self.plan: HedgePlan = m.hedging.plan()
-        self._request = request
-        self._deadline = deadline
-        self._metadata = metadata
-        self._credentials = credentials
-        self._compression = compression
-        self._stream = stream
+        super().__init__(m, request, deadline, metadata, credentials, wfr, compression, stream)
+        self.m: MethodBase[BalancedChannel] = m
         self._q: queue.SimpleQueue[tuple[_Attempt, str, Any]] = queue.SimpleQueue()
-        self.tried: set[str] = set()
         self.live: list[_Attempt] = []
-        self.started = 0
         self.committed: _Attempt | None = None
         self._launch(m.begin(metadata, deadline, self.tried, wfr, wait=True))
 
