@@ -20,25 +20,27 @@ or, without installing it: ``waypost.register_kind(waypost_files.KIND)``.
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import json
 import logging
 import os
-import random
 import time
-from collections.abc import AsyncIterator, Mapping
+from collections.abc import Sequence
 from pathlib import Path
 from types import MappingProxyType
-from typing import Any
 from urllib.parse import unquote
 
-from waypost import InvalidTarget, RegistryKind
-from waypost.discovery.outage import Outage
-from waypost.discovery.publisher_base import PublisherBase
-from waypost.durations import parse_positive_duration
-from waypost.resolver.loop_resolver import LoopResolver
-from waypost.resolver.target import Target, fail
-from waypost.types import Backend
+from waypost.kinds import (
+    Backend,
+    Instance,
+    InstanceGone,
+    InvalidTarget,
+    PollingDiscovery,
+    Registrar,
+    RegistryKind,
+    Target,
+    Words,
+    parse_positive_duration,
+)
 
 log = logging.getLogger("waypost_files")
 
@@ -46,125 +48,76 @@ log = logging.getLogger("waypost_files")
 DEFAULT_INTERVAL = 0.5
 
 
-def _root(url: str, what: str) -> Path:
+def parse_registry_url(url: str) -> Path:
+    """``files:///ROOT``: the directory services register in."""
     scheme, _, rest = url.partition("://")
     path = unquote(rest.partition("?")[0])
     if scheme.lower() != "files" or not path.startswith("/"):
-        raise InvalidTarget(f"invalid files {what} {url!r}: write files:///ABSOLUTE/DIRECTORY")
+        raise InvalidTarget(f"invalid files registry URL {url!r}: write files:///ABSOLUTE/DIRECTORY")
     return Path(path)
-
-
-def parse_registry_url(url: str) -> Path:
-    """``files:///ROOT``: the directory services register in."""
-    return _root(url, "registry URL")
 
 
 def parse_target(scheme: str, authority: str, path: str, params: dict[str, str], raw: str) -> Target:
     """``files:///ROOT/SERVICE[?interval=SECONDS]``: the service's directory under ROOT."""
+    bad = f"invalid files target {raw!r}: "
     if authority:
-        fail(scheme, raw, f"a files target has no host ({authority!r}): write files:///ROOT/SERVICE")
+        raise InvalidTarget(bad + f"a files target has no host ({authority!r}): write files:///ROOT/SERVICE")
     root, _, service = unquote(path).rstrip("/").rpartition("/")
     if not root or not service:
-        fail(scheme, raw, "expected files:///ROOT/SERVICE (an absolute directory, then the service)")
+        raise InvalidTarget(bad + "expected files:///ROOT/SERVICE (an absolute directory, then the service)")
     options = {}
     if "interval" in params:
         try:
             options["interval"] = str(parse_positive_duration(params["interval"]))
         except ValueError as e:
-            fail(scheme, raw, f"interval=: {e}")
+            raise InvalidTarget(bad + f"interval=: {e}") from None
     return Target(scheme=scheme, endpoints=(), key=service, authority=root, raw=raw,
                   options=MappingProxyType(options))
 
 
-class FilesPublisher(PublisherBase):
-    """One server's registration: its file, kept fresh every ttl/3 s; written again at once if someone deleted it."""
+class FilesRegistrar(Registrar):
+    """One server's file, written at registration and at every renewal (moving ``expires`` on), deleted at stop."""
 
-    def __init__(self, url: str, key: str, address: str, ttl: int = 10, id: Any = None,
-                 metadata: Mapping[str, Any] | None = None, format: Any = None, *, timeout: float = 5.0,
-                 max_unregistered: float | None = None, on_unregistered: Any = None, retry_interval: float = 1.0,
-                 **_: Any) -> None:
-        if not key or "/" in key:
-            raise ValueError(f"files: the service name must be non-empty without '/', got {key!r}")
-        self.root = parse_registry_url(url)
-        self.base_key, self.value, self.ttl = key, address, ttl
-        self.timeout, self.retry_interval = float(timeout), retry_interval
-        self.metadata = self._checked_metadata(metadata)
-        self.outage = Outage(self, max_unregistered, on_unregistered)
-        name = str(id) if id is not None else address.replace(":", "_")
-        self.path = self.root / key / f"{name}.json"
-        self._rng = random.Random()
-        self._beat: asyncio.Task[None] | None = None
+    def __init__(self, root: Path, timeout: float) -> None:
+        self.root = root
 
-    @property
-    def key(self) -> str | None:
-        return str(self.path) if self._registered else None
+    def _path(self, instance: Instance) -> Path:
+        if not instance.service or "/" in instance.service:
+            raise ValueError(f"files: the service name must be non-empty without '/', got {instance.service!r}")
+        return self.root / instance.service / f"{instance.id}.json"
 
-    def __repr__(self) -> str:
-        return f"<FilesPublisher {self.base_key!r}={self.value!r} in {self.root} {self._state}>"
-
-    def _where(self) -> str:
-        return f"files:///{str(self.root).lstrip('/')}"
-
-    def _write(self) -> None:
-        self.path.parent.mkdir(parents=True, exist_ok=True)
-        body = {"address": self.value, "metadata": self.metadata or {}, "expires": time.time() + self.ttl}
-        tmp = self.path.with_name(f".{self.path.name}.{os.getpid()}")
+    async def register(self, instance: Instance) -> None:
+        path = self._path(instance)
+        path.parent.mkdir(parents=True, exist_ok=True)
+        body = {"address": instance.address, "metadata": dict(instance.metadata),
+                "expires": time.time() + instance.ttl}
+        tmp = path.with_name(f".{path.name}.{os.getpid()}")
         tmp.write_text(json.dumps(body))
-        os.replace(tmp, self.path)  # readers see the old file or the new one, never half of one
+        os.replace(tmp, path)  # readers see the old file or the new one, never half of one
 
-    async def _register(self) -> None:
-        self._write()
-        self._registered = True
-        self.outage.end()
-        if self._beat is None or self._beat.done():
-            self._beat = asyncio.get_running_loop().create_task(self._heartbeat())
+    async def renew(self, instance: Instance) -> None:
+        if not self._path(instance).exists():  # deleted behind our back: waypost registers it again at once
+            raise InstanceGone(f"{self._path(instance)} went away")
+        await self.register(instance)
 
-    async def _heartbeat(self) -> None:
-        while self._state == "running" and self._registered:
-            await asyncio.sleep(self.ttl / 3)
-            if self._state != "running":
-                return
-            if not self.path.exists():  # deleted behind our back: register again at once
-                log.warning("%r: the registration file went away; writing it again", self)
-                self._recover_later(None)
-                return
-            self._write()
-
-    async def _withdraw(self) -> None:
-        self._registered = False
-        if self._beat is not None:
-            self._beat.cancel()
-        with contextlib.suppress(FileNotFoundError):
-            self.path.unlink()
-
-    async def _update_metadata(self, metadata: Any) -> None:
-        self.metadata = metadata
-        if self._registered:
-            self._write()
+    async def deregister(self, instance: Instance) -> None:
+        self._path(instance).unlink(missing_ok=True)
 
 
-class FilesResolver(LoopResolver[None]):
+class FilesDiscovery(PollingDiscovery):
     """A client's view: the service's unexpired files, read every ``interval`` s."""
 
-    kind = "files"
-    noun = "instances"
-    list_name = "instance list"
-    log = log
-
-    def __init__(self, target: Target, options: Any = None, *, timeout: float = 5.0, **kw: Any) -> None:
-        super().__init__(target, options, **kw)
-        self.dir = Path(target.authority) / (target.key or "")
+    def __init__(self, target: Target) -> None:
+        self.root = Path(target.authority)
         self.interval = float(target.options.get("interval", DEFAULT_INTERVAL))
-        self.timeout = timeout
-        self._bad: set[str] = set()
+        self._bad: set[Path] = set()
 
-    @contextlib.asynccontextmanager
-    async def _session(self) -> AsyncIterator[None]:
-        yield None
+    async def instances(self, service: str) -> Sequence[Backend]:
+        return await asyncio.to_thread(self._read, self.root / service)
 
-    def _read(self) -> tuple[Backend, ...]:
+    def _read(self, directory: Path) -> Sequence[Backend]:
         now, found = time.time(), {}
-        for path in sorted(self.dir.glob("*.json")) if self.dir.is_dir() else ():
+        for path in sorted(directory.glob("*.json")) if directory.is_dir() else ():
             try:
                 body = json.loads(path.read_text())
                 if body["expires"] > now:
@@ -172,23 +125,10 @@ class FilesResolver(LoopResolver[None]):
             except FileNotFoundError:
                 continue  # deleted between the listing and the read
             except (ValueError, KeyError, TypeError) as e:
-                if path.name not in self._bad:  # a bad file: logged once, skipped
-                    self._bad.add(path.name)
+                if path not in self._bad:  # a bad file: logged once, skipped
+                    self._bad.add(path)
                     log.warning("files: skipping %s: %s", path, e)
         return tuple(found.values())
-
-    async def _follow(self, session: None) -> None:
-        self._push(await asyncio.to_thread(self._read))
-        await asyncio.sleep(self.interval)
-
-    def _what(self) -> str:
-        return f"service {self.target.key!r} in {self.dir.parent}"
-
-    def _describe(self, e: Exception) -> str:
-        return f"files: reading {self._what()} failed: {e}"
-
-    def _first_list_within(self) -> float:
-        return self.timeout
 
 
 KIND = RegistryKind(
@@ -199,7 +139,7 @@ KIND = RegistryKind(
     parse_url=parse_registry_url,
     parse_target=parse_target,
     target_params=("interval",),
-    publisher=FilesPublisher,
-    resolver=FilesResolver,
-    title="files",
+    registrar=FilesRegistrar,
+    discovery=FilesDiscovery,
+    words=Words(renewal="a file rewrite", id_format="{host}_{port}"),
 )

@@ -48,9 +48,9 @@ class HeartbeatPublisher(PublisherBase):
     """Registers ``address`` as an instance of ``key``, renewed every ``ttl/3`` s (see the module docstring)."""
 
     #: the registry's name in argument errors (``Consul registers host:port addresses``)
-    registry_name: ClassVar[str]
+    registry_name: str
     #: the exception of the registry's client for "no such instance" (a removal finds it gone: nothing to do)
-    not_found: ClassVar[type[Exception]]
+    not_found: type[Exception]
     #: whether writing the registration again (``update_metadata``) is a new registration in this registry
     update_registers: ClassVar[bool] = False
 

@@ -22,6 +22,7 @@ logged and skipped). ``docs/registry-kinds.md`` shows a complete one.
 
 from __future__ import annotations
 
+import functools
 import importlib
 import logging
 import re
@@ -43,34 +44,52 @@ _SCHEME_RE = re.compile(r"[a-z][a-z0-9+.-]*")
 
 
 @dataclass(frozen=True)
+class Words:
+    """What a kind's messages call its things (``RegistryKind.words``): the generic registration and resolver say
+    them in their errors and log lines. Each text may use the fields named in its comment."""
+
+    #: what one instance is called ("instance"; Kubernetes: "endpoint")
+    instance: str = "instance"
+    #: what a list holds, in log lines ("keeping the last instances")
+    instances: str = "instances"
+    #: what the first list is called in a blocking dial's error ("no instance list of service 'greet' ...")
+    list_name: str = "instance list"
+    #: what one renewal is called ("a heartbeat", "a TTL check pass", "a lease keep-alive")
+    renewal: str = "a renewal"
+    #: the instance id when ``serve`` gives none; fields ``service``, ``host``, ``port``
+    id_format: str = "{service}-{host}-{port}"
+    #: why the registration counts as lost; fields ``renewal``, ``overdue`` (seconds), ``ttl``, ``error``
+    lost: str = "no {renewal} worked for {overdue:.0f}s (ttl {ttl}s), the registry has dropped it: {error}"
+    #: a read that failed (the registry down, ...); fields ``title``, ``what``, ``error``
+    read_failed: str = "{title}: reading {what} failed: {error}"
+    #: a deregistration that failed; fields ``instance``, ``id``, ``ttl``
+    left_behind: str = "could not remove {instance} {id!r} (the registry drops it within {ttl}s)"
+
+
+@dataclass(frozen=True)
 class RegistryKind:
     """One kind of registry: its scheme and URL grammar, and where its parts are.
 
-    A kind that holds service instances gives ``resolver`` (dial targets ``SCHEME://HOST:PORT/SERVICE``),
-    ``publisher`` (``serve(..., registry="SCHEME://HOST:PORT")``) and ``parse_url`` (the registry URL's
-    settings); ``console_source`` lets ``waypost console`` list it. Each is a ``Ref``.
+    A kind written against the public contract (``waypost.kinds``) gives:
 
-    The contracts (the same for waypost's own kinds):
+    - ``registrar`` -> ``registrar(settings, timeout)``, a ``waypost.kinds.Registrar``
+      (``serve(..., registry="SCHEME://...")``); ``settings`` is ``parse_url(url)``'s (the URL without
+      ``parse_url``);
+    - ``discovery`` -> ``discovery(target)``, a ``waypost.kinds.Discovery`` (``dial("SCHEME://...")``);
+    - ``words``: what its messages call its things (``Words``); ``title``: the registry's name in messages;
+    - optionally ``override_store(url)`` -> a ``waypost.kinds.OverrideStore`` (``waypost drain``) and
+      ``console_source(url, board, timeout)`` -> a ``waypost.kinds.ConsoleSource`` (``waypost console``).
 
-    - ``resolver(target, options, *, timeout=SECONDS)`` -> a ``waypost.resolver.Resolver`` (subclass
-      ``waypost.resolver.loop_resolver.LoopResolver`` to get start, the blocking first list, backoff and pushes
-      done once); ``target`` is the parsed ``Target``: ``endpoints`` the registry's ``host:port``s, ``key`` the
-      service, ``options`` the query parameters (only those in ``target_params`` are accepted).
-    - ``publisher(url, key, address, ttl=, id=, metadata=, format=, *, timeout=, max_unregistered=,
-      on_unregistered=)`` -> a ``waypost.Registration`` (subclass ``waypost.discovery.publisher_base.PublisherBase``
-      to get the state machine: register within a timeout, keep alive, register again after a loss).
-    - ``parse_url(url)`` -> the settings object of a registry URL; raises ``waypost.InvalidTarget`` naming
-      what is wrong.
-    - ``console_source(url, board, timeout)`` -> an object with ``async start()``, ``async close()``, ``name``
-      (the source's shown name) and ``writer`` (where the console's drain and weight overrides go).
-    - ``override_store(url)`` -> what ``waypost drain`` writes: ``url`` (shown), ``async put(key, value, *,
-      prev_kv)`` and ``async delete(key, *, prev_kv)`` (the override records, as on etcd), ``async
-      registered(key, address)`` (is the instance there now) and ``async close()``; a store that writes no
-      override record but something of the registry's own (Eureka's status override) says what in ``written``
-      after each put or delete, which ``waypost drain`` prints instead of the record's key.
-    - ``parse_target(scheme, authority, path, params, raw)`` -> a ``Target``, for a kind whose targets are not
-      ``SCHEME://HOST:PORT[,HOST:PORT]/SERVICE?PARAMS`` (that grammar is the default: ``target_params`` says
-      which parameters it takes, ``max_hosts`` how many hosts, ``default_port`` the port of a host without one).
+    waypost builds the resolver and the registration over them. Each part is a ``Ref``.
+
+    The grammar: ``parse_url(url)`` -> the settings of a registry URL (raises ``waypost.InvalidTarget`` naming what
+    is wrong); ``parse_target(scheme, authority, path, params, raw)`` -> a ``Target`` for a kind whose dial
+    targets are not ``SCHEME://HOST:PORT[,HOST:PORT]/SERVICE?PARAMS`` (that grammar is the default:
+    ``target_params`` says which parameters it takes, ``max_hosts`` how many hosts, ``default_port`` the port of a
+    host without one).
+
+    ``resolver`` and ``publisher`` are the older form of the two parts (a whole resolver, a whole registration),
+    for the kinds that still build their own.
     """
 
     scheme: str
@@ -104,6 +123,12 @@ class RegistryKind:
     aliases: tuple[str, ...] = ()
     #: what the registry is called in messages ("Consul"; default: the scheme)
     title: str = ""
+    #: the ``waypost.kinds.Registrar`` factory: ``registrar(settings, timeout)``
+    registrar: Ref | None = None
+    #: the ``waypost.kinds.Discovery`` factory: ``discovery(target)``
+    discovery: Ref | None = None
+    #: what its messages call its things
+    words: Words = Words()
 
     def __post_init__(self) -> None:
         for s in (self.scheme, *self.aliases):
@@ -121,13 +146,13 @@ class RegistryKind:
     @property
     def holds_instances(self) -> bool:
         """True for a kind that ``serve()`` registers in through its own publisher."""
-        return self.publisher is not None and not self.keyed
+        return (self.publisher is not None or self.registrar is not None) and not self.keyed
 
     @property
     def publisher_name(self) -> str:
         """What its publisher is called in messages: ``waypost.ConsulPublisher`` for waypost's own kinds,
         ``module.Class`` for a plug-in's ("" for none)."""
-        ref = self.publisher
+        ref = self.publisher if self.publisher is not None else self.registrar
         if ref is None:
             return ""
         if not isinstance(ref, str):
@@ -200,9 +225,9 @@ def register_kind(kind: RegistryKind, *, replace: bool = False) -> RegistryKind:
     if kind.keyed:
         raise ValueError(f"register_kind: {kind.scheme}: keyed kinds are waypost's own (etcd, memory); a plug-in "
                          "kind holds service instances (publisher + resolver)")
-    if kind.resolver is None and kind.publisher is None:
-        raise ValueError(f"register_kind: {kind.scheme}: a kind needs a resolver (dial targets), a publisher "
-                         "(serve(registry=...)), or both")
+    if kind.resolver is None and kind.publisher is None and kind.discovery is None and kind.registrar is None:
+        raise ValueError(f"register_kind: {kind.scheme}: a kind needs a discovery (dial targets), a registrar "
+                         "(serve(registry=...)), or both (or, in the older form, a resolver or a publisher)")
     load_plugins()  # waypost's own kinds first, so their schemes are taken even before the first look-up
     with _lock:
         builtin = {s for k in _BUILTIN for s in (k.scheme, *k.aliases)} | _OWN_SCHEMES
@@ -280,10 +305,19 @@ def kind_of(url: str) -> RegistryKind | None:
     return lookup(scheme) if scheme else None
 
 
+#: the generic resolver and registration, built over a kind's ``discovery`` and ``registrar``
+_GENERIC = {"resolver": ("discovery", "waypost.kinds.resolver:KindResolver"),
+            "publisher": ("registrar", "waypost.kinds.registration:KindRegistration")}
+
+
 def part(kind: RegistryKind, name: str) -> Any:
-    """A kind's part (``resolver``, ``publisher``, ``parse_url``, ``console_source``, ``parse_target``), loaded;
-    a missing client library is an ``ImportError`` saying what to install."""
+    """A kind's part (``resolver``, ``publisher``, ``parse_url``, ``console_source``, ``parse_target``,
+    ``registrar``, ``discovery``), loaded; a missing client library is an ``ImportError`` saying what to install.
+    The ``resolver`` and ``publisher`` of a kind that gives a ``discovery`` and a ``registrar`` are the generic
+    ones, bound to the kind."""
     ref = getattr(kind, name)
+    if ref is None and name in _GENERIC and getattr(kind, _GENERIC[name][0]) is not None:
+        return functools.partial(load(_GENERIC[name][1]), kind)
     if ref is None:
         raise LookupError(f"the {kind.title} kind has no {name}")
     try:

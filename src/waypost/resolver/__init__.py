@@ -25,7 +25,7 @@ def resolver_factory(scheme: str) -> ResolverFactory:
     if scheme == "multi":
         return MultiResolver
     kind = lookup(scheme)
-    if kind is None or kind.resolver is None:
+    if kind is None or (kind.resolver is None and kind.discovery is None):
         raise InvalidTarget(f"no resolver for scheme {scheme!r}")
     factory: ResolverFactory = part(kind, "resolver")
     return factory

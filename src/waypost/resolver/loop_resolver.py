@@ -27,7 +27,7 @@ import random
 import time
 from collections.abc import Callable, Sequence
 from contextlib import AbstractAsyncContextManager
-from typing import Any, ClassVar, Generic, TypeVar
+from typing import Any, Generic, TypeVar
 
 from .. import _loop
 from ..backoff import RECONNECT, Backoff
@@ -52,10 +52,10 @@ class LoopResolver(abc.ABC, Generic[Session]):
     ``_what``, ``_describe`` and ``_first_list_within``. ``rng`` (jitter) and ``clock`` are for tests.
     """
 
-    kind: ClassVar[str]
-    noun: ClassVar[str]
-    list_name: ClassVar[str]
-    log: ClassVar[logging.Logger]
+    kind: str
+    noun: str
+    list_name: str
+    log: logging.Logger
     #: the pause after failures in a row
     backoff: Backoff = RECONNECT
 

@@ -1,0 +1,204 @@
+"""The public contract of a registry kind: everything a kind (waypost's own or a plug-in) writes against.
+
+A kind gives waypost two objects, and waypost builds the rest once, over any kind (the resolver loop of
+``dial``, the registration state machine of ``serve``, the console, ``waypost drain``):
+
+- a ``Registrar`` (``serve(registry=URL)``): ``register`` one ``Instance`` (also called again to rewrite it, e.g.
+  new metadata), ``deregister`` it, and -- where the registry keeps an instance alive by heartbeat, lease or
+  session -- ``renew`` it (raising ``InstanceGone`` when the registry no longer has it); ``close``.
+- a ``Discovery`` (``dial(TARGET)``): ``instances(service)`` (one read) and ``watch(service)`` (an async
+  iterator of lists); a kind with no native watch subclasses ``PollingDiscovery`` and writes only ``instances``.
+
+It describes itself with a ``RegistryKind`` (its scheme, URL and target grammar, the two factories above, its
+``Words``) given to ``waypost.register_kind`` or declared as an entry point in the ``waypost.registries`` group.
+Optionally it gives an ``OverrideStore`` (what ``waypost drain`` writes) and a ``ConsoleSource``
+(``waypost console --registry URL``). ``docs/registry-kinds.md`` shows a complete kind.
+
+Errors a kind raises, and what waypost does with them:
+
+- ``RegistryUnavailable``, ``OSError``, ``asyncio.TimeoutError``: the registry is not reachable (now): retried
+  with backoff; ``serve`` raises ``RegistryUnavailable`` naming the last one if none worked within its timeout;
+- ``PermissionDenied``: refused: raised at once (a blocking ``dial`` fails at once naming it);
+- ``RegistryError``: the registry answered and another attempt gets the same answer: raised at once;
+- ``InstanceGone`` (from ``renew``): the registry no longer has the instance: registered again at once;
+- ``InvalidTarget``: a bad URL or dial target (from the parsers).
+"""
+
+from __future__ import annotations
+
+import abc
+import asyncio
+from collections.abc import AsyncIterator, Mapping, Sequence
+from dataclasses import dataclass, field
+from types import MappingProxyType
+from typing import Any, Protocol, runtime_checkable
+
+from ..durations import parse_positive_duration
+from ..errors import InvalidTarget, PermissionDenied, RegistryError, RegistryUnavailable
+from ..registry.kinds import RegistryKind, Words, register_kind
+from ..resolver.target import Target
+from ..types import Backend
+
+__all__ = [
+    "Backend",
+    "ConsoleSource",
+    "Discovery",
+    "Instance",
+    "InstanceGone",
+    "InvalidTarget",
+    "OverrideStore",
+    "PermissionDenied",
+    "PollingDiscovery",
+    "Registrar",
+    "RegistryError",
+    "RegistryKind",
+    "RegistryUnavailable",
+    "Target",
+    "Words",
+    "parse_positive_duration",
+    "register_kind",
+]
+
+
+class InstanceGone(RegistryError):
+    """Raised by ``Registrar.renew`` (or ``deregister``) when the registry no longer has the instance: it expired, or
+    someone deleted it. A renewal that raises it makes waypost register the instance again at once; a
+    deregistration that raises it is done."""
+
+
+@dataclass(frozen=True)
+class Instance:
+    """One service instance as a ``Registrar`` writes it."""
+
+    #: the service's name (``serve(server, SERVICE, ...)``)
+    service: str
+    #: ``host:port`` clients dial
+    address: str
+    #: the instance's name in the registry: ``serve(id=...)``, else ``Words.id_format`` filled in (stable across
+    #: restarts, so a restarted server replaces its own stale instance)
+    id: str
+    #: the registration's metadata (JSON values; ``{}`` when none)
+    metadata: Mapping[str, Any] = field(default_factory=lambda: MappingProxyType({}))
+    #: seconds the registry keeps it without a renewal (``renew`` is called every ttl/3 s)
+    ttl: int = 10
+
+    @property
+    def host(self) -> str:
+        return self.address.rpartition(":")[0].strip("[]")
+
+    @property
+    def port(self) -> int:
+        return int(self.address.rpartition(":")[2])
+
+
+class Registrar(abc.ABC):
+    """Writes one server's instance in the registry: ``serve(registry=URL)``. Built by ``RegistryKind.registrar``:
+    ``registrar(settings, timeout)``, ``settings`` being what ``RegistryKind.parse_url`` made of the URL (the URL
+    itself when the kind has no ``parse_url``) and ``timeout`` the bound, in seconds, of one call to the registry.
+
+    waypost calls it from one task at a time (never two calls at once for one instance), on its control loop."""
+
+    @abc.abstractmethod
+    async def register(self, instance: Instance) -> None:
+        """Write ``instance`` (new, or in place of the one there: also how new metadata is written). One attempt
+        that leaves nothing behind when it fails; waypost retries it."""
+
+    @abc.abstractmethod
+    async def deregister(self, instance: Instance) -> None:
+        """Remove ``instance`` (bounded by waypost; an instance already gone is fine: return, or raise
+        ``InstanceGone``)."""
+
+    async def renew(self, instance: Instance) -> None:
+        """One renewal (a heartbeat, a lease keep-alive, a session check), every ``instance.ttl / 3`` s. Raise
+        ``InstanceGone`` when the registry no longer has the instance (waypost registers it again at once); any
+        other failure is retried, and the instance counts as lost after ``ttl`` s without a renewal. The default
+        does nothing: a registry that keeps instances on its own."""
+
+    async def close(self) -> None:
+        """Free what the registrar holds open (at stop)."""
+
+
+class Discovery(abc.ABC):
+    """Reads the instances of a service: ``dial(TARGET)``. Built by ``RegistryKind.discovery``:
+    ``discovery(target)``, the parsed dial target (``target.key`` the service, ``target.endpoints`` the
+    registry's ``host:port``s, ``target.options`` its query parameters).
+
+    A failure raised from ``instances`` or from the ``watch`` iterator is reported once (the channel keeps its last
+    list) and the watch is started again with backoff."""
+
+    @abc.abstractmethod
+    async def instances(self, service: str) -> Sequence[Backend]:
+        """The instances of ``service`` now: one read."""
+
+    @abc.abstractmethod
+    def watch(self, service: str) -> AsyncIterator[Sequence[Backend]]:
+        """Lists of ``service``'s instances: the first as soon as it is known, then one per change. Ending is
+        fine (waypost calls ``watch`` again)."""
+
+    def resolve_now(self) -> None:
+        """A hint that a connection to an instance failed: a polling kind reads again soon. Called from any
+        thread. The default does nothing (a watch sees changes anyway)."""
+
+    async def close(self) -> None:
+        """Free what the discovery holds open (when the channel closes)."""
+
+
+class PollingDiscovery(Discovery):
+    """A ``Discovery`` for a registry with no watch: ``watch`` reads every ``interval`` s (sooner after
+    ``resolve_now``). A subclass writes only ``instances`` (and sets ``interval``)."""
+
+    #: seconds between reads
+    interval: float = 5.0
+    _wake: asyncio.Event | None = None
+    _loop: asyncio.AbstractEventLoop | None = None
+
+    async def watch(self, service: str) -> AsyncIterator[Sequence[Backend]]:
+        self._loop, self._wake = asyncio.get_running_loop(), asyncio.Event()
+        while True:
+            yield await self.instances(service)
+            self._wake.clear()
+            try:
+                await asyncio.wait_for(self._wake.wait(), self.next_interval())
+            except asyncio.TimeoutError:
+                pass
+
+    def next_interval(self) -> float:
+        """Seconds until the next read (default ``interval``; e.g. DNS: the records' TTL)."""
+        return self.interval
+
+    def resolve_now(self) -> None:
+        loop, wake = self._loop, self._wake
+        if loop is not None and wake is not None and not loop.is_closed():
+            loop.call_soon_threadsafe(wake.set)
+
+
+@runtime_checkable
+class OverrideStore(Protocol):
+    """Where ``waypost drain|undrain|weight --registry URL`` and the console write an operator's override of an
+    instance (``RegistryKind.override_store(url)``). The records are those etcd keeps (``waypost.discovery.override``:
+    ``key`` the override's key, ``value`` its JSON); a store that writes something of the registry's own instead
+    (Eureka's status override) sets its attribute ``written`` to what, in words, after each put or delete:
+    ``waypost drain`` prints it instead of the record's key."""
+
+    #: the registry, for messages (no secrets)
+    url: str
+
+    async def put(self, key: str, value: bytes, *, prev_kv: bool = False) -> Any: ...
+    async def delete(self, key: str, *, prev_kv: bool = False) -> Any: ...
+    async def registered(self, key: str, address: str) -> bool: ...
+    async def close(self) -> None: ...
+
+
+@runtime_checkable
+class ConsoleSource(Protocol):
+    """What ``waypost console --registry URL`` follows (``RegistryKind.console_source(url, board, timeout)``):
+    started once, it keeps the board's view of the registry's services current."""
+
+    #: the source's name on the console
+    name: str
+    #: where the console's drain and weight buttons write (an ``OverrideStore``; None: read only)
+    writer: Any
+
+    async def start(self) -> None: ...
+    async def close(self) -> None: ...
+

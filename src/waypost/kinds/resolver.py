@@ -1,0 +1,82 @@
+"""The resolver of every kind written against ``waypost.kinds``: one ``LoopResolver`` over any ``Discovery``.
+
+What it adds to the loop (``waypost.resolver.loop_resolver``: the first list within the dial timeout, backoff,
+the last list kept through an outage, one log line per new failure): the kind's ``Discovery`` is its session
+(made from the target, closed with the resolver); each follow runs the discovery's ``watch`` and pushes every list
+it yields; ``InvalidTarget`` and ``PermissionDenied`` end a blocking dial at once (another read will not cure
+them) while the reads go on; ``resolve_now`` reaches the discovery (a polling one reads again soon).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import logging
+import random
+import time
+from collections.abc import AsyncIterator, Callable
+
+from ..errors import InvalidTarget, PermissionDenied, RegistryUnavailable
+from ..registry.kinds import RegistryKind, part
+from ..resolver.base import ResolverOptions
+from ..resolver.loop_resolver import LoopResolver
+from ..resolver.target import Target
+from . import Discovery
+
+__all__ = ["KindResolver"]
+
+
+class KindResolver(LoopResolver[Discovery]):
+    """Follows ``target`` through ``kind``'s ``Discovery``. ``timeout`` bounds a blocking start (sync dial): the
+    first list must come within it, else ``RegistryUnavailable`` names why. ``rng`` and ``clock`` are for tests."""
+
+    def __init__(self, kind: RegistryKind, target: Target, options: ResolverOptions | None = None, *,
+                 timeout: float = 5.0, rng: random.Random | None = None,
+                 clock: Callable[[], float] = time.monotonic) -> None:
+        if not target.key:
+            raise InvalidTarget(f"{kind.title}: the target names no service: {target.redacted}")
+        super().__init__(target, options, rng=rng, clock=clock)
+        self.registry_kind = kind
+        self.kind, self.noun, self.list_name = kind.scheme, kind.words.instances, kind.words.list_name
+        self.log = logging.getLogger(f"waypost.resolver.{kind.scheme}")
+        self.service: str = target.key
+        self.timeout = timeout
+        self._discovery: Discovery | None = None
+
+    @contextlib.asynccontextmanager
+    async def _session(self) -> AsyncIterator[Discovery]:
+        discovery: Discovery = part(self.registry_kind, "discovery")(self.target)
+        self._discovery = discovery
+        try:
+            yield discovery
+        finally:
+            self._discovery = None
+            await discovery.close()
+
+    async def _follow(self, session: Discovery) -> None:
+        async for backends in session.watch(self.service):
+            if self._read_worked():
+                self.log.info("waypost: %s: reading %s works again", self.kind, self._what())
+            self._push(tuple(backends))
+
+    def resolve_now(self, reason: str) -> None:
+        discovery = self._discovery
+        if discovery is not None:
+            discovery.resolve_now()
+
+    def _failed(self, e: Exception) -> None:
+        msg = self._describe(e)
+        if isinstance(e, InvalidTarget | PermissionDenied):
+            self._end_first_wait(e if isinstance(e, InvalidTarget) else RegistryUnavailable(msg))
+        self._report(msg)
+
+    def _what(self) -> str:
+        return f"service {self.service!r} at {self.target.redacted}"
+
+    def _describe(self, e: Exception) -> str:
+        if isinstance(e, InvalidTarget | PermissionDenied):
+            return str(e)
+        return self.registry_kind.words.read_failed.format(
+            title=self.registry_kind.title, what=self._what(), error=str(e) or type(e).__name__)
+
+    def _first_list_within(self) -> float:
+        return self.timeout
