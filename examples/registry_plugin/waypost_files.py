@@ -116,6 +116,8 @@ class FilesDiscovery(PollingDiscovery):
         return await asyncio.to_thread(self._read, self.root / service)
 
     def _read(self, directory: Path) -> Sequence[Backend]:
+        if self.root.exists() and not self.root.is_dir():
+            raise NotADirectoryError(f"the registry {self.root} is not a directory")
         now, found = time.time(), {}
         for path in sorted(directory.glob("*.json")) if directory.is_dir() else ():
             try:

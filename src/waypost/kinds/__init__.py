@@ -36,6 +36,7 @@ from typing import Any, Protocol, runtime_checkable
 from ..durations import parse_positive_duration
 from ..errors import InvalidTarget, PermissionDenied, RegistryError, RegistryUnavailable
 from ..registry.kinds import RegistryKind, Words, register_kind
+from ..registry.kinds import part as load_part
 from ..resolver.target import Target
 from ..types import Backend
 
@@ -55,6 +56,7 @@ __all__ = [
     "RegistryUnavailable",
     "Target",
     "Words",
+    "load_part",
     "parse_positive_duration",
     "register_kind",
 ]
