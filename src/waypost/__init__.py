@@ -71,8 +71,8 @@ if TYPE_CHECKING:
     from .client.hashkey import hash_key as hash_key
     from .discovery import Publisher as Publisher
     from .discovery import Subscriber as Subscriber
-    from .discovery.registration import Registration as Registration
-    from .discovery.registrations import MultiPublisher as MultiPublisher
+    from .discovery.registration_contract import Registration as Registration
+    from .discovery.registration_factory import MultiPublisher as MultiPublisher
     from .orca import load_interceptor as load_interceptor
     from .orca import set_load as set_load
     from .registries.consul.publisher import ConsulPublisher as ConsulPublisher
@@ -108,8 +108,8 @@ _LAZY = {
     "ConsulPublisher": ("waypost.registries.consul.publisher", "ConsulPublisher"),
     "ZkPublisher": ("waypost.registries.zookeeper.publisher", "ZkPublisher"),
     "EurekaPublisher": ("waypost.registries.eureka.publisher", "EurekaPublisher"),
-    "MultiPublisher": ("waypost.discovery.registrations", "MultiPublisher"),
-    "Registration": ("waypost.discovery.registration", "Registration"),
+    "MultiPublisher": ("waypost.discovery.registration_factory", "MultiPublisher"),
+    "Registration": ("waypost.discovery.registration_contract", "Registration"),
     "Subscriber": ("waypost.discovery", "Subscriber"),
     "serve": ("waypost.server", "serve"),
     "serve_async": ("waypost.server", "serve_async"),

@@ -22,7 +22,7 @@ from collections.abc import Callable, Iterable
 from typing import Any
 
 from .discovery.outage import exit_process, positive_seconds
-from .discovery.registration import Registration
+from .discovery.registration_contract import Registration
 from .errors import describe_value
 
 log = logging.getLogger("waypost.server")

@@ -44,3 +44,14 @@ class Backoff:
 RECONNECT = Backoff(first=0.5, cap=10.0, jitter=0.2)
 
 __all__ = ["RECONNECT", "Backoff"]
+
+
+#: go-zero's coolDownInterval between a registry's retries, and its jitter (+-5%)
+COOL_DOWN = 1.0
+COOL_DOWN_DEVIATION = 0.05
+
+
+def cool_down(rng: random.Random | None = None, base: float = COOL_DOWN) -> float:
+    """go-zero's retry pause: ``base`` seconds +-5%."""
+    r = rng.random() if rng is not None else random.random()
+    return base * (1 - COOL_DOWN_DEVIATION + 2 * COOL_DOWN_DEVIATION * r)

@@ -55,7 +55,7 @@ class ServeOptions:
 
     registry: Any = DEFAULT_REGISTRY
     """A registry URL (``etcd://``, ``consul://``, ``zk://``, ``eureka://``, ``memory://``), a Registry
-    (``waypost.connect``), a list of them (registered in each; ``waypost.discovery.registrations``), or None
+    (``waypost.connect``), a list of them (registered in each; ``waypost.discovery.registration_factory``), or None
     (nothing registered: inside Kubernetes, readiness through the health service)."""
     metadata: Mapping[str, Any] | None = None
     """A JSON object carried with the registration (``{"weight": 20}``)."""

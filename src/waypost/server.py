@@ -52,8 +52,8 @@ from typing import TYPE_CHECKING, Any, ClassVar, Protocol
 import grpc
 
 from ._serving import Aio, HardDeadline, ShutdownHook, Threads, hook_name
-from .discovery.registration import Registration
-from .discovery.registrations import connect_registries, make_publisher
+from .discovery.registration_contract import Registration
+from .discovery.registration_factory import connect_registries, make_publisher
 from .errors import WaypostError
 from .netutil import advertised_address, bind_problem
 from .orca import mount as mount_load_reports
@@ -404,7 +404,7 @@ def serve(server: grpc.Server, key: str, listen_on: str = LISTEN_ANY, **options:
     of ``waypost.ServeOptions`` (their defaults and meanings; ``serve_async`` takes the same ones).
 
     ``registry`` is a registry URL (``etcd://``, ``consul://``, ``zk://``), a Registry (``waypost.connect``), a list
-    of them (registered in each; see ``waypost.discovery.registrations``), or None (nothing registered: inside
+    of them (registered in each; see ``waypost.discovery.registration_factory``), or None (nothing registered: inside
     Kubernetes, readiness through the health service). ``advertise`` overrides the
     detected address (see ``waypost.netutil``). Raises ``waypost.RegistryUnavailable`` (server stopped
     again) when the registry cannot be reached within ``register_timeout`` seconds. When stopping, the

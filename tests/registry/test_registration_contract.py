@@ -26,8 +26,8 @@ from tests.eureka import support as eureka_support
 from tests.zookeeper import support as zk_support
 from waypost.discovery.multi_publisher import MultiPublisher
 from waypost.discovery.no_registration import NoRegistration
-from waypost.discovery.registration import Registration
-from waypost.discovery.registrations import make_publisher
+from waypost.discovery.registration_contract import Registration
+from waypost.discovery.registration_factory import make_publisher
 from waypost.registry import kinds
 
 ADDR = "127.0.0.1:7301"

@@ -8,7 +8,7 @@ from __future__ import annotations
 
 from .container import Container
 from .publisher import Publisher
-from .registration import Registration
+from .registration_contract import Registration
 from .subscriber import Subscriber, active_subscriptions
 
 __all__ = ["Container", "Publisher", "Registration", "Subscriber", "active_subscriptions"]

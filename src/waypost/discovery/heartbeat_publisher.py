@@ -29,9 +29,9 @@ import random
 from collections.abc import Callable, Coroutine, Mapping
 from typing import Any, ClassVar
 
+from ..backoff import cool_down
 from ..errors import PermissionDenied, RegistryError, RegistryUnavailable, describe_value
 from ..netutil import AddressError, check_dialable, parse_host_port
-from .group import cool_down
 from .outage import OnUnregistered, Outage
 from .publisher_base import REVOKE_TIMEOUT, PublisherBase
 

@@ -20,7 +20,7 @@ from typing import Any
 
 from ..errors import RegistryUnavailable, suggests_keywords
 from .outage import OnUnregistered, Outage, registry_label
-from .registration import Registration, RegistrationFaces
+from .registration_contract import Registration, RegistrationFaces
 
 log = logging.getLogger("waypost.discovery")
 

@@ -6,7 +6,7 @@ from collections.abc import Awaitable, Mapping
 from typing import Any, TypeVar
 
 from .outage import Outage
-from .registration import RegistrationFaces
+from .registration_contract import RegistrationFaces
 
 T = TypeVar("T")
 

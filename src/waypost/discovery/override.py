@@ -25,9 +25,9 @@ import random
 from collections.abc import Awaitable, Callable, Mapping
 from typing import Any
 
+from ..backoff import cool_down
 from ..errors import PermissionDenied
 from ..registry.base import Registry
-from .subscriber import cool_down
 
 log = logging.getLogger("waypost.discovery")
 

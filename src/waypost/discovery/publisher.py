@@ -45,6 +45,7 @@ from collections.abc import Callable, Mapping
 from typing import Any
 
 from .. import _loop, metrics
+from ..backoff import cool_down
 from ..errors import (
     Compacted,
     LeaseNotFound,
@@ -63,7 +64,7 @@ from .outage import OnUnregistered, Outage
 from .override import OverrideFollower, apply_override
 from .permissions import grant_hint, role_refused
 from .publisher_base import REVOKE_TIMEOUT, Cleanup, PublisherBase, spawn
-from .subscriber import cool_down, resolve_registry
+from .subscriber import resolve_registry
 
 log = logging.getLogger("waypost.discovery")
 

@@ -30,12 +30,11 @@ from collections.abc import Callable, Coroutine, Mapping
 from typing import Any
 
 from .. import metrics
-from ..backoff import Backoff
+from ..backoff import Backoff, cool_down
 from ..errors import PermissionDenied, RegistryError, RegistryUnavailable, describe_value
 from ..etcd import deadline as caller_deadline
-from .group import cool_down
 from .outage import track, untrack
-from .registration import RegistrationFaces, on_control_loop
+from .registration_contract import RegistrationFaces, on_control_loop
 
 __all__ = ["REVOKE_TIMEOUT", "PublisherBase", "check_json", "on_control_loop", "spawn"]
 

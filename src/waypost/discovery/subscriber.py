@@ -1,7 +1,7 @@
 """Subscriber: the live set of addresses registered under a key, kept by Get + Watch.
 
 Subscribers of the same (registry, key, exact, format) in a process share one reader, a ``SharedReader``
-(``waypost.discovery.group``: the Get, the Watch, reloads, go-zero metadata side records).
+(``waypost.discovery.shared_reader``: the Get, the Watch, reloads, go-zero metadata side records).
 """
 
 from __future__ import annotations
@@ -12,13 +12,14 @@ import os
 from collections.abc import Callable
 
 from .. import _loop
+from ..backoff import cool_down
 from ..errors import suggests_keywords
 from ..registry.base import Registry
 from ..registry.formats import WireFormat, get_format
 from ..types import Backend
 from .cache import CacheWriter
 from .container import Container, Listener
-from .group import SharedReader, acquire_reader, active_subscriptions, cool_down, diff, release_reader
+from .shared_reader import SharedReader, acquire_reader, active_subscriptions, diff, release_reader
 
 __all__ = ["Subscriber", "active_subscriptions", "cool_down", "diff", "resolve_registry"]
 

@@ -50,8 +50,7 @@ import time
 from collections.abc import Callable, Mapping
 from typing import Any
 
-from ...backoff import Backoff
-from ...discovery.group import cool_down
+from ...backoff import Backoff, cool_down
 from ...discovery.heartbeat_publisher import HeartbeatPublisher
 from ...discovery.outage import OnUnregistered
 from ...discovery.override import apply_override

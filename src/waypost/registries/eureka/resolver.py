@@ -33,7 +33,7 @@ import random
 import time
 from collections.abc import AsyncIterator, Callable
 
-from ...discovery.group import cool_down
+from ...backoff import cool_down
 from ...errors import InvalidTarget
 from ...resolver.base import ResolverOptions
 from ...resolver.empty_hold import EmptyListHold

@@ -55,7 +55,7 @@ from collections.abc import Callable, Mapping
 from typing import Any
 
 from ... import _loop, metrics
-from ...discovery.group import cool_down
+from ...backoff import cool_down
 from ...discovery.heartbeat_publisher import check_ttl
 from ...discovery.outage import OnUnregistered, Outage
 from ...discovery.override import OverrideState, apply_override

@@ -20,12 +20,12 @@ import gc
 import itertools
 import logging
 import operator
-import random
 from collections.abc import Iterator
 from dataclasses import dataclass, field
 from typing import Any
 
 from .. import _loop, metrics
+from ..backoff import COOL_DOWN, cool_down
 from ..errors import Compacted, PermissionDenied, RegistryError, RegistryUnavailable, StoreReset
 from ..registry.base import Event, Registry, ValueColumns, Watch
 from ..registry.formats import Entry, SideRecords, WireFormat
@@ -35,16 +35,8 @@ from .stale import StaleStart
 
 log = logging.getLogger("waypost.discovery")
 
-#: go-zero's RequestTimeout for the Get and coolDownInterval (+-5%) between retries
+#: go-zero's RequestTimeout for the Get
 GET_TIMEOUT = 3.0
-COOL_DOWN = 1.0
-COOL_DOWN_DEVIATION = 0.05
-
-
-def cool_down(rng: random.Random | None = None, base: float = COOL_DOWN) -> float:
-    """go-zero's retry pause: ``base`` seconds +-5%."""
-    r = rng.random() if rng is not None else random.random()
-    return base * (1 - COOL_DOWN_DEVIATION + 2 * COOL_DOWN_DEVIATION * r)
 
 
 def diff(old: dict[str, bytes], new: dict[str, bytes]) -> tuple[list[str], list[str]]:

@@ -22,7 +22,7 @@ from typing import Any
 from ..registry.kinds import kind_of, part
 from .multi_publisher import MultiPublisher
 from .no_registration import NoRegistration
-from .registration import Registration
+from .registration_contract import Registration
 
 __all__ = ["MultiPublisher", "NoRegistration", "Registration", "connect_registries", "make_publisher",
            "registry_scheme"]
