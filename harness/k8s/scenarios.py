@@ -201,12 +201,11 @@ def service_appears_after_dial(cluster: Any) -> None:
 
 
 def _recording_resolver(target: str) -> tuple[Any, list[list[str]], list[str]]:
-    from waypost.registries.kubernetes.resolver import K8sResolver
-    from waypost.resolver import ResolverOptions, parse_target
+    from waypost.resolver import ResolverOptions, make_resolver
 
     pushes: list[list[str]] = []
     errors: list[str] = []
-    r = K8sResolver(parse_target(target), ResolverOptions(blocking=True))
+    r: Any = make_resolver(target, ResolverOptions(blocking=True))
     r.start(lambda bs: pushes.append([b.address for b in bs]), errors.append)
     return r, pushes, errors
 
@@ -227,7 +226,7 @@ def relist_after_410_without_spurious_removal(cluster: Any) -> None:
     r, pushes, errors = _recording_resolver(f"k8s://{ns}/{svc}:grpc?kubeconfig={kc}")
     try:
         assert pushes == [["10.77.0.2:50051", "10.77.0.3:50051", "10.77.0.4:50051"]], pushes
-        wait_until(lambda: r.watches >= 1, 10, what="the watch is open")
+        wait_until(lambda: r.discovery.watches >= 1, 10, what="the watch is open")
         proxy.cut()
         wait_until(lambda: errors, 15, what="the resolver notices the cut")
         cluster.delete_slice(ns, "greet-b")
@@ -237,7 +236,7 @@ def relist_after_410_without_spurious_removal(cluster: Any) -> None:
         proxy.restore()
         want = ["10.77.0.2:50051", "10.77.0.3:50051", "10.77.0.5:50051"]
         wait_until(lambda: pushes[-1] == want, 30, what="the relisted endpoints")
-        assert r.relists >= 1 and r.lists >= 2, (r.relists, r.lists)
+        assert r.discovery.relists >= 1 and r.discovery.lists >= 2, (r.discovery.relists, r.discovery.lists)
         for p in pushes:  # never a list without the endpoints that stayed
             assert {"10.77.0.2:50051", "10.77.0.3:50051"} <= set(p), pushes
         # and the watch goes on from the relist's version
@@ -356,9 +355,9 @@ def in_cluster_config_and_token_rotation(cluster: Any) -> None:
     r = None
     try:
         r, pushes, errors = _recording_resolver(f"k8s:///{svc}:grpc")
-        assert r.source == "in-cluster" and r.namespace == ns, (r.source, r.namespace)
+        assert r.discovery.source == "in-cluster" and r.discovery.namespace == ns, (r.discovery.source, r.discovery.namespace)
         assert pushes == [["10.77.0.2:50051"]], pushes
-        wait_until(lambda: r.watches >= 1, 10, what="the watch is open")  # through the proxy, before the cut
+        wait_until(lambda: r.discovery.watches >= 1, 10, what="the watch is open")  # through the proxy, before the cut
         rotate("expired-token")
         proxy.cut()  # the next request (the resumed watch) carries the file's token
         proxy.restore()

@@ -71,10 +71,11 @@ def _zk(tmp_path: Path, options: ResolverOptions, timeout: float) -> LoopResolve
 
 def _k8s(tmp_path: Path, options: ResolverOptions, timeout: float) -> LoopResolver[Any]:
     pytest.importorskip("kubernetes_asyncio")
-    from waypost.registries.kubernetes.resolver import K8sResolver
+    from waypost.resolver import resolver_factory
 
     target = parse_target(f"k8s://default/greet:80?kubeconfig={_kubeconfig(tmp_path, free_port())}")
-    return K8sResolver(target, options, timeout=timeout)
+    resolver: LoopResolver[Any] = resolver_factory("k8s")(target, options, timeout=timeout)  # type: ignore[call-arg]
+    return resolver
 
 
 #: each registry resolver against a port where nothing listens, and what its errors name

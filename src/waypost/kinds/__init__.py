@@ -137,6 +137,10 @@ class Discovery(abc.ABC):
         """Lists of ``service``'s instances: the first as soon as it is known, then one per change. Ending is
         fine (waypost calls ``watch`` again)."""
 
+    def describe(self, service: str) -> str:
+        """What is followed, in messages (default ``service 'NAME'``; e.g. ``service default/greet (port 80)``)."""
+        return f"service {service!r}"
+
     def resolve_now(self) -> None:
         """A hint that a connection to an instance failed: a polling kind reads again soon. Called from any
         thread. The default does nothing (a watch sees changes anyway)."""

@@ -3,7 +3,8 @@
 What it adds to the loop (``waypost.resolver.loop_resolver``: the first list within the dial timeout, backoff,
 the last list kept through an outage, one log line per new failure): the kind's ``Discovery`` is its session
 (made from the target, closed with the resolver); each follow runs the discovery's ``watch`` and pushes every list
-it yields; ``InvalidTarget`` and ``PermissionDenied`` end a blocking dial at once (another read will not cure
+it yields (the discovery is made with the resolver, so a target the kind refuses fails the dial at once);
+``InvalidTarget`` and ``PermissionDenied`` end a blocking dial at once (another read will not cure
 them) while the reads go on; ``resolve_now`` reaches the discovery (a polling one reads again soon).
 """
 
@@ -40,17 +41,15 @@ class KindResolver(LoopResolver[Discovery]):
         self.log = logging.getLogger(f"waypost.resolver.{kind.scheme}")
         self.service: str = target.key
         self.timeout = timeout
-        self._discovery: Discovery | None = None
+        # made here, so that a target or a client library the kind refuses fails the dial itself
+        self._discovery: Discovery = part(kind, "discovery")(target)
 
     @contextlib.asynccontextmanager
     async def _session(self) -> AsyncIterator[Discovery]:
-        discovery: Discovery = part(self.registry_kind, "discovery")(self.target)
-        self._discovery = discovery
         try:
-            yield discovery
+            yield self._discovery
         finally:
-            self._discovery = None
-            await discovery.close()
+            await self._discovery.close()
 
     async def _follow(self, session: Discovery) -> None:
         async for backends in session.watch(self.service):
@@ -59,9 +58,7 @@ class KindResolver(LoopResolver[Discovery]):
             self._push(tuple(backends))
 
     def resolve_now(self, reason: str) -> None:
-        discovery = self._discovery
-        if discovery is not None:
-            discovery.resolve_now()
+        self._discovery.resolve_now()
 
     def _failed(self, e: Exception) -> None:
         msg = self._describe(e)
@@ -69,8 +66,13 @@ class KindResolver(LoopResolver[Discovery]):
             self._end_first_wait(e if isinstance(e, InvalidTarget) else RegistryUnavailable(msg))
         self._report(msg)
 
+    @property
+    def discovery(self) -> Discovery:
+        """The kind's ``Discovery`` (introspection and tests)."""
+        return self._discovery
+
     def _what(self) -> str:
-        return f"service {self.service!r} at {self.target.redacted}"
+        return self._discovery.describe(self.service)
 
     def _describe(self, e: Exception) -> str:
         if isinstance(e, InvalidTarget | PermissionDenied):

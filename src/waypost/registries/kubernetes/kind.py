@@ -3,12 +3,14 @@ only: a server in Kubernetes registers through its readiness probe. docs/kuberne
 
 from __future__ import annotations
 
-from ...registry.kinds import RegistryKind
+from ...kinds import RegistryKind, Words
 
 _HERE = "waypost.registries.kubernetes."
 
 KIND = RegistryKind(
-    "k8s", None, "k8s://default/greet:50051", resolver=_HERE + "resolver:K8sResolver",
+    "k8s", None, "k8s://default/greet:50051", discovery=_HERE + "discovery:K8sDiscovery",
     parse_target=_HERE + "target:parse_k8s_target", target_params=("kubeconfig", "context"), extra="k8s",
     title="Kubernetes",
+    words=Words(instance="endpoint", instances="endpoints", list_name="EndpointSlice list",
+                read_failed="k8s: reading the EndpointSlices of {what} failed: {error}"),
 )

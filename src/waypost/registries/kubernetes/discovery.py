@@ -1,12 +1,12 @@
 """k8s://NAMESPACE/SERVICE:PORT: the ready endpoints of a Service, followed through its EndpointSlices.
 
-The informer pattern of client-go, for one label selector (``kubernetes.io/service-name=SERVICE``), on the
-control loop:
+A ``waypost.kinds.Discovery`` (waypost's generic resolver follows it): the informer pattern of client-go, for one
+label selector (``kubernetes.io/service-name=SERVICE``), on the control loop:
 
 1. **list** the service's EndpointSlices; the list's ``resourceVersion`` is where the watch starts;
 2. **watch** from there with bookmarks (``allowWatchBookmarks``: the apiserver moves our resourceVersion on
    even when nothing changes, so a resumed watch rarely starts from a version it has forgotten); each event
-   updates the slices (``waypost.registries.kubernetes.slices``) and, when the addresses changed, the channel gets the list;
+   updates the slices (``waypost.registries.kubernetes.slices``) and, when they changed, the watch yields the list;
    the server ends a watch after ``timeoutSeconds`` (5-10 min, random, as client-go) and it resumes at once
    from the last version;
 3. **410 Gone** (our version was compacted away): list again and replace, so slices deleted meanwhile
@@ -24,20 +24,13 @@ session; the list and watch requests are read here as raw JSON (no model objects
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import json
 import logging
 import random
-import time
-from collections.abc import AsyncIterator, Callable
-from dataclasses import dataclass
+from collections.abc import AsyncIterator
 from typing import Any
 
-from ...errors import InvalidTarget, RegistryUnavailable
-from ...resolver.base import ResolverOptions
-from ...resolver.loop_resolver import LoopResolver
-from ...resolver.target import Target
-from ...types import Backend
+from ...kinds import Backend, Discovery, InvalidTarget, PermissionDenied, Target
 from . import config as k8s_config
 from .slices import SERVICE_NAME_LABEL, ServiceSlices
 
@@ -52,105 +45,75 @@ CONNECT_TIMEOUT = 10.0
 LIST_TIMEOUT = 30.0
 
 
-@dataclass
-class _Session:
-    """What the loop keeps across watches: the API client (once the configuration is loaded) and the version to
-    watch from (None: list first)."""
-
-    api: Any = None
-    rv: str | None = None
-
-
 class _Gone(Exception):
     """The watch's resourceVersion is too old (HTTP 410 or an ERROR event with code 410): list again."""
 
 
-class _Refused(Exception):
-    """The apiserver refused us (401/403): retrying may help (a rotated token, a Role granted later), but a
-    blocking dial fails at once with this message."""
+class K8sDiscovery(Discovery):
+    """The ready endpoints of the Service ``target`` names (scheme k8s), listed and watched; see the module
+    docstring. ``rng`` (the watch's server-side duration) is for tests."""
 
-
-class K8sResolver(LoopResolver[_Session]):
-    """Follows the EndpointSlices of ``target`` (scheme k8s); see the module docstring.
-
-    ``timeout`` bounds a blocking start (sync dial): the first list must arrive within it, else
-    RegistryUnavailable names why. ``rng`` and ``clock`` are for tests.
-    """
-
-    kind = "k8s"
-    noun = "endpoints"
-    list_name = "EndpointSlice list"
-    log = log
-
-    def __init__(self, target: Target, options: ResolverOptions | None = None, *, timeout: float = 5.0,
-                 rng: random.Random | None = None, clock: Callable[[], float] = time.monotonic) -> None:
+    def __init__(self, target: Target, *, rng: random.Random | None = None) -> None:
         k8s_config.require_client()
         if target.scheme != "k8s" or not target.key:
             raise InvalidTarget(f"not a k8s target: {target.redacted}")
-        super().__init__(target, options, rng=rng, clock=clock)
+        self.target = target
         self.service: str = target.key
         self.port: str = target.options["port"]
         self.namespace: str = target.authority  # "" until the configuration says which
-        self.timeout = timeout
         self.slices = ServiceSlices(self.service, self.port)
+        self._rng = rng if rng is not None else random.Random()
+        self._api: Any = None
         #: where the configuration came from (set once loaded)
         self.source = ""
-        # introspection (and tests): what the loop did so far
+        # introspection (and tests): what the discovery did so far
         self.lists = 0
         self.relists = 0
         self.watches = 0
         self.events = 0
         self.bookmarks = 0
+        #: the version the next watch starts from (None: list first)
         self.resource_version: str | None = None
 
-    # ---- the loop -----------------------------------------------------------------------------------
+    def describe(self, service: str) -> str:
+        where = f" at {self.source}" if self.source else ""
+        return f"service {self.namespace or '?'}/{service} (port {self.port}){where}"
 
-    def _what(self) -> str:
-        return f"service {self.namespace or '?'}/{self.service} (port {self.port})"
+    async def close(self) -> None:
+        if self._api is not None:
+            await self._api.close()
+            self._api = None
 
-    def _first_list_within(self) -> float:
-        return self.timeout
+    async def _client(self) -> Any:
+        """The API client, once the configuration is loaded (the first call loads it)."""
+        if self._api is None:
+            from kubernetes_asyncio.client import ApiClient
 
-    @contextlib.asynccontextmanager
-    async def _session(self) -> AsyncIterator[_Session]:
-        session = _Session()
-        try:
-            yield session
-        finally:
-            if session.api is not None:
-                await session.api.close()
-
-    async def _follow(self, session: _Session) -> None:
-        """The configuration (once), a list when there is no version to watch from, then one watch."""
-        from kubernetes_asyncio.client import ApiClient
-
-        if session.api is None:
             cfg = await k8s_config.load(self.target.options.get("kubeconfig"), self.target.options.get("context"))
             self.namespace = self.namespace or cfg.namespace
             self.source = cfg.source
-            session.api = ApiClient(configuration=cfg.configuration)
-        try:
-            if session.rv is None:
-                session.rv = await self._list(session.api)
-                self._push(self._backends())
-            await self._watch(session)
-        except _Gone:
-            log.info("waypost: k8s: resourceVersion %s of %s is gone (410): listing again", session.rv, self._what())
-            session.rv = None
-            self.relists += 1
+            self._api = ApiClient(configuration=cfg.configuration)
+        return self._api
 
-    def _failed(self, e: Exception) -> None:
-        msg = self._describe(e)
-        if isinstance(e, InvalidTarget | _Refused):
-            self._end_first_wait(e if isinstance(e, InvalidTarget) else RegistryUnavailable(msg))
-        self._report(msg)
+    async def instances(self, service: str) -> tuple[Backend, ...]:
+        """A list of the slices (their version is where the next watch starts)."""
+        self.resource_version = await self._list(await self._client())
+        return self._backends()
 
-    def _describe(self, e: Exception) -> str:
-        if isinstance(e, InvalidTarget | _Refused):
-            return str(e)
-        where = f" at {self.source}" if self.source else ""
-        text = str(e) or type(e).__name__
-        return f"k8s: reading the EndpointSlices of {self._what()}{where} failed: {text}"
+    async def watch(self, service: str) -> AsyncIterator[tuple[Backend, ...]]:
+        """A list when there is no version to watch from, then watches from the last version seen, one after
+        the other (the server ends each after ``timeoutSeconds``); 410 Gone: list again."""
+        while True:
+            try:
+                if self.resource_version is None:
+                    yield await self.instances(service)
+                async for backends in self._watch(await self._client()):
+                    yield backends
+            except _Gone:
+                log.info("waypost: k8s: resourceVersion %s of %s is gone (410): listing again",
+                         self.resource_version, self.describe(service))
+                self.resource_version = None
+                self.relists += 1
 
     def _path(self) -> str:
         return f"/apis/discovery.k8s.io/v1/namespaces/{self.namespace}/endpointslices"
@@ -173,10 +136,10 @@ class K8sResolver(LoopResolver[_Session]):
         if resp.status == 410:
             raise _Gone(message)
         if resp.status == 401:
-            raise _Refused(f"k8s: the apiserver ({api.configuration.host}) refused the credentials of "
+            raise PermissionDenied(f"k8s: the apiserver ({api.configuration.host}) refused the credentials of "
                            f"{self.source} (401 Unauthorized): {message}")
         if resp.status == 403:
-            raise _Refused(
+            raise PermissionDenied(
                 f"k8s: forbidden to list/watch EndpointSlices in namespace {self.namespace} (403): {message}; "
                 "grant get, list and watch on endpointslices.discovery.k8s.io (a Role and RoleBinding)")
         raise RuntimeError(f"HTTP {resp.status}: {message[:300]}")
@@ -199,12 +162,12 @@ class K8sResolver(LoopResolver[_Session]):
         self.resource_version = rv
         return rv
 
-    async def _watch(self, session: _Session) -> None:
-        """One watch request from the session's version, which follows the events: when the server ends the
-        watch (or the link fails) the next one resumes from the last version seen."""
+    async def _watch(self, api: Any) -> AsyncIterator[tuple[Backend, ...]]:
+        """One watch request from the last version, which follows the events (a list after each change): when the
+        server ends the watch (or the link fails) the next one resumes from the last version seen."""
         import aiohttp
 
-        api, rv = session.api, session.rv
+        rv = self.resource_version
         assert rv is not None
 
         seconds = self._rng.randint(*WATCH_SECONDS)
@@ -213,29 +176,32 @@ class K8sResolver(LoopResolver[_Session]):
         timeout = aiohttp.ClientTimeout(connect=CONNECT_TIMEOUT, sock_connect=CONNECT_TIMEOUT, sock_read=READ_TIMEOUT)
         resp = await self._request(api, params, timeout)
         self.watches += 1
-        if self._read_worked():  # the apiserver took the watch: a failure before it is over
-            log.info("waypost: k8s: watching %s works again", self._what())
         try:
             while True:
                 try:
                     line = await resp.content.readline()
                 except asyncio.TimeoutError:
-                    log.info("waypost: k8s: the watch of %s said nothing for %gs: resuming it", self._what(),
-                             READ_TIMEOUT)
+                    log.info("waypost: k8s: the watch of %s said nothing for %gs: resuming it",
+                             self.describe(self.service), READ_TIMEOUT)
                     return
                 if not line:
                     return  # the server ended the watch (timeoutSeconds): resume from the last version
-                rv = session.rv = self._event(line, rv)
+                changed, rv = self._event(line, rv)
+                if changed:
+                    yield self._backends()
         finally:
             resp.release()
 
-    def _event(self, line: bytes, rv: str) -> str:
+    def _event(self, line: bytes, rv: str) -> tuple[bool, str]:
+        """Apply one watch line: (whether the slices changed, the version to resume from)."""
+        changed = False
         try:
             event = json.loads(line)
             kind, obj = event["type"], event["object"]
         except (ValueError, KeyError, TypeError):
-            log.warning("waypost: k8s: skipping a malformed watch line for %s: %.200r", self._what(), line)
-            return rv
+            log.warning("waypost: k8s: skipping a malformed watch line for %s: %.200r",
+                        self.describe(self.service), line)
+            return changed, rv
         if kind == "ERROR":
             code = obj.get("code") if isinstance(obj, dict) else None
             if code == 410:
@@ -248,11 +214,11 @@ class K8sResolver(LoopResolver[_Session]):
         else:
             self.events += 1
             self.slices.apply(kind, obj)
-            self._push(self._backends())
+            changed = True
         if isinstance(new_rv, str) and new_rv:
             rv = new_rv
             self.resource_version = rv
-        return rv
+        return changed, rv
 
     def _backends(self) -> tuple[Backend, ...]:
         return tuple(
