@@ -189,14 +189,12 @@ _BUILTIN = (
                  keyed=True, aliases=("discov",), resolver=_R + "registry_resolver:RegistryResolver"),
     RegistryKind("memory", None, "memory:///?key=greet.rpc", "memory://default", keyed=True,
                  resolver=_R + "registry_resolver:RegistryResolver"),
-    # 443: gRPC's port of a name given without one; dnspython only for a DNS server named in the target
-    RegistryKind("dns", 443, "dns:///greet.example.com:8080", extra="dns",
-                 resolver="waypost.registries.dns.resolver:DnsResolver", title="DNS"),
 )
 
 #: the modules of waypost's other kinds (``waypost.registries``), each declaring its ``KIND``: loaded, in this
 #: order, the first time a scheme is looked up that the core rows above do not have
 BUILTIN_MODULES = (
+    "waypost.registries.dns.kind",
     "waypost.registries.kubernetes.kind",
     "waypost.registries.consul.kind",
     "waypost.registries.zookeeper.kind",

@@ -54,8 +54,8 @@ from ..registry.kinds import KEYED, KINDS, SCHEMES, RegistryKind, all_kinds, loo
 # gRPC's forms of direct addresses (``ipv4:a:1,b:2``, ``ipv6:[::1]:1``); they come out with scheme direct
 _ADDRESS_SCHEMES = ("ipv4", "ipv6")
 #: gRPC's port of a name or address given without one
-GRPC_DEFAULT_PORT = KINDS["dns"].default_port
-DNS_SERVER_DEFAULT_PORT = 53
+#: gRPC's port of an address given without one (``ipv4:``, ``ipv6:``)
+GRPC_DEFAULT_PORT = 443
 
 #: examples of the target forms that are no kind's own scheme
 _OTHER_EXAMPLES = {
@@ -86,7 +86,6 @@ _BUILTIN_PARAMS = {
     "etcd": ("key", "format", "exact", "cache", *_REGISTRY_OPTIONS),
     "memory": ("key", "format", "exact"),
     "direct": (),
-    "dns": (),
 }
 _BOOL_PARAMS = ("exact", "tls")
 _TRUE = ("1", "true")
@@ -262,8 +261,6 @@ def _parse_hierarchical(scheme: str, rest: str, raw: str) -> Target:
         if authority:
             fail(scheme, raw, f"direct targets have no authority ({authority!r}): use three slashes")
         return Target(scheme="direct", endpoints=_endpoints(path[1:], scheme, raw, what="address"), raw=raw)
-    if kind == "dns":
-        return _parse_dns(scheme, authority, path, raw)
     if kind == "memory":
         return _parse_memory(authority, path, params, raw)
     if kind == "etcd":
@@ -279,30 +276,17 @@ def _parse_opaque(scheme: str, rest: str, raw: str) -> Target:
     if "?" in rest or "#" in rest:
         fail(scheme, raw, f"{scheme} targets take no parameters")
     rest = rest.lstrip("/")
-    if scheme == "dns":
-        return _parse_dns(scheme, "", "/" + rest, raw)
+    if scheme == "dns":  # gRPC's dns:host:port: the dns kind's dns:///host:port
+        dns = lookup("dns")
+        assert dns is not None
+        parsed: Target = _kinds.part(dns, "parse_target")("dns", "", "/" + rest, {}, raw)
+        return parsed
     endpoints = _endpoints(rest, scheme, raw, what="address", default_port=GRPC_DEFAULT_PORT)
     for endpoint in endpoints:
         host = parse_host_port(endpoint)[0]
         if (scheme == "ipv6") != (":" in host) or (scheme == "ipv4" and not _is_ipv4(host)):
             fail(scheme, raw, f"{endpoint!r} is not an {scheme.upper()} address")
     return Target(scheme="direct", endpoints=endpoints, raw=raw)
-
-
-def _parse_dns(scheme: str, authority: str, path: str, raw: str) -> Target:
-    server = ""
-    if authority:
-        host, port = _hostport(authority, scheme, raw, default_port=DNS_SERVER_DEFAULT_PORT, what="DNS server")
-        server = join_host_port(host, port)
-        if ":" not in host and not _is_ipv4(host):
-            fail(scheme, raw, f"the DNS server {server!r} must be an IP address")
-    name = path[1:]
-    if not name:
-        fail(scheme, raw, "missing the name to resolve")
-    if "," in name:
-        fail(scheme, raw, "a dns target names exactly one host:port")
-    endpoint = join_host_port(*_hostport(name, scheme, raw, default_port=GRPC_DEFAULT_PORT, what="name"))
-    return Target(scheme="dns", endpoints=(endpoint,), raw=raw, authority=server)
 
 
 def _parse_memory(authority: str, path: str, params: dict[str, str], raw: str) -> Target:
