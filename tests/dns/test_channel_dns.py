@@ -12,7 +12,7 @@ import pytest
 
 import waypost
 import waypost.aio
-import waypost.registries.dns.resolver as wdns
+import waypost.registries.dns.discovery as wdns
 from harness.backends import echo_pb2, echo_pb2_grpc
 from harness.backends.server import EchoServer
 from harness.waiting import wait_until

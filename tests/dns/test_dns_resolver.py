@@ -1,8 +1,11 @@
-"""DnsResolver against a real DNS server (dnsmasq): lookups, TTLs, errors, and the re-resolution loop."""
+"""The DNS kind against a real DNS server (dnsmasq): its Discovery's lookups, TTLs and errors, and the
+re-resolution loop of the generic resolver over it."""
 
 from __future__ import annotations
 
 import asyncio
+import dataclasses
+import itertools
 import threading
 import time
 from pathlib import Path
@@ -10,16 +13,25 @@ from pathlib import Path
 import pytest
 
 import waypost
-import waypost.registries.dns.resolver as wdns
+import waypost.registries.dns.discovery as wdns
 from harness.waiting import wait_until
 from tests.dns.support import Dnsmasq, dnsmasq  # noqa: F401  (fixture)
+from waypost.kinds.resolver import KindResolver
+from waypost.registries.dns.kind import KIND
 from waypost.resolver import ResolverOptions
 
 pytest.importorskip("dns.resolver")
 
 
-def resolver(target: str, **kw: float) -> wdns.DnsResolver:
-    return wdns.DnsResolver(waypost.parse_target(target), None, **kw)
+def resolver(target: str, options: ResolverOptions | None = None, discovery: type[wdns.DnsDiscovery] = wdns.DnsDiscovery,
+             **kw: float) -> KindResolver:
+    """The resolver a dial makes, over a ``discovery`` made with ``kw`` (intervals and timeout, in seconds)."""
+    kind = dataclasses.replace(KIND, discovery=lambda t: discovery(t, **kw))
+    return KindResolver(kind, waypost.parse_target(target), options)
+
+
+def lookup(target: str, **kw: float) -> wdns.DnsDiscovery:
+    return wdns.DnsDiscovery(waypost.parse_target(target), **kw)
 
 
 class Collector:
@@ -44,7 +56,7 @@ class Collector:
             return self.updates[-1] if self.updates else None
 
 
-class TimedResolver(wdns.DnsResolver):
+class TimedDiscovery(wdns.DnsDiscovery):
     """Records when each lookup starts (monotonic seconds)."""
 
     def __init__(self, *a, **kw) -> None:  # type: ignore[no-untyped-def]
@@ -68,20 +80,20 @@ def test_next_delay_clamps_the_ttl_between_min_interval_and_interval():
 
 
 def test_channel_options_are_read_in_milliseconds():
-    t = waypost.parse_target("dns:///svc.example:80")
-    r = wdns.DnsResolver(t)
-    assert (r.interval, r.min_interval, r.timeout) == (30.0, 5.0, 5.0)
-    r = wdns.DnsResolver(t, ResolverOptions(channel_options=[
+    d = resolver("dns:///svc.example:80").discovery
+    assert isinstance(d, wdns.DnsDiscovery)
+    assert (d.interval, d.min_interval, d.timeout) == (30.0, 5.0, 5.0)
+    d = resolver("dns:///svc.example:80", ResolverOptions(channel_options=[
         (wdns.INTERVAL_OPTION, 2500), (wdns.MIN_INTERVAL_OPTION, 100), (wdns.TIMEOUT_OPTION, 750),
-        ("grpc.enable_retries", 0)]))
-    assert (r.interval, r.min_interval, r.timeout) == (2.5, 0.1, 0.75)
+        ("grpc.enable_retries", 0)])).discovery
+    assert isinstance(d, wdns.DnsDiscovery)
+    assert (d.interval, d.min_interval, d.timeout) == (2.5, 0.1, 0.75)
 
 
 @pytest.mark.parametrize("value", [0, -1, "1000", True, float("inf")])
 def test_bad_interval_option_is_an_error_naming_it(value):
     with pytest.raises(ValueError, match=wdns.INTERVAL_OPTION):
-        wdns.DnsResolver(waypost.parse_target("dns:///svc.example:80"),
-                         ResolverOptions(channel_options=[(wdns.INTERVAL_OPTION, value)]))
+        resolver("dns:///svc.example:80", ResolverOptions(channel_options=[(wdns.INTERVAL_OPTION, value)]))
 
 
 def test_dial_with_a_bad_dns_option_raises():
@@ -91,7 +103,7 @@ def test_dial_with_a_bad_dns_option_raises():
 
 def test_bad_constructor_interval_is_an_error():
     with pytest.raises(ValueError, match="interval"):
-        resolver("dns:///svc.example:80", interval=0)
+        lookup("dns:///svc.example:80", interval=0)
 
 
 # ---- lookups against dnsmasq ----------------------------------------------------------------------
@@ -102,36 +114,36 @@ async def test_a_and_aaaa_records_with_their_ttl(tmp_path: Path):
     d.set({"svc.test": ["127.0.0.3", "127.0.0.2", "::1"], "v6only.test": ["::1"]})
     d.start()
     try:
-        res = await resolver(d.target("svc.test", 8080)).lookup()
+        res = await lookup(d.target("svc.test", 8080)).lookup()
         assert res == wdns.Resolution(("127.0.0.2:8080", "127.0.0.3:8080", "[::1]:8080"), 7.0)
-        res = await resolver(d.target("v6only.test", 9)).lookup()
+        res = await lookup(d.target("v6only.test", 9)).lookup()
         assert res.addresses == ("[::1]:9",)
         # default port 443, as gRPC
-        assert (await resolver(f"dns://{d.authority}/svc.test").lookup()).addresses[0] == "127.0.0.2:443"
+        assert (await lookup(f"dns://{d.authority}/svc.test").lookup()).addresses[0] == "127.0.0.2:443"
     finally:
         d.stop()
 
 
 async def test_nxdomain_names_the_host_and_the_server(dnsmasq: Dnsmasq):  # noqa: F811
     with pytest.raises(wdns.DnsLookupError) as ei:
-        await resolver(dnsmasq.target("missing.test", 80)).lookup()
+        await lookup(dnsmasq.target("missing.test", 80)).lookup()
     assert str(ei.value) == f"dns: missing.test does not exist (NXDOMAIN via {dnsmasq.authority})"
 
 
 async def test_server_down_is_a_timeout_naming_the_host(dnsmasq: Dnsmasq):  # noqa: F811
     dnsmasq.stop()
     with pytest.raises(wdns.DnsLookupError) as ei:
-        await resolver(dnsmasq.target("svc.test", 80), timeout=0.3).lookup()
+        await lookup(dnsmasq.target("svc.test", 80), timeout=0.3).lookup()
     assert str(ei.value) == f"dns: lookup of svc.test via {dnsmasq.authority} timed out after 0.3 s"
 
 
 async def test_system_resolver_unknown_name_names_the_host():
     with pytest.raises(wdns.DnsLookupError, match=r"^dns: cannot resolve no-such-host\.invalid: "):
-        await resolver("dns:///no-such-host.invalid:80").lookup()
+        await lookup("dns:///no-such-host.invalid:80").lookup()
 
 
 async def test_ip_literal_needs_no_lookup():
-    assert (await resolver("dns:///[::1]:5").lookup()) == wdns.Resolution(("[::1]:5",), None)
+    assert (await lookup("dns:///[::1]:5").lookup()) == wdns.Resolution(("[::1]:5",), None)
 
 
 # ---- the loop -------------------------------------------------------------------------------------
@@ -184,15 +196,16 @@ def test_ttl_drives_re_resolution_between_min_interval_and_interval(tmp_path: Pa
     d.set({"svc.test": ["127.0.0.2"]})
     d.start()
     # interval 60 s: every re-resolution seen here is the TTL's doing
-    r = TimedResolver(waypost.parse_target(d.target("svc.test", 80)), None, interval=60, min_interval=0.1)
+    r = resolver(d.target("svc.test", 80), discovery=TimedDiscovery, interval=60, min_interval=0.1)
+    times = r.discovery.times  # type: ignore[attr-defined]
     c = Collector()
     r.start(c.on_update, c.on_error)
     try:
         wait_until(lambda: c.last == ["127.0.0.2:80"])
         d.set({"svc.test": ["127.0.0.3"]})
         wait_until(lambda: c.last == ["127.0.0.3:80"], what="change seen through the 1 s TTL")
-        wait_until(lambda: len(r.times) >= 3, what="three lookups")
-        gaps = [b - a for a, b in zip(r.times, r.times[1:])]
+        wait_until(lambda: len(times) >= 3, what="three lookups")
+        gaps = [b - a for a, b in itertools.pairwise(times)]
         assert all(g >= 1.0 - 0.01 for g in gaps), gaps  # never before the TTL ran out
     finally:
         r.close()
@@ -203,7 +216,8 @@ def test_requested_re_resolution_is_rate_limited_to_min_interval(tmp_path: Path)
     d = Dnsmasq(tmp_path, ttl=300)
     d.set({"svc.test": ["127.0.0.2"]})
     d.start()
-    r = TimedResolver(waypost.parse_target(d.target("svc.test", 80)), None, interval=60, min_interval=0.5)
+    r = resolver(d.target("svc.test", 80), discovery=TimedDiscovery, interval=60, min_interval=0.5)
+    times = r.discovery.times  # type: ignore[attr-defined]
     c = Collector()
     r.start(c.on_update, c.on_error)
     try:
@@ -212,12 +226,12 @@ def test_requested_re_resolution_is_rate_limited_to_min_interval(tmp_path: Path)
         for _ in range(20):  # a burst of connection failures
             r.resolve_now("test")
         wait_until(lambda: c.last == ["127.0.0.3:80"], what="re-resolved on request")
-        assert len(r.times) == 2 and r.times[1] - r.times[0] >= 0.5 - 0.01
+        assert len(times) == 2 and times[1] - times[0] >= 0.5 - 0.01
         # the burst was one lookup; the next periodic one is 60 s away
         time.sleep(0.8)
-        assert len(r.times) == 2
+        assert len(times) == 2
         r.resolve_now("again")
-        wait_until(lambda: len(r.times) == 3, what="second requested lookup")
+        wait_until(lambda: len(times) == 3, what="second requested lookup")
     finally:
         r.close()
         d.stop()

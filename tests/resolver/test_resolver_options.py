@@ -138,10 +138,10 @@ def test_blocking_start_fails_naming_what_could_not_be_read(kind: str, tmp_path:
 
 
 def test_dns_blocking_start_returns_with_the_first_list() -> None:
-    from waypost.registries.dns.resolver import DnsResolver
+    from waypost.resolver import make_resolver
 
     calls = Calls()
-    r = DnsResolver(parse_target("dns:///localhost:80"), ResolverOptions(blocking=True))
+    r = make_resolver(parse_target("dns:///localhost:80"), ResolverOptions(blocking=True))
     try:
         r.start(calls.on_update, calls.on_error)
         with calls.lock:
@@ -161,11 +161,12 @@ def silent_dns_server() -> Iterator[str]:
 @pytest.mark.parametrize("blocking", [True, False])
 def test_dns_start_blocks_only_when_asked(blocking: bool, silent_dns_server: str) -> None:
     pytest.importorskip("dns.asyncresolver")
-    from waypost.registries.dns.resolver import DnsResolver
+    from waypost.resolver import make_resolver
 
     calls = Calls()
-    r = DnsResolver(parse_target(f"dns://{silent_dns_server}/svc.test:80"), ResolverOptions(blocking=blocking),
-                    timeout=1.0)
+    # the DNS kind's lookup timeout, from the channel option a dial passes
+    r = make_resolver(parse_target(f"dns://{silent_dns_server}/svc.test:80"),
+                      ResolverOptions(blocking=blocking, channel_options=[("grpc.dns_ares_query_timeout", 1000)]))
     try:
         t0 = time.monotonic()
         r.start(calls.on_update, calls.on_error)  # never raises: a name that does not resolve is no dial error

@@ -20,6 +20,8 @@ Errors a kind raises, and what waypost does with them:
   with backoff; ``serve`` raises ``RegistryUnavailable`` naming the last one if none worked within its timeout;
 - ``PermissionDenied``: refused: raised at once (a blocking ``dial`` fails at once naming it);
 - ``RegistryError``: the registry answered and another attempt gets the same answer: raised at once;
+- ``LookupFailed`` (from a read): the registry's answer for now (DNS: no such name): a blocking ``dial`` returns
+  at once, calls fail naming it, the reads go on;
 - ``InstanceGone`` (from ``renew``): the registry no longer has the instance: registered again at once;
 - ``InvalidTarget``: a bad URL or dial target (from the parsers).
 """
@@ -33,6 +35,7 @@ from dataclasses import dataclass, field
 from types import MappingProxyType
 from typing import Any, Protocol, runtime_checkable
 
+from ..backoff import Backoff
 from ..durations import parse_positive_duration
 from ..errors import InvalidTarget, PermissionDenied, RegistryError, RegistryUnavailable
 from ..registry.kinds import RegistryKind, Words, register_kind
@@ -42,11 +45,13 @@ from ..types import Backend
 
 __all__ = [
     "Backend",
+    "Backoff",
     "ConsoleSource",
     "Discovery",
     "Instance",
     "InstanceGone",
     "InvalidTarget",
+    "LookupFailed",
     "OverrideStore",
     "PermissionDenied",
     "PollingDiscovery",
@@ -60,6 +65,12 @@ __all__ = [
     "parse_positive_duration",
     "register_kind",
 ]
+
+
+class LookupFailed(RegistryError):
+    """A read the registry answered with a failure that is the answer for now (DNS: the name does not exist, has
+    no records, or the lookup timed out): unlike other failures it ends a blocking dial's wait at once (calls then
+    fail naming it) and the reads go on."""
 
 
 class InstanceGone(RegistryError):
@@ -126,7 +137,12 @@ class Discovery(abc.ABC):
     registry's ``host:port``s, ``target.options`` its query parameters).
 
     A failure raised from ``instances`` or from the ``watch`` iterator is reported once (the channel keeps its last
-    list) and the watch is started again with backoff."""
+    list) and the watch is started again after ``backoff``'s pause."""
+
+    #: the pauses after failed reads in a row (None: 0.5 s doubling up to 10 s, +-20%)
+    backoff: Backoff | None = None
+    #: the bound of one read, seconds: a blocking dial waits at least this (and a second) for the first answer
+    read_timeout: float = 0.0
 
     @abc.abstractmethod
     async def instances(self, service: str) -> Sequence[Backend]:
@@ -136,6 +152,11 @@ class Discovery(abc.ABC):
     def watch(self, service: str) -> AsyncIterator[Sequence[Backend]]:
         """Lists of ``service``'s instances: the first as soon as it is known, then one per change. Ending is
         fine (waypost calls ``watch`` again)."""
+
+    def configure(self, channel_options: Mapping[str, Any]) -> None:
+        """The dial's channel options (``dial(options=...)``), for a kind that takes settings from them (DNS: its
+        refresh intervals); raise ``ValueError`` naming a bad one. Called once, before the first read; the default
+        ignores them."""
 
     def describe(self, service: str) -> str:
         """What is followed, in messages (default ``service 'NAME'``; e.g. ``service default/greet (port 80)``)."""
@@ -150,23 +171,32 @@ class Discovery(abc.ABC):
 
 
 class PollingDiscovery(Discovery):
-    """A ``Discovery`` for a registry with no watch: ``watch`` reads every ``interval`` s (sooner after
-    ``resolve_now``). A subclass writes only ``instances`` (and sets ``interval``)."""
+    """A ``Discovery`` for a registry with no watch: ``watch`` reads every ``next_interval()`` s (default
+    ``interval``), sooner after ``resolve_now`` but never sooner than ``min_interval`` after the last read. A
+    subclass writes only ``instances`` (and sets ``interval``)."""
 
     #: seconds between reads
     interval: float = 5.0
+    #: the least seconds between two reads, however many ``resolve_now`` calls come
+    min_interval: float = 0.0
     _wake: asyncio.Event | None = None
     _loop: asyncio.AbstractEventLoop | None = None
 
     async def watch(self, service: str) -> AsyncIterator[Sequence[Backend]]:
-        self._loop, self._wake = asyncio.get_running_loop(), asyncio.Event()
+        loop = self._loop = asyncio.get_running_loop()
+        wake = self._wake = asyncio.Event()
         while True:
+            wake.clear()  # a request during the read below still wakes the wait after it
+            started = loop.time()
             yield await self.instances(service)
-            self._wake.clear()
+            delay = self.next_interval()
             try:
-                await asyncio.wait_for(self._wake.wait(), self.next_interval())
+                await asyncio.wait_for(wake.wait(), delay)
             except asyncio.TimeoutError:
-                pass
+                continue
+            rest = started + min(self.min_interval, delay) - loop.time()
+            if rest > 0:
+                await asyncio.sleep(rest)
 
     def next_interval(self) -> float:
         """Seconds until the next read (default ``interval``; e.g. DNS: the records' TTL)."""

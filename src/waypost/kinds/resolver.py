@@ -3,9 +3,10 @@
 What it adds to the loop (``waypost.resolver.loop_resolver``: the first list within the dial timeout, backoff,
 the last list kept through an outage, one log line per new failure): the kind's ``Discovery`` is its session
 (made from the target, closed with the resolver); each follow runs the discovery's ``watch`` and pushes every list
-it yields (the discovery is made with the resolver, so a target the kind refuses fails the dial at once);
-``InvalidTarget`` and ``PermissionDenied`` end a blocking dial at once (another read will not cure
-them) while the reads go on; ``resolve_now`` reaches the discovery (a polling one reads again soon).
+it yields (the discovery is made with the resolver, and given the dial's channel options, so a target or an
+option the kind refuses fails the dial at once). ``InvalidTarget`` and ``PermissionDenied`` end a blocking dial at
+once with an error (another read will not cure them), ``LookupFailed`` without one (it is the answer for now),
+while the reads go on; ``resolve_now`` reaches the discovery (a polling one reads again soon).
 """
 
 from __future__ import annotations
@@ -19,9 +20,9 @@ from collections.abc import AsyncIterator, Callable
 from ..errors import InvalidTarget, PermissionDenied, RegistryUnavailable
 from ..registry.kinds import RegistryKind, part
 from ..resolver.base import ResolverOptions
-from ..resolver.loop_resolver import LoopResolver
+from ..resolver.loop_resolver import START_GRACE, LoopResolver
 from ..resolver.target import Target
-from . import Discovery
+from . import Discovery, LookupFailed
 
 __all__ = ["KindResolver"]
 
@@ -33,16 +34,21 @@ class KindResolver(LoopResolver[Discovery]):
     def __init__(self, kind: RegistryKind, target: Target, options: ResolverOptions | None = None, *,
                  timeout: float = 5.0, rng: random.Random | None = None,
                  clock: Callable[[], float] = time.monotonic) -> None:
-        if not target.key:
+        service = target.key or (target.endpoints[0] if target.endpoints else "")
+        if not service:
             raise InvalidTarget(f"{kind.title}: the target names no service: {target.redacted}")
         super().__init__(target, options, rng=rng, clock=clock)
         self.registry_kind = kind
         self.kind, self.noun, self.list_name = kind.scheme, kind.words.instances, kind.words.list_name
         self.log = logging.getLogger(f"waypost.resolver.{kind.scheme}")
-        self.service: str = target.key
+        #: the service followed: the target's key (a target with none, e.g. DNS's: the name it resolves)
+        self.service: str = service
         self.timeout = timeout
-        # made here, so that a target or a client library the kind refuses fails the dial itself
+        # made here, so that a target, an option or a client library the kind refuses fails the dial itself
         self._discovery: Discovery = part(kind, "discovery")(target)
+        self._discovery.configure(dict(options.channel_options) if options is not None else {})
+        if self._discovery.backoff is not None:
+            self.backoff = self._discovery.backoff
 
     @contextlib.asynccontextmanager
     async def _session(self) -> AsyncIterator[Discovery]:
@@ -64,6 +70,8 @@ class KindResolver(LoopResolver[Discovery]):
         msg = self._describe(e)
         if isinstance(e, InvalidTarget | PermissionDenied):
             self._end_first_wait(e if isinstance(e, InvalidTarget) else RegistryUnavailable(msg))
+        elif isinstance(e, LookupFailed):
+            self._end_first_wait()  # an answer: a blocking start returns, and the channel hears why below
         self._report(msg)
 
     @property
@@ -81,4 +89,5 @@ class KindResolver(LoopResolver[Discovery]):
             title=self.registry_kind.title, what=self._what(), error=str(e) or type(e).__name__)
 
     def _first_list_within(self) -> float:
-        return self.timeout
+        # past the first read's own bound, so that its failure (naming why) comes first
+        return max(self.timeout, self._discovery.read_timeout + START_GRACE if self._discovery.read_timeout else 0)

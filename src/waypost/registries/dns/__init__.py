@@ -1,3 +1,2 @@
-"""The DNS kind's resolver (``dns:///host:port``: A/AAAA records, re-resolved periodically). Its target grammar is
-gRPC's own and lives with the other built-in grammars (``resolver/target.py``); its row is in
-``registry/kinds.py``. docs/dns.md."""
+"""The DNS kind (``dns:///host:port``: A/AAAA records, re-resolved periodically): its row (``kind.py``), its target
+grammar, gRPC's (``target.py``), and its ``waypost.kinds.Discovery`` (``discovery.py``). docs/dns.md."""

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from ...registry.kinds import RegistryKind
+from ...kinds import RegistryKind, Words
 from .target import GRPC_DEFAULT_PORT
 
 _HERE = "waypost.registries.dns."
@@ -10,5 +10,6 @@ _HERE = "waypost.registries.dns."
 # dnspython only for a DNS server named in the target
 KIND = RegistryKind(
     "dns", GRPC_DEFAULT_PORT, "dns:///greet.example.com:8080", extra="dns",
-    resolver=_HERE + "resolver:DnsResolver", parse_target=_HERE + "target:parse_dns_target", title="DNS",
+    discovery=_HERE + "discovery:DnsDiscovery", parse_target=_HERE + "target:parse_dns_target", title="DNS",
+    words=Words(instance="address", instances="addresses", list_name="address list", read_failed="{error}"),
 )

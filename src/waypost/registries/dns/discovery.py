@@ -9,9 +9,9 @@ never used by a healthy client (grpc-go#3353). Here the name is re-resolved on t
 - right after a backend connection fails (``resolve_now``), at most once per ``min_interval``;
 - after a failed lookup, with backoff (1 s doubling up to ``interval``), keeping the last good set.
 
-A blocking start (sync dial) returns once the first lookup has answered, with its list or its failure (a name
-that does not resolve is not a dial error: calls fail naming it while lookups go on); a non-blocking one (aio
-dial) returns at once.
+A ``waypost.kinds.PollingDiscovery``: waypost's generic resolver follows it. A blocking start (sync dial) returns
+once the first lookup has answered, with its list or its failure (a name that does not resolve is not a dial
+error: calls fail naming it while lookups go on); a non-blocking one (aio dial) returns at once.
 
 The system resolver (``getaddrinfo``) is used for ``dns:///``; a DNS server in the authority needs
 dnspython (``pip install 'waypost[dns]'``). See docs/dns.md.
@@ -20,23 +20,15 @@ dnspython (``pip install 'waypost[dns]'``). See docs/dns.md.
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import ipaddress
 import logging
 import socket
-import time
-from collections.abc import AsyncIterator, Callable, Iterable
+from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
 
-from ... import _loop
-from ...backoff import Backoff
-from ...errors import InvalidTarget
+from ...kinds import Backend, Backoff, InvalidTarget, LookupFailed, PollingDiscovery, Target
 from ...netutil import join_host_port, parse_host_port
-from ...resolver.base import ResolverOptions
-from ...resolver.loop_resolver import START_GRACE, LoopResolver
-from ...resolver.target import Target
-from ...types import Backend
 
 log = logging.getLogger("waypost.resolver.dns")
 
@@ -53,7 +45,7 @@ MIN_INTERVAL_OPTION = "grpc.dns_min_time_between_resolutions_ms"
 TIMEOUT_OPTION = "grpc.dns_ares_query_timeout"
 
 
-class DnsLookupError(Exception):
+class DnsLookupError(LookupFailed):
     """A lookup gave no usable address; the message names the host (and the server, if any)."""
 
 
@@ -83,36 +75,23 @@ def _seconds_option(options: dict[str, Any], name: str, default: float) -> float
     return value / 1000.0
 
 
-class DnsResolver(LoopResolver[None]):
-    """Resolves ``target`` (scheme dns) and pushes the (subset) address list to the channel on change.
+class DnsDiscovery(PollingDiscovery):
+    """Resolves ``target`` (scheme dns): a ``waypost.kinds.Discovery`` that waypost's generic resolver follows.
 
-    ``interval``, ``min_interval`` and ``timeout`` are in seconds (None: the defaults); the channel
-    options in ``options`` override them (see ``_apply_channel_options``). ``clock`` is for tests.
-
-    A blocking start (sync dial) returns once the first lookup has answered: with the list, or with its
-    failure already passed to ``on_error`` (a name that does not resolve is not a dial error: calls fail
-    naming it, and lookups go on). Every lookup answers, so ``report_early`` has nothing to hold back.
+    ``interval``, ``min_interval`` and ``timeout`` are in seconds (None: the defaults); the dial's channel options
+    override them (``configure``). Every lookup answers: a failed one is a ``DnsLookupError`` (a
+    ``waypost.kinds.LookupFailed``), so a blocking start (sync dial) returns once the first lookup has answered,
+    with the list or with its failure already passed to the channel (a name that does not resolve is not a dial
+    error: calls fail naming it, and lookups go on).
     """
 
-    kind = "dns"
-    noun = "addresses"
-    list_name = "address list"
-    log = log
-
-    def __init__(self, target: Target, options: ResolverOptions | None = None, *,
-                 interval: float | None = None, min_interval: float | None = None, timeout: float | None = None,
-                 clock: Callable[[], float] = time.monotonic) -> None:
-        options = options if options is not None else ResolverOptions()
-        super().__init__(target, options, clock=clock)
+    def __init__(self, target: Target, *, interval: float | None = None, min_interval: float | None = None,
+                 timeout: float | None = None) -> None:
+        self.target = target
         self.interval = DEFAULT_INTERVAL if interval is None else interval
         self.min_interval = DEFAULT_MIN_INTERVAL if min_interval is None else min_interval
         self.timeout = DEFAULT_TIMEOUT if timeout is None else timeout
-        self._apply_channel_options(options.channel_options)
-        for name in ("interval", "min_interval", "timeout"):
-            value = getattr(self, name)
-            if not 0 < value < float("inf"):
-                raise ValueError(f"dns resolver: {name} must be a number of seconds > 0, got {value!r}")
-        self.backoff = Backoff(first=min(FIRST_BACKOFF, self.interval), cap=self.interval, jitter=0.0)
+        self._check()
         self.host, self.port = parse_host_port(target.endpoints[0], what="dns name")
         self._server: tuple[str, int] | None = None
         if target.authority:
@@ -123,35 +102,49 @@ class DnsResolver(LoopResolver[None]):
                     f"{target.redacted}: a DNS server in the target needs dnspython (pip install 'waypost[dns]'); "
                     f"or use the system resolver: dns:///{target.endpoints[0]}") from None
             self._server = parse_host_port(target.authority, what="DNS server")
-        self._wake: asyncio.Event | None = None
-        self._last_lookup: float | None = None
+        self._ttl: float | None = None
         #: Lookups done so far (introspection and tests).
         self.lookups = 0
 
-    # ---- configuration and hooks -------------------------------------------------------------------
+    # ---- configuration ------------------------------------------------------------------------------
 
-    def _apply_channel_options(self, options: Iterable[tuple[str, Any]]) -> None:
+    def _check(self) -> None:
+        for name in ("interval", "min_interval", "timeout"):
+            value = getattr(self, name)
+            if not 0 < value < float("inf"):
+                raise ValueError(f"dns resolver: {name} must be a number of seconds > 0, got {value!r}")
+        self.read_timeout = self.timeout
+        self.backoff = Backoff(first=min(FIRST_BACKOFF, self.interval), cap=self.interval, jitter=0.0)
+
+    def configure(self, channel_options: Mapping[str, Any]) -> None:
         """Take the intervals from channel options (milliseconds): ``waypost.dns_refresh_interval_ms``,
         ``grpc.dns_min_time_between_resolutions_ms``, ``grpc.dns_ares_query_timeout``."""
-        opts = dict(options)
+        opts = dict(channel_options)
         self.interval = _seconds_option(opts, INTERVAL_OPTION, self.interval)
         self.min_interval = _seconds_option(opts, MIN_INTERVAL_OPTION, self.min_interval)
         self.timeout = _seconds_option(opts, TIMEOUT_OPTION, self.timeout)
+        self._check()
 
-    def resolve_now(self, reason: str) -> None:
-        """Re-resolve soon (a backend connection failed); from any thread, non-blocking. Rate-limited to
-        one lookup per ``min_interval``."""
-        if self._closed:
-            return
-        log.debug("waypost: re-resolution of %s requested: %s", self.target.redacted, reason)
+    def describe(self, service: str) -> str:
+        return f"{self.host}{self._where()}"
+
+    # ---- the reads ----------------------------------------------------------------------------------
+
+    async def instances(self, service: str) -> tuple[Backend, ...]:
+        """One lookup (``DnsLookupError`` when it gives no usable address)."""
+        self.lookups += 1
         try:
-            _loop.call_soon(self._set_wake)
-        except RuntimeError:  # control loop gone (interpreter exit)
-            pass
+            res = await self.lookup()
+        except DnsLookupError:
+            raise
+        except Exception as e:  # whatever went wrong, a lookup answers (and names the host)
+            raise DnsLookupError(f"dns: resolving {self.host} failed: {e!r}") from e
+        log.debug("waypost: %s: ttl %s", self.target.redacted, res.ttl)
+        self._ttl = res.ttl
+        return tuple(Backend(a) for a in res.addresses)
 
-    def _set_wake(self) -> None:
-        if self._wake is not None:
-            self._wake.set()
+    def next_interval(self) -> float:
+        return next_delay(self._ttl, self.interval, self.min_interval)
 
     # ---- lookups ------------------------------------------------------------------------------------
 
@@ -225,64 +218,3 @@ class DnsResolver(LoopResolver[None]):
     async def resolve(self) -> list[str]:
         """The current addresses (``ip:port``), sorted, deduplicated."""
         return list((await self.lookup()).addresses)
-
-    # ---- the loop -----------------------------------------------------------------------------------
-
-    def _what(self) -> str:
-        return f"{self.host}{self._where()}"
-
-    def _label(self) -> str:
-        return self.target.redacted
-
-    def _first_list_within(self) -> float:
-        # past the first lookup's own bound, so that its failure (naming why) comes first
-        return self.timeout + START_GRACE
-
-    @contextlib.asynccontextmanager
-    async def _session(self) -> AsyncIterator[None]:
-        self._wake = asyncio.Event()  # on the loop that waits on it
-        yield None
-
-    async def _follow(self, _session: None) -> None:
-        """One lookup, its list pushed, then the wait until the next one."""
-        assert self._wake is not None
-        self._wake.clear()  # a request during the lookup below still wakes the next wait
-        self._last_lookup = self._clock()
-        self.lookups += 1
-        res = await self.lookup()
-        failures = self._failing
-        if self._read_worked():
-            log.info("waypost: resolving %s works again after %d failed lookups", self.target.redacted, failures)
-        log.debug("waypost: %s: ttl %s", self.target.redacted, res.ttl)
-        # after failures, push even an unchanged list: it clears the error the channel shows on calls
-        self._push(tuple(Backend(a) for a in res.addresses))
-        await self._wait(next_delay(res.ttl, self.interval, self.min_interval))
-
-    def _describe(self, e: Exception) -> str:
-        return str(e) if isinstance(e, DnsLookupError) else f"dns: resolving {self.host} failed: {e!r}"
-
-    def _failed(self, e: Exception) -> None:
-        self._report(self._describe(e))
-        self._end_first_wait()  # a failed lookup is an answer too: a blocking start returns
-
-    def _holding_errors(self) -> bool:
-        return False  # every lookup is an answer, a failed one too: nothing to hold back for report_early
-
-    def _log_failure(self, msg: str, new: bool, exc: BaseException | None) -> None:
-        # one warning per distinct failure, not one per retry
-        (log.warning if new else log.debug)(
-            "waypost: resolving %s failed (%s); %s", self.target.redacted, msg,
-            "keeping the last addresses" if self._last is not None else "no addresses yet")
-
-    async def _wait(self, delay: float) -> None:
-        """Sleep ``delay`` s, or less when a re-resolution is requested, but at least until
-        ``min_interval`` after the last lookup."""
-        assert self._wake is not None
-        try:
-            await asyncio.wait_for(self._wake.wait(), delay)
-        except asyncio.TimeoutError:
-            return
-        assert self._last_lookup is not None
-        rest = self._last_lookup + min(self.min_interval, delay) - self._clock()
-        if rest > 0:
-            await asyncio.sleep(rest)
