@@ -44,6 +44,7 @@ class KindResolver(LoopResolver[Discovery]):
         #: the service followed: the target's key (a target with none, e.g. DNS's: the name it resolves)
         self.service: str = service
         self.timeout = timeout
+        self._answered = False  # a LookupFailed came: failures are answers, never held back
         # made here, so that a target, an option or a client library the kind refuses fails the dial itself
         self._discovery: Discovery = part(kind, "discovery")(target)
         self._discovery.configure(dict(options.channel_options) if options is not None else {})
@@ -71,8 +72,16 @@ class KindResolver(LoopResolver[Discovery]):
         if isinstance(e, InvalidTarget | PermissionDenied):
             self._end_first_wait(e if isinstance(e, InvalidTarget) else RegistryUnavailable(msg))
         elif isinstance(e, LookupFailed):
-            self._end_first_wait()  # an answer: a blocking start returns, and the channel hears why below
+            # an answer: the channel hears it at once (never held for the first list), then a blocking start
+            # returns, the channel knowing why
+            self._answered = True
+            self._report(msg)
+            self._end_first_wait()
+            return
         self._report(msg)
+
+    def _holding_errors(self) -> bool:
+        return not self._answered and super()._holding_errors()
 
     @property
     def discovery(self) -> Discovery:
