@@ -127,6 +127,11 @@ class Registrar(abc.ABC):
         other failure is retried, and the instance counts as lost after ``ttl`` s without a renewal. The default
         does nothing: a registry that keeps instances on its own."""
 
+    def check_metadata(self, metadata: Mapping[str, Any]) -> None:
+        """Raise ``TypeError``/``ValueError`` naming what this registry cannot carry of ``metadata`` (JSON values,
+        already checked; e.g. Consul's key and value limits). Called at ``serve`` and at every
+        ``update_metadata``, before anything is written. The default takes anything JSON."""
+
     async def close(self) -> None:
         """Free what the registrar holds open (at stop)."""
 

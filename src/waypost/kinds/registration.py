@@ -63,8 +63,15 @@ class KindRegistration(HeartbeatPublisher):
         return registry
 
     def _new_client(self) -> Registrar:
-        registrar: Registrar = part(self.kind, "registrar")(self.config, self.timeout)
-        return registrar
+        made: Registrar | None = self.__dict__.get("client")  # made already, to check the first metadata
+        if made is None:
+            made = part(self.kind, "registrar")(self.config, self.timeout)
+        return made
+
+    def _check_carried(self, metadata: dict[str, Any] | None) -> None:
+        if "client" not in self.__dict__:  # the first check comes before HeartbeatPublisher makes the client
+            self.client = self._new_client()
+        self.client.check_metadata(MappingProxyType(metadata or {}))
 
     def _default_id(self, key: str) -> str:
         return self.kind.words.id_format.format(service=key, host=self.host, port=self.port)
