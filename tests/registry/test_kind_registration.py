@@ -26,7 +26,7 @@ class BoardRegistrar(Registrar):
     def check_metadata(self, metadata: Mapping[str, Any]) -> None:
         for key, value in metadata.items():
             if not isinstance(value, str):
-                raise ValueError(f"board: metadata[{key!r}] must be a string, got {value!r}")
+                raise TypeError(f"board: metadata[{key!r}] must be a string, got {value!r}")
 
     async def register(self, instance: Instance) -> None:
         BOARD[instance.id] = instance
@@ -67,12 +67,12 @@ def _serve(**kw: Any) -> Any:
 
 
 def test_what_the_registrar_cannot_carry_is_refused_before_anything_is_written() -> None:
-    with pytest.raises(ValueError, match=r"board: metadata\['weight'\] must be a string, got 20"):
+    with pytest.raises(TypeError, match=r"board: metadata\['weight'\] must be a string, got 20"):
         _serve(metadata={"weight": 20})
     assert BOARD == {}
     handle = _serve(metadata={"zone": "a"})
     try:
-        with pytest.raises(ValueError, match="must be a string"):
+        with pytest.raises(TypeError, match="must be a string"):
             handle.update_metadata({"zone": 1})
         (instance,) = BOARD.values()
         assert dict(instance.metadata) == {"zone": "a"}  # the refused update wrote nothing
