@@ -151,8 +151,8 @@ class RegistryKind:
     @property
     def publisher_name(self) -> str:
         """What its publisher is called in messages: ``waypost.ConsulPublisher`` for waypost's own kinds,
-        ``module.Class`` for a plug-in's ("" for none)."""
-        ref = self.publisher if self.publisher is not None else self.registrar
+        ``module.Class`` for a plug-in's ("" for none, and for a kind with a ``registrar``)."""
+        ref = self.publisher  # a kind with a registrar has no class of its own to name: serve() is the way
         if ref is None:
             return ""
         if not isinstance(ref, str):

@@ -81,7 +81,8 @@ def _not_keyed(url: str, scheme: str) -> InvalidTarget:
     kind = lookup(scheme) if scheme else None
     if kind is not None and kind.holds_instances:
         return _bad(url, f"{scheme}:// registries hold service instances, not keys: register with "
-                         f"serve(..., registry={redact_url(url)!r}) or {kind.publisher_name}, and dial its targets "
+                         f"serve(..., registry={redact_url(url)!r})"
+                         f"{' or ' + kind.publisher_name if kind.publisher_name else ''}, and dial its targets "
                          f"({kind.target_example}); connect() takes {' and '.join(KEYED)} URLs")
     others = instance_registries()
     shown = urlparams.shown_scheme(scheme)
