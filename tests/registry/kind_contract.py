@@ -155,20 +155,31 @@ class KindContract:
                        what="the new metadata")
 
     def test_drain_through_the_override_store(self) -> None:
+        """``waypost drain``'s record, written through the kind's store: the registration carries weight 0 (or the
+        registry stops listing it) until the record is deleted."""
         self._needs_registrar()
         if self.kind.override_store is None:
             pytest.skip(f"the {self.kind.title} kind has no override store")
         from waypost.discovery.override import encode_override, override_key
 
-        with self.served("a") as a:
-            wait_until(lambda: a.address in self.listed(), what="the instance listed")
+        def weight(address: str) -> object:
+            found = self.listed().get(address)
+            return "not listed" if found is None else found.metadata.get("weight", "own")
 
-            async def drain() -> bool:
-                store = waypost.kinds.load_part(self.kind, "override_store")(self.registry_url())
-                try:
-                    await store.put(override_key(SERVICE, a.address), encode_override(0, "kind-contract", time.time()))
-                    return bool(await store.registered(SERVICE, a.address))
-                finally:
-                    await store.close()
+        async def write(address: str, drain: bool) -> bool:
+            store = waypost.kinds.load_part(self.kind, "override_store")(self.registry_url())
+            try:
+                if drain:
+                    await store.put(override_key(SERVICE, address), encode_override(0, "kind-contract", time.time()))
+                else:
+                    await store.delete(override_key(SERVICE, address))
+                return bool(await store.registered(SERVICE, address))
+            finally:
+                await store.close()
 
-            assert asyncio.run(drain())
+        with self.served("a", metadata={"weight": 20}) as a:
+            wait_until(lambda: weight(a.address) == 20, what="the instance listed with its own weight")
+            assert asyncio.run(write(a.address, drain=True))
+            wait_until(lambda: weight(a.address) in (0, "not listed"), what="drained")
+            asyncio.run(write(a.address, drain=False))
+            wait_until(lambda: weight(a.address) == 20, what="its own weight again")

@@ -1,11 +1,12 @@
-"""The generic registration over a ``waypost.kinds.Registrar`` (``KindRegistration``), through ``serve``: what a
-registrar refuses to carry is refused before anything is written, pause and resume remove and write the instance
-again, and the instance a registrar sees is the registration's (id from ``Words.id_format``, ttl, metadata). The
-registry is a dictionary of this process (a registry of its own, not a stand-in for another)."""
+"""The generic registration over a ``waypost.kinds.Registrar`` (``KindRegistration``), through ``serve``, on the
+``board://`` kind (``board_kind.py``): what a registrar refuses to carry is refused before anything is written, pause
+and resume remove and write the instance again, the instance a registrar sees is the registration's (id from
+``Words.id_format``, ttl, metadata), and the contract suite (``kind_contract.py``) with its override store."""
 
 from __future__ import annotations
 
-from collections.abc import Iterator, Mapping
+import contextlib
+from collections.abc import Iterator
 from typing import Any
 
 import pytest
@@ -13,47 +14,23 @@ import pytest
 import waypost
 from harness.backends.server import EchoServer
 from harness.waiting import wait_until
-from waypost.kinds import Instance, InstanceGone, Registrar, RegistryKind, Target, Words
 from waypost.registry import kinds
 
-BOARD: dict[str, Instance] = {}
-
-
-class BoardRegistrar(Registrar):
-    def __init__(self, settings: str, timeout: float) -> None:
-        self.settings = settings
-
-    def check_metadata(self, metadata: Mapping[str, Any]) -> None:
-        for key, value in metadata.items():
-            if not isinstance(value, str):
-                raise TypeError(f"board: metadata[{key!r}] must be a string, got {value!r}")
-
-    async def register(self, instance: Instance) -> None:
-        BOARD[instance.id] = instance
-
-    async def renew(self, instance: Instance) -> None:
-        if instance.id not in BOARD:
-            raise InstanceGone(instance.id)
-
-    async def deregister(self, instance: Instance) -> None:
-        BOARD.pop(instance.id, None)
-
-
-def _target(scheme: str, authority: str, path: str, params: dict[str, str], raw: str) -> Target:
-    return Target(scheme=scheme, endpoints=(), key=path.strip("/"), raw=raw)
-
-
-KIND = RegistryKind("board", None, "board:///greeter", url_example="board://", registrar=BoardRegistrar,
-                    parse_target=_target, words=Words(id_format="{service}@{host}:{port}"))
+from . import board_kind
+from .board_kind import BOARD, BOARD_DOWN, RECORDS
+from .kind_contract import KindContract
 
 
 @pytest.fixture(autouse=True)
 def _board_kind() -> Iterator[None]:
     kinds.load_plugins()
     saved = dict(kinds.KINDS), dict(kinds.SCHEMES)
-    waypost.register_kind(KIND, replace=True)
+    waypost.register_kind(board_kind.KIND, replace=True)
     BOARD.clear()
+    RECORDS.clear()
+    BOARD_DOWN.clear()
     yield
+    BOARD_DOWN.clear()
     with kinds._lock:
         kinds.KINDS.clear()
         kinds.KINDS.update(saved[0])
@@ -67,13 +44,13 @@ def _serve(**kw: Any) -> Any:
 
 
 def test_what_the_registrar_cannot_carry_is_refused_before_anything_is_written() -> None:
-    with pytest.raises(TypeError, match=r"board: metadata\['weight'\] must be a string, got 20"):
-        _serve(metadata={"weight": 20})
+    with pytest.raises(TypeError, match=r"board: metadata\['weight'\] must not be a float, got 2.5"):
+        _serve(metadata={"weight": 2.5})
     assert BOARD == {}
     handle = _serve(metadata={"zone": "a"})
     try:
-        with pytest.raises(TypeError, match="must be a string"):
-            handle.update_metadata({"zone": 1})
+        with pytest.raises(TypeError, match="must not be a float"):
+            handle.update_metadata({"zone": 1.5})
         (instance,) = BOARD.values()
         assert dict(instance.metadata) == {"zone": "a"}  # the refused update wrote nothing
     finally:
@@ -95,3 +72,27 @@ def test_the_instance_is_the_registrations_and_pause_resume_remove_and_write_it(
     finally:
         handle.stop(0.5)
     assert BOARD == {}
+
+
+class TestBoardKind(KindContract):
+    kind = board_kind.KIND
+
+    def registry_url(self) -> str:
+        return "board://"
+
+    def target(self, service: str) -> str:
+        return f"board:///{service}"
+
+    def unreachable_url(self) -> tuple[str, str]:
+        return "board://down", "connection refused"
+
+    def delete_instance(self, service: str, address: str) -> None:
+        del BOARD[f"{service}@{address}"]
+
+    @contextlib.contextmanager
+    def registry_down(self) -> Iterator[None]:
+        BOARD_DOWN.append(True)
+        try:
+            yield
+        finally:
+            BOARD_DOWN.clear()

@@ -219,7 +219,12 @@ class OverrideStore(Protocol):
     instance (``RegistryKind.override_store(url)``). The records are those etcd keeps (``waypost.discovery.override``:
     ``key`` the override's key, ``value`` its JSON); a store that writes something of the registry's own instead
     (Eureka's status override) sets its attribute ``written`` to what, in words, after each put or delete:
-    ``waypost drain`` prints it instead of the record's key."""
+    ``waypost drain`` prints it instead of the record's key.
+
+    Optionally it has ``watch(key) -> AsyncIterator[bytes | None]``: the record's value now (None: no record), then
+    at each change. With it, a server registered in the kind follows its own record (``KindRegistration``): its
+    registration carries the override's ``weight`` while the record is there, its own metadata again once it is
+    deleted."""
 
     #: the registry, for messages (no secrets)
     url: str

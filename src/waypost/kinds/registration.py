@@ -5,24 +5,31 @@ does what a registration does (``waypost.discovery.heartbeat_publisher``): regis
 with backoff (``RegistryUnavailable`` naming the last cause when the time is up); renew every ttl/3 s, the
 instance lost after ttl s without a renewal or at once on ``InstanceGone``, then registered again, forever;
 pause / resume / stop idempotent; ``update_metadata`` written through ``register``; a bounded ``deregister`` at
-pause and stop.
+pause and stop. When the kind's override store can ``watch`` a record, the registration follows its own
+(``waypost drain``): while one is there, the instance is registered with the override's ``weight``.
 """
 
 from __future__ import annotations
 
+import asyncio
+import logging
 import random
 import time
 from collections.abc import Callable, Mapping
 from types import MappingProxyType
 from typing import Any
 
+from ..backoff import cool_down
 from ..discovery.heartbeat_publisher import HeartbeatPublisher
 from ..discovery.outage import OnUnregistered
+from ..discovery.override import apply_override, override_key, parse_override
 from ..redaction import redact_url
 from ..registry.kinds import RegistryKind, part
 from . import Instance, InstanceGone, Registrar
 
 __all__ = ["KindRegistration"]
+
+log = logging.getLogger("waypost.discovery")
 
 
 class KindRegistration(HeartbeatPublisher):
@@ -41,6 +48,8 @@ class KindRegistration(HeartbeatPublisher):
         self.registry_name = kind.title
         self.not_found = InstanceGone
         self.url = registry if isinstance(registry, str) else None
+        #: the operator's override in force (``waypost drain``), followed through the kind's override store
+        self.override: dict[str, Any] | None = None
         super().__init__(registry, key, address, ttl, id, metadata, format, timeout=timeout,
                          max_unregistered=max_unregistered, on_unregistered=on_unregistered,
                          retry_interval=retry_interval, rng=rng, clock=clock)
@@ -52,8 +61,8 @@ class KindRegistration(HeartbeatPublisher):
     @property
     def instance(self) -> Instance:
         """The instance as it is registered now."""
-        return Instance(self.base_key, self.value, self.instance_id, MappingProxyType(dict(self.metadata or {})),
-                        self.ttl)
+        metadata = apply_override(self.metadata, self.override) or {}
+        return Instance(self.base_key, self.value, self.instance_id, MappingProxyType(metadata), self.ttl)
 
     # -- HeartbeatPublisher's hooks, each one call of the registrar or one of the kind's words -------------
 
@@ -101,3 +110,45 @@ class KindRegistration(HeartbeatPublisher):
 
     def _terms(self) -> str:
         return f"ttl {self.ttl}s, {self._renewal()} every {self.renew_interval:.3g}s"
+
+    # -- following the operator's override --------------------------------------------------------------
+
+    def _start_keepers(self) -> None:
+        super()._start_keepers()
+        if self.url is not None and self.kind.override_store is not None:
+            self._keep("override", self._follow_override)
+
+    async def _follow_override(self) -> None:
+        """Follow this instance's override record while registered; a change is written at once. A store without
+        ``watch`` has nothing to follow; a failure is retried every ~1 s (the registration stays as it is)."""
+        assert self.url is not None
+        store = part(self.kind, "override_store")(self.url)
+        try:
+            if not hasattr(store, "watch"):
+                return
+            key = override_key(self.base_key, self.value)
+            while self._state == "running" and self._registered:
+                try:
+                    async for value in store.watch(key):
+                        await self._take_override(parse_override(value) if value is not None else None)
+                except asyncio.CancelledError:
+                    raise
+                except Exception as e:  # noqa: BLE001 (the control plane must not die)
+                    log.warning("%r: following the override record %r failed (retrying): %s", self, key,
+                                str(e) or type(e).__name__)
+                await asyncio.sleep(cool_down(self._rng))
+        finally:
+            await store.close()
+
+    async def _take_override(self, record: dict[str, Any] | None) -> None:
+        if record == self.override:
+            return
+        previous, self.override = self.override, record
+        if self._state == "running" and self._registered:
+            try:
+                async with self._write_lock():
+                    await asyncio.wait_for(self._write_registration(), self.timeout)
+            except BaseException:
+                self.override = previous  # not written: the next look at the record tries again
+                raise
+        log.info("%r: override %s", self, f"weight {record['weight']}" if record else "removed")
