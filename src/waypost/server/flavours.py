@@ -1,6 +1,6 @@
 """How the ``serve`` steps run on each kind of server, and the user's part of a graceful stop.
 
-- The two flavours (``server.py`` writes its start-up and stop sequences once, as steps): ``Threads`` for a
+- The two flavours (``lifecycle.py`` writes its start-up and stop sequences once, as steps): ``Threads`` for a
   ``grpc.server`` (every operation blocks and returns its result) and ``Aio`` for a ``grpc.aio.server``
   (every operation returns an awaitable), with the same methods.
 - ``on_shutdown`` hooks: checked by ``check_shutdown_args``; run one by one by the stop sequence, each
@@ -21,9 +21,9 @@ import time
 from collections.abc import Callable, Iterable
 from typing import Any
 
-from .discovery.outage import exit_process, positive_seconds
-from .discovery.registration import Registration
-from .errors import describe_value
+from ..discovery.outage import exit_process, positive_seconds
+from ..discovery.registration import Registration
+from ..errors import describe_value
 
 log = logging.getLogger("waypost.server")
 
