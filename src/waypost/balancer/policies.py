@@ -19,8 +19,8 @@ from .pick_first import PickFirstPolicy
 from .prequal import PrequalPolicy
 from .random_pick import RandomPolicy
 from .round_robin import RoundRobinPolicy
+from .smooth_weighted_round_robin import SmoothWeightedRoundRobinPolicy
 from .weighted_random import WeightedRandomPolicy
-from .weighted_round_robin import WeightedRoundRobinPolicy
 
 __all__ = ["BUILTIN_POLICIES", "POLICIES", "get_policy", "known_policies", "register_policy"]
 
@@ -28,7 +28,7 @@ BUILTIN_POLICIES = (
     PickFirstPolicy,
     RoundRobinPolicy,
     RandomPolicy,
-    WeightedRoundRobinPolicy,
+    SmoothWeightedRoundRobinPolicy,
     OrcaWeightedRoundRobinPolicy,
     WeightedRandomPolicy,
     P2CEwmaPolicy,

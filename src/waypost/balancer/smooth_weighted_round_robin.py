@@ -39,9 +39,9 @@ from .base import DoneHook, Outcome, Picker, PickInfo, PickResult, Policy
 from .stats import StatsTable, dedupe, is_failure
 from .weights import DEFAULT_WEIGHT, all_drained, parse_weight, weight_of
 
-log = logging.getLogger("waypost.balancer.wrr")
+log = logging.getLogger("waypost.balancer.smooth_weighted_round_robin")
 
-__all__ = ["DEFAULT_WEIGHT", "WeightedRoundRobinPicker", "WeightedRoundRobinPolicy", "parse_weight"]
+__all__ = ["DEFAULT_WEIGHT", "SmoothWeightedRoundRobinPicker", "SmoothWeightedRoundRobinPolicy", "parse_weight"]
 
 _MISSING = object()
 
@@ -57,8 +57,8 @@ class _WeightState:
         self.current = 0
 
 
-class WeightedRoundRobinPicker(Picker):
-    def __init__(self, policy: WeightedRoundRobinPolicy, backends: Sequence[Backend],
+class SmoothWeightedRoundRobinPicker(Picker):
+    def __init__(self, policy: SmoothWeightedRoundRobinPolicy, backends: Sequence[Backend],
                  states: Sequence[_WeightState]) -> None:
         self._policy = policy
         self._count = len(backends)
@@ -68,7 +68,7 @@ class WeightedRoundRobinPicker(Picker):
     def pick(self, info: PickInfo) -> PickResult:
         if not self._entries:
             if self._count:
-                raise all_drained(WeightedRoundRobinPolicy.name, self._count)
+                raise all_drained(SmoothWeightedRoundRobinPolicy.name, self._count)
             raise NoBackendAvailable("smooth_weighted_round_robin: no READY backend")
         with self._policy._lock:
             total = 0
@@ -86,7 +86,7 @@ class WeightedRoundRobinPicker(Picker):
         return PickResult(backend, self._policy._done_hook(state))
 
 
-class WeightedRoundRobinPolicy(Policy):
+class SmoothWeightedRoundRobinPolicy(Policy):
     """Smooth weighted round robin over metadata weights, penalising failures."""
 
     name = "smooth_weighted_round_robin"
@@ -114,7 +114,7 @@ class WeightedRoundRobinPolicy(Policy):
                     st.raw = raw
                     st.weight = st.effective = self._weight_of(b)
                     st.current = 0
-        return WeightedRoundRobinPicker(self, backends, states)
+        return SmoothWeightedRoundRobinPicker(self, backends, states)
 
     def _done_hook(self, state: _WeightState) -> DoneHook:
         def done(outcome: Outcome) -> None:
