@@ -11,7 +11,6 @@ from __future__ import annotations
 from .catalog import POLICIES, get_policy, known_policies, register_builtin, register_policy
 from .consistent_hash import ConsistentHashPolicy
 from .least_request import LeastRequestPolicy
-from .orca_wrr import OrcaWeightedRoundRobinPolicy
 from .outlier_detection import OutlierDetectionPolicy
 from .p2c_ewma import P2CEwmaPolicy
 from .peak_ewma import PeakEwmaPolicy
@@ -21,6 +20,7 @@ from .random_pick import RandomPolicy
 from .round_robin import RoundRobinPolicy
 from .smooth_weighted_round_robin import SmoothWeightedRoundRobinPolicy
 from .weighted_random import WeightedRandomPolicy
+from .weighted_round_robin import OrcaWeightedRoundRobinPolicy
 
 __all__ = ["BUILTIN_POLICIES", "POLICIES", "get_policy", "known_policies", "register_policy"]
 

@@ -1,8 +1,7 @@
 """smooth_weighted_round_robin: nginx's smooth weighted round robin with dynamic (effective) weights.
 
-Named ``weighted_round_robin`` before that name became gRPC's (A58, weights from ORCA load reports:
-``orca_wrr``). The ``dial(balancer="weighted_round_robin")`` shorthand still selects this policy, with a
-DeprecationWarning, for one release; a ``loadBalancingConfig`` entry ``weighted_round_robin`` is gRPC's policy.
+Not to be confused with ``weighted_round_robin``, gRPC's policy (A58) over ORCA load reports
+(``weighted_round_robin.py``).
 
 Origin: nginx SWRR, as Kratos uses it and as the seed (002) explains it. Each pick adds every
 backend's effective weight to its current weight, picks the largest current weight (first one on

@@ -43,7 +43,7 @@ from .base import DoneHook, LoadProber, Outcome, Picker, PickInfo, PickResult, P
 from .config_fields import policy_config
 from .stats import StatsTable, dedupe
 
-log = logging.getLogger("waypost.balancer.orca_wrr")
+log = logging.getLogger("waypost.balancer.weighted_round_robin")
 
 __all__ = ["OrcaWeightedRoundRobinPolicy", "StaticStrideScheduler"]
 
