@@ -17,12 +17,12 @@ import grpc
 
 from . import _fork
 from .client.balancer_wrapper import BalancerWrapper
-from .client.config import ChannelConfig, dial_config
+from .client.channel_args import merge_options
+from .client.channel_config import ChannelConfig, dial_config
 from .client.dial_options import DialKeywords
 from .client.empty_key import EmptyKey
 from .client.health import watch_health
 from .client.method import MulticallableFactory, by_kind
-from .client.options import merge_options
 from .client.picker_wrapper import PickerWrapper
 from .client.subconn import SubConn
 from .client.sync_stream_calls import StreamStreamMultiCallable, UnaryStreamMultiCallable

@@ -24,7 +24,7 @@ import pytest
 
 import waypost
 import waypost.aio
-from waypost.client.config import build_config
+from waypost.client.channel_config import build_config
 from waypost.client.dial_options import DialKeywords, DialOptions
 from waypost.server import ServeKeywords, ServeOptions
 
