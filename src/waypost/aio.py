@@ -62,7 +62,7 @@ class Channel(MulticallableFactory, grpc.aio.Channel):
     multicallables = by_kind(UnaryUnaryMultiCallable, UnaryStreamMultiCallable, StreamUnaryMultiCallable,
                              StreamStreamMultiCallable)
 
-    def __init__(self, target: str, config: ChannelConfig, *, options: Sequence[tuple[str, Any]] | None = None,
+    def __init__(self, config: ChannelConfig, *, options: Sequence[tuple[str, Any]] | None = None,
                  credentials: grpc.ChannelCredentials | None = None, interceptors: Sequence[Any] | None = None,
                  block: bool = False) -> None:
         # Only the redacted form is kept: it appears in repr, logs and error details (no password).
@@ -260,7 +260,7 @@ def dial(target: str | Sequence[str] | Registry, **options: Unpack[DialKeywords]
 
     ``retries``, ``metadata_filter``, ``prefer``, ``min_preferred``: as for ``waypost.dial``."""
     config, opts = dial_config("waypost.aio.dial", target, options)
-    return Channel(config.target.redacted, config, options=opts.options, credentials=opts.credentials,
+    return Channel(config, options=opts.options, credentials=opts.credentials,
                    interceptors=list(opts.interceptors or ()), block=opts.blocks(False))
 
 

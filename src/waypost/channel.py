@@ -46,7 +46,7 @@ class Channel(MulticallableFactory, grpc.Channel):
     multicallables = by_kind(UnaryUnaryMultiCallable, UnaryStreamMultiCallable, StreamUnaryMultiCallable,
                              StreamStreamMultiCallable)
 
-    def __init__(self, target: str, config: ChannelConfig, *, options: Sequence[tuple[str, Any]] | None = None,
+    def __init__(self, config: ChannelConfig, *, options: Sequence[tuple[str, Any]] | None = None,
                  credentials: grpc.ChannelCredentials | None = None, block: bool = True) -> None:
         # Only the redacted form is kept: it appears in repr, logs and error details (no password).
         self.target = target = config.target.redacted
@@ -228,8 +228,7 @@ def dial(target: str | Sequence[str] | Registry, **options: Unpack[DialKeywords]
     least N of them are READY, else all of them (docs/discovery.md, "Routing by metadata").
     """
     config, opts = dial_config("waypost.dial", target, options)
-    channel: grpc.Channel = Channel(config.target.redacted, config, options=opts.options, credentials=opts.credentials,
-                                    block=opts.blocks(True))
+    channel: grpc.Channel = Channel(config, options=opts.options, credentials=opts.credentials, block=opts.blocks(True))
     interceptors = list(opts.interceptors or ())
     if interceptors:
         channel = grpc.intercept_channel(channel, *interceptors)

@@ -300,12 +300,10 @@ class BalancerWrapper:
         """Health watch result for ``sc`` (None: unknown, e.g. the Watch stream broke)."""
         with self._lock:
             if sc.removed or sc.healthy is healthy:
-                sc.health_note = note
                 return
             if healthy is False or (sc.healthy is True and healthy is None):
                 log.info("waypost: backend %s of %s unhealthy: %s", sc.address, self.target, note or "NOT_SERVING")
             sc.healthy = healthy
-            sc.health_note = note
             self._changed()
         self._fire()
 

@@ -323,9 +323,6 @@ class ServeHandle(_Base):
         one change (``Publisher.update_metadata``)."""
         _drive(self._update_steps(metadata))
 
-    def _set_health(self, serving: bool) -> None:
-        _drive(self._health_steps(serving))
-
     # -- stopping --------------------------------------------------------------------------------
 
     def wait(self, timeout: float | None = None) -> bool:
@@ -458,9 +455,6 @@ class AsyncServeHandle(_Base):
     async def update_metadata(self, metadata: Mapping[str, Any] | None) -> None:
         """Replace the registration's metadata: same lease and key, subscribers see one change."""
         await _drive_async(self._update_steps(metadata))
-
-    async def _set_health(self, serving: bool) -> None:
-        await _drive_async(self._health_steps(serving))
 
     async def wait(self) -> None:
         """Until SIGTERM/SIGINT (handlers installed only when this loop runs on the main thread) or
