@@ -17,13 +17,12 @@ import grpc
 
 from . import _fork
 from .client.balancer_wrapper import BalancerWrapper
-from .client.channel_args import merge_options
+from .client.channel_base import ChannelBase
 from .client.channel_config import ChannelConfig, dial_config
 from .client.dial_options import DialKeywords
 from .client.empty_key import EmptyKey
 from .client.health import watch_health
-from .client.method import MulticallableFactory, by_kind
-from .client.picker_wrapper import PickerWrapper
+from .client.method import by_kind
 from .client.subconn import SubConn
 from .client.sync_stream_calls import StreamStreamMultiCallable, UnaryStreamMultiCallable
 from .client.sync_unary_calls import StreamUnaryMultiCallable, UnaryUnaryMultiCallable
@@ -40,7 +39,7 @@ log = logging.getLogger("waypost.channel")
 _CONNECTIVITY = tuple(grpc.ChannelConnectivity)  # index = core state int
 
 
-class Channel(MulticallableFactory, grpc.Channel):
+class Channel(ChannelBase, grpc.Channel):
     """A grpc.Channel over many backends. Build it with ``waypost.dial``."""
 
     multicallables = by_kind(UnaryUnaryMultiCallable, UnaryStreamMultiCallable, StreamUnaryMultiCallable,
@@ -48,19 +47,15 @@ class Channel(MulticallableFactory, grpc.Channel):
 
     def __init__(self, config: ChannelConfig, *, options: Sequence[tuple[str, Any]] | None = None,
                  credentials: grpc.ChannelCredentials | None = None, block: bool = True) -> None:
-        # Only the redacted form is kept: it appears in repr, logs and error details (no password).
-        self.target = target = config.target.redacted
-        self._config = config
-        self._options = merge_options(options)
-        self._credentials = credentials
-        health = _fork.health_checks_allowed(config.health_service, target)
+        super().__init__(config, options, credentials)
+        health = self._health_service
         self._subscribers: dict[Callable[[grpc.ChannelConnectivity], None], int] = {}
         self._sub_lock = threading.Lock()
         self._closed = False
         # may raise (bad target, bad resolver option): before any backend channel or the watcher exists
         self._resolver = config.make_resolver(self._options, blocking=block)
         self._balancer = BalancerWrapper(
-            target,
+            self.target,
             config.policy,
             make_channel=self._make_backend_channel,
             probe=_probe,
@@ -113,21 +108,6 @@ class Channel(MulticallableFactory, grpc.Channel):
         resolver = self._config.make_resolver(self._options, blocking=False)
         self._resolver = resolver
         resolver.start(self._balancer.update, self._balancer.resolver_error)
-
-    @property
-    def balancer(self) -> BalancerWrapper:
-        """The backend set behind this channel (introspection and tests)."""
-        return self._balancer
-
-    @property
-    def pickers(self) -> PickerWrapper:
-        """The current picker and the pick (what calls use)."""
-        return self._balancer.pickers
-
-    @property
-    def config(self) -> ChannelConfig:
-        """Everything dial decided for this channel (policy, method configs, retry throttling)."""
-        return self._config
 
     # grpc.Channel (the multicallable makers: MulticallableFactory)
 

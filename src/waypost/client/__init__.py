@@ -1,5 +1,7 @@
 """The core shared by the sync and aio balanced channels (the layer below ``waypost.channel`` / ``waypost.aio``).
 
+- ``channel_base``: what the sync and aio channels share (``ChannelBase``: target, config, backend channel
+  arguments, the health service, and the properties a multicallable reads).
 - ``subconn``: one backend address = one real grpc channel + its connectivity, health and in-flight count.
 - ``subconn_pool``: the subconn lifecycle: created per new address, drained after removal, revived, closed.
 - ``balancer_wrapper``: resolver updates, the subconn set, connectivity and health tracking, picker rebuilds
