@@ -16,6 +16,7 @@ from typing import TYPE_CHECKING, Any
 import grpc
 
 from . import _fork
+from ._grpc_private import connectivity_probe
 from .client.balancer_wrapper import BalancerWrapper
 from .client.channel_base import ChannelBase
 from .client.channel_config import ChannelConfig, dial_config
@@ -58,7 +59,7 @@ class Channel(ChannelBase, grpc.Channel):
             self.target,
             config.policy,
             make_channel=self._make_backend_channel,
-            probe=_probe,
+            probe=connectivity_probe,
             close_channel=_close_channel,
             health_service=health,
             routing=config.routing,
@@ -159,11 +160,6 @@ class Channel(ChannelBase, grpc.Channel):
 
     def __repr__(self) -> str:
         return f"<waypost.Channel {self.target} {STATE_NAMES[self._balancer.connectivity()]}>"
-
-
-def _probe(channel: grpc.Channel) -> Callable[[bool], int]:
-    # The call grpc's own subscribe() polls with, bound once per backend (no Python frame per poll).
-    return channel._channel.check_connectivity_state  # type: ignore[attr-defined,no-any-return]
 
 
 def _close_channel(channel: grpc.Channel) -> None:

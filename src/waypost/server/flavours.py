@@ -117,15 +117,14 @@ class Threads:
 
     def wait_stopped(self, server: Any, begun: tuple[Any], handle: Any = None, limit: float | None = None) -> None:
         """Return once the stop ``begun`` has finished (or after ``limit`` seconds); ``handle``: whose second
-        signal (``handle._force``) cancels what still runs, at once."""
+        signal (``handle.take_force()``) cancels what still runs, at once."""
         done = begun[0]
         deadline = None if limit is None else time.monotonic() + limit
         while not done.wait(0.1 if deadline is None else max(0.0, min(0.1, deadline - time.monotonic()))):
             if deadline is not None and time.monotonic() >= deadline:
                 return
-            if handle is not None and handle._force:
+            if handle is not None and handle.take_force():
                 server.stop(0)
-                handle._force = False
 
     def stop_server(self, server: Any, grace: float, handle: Any = None, limit: float | None = None) -> None:
         self.wait_stopped(server, self.begin_stop(server, grace), handle, limit)

@@ -290,6 +290,11 @@ class _Base:
     def _force_now(self) -> None:
         """A second signal came: what this kind of server does at once (beyond setting ``_force``)."""
 
+    def take_force(self) -> bool:
+        """True, once, after a second signal asked the stop to cancel what still runs (the caller does it now)."""
+        forced, self._force = self._force, False
+        return forced
+
     def __repr__(self) -> str:
         return f"<{type(self).__name__} {self.key!r} at {self.address}>"
 
