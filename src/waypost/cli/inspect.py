@@ -6,14 +6,11 @@ record's wire format, following a target) is in ``waypost.lookup``.
 
 from __future__ import annotations
 
-import logging
 import threading
 from collections.abc import Callable, Iterable, Sequence
 from typing import Any
 
 from ..lookup import GRACE, classify, resolver_for
-
-log = logging.getLogger("waypost.cli")
 
 #: at most this many distinct leases are asked for their TTL by ``ls``
 MAX_TTL_LOOKUPS = 256
