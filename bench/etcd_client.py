@@ -32,7 +32,7 @@ import grpc.aio
 
 from waypost import _loop
 from waypost.etcd import _methods
-from waypost.etcd._proto import waypost_etcd_pb2 as pb
+from waypost.etcd._generated import waypost_etcd_pb2 as pb
 from waypost.etcd.config import EtcdConfig
 from waypost.etcd.local import LocalEtcd
 from waypost.registry.etcd import EtcdRegistry

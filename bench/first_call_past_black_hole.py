@@ -40,7 +40,7 @@ REQ = echo_pb2.EchoRequest(message="x")
 
 
 def _config(policy: str) -> dict[str, object]:
-    # through the service config, not balancer=: there, weighted_round_robin is gRPC's policy (no shorthand warning)
+    # through the service config (weighted_round_robin is gRPC's policy, as with balancer=)
     return {"loadBalancingConfig": [{policy: {}}]}
 
 

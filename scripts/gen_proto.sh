@@ -14,6 +14,6 @@ gen() {  # gen <proto dir> <output dir> <proto file> <package docstring>
   echo "generated $2/${3%.proto}_pb2.py"
 }
 
-gen src/waypost/etcd/proto src/waypost/etcd/_proto waypost_etcd.proto "Generated etcd message classes"
+gen src/waypost/etcd/proto src/waypost/etcd/_generated waypost_etcd.proto "Generated etcd message classes"
 gen src/waypost/orca/proto src/waypost/orca/_generated waypost_load.proto \
   "Generated waypost.load.v1 message classes"

@@ -83,11 +83,11 @@ if TYPE_CHECKING:
     from .registry.kinds import RegistryKind as RegistryKind
     from .registry.kinds import register_kind as register_kind
     from .resolver.target import parse_target as parse_target
-    from .serve_options import ServeKeywords as ServeKeywords
-    from .serve_options import ServeOptions as ServeOptions
     from .server import AsyncServeHandle as AsyncServeHandle
     from .server import BindError as BindError
     from .server import ServeHandle as ServeHandle
+    from .server import ServeKeywords as ServeKeywords
+    from .server import ServeOptions as ServeOptions
     from .server import serve as serve
     from .server import serve_async as serve_async
     from .service_config import parse_service_config as parse_service_config
@@ -116,8 +116,8 @@ _LAZY = {
     "ServeHandle": ("waypost.server", "ServeHandle"),
     "AsyncServeHandle": ("waypost.server", "AsyncServeHandle"),
     "BindError": ("waypost.server", "BindError"),
-    "ServeOptions": ("waypost.serve_options", "ServeOptions"),
-    "ServeKeywords": ("waypost.serve_options", "ServeKeywords"),
+    "ServeOptions": ("waypost.server", "ServeOptions"),
+    "ServeKeywords": ("waypost.server", "ServeKeywords"),
     "dial": ("waypost.channel", "dial"),
     "DialOptions": ("waypost.client.dial_options", "DialOptions"),
     "DialKeywords": ("waypost.client.dial_options", "DialKeywords"),

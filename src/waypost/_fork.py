@@ -219,11 +219,6 @@ def _after_in_parent() -> None:
     _suspended.clear()
 
 
-def forked_from_grpc() -> bool:
-    """True in a process forked (at any depth) from one whose control loop ran, i.e. that used gRPC."""
-    return _forked_from_grpc
-
-
 _NO_HEALTH_AFTER_FORK = (
     "waypost: %s: health checking is off in this process: it was forked from a process that used gRPC, and "
     "health watches there (on grpc.aio or on sync gRPC threads alike) made calls hang until their deadline in "

@@ -40,6 +40,13 @@ tests/project/test_grpc_private.py, which forces every fallback, on both.
     ``serve()`` receives servers the application created. Missing: returns None, and the caller says so (the
     load reports then carry CPU and the application's value only).
 
+``connectivity_probe(channel)``
+    ``channel._channel.check_connectivity_state`` of a sync ``grpc.Channel``: the call grpc's own ``subscribe()``
+    polls with, bound once per backend, so the sync channels' one watcher thread reads every backend's state
+    (and asks an idle one to connect) without a thread or a Python frame per backend. Missing:
+    ``subscribed_probe(channel)``, which follows the state through the public ``subscribe()`` (one grpcio
+    polling thread per backend channel: slower, same states).
+
 ``observability_plugin_active()``
     ``grpc._observability.get_plugin()``: whether grpcio's own OpenTelemetry plugin is registered, so that
     ``waypost.otel`` leaves gRPC's per-call metric names to it. Missing: False.
@@ -48,6 +55,7 @@ tests/project/test_grpc_private.py, which forces every fallback, on both.
 from __future__ import annotations
 
 import inspect
+from collections.abc import Callable
 from typing import Any
 
 import grpc
@@ -114,6 +122,38 @@ def prepend_server_interceptor(server: Any, interceptor: Any, keep: type) -> Any
             return i
     state.interceptor_pipeline = _interceptor.service_pipeline((interceptor, *existing))
     return interceptor
+
+
+def connectivity_probe(channel: grpc.Channel) -> Callable[[bool], int]:
+    """``probe(try_to_connect)`` -> the sync backend channel's connectivity (grpc core's state number)."""
+    check = getattr(getattr(channel, "_channel", None), "check_connectivity_state", None)
+    if check is None:
+        return subscribed_probe(channel)
+    return check  # type: ignore[no-any-return]
+
+
+def subscribed_probe(channel: grpc.Channel) -> Callable[[bool], int]:
+    """``connectivity_probe`` through grpcio's public ``subscribe()``: the last state it delivered; asked to
+    connect while IDLE, it subscribes once more with ``try_to_connect`` (grpcio then connects) and leaves again."""
+    idle = grpc.ChannelConnectivity.IDLE.value[0]
+    last = [idle]
+
+    def changed(state: grpc.ChannelConnectivity) -> None:
+        last[0] = state.value[0]
+
+    def nudge(_state: grpc.ChannelConnectivity) -> None:
+        pass
+
+    channel.subscribe(changed, try_to_connect=True)
+
+    def probe(try_to_connect: bool) -> int:
+        state = last[0]
+        if try_to_connect and state == idle:
+            channel.subscribe(nudge, try_to_connect=True)
+            channel.unsubscribe(nudge)
+        return state
+
+    return probe
 
 
 def observability_plugin_active() -> bool:

@@ -27,18 +27,16 @@ from typing import TYPE_CHECKING, Any
 import grpc
 import grpc.aio
 
-from . import _fork
 from .client.aio_stream_calls import StreamStreamMultiCallable, UnaryStreamMultiCallable
 from .client.aio_unary_calls import StreamUnaryMultiCallable, UnaryUnaryMultiCallable
 from .client.aio_wait import AioPickWaiter
 from .client.balancer_wrapper import BalancerWrapper
-from .client.config import ChannelConfig, dial_config
+from .client.channel_base import ChannelBase
+from .client.channel_config import ChannelConfig, dial_config
 from .client.dial_options import DialKeywords
 from .client.empty_key import EmptyKey
 from .client.health import watch_health
-from .client.method import MulticallableFactory, by_kind
-from .client.options import merge_options
-from .client.picker_wrapper import PickerWrapper
+from .client.method import by_kind
 from .client.subconn import SubConn
 from .client.watcher import INTERVAL
 from .types import STATE_NAMES
@@ -56,26 +54,22 @@ log = logging.getLogger("waypost.aio")
 _CONNECTIVITY = tuple(grpc.ChannelConnectivity)  # index = core state int
 
 
-class Channel(MulticallableFactory, grpc.aio.Channel):
+class Channel(ChannelBase, grpc.aio.Channel):
     """A grpc.aio.Channel over many backends. Build it with ``waypost.aio.dial``; use it on one event loop."""
 
     multicallables = by_kind(UnaryUnaryMultiCallable, UnaryStreamMultiCallable, StreamUnaryMultiCallable,
                              StreamStreamMultiCallable)
 
-    def __init__(self, target: str, config: ChannelConfig, *, options: Sequence[tuple[str, Any]] | None = None,
+    def __init__(self, config: ChannelConfig, *, options: Sequence[tuple[str, Any]] | None = None,
                  credentials: grpc.ChannelCredentials | None = None, interceptors: Sequence[Any] | None = None,
                  block: bool = False) -> None:
-        # Only the redacted form is kept: it appears in repr, logs and error details (no password).
-        self.target = target = config.target.redacted
-        self._config = config
-        self._options = merge_options(options)
-        self._credentials = credentials
+        super().__init__(config, options, credentials)
         self._interceptors = list(interceptors or ()) or None
-        health = _fork.health_checks_allowed(config.health_service, target)
+        health = self._health_service
         # may raise (bad target, bad resolver option): before any task exists; never blocks the event loop
         self._resolver = config.make_resolver(self._options, blocking=False, report_early=not block)
         self._balancer = BalancerWrapper(
-            target,
+            self.target,
             config.policy,
             make_channel=self._make_backend_channel,
             probe=_probe,
@@ -170,21 +164,6 @@ class Channel(MulticallableFactory, grpc.aio.Channel):
                                                   lambda ok, note: b.set_health(sc, ok, note)))
 
     @property
-    def balancer(self) -> BalancerWrapper:
-        """The backend set behind this channel (introspection and tests)."""
-        return self._balancer
-
-    @property
-    def pickers(self) -> PickerWrapper:
-        """The current picker and the pick (what calls use)."""
-        return self._balancer.pickers
-
-    @property
-    def config(self) -> ChannelConfig:
-        """Everything dial decided for this channel (policy, method configs, retry throttling)."""
-        return self._config
-
-    @property
     def waiter(self) -> AioPickWaiter:
         """This channel's change event and the awaitable slow path of a pick (what calls use)."""
         return self._waiter
@@ -260,7 +239,7 @@ def dial(target: str | Sequence[str] | Registry, **options: Unpack[DialKeywords]
 
     ``retries``, ``metadata_filter``, ``prefer``, ``min_preferred``: as for ``waypost.dial``."""
     config, opts = dial_config("waypost.aio.dial", target, options)
-    return Channel(config.target.redacted, config, options=opts.options, credentials=opts.credentials,
+    return Channel(config, options=opts.options, credentials=opts.credentials,
                    interceptors=list(opts.interceptors or ()), block=opts.blocks(False))
 
 

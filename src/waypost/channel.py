@@ -16,14 +16,14 @@ from typing import TYPE_CHECKING, Any
 import grpc
 
 from . import _fork
+from ._grpc_private import connectivity_probe
 from .client.balancer_wrapper import BalancerWrapper
-from .client.config import ChannelConfig, dial_config
+from .client.channel_base import ChannelBase
+from .client.channel_config import ChannelConfig, dial_config
 from .client.dial_options import DialKeywords
 from .client.empty_key import EmptyKey
 from .client.health import watch_health
-from .client.method import MulticallableFactory, by_kind
-from .client.options import merge_options
-from .client.picker_wrapper import PickerWrapper
+from .client.method import by_kind
 from .client.subconn import SubConn
 from .client.sync_stream_calls import StreamStreamMultiCallable, UnaryStreamMultiCallable
 from .client.sync_unary_calls import StreamUnaryMultiCallable, UnaryUnaryMultiCallable
@@ -40,30 +40,26 @@ log = logging.getLogger("waypost.channel")
 _CONNECTIVITY = tuple(grpc.ChannelConnectivity)  # index = core state int
 
 
-class Channel(MulticallableFactory, grpc.Channel):
+class Channel(ChannelBase, grpc.Channel):
     """A grpc.Channel over many backends. Build it with ``waypost.dial``."""
 
     multicallables = by_kind(UnaryUnaryMultiCallable, UnaryStreamMultiCallable, StreamUnaryMultiCallable,
                              StreamStreamMultiCallable)
 
-    def __init__(self, target: str, config: ChannelConfig, *, options: Sequence[tuple[str, Any]] | None = None,
+    def __init__(self, config: ChannelConfig, *, options: Sequence[tuple[str, Any]] | None = None,
                  credentials: grpc.ChannelCredentials | None = None, block: bool = True) -> None:
-        # Only the redacted form is kept: it appears in repr, logs and error details (no password).
-        self.target = target = config.target.redacted
-        self._config = config
-        self._options = merge_options(options)
-        self._credentials = credentials
-        health = _fork.health_checks_allowed(config.health_service, target)
+        super().__init__(config, options, credentials)
+        health = self._health_service
         self._subscribers: dict[Callable[[grpc.ChannelConnectivity], None], int] = {}
         self._sub_lock = threading.Lock()
         self._closed = False
         # may raise (bad target, bad resolver option): before any backend channel or the watcher exists
         self._resolver = config.make_resolver(self._options, blocking=block)
         self._balancer = BalancerWrapper(
-            target,
+            self.target,
             config.policy,
             make_channel=self._make_backend_channel,
-            probe=_probe,
+            probe=connectivity_probe,
             close_channel=_close_channel,
             health_service=health,
             routing=config.routing,
@@ -113,21 +109,6 @@ class Channel(MulticallableFactory, grpc.Channel):
         resolver = self._config.make_resolver(self._options, blocking=False)
         self._resolver = resolver
         resolver.start(self._balancer.update, self._balancer.resolver_error)
-
-    @property
-    def balancer(self) -> BalancerWrapper:
-        """The backend set behind this channel (introspection and tests)."""
-        return self._balancer
-
-    @property
-    def pickers(self) -> PickerWrapper:
-        """The current picker and the pick (what calls use)."""
-        return self._balancer.pickers
-
-    @property
-    def config(self) -> ChannelConfig:
-        """Everything dial decided for this channel (policy, method configs, retry throttling)."""
-        return self._config
 
     # grpc.Channel (the multicallable makers: MulticallableFactory)
 
@@ -181,11 +162,6 @@ class Channel(MulticallableFactory, grpc.Channel):
         return f"<waypost.Channel {self.target} {STATE_NAMES[self._balancer.connectivity()]}>"
 
 
-def _probe(channel: grpc.Channel) -> Callable[[bool], int]:
-    # The call grpc's own subscribe() polls with, bound once per backend (no Python frame per poll).
-    return channel._channel.check_connectivity_state  # type: ignore[attr-defined,no-any-return]
-
-
 def _close_channel(channel: grpc.Channel) -> None:
     channel.close()
 
@@ -228,8 +204,7 @@ def dial(target: str | Sequence[str] | Registry, **options: Unpack[DialKeywords]
     least N of them are READY, else all of them (docs/discovery.md, "Routing by metadata").
     """
     config, opts = dial_config("waypost.dial", target, options)
-    channel: grpc.Channel = Channel(config.target.redacted, config, options=opts.options, credentials=opts.credentials,
-                                    block=opts.blocks(True))
+    channel: grpc.Channel = Channel(config, options=opts.options, credentials=opts.credentials, block=opts.blocks(True))
     interceptors = list(opts.interceptors or ())
     if interceptors:
         channel = grpc.intercept_channel(channel, *interceptors)

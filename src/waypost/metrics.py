@@ -414,13 +414,6 @@ def register_publisher_source(source: PublisherSource) -> None:
             _publisher_sources.append(source)
 
 
-def unregister_publisher_source(source: PublisherSource) -> None:
-    """Stop reading ``source`` (no error if it was not registered)."""
-    with _lock:
-        if source in _publisher_sources:
-            _publisher_sources.remove(source)
-
-
 def publisher_gauges(samples: Iterable[PublisherSample]) -> dict[tuple[str, str], tuple[int, float]]:
     """(key, registry) -> (registered, unregistered seconds), several publishers of one key in one registry folded
     into one series: registered only when all of them are, and the longest time unregistered."""

@@ -11,7 +11,7 @@ import pytest
 
 from waypost.balancer.base import Outcome, PickError, PickInfo
 from waypost.balancer.policies import get_policy
-from waypost.balancer.weighted_round_robin import DEFAULT_WEIGHT, parse_weight
+from waypost.balancer.smooth_weighted_round_robin import DEFAULT_WEIGHT, parse_weight
 from waypost.balancer.weights import DRAINED, weight_of
 from waypost.errors import NoBackendAvailable
 from waypost.types import Backend
@@ -93,7 +93,7 @@ def test_non_failure_codes_do_not_penalise():
 
 
 def test_weights_default_and_invalid(caplog):
-    caplog.set_level(logging.WARNING, logger="waypost.balancer.wrr")
+    caplog.set_level(logging.WARNING, logger="waypost.balancer.smooth_weighted_round_robin")
     p = policy()
     bs = [wb("A"), wb("B", "50"), wb("C", 0), wb("D", -3), wb("E", "heavy"), wb("F", True), wb("G", 2.5)]
     picker = p.build(bs)

@@ -13,7 +13,7 @@ from harness.backends import echo_pb2, echo_pb2_grpc
 from harness.backends.procs import EchoProcess, spawn_many
 from harness.waiting import wait_until
 from tests.channel.support import direct
-from waypost.client.options import merge_options
+from waypost.client.channel_args import merge_options
 
 Req = echo_pb2.EchoRequest
 

@@ -16,7 +16,7 @@ import pytest
 from click.testing import CliRunner
 
 import waypost
-from waypost._cli import app
+from waypost.cli.commands import app
 from waypost.etcd.local import free_port
 
 ROOT = Path(__file__).resolve().parents[2]

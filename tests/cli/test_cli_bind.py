@@ -18,7 +18,7 @@ from pathlib import Path
 import pytest
 from click.testing import CliRunner
 
-from waypost._cli import app
+from waypost.cli.commands import app
 from waypost.etcd.local import EtcdNotFound, find_binary, free_port
 
 ROOT = Path(__file__).resolve().parents[2]

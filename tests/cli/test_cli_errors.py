@@ -15,7 +15,7 @@ from pathlib import Path
 import pytest
 from click.testing import CliRunner
 
-from waypost._cli import app
+from waypost.cli.commands import app
 from waypost.etcd.local import LocalEtcd, free_port
 from waypost.registry import kinds
 

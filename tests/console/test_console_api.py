@@ -14,7 +14,7 @@ from click.testing import CliRunner
 import waypost
 from harness.waiting import wait_until
 from tests.console.support import TOKEN, echo_serve, http, instances, running_console, write
-from waypost._cli import app
+from waypost.cli.commands import app
 from waypost.discovery.override import override_key
 
 

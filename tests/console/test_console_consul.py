@@ -12,7 +12,7 @@ import waypost
 from harness.consul_agent import fixture_consul_bin, fixture_shared_agent, unique_name  # noqa: F401 (fixtures)
 from harness.waiting import wait_until
 from tests.console.support import echo_serve, http, running_console, write
-from waypost._cli import app
+from waypost.cli.commands import app
 from waypost.registries.consul import ConsulConfig
 from waypost.registries.consul.console import service_target
 

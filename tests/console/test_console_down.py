@@ -12,7 +12,7 @@ from click.testing import CliRunner
 
 from harness.waiting import wait_until
 from tests.console.support import echo_serve, http, instances, running_console
-from waypost._cli import app
+from waypost.cli.commands import app
 from waypost.etcd.local import free_port
 
 

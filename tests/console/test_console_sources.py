@@ -16,7 +16,7 @@ from harness.waiting import wait_until
 from tests.channel.support import echo_servers
 from tests.console.support import echo_serve, http, instances, running_console, write
 from waypost import metrics
-from waypost._cli import app
+from waypost.cli.commands import app
 from waypost.console.clients import parse, point
 
 

@@ -14,7 +14,7 @@ import waypost
 from harness.waiting import wait_until
 from tests.console.support import echo_serve, http, instances, running_console, write
 from tests.zookeeper import support as zk_support
-from waypost._cli import app
+from waypost.cli.commands import app
 
 
 @pytest.fixture(scope="module")

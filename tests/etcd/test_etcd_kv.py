@@ -9,7 +9,7 @@ import pytest
 from tests.etcd.helpers import on_loop, registry, run
 from waypost.errors import LeaseNotFound, RegistryError, RegistryUnavailable
 from waypost.etcd import _methods
-from waypost.etcd._proto import waypost_etcd_pb2 as pb
+from waypost.etcd._generated import waypost_etcd_pb2 as pb
 from waypost.etcd.keys import decode_key, encode_key, key_range, prefix_range_end
 from waypost.etcd.local import free_port
 

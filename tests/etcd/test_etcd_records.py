@@ -17,7 +17,7 @@ from hypothesis import strategies as st
 from tests.etcd.helpers import registry, run
 from waypost.errors import RegistryError
 from waypost.etcd import records
-from waypost.etcd._proto import waypost_etcd_pb2 as pb
+from waypost.etcd._generated import waypost_etcd_pb2 as pb
 from waypost.etcd.keys import key_range
 from waypost.registry.base import GetResult, KeyValue
 from waypost.registry.etcd import _LazyKeyValues

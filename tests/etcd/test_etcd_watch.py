@@ -128,7 +128,7 @@ def test_progress_notify_advances_resume_revision(tmp_path):
 
 
 def test_delivery_groups_by_revision_and_drops_repeats():
-    from waypost.etcd._proto import waypost_etcd_pb2 as pb
+    from waypost.etcd._generated import waypost_etcd_pb2 as pb
     from waypost.etcd.watch import Watcher
 
     def ev(key: str, rev: int) -> pb.Event:

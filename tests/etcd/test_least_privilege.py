@@ -14,7 +14,7 @@ from harness.backends import echo_pb2, echo_pb2_grpc
 from harness.waiting import wait_until
 from tests.channel.support import echo_servers
 from tests.etcd.helpers import add_user, enable_auth
-from waypost._cli import app
+from waypost.cli.commands import app
 from waypost.errors import PermissionDenied
 
 KEY = "greet.rpc"

@@ -292,7 +292,7 @@ def test_cli_on_an_unreachable_eureka_is_one_sentence() -> None:
     (aiohttp's own text named the host three times)."""
     from click.testing import CliRunner
 
-    from waypost._cli import app
+    from waypost.cli.commands import app
 
     port = free_port()  # nothing listens
     base = f"http://127.0.0.1:{port}/eureka"
@@ -422,7 +422,7 @@ def test_cli_drain_on_an_eureka_registry_writes_the_status_override(eureka: Eure
     from click.testing import CliRunner
 
     from tests.console.support import echo_serve
-    from waypost._cli import app
+    from waypost.cli.commands import app
 
     name = unique_app("clidrain")
     a = echo_serve("a", name, eureka.url, ttl=6)

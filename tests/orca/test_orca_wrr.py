@@ -20,8 +20,8 @@ import waypost.aio
 from harness.waiting import wait_until
 from waypost import orca
 from waypost.balancer.base import Outcome, PickInfo
-from waypost.balancer.orca_wrr import OrcaWeightedRoundRobinPolicy, StaticStrideScheduler
 from waypost.balancer.policies import get_policy
+from waypost.balancer.weighted_round_robin import OrcaWeightedRoundRobinPolicy, StaticStrideScheduler
 from waypost.errors import InvalidServiceConfig
 from waypost.orca import _protos
 from waypost.types import Backend
@@ -135,7 +135,7 @@ def test_per_call_reports_come_through_done_and_oob_turns_them_off():
 def test_bad_reports_are_logged_once_and_ignored(bad, caplog):
     policy, clock = make({"blackoutPeriod": "0s"})
     picker = policy.build([Backend(a) for a in ADDRS])
-    caplog.set_level(logging.WARNING, logger="waypost.balancer.orca_wrr")
+    caplog.set_level(logging.WARNING, logger="waypost.balancer.weighted_round_robin")
     assert split(picker, 600, bad) == [200, 200, 200]
     clock.t += 2
     assert split(picker, 600, bad) == [200, 200, 200]
@@ -170,15 +170,13 @@ def test_static_stride_scheduler_is_exact_over_a_cycle():
     assert StaticStrideScheduler([0.0, 0.0], start=5).round_robin
 
 
-def test_the_old_name_rule():
+def test_weighted_round_robin_is_grpcs_policy_everywhere():
     assert get_policy("weighted_round_robin") is OrcaWeightedRoundRobinPolicy
     assert get_policy("smooth_weighted_round_robin").name == "smooth_weighted_round_robin"
-    with pytest.warns(DeprecationWarning, match="smooth_weighted_round_robin"):
-        ch = waypost.dial("direct:///127.0.0.1:1", balancer="weighted_round_robin")
-    with ch:
-        assert ch.balancer.policy.name == "smooth_weighted_round_robin"  # the shorthand keeps its old meaning
     with warnings.catch_warnings():
         warnings.simplefilter("error")
+        with waypost.dial("direct:///127.0.0.1:1", balancer="weighted_round_robin") as ch:
+            assert ch.balancer.policy.name == "weighted_round_robin"  # the shorthand names the same policy
         sc = {"loadBalancingConfig": [{"weighted_round_robin": {}}]}
         with waypost.dial("direct:///127.0.0.1:1", service_config=sc) as ch:
             assert ch.balancer.policy.name == "weighted_round_robin"  # a service config means gRPC's policy
@@ -287,7 +285,7 @@ def test_bad_reports_from_real_servers_fall_back_to_equal_weights(oob, caplog):
         addrs.append(f"127.0.0.1:{s.add_insecure_port('127.0.0.1:0')}")
         s.start()
         servers.append(s)
-    caplog.set_level(logging.WARNING, logger="waypost.balancer.orca_wrr")
+    caplog.set_level(logging.WARNING, logger="waypost.balancer.weighted_round_robin")
     try:
         cfg = {"blackoutPeriod": "0s", "weightUpdatePeriod": "0.1s", "enableOobLoadReport": oob,
                "oobReportingPeriod": "0.05s"}

@@ -22,8 +22,8 @@ from harness.waiting import wait_until
 from tests.channel.support import direct
 from waypost import orca
 from waypost.balancer.base import PickInfo
-from waypost.balancer.orca_wrr import OrcaWeightedRoundRobinPolicy
 from waypost.balancer.pick_first import PickFirstPolicy
+from waypost.balancer.weighted_round_robin import OrcaWeightedRoundRobinPolicy
 from waypost.orca import _protos
 from waypost.types import CONNECTING, READY, TRANSIENT_FAILURE, Backend
 

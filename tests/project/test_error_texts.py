@@ -12,7 +12,7 @@ from click.testing import CliRunner
 import waypost
 from tests.channel.support import echo_servers
 from tests.etcd.helpers import registry
-from waypost._cli import app
+from waypost.cli.commands import app
 from waypost.errors import RegistryError, RegistryUnavailable
 from waypost.netutil import AddressError
 from waypost.server import BindError, serve

@@ -11,6 +11,7 @@ import asyncio
 import contextlib
 import importlib
 import logging
+import time
 from collections.abc import Iterator
 from typing import Any
 
@@ -254,3 +255,49 @@ def test_without_the_server_pipeline_nothing_is_added_and_mount_says_so(monkeypa
         assert any("unknown grpcio internals" in r.getMessage() for r in caplog.records)
         with grpc.insecure_channel(srv[0].address) as ch:  # the server serves as before
             assert echo_pb2_grpc.EchoStub(ch).Unary(Req(message="x"), timeout=T).message == "x"
+
+
+class Passing(grpc.UnaryUnaryClientInterceptor):
+    def intercept_unary_unary(self, continuation: Any, details: Any, request: Any) -> Any:
+        return continuation(details, request)
+
+
+def _ready_within(probe: Any, seconds: float) -> bool:
+    deadline = time.monotonic() + seconds  # a bound only: the test asserts the state, not the time
+    while time.monotonic() < deadline:
+        if probe(True) == grpc.ChannelConnectivity.READY.value[0]:
+            return True
+        time.sleep(0.01)
+    return False
+
+
+# grpcio's own subscribe() polling thread may still be in check_connectivity_state when the channel closes ("Channel
+# closed!" in that thread, after the test's assertions): grpcio's race, not the fallback's
+@pytest.mark.filterwarnings("ignore::pytest.PytestUnhandledThreadExceptionWarning")
+def test_the_connectivity_probe_reads_grpc_core_and_follows_subscribe_without_it():
+    with echo_servers("a") as srv, grpc.insecure_channel(srv[0].address) as ch:
+        probe = _grpc_private.connectivity_probe(ch)
+        assert probe == ch._channel.check_connectivity_state  # the internal, bound once
+        assert _ready_within(probe, T)
+        # grpcio's intercepted channel is a real channel without that internal: what a grpcio that moved it has
+        wrapped = grpc.intercept_channel(ch, Passing())
+        fallback = _grpc_private.connectivity_probe(wrapped)
+        assert fallback != ch._channel.check_connectivity_state
+        assert _ready_within(fallback, T)
+
+
+# grpcio's own subscribe() polling thread may still be in check_connectivity_state when the channel closes ("Channel
+# closed!" in that thread, after the test's assertions): grpcio's race, not the fallback's
+@pytest.mark.filterwarnings("ignore::pytest.PytestUnhandledThreadExceptionWarning")
+def test_without_the_connectivity_internal_a_sync_channel_still_balances(monkeypatch):
+    import waypost.channel
+
+    monkeypatch.setattr(waypost.channel, "connectivity_probe", _grpc_private.subscribed_probe)  # the fallback
+    with echo_servers("a", "b") as srv, waypost.dial(direct(srv), balancer="round_robin") as ch:
+        stub = echo_pb2_grpc.EchoStub(ch)
+        deadline = time.monotonic() + T  # a bound only
+        while len(ch.balancer.ready_addresses()) < 2 and time.monotonic() < deadline:
+            time.sleep(0.01)
+        assert len(ch.balancer.ready_addresses()) == 2  # both READY, as subscribe() delivered it
+        servers = {stub.Unary(Req(message=str(i)), timeout=T).server for i in range(20)}
+        assert servers == {"a", "b"}

@@ -23,7 +23,7 @@ import waypost.aio
 from harness.backends import echo_pb2, echo_pb2_grpc
 from harness.backends.procs import spawn_many
 from harness.waiting import wait_until
-from waypost._cli import app
+from waypost.cli.commands import app
 from waypost.etcd.local import LocalEtcd
 
 ROOT = Path(__file__).resolve().parents[2]

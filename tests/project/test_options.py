@@ -24,9 +24,9 @@ import pytest
 
 import waypost
 import waypost.aio
-from waypost.client.config import build_config
+from waypost.client.channel_config import build_config
 from waypost.client.dial_options import DialKeywords, DialOptions
-from waypost.serve_options import ServeKeywords, ServeOptions
+from waypost.server import ServeKeywords, ServeOptions
 
 ROOT = Path(__file__).resolve().parents[2]
 BIN = Path(sys.executable).parent

@@ -52,9 +52,9 @@ def test_built_wheel_installs_into_a_fresh_venv(tmp_path):
     assert checked.stdout.count("PASSED") == 2, checked.stdout
     with zipfile.ZipFile(wheels[0]) as whl:
         names = set(whl.namelist())
-    for needed in ("waypost/py.typed", "waypost/etcd/_proto/waypost_etcd_pb2.py",
-                   "waypost/etcd/_proto/waypost_etcd_pb2.pyi", "waypost/orca/_generated/waypost_load_pb2.py",
-                   "waypost/cli.py"):
+    for needed in ("waypost/py.typed", "waypost/etcd/_generated/waypost_etcd_pb2.py",
+                   "waypost/etcd/_generated/waypost_etcd_pb2.pyi", "waypost/orca/_generated/waypost_load_pb2.py",
+                   "waypost/cli/__init__.py", "waypost/cli/__main__.py"):
         assert needed in names, needed
     assert not [n for n in names if n.startswith(("tests/", "harness/", "bench/", "examples/"))]
     built = time.monotonic() - t0

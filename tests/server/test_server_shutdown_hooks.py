@@ -15,8 +15,8 @@ import grpc
 import pytest
 
 import waypost
-from waypost._serving import HARD_DEADLINE_EXIT_CODE
 from waypost.server import serve
+from waypost.server.flavours import HARD_DEADLINE_EXIT_CODE
 
 ROOT = Path(__file__).resolve().parents[2]
 

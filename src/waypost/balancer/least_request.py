@@ -104,7 +104,7 @@ class LeastRequestPicker(CapacityPicker["LeastRequestPolicy", _Inflight]):
                 best = other
         counter = self._stats[best]
         cost = policy.costs.get(info.method, 1) if policy.costs else 1
-        with policy._lock:
+        with policy.lock:
             limit = counter.limit
             if limit is not None and limit.full():  # the fewest among those with room (``concurrency_limit``)
                 stats = self._stats
@@ -178,7 +178,7 @@ class LeastRequestPolicy(LoadAwarePolicy[_Inflight]):
         def done(outcome: Outcome) -> None:
             now = self.clock()
             freed = False
-            with self._lock:
+            with self.lock:
                 counter.count -= cost
                 verdict = counter.failures.ended(outcome, now, counter.count)
                 if counter.limit is not None and sent_with:
@@ -190,5 +190,5 @@ class LeastRequestPolicy(LoadAwarePolicy[_Inflight]):
 
     def inflight(self) -> dict[str, int]:
         """address -> calls in flight (each counted at its method's cost)."""
-        with self._lock:
+        with self.lock:
             return {addr: c.count for addr, c in self._stats.items()}

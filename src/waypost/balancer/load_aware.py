@@ -34,7 +34,8 @@ class LoadAwarePolicy(Policy, Generic[S]):
     def __init__(self, config: Any = None, **kwargs: Any) -> None:
         super().__init__(config, **kwargs)
         self.slow_start = slow_start.SlowStart.of(self.config, self.rng)
-        self._lock = threading.Lock()
+        #: guards the per-backend state; the policy's pickers take it too while they read that state
+        self.lock = threading.Lock()
         self._capacity = CapacityMemo(self.log)
         self._stats: StatsTable[S] = StatsTable(self._new_stats)
         #: the per-backend concurrency limit (``concurrency_limit``; None: off) and the channel's wake-up
@@ -61,7 +62,7 @@ class LoadAwarePolicy(Policy, Generic[S]):
         """The backends kept by their weights, and their state index for index."""
         capacity = self._capacity.split(backends)
         now = self.clock()
-        with self._lock:
+        with self.lock:
             self._on_rebuild(now)
             self.slow_start.on_build(now, len(capacity.backends))
             stats = self._stats.sync(capacity.backends)

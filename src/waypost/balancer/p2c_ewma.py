@@ -100,7 +100,7 @@ class P2CPicker(CapacityPicker["P2CEwmaPolicy", P2CStats]):
             raise NoBackendAvailable("p2c_ewma: no READY backend")
         policy = self._policy
         now = policy.clock()
-        with policy._lock:
+        with policy.lock:
             if n == 1:
                 i = self._choose(now, 0, None)
             elif self._draws is not None:
@@ -184,7 +184,7 @@ class P2CEwmaPolicy(LoadAwarePolicy[P2CStats]):
         def done(outcome: Outcome) -> None:
             now = self.clock()
             rtt = max(0, int(outcome.latency * 1e9))
-            with self._lock:
+            with self.lock:
                 st.inflight -= 1
                 td = max(0.0, now - st.last)
                 st.last = now
@@ -201,7 +201,7 @@ class P2CEwmaPolicy(LoadAwarePolicy[P2CStats]):
     def _maybe_log(self, now: float) -> None:
         if now - self._log_stamp < LOG_INTERVAL:
             return
-        with self._lock:
+        with self.lock:
             if now - self._log_stamp < LOG_INTERVAL:  # another thread logged meanwhile
                 return
             self._log_stamp = now
@@ -213,7 +213,7 @@ class P2CEwmaPolicy(LoadAwarePolicy[P2CStats]):
 
     def snapshot(self) -> dict[str, dict[str, int]]:
         """address -> {lag, inflight, success, load} (for tests, metrics and debugging)."""
-        with self._lock:
+        with self.lock:
             return {
                 addr: {"lag": st.lag, "inflight": st.inflight, "success": st.success, "load": st.load()}
                 for addr, st in self._stats.items()

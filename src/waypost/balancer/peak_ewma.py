@@ -234,7 +234,7 @@ class PeakEwmaPicker(CapacityPicker["PeakEwmaPolicy", PeakEwmaStats]):
         policy = self._policy
         i = 0
         now = policy.clock()
-        with policy._lock:
+        with policy.lock:
             if n > 1:
                 decay = policy.decay
                 k = policy.choice_count
@@ -266,7 +266,7 @@ class PeakEwmaPicker(CapacityPicker["PeakEwmaPolicy", PeakEwmaStats]):
         policy = self._policy
         chosen = self._stats[i]
         now = policy.clock()
-        with policy._lock:
+        with policy.lock:
             chosen.inflight += 1
             chosen.requests += 1
             chosen.failures.picked(now)
@@ -321,7 +321,7 @@ class PeakEwmaPolicy(LoadAwarePolicy[PeakEwmaStats]):
             rtt = max(0.0, outcome.latency)
             now = self.clock()
             freed = False
-            with self._lock:
+            with self.lock:
                 st.inflight -= cost
                 verdict = st.failures.ended(outcome, now, st.inflight)
                 if verdict is Verdict.ANSWER:
@@ -347,7 +347,7 @@ class PeakEwmaPolicy(LoadAwarePolicy[PeakEwmaStats]):
     def stats_of(self, address: str) -> tuple[int, float] | None:
         """(calls in flight from this client, latency estimate now) of ``address``; None when unknown."""
         now = self.clock()
-        with self._lock:
+        with self.lock:
             st = self._stats.get(address)
             return None if st is None else (st.inflight, st.estimate(now, self.decay))
 
@@ -355,7 +355,7 @@ class PeakEwmaPolicy(LoadAwarePolicy[PeakEwmaStats]):
         """Whether ``address`` must not be chosen on load reports alone now: it pushed back, carries a failure
         penalty or has been silent for long (``failure.BackendFailures.troubled``)."""
         now = self.clock()
-        with self._lock:
+        with self.lock:
             st = self._stats.get(address)
             return st is not None and st.failures.troubled(now, st.estimate(now, self.decay) if st.sampled else None)
 
@@ -367,7 +367,7 @@ class PeakEwmaPolicy(LoadAwarePolicy[PeakEwmaStats]):
 
     def signals(self) -> list[BackendSignal]:
         now = self.clock()
-        with self._lock:
+        with self.lock:
             return [BackendSignal(addr, st.inflight, st.estimate(now, self.decay)) for addr, st in self._stats.items()]
 
     def maybe_log(self) -> None:
@@ -376,7 +376,7 @@ class PeakEwmaPolicy(LoadAwarePolicy[PeakEwmaStats]):
         if now - self._log_stamp < LOG_INTERVAL:
             return
         extra = self.log_extra() if self.log_extra is not None else {}
-        with self._lock:
+        with self.lock:
             if now - self._log_stamp < LOG_INTERVAL:  # another thread logged meanwhile
                 return
             self._log_stamp = now
@@ -391,6 +391,6 @@ class PeakEwmaPolicy(LoadAwarePolicy[PeakEwmaStats]):
     def snapshot(self) -> dict[str, dict[str, float]]:
         """address -> {estimate (seconds, now), inflight, load} (for tests, metrics and debugging)."""
         now = self.clock()
-        with self._lock:
+        with self.lock:
             return {addr: {"estimate": st.estimate(now, self.decay), "inflight": st.inflight,
                            "load": st.load(now, self.decay)} for addr, st in self._stats.items()}

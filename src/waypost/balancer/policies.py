@@ -11,7 +11,6 @@ from __future__ import annotations
 from .catalog import POLICIES, get_policy, known_policies, register_builtin, register_policy
 from .consistent_hash import ConsistentHashPolicy
 from .least_request import LeastRequestPolicy
-from .orca_wrr import OrcaWeightedRoundRobinPolicy
 from .outlier_detection import OutlierDetectionPolicy
 from .p2c_ewma import P2CEwmaPolicy
 from .peak_ewma import PeakEwmaPolicy
@@ -19,8 +18,9 @@ from .pick_first import PickFirstPolicy
 from .prequal import PrequalPolicy
 from .random_pick import RandomPolicy
 from .round_robin import RoundRobinPolicy
+from .smooth_weighted_round_robin import SmoothWeightedRoundRobinPolicy
 from .weighted_random import WeightedRandomPolicy
-from .weighted_round_robin import WeightedRoundRobinPolicy
+from .weighted_round_robin import OrcaWeightedRoundRobinPolicy
 
 __all__ = ["BUILTIN_POLICIES", "POLICIES", "get_policy", "known_policies", "register_policy"]
 
@@ -28,7 +28,7 @@ BUILTIN_POLICIES = (
     PickFirstPolicy,
     RoundRobinPolicy,
     RandomPolicy,
-    WeightedRoundRobinPolicy,
+    SmoothWeightedRoundRobinPolicy,
     OrcaWeightedRoundRobinPolicy,
     WeightedRandomPolicy,
     P2CEwmaPolicy,

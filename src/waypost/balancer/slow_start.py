@@ -98,4 +98,4 @@ class SlowStart:
         it ramps)."""
         if now - born >= self.window:
             return True
-        return self._rng.random() < max(MIN_FACTOR, (now - born) / self.window)
+        return self._rng.random() < self.factor(born, now)

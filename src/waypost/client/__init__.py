@@ -1,5 +1,7 @@
 """The core shared by the sync and aio balanced channels (the layer below ``waypost.channel`` / ``waypost.aio``).
 
+- ``channel_base``: what the sync and aio channels share (``ChannelBase``: target, config, backend channel
+  arguments, the health service, and the properties a multicallable reads).
 - ``subconn``: one backend address = one real grpc channel + its connectivity, health and in-flight count.
 - ``subconn_pool``: the subconn lifecycle: created per new address, drained after removal, revived, closed.
 - ``balancer_wrapper``: resolver updates, the subconn set, connectivity and health tracking, picker rebuilds
@@ -15,10 +17,12 @@
 - ``retry``: retry state, where a retry goes, the retry policy's backoff; ``replay`` / ``aio_replay``: the
   requests of a client stream kept for another attempt; ``retrying_stream``: the sync response stream that retries;
   ``retry_throttle``: gRPC's retry throttling.
-- ``fork``: what happens to live channels in a forked child; ``live``: the live balancer wrappers (for the
-  fork hook and the metrics gauges).
+- ``live``: the live balancer wrappers, what happens to them in a forked child (the after-fork hook), and the
+  metrics gauges read from them.
 - ``watcher``: one shared thread polling every sync backend channel's connectivity (no thread per backend).
 - ``health``: grpc.health.v1 Watch per backend, as coroutines.
 - ``rpcerror``: grpc.RpcError values raised by the balancer itself (no READY backend, picker errors).
-- ``options``: default per-backend channel options (local subchannel pool, keepalive, no native retries).
+- ``channel_args``: default per-backend channel arguments (local subchannel pool, keepalive, no native retries).
+- ``dial_options``: what ``dial`` / ``aio.dial`` take (``DialOptions``); ``channel_config``: what ``dial`` decides
+  from them once per channel (``ChannelConfig``: target, policy, per-method settings, throttling, health).
 """

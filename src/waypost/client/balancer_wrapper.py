@@ -22,7 +22,6 @@ from ..balancer.base import Policy
 from ..types import CONNECTING, IDLE, READY, SHUTDOWN, TRANSIENT_FAILURE, Backend
 from . import live
 from .empty_key import EmptyKey
-from .fork import install_after_fork_hook
 from .picker_wrapper import PickerSnapshot, PickerWrapper
 from .prober import SubConnProber
 from .routing import Routing
@@ -41,7 +40,7 @@ class BalancerWrapper:
     ``make_channel``, ``probe``, ``close_channel``, ``start_health`` and ``stop_health``: see
     ``SubConnPool``. ``resolve_now(reason)`` is called (under the lock, so it must not block) when a backend
     connection attempt fails or an established connection is lost. ``on_refork()`` is called when the
-    first use in a forked child has rebuilt the backends (see ``client.fork``).
+    first use in a forked child has rebuilt the backends (see ``client.live``).
 
     A policy that balances on server load reports (``policy.wants_load_reports``) gets a ``SubConnProber`` over
     this wrapper's subconns before its first build.
@@ -99,7 +98,7 @@ class BalancerWrapper:
             self._prober = SubConnProber(lambda a: self._pool.active.get(a), policy, policy.probe_timeout)
             policy.attach_prober(self._prober)
         policy.attach_waker(self.pickers.wake)  # a call refused at every backend's concurrency limit waits for it
-        install_after_fork_hook()
+        live.install_after_fork_hook()
         live.track(self)
 
     # ---- resolver updates -------------------------------------------------------------------------
@@ -301,12 +300,10 @@ class BalancerWrapper:
         """Health watch result for ``sc`` (None: unknown, e.g. the Watch stream broke)."""
         with self._lock:
             if sc.removed or sc.healthy is healthy:
-                sc.health_note = note
                 return
             if healthy is False or (sc.healthy is True and healthy is None):
                 log.info("waypost: backend %s of %s unhealthy: %s", sc.address, self.target, note or "NOT_SERVING")
             sc.healthy = healthy
-            sc.health_note = note
             self._changed()
         self._fire()
 
@@ -387,7 +384,7 @@ class BalancerWrapper:
     def describe(self) -> str:
         return self.pickers.describe()
 
-    # ---- fork recovery (see client.fork) ----------------------------------------------------------
+    # ---- fork recovery (see client.live) ----------------------------------------------------------
 
     def mark_forked(self) -> None:
         """In a forked child, right after the fork (one thread, no grpc call allowed): fresh locks, and a

@@ -1,7 +1,7 @@
 """What ``waypost.dial`` and ``waypost.aio.dial`` take besides the target: ``DialOptions``, one field per keyword.
 
 Both dials build a ``DialOptions`` from their keywords (``DialKeywords`` types them: written once, shared by
-the two signatures), so each default and each check is written here once. ``client.config.dial_config`` then
+the two signatures), so each default and each check is written here once. ``client.channel_config.dial_config`` then
 checks the options together with the target (service config, routing, subsetting) and decides the channel's
 config.
 """

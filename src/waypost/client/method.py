@@ -24,7 +24,7 @@ from ..balancer.failure import pushback_of
 from ..otel import hooks as _otel
 from .aio_wait import AioPickWaiter
 from .balancer_wrapper import BalancerWrapper
-from .config import ChannelConfig
+from .channel_config import ChannelConfig
 from .explain import explain, with_explanation
 from .hashkey import HASH_KEY
 from .picker_wrapper import PickerWrapper

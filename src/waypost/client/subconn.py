@@ -21,7 +21,6 @@ class SubConn:
         "backend",
         "channel",
         "failing",
-        "health_note",
         "health_task",
         "healthy",
         "inflight",
@@ -40,7 +39,6 @@ class SubConn:
         self.failing = False
         # None: health unknown yet (treated as still connecting); True/False after the first Watch answer.
         self.healthy: bool | None = None if health else True
-        self.health_note = ""
         # Updated with += / -= from caller threads. In CPython an attribute add on an int is not interrupted by
         # a thread switch (no eval-breaker check inside it); the drain timeout bounds any drift anyway.
         self.inflight = 0

@@ -157,8 +157,8 @@ class Console:
         except BaseException:
             await self.stop()
             raise
-        sockets = getattr(site._server, "sockets", None) or []
-        port = sockets[0].getsockname()[1] if sockets else self.port
+        addresses = self._runner.addresses  # the bound (host, port, ...) of its one site: port 0 asked for any
+        port = addresses[0][1] if addresses else self.port
         shown = f"[{self.host}]" if ":" in self.host else self.host
         self.url = f"{'https' if ctx else 'http'}://{shown}:{port}/"
         if not self.loopback_only:

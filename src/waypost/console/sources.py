@@ -21,9 +21,9 @@ from collections.abc import Awaitable, Iterable, Sequence
 from typing import Any, TypeVar
 
 from .. import _loop
-from .._inspect import classify
 from ..discovery import Subscriber
 from ..discovery.override import OVERRIDE_ROOT, parse_override, split_override_key
+from ..lookup import classify
 from ..registry.base import KeyValue, Registry
 from ..registry.formats import GOZERO_META_ROOT
 from .board import Board, Instance, Service
@@ -310,7 +310,7 @@ class TargetSource:
             self._reopen = asyncio.create_task(self._open_later(), name="waypost-console-target")
 
     async def _open(self) -> None:
-        from .._inspect import follow
+        from ..lookup import follow
 
         resolver = await asyncio.to_thread(
             follow, self.target, lambda now, _where: self._post(now, True), lambda now: self._post(now, False),

@@ -15,8 +15,8 @@ import grpc.aio
 
 from ..errors import PermissionDenied
 from . import _errors
+from ._generated import waypost_etcd_pb2 as pb
 from ._methods import AUTHENTICATE
-from ._proto import waypost_etcd_pb2 as pb
 from .config import EtcdConfig
 from .endpoints import Endpoint, EndpointPool
 

@@ -19,6 +19,7 @@ from .. import _fork
 from ..errors import Compacted, RegistryError, RegistryUnavailable
 from . import _errors, records
 from . import deadline as deadline_mod
+from ._generated import waypost_etcd_pb2 as pb
 from ._methods import (
     COMPACT,
     DELETE_RANGE,
@@ -31,7 +32,6 @@ from ._methods import (
     TXN,
     WATCH,
 )
-from ._proto import waypost_etcd_pb2 as pb
 from .auth import Auth
 from .config import EtcdConfig
 from .endpoints import Endpoint, EndpointPool

@@ -309,8 +309,8 @@ class EndpointPool:
         """Why the endpoints that are not connected fail, as grpc saw it (connection refused, a TLS handshake
         failure, ...), each logged at DEBUG: ``address: reason``. One call per endpoint that fails at once
         (no wait for ready) or within ``PROBE_TIMEOUT``; only on the failure path."""
+        from ._generated import waypost_etcd_pb2 as pb
         from ._methods import STATUS
-        from ._proto import waypost_etcd_pb2 as pb
 
         async def probe(ep: Endpoint) -> str | None:
             if ep.channel is None or ep.channel.get_state(False) is _READY:

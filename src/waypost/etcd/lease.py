@@ -20,8 +20,8 @@ import grpc.aio
 
 from .. import _loop
 from ..errors import LeaseNotFound, PermissionDenied, RegistryUnavailable
+from ._generated import waypost_etcd_pb2 as pb
 from ._methods import LEASE_KEEPALIVE
-from ._proto import waypost_etcd_pb2 as pb
 from .auth import Auth, Metadata
 from .endpoints import Endpoint, EndpointPool
 from .stream import Restart, StreamOwner, StreamSupervisor, reap

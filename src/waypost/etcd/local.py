@@ -210,17 +210,6 @@ class EtcdMember:
             time.sleep(0.05)
         raise WaypostError(f"etcd {self.name} not ready on {self.endpoint} after {timeout}s ({last})")
 
-    def wait_port_ready(self, timeout: float = 15.0) -> None:
-        """Wait only for the client port (a member without quorum never reports healthy)."""
-        deadline = time.monotonic() + timeout
-        while time.monotonic() < deadline:
-            try:
-                with socket.create_connection((self.host, self.client_port), timeout=0.5):
-                    return
-            except OSError:
-                time.sleep(0.05)
-        raise WaypostError(f"etcd {self.name} port {self.endpoint} not open after {timeout}s")
-
     def tail_log(self, n: int = 2000) -> str:
         try:
             return self.log_path.read_bytes()[-n:].decode("utf-8", "replace")

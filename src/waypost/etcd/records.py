@@ -28,7 +28,7 @@ from google.protobuf import descriptor_pb2, descriptor_pool, message_factory
 from google.protobuf.message import DecodeError
 
 from ..errors import RegistryError
-from ._proto import waypost_etcd_pb2 as pb
+from ._generated import waypost_etcd_pb2 as pb
 
 M = TypeVar("M")
 

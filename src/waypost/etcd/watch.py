@@ -25,8 +25,8 @@ import grpc.aio
 from .. import _loop, metrics
 from ..errors import Compacted, PermissionDenied, RegistryError, RegistryUnavailable, StoreReset
 from . import _errors, records
+from ._generated import waypost_etcd_pb2 as pb
 from ._methods import RANGE, WATCH
-from ._proto import waypost_etcd_pb2 as pb
 from .auth import Auth, Metadata
 from .endpoints import Endpoint, EndpointPool
 from .stream import Restart, StreamOwner, StreamSupervisor

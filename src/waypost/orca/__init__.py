@@ -15,7 +15,7 @@ interceptor, to pass to ``grpc.aio.server``), ``LoadAccount`` (what a server cou
 (ask a server: ``stub(waypost_load_pb.ReportRequest(), timeout=...)``), ``waypost_load_pb`` (its messages).
 
 Client side: ``parse_report(data)`` reads a trailer or a stream message into a ``LoadReport`` (or None, when
-the bytes are not a valid report); ``weighted_round_robin`` (``waypost.balancer.orca_wrr``) reads them.
+the bytes are not a valid report); ``weighted_round_robin`` (``waypost.balancer.weighted_round_robin``) reads them.
 
 ORCA needs the ``xds-protos`` package (``pip install waypost[xds]``); without it servers report
 ``waypost.load.v1`` only and clients read no ORCA report (see ``available()``). ``waypost.load.v1`` depends on

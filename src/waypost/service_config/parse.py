@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import warnings
 from collections.abc import Mapping
 from dataclasses import replace
 from types import MappingProxyType
@@ -115,12 +114,6 @@ def _parse_lb(doc: dict[str, Any], balancer: str | None) -> tuple[str, dict[str,
     if balancer is not None:
         wanted = _policy_name(balancer, "balancer")
         if chosen is None:
-            if wanted == "weighted_round_robin":  # the shorthand's meaning before gRPC's policy took the name
-                warnings.warn("dial(balancer='weighted_round_robin') selects smooth_weighted_round_robin (registered "
-                              "weights) for one more release; write balancer='smooth_weighted_round_robin', or "
-                              "name weighted_round_robin in loadBalancingConfig for gRPC's policy (ORCA weights)",
-                              DeprecationWarning, stacklevel=5)
-                wanted = "smooth_weighted_round_robin"
             return wanted, parse_policy_config(wanted, None, "balancer")
         if chosen.name != wanted:
             fail(

@@ -348,11 +348,6 @@ def resolve_subsets(export: Any, where: str) -> tuple[Subset, ...]:
     return out
 
 
-def has_traffic(export: Any) -> bool:
-    """Whether the export uses any option of this module (without, its resources are exactly the plain ones)."""
-    return bool(export.subsets or export.split or export.routes or export.max_requests or export.fault)
-
-
 def subset_backends(subset: Subset, backends: Iterable[Any]) -> list[Any]:
     """The backends ``subset`` selects."""
     return [b for b in backends if subset.selects(b.metadata)]

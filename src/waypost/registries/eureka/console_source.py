@@ -208,7 +208,3 @@ def _raw_meta(inst: Instance, key: str) -> str:
 def _own_weight(inst: Instance) -> str | None:
     """The weight text the console kept before it set one (``-``: none), or None when it set none."""
     return _raw_meta(inst, OWN_WEIGHT_KEY) or None
-
-
-def is_eureka(url: Any) -> bool:
-    return isinstance(url, str) and url.strip().lower().startswith("eureka://")

@@ -20,14 +20,14 @@ import click
 from rich.console import Console
 from rich.table import Table
 
-from ._cli_console import register as _register_console
-from ._cli_demo import register as _register_demo
-from ._cli_errors import not_a_key_registry, one_line_errors, unreachable, user_error
-from ._cli_errors import one_line as _one_line
-from ._cli_signals import exit_if_interrupted, stop_on_signals
-from ._cli_xds import xds_commands
-from .errors import PermissionDenied, RegistryUnavailable, WaypostError
-from .registry.formats import DEFAULT_FORMAT, FORMAT_NAMES
+from ..errors import PermissionDenied, RegistryUnavailable, WaypostError
+from ..registry.formats import DEFAULT_FORMAT, FORMAT_NAMES
+from .console import register as _register_console
+from .demo import register as _register_demo
+from .errors import not_a_key_registry, one_line_errors, unreachable, user_error
+from .errors import one_line as _one_line
+from .signals import exit_if_interrupted, stop_on_signals
+from .xds import xds_commands
 
 DEFAULT_REGISTRY = "etcd://127.0.0.1:2379"
 #: the logger of the operator actions' audit lines (``waypost.console.actions``, imported only when one runs)
@@ -37,7 +37,7 @@ CONFIGURE_LOGGING = False
 
 
 class _Group(click.Group):
-    """Turns waypost's own errors into one clean line (click prints ``Error: ...`` and exits 1; ``_cli_errors``)."""
+    """Turns waypost's own errors into one clean line (click prints ``Error: ...`` and exits 1; ``errors.py``)."""
 
     def list_commands(self, ctx: click.Context) -> list[str]:
         return list(self.commands)  # in the order they are defined: the order a new user needs them
@@ -67,7 +67,7 @@ class Ctx:
         """The registry of --registry, for a command that reads or writes keys (etcd, memory). ``wait``: how long
         a call may wait for an etcd endpoint to connect (a diagnostic command's --timeout), unless the URL says."""
         if self._registry is None:
-            from .registry import connect
+            from ..registry import connect
 
             wrong = not_a_key_registry(self.registry_url, click.get_current_context().info_name or "")
             if wrong:
@@ -194,7 +194,7 @@ def _wait(stop: threading.Event, duration: float | None, alive: Callable[[], boo
 @pass_ctx
 def etcd_cmd(c: Ctx, port: int, peer_port: int | None, data_dir: Path | None) -> None:
     """Run a single-node development etcd on 127.0.0.1 until Ctrl-C or SIGTERM."""
-    from .etcd.local import EtcdNotFound, LocalEtcd, find_binary, free_port, port_is_free
+    from ..etcd.local import EtcdNotFound, LocalEtcd, find_binary, free_port, port_is_free
 
     try:
         find_binary("etcd")
@@ -254,8 +254,10 @@ def etcd_cmd(c: Ctx, port: int, peer_port: int | None, data_dir: Path | None) ->
 @pass_ctx
 def ls_cmd(c: Ctx, prefix: str, timeout: float) -> None:
     """List services and their instances under PREFIX (all keys by default), wire format detected per key."""
-    from . import _inspect
-    from .registry import SyncRegistry
+    from ..lookup import classify
+    from ..registry import SyncRegistry
+    from ..registry.formats import GOZERO_META_ROOT
+    from .inspect import group, lease_ttls
 
     reg = SyncRegistry(c.registry(wait=timeout), timeout=timeout)
     try:
@@ -263,21 +265,21 @@ def ls_cmd(c: Ctx, prefix: str, timeout: float) -> None:
         kvs = list(res.kvs)
         if prefix:  # go-zero metadata lives in side records outside the prefix
             try:
-                kvs += reg.get(_inspect.GOZERO_META_ROOT + prefix, prefix=True).kvs
+                kvs += reg.get(GOZERO_META_ROOT + prefix, prefix=True).kvs
             except PermissionDenied as e:  # a role that may read only the addresses
                 click.echo(f"note: listing without waypost metadata: {e}", err=True)
-        entries = _inspect.classify(kvs)
-        ttls = _inspect.lease_ttls(reg, entries)
+        entries = classify(kvs)
+        ttls = lease_ttls(reg, entries)
     except (TimeoutError, concurrent.futures.TimeoutError, RegistryUnavailable):
         raise click.ClickException(unreachable(c.registry(), f"list {prefix!r}" if prefix else "list the keys",
                                                  timeout)) from None
     if c.as_json:
-        c.emit({"revision": res.revision, "services": _inspect.group(entries, ttls)})
+        c.emit({"revision": res.revision, "services": group(entries, ttls)})
         return
     if not entries:
         c.out.print(f"nothing under {prefix!r} in {c.registry().url} (revision {res.revision})")
         return
-    for service, instances in _inspect.group(entries, ttls).items():
+    for service, instances in group(entries, ttls).items():
         t = Table(title=f"{service}  ({len(instances)} instance{'s' if len(instances) != 1 else ''})",
                   title_justify="left", title_style="bold")
         for col in ("address", "format", "id", "ttl", "metadata"):
@@ -362,7 +364,7 @@ def watch_cmd(c: Ctx, key: str, fmt: str, exact: bool, duration: float | None, t
     if _is_target(key):
         _watch_target(c, key, timeout, duration, present, changed)
         return
-    from .discovery import Subscriber
+    from ..discovery import Subscriber
 
     def snapshot(sub: Any) -> dict[str, dict[str, Any]]:
         return {b.address: dict(b.metadata) for b in sub.backends()}
@@ -374,14 +376,14 @@ def watch_cmd(c: Ctx, key: str, fmt: str, exact: bool, duration: float | None, t
             raise click.ClickException(unreachable(c.registry(), f"read {key!r}", timeout)) from None
         try:
             present(snapshot(sub), f"{key!r} ({fmt}) in {c.registry().url}")
-            from ._inspect import other_formats_hint
+            from .inspect import other_formats_hint
 
             hint = other_formats_hint(c.registry(), key, fmt, len(state["known"]), exact=exact)
             if hint:
                 c.err.print(hint.replace("format=", "--format "), markup=False)
             sub.add_listener(lambda: changed(snapshot(sub)))
             changed(snapshot(sub))  # anything that changed between the snapshot and the listener
-            from ._inspect import follow_reachability
+            from .inspect import follow_reachability
 
             follow_reachability(c.registry(), key, lambda why: reachability(why, c.registry().url), stop)
             _wait(stop, duration)
@@ -399,7 +401,7 @@ def _is_target(arg: str) -> bool:
 def _watch_target(c: Ctx, target: str, timeout: float, duration: float | None,
                   present: Any, changed: Any) -> None:
     """``waypost watch TARGET``: the dial target's resolver, reporting every list it pushes."""
-    from ._inspect import follow
+    from ..lookup import follow
 
     seen: list[str] = []
 
@@ -435,13 +437,13 @@ def _watch_target(c: Ctx, target: str, timeout: float, duration: float | None,
 def register_cmd(c: Ctx, key: str, addr: str, ttl: int, meta: tuple[str, ...], id_: str | None, fmt: str,
                  duration: float | None) -> None:
     """Register ADDR under KEY and keep it alive until Ctrl-C (then deregister)."""
-    from .discovery import Publisher
-    from .netutil import split_host_port
+    from ..discovery import Publisher
+    from ..netutil import split_host_port
 
     host, port = split_host_port(addr, what="ADDR")
     if not host or port is None:
         raise click.ClickException(f"ADDR {addr!r}: expected host:port (example: 10.0.0.5:8080)")
-    from ._inspect import parse_meta
+    from .inspect import parse_meta
 
     metadata = parse_meta(meta)
     with stop_on_signals() as stop:
@@ -481,13 +483,13 @@ def resolve_cmd(c: Ctx, target: str, subset_size: int, client_id: str | None, ti
     """Show what a client dialing TARGET would use: addresses, metadata and its subset.
 
     TARGET is a dial target (etcd:///h:2379?key=greet.rpc, dns:///..., direct:///h:p) or a bare key in --registry."""
-    from . import _inspect
+    from .inspect import resolve
 
     if not _is_target(target):
-        from .resolver.target import target_for_registry
+        from ..resolver.target import target_for_registry
 
         target = target_for_registry(c.registry(), target)
-    result = _inspect.resolve(target, subset_size=subset_size, client_id=client_id, timeout=timeout)
+    result = resolve(target, subset_size=subset_size, client_id=client_id, timeout=timeout)
     if c.as_json:
         c.emit(result)
     if not result["backends"]:  # found nothing: a client dialing it fails its calls; status 1, as `host` does
@@ -524,4 +526,4 @@ def _nothing_found(result: dict[str, Any]) -> str:
 _register_demo(app, _global_options, pass_ctx)  # waypost demo / bench
 app.add_command(xds_commands(_global_options, pass_ctx))  # waypost xds serve / bootstrap
 _register_console(app, _global_options, pass_ctx)  # waypost console / drain / undrain / weight
-one_line_errors(app)  # every command: an error found once it runs is one line (_cli_errors)
+one_line_errors(app)  # every command: an error found once it runs is one line (errors.py)

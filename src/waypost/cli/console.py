@@ -1,6 +1,6 @@
 """``waypost console`` (the live web page) and the operator actions ``waypost drain|undrain|weight``.
 
-Registered on the ``waypost`` command group by ``waypost._cli`` (``register``); this module does not import it.
+Registered on the ``waypost`` command group by ``waypost.cli.commands`` (``register``); this module does not import it.
 """
 
 from __future__ import annotations
@@ -14,7 +14,7 @@ from typing import Any
 
 import click
 
-from ._cli_signals import exit_if_interrupted, stop_on_signals
+from .signals import exit_if_interrupted, stop_on_signals
 
 CONSOLE_TOKEN_ENV = "WAYPOST_CONSOLE_TOKEN"
 
@@ -29,8 +29,8 @@ def _who() -> str:
 
 def _registered(registry: Any, key: str, address: str) -> bool:
     """Whether ``address`` is registered under ``key`` now, in any wire format (for a note only)."""
-    from ._inspect import classify
-    from .registry.formats import KRATOS_NAMESPACE
+    from ..lookup import classify
+    from ..registry.formats import KRATOS_NAMESPACE
 
     kvs: list[Any] = []
     for prefix in (key + "/", f"{KRATOS_NAMESPACE}/{key}/"):
@@ -40,14 +40,14 @@ def _registered(registry: Any, key: str, address: str) -> bool:
 
 
 def _act(c: Any, verb: str, key: str, addr: str, weight: int | None = None) -> None:
-    from . import _loop
-    from .console.actions import ActionError, apply, make_action
+    from .. import _loop
+    from ..console.actions import ActionError, apply, make_action
 
     try:
         action = make_action(verb, {"key": key, "address": addr, "weight": weight})
     except ActionError as e:
         raise click.ClickException(str(e)) from None
-    from .registry.kinds import kind_of, part
+    from ..registry.kinds import kind_of, part
 
     kind = kind_of(c.registry_url)
     written = ""  # what a store that writes no override record did instead (Eureka's status override)
@@ -78,7 +78,7 @@ def _act(c: Any, verb: str, key: str, addr: str, weight: int | None = None) -> N
 async def _act_in_store(store: Any, action: Any) -> tuple[dict[str, Any], bool]:
     """An action on a registry kind's override store (``RegistryKind.override_store``: Consul's KV store,
     ZooKeeper's override znodes, ...); also whether the instance is registered there now."""
-    from .console.actions import apply
+    from ..console.actions import apply
 
     try:
         done = await apply(store, action, _who(), source=store.url)
@@ -120,10 +120,10 @@ def register(app: click.Group, global_options: Callable[..., Any], pass_ctx: Cal
         """Serve a live web page of every key, instance and registry, with drain and weight controls.
 
         Writes need the token (printed at start unless given). See docs/console.md."""
-        from .netutil import bind_problem, join_host_port
+        from ..netutil import bind_problem, join_host_port
 
         try:
-            from .console import DEFAULT_LISTEN, Console, ConsoleConfig
+            from ..console import DEFAULT_LISTEN, Console, ConsoleConfig
         except ImportError as e:
             raise click.ClickException(f"the console needs the console extra: pip install 'waypost[console]' ({e})")
         console = Console(ConsoleConfig(

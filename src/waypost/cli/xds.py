@@ -1,6 +1,6 @@
 """``waypost xds serve`` and ``waypost xds bootstrap``: waypost as an xDS control plane (docs/xds.md).
 
-Registered by ``waypost._cli`` (``xds_commands``), which passes its global-options decorator and context
+Registered by ``waypost.cli.commands`` (``xds_commands``), which passes its global-options decorator and context
 (this module sits below it and imports nothing of it). The xDS modules, which need the ``xds`` extra, are
 imported only when a command runs.
 """
@@ -16,8 +16,8 @@ from typing import Any
 
 import click
 
-from ._cli_signals import exit_if_interrupted, stop_on_signals
-from ._cli_xds_status import status_command
+from .signals import exit_if_interrupted, stop_on_signals
+from .xds_status import status_command
 
 log = logging.getLogger("waypost.xds")
 
@@ -26,9 +26,9 @@ _SCHEME = re.compile(r"[A-Za-z][A-Za-z0-9+.-]*://")
 
 
 def _exports(c: Any, specs: tuple[str, ...], config: Path | None, prefixes: tuple[str, ...]) -> Any:
-    from .resolver.target import target_for_registry
-    from .xds.errors import XdsConfigError
-    from .xds.exports import PrefixExport, XdsConfig, check_unique, load_config, parse_export, parse_prefix
+    from ..resolver.target import target_for_registry
+    from ..xds.errors import XdsConfigError
+    from ..xds.exports import PrefixExport, XdsConfig, check_unique, load_config, parse_export, parse_prefix
 
     cfg = load_config(config) if config is not None else XdsConfig()
     exports = list(cfg.exports)
@@ -65,7 +65,7 @@ def _exports(c: Any, specs: tuple[str, ...], config: Path | None, prefixes: tupl
 def _server_credentials(cert: Path | None, key: Path | None, client_ca: Path | None, config: Path | None,
                         config_tls: Any) -> Any:
     """The ADS server's TLS (``xds/tls.py``) from the flags or the config file's ``[tls]``; None: plaintext."""
-    from .xds.tls import ServerTls, TlsFileError, TlsFiles
+    from ..xds.tls import ServerTls, TlsFileError, TlsFiles
 
     if client_ca is not None and cert is None:
         raise click.UsageError("--client-ca needs --tls-cert and --tls-key (mTLS is TLS whose clients also show a "
@@ -96,7 +96,7 @@ def _print_exports(c: Any, exports: Any, prefixes: Any) -> None:
 
 def _supervise(c: Any, address: str, count: int, exports: Any, prefixes: Any, reloads: bool) -> None:
     """``--workers N``: run N workers on one port until SIGTERM (``xds/workers.py``); exit with their code."""
-    from .xds.workers import Workers
+    from ..xds.workers import Workers
 
     try:
         pool = Workers(count, [sys.executable, "-m", "waypost.cli", *sys.argv[1:]], address)
@@ -132,7 +132,7 @@ def _reload_on_change(config: Path, load: Callable[[], Any], control: Any, prefi
     import signal
     import threading
 
-    from .xds.reload import ConfigReloader
+    from ..xds.reload import ConfigReloader
 
     def apply(loaded: Any) -> None:
         exports, found, _tls = loaded  # [tls] paths are read at start; xds/tls.py re-reads the files themselves
@@ -199,11 +199,11 @@ def xds_commands(global_options: Callable[[Any], Any], pass_ctx: Callable[[Any],
 
         Prints 'xds: serving on HOST:PORT' once it accepts streams. Example:
         waypost xds serve --listen 0.0.0.0:18000 --export 'greeter=etcd:///10.0.0.1:2379?key=greet.rpc'"""
-        from .netutil import bind_address, bind_problem, join_host_port, split_host_port
+        from ..netutil import bind_address, bind_problem, join_host_port, split_host_port
 
         try:
-            from .xds.control import ControlPlane
-            from .xds.workers import worker_index, worker_listen
+            from ..xds.control import ControlPlane
+            from ..xds.workers import worker_index, worker_listen
         except ImportError as e:
             raise click.ClickException(str(e)) from None  # names the extra to install
         address = bind_address(listen, what="--listen")  # :PORT and PORT (every interface) as gRPC takes them
@@ -223,7 +223,7 @@ def xds_commands(global_options: Callable[[Any], Any], pass_ctx: Callable[[Any],
             if why:
                 raise click.ClickException(f"xds serve cannot listen on {address}: {why}")
         if metrics_port is not None:
-            from . import metrics
+            from .. import metrics
 
             try:
                 metrics.serve(metrics_port)
@@ -274,7 +274,7 @@ def xds_commands(global_options: Callable[[Any], Any], pass_ctx: Callable[[Any],
                       refresh_interval: int | None) -> None:
         """Print the xDS bootstrap JSON: save it to a file named by GRPC_XDS_BOOTSTRAP, or put the text itself in
         GRPC_XDS_BOOTSTRAP_CONFIG, then dial xds:///NAME. File paths are printed as given: the client reads them."""
-        from .xds.bootstrap import INSECURE, bootstrap_json, tls_channel_creds
+        from ..xds.bootstrap import INSECURE, bootstrap_json, tls_channel_creds
 
         given = [flag for flag, v in (("--ca-file", ca_file), ("--cert-file", cert_file), ("--key-file", key_file),
                                       ("--refresh-interval", refresh_interval)) if v is not None]

@@ -1,6 +1,6 @@
 """The ``waypost`` command: entry point.
 
-The commands themselves live in ``waypost._cli`` and need the ``cli`` extra (click, rich); this module
+The commands themselves live in ``waypost.cli.commands`` and need the ``cli`` extra (click, rich); this module
 stays importable without them so a missing extra is one clear line, not a traceback.
 """
 
@@ -18,13 +18,12 @@ def main(argv: Sequence[str] | None = None) -> int:
             f"waypost: the command line needs {' and '.join(missing)}: pip install 'waypost[cli]'\n"
         )
         return 2
-    from . import _cli
-    from ._cli import app
+    from . import commands
 
-    _cli.CONFIGURE_LOGGING = True
+    commands.CONFIGURE_LOGGING = True
 
     try:
-        rc = app.main(args=list(argv) if argv is not None else None, prog_name="waypost", standalone_mode=False)
+        rc = commands.app.main(args=list(argv) if argv is not None else None, prog_name="waypost", standalone_mode=False)
     except KeyboardInterrupt:
         return 130
     except Exception as e:  # click's own errors (usage, abort) carry their exit codes
@@ -46,7 +45,3 @@ def _importable(name: str) -> bool:
     import importlib.util
 
     return importlib.util.find_spec(name) is not None
-
-
-if __name__ == "__main__":
-    sys.exit(main())

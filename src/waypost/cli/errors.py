@@ -22,7 +22,7 @@ from typing import Any
 
 import click
 
-from .errors import RegistryUnavailable, WaypostError
+from ..errors import RegistryUnavailable, WaypostError
 
 log = logging.getLogger("waypost.cli")
 
@@ -82,8 +82,8 @@ def not_a_key_registry(url: str, command: str) -> str | None:
     """Why ``waypost COMMAND`` (``ls``, ``register``, ...: the commands that read or write keys) cannot use the
     registry ``url`` of a kind that holds no keys, and what to run instead; None for etcd, memory and unknown
     schemes (``waypost.connect`` names those problems itself)."""
-    from .redaction import redact_url
-    from .registry.kinds import KEYED, kind_of
+    from ..redaction import redact_url
+    from ..registry.kinds import KEYED, kind_of
 
     kind = kind_of(url)
     if kind is None or kind.keyed:
@@ -105,7 +105,7 @@ def not_a_key_registry(url: str, command: str) -> str | None:
 def unreachable(registry: Any, what: str, timeout: float) -> str:
     """A registry that did not answer ``what`` (``list 'greet.rpc'``) within ``timeout`` s, cause first: its own
     account of why (``etcd at 127.0.0.1:2379 unreachable: connection refused``), then the hint to start one."""
-    from . import _loop
+    from .. import _loop
 
     try:
         why = _loop.run(registry.unreachable(), 3.0)

@@ -21,7 +21,7 @@ Graceful stop (``handle.stop()``, or SIGTERM/SIGINT while ``handle.wait()`` runs
 5. cancel what is still running when ``grace`` seconds have passed (a second signal forces it at once).
 
 ``hard_deadline`` (seconds after the stop began): if the stop has not finished by then (a hook or a call
-that hangs), an ERROR is logged and the process exits with status 70 (``os._exit``, see ``waypost._serving``).
+that hangs), an ERROR is logged and the process exits with status 70 (``os._exit``, see ``waypost.server.flavours``).
 
 ``on_unregistered="exit"`` (no lease for ``max_unregistered`` s): the graceful stop, then exit status 75 by
 ``SystemExit`` from ``wait()`` on the main thread or from the aio server's loop, else from the stopping thread.
@@ -51,14 +51,14 @@ from typing import TYPE_CHECKING, Any, ClassVar, Protocol
 
 import grpc
 
-from ._serving import Aio, HardDeadline, ShutdownHook, Threads, hook_name
-from .discovery.registration_contract import Registration
-from .discovery.registration_factory import connect_registries, make_publisher
-from .errors import WaypostError
-from .netutil import advertised_address, bind_problem
-from .orca import mount as mount_load_reports
-from .otel import mount_server as mount_tracing
-from .serve_options import DEFAULT_DRAIN_DELAY, LISTEN_ANY, ServeKeywords, ServeOptions
+from ..discovery.registration_contract import Registration
+from ..discovery.registration_factory import connect_registries, make_publisher
+from ..errors import WaypostError
+from ..netutil import advertised_address, bind_problem
+from ..orca import mount as mount_load_reports
+from ..otel import mount_server as mount_tracing
+from .flavours import Aio, HardDeadline, ShutdownHook, Threads, hook_name
+from .options import DEFAULT_DRAIN_DELAY, LISTEN_ANY, ServeKeywords, ServeOptions
 
 if TYPE_CHECKING:
     from typing_extensions import Unpack
@@ -95,7 +95,7 @@ def _bind(server: Any, listen_on: str, credentials: grpc.ServerCredentials | Non
 # The start-up and graceful-stop sequences are written once, as generators of steps: a step is a thunk; the
 # sync driver runs it, the aio driver runs it and awaits its result when that is awaitable (grpc.aio's
 # server and health servicer, and the Publisher's a* methods, are coroutines). What differs between a
-# ``grpc.server`` and a ``grpc.aio.server`` is in the two flavour classes (``waypost._serving``, same methods).
+# ``grpc.server`` and a ``grpc.aio.server`` is in the two flavour classes (``flavours.py``, same methods).
 
 _Steps = Generator[Callable[[], Any], Any, Any]
 
@@ -290,6 +290,11 @@ class _Base:
     def _force_now(self) -> None:
         """A second signal came: what this kind of server does at once (beyond setting ``_force``)."""
 
+    def take_force(self) -> bool:
+        """True, once, after a second signal asked the stop to cancel what still runs (the caller does it now)."""
+        forced, self._force = self._force, False
+        return forced
+
     def __repr__(self) -> str:
         return f"<{type(self).__name__} {self.key!r} at {self.address}>"
 
@@ -322,9 +327,6 @@ class ServeHandle(_Base):
         """Replace the registration's metadata (e.g. ``{"weight": 5}``): same lease and key, subscribers see
         one change (``Publisher.update_metadata``)."""
         _drive(self._update_steps(metadata))
-
-    def _set_health(self, serving: bool) -> None:
-        _drive(self._health_steps(serving))
 
     # -- stopping --------------------------------------------------------------------------------
 
@@ -379,7 +381,7 @@ class ServeHandle(_Base):
             self._stopped.set()
 
     def _exit_unregistered(self) -> None:
-        from .discovery.outage import UNREGISTERED_EXIT_CODE, exit_process
+        from ..discovery.outage import UNREGISTERED_EXIT_CODE, exit_process
 
         self._exit_code = UNREGISTERED_EXIT_CODE
         self.stop()
@@ -459,9 +461,6 @@ class AsyncServeHandle(_Base):
         """Replace the registration's metadata: same lease and key, subscribers see one change."""
         await _drive_async(self._update_steps(metadata))
 
-    async def _set_health(self, serving: bool) -> None:
-        await _drive_async(self._health_steps(serving))
-
     async def wait(self) -> None:
         """Until SIGTERM/SIGINT (handlers installed only when this loop runs on the main thread) or
         ``stop()``; a signal runs the graceful stop. A second signal forces the stop."""
@@ -485,7 +484,7 @@ class AsyncServeHandle(_Base):
         asyncio.ensure_future(self.server.stop(0))
 
     def _exit_unregistered(self) -> None:
-        from .discovery.outage import UNREGISTERED_EXIT_CODE, exit_process
+        from ..discovery.outage import UNREGISTERED_EXIT_CODE, exit_process
 
         try:  # the task's SystemExit propagates out of the server's event loop (and asyncio.run)
             asyncio.run_coroutine_threadsafe(self._stop_and_exit(UNREGISTERED_EXIT_CODE), self._loop)

@@ -1,85 +1,19 @@
-"""What the ``waypost ls`` and ``waypost resolve`` commands show, as plain data (tables are the CLI's job).
-
-``classify`` recognises each record's wire format from its shape (kratos keys under ``/microservices/``,
-etcd-naming JSON with ``Addr``, go-zero's raw ``host:port``, go-zero metadata side records) and decodes
-it with that format's own decoder, so ``ls`` shows exactly what a subscriber of that format would see.
+"""What the ``waypost ls``, ``resolve`` and ``watch`` commands show, as plain data (tables are the commands' job):
+the lease TTLs and services of ``ls``, the one-off lookup of ``resolve`` with its hints (another wire format, a
+close key), ``watch``'s reachability thread, and ``--meta k=v`` options. What the web console shows too (each
+record's wire format, following a target) is in ``waypost.lookup``.
 """
 
 from __future__ import annotations
 
-import logging
 import threading
 from collections.abc import Callable, Iterable, Sequence
 from typing import Any
 
-from .discovery.override import OVERRIDE_ROOT
-from .registry.formats import ETCD_NAMING, GOZERO, GOZERO_META_ROOT, KRATOS, valid_address
-
-log = logging.getLogger("waypost.cli")
+from ..lookup import GRACE, classify, resolver_for
 
 #: at most this many distinct leases are asked for their TTL by ``ls``
 MAX_TTL_LOOKUPS = 256
-#: seconds ``resolve`` waits past its timeout for the resolver's own error (which says why)
-_GRACE = 0.5
-
-
-def classify(kvs: Iterable[Any]) -> list[dict[str, Any]]:
-    """One dict per registration: service, id, address, format, metadata, lease, key.
-
-    Records that match no format are returned with ``format="?"`` and ``address=None``.
-    """
-    entries: list[dict[str, Any]] = []
-    side: dict[tuple[str, str], dict[str, Any]] = {}
-    for kv in kvs:
-        key, value = kv.key, kv.value
-        if key.startswith(GOZERO_META_ROOT):
-            rest = key[len(GOZERO_META_ROOT):]
-            if "/" in rest:
-                service, ident = rest.rsplit("/", 1)
-                meta = GOZERO.decode_side(key, value, f"{GOZERO_META_ROOT}{service}/")
-                if meta is not None:
-                    side[(service, ident)] = {"address": meta.address, "metadata": dict(meta.metadata)}
-            continue
-        if key.startswith(OVERRIDE_ROOT):  # an operator's weight override (waypost drain): not a registration
-            continue
-        entries.append(_one(key, value, kv.lease))
-    for e in entries:  # join go-zero metadata by (service, id), only when the address agrees
-        m = side.get((e["service"], e["id"])) if e["format"] == "gozero" else None
-        if m is not None and m["address"] == e["address"]:
-            e["metadata"] = m["metadata"]
-    return entries
-
-
-def printable(key: str) -> str:
-    """A registry key safe to print: undecodable bytes (kept by surrogateescape) shown as \\xNN."""
-    return key.encode("utf-8", "surrogateescape").decode("utf-8", "backslashreplace")
-
-
-def _one(key: str, value: bytes, lease: int) -> dict[str, Any]:
-    key = printable(key)
-    service, _, ident = key.rpartition("/")
-    if not service:  # a key without '/': go-zero's exact-match registration
-        service, ident = key, ""
-    out: dict[str, Any] = {"key": key, "service": service, "id": ident, "lease": lease, "address": None,
-                           "format": "?", "metadata": {}}
-    text = value[:65536].decode("utf-8", "replace").strip()
-    entry = None
-    if key.startswith(KRATOS.namespace + "/") and text.startswith("{"):
-        out["format"], entry = "kratos", KRATOS.decode(key, value)
-        out["service"] = service[len(KRATOS.namespace) + 1:]
-    elif text.startswith("{") and '"Addr"' in text:
-        out["format"], entry = "etcd-naming", ETCD_NAMING.decode(key, value)
-    elif valid_address(text):
-        out["format"], entry = "gozero", GOZERO.decode(key, value)
-    else:
-        out["value"] = text[:80]
-    if entry is not None:
-        out["address"] = entry.address
-        out["metadata"] = dict(entry.metadata)
-    elif out["format"] != "?":
-        out["format"] += " (bad value)"
-        out["value"] = text[:80]
-    return out
 
 
 def lease_ttls(sync_registry: Any, entries: Sequence[dict[str, Any]]) -> dict[int, int]:
@@ -107,8 +41,8 @@ def resolve(target: str, *, subset_size: int = 32, client_id: str | None = None,
     ``RegistryUnavailable`` naming the target and the cause, within ``timeout`` seconds (and a little:
     the resolver's own timeout is ``timeout``, so its error, which says why, arrives first).
     """
-    from .errors import RegistryUnavailable
-    from .resolver import Resolver, Subsetter, parse_target
+    from ..errors import RegistryUnavailable
+    from ..resolver import Resolver, Subsetter, parse_target
 
     t = parse_target(target)
     subsetter = Subsetter(subset_size, client_id=client_id) if subset_size and t.scheme != "direct" else None
@@ -125,10 +59,10 @@ def resolve(target: str, *, subset_size: int = 32, client_id: str | None = None,
         answered.set()
 
     # no subsetter: we want the full list and mark the subset ourselves; the lookup bounded by ``timeout``
-    resolver: Resolver = _resolver_for(t, timeout)
+    resolver: Resolver = resolver_for(t, timeout)
     try:
         resolver.start(on_update, on_error)
-        if not answered.wait(timeout + _GRACE):
+        if not answered.wait(timeout + GRACE):
             raise RegistryUnavailable(f"could not resolve {t.redacted}: no answer within {timeout:g}s")
         if not got and errors:  # a failed lookup fails: the command must not show an empty list
             raise RegistryUnavailable(f"could not resolve {t.redacted}: {errors[-1]}")
@@ -159,8 +93,8 @@ def resolve(target: str, *, subset_size: int = 32, client_id: str | None = None,
 def close_keys_in(registry: Any, key: str, timeout: float) -> list[str]:
     """The service keys of ``registry`` closest to ``key`` (a key with nothing registered: a misspelt one?),
     best first; [] when none is close or the keys cannot be read within ``timeout``."""
-    from .client.empty_key import LIST_LIMIT, close_keys
-    from .registry import SyncRegistry, connect
+    from ..client.empty_key import LIST_LIMIT, close_keys
+    from ..registry import SyncRegistry, connect
 
     try:
         reg = connect(registry) if isinstance(registry, str) else registry
@@ -170,62 +104,12 @@ def close_keys_in(registry: Any, key: str, timeout: float) -> list[str]:
     return close_keys(key, (kv.key for kv in kvs))
 
 
-def _resolver_for(t: Any, timeout: float) -> Any:
-    """The resolver of target ``t`` for a one-off lookup: blocking (its start raises RegistryUnavailable naming
-    why), the first answer bounded by ``timeout``, no subsetting (the full list is shown)."""
-    from .resolver import RegistryResolver, ResolverOptions, make_resolver, resolver_factory
-
-    if t.scheme == "dns":
-        return resolver_factory("dns")(t, timeout=timeout)  # type: ignore[call-arg]
-    if t.uses_registry:
-        return RegistryResolver(t, timeout=timeout)
-    if t.scheme != "direct":  # a kind followed by a loop (consul, k8s, zk, a plug-in's) or several targets
-        return resolver_factory(t.scheme)(t, ResolverOptions(blocking=True), timeout=timeout)  # type: ignore[call-arg]
-    return make_resolver(t)
-
-
-def follow(target: str, present: Callable[[dict[str, dict[str, Any]], str], None],
-           changed: Callable[[dict[str, dict[str, Any]]], None], on_error: Callable[[str], None], *,
-           timeout: float = 5.0) -> Any:
-    """Follow ``target``'s resolver (``waypost watch TARGET``): ``present(addresses, where)`` with the first list,
-    ``changed(addresses)`` with each one after (``{address: metadata}``). Returns the started resolver (close it);
-    raises RegistryUnavailable when there is no first list within ``timeout``."""
-    from .errors import RegistryUnavailable
-    from .resolver import parse_target
-
-    t = parse_target(target)
-    resolver = _resolver_for(t, timeout)
-    first = threading.Event()
-    errors: list[str] = []
-
-    def on_update(backends: Sequence[Any]) -> None:
-        now = {b.address: dict(b.metadata) for b in backends}
-        if first.is_set():
-            changed(now)
-        else:
-            present(now, t.redacted)
-            first.set()
-
-    def on_err(message: str) -> None:
-        errors.append(message)
-        on_error(message)
-
-    try:
-        resolver.start(on_update, on_err)
-        if not first.wait(timeout + _GRACE):
-            raise RegistryUnavailable(f"could not resolve {t.redacted} within {timeout:g}s"
-                                      f"{f': {errors[-1]}' if errors else ''}")
-    except BaseException:
-        resolver.close()
-        raise
-    return resolver
-
 
 def other_formats_hint(registry: Any, key: str, fmt: str, found: int, *, exact: bool = False) -> str | None:
     """A note when ``key``'s records are in another wire format than ``fmt`` (what was asked): a go-zero client
     asked for etcd-naming records shows nothing, which otherwise looks like a service with no instance. None
     when nothing else is there (or it cannot be read: the lookup itself already said what it could)."""
-    from .registry import connect
+    from ..registry import connect
 
     try:
         reg = connect(registry) if isinstance(registry, str) else registry
@@ -257,8 +141,8 @@ def follow_reachability(registry: Any, key: str, on_change: Callable[[str | None
     ``interval`` seconds until ``stop`` is set, and calls ``on_change(why)`` when the registry stops answering
     (``why``: its own account, such as "etcd at h:2379 unreachable: connection refused") and ``on_change(None)``
     when it answers again: once per change, never per check."""
-    from . import _loop
-    from .registry.base import SyncRegistry
+    from .. import _loop
+    from ..registry.base import SyncRegistry
 
     reader = SyncRegistry(registry, timeout=timeout)
 

@@ -1,7 +1,7 @@
 """What ``serve`` and ``serve_async`` take besides the server, its key and ``listen_on``: ``ServeOptions``.
 
 Both build a ``ServeOptions`` from their keywords (``ServeKeywords`` types them: written once, shared by the two
-signatures), so each default and each check is written here once; ``server.py`` runs the lifecycle with them.
+signatures), so each default and each check is written here once; ``lifecycle.py`` runs the lifecycle with them.
 """
 
 from __future__ import annotations
@@ -12,8 +12,8 @@ from typing import Any, TypedDict
 
 import grpc
 
-from ._serving import check_shutdown_args
-from .errors import check_keywords
+from ..errors import check_keywords
+from .flavours import check_shutdown_args
 
 #: how long a stopping server keeps serving after deregistering: a watch event reaches clients in
 #: milliseconds on a healthy etcd; one second also covers a loaded client
@@ -96,7 +96,7 @@ class ServeOptions:
     None: never."""
 
     def __post_init__(self) -> None:
-        from .discovery.outage import check_unregistered_args
+        from ..discovery.outage import check_unregistered_args
 
         if self.grace < 0:
             raise ValueError(f"serve: grace must be >= 0 seconds, got {self.grace!r}")

@@ -1,6 +1,6 @@
 """How the ``serve`` steps run on each kind of server, and the user's part of a graceful stop.
 
-- The two flavours (``server.py`` writes its start-up and stop sequences once, as steps): ``Threads`` for a
+- The two flavours (``lifecycle.py`` writes its start-up and stop sequences once, as steps): ``Threads`` for a
   ``grpc.server`` (every operation blocks and returns its result) and ``Aio`` for a ``grpc.aio.server``
   (every operation returns an awaitable), with the same methods.
 - ``on_shutdown`` hooks: checked by ``check_shutdown_args``; run one by one by the stop sequence, each
@@ -21,9 +21,9 @@ import time
 from collections.abc import Callable, Iterable
 from typing import Any
 
-from .discovery.outage import exit_process, positive_seconds
-from .discovery.registration_contract import Registration
-from .errors import describe_value
+from ..discovery.outage import exit_process, positive_seconds
+from ..discovery.registration_contract import Registration
+from ..errors import describe_value
 
 log = logging.getLogger("waypost.server")
 
@@ -117,15 +117,14 @@ class Threads:
 
     def wait_stopped(self, server: Any, begun: tuple[Any], handle: Any = None, limit: float | None = None) -> None:
         """Return once the stop ``begun`` has finished (or after ``limit`` seconds); ``handle``: whose second
-        signal (``handle._force``) cancels what still runs, at once."""
+        signal (``handle.take_force()``) cancels what still runs, at once."""
         done = begun[0]
         deadline = None if limit is None else time.monotonic() + limit
         while not done.wait(0.1 if deadline is None else max(0.0, min(0.1, deadline - time.monotonic()))):
             if deadline is not None and time.monotonic() >= deadline:
                 return
-            if handle is not None and handle._force:
+            if handle is not None and handle.take_force():
                 server.stop(0)
-                handle._force = False
 
     def stop_server(self, server: Any, grace: float, handle: Any = None, limit: float | None = None) -> None:
         self.wait_stopped(server, self.begin_stop(server, grace), handle, limit)

@@ -7,7 +7,7 @@ messages and subscribed names never sent follow the table. On a terminal the tab
 a file it is plain text, one line per client with every cell whole, whatever the width. ``--json`` prints the
 ClientStatusResponse itself.
 
-Registered by ``_cli_xds.xds_commands``; the xDS protos (the ``xds`` extra) are imported only when it runs.
+Registered by ``waypost.cli.xds.xds_commands``; the xDS protos (the ``xds`` extra) are imported only when it runs.
 """
 
 from __future__ import annotations
@@ -101,8 +101,8 @@ def tls_mismatch(server: str, tls: TlsFlags, timeout: float) -> str | None:
     line: what happened and the flags to pass); None when the probe shows none (``xds/tls_probe.py``)."""
     import ssl
 
-    from .netutil import split_host_port
-    from .xds.tls_probe import probe_tls
+    from ..netutil import split_host_port
+    from ..xds.tls_probe import probe_tls
 
     try:
         host, port = split_host_port(server, what="--server")
@@ -162,7 +162,7 @@ def rows(response: Any) -> tuple[list[list[tuple[str, str]]], list[str]]:
     """The table's rows (one per client; cells as (text, style)) and the notes below it (NACKs, names not sent)."""
     from envoy.service.status.v3 import csds_pb2
 
-    from .xds.resources import SHORT, TYPES
+    from ..xds.resources import SHORT, TYPES
 
     table, notes = [], []
     for config in response.config:
@@ -194,7 +194,7 @@ def response_json(response: Any) -> str:
     without its contents (its type, name, version and states stay), with a note on stderr."""
     from google.protobuf.json_format import MessageToJson
 
-    from .xds import resources  # noqa: F401  (registers every type waypost serves, for the Any fields)
+    from ..xds import resources  # noqa: F401  (registers every type waypost serves, for the Any fields)
 
     try:
         return MessageToJson(response, indent=2, sort_keys=True)
@@ -242,7 +242,7 @@ def status_command(global_options: Callable[[Any], Any], pass_ctx: Callable[[Any
             c.out.print(f"no client connected to {server}" + (f" with a node id starting {node_prefix!r}"
                                                              if node_prefix is not None else ""), markup=False)
             return
-        from .xds.resources import SHORT
+        from ..xds.resources import SHORT
 
         table, notes = rows(response)
         title = f"{server}  ({len(table)} client{'s' if len(table) != 1 else ''})"

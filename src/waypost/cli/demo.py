@@ -1,6 +1,6 @@
 """``waypost demo`` (the live demo) and ``waypost bench`` (the benchmarks in bench/): the commands that run programs.
 
-Registered on the ``waypost`` command group by ``waypost._cli`` (``register``); this module does not import it.
+Registered on the ``waypost`` command group by ``waypost.cli.commands`` (``register``); this module does not import it.
 """
 
 from __future__ import annotations
@@ -61,7 +61,7 @@ def register(app: click.Group, global_options: Callable[..., Any], pass_ctx: Cal
 
         A run takes about 40 s on 2 cores (--quick: about 20 s) and ends every process it started. Reuses the etcd at --registry when it answers, else starts its own (or, without an etcd binary, runs
         everything in this process on the memory registry)."""
-        from .demo import run_demo
+        from ..demo import run_demo
 
         with _sigterm_as_interrupt():
             rc = run_demo(quick=quick, out_dir=out_dir, chart=not no_chart, console=c.out,
