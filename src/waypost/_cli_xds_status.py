@@ -12,6 +12,7 @@ Registered by ``_cli_xds.xds_commands``; the xDS protos (the ``xds`` extra) are 
 
 from __future__ import annotations
 
+import json
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
@@ -223,17 +224,33 @@ def status_command(global_options: Callable[[Any], Any], pass_ctx: Callable[[Any
                   help="The private key of --tls-cert (PEM).")
     @click.option("--timeout", type=click.FloatRange(min=0, min_open=True), default=10.0, show_default=True,
                   help="Seconds to wait for the answer.")
+    @click.option("--load", "load", is_flag=True,
+                  help="Show the load the clients report instead (per export and locality: rates, in flight, "
+                       "errors, dropped calls, ORCA metrics).")
     @global_options
     @pass_ctx
     def status_cmd(c: Any, server: str, node_prefix: str | None, tls_ca: Path | None, tls_cert: Path | None,
-                   tls_key: Path | None, timeout: float) -> None:
+                   tls_key: Path | None, timeout: float, load: bool) -> None:
         """List every client connected to the control plane at --server and, per resource type, whether it holds
         the version sent (SYNCED), has not answered it yet (STALE) or rejected it (NACKED, with the client's
-        message below the table). --json prints the CSDS ClientStatusResponse as JSON."""
+        message below the table). --json prints the CSDS ClientStatusResponse as JSON. --load shows the load the
+        clients report instead (exports with load_reporting)."""
         try:
             import waypost.xds  # noqa: F401  (names the extra to install when it is missing)
         except ImportError as e:
             raise click.ClickException(str(e)) from None
+        if load:  # the LRS view (_cli_xds_load.py)
+            from ._cli_xds_load import fetch_load, print_load
+
+            tls = TlsFlags(tls_ca, tls_cert, tls_key)
+            if tls.given:
+                raise_on_tls_mismatch(server, tls, timeout)
+            view = fetch_load(server, tls.credentials(), timeout)
+            if c.as_json:
+                click.echo(json.dumps(view, indent=2, sort_keys=True))
+            else:
+                print_load(c, server, view)
+            return
         response = fetch_status(server, node_prefix, TlsFlags(tls_ca, tls_cert, tls_key), timeout)
         if c.as_json:
             click.echo(response_json(response))
