@@ -4,7 +4,8 @@ and locality (docs/xds.md, "Load reporting").
 Asks ``waypost.xds.v1.LoadStatus/Fetch`` (``xds/lrs.py``; JSON) and prints, per locality: the calls issued,
 succeeded and errored per second in the clients' last reports, the calls in flight now, the totals since the
 control plane started, the cluster's dropped calls (circuit breaking and drop policies; on its first row) and the
-named ORCA metrics with the most calls (mean value, calls). ``--json`` prints the answer itself.
+named ORCA metrics with the most calls (mean value, calls). ``--json`` prints the answer itself. The table is
+printed by ``_cli_xds_status`` (rich on a terminal, plain text otherwise), as its own.
 """
 
 from __future__ import annotations
@@ -78,27 +79,12 @@ def load_rows(view: dict[str, Any]) -> list[list[str]]:
     return rows
 
 
-def print_load(c: Any, server: str, view: dict[str, Any]) -> None:
-    """The table (rich on a terminal, plain text otherwise), or a line saying nothing was reported yet."""
-    from ._cli_xds_status import plain_table
-
+def load_title(server: str, view: dict[str, Any]) -> str:
+    """The line above the table: who reports, how often."""
     clients = view["clients"]
-    title = (f"{server}  load reported by {clients} client{'s' if clients != 1 else ''}, every "
-             f"{view['interval']:g}s ({view['reports']} reports)")
-    if not view["clusters"]:
-        c.out.print(f"{title}: none yet (exports report load with load_reporting = true, or serve with "
-                    "--load-reporting)", markup=False)
-        return
-    rows = load_rows(view)
-    if c.out.is_terminal:
-        from rich.table import Table
+    return (f"{server}  load reported by {clients} client{'s' if clients != 1 else ''}, every "
+            f"{view['interval']:g}s ({view['reports']} reports)")
 
-        t = Table(title=title, title_justify="left", title_style="bold")
-        for col in HEADER:
-            t.add_column(col, overflow="fold", justify="right" if col.isupper() and "/" in col else "left")
-        for row in rows:
-            t.add_row(*row)
-        c.out.print(t)
-    else:
-        click.echo(title)
-        click.echo(plain_table(HEADER, rows))
+
+#: what ``--load`` prints when no load was reported yet
+NONE_YET = ": none yet (exports report load with load_reporting = true, or serve with --load-reporting)"

@@ -190,6 +190,24 @@ def plain_table(header: list[str], body: list[list[str]]) -> str:
     return "\n".join("  ".join(cell.ljust(w) for cell, w in zip(r, widths)).rstrip() for r in (header, *body))
 
 
+def print_table(c: Any, title: str, header: list[str], rows: list[list[tuple[str, str]]]) -> None:
+    """A table of (text, rich style) cells: drawn by rich on a terminal; to a pipe or a file, plain text with whole
+    cells, one line per row, whatever the width (grep, awk, logs)."""
+    if c.out.is_terminal:
+        from rich.table import Table
+        from rich.text import Text
+
+        t = Table(title=title, title_justify="left", title_style="bold")
+        for col in header:
+            t.add_column(col, overflow="fold")
+        for row in rows:
+            t.add_row(*(Text(text, style=style) for text, style in row))
+        c.out.print(t)
+    else:
+        click.echo(title)
+        click.echo(plain_table(header, [[text for text, _ in row] for row in rows]))
+
+
 def response_json(response: Any) -> str:
     """The ClientStatusResponse as JSON; a resource of a type this process has no descriptor of is printed
     without its contents (its type, name, version and states stay), with a note on stderr."""
@@ -240,7 +258,7 @@ def status_command(global_options: Callable[[Any], Any], pass_ctx: Callable[[Any
         except ImportError as e:
             raise click.ClickException(str(e)) from None
         if load:  # the LRS view (_cli_xds_load.py)
-            from ._cli_xds_load import fetch_load, print_load
+            from ._cli_xds_load import HEADER, NONE_YET, fetch_load, load_rows, load_title
 
             tls = TlsFlags(tls_ca, tls_cert, tls_key)
             if tls.given:
@@ -248,8 +266,10 @@ def status_command(global_options: Callable[[Any], Any], pass_ctx: Callable[[Any
             view = fetch_load(server, tls.credentials(), timeout)
             if c.as_json:
                 click.echo(json.dumps(view, indent=2, sort_keys=True))
+            elif not view["clusters"]:
+                c.out.print(load_title(server, view) + NONE_YET, markup=False)
             else:
-                print_load(c, server, view)
+                print_table(c, load_title(server, view), HEADER, [[(cell, "") for cell in r] for r in load_rows(view)])
             return
         response = fetch_status(server, node_prefix, TlsFlags(tls_ca, tls_cert, tls_key), timeout)
         if c.as_json:
@@ -264,19 +284,7 @@ def status_command(global_options: Callable[[Any], Any], pass_ctx: Callable[[Any
         table, notes = rows(response)
         title = f"{server}  ({len(table)} client{'s' if len(table) != 1 else ''})"
         header = ["NODE", "CLUSTER", "ZONE", *SHORT.values()]
-        if c.out.is_terminal:
-            from rich.table import Table
-            from rich.text import Text
-
-            t = Table(title=title, title_justify="left", title_style="bold")
-            for col in header:
-                t.add_column(col, overflow="fold")
-            for row in table:
-                t.add_row(*(Text(text, style=style) for text, style in row))
-            c.out.print(t)
-        else:  # a pipe or a file: whole cells, one line per client, whatever the width (grep, awk, logs)
-            click.echo(title)
-            click.echo(plain_table(header, [[text for text, _ in row] for row in table]))
+        print_table(c, title, header, table)
         for note in notes:
             c.out.print(note, markup=False)
 

@@ -114,7 +114,7 @@ class LrsSetup:
             self.publishers.append(Publisher(etcd.url(), keys["orca"], self.orca.address, ttl=10))
         for p in self.publishers:
             p.start()
-        target = {k: f"etcd:///{etcd.endpoint}?key={v}" for k, v in keys.items()}
+        self.targets = target = {k: f"etcd:///{etcd.endpoint}?key={v}" for k, v in keys.items()}
         exports: dict[str, dict[str, Any]] = {}
         for lang in ("grpcio", "go", "java"):
             exports[f"counted-{lang}"] = {"target": target["counted"], "load_reporting": True}
@@ -129,13 +129,13 @@ class LrsSetup:
             {}, extra_args=["--config", str(self.path), "--load-reporting-interval", str(INTERVAL),
                             "--metrics-port", str(self.metrics_port), "-v"])
 
-    def load(self) -> dict[str, Any]:
+    def load(self, addr: str | None = None) -> dict[str, Any]:
         from waypost._cli_xds_load import fetch_load
 
-        return fetch_load(self.addr, None, 5.0)
+        return fetch_load(addr or self.addr, None, 5.0)
 
-    def cluster(self, name: str) -> dict[str, Any] | None:
-        return next((c for c in self.load()["clusters"] if c["cluster"] == name), None)
+    def cluster(self, name: str, addr: str | None = None) -> dict[str, Any] | None:
+        return next((c for c in self.load(addr)["clusters"] if c["cluster"] == name), None)
 
     def close(self) -> None:
         self.proc.stop()
@@ -402,6 +402,53 @@ def test_status_load_and_metrics_show_the_reports(setup: LrsSetup) -> None:
         for g in gates:
             g.release.set()
     run.finish(60.0)
+
+
+def test_the_flag_turns_load_reporting_on_for_every_export(setup: LrsSetup) -> None:
+    """``waypost xds serve --load-reporting``: an export given without the option reports load (3 calls of grpcio,
+    the last held: 3 issued, 1 in flight), but one that says ``load_reporting=false`` does not."""
+    addr, bootstrap, proc = xds_control_plane(
+        {"flagged": setup.targets["counted"], "quiet": setup.targets["counted"] + " load_reporting=false"},
+        extra_args=["--load-reporting", "--load-reporting-interval", str(INTERVAL)])
+    gates = (setup.gates["a"], setup.gates["b"])
+    for g in gates:
+        g.reset(hold=lambda i: i == 2)
+    runs = [start_client("grpcio", "xds:///flagged", bootstrap, 3)]
+    try:
+        want = {"issued": 3, "succeeded": 2, "errored": 0, "in_flight": 1, "dropped": 0}
+        wait_until(lambda: _totals(setup.cluster("flagged", addr)) == want, 60.0, f"flagged's reports: {want}")
+        runs.append(start_client("grpcio", "xds:///quiet", bootstrap, 3))
+        wait_until(lambda: sum(g.in_flight for g in gates) == 2, 60.0, "quiet's last call held too")
+        lrs = wait_until(lambda: (got := _lrs_servers(addr)) and set(got) == {"flagged", "quiet"} and got, 30.0,
+                         "both Clusters in the client status")
+        assert lrs == {"flagged": True, "quiet": False}, lrs
+        assert setup.cluster("quiet", addr) is None  # nothing reported for it meanwhile
+    finally:
+        for g in gates:
+            g.release.set()
+        for r in runs:
+            r.stop()
+        proc.stop()
+
+
+def _lrs_servers(addr: str) -> dict[str, bool]:
+    """Cluster name -> whether it names a load-reporting server, from what the control plane's clients hold
+    (CSDS)."""
+    from envoy.config.cluster.v3 import cluster_pb2
+    from envoy.service.status.v3 import csds_pb2, csds_pb2_grpc
+
+    from waypost.xds.resources import CLUSTER
+
+    with grpc.insecure_channel(addr) as channel:
+        resp = csds_pb2_grpc.ClientStatusDiscoveryServiceStub(channel).FetchClientStatus(
+            csds_pb2.ClientStatusRequest(), timeout=10)
+    out = {}
+    for config in resp.config:
+        for g in config.generic_xds_configs:
+            if g.type_url == CLUSTER and g.HasField("xds_config"):
+                c = cluster_pb2.Cluster.FromString(g.xds_config.value)
+                out[c.name] = c.HasField("lrs_server")
+    return out
 
 
 def _series(text: str) -> dict[str, float]:
