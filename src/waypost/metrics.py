@@ -126,34 +126,9 @@ _sources: list[LiveSource] = []
 
 
 
-#: collectors of other layers (``register_collector``): in the Prometheus registry while metrics are enabled
-_collectors: list[Any] = []
-
-
-def register_collector(collector: Any) -> None:
-    """Have a prometheus-client collector (``collect()`` yielding metric families, read at each scrape) in the
-    registry now, if metrics are enabled, and whenever they are enabled later (idempotent)."""
-    with _lock:
-        if collector in _collectors:
-            return
-        _collectors.append(collector)
-        if _prometheus is not None:
-            _prometheus.registry.register(collector)
-            _prometheus._all.append(collector)
-
-
-def unregister_collector(collector: Any) -> None:
-    """Take ``collector`` out of the registry (no error if it was not registered)."""
-    with _lock:
-        if collector not in _collectors:
-            return
-        _collectors.remove(collector)
-        if _prometheus is not None and collector in _prometheus._all:
-            _prometheus._all.remove(collector)
-            try:
-                _prometheus.registry.unregister(collector)
-            except KeyError:
-                pass
+def prometheus_registry() -> Any:
+    """The CollectorRegistry metrics are recorded into (None while disabled): other layers add collectors there."""
+    return None if _prometheus is None else _prometheus.registry
 
 
 def register_live_source(source: LiveSource) -> None:
@@ -280,9 +255,6 @@ class PrometheusObserver(Observer):
         self._discovery = _DiscoveryCollector()
         r.register(self._discovery)
         self._all.append(self._discovery)
-        for c in _collectors:
-            r.register(c)
-            self._all.append(c)
 
     def target_label(self, target: str) -> str:
         label = self._targets.get(target)

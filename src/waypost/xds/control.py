@@ -112,6 +112,7 @@ class ControlPlane:
         self.load = LoadStats(interval, self.export_of)
         self.ads.services.append(LrsServer(self.load, self._reporting_clusters).add_to_server)
         self._load_collector = LoadCollector(self.load)
+        self._load_registry: Any = None  # the Prometheus registry it is in
         #: figures: snapshots built, the last push's duration (seconds) and response count
         self.stats: dict[str, Any] = {"snapshots": 0, "last_push_seconds": 0.0, "last_push_responses": 0}
         self._started = False
@@ -144,7 +145,10 @@ class ControlPlane:
             self._watchers.append(w)
             w.start()
         self._rebuild()
-        _metrics.register_collector(self._load_collector)
+        registry = _metrics.prometheus_registry()  # metrics enabled before the start (waypost xds serve does)
+        if registry is not None and self._load_registry is None:
+            registry.register(self._load_collector)
+            self._load_registry = registry
         port = await self.ads.start(listen, credentials, reuse_port=reuse_port,
                                     max_connection_age=self.max_connection_age)
         self._started = True
@@ -165,7 +169,9 @@ class ControlPlane:
                 log.debug("xds: closing a resolver failed", exc_info=True)
         self._resolvers.clear()
         await self.ads.stop(grace)
-        _metrics.unregister_collector(self._load_collector)
+        if self._load_registry is not None:
+            self._load_registry.unregister(self._load_collector)
+            self._load_registry = None
         self._started = False
 
     def add_export(self, export: Export) -> None:
