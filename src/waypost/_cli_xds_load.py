@@ -51,8 +51,10 @@ def _rate(x: float) -> str:
 
 
 def metrics_cell(metrics: dict[str, Any], top: int = TOP_METRICS) -> str:
-    """The ``top`` metrics most calls carried: ``name=mean (calls)``, comma-separated; ``-`` for none."""
-    ranked = sorted(metrics.items(), key=lambda kv: (-kv[1]["count"], kv[0]))[:top]
+    """The ``top`` metrics most calls carried, the application's named ones before the utilizations:
+    ``name=mean (calls)``, comma-separated; ``-`` for none."""
+    ranked = sorted(metrics.items(),
+                    key=lambda kv: (not kv[0].startswith("named_metrics."), -kv[1]["count"], kv[0]))[:top]
     return ", ".join(f"{name}={m['mean']:.3g} ({m['count']})" for name, m in ranked) or "-"
 
 

@@ -166,3 +166,7 @@ def test_the_load_table_rows() -> None:
                      "named_metrics.q=0.5 (4), named_metrics.z=9 (1)"],
                     ["shop", "shop", "r/b", "1.0", "1.0", "0.0", "0", "1", "0", "", "-"]]
     assert metrics_cell({}) == "-"
+    # the application's named metrics before the utilizations, then by calls
+    cell = metrics_cell({"cpu_utilization": {"count": 9, "mean": 0.5}, "named_metrics.a": {"count": 2, "mean": 1.0},
+                         "named_metrics.b": {"count": 5, "mean": 2.0}, "mem_utilization": {"count": 9, "mean": 0.1}})
+    assert cell == "named_metrics.b=2 (5), named_metrics.a=1 (2), cpu_utilization=0.5 (9)"

@@ -522,6 +522,7 @@ function renderXds() {
 function xdsLoad(name, clusters) {
   if (!clusters || !clusters.length) return null;
   const rate = (v) => (v < 100 ? v.toFixed(1) : v.toFixed(0));
+  const named = (k) => (k.startsWith("named_metrics.") ? 1 : 0);  // the application's metrics first
   const table = el("table", { class: "instances", "data-xds-load": name },
     el("tr", {}, ["cluster", "locality", "calls/s", "errors/s", "in flight", "succeeded", "errored", "dropped",
       "metrics"].map((h) => el("th", {}, h))));
@@ -529,7 +530,7 @@ function xdsLoad(name, clusters) {
     const dropped = String(c.dropped) + (Object.keys(c.dropped_by_category).length ? " (" +
       Object.entries(c.dropped_by_category).map(([k, v]) => `${k}=${v}`).join(", ") + ")" : "");
     (c.localities.length ? c.localities : [null]).forEach((l, i) => {
-      const metrics = l ? Object.entries(l.metrics).sort((a, b) => b[1].count - a[1].count).slice(0, 3)
+      const metrics = l ? Object.entries(l.metrics).sort((a, b) => named(b[0]) - named(a[0]) || b[1].count - a[1].count).slice(0, 3)
         .map(([k, m]) => `${k}=${m.mean.toPrecision(3)}`).join(", ") : "";
       table.append(el("tr", { "data-locality": l ? l.locality : "-" }, el("td", {}, c.cluster),
         el("td", {}, l ? l.locality : "-"), el("td", {}, l ? rate(l.rates.issued) : "0"),
