@@ -332,7 +332,7 @@ def test_grpc_java_without_load_reporting_does_not_break_circuits(setup: LrsSetu
     assert setup.cluster("breaker-plain") is None  # no load reported for it
 
 
-@pytest.mark.parametrize("client", [pytest.param("go", marks=go_timeout_mark()),
+@pytest.mark.parametrize("client", ["grpcio", pytest.param("go", marks=go_timeout_mark()),
                                     pytest.param("java", marks=java_timeout_mark())])
 def test_orca_named_metrics_reach_the_reports(client: str, setup: LrsSetup) -> None:
     """grpc-go's orca-server returns named metric queue=3 and cpu 0.5 with each call: the client's reports carry
