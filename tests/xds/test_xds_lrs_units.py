@@ -170,3 +170,13 @@ def test_the_load_table_rows() -> None:
     cell = metrics_cell({"cpu_utilization": {"count": 9, "mean": 0.5}, "named_metrics.a": {"count": 2, "mean": 1.0},
                          "named_metrics.b": {"count": 5, "mean": 2.0}, "mem_utilization": {"count": 9, "mean": 0.1}})
     assert cell == "named_metrics.b=2 (5), named_metrics.a=1 (2), cpu_utilization=0.5 (9)"
+
+
+def test_locality_names_keep_their_places() -> None:
+    from waypost.xds.load_stats import locality_text
+
+    def text(region: str = "", zone: str = "", sub_zone: str = "") -> str:
+        return locality_text(base_pb2.Locality(region=region, zone=zone, sub_zone=sub_zone))
+
+    assert [text("r1", "a"), text(zone="a"), text("r1"), text(sub_zone="weight-5"), text()] == \
+        ["r1/a", "/a", "r1", "//weight-5", "-"]

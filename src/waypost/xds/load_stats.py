@@ -36,9 +36,9 @@ REPORTED_ORCA = (*UNNAMED_METRICS, "named_metrics.*")
 
 
 def locality_text(locality: Any) -> str:
-    """``region/zone/sub_zone`` with empty parts left out; ``-`` for the empty locality (no region, no zone)."""
-    parts = [p for p in (locality.region, locality.zone, locality.sub_zone) if p]
-    return "/".join(parts) or "-"
+    """``region/zone/sub_zone`` without its empty trailing parts (``r1/a``; a zone without region: ``/a``); ``-``
+    for the empty locality (the endpoints without region and zone)."""
+    return f"{locality.region}/{locality.zone}/{locality.sub_zone}".rstrip("/") or "-"
 
 
 @dataclass
@@ -65,8 +65,10 @@ class LocalityTotals:
 
 @dataclass
 class ClusterTotals:
-    """One cluster since the start: its localities, calls dropped, and dropped per category."""
+    """One cluster since the start: the export it belongs to, its localities, calls dropped, and dropped per
+    category."""
 
+    export: str = ""
     localities: dict[str, LocalityTotals] = field(default_factory=dict)
     dropped: int = 0
     dropped_by_category: dict[str, int] = field(default_factory=dict)
@@ -139,6 +141,7 @@ class LoadStats:
         for cs in cluster_stats:
             name = cs.cluster_name
             totals = self.clusters.setdefault(name, ClusterTotals())
+            totals.export = self.export_of(name)  # asked here, on the loop the exports change on, not at a scrape
             if cs.HasField("load_report_interval"):
                 interval = max(interval, cs.load_report_interval.ToTimedelta().total_seconds())
             by_category = {d.category: d.dropped_count for d in cs.dropped_requests}
@@ -205,7 +208,7 @@ class LoadStats:
                     "metrics": {m: {"count": v.count, "sum": v.total, "mean": v.total / v.count if v.count else 0.0}
                                 for m, v in sorted(t.metrics.items())}})
             drop_rate = sum(r.dropped.get(name, 0) / r.interval for r in fresh if r.interval > 0)
-            clusters.append({"cluster": name, "export": self.export_of(name), "dropped": totals.dropped,
+            clusters.append({"cluster": name, "export": totals.export, "dropped": totals.dropped,
                              "dropped_by_category": dict(sorted(totals.dropped_by_category.items())),
                              "drop_rate": drop_rate, "localities": localities})
         return {"interval": self.interval, "clients": self.streams, "reports": self.reports, "clusters": clusters}
@@ -214,7 +217,7 @@ class LoadStats:
         """(export, cluster, locality, totals, in flight) of every locality reported so far (for the metrics;
         the totals are copies)."""
         with self.lock:
-            return [(self.export_of(name), name, where,
+            return [(totals.export, name, where,
                      LocalityTotals(t.succeeded, t.errored, t.issued,
                                     {m: Metric(v.count, v.total) for m, v in t.metrics.items()}),
                      self.in_flight(name, where))
@@ -223,7 +226,7 @@ class LoadStats:
     def drops(self) -> list[tuple[str, str, int, dict[str, int]]]:
         """(export, cluster, dropped, dropped per category) of every cluster reported so far."""
         with self.lock:
-            return [(self.export_of(name), name, t.dropped, dict(t.dropped_by_category))
+            return [(t.export, name, t.dropped, dict(t.dropped_by_category))
                     for name, t in sorted(self.clusters.items())]
 
 
