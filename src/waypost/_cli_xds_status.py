@@ -257,6 +257,8 @@ def status_command(global_options: Callable[[Any], Any], pass_ctx: Callable[[Any
             import waypost.xds  # noqa: F401  (names the extra to install when it is missing)
         except ImportError as e:
             raise click.ClickException(str(e)) from None
+        if load and node_prefix is not None:
+            raise click.UsageError("--node filters the client status; --load sums every client's reports: give one")
         if load:  # the LRS view (_cli_xds_load.py)
             from ._cli_xds_load import HEADER, NONE_YET, fetch_load, load_rows, load_title
 

@@ -180,3 +180,18 @@ def test_locality_names_keep_their_places() -> None:
 
     assert [text("r1", "a"), text(zone="a"), text("r1"), text(sub_zone="weight-5"), text()] == \
         ["r1/a", "/a", "r1", "//weight-5", "-"]
+
+
+def test_status_load_refuses_node_and_names_an_unreachable_server() -> None:
+    import subprocess
+    import sys
+
+    def status(*args: str) -> subprocess.CompletedProcess[str]:
+        return subprocess.run([sys.executable, "-m", "waypost.cli", "xds", "status", "--server", "127.0.0.1:1",
+                               "--load", "--timeout", "5", *args], capture_output=True, text=True, timeout=60,
+                              check=False)
+
+    both = status("--node", "x")
+    assert both.returncode != 0 and "--node filters the client status; --load sums" in both.stderr, both.stderr
+    gone = status()
+    assert gone.returncode != 0 and "cannot reach 127.0.0.1:1" in gone.stderr, gone.stderr
