@@ -53,6 +53,8 @@ xds_push_seconds                             histogram  from a change in a sourc
                                                         stream (the push interval's wait included)
 xds_source_up{export}                        gauge      1 while the export's source (its resolver) answers, 0 while it
                                                         fails (its last endpoints, if any, stay served)
+xds_load_*                                   (several)  what the xDS clients report over LRS (``waypost.xds.lrs``:
+                                                        ``LoadCollector``, read at scrape time; docs/xds.md)
 ===========================================  =========  =========================================================
 
 The publisher gauges come from sources the discovery layer registers with :func:`register_publisher_source`.
@@ -122,6 +124,11 @@ LiveSource = Callable[[], Iterable[ChannelSample]]
 _sources: list[LiveSource] = []
 
 
+
+
+def prometheus_registry() -> Any:
+    """The CollectorRegistry metrics are recorded into (None while disabled): other layers add collectors there."""
+    return None if _prometheus is None else _prometheus.registry
 
 
 def register_live_source(source: LiveSource) -> None:

@@ -119,3 +119,33 @@ def test_traffic_of_reads_the_default_routes_split() -> None:
     plain = traffic_of(answer("shop=direct:///127.0.0.1:1"), "shop")
     assert plain == {"split": [{"cluster": "shop", "subset": "", "weight": 1, "share": 1.0, "addresses": []}]}
     assert traffic_of(answer("shop=direct:///127.0.0.1:1"), "other") is None
+
+
+def test_the_load_the_clients_report_is_shown(tmp_path, page) -> None:  # noqa: F811 (the fixture)
+    """An export with load reporting: ``/api/xds`` carries the load its grpcio client reports (per cluster and
+    locality, the same view as ``waypost xds status --load``), and the xDS card shows it under the clients."""
+    with echo_servers("l1", "l2") as servers:
+        control = ControlPlane([parse_export("shop=direct:///" + ",".join(s.address for s in servers)
+                                             + " load_reporting=true")], load_reporting_interval=0.5)
+        port = control.start()
+        try:
+            with stock_client(bootstrap_json([f"127.0.0.1:{port}"], "load-grpcio"), tmp_path) as c, \
+                    running_console(registries=["memory://console-load"], xds=f"127.0.0.1:{port}") as (_, url):
+                got = c.calls("shop", 20, timeout=10)
+                assert sum(got["servers"].values()) == 20, got
+
+                def reported() -> Any:
+                    load = http(url + "api/xds")[1].get("load", {}).get("shop") or []
+                    locs = [x for cluster in load for x in cluster["localities"]]
+                    return locs if sum(x["succeeded"] for x in locs) == 20 else None
+
+                locs = wait_until(reported, 30, "the 20 calls in the load of shop in /api/xds")
+                assert [x["locality"] for x in locs] == ["-"] and locs[0]["in_flight"] == 0, locs
+                page.goto(url)
+                row = page.locator('[data-xds-load="shop"] tr[data-locality="-"]')
+                row.wait_for(timeout=15_000)
+                cells = row.locator("td").all_inner_texts()
+                assert cells[0] == "shop" and cells[5] == "20" and cells[6] == "0" and cells[7] == "0", cells
+                _screenshot(page, tmp_path / "console-xds-load.png")
+        finally:
+            control.stop()

@@ -308,9 +308,9 @@ def _parallel_client(lang: str, target: str, bootstrap: str, calls: int, paralle
 def test_circuit_breaking_fails_calls_beyond_max_requests(lang: str, setup: TrafficSetup) -> None:
     """max_requests = 2 (gRFC A32) and waves of 6 calls (started 20 ms apart) to a server answering in 0.5 s:
     grpc-go fails 4 of each wave at once with UNAVAILABLE. grpc-java 1.85 counts calls in flight only when the
-    Cluster has a load-reporting server (its counting stream tracer comes with the LRS locality stats, which
-    waypost does not serve), so it never trips: every call succeeds (docs/xds.md). Without max_requests every call
-    succeeds."""
+    Cluster has a load-reporting server (its counting stream tracer comes with the LRS locality stats), and this
+    export has no ``load_reporting``, so it never trips: every call succeeds (docs/xds.md; with load reporting it
+    trips: tests/xds/test_xds_lrs.py). Without max_requests every call succeeds."""
     result = _parallel_client(lang, "xds:///breaker", setup.bootstrap, 30, 6, 0.02)
     codes = {str(k).upper(): v for k, v in (result.get("codes") or {}).items()}
     ok = sum(result["counts"].values())

@@ -168,7 +168,7 @@ def xds_commands(global_options: Callable[[Any], Any], pass_ctx: Callable[[Any],
     @click.option("--export", "specs", multiple=True, metavar="'NAME=TARGET [OPT=V ...]'",
                   help="Serve NAME from a dial target, or from a KEY in --registry (repeatable). "
                        "Options: policy, hash_header, prefer, retries, retry_on, service_config, serve_empty, "
-                       "subset_key, subsets, split, max_requests.")
+                       "subset_key, subsets, split, max_requests, load_reporting.")
     @click.option("--prefix", "prefixes", multiple=True, metavar="'PREFIX [OPT=V ...]'",
                   help="Serve every service key under PREFIX in --registry (found as they appear; repeatable).")
     @click.option("--config", type=click.Path(dir_okay=False, path_type=Path), default=None,
@@ -190,11 +190,16 @@ def xds_commands(global_options: Callable[[Any], Any], pass_ctx: Callable[[Any],
     @click.option("--max-connection-age", type=click.FloatRange(0), default=1800.0, show_default=True,
                   metavar="SECONDS", help="Send a client's connection GOAWAY after about SECONDS (+/-10 %), so a "
                        "fleet spreads over the replicas again after one was away; 0: never.")
+    @click.option("--load-reporting", is_flag=True,
+                  help="Every export's clients report their load here (LRS), as load_reporting=true does for one.")
+    @click.option("--load-reporting-interval", type=click.FloatRange(0.1, 3600), default=10.0, show_default=True,
+                  metavar="SECONDS", help="How often a client sends its load report.")
     @global_options
     @pass_ctx
     def serve_cmd(c: Any, listen: str, specs: tuple[str, ...], prefixes: tuple[str, ...], config: Path | None,
                   tls_cert: Path | None, tls_key: Path | None, client_ca: Path | None,
-                  metrics_port: int | None, workers: int, push_interval: float, max_connection_age: float) -> None:
+                  metrics_port: int | None, workers: int, push_interval: float, max_connection_age: float,
+                  load_reporting: bool, load_reporting_interval: float) -> None:
         """Serve the exported services over ADS (xDS v3, state of the world) until SIGTERM or Ctrl-C.
 
         Prints 'xds: serving on HOST:PORT' once it accepts streams. Example:
@@ -207,7 +212,16 @@ def xds_commands(global_options: Callable[[Any], Any], pass_ctx: Callable[[Any],
         except ImportError as e:
             raise click.ClickException(str(e)) from None  # names the extra to install
         address = bind_address(listen, what="--listen")  # :PORT and PORT (every interface) as gRPC takes them
-        exports, prefixes_found, config_tls = _exports(c, specs, config, prefixes)
+
+        def load() -> Any:
+            exports, found, tls = _exports(c, specs, config, prefixes)
+            if load_reporting:
+                from .xds.lrs import with_load_reporting
+
+                exports, found = with_load_reporting(exports, found)
+            return exports, found, tls
+
+        exports, prefixes_found, config_tls = load()
         creds = _server_credentials(tls_cert, tls_key, client_ca, config, config_tls)
         index = worker_index()
         if index is None and workers > 1:
@@ -232,7 +246,8 @@ def xds_commands(global_options: Callable[[Any], Any], pass_ctx: Callable[[Any],
                                            f"{bind_problem(f'127.0.0.1:{metrics_port}') or e.strerror or e}") from None
         with stop_on_signals() as stop:
             control = ControlPlane(exports, prefixes_found, push_interval=push_interval,
-                                   max_connection_age=max_connection_age or None)
+                                   max_connection_age=max_connection_age or None,
+                                   load_reporting_interval=load_reporting_interval)
             stop_reload = None
             try:
                 try:
@@ -245,8 +260,7 @@ def xds_commands(global_options: Callable[[Any], Any], pass_ctx: Callable[[Any],
                 if index is None:
                     _print_exports(c, exports, prefixes_found)
                 if config is not None:  # SIGHUP or a change of the file: its exports applied, no restart
-                    stop_reload = _reload_on_change(config, lambda: _exports(c, specs, config, prefixes), control,
-                                                    prefixes_found)
+                    stop_reload = _reload_on_change(config, load, control, prefixes_found)
                 while not stop.wait(0.5):
                     pass
             finally:

@@ -12,6 +12,7 @@ Registered by ``waypost.cli.xds.xds_commands``; the xDS protos (the ``xds`` extr
 
 from __future__ import annotations
 
+import json
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
@@ -189,6 +190,24 @@ def plain_table(header: list[str], body: list[list[str]]) -> str:
     return "\n".join("  ".join(cell.ljust(w) for cell, w in zip(r, widths)).rstrip() for r in (header, *body))
 
 
+def print_table(c: Any, title: str, header: list[str], rows: list[list[tuple[str, str]]]) -> None:
+    """A table of (text, rich style) cells: drawn by rich on a terminal; to a pipe or a file, plain text with whole
+    cells, one line per row, whatever the width (grep, awk, logs)."""
+    if c.out.is_terminal:
+        from rich.table import Table
+        from rich.text import Text
+
+        t = Table(title=title, title_justify="left", title_style="bold")
+        for col in header:
+            t.add_column(col, overflow="fold")
+        for row in rows:
+            t.add_row(*(Text(text, style=style) for text, style in row))
+        c.out.print(t)
+    else:
+        click.echo(title)
+        click.echo(plain_table(header, [[text for text, _ in row] for row in rows]))
+
+
 def response_json(response: Any) -> str:
     """The ClientStatusResponse as JSON; a resource of a type this process has no descriptor of is printed
     without its contents (its type, name, version and states stay), with a note on stderr."""
@@ -223,17 +242,37 @@ def status_command(global_options: Callable[[Any], Any], pass_ctx: Callable[[Any
                   help="The private key of --tls-cert (PEM).")
     @click.option("--timeout", type=click.FloatRange(min=0, min_open=True), default=10.0, show_default=True,
                   help="Seconds to wait for the answer.")
+    @click.option("--load", "load", is_flag=True,
+                  help="Show the load the clients report instead (per export and locality: rates, in flight, "
+                       "errors, dropped calls, ORCA metrics).")
     @global_options
     @pass_ctx
     def status_cmd(c: Any, server: str, node_prefix: str | None, tls_ca: Path | None, tls_cert: Path | None,
-                   tls_key: Path | None, timeout: float) -> None:
+                   tls_key: Path | None, timeout: float, load: bool) -> None:
         """List every client connected to the control plane at --server and, per resource type, whether it holds
         the version sent (SYNCED), has not answered it yet (STALE) or rejected it (NACKED, with the client's
-        message below the table). --json prints the CSDS ClientStatusResponse as JSON."""
+        message below the table). --json prints the CSDS ClientStatusResponse as JSON. --load shows the load the
+        clients report instead (exports with load_reporting)."""
         try:
             import waypost.xds  # noqa: F401  (names the extra to install when it is missing)
         except ImportError as e:
             raise click.ClickException(str(e)) from None
+        if load and node_prefix is not None:
+            raise click.UsageError("--node filters the client status; --load sums every client's reports: give one")
+        if load:  # the LRS view (cli/xds_load.py)
+            from .xds_load import HEADER, NONE_YET, fetch_load, load_rows, load_title
+
+            tls = TlsFlags(tls_ca, tls_cert, tls_key)
+            if tls.given:
+                raise_on_tls_mismatch(server, tls, timeout)
+            view = fetch_load(server, tls.credentials(), timeout)
+            if c.as_json:
+                click.echo(json.dumps(view, indent=2, sort_keys=True))
+            elif not view["clusters"]:
+                c.out.print(load_title(server, view) + NONE_YET, markup=False)
+            else:
+                print_table(c, load_title(server, view), HEADER, [[(cell, "") for cell in r] for r in load_rows(view)])
+            return
         response = fetch_status(server, node_prefix, TlsFlags(tls_ca, tls_cert, tls_key), timeout)
         if c.as_json:
             click.echo(response_json(response))
@@ -247,19 +286,7 @@ def status_command(global_options: Callable[[Any], Any], pass_ctx: Callable[[Any
         table, notes = rows(response)
         title = f"{server}  ({len(table)} client{'s' if len(table) != 1 else ''})"
         header = ["NODE", "CLUSTER", "ZONE", *SHORT.values()]
-        if c.out.is_terminal:
-            from rich.table import Table
-            from rich.text import Text
-
-            t = Table(title=title, title_justify="left", title_style="bold")
-            for col in header:
-                t.add_column(col, overflow="fold")
-            for row in table:
-                t.add_row(*(Text(text, style=style) for text, style in row))
-            c.out.print(t)
-        else:  # a pipe or a file: whole cells, one line per client, whatever the width (grep, awk, logs)
-            click.echo(title)
-            click.echo(plain_table(header, [[text for text, _ in row] for row in table]))
+        print_table(c, title, header, table)
         for note in notes:
             c.out.print(note, markup=False)
 

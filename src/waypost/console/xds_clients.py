@@ -12,12 +12,18 @@ client's resources rather than every client's): the default (last) route of its 
 ``weighted_clusters`` split, each cluster's weight, share and the addresses of its ClusterLoadAssignment. A subset
 cluster is named ``NAME/KEY=VALUE`` (``waypost.xds.traffic``): the page shows ``version=v2 · 10 %`` beside those
 instances. A service none of whose clients is connected has no entry: nobody was sent a split.
+
+The load its clients report (``load``), for exports with load reporting: the control plane's
+``waypost.xds.v1.LoadStatus/Fetch`` (what ``waypost xds status --load`` shows), grouped per export: each
+cluster's dropped calls and, per locality, the rates of the clients' last reports, calls in flight, totals and
+ORCA metrics (``load_by_export``). A control plane that does not serve it leaves ``load`` empty.
 """
 
 from __future__ import annotations
 
 import asyncio
 import contextlib
+import json
 import logging
 import time
 from typing import Any
@@ -94,6 +100,14 @@ def traffic_of(response: Any, service: str) -> dict[str, Any] | None:
                       for name, weight in parts]}
 
 
+def load_by_export(view: dict[str, Any]) -> dict[str, list[dict[str, Any]]]:
+    """export -> its clusters as the load view has them (``waypost.xds.load_stats.LoadStats.view``)."""
+    out: dict[str, list[dict[str, Any]]] = {}
+    for cluster in view.get("clusters", []):
+        out.setdefault(cluster["export"], []).append(cluster)
+    return out
+
+
 class XdsClients:
     """The poller (module docstring); ``start()`` on the console's loop, ``close()`` to end it."""
 
@@ -102,13 +116,15 @@ class XdsClients:
         self.services: dict[str, list[dict[str, Any]]] = {}
         #: service -> its split as its clients were sent it (``traffic_of``)
         self.traffic: dict[str, dict[str, Any]] = {}
+        #: export -> its clusters' reported load (``load_by_export``)
+        self.load: dict[str, list[dict[str, Any]]] = {}
         self.error: str | None = None
         self.updated = 0.0
         self._task: asyncio.Task[None] | None = None
 
     def snapshot(self) -> dict[str, Any]:
         return {"server": self.server, "error": self.error, "updated": self.updated, "services": self.services,
-                "traffic": self.traffic}
+                "traffic": self.traffic, "load": self.load}
 
     def start(self) -> None:
         self._task = asyncio.get_running_loop().create_task(self._run())
@@ -118,8 +134,12 @@ class XdsClients:
         from envoy.service.status.v3 import csds_pb2, csds_pb2_grpc
         from envoy.type.matcher.v3 import node_pb2, string_pb2
 
+        from ..xds.lrs import STATUS_PATH
+
         async with grpc.aio.insecure_channel(self.server) as channel:
             stub = csds_pb2_grpc.ClientStatusDiscoveryServiceStub(channel)
+            fetch_load = channel.unary_unary(STATUS_PATH, request_serializer=lambda b: b,
+                                             response_deserializer=json.loads)
             while True:
                 try:
                     response = await stub.FetchClientStatus(csds_pb2.ClientStatusRequest(
@@ -139,7 +159,14 @@ class XdsClients:
                         found = traffic_of(contents[node], service)
                         if found is not None:
                             traffic[service] = found
-                    self.services, self.traffic, self.error, self.updated = services, traffic, None, time.time()
+                    try:
+                        load = load_by_export(await fetch_load(b"", timeout=self.timeout))
+                    except grpc.RpcError as e:
+                        if not isinstance(e, grpc.Call) or e.code() is not grpc.StatusCode.UNIMPLEMENTED:
+                            raise
+                        load = {}  # a control plane without load reporting
+                    self.services, self.traffic, self.load = services, traffic, load
+                    self.error, self.updated = None, time.time()
                 except grpc.RpcError as e:
                     code = e.code() if isinstance(e, grpc.Call) else None
                     error = ("not an xDS control plane with CSDS" if code is grpc.StatusCode.UNIMPLEMENTED

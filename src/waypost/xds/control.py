@@ -40,6 +40,8 @@ from ..resolver import Resolver
 from ..types import Backend
 from .errors import XdsConfigError
 from .exports import Export, PrefixExport, check_unique, make_export
+from .load_stats import LoadStats
+from .lrs import DEFAULT_INTERVAL, LoadCollector, LrsServer, check_interval
 from .resources import (
     CLUSTER,
     ENDPOINT,
@@ -72,7 +74,8 @@ class ControlPlane:
 
     def __init__(self, exports: Iterable[Export] = (), prefixes: Iterable[PrefixExport] = (), *,
                  prefix_interval: float = 2.0, push_interval: float = PUSH_INTERVAL,
-                 max_connection_age: float | None = None, clock: Callable[[], float] = time.monotonic) -> None:
+                 max_connection_age: float | None = None, clock: Callable[[], float] = time.monotonic,
+                 load_reporting_interval: float = DEFAULT_INTERVAL) -> None:
         self.max_connection_age = max_connection_age
         if not push_interval >= 0:
             raise XdsConfigError(f"push_interval must be a number of seconds >= 0, got {push_interval!r}")
@@ -101,6 +104,15 @@ class ControlPlane:
         self._snapshot = Snapshot.empty()
         self._dirty = False
         self.ads = AdsServer(lambda: self._snapshot)
+        #: what the clients of load-reporting exports report (LRS, ``lrs.py``), on the same server
+        try:
+            interval = check_interval(load_reporting_interval)
+        except ValueError as bad:
+            raise XdsConfigError(str(bad)) from None
+        self.load = LoadStats(interval, self.export_of)
+        self.ads.services.append(LrsServer(self.load, self._reporting_clusters).add_to_server)
+        self._load_collector = LoadCollector(self.load)
+        self._load_registry: Any = None  # the Prometheus registry it is in
         #: figures: snapshots built, the last push's duration (seconds) and response count
         self.stats: dict[str, Any] = {"snapshots": 0, "last_push_seconds": 0.0, "last_push_responses": 0}
         self._started = False
@@ -133,6 +145,10 @@ class ControlPlane:
             self._watchers.append(w)
             w.start()
         self._rebuild()
+        registry = _metrics.prometheus_registry()  # metrics enabled before the start (waypost xds serve does)
+        if registry is not None and self._load_registry is None:
+            registry.register(self._load_collector)
+            self._load_registry = registry
         port = await self.ads.start(listen, credentials, reuse_port=reuse_port,
                                     max_connection_age=self.max_connection_age)
         self._started = True
@@ -153,6 +169,9 @@ class ControlPlane:
                 log.debug("xds: closing a resolver failed", exc_info=True)
         self._resolvers.clear()
         await self.ads.stop(grace)
+        if self._load_registry is not None:
+            self._load_registry.unregister(self._load_collector)
+            self._load_registry = None
         self._started = False
 
     def add_export(self, export: Export) -> None:
@@ -416,6 +435,21 @@ class ControlPlane:
             log.debug("xds: snapshot pushed: %d response(s) in %.1f ms", queued, took * 1000)
 
     # ------------------------------------------------------------------ inspection
+
+    def export_of(self, cluster: str) -> str:
+        """The export a cluster name belongs to: its own name, or the export of a subset's ``NAME/KEY=VALUE``."""
+        if cluster in self.exports:
+            return cluster
+        return next((name for name, subsets in self._subset_clusters.items() if cluster in subsets), cluster)
+
+    def _reporting_clusters(self) -> list[str]:
+        """The clusters whose clients report load, served now."""
+        names = []
+        for name in self._snapshot.names(CLUSTER):
+            export = self.exports.get(self.export_of(name))
+            if export is not None and export.load_reporting:
+                names.append(name)
+        return sorted(names)
 
     def endpoints(self, name: str) -> tuple[Backend, ...] | None:
         """The endpoints served for ``name`` now (None: its source has not answered)."""

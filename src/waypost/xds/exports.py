@@ -24,6 +24,7 @@ waypost dial target, or a list of them), with options that shape the resources:
 ``routes``,
 ``max_requests``,
 ``fault``
+``load_reporting``   ``true``: clients report their load to this control plane (LRS, ``waypost.xds.lrs``)
 ===================  =========================================================================================
 
 On the command line an export is one argument: ``NAME=TARGET`` followed by space-separated options
@@ -79,7 +80,7 @@ NAME_RE = re.compile(r"[A-Za-z0-9](?:[A-Za-z0-9._/\-]{0,251}[A-Za-z0-9._\-])?")
 RETRY_CODES = ("cancelled", "deadline-exceeded", "internal", "resource-exhausted", "unavailable")
 OPTIONS = ("policy", "policy_config", "hash_header", "prefer", "retries", "retry_on",
            "service_config", "outlier_detection", "serve_empty",
-           "subset_key", "subsets", "split", "routes", "max_requests", "fault")
+           "subset_key", "subsets", "split", "routes", "max_requests", "fault", "load_reporting")
 #: options that only a config file can set (their values are objects)
 _OBJECT_OPTIONS = ("policy_config", "outlier_detection", "routes", "fault")
 _HEADER_RE = re.compile(r"[a-z0-9][a-z0-9._\-]{0,127}")
@@ -107,6 +108,8 @@ class Export:
     routes: tuple[Route, ...] = ()
     max_requests: int | None = None
     fault: Fault | None = None
+    #: clients report load over LRS (``lrs.py``); None: not set (off, and ``--load-reporting`` turns it on)
+    load_reporting: bool | None = None
 
     def __hash__(self) -> int:  # the mappings are never mutated; hash what identifies the export
         return hash((self.name, self.target))
@@ -269,7 +272,7 @@ _OPTION_PARSERS: dict[str, Any] = {
     "retries": _retries, "retry_on": _retry_on, "outlier_detection": _object,
     "serve_empty": _bool,
     "subset_key": parse_subset_key, "subsets": parse_subsets, "split": parse_split, "routes": parse_routes,
-    "max_requests": parse_max_requests, "fault": parse_fault,
+    "max_requests": parse_max_requests, "fault": parse_fault, "load_reporting": _bool,
 }
 
 

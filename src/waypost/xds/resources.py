@@ -7,8 +7,9 @@ For the service NAME (what a client dials as ``xds:///NAME``):
 - **RouteConfiguration NAME**: one virtual host, domains ``["*"]``, routes to cluster NAME: one per method and
   service of the export's ``service_config``, then the catch-all (prefix ``""``), with retries (retry_policy) and
   the ``hash_header`` (hash_policy): ``routes.py``;
-- **Cluster NAME**: type EDS over ADS, ``load_balancing_policy`` and ``outlier_detection`` (``policy.py``), and
-  ``circuit_breakers`` with the export's ``max_requests``;
+- **Cluster NAME**: type EDS over ADS, ``load_balancing_policy`` and ``outlier_detection`` (``policy.py``),
+  ``circuit_breakers`` with the export's ``max_requests``, and with ``load_reporting``, ``lrs_server`` (self)
+  and ``lrs_report_endpoint_metrics`` (``lrs.py``);
 - **ClusterLoadAssignment NAME**: the endpoints, mapped as below;
 - with a traffic policy (``traffic.py``): a Cluster and a ClusterLoadAssignment per subset (``NAME/KEY=VALUE``, its
   instances only), routes to them (``weighted_clusters`` for a split), and the fault filter (``faults.py``) before
@@ -60,6 +61,7 @@ from ..netutil import split_host_port
 from ..types import Backend
 from .exports import Export
 from .faults import FAULT_FILTER, http_fault
+from .load_stats import REPORTED_ORCA
 from .policy import lb_policy, outlier_detection, weights_need_localities
 from .routes import routes
 from .traffic import fault_filters_needed, subset_backends
@@ -78,6 +80,9 @@ SHORT = {LISTENER: "LDS", ROUTE: "RDS", CLUSTER: "CDS", ENDPOINT: "EDS"}
 FULL_STATE = (LISTENER, CLUSTER)
 _ADS = config_source_pb2.ConfigSource(ads=config_source_pb2.AggregatedConfigSource(),
                                       resource_api_version=config_source_pb2.V3)
+#: the server the client talks ADS to (gRPC's clients accept only this as a Cluster's ``lrs_server``)
+_SELF = config_source_pb2.ConfigSource(self=config_source_pb2.SelfConfigSource(),
+                                       resource_api_version=config_source_pb2.V3)
 
 
 def pack(msg: Message) -> any_pb2.Any:
@@ -136,6 +141,9 @@ def cluster(export: Export, name: str | None = None) -> cluster_pb2.Cluster:
     if export.max_requests is not None:  # gRFC A32: gRPC reads the DEFAULT priority's max_requests only
         c.circuit_breakers.thresholds.append(circuit_breaker_pb2.CircuitBreakers.Thresholds(
             priority=base_pb2.DEFAULT, max_requests=wrappers_pb2.UInt32Value(value=export.max_requests)))
+    if export.load_reporting:  # load reports to this control plane (lrs.py)
+        c.lrs_server.CopyFrom(_SELF)
+        c.lrs_report_endpoint_metrics.extend(REPORTED_ORCA)
     return c
 
 

@@ -95,6 +95,8 @@ class AdsServer:
         self.nacks = 0
         self.server: Any = None
         self.port = 0
+        #: more services on the same server, port and credentials: each is called with the server before it starts
+        self.services: list[Callable[[Any], None]] = []
 
     def handler(self) -> grpc.GenericRpcHandler:
         method = grpc.stream_stream_rpc_method_handler(
@@ -117,6 +119,8 @@ class AdsServer:
         server = grpc.aio.server(options=options)
         server.add_generic_rpc_handlers((self.handler(),))
         add_csds(server, lambda: [s.state for s in self.streams])  # client status, same port and credentials
+        for add in self.services:
+            add(server)
         port = server.add_secure_port(listen, credentials) if credentials else server.add_insecure_port(listen)
         if not port:
             raise OSError(f"xds: cannot listen on {listen}")

@@ -512,9 +512,36 @@ function renderXds() {
     const split = t && t.split.length > 1 ? el("div", { class: "meta empty split-line", "data-xds-split": name },
       "split of the default route: ", splitBadges(t.split.map((p) => ({ service: name, subset: p.subset,
         share: p.share })))) : null;
-    card.append(el("div", { class: "target" }, el("div", { class: "meta empty" }, `${name}: ${clients.length} client${clients.length === 1 ? "" : "s"}`), split, table));
+    card.append(el("div", { class: "target" }, el("div", { class: "meta empty" }, `${name}: ${clients.length} client${clients.length === 1 ? "" : "s"}`), split, table, xdsLoad(name, (x.load || {})[name])));
   }
   box.append(card);
+}
+
+// the load the export's clients report (LRS): per cluster and locality, rates of their last reports, in flight,
+// totals, dropped calls, the ORCA metrics most calls carried
+function xdsLoad(name, clusters) {
+  if (!clusters || !clusters.length) return null;
+  const rate = (v) => (v < 100 ? v.toFixed(1) : v.toFixed(0));
+  const named = (k) => (k.startsWith("named_metrics.") ? 1 : 0);  // the application's metrics first
+  const table = el("table", { class: "instances", "data-xds-load": name },
+    el("tr", {}, ["cluster", "locality", "calls/s", "errors/s", "in flight", "succeeded", "errored", "dropped",
+      "metrics"].map((h) => el("th", {}, h))));
+  for (const c of clusters) {
+    const dropped = String(c.dropped) + (Object.keys(c.dropped_by_category).length ? " (" +
+      Object.entries(c.dropped_by_category).map(([k, v]) => `${k}=${v}`).join(", ") + ")" : "");
+    (c.localities.length ? c.localities : [null]).forEach((l, i) => {
+      const metrics = l ? Object.entries(l.metrics).sort((a, b) => named(b[0]) - named(a[0]) || b[1].count - a[1].count).slice(0, 3)
+        .map(([k, m]) => `${k}=${m.mean.toPrecision(3)}`).join(", ") : "";
+      table.append(el("tr", { "data-locality": l ? l.locality : "-" }, el("td", {}, c.cluster),
+        el("td", {}, l ? l.locality : "-"), el("td", {}, l ? rate(l.rates.issued) : "0"),
+        el("td", {}, l ? rate(l.rates.errored) : "0"), el("td", {}, l ? String(l.in_flight) : "0"),
+        el("td", {}, l ? String(l.succeeded) : "0"),
+        el("td", {}, el("span", { class: "badge " + (l && l.errored ? "warn" : "") }, l ? String(l.errored) : "0")),
+        el("td", {}, i === 0 ? el("span", { class: "badge " + (c.dropped ? "bad" : "") }, dropped) : ""),
+        el("td", { class: "meta" }, metrics)));
+    });
+  }
+  return el("div", {}, el("div", { class: "meta empty" }, "load reported by the clients"), table);
 }
 
 async function pollXds() {
