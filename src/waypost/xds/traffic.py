@@ -11,10 +11,13 @@ export option        meaning
 ``split``            the default route's weighted split: ``{v1 = 95, v2 = 5}`` (``v1:95,v2:5`` on the command
                      line); weights are integers, a weight 0 keeps the subset out
 ``routes``           a list of routes tried in order before the service_config routes and the default route
-                     (config file): ``service`` [+ ``method``] and/or ``headers`` to match, ``subset`` or
-                     ``split`` to send to (neither: where the default route sends), ``timeout``, ``fault``
+                     (config file): a path (``service`` [+ ``method``], ``prefix``, ``path`` or ``safe_regex``,
+                     ``case_sensitive``), ``headers`` and/or ``runtime_fraction`` to match (``matching.py``),
+                     ``subset`` or ``split`` to send to (neither: where the default route sends), ``timeout``,
+                     ``fault``, ``max_requests`` (the route's own limit, on clusters of its own)
 ``max_requests``     circuit breaking (gRFC A32): at most N calls in flight per client to each of the export's
-                     clusters; more fail at once with UNAVAILABLE
+                     clusters (a route's own ``max_requests`` replaces it on that route's clusters); more fail at
+                     once with UNAVAILABLE
 ``fault``            fault injection (gRFC A33) on every route: ``{delay = "2s", delay_percent = 50,
                      abort = "unavailable", abort_percent = 10}`` (a route's own ``fault`` replaces it there)
 ===================  =========================================================================================
@@ -23,9 +26,7 @@ Every subset is a Cluster of its own, named ``NAME/KEY=VALUE`` (``NAME/KEY1=V1,K
 the export's policy, outlier detection and circuit breaking, and a ClusterLoadAssignment of the instances it
 selects. A ``=`` never appears in an export name, so a subset's cluster never collides with an export's.
 
-A route header is ``NAME = "VALUE"`` (exact), ``NAME = {prefix = "P"}``, ``NAME = {exact = "V"}`` or
-``NAME = {present = true}``; all of a route's headers must match. ``-bin`` headers and ``grpc-`` headers are
-refused: gRPC never matches them (gRFC A28).
+A route's matchers (path, headers, runtime_fraction) are ``matching.py``'s; all of them must match.
 
 **A route's timeout** is its ``max_stream_duration`` (gRFC A31): grpc-go and grpc-java end a call at it
 (DEADLINE_EXCEEDED), or at the client's own deadline when that comes first. grpcio 1.85 (gRPC C-core) ends calls
@@ -51,15 +52,14 @@ import grpc
 
 from ..durations import DurationError, parse_positive_duration
 from .errors import XdsConfigError
+from .matching import Match, parse_match
 
 log = logging.getLogger("waypost.xds")
 
 #: a subset name or a value of ``subset_key``, and a metadata key: what a cluster name may carry
 TOKEN_RE = re.compile(r"[A-Za-z0-9][A-Za-z0-9._\-]{0,62}")
-_HEADER_RE = re.compile(r"[a-z0-9][a-z0-9._\-]{0,127}")
-_SERVICE_RE = re.compile(r"[A-Za-z_][A-Za-z0-9_.]{0,254}")
-_METHOD_RE = re.compile(r"[A-Za-z_][A-Za-z0-9_]{0,127}")
-_ROUTE_KEYS = ("service", "method", "headers", "subset", "split", "timeout", "fault")
+_ROUTE_KEYS = ("service", "method", "prefix", "path", "safe_regex", "case_sensitive", "headers", "runtime_fraction",
+               "subset", "split", "timeout", "fault", "max_requests")
 _FAULT_KEYS = ("delay", "delay_percent", "abort", "abort_percent")
 #: how much earlier than a route's timeout grpcio 1.85 ends a call (measured for 1.2 s to 4 s: module docstring)
 GRPCIO_TIMEOUT_EARLY = 1.06
@@ -92,13 +92,6 @@ class Split:
 
 
 @dataclass(frozen=True)
-class HeaderMatch:
-    name: str
-    kind: str  # "exact", "prefix" or "present"
-    value: str = ""
-
-
-@dataclass(frozen=True)
 class Fault:
     """gRFC A33's HTTPFault: a fixed delay and/or an abort with a gRPC status, each on a percentage of calls."""
 
@@ -110,14 +103,14 @@ class Fault:
 
 @dataclass(frozen=True)
 class Route:
-    """One entry of ``routes``: what it matches, where it sends (None: where the default route sends)."""
+    """One entry of ``routes``: what it matches (``matching.py``), where it sends (None: where the default route
+    sends); ``max_requests``: its own circuit-breaking limit, on clusters of its own (``route_cluster``)."""
 
-    service: str = ""
-    method: str = ""
-    headers: tuple[HeaderMatch, ...] = ()
+    match: Match = Match()
     to: Split | None = None
     timeout: float | None = None
     fault: Fault | None = None
+    max_requests: int | None = None
 
 
 def _text(value: Any) -> str:
@@ -255,45 +248,13 @@ def parse_fault(value: Any, where: str) -> Fault:
                  abort_percent=_percent(value.get("abort_percent", 100), f"{where}: abort_percent"))
 
 
-def _headers(value: Any, where: str) -> tuple[HeaderMatch, ...]:
-    if not isinstance(value, Mapping) or not value:
-        raise _fail(where, 'expected a table of HEADER = "VALUE" or HEADER = {prefix|exact = "V"} or {present = true}')
-    out = []
-    for name, match in value.items():
-        here = f"{where}: {str(name)[:60]!r}"
-        if not isinstance(name, str) or not _HEADER_RE.fullmatch(name):
-            raise _fail(here, "not a header name (lower-case letters, digits, '.', '-', '_')")
-        if name.endswith("-bin") or name.startswith("grpc-"):
-            raise _fail(here, "gRPC never matches -bin or grpc- headers (gRFC A28)")
-        if isinstance(match, str):
-            out.append(HeaderMatch(name, "exact", match))
-            continue
-        if not isinstance(match, Mapping) or len(match) != 1:
-            raise _fail(here, 'expected "VALUE", {exact = "V"}, {prefix = "P"} or {present = true}')
-        ((kind, arg),) = match.items()
-        if kind in ("exact", "prefix") and isinstance(arg, str) and (arg or kind == "exact"):
-            out.append(HeaderMatch(name, kind, arg))
-        elif kind == "present" and arg is True:
-            out.append(HeaderMatch(name, "present"))
-        else:
-            raise _fail(here, f'expected {{exact = "V"}}, {{prefix = "P"}} (non-empty) or {{present = true}}, '
-                              f"got {{{str(kind)[:30]} = {str(arg)[:30]!r}}}")
-    return tuple(sorted(out, key=lambda h: h.name))
-
-
 def _route(value: Any, where: str) -> Route:
     value = _table(value, where, _ROUTE_KEYS, ", ".join(_ROUTE_KEYS))
-    service, method = value.get("service", ""), value.get("method", "")
-    if service and (not isinstance(service, str) or not _SERVICE_RE.fullmatch(service)):
-        raise _fail(f"{where}: service", f"expected a full service name (pkg.Service), got {str(service)[:80]!r}")
-    if method and (not isinstance(method, str) or not _METHOD_RE.fullmatch(method)):
-        raise _fail(f"{where}: method", f"expected a method name, got {str(method)[:80]!r}")
-    if method and not service:
-        raise _fail(where, "method needs service")
-    headers = _headers(value["headers"], f"{where}: headers") if "headers" in value else ()
-    if not service and not headers:
-        raise _fail(where, "match on service (and method) and/or headers; the route that takes every call is the "
-                           "default route (the export's split)")
+    match = parse_match(value, where)
+    if match.path is None and not match.headers and match.fraction is None:
+        raise _fail(where, "match on a path (service [+ method], prefix, path, safe_regex), headers and/or "
+                           "runtime_fraction; the route that takes every call is the default route (the export's "
+                           "split)")
     if "subset" in value and "split" in value:
         raise _fail(where, "give subset or split, not both")
     to = None
@@ -307,13 +268,19 @@ def _route(value: Any, where: str) -> Route:
                     "(they end calls about %.2f s before it); grpc-go and grpc-java honour it",
                     where, timeout, GRPCIO_TIMEOUT_EARLY)
     fault = parse_fault(value["fault"], f"{where}: fault") if "fault" in value else None
-    return Route(service=service or "", method=method or "", headers=headers, to=to, timeout=timeout, fault=fault)
+    limit = parse_max_requests(value["max_requests"], f"{where}: max_requests") if "max_requests" in value else None
+    return Route(match=match, to=to, timeout=timeout, fault=fault, max_requests=limit)
 
 
 def parse_routes(value: Any, where: str) -> tuple[Route, ...]:
     if not isinstance(value, (list, tuple)):
         raise _fail(where, "expected a list of route tables ([[exports.NAME.routes]])")
-    return tuple(_route(r, f"{where}[{i}]") for i, r in enumerate(value))
+    out = tuple(_route(r, f"{where}[{i}]") for i, r in enumerate(value))
+    for i, r in enumerate(out[:-1]):
+        if r.match.takes_every_call():  # gRPC takes the first route that matches: the later ones are dead
+            raise _fail(f"{where}[{i + 1}]", f"never reached: {where}[{i}] matches every call (the first route that "
+                                             "matches takes the call); move it last or narrow it")
+    return out
 
 
 # ------------------------------------------------------------------ the export as a whole
@@ -358,15 +325,40 @@ def subset_backends(subset: Subset, backends: Iterable[Any]) -> list[Any]:
     return [b for b in backends if subset.selects(b.metadata)]
 
 
-def destination(export: Any, to: Split | None, empty: frozenset[str]) -> list[tuple[str, int]]:
+def destination(export: Any, to: Split | None, empty: frozenset[str], own: int | None = None) -> list[tuple[str, int]]:
     """The (cluster, weight) pairs a route sends to: ``to`` (None: the export's split, else its whole cluster),
-    less the subsets in ``empty`` and the weights 0; nothing left: the export's whole cluster."""
+    less the subsets in ``empty`` and the weights 0; nothing left: the export's whole cluster. ``own``: the
+    index of a route with its own ``max_requests``, whose calls go to its own clusters (``route_cluster``)."""
     to = to or export.split
     if to is None:
-        return [(export.name, 1)]
+        pairs = [(export.name, 1)]
+    else:
+        clusters = {s.name: s.cluster(export.name) for s in export.subsets}
+        pairs = [(clusters[name], w) for name, w in to.weights if w and name not in empty] or [(export.name, 1)]
+    return pairs if own is None else [(route_cluster(c, own), w) for c, w in pairs]
+
+
+def route_cluster(cluster: str, index: int) -> str:
+    """The cluster ``routes[index]`` sends to instead of ``cluster`` when it has its own ``max_requests``: gRPC
+    counts calls in flight per cluster (gRFC A32), so a route's limit needs clusters no other route sends to.
+    It shares ``cluster``'s endpoints (its EDS service name); ``#`` never appears in an export or subset name."""
+    return f"{cluster}#routes[{index}]"
+
+
+def route_clusters(export: Any) -> dict[str, tuple[str, int]]:
+    """The clusters of the routes with their own ``max_requests``: name -> (the cluster whose endpoints it
+    shares, the limit). Every cluster such a route may send to has one: each subset of its split and the
+    export's whole cluster (where it sends while those subsets are empty)."""
+    out: dict[str, tuple[str, int]] = {}
     clusters = {s.name: s.cluster(export.name) for s in export.subsets}
-    pairs = [(clusters[name], w) for name, w in to.weights if w and name not in empty]
-    return pairs or [(export.name, 1)]
+    for i, r in enumerate(export.routes):
+        if r.max_requests is None:
+            continue
+        to = r.to or export.split
+        bases = [clusters[name] for name, w in (to.weights if to else ()) if w] + [export.name]
+        for base in bases:
+            out[route_cluster(base, i)] = (base, r.max_requests)
+    return out
 
 
 def fault_filters_needed(export: Any) -> bool:
