@@ -44,19 +44,27 @@ used for the rest of the check, has no such syntax).
 
 from __future__ import annotations
 
+import importlib
 import re
+import warnings
 from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
 
 from .errors import XdsConfigError
 
-try:  # Python 3.11+
-    from re import _constants as _sre
-    from re import _parser as _sre_parse
-except ImportError:  # pragma: no cover - Python 3.10
-    import sre_constants as _sre  # type: ignore[no-redef]
-    import sre_parse as _sre_parse  # type: ignore[no-redef]
+
+def _sre_module(new: str, old: str) -> Any:
+    """Python's regex parser (``re._parser`` since 3.11, ``sre_parse`` before): its parse tree tells which
+    constructs a pattern uses."""
+    try:
+        return importlib.import_module(new)
+    except ImportError:  # pragma: no cover - Python 3.10
+        return importlib.import_module(old)
+
+
+_sre = _sre_module("re._constants", "sre_constants")
+_sre_parse = _sre_module("re._parser", "sre_parse")
 
 HEADER_NAME_RE = re.compile(r"[a-z0-9][a-z0-9._\-]{0,127}")
 _SERVICE_RE = re.compile(r"[A-Za-z_][A-Za-z0-9_.]{0,254}")
@@ -153,7 +161,9 @@ def re2_problem(pattern: str) -> str | None:
         parse_text.append("\\Z" if nxt == "z" else pattern[i:i + 2])  # RE2's \z is Python's \Z
         i += 2
     try:
-        tree = _sre_parse.parse("".join(parse_text))
+        with warnings.catch_warnings():  # Python's FutureWarnings (a possible nested set [[...) are not ours
+            warnings.simplefilter("ignore")
+            tree = _sre_parse.parse("".join(parse_text))
     except re.error as e:
         return f"not a valid regex: {e}"
     except RecursionError:
@@ -176,8 +186,6 @@ def _walk(sub: Any, bad_flags: int) -> str | None:
             return "an atomic group (?>...): RE2 has none"
         if op is getattr(_sre, "POSSESSIVE_REPEAT", None):
             return "a possessive quantifier (*+, ++, ?+): RE2 has none"
-        if op is _sre.AT and av is _sre.AT_END_STRING:
-            return "\\Z: RE2 has no \\Z; write \\z or $"
         children: list[Any] = []
         if op is _sre.SUBPATTERN:
             _, add, remove, p = av

@@ -41,8 +41,8 @@ from google.protobuf import wrappers_pb2
 
 from .errors import XdsConfigError
 from .faults import FAULT_FILTER, http_fault
-from .policy import hash_policies
 from .matching import Match
+from .policy import hash_policies
 from .traffic import Route, Split, destination
 
 log = logging.getLogger("waypost.xds")

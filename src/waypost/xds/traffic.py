@@ -46,6 +46,7 @@ import logging
 import re
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
+from dataclasses import field as dataclass_field
 from typing import Any
 
 import grpc
@@ -106,7 +107,7 @@ class Route:
     """One entry of ``routes``: what it matches (``matching.py``), where it sends (None: where the default route
     sends); ``max_requests``: its own circuit-breaking limit, on clusters of its own (``route_cluster``)."""
 
-    match: Match = Match()
+    match: Match = dataclass_field(default_factory=Match)
     to: Split | None = None
     timeout: float | None = None
     fault: Fault | None = None
