@@ -34,7 +34,7 @@ from harness.go_module import GoModule
 from tests.xds.peer_procs import ROOT, TEST_TIMEOUT, BuildError
 
 GO_DIR = ROOT / "interop" / "xds"
-GO_PROGRAMS = ("xds-client", "wrr-client", "orca-server")
+GO_PROGRAMS = ("xds-client", "xds-targets", "wrr-client", "orca-server")
 GO_BUILD_TIMEOUT = float(os.environ.get("WAYPOST_XDS_GO_BUILD_TIMEOUT", "900"))
 
 
