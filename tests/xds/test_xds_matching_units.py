@@ -141,7 +141,7 @@ def test_without_max_requests_on_routes_there_is_no_route_cluster() -> None:
     ({"service": "a.B", "safe_regex": ".*"}, r"two path matchers \(service and safe_regex\)"),
     ({"prefix": "a.B/"}, r"routes\[0\]: prefix: 'a.B/' never matches: a gRPC path starts with '/'"),
     ({"path": ""}, r"routes\[0\]: path: path: expected a non-empty string"),
-    ({"safe_regex": "(a)\\1"}, r"safe_regex: safe_regex '\(a\)\\\\1': backreference \\1 .*RE2 has no backreferences"),
+    ({"safe_regex": "(a)\\1"}, r"routes\[0\]: safe_regex: '\(a\)\\1': backreference \\1 .*RE2 has no backreferences"),
     ({"safe_regex": "a(?=b)"}, "lookahead/lookbehind"),
     ({"safe_regex": "(?<!a)b"}, "lookahead/lookbehind"),
     ({"safe_regex": "(?P<x>a)(?P=x)"}, "RE2 has no backreferences"),
@@ -165,7 +165,7 @@ def test_without_max_requests_on_routes_there_is_no_route_cluster() -> None:
     ({"headers": {"x": {"prefix": ""}}}, "prefix: the value: expected a non-empty string"),
     ({"headers": {"x": {"present": "yes"}}}, r"present: expected true \(the header is sent\) or false"),
     ({"headers": {"x": {"exact": "a", "invert_match": 1}}}, "invert_match: expected true or false"),
-    ({"headers": {"x": {"safe_regex": "(?=a)"}}}, r"headers: 'x': safe_regex '\(\?=a\)': lookahead"),
+    ({"headers": {"x": {"safe_regex": "(?=a)"}}}, r"headers: 'x': safe_regex: '\(\?=a\)': lookahead"),
     ({"headers": {"grpc-timeout": "1"}}, "-bin or grpc-"),
     ({"runtime_fraction": 101}, "runtime_fraction: expected a percentage from 0 to 100"),
     ({"runtime_fraction": {"numerator": 5, "denominator": "thousand"}}, "denominator: expected hundred"),
@@ -236,3 +236,29 @@ def test_fuzz_re2_check_never_raises_and_accepts_only_what_python_compiles(regex
         re.compile(regex.replace("\\z", "\\Z"))
     else:
         assert isinstance(problem, str) and problem
+
+
+def test_the_docs_route_matching_section_loads_and_shows_the_real_errors() -> None:
+    from tests.xds.matching_cases import ROOT
+    from waypost.xds.exports import parse_config
+
+    doc = (ROOT / "docs" / "xds.md").read_text()
+    section = doc[doc.index("### Route matching"):doc.index("## Client status")]
+    first, whole = re.findall(r"```toml\n(.*?)```", section, re.DOTALL)
+    e = parse_config(f'[exports.greeter]\ntarget = "{T}"\nsubset_key = "version"\n' + first).exports[0]
+    (r,) = e.routes
+    assert r.max_requests == 50 and r.match.fraction is not None and len(r.match.headers) == 2
+    def bare(text: str) -> str:  # the example's lines carry comments the docs leave out
+        return "\n".join(re.sub(r"\s+#.*", "", line).rstrip() for line in text.splitlines())
+
+    assert bare(whole) in bare(EXAMPLE.read_text())
+    shown = re.search(r"```\n(cfg: .*?)```", section, re.DOTALL)
+    assert shown is not None
+    mistakes = [[{"prefix": "/a", "path": "/a/b"}], [{"headers": {"x-build": {"range": {"start": 200, "end": 100}}}}],
+                [{"headers": {"x-tier": {"regex": "a"}}}], [{"safe_regex": "(a)\\1"}],
+                [{"headers": {"a": "1"}}, {"prefix": "/"}, {"headers": {"b": "1"}}]]
+    for line, routes in zip(shown.group(1).splitlines(), mistakes, strict=True):
+        with pytest.raises(XdsConfigError) as err:
+            config_from_dict({"exports": {"greeter": {"target": T, "subset_key": "version", "routes": [
+                {**r, "subset": "v2"} for r in routes]}}}, "cfg")
+        assert str(err.value) == line

@@ -210,7 +210,7 @@ def _regex(value: Any, where: str) -> str:
     text = _text(value, where, "safe_regex")
     problem = re2_problem(text)
     if problem:
-        raise _fail(where, f"safe_regex {text[:80]!r}: {problem}")
+        raise _fail(where, f"'{text[:80]}': {problem}")  # as written: a repr would double its backslashes
     return text
 
 
@@ -307,7 +307,7 @@ def _header(name: str, match: Any, where: str) -> HeaderMatch:
                               "(start inclusive, end exclusive)")
         return HeaderMatch(name, kind, start=start, end=end, invert=invert)
     if kind == "safe_regex":
-        return HeaderMatch(name, kind, _regex(arg, where), invert=invert)
+        return HeaderMatch(name, kind, _regex(arg, here), invert=invert)
     return HeaderMatch(name, kind, _text(arg, here, "the value", empty=kind == "exact"), invert=invert)
 
 

@@ -279,7 +279,7 @@ def parse_routes(value: Any, where: str) -> tuple[Route, ...]:
     out = tuple(_route(r, f"{where}[{i}]") for i, r in enumerate(value))
     for i, r in enumerate(out[:-1]):
         if r.match.takes_every_call():  # gRPC takes the first route that matches: the later ones are dead
-            raise _fail(f"{where}[{i + 1}]", f"never reached: {where}[{i}] matches every call (the first route that "
+            raise _fail(f"{where}[{i + 1}]", f"never reached: routes[{i}] matches every call (the first route that "
                                              "matches takes the call); move it last or narrow it")
     return out
 
