@@ -262,3 +262,23 @@ def test_the_docs_route_matching_section_loads_and_shows_the_real_errors() -> No
             config_from_dict({"exports": {"greeter": {"target": T, "subset_key": "version", "routes": [
                 {**r, "subset": "v2"} for r in routes]}}}, "cfg")
         assert str(err.value) == line
+
+
+def test_a_reload_with_a_bad_matcher_keeps_the_last_good_config(tmp_path, caplog) -> None:
+    import logging
+
+    from waypost.xds.reload import ConfigReloader
+
+    path = tmp_path / "xds.toml"
+    good = f'[exports.g]\ntarget = "{T}"\n[[exports.g.routes]]\nsafe_regex = "/a[.]B/.*"\n'
+    path.write_text(good)
+    applied: list[Any] = []
+    r = ConfigReloader(path, lambda: load_config(path), applied.append)
+    path.write_text(good.replace("/a[.]B/.*", "/a(?!x)/.*") + "\n")
+    with caplog.at_level(logging.ERROR, logger="waypost.xds"):
+        assert not r.check() and not applied
+    line = next(rec.getMessage() for rec in caplog.records if "not reloaded" in rec.getMessage())
+    assert "export 'g': routes[0]: safe_regex: '/a(?!x)/.*': lookahead/lookbehind" in line, line
+    assert "the last good one stays" in line, line
+    path.write_text(good.replace("/a[.]B/.*", "/a[.]C/.*"))
+    assert r.check() and applied[-1].exports[0].routes[0].match.path.value == "/a[.]C/.*"

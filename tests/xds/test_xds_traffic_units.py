@@ -224,7 +224,9 @@ _text = st.text(alphabet=string.ascii_letters + string.digits + "-_.=:, /é", ma
 _scalar = st.none() | st.booleans() | st.integers(-3, 2**33) | st.floats(allow_nan=True) | _text
 _value = st.recursive(_scalar, lambda inner: st.lists(inner, max_size=3) | st.dictionaries(_text, inner, max_size=3),
                       max_leaves=12)
-_route = st.dictionaries(st.sampled_from(["service", "method", "headers", "subset", "split", "timeout", "fault", "x"]),
+_route = st.dictionaries(st.sampled_from(["service", "method", "prefix", "path", "safe_regex", "case_sensitive",
+                                          "headers", "runtime_fraction", "subset", "split", "timeout", "fault",
+                                          "max_requests", "x"]),
                          _value | st.dictionaries(st.sampled_from(["x-canary", "v1", "v2", "prefix", "present"]),
                                                   _value, max_size=2), max_size=4)
 _traffic = st.fixed_dictionaries({}, optional={
