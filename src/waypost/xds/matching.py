@@ -37,9 +37,10 @@ hides ``grpc-`` headers from matchers: such names are refused here.
 **Regexes are checked against RE2's syntax**, not Python's: gRPC's clients compile them with RE2 (C-core, Go's
 ``regexp``, re2j), and a client that cannot compile one NACKs the whole RouteConfiguration. So constructs RE2 lacks
 are refused at load with what to write instead: backreferences (``\\1``, ``(?P=name)``), lookahead and lookbehind,
-atomic groups and possessive quantifiers, conditionals, ``\\Z`` (RE2: ``\\z`` or ``$``), the ``x``/``a``/``L``
-flags, repetition counts above 1000. RE2's ``\\p{...}`` classes and ``\\Q...\\E`` are refused too (Python's parser,
-used for the rest of the check, has no such syntax).
+atomic groups and possessive quantifiers, conditionals, comment groups, ``\\Z`` (RE2: ``\\z`` or ``$``),
+``\\N{...}``/``\\u``/``\\U`` escapes, ``{,n}`` (RE2 reads it as text: ``{0,n}``), the ``x``/``a``/``L`` flags,
+repetition counts above 1000. RE2's ``\\p{...}`` classes, ``\\Q...\\E``, ``\\x{...}`` and the ``U`` flag are refused
+too (Python's parser, used for the rest of the check, has no such syntax).
 """
 
 from __future__ import annotations
@@ -77,6 +78,8 @@ INT64 = (-(2**63), 2**63 - 1)
 #: RE2's largest repetition count (``a{1001}`` does not compile)
 RE2_MAX_REPEAT = 1000
 MAX_TEXT = 4096
+#: ``{,n}``: Python reads a count from 0, RE2 the text itself
+_PYTHON_ONLY_COUNT = re.compile(r"\{,\d+\}")
 
 
 @dataclass(frozen=True)
@@ -146,6 +149,9 @@ def re2_problem(pattern: str) -> str | None:
     i = 0
     while i < len(pattern):
         c = pattern[i]
+        count = _PYTHON_ONLY_COUNT.match(pattern, i) if c == "{" else None
+        if count:  # an unescaped {,n}: escapes are consumed in pairs below
+            return f"{count.group()} at position {i}: RE2 reads it as text; write {{0,{count.group()[2:]}"
         if c != "\\":
             parse_text.append(c)
             i += 1
@@ -158,12 +164,17 @@ def re2_problem(pattern: str) -> str | None:
         if nxt in ("p", "P", "Q", "E", "C"):
             return (f"\\{nxt} at position {i}: Unicode classes, \\Q...\\E and \\C are not accepted here; write the "
                     "characters or a class [...]")
+        if nxt in ("N", "u", "U"):
+            return f"\\{nxt} at position {i}: RE2 has no \\N{{...}}, \\u or \\U escapes; write the character"
         parse_text.append("\\Z" if nxt == "z" else pattern[i:i + 2])  # RE2's \z is Python's \Z
         i += 2
+    text = "".join(parse_text)
+    if "(?#" in text:
+        return "a comment group (?#...): RE2 has none"
     try:
         with warnings.catch_warnings():  # Python's FutureWarnings (a possible nested set [[...) are not ours
             warnings.simplefilter("ignore")
-            tree = _sre_parse.parse("".join(parse_text))
+            tree = _sre_parse.parse(text)
     except re.error as e:
         return f"not a valid regex: {e}"
     except RecursionError:
