@@ -285,3 +285,17 @@ def test_a_reload_with_a_bad_matcher_keeps_the_last_good_config(tmp_path, caplog
     assert "the last good one stays" in line, line
     path.write_text(good.replace("/a[.]B/.*", "/a[.]C/.*"))
     assert r.check() and applied[-1].exports[0].routes[0].match.path.value == "/a[.]C/.*"
+
+
+_re2_alphabet = list("ab/.*?+()[]{}\\^$|=!<>:0129zZPxisU-,#dwAbB")
+
+
+@pytest.mark.filterwarnings("ignore::FutureWarning")
+@settings(max_examples=3000, deadline=None)
+@given(st.text(alphabet=st.sampled_from(_re2_alphabet), min_size=1, max_size=12))
+def test_what_the_check_accepts_compiles_under_re2(regex: str) -> None:
+    """Against RE2 itself (google-re2, C++ RE2 as C-core uses): every regex the check accepts compiles. (It refuses
+    a few RE2 accepts, e.g. a repeated anchor ``^+``: Python's parser, which the check uses, refuses those.)"""
+    re2 = pytest.importorskip("re2", reason="google-re2 (a dev dependency) is not installed")
+    if re2_problem(regex) is None:
+        re2.compile(regex)

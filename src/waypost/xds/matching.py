@@ -37,7 +37,7 @@ hides ``grpc-`` headers from matchers: such names are refused here.
 **Regexes are checked against RE2's syntax**, not Python's: gRPC's clients compile them with RE2 (C-core, Go's
 ``regexp``, re2j), and a client that cannot compile one NACKs the whole RouteConfiguration. So constructs RE2 lacks
 are refused at load with what to write instead: backreferences (``\\1``, ``(?P=name)``), lookahead and lookbehind,
-atomic groups and possessive quantifiers, conditionals, comment groups, ``\\Z`` (RE2: ``\\z`` or ``$``),
+atomic groups and possessive quantifiers, conditionals, comment groups, ``\\b`` inside ``[...]``, ``\\Z`` (RE2: ``\\z`` or ``$``),
 ``\\N{...}``/``\\u``/``\\U`` escapes, ``{,n}`` (RE2 reads it as text: ``{0,n}``), the ``x``/``a``/``L`` flags,
 repetition counts above 1000. RE2's ``\\p{...}`` classes, ``\\Q...\\E``, ``\\x{...}`` and the ``U`` flag are refused
 too (Python's parser, used for the rest of the check, has no such syntax).
@@ -142,33 +142,52 @@ def _text(value: Any, where: str, what: str, *, empty: bool = False) -> str:
 # ------------------------------------------------------------------ RE2
 
 
+def _escapes(pattern: str) -> tuple[str | None, str]:
+    """A first pass over ``pattern``, escapes and character classes followed: what RE2 refuses there (or reads
+    otherwise than Python), and the text for Python's parser (RE2's ``\\z`` as Python's ``\\Z``)."""
+    out: list[str] = []
+    i, in_class, body = 0, False, 0
+    while i < len(pattern):
+        c = pattern[i]
+        if c == "\\":
+            nxt = pattern[i + 1] if i + 1 < len(pattern) else ""
+            if nxt and nxt in "123456789":
+                return f"backreference \\{nxt} at position {i}: RE2 has no backreferences", ""
+            if nxt == "Z":
+                return f"\\Z at position {i}: RE2 has no \\Z; write \\z or $", ""
+            if nxt in ("p", "P", "Q", "E", "C"):
+                return (f"\\{nxt} at position {i}: Unicode classes, \\Q...\\E and \\C are not accepted here; write "
+                        "the characters or a class [...]"), ""
+            if nxt in ("N", "u", "U"):
+                return f"\\{nxt} at position {i}: RE2 has no \\N{{...}}, \\u or \\U escapes; write the character", ""
+            if nxt == "b" and in_class:
+                return f"\\b at position {i} inside [...]: RE2 has no backspace escape there; write \\x08", ""
+            out.append("\\Z" if nxt == "z" else pattern[i:i + 2])
+            i += 2
+            continue
+        if in_class:
+            if c == "[" and pattern.startswith("[:", i) and ":]" in pattern[i + 2:]:  # [:alpha:]
+                end = pattern.index(":]", i + 2) + 2
+                out.append(pattern[i:end])
+                i = end
+                continue
+            in_class = not (c == "]" and i > body)  # a ] first in the class is a character
+        elif c == "[":
+            in_class = True
+            body = i + 2 if pattern.startswith("[^", i) else i + 1
+        elif c == "{" and (count := _PYTHON_ONLY_COUNT.match(pattern, i)):
+            return f"{count.group()} at position {i}: RE2 reads it as text; write {{0,{count.group()[2:]}", ""
+        out.append(c)
+        i += 1
+    return None, "".join(out)
+
+
 def re2_problem(pattern: str) -> str | None:
     """Why ``pattern`` does not compile under RE2 (what to write instead), or None when it does (as far as
     Python's parser, with RE2's restrictions added, can tell: module docstring)."""
-    parse_text = []
-    i = 0
-    while i < len(pattern):
-        c = pattern[i]
-        count = _PYTHON_ONLY_COUNT.match(pattern, i) if c == "{" else None
-        if count:  # an unescaped {,n}: escapes are consumed in pairs below
-            return f"{count.group()} at position {i}: RE2 reads it as text; write {{0,{count.group()[2:]}"
-        if c != "\\":
-            parse_text.append(c)
-            i += 1
-            continue
-        nxt = pattern[i + 1] if i + 1 < len(pattern) else ""
-        if nxt in "123456789" and nxt:
-            return f"backreference \\{nxt} at position {i}: RE2 has no backreferences"
-        if nxt == "Z":
-            return f"\\Z at position {i}: RE2 has no \\Z; write \\z or $"
-        if nxt in ("p", "P", "Q", "E", "C"):
-            return (f"\\{nxt} at position {i}: Unicode classes, \\Q...\\E and \\C are not accepted here; write the "
-                    "characters or a class [...]")
-        if nxt in ("N", "u", "U"):
-            return f"\\{nxt} at position {i}: RE2 has no \\N{{...}}, \\u or \\U escapes; write the character"
-        parse_text.append("\\Z" if nxt == "z" else pattern[i:i + 2])  # RE2's \z is Python's \Z
-        i += 2
-    text = "".join(parse_text)
+    problem, text = _escapes(pattern)
+    if problem:
+        return problem
     if "(?#" in text:
         return "a comment group (?#...): RE2 has none"
     try:
