@@ -227,3 +227,22 @@ def test_a_routes_own_max_requests(lang: str, setup: MatchingSetup) -> None:
         assert result["errors"] == 0 and ok == 24, result
     else:
         assert set(codes) == {"UNAVAILABLE"} and 10 <= ok <= 14, result
+
+
+def test_grpcio_a_raised_route_limit_in_the_file_is_applied(setup: MatchingSetup, tmp_path: Path) -> None:
+    """The suite's circuit_breaking raises a limit (500 -> 800) while clients run: here the Unary route's 3 -> 5 in
+    the file (re-read within about a second): waves of 6 then pass 5 each. Back to 3 after."""
+    from harness.waiting import wait_until
+
+    text = setup.path.read_text()
+    assert text.count("max_requests = 3\n") == 1
+    tmp = setup.path.with_suffix(".new")
+    tmp.write_text(text.replace("max_requests = 3\n", "max_requests = 5\n"))
+    tmp.replace(setup.path)
+    try:
+        got = wait_until(lambda: (r := _grpcio(setup, tmp_path, [("breaker-routes", "unary", {}, 12, 6)])[0])
+                         .get("slow-orig") == 10 and r, 30, "5 of each wave of 6 through", interval=0.5)
+        print(f"\ngrpcio after the route's max_requests 3 -> 5 in the file, 2 waves of 6: {got}")
+    finally:
+        tmp.write_text(text)
+        tmp.replace(setup.path)
