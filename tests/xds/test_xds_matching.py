@@ -32,7 +32,8 @@ from waypost.discovery import Publisher
 pytestmark = pytest.mark.usefixtures("xds_procs")
 
 SERVERS = {"orig": "original", "alt": "alternate"}
-#: the per-route circuit breaking export: at most 1 call in flight by default, 3 on the Unary route
+#: per-route circuit breaking: at most 1 call in flight by default, 3 on the Unary route; per split target: 2 to
+#: "original" (its subset cluster's own limit) where the export's is 5
 BREAKER = """
 [exports.breaker-routes]
 target = "{target}"
@@ -43,6 +44,12 @@ max_requests = 1
 path = "/waypost.test.Echo/Unary"
 subset = "original"
 max_requests = 3
+
+[exports.breaker-split]
+target = "{target}"
+subset_key = "backend"
+split = {{ original = {{ weight = 1, max_requests = 2 }} }}
+max_requests = 5
 """
 
 
@@ -166,11 +173,14 @@ def test_grpcio_shares_of_the_split_and_runtime_fraction(setup: MatchingSetup, t
 def test_grpcio_a_routes_own_max_requests(setup: MatchingSetup, tmp_path: Path) -> None:
     """Waves of 6 parallel calls answered in 0.5 s: the Unary route's own limit 3 lets 3 of each wave through,
     ServerStream (the default route, the export's limit 1) 1 of each; the rest fail at once with UNAVAILABLE."""
-    plan = [("breaker-routes", "unary", {}, 24, 6), ("breaker-routes", "stream", {}, 24, 6)]
-    unary, stream = _grpcio(setup, tmp_path, plan)
-    print(f"\ngrpcio per-route max_requests, 4 waves of 6: Unary (limit 3) {unary}; ServerStream (limit 1) {stream}")
+    plan = [("breaker-routes", "unary", {}, 24, 6), ("breaker-routes", "stream", {}, 24, 6),
+            ("breaker-split", "unary", {}, 24, 6)]
+    unary, stream, split = _grpcio(setup, tmp_path, plan)
+    print(f"\ngrpcio per-route max_requests, 4 waves of 6: Unary (limit 3) {unary}; ServerStream (limit 1) {stream}; "
+          f"split target limit 2: {split}")
     assert set(unary) == {"slow-orig", "!UNAVAILABLE"} and 10 <= unary["slow-orig"] <= 14, unary
     assert set(stream) == {"slow-orig", "!UNAVAILABLE"} and 3 <= stream["slow-orig"] <= 6, stream
+    assert set(split) == {"slow-orig", "!UNAVAILABLE"} and 6 <= split["slow-orig"] <= 10, split
 
 
 # -- grpc-go and grpc-java ------------------------------------------------------------------------------------
@@ -203,30 +213,37 @@ def test_shares_of_the_split_and_runtime_fraction(lang: str, setup: MatchingSetu
         assert result["errors"] == 0 and abs(alt - share) <= 6, result
 
 
-def test_a_routes_own_max_requests(lang: str, setup: MatchingSetup) -> None:
-    """The Unary route's own limit 3 (the export's is 1): waves of 6 parallel calls answered in 0.5 s, 3 of each
-    pass in grpc-go; grpc-java 1.85 does not enforce max_requests without a load-reporting server (docs/xds.md)."""
+def _waves(lang: str, setup: MatchingSetup, export: str) -> dict[str, Any]:
+    """4 waves of 6 parallel Unary calls (started 20 ms apart) on ``xds:///export``: the client's final line."""
     args = [*client_args(24, 0, 0.02, 10.0, None, 0, True, 120.0), "-parallel", "6"]
     env = {"GRPC_XDS_BOOTSTRAP_CONFIG": setup.bootstrap}
     if lang == "go":
-        argv = [str(go_programs()["xds-client"]), "-target", "xds:///breaker-routes", *args]
+        argv = [str(go_programs()["xds-client"]), "-target", f"xds:///{export}", *args]
     else:
         argv = [str(java_binary()), "-XX:+UseSerialGC", "-XX:TieredStopAtLevel=1", "-cp", java_classpath(), JAVA_MAIN,
-                "-target", "xds:///breaker-routes", *args]
-    run = ClientRun(argv, f"xds-client-{lang}-breaker-routes", env=env)
+                "-target", f"xds:///{export}", *args]
+    run = ClientRun(argv, f"xds-client-{lang}-{export}", env=env)
     run.batches = []
     try:
-        result = run.finish(150.0)
+        return run.finish(150.0)
     finally:
         run.stop()
-    ok = sum(result["counts"].values())
-    codes = {str(k).upper(): v for k, v in (result.get("codes") or {}).items()}
-    print(f"\n{lang} per-route max_requests 3, 4 waves of 6: {ok} succeeded, {codes}: "
-          f"{result.get('first_error', '')[:100]}")
-    if lang == "java":
-        assert result["errors"] == 0 and ok == 24, result
-    else:
-        assert set(codes) == {"UNAVAILABLE"} and 10 <= ok <= 14, result
+
+
+def test_a_routes_and_a_split_targets_own_max_requests(lang: str, setup: MatchingSetup) -> None:
+    """The Unary route's own limit 3 (the export's is 1), and a split target's own limit 2 (the export's is 5):
+    waves of 6 parallel calls answered in 0.5 s, 3 (2) of each pass in grpc-go; grpc-java 1.85 does not enforce
+    max_requests without a load-reporting server (docs/xds.md)."""
+    for export, limit in (("breaker-routes", 3), ("breaker-split", 2)):
+        result = _waves(lang, setup, export)
+        ok = sum(result["counts"].values())
+        codes = {str(k).upper(): v for k, v in (result.get("codes") or {}).items()}
+        print(f"\n{lang} {export}: max_requests {limit}, 4 waves of 6: {ok} succeeded, {codes}: "
+              f"{result.get('first_error', '')[:120]}")
+        if lang == "java":
+            assert result["errors"] == 0 and ok == 24, result
+        else:
+            assert set(codes) == {"UNAVAILABLE"} and 4 * limit - 2 <= ok <= 4 * limit + 2, result
 
 
 def test_grpcio_a_raised_route_limit_in_the_file_is_applied(setup: MatchingSetup, tmp_path: Path) -> None:

@@ -299,3 +299,26 @@ def test_what_the_check_accepts_compiles_under_re2(regex: str) -> None:
     re2 = pytest.importorskip("re2", reason="google-re2 (a dev dependency) is not installed")
     if re2_problem(regex) is None:
         re2.compile(regex)
+
+
+def test_a_split_target_may_carry_its_own_max_requests() -> None:
+    """In the export's split, a target's limit is its subset cluster's (shared by the routes without clusters of
+    their own); in a route's split, each target gets a route cluster with its limit, the others the route's or
+    the export's."""
+    e = _export(subset_key="version", max_requests=100,
+                split={"v1": 95, "v2": {"weight": 5, "max_requests": 10}},
+                routes=[{"headers": {"x": "1"}, "split": {"v1": {"weight": 1, "max_requests": 7}, "v2": 1}},
+                        {"headers": {"y": "1"}, "subset": "v2"}])
+    limits = {n: c.circuit_breakers.thresholds[0].max_requests.value for n, c in subset_clusters(e).items()}
+    assert limits == {"g/version=v1": 100, "g/version=v2": 10, "g/version=v1#routes[0]": 7,
+                      "g/version=v2#routes[0]": 100, "g#routes[0]": 100}
+    default = route_config(e).virtual_hosts[0].routes[-1]
+    assert [(w.name, w.weight.value) for w in default.route.weighted_clusters.clusters] == [
+        ("g/version=v1", 95), ("g/version=v2", 5)]
+    assert route_config(e).virtual_hosts[0].routes[1].route.cluster == "g/version=v2"  # shares v2's 10
+    for bad, says in ((
+            {"v1": {"max_requests": 3}}, r"split: v1: a table target needs weight"),
+            ({"v1": {"weight": 1, "max_requests": 0}}, r"split: v1: max_requests: expected an integer from 1"),
+            ({"v1": {"weight": 1, "limit": 3}}, r"split: v1: unknown key 'limit'")):
+        with pytest.raises(XdsConfigError, match=says):
+            _export(subset_key="version", split=bad)

@@ -64,7 +64,7 @@ from .exports import Export
 from .faults import FAULT_FILTER, http_fault
 from .policy import lb_policy, outlier_detection, weights_need_localities
 from .routes import routes
-from .traffic import fault_filters_needed, route_clusters, subset_backends
+from .traffic import fault_filters_needed, route_clusters, subset_backends, subset_limit
 
 log = logging.getLogger("waypost.xds")
 
@@ -247,7 +247,8 @@ def static_resources(export: Export) -> dict[str, Message]:
 def subset_clusters(export: Export) -> dict[str, cluster_pb2.Cluster]:
     """The Cluster of each of the export's subsets, and of each route with its own ``max_requests`` (reading the
     endpoints of the subset or export cluster it stands for), by name (``traffic.py``)."""
-    out = {s.cluster(export.name): cluster(export, s.cluster(export.name)) for s in export.subsets}
+    out = {s.cluster(export.name): cluster(export, s.cluster(export.name), max_requests=subset_limit(export, s.name))
+           for s in export.subsets}
     for name, (base, limit) in route_clusters(export).items():
         out[name] = cluster(export, name, endpoints=base, max_requests=limit)
     return out

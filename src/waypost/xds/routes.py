@@ -43,7 +43,7 @@ from .errors import XdsConfigError
 from .faults import FAULT_FILTER, http_fault
 from .matching import Match
 from .policy import hash_policies
-from .traffic import Route, Split, destination
+from .traffic import Route, Split, destination, owns_clusters
 
 log = logging.getLogger("waypost.xds")
 _DENOMINATORS = {100: percent_pb2.FractionalPercent.HUNDRED, 10_000: percent_pb2.FractionalPercent.TEN_THOUSAND,
@@ -180,7 +180,7 @@ def route_match(m: Match) -> rc_pb2.RouteMatch:
 def _traffic_route(export: Any, index: int, r: Route, retry: rc_pb2.RetryPolicy | None,
                    empty: frozenset[str]) -> rc_pb2.Route:
     """``routes[index]`` of the export, with the export's default retry policy."""
-    own = index if r.max_requests is not None else None
+    own = index if owns_clusters(r) else None
     action = _action(export, retry, r.to, empty, own)
     if r.timeout is not None:
         action.max_stream_duration.max_stream_duration.FromNanoseconds(round(r.timeout * 1e9))

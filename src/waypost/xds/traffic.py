@@ -9,7 +9,8 @@ export option        meaning
 ``subsets``          the subsets by name: a list of values of ``subset_key`` (``v1,v2`` on the command line),
                      or a table ``NAME = {KEY = VALUE, ...}`` (every pair must match; config file)
 ``split``            the default route's weighted split: ``{v1 = 95, v2 = 5}`` (``v1:95,v2:5`` on the command
-                     line); weights are integers, a weight 0 keeps the subset out
+                     line); weights are integers, a weight 0 keeps the subset out; a target may be ``{weight = 5,
+                     max_requests = 10}``: its subset cluster's own limit (in a route's split: its route cluster's)
 ``routes``           a list of routes tried in order before the service_config routes and the default route
                      (config file): a path (``service`` [+ ``method``], ``prefix``, ``path`` or ``safe_regex``,
                      ``case_sensitive``), ``headers`` and/or ``runtime_fraction`` to match (``matching.py``),
@@ -87,9 +88,14 @@ class Subset:
 
 @dataclass(frozen=True)
 class Split:
-    """Where a route sends: subsets and their weights, sorted by name (equal configs, equal resources)."""
+    """Where a route sends: subsets and their weights, sorted by name (equal configs, equal resources), and the
+    targets given their own ``max_requests`` (``{v2 = {weight = 5, max_requests = 10}}``)."""
 
     weights: tuple[tuple[str, int], ...]
+    limits: tuple[tuple[str, int], ...] = ()
+
+    def limit(self, name: str) -> int | None:
+        return dict(self.limits).get(name)
 
 
 @dataclass(frozen=True)
@@ -171,7 +177,8 @@ def _scalar(value: Any, where: str) -> str:
 
 
 def parse_split(value: Any, where: str) -> Split:
-    """``{v1 = 95, v2 = 5}`` (a table: integer weights) or ``v1:95,v2:5`` (the command line's text)."""
+    """``{v1 = 95, v2 = 5}`` (a table: integer weights; a target may be ``{weight = 5, max_requests = 10}``) or
+    ``v1:95,v2:5`` (the command line's text)."""
     if isinstance(value, str):
         items: dict[str, Any] = {}
         for part in value.split(","):
@@ -184,6 +191,19 @@ def parse_split(value: Any, where: str) -> Split:
         value = items
     if not isinstance(value, Mapping) or not value:
         raise _fail(where, "expected a table of SUBSET = WEIGHT (e.g. {v1 = 95, v2 = 5})")
+    limits = []
+    plain: dict[str, Any] = {}
+    for k, w in value.items():
+        if isinstance(w, Mapping):  # a target with its own limit: {weight = 5, max_requests = 10}
+            here = f"{where}: {str(k)[:60]}"
+            w = _table(w, here, ("weight", "max_requests"), "weight and max_requests")
+            if "weight" not in w:
+                raise _fail(here, "a table target needs weight (and max_requests): {weight = 5, max_requests = 10}")
+            if "max_requests" in w:
+                limits.append((k, parse_max_requests(w["max_requests"], f"{here}: max_requests")))
+            w = w["weight"]
+        plain[k] = w
+    value = plain
     for k, w in value.items():
         if isinstance(w, str):  # a quoted number in a file is refused: the weights are integers
             fix = f" (write {str(k)[:60]} = {w.strip()}, without quotes)" if w.strip().isdigit() else ""
@@ -193,7 +213,7 @@ def parse_split(value: Any, where: str) -> Split:
                            for k, w in value.items()))
     if not sum(w for _, w in weights):
         raise _fail(where, "every weight is 0: at least one must be positive")
-    return Split(weights)
+    return Split(weights, tuple(sorted(limits)))
 
 
 def parse_max_requests(value: Any, where: str) -> int:
@@ -346,20 +366,36 @@ def route_cluster(cluster: str, index: int) -> str:
     return f"{cluster}#routes[{index}]"
 
 
-def route_clusters(export: Any) -> dict[str, tuple[str, int]]:
-    """The clusters of the routes with their own ``max_requests``: name -> (the cluster whose endpoints it
-    shares, the limit). Every cluster such a route may send to has one: each subset of its split and the
-    export's whole cluster (where it sends while those subsets are empty)."""
-    out: dict[str, tuple[str, int]] = {}
+def owns_clusters(route: Route) -> bool:
+    """Whether a route sends to clusters of its own: it has a ``max_requests``, or its ``split`` gives one."""
+    return route.max_requests is not None or bool(route.to and route.to.limits)
+
+
+def route_clusters(export: Any) -> dict[str, tuple[str, int | None]]:
+    """The clusters of the routes that own clusters (``owns_clusters``): name -> (the cluster whose endpoints it
+    shares, its limit). Every cluster such a route may send to has one: each subset of its split, with the
+    target's own ``max_requests`` or else the route's or else the export's, and the export's whole cluster
+    (where it sends while those subsets are empty), with the route's or the export's."""
+    out: dict[str, tuple[str, int | None]] = {}
     clusters = {s.name: s.cluster(export.name) for s in export.subsets}
     for i, r in enumerate(export.routes):
-        if r.max_requests is None:
+        if not owns_clusters(r):
             continue
+        default = r.max_requests if r.max_requests is not None else export.max_requests
         to = r.to or export.split
-        bases = [clusters[name] for name, w in (to.weights if to else ()) if w] + [export.name]
-        for base in bases:
-            out[route_cluster(base, i)] = (base, r.max_requests)
+        for name, w in (to.weights if to else ()):
+            if w:
+                target = to.limit(name) if r.to is not None and to is not None else None
+                out[route_cluster(clusters[name], i)] = (clusters[name], target if target is not None else default)
+        out[route_cluster(export.name, i)] = (export.name, default)
     return out
+
+
+def subset_limit(export: Any, subset: str) -> int | None:
+    """The ``max_requests`` of a subset's own cluster: its target's in the export's ``split``, else the
+    export's (shared by every route sending there without clusters of its own)."""
+    own = export.split.limit(subset) if export.split is not None else None
+    return own if own is not None else export.max_requests
 
 
 def fault_filters_needed(export: Any) -> bool:
