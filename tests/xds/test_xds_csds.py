@@ -212,7 +212,7 @@ def fixture_two() -> Iterator[dict[str, Any]]:
         control = ControlPlane([parse_export(f"ta=direct:///{a.address}"), parse_export(f"tb=direct:///{b.address}")])
         port = control.start()
         try:
-            yield {"port": port, "control": control}
+            yield {"port": port, "control": control, "a": a.address, "b": b.address}
         finally:
             control.stop()
 
@@ -255,6 +255,10 @@ def test_two_targets_in_one_grpcio_process_are_two_streams_each_served_and_liste
         rows = _status_rows(port, "two-grpcio")
         assert sorted(r[1] for r in rows) == ["xds:///ta", "xds:///tb"] and all(
             r.count("SYNCED") == 4 for r in rows), rows
+        # a change reaches each stream: the two exports swap their servers
+        control.replace_exports([parse_export(f"ta=direct:///{two['b']}"), parse_export(f"tb=direct:///{two['a']}")])
+        wait_until(lambda: client.calls("ta", 10)["servers"] == {"b1": 10} and
+                   client.calls("tb", 10)["servers"] == {"a1": 10}, 20, "both targets follow the swap")
 
 
 @go_timeout_mark()
