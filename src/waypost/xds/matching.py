@@ -237,7 +237,7 @@ def _walk(sub: Any, bad_flags: int) -> str | None:
 
 
 def _regex(value: Any, where: str) -> str:
-    text = _text(value, where, "safe_regex")
+    text = _text(value, where, "the regex")
     problem = re2_problem(text)
     if problem:
         raise _fail(where, f"'{text[:80]}': {problem}")  # as written: a repr would double its backslashes
@@ -280,7 +280,7 @@ def parse_path(route: Mapping[str, Any], where: str) -> PathMatch | None:
             raise _fail(where, "case_sensitive = false does not apply to safe_regex (gRPC ignores it there): "
                                "write (?i) at the start of the regex")
         return PathMatch("safe_regex", _regex(value, here), case)
-    text = _text(value, here, kind, empty=kind == "prefix")
+    text = _text(value, where, kind, empty=kind == "prefix")
     if text and not text.startswith("/"):
         raise _fail(here, f"{text[:80]!r} never matches: a gRPC path starts with '/' (/pkg.Service/Method)")
     if any(ch.isspace() for ch in text):
