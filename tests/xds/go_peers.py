@@ -7,6 +7,9 @@ a Maven project on grpc-java 1.85.1); every one prints JSON lines on stdout and 
   ``GRPC_XDS_BOOTSTRAP_CONFIG``, call ``/waypost.test.Echo/Unary`` N times; a progress line every ``batch`` calls
   (``{"batch": k, "done": n, "t": s, "counts": {server: n}, "errors": e}``, counts of that batch only), then
   ``{"counts": {server: n}, "errors": n, "first_error": "...", "calls": n, "seconds": s, "codes": {...}}``.
+* ``xds-targets`` (Go): the same over several ``-target`` in one process (grpc-go opens one xDS client, one ADS
+  stream, per target), a ``{"target": T}`` line before each target's lines, then ``{"holding": true}`` with
+  every channel kept open until SIGTERM.
 * ``wrr-client`` (Go): the same over a fixed address list with a service config (weighted_round_robin, A58).
 * ``orca-server`` (Go): an Echo server (reply ``server`` = its name) reporting ORCA through grpc-go's own
   ``orca`` package: per call (``endpoint-load-metrics-bin`` trailer) and, with ``oob``, OpenRcaService. grpc-go
@@ -34,7 +37,7 @@ from harness.go_module import GoModule
 from tests.xds.peer_procs import ROOT, TEST_TIMEOUT, BuildError
 
 GO_DIR = ROOT / "interop" / "xds"
-GO_PROGRAMS = ("xds-client", "wrr-client", "orca-server")
+GO_PROGRAMS = ("xds-client", "xds-targets", "wrr-client", "orca-server")
 GO_BUILD_TIMEOUT = float(os.environ.get("WAYPOST_XDS_GO_BUILD_TIMEOUT", "900"))
 
 

@@ -166,14 +166,14 @@ def test_waypost_xds_status_to_a_pipe_never_wraps_a_cell(plane) -> None:
     lines = out.stdout.splitlines()
     print("\n" + out.stdout)
     assert lines[0] == f"127.0.0.1:{plane['port']}  (3 clients)"
-    assert lines[1].split() == ["NODE", "CLUSTER", "ZONE", "LDS", "RDS", "CDS", "EDS"]
+    assert lines[1].split() == ["NODE", "TARGET", "CLUSTER", "ZONE", "LDS", "RDS", "CDS", "EDS"]
     grpcio = _by_node(_fetch(plane["port"]))["csds-grpcio"]
     versions = {t: g.version_info[:8] for (t, _), g in grpcio.items()}
     row = next(line for line in lines if line.startswith("csds-grpcio "))
-    assert row.split() == ["csds-grpcio", "waypost", "z1"] + [
+    assert row.split() == ["csds-grpcio", "xds:///st", "waypost", "z1"] + [
         part for t in (LISTENER, ROUTE, CLUSTER, ENDPOINT) for part in ("SYNCED", f"({versions[t]})")], row
     waiting = next(line for line in lines if line.startswith("csds-waiting "))
-    assert waiting.split() == ["csds-waiting", "raw", "-", "-", "-", "-", "NOT", "SENT"], waiting
+    assert waiting.split() == ["csds-waiting", "-", "raw", "-", "-", "-", "-", "NOT", "SENT"], waiting
     assert row.index("SYNCED") == lines[1].index("LDS") and waiting.index("NOT SENT") == lines[1].index("EDS")
     assert not any(ch in out.stdout for ch in "┃│━")  # no box drawing
 
@@ -198,5 +198,95 @@ def test_a_grpc_go_client_is_listed_synced(plane) -> None:
         assert {t for t, _ in nodes["csds-go"]} == {LISTENER, ROUTE, CLUSTER, ENDPOINT}
         out = _status_cli(plane["port"])
         assert "csds-go" in out.stdout, out.stdout
+    finally:
+        run.stop()
+
+
+# -- several targets in one process: one ADS stream per target, each served and listed ----------------------
+
+
+@pytest.fixture(name="two")
+def fixture_two() -> Iterator[dict[str, Any]]:
+    """A control plane exporting ta (server a1) and tb (server b1)."""
+    with echo_servers("a1", "b1") as (a, b):
+        control = ControlPlane([parse_export(f"ta=direct:///{a.address}"), parse_export(f"tb=direct:///{b.address}")])
+        port = control.start()
+        try:
+            yield {"port": port, "control": control, "a": a.address, "b": b.address}
+        finally:
+            control.stop()
+
+
+def _streams_of(port: int, node: str) -> dict[str, dict[tuple[str, str], Any]]:
+    """The node's ClientConfigs by client_scope: {scope: {(type, name): GenericXdsConfig}}."""
+    return {c.client_scope: {(g.type_url, g.name): g for g in c.generic_xds_configs}
+            for c in _fetch(port).config if c.node.id == node}
+
+
+def _each_target_synced(port: int, node: str) -> dict[str, Any] | None:
+    got = _streams_of(port, node)
+    want = {f"xds:///{n}": {(t, n) for t in (LISTENER, ROUTE, CLUSTER, ENDPOINT)} for n in ("ta", "tb")}
+    ok = {s: set(c) for s, c in got.items()} == want and all(
+        g.config_status == csds_pb2.SYNCED for c in got.values() for g in c.values())
+    return got if ok else None
+
+
+def _status_rows(port: int, node: str) -> list[list[str]]:
+    out = _status_cli(port)
+    assert out.returncode == 0, out.stderr
+    print("\n" + out.stdout)
+    return [line.split() for line in out.stdout.splitlines() if line.startswith(node + " ")]
+
+
+def test_two_targets_in_one_grpcio_process_are_two_streams_each_served_and_listed(two, tmp_path) -> None:
+    """grpcio 1.85 opens one xDS client per target: two ``xds:///`` channels in one process are two ADS streams of
+    the same node id over one connection. Each gets its own target's resources (its calls reach its server),
+    CSDS lists each with its client_scope, ``waypost xds status`` one row per target."""
+    control, port = two["control"], two["port"]
+    with stock_client(bootstrap_json([f"127.0.0.1:{port}"], "two-grpcio"), tmp_path) as client:
+        assert client.calls("ta", 20) == {"servers": {"a1": 20}, "errors": []}
+        assert client.calls("tb", 20) == {"servers": {"b1": 20}, "errors": []}
+        got = wait_until(lambda: _each_target_synced(port, "two-grpcio"), 20, "both streams SYNCED in CSDS")
+        streams = [s for s in control.ads.streams if s.state.node_id == "two-grpcio"]
+        peers = {s.state.peer for s in streams}
+        print(f"\ngrpcio, two targets: {len(streams)} streams of node two-grpcio from {sorted(peers)}; "
+              f"CSDS scopes {sorted(got)}")
+        assert len(streams) == 2
+        rows = _status_rows(port, "two-grpcio")
+        assert sorted(r[1] for r in rows) == ["xds:///ta", "xds:///tb"] and all(
+            r.count("SYNCED") == 4 for r in rows), rows
+        # a change reaches each stream: the two exports swap their servers
+        control.replace_exports([parse_export(f"ta=direct:///{two['b']}"), parse_export(f"tb=direct:///{two['a']}")])
+        wait_until(lambda: client.calls("ta", 10)["servers"] == {"b1": 10} and
+                   client.calls("tb", 10)["servers"] == {"a1": 10}, 20, "both targets follow the swap")
+
+
+@go_timeout_mark()
+@pytest.mark.usefixtures("xds_procs")
+def test_two_targets_in_one_grpc_go_process_are_two_streams_each_served_and_listed(two) -> None:
+    """grpc-go 1.85 (one xDS client per data-plane target): the same, from ``xds-targets`` dialing ta and tb."""
+    from tests.xds.go_peers import go_programs
+    from tests.xds.orca_peers import client_args
+    from tests.xds.peer_procs import PeerProc
+
+    control, port = two["control"], two["port"]
+    boot = bootstrap_json([f"127.0.0.1:{port}"], "two-go")
+    argv = [str(go_programs()["xds-targets"]), "-target", "xds:///ta", "-target", "xds:///tb",
+            *client_args(20, 0, 0.0, 10.0, None, 0, True, 60.0)]
+    run = PeerProc(argv, "xds-targets-go", env={"GRPC_XDS_BOOTSTRAP_CONFIG": boot})
+    try:
+        finals = {}
+        for target in ("xds:///ta", "xds:///tb"):
+            run.expect(lambda d, t=target: d.get("target") == t, 60, f"the {target} line")
+            finals[target] = run.expect(lambda d: "calls" in d or "fatal" in d, 60, "its final line")
+        run.expect(lambda d: "holding" in d, 30, "holding")
+        assert finals["xds:///ta"]["counts"] == {"a1": 20} and finals["xds:///tb"]["counts"] == {"b1": 20}, finals
+        got = wait_until(lambda: _each_target_synced(port, "two-go"), 20, "both streams SYNCED in CSDS")
+        streams = [s for s in control.ads.streams if s.state.node_id == "two-go"]
+        print(f"\ngrpc-go, two targets: {len(streams)} streams of node two-go from "
+              f"{sorted(s.state.peer for s in streams)}; CSDS scopes {sorted(got)}")
+        assert len(streams) == 2
+        rows = _status_rows(port, "two-go")
+        assert sorted(r[1] for r in rows) == ["xds:///ta", "xds:///tb"], rows
     finally:
         run.stop()

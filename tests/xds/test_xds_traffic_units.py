@@ -195,10 +195,10 @@ def test_table_subsets_and_command_line_forms() -> None:
     ({"subset_key": "bad key"}, "subset_key: the metadata key must be"),
     ({"subset_key": "version", "split": "v1=3"}, "SUBSET:WEIGHT"),
     ({"subsets": {"a": {"version": "v1"}, "b": {"version": "v1"}}}, "select the same instances"),
-    ({"routes": [{"subset": "v1"}]}, r"routes\[0\]: match on service"),
+    ({"routes": [{"subset": "v1"}]}, r"routes\[0\]: match on a path"),
     ({"routes": [{"method": "M", "headers": {"x": "1"}}]}, "method needs service"),
     ({"routes": [{"headers": {"x-bin": "1"}}]}, "-bin or grpc-"),
-    ({"routes": [{"headers": {"x": {"regex": ".*"}}}]}, "prefix"),
+    ({"routes": [{"headers": {"x": {"regex": ".*"}}}]}, "unknown matcher 'regex'; known: exact, prefix"),
     ({"routes": [{"headers": {"x": "1"}, "timeout": "0s"}]}, r"routes\[0\]: timeout"),
     ({"routes": [{"headers": {"x": "1"}, "colour": 1}]}, "unknown key 'colour'"),
     ({"subset_key": "version", "routes": [{"headers": {"x": "1"}, "subset": "v1", "split": {"v1": 1}}]}, "not both"),
@@ -224,7 +224,9 @@ _text = st.text(alphabet=string.ascii_letters + string.digits + "-_.=:, /é", ma
 _scalar = st.none() | st.booleans() | st.integers(-3, 2**33) | st.floats(allow_nan=True) | _text
 _value = st.recursive(_scalar, lambda inner: st.lists(inner, max_size=3) | st.dictionaries(_text, inner, max_size=3),
                       max_leaves=12)
-_route = st.dictionaries(st.sampled_from(["service", "method", "headers", "subset", "split", "timeout", "fault", "x"]),
+_route = st.dictionaries(st.sampled_from(["service", "method", "prefix", "path", "safe_regex", "case_sensitive",
+                                          "headers", "runtime_fraction", "subset", "split", "timeout", "fault",
+                                          "max_requests", "x"]),
                          _value | st.dictionaries(st.sampled_from(["x-canary", "v1", "v2", "prefix", "present"]),
                                                   _value, max_size=2), max_size=4)
 _traffic = st.fixed_dictionaries({}, optional={

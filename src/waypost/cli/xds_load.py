@@ -25,7 +25,7 @@ def fetch_load(server: str, credentials: Any, timeout: float) -> dict[str, Any]:
     """The load view of the control plane at ``server``; raises click.ClickException saying why there is none."""
     import grpc
 
-    from .xds.lrs import STATUS_PATH
+    from ..xds.lrs import STATUS_PATH
 
     channel = grpc.secure_channel(server, credentials) if credentials is not None else grpc.insecure_channel(server)
     try:

@@ -168,18 +168,20 @@ def rows(response: Any) -> tuple[list[list[tuple[str, str]]], list[str]]:
     table, notes = [], []
     for config in response.config:
         node = config.node
+        who = " ".join(p for p in (node.id or "?", config.client_scope) if p)
         per_type: dict[str, list[Any]] = {t: [] for t in TYPES}
         for g in config.generic_xds_configs:
             per_type.setdefault(g.type_url, []).append(g)
             short = SHORT.get(g.type_url, g.type_url.rsplit(".", 1)[-1])
             if g.config_status == csds_pb2.ERROR:
-                notes.append(f"{node.id or '?'}: {short} {g.name!r} version {g.error_state.version_info or '?'} "
+                notes.append(f"{who}: {short} {g.name!r} version {g.error_state.version_info or '?'} "
                              f"NACKED: {g.error_state.details}")
             elif g.config_status == csds_pb2.NOT_SENT:
-                notes.append(f"{node.id or '?'}: {short} {g.name!r} subscribed, not sent (not exported, or no "
+                notes.append(f"{who}: {short} {g.name!r} subscribed, not sent (not exported, or no "
                              "endpoints known yet)")
         zone = "/".join(p for p in (node.locality.region, node.locality.zone, node.locality.sub_zone) if p)
-        table.append([(node.id or "?", ""), (node.cluster or "-", ""), (zone or "-", "")]
+        table.append([(node.id or "?", ""), (config.client_scope or "-", ""), (node.cluster or "-", ""),
+                      (zone or "-", "")]
                      + [type_cell(per_type[t]) for t in TYPES])
     return table, notes
 
@@ -249,7 +251,8 @@ def status_command(global_options: Callable[[Any], Any], pass_ctx: Callable[[Any
     @pass_ctx
     def status_cmd(c: Any, server: str, node_prefix: str | None, tls_ca: Path | None, tls_cert: Path | None,
                    tls_key: Path | None, timeout: float, load: bool) -> None:
-        """List every client connected to the control plane at --server and, per resource type, whether it holds
+        """List every client connected to the control plane at --server (one row per ADS stream: a process that
+        dials several targets has one per target, TARGET) and, per resource type, whether it holds
         the version sent (SYNCED), has not answered it yet (STALE) or rejected it (NACKED, with the client's
         message below the table). --json prints the CSDS ClientStatusResponse as JSON. --load shows the load the
         clients report instead (exports with load_reporting)."""
@@ -285,7 +288,7 @@ def status_command(global_options: Callable[[Any], Any], pass_ctx: Callable[[Any
 
         table, notes = rows(response)
         title = f"{server}  ({len(table)} client{'s' if len(table) != 1 else ''})"
-        header = ["NODE", "CLUSTER", "ZONE", *SHORT.values()]
+        header = ["NODE", "TARGET", "CLUSTER", "ZONE", *SHORT.values()]
         print_table(c, title, header, table)
         for note in notes:
             c.out.print(note, markup=False)

@@ -1,9 +1,10 @@
 """Client status: ``envoy.service.status.v3.ClientStatusDiscoveryService`` (CSDS) on the ADS server.
 
 ``FetchClientStatus`` (unary) and ``StreamClientStatus`` (one response per request) answer with one
-``ClientConfig`` per open ADS stream: the Node its client sent, and one ``GenericXdsConfig`` per resource it
-subscribed to (wildcard: every resource of the last response of that type), built from
-``StreamState.statuses()``:
+``ClientConfig`` per open ADS stream: the Node its client sent, its ``client_scope`` (``xds:///NAME``, the target
+a per-target xDS client serves: ``client_scope()``), and one ``GenericXdsConfig`` per resource it subscribed to
+(wildcard: every resource of the last response of that type), built from ``StreamState.statuses()``. Several
+streams of one node (one process dialing several targets) are each a ClientConfig of their own:
 
 ===============  ===============  ===================================================================
 state            config_status    client_status
@@ -41,6 +42,7 @@ from google.protobuf import any_pb2
 from google.protobuf import struct_pb2 as pb_struct
 from google.protobuf.timestamp_pb2 import Timestamp
 
+from .resources import LISTENER
 from .stream import ResourceStatus, StreamState
 
 _CONFIG_STATUS = {"synced": csds_pb2.SYNCED, "stale": csds_pb2.STALE, "nacked": csds_pb2.ERROR,
@@ -169,6 +171,21 @@ def generic_config(s: ResourceStatus, with_contents: bool = True) -> csds_pb2.Cl
     return cfg
 
 
+def client_scope(st: StreamState) -> str:
+    """The data-plane target a stream serves, as ``ClientConfig.client_scope``: ``xds:///NAME`` when it subscribed
+    to the one Listener NAME, else "" (no Listener, several, or a wildcard).
+
+    gRPC opens one xDS client, with its own ADS stream, per data-plane target it dials (grpcio and grpc-go
+    1.85: two ``xds:///`` channels in one process are two streams of the same node, even over one connection),
+    and each such client subscribes to its target's Listener only: the scope tells those streams apart."""
+    ts = st.types.get(LISTENER)
+    wanted = ts.wanted if ts is not None else None
+    if wanted is None or len(wanted) != 1:
+        return ""
+    (name,) = wanted
+    return f"xds:///{name}"
+
+
 def client_status(streams: Iterable[StreamState],
                   request: csds_pb2.ClientStatusRequest | None = None) -> csds_pb2.ClientStatusResponse:
     """The answer to ``request`` over ``streams`` (one ClientConfig per stream whose node matches); raises
@@ -177,12 +194,13 @@ def client_status(streams: Iterable[StreamState],
     matchers = list(request.node_matchers)
     check_matchers(matchers)
     out = csds_pb2.ClientStatusResponse()
-    for st in sorted(streams, key=lambda s: (s.node_id, s.peer)):
+    for st in sorted(streams, key=lambda s: (s.node_id, client_scope(s), s.peer)):
         node = st.node if st.node is not None else base_pb2.Node()
         if matchers and not any(node_matches(m, node, f"node_matchers[{i}]") for i, m in enumerate(matchers)):
             continue
         config = out.config.add()
         config.node.CopyFrom(node)
+        config.client_scope = client_scope(st)
         config.generic_xds_configs.extend(generic_config(s, not request.exclude_resource_contents)
                                           for s in st.statuses())
     return out

@@ -7,9 +7,11 @@ For the service NAME (what a client dials as ``xds:///NAME``):
 - **RouteConfiguration NAME**: one virtual host, domains ``["*"]``, routes to cluster NAME: one per method and
   service of the export's ``service_config``, then the catch-all (prefix ``""``), with retries (retry_policy) and
   the ``hash_header`` (hash_policy): ``routes.py``;
-- **Cluster NAME**: type EDS over ADS, ``load_balancing_policy`` and ``outlier_detection`` (``policy.py``),
+- **Cluster NAME**: type EDS over ADS, ``load_balancing_policy`` and ``outlier_detection`` (``policy.py``), and
   ``circuit_breakers`` with the export's ``max_requests``, and with ``load_reporting``, ``lrs_server`` (self)
   and ``lrs_report_endpoint_metrics`` (``lrs.py``);
+- a route with its own ``max_requests``: a Cluster ``C#routes[I]`` per cluster C it sends to, with that limit and
+  C's endpoints (``eds_cluster_config.service_name`` C): no assignment of its own;
 - **ClusterLoadAssignment NAME**: the endpoints, mapped as below;
 - with a traffic policy (``traffic.py``): a Cluster and a ClusterLoadAssignment per subset (``NAME/KEY=VALUE``, its
   instances only), routes to them (``weighted_clusters`` for a split), and the fault filter (``faults.py``) before
@@ -64,7 +66,7 @@ from .faults import FAULT_FILTER, http_fault
 from .load_stats import REPORTED_ORCA
 from .policy import lb_policy, outlier_detection, weights_need_localities
 from .routes import routes
-from .traffic import fault_filters_needed, subset_backends
+from .traffic import fault_filters_needed, route_clusters, subset_backends, subset_limit
 
 log = logging.getLogger("waypost.xds")
 
@@ -128,19 +130,23 @@ def route_config(export: Export, empty: frozenset[str] = frozenset()) -> route_p
     return route_pb2.RouteConfiguration(name=export.name, virtual_hosts=[vhost])
 
 
-def cluster(export: Export, name: str | None = None) -> cluster_pb2.Cluster:
-    """The export's Cluster, or (``name``) one of its subsets' with the same policy."""
+def cluster(export: Export, name: str | None = None, *, endpoints: str | None = None,
+            max_requests: int | None = None) -> cluster_pb2.Cluster:
+    """The export's Cluster, or (``name``) one of its subsets' with the same policy; ``endpoints``: the
+    ClusterLoadAssignment it reads when not its own name (a route's own cluster, ``traffic.route_cluster``);
+    ``max_requests``: its limit instead of the export's."""
     c = cluster_pb2.Cluster(
         name=name or export.name,
         type=cluster_pb2.Cluster.EDS,
-        eds_cluster_config=cluster_pb2.Cluster.EdsClusterConfig(eds_config=_ADS),
+        eds_cluster_config=cluster_pb2.Cluster.EdsClusterConfig(eds_config=_ADS, service_name=endpoints or ""),
         load_balancing_policy=lb_policy(export),
     )
     if export.outlier_detection is not None:
         c.outlier_detection.CopyFrom(outlier_detection(export.outlier_detection, f"export {export.name!r}"))
-    if export.max_requests is not None:  # gRFC A32: gRPC reads the DEFAULT priority's max_requests only
+    limit = max_requests if max_requests is not None else export.max_requests
+    if limit is not None:  # gRFC A32: gRPC reads the DEFAULT priority's max_requests only
         c.circuit_breakers.thresholds.append(circuit_breaker_pb2.CircuitBreakers.Thresholds(
-            priority=base_pb2.DEFAULT, max_requests=wrappers_pb2.UInt32Value(value=export.max_requests)))
+            priority=base_pb2.DEFAULT, max_requests=wrappers_pb2.UInt32Value(value=limit)))
     if export.load_reporting:  # load reports to this control plane (lrs.py)
         c.lrs_server.CopyFrom(_SELF)
         c.lrs_report_endpoint_metrics.extend(REPORTED_ORCA)
@@ -247,8 +253,13 @@ def static_resources(export: Export) -> dict[str, Message]:
 
 
 def subset_clusters(export: Export) -> dict[str, cluster_pb2.Cluster]:
-    """The Cluster of each of the export's subsets, by name (``traffic.py``)."""
-    return {s.cluster(export.name): cluster(export, s.cluster(export.name)) for s in export.subsets}
+    """The Cluster of each of the export's subsets, and of each route with its own ``max_requests`` (reading the
+    endpoints of the subset or export cluster it stands for), by name (``traffic.py``)."""
+    out = {s.cluster(export.name): cluster(export, s.cluster(export.name), max_requests=subset_limit(export, s.name))
+           for s in export.subsets}
+    for name, (base, limit) in route_clusters(export).items():
+        out[name] = cluster(export, name, endpoints=base, max_requests=limit)
+    return out
 
 
 def subset_assignments(export: Export, backends: Sequence[Backend]

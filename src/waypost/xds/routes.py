@@ -22,7 +22,8 @@ grpcio 1.85 ends calls about 1.06 s before it (with 1 s every call fails at once
 calls end at 0.94 s), while grpc-go and grpc-java honour it: a methodConfig ``timeout`` is therefore left out (a
 warning says so). An export's ``routes`` may set one explicitly (``timeout``, ``traffic.py``), knowing this.
 
-The export's own ``routes`` (``traffic.py``: header and method matches, subsets and splits, timeouts, faults) come
+The export's own ``routes`` (``traffic.py``: path, header and runtime_fraction matches of ``matching.py``, subsets
+and splits, timeouts, faults, their own max_requests) come
 first, in their order, each with the export's default retry policy; the service_config routes and the catch-all go
 where the export's ``split`` sends (its whole cluster without one).
 """
@@ -35,14 +36,18 @@ from typing import Any
 import grpc
 from envoy.config.route.v3 import route_components_pb2 as rc_pb2
 from envoy.type.matcher.v3 import string_pb2
+from envoy.type.v3 import percent_pb2
 from google.protobuf import wrappers_pb2
 
 from .errors import XdsConfigError
 from .faults import FAULT_FILTER, http_fault
+from .matching import Match
 from .policy import hash_policies
-from .traffic import Route, Split, destination
+from .traffic import Route, Split, destination, owns_clusters
 
 log = logging.getLogger("waypost.xds")
+_DENOMINATORS = {100: percent_pb2.FractionalPercent.HUNDRED, 10_000: percent_pb2.FractionalPercent.TEN_THOUSAND,
+                 1_000_000: percent_pb2.FractionalPercent.MILLION}
 _CODES = {grpc.StatusCode.CANCELLED: "cancelled", grpc.StatusCode.DEADLINE_EXCEEDED: "deadline-exceeded",
           grpc.StatusCode.INTERNAL: "internal", grpc.StatusCode.RESOURCE_EXHAUSTED: "resource-exhausted",
           grpc.StatusCode.UNAVAILABLE: "unavailable"}
@@ -85,9 +90,9 @@ def parse_service_config(value: Any, where: str) -> Any:
 
 
 def _action(export: Any, retry: rc_pb2.RetryPolicy | None, to: Split | None = None,
-            empty: frozenset[str] = frozenset()) -> rc_pb2.RouteAction:
+            empty: frozenset[str] = frozenset(), own: int | None = None) -> rc_pb2.RouteAction:
     action = rc_pb2.RouteAction(hash_policy=hash_policies(export))
-    pairs = destination(export, to, empty)
+    pairs = destination(export, to, empty, own)
     if len(pairs) == 1:
         action.cluster = pairs[0][0]
     else:  # gRFC A28: gRPC picks a cluster per call in proportion to the weights
@@ -125,7 +130,7 @@ def routes(export: Any, empty: frozenset[str] = frozenset()) -> list[rc_pb2.Rout
     if cfg is not None:
         mc = cfg.method_config("/")
         default_retry = _retry(mc.retry_policy) if mc is not None else None
-    out += [_traffic_route(export, r, default_retry, empty) for r in export.routes]
+    out += [_traffic_route(export, i, r, default_retry, empty) for i, r in enumerate(export.routes)]
     if cfg is not None:
         methods = sorted({(s, m) for s, m, _ in cfg.names if s and m})
         services = sorted({s for s, m, _ in cfg.names if s and not m})
@@ -141,22 +146,45 @@ def routes(export: Any, empty: frozenset[str] = frozenset()) -> list[rc_pb2.Rout
     return out
 
 
-def _traffic_route(export: Any, r: Route, retry: rc_pb2.RetryPolicy | None, empty: frozenset[str]) -> rc_pb2.Route:
-    """One entry of the export's ``routes``, with the export's default retry policy."""
-    if r.method:
-        match = rc_pb2.RouteMatch(path=f"/{r.service}/{r.method}")
-    else:
-        match = rc_pb2.RouteMatch(prefix=f"/{r.service}/" if r.service else "")
-    for h in r.headers:
-        if h.kind == "present":
-            match.headers.append(rc_pb2.HeaderMatcher(name=h.name, present_match=True))
+def route_match(m: Match) -> rc_pb2.RouteMatch:
+    """The RouteMatch of a route's matchers (``matching.py``), in the fields every gRPC client reads (gRFC A28):
+    the path as ``prefix`` / ``path`` / ``safe_regex`` with ``case_sensitive``; headers as ``string_match``
+    (exact, prefix, suffix, contains), ``safe_regex_match``, ``range_match`` or ``present_match``, each with
+    ``invert_match``; the share of calls as ``runtime_fraction.default_value``."""
+    match = rc_pb2.RouteMatch(prefix="")
+    p = m.path
+    if p is not None:
+        if p.kind == "safe_regex":
+            match.safe_regex.regex = p.value
         else:
-            string = string_pb2.StringMatcher(**{h.kind: h.value})
-            match.headers.append(rc_pb2.HeaderMatcher(name=h.name, string_match=string))
-    action = _action(export, retry, r.to, empty)
+            setattr(match, p.kind, p.value)
+        if p.case_sensitive is not None:
+            match.case_sensitive.value = p.case_sensitive
+    for h in m.headers:
+        hm = rc_pb2.HeaderMatcher(name=h.name, invert_match=h.invert)
+        if h.kind == "present":
+            hm.present_match = h.present
+        elif h.kind == "range":
+            hm.range_match.start, hm.range_match.end = h.start, h.end
+        elif h.kind == "safe_regex":
+            hm.safe_regex_match.regex = h.value
+        else:
+            hm.string_match.CopyFrom(string_pb2.StringMatcher(**{h.kind: h.value}))
+        match.headers.append(hm)
+    if m.fraction is not None:
+        match.runtime_fraction.default_value.CopyFrom(percent_pb2.FractionalPercent(
+            numerator=m.fraction.numerator, denominator=_DENOMINATORS[m.fraction.denominator]))
+    return match
+
+
+def _traffic_route(export: Any, index: int, r: Route, retry: rc_pb2.RetryPolicy | None,
+                   empty: frozenset[str]) -> rc_pb2.Route:
+    """``routes[index]`` of the export, with the export's default retry policy."""
+    own = index if owns_clusters(r) else None
+    action = _action(export, retry, r.to, empty, own)
     if r.timeout is not None:
         action.max_stream_duration.max_stream_duration.FromNanoseconds(round(r.timeout * 1e9))
-    route = rc_pb2.Route(match=match, route=action)
+    route = rc_pb2.Route(match=route_match(r.match), route=action)
     if r.fault is not None:
         route.typed_per_filter_config[FAULT_FILTER].Pack(http_fault(r.fault), deterministic=True)
     return route

@@ -9,12 +9,16 @@ export option        meaning
 ``subsets``          the subsets by name: a list of values of ``subset_key`` (``v1,v2`` on the command line),
                      or a table ``NAME = {KEY = VALUE, ...}`` (every pair must match; config file)
 ``split``            the default route's weighted split: ``{v1 = 95, v2 = 5}`` (``v1:95,v2:5`` on the command
-                     line); weights are integers, a weight 0 keeps the subset out
+                     line); weights are integers, a weight 0 keeps the subset out; a target may be ``{weight = 5,
+                     max_requests = 10}``: its subset cluster's own limit (in a route's split: its route cluster's)
 ``routes``           a list of routes tried in order before the service_config routes and the default route
-                     (config file): ``service`` [+ ``method``] and/or ``headers`` to match, ``subset`` or
-                     ``split`` to send to (neither: where the default route sends), ``timeout``, ``fault``
+                     (config file): a path (``service`` [+ ``method``], ``prefix``, ``path`` or ``safe_regex``,
+                     ``case_sensitive``), ``headers`` and/or ``runtime_fraction`` to match (``matching.py``),
+                     ``subset`` or ``split`` to send to (neither: where the default route sends), ``timeout``,
+                     ``fault``, ``max_requests`` (the route's own limit, on clusters of its own)
 ``max_requests``     circuit breaking (gRFC A32): at most N calls in flight per client to each of the export's
-                     clusters; more fail at once with UNAVAILABLE
+                     clusters (a route's own ``max_requests`` replaces it on that route's clusters); more fail at
+                     once with UNAVAILABLE
 ``fault``            fault injection (gRFC A33) on every route: ``{delay = "2s", delay_percent = 50,
                      abort = "unavailable", abort_percent = 10}`` (a route's own ``fault`` replaces it there)
 ===================  =========================================================================================
@@ -23,9 +27,7 @@ Every subset is a Cluster of its own, named ``NAME/KEY=VALUE`` (``NAME/KEY1=V1,K
 the export's policy, outlier detection and circuit breaking, and a ClusterLoadAssignment of the instances it
 selects. A ``=`` never appears in an export name, so a subset's cluster never collides with an export's.
 
-A route header is ``NAME = "VALUE"`` (exact), ``NAME = {prefix = "P"}``, ``NAME = {exact = "V"}`` or
-``NAME = {present = true}``; all of a route's headers must match. ``-bin`` headers and ``grpc-`` headers are
-refused: gRPC never matches them (gRFC A28).
+A route's matchers (path, headers, runtime_fraction) are ``matching.py``'s; all of them must match.
 
 **A route's timeout** is its ``max_stream_duration`` (gRFC A31): grpc-go and grpc-java end a call at it
 (DEADLINE_EXCEEDED), or at the client's own deadline when that comes first. grpcio 1.85 (gRPC C-core) ends calls
@@ -45,21 +47,21 @@ import logging
 import re
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
+from dataclasses import field as dataclass_field
 from typing import Any
 
 import grpc
 
 from ..durations import DurationError, parse_positive_duration
 from .errors import XdsConfigError
+from .matching import Match, parse_match
 
 log = logging.getLogger("waypost.xds")
 
 #: a subset name or a value of ``subset_key``, and a metadata key: what a cluster name may carry
 TOKEN_RE = re.compile(r"[A-Za-z0-9][A-Za-z0-9._\-]{0,62}")
-_HEADER_RE = re.compile(r"[a-z0-9][a-z0-9._\-]{0,127}")
-_SERVICE_RE = re.compile(r"[A-Za-z_][A-Za-z0-9_.]{0,254}")
-_METHOD_RE = re.compile(r"[A-Za-z_][A-Za-z0-9_]{0,127}")
-_ROUTE_KEYS = ("service", "method", "headers", "subset", "split", "timeout", "fault")
+_ROUTE_KEYS = ("service", "method", "prefix", "path", "safe_regex", "case_sensitive", "headers", "runtime_fraction",
+               "subset", "split", "timeout", "fault", "max_requests")
 _FAULT_KEYS = ("delay", "delay_percent", "abort", "abort_percent")
 #: how much earlier than a route's timeout grpcio 1.85 ends a call (measured for 1.2 s to 4 s: module docstring)
 GRPCIO_TIMEOUT_EARLY = 1.06
@@ -86,16 +88,14 @@ class Subset:
 
 @dataclass(frozen=True)
 class Split:
-    """Where a route sends: subsets and their weights, sorted by name (equal configs, equal resources)."""
+    """Where a route sends: subsets and their weights, sorted by name (equal configs, equal resources), and the
+    targets given their own ``max_requests`` (``{v2 = {weight = 5, max_requests = 10}}``)."""
 
     weights: tuple[tuple[str, int], ...]
+    limits: tuple[tuple[str, int], ...] = ()
 
-
-@dataclass(frozen=True)
-class HeaderMatch:
-    name: str
-    kind: str  # "exact", "prefix" or "present"
-    value: str = ""
+    def limit(self, name: str) -> int | None:
+        return dict(self.limits).get(name)
 
 
 @dataclass(frozen=True)
@@ -110,14 +110,14 @@ class Fault:
 
 @dataclass(frozen=True)
 class Route:
-    """One entry of ``routes``: what it matches, where it sends (None: where the default route sends)."""
+    """One entry of ``routes``: what it matches (``matching.py``), where it sends (None: where the default route
+    sends); ``max_requests``: its own circuit-breaking limit, on clusters of its own (``route_cluster``)."""
 
-    service: str = ""
-    method: str = ""
-    headers: tuple[HeaderMatch, ...] = ()
+    match: Match = dataclass_field(default_factory=Match)
     to: Split | None = None
     timeout: float | None = None
     fault: Fault | None = None
+    max_requests: int | None = None
 
 
 def _text(value: Any) -> str:
@@ -177,7 +177,8 @@ def _scalar(value: Any, where: str) -> str:
 
 
 def parse_split(value: Any, where: str) -> Split:
-    """``{v1 = 95, v2 = 5}`` (a table: integer weights) or ``v1:95,v2:5`` (the command line's text)."""
+    """``{v1 = 95, v2 = 5}`` (a table: integer weights; a target may be ``{weight = 5, max_requests = 10}``) or
+    ``v1:95,v2:5`` (the command line's text)."""
     if isinstance(value, str):
         items: dict[str, Any] = {}
         for part in value.split(","):
@@ -190,6 +191,19 @@ def parse_split(value: Any, where: str) -> Split:
         value = items
     if not isinstance(value, Mapping) or not value:
         raise _fail(where, "expected a table of SUBSET = WEIGHT (e.g. {v1 = 95, v2 = 5})")
+    limits = []
+    plain: dict[str, Any] = {}
+    for k, w in value.items():
+        if isinstance(w, Mapping):  # a target with its own limit: {weight = 5, max_requests = 10}
+            here = f"{where}: {str(k)[:60]}"
+            w = _table(w, here, ("weight", "max_requests"), "weight and max_requests")
+            if "weight" not in w:
+                raise _fail(here, "a table target needs weight (and max_requests): {weight = 5, max_requests = 10}")
+            if "max_requests" in w:
+                limits.append((k, parse_max_requests(w["max_requests"], f"{here}: max_requests")))
+            w = w["weight"]
+        plain[k] = w
+    value = plain
     for k, w in value.items():
         if isinstance(w, str):  # a quoted number in a file is refused: the weights are integers
             fix = f" (write {str(k)[:60]} = {w.strip()}, without quotes)" if w.strip().isdigit() else ""
@@ -199,7 +213,7 @@ def parse_split(value: Any, where: str) -> Split:
                            for k, w in value.items()))
     if not sum(w for _, w in weights):
         raise _fail(where, "every weight is 0: at least one must be positive")
-    return Split(weights)
+    return Split(weights, tuple(sorted(limits)))
 
 
 def parse_max_requests(value: Any, where: str) -> int:
@@ -255,45 +269,13 @@ def parse_fault(value: Any, where: str) -> Fault:
                  abort_percent=_percent(value.get("abort_percent", 100), f"{where}: abort_percent"))
 
 
-def _headers(value: Any, where: str) -> tuple[HeaderMatch, ...]:
-    if not isinstance(value, Mapping) or not value:
-        raise _fail(where, 'expected a table of HEADER = "VALUE" or HEADER = {prefix|exact = "V"} or {present = true}')
-    out = []
-    for name, match in value.items():
-        here = f"{where}: {str(name)[:60]!r}"
-        if not isinstance(name, str) or not _HEADER_RE.fullmatch(name):
-            raise _fail(here, "not a header name (lower-case letters, digits, '.', '-', '_')")
-        if name.endswith("-bin") or name.startswith("grpc-"):
-            raise _fail(here, "gRPC never matches -bin or grpc- headers (gRFC A28)")
-        if isinstance(match, str):
-            out.append(HeaderMatch(name, "exact", match))
-            continue
-        if not isinstance(match, Mapping) or len(match) != 1:
-            raise _fail(here, 'expected "VALUE", {exact = "V"}, {prefix = "P"} or {present = true}')
-        ((kind, arg),) = match.items()
-        if kind in ("exact", "prefix") and isinstance(arg, str) and (arg or kind == "exact"):
-            out.append(HeaderMatch(name, kind, arg))
-        elif kind == "present" and arg is True:
-            out.append(HeaderMatch(name, "present"))
-        else:
-            raise _fail(here, f'expected {{exact = "V"}}, {{prefix = "P"}} (non-empty) or {{present = true}}, '
-                              f"got {{{str(kind)[:30]} = {str(arg)[:30]!r}}}")
-    return tuple(sorted(out, key=lambda h: h.name))
-
-
 def _route(value: Any, where: str) -> Route:
     value = _table(value, where, _ROUTE_KEYS, ", ".join(_ROUTE_KEYS))
-    service, method = value.get("service", ""), value.get("method", "")
-    if service and (not isinstance(service, str) or not _SERVICE_RE.fullmatch(service)):
-        raise _fail(f"{where}: service", f"expected a full service name (pkg.Service), got {str(service)[:80]!r}")
-    if method and (not isinstance(method, str) or not _METHOD_RE.fullmatch(method)):
-        raise _fail(f"{where}: method", f"expected a method name, got {str(method)[:80]!r}")
-    if method and not service:
-        raise _fail(where, "method needs service")
-    headers = _headers(value["headers"], f"{where}: headers") if "headers" in value else ()
-    if not service and not headers:
-        raise _fail(where, "match on service (and method) and/or headers; the route that takes every call is the "
-                           "default route (the export's split)")
+    match = parse_match(value, where)
+    if match.path is None and not match.headers and match.fraction is None:
+        raise _fail(where, "match on a path (service [+ method], prefix, path, safe_regex), headers and/or "
+                           "runtime_fraction; the route that takes every call is the default route (the export's "
+                           "split)")
     if "subset" in value and "split" in value:
         raise _fail(where, "give subset or split, not both")
     to = None
@@ -307,13 +289,19 @@ def _route(value: Any, where: str) -> Route:
                     "(they end calls about %.2f s before it); grpc-go and grpc-java honour it",
                     where, timeout, GRPCIO_TIMEOUT_EARLY)
     fault = parse_fault(value["fault"], f"{where}: fault") if "fault" in value else None
-    return Route(service=service or "", method=method or "", headers=headers, to=to, timeout=timeout, fault=fault)
+    limit = parse_max_requests(value["max_requests"], f"{where}: max_requests") if "max_requests" in value else None
+    return Route(match=match, to=to, timeout=timeout, fault=fault, max_requests=limit)
 
 
 def parse_routes(value: Any, where: str) -> tuple[Route, ...]:
     if not isinstance(value, (list, tuple)):
         raise _fail(where, "expected a list of route tables ([[exports.NAME.routes]])")
-    return tuple(_route(r, f"{where}[{i}]") for i, r in enumerate(value))
+    out = tuple(_route(r, f"{where}[{i}]") for i, r in enumerate(value))
+    for i, r in enumerate(out[:-1]):
+        if r.match.takes_every_call():  # gRPC takes the first route that matches: the later ones are dead
+            raise _fail(f"{where}[{i + 1}]", f"never reached: routes[{i}] matches every call (the first route that "
+                                             "matches takes the call); move it last or narrow it")
+    return out
 
 
 # ------------------------------------------------------------------ the export as a whole
@@ -353,15 +341,56 @@ def subset_backends(subset: Subset, backends: Iterable[Any]) -> list[Any]:
     return [b for b in backends if subset.selects(b.metadata)]
 
 
-def destination(export: Any, to: Split | None, empty: frozenset[str]) -> list[tuple[str, int]]:
+def destination(export: Any, to: Split | None, empty: frozenset[str], own: int | None = None) -> list[tuple[str, int]]:
     """The (cluster, weight) pairs a route sends to: ``to`` (None: the export's split, else its whole cluster),
-    less the subsets in ``empty`` and the weights 0; nothing left: the export's whole cluster."""
+    less the subsets in ``empty`` and the weights 0; nothing left: the export's whole cluster. ``own``: the
+    index of a route with its own ``max_requests``, whose calls go to its own clusters (``route_cluster``)."""
     to = to or export.split
     if to is None:
-        return [(export.name, 1)]
+        pairs = [(export.name, 1)]
+    else:
+        clusters = {s.name: s.cluster(export.name) for s in export.subsets}
+        pairs = [(clusters[name], w) for name, w in to.weights if w and name not in empty] or [(export.name, 1)]
+    return pairs if own is None else [(route_cluster(c, own), w) for c, w in pairs]
+
+
+def route_cluster(cluster: str, index: int) -> str:
+    """The cluster ``routes[index]`` sends to instead of ``cluster`` when it has its own ``max_requests``: gRPC
+    counts calls in flight per cluster (gRFC A32), so a route's limit needs clusters no other route sends to.
+    It shares ``cluster``'s endpoints (its EDS service name); ``#`` never appears in an export or subset name."""
+    return f"{cluster}#routes[{index}]"
+
+
+def owns_clusters(route: Route) -> bool:
+    """Whether a route sends to clusters of its own: it has a ``max_requests``, or its ``split`` gives one."""
+    return route.max_requests is not None or bool(route.to and route.to.limits)
+
+
+def route_clusters(export: Any) -> dict[str, tuple[str, int | None]]:
+    """The clusters of the routes that own clusters (``owns_clusters``): name -> (the cluster whose endpoints it
+    shares, its limit). Every cluster such a route may send to has one: each subset of its split, with the
+    target's own ``max_requests`` or else the route's or else the export's, and the export's whole cluster
+    (where it sends while those subsets are empty), with the route's or the export's."""
+    out: dict[str, tuple[str, int | None]] = {}
     clusters = {s.name: s.cluster(export.name) for s in export.subsets}
-    pairs = [(clusters[name], w) for name, w in to.weights if w and name not in empty]
-    return pairs or [(export.name, 1)]
+    for i, r in enumerate(export.routes):
+        if not owns_clusters(r):
+            continue
+        default = r.max_requests if r.max_requests is not None else export.max_requests
+        to = r.to or export.split
+        for name, w in (to.weights if to else ()):
+            if w:
+                target = to.limit(name) if r.to is not None and to is not None else None
+                out[route_cluster(clusters[name], i)] = (clusters[name], target if target is not None else default)
+        out[route_cluster(export.name, i)] = (export.name, default)
+    return out
+
+
+def subset_limit(export: Any, subset: str) -> int | None:
+    """The ``max_requests`` of a subset's own cluster: its target's in the export's ``split``, else the
+    export's (shared by every route sending there without clusters of its own)."""
+    own = export.split.limit(subset) if export.split is not None else None
+    return own if own is not None else export.max_requests
 
 
 def fault_filters_needed(export: Any) -> bool:
