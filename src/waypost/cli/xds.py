@@ -216,7 +216,7 @@ def xds_commands(global_options: Callable[[Any], Any], pass_ctx: Callable[[Any],
         def load() -> Any:
             exports, found, tls = _exports(c, specs, config, prefixes)
             if load_reporting:
-                from .xds.lrs import with_load_reporting
+                from ..xds.lrs import with_load_reporting
 
                 exports, found = with_load_reporting(exports, found)
             return exports, found, tls
