@@ -146,7 +146,8 @@ class Discovery(abc.ABC):
 
     #: the pauses after failed reads in a row (None: 0.5 s doubling up to 10 s, +-20%)
     backoff: Backoff | None = None
-    #: the bound of one read, seconds: a blocking dial waits at least this (and a second) for the first answer
+    #: the bound of one read, seconds (at most the dial's timeout, which lowers it): a blocking dial waits at
+    #: least this (and a second) for the first answer
     read_timeout: float = 0.0
 
     @abc.abstractmethod

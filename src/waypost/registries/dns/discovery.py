@@ -162,12 +162,12 @@ class DnsDiscovery(PollingDiscovery):
             try:
                 # bounded like a server lookup (the executor thread finishes on the system's own timeouts)
                 infos = await asyncio.wait_for(asyncio.get_running_loop().getaddrinfo(
-                    self.host, self.port, type=socket.SOCK_STREAM), self.timeout)
+                    self.host, self.port, type=socket.SOCK_STREAM), self.read_timeout)
             except socket.gaierror as e:
                 raise DnsLookupError(f"dns: cannot resolve {self.host}: {e.strerror or e}") from None
             except asyncio.TimeoutError:
                 raise DnsLookupError(f"dns: resolving {self.host} (system resolver) timed out after "
-                                     f"{self.timeout:g} s") from None
+                                     f"{self.read_timeout:g} s") from None
             ips = {str(info[4][0]) for info in infos}
             if not ips:
                 raise DnsLookupError(f"dns: no addresses for {self.host}")
@@ -187,7 +187,7 @@ class DnsDiscovery(PollingDiscovery):
 
         async def ask(rdtype: str) -> Any:
             try:
-                return await r.resolve(self.host, rdtype, lifetime=self.timeout, search=False)
+                return await r.resolve(self.host, rdtype, lifetime=self.read_timeout, search=False)
             except (dns.resolver.NoAnswer, dns.resolver.NXDOMAIN) as e:
                 return e
 
@@ -202,7 +202,7 @@ class DnsDiscovery(PollingDiscovery):
                 pass
             elif isinstance(res, dns.exception.Timeout):
                 raise DnsLookupError(f"dns: lookup of {self.host}{self._where()} timed out "
-                                     f"after {self.timeout:g} s") from None
+                                     f"after {self.read_timeout:g} s") from None
             elif isinstance(res, BaseException):
                 raise DnsLookupError(f"dns: lookup of {self.host}{self._where()} failed: {res}") from None
             else:
