@@ -30,7 +30,7 @@ def test_registry_urls() -> None:
                       ("eureka://h?path=eureka", "must start with '/'"), ("consul://h", "expected scheme")]:
         with pytest.raises(InvalidTarget, match=says):
             parse_registry_url(bad)
-    assert kind_of("eureka://h").publisher_name == "waypost.EurekaPublisher" and KINDS["eureka"].default_port == 8761
+    assert kind_of("eureka://h").registrar is not None and KINDS["eureka"].default_port == 8761
 
 
 def test_dial_targets() -> None:

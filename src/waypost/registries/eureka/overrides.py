@@ -1,11 +1,6 @@
-"""An Eureka registry on the console (``--registry eureka://host:8761``): every application it holds.
-
-The application list is read every ``INTERVAL`` s (``GET /eureka/apps``) on waypost's control loop; each
-application is shown through waypost's own Eureka resolver (an ``eureka://host:8761/APP`` target: the UP
-instances, what a client dialing it sees).
-
-Drain and weight (``EurekaOverrides``, what ``console.actions.apply`` writes through) act on Eureka itself, not
-on a record of waypost's:
+"""``waypost drain|weight|undrain`` and the console's buttons on an Eureka registry: writes to Eureka itself, not
+records of waypost's (the record's key names the app and the address; every instance of the app at that address is
+acted on):
 
 - drain (weight 0): Eureka's status override, ``PUT /apps/APP/ID/status?value=OUT_OF_SERVICE``: the instance
   leaves every client's list (waypost's and Spring's, which only use UP instances) at their next fetch, and stays
@@ -14,94 +9,43 @@ on a record of waypost's:
   into the instance's metadata, until the instance registers again with its own (a restart, or an Eureka that lost
   it);
 - undo: the status override removed (``DELETE /apps/APP/ID/status``) and, when a weight was set, the weight the
-  instance had before put back (kept by the console in metadata ``waypost.weight.own`` when it first changed it;
-  ``-``: it had none). Eureka's API can set a metadata key but not remove one: an empty value means removed
+  instance had before put back (kept in metadata ``waypost.weight.own`` when it was first changed; ``-``: it had
+  none). Eureka's API can set a metadata key but not remove one: an empty value means removed
   (``apps.decode_metadata`` leaves it out).
 
-An instance under a status override is shown as an override of weight 0 (it is in no client's list, so the board
-lists it among the overrides without a live instance).
+``written`` says, after each put or delete, what was written (``waypost drain`` prints it).
 """
 
 from __future__ import annotations
 
-import asyncio
 import json
 import logging
 import time
-from typing import Any
+from collections.abc import Callable
 
-from ...console.board import Board
-from ...console.catalog_source import CatalogSource
-from ...console.sources import RETRY_INTERVAL, on_control
-from ...discovery.override import parse_override, split_override_key
+from ...kinds import parse_override, split_override_key
 from ...registry.base import DeleteResult, KeyValue, PutResult
 from .api import EurekaClient
-from .apps import Instance, MalformedAnswer, RegistryCopy, applications, as_list
-from .config import app_name, parse_registry_url, target_for
+from .apps import Instance, MalformedAnswer, as_list
+from .config import app_name, parse_registry_url
 
 log = logging.getLogger("waypost.console")
 
-#: seconds between two reads of the application list
-INTERVAL = 3.0
-#: the metadata key keeping an instance's own weight while the console's weight is in force
+#: the metadata key keeping an instance's own weight while another weight is in force
 OWN_WEIGHT_KEY = "waypost.weight.own"
 DRAINED = "OUT_OF_SERVICE"
 
 
-class EurekaSource(CatalogSource):
-    kind = "eureka"
-
-    def __init__(self, url: str, board: Board, timeout: float = 5.0) -> None:
-        self.config = parse_registry_url(url)
-        super().__init__(self.config.url, board, timeout, lambda: EurekaClient(self.config, timeout=timeout))
-        #: what the console's writes go through (``actions.apply``): Eureka's status overrides and metadata
-        self.writer = EurekaOverrides(self.name, self.client)
-
-    def _target(self, service: str) -> str:
-        return target_for(self.config, service)
-
-    async def _read(self) -> RegistryCopy:
-        """On the control loop: the whole registry."""
-        client = self.client()
-        copy = RegistryCopy()
-        copy.replace(applications(await client.apps(), client.server), [])
-        return copy
-
-    async def start(self) -> None:
-        """Follow the registry; one that cannot be read yet is shown as down, and read again until it answers."""
-        await self._read_once()
-        self._spawn(self._follow(), "eureka")
-
-    async def _read_once(self) -> bool:
-        try:
-            copy = await on_control(self._read())
-        except asyncio.CancelledError:
-            raise
-        except Exception as e:  # noqa: BLE001 (shown on the page; tried again)
-            self._down(e)
-            return False
-        self.board.source_up(self.name, "eureka")
-        await self._apply(copy)
-        return True
-
-    async def _follow(self) -> None:
-        while not self._closed:
-            await asyncio.sleep(INTERVAL)
-            if not await self._read_once():
-                await asyncio.sleep(RETRY_INTERVAL)
-
-    async def _apply(self, copy: RegistryCopy) -> None:
-        self._show_overrides({(self.name, inst.app, inst.address): {"weight": 0, "by": "eureka status override"}
-                              for app in copy.names() for inst in copy.instances(app)
-                              if inst.address and str(inst.raw.get("overriddenStatus", "")).upper() == DRAINED})
-        await self._follow_names(copy.names())
+def drained(inst: Instance) -> bool:
+    """Whether an operator's status override holds ``inst`` OUT_OF_SERVICE."""
+    return str(inst.raw.get("overriddenStatus", "")).upper() == DRAINED
 
 
 class EurekaOverrides:
     """The two writes ``actions.apply`` makes, as Eureka's status override and metadata (run on the control
     loop). The record key names the app and the address; every instance of the app at that address is acted on."""
 
-    def __init__(self, name: str, client: Any) -> None:
+    def __init__(self, name: str, client: Callable[[], EurekaClient]) -> None:
         self.url = name
         self._client = client
         #: what the last put or delete did, in words (``waypost drain`` prints it: no override record is written)
@@ -130,8 +74,7 @@ class EurekaOverrides:
     @staticmethod
     def _record(inst: Instance) -> KeyValue | None:
         """What is in force on ``inst`` now, as an override record (None: nothing)."""
-        drained = str(inst.raw.get("overriddenStatus", "")).upper() == DRAINED
-        if drained:
+        if drained(inst):
             return KeyValue("", json.dumps({"weight": 0, "by": "eureka status override"}).encode())
         if _own_weight(inst) is not None and isinstance(inst.metadata.get("weight"), int):
             return KeyValue("", json.dumps({"weight": inst.metadata["weight"], "by": "eureka metadata"}).encode())
@@ -155,7 +98,7 @@ class EurekaOverrides:
             if _own_weight(inst) is None:
                 meta[OWN_WEIGHT_KEY] = _raw_meta(inst, "weight") or "-"
             await client.update_metadata(app, inst.id, meta)
-            if str(inst.raw.get("overriddenStatus", "")).upper() == DRAINED:
+            if drained(inst):
                 await client.clear_status(app, inst.id)
         log.info("eureka: %s %s at %s", "drained" if override["weight"] == 0 else f"weight {override['weight']} for",
                  app, [i.id for i in found])
@@ -171,7 +114,7 @@ class EurekaOverrides:
         client = self._client()
         done = []
         for inst in found:
-            if str(inst.raw.get("overriddenStatus", "")).upper() == DRAINED:
+            if drained(inst):
                 await client.clear_status(app, inst.id)
                 done.append(f"Eureka's status override of {app}/{inst.id} removed")
             own = _own_weight(inst)
