@@ -1,5 +1,7 @@
 """The kind contract suite (``tests/registry/kind_contract.py``) run for the Eureka kind against a real Spring Cloud
-Eureka server of its own (the outage test stops it; it comes back empty, and the instances register again)."""
+Eureka server of its own (the outage test stops it; it comes back empty, and the instances register again). That
+server answers reads from its registry, not from its read-only response cache (refreshed every second): the suite
+checks what a read sees right after a write."""
 
 from __future__ import annotations
 
@@ -23,7 +25,7 @@ pytestmark = [eureka_support.timeout_mark()]
 def own_eureka() -> Iterator[EurekaServer]:
     if why := eureka_support.skip_reason():
         pytest.skip(why)
-    with EurekaServer() as server:
+    with EurekaServer(properties={"eureka.server.use-read-only-response-cache": "false"}) as server:
         yield server
 
 

@@ -1,20 +1,12 @@
 """Eureka's registry as JSON, and a client's copy of it: instances in and out, the delta, the reconcile hash.
 
-- ``encode_metadata`` / ``decode_metadata``: Eureka's metadata values are strings. A waypost string that is not
-  JSON text goes as it is (``"eu-1"``), any other value as compact JSON (``20`` -> ``"20"``, ``True`` ->
-  ``"true"``), and a string that would read as JSON, or is empty, is quoted (``"20"`` -> ``"\\"20\\""``), so
-  decoding gives
-  every value back; values written by others (Spring's ``management.port: "8080"``) decode the same way.
-- ``Instance.from_json``: one instance of an answer (``instanceId``, ``ipAddr``, ``port``, ``status``,
-  ``metadata``...), ``MalformedInstance`` naming what is missing or wrong. Eureka writes ``port`` as
-  ``{"$": 8080, "@enabled": "true"}`` and, through some codecs, a list of one element as the element itself:
-  both forms are read.
-- ``RegistryCopy``: every app's instances as the last fetch left them; ``replace`` takes a full fetch
-  (``GET /apps``), ``apply_delta`` a delta (``GET /apps/delta``: instances ADDED, MODIFIED or DELETED within the
-  server's retention window, applied idempotently), and ``hashcode`` is Eureka's reconcile hash code
-  (``STATUS_COUNT_`` per status, sorted by status, over every instance of every app): after a delta, a copy whose
-  hash differs from the answer's ``apps__hashcode`` missed something and fetches everything again, as Eureka's
-  own client does.
+Metadata values are strings in Eureka: ``encode_metadata`` writes a string that is not JSON text as it is
+(``"eu-1"``), any other value as compact JSON (``20`` -> ``"20"``), and quotes a string that would read as JSON or
+is empty, so ``decode_metadata`` gives every value back (Spring's ``management.port: "8080"`` decodes the same way).
+Eureka writes ``port`` as ``{"$": 8080, "@enabled": "true"}`` and, through some codecs, a list of one element as
+the element itself: both forms are read. ``RegistryCopy.hashcode`` is Eureka's reconcile hash code
+(``STATUS_COUNT_`` per status, sorted, over every instance): a copy whose hash differs from a delta's
+``apps__hashcode`` missed something, and fetches everything again, as Eureka's own client does.
 """
 
 from __future__ import annotations

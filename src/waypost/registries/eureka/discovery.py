@@ -33,7 +33,7 @@ from ...backoff import cool_down
 from ...kinds import Backend, InvalidTarget, PollingDiscovery, RegistryUnavailable, Target
 from ...resolver.empty_hold import EmptyListHold
 from ...resolver.read_failure import failure_text
-from .api import EurekaClient, EurekaUnreachable, require_client
+from .api import EurekaClient, EurekaUnreachable
 from .apps import RegistryCopy, applications
 from .config import from_target
 
@@ -51,7 +51,6 @@ class EurekaDiscovery(PollingDiscovery):
     """Follows the UP instances of ``target``'s app (see the module docstring). The counters are for tests."""
 
     def __init__(self, target: Target) -> None:
-        require_client()
         if target.scheme != "eureka" or not target.key:
             raise InvalidTarget(f"not a eureka target: {target.redacted}")
         settings = from_target(target, target.key)

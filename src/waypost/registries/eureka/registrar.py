@@ -29,7 +29,7 @@ from typing import Any
 from ...errors import suggests_keywords
 from ...kinds import Instance, InstanceGone, Registrar
 from ...kinds.registration import KindRegistration
-from .api import EurekaClient, EurekaNotFound, require_client
+from .api import EurekaClient, EurekaNotFound
 from .apps import GRPC_PORT_KEY, encode_metadata
 from .config import EurekaConfig, app_name, resolve_config
 from .kind import KIND
@@ -41,7 +41,6 @@ class EurekaRegistrar(Registrar):
     """Registers instances in the Eureka cluster of ``config``; ``timeout`` bounds each server's try."""
 
     def __init__(self, config: EurekaConfig | str, timeout: float) -> None:
-        require_client()
         self.client = EurekaClient(resolve_config(config), timeout=timeout)
 
     def check_metadata(self, metadata: Mapping[str, Any]) -> None:
