@@ -31,7 +31,7 @@ from waypost.etcd.local import free_port
 from waypost.kinds.resolver import KindResolver
 from waypost.registries.eureka.discovery import EurekaDiscovery
 from waypost.registries.eureka.kind import KIND
-from waypost.registries.eureka.registrar import EurekaPublisher
+from waypost.registries.eureka.registrar import EurekaPublisher, EurekaRegistrar
 from waypost.resolver import ResolverOptions, parse_target
 
 pytestmark = [eureka_support.timeout_mark()]
@@ -52,7 +52,7 @@ def _resolver(target: str, settle: float | None = None, **kw: Any) -> tuple[Kind
     """The resolver ``dial(target)`` makes (the kind's discovery under waypost's resolver), started."""
     r = KindResolver(KIND, parse_target(target), ResolverOptions(blocking=kw.pop("blocking", True)), **kw)
     if settle is not None:
-        _eureka(r).settle = settle
+        _eureka(r).hold.settle = settle
     u = Updates()
     r.start(u.on_update, u.on_error)
     return r, u
@@ -178,7 +178,8 @@ def test_the_first_server_unreachable_fails_over_to_the_next(eureka: EurekaServe
     r, u = _resolver(f"eureka://{dead},{eureka.address}/{key}?interval=0.5s")
     d = _eureka(r)
     try:
-        assert pub.client.server == eureka.address and pub.client.failovers == 1
+        assert isinstance(pub.client, EurekaRegistrar)
+        assert pub.client.client.server == eureka.address and pub.client.client.failovers == 1
         wait_until(lambda: u.addresses() == ["127.0.0.1:50072"], 15)
         assert d.copy.filled and u.errors == []
     finally:
@@ -420,7 +421,7 @@ def test_an_empty_registry_after_an_outage_is_held_then_applied_if_it_stays(eure
         mode["body"] = EMPTY_REGISTRY
         fetches = d.full_fetches + d.delta_fetches
         wait_until(lambda: d.full_fetches + d.delta_fetches >= fetches + 3, 15, what="the empty registry read")
-        assert u.addresses() == ["127.0.0.1:50099"] and d.holds == 1  # not emptied out of an outage
+        assert u.addresses() == ["127.0.0.1:50099"] and d.hold.holds == 1  # not emptied out of an outage
         wait_until(lambda: u.addresses() == [], 15, what="applied once it stayed empty for settle s")
         mode["body"] = None
         wait_until(lambda: u.addresses() == ["127.0.0.1:50099"], 15, what="back")

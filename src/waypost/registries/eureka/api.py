@@ -1,7 +1,7 @@
 """A small asyncio client of Eureka's REST API (what waypost uses), on aiohttp (the ``eureka`` extra): every request
 a coroutine on waypost's control loop (py-eureka-client runs threads and timers of its own).
 
-``register`` ``POST /apps/APP``; ``renew`` ``PUT /apps/APP/ID`` (404: ``EurekaNotFound``); ``cancel`` ``DELETE``;
+``register`` ``POST /apps/APP``; ``renew`` ``PUT /apps/APP/ID`` (404: ``EurekaNotFound``, an ``InstanceGone``); ``cancel`` ``DELETE``;
 ``apps``/``delta``/``app`` ``GET /apps``, ``/apps/delta``, ``/apps/APP`` (None when unknown); ``set_status`` and
 ``clear_status`` the status override (``/apps/APP/ID/status``); ``update_metadata`` ``PUT /apps/APP/ID/metadata``.
 
@@ -21,6 +21,7 @@ from collections.abc import Iterable, Mapping
 from typing import Any
 
 from ...errors import RegistryError, RegistryUnavailable
+from ...kinds import InstanceGone
 from ...registry.http_api import HttpApiClient, connect_problem
 from .apps import MalformedAnswer
 from .config import EurekaConfig
@@ -30,9 +31,8 @@ log = logging.getLogger("waypost.eureka")
 _JSON = {"Accept": "application/json", "Content-Type": "application/json", "User-Agent": "waypost"}
 
 
-class EurekaNotFound(RegistryError):
-    """Eureka answered 404: it does not know the app or the instance (deleted, evicted, or the server
-    restarted empty)."""
+class EurekaNotFound(InstanceGone):
+    """Eureka answered 404: it does not know the app or the instance (deleted, evicted, restarted empty)."""
 
 
 class EurekaUnreachable(RegistryUnavailable):

@@ -19,7 +19,6 @@ from ...durations import DurationError, format_duration, parse_positive_duration
 from ...errors import InvalidTarget
 from ...netutil import AddressError, normalize_host_port
 from ...registry.url_form import URLForm
-from ...urlparams import TargetLike
 
 DEFAULT_PORT = 8761
 DEFAULT_PATH = "/eureka"
@@ -114,30 +113,6 @@ def parse_registry_url(url: str) -> EurekaConfig:
 def resolve_config(registry: EurekaConfig | str) -> EurekaConfig:
     """An ``EurekaConfig`` as given, or parsed from a registry URL."""
     return URL_FORM.settings(registry, EurekaConfig, parse_registry_url)
-
-
-@dataclass(frozen=True)
-class TargetSettings:
-    """What a ``eureka://.../APP`` dial target says: the cluster, the app (upper case) and the fetch interval."""
-
-    config: EurekaConfig
-    app: str
-    interval: float = DEFAULT_INTERVAL
-
-
-def from_target(target: TargetLike, key: str) -> TargetSettings:
-    """The settings of a parsed ``eureka://HOSTS/APP?...`` dial target (``key``: its app)."""
-    if target.scheme != "eureka" or not target.endpoints:
-        raise InvalidTarget(f"not a eureka target: {target.redacted}")
-
-    def fail(problem: str) -> InvalidTarget:
-        return InvalidTarget(f"eureka target {target.redacted!r}: {problem} (example: {TARGET_EXAMPLE})")
-
-    o = target.options
-    config = EurekaConfig(servers=tuple(target.endpoints), path=check_path(o.get("path", DEFAULT_PATH), fail),
-                          tls=urlparams.flag("tls", o.get("tls", "0"), fail))
-    interval = parse_interval(o["interval"], fail) if "interval" in o else DEFAULT_INTERVAL
-    return TargetSettings(config, app_name(key, fail), interval)
 
 
 def app_name(key: str, fail: Callable[[str], Exception] = ValueError) -> str:

@@ -2,7 +2,7 @@
 
 The application list is read every ``INTERVAL`` s (``GET /eureka/apps``) on waypost's control loop; each
 application is shown through waypost's own Eureka discovery (an ``eureka://host:8761/APP`` target: the UP
-instances, what a client dialing it sees). Drain and weight write through ``overrides.EurekaOverrides`` (Eureka's
+instances, what a client dialing it sees). Drain and weight write through ``overrides.EurekaOverrideStore`` (Eureka's
 status override and metadata). An instance under a status override is shown as an override of weight 0 (it is in
 no client's list, so the board lists it among the overrides without a live instance).
 """
@@ -17,7 +17,7 @@ from ...console.sources import RETRY_INTERVAL, on_control
 from .api import EurekaClient
 from .apps import RegistryCopy, applications
 from .config import parse_registry_url, target_for
-from .overrides import EurekaOverrides, drained
+from .overrides import EurekaOverrideStore, drained
 
 #: seconds between two reads of the application list
 INTERVAL = 3.0
@@ -30,7 +30,7 @@ class EurekaSource(CatalogSource):
         self.config = parse_registry_url(url)
         super().__init__(self.config.url, board, timeout, lambda: EurekaClient(self.config, timeout=timeout))
         #: what the console's writes go through (``actions.apply``): Eureka's status overrides and metadata
-        self.writer = EurekaOverrides(self.name, self.client)
+        self.writer = EurekaOverrideStore(self.name, timeout, self.client)
 
     def _target(self, service: str) -> str:
         return target_for(self.config, service)

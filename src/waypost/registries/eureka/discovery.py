@@ -1,25 +1,17 @@
-"""eureka://HOST:8761[,HOST2:8761]/APP: the UP instances of an Eureka application, fetched every few seconds.
+"""eureka://HOST:8761[,HOST2:8761]/APP: the UP instances of an Eureka application, read as Eureka's own client does.
 
-A ``waypost.kinds.PollingDiscovery`` that reads as Eureka's own client does:
+1. a full fetch (``GET /eureka/apps``) fills a copy of the registry (``apps.RegistryCopy``); then every ``interval``
+   s a delta (``GET /eureka/apps/delta``) is applied to it, and a copy whose reconcile hash code differs from the
+   answer's ``apps__hashcode`` (a change older than the delta window, a server restarted empty, a failover to a
+   peer that differs) fetches everything again; after a failure the next fetch is a full one;
+2. the backends: the app's UP instances (an operator's status override drains one), ``ipAddr`` and metadata
+   ``gRPC_port`` when it is a port number, else ``port``; their metadata decoded; sorted, one per address;
+   malformed instances are skipped, each distinct problem logged once;
+3. an empty list from a full fetch while there were instances (after an outage or a hash mismatch: a server
+   restarted empty lacks every instance until its next heartbeat) is held for ``settle`` s unless an instance
+   comes back; removals seen in a delta apply at once.
 
-1. a full fetch (``GET /eureka/apps``: every app) fills a copy of the registry (``apps.RegistryCopy``);
-2. every ``interval`` s (``?interval=``, default ``config.DEFAULT_INTERVAL``) a delta fetch (``GET
-   /eureka/apps/delta``: what was ADDED, MODIFIED or DELETED lately) is applied to the copy, and the copy's
-   reconcile hash code is compared with the answer's ``apps__hashcode``: a mismatch (a change older than the
-   server's delta window, a server restarted empty, a failover to a peer that differs) fetches everything again;
-3. the app's instances whose ``status`` is UP are the backends (OUT_OF_SERVICE, DOWN, STARTING and UNKNOWN are
-   left out, so an operator's status override drains an instance): ``ipAddr`` and the port from metadata
-   ``gRPC_port`` when it is a port number, else ``port``; their metadata decoded. Sorted by address, one backend
-   per address (the first by instance id);
-4. a failed fetch (no server reachable, an error answer, an answer that is not Eureka's) is raised: the channel
-   keeps its last list, the next fetch, after waypost's backoff, is a full one. Malformed instances beside good
-   ones are skipped, each distinct problem logged once;
-5. an empty list from a full fetch while the list had instances (after an outage or a hash mismatch: a server
-   restarted empty has lost every registration until each instance's next heartbeat) does not replace the list
-   until it has stayed empty for ``settle`` s; a non-empty answer applies at once, and so do removals in a delta.
-
-Several servers: ``api.EurekaClient`` fails over between them; until the first answer each gets a share of
-``FIRST_TIMEOUT``, so that a blocking dial's error names what went wrong with each.
+Until the first answer the servers share ``FIRST_TIMEOUT``, so that a blocking dial's error names each one's fate.
 """
 
 from __future__ import annotations
@@ -29,13 +21,14 @@ import random
 import time
 from collections.abc import Sequence
 
+from ... import urlparams
 from ...backoff import cool_down
 from ...kinds import Backend, InvalidTarget, PollingDiscovery, RegistryUnavailable, Target
 from ...resolver.empty_hold import EmptyListHold
 from ...resolver.read_failure import failure_text
 from .api import EurekaClient, EurekaUnreachable
 from .apps import RegistryCopy, applications
-from .config import from_target
+from .config import DEFAULT_INTERVAL, DEFAULT_PATH, EurekaConfig, app_name, parse_interval
 
 log = logging.getLogger("waypost.resolver.eureka")
 
@@ -53,34 +46,24 @@ class EurekaDiscovery(PollingDiscovery):
     def __init__(self, target: Target) -> None:
         if target.scheme != "eureka" or not target.key:
             raise InvalidTarget(f"not a eureka target: {target.redacted}")
-        settings = from_target(target, target.key)
-        self.config, self.app, self.interval = settings.config, settings.app, settings.interval
+        o = target.options
+        self.config = EurekaConfig(servers=tuple(target.endpoints), path=o.get("path", DEFAULT_PATH),
+                                   tls=urlparams.flag("tls", o.get("tls", "0"), InvalidTarget))
+        self.app = app_name(target.key, InvalidTarget)
+        self.interval = parse_interval(o["interval"], InvalidTarget) if "interval" in o else DEFAULT_INTERVAL
         self.min_interval = self.interval  # a failed connection changes nothing in Eureka: no extra fetch
         self.client = EurekaClient(self.config, timeout=FIRST_TIMEOUT / len(self.config.servers))
         self.copy = RegistryCopy()
         self._full_next, self._full_reason = True, "first fetch"  # the next fetch is a full one, and why
         self._last: tuple[Backend, ...] = ()
-        self._hold = EmptyListHold(SETTLE, time.monotonic, on_start=self._hold_started, on_expired=self._hold_expired)
+        #: the hold of an empty list from a full fetch (``hold.settle`` s; ``hold.holds``: how many so far)
+        self.hold = EmptyListHold(SETTLE, time.monotonic, on_start=self._hold_started, on_expired=self._hold_expired)
         self._warned: set[str] = set()
         self._rng = random.Random()
         self.full_fetches = self.delta_fetches = self.mismatches = self.failures = self.malformed = 0
 
     def __repr__(self) -> str:
         return f"<EurekaDiscovery {self.app} at {self.config.url} full={self.full_fetches} delta={self.delta_fetches}>"
-
-    @property
-    def settle(self) -> float:
-        """Seconds an empty list from a full fetch is held."""
-        return self._hold.settle
-
-    @settle.setter
-    def settle(self, seconds: float) -> None:
-        self._hold.settle = seconds
-
-    @property
-    def holds(self) -> int:
-        """Empty lists from a full fetch held."""
-        return self._hold.holds
 
     def describe(self, service: str) -> str:
         return f"app {self.app}"
@@ -101,7 +84,7 @@ class EurekaDiscovery(PollingDiscovery):
                                       f"{failure_text(e)}") from e
         self.client.timeout = READ_TIMEOUT
         backends = self._backends()
-        if self._hold.hold(not backends and bool(self._last), may_start=from_full):
+        if self.hold.hold(not backends and bool(self._last), may_start=from_full):
             return self._last
         self._last = backends
         return backends
@@ -134,17 +117,15 @@ class EurekaDiscovery(PollingDiscovery):
 
     def _warn(self, problems: list[str]) -> None:
         self.malformed += len(problems)
-        for problem in dict.fromkeys(problems):
-            if problem not in self._warned:
-                if len(self._warned) >= 64:
-                    self._warned.clear()
-                self._warned.add(problem)
-                log.warning("waypost: eureka: skipping a malformed instance in the answer for app %s: %s", self.app,
-                            problem)
+        for problem in [p for p in dict.fromkeys(problems) if p not in self._warned]:
+            if len(self._warned) >= 64:
+                self._warned.clear()
+            self._warned.add(problem)
+            log.warning("waypost: eureka: skipping a malformed instance in the answer for app %s: %s", self.app, problem)
 
     def _hold_started(self) -> None:
         log.info("waypost: eureka: app %s has no UP instance after a full fetch (%s); keeping the last %d for up to "
-                 "%gs unless they come back", self.app, self._full_reason, len(self._last), self.settle)
+                 "%gs unless they come back", self.app, self._full_reason, len(self._last), self.hold.settle)
 
     def _hold_expired(self, held: float) -> None:
         log.warning("waypost: eureka: app %s has had no UP instance for %gs: applying the empty list", self.app, held)

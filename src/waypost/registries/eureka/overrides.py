@@ -1,19 +1,12 @@
-"""``waypost drain|weight|undrain`` and the console's buttons on an Eureka registry: writes to Eureka itself, not
-records of waypost's (the record's key names the app and the address; every instance of the app at that address is
-acted on):
+"""``waypost drain|weight|undrain`` and the console's buttons on an Eureka registry, written to Eureka itself (the
+record key names the app and the address: every instance of the app there is acted on). ``written`` says what.
 
-- drain (weight 0): Eureka's status override, ``PUT /apps/APP/ID/status?value=OUT_OF_SERVICE``: the instance
-  leaves every client's list (waypost's and Spring's, which only use UP instances) at their next fetch, and stays
-  out across its own re-registrations until the override is removed;
-- another weight: ``PUT /apps/APP/ID/metadata?weight=N`` (and the status override removed): Eureka merges it
-  into the instance's metadata, until the instance registers again with its own (a restart, or an Eureka that lost
-  it);
-- undo: the status override removed (``DELETE /apps/APP/ID/status``) and, when a weight was set, the weight the
-  instance had before put back (kept in metadata ``waypost.weight.own`` when it was first changed; ``-``: it had
-  none). Eureka's API can set a metadata key but not remove one: an empty value means removed
-  (``apps.decode_metadata`` leaves it out).
-
-``written`` says, after each put or delete, what was written (``waypost drain`` prints it).
+- drain (weight 0): Eureka's status override ``OUT_OF_SERVICE`` (``PUT /apps/APP/ID/status``): out of every
+  client's list (waypost's and Spring's) at their next fetch, across re-registrations, until it is removed;
+- another weight: ``PUT /apps/APP/ID/metadata?weight=N`` (the status override removed), merged by Eureka until the
+  instance registers again with its own;
+- undo: the status override removed and the instance's own weight put back (kept in ``waypost.weight.own`` when
+  first changed; ``-``: none). Eureka cannot remove a metadata key: an empty value means removed.
 """
 
 from __future__ import annotations
@@ -41,13 +34,15 @@ def drained(inst: Instance) -> bool:
     return str(inst.raw.get("overriddenStatus", "")).upper() == DRAINED
 
 
-class EurekaOverrides:
-    """The two writes ``actions.apply`` makes, as Eureka's status override and metadata (run on the control
-    loop). The record key names the app and the address; every instance of the app at that address is acted on."""
+class EurekaOverrideStore:
+    """``waypost drain|weight|undrain`` on an Eureka registry URL, and the console's writes (see the module
+    docstring; on the control loop). ``client``: the console's client (else its own, closed by ``close()``)."""
 
-    def __init__(self, name: str, client: Callable[[], EurekaClient]) -> None:
-        self.url = name
-        self._client = client
+    def __init__(self, url: str, timeout: float = 5.0, client: Callable[[], EurekaClient] | None = None) -> None:
+        config = parse_registry_url(url)
+        self.url = config.url
+        self._own = EurekaClient(config, timeout=timeout)  # no connection until used
+        self._client = client or (lambda: self._own)
         #: what the last put or delete did, in words (``waypost drain`` prints it: no override record is written)
         self.written = ""
 
@@ -123,16 +118,6 @@ class EurekaOverrides:
                 done.append(f"its own weight ({'none' if own == '-' else own}) back in the metadata of {app}/{inst.id}")
         self.written = "; ".join(done) or f"nothing to undo on {app} in Eureka (no status override, no weight set)"
         return DeleteResult(0, int(prev is not None), [prev] if prev is not None and prev_kv else [])
-
-
-class EurekaOverrideStore(EurekaOverrides):
-    """``waypost drain``/``weight``/``undrain`` on an Eureka registry URL: the same writes as the console's, over
-    a client of its own (``close()`` after)."""
-
-    def __init__(self, url: str, timeout: float = 5.0) -> None:
-        config = parse_registry_url(url)
-        self._own = EurekaClient(config, timeout=timeout)
-        super().__init__(config.url, lambda: self._own)
 
     async def registered(self, key: str, address: str) -> bool:
         """Whether ``address`` is an instance of app ``key`` in Eureka now (whatever its status)."""

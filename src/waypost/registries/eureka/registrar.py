@@ -1,22 +1,13 @@
-"""One server's instance in Eureka: the ``Registrar`` that ``serve(registry="eureka://...")`` registers through.
+"""One server's instance in Eureka: the ``Registrar`` of ``serve(registry="eureka://...")``, and
+``waypost.EurekaPublisher``.
 
-What is registered (``POST /eureka/apps/APP``):
-
-- app ``APP`` = the service upper-cased (Eureka upper-cases application names), ``vipAddress`` = the service as
-  given;
-- ``instanceId`` = ``serve(id=...)``, else ``<host>:<service>:<port>`` (Spring Cloud's form, stable across restarts
-  of the process, so a restarted server replaces its own stale instance);
-- ``ipAddr`` and ``hostName`` = the host of the address, ``port`` = its port, ``status`` UP, ``dataCenterInfo``
-  MyOwn, ``leaseInfo``: ``durationInSecs`` = ttl (Eureka evicts an instance not renewed for that long) and
-  ``renewalIntervalInSecs`` = ttl/3;
-- ``metadata``: strings as they are, other values as JSON text (``apps.encode_metadata``; the discovery decodes
-  them back), plus ``gRPC_port`` = the port (grpc-spring-boot-starter's convention: Spring's gRPC clients dial
-  that port of an instance).
-
-The renewal is Eureka's heartbeat, ``PUT /eureka/apps/APP/ID``; its 404 (the server lost the instance: restarted
-empty, evicted it, someone deleted it; or a peer that has not got it yet) is ``InstanceGone``: registered again at
-once. New metadata registers again with the same id (a status override an operator set stays: Eureka keeps
-overrides apart from registrations). Deregistering is ``DELETE``. Several servers: ``api.EurekaClient`` fails over.
+It registers (``POST /eureka/apps/APP``) app ``APP`` = the service upper-cased (``vipAddress``: as given),
+``instanceId`` = ``serve(id=...)`` else ``<host>:<service>:<port>`` (Spring Cloud's form: a restarted server
+replaces its own stale instance), ``ipAddr``/``hostName``/``port`` from the address, status UP, ``leaseInfo``
+(``durationInSecs`` = ttl, Eureka's eviction; renewals every ttl/3), metadata as strings (``apps.encode_metadata``)
+plus ``gRPC_port`` = the port (grpc-spring-boot-starter's convention: Spring's gRPC clients dial it). The renewal
+is the heartbeat ``PUT /eureka/apps/APP/ID``: its 404 (the server lost the instance, or a peer has not got it yet)
+registers again at once. New metadata registers again with the same id (an operator's status override stays).
 """
 
 from __future__ import annotations
@@ -27,9 +18,9 @@ from collections.abc import Callable, Mapping
 from typing import Any
 
 from ...errors import suggests_keywords
-from ...kinds import Instance, InstanceGone, Registrar
+from ...kinds import Instance, Registrar
 from ...kinds.registration import KindRegistration
-from .api import EurekaClient, EurekaNotFound
+from .api import EurekaClient
 from .apps import GRPC_PORT_KEY, encode_metadata
 from .config import EurekaConfig, app_name, resolve_config
 from .kind import KIND
@@ -69,16 +60,10 @@ class EurekaRegistrar(Registrar):
         })
 
     async def renew(self, instance: Instance) -> None:
-        try:
-            await self.client.renew(*self._names(instance))
-        except EurekaNotFound as e:
-            raise InstanceGone(str(e)) from None
+        await self.client.renew(*self._names(instance))  # 404: EurekaNotFound, an InstanceGone
 
     async def deregister(self, instance: Instance) -> None:
-        try:
-            await self.client.cancel(*self._names(instance))
-        except EurekaNotFound as e:
-            raise InstanceGone(str(e)) from None
+        await self.client.cancel(*self._names(instance))
 
     async def close(self) -> None:
         await self.client.close()
