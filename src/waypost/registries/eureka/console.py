@@ -35,28 +35,30 @@ class EurekaSource(CatalogSource):
     def _target(self, service: str) -> str:
         return target_for(self.config, service)
 
-    async def _read(self) -> RegistryCopy:
-        """On the control loop: the whole registry."""
-        client = self.client()
-        copy = RegistryCopy()
-        copy.replace(applications(await client.apps(), client.server), [])
-        return copy
-
     async def start(self) -> None:
         """Follow the registry; one that cannot be read yet is shown as down, and read again until it answers."""
         await self._read_once()
         self._spawn(self._follow(), "eureka")
 
     async def _read_once(self) -> bool:
+        copy = RegistryCopy()
+
+        async def read() -> None:  # on the control loop, where the client lives
+            client = self.client()
+            copy.replace(applications(await client.apps(), client.server), [])
+
         try:
-            copy = await on_control(self._read())
+            await on_control(read())
         except asyncio.CancelledError:
             raise
         except Exception as e:  # noqa: BLE001 (shown on the page; tried again)
             self._down(e)
             return False
         self.board.source_up(self.name, "eureka")
-        await self._apply(copy)
+        self._show_overrides({(self.name, inst.app, inst.address): {"weight": 0, "by": "eureka status override"}
+                              for app in copy.names() for inst in copy.instances(app)
+                              if inst.address and drained(inst)})
+        await self._follow_names(copy.names())
         return True
 
     async def _follow(self) -> None:
@@ -64,9 +66,3 @@ class EurekaSource(CatalogSource):
             await asyncio.sleep(INTERVAL)
             if not await self._read_once():
                 await asyncio.sleep(RETRY_INTERVAL)
-
-    async def _apply(self, copy: RegistryCopy) -> None:
-        self._show_overrides({(self.name, inst.app, inst.address): {"weight": 0, "by": "eureka status override"}
-                              for app in copy.names() for inst in copy.instances(app)
-                              if inst.address and drained(inst)})
-        await self._follow_names(copy.names())

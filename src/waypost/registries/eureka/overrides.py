@@ -59,12 +59,8 @@ class EurekaOverrideStore:
         doc = body.get("application") if isinstance(body, dict) else None
         if body is not None and not isinstance(doc, dict):
             raise MalformedAnswer(f"malformed answer from eureka at {self.url}: reading {app}: {str(body)[:160]!r}")
-        found = []
-        for raw in as_list(doc.get("instance") if doc else None):
-            inst = Instance.from_json(raw, app)
-            if inst.address == address:
-                found.append(inst)
-        return app, found
+        instances = (Instance.from_json(raw, app) for raw in as_list(doc.get("instance") if doc else None))
+        return app, [inst for inst in instances if inst.address == address]
 
     @staticmethod
     def _record(inst: Instance) -> KeyValue | None:
