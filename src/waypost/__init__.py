@@ -76,7 +76,7 @@ if TYPE_CHECKING:
     from .orca import load_interceptor as load_interceptor
     from .orca import set_load as set_load
     from .registries.consul.publisher import ConsulPublisher as ConsulPublisher
-    from .registries.eureka.publisher import EurekaPublisher as EurekaPublisher
+    from .registries.eureka.registrar import EurekaPublisher as EurekaPublisher
     from .registries.zookeeper.publisher import ZkPublisher as ZkPublisher
     from .registry import connect as connect
     from .registry.base import Registry as Registry
@@ -107,7 +107,7 @@ _LAZY = {
     "Publisher": ("waypost.discovery", "Publisher"),
     "ConsulPublisher": ("waypost.registries.consul.publisher", "ConsulPublisher"),
     "ZkPublisher": ("waypost.registries.zookeeper.publisher", "ZkPublisher"),
-    "EurekaPublisher": ("waypost.registries.eureka.publisher", "EurekaPublisher"),
+    "EurekaPublisher": ("waypost.registries.eureka.registrar", "EurekaPublisher"),
     "MultiPublisher": ("waypost.discovery.registration_factory", "MultiPublisher"),
     "Registration": ("waypost.discovery.registration_contract", "Registration"),
     "Subscriber": ("waypost.discovery", "Subscriber"),

@@ -1,4 +1,4 @@
-"""Eureka: EurekaPublisher, EurekaResolver and eureka:// channels against a real Spring Cloud Netflix Eureka server,
+"""Eureka: EurekaPublisher, the Eureka discovery (through waypost's resolver) and eureka:// channels against a real Spring Cloud Netflix Eureka server,
 and a stock Spring Cloud Eureka client for the other direction (both built once and cached by
 tests/eureka/support.py; skipped, saying why, without java or mvn). One server for the module (a JVM start is the
 slow part); each test uses its own app names. Other clients' views go through plain HTTP (urllib)."""
@@ -28,8 +28,10 @@ from tests.eureka.support import EurekaServer, SpringClient, unique_app
 from tests.resolver.updates import ResolverUpdates
 from waypost.errors import RegistryUnavailable
 from waypost.etcd.local import free_port
-from waypost.registries.eureka.publisher import EurekaPublisher
-from waypost.registries.eureka.resolver import EurekaResolver
+from waypost.kinds.resolver import KindResolver
+from waypost.registries.eureka.discovery import EurekaDiscovery
+from waypost.registries.eureka.kind import KIND
+from waypost.registries.eureka.registrar import EurekaPublisher, EurekaRegistrar
 from waypost.resolver import ResolverOptions, parse_target
 
 pytestmark = [eureka_support.timeout_mark()]
@@ -46,11 +48,19 @@ class Updates(ResolverUpdates):
     sort = True
 
 
-def _resolver(target: str, **kw: Any) -> tuple[EurekaResolver, Updates]:
-    r = EurekaResolver(parse_target(target), ResolverOptions(blocking=kw.pop("blocking", True)), **kw)
+def _resolver(target: str, settle: float | None = None, **kw: Any) -> tuple[KindResolver, Updates]:
+    """The resolver ``dial(target)`` makes (the kind's discovery under waypost's resolver), started."""
+    r = KindResolver(KIND, parse_target(target), ResolverOptions(blocking=kw.pop("blocking", True)), **kw)
+    if settle is not None:
+        _eureka(r).hold.settle = settle
     u = Updates()
     r.start(u.on_update, u.on_error)
     return r, u
+
+
+def _eureka(r: KindResolver) -> EurekaDiscovery:
+    assert isinstance(r.discovery, EurekaDiscovery)
+    return r.discovery
 
 
 def _echo(name: str) -> grpc.Server:
@@ -65,15 +75,15 @@ def _echo(name: str) -> grpc.Server:
 def test_unreachable_eureka_at_serve_and_at_dial() -> None:
     port = free_port()  # nothing listens
     url = f"eureka://127.0.0.1:{port}"
-    with pytest.raises(RegistryUnavailable, match=rf"could not register .* in eureka at http://127.0.0.1:{port}/eureka "
-                                                  r"within 1.5s"):
+    with pytest.raises(RegistryUnavailable, match=rf"could not register .* in eureka://127.0.0.1:{port} within 1.5s"
+                                                  rf".*: cannot reach Eureka at http://127.0.0.1:{port}/eureka"):
         waypost.serve(_echo("x"), "greeter", listen_on="127.0.0.1:0", registry=url, register_timeout=1.5)
     # a blocking dial raises one sentence naming Eureka's URL once, and why; an aio-style (non-blocking) channel's
     # calls fail UNAVAILABLE with the same words instead of hanging
     with pytest.raises(RegistryUnavailable) as e:
         _resolver(f"{url}/greeter", timeout=1.0)
-    assert str(e.value) == (f"cannot reach Eureka at http://127.0.0.1:{port}/eureka: connection refused; is it "
-                            "running? (no list of the instances of app GREETER within 1s)")
+    assert str(e.value) == (f"eureka: no list of the instances of app GREETER within 1s (cannot reach Eureka at "
+                            f"http://127.0.0.1:{port}/eureka: connection refused; is it running?)")
     with waypost.dial(f"{url}/greeter", block=False) as ch, pytest.raises(grpc.RpcError) as err:
         echo_pb2_grpc.EchoStub(ch).Unary(echo_pb2.EchoRequest(), timeout=10)
     assert err.value.code() == grpc.StatusCode.UNAVAILABLE
@@ -166,10 +176,12 @@ def test_the_first_server_unreachable_fails_over_to_the_next(eureka: EurekaServe
     dead = f"127.0.0.1:{free_port()}"
     pub = EurekaPublisher(f"eureka://{dead},{eureka.address}", key, "127.0.0.1:50072", ttl=3).start()
     r, u = _resolver(f"eureka://{dead},{eureka.address}/{key}?interval=0.5s")
+    d = _eureka(r)
     try:
-        assert pub.client.server == eureka.address and pub.client.failovers == 1
+        assert isinstance(pub.client, EurekaRegistrar)
+        assert pub.client.client.server == eureka.address and pub.client.client.failovers == 1
         wait_until(lambda: u.addresses() == ["127.0.0.1:50072"], 15)
-        assert r.copy.filled and u.errors == []
+        assert d.copy.filled and u.errors == []
     finally:
         r.close()
         pub.stop()
@@ -180,23 +192,24 @@ def test_delta_fetches_follow_changes_and_a_mismatch_fetches_everything(eureka: 
     pubs = [EurekaPublisher(eureka.url, key, f"127.0.0.1:{50080 + i}", ttl=6, metadata={"weight": i + 1}).start()
             for i in range(2)]
     r, u = _resolver(f"eureka://{eureka.address}/{key}?interval=0.3s")
+    d = _eureka(r)
     try:
         wait_until(lambda: u.addresses() == ["127.0.0.1:50080", "127.0.0.1:50081"], 15)
-        wait_until(lambda: r.delta_fetches >= 2, 15)
-        full = r.full_fetches
+        wait_until(lambda: d.delta_fetches >= 2, 15)
+        full = d.full_fetches
         pubs[1].update_metadata({"weight": 9})
         wait_until(lambda: u.last and {b.address: b.metadata["weight"] for b in u.last}.get("127.0.0.1:50081") == 9,
                    15, what="the new weight through a delta")
         pubs[0].stop()
         wait_until(lambda: u.addresses() == ["127.0.0.1:50081"], 15, what="the deleted instance gone via the delta")
-        assert r.delta_fetches > 2 and r.full_fetches - full <= r.mismatches
+        assert d.delta_fetches > 2 and d.full_fetches - full <= d.mismatches
         # a copy that differs from the server's (here: made to) is caught by the hash code and fetched again
-        r.copy.apps.setdefault("GHOST", {})
+        d.copy.apps.setdefault("GHOST", {})
         from waypost.registries.eureka.apps import Instance
 
-        r.copy.apps["GHOST"]["x"] = Instance("GHOST", "x", "127.0.0.1", 1, "UP")
-        mismatches = r.mismatches
-        wait_until(lambda: r.mismatches > mismatches and "GHOST" not in r.copy.apps, 15)
+        d.copy.apps["GHOST"]["x"] = Instance("GHOST", "x", "127.0.0.1", 1, "UP")
+        mismatches = d.mismatches
+        wait_until(lambda: d.mismatches > mismatches and "GHOST" not in d.copy.apps, 15)
     finally:
         r.close()
         for p in pubs:
@@ -246,6 +259,7 @@ def test_a_bad_or_partial_answer_keeps_the_last_list_and_is_logged_once(eureka: 
     pub = EurekaPublisher(eureka.url, key, "127.0.0.1:50090", ttl=6).start()
     proxy, mode = _proxy(eureka.address)
     r, u = _resolver(f"eureka://127.0.0.1:{proxy.server_address[1]}/{key}?interval=0.2s")
+    d = _eureka(r)
     try:
         wait_until(lambda: u.addresses() == ["127.0.0.1:50090"], 15)
         pushes = r.pushes
@@ -253,7 +267,7 @@ def test_a_bad_or_partial_answer_keeps_the_last_list_and_is_logged_once(eureka: 
         for body in (b'{"applications": {"application": [{"name": "X", "inst', b"<html>proxy error</html>",
                      b'{"something": "else"}'):
             mode["body"] = body
-            wait_until(lambda before=r.failures: r.failures >= before + 2, 30, what="the bad answer read again")
+            wait_until(lambda before=d.failures: d.failures >= before + 2, 30, what="the bad answer read again")
         assert u.addresses() == ["127.0.0.1:50090"] and r.pushes == pushes  # the last list kept
         warnings = [rec.getMessage() for rec in caplog.records if rec.levelno == logging.WARNING]
         assert len(warnings) == 3, warnings  # one per distinct problem, not one per fetch
@@ -298,8 +312,8 @@ def test_cli_on_an_unreachable_eureka_is_one_sentence() -> None:
     base = f"http://127.0.0.1:{port}/eureka"
     for argv, line in [
         (["resolve", f"eureka://127.0.0.1:{port}/greeter", "--timeout", "1"],
-         (f"Error: cannot reach Eureka at {base}: connection refused; is it running? (no list of the instances of app "
-         "GREETER within 1s)")),
+         (f"Error: eureka: no list of the instances of app GREETER within 1s (cannot reach Eureka at {base}: "
+          "connection refused; is it running?)")),
         (["--registry", f"eureka://127.0.0.1:{port}", "drain", "greeter", "127.0.0.1:5000"],
          f"Error: cannot reach Eureka at {base}: connection refused; is it running?"),
     ]:
@@ -399,14 +413,15 @@ def test_an_empty_registry_after_an_outage_is_held_then_applied_if_it_stays(eure
     pub = EurekaPublisher(eureka.url, key, "127.0.0.1:50099", ttl=6).start()
     proxy, mode = _proxy(eureka.address)
     r, u = _resolver(f"eureka://127.0.0.1:{proxy.server_address[1]}/{key}?interval=0.2s", settle=3.0)
+    d = _eureka(r)
     try:
         wait_until(lambda: u.addresses() == ["127.0.0.1:50099"], 15)
         mode["body"] = b"<html>502 Bad Gateway</html>"
-        wait_until(lambda: r.failures >= 1, 15, what="the outage seen")
+        wait_until(lambda: d.failures >= 1, 15, what="the outage seen")
         mode["body"] = EMPTY_REGISTRY
-        fetches = r.full_fetches + r.delta_fetches
-        wait_until(lambda: r.full_fetches + r.delta_fetches >= fetches + 3, 15, what="the empty registry read")
-        assert u.addresses() == ["127.0.0.1:50099"] and r.holds == 1  # not emptied out of an outage
+        fetches = d.full_fetches + d.delta_fetches
+        wait_until(lambda: d.full_fetches + d.delta_fetches >= fetches + 3, 15, what="the empty registry read")
+        assert u.addresses() == ["127.0.0.1:50099"] and d.hold.holds == 1  # not emptied out of an outage
         wait_until(lambda: u.addresses() == [], 15, what="applied once it stayed empty for settle s")
         mode["body"] = None
         wait_until(lambda: u.addresses() == ["127.0.0.1:50099"], 15, what="back")

@@ -23,7 +23,7 @@ from harness.backends.server import EchoServer
 from harness.waiting import wait_until
 from tests.eureka import support as eureka_support
 from tests.eureka.support import EurekaServer, unique_app
-from waypost.registries.eureka.publisher import EurekaPublisher
+from waypost.registries.eureka.registrar import EurekaPublisher
 
 pytestmark = [eureka_support.timeout_mark()]
 ROOT = Path(__file__).resolve().parents[2]

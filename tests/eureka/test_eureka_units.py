@@ -13,7 +13,8 @@ from waypost.registries.eureka.apps import (
     encode_metadata,
     reconcile_hashcode,
 )
-from waypost.registries.eureka.config import EurekaConfig, from_target, parse_registry_url, target_for
+from waypost.registries.eureka.config import EurekaConfig, parse_registry_url, target_for
+from waypost.registries.eureka.discovery import EurekaDiscovery
 from waypost.registry.kinds import KINDS, kind_of
 from waypost.registry.url import parse_any
 from waypost.resolver import parse_target
@@ -30,16 +31,16 @@ def test_registry_urls() -> None:
                       ("eureka://h?path=eureka", "must start with '/'"), ("consul://h", "expected scheme")]:
         with pytest.raises(InvalidTarget, match=says):
             parse_registry_url(bad)
-    assert kind_of("eureka://h").publisher_name == "waypost.EurekaPublisher" and KINDS["eureka"].default_port == 8761
+    assert kind_of("eureka://h").registrar is not None and KINDS["eureka"].default_port == 8761
 
 
 def test_dial_targets() -> None:
     t = parse_target("eureka://127.0.0.1,127.0.0.2:9000/greeter?interval=2s&path=/e")
-    s = from_target(t, t.key or "")
+    s = EurekaDiscovery(t)
     assert (s.app, s.interval, s.config.servers, s.config.path) == (
         "GREETER", 2.0, ("127.0.0.1:8761", "127.0.0.2:9000"), "/e")
     assert parse_target(target_for(s.config, "GREETER", 2.0)).options["interval"] == "2s"
-    assert from_target(parse_target("eureka://h/x"), "x").interval <= 5  # a few seconds by default
+    assert EurekaDiscovery(parse_target("eureka://h/x")).interval <= 5  # a few seconds by default
     for bad, says in [("eureka://h/g?interval=2", "interval='2'"), ("eureka://h/g?interval=0s", "> 0s"),
                       ("eureka://h/", "missing the service name"), ("eureka://h/g?key=x", "unknown"),
                       ("eureka://h/g?path=x", "path='x'")]:

@@ -36,6 +36,7 @@ from types import MappingProxyType
 from typing import Any, Protocol, runtime_checkable
 
 from ..backoff import Backoff
+from ..discovery.override import parse_override, split_override_key
 from ..durations import parse_positive_duration
 from ..errors import InvalidTarget, PermissionDenied, RegistryError, RegistryUnavailable
 from ..registry.kinds import RegistryKind, Words, register_kind
@@ -62,8 +63,10 @@ __all__ = [
     "Target",
     "Words",
     "load_part",
+    "parse_override",
     "parse_positive_duration",
     "register_kind",
+    "split_override_key",
 ]
 
 
@@ -218,7 +221,8 @@ class PollingDiscovery(Discovery):
 class OverrideStore(Protocol):
     """Where ``waypost drain|undrain|weight --registry URL`` and the console write an operator's override of an
     instance (``RegistryKind.override_store(url)``). The records are those etcd keeps (``waypost.discovery.override``:
-    ``key`` the override's key, ``value`` its JSON); a store that writes something of the registry's own instead
+    ``key`` the override's key, ``value`` its JSON; ``split_override_key(key)`` gives its service and address,
+    ``parse_override(value)`` its record); a store that writes something of the registry's own instead
     (Eureka's status override) sets its attribute ``written`` to what, in words, after each put or delete:
     ``waypost drain`` prints it instead of the record's key.
 

@@ -1,25 +1,15 @@
-"""A small asyncio client of Eureka's REST API (the parts waypost uses), on aiohttp (the ``eureka`` extra).
+"""A small asyncio client of Eureka's REST API (what waypost uses), on aiohttp (the ``eureka`` extra): every request
+a coroutine on waypost's control loop (py-eureka-client runs threads and timers of its own).
 
-Why not py-eureka-client: it runs its own threads and timers; here every request is a coroutine on waypost's
-control loop, next to the other registries' watches. The surface (``/eureka`` is the config's base path):
+``register`` ``POST /apps/APP``; ``renew`` ``PUT /apps/APP/ID`` (404: ``EurekaNotFound``, an ``InstanceGone``); ``cancel`` ``DELETE``;
+``apps``/``delta``/``app`` ``GET /apps``, ``/apps/delta``, ``/apps/APP`` (None when unknown); ``set_status`` and
+``clear_status`` the status override (``/apps/APP/ID/status``); ``update_metadata`` ``PUT /apps/APP/ID/metadata``.
 
-- ``register(app, instance)``: ``POST /apps/APP`` (204); ``renew``: ``PUT /apps/APP/ID`` (200; 404 once the
-  server no longer has the instance: ``EurekaNotFound``); ``cancel``: ``DELETE /apps/APP/ID``;
-- ``apps()``: ``GET /apps`` (the whole registry); ``delta()``: ``GET /apps/delta``; ``app(APP)``: ``GET
-  /apps/APP`` (``None`` for an app the server does not know);
-- ``set_status(app, id, value)``: ``PUT /apps/APP/ID/status?value=OUT_OF_SERVICE`` (an operator's status
-  override); ``clear_status``: ``DELETE /apps/APP/ID/status``; ``update_metadata``: ``PUT
-  /apps/APP/ID/metadata?k=v`` (merged into the instance's metadata).
-
-Several servers (peers that replicate each other): a request goes to the server that answered last; when it
-cannot be reached, times out or answers 5xx, the same request goes to the next one, each at most once, as
-Eureka's own ``RetryableEurekaHttpClient`` does; the one that answers becomes the current server. Only when
-every server failed does the request fail, with ``RegistryUnavailable`` naming each server and what happened.
-Each server gets ``timeout`` seconds. A 404 is ``EurekaNotFound``; another non-2xx is ``RegistryError`` with
-Eureka's message; a 200 that is not JSON is ``MalformedAnswer``.
-
-The client makes its aiohttp session on first use, on the running loop (use one client from one loop);
-``close()`` closes it (``waypost.registry.http_api``).
+Several servers (peers that replicate each other): a request goes to the one that answered last; one that cannot be
+reached, times out or answers 5xx is passed over for the next, each at most once (Eureka's
+``RetryableEurekaHttpClient``). Only when every server failed does the request fail: ``RegistryUnavailable`` naming
+each and what happened (``EurekaUnreachable`` when none could be connected to). Each server gets ``timeout`` s.
+Another non-2xx is ``RegistryError`` with Eureka's message; a 200 that is not JSON is ``MalformedAnswer``.
 """
 
 from __future__ import annotations
@@ -31,24 +21,18 @@ from collections.abc import Iterable, Mapping
 from typing import Any
 
 from ...errors import RegistryError, RegistryUnavailable
-from ...registry.http_api import HttpApiClient, connect_problem, require_aiohttp
+from ...kinds import InstanceGone
+from ...registry.http_api import HttpApiClient, connect_problem
 from .apps import MalformedAnswer
 from .config import EurekaConfig
 
 log = logging.getLogger("waypost.eureka")
 
-INSTALL_HINT = "eureka:// registries and targets need the eureka extra: pip install 'waypost[eureka]'"
 _JSON = {"Accept": "application/json", "Content-Type": "application/json", "User-Agent": "waypost"}
 
 
-def require_client() -> None:
-    """Raise a clear ImportError when aiohttp is missing (at construction, not on first use)."""
-    require_aiohttp(INSTALL_HINT)
-
-
-class EurekaNotFound(RegistryError):
-    """Eureka answered 404: it does not know the app or the instance (deleted, evicted, or the server
-    restarted empty)."""
+class EurekaNotFound(InstanceGone):
+    """Eureka answered 404: it does not know the app or the instance (deleted, evicted, restarted empty)."""
 
 
 class EurekaUnreachable(RegistryUnavailable):
@@ -69,7 +53,7 @@ class _ServerFailed(Exception):
 class EurekaClient(HttpApiClient):
     """The REST API of one Eureka cluster (``config``); ``timeout`` bounds each server's try, in seconds."""
 
-    install_hint = INSTALL_HINT
+    install_hint = "eureka:// registries and targets need the eureka extra: pip install 'waypost[eureka]'"
 
     def __init__(self, config: EurekaConfig, *, timeout: float = 5.0) -> None:
         super().__init__(timeout)
@@ -78,9 +62,6 @@ class EurekaClient(HttpApiClient):
         self.current = 0
         #: times a request moved on to another server
         self.failovers = 0
-
-    def __repr__(self) -> str:
-        return f"<EurekaClient {self.config.url}>"
 
     @property
     def server(self) -> str:

@@ -1,26 +1,19 @@
 """Eureka's registry as JSON, and a client's copy of it: instances in and out, the delta, the reconcile hash.
 
-- ``encode_metadata`` / ``decode_metadata``: Eureka's metadata values are strings. A waypost string that is not
-  JSON text goes as it is (``"eu-1"``), any other value as compact JSON (``20`` -> ``"20"``, ``True`` ->
-  ``"true"``), and a string that would read as JSON, or is empty, is quoted (``"20"`` -> ``"\\"20\\""``), so
-  decoding gives
-  every value back; values written by others (Spring's ``management.port: "8080"``) decode the same way.
-- ``Instance.from_json``: one instance of an answer (``instanceId``, ``ipAddr``, ``port``, ``status``,
-  ``metadata``...), ``MalformedInstance`` naming what is missing or wrong. Eureka writes ``port`` as
-  ``{"$": 8080, "@enabled": "true"}`` and, through some codecs, a list of one element as the element itself:
-  both forms are read.
-- ``RegistryCopy``: every app's instances as the last fetch left them; ``replace`` takes a full fetch
-  (``GET /apps``), ``apply_delta`` a delta (``GET /apps/delta``: instances ADDED, MODIFIED or DELETED within the
-  server's retention window, applied idempotently), and ``hashcode`` is Eureka's reconcile hash code
-  (``STATUS_COUNT_`` per status, sorted by status, over every instance of every app): after a delta, a copy whose
-  hash differs from the answer's ``apps__hashcode`` missed something and fetches everything again, as Eureka's
-  own client does.
+Metadata values are strings in Eureka: ``encode_metadata`` writes a string that is not JSON text as it is
+(``"eu-1"``), any other value as compact JSON (``20`` -> ``"20"``), and quotes a string that would read as JSON or
+is empty, so ``decode_metadata`` gives every value back (Spring's ``management.port: "8080"`` decodes the same way).
+Eureka writes ``port`` as ``{"$": 8080, "@enabled": "true"}`` and, through some codecs, a list of one element as
+the element itself: both forms are read. ``RegistryCopy.hashcode`` is Eureka's reconcile hash code
+(``STATUS_COUNT_`` per status, sorted, over every instance): a copy whose hash differs from a delta's
+``apps__hashcode`` missed something, and fetches everything again, as Eureka's own client does.
 """
 
 from __future__ import annotations
 
 import json
 import re
+from collections import Counter
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
 from typing import Any
@@ -33,7 +26,6 @@ from ...registry.meta_text import decode_value, encode_value
 META_KEY_RE = re.compile(r"[A-Za-z_][A-Za-z0-9_.-]{0,127}")
 #: grpc-spring-boot-starter's metadata key for the gRPC port of an instance (its ``port`` is the HTTP one)
 GRPC_PORT_KEY = "gRPC_port"
-STATUSES = ("UP", "DOWN", "STARTING", "OUT_OF_SERVICE", "UNKNOWN")
 
 
 class MalformedAnswer(RegistryError):
@@ -60,27 +52,18 @@ def decode_metadata(meta: Any) -> dict[str, Any]:
     """Eureka's metadata -> waypost's: JSON text decodes, other strings stay; codec markers (``@class``) go, and
     so do empty values (Eureka's metadata API sets keys but cannot remove one: an empty value is how a key is
     taken back)."""
-    out: dict[str, Any] = {}
     if not isinstance(meta, Mapping):
-        return out
-    for key, value in meta.items():
-        if not isinstance(key, str) or key.startswith("@"):
-            continue
-        if value != "":
-            out[key] = decode_value(value)
-    return out
+        return {}
+    return {k: decode_value(v) for k, v in meta.items() if isinstance(k, str) and not k.startswith("@") and v != ""}
 
 
 def _port(value: Any) -> int | None:
-    """Eureka's ``{"$": 8080, "@enabled": "true"}`` (or a bare number); None when absent or disabled."""
+    """A port number: Eureka's ``{"$": 8080, "@enabled": "true"}``, a number or its text; None when absent, disabled
+    or no port."""
     if isinstance(value, Mapping):
-        if str(value.get("@enabled", "true")).lower() == "false":
-            return None
-        value = value.get("$")
-    if isinstance(value, bool):
-        return None
+        value = value.get("$") if str(value.get("@enabled", "true")).lower() != "false" else None
     try:
-        port = int(value)  # type: ignore[arg-type]
+        port = int(value) if not isinstance(value, bool) else 0  # type: ignore[arg-type]
     except (TypeError, ValueError):
         return None
     return port if 0 < port < 65536 else None
@@ -102,33 +85,20 @@ class Instance:
     def from_json(cls, doc: Any, app: str = "") -> Instance:
         if not isinstance(doc, Mapping):
             raise MalformedInstance(f"an instance is a {type(doc).__name__}, not an object")
-        iid = doc.get("instanceId") or doc.get("hostName")
+        iid, name, host, status = (doc.get("instanceId") or doc.get("hostName"), doc.get("app") or app,
+                                   doc.get("ipAddr") or doc.get("hostName"), doc.get("status"))
         if not isinstance(iid, str) or not iid:
             raise MalformedInstance("an instance has no instanceId")
-        name = doc.get("app") or app
-        if not isinstance(name, str) or not name:
-            raise MalformedInstance(f"instance {iid!r} has no app")
-        host = doc.get("ipAddr") or doc.get("hostName")
-        if not isinstance(host, str) or not host:
-            raise MalformedInstance(f"instance {iid!r} has no ipAddr")
-        status = doc.get("status")
-        if not isinstance(status, str) or not status:
-            raise MalformedInstance(f"instance {iid!r} has no status")
+        for value, field_name in ((name, "app"), (host, "ipAddr"), (status, "status")):
+            if not isinstance(value, str) or not value:
+                raise MalformedInstance(f"instance {iid!r} has no {field_name}")
         metadata = decode_metadata(doc.get("metadata"))
-        return cls(name.upper(), iid, host, _port(doc.get("port")), status.upper(), metadata, doc)
+        return cls(str(name).upper(), iid, str(host), _port(doc.get("port")), str(status).upper(), metadata, doc)
 
     @property
     def grpc_port(self) -> int | None:
         """The port a gRPC client dials: metadata ``gRPC_port`` when it is a port number, else ``port``."""
-        value = self.metadata.get(GRPC_PORT_KEY)
-        if value is not None and not isinstance(value, bool):
-            try:
-                port = int(value)
-            except (TypeError, ValueError):
-                port = 0
-            if 0 < port < 65536:
-                return port
-        return self.port
+        return _port(self.metadata.get(GRPC_PORT_KEY)) or self.port
 
     @property
     def address(self) -> str | None:
@@ -178,9 +148,7 @@ def instances_of(apps: Mapping[str, Any], problems: list[str]) -> Iterable[tuple
 
 def reconcile_hashcode(statuses: Iterable[str]) -> str:
     """Eureka's ``Applications.getReconcileHashCode``: ``STATUS_COUNT_`` for each status, sorted."""
-    counts: dict[str, int] = {}
-    for status in statuses:
-        counts[status] = counts.get(status, 0) + 1
+    counts = Counter(statuses)
     return "".join(f"{s}_{counts[s]}_" for s in sorted(counts))
 
 

@@ -1,22 +1,10 @@
-"""Where Eureka is: ``EurekaConfig``, from a registry URL or a ``eureka://`` dial target.
+"""Where Eureka is: ``EurekaConfig``, from a registry URL or a dial target (docs/eureka.md).
 
-Registry URL (what ``serve(registry=...)`` and ``EurekaPublisher`` take)::
-
-    eureka://HOST[:PORT][,HOST2[:PORT]...][?path=/eureka&tls=1]
-
-- the port defaults to 8761 (Spring Cloud's ``eureka.client.service-url.defaultZone`` default);
-- several servers: peers of one Eureka cluster (they replicate each other's registrations); a client talks to
-  one and moves to the next when it fails, as Eureka's own client does;
-- ``path``: the base path of Eureka's REST API on those servers, default ``/eureka`` (Spring Cloud's); a
-  server mapped elsewhere (``eureka.server.path``, a reverse proxy) names its own;
-- ``tls=1``: HTTPS (the system's CAs).
-
-Dial target (``waypost.resolver.target``)::
-
-    eureka://HOST[:PORT][,HOST2...]/APP[?path=/eureka&interval=5s&tls=1]
-
-``APP`` is the application name (Eureka upper-cases it, so the case given does not matter); ``interval`` is
-how often the registry is fetched (a gRPC JSON duration, ``waypost.durations``; default ``DEFAULT_INTERVAL``).
+- registry URL: ``eureka://HOST[:PORT][,HOST2[:PORT]...][?path=/eureka&tls=1]``: the port defaults to 8761
+  (Spring Cloud's); several servers are peers of one cluster, tried in turn as Eureka's own client does; ``path``
+  is the REST API's base path (Spring Cloud's ``/eureka`` by default); ``tls=1``: HTTPS (the system's CAs);
+- dial target: ``eureka://HOSTS/APP[?path=/eureka&interval=5s&tls=1]``: ``APP`` the application (Eureka
+  upper-cases it); ``interval`` how often the registry is fetched (a gRPC JSON duration, ``DEFAULT_INTERVAL``).
 """
 
 from __future__ import annotations
@@ -31,16 +19,14 @@ from ...durations import DurationError, format_duration, parse_positive_duration
 from ...errors import InvalidTarget
 from ...netutil import AddressError, normalize_host_port
 from ...registry.url_form import URLForm
-from ...urlparams import TargetLike
 
 DEFAULT_PORT = 8761
 DEFAULT_PATH = "/eureka"
-#: how often a resolver fetches the registry when the target says nothing (Eureka's own client: 30 s, which
-#: is why its fleets are slow to notice changes; waypost clients notice within this)
+#: how often a client fetches the registry when the target says nothing (Eureka's own client: 30 s, which is
+#: why its fleets are slow to notice changes)
 DEFAULT_INTERVAL = 3.0
 EXAMPLE = "eureka://10.0.0.1:8761,10.0.0.2:8761?path=/eureka"
 TARGET_EXAMPLE = "eureka://127.0.0.1:8761/greeter"
-#: the options of a registry URL; a dial target also takes ``interval``
 URL_OPTIONS = ("path", "tls")
 TARGET_OPTIONS = ("path", "interval", "tls")
 
@@ -71,16 +57,23 @@ class EurekaConfig:
     @property
     def url(self) -> str:
         """The registry URL of these settings (no secrets: Eureka's URLs carry none here)."""
-        q = [("path", self.path)] if self.path != DEFAULT_PATH else []
-        if self.tls:
-            q.append(("tls", "1"))
-        query = urllib.parse.urlencode(q, safe="/")
-        return f"eureka://{','.join(self.servers)}" + (f"?{query}" if query else "")
+        return target_for(self, "")
 
     redacted = url
 
     def __str__(self) -> str:
         return self.url
+
+
+def target_for(config: EurekaConfig, app: str, interval: float | None = None) -> str:
+    """The dial target of ``app`` in the cluster of ``config`` (its registry URL when ``app`` is "")."""
+    q = [("path", config.path)] if config.path != DEFAULT_PATH else []
+    if config.tls:
+        q.append(("tls", "1"))
+    if interval is not None and interval != DEFAULT_INTERVAL:
+        q.append(("interval", format_duration(interval)))
+    query = urllib.parse.urlencode(q, safe="/")
+    return f"eureka://{','.join(config.servers)}" + (f"/{app}" if app else "") + (f"?{query}" if query else "")
 
 
 def check_path(path: str, fail: Callable[[str], Exception]) -> str:
@@ -113,35 +106,13 @@ def parse_registry_url(url: str) -> EurekaConfig:
     servers = URL_FORM.hosts(url, urllib.parse.unquote(netloc), what="eureka server", default_port=DEFAULT_PORT)
     opts: dict[str, object] = {}
     for name, value in urlparams.options(query, fail, known=URL_OPTIONS):
-        if name == "tls":
-            opts["tls"] = urlparams.flag(name, value, fail)
-        else:
-            opts["path"] = check_path(value, fail)
+        opts[name] = urlparams.flag(name, value, fail) if name == "tls" else check_path(value, fail)
     return EurekaConfig(servers=tuple(servers), **opts)  # type: ignore[arg-type]
 
 
-@dataclass(frozen=True)
-class TargetSettings:
-    """What a ``eureka://.../APP`` dial target says: the cluster, the app (upper case) and the fetch interval."""
-
-    config: EurekaConfig
-    app: str
-    interval: float = DEFAULT_INTERVAL
-
-
-def from_target(target: TargetLike, key: str) -> TargetSettings:
-    """The settings of a parsed ``eureka://HOSTS/APP?...`` dial target (``key``: its app)."""
-    if target.scheme != "eureka" or not target.endpoints:
-        raise InvalidTarget(f"not a eureka target: {target.redacted}")
-
-    def fail(problem: str) -> InvalidTarget:
-        return InvalidTarget(f"eureka target {target.redacted!r}: {problem} (example: {TARGET_EXAMPLE})")
-
-    o = target.options
-    config = EurekaConfig(servers=tuple(target.endpoints), path=check_path(o.get("path", DEFAULT_PATH), fail),
-                          tls=urlparams.flag("tls", o.get("tls", "0"), fail))
-    interval = parse_interval(o["interval"], fail) if "interval" in o else DEFAULT_INTERVAL
-    return TargetSettings(config, app_name(key, fail), interval)
+def resolve_config(registry: EurekaConfig | str) -> EurekaConfig:
+    """An ``EurekaConfig`` as given, or parsed from a registry URL."""
+    return URL_FORM.settings(registry, EurekaConfig, parse_registry_url)
 
 
 def app_name(key: str, fail: Callable[[str], Exception] = ValueError) -> str:
@@ -152,19 +123,3 @@ def app_name(key: str, fail: Callable[[str], Exception] = ValueError) -> str:
         raise fail(f"Eureka application name {key!r} cannot contain '/', '?', '#', '%', spaces or control "
                    "characters (it is a path segment of Eureka's REST API)")
     return key.upper()
-
-
-def target_for(config: EurekaConfig, app: str, interval: float | None = None) -> str:
-    """The dial target of ``app`` in the cluster of ``config``."""
-    q = [("path", config.path)] if config.path != DEFAULT_PATH else []
-    if config.tls:
-        q.append(("tls", "1"))
-    if interval is not None and interval != DEFAULT_INTERVAL:
-        q.append(("interval", format_duration(interval)))
-    query = urllib.parse.urlencode(q, safe="/")
-    return f"eureka://{','.join(config.servers)}/{app}" + (f"?{query}" if query else "")
-
-
-def resolve_config(registry: EurekaConfig | str) -> EurekaConfig:
-    """An ``EurekaConfig`` as given, or parsed from a registry URL."""
-    return URL_FORM.settings(registry, EurekaConfig, parse_registry_url)
