@@ -12,6 +12,7 @@ mod service;
 mod state;
 
 use std::collections::BTreeMap;
+use std::net::{SocketAddr, ToSocketAddrs};
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
@@ -19,6 +20,7 @@ use bytes::Bytes;
 use pyo3::exceptions::{PyOSError, PyRuntimeError, PyTypeError, PyValueError};
 use pyo3::prelude::*;
 use pyo3::types::{PyBytes, PyDict, PyList};
+use tokio::net::TcpSocket;
 use tokio::runtime::Runtime;
 use tokio::sync::{oneshot, Notify};
 use tokio_stream::wrappers::TcpListenerStream;
@@ -28,6 +30,8 @@ use service::{Ads, Shared};
 use state::{State, Subscription};
 
 const TYPE_PREFIX: &str = "type.googleapis.com/";
+/// the kernel caps it at net.core.somaxconn
+const LISTEN_BACKLOG: u32 = 65535;
 
 struct Running {
     runtime: Runtime,
@@ -43,12 +47,19 @@ struct Engine {
     workers: Option<usize>,
 }
 
-fn wake(notifies: Vec<Arc<Notify>>) -> usize {
-    let n = notifies.len();
+fn wake(notifies: Vec<Arc<Notify>>) {
     for w in notifies {
         w.notify_one();
     }
-    n
+}
+
+/// A listening socket with a backlog as deep as the system allows: a fleet reconnecting at once is thousands of
+/// connections in a burst, and the default of 128 would drop their SYNs (each retried a second later).
+fn bind(addr: SocketAddr) -> std::io::Result<tokio::net::TcpListener> {
+    let socket = if addr.is_ipv4() { TcpSocket::new_v4()? } else { TcpSocket::new_v6()? };
+    socket.set_reuseaddr(true)?;
+    socket.bind(addr)?;
+    socket.listen(LISTEN_BACKLOG)
 }
 
 fn check_type(type_url: &str) -> PyResult<()> {
@@ -107,26 +118,23 @@ impl Engine {
         if running.is_some() {
             return Err(PyRuntimeError::new_err("xds engine: already started; stop() it first"));
         }
-        let listener = std::net::TcpListener::bind(listen)
-            .map_err(|e| PyOSError::new_err(format!("xds engine: cannot listen on {listen}: {e}")))?;
-        listener.set_nonblocking(true)?;
-        let port = listener.local_addr()?.port();
+        let addr: SocketAddr = listen.to_socket_addrs().ok().and_then(|mut a| a.next()).ok_or_else(|| {
+            PyValueError::new_err(format!("xds engine: cannot listen on {listen:?}: expected HOST:PORT"))
+        })?;
         let mut builder = tokio::runtime::Builder::new_multi_thread();
         if let Some(n) = self.workers {
             builder.worker_threads(n);
         }
         let runtime = py.allow_threads(|| builder.enable_all().thread_name("xds-engine").build())?;
+        let listener = {
+            let _in_runtime = runtime.enter();
+            bind(addr).map_err(|e| PyOSError::new_err(format!("xds engine: cannot listen on {listen}: {e}")))?
+        };
+        let port = listener.local_addr()?.port();
         let (shutdown, stopped) = oneshot::channel::<()>();
         let ads = Ads { state: self.state.clone() };
         self.state.lock().unwrap().stopping = false;
         runtime.spawn(async move {
-            let listener = match tokio::net::TcpListener::from_std(listener) {
-                Ok(l) => l,
-                Err(e) => {
-                    eprintln!("xds engine: listener: {e}");
-                    return;
-                }
-            };
             let incoming = TcpListenerStream::new(listener).map(|conn| {
                 if let Ok(c) = &conn {
                     let _ = c.set_nodelay(true); // a push is one small write: send it now
@@ -154,20 +162,21 @@ impl Engine {
     }
 
     /// Replace every resource of `type_url` with `resources` ({name: serialized bytes}) at `version`; pushes
-    /// to the streams subscribing to a name that changed. Returns how many streams were woken.
+    /// to the streams subscribing to a name that changed. Returns how many streams that is.
     fn set_resources(&self, py: Python<'_>, type_url: &str, resources: &Bound<'_, PyDict>, version: &str)
                      -> PyResult<usize> {
         check_type(type_url)?;
         let items = extract_items(resources)?;
         let state = self.state.clone();
         Ok(py.allow_threads(|| {
-            let w = state.lock().unwrap().set_resources(type_url, items, version.to_string());
-            wake(w)
+            let (reached, w) = state.lock().unwrap().set_resources(type_url, items, version.to_string());
+            wake(w);
+            reached
         }))
     }
 
     /// Put `put` ({name: bytes}) and remove the names in `remove`, keeping the type's other resources, at
-    /// `version`. Returns how many streams were woken.
+    /// `version`. Returns how many streams it pushes to.
     #[pyo3(signature = (type_url, put, remove = Vec::new(), version = ""))]
     fn update_resources(&self, py: Python<'_>, type_url: &str, put: &Bound<'_, PyDict>, remove: Vec<String>,
                         version: &str) -> PyResult<usize> {
@@ -178,8 +187,9 @@ impl Engine {
         let items = extract_items(put)?;
         let state = self.state.clone();
         Ok(py.allow_threads(|| {
-            let w = state.lock().unwrap().update_resources(type_url, items, remove, version.to_string());
-            wake(w)
+            let (reached, w) = state.lock().unwrap().update_resources(type_url, items, remove, version.to_string());
+            wake(w);
+            reached
         }))
     }
 

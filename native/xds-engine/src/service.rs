@@ -17,8 +17,8 @@ use crate::state::State;
 
 pub const SERVICE: &str = "envoy.service.discovery.v3.AggregatedDiscoveryService";
 const METHOD: &str = "/envoy.service.discovery.v3.AggregatedDiscoveryService/StreamAggregatedResources";
-/// responses written but not yet taken by the transport, per stream; past it the stream's task waits (its
-/// client reads slowly) and its due responses merge into the newest state
+/// responses handed over but not yet taken by the transport, per stream; past it pushes are marked due and
+/// merge into the newest state (the client reads slowly)
 const OUT_BUFFER: usize = 4;
 
 pub type Shared = Arc<Mutex<State>>;
@@ -52,17 +52,24 @@ async fn run_stream(state: Shared, id: u64, notify: Arc<Notify>, mut incoming: S
             _ = notify.notified() => {}
             _ = tx.closed() => return,
         }
-        let (due, stopping) = {
-            let mut st = state.lock().unwrap();
-            (st.take_pending(id), st.stopping)
-        };
-        if stopping {
-            let _ = tx.send(Err(Status::unavailable("xds engine: the control plane is stopping"))).await;
-            return;
-        }
-        for resp in due {
-            if tx.send(Ok(resp)).await.is_err() {
+        // the responses due: each waits for room in the outbox (a slow client), then is taken as the state is
+        // then, under the lock (so pushes made meanwhile keep the order of nonces)
+        loop {
+            let (due, stopping) = {
+                let st = state.lock().unwrap();
+                (st.has_pending(id), st.stopping)
+            };
+            if stopping {
+                let _ = tx.send(Err(Status::unavailable("xds engine: the control plane is stopping"))).await;
                 return;
+            }
+            if !due {
+                break;
+            }
+            let Ok(permit) = tx.reserve().await else { return };
+            match state.lock().unwrap().take_pending(id) {
+                Some(resp) => permit.send(Ok(resp)),
+                None => break,
             }
         }
     }
@@ -80,8 +87,8 @@ impl StreamingService<DiscoveryRequest> for StreamMethod {
         Box::pin(async move {
             let peer = request.remote_addr().map(|a| a.to_string()).unwrap_or_default();
             let notify = Arc::new(Notify::new());
-            let id = state.lock().unwrap().register(peer, notify.clone());
             let (tx, rx) = mpsc::channel(OUT_BUFFER);
+            let id = state.lock().unwrap().register(peer, notify.clone(), tx.clone());
             tokio::spawn(run_stream(state, id, notify, request.into_inner(), tx));
             Ok(Response::new(ReceiverStream::new(rx)))
         })

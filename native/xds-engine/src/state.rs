@@ -2,18 +2,23 @@
 //! by name) and, per open ADS stream, its node and per type its subscription and ACK/NACK state.
 //!
 //! One mutex guards both. Every operation under it is short (no I/O, no encoding): a request updates one
-//! stream's entry; `set_resources` compares the new resources with the old and marks the streams that subscribe
-//! to a changed name; a stream's task then takes its marked types as responses (`take_pending`) and writes them
-//! outside the lock. Marking instead of queueing keeps state of the world's rule: a stream that is behind gets
-//! the newest state once, not every state in between.
+//! stream's entry; `set_resources` compares the new resources with the old and, for each stream that subscribes
+//! to a changed name, puts the response in the stream's outbox at once (the transport encodes and writes it on
+//! tokio's threads) -- or, when that outbox is full (a client reading slowly), marks the type due and wakes the
+//! stream's task, which writes the newest state once there is room. Marking instead of queueing keeps state of
+//! the world's rule: a stream that is behind gets the newest state once, not every state in between. Every
+//! response enters an outbox under the lock, so responses leave in the order of their nonces.
 
 use std::collections::{BTreeMap, BTreeSet, HashMap, HashSet};
 use std::sync::Arc;
 
 use bytes::Bytes;
-use tokio::sync::Notify;
+use tokio::sync::{mpsc, Notify};
 
 use crate::proto::{Any, DiscoveryRequest, DiscoveryResponse};
+
+/// Where a stream's responses go: the transport takes them from the other end in order.
+pub type Outbox = mpsc::Sender<Result<DiscoveryResponse, tonic::Status>>;
 
 pub const LISTENER: &str = "type.googleapis.com/envoy.config.listener.v3.Listener";
 pub const CLUSTER: &str = "type.googleapis.com/envoy.config.cluster.v3.Cluster";
@@ -64,6 +69,7 @@ pub struct StreamEntry {
     pub responses: u64,
     nonce_seq: u64,
     notify: Arc<Notify>,
+    outbox: Outbox,
 }
 
 #[derive(Default)]
@@ -76,7 +82,7 @@ pub struct State {
 }
 
 impl State {
-    pub fn register(&mut self, peer: String, notify: Arc<Notify>) -> u64 {
+    pub fn register(&mut self, peer: String, notify: Arc<Notify>, outbox: Outbox) -> u64 {
         self.next_id += 1;
         let entry = StreamEntry {
             peer,
@@ -88,6 +94,7 @@ impl State {
             responses: 0,
             nonce_seq: 0,
             notify,
+            outbox,
         };
         self.streams.insert(self.next_id, entry);
         self.next_id
@@ -146,10 +153,11 @@ impl State {
         }
     }
 
-    /// Replace the resources of `type_url` (the whole set of that type) and mark the streams that subscribe to
-    /// a name whose value changed, appeared or went away. Returns the streams to wake.
+    /// Replace the resources of `type_url` (the whole set of that type) and push to the streams that subscribe
+    /// to a name whose value changed, appeared or went away. Returns how many streams that is, and the tasks to
+    /// wake (streams whose response could not go out at once).
     pub fn set_resources(&mut self, type_url: &str, items: BTreeMap<String, Bytes>, version: String)
-                         -> Vec<Arc<Notify>> {
+                         -> (usize, Vec<Arc<Notify>>) {
         let old = self.types.remove(type_url);
         let first = old.is_none();
         let old_items = old.map(|t| t.items).unwrap_or_default();
@@ -164,28 +172,55 @@ impl State {
                 changed.insert(name.as_str());
             }
         }
-        let mut wake = Vec::new();
+        let mut hits = Vec::new();
         if !changed.is_empty() || first {
-            for s in self.streams.values_mut() {
-                let Some(sub) = s.subs.get_mut(type_url) else { continue };
+            for (id, s) in self.streams.iter() {
+                let Some(sub) = s.subs.get(type_url) else { continue };
                 let hit = sub.last_nonce.is_empty()  // asked before the type had resources: answer now
                     || (sub.wildcard && !changed.is_empty())
                     || sub.names.iter().any(|n| changed.contains(n.as_str()));
-                if hit && !sub.pending {
-                    sub.pending = true;
-                    wake.push(s.notify.clone());
+                if hit {
+                    hits.push(*id);
                 }
             }
         }
         drop(changed);
         self.types.insert(type_url.to_string(), TypeResources { version, items });
-        wake
+        let reached = hits.len();
+        let mut woken = Vec::new();
+        for id in hits {
+            if let Some(w) = self.push(id, type_url) {
+                woken.push(w);
+            }
+        }
+        (reached, woken)
+    }
+
+    /// Send stream `id` the current `type_url` response now if its outbox has room and nothing else is due on
+    /// it (the order of nonces); else mark the type due and return the stream's task to wake (None when the
+    /// response went out, or the stream is gone).
+    fn push(&mut self, id: u64, type_url: &str) -> Option<Arc<Notify>> {
+        let s = self.streams.get_mut(&id)?;
+        let any_due = s.subs.values().any(|sub| sub.pending);
+        if !any_due {
+            if let Ok(permit) = s.outbox.clone().try_reserve_owned() {
+                let resp = respond(s, &self.types, type_url)?;
+                permit.send(Ok(resp));
+                return None;
+            }
+        }
+        let sub = s.subs.get_mut(type_url)?;
+        if sub.pending {
+            return None; // already due, its task already woken
+        }
+        sub.pending = true;
+        Some(s.notify.clone())
     }
 
     /// Put or remove some resources of `type_url`, keeping the others (a change of one export's endpoints
     /// need not hand over every export's). Same marking as `set_resources`.
     pub fn update_resources(&mut self, type_url: &str, put: BTreeMap<String, Bytes>, remove: Vec<String>,
-                            version: String) -> Vec<Arc<Notify>> {
+                            version: String) -> (usize, Vec<Arc<Notify>>) {
         let mut items = self.types.get(type_url).map(|t| t.items.clone()).unwrap_or_default();
         for name in remove {
             items.remove(&name);
@@ -194,41 +229,46 @@ impl State {
         self.set_resources(type_url, items, version)
     }
 
-    /// The responses due on stream `id`, one per marked type: the subscribed resources as they are now, the
-    /// type's version, a new nonce.
-    pub fn take_pending(&mut self, id: u64) -> Vec<DiscoveryResponse> {
-        let Some(s) = self.streams.get_mut(&id) else { return Vec::new() };
-        let mut out = Vec::new();
-        for (type_url, sub) in s.subs.iter_mut() {
-            if !sub.pending {
-                continue;
+    /// One response due on stream `id` (a marked type: the subscribed resources as they are now, the type's
+    /// version, a new nonce), or None when nothing is due. The caller holds room in the outbox for it.
+    pub fn take_pending(&mut self, id: u64) -> Option<DiscoveryResponse> {
+        let s = self.streams.get_mut(&id)?;
+        loop {
+            let type_url = s.subs.iter().find(|(_, sub)| sub.pending).map(|(t, _)| t.clone())?;
+            s.subs.get_mut(&type_url)?.pending = false;
+            if let Some(resp) = respond(s, &self.types, &type_url) {
+                return Some(resp);
             }
-            sub.pending = false;
-            let Some(res) = self.types.get(type_url) else { continue };
-            let pick = |(_, value): (&String, &Bytes)| Any { type_url: type_url.clone(), value: value.clone() };
-            let resources: Vec<Any> = if sub.wildcard {
-                res.items.iter().map(pick).collect()
-            } else {
-                sub.names.iter().filter_map(|n| res.items.get_key_value(n)).map(pick).collect()
-            };
-            s.nonce_seq += 1;
-            let nonce = s.nonce_seq.to_string();
-            sub.last_nonce = nonce.clone();
-            sub.sent_version = res.version.clone();
-            s.responses += 1;
-            out.push(DiscoveryResponse {
-                version_info: res.version.clone(),
-                resources,
-                type_url: type_url.clone(),
-                nonce,
-            });
         }
-        out
+    }
+
+    /// Whether stream `id` has a response due.
+    pub fn has_pending(&self, id: u64) -> bool {
+        self.streams.get(&id).is_some_and(|s| s.subs.values().any(|sub| sub.pending))
     }
 
     pub fn wake_all(&self) -> Vec<Arc<Notify>> {
         self.streams.values().map(|s| s.notify.clone()).collect()
     }
+}
+
+/// The response of `type_url` for stream `s` now (None when the type has no resources yet), recorded as sent.
+fn respond(s: &mut StreamEntry, types: &HashMap<String, TypeResources>, type_url: &str)
+           -> Option<DiscoveryResponse> {
+    let res = types.get(type_url)?;
+    let sub = s.subs.get_mut(type_url)?;
+    let pick = |value: &Bytes| Any { type_url: type_url.to_string(), value: value.clone() };
+    let resources: Vec<Any> = if sub.wildcard {
+        res.items.values().map(pick).collect()
+    } else {
+        sub.names.iter().filter_map(|n| res.items.get(n)).map(pick).collect()
+    };
+    s.nonce_seq += 1;
+    let nonce = s.nonce_seq.to_string();
+    sub.last_nonce = nonce.clone();
+    sub.sent_version = res.version.clone();
+    s.responses += 1;
+    Some(DiscoveryResponse { version_info: res.version.clone(), resources, type_url: type_url.to_string(), nonce })
 }
 
 #[cfg(test)]
@@ -237,6 +277,7 @@ mod tests {
     use crate::proto::Status;
 
     const EDS: &str = "type.googleapis.com/envoy.config.endpoint.v3.ClusterLoadAssignment";
+    type Inbox = mpsc::Receiver<Result<DiscoveryResponse, tonic::Status>>;
 
     fn req(type_url: &str, names: &[&str], version: &str, nonce: &str) -> DiscoveryRequest {
         DiscoveryRequest {
@@ -252,37 +293,72 @@ mod tests {
         pairs.iter().map(|(k, v)| (k.to_string(), Bytes::from(v.to_string()))).collect()
     }
 
+    fn stream(st: &mut State, room: usize) -> (u64, Inbox) {
+        let (tx, rx) = mpsc::channel(room);
+        (st.register("p".into(), Arc::new(Notify::new()), tx), rx)
+    }
+
+    /// What the stream's task does: the due responses, as they go out.
+    fn drain_due(st: &mut State, id: u64) -> Vec<DiscoveryResponse> {
+        std::iter::from_fn(|| st.take_pending(id)).collect()
+    }
+
+    fn sent(rx: &mut Inbox) -> Vec<DiscoveryResponse> {
+        std::iter::from_fn(|| rx.try_recv().ok()).map(|r| r.unwrap()).collect()
+    }
+
     #[test]
     fn subscribe_ack_push_only_changed_names() {
         let mut st = State::default();
         st.set_resources(EDS, items(&[("a", "1"), ("b", "1")]), "1".into());
-        let id = st.register("p".into(), Arc::new(Notify::new()));
+        let (id, mut rx) = stream(&mut st, 4);
         st.on_request(id, req(EDS, &["a"], "", ""));
-        let r = st.take_pending(id);
+        let r = drain_due(&mut st, id);
         assert_eq!(r.len(), 1);
         assert_eq!(r[0].resources.len(), 1);
         assert_eq!(r[0].version_info, "1");
         st.on_request(id, req(EDS, &["a"], "1", &r[0].nonce));
         assert_eq!(st.streams[&id].subs[EDS].acked_version, "1");
-        // b changes: a's subscriber is not woken
-        assert!(st.set_resources(EDS, items(&[("a", "1"), ("b", "2")]), "2".into()).is_empty());
-        assert!(st.take_pending(id).is_empty());
-        // a changes: woken, gets version 3
-        assert_eq!(st.set_resources(EDS, items(&[("a", "2"), ("b", "2")]), "3".into()).len(), 1);
-        let r = st.take_pending(id);
+        // b changes: a's subscriber gets nothing
+        st.set_resources(EDS, items(&[("a", "1"), ("b", "2")]), "2".into());
+        assert!(sent(&mut rx).is_empty());
+        // a changes: pushed at once, version 3
+        let (reached, woken) = st.set_resources(EDS, items(&[("a", "2"), ("b", "2")]), "3".into());
+        assert_eq!((reached, woken.len()), (1, 0)); // sent at once, no task woken
+        let r = sent(&mut rx);
+        assert_eq!(r.len(), 1);
         assert_eq!(r[0].version_info, "3");
+        assert_eq!(st.streams[&id].subs[EDS].last_nonce, r[0].nonce);
+    }
+
+    #[test]
+    fn a_full_outbox_gets_the_newest_state_once() {
+        let mut st = State::default();
+        st.set_resources(EDS, items(&[("a", "1")]), "1".into());
+        let (id, mut rx) = stream(&mut st, 1);
+        st.on_request(id, req(EDS, &["a"], "", ""));
+        let first = drain_due(&mut st, id);
+        st.on_request(id, req(EDS, &["a"], "1", &first[0].nonce));
+        st.set_resources(EDS, items(&[("a", "2")]), "2".into()); // fills the outbox
+        assert_eq!(st.set_resources(EDS, items(&[("a", "3")]), "3".into()).1.len(), 1); // due: task woken
+        let (reached, woken) = st.set_resources(EDS, items(&[("a", "4")]), "4".into());
+        assert_eq!((reached, woken.len()), (1, 0)); // still due: not woken again
+        assert_eq!(sent(&mut rx)[0].version_info, "2");
+        let due = drain_due(&mut st, id);
+        assert_eq!(due.len(), 1);
+        assert_eq!(due[0].version_info, "4");
     }
 
     #[test]
     fn nack_keeps_acked_version_and_stale_nonce_is_ignored() {
         let mut st = State::default();
         st.set_resources(EDS, items(&[("a", "1")]), "1".into());
-        let id = st.register("p".into(), Arc::new(Notify::new()));
+        let (id, mut rx) = stream(&mut st, 4);
         st.on_request(id, req(EDS, &["a"], "", ""));
-        let n1 = st.take_pending(id)[0].nonce.clone();
+        let n1 = drain_due(&mut st, id)[0].nonce.clone();
         st.on_request(id, req(EDS, &["a"], "1", &n1));
         st.set_resources(EDS, items(&[("a", "2")]), "2".into());
-        let n2 = st.take_pending(id)[0].nonce.clone();
+        let n2 = sent(&mut rx)[0].nonce.clone();
         let mut nack = req(EDS, &["a"], "1", &n2);
         nack.error_detail = Some(Status { code: 3, message: "bad".into() });
         st.on_request(id, nack);
@@ -298,15 +374,15 @@ mod tests {
     #[test]
     fn wildcard_listener_and_late_type() {
         let mut st = State::default();
-        let id = st.register("p".into(), Arc::new(Notify::new()));
+        let (id, mut rx) = stream(&mut st, 4);
         st.on_request(id, req(LISTENER, &[], "", ""));
-        assert!(st.take_pending(id).is_empty()); // no listeners yet: nothing to say
-        assert_eq!(st.set_resources(LISTENER, items(&[("x", "1"), ("y", "1")]), "1".into()).len(), 1);
-        let r = st.take_pending(id);
+        assert!(drain_due(&mut st, id).is_empty()); // no listeners yet: nothing to say
+        st.set_resources(LISTENER, items(&[("x", "1"), ("y", "1")]), "1".into());
+        let r = sent(&mut rx);
         assert_eq!(r[0].resources.len(), 2);
         st.on_request(id, req(LISTENER, &[], "1", &r[0].nonce));
         // removing one is a change of the whole state
         st.set_resources(LISTENER, items(&[("x", "1")]), "2".into());
-        assert_eq!(st.take_pending(id)[0].resources.len(), 1);
+        assert_eq!(sent(&mut rx)[0].resources.len(), 1);
     }
 }
