@@ -8,10 +8,12 @@ The engine is built with cargo (``harness/native_engine.py``: cached, a cold bui
 
 from __future__ import annotations
 
+import os
 import socket
 import subprocess
 import sys
 from collections.abc import Iterator
+from pathlib import Path
 from typing import Any
 
 import pytest
@@ -24,7 +26,7 @@ from harness import native_engine
 from harness.backends.server import EchoServer
 from harness.go_servers import BuildError
 from harness.waiting import wait_until
-from tests.xds.test_xds_support import ROOT, StockClient, _env, picks_all, stock_client
+from tests.xds.test_xds_support import ROOT, Backends, StockClient, XdsServe, _env, picks_all, stock_client
 from waypost.types import Backend
 from waypost.xds import parse_export
 from waypost.xds.resources import CLUSTER, ENDPOINT, LISTENER, ROUTE, load_assignment, static_resources
@@ -35,14 +37,19 @@ TYPES = (LISTENER, ROUTE, CLUSTER, ENDPOINT)
 
 
 @pytest.fixture(scope="module")
-def engine_module() -> Any:
+def engine_dir() -> Path:
     reason = native_engine.skip_reason()
     if reason:
         pytest.skip(reason)
     try:
-        where = native_engine.build(timeout=1100)
+        return native_engine.build(timeout=1100)
     except BuildError as e:
         pytest.fail(str(e))
+
+
+@pytest.fixture(scope="module")
+def engine_module(engine_dir: Path) -> Any:
+    where = engine_dir
     sys.path.insert(0, str(where))
     try:
         import waypost_xds_engine
@@ -154,3 +161,42 @@ def test_bad_input_is_refused_with_a_clear_error(engine_module: Any) -> None:
         with pytest.raises(OSError, match="cannot listen on 127.0.0.1:"):
             engine.start(f"127.0.0.1:{taken.getsockname()[1]}")
     assert engine.port is None
+
+
+def test_xds_serve_engine_native_follows_the_registry(engine_dir: Path, shared_etcd: Any, tmp_path: Path,
+                                                      monkeypatch: pytest.MonkeyPatch) -> None:
+    """``waypost xds serve --engine native``: the control plane follows etcd, the engine serves the streams."""
+    monkeypatch.setenv("PYTHONPATH", os.pathsep.join([str(engine_dir), os.environ.get("PYTHONPATH", "")]))
+    key = f"native{os.getpid()}.rpc"
+    backends = Backends(shared_etcd.url(), key)
+    serve = XdsServe([f"svc=etcd:///{shared_etcd.endpoint}?key={key}"], extra=("--engine", "native"),
+                     log=tmp_path / "serve.log")
+    try:
+        backends.add("a")
+        with stock_client(serve.bootstrap(), tmp_path) as client:
+            assert picks_all(client, "svc", {"a"})
+            backends.add("b")
+            assert picks_all(client, "svc", {"a", "b"})
+            backends.deregister("a")
+            assert picks_all(client, "svc", {"b"})
+            # a name not exported: no placeholder Listener here, the client's call fails (does not exist)
+            assert client.timed("nope", 30)["code"] != "OK"
+        assert serve.terminate() == 0, serve.log()[-3000:]
+    finally:
+        serve.close()
+        backends.close()
+
+
+def test_xds_serve_engine_native_refuses_what_it_cannot_do(engine_dir: Path) -> None:
+    env = _env(PYTHONPATH=os.pathsep.join([str(engine_dir), str(ROOT), str(ROOT / "src")]))
+    run = subprocess.run([sys.executable, "-m", "waypost.cli", "xds", "serve", "--engine", "native", "--workers",
+                          "2", "--export", "svc=direct:///127.0.0.1:1"], cwd=ROOT, env=env, capture_output=True,
+                         text=True, timeout=60, check=False)
+    assert run.returncode != 0 and "--engine native serves plaintext in one process: drop --workers" in run.stderr
+    without = _env()
+    run = subprocess.run([sys.executable, "-m", "waypost.cli", "xds", "serve", "--engine", "native", "--export",
+                          "svc=direct:///127.0.0.1:1"], cwd=ROOT, env=without, capture_output=True, text=True,
+                         timeout=60, check=False)
+    if "not installed" not in run.stderr:  # the engine is installed in this virtualenv: nothing to refuse
+        return
+    assert run.returncode != 0 and "pip install ./native/xds-engine" in run.stderr

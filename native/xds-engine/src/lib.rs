@@ -71,7 +71,9 @@ fn check_type(type_url: &str) -> PyResult<()> {
     Ok(())
 }
 
-fn extract_items(resources: &Bound<'_, PyDict>) -> PyResult<BTreeMap<String, Bytes>> {
+/// {name: bytes} -> {name: encoded Any}: `packed`, the bytes are an encoded Any of `type_url` already (waypost's
+/// snapshot keeps them so); else they are the resource's serialized message, wrapped here.
+fn extract_items(resources: &Bound<'_, PyDict>, type_url: &str, packed: bool) -> PyResult<BTreeMap<String, Bytes>> {
     let mut items = BTreeMap::new();
     for (k, v) in resources.iter() {
         let name: String = k.extract().map_err(|_| {
@@ -82,7 +84,17 @@ fn extract_items(resources: &Bound<'_, PyDict>) -> PyResult<BTreeMap<String, Byt
                 "xds engine: resource {name:?} is a {}, not bytes; give the serialized resource \
                  (message.SerializeToString())", v.get_type().name().map(|n| n.to_string()).unwrap_or_default()))
         })?;
-        items.insert(name, Bytes::copy_from_slice(value.as_bytes()));
+        let data = Bytes::copy_from_slice(value.as_bytes());
+        if packed {
+            if !proto::is_any_of(&data, type_url) {
+                return Err(PyValueError::new_err(format!(
+                    "xds engine: resource {name:?} is not an encoded google.protobuf.Any of {type_url}; with \
+                     packed=True give any_pb2.Any (packed) bytes, or give the message's bytes with packed=False")));
+            }
+            items.insert(name, data);
+        } else {
+            items.insert(name, proto::pack(type_url, data));
+        }
     }
     Ok(items)
 }
@@ -112,8 +124,21 @@ impl Engine {
         Ok(Engine { state: Arc::new(Mutex::new(State::default())), running: Mutex::new(None), workers })
     }
 
-    /// Listen on `listen` ("HOST:PORT", port 0 picks one) and serve; returns the port.
-    fn start(&self, py: Python<'_>, listen: &str) -> PyResult<u16> {
+    /// Listen on `listen` ("HOST:PORT", port 0 picks one) and serve; returns the port. `max_connection_age`
+    /// (seconds): a connection gets GOAWAY after about that long and its streams end `max_connection_age_grace`
+    /// seconds later (gRPC clients open new ones, keeping their resources meanwhile).
+    #[pyo3(signature = (listen, max_connection_age = None, max_connection_age_grace = 5.0))]
+    fn start(&self, py: Python<'_>, listen: &str, max_connection_age: Option<f64>, max_connection_age_grace: f64)
+             -> PyResult<u16> {
+        let age = match max_connection_age {
+            None => None,
+            Some(a) if a.is_finite() && a > 0.0 && max_connection_age_grace >= 0.0 => Some(Duration::from_secs_f64(a)),
+            Some(a) => {
+                return Err(PyValueError::new_err(format!(
+                    "xds engine: max_connection_age must be a number of seconds > 0 (or None: never), got {a}; \
+                     max_connection_age_grace >= 0")));
+            }
+        };
         let mut running = self.running.lock().unwrap();
         if running.is_some() {
             return Err(PyRuntimeError::new_err("xds engine: already started; stop() it first"));
@@ -141,7 +166,12 @@ impl Engine {
                 }
                 conn
             });
-            let served = tonic::transport::Server::builder()
+            let mut server = tonic::transport::Server::builder();
+            if let Some(age) = age {
+                server = server.max_connection_age(age)
+                    .max_connection_age_grace(Duration::from_secs_f64(max_connection_age_grace));
+            }
+            let served = server
                 .add_service(ads)
                 .serve_with_incoming_shutdown(incoming, async {
                     let _ = stopped.await;
@@ -161,12 +191,14 @@ impl Engine {
         self.running.lock().unwrap().as_ref().map(|r| r.port)
     }
 
-    /// Replace every resource of `type_url` with `resources` ({name: serialized bytes}) at `version`; pushes
-    /// to the streams subscribing to a name that changed. Returns how many streams that is.
-    fn set_resources(&self, py: Python<'_>, type_url: &str, resources: &Bound<'_, PyDict>, version: &str)
-                     -> PyResult<usize> {
+    /// Replace every resource of `type_url` with `resources` ({name: serialized bytes}; `packed`: each an
+    /// encoded google.protobuf.Any) at `version`; pushes to the streams subscribing to a name that changed.
+    /// Returns how many streams that is.
+    #[pyo3(signature = (type_url, resources, version, packed = false))]
+    fn set_resources(&self, py: Python<'_>, type_url: &str, resources: &Bound<'_, PyDict>, version: &str,
+                     packed: bool) -> PyResult<usize> {
         check_type(type_url)?;
-        let items = extract_items(resources)?;
+        let items = extract_items(resources, type_url, packed)?;
         let state = self.state.clone();
         Ok(py.allow_threads(|| {
             let (reached, w) = state.lock().unwrap().set_resources(type_url, items, version.to_string());
@@ -177,14 +209,14 @@ impl Engine {
 
     /// Put `put` ({name: bytes}) and remove the names in `remove`, keeping the type's other resources, at
     /// `version`. Returns how many streams it pushes to.
-    #[pyo3(signature = (type_url, put, remove = Vec::new(), version = ""))]
+    #[pyo3(signature = (type_url, put, remove = Vec::new(), version = "", packed = false))]
     fn update_resources(&self, py: Python<'_>, type_url: &str, put: &Bound<'_, PyDict>, remove: Vec<String>,
-                        version: &str) -> PyResult<usize> {
+                        version: &str, packed: bool) -> PyResult<usize> {
         check_type(type_url)?;
         if version.is_empty() {
             return Err(PyValueError::new_err("xds engine: update_resources needs a version (a new one per change)"));
         }
-        let items = extract_items(put)?;
+        let items = extract_items(put, type_url, packed)?;
         let state = self.state.clone();
         Ok(py.allow_threads(|| {
             let (reached, w) = state.lock().unwrap().update_resources(type_url, items, remove, version.to_string());

@@ -5,8 +5,8 @@
 
 use bytes::Bytes;
 
-/// google.protobuf.Any; `value` is a serialized resource handed over by Python, shared (not copied) by every
-/// response that carries it.
+/// google.protobuf.Any: a resource is wrapped in one once, when Python hands it over (`pack`); responses carry
+/// the encoded bytes.
 #[derive(Clone, PartialEq, prost::Message)]
 pub struct Any {
     #[prost(string, tag = "1")]
@@ -60,10 +60,24 @@ pub struct DiscoveryRequest {
 pub struct DiscoveryResponse {
     #[prost(string, tag = "1")]
     pub version_info: String,
-    #[prost(message, repeated, tag = "2")]
-    pub resources: Vec<Any>,
+    /// each an encoded google.protobuf.Any: a repeated message field and a repeated bytes field are the same on
+    /// the wire, so a resource is encoded once and shared (not copied) by every response that carries it
+    #[prost(bytes = "bytes", repeated, tag = "2")]
+    pub resources: Vec<Bytes>,
     #[prost(string, tag = "4")]
     pub type_url: String,
     #[prost(string, tag = "5")]
     pub nonce: String,
+}
+
+/// The encoded Any of a resource's serialized `value`.
+pub fn pack(type_url: &str, value: Bytes) -> Bytes {
+    use prost::Message;
+    Bytes::from(Any { type_url: type_url.to_string(), value }.encode_to_vec())
+}
+
+/// Whether `data` is an encoded Any of `type_url` (what `set_resources(..., packed=True)` takes).
+pub fn is_any_of(data: &[u8], type_url: &str) -> bool {
+    use prost::Message;
+    Any::decode(data).is_ok_and(|a| a.type_url == type_url)
 }

@@ -15,7 +15,7 @@ use std::sync::Arc;
 use bytes::Bytes;
 use tokio::sync::{mpsc, Notify};
 
-use crate::proto::{Any, DiscoveryRequest, DiscoveryResponse};
+use crate::proto::{DiscoveryRequest, DiscoveryResponse};
 
 /// Where a stream's responses go: the transport takes them from the other end in order.
 pub type Outbox = mpsc::Sender<Result<DiscoveryResponse, tonic::Status>>;
@@ -29,7 +29,7 @@ fn wildcard_type(type_url: &str) -> bool {
     type_url == LISTENER || type_url == CLUSTER
 }
 
-/// The resources of one type: the version Python gave them and each one's serialized value by name.
+/// The resources of one type: the version Python gave them and each one's encoded Any by name.
 #[derive(Default)]
 pub struct TypeResources {
     pub version: String,
@@ -257,11 +257,10 @@ fn respond(s: &mut StreamEntry, types: &HashMap<String, TypeResources>, type_url
            -> Option<DiscoveryResponse> {
     let res = types.get(type_url)?;
     let sub = s.subs.get_mut(type_url)?;
-    let pick = |value: &Bytes| Any { type_url: type_url.to_string(), value: value.clone() };
-    let resources: Vec<Any> = if sub.wildcard {
-        res.items.values().map(pick).collect()
+    let resources: Vec<Bytes> = if sub.wildcard {
+        res.items.values().cloned().collect()
     } else {
-        sub.names.iter().filter_map(|n| res.items.get(n)).map(pick).collect()
+        sub.names.iter().filter_map(|n| res.items.get(n)).cloned().collect()
     };
     s.nonce_seq += 1;
     let nonce = s.nonce_seq.to_string();

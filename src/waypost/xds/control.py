@@ -72,7 +72,8 @@ class ControlPlane:
 
     def __init__(self, exports: Iterable[Export] = (), prefixes: Iterable[PrefixExport] = (), *,
                  prefix_interval: float = 2.0, push_interval: float = PUSH_INTERVAL,
-                 max_connection_age: float | None = None, clock: Callable[[], float] = time.monotonic) -> None:
+                 max_connection_age: float | None = None, clock: Callable[[], float] = time.monotonic,
+                 engine: str = "python") -> None:
         self.max_connection_age = max_connection_age
         if not push_interval >= 0:
             raise XdsConfigError(f"push_interval must be a number of seconds >= 0, got {push_interval!r}")
@@ -100,7 +101,14 @@ class ControlPlane:
         self._watchers: list[PrefixWatcher] = []
         self._snapshot = Snapshot.empty()
         self._dirty = False
-        self.ads = AdsServer(lambda: self._snapshot)
+        if engine not in ("python", "native"):
+            raise XdsConfigError(f"engine must be 'python' or 'native', got {engine!r}")
+        if engine == "native":  # the streams served by the Rust engine (native_engine.py): the rest is the same
+            from .native_engine import NativeAdsServer
+
+            self.ads: AdsServer | NativeAdsServer = NativeAdsServer()
+        else:
+            self.ads = AdsServer(lambda: self._snapshot)
         #: figures: snapshots built, the last push's duration (seconds) and response count
         self.stats: dict[str, Any] = {"snapshots": 0, "last_push_seconds": 0.0, "last_push_responses": 0}
         self._started = False
