@@ -27,9 +27,10 @@ one read per stream per change, the least any Python ADS server on grpc.aio does
 The Go programs are built once into ``~/.cache/waypost-servers`` (``harness.go_module``). The last lines are
 the ratios (waypost / go-control-plane: below 1 is waypost ahead); JSON: bench/results/xds_scale.json.
 
-``--native`` adds a fourth rival, ``native`` (``bench/xds_scale/native_server.py``): the Rust engine of
-``native/xds-engine`` serving the streams, fed waypost's own resources from memory (built with cargo into a cache
-on first use). ``--runs R`` repeats each case R times (one row each), for the spread on a shared machine.
+``--native`` adds two rivals: ``native`` (``bench/xds_scale/native_server.py``), the Rust engine of
+``native/xds-engine`` serving the streams, fed waypost's own resources from memory as gcp-server is; and
+``waypost-native``, ``waypost xds serve --engine native`` following etcd like ``waypost`` (the engine is built
+with cargo into a cache on first use). ``--runs R`` repeats each case R times (one row each), for the spread on a shared machine.
 
 Usage: python bench/xds_scale.py [--streams 100,1000] [--changes 5] [--only waypost,gcp] [--workers 1,2]
        [--native] [--runs 3]
@@ -167,7 +168,8 @@ class WaypostPlane:
 
     name = "waypost"
 
-    def __init__(self, etcd: LocalEtcd, services: int, endpoints: int, workers: int) -> None:
+    def __init__(self, etcd: LocalEtcd, services: int, endpoints: int, workers: int,
+                 native_dir: Path | None = None) -> None:
         self.reg = connect(etcd.url())
         self.prefix = f"xscale{time.monotonic_ns() % 10**9}"
         self.endpoints = endpoints
@@ -178,9 +180,12 @@ class WaypostPlane:
         argv = [sys.executable, "-m", "waypost.cli", "xds", "serve", "--listen", "127.0.0.1:0"]
         if workers > 1:
             argv += ["--workers", str(workers)]
+        if native_dir:
+            argv += ["--engine", "native"]
         for svc in range(services):
             argv += ["--export", f"svc-{svc}=etcd:///{etcd.endpoint}?key={self.prefix}-svc-{svc}"]
-        env = {"PYTHONPATH": os.pathsep.join([str(ROOT / "src"), os.environ.get("PYTHONPATH", "")])}
+        paths = [str(native_dir)] if native_dir else []
+        env = {"PYTHONPATH": os.pathsep.join([*paths, str(ROOT / "src"), os.environ.get("PYTHONPATH", "")])}
         self.proc = Proc(argv, "waypost", env)
         line = self.proc.read(120, "xds: serving on")["raw"]
         self.address = line.split("xds: serving on", 1)[1].strip()
@@ -334,14 +339,15 @@ def main() -> int:
             if args.floor and services == 1 and endpoints == args.endpoints:
                 planes.append(("floor", 0))
             if native_dir:
-                planes.append(("native", 0))
+                planes += [("native", 0), ("waypost-native", 1)]
             for which, workers in planes:
                 if only and not which.startswith(tuple(only)):
                     continue
                 plane: Any = (GoControlPlane(bins["gcp-server"], services, endpoints) if which == "gcp"
                               else FloorPlane() if which == "floor"
                               else NativePlane(native_dir, services, endpoints) if which == "native" and native_dir
-                              else WaypostPlane(etcd, services, endpoints, workers))
+                              else WaypostPlane(etcd, services, endpoints, workers,
+                                                native_dir if which == "waypost-native" else None))
                 try:
                     row[which] = run_case(plane, bins["ads-load"], streams, services, args.changes,
                                           args.connect_timeout)
