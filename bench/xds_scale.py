@@ -27,7 +27,13 @@ one read per stream per change, the least any Python ADS server on grpc.aio does
 The Go programs are built once into ``~/.cache/waypost-servers`` (``harness.go_module``). The last lines are
 the ratios (waypost / go-control-plane: below 1 is waypost ahead); JSON: bench/results/xds_scale.json.
 
-Usage: python bench/xds_scale.py [--streams 100,1000] [--changes 5] [--only waypost|gcp] [--workers 1,2]
+``--native`` adds two rivals: ``native`` (``bench/xds_scale/native_server.py``), the Rust engine of
+``native/xds-engine`` serving the streams, fed waypost's own resources from memory as gcp-server is; and
+``waypost-native``, ``waypost xds serve --engine native`` following etcd like ``waypost`` (the engine is built
+with cargo into a cache on first use). ``--runs R`` repeats each case R times (one row each), for the spread on a shared machine.
+
+Usage: python bench/xds_scale.py [--streams 100,1000] [--changes 5] [--only waypost,gcp] [--workers 1,2]
+       [--native] [--runs 3]
 """
 
 from __future__ import annotations
@@ -50,6 +56,7 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 sys.path.insert(0, str(ROOT / "src"))
 
+from harness import native_engine
 from harness.xds_scale_programs import XDS_SCALE_PROGRAMS
 from waypost import _loop
 from waypost.etcd.local import LocalEtcd
@@ -161,7 +168,8 @@ class WaypostPlane:
 
     name = "waypost"
 
-    def __init__(self, etcd: LocalEtcd, services: int, endpoints: int, workers: int) -> None:
+    def __init__(self, etcd: LocalEtcd, services: int, endpoints: int, workers: int,
+                 native_dir: Path | None = None) -> None:
         self.reg = connect(etcd.url())
         self.prefix = f"xscale{time.monotonic_ns() % 10**9}"
         self.endpoints = endpoints
@@ -172,9 +180,12 @@ class WaypostPlane:
         argv = [sys.executable, "-m", "waypost.cli", "xds", "serve", "--listen", "127.0.0.1:0"]
         if workers > 1:
             argv += ["--workers", str(workers)]
+        if native_dir:
+            argv += ["--engine", "native"]
         for svc in range(services):
             argv += ["--export", f"svc-{svc}=etcd:///{etcd.endpoint}?key={self.prefix}-svc-{svc}"]
-        env = {"PYTHONPATH": os.pathsep.join([str(ROOT / "src"), os.environ.get("PYTHONPATH", "")])}
+        paths = [str(native_dir)] if native_dir else []
+        env = {"PYTHONPATH": os.pathsep.join([*paths, str(ROOT / "src"), os.environ.get("PYTHONPATH", "")])}
         self.proc = Proc(argv, "waypost", env)
         line = self.proc.read(120, "xds: serving on")["raw"]
         self.address = line.split("xds: serving on", 1)[1].strip()
@@ -199,6 +210,25 @@ class GoControlPlane:
     def __init__(self, binary: Path, services: int, endpoints: int) -> None:
         self.proc = Proc([str(binary), "-listen", "127.0.0.1:0", "-services", str(services),
                           "-endpoints", str(endpoints)], "gcp")
+        self.address = self.proc.read(60, "listening")["listening"]
+
+    def change(self, svc: int) -> None:
+        self.proc.send(f"change {svc}")
+        self.proc.read(30, "changed")
+
+    def close(self) -> None:
+        self.proc.stop()
+
+
+class NativePlane:
+    """``bench/xds_scale/native_server.py``: the native engine (native/xds-engine) serving, Python building."""
+
+    name = "native"
+
+    def __init__(self, module_dir: Path, services: int, endpoints: int) -> None:
+        env = {"PYTHONPATH": os.pathsep.join([str(ROOT / "src"), os.environ.get("PYTHONPATH", "")])}
+        self.proc = Proc([sys.executable, str(ROOT / "bench" / "xds_scale" / "native_server.py"), str(module_dir),
+                          "--services", str(services), "--endpoints", str(endpoints)], "native", env)
         self.address = self.proc.read(60, "listening")["listening"]
 
     def change(self, svc: int) -> None:
@@ -278,10 +308,14 @@ def main() -> int:
     ap.add_argument("--changes", type=int, default=5)
     ap.add_argument("--many", type=int, default=1000, help="streams of the 50-service case (0: skip)")
     ap.add_argument("--big", type=int, default=1000, help="endpoints of the big-service case (0: skip)")
-    ap.add_argument("--only", choices=("waypost", "gcp"), default=None)
+    ap.add_argument("--only", default=None,
+                    help="run only these rivals (comma list of name prefixes: gcp, waypost, floor, native)")
     ap.add_argument("--workers", default="1,2", help="waypost xds serve --workers values, each a rival (comma list)")
     ap.add_argument("--floor", action=argparse.BooleanOptionalAction, default=True,
                     help="also run grpc.aio's floor (floor_server.py: ADS with no control plane in it)")
+    ap.add_argument("--native", action=argparse.BooleanOptionalAction, default=False,
+                    help="also run the native engine (native/xds-engine; built with cargo, cached)")
+    ap.add_argument("--runs", type=int, default=1, help="repeat every case this many times (rows per run)")
     ap.add_argument("--connect-timeout", type=float, default=120.0)
     ap.add_argument("--build-timeout", type=float, default=900.0)
     ap.add_argument("--out", default=str(ROOT / "bench" / "results" / "xds_scale.json"))
@@ -289,11 +323,14 @@ def main() -> int:
     _raise_nofile()
     worker_counts = [int(w) for w in args.workers.split(",") if w.strip()]
     bins = PROGRAMS.build(args.build_timeout)
+    native_dir = native_engine.build(args.build_timeout) if args.native else None
     cases = [(int(s), 1, args.endpoints) for s in args.streams.split(",") if s.strip()]
     if args.many:
         cases.append((args.many, 50, args.endpoints))
     if args.big:
         cases.append((10, 1, args.big))
+    cases = [c for c in cases for _ in range(max(args.runs, 1))]
+    only = [o.strip() for o in args.only.split(",")] if args.only else None
     results: list[dict[str, Any]] = []
     with tempfile.TemporaryDirectory(prefix="waypost-bench-") as tmp, LocalEtcd(1, base_dir=Path(tmp)) as etcd:
         for streams, services, endpoints in cases:
@@ -301,12 +338,16 @@ def main() -> int:
             planes = [("gcp", 0)] + [(f"waypost-{w}w" if w > 1 else "waypost", w) for w in worker_counts]
             if args.floor and services == 1 and endpoints == args.endpoints:
                 planes.append(("floor", 0))
+            if native_dir:
+                planes += [("native", 0), ("waypost-native", 1)]
             for which, workers in planes:
-                if args.only and not which.startswith(args.only):
+                if only and not which.startswith(tuple(only)):
                     continue
                 plane: Any = (GoControlPlane(bins["gcp-server"], services, endpoints) if which == "gcp"
                               else FloorPlane() if which == "floor"
-                              else WaypostPlane(etcd, services, endpoints, workers))
+                              else NativePlane(native_dir, services, endpoints) if which == "native" and native_dir
+                              else WaypostPlane(etcd, services, endpoints, workers,
+                                                native_dir if which == "waypost-native" else None))
                 try:
                     row[which] = run_case(plane, bins["ads-load"], streams, services, args.changes,
                                           args.connect_timeout)
@@ -323,7 +364,7 @@ def main() -> int:
     for row in results:
         gcp = row.get("gcp")
         for name, wp in row.items():
-            if not (name.startswith(("waypost", "floor")) and gcp):
+            if not (name.startswith(("waypost", "floor", "native")) and gcp):
                 continue
             print(f"ratio {name} S={row['streams']} M={row['services']} N={row['endpoints']}: connect all "
                   f"{_ratio(wp['connect_s'], gcp['connect_s'])}, push p99 "

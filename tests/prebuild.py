@@ -70,6 +70,15 @@ def _xds_scale() -> Any:
     return XDS_SCALE_PROGRAMS.build(float(os.environ.get("WAYPOST_XDS_GO_BUILD_TIMEOUT", "900")))
 
 
+def _xds_engine() -> Any:
+    from harness import native_engine
+
+    reason = native_engine.skip_reason()
+    if reason:
+        raise RuntimeError(reason)
+    return native_engine.build(float(os.environ.get("WAYPOST_XDS_ENGINE_BUILD_TIMEOUT", "1100")))
+
+
 ITEMS: dict[str, Callable[[], Any]] = {
     "consul": _consul,
     "kube-apiserver": _apiserver,
@@ -79,6 +88,7 @@ ITEMS: dict[str, Callable[[], Any]] = {
     "xds go peers": _xds_go,
     "xds java peers": _xds_java,
     "bench/xds_scale programs": _xds_scale,
+    "native xds engine (cargo)": _xds_engine,
 }
 
 

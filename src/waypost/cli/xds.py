@@ -194,12 +194,15 @@ def xds_commands(global_options: Callable[[Any], Any], pass_ctx: Callable[[Any],
                   help="Every export's clients report their load here (LRS), as load_reporting=true does for one.")
     @click.option("--load-reporting-interval", type=click.FloatRange(0.1, 3600), default=10.0, show_default=True,
                   metavar="SECONDS", help="How often a client sends its load report.")
+    @click.option("--engine", type=click.Choice(["python", "native"]), default="python", show_default=True,
+                  help="What serves the ADS streams: grpc.aio, or the Rust engine of native/xds-engine (installed "
+                       "apart; plaintext, one process, no CSDS).")
     @global_options
     @pass_ctx
     def serve_cmd(c: Any, listen: str, specs: tuple[str, ...], prefixes: tuple[str, ...], config: Path | None,
                   tls_cert: Path | None, tls_key: Path | None, client_ca: Path | None,
                   metrics_port: int | None, workers: int, push_interval: float, max_connection_age: float,
-                  load_reporting: bool, load_reporting_interval: float) -> None:
+                  load_reporting: bool, load_reporting_interval: float, engine: str) -> None:
         """Serve the exported services over ADS (xDS v3, state of the world) until SIGTERM or Ctrl-C.
 
         Prints 'xds: serving on HOST:PORT' once it accepts streams. Example:
@@ -208,6 +211,7 @@ def xds_commands(global_options: Callable[[Any], Any], pass_ctx: Callable[[Any],
 
         try:
             from ..xds.control import ControlPlane
+            from ..xds.errors import XdsConfigError
             from ..xds.workers import worker_index, worker_listen
         except ImportError as e:
             raise click.ClickException(str(e)) from None  # names the extra to install
@@ -223,6 +227,13 @@ def xds_commands(global_options: Callable[[Any], Any], pass_ctx: Callable[[Any],
 
         exports, prefixes_found, config_tls = load()
         creds = _server_credentials(tls_cert, tls_key, client_ca, config, config_tls)
+        if engine == "native" and any(getattr(e, "load_reporting", False) for e in exports):
+            raise click.ClickException("--engine native serves ADS alone, not load reports: drop --load-reporting "
+                                       "and the exports' load_reporting, or use the default engine (--engine python)")
+        if engine == "native" and (workers > 1 or creds is not None):
+            raise click.ClickException("--engine native serves plaintext in one process: drop "
+                                       f"{'--workers' if workers > 1 else 'TLS (--tls-cert, --tls-key, --client-ca)'}"
+                                       ", or use the default engine (--engine python)")
         index = worker_index()
         if index is None and workers > 1:
             _supervise(c, address, workers, exports, prefixes_found, config is not None)
@@ -245,9 +256,12 @@ def xds_commands(global_options: Callable[[Any], Any], pass_ctx: Callable[[Any],
                 raise click.ClickException(f"xds serve cannot serve metrics on 127.0.0.1:{metrics_port}: "
                                            f"{bind_problem(f'127.0.0.1:{metrics_port}') or e.strerror or e}") from None
         with stop_on_signals() as stop:
-            control = ControlPlane(exports, prefixes_found, push_interval=push_interval,
-                                   max_connection_age=max_connection_age or None,
-                                   load_reporting_interval=load_reporting_interval)
+            try:
+                control = ControlPlane(exports, prefixes_found, push_interval=push_interval,
+                                       max_connection_age=max_connection_age or None, engine=engine,
+                                       load_reporting_interval=load_reporting_interval)
+            except XdsConfigError as e:
+                raise click.ClickException(str(e)) from None
             stop_reload = None
             try:
                 try:

@@ -49,8 +49,7 @@ class KindResolver(LoopResolver[Discovery]):
         self._discovery: Discovery = part(kind, "discovery")(target)
         self._discovery.configure(dict(options.channel_options) if options is not None else {})
         # one read is bounded by the dial's timeout too: a lookup given 1 s answers (naming why) within it
-        if self._discovery.read_timeout > timeout:
-            self._discovery.read_timeout = timeout
+        self._discovery.read_timeout = min(self._discovery.read_timeout, timeout)
         if self._discovery.backoff is not None:
             self.backoff = self._discovery.backoff
 

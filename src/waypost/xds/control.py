@@ -75,7 +75,7 @@ class ControlPlane:
     def __init__(self, exports: Iterable[Export] = (), prefixes: Iterable[PrefixExport] = (), *,
                  prefix_interval: float = 2.0, push_interval: float = PUSH_INTERVAL,
                  max_connection_age: float | None = None, clock: Callable[[], float] = time.monotonic,
-                 load_reporting_interval: float = DEFAULT_INTERVAL) -> None:
+                 load_reporting_interval: float = DEFAULT_INTERVAL, engine: str = "python") -> None:
         self.max_connection_age = max_connection_age
         if not push_interval >= 0:
             raise XdsConfigError(f"push_interval must be a number of seconds >= 0, got {push_interval!r}")
@@ -103,14 +103,22 @@ class ControlPlane:
         self._watchers: list[PrefixWatcher] = []
         self._snapshot = Snapshot.empty()
         self._dirty = False
-        self.ads = AdsServer(lambda: self._snapshot)
+        if engine not in ("python", "native"):
+            raise XdsConfigError(f"engine must be 'python' or 'native', got {engine!r}")
+        if engine == "native":  # the streams served by the Rust engine (native_engine.py): the rest is the same
+            from .native_engine import NativeAdsServer
+
+            self.ads: AdsServer | NativeAdsServer = NativeAdsServer()
+        else:
+            self.ads = AdsServer(lambda: self._snapshot)
         #: what the clients of load-reporting exports report (LRS, ``lrs.py``), on the same server
         try:
             interval = check_interval(load_reporting_interval)
         except ValueError as bad:
             raise XdsConfigError(str(bad)) from None
         self.load = LoadStats(interval, self.export_of)
-        self.ads.services.append(LrsServer(self.load, self._reporting_clusters).add_to_server)
+        if isinstance(self.ads, AdsServer):  # the Rust engine serves ADS alone: no load reports there
+            self.ads.services.append(LrsServer(self.load, self._reporting_clusters).add_to_server)
         self._load_collector = LoadCollector(self.load)
         self._load_registry: Any = None  # the Prometheus registry it is in
         #: figures: snapshots built, the last push's duration (seconds) and response count
