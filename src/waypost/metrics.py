@@ -314,8 +314,8 @@ class PrometheusObserver(Observer):
     def xds_stream(self, delta: int) -> None:
         self.xds_streams.inc(delta)
 
-    def xds_push(self, type_: str) -> None:
-        self.xds_pushes.labels(type_).inc()
+    def xds_push(self, type_: str, count: int = 1) -> None:
+        self.xds_pushes.labels(type_).inc(count)
 
     def xds_nack(self, type_: str) -> None:
         self.xds_nacks.labels(type_).inc()

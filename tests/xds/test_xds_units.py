@@ -221,8 +221,9 @@ def test_resources_are_deterministic_across_replicas() -> None:
 
 def test_body_bytes_parse_as_a_discovery_response() -> None:
     snap = _snapshot([parse_export("g=direct:///127.0.0.1:1")], {"g": [_b("10.0.0.1:1")]})
-    r = _resp(snap.body(ENDPOINT, frozenset({"g", "other"})).bytes_for("17"))
-    assert r.nonce == "17" and r.type_url == ENDPOINT and len(r.resources) == 1 and r.version_info
+    body = snap.body(ENDPOINT, frozenset({"g", "other"}))
+    r = _resp(body.response)
+    assert r.nonce == body.nonce and r.type_url == ENDPOINT and len(r.resources) == 1 and r.version_info
     assert snap.body(ENDPOINT, frozenset({"other"})) is None
 
 

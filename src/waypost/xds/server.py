@@ -64,16 +64,14 @@ class Stream:
         self.replaced = 0
 
     def send(self, responses: list[tuple[str, bytes]]) -> None:
+        """Queue ``responses`` (the caller counts them in the metrics: a push counts them once for every stream)."""
+        pending = self.pending
         for t, data in responses:
-            if t in self.pending:
+            if t in pending:
                 self.replaced += 1
-            self.pending[t] = data
-            self.pushes += 1
-            obs = _metrics.current
-            if obs is not None:
-                obs.xds_push(SHORT[t])
-        if responses:
-            self.wake.set()
+            pending[t] = data
+        self.pushes += len(responses)
+        self.wake.set()
 
     def close(self) -> None:
         self.closed = True
@@ -84,6 +82,14 @@ class Stream:
         for t in self.pending:
             return self.pending.pop(t)
         return None
+
+
+def _count_pushes(per_type: Mapping[str, int]) -> None:
+    """Count responses queued, per type URL, in the metrics (once per push, not once per stream)."""
+    obs = _metrics.current
+    if obs is not None:
+        for t, n in per_type.items():
+            obs.xds_push(SHORT[t], n)
 
 
 class AdsServer:
@@ -135,13 +141,15 @@ class AdsServer:
         """Queue what ``snap`` changes for every stream; returns the number of responses queued. ``changed``
         (type URL -> resource names added, changed or removed since the last push), when given, spares the
         streams that subscribed to none of them (the work of a push follows what changed, not the fleet)."""
-        n = 0
+        per_type: dict[str, int] = {}
         for s in list(self.streams):
             responses = s.state.on_snapshot(snap, changed)
             if responses:
                 s.send(responses)
-                n += len(responses)
-        return n
+                for t, _ in responses:
+                    per_type[t] = per_type.get(t, 0) + 1
+        _count_pushes(per_type)
+        return sum(per_type.values())
 
     async def _stream(self, requests: Any, context: grpc.aio.ServicerContext) -> Any:
         stream = Stream(context.peer())
@@ -167,21 +175,24 @@ class AdsServer:
             log.info("xds: stream of %s closed (%d responses sent)", stream.state.who, stream.pushes)
 
     async def _read(self, stream: Stream, context: grpc.aio.ServicerContext) -> None:
+        state = stream.state
         try:
             while True:
                 req = await context.read()
                 if req is grpc.aio.EOF:
                     break
-                first = not stream.state.node_id
-                out = stream.state.on_request(req, self.snapshot())
-                if first and stream.state.node_id:
-                    log.info("xds: stream from %s is node %r", stream.state.peer, stream.state.node_id)
+                anonymous = state.node is None
+                out = state.on_request(req, self.snapshot())
+                if anonymous and state.node is not None:
+                    log.info("xds: stream from %s is node %r", state.peer, state.node_id)
                 if out.kind == "nack":
                     self.nacks += 1
                     obs = _metrics.current
                     if obs is not None:
                         obs.xds_nack(SHORT[req.type_url])
-                stream.send(out.responses)
+                if out.responses:
+                    stream.send(out.responses)
+                    _count_pushes({t: 1 for t, _ in out.responses})
         except asyncio.CancelledError:
             raise
         except Exception as e:  # noqa: BLE001 -- the client went away (or sent garbage): end this stream only
