@@ -3,6 +3,7 @@ version/nonce/ACK/NACK state machine (no network)."""
 
 from __future__ import annotations
 
+import gc
 import json
 
 import pytest
@@ -23,7 +24,7 @@ from envoy.service.discovery.v3 import discovery_pb2
 
 from waypost import ConfigWarning
 from waypost.types import Backend
-from waypost.xds import XdsConfigError, bootstrap, parse_export
+from waypost.xds import XdsConfigError, bootstrap, gc_scale, parse_export
 from waypost.xds.control import ControlPlane
 from waypost.xds.resources import (
     CLUSTER,
@@ -263,6 +264,55 @@ def test_initial_ack_nack_stale_and_node() -> None:
     assert st.on_request(_req(CLUSTER, nonce=r1.nonce), s1).kind == "stale"
     # the next change is sent
     assert len(st.on_snapshot(s1)) == 1
+
+
+def test_streams_with_one_subscription_share_one_response_and_nonces_still_tell_responses_apart() -> None:
+    e = parse_export("g=direct:///127.0.0.1:1")
+    s1, s2 = _snapshot([e], {"g": [_b("10.0.0.1:1")]}), _snapshot([e], {"g": [_b("10.0.0.2:1")]})
+    a, b = StreamState("a"), StreamState("b")
+    (ra,) = a.on_request(_req(ENDPOINT, ["g"]), s1).responses
+    (rb,) = b.on_request(_req(ENDPOINT, ["g"]), s1).responses
+    assert ra[1] is rb[1]  # one response serialized, its bytes shared by both streams
+    first = _resp(ra[1])
+    (pa,) = a.on_snapshot(s2, {ENDPOINT: {"g"}})
+    (pb,) = b.on_snapshot(s2, {ENDPOINT: {"g"}})
+    assert pa[1] is pb[1] and int(_resp(pa[1]).nonce) > int(first.nonce)
+    # an ACK of the first response is now stale on both streams; the ACK of the new one is an ACK
+    assert a.on_request(_req(ENDPOINT, ["g"], first.version_info, first.nonce), s2).kind == "stale"
+    second = _resp(pb[1])
+    assert b.on_request(_req(ENDPOINT, ["g"], second.version_info, second.nonce), s2).kind == "ack"
+    assert b.types[ENDPOINT].acked_version == second.version_info
+
+
+def test_a_subscription_back_to_earlier_names_gets_the_earlier_response_again() -> None:
+    snap = _snapshot([parse_export("a=direct:///127.0.0.1:1"), parse_export("b=direct:///127.0.0.1:2")],
+                     {"a": [_b("10.0.0.1:1")], "b": [_b("10.0.0.2:1")]})
+    st = StreamState()
+    (r1,) = st.on_request(_req(ENDPOINT, ["a"]), snap).responses
+    one = _resp(r1[1])
+    (r2,) = st.on_request(_req(ENDPOINT, ["a", "b"], one.version_info, one.nonce), snap).responses
+    two = _resp(r2[1])
+    assert st.on_request(_req(ENDPOINT, ["a"], one.version_info, one.nonce), snap).kind == "stale"
+    (r3,) = st.on_request(_req(ENDPOINT, ["a"], two.version_info, two.nonce), snap).responses
+    assert r3[1] == r1[1]  # the same response (A, B, A): only requests carrying B's nonce can follow B
+    assert st.on_request(_req(ENDPOINT, ["a"], one.version_info, one.nonce), snap).kind == "ack"
+    assert st.types[ENDPOINT].acked_version == one.version_info
+
+
+def test_the_young_collection_threshold_grows_with_open_streams_and_is_put_back() -> None:
+    before = gc.get_threshold()
+    try:
+        gc_scale.opened()  # the threshold when the first stream opened is the floor
+        floor = gc.get_threshold()[0]
+        for _ in range(1000):
+            gc_scale.opened()
+        assert gc.get_threshold()[0] >= max(floor, 1000 * gc_scale.OBJECTS_PER_STREAM)
+        assert gc.get_threshold()[1:] == before[1:]  # older generations keep theirs
+        for _ in range(1001):
+            gc_scale.closed()
+        assert gc.get_threshold()[0] == floor
+    finally:
+        gc.set_threshold(*before)
 
 
 def test_named_subscriptions_and_names_not_exported(caplog) -> None:

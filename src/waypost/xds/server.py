@@ -5,7 +5,8 @@ Each stream has a ``StreamState`` (``stream.py``) and its waiting responses (``S
 type, a newer one replacing an unwritten one): a reader task feeds requests to the state machine, a new
 snapshot adds the responses it calls for to the streams whose subscriptions it changed, and the handler
 writes them. Responses are pre-serialized bytes (``snapshot.Body``), so the method is registered with
-an identity response serializer: pushing one snapshot to many streams serializes the resources once.
+an identity response serializer: pushing one snapshot to many streams serializes the resources once. While
+streams are open, the collector's first threshold grows with them (``gc_scale.py``).
 
 The server runs on the event loop it is started on (``ControlPlane`` uses waypost's control loop).
 """
@@ -22,6 +23,7 @@ import grpc
 from envoy.service.discovery.v3 import discovery_pb2
 
 from .. import metrics as _metrics
+from . import gc_scale
 from .csds import add_to_server as add_csds
 from .resources import SHORT
 from .stream import StreamState
@@ -154,6 +156,7 @@ class AdsServer:
     async def _stream(self, requests: Any, context: grpc.aio.ServicerContext) -> Any:
         stream = Stream(context.peer())
         self.streams.add(stream)
+        gc_scale.opened()
         obs = _metrics.current
         if obs is not None:
             obs.xds_stream(1)
@@ -167,6 +170,7 @@ class AdsServer:
                     await context.write(data)
         finally:
             self.streams.discard(stream)
+            gc_scale.closed()
             reader.cancel()
             await asyncio.gather(reader, return_exceptions=True)  # retrieved: the reader ends by itself or here
             obs = _metrics.current
