@@ -21,11 +21,13 @@ from envoy.extensions.load_balancing_policies.client_side_weighted_round_robin.v
 )
 from envoy.extensions.load_balancing_policies.wrr_locality.v3 import wrr_locality_pb2
 from envoy.service.discovery.v3 import discovery_pb2
+from google.protobuf.message import DecodeError
 
 from waypost import ConfigWarning
 from waypost.types import Backend
 from waypost.xds import XdsConfigError, bootstrap, gc_scale, parse_export
 from waypost.xds.control import ControlPlane
+from waypost.xds.request import Request, parse
 from waypost.xds.resources import (
     CLUSTER,
     ENDPOINT,
@@ -238,7 +240,7 @@ def _req(t: str, names=(), version="", nonce="", error: str | None = None, node:
         r.error_detail.message = error
     if node is not None:
         r.node.CopyFrom(base_pb2.Node(id=node))
-    return r
+    return Request.of(r)
 
 
 def test_initial_ack_nack_stale_and_node() -> None:
@@ -313,6 +315,21 @@ def test_the_young_collection_threshold_grows_with_open_streams_and_is_put_back(
         assert gc.get_threshold()[0] == floor
     finally:
         gc.set_threshold(*before)
+
+
+def test_equal_requests_are_parsed_once_and_a_first_request_with_its_node_is_not_kept() -> None:
+    ack = discovery_pb2.DiscoveryRequest(type_url=ENDPOINT, resource_names=["g"], version_info="v", response_nonce="7")
+    one, two = parse(ack.SerializeToString()), parse(ack.SerializeToString())
+    assert one is two and one.names == frozenset({"g"}) and one.error is None and one.node is None
+    nack = discovery_pb2.DiscoveryRequest(type_url=ENDPOINT, response_nonce="7")
+    nack.error_detail.message = ""
+    assert parse(nack.SerializeToString()).error == ""  # an error_detail, even empty, makes a NACK
+    first = discovery_pb2.DiscoveryRequest(type_url=ENDPOINT, resource_names=["g"])
+    first.node.id = "n1"
+    a, b = parse(first.SerializeToString()), parse(first.SerializeToString())
+    assert a is not b and a.node is not None and a.node.id == "n1"
+    with pytest.raises(DecodeError):
+        parse(b"\xff\xff\xff")
 
 
 def test_named_subscriptions_and_names_not_exported(caplog) -> None:

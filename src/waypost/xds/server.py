@@ -20,11 +20,11 @@ from collections.abc import Set as AbstractSet
 from typing import TYPE_CHECKING, Any
 
 import grpc
-from envoy.service.discovery.v3 import discovery_pb2
 
 from .. import metrics as _metrics
 from . import gc_scale
 from .csds import add_to_server as add_csds
+from .request import parse as parse_request
 from .resources import SHORT
 from .stream import StreamState
 
@@ -106,8 +106,7 @@ class AdsServer:
 
     def handler(self) -> grpc.GenericRpcHandler:
         method = grpc.stream_stream_rpc_method_handler(
-            self._stream, request_deserializer=discovery_pb2.DiscoveryRequest.FromString,
-            response_serializer=lambda data: data)
+            self._stream, request_deserializer=parse_request, response_serializer=lambda data: data)
         return grpc.method_handlers_generic_handler(SERVICE, {METHOD: method})
 
     async def start(self, listen: str, credentials: grpc.ServerCredentials | None = None, *,

@@ -1,7 +1,7 @@
 """The state of one ADS stream (state of the world): subscriptions, versions, nonces, ACK and NACK.
 
-No I/O here: ``on_request`` and ``on_snapshot`` return the responses to write, so the rules are tested
-without a network. Per type URL a stream remembers what it subscribed to, the version and nonce of the
+No I/O here: ``on_request`` (a ``request.Request``) and ``on_snapshot`` return the responses to write, so the
+rules are tested without a network. Per type URL a stream remembers what it subscribed to, the version and nonce of the
 last response sent, and the last version the client accepted.
 
 - A request whose ``response_nonce`` is not the nonce of the last response of that type is **stale** (it
@@ -37,8 +37,8 @@ from collections.abc import Set as AbstractSet
 from dataclasses import dataclass, field
 
 from envoy.config.core.v3 import base_pb2
-from envoy.service.discovery.v3 import discovery_pb2
 
+from .request import Request
 from .resources import CLUSTER, ENDPOINT, FULL_STATE, LISTENER, SHORT
 from .snapshot import Body, Resource, Snapshot
 
@@ -132,8 +132,8 @@ class StreamState:
     def who(self) -> str:
         return f"node {self.node_id or '?'} ({self.peer})"
 
-    def on_request(self, req: discovery_pb2.DiscoveryRequest, snap: Snapshot) -> Outcome:
-        if self.node is None and req.HasField("node"):
+    def on_request(self, req: Request, snap: Snapshot) -> Outcome:
+        if self.node is None and req.node is not None:
             self.node = base_pb2.Node()
             self.node.CopyFrom(req.node)
         t = req.type_url
@@ -151,8 +151,8 @@ class StreamState:
             sent = ts.sent
             if sent is None or nonce != sent.nonce:
                 return Outcome("stale")
-            if req.HasField("error_detail"):
-                kind, error = "nack", req.error_detail.message
+            if req.error is not None:
+                kind, error = "nack", req.error
                 ts.nacks += 1
                 ts.nacked_version = sent.version
                 ts.answer, ts.nack_message, ts.nack_at = "nack", error, self.clock()
@@ -161,7 +161,7 @@ class StreamState:
             else:
                 kind = "ack"
                 ts.acked_version, ts.answer, ts.acked = req.version_info, "ack", sent
-        names = frozenset(req.resource_names)
+        names = req.names
         if t in FULL_STATE and ("*" in names or (first and not names)):
             ts.wanted = None
         elif not (ts.wanted is None and not names):
@@ -249,4 +249,4 @@ def _known(snap: Snapshot, t: str) -> Mapping[str, Resource]:
     return snap.names(CLUSTER if t == ENDPOINT else t)
 
 
-__all__ = ["ENDPOINT", "Outcome", "ResourceStatus", "StreamState", "TypeState"]
+__all__ = ["ENDPOINT", "Outcome", "Request", "ResourceStatus", "StreamState", "TypeState"]
