@@ -143,6 +143,10 @@ class AdsServer:
         (type URL -> resource names added, changed or removed since the last push), when given, spares the
         streams that subscribed to none of them (the work of a push follows what changed, not the fleet)."""
         per_type: dict[str, int] = {}
+        if changed is not None:
+            changed = {t: names for t, names in changed.items() if names}
+            if not changed:
+                return 0
         for s in list(self.streams):
             responses = s.state.on_snapshot(snap, changed)
             if responses:

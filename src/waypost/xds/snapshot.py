@@ -32,7 +32,7 @@ from functools import lru_cache
 from envoy.service.discovery.v3 import discovery_pb2
 from google.protobuf.message import Message
 
-from .resources import FULL_STATE, LISTENER, TYPES, not_exported_listener, pack
+from .resources import CLUSTER, ENDPOINT, FULL_STATE, LISTENER, TYPES, not_exported_listener, pack
 
 
 @dataclass(frozen=True)
@@ -132,6 +132,8 @@ class Snapshot:
                                                                              repr=False)
     _answers: dict[str, dict[frozenset[str] | None, Body | None]] = field(default_factory=dict, compare=False,
                                                                          repr=False)
+    _unknown: dict[tuple[str, frozenset[str]], tuple[str, ...]] = field(default_factory=dict, compare=False,
+                                                                        repr=False)
 
     @classmethod
     def empty(cls) -> Snapshot:
@@ -173,6 +175,22 @@ class Snapshot:
             items = sorted([have[n] for n in names] + [not_exported(n) for n in placeholders], key=lambda r: r.name)
             body = self._bodies[key] = Body.build(type_url, tuple(items), absent)
         return body
+
+    def known(self, type_url: str) -> Mapping[str, Resource]:
+        """The names a subscription of ``type_url`` may name: the resources of that type served now (an export's
+        Listener, Route and Cluster, and its subsets' Clusters, ``NAME/KEY=VALUE``); for an assignment, every
+        Cluster's, whether its endpoints are known yet or not."""
+        return self.names(CLUSTER if type_url == ENDPOINT else type_url)
+
+    def unknown(self, type_url: str, wanted: frozenset[str]) -> tuple[str, ...]:
+        """The names of ``wanted`` that are not ``known`` (once per subscription and snapshot)."""
+        key = (type_url, wanted)
+        try:
+            return self._unknown[key]
+        except KeyError:
+            known = self.known(type_url)
+            names = self._unknown[key] = tuple(sorted(n for n in wanted if n not in known))
+            return names
 
     def count(self) -> dict[str, int]:
         return {t: len(self.names(t)) for t in TYPES}

@@ -179,14 +179,24 @@ class StreamState:
         stream subscribed to none of them; without it every subscribed type is compared. Called for every stream
         on every push: its cost is the push's, per stream."""
         out = []
-        for t, ts in self.types.items():
-            wanted = ts.wanted
-            if changed is not None:
-                names = changed.get(t)
-                if not names or (wanted is not None and wanted.isdisjoint(names)):
-                    continue
+        if changed is None:
+            for t, ts in self.types.items():
+                self._log_unknown(t, ts.wanted, snap)
+                resp = self._response(t, ts, snap)
+                if resp is not None:
+                    out.append(resp)
+            return out
+        for t, names in changed.items():  # in TYPES order (a Cluster before its assignment)
+            if not names:
+                continue
+            subscribed = self.types.get(t)
+            if subscribed is None:
+                continue
+            wanted = subscribed.wanted
+            if wanted is not None and wanted.isdisjoint(names):
+                continue
             self._log_unknown(t, wanted, snap)
-            resp = self._response(t, ts, snap)
+            resp = self._response(t, subscribed, snap)
             if resp is not None:
                 out.append(resp)
         return out
@@ -226,13 +236,12 @@ class StreamState:
     def _log_unknown(self, t: str, wanted: frozenset[str] | None, snap: Snapshot) -> None:
         if not wanted:
             return
-        known = _known(snap, t)
-        for name in wanted:
-            if name in known or (t, name) in self._unknown_logged:
+        for name in snap.unknown(t, wanted):
+            if (t, name) in self._unknown_logged:
                 continue
             self._unknown_logged.add((t, name))
             exported = snap.names(LISTENER)
-            close = difflib.get_close_matches(name, known, n=1)
+            close = difflib.get_close_matches(name, snap.known(t), n=1)
             log.warning("xds: %s subscribed to %s %r, which is not exported (exported: %s)%s; %s",
                         self.who, SHORT[t], name[:200], ", ".join(sorted(exported)[:20]) or "none",
                         f"; did you mean {close[0]!r}?" if close else "", _UNKNOWN_ANSWER.get(t, "not answered"))
@@ -240,13 +249,6 @@ class StreamState:
     def summary(self) -> dict[str, object]:
         return {SHORT[t]: {"wanted": "*" if ts.wanted is None else sorted(ts.wanted), "sent": ts.sent_version,
                            "acked": ts.acked_version, "nacks": ts.nacks} for t, ts in self.types.items()}
-
-
-def _known(snap: Snapshot, t: str) -> Mapping[str, Resource]:
-    """The names a subscription of type ``t`` may name: the resources of that type served now (an export's
-    Listener, Route and Cluster, and its subsets' Clusters, ``NAME/KEY=VALUE``); for an assignment, every
-    Cluster's, whether its endpoints are known yet or not. A subscription to another name is logged."""
-    return snap.names(CLUSTER if t == ENDPOINT else t)
 
 
 __all__ = ["ENDPOINT", "Outcome", "Request", "ResourceStatus", "StreamState", "TypeState"]
