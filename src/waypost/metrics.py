@@ -314,7 +314,10 @@ class PrometheusObserver(Observer):
     def xds_stream(self, delta: int) -> None:
         self.xds_streams.inc(delta)
 
-    def xds_push(self, type_: str, count: int = 1) -> None:
+    def xds_push(self, type_: str) -> None:
+        self.xds_pushes.labels(type_).inc()
+
+    def xds_push_many(self, type_: str, count: int) -> None:
         self.xds_pushes.labels(type_).inc(count)
 
     def xds_nack(self, type_: str) -> None:

@@ -91,7 +91,7 @@ def _count_pushes(per_type: Mapping[str, int]) -> None:
     obs = _metrics.current
     if obs is not None:
         for t, n in per_type.items():
-            obs.xds_push(SHORT[t], n)
+            obs.xds_push_many(SHORT[t], n)
 
 
 class AdsServer:
