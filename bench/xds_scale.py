@@ -283,8 +283,10 @@ def _spread(values: list[float]) -> str:
 
 
 def _summary(results: list[dict[str, Any]]) -> None:
-    """Per case, over its rounds: each rival's CPU per change per stream and push p99 (min-max), and waypost's
-    ratios to the floor(s) and to go-control-plane, taken within a round."""
+    """Per case, over its rounds: each rival's CPU per change per stream and push p99 (min-max; the p99 of a round
+    is its worst change's, as on the lines above, and the median change's is given too: one change delayed by
+    another process on a shared machine moves the first, not the second), and waypost's ratios to the floor(s)
+    and to go-control-plane, taken within a round."""
     by_case: dict[tuple[int, int, int], list[dict[str, Any]]] = {}
     for row in results:
         by_case.setdefault((row["streams"], row["services"], row["endpoints"]), []).append(row)
@@ -296,7 +298,9 @@ def _summary(results: list[dict[str, Any]]) -> None:
             runs = [row[name] for row in rows if name in row]
             cpu = [r["cpu_us_per_change_per_stream"] for r in runs if r["cpu_us_per_change_per_stream"] is not None]
             p99 = [r["push_p99_ms"] for r in runs if r["push_p99_ms"] is not None]
-            print(f"summary {head} {name:10} cpu {_spread(cpu)} us/change/stream, push p99 {_spread(p99)} ms")
+            typical = [statistics.median(p["p99_ms"] for p in r["pushes"]) for r in runs if r["pushes"]]
+            print(f"summary {head} {name:10} cpu {_spread(cpu)} us/change/stream, push p99 {_spread(p99)} ms "
+                  f"(the median change's p99: {_spread(typical)} ms)")
         for name in (n for n in rivals if n.startswith("waypost")):
             for base in (n for n in rivals if not n.startswith("waypost")):
                 pairs = [(row[name], row[base]) for row in rows if name in row and base in row]
