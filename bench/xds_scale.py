@@ -22,7 +22,9 @@ Cases: ``--streams`` (default 100,1000,3000,10000) with one service of 10 endpoi
 over 50 services: a change reaches svc-0's 20 clients, ``others`` counts the responses to other clients); and
 ``--big`` (one 1,000-endpoint service, 10 streams: one endpoint more). With one service, a third rival,
 ``floor`` (``bench/xds_scale/floor_server.py``), is ADS on grpc.aio with no control plane in it: one write and
-one read per stream per change, the least any Python ADS server on grpc.aio does.
+one read per stream per change, the least any Python ADS server on grpc.aio does; with ``--floor-gc``, also
+``floor-gc``: the same with the collector's young threshold scaled with the streams as waypost's server does
+(``waypost.xds.gc_scale``), the floor for like settings.
 
 The Go programs are built once into ``~/.cache/waypost-servers`` (``harness.go_module``). The last lines are
 the ratios (waypost / go-control-plane: below 1 is waypost ahead); JSON: bench/results/xds_scale.json.
@@ -30,10 +32,13 @@ the ratios (waypost / go-control-plane: below 1 is waypost ahead); JSON: bench/r
 ``--native`` adds two rivals: ``native`` (``bench/xds_scale/native_server.py``), the Rust engine of
 ``native/xds-engine`` serving the streams, fed waypost's own resources from memory as gcp-server is; and
 ``waypost-native``, ``waypost xds serve --engine native`` following etcd like ``waypost`` (the engine is built
-with cargo into a cache on first use). ``--runs R`` repeats each case R times (one row each), for the spread on a shared machine.
+with cargo into a cache on first use).
+
+``--rounds R`` runs each case R times (the rivals in a rotating order, each fresh), and the last lines give, per
+case, each rival's spread over the rounds and waypost's ratios to the others within a round (min-max).
 
 Usage: python bench/xds_scale.py [--streams 100,1000] [--changes 5] [--only waypost,gcp] [--workers 1,2]
-       [--native] [--runs 3]
+       [--rounds 3] [--floor-gc] [--native]
 """
 
 from __future__ import annotations
@@ -242,9 +247,10 @@ class NativePlane:
 class FloorPlane:
     """``bench/xds_scale/floor_server.py``: ADS on grpc.aio with nothing else (one service only)."""
 
-    def __init__(self) -> None:
+    def __init__(self, scale_gc: bool = False) -> None:
         env = {"PYTHONPATH": os.pathsep.join([str(ROOT / "src"), os.environ.get("PYTHONPATH", "")])}
-        self.proc = Proc([sys.executable, str(ROOT / "bench" / "xds_scale" / "floor_server.py")], "floor", env)
+        argv = [sys.executable, str(ROOT / "bench" / "xds_scale" / "floor_server.py")] + (["--gc-scale"] if scale_gc else [])
+        self.proc = Proc(argv, "floor", env)
         self.address = self.proc.read(60, "listening")["listening"]
 
     def change(self, svc: int) -> None:
@@ -301,6 +307,38 @@ def _ratio(a: float | None, b: float | None) -> str:
     return f"{a / b:.2f}x" if a is not None and b else "n/a"
 
 
+def _spread(values: list[float]) -> str:
+    return f"{min(values):.2f}-{max(values):.2f}" if values else "n/a"
+
+
+def _summary(results: list[dict[str, Any]]) -> None:
+    """Per case, over its rounds: each rival's CPU per change per stream and push p99 (min-max; the p99 of a round
+    is its worst change's, as on the lines above, and the median change's is given too: one change delayed by
+    another process on a shared machine moves the first, not the second), and waypost's ratios to the floor(s)
+    and to go-control-plane, taken within a round."""
+    by_case: dict[tuple[int, int, int], list[dict[str, Any]]] = {}
+    for row in results:
+        by_case.setdefault((row["streams"], row["services"], row["endpoints"]), []).append(row)
+    print()
+    for (streams, services, endpoints), rows in by_case.items():
+        head = f"S={streams} M={services} N={endpoints} ({len(rows)} round(s))"
+        rivals = sorted({k for row in rows for k, v in row.items() if isinstance(v, dict)})
+        for name in rivals:
+            runs = [row[name] for row in rows if name in row]
+            cpu = [r["cpu_us_per_change_per_stream"] for r in runs if r["cpu_us_per_change_per_stream"] is not None]
+            p99 = [r["push_p99_ms"] for r in runs if r["push_p99_ms"] is not None]
+            typical = [statistics.median(p["p99_ms"] for p in r["pushes"]) for r in runs if r["pushes"]]
+            print(f"summary {head} {name:10} cpu {_spread(cpu)} us/change/stream, push p99 {_spread(p99)} ms "
+                  f"(the median change's p99: {_spread(typical)} ms)")
+        for name in (n for n in rivals if n.startswith("waypost")):
+            for base in (n for n in rivals if not n.startswith("waypost")):
+                pairs = [(row[name], row[base]) for row in rows if name in row and base in row]
+                cpu = [a["cpu_us_per_change_per_stream"] / b["cpu_us_per_change_per_stream"] for a, b in pairs
+                       if a["cpu_us_per_change_per_stream"] and b["cpu_us_per_change_per_stream"]]
+                p99 = [a["push_p99_ms"] / b["push_p99_ms"] for a, b in pairs if a["push_p99_ms"] and b["push_p99_ms"]]
+                print(f"summary {head} {name} / {base}: cpu {_spread(cpu)}x, push p99 {_spread(p99)}x")
+
+
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("--streams", default="100,1000,3000,10000", help="fleet sizes (comma list)")
@@ -315,7 +353,10 @@ def main() -> int:
                     help="also run grpc.aio's floor (floor_server.py: ADS with no control plane in it)")
     ap.add_argument("--native", action=argparse.BooleanOptionalAction, default=False,
                     help="also run the native engine (native/xds-engine; built with cargo, cached)")
-    ap.add_argument("--runs", type=int, default=1, help="repeat every case this many times (rows per run)")
+    ap.add_argument("--floor-gc", action="store_true",
+                    help="also run the floor with waypost's collector scaling (floor_server.py --gc-scale)")
+    ap.add_argument("--rounds", type=int, default=1,
+                    help="runs of each case, each rival fresh in each (the summary gives the spread)")
     ap.add_argument("--connect-timeout", type=float, default=120.0)
     ap.add_argument("--build-timeout", type=float, default=900.0)
     ap.add_argument("--out", default=str(ROOT / "bench" / "results" / "xds_scale.json"))
@@ -329,48 +370,52 @@ def main() -> int:
         cases.append((args.many, 50, args.endpoints))
     if args.big:
         cases.append((10, 1, args.big))
-    cases = [c for c in cases for _ in range(max(args.runs, 1))]
     only = [o.strip() for o in args.only.split(",")] if args.only else None
     results: list[dict[str, Any]] = []
     with tempfile.TemporaryDirectory(prefix="waypost-bench-") as tmp, LocalEtcd(1, base_dir=Path(tmp)) as etcd:
         for streams, services, endpoints in cases:
-            row: dict[str, Any] = {"streams": streams, "services": services, "endpoints": endpoints}
             planes = [("gcp", 0)] + [(f"waypost-{w}w" if w > 1 else "waypost", w) for w in worker_counts]
             if args.floor and services == 1 and endpoints == args.endpoints:
                 planes.append(("floor", 0))
+            if args.floor_gc and services == 1 and endpoints == args.endpoints:
+                planes.append(("floor-gc", 0))
             if native_dir:
                 planes += [("native", 0), ("waypost-native", 1)]
-            for which, workers in planes:
-                if only and not which.startswith(tuple(only)):
-                    continue
-                plane: Any = (GoControlPlane(bins["gcp-server"], services, endpoints) if which == "gcp"
-                              else FloorPlane() if which == "floor"
-                              else NativePlane(native_dir, services, endpoints) if which == "native" and native_dir
-                              else WaypostPlane(etcd, services, endpoints, workers,
-                                                native_dir if which == "waypost-native" else None))
-                try:
-                    row[which] = run_case(plane, bins["ads-load"], streams, services, args.changes,
-                                          args.connect_timeout)
-                finally:
-                    plane.close()
-                r = row[which]
-                print(f"{which:12} S={streams:<6} M={services:<3} N={endpoints:<5} connect {r['connect_s']:.2f} s "
-                      f"({r['connected']}/{streams}, {r['failed_attempts']} failed attempts), push p99 "
-                      f"{r['push_p99_ms']} ms max {r['push_max_ms']} ms, cpu {r['cpu_us_per_change_per_stream']} "
-                      f"us/change/stream, rss {r['rss_kib_per_stream']} KiB/stream, others {r['other_responses']}",
-                      flush=True)
-            results.append(row)
+            planes = [p for p in planes if not only or p[0].startswith(tuple(only))]
+            for rnd in range(args.rounds):
+                row: dict[str, Any] = {"streams": streams, "services": services, "endpoints": endpoints,
+                                       "round": rnd, "load": os.getloadavg()[0]}
+                # each round starts with the next rival, so none always runs first (or last) on a shared machine
+                for which, workers in planes[rnd % len(planes):] + planes[:rnd % len(planes)]:
+                    plane: Any = (GoControlPlane(bins["gcp-server"], services, endpoints) if which == "gcp"
+                                  else FloorPlane(which == "floor-gc") if which.startswith("floor")
+                                  else NativePlane(native_dir, services, endpoints) if which == "native" and native_dir
+                                  else WaypostPlane(etcd, services, endpoints, workers,
+                                                    native_dir if which == "waypost-native" else None))
+                    try:
+                        row[which] = run_case(plane, bins["ads-load"], streams, services, args.changes,
+                                              args.connect_timeout)
+                    finally:
+                        plane.close()
+                    r = row[which]
+                    print(f"{which:12} S={streams:<6} M={services:<3} N={endpoints:<5} connect {r['connect_s']:.2f} s "
+                          f"({r['connected']}/{streams}, {r['failed_attempts']} failed attempts), push p99 "
+                          f"{r['push_p99_ms']} ms max {r['push_max_ms']} ms, cpu {r['cpu_us_per_change_per_stream']} "
+                          f"us/change/stream, rss {r['rss_kib_per_stream']} KiB/stream, others "
+                          f"{r['other_responses']} (load {os.getloadavg()[0]:.1f})", flush=True)
+                results.append(row)
     print()
     for row in results:
         gcp = row.get("gcp")
         for name, wp in row.items():
-            if not (name.startswith(("waypost", "floor", "native")) and gcp):
+            if not (isinstance(wp, dict) and name.startswith(("waypost", "floor", "native")) and gcp):
                 continue
             print(f"ratio {name} S={row['streams']} M={row['services']} N={row['endpoints']}: connect all "
                   f"{_ratio(wp['connect_s'], gcp['connect_s'])}, push p99 "
                   f"{_ratio(wp['push_p99_ms'], gcp['push_p99_ms'])}, cpu/change/stream "
                   f"{_ratio(wp['cpu_us_per_change_per_stream'], gcp['cpu_us_per_change_per_stream'])}, rss/stream "
                   f"{_ratio(wp['rss_kib_per_stream'], gcp['rss_kib_per_stream'])} (/ go-control-plane)")
+    _summary(results)
     out = Path(args.out)
     out.parent.mkdir(parents=True, exist_ok=True)
     out.write_text(json.dumps({"cases": results, "argv": sys.argv[1:], "cpus": os.cpu_count()}, indent=2))

@@ -5,6 +5,9 @@ endpoints, built once), ignores ACKs, and on ``change`` (stdin) writes a canned 
 stream: one write and one read per stream per change, the least any ADS server on grpc.aio does. What
 waypost's control plane costs above this is its own; what this costs is grpc.aio's.
 
+With ``--gc-scale`` it scales the collector's young threshold with its streams as waypost's ADS server does
+(``waypost.xds.gc_scale``): the floor with the same collector settings.
+
 Prints ``{"listening": "HOST:PORT"}``; each ``change`` is answered by ``{"changed": N}`` once queued.
 """
 
@@ -22,7 +25,7 @@ import grpc
 from envoy.service.discovery.v3 import discovery_pb2
 
 from waypost.types import Backend
-from waypost.xds import parse_export
+from waypost.xds import gc_scale, parse_export
 from waypost.xds.resources import ENDPOINT, load_assignment, pack, static_resources
 from waypost.xds.server import SERVER_OPTIONS
 
@@ -41,10 +44,13 @@ async def main() -> None:
     canned[ENDPOINT] = assignments[0]
     version = [0]
     queues: set[asyncio.Queue[bytes]] = set()
+    scale_gc = "--gc-scale" in sys.argv[1:]
 
     async def ads(requests: object, context: grpc.aio.ServicerContext) -> object:
         out: asyncio.Queue[bytes] = asyncio.Queue()
         queues.add(out)
+        if scale_gc:
+            gc_scale.opened()
 
         async def read() -> None:
             while (req := await context.read()) is not grpc.aio.EOF:
@@ -58,6 +64,8 @@ async def main() -> None:
         finally:
             queues.discard(out)
             reader.cancel()
+            if scale_gc:
+                gc_scale.closed()
 
     handler = grpc.method_handlers_generic_handler(
         "envoy.service.discovery.v3.AggregatedDiscoveryService",

@@ -324,6 +324,9 @@ class PrometheusObserver(Observer):
     def xds_push(self, type_: str) -> None:
         self.xds_pushes.labels(type_).inc()
 
+    def xds_push_many(self, type_: str, count: int) -> None:
+        self.xds_pushes.labels(type_).inc(count)
+
     def xds_nack(self, type_: str) -> None:
         self.xds_nacks.labels(type_).inc()
 

@@ -62,6 +62,12 @@ class Observer:
     def xds_push(self, type_: str) -> None:
         """An xDS response of ``type_`` was sent."""
 
+    def xds_push_many(self, type_: str, count: int) -> None:
+        """``count`` xDS responses of ``type_`` were sent (a push counts its streams' at once); by default
+        ``xds_push`` that many times, so an observer that counts one at a time sees them all."""
+        for _ in range(count):
+            self.xds_push(type_)
+
     def xds_nack(self, type_: str) -> None:
         """A client rejected an xDS response of ``type_``."""
 

@@ -42,6 +42,7 @@ def test_every_event_reaches_prometheus_and_opentelemetry_alike():
         obs.resolver_error(target, "refused")
         obs.xds_stream(1)
         obs.xds_push("EDS")
+        obs.xds_push_many("EDS", 3)  # a push to three streams, counted at once
         obs.xds_nack("EDS")
         obs.xds_resources("CDS", 3)
         obs.xds_resources("CDS", 2)
@@ -53,6 +54,7 @@ def test_every_event_reaches_prometheus_and_opentelemetry_alike():
                                                         "code": "UNAVAILABLE"}) == 1
         assert sample("waypost_client_ejections_total", {"target": label, "backend": "10.0.0.1:1"}) == 1
         assert sample("waypost_xds_nacks_total", {"type": "EDS"}) == 1
+        assert sample("waypost_xds_pushes_total", {"type": "EDS"}) == 4
         assert sample("waypost_xds_resources", {"type": "CDS"}) == 2
     finally:
         waypost.otel.disable()
@@ -64,7 +66,7 @@ def test_every_event_reaches_prometheus_and_opentelemetry_alike():
         ("waypost.discovery.reloads", (("waypost.key", "greet.rpc"), ("waypost.reason", "compacted"))): 1,
         ("waypost.resolver.errors", (("grpc.target", label), ("waypost.reason", "refused"))): 1,
         ("waypost.xds.clients", ()): 1,
-        ("waypost.xds.pushes", (("waypost.xds.type", "EDS"),)): 1,
+        ("waypost.xds.pushes", (("waypost.xds.type", "EDS"),)): 4,
         ("waypost.xds.nacks", (("waypost.xds.type", "EDS"),)): 1,
         ("waypost.xds.resources", (("waypost.xds.type", "CDS"),)): 2,
         ("waypost.xds.source_up", (("waypost.xds.export", "greet"),)): 1,
@@ -84,3 +86,18 @@ def test_each_sink_alone_is_current_itself_and_none_when_both_are_off():
         waypost.otel.disable()
         metrics.disable()
     assert metrics.current is None and not waypost.otel.enabled()
+
+
+def test_an_observer_counting_pushes_one_at_a_time_sees_a_push_to_many_streams_as_that_many():
+    from waypost.observer import Observer
+
+    class OneAtATime(Observer):
+        def __init__(self) -> None:
+            self.pushes: list[str] = []
+
+        def xds_push(self, type_: str) -> None:
+            self.pushes.append(type_)
+
+    obs = OneAtATime()
+    obs.xds_push_many("EDS", 3)
+    assert obs.pushes == ["EDS", "EDS", "EDS"]

@@ -22,6 +22,7 @@ from harness.waiting import wait_until
 from waypost import _loop
 from waypost.xds import ControlPlane, parse_export
 from waypost.xds.control import _changed_names
+from waypost.xds.request import Request
 from waypost.xds.resources import CLUSTER, ENDPOINT, LISTENER, TYPES
 from waypost.xds.server import Stream
 from waypost.xds.snapshot import Resource, Snapshot
@@ -55,7 +56,7 @@ def test_a_push_skips_streams_that_subscribed_to_nothing_changed() -> None:
     a, b = Resource.of("a", _cla("a", 2)), Resource.of("b", _cla("b", 2))
     old = _snap({"a": a, "b": b})
     state = StreamState()
-    first = state.on_request(discovery_pb2.DiscoveryRequest(type_url=ENDPOINT, resource_names=["a"]), old)
+    first = state.on_request(Request.of(discovery_pb2.DiscoveryRequest(type_url=ENDPOINT, resource_names=["a"])), old)
     assert len(first.responses) == 1
     new = _snap({"a": a, "b": Resource.of("b", _cla("b", 3))})
     assert state.on_snapshot(new, _changed_names(old, new)) == []  # only b changed: nothing for a's stream

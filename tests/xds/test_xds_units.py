@@ -3,6 +3,7 @@ version/nonce/ACK/NACK state machine (no network)."""
 
 from __future__ import annotations
 
+import gc
 import json
 
 import pytest
@@ -20,11 +21,13 @@ from envoy.extensions.load_balancing_policies.client_side_weighted_round_robin.v
 )
 from envoy.extensions.load_balancing_policies.wrr_locality.v3 import wrr_locality_pb2
 from envoy.service.discovery.v3 import discovery_pb2
+from google.protobuf.message import DecodeError
 
 from waypost import ConfigWarning
 from waypost.types import Backend
-from waypost.xds import XdsConfigError, bootstrap, parse_export
+from waypost.xds import XdsConfigError, bootstrap, gc_scale, parse_export
 from waypost.xds.control import ControlPlane
+from waypost.xds.request import Request, parse
 from waypost.xds.resources import (
     CLUSTER,
     ENDPOINT,
@@ -221,8 +224,9 @@ def test_resources_are_deterministic_across_replicas() -> None:
 
 def test_body_bytes_parse_as_a_discovery_response() -> None:
     snap = _snapshot([parse_export("g=direct:///127.0.0.1:1")], {"g": [_b("10.0.0.1:1")]})
-    r = _resp(snap.body(ENDPOINT, frozenset({"g", "other"})).bytes_for("17"))
-    assert r.nonce == "17" and r.type_url == ENDPOINT and len(r.resources) == 1 and r.version_info
+    body = snap.body(ENDPOINT, frozenset({"g", "other"}))
+    r = _resp(body.response)
+    assert r.nonce == body.nonce and r.type_url == ENDPOINT and len(r.resources) == 1 and r.version_info
     assert snap.body(ENDPOINT, frozenset({"other"})) is None
 
 
@@ -236,7 +240,7 @@ def _req(t: str, names=(), version="", nonce="", error: str | None = None, node:
         r.error_detail.message = error
     if node is not None:
         r.node.CopyFrom(base_pb2.Node(id=node))
-    return r
+    return Request.of(r)
 
 
 def test_initial_ack_nack_stale_and_node() -> None:
@@ -262,6 +266,69 @@ def test_initial_ack_nack_stale_and_node() -> None:
     assert st.on_request(_req(CLUSTER, nonce=r1.nonce), s1).kind == "stale"
     # the next change is sent
     assert len(st.on_snapshot(s1)) == 1
+
+
+def test_streams_with_one_subscription_share_one_response_and_nonces_still_tell_responses_apart() -> None:
+    e = parse_export("g=direct:///127.0.0.1:1")
+    s1, s2 = _snapshot([e], {"g": [_b("10.0.0.1:1")]}), _snapshot([e], {"g": [_b("10.0.0.2:1")]})
+    a, b = StreamState("a"), StreamState("b")
+    (ra,) = a.on_request(_req(ENDPOINT, ["g"]), s1).responses
+    (rb,) = b.on_request(_req(ENDPOINT, ["g"]), s1).responses
+    assert ra[1] is rb[1]  # one response serialized, its bytes shared by both streams
+    first = _resp(ra[1])
+    (pa,) = a.on_snapshot(s2, {ENDPOINT: {"g"}})
+    (pb,) = b.on_snapshot(s2, {ENDPOINT: {"g"}})
+    assert pa[1] is pb[1] and int(_resp(pa[1]).nonce) > int(first.nonce)
+    # an ACK of the first response is now stale on both streams; the ACK of the new one is an ACK
+    assert a.on_request(_req(ENDPOINT, ["g"], first.version_info, first.nonce), s2).kind == "stale"
+    second = _resp(pb[1])
+    assert b.on_request(_req(ENDPOINT, ["g"], second.version_info, second.nonce), s2).kind == "ack"
+    assert b.types[ENDPOINT].acked_version == second.version_info
+
+
+def test_a_subscription_back_to_earlier_names_gets_the_earlier_response_again() -> None:
+    snap = _snapshot([parse_export("a=direct:///127.0.0.1:1"), parse_export("b=direct:///127.0.0.1:2")],
+                     {"a": [_b("10.0.0.1:1")], "b": [_b("10.0.0.2:1")]})
+    st = StreamState()
+    (r1,) = st.on_request(_req(ENDPOINT, ["a"]), snap).responses
+    one = _resp(r1[1])
+    (r2,) = st.on_request(_req(ENDPOINT, ["a", "b"], one.version_info, one.nonce), snap).responses
+    two = _resp(r2[1])
+    assert st.on_request(_req(ENDPOINT, ["a"], one.version_info, one.nonce), snap).kind == "stale"
+    (r3,) = st.on_request(_req(ENDPOINT, ["a"], two.version_info, two.nonce), snap).responses
+    assert r3[1] == r1[1]  # the same response (A, B, A): only requests carrying B's nonce can follow B
+    assert st.on_request(_req(ENDPOINT, ["a"], one.version_info, one.nonce), snap).kind == "ack"
+    assert st.types[ENDPOINT].acked_version == one.version_info
+
+
+def test_the_young_collection_threshold_grows_with_open_streams_and_is_put_back() -> None:
+    before = gc.get_threshold()
+    try:
+        for _ in range(1000):
+            gc_scale.opened()
+        assert gc.get_threshold()[0] >= 1000 * gc_scale.OBJECTS_PER_STREAM
+        assert gc.get_threshold()[1:] == before[1:]  # older generations keep theirs
+        for _ in range(1000):
+            gc_scale.closed()
+        # back where it was (other tests' servers in this process may hold a few streams still)
+        assert 0 < gc.get_threshold()[0] < 100 * gc_scale.OBJECTS_PER_STREAM
+    finally:
+        gc.set_threshold(*before)
+
+
+def test_equal_requests_are_parsed_once_and_a_first_request_with_its_node_is_not_kept() -> None:
+    ack = discovery_pb2.DiscoveryRequest(type_url=ENDPOINT, resource_names=["g"], version_info="v", response_nonce="7")
+    one, two = parse(ack.SerializeToString()), parse(ack.SerializeToString())
+    assert one is two and one.names == frozenset({"g"}) and one.error is None and one.node is None
+    nack = discovery_pb2.DiscoveryRequest(type_url=ENDPOINT, response_nonce="7")
+    nack.error_detail.message = ""
+    assert parse(nack.SerializeToString()).error == ""  # an error_detail, even empty, makes a NACK
+    first = discovery_pb2.DiscoveryRequest(type_url=ENDPOINT, resource_names=["g"])
+    first.node.id = "n1"
+    a, b = parse(first.SerializeToString()), parse(first.SerializeToString())
+    assert a is not b and a.node is not None and a.node.id == "n1"
+    with pytest.raises(DecodeError):
+        parse(b"\xff\xff\xff")
 
 
 def test_named_subscriptions_and_names_not_exported(caplog) -> None:

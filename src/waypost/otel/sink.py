@@ -231,6 +231,9 @@ class OtelSink(metrics.Observer):
     def xds_push(self, type_: str) -> None:
         self.xds_pushes.add(1, {"waypost.xds.type": type_})
 
+    def xds_push_many(self, type_: str, count: int) -> None:
+        self.xds_pushes.add(count, {"waypost.xds.type": type_})
+
     def xds_nack(self, type_: str) -> None:
         self.xds_nacks.add(1, {"waypost.xds.type": type_})
 

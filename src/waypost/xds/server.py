@@ -5,7 +5,8 @@ Each stream has a ``StreamState`` (``stream.py``) and its waiting responses (``S
 type, a newer one replacing an unwritten one): a reader task feeds requests to the state machine, a new
 snapshot adds the responses it calls for to the streams whose subscriptions it changed, and the handler
 writes them. Responses are pre-serialized bytes (``snapshot.Body``), so the method is registered with
-an identity response serializer: pushing one snapshot to many streams serializes the resources once.
+an identity response serializer: pushing one snapshot to many streams serializes the resources once. While
+streams are open, the collector's first threshold grows with them (``gc_scale.py``).
 
 The server runs on the event loop it is started on (``ControlPlane`` uses waypost's control loop).
 """
@@ -19,10 +20,11 @@ from collections.abc import Set as AbstractSet
 from typing import TYPE_CHECKING, Any
 
 import grpc
-from envoy.service.discovery.v3 import discovery_pb2
 
 from .. import metrics as _metrics
+from . import gc_scale
 from .csds import add_to_server as add_csds
+from .request import parse as parse_request
 from .resources import SHORT
 from .stream import StreamState
 
@@ -64,16 +66,14 @@ class Stream:
         self.replaced = 0
 
     def send(self, responses: list[tuple[str, bytes]]) -> None:
+        """Queue ``responses`` (the caller counts them in the metrics: a push counts them once for every stream)."""
+        pending = self.pending
         for t, data in responses:
-            if t in self.pending:
+            if t in pending:
                 self.replaced += 1
-            self.pending[t] = data
-            self.pushes += 1
-            obs = _metrics.current
-            if obs is not None:
-                obs.xds_push(SHORT[t])
-        if responses:
-            self.wake.set()
+            pending[t] = data
+        self.pushes += len(responses)
+        self.wake.set()
 
     def close(self) -> None:
         self.closed = True
@@ -84,6 +84,14 @@ class Stream:
         for t in self.pending:
             return self.pending.pop(t)
         return None
+
+
+def _count_pushes(per_type: Mapping[str, int]) -> None:
+    """Count responses queued, per type URL, in the metrics (once per push, not once per stream)."""
+    obs = _metrics.current
+    if obs is not None:
+        for t, n in per_type.items():
+            obs.xds_push_many(SHORT[t], n)
 
 
 class AdsServer:
@@ -100,8 +108,7 @@ class AdsServer:
 
     def handler(self) -> grpc.GenericRpcHandler:
         method = grpc.stream_stream_rpc_method_handler(
-            self._stream, request_deserializer=discovery_pb2.DiscoveryRequest.FromString,
-            response_serializer=lambda data: data)
+            self._stream, request_deserializer=parse_request, response_serializer=lambda data: data)
         return grpc.method_handlers_generic_handler(SERVICE, {METHOD: method})
 
     async def start(self, listen: str, credentials: grpc.ServerCredentials | None = None, *,
@@ -139,17 +146,24 @@ class AdsServer:
         """Queue what ``snap`` changes for every stream; returns the number of responses queued. ``changed``
         (type URL -> resource names added, changed or removed since the last push), when given, spares the
         streams that subscribed to none of them (the work of a push follows what changed, not the fleet)."""
-        n = 0
+        per_type: dict[str, int] = {}
+        if changed is not None:
+            changed = {t: names for t, names in changed.items() if names}
+            if not changed:
+                return 0
         for s in list(self.streams):
             responses = s.state.on_snapshot(snap, changed)
             if responses:
                 s.send(responses)
-                n += len(responses)
-        return n
+                for t, _ in responses:
+                    per_type[t] = per_type.get(t, 0) + 1
+        _count_pushes(per_type)
+        return sum(per_type.values())
 
     async def _stream(self, requests: Any, context: grpc.aio.ServicerContext) -> Any:
         stream = Stream(context.peer())
         self.streams.add(stream)
+        gc_scale.opened()
         obs = _metrics.current
         if obs is not None:
             obs.xds_stream(1)
@@ -163,6 +177,7 @@ class AdsServer:
                     await context.write(data)
         finally:
             self.streams.discard(stream)
+            gc_scale.closed()
             reader.cancel()
             await asyncio.gather(reader, return_exceptions=True)  # retrieved: the reader ends by itself or here
             obs = _metrics.current
@@ -171,21 +186,24 @@ class AdsServer:
             log.info("xds: stream of %s closed (%d responses sent)", stream.state.who, stream.pushes)
 
     async def _read(self, stream: Stream, context: grpc.aio.ServicerContext) -> None:
+        state = stream.state
         try:
             while True:
                 req = await context.read()
                 if req is grpc.aio.EOF:
                     break
-                first = not stream.state.node_id
-                out = stream.state.on_request(req, self.snapshot())
-                if first and stream.state.node_id:
-                    log.info("xds: stream from %s is node %r", stream.state.peer, stream.state.node_id)
+                anonymous = state.node is None
+                out = state.on_request(req, self.snapshot())
+                if anonymous and state.node is not None:
+                    log.info("xds: stream from %s is node %r", state.peer, state.node_id)
                 if out.kind == "nack":
                     self.nacks += 1
                     obs = _metrics.current
                     if obs is not None:
                         obs.xds_nack(SHORT[req.type_url])
-                stream.send(out.responses)
+                if out.responses:
+                    stream.send(out.responses)
+                    _count_pushes({t: 1 for t, _ in out.responses})
         except asyncio.CancelledError:
             raise
         except Exception as e:  # noqa: BLE001 -- the client went away (or sent garbage): end this stream only

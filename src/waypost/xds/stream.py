@@ -1,7 +1,7 @@
 """The state of one ADS stream (state of the world): subscriptions, versions, nonces, ACK and NACK.
 
-No I/O here: ``on_request`` and ``on_snapshot`` return the responses to write, so the rules are tested
-without a network. Per type URL a stream remembers what it subscribed to, the version and nonce of the
+No I/O here: ``on_request`` (a ``request.Request``) and ``on_snapshot`` return the responses to write, so the
+rules are tested without a network. Per type URL a stream remembers what it subscribed to, the version and nonce of the
 last response sent, and the last version the client accepted.
 
 - A request whose ``response_nonce`` is not the nonce of the last response of that type is **stale** (it
@@ -30,7 +30,6 @@ response shares its state: ``statuses()`` lists one ``ResourceStatus`` per subsc
 from __future__ import annotations
 
 import difflib
-import itertools
 import logging
 import time
 from collections.abc import Callable, Mapping
@@ -38,10 +37,10 @@ from collections.abc import Set as AbstractSet
 from dataclasses import dataclass, field
 
 from envoy.config.core.v3 import base_pb2
-from envoy.service.discovery.v3 import discovery_pb2
 
+from .request import Request
 from .resources import CLUSTER, ENDPOINT, FULL_STATE, LISTENER, SHORT
-from .snapshot import Resource, Snapshot, not_exported
+from .snapshot import Body, Resource, Snapshot
 
 log = logging.getLogger("waypost.xds")
 #: what a stream answers for a name that is not exported, per type (``Snapshot.body``)
@@ -54,24 +53,29 @@ class TypeState:
     """What one stream knows about one resource type."""
 
     wanted: frozenset[str] | None = frozenset()  # None: wildcard
-    sent_nonce: str = ""
-    sent_version: str = ""
+    #: the last response sent (shared with every stream it went to: ``snapshot.Body``), and when it was queued
+    #: (wall clock, seconds)
+    sent: Body | None = None
+    sent_at: float = 0.0
     acked_version: str = ""
     nacked_version: str = ""
     nacks: int = 0
     requests: int = 0
-    #: the resources of the last response sent (as sent), the names it told do not exist (full-state types),
-    #: and when it was queued (wall clock, seconds)
-    sent: tuple[Resource, ...] = ()
-    sent_absent: tuple[str, ...] = ()
-    sent_at: float = 0.0
     #: what the client answered to the last response sent: "" (nothing yet), "ack" or "nack"
     answer: str = ""
-    #: the names of the last response the client ACKed
-    acked_names: frozenset[str] = frozenset()
+    #: the last response the client ACKed
+    acked: Body | None = None
     #: the last NACK: the client's message and when it came (wall clock)
     nack_message: str = ""
     nack_at: float = 0.0
+
+    @property
+    def sent_version(self) -> str:
+        return self.sent.version if self.sent is not None else ""
+
+    @property
+    def sent_nonce(self) -> str:
+        return self.sent.nonce if self.sent is not None else ""
 
 
 @dataclass(frozen=True)
@@ -114,7 +118,6 @@ class StreamState:
         self.node: base_pb2.Node | None = None
         self.clock = clock
         self.types: dict[str, TypeState] = {}
-        self._nonces = itertools.count(1)
         self._unknown_logged: set[tuple[str, str]] = set()
 
     @property
@@ -129,39 +132,41 @@ class StreamState:
     def who(self) -> str:
         return f"node {self.node_id or '?'} ({self.peer})"
 
-    def on_request(self, req: discovery_pb2.DiscoveryRequest, snap: Snapshot) -> Outcome:
-        if req.HasField("node") and self.node is None:
+    def on_request(self, req: Request, snap: Snapshot) -> Outcome:
+        if self.node is None and req.node is not None:
             self.node = base_pb2.Node()
             self.node.CopyFrom(req.node)
         t = req.type_url
-        if t not in SHORT:
-            log.warning("xds: %s asked for unknown type %r: ignored", self.who, t[:120])
-            return Outcome("unknown")
         ts = self.types.get(t)
         first = ts is None
         if ts is None:
+            if t not in SHORT:
+                log.warning("xds: %s asked for unknown type %r: ignored", self.who, t[:120])
+                return Outcome("unknown")
             ts = self.types[t] = TypeState()
         ts.requests += 1
-        if req.response_nonce and req.response_nonce != ts.sent_nonce:
-            return Outcome("stale")
-        kind = "initial" if not req.response_nonce else "ack"
-        error = ""
-        if req.response_nonce and req.HasField("error_detail"):
-            kind, error = "nack", req.error_detail.message
-            ts.nacks += 1
-            ts.nacked_version = ts.sent_version
-            ts.answer, ts.nack_message, ts.nack_at = "nack", error, self.clock()
-            log.warning("xds: %s rejected %s version %s (nonce %s), keeps version %r: %s", self.who, SHORT[t],
-                        ts.sent_version, req.response_nonce, req.version_info, error[:2000])
-        elif req.response_nonce:
-            ts.acked_version = req.version_info
-            ts.answer, ts.acked_names = "ack", frozenset(r.name for r in ts.sent)
-        names = frozenset(req.resource_names)
+        nonce = req.response_nonce
+        kind, error = "initial", ""
+        if nonce:
+            sent = ts.sent
+            if sent is None or nonce != sent.nonce:
+                return Outcome("stale")
+            if req.error is not None:
+                kind, error = "nack", req.error
+                ts.nacks += 1
+                ts.nacked_version = sent.version
+                ts.answer, ts.nack_message, ts.nack_at = "nack", error, self.clock()
+                log.warning("xds: %s rejected %s version %s (nonce %s), keeps version %r: %s", self.who, SHORT[t],
+                            sent.version, nonce, req.version_info, error[:2000])
+            else:
+                kind = "ack"
+                ts.acked_version, ts.answer, ts.acked = req.version_info, "ack", sent
+        names = req.names
         if t in FULL_STATE and ("*" in names or (first and not names)):
             ts.wanted = None
         elif not (ts.wanted is None and not names):
-            ts.wanted = names - {"*"}
-        self._log_unknown(t, snap)
+            ts.wanted = names - {"*"} if "*" in names else names
+        self._log_unknown(t, ts.wanted, snap)
         out = Outcome(kind, error=error)
         resp = self._response(t, ts, snap)
         if resp is not None:
@@ -171,64 +176,72 @@ class StreamState:
     def on_snapshot(self, snap: Snapshot, changed: Mapping[str, AbstractSet[str]] | None = None) -> list[tuple[str, bytes]]:
         """The responses a new snapshot calls for (only the types whose subscribed resources changed).
         ``changed`` (type URL -> names whose resource changed), when given, skips at once the types where this
-        stream subscribed to none of them; without it every subscribed type is compared."""
+        stream subscribed to none of them; without it every subscribed type is compared. Called for every stream
+        on every push: its cost is the push's, per stream."""
         out = []
-        for t, ts in self.types.items():
-            if changed is not None:
-                names = changed.get(t)
-                if not names or (ts.wanted is not None and ts.wanted.isdisjoint(names)):
-                    continue
-            self._log_unknown(t, snap)
-            resp = self._response(t, ts, snap)
+        if changed is None:
+            for t, ts in self.types.items():
+                self._log_unknown(t, ts.wanted, snap)
+                resp = self._response(t, ts, snap)
+                if resp is not None:
+                    out.append(resp)
+            return out
+        for t, names in changed.items():  # in TYPES order (a Cluster before its assignment)
+            if not names:
+                continue
+            subscribed = self.types.get(t)
+            if subscribed is None:
+                continue
+            wanted = subscribed.wanted
+            if wanted is not None and wanted.isdisjoint(names):
+                continue
+            self._log_unknown(t, wanted, snap)
+            resp = self._response(t, subscribed, snap)
             if resp is not None:
                 out.append(resp)
         return out
 
     def _response(self, t: str, ts: TypeState, snap: Snapshot) -> tuple[str, bytes] | None:
         body = snap.body(t, ts.wanted)
-        if body is None or body.version == ts.sent_version:
+        sent = ts.sent
+        if body is None or (sent is not None and body.version == sent.version):
             return None  # nothing served, or the client has (or rejected) exactly this
-        nonce = str(next(self._nonces))
-        ts.sent_nonce, ts.sent_version = nonce, body.version
-        have = snap.names(t)
-        # a name the snapshot lacks is a placeholder Listener (Snapshot.body); the lookup is lru-cached
-        ts.sent = tuple(have.get(n) or not_exported(n) for n in body.names)
-        ts.sent_absent, ts.sent_at, ts.answer = body.absent, self.clock(), ""
-        return t, body.bytes_for(nonce)
+        ts.sent, ts.sent_at, ts.answer = body, self.clock(), ""
+        return t, body.response
 
     def statuses(self) -> list[ResourceStatus]:
         """One ``ResourceStatus`` per subscribed resource, per type (wildcard: every resource of the last response
         of that type); sorted by type, then name."""
         out: list[ResourceStatus] = []
         for t, ts in sorted(self.types.items()):
-            sent = {r.name: r for r in ts.sent}
+            sent = {r.name: r for r in ts.sent.resources} if ts.sent is not None else {}
+            absent = ts.sent.absent if ts.sent is not None else ()
+            acked_names = {r.name for r in ts.acked.resources} if ts.acked is not None else set()
             names = sorted(sent) if ts.wanted is None else sorted(ts.wanted)
             for name in names:
                 r = sent.get(name)
                 if r is None:
-                    acked_absent = ts.answer == "ack" and name in ts.sent_absent
+                    acked_absent = ts.answer == "ack" and name in absent
                     out.append(ResourceStatus(t, name, "not_sent", "does_not_exist" if acked_absent else "requested",
                                               updated_at=ts.sent_at if acked_absent else 0.0))
                     continue
                 state, client = {"ack": ("synced", "acked"), "nack": ("nacked", "nacked")}.get(
-                    ts.answer, ("stale", "acked" if name in ts.acked_names else "requested"))
+                    ts.answer, ("stale", "acked" if name in acked_names else "requested"))
                 nacked = state == "nacked"
                 out.append(ResourceStatus(t, name, state, client, ts.sent_version, r, ts.sent_at,
                                           ts.nack_message if nacked else "", ts.nacked_version if nacked else "",
                                           ts.nack_at if nacked else 0.0))
         return out
 
-    def _log_unknown(self, t: str, snap: Snapshot) -> None:
-        wanted = self.types[t].wanted
+    def _log_unknown(self, t: str, wanted: frozenset[str] | None, snap: Snapshot) -> None:
         if not wanted:
             return
-        known = _known(snap, t)
-        for name in wanted:
-            if (t, name) in self._unknown_logged or name in known:
+        for name in snap.unknown(t, wanted):
+            if (t, name) in self._unknown_logged:
                 continue
             self._unknown_logged.add((t, name))
             exported = snap.names(LISTENER)
-            close = difflib.get_close_matches(name, known, n=1)
+            close = difflib.get_close_matches(name, snap.known(t), n=1)
             log.warning("xds: %s subscribed to %s %r, which is not exported (exported: %s)%s; %s",
                         self.who, SHORT[t], name[:200], ", ".join(sorted(exported)[:20]) or "none",
                         f"; did you mean {close[0]!r}?" if close else "", _UNKNOWN_ANSWER.get(t, "not answered"))
@@ -238,11 +251,4 @@ class StreamState:
                            "acked": ts.acked_version, "nacks": ts.nacks} for t, ts in self.types.items()}
 
 
-def _known(snap: Snapshot, t: str) -> Mapping[str, Resource]:
-    """The names a subscription of type ``t`` may name: the resources of that type served now (an export's
-    Listener, Route and Cluster, and its subsets' Clusters, ``NAME/KEY=VALUE``); for an assignment, every
-    Cluster's, whether its endpoints are known yet or not. A subscription to another name is logged."""
-    return snap.names(CLUSTER if t == ENDPOINT else t)
-
-
-__all__ = ["ENDPOINT", "Outcome", "ResourceStatus", "StreamState", "TypeState"]
+__all__ = ["ENDPOINT", "Outcome", "Request", "ResourceStatus", "StreamState", "TypeState"]
