@@ -122,13 +122,15 @@ LiveSource = Callable[[], Iterable[ChannelSample]]
 _sources: list[LiveSource] = []
 
 
+def _add_source(sources: list[Any], source: Any) -> None:
+    with _lock:
+        if source not in sources:
+            sources.append(source)
 
 
 def register_live_source(source: LiveSource) -> None:
     """Have ``source()`` read at every scrape for the in-flight and backend-state gauges (idempotent)."""
-    with _lock:
-        if source not in _sources:
-            _sources.append(source)
+    _add_source(_sources, source)
 
 
 def unregister_live_source(source: LiveSource) -> None:
@@ -361,13 +363,7 @@ class _LiveCollector:
                                     labels=["target", "backend"])
         age = GaugeMetricFamily("waypost_client_backend_probe_age_seconds",
                                 "Seconds since the backend's last load report", labels=["target", "backend"])
-        for source in _sources:
-            try:
-                samples = list(source())
-            except Exception:
-                log.exception("waypost: metrics live source failed")
-                continue
-            for sample in samples:
+        for sample in live_samples():
                 t = self._obs.target_label(sample.target)
                 for address, n in sample.in_flight:
                     inflight.add_metric([t, address], n)
@@ -409,9 +405,7 @@ _publisher_sources: list[PublisherSource] = []
 
 def register_publisher_source(source: PublisherSource) -> None:
     """Have ``source()`` read at every scrape for the publisher gauges (idempotent)."""
-    with _lock:
-        if source not in _publisher_sources:
-            _publisher_sources.append(source)
+    _add_source(_publisher_sources, source)
 
 
 def publisher_gauges(samples: Iterable[PublisherSample]) -> dict[tuple[str, str], tuple[int, float]]:
@@ -439,15 +433,7 @@ class _PublisherCollector:
         lost = GaugeMetricFamily("waypost_publisher_unregistered_seconds",
                                  "Seconds the registration has been lost against the publisher's will",
                                  labels=["key", "registry"])
-        samples: list[PublisherSample] = []
-        with _lock:
-            sources = list(_publisher_sources)
-        for source in sources:
-            try:
-                samples.extend(source())
-            except Exception:
-                log.exception("waypost: metrics publisher source failed")
-        for (key, where), (up, seconds) in sorted(publisher_gauges(samples).items()):
+        for (key, where), (up, seconds) in sorted(publisher_gauges(publisher_samples()).items()):
             registered.add_metric([key, where], up)
             lost.add_metric([key, where], seconds)
         yield registered
@@ -480,9 +466,7 @@ _discovery_sources: list[DiscoverySource] = []
 
 def register_discovery_source(source: DiscoverySource) -> None:
     """Have ``source()`` read at every scrape for ``waypost_discovery_stale`` (idempotent)."""
-    with _lock:
-        if source not in _discovery_sources:
-            _discovery_sources.append(source)
+    _add_source(_discovery_sources, source)
 
 
 class _DiscoveryCollector:
@@ -497,48 +481,43 @@ class _DiscoveryCollector:
         stale = GaugeMetricFamily("waypost_discovery_stale",
                                   "1 while the key's backend list comes from a stale read or a cache file",
                                   labels=["key"])
-        keys: dict[str, int] = {}
-        with _lock:
-            sources = list(_discovery_sources)
-        for source in sources:
-            try:
-                for s in source():
-                    keys[s.key] = max(keys.get(s.key, 0), int(s.stale))
-            except Exception:
-                log.exception("waypost: metrics discovery source failed")
-        for key, value in sorted(keys.items()):
+        for key, value in stale_per_key().items():
             stale.add_metric([key], value)
         yield stale
 
 
 def live_samples() -> list[ChannelSample]:
     """What the live sources say now (every live channel), for sinks that read gauges when asked."""
-    with _lock:
-        sources = list(_sources)
-    return _read(sources)
+    return _read(_sources, "live")
 
 
 def publisher_samples() -> list[PublisherSample]:
     """What the publisher sources say now (every live publisher)."""
-    with _lock:
-        sources = list(_publisher_sources)
-    return _read(sources)
+    return _read(_publisher_sources, "publisher")
 
 
 def discovery_samples() -> list[DiscoverySample]:
     """What the discovery sources say now (every live subscription)."""
+    return _read(_discovery_sources, "discovery")
+
+
+def stale_per_key() -> dict[str, int]:
+    """key -> 1 while any subscription of the key has a stale list, else 0 (sorted by key)."""
+    keys: dict[str, int] = {}
+    for s in discovery_samples():
+        keys[s.key] = max(keys.get(s.key, 0), int(s.stale))
+    return dict(sorted(keys.items()))
+
+
+def _read(sources: list[Any], kind: str) -> list[Any]:
     with _lock:
-        sources = list(_discovery_sources)
-    return _read(sources)
-
-
-def _read(sources: Sequence[Callable[[], Iterable[Any]]]) -> list[Any]:
+        sources = list(sources)
     out: list[Any] = []
     for source in sources:
         try:
             out.extend(source())
         except Exception:
-            log.exception("waypost: metrics source %r failed", source)
+            log.exception("waypost: metrics %s source failed (%r)", kind, source)
     return out
 
 

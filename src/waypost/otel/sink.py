@@ -264,10 +264,7 @@ class OtelSink(metrics.Observer):
     def _stale(self, _options: Any) -> Iterable[Any]:
         from opentelemetry.metrics import Observation
 
-        keys: dict[str, int] = {}
-        for s in metrics.discovery_samples():
-            keys[s.key] = max(keys.get(s.key, 0), int(s.stale))
-        for key, value in sorted(keys.items()):
+        for key, value in metrics.stale_per_key().items():
             yield Observation(value, {"waypost.key": key})
 
     def _registered(self, _options: Any) -> Iterable[Any]:
