@@ -68,7 +68,7 @@ from collections.abc import Callable, Sequence
 from typing import Any
 
 from ..durations import parse_config_duration
-from ..errors import InvalidServiceConfig, NoBackendAvailable
+from ..errors import NoBackendAvailable
 from ..types import Backend
 from . import concurrency_limit, method_costs, p2c, slow_start
 from .base import BackendSignal, DoneHook, Outcome, Picker, PickInfo, PickResult
@@ -89,18 +89,7 @@ CONFIG_FIELDS = FALLBACK_FIELDS | {method_costs.FIELD, concurrency_limit.FIELD}
 #: backends compared per pick when the weights are equal (best of k). Two (P2C) caps a backend's share near 2 / n:
 #: 16 backends of 8 slots among 50 with 2 or 4 could get at most 54 % of the calls, their capacity is 56 %
 DEFAULT_CHOICE_COUNT = 4
-MIN_CHOICE_COUNT = 2
-MAX_CHOICE_COUNT = 10
 LOG_INTERVAL = 60.0  # seconds between statistics lines
-
-
-def parse_choice_count(cfg: dict[str, Any], path: str) -> None:
-    """Check ``cfg``'s ``choiceCount`` when present (this policy's, and prequal's for its fallback)."""
-    if "choiceCount" in cfg:
-        count = cfg["choiceCount"]
-        if isinstance(count, bool) or not isinstance(count, int) or not MIN_CHOICE_COUNT <= count <= MAX_CHOICE_COUNT:
-            raise InvalidServiceConfig(f"{path}.choiceCount: expected an integer from {MIN_CHOICE_COUNT} to "
-                                       f"{MAX_CHOICE_COUNT} (backends compared per pick), got {count!r}")
 
 
 class PeakEwmaStats:
@@ -299,7 +288,7 @@ class PeakEwmaPolicy(LoadAwarePolicy[PeakEwmaStats]):
         slow_start.parse_window(cfg, path)
         method_costs.parse_costs(cfg, path)
         concurrency_limit.parse_limit(cfg, path)
-        parse_choice_count(cfg, path)
+        p2c.parse_choice_count(cfg, path)
         return cfg
 
     def build(self, backends: Sequence[Backend]) -> Picker:

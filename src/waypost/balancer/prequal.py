@@ -77,12 +77,12 @@ from ..durations import parse_config_duration
 from ..errors import InvalidServiceConfig, NoBackendAvailable
 from ..orca import call_load
 from ..types import Backend
-from . import slow_start
+from . import p2c, slow_start
 from .base import BackendSignal, DoneHook, LoadProber, Outcome, Picker, PickInfo, PickResult, Policy
 from .config_fields import policy_config
 from .peak_ewma import DURATION_FIELDS as PEAK_DURATIONS
 from .peak_ewma import FALLBACK_FIELDS as PEAK_FIELDS
-from .peak_ewma import PeakEwmaPicker, PeakEwmaPolicy, parse_choice_count
+from .peak_ewma import PeakEwmaPicker, PeakEwmaPolicy
 from .prequal_pool import Probe, ProbePool
 from .stats import dedupe
 from .weights import all_drained
@@ -197,7 +197,7 @@ class PrequalPolicy(Policy):
         for key in (DURATION_FIELDS | PEAK_DURATIONS) & set(cfg):
             cfg[key] = parse_config_duration(cfg[key], f"{path}.{key}", positive=True)
         slow_start.parse_window(cfg, path)
-        parse_choice_count(cfg, path)
+        p2c.parse_choice_count(cfg, path)
         return cfg
 
     # ---- the channel's side --------------------------------------------------------------------------
