@@ -18,53 +18,8 @@ The scrape-time gauges (in-flight calls, backends per state, per-backend load si
 sources that the client registers with :func:`register_live_source`; this module imports nothing of the layers
 above it.
 
-Metrics (all prefixed ``waypost_``; ``target`` labels are redacted, passwords never appear):
-
-===========================================  =========  =========================================================
-client_requests_total{target,backend}        counter    calls finished on a backend (one per attempt)
-client_failures_total{target,backend,code}   counter    attempts that ended with a non-OK status
-client_latency_seconds{target,backend}       histogram  attempt latency
-client_in_flight{target,backend}             gauge      calls running now (read from the channels at scrape time)
-client_backends{target,state}                gauge      backends per connectivity state (ditto)
-client_ejections_total{target,backend}       counter    outlier-detection ejections
-client_picker_rebuilds_total{target}         counter    pickers built (address set or READY set changed)
-registry_reconnects_total{stream}            counter    etcd watch / keepalive streams re-established
-watch_reloads_total{key,reason}              counter    subscriber reloads (reason: compacted, reset, error)
-registry_store_resets_total                  counter    etcd stores found gone back in time (emptied/restored)
-lease_reregistrations_total{key}             counter    publishers registered again after losing their lease
-registrations_restored_total{key}            counter    publisher records put back after an outside delete
-resolver_errors_total{target,reason}         counter    failed reads of a consul:// target's agent, by reason:
-                                                        unavailable, refused, malformed (an answer that is not
-                                                        the registry's: kept the last list, retried),
-                                                        malformed_entry (entries skipped in an answer otherwise
-                                                        used), error (anything else)
-publisher_registered{key,registry}           gauge      1 while every publisher of the key in this process is
-                                                        registered there, else 0 (read from the publishers at scrape
-                                                        time; one series per registry with several registries)
-publisher_unregistered_seconds{key,registry} gauge      how long the registration has been lost against the
-                                                        publisher's will (0 while registered or paused; ditto)
-discovery_stale{key}                         gauge      1 while the key's list comes from a stale (serializable)
-                                                        read or a cache file, else 0 (read at scrape time)
-xds_streams                                  gauge      ADS streams open on this process's xDS control plane
-xds_pushes_total{type}                       counter    xDS responses sent (type: LDS, RDS, CDS, EDS)
-xds_nacks_total{type}                        counter    xDS responses a client rejected (NACK; it keeps its last)
-xds_resources{type}                          gauge      resources served per type in the current snapshot
-xds_push_seconds                             histogram  from a change in a source to its responses queued for every
-                                                        stream (the push interval's wait included)
-xds_source_up{export}                        gauge      1 while the export's source (its resolver) answers, 0 while it
-                                                        fails (its last endpoints, if any, stay served)
-===========================================  =========  =========================================================
-
 The publisher gauges come from sources the discovery layer registers with :func:`register_publisher_source`.
-
-Per-backend load signals of the load-aware policies (peak_ewma, prequal), gauges read at scrape time, labels
-``{target,backend}``:
-
-- ``client_backend_load_in_flight``: requests in flight the policy believes the backend has: the server's count
-  from a fresh load report (prequal), else this client's own calls (peak_ewma, prequal's fallback);
-- ``client_backend_latency_estimate_seconds``: the policy's latency estimate of the backend;
-- ``client_backend_probe_age_seconds``: seconds since the backend's last load report (prequal; absent for a
-  backend never probed or without load reports).
+Every metric's name, labels and meaning: the table in docs/operations.md (``target`` labels are redacted).
 """
 
 from __future__ import annotations
