@@ -33,7 +33,7 @@ from typing import Any
 import grpc
 
 from .observer import Observer
-from .redaction import redact_url
+from .redaction import RedactedTargets
 
 __all__ = ["Observer", "PrometheusObserver", "attach_sink", "detach_sink", "disable", "enable", "serve"]
 
@@ -164,7 +164,7 @@ class PrometheusObserver(Observer):
         pc = _import_prometheus()
         self.registry = registry if registry is not None else pc.REGISTRY
         r = self.registry
-        self._targets: dict[str, str] = {}  # raw target -> redacted label (computed once per target)
+        self._targets = RedactedTargets()
         self.requests = pc.Counter("waypost_client_requests", "Calls finished on a backend (one per attempt)",
                                    ["target", "backend"], registry=r)
         self.failures = pc.Counter("waypost_client_failures", "Attempts that ended with a non-OK status",
@@ -207,15 +207,11 @@ class PrometheusObserver(Observer):
         self._all.append(self._discovery)
 
     def target_label(self, target: str) -> str:
-        label = self._targets.get(target)
-        if label is None:
-            label = self._targets[target] = redact_url(target)
-        return label
+        return self._targets[target]
 
     # -- data plane hooks (per attempt) -----------------------------------------------------------
 
     def call_done(self, target: str, backend: str, code: grpc.StatusCode, latency: float, method: str = "") -> None:
-        """One attempt on ``backend`` finished with ``code`` after ``latency`` seconds."""
         t = self.target_label(target)
         self.requests.labels(t, backend).inc()
         self.latency.labels(t, backend).observe(latency)
@@ -245,11 +241,9 @@ class PrometheusObserver(Observer):
                 pass
 
     def registry_reconnect(self, stream: str) -> None:
-        """An etcd ``stream`` (``watch`` or ``keepalive``) broke and is being re-established."""
         self.reconnects.labels(stream).inc()
 
     def store_reset(self) -> None:
-        """A watch stream found the etcd store gone back in time (its watches start over)."""
         self.store_resets.inc()
 
     def watch_reload(self, key: str, reason: str) -> None:
@@ -262,8 +256,6 @@ class PrometheusObserver(Observer):
         self.restored.labels(key).inc()
 
     def resolver_error(self, target: str, reason: str) -> None:
-        """A resolver's read of ``target``'s source failed (``reason``: unavailable, refused, malformed,
-        malformed_entry, error)."""
         self.resolver_errors.labels(self.target_label(target), reason).inc()
 
     # -- xDS control plane hooks -----------------------------------------------------------------------

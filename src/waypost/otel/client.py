@@ -15,7 +15,7 @@ from typing import Any, TypeVar
 
 import grpc
 
-from ..redaction import redact_url
+from ..redaction import RedactedTargets
 from .hooks import CALL, AttemptStart
 from .sink import OtelSink
 
@@ -175,14 +175,10 @@ class Telemetry:
     def __init__(self, tracer: Any, sink: OtelSink | None) -> None:
         self.tracer = tracer
         self.sink = sink
-        self._targets: dict[str, str] = {}
+        self._targets = RedactedTargets()
 
     def _target(self, balancer: Any) -> str:
-        raw: str = balancer.target
-        label = self._targets.get(raw)
-        if label is None:
-            label = self._targets[raw] = redact_url(raw)
-        return label
+        return self._targets[balancer.target]
 
     def _run_as_call(self, method: str, balancer: Any, fn: Callable[[], T]) -> tuple[_Call, T]:
         """``fn()`` with a new call current; the call ends here only when ``fn`` raises."""
