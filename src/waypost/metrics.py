@@ -60,15 +60,18 @@ class ChannelSample:
     backend_load: Sequence[BackendLoad] = ()
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, slots=True)
 class BackendLoad:
-    """One backend as a load-aware policy sees it: requests in flight, latency estimate (seconds; None: none yet),
-    seconds since its last load report (None: never probed, or no load reports)."""
+    """One backend as a load-aware policy sees it (``Policy.signals``: for metrics and the statistics log).
+
+    ``in_flight``: requests in flight (the server's count from a fresh probe with this client's part brought up
+    to date, else this client's own); ``latency``: the latency estimate in seconds (None: none yet);
+    ``probe_age``: seconds since the backend's last load report (None: never probed, or no load reports)."""
 
     address: str
     in_flight: float
     latency: float | None
-    probe_age: float | None
+    probe_age: float | None = None
 
 
 #: A live source: called at every scrape, yields one sample per live channel.

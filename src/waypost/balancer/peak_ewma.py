@@ -69,9 +69,10 @@ from typing import Any
 
 from ..durations import parse_config_duration
 from ..errors import NoBackendAvailable
+from ..metrics import BackendLoad
 from ..types import Backend
 from . import concurrency_limit, method_costs, p2c, slow_start
-from .base import BackendSignal, DoneHook, Outcome, Picker, PickInfo, PickResult
+from .base import DoneHook, Outcome, Picker, PickInfo, PickResult
 from .config_fields import policy_config
 from .failure import BackendFailures, Verdict, prefer_second
 from .load_aware import LoadAwarePolicy
@@ -354,10 +355,10 @@ class PeakEwmaPolicy(LoadAwarePolicy[PeakEwmaStats]):
         st = self._stats.get(address)
         return 0 if st is None else st.inflight
 
-    def signals(self) -> list[BackendSignal]:
+    def signals(self) -> list[BackendLoad]:
         now = self.clock()
         with self.lock:
-            return [BackendSignal(addr, st.inflight, st.estimate(now, self.decay)) for addr, st in self._stats.items()]
+            return [BackendLoad(addr, st.inflight, st.estimate(now, self.decay)) for addr, st in self._stats.items()]
 
     def maybe_log(self) -> None:
         """Log the statistics line when ``LOG_INTERVAL`` has passed on the policy clock."""

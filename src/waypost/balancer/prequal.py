@@ -75,10 +75,11 @@ from typing import Any
 
 from ..durations import parse_config_duration
 from ..errors import InvalidServiceConfig, NoBackendAvailable
+from ..metrics import BackendLoad
 from ..orca import call_load
 from ..types import Backend
 from . import p2c, slow_start
-from .base import BackendSignal, DoneHook, LoadProber, Outcome, Picker, PickInfo, PickResult, Policy
+from .base import DoneHook, LoadProber, Outcome, Picker, PickInfo, PickResult, Policy
 from .config_fields import policy_config
 from .peak_ewma import DURATION_FIELDS as PEAK_DURATIONS
 from .peak_ewma import FALLBACK_FIELDS as PEAK_FIELDS
@@ -408,7 +409,7 @@ class PrequalPolicy(Policy):
         with self._lock:
             return set(self._no_reports)
 
-    def signals(self) -> list[BackendSignal]:
+    def signals(self) -> list[BackendLoad]:
         """Per backend: the server's RIF and latency from its last report while fresh, else peak_ewma's view. The
         RIF has this client's part brought up to date, as the pool does (``reported - ours then + ours now``)."""
         now = self.clock()
@@ -420,9 +421,9 @@ class PrequalPolicy(Policy):
             rep = last.get(address)
             if rep is not None and now - rep[2] <= self._pool.max_age:
                 rif = max(sig.in_flight, rep[0] - rep[3] + sig.in_flight)
-                out.append(BackendSignal(address, rif, sig.latency if rep[1] is None else rep[1], now - rep[2]))
+                out.append(BackendLoad(address, rif, sig.latency if rep[1] is None else rep[1], now - rep[2]))
             else:
-                out.append(BackendSignal(address, sig.in_flight, sig.latency, None if rep is None else now - rep[2]))
+                out.append(BackendLoad(address, sig.in_flight, sig.latency, None if rep is None else now - rep[2]))
         return out
 
     def _log_extra(self) -> dict[str, str]:
