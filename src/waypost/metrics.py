@@ -198,16 +198,13 @@ class PrometheusObserver(Observer):
                                              "queued for every stream", buckets=LATENCY_BUCKETS, registry=r)
         self.xds_sources_up = pc.Gauge("waypost_xds_source_up", "1 while an xDS export's source answers, 0 while it "
                                        "fails", ["export"], registry=r)
-        self._live = _LiveCollector(self)
-        r.register(self._live)
+        collectors = (_LiveCollector(self), _PublisherCollector(), _DiscoveryCollector())  # read at scrape time
+        for c in collectors:
+            r.register(c)
         self._all = [self.requests, self.failures, self.latency, self.ejections, self.rebuilds, self.reconnects,
                      self.store_resets, self.reloads, self.reregistrations, self.restored, self.resolver_errors,
                      self.xds_streams, self.xds_pushes, self.xds_nacks, self.xds_resource_count,
-                     self.xds_push_latency, self.xds_sources_up, self._live]
-        self._all.append(_register_publisher_collector(r))
-        self._discovery = _DiscoveryCollector()
-        r.register(self._discovery)
-        self._all.append(self._discovery)
+                     self.xds_push_latency, self.xds_sources_up, *collectors]
 
     def target_label(self, target: str) -> str:
         return self._targets[target]
@@ -388,12 +385,6 @@ class _PublisherCollector:
             lost.add_metric([key, where], seconds)
         yield registered
         yield lost
-
-
-def _register_publisher_collector(registry: Any) -> _PublisherCollector:
-    collector = _PublisherCollector()
-    registry.register(collector)
-    return collector
 
 
 # ---- end of the publisher block ------------------------------------------------------------------------
