@@ -28,14 +28,13 @@ import logging
 from collections.abc import Sequence
 from typing import Any
 
-from ..errors import NoBackendAvailable
 from ..types import Backend
 from . import concurrency_limit, method_costs, p2c, slow_start
 from .base import DoneHook, Outcome, Picker, PickInfo, PickResult
 from .config_fields import policy_config
 from .failure import BackendFailures, prefer_second
 from .load_aware import LoadAwarePolicy
-from .weights import CapacityPicker, all_drained
+from .weights import CapacityPicker, no_backend
 
 log = logging.getLogger("waypost.balancer.least_request")
 
@@ -86,9 +85,7 @@ class LeastRequestPicker(CapacityPicker["LeastRequestPolicy", _Inflight]):
     def pick(self, info: PickInfo) -> PickResult:
         n = len(self._backends)
         if n == 0:
-            if self._drained:
-                raise all_drained(LeastRequestPolicy.name, self._drained)
-            raise NoBackendAvailable("least_request: no READY backend")
+            raise no_backend(LeastRequestPolicy.name, self._drained)
         policy = self._policy
         drawn = self._draw(policy.choice_count)
         now = policy.clock()

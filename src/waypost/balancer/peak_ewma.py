@@ -39,7 +39,6 @@ from collections.abc import Callable, Sequence
 from typing import Any
 
 from ..durations import parse_config_duration
-from ..errors import NoBackendAvailable
 from ..metrics import BackendLoad
 from ..types import Backend
 from . import concurrency_limit, method_costs, p2c, slow_start
@@ -47,7 +46,7 @@ from .base import DoneHook, Outcome, Picker, PickInfo, PickResult
 from .config_fields import policy_config
 from .failure import BackendFailures, Verdict, prefer_second
 from .load_aware import LoadAwarePolicy
-from .weights import CapacityPicker, all_drained
+from .weights import CapacityPicker, no_backend
 
 log = logging.getLogger("waypost.balancer.peak_ewma")
 
@@ -189,9 +188,7 @@ class PeakEwmaPicker(CapacityPicker["PeakEwmaPolicy", PeakEwmaStats]):
         under its own lock, which the line's extra text (``log_extra``) takes; it calls ``maybe_log`` after."""
         n = len(self._stats)
         if n == 0:
-            if self._drained:
-                raise all_drained(self._policy.name, self._drained)
-            raise NoBackendAvailable("peak_ewma: no READY backend")
+            raise no_backend(self._policy.name, self._drained)
         policy = self._policy
         i = 0
         now = policy.clock()

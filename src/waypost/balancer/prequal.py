@@ -34,7 +34,7 @@ from dataclasses import replace
 from typing import Any
 
 from ..durations import parse_config_duration
-from ..errors import InvalidServiceConfig, NoBackendAvailable
+from ..errors import InvalidServiceConfig
 from ..metrics import BackendLoad
 from ..orca import call_load
 from ..types import Backend
@@ -46,7 +46,7 @@ from .peak_ewma import FALLBACK_FIELDS as PEAK_FIELDS
 from .peak_ewma import PeakEwmaPicker, PeakEwmaPolicy
 from .prequal_pool import Probe, ProbePool
 from .stats import dedupe
-from .weights import all_drained
+from .weights import no_backend
 
 log = logging.getLogger("waypost.balancer.prequal")
 
@@ -87,9 +87,7 @@ class PrequalPicker(Picker):
 
     def pick(self, info: PickInfo) -> PickResult:
         if not self._addresses:
-            if self._fallback.drained:
-                raise all_drained(PrequalPolicy.name, self._fallback.drained)
-            raise NoBackendAvailable("prequal: no READY backend")
+            raise no_backend(PrequalPolicy.name, self._fallback.drained)
         policy = self._policy
         result, targets = policy._choose(self._index, self._addresses, self._fallback)
         policy.fallback.maybe_log()  # outside our lock: the line's extra text takes it
