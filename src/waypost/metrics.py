@@ -18,9 +18,6 @@ The scrape-time gauges (in-flight calls, backends per state, per-backend load si
 sources that the client registers with :func:`register_live_source`; this module imports nothing of the layers
 above it.
 
-Metrics (all prefixed ``waypost_``; ``target`` labels are redacted, passwords never appear):
-
-===========================================  =========  =========================================================
 client_requests_total{target,backend}        counter    calls finished on a backend (one per attempt)
 client_failures_total{target,backend,code}   counter    attempts that ended with a non-OK status
 client_latency_seconds{target,backend}       histogram  attempt latency
@@ -57,16 +54,9 @@ xds_load_*                                   (several)  what the xDS clients rep
                                                         ``LoadCollector``, read at scrape time; docs/xds.md)
 ===========================================  =========  =========================================================
 
+=======
 The publisher gauges come from sources the discovery layer registers with :func:`register_publisher_source`.
-
-Per-backend load signals of the load-aware policies (peak_ewma, prequal), gauges read at scrape time, labels
-``{target,backend}``:
-
-- ``client_backend_load_in_flight``: requests in flight the policy believes the backend has: the server's count
-  from a fresh load report (prequal), else this client's own calls (peak_ewma, prequal's fallback);
-- ``client_backend_latency_estimate_seconds``: the policy's latency estimate of the backend;
-- ``client_backend_probe_age_seconds``: seconds since the backend's last load report (prequal; absent for a
-  backend never probed or without load reports).
+Every metric's name, labels and meaning: the table in docs/operations.md (``target`` labels are redacted).
 """
 
 from __future__ import annotations
@@ -80,7 +70,7 @@ from typing import Any
 import grpc
 
 from .observer import Observer
-from .redaction import redact_url
+from .redaction import RedactedTargets
 
 __all__ = ["Observer", "PrometheusObserver", "attach_sink", "detach_sink", "disable", "enable", "serve"]
 
@@ -107,15 +97,18 @@ class ChannelSample:
     backend_load: Sequence[BackendLoad] = ()
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, slots=True)
 class BackendLoad:
-    """One backend as a load-aware policy sees it: requests in flight, latency estimate (seconds; None: none yet),
-    seconds since its last load report (None: never probed, or no load reports)."""
+    """One backend as a load-aware policy sees it (``Policy.signals``: for metrics and the statistics log).
+
+    ``in_flight``: requests in flight (the server's count from a fresh probe with this client's part brought up
+    to date, else this client's own); ``latency``: the latency estimate in seconds (None: none yet);
+    ``probe_age``: seconds since the backend's last load report (None: never probed, or no load reports)."""
 
     address: str
     in_flight: float
     latency: float | None
-    probe_age: float | None
+    probe_age: float | None = None
 
 
 #: A live source: called at every scrape, yields one sample per live channel.
@@ -124,6 +117,10 @@ LiveSource = Callable[[], Iterable[ChannelSample]]
 _sources: list[LiveSource] = []
 
 
+def _add_source(sources: list[Any], source: Any) -> None:
+    with _lock:
+        if source not in sources:
+            sources.append(source)
 
 
 def prometheus_registry() -> Any:
@@ -133,9 +130,7 @@ def prometheus_registry() -> Any:
 
 def register_live_source(source: LiveSource) -> None:
     """Have ``source()`` read at every scrape for the in-flight and backend-state gauges (idempotent)."""
-    with _lock:
-        if source not in _sources:
-            _sources.append(source)
+    _add_source(_sources, source)
 
 
 def unregister_live_source(source: LiveSource) -> None:
@@ -214,7 +209,7 @@ class PrometheusObserver(Observer):
         pc = _import_prometheus()
         self.registry = registry if registry is not None else pc.REGISTRY
         r = self.registry
-        self._targets: dict[str, str] = {}  # raw target -> redacted label (computed once per target)
+        self._targets = RedactedTargets()
         self.requests = pc.Counter("waypost_client_requests", "Calls finished on a backend (one per attempt)",
                                    ["target", "backend"], registry=r)
         self.failures = pc.Counter("waypost_client_failures", "Attempts that ended with a non-OK status",
@@ -245,27 +240,20 @@ class PrometheusObserver(Observer):
                                              "queued for every stream", buckets=LATENCY_BUCKETS, registry=r)
         self.xds_sources_up = pc.Gauge("waypost_xds_source_up", "1 while an xDS export's source answers, 0 while it "
                                        "fails", ["export"], registry=r)
-        self._live = _LiveCollector(self)
-        r.register(self._live)
+        collectors = (_LiveCollector(self), _PublisherCollector(), _DiscoveryCollector())  # read at scrape time
+        for c in collectors:
+            r.register(c)
         self._all = [self.requests, self.failures, self.latency, self.ejections, self.rebuilds, self.reconnects,
                      self.store_resets, self.reloads, self.reregistrations, self.restored, self.resolver_errors,
                      self.xds_streams, self.xds_pushes, self.xds_nacks, self.xds_resource_count,
-                     self.xds_push_latency, self.xds_sources_up, self._live]
-        self._all.append(_register_publisher_collector(r))
-        self._discovery = _DiscoveryCollector()
-        r.register(self._discovery)
-        self._all.append(self._discovery)
+                     self.xds_push_latency, self.xds_sources_up, *collectors]
 
     def target_label(self, target: str) -> str:
-        label = self._targets.get(target)
-        if label is None:
-            label = self._targets[target] = redact_url(target)
-        return label
+        return self._targets[target]
 
     # -- data plane hooks (per attempt) -----------------------------------------------------------
 
     def call_done(self, target: str, backend: str, code: grpc.StatusCode, latency: float, method: str = "") -> None:
-        """One attempt on ``backend`` finished with ``code`` after ``latency`` seconds."""
         t = self.target_label(target)
         self.requests.labels(t, backend).inc()
         self.latency.labels(t, backend).observe(latency)
@@ -295,11 +283,9 @@ class PrometheusObserver(Observer):
                 pass
 
     def registry_reconnect(self, stream: str) -> None:
-        """An etcd ``stream`` (``watch`` or ``keepalive``) broke and is being re-established."""
         self.reconnects.labels(stream).inc()
 
     def store_reset(self) -> None:
-        """A watch stream found the etcd store gone back in time (its watches start over)."""
         self.store_resets.inc()
 
     def watch_reload(self, key: str, reason: str) -> None:
@@ -312,8 +298,6 @@ class PrometheusObserver(Observer):
         self.restored.labels(key).inc()
 
     def resolver_error(self, target: str, reason: str) -> None:
-        """A resolver's read of ``target``'s source failed (``reason``: unavailable, refused, malformed,
-        malformed_entry, error)."""
         self.resolver_errors.labels(self.target_label(target), reason).inc()
 
     # -- xDS control plane hooks -----------------------------------------------------------------------
@@ -371,13 +355,7 @@ class _LiveCollector:
                                     labels=["target", "backend"])
         age = GaugeMetricFamily("waypost_client_backend_probe_age_seconds",
                                 "Seconds since the backend's last load report", labels=["target", "backend"])
-        for source in _sources:
-            try:
-                samples = list(source())
-            except Exception:
-                log.exception("waypost: metrics live source failed")
-                continue
-            for sample in samples:
+        for sample in live_samples():
                 t = self._obs.target_label(sample.target)
                 for address, n in sample.in_flight:
                     inflight.add_metric([t, address], n)
@@ -419,9 +397,7 @@ _publisher_sources: list[PublisherSource] = []
 
 def register_publisher_source(source: PublisherSource) -> None:
     """Have ``source()`` read at every scrape for the publisher gauges (idempotent)."""
-    with _lock:
-        if source not in _publisher_sources:
-            _publisher_sources.append(source)
+    _add_source(_publisher_sources, source)
 
 
 def publisher_gauges(samples: Iterable[PublisherSample]) -> dict[tuple[str, str], tuple[int, float]]:
@@ -449,25 +425,11 @@ class _PublisherCollector:
         lost = GaugeMetricFamily("waypost_publisher_unregistered_seconds",
                                  "Seconds the registration has been lost against the publisher's will",
                                  labels=["key", "registry"])
-        samples: list[PublisherSample] = []
-        with _lock:
-            sources = list(_publisher_sources)
-        for source in sources:
-            try:
-                samples.extend(source())
-            except Exception:
-                log.exception("waypost: metrics publisher source failed")
-        for (key, where), (up, seconds) in sorted(publisher_gauges(samples).items()):
+        for (key, where), (up, seconds) in sorted(publisher_gauges(publisher_samples()).items()):
             registered.add_metric([key, where], up)
             lost.add_metric([key, where], seconds)
         yield registered
         yield lost
-
-
-def _register_publisher_collector(registry: Any) -> _PublisherCollector:
-    collector = _PublisherCollector()
-    registry.register(collector)
-    return collector
 
 
 # ---- end of the publisher block ------------------------------------------------------------------------
@@ -490,9 +452,7 @@ _discovery_sources: list[DiscoverySource] = []
 
 def register_discovery_source(source: DiscoverySource) -> None:
     """Have ``source()`` read at every scrape for ``waypost_discovery_stale`` (idempotent)."""
-    with _lock:
-        if source not in _discovery_sources:
-            _discovery_sources.append(source)
+    _add_source(_discovery_sources, source)
 
 
 class _DiscoveryCollector:
@@ -507,48 +467,43 @@ class _DiscoveryCollector:
         stale = GaugeMetricFamily("waypost_discovery_stale",
                                   "1 while the key's backend list comes from a stale read or a cache file",
                                   labels=["key"])
-        keys: dict[str, int] = {}
-        with _lock:
-            sources = list(_discovery_sources)
-        for source in sources:
-            try:
-                for s in source():
-                    keys[s.key] = max(keys.get(s.key, 0), int(s.stale))
-            except Exception:
-                log.exception("waypost: metrics discovery source failed")
-        for key, value in sorted(keys.items()):
+        for key, value in stale_per_key().items():
             stale.add_metric([key], value)
         yield stale
 
 
 def live_samples() -> list[ChannelSample]:
     """What the live sources say now (every live channel), for sinks that read gauges when asked."""
-    with _lock:
-        sources = list(_sources)
-    return _read(sources)
+    return _read(_sources, "live")
 
 
 def publisher_samples() -> list[PublisherSample]:
     """What the publisher sources say now (every live publisher)."""
-    with _lock:
-        sources = list(_publisher_sources)
-    return _read(sources)
+    return _read(_publisher_sources, "publisher")
 
 
 def discovery_samples() -> list[DiscoverySample]:
     """What the discovery sources say now (every live subscription)."""
+    return _read(_discovery_sources, "discovery")
+
+
+def stale_per_key() -> dict[str, int]:
+    """key -> 1 while any subscription of the key has a stale list, else 0 (sorted by key)."""
+    keys: dict[str, int] = {}
+    for s in discovery_samples():
+        keys[s.key] = max(keys.get(s.key, 0), int(s.stale))
+    return dict(sorted(keys.items()))
+
+
+def _read(sources: list[Any], kind: str) -> list[Any]:
     with _lock:
-        sources = list(_discovery_sources)
-    return _read(sources)
-
-
-def _read(sources: Sequence[Callable[[], Iterable[Any]]]) -> list[Any]:
+        sources = list(sources)
     out: list[Any] = []
     for source in sources:
         try:
             out.extend(source())
         except Exception:
-            log.exception("waypost: metrics source %r failed", source)
+            log.exception("waypost: metrics %s source failed (%r)", kind, source)
     return out
 
 

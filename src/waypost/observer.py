@@ -42,7 +42,7 @@ class Observer:
         """An etcd ``stream`` (``watch`` or ``keepalive``) broke and is being re-established."""
 
     def store_reset(self) -> None:
-        """A watch stream found the etcd store gone back in time."""
+        """A watch stream found the etcd store gone back in time (its watches start over)."""
 
     def watch_reload(self, key: str, reason: str) -> None:
         """A subscriber reloaded ``key`` (reason: compacted, reset, error)."""
@@ -54,7 +54,8 @@ class Observer:
         """A publisher put its record back after an outside delete."""
 
     def resolver_error(self, target: str, reason: str) -> None:
-        """A resolver's read of ``target``'s source failed."""
+        """A resolver's read of ``target``'s source failed (``reason``: unavailable, refused, malformed,
+        malformed_entry, error)."""
 
     def xds_stream(self, delta: int) -> None:
         """An ADS stream opened (+1) or closed (-1)."""

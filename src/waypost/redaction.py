@@ -23,3 +23,11 @@ def redact_url(text: str) -> str:
         user, colon, _password = userinfo.partition(":")
         text = f"{scheme}://{user}:***@{host}" if colon else f"{scheme}://***@{host}"
     return _PASSWORD_PARAM.sub(r"\1***", text)
+
+
+class RedactedTargets(dict[str, str]):
+    """target -> ``redact_url(target)``, computed once per target (metric labels and attributes)."""
+
+    def __missing__(self, target: str) -> str:
+        label = self[target] = redact_url(target)
+        return label

@@ -18,6 +18,7 @@ from typing import Any, ClassVar, Protocol
 
 import grpc
 
+from ..metrics import BackendLoad
 from ..types import Backend
 from .config_fields import (
     parse_config_object,  # noqa: F401  # importable from here too (custom policies)
@@ -114,22 +115,6 @@ class LoadProber(Protocol):
         ...
 
 
-@dataclass(frozen=True, slots=True)
-class BackendSignal:
-    """What a load-aware policy believes about one backend now (for metrics and the statistics log).
-
-    ``in_flight``: requests in flight (the server's count from a fresh probe with this client's part brought up
-    to date, else this client's own);
-    ``latency``: the latency estimate in seconds (None: none yet); ``probe_age``: seconds since the
-    backend's last load report (None: never probed, or the backend has no load reports).
-    """
-
-    address: str
-    in_flight: float
-    latency: float | None
-    probe_age: float | None = None
-
-
 class Policy(abc.ABC):
     """A load-balancing policy; one instance per channel, keeping statistics across builds."""
 
@@ -204,7 +189,7 @@ class Policy(abc.ABC):
     def on_probe_failed(self, address: str, unsupported: bool) -> None:
         """A probe of ``address`` failed; ``unsupported``: the backend has no load reports (UNIMPLEMENTED)."""
 
-    def signals(self) -> list[BackendSignal]:
+    def signals(self) -> list[BackendLoad]:
         """Per-backend load signals for metrics and logs; empty for policies that keep none."""
         return []
 

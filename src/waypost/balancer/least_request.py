@@ -28,20 +28,17 @@ import logging
 from collections.abc import Sequence
 from typing import Any
 
-from ..errors import InvalidServiceConfig, NoBackendAvailable
 from ..types import Backend
 from . import concurrency_limit, method_costs, p2c, slow_start
 from .base import DoneHook, Outcome, Picker, PickInfo, PickResult
 from .config_fields import policy_config
 from .failure import BackendFailures, prefer_second
 from .load_aware import LoadAwarePolicy
-from .weights import CapacityPicker, all_drained
+from .weights import CapacityPicker, no_backend
 
 log = logging.getLogger("waypost.balancer.least_request")
 
 DEFAULT_CHOICE_COUNT = 2
-MIN_CHOICE_COUNT = 2
-MAX_CHOICE_COUNT = 10
 
 
 CONFIG_FIELDS = {"choiceCount", method_costs.FIELD, slow_start.FIELD, concurrency_limit.FIELD}
@@ -88,9 +85,7 @@ class LeastRequestPicker(CapacityPicker["LeastRequestPolicy", _Inflight]):
     def pick(self, info: PickInfo) -> PickResult:
         n = len(self._backends)
         if n == 0:
-            if self._drained:
-                raise all_drained(LeastRequestPolicy.name, self._drained)
-            raise NoBackendAvailable("least_request: no READY backend")
+            raise no_backend(LeastRequestPolicy.name, self._drained)
         policy = self._policy
         drawn = self._draw(policy.choice_count)
         now = policy.clock()
@@ -157,17 +152,7 @@ class LeastRequestPolicy(LoadAwarePolicy[_Inflight]):
         method_costs.parse_costs(cfg, path)
         slow_start.parse_window(cfg, path)
         concurrency_limit.parse_limit(cfg, path)
-        if "choiceCount" in cfg:
-            n = cfg["choiceCount"]
-            if isinstance(n, float) and n.is_integer():
-                n = int(n)
-            if isinstance(n, bool) or not isinstance(n, int):
-                raise InvalidServiceConfig(f"{path}.choiceCount: expected an integer, got {n!r}")
-            if not MIN_CHOICE_COUNT <= n <= MAX_CHOICE_COUNT:
-                raise InvalidServiceConfig(
-                    f"{path}.choiceCount: must be between {MIN_CHOICE_COUNT} and {MAX_CHOICE_COUNT}, got {n}"
-                )
-            cfg["choiceCount"] = n
+        p2c.parse_choice_count(cfg, path)
         return cfg
 
     def build(self, backends: Sequence[Backend]) -> Picker:

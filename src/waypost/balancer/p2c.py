@@ -24,8 +24,25 @@ from __future__ import annotations
 import bisect
 import random
 from collections.abc import Sequence
+from typing import Any
 
-__all__ = ["WeightedDraw", "choices", "distinct", "pair"]
+from ..errors import InvalidServiceConfig
+
+__all__ = ["WeightedDraw", "choices", "distinct", "pair", "parse_choice_count"]
+
+MIN_CHOICE_COUNT = 2
+MAX_CHOICE_COUNT = 10
+
+
+def parse_choice_count(cfg: dict[str, Any], path: str) -> None:
+    """Check ``cfg``'s ``choiceCount`` when present (an integer, 3.0 taken as 3), in place."""
+    if "choiceCount" in cfg:
+        count = cfg["choiceCount"]
+        if isinstance(count, float) and count.is_integer():
+            count = cfg["choiceCount"] = int(count)
+        if isinstance(count, bool) or not isinstance(count, int) or not MIN_CHOICE_COUNT <= count <= MAX_CHOICE_COUNT:
+            raise InvalidServiceConfig(f"{path}.choiceCount: expected an integer from {MIN_CHOICE_COUNT} to "
+                                       f"{MAX_CHOICE_COUNT} (backends compared per pick), got {count!r}")
 
 
 def pair(rng: random.Random, n: int) -> tuple[int, int]:

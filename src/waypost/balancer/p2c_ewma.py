@@ -42,14 +42,13 @@ import math
 from collections.abc import Sequence
 from typing import Any
 
-from ..errors import NoBackendAvailable
 from ..types import Backend
 from . import p2c, slow_start
 from .base import DoneHook, Outcome, Picker, PickInfo, PickResult
 from .config_fields import policy_config
 from .load_aware import LoadAwarePolicy
 from .stats import is_failure
-from .weights import CapacityPicker, all_drained
+from .weights import CapacityPicker, no_backend
 
 log = logging.getLogger("waypost.balancer.p2c")
 
@@ -95,9 +94,7 @@ class P2CPicker(CapacityPicker["P2CEwmaPolicy", P2CStats]):
     def pick(self, info: PickInfo) -> PickResult:
         n = len(self._stats)
         if n == 0:
-            if self._drained:
-                raise all_drained(P2CEwmaPolicy.name, self._drained)
-            raise NoBackendAvailable("p2c_ewma: no READY backend")
+            raise no_backend(P2CEwmaPolicy.name, self._drained)
         policy = self._policy
         now = policy.clock()
         with policy.lock:

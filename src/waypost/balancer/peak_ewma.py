@@ -1,62 +1,33 @@
 """peak_ewma: best of k (4; 2 is P2C) over a peak-sensitive EWMA of latency x (calls in flight + 1).
 
-The load metric of Finagle's and Linkerd's (tower's) Peak EWMA balancers, client-side only, so it
-works with any backend:
+The load metric of Finagle's and Linkerd's (tower's) Peak EWMA balancers, client-side only, so it works with any
+backend. What it guarantees, its fields and why four choices: docs/policies.md ("peak_ewma", "The load sweep").
+What the code keeps per backend and why:
 
-- each backend has a latency estimate ``cost`` (seconds), the time of its last sample and its calls
-  in flight (from this client);
-- a sample ``rtt`` above the estimate replaces it at once (the "peak": a backend that slows down is
-  avoided from its first slow reply); a lower one is averaged in with weight ``1 - w``,
-  ``w = exp(-elapsed / decayTime)``, elapsed being the time since the backend's previous sample: the
-  estimate comes down only as fast as the window allows (recovering cautiously);
-- between samples the estimate decays towards zero by the same ``w`` (evaluated when it is read; the
-  stored value only changes on samples): a backend that lost its traffic because it was slow gets
-  tried again after a while, and its next replies say whether it recovered;
-- ``load = estimate * (in flight + 1)``; an estimate decayed to zero with calls in flight counts as
-  ``PENALTY + in flight`` (as Finagle does), so that it does not attract every call before it answers. When the
-  registered weights differ, the in-flight count is per unit of capacity, ``in flight / units`` (weighted P2C,
-  ``weights.Capacity``: idle, each backend gets its weight's share; at equal latency under load traffic follows
-  the weights; weight 0 drains);
-- a backend never measured (no call ended there yet) costs nothing while it has no call in flight, and
-  ``PENALTY + in flight`` while it has (Finagle's rule for an endpoint without latency): a new backend gets
-  one call at once, not a flood, and its first reply sets its estimate outright (what it started at is a
-  guess: averaged in over the 10 s window, a 30 ms guess kept 4 ms backends looking ~30 ms for seconds, and
-  a 25 ms backend looked the fastest);
-- a backend never sampled starts at ``defaultRtt`` (tower's "default RTT"), or at the median estimate of
-  the backends already sampled when that is lower (a backend joining a warm, fast fleet). Starting a
-  newcomer at 30 ms among peers at 5 ms would starve it for the ~7 s its estimate takes to decay below
-  theirs; at its peers' median it is tried at once, its calls in flight limit how many it gets before its
-  first reply, and that reply sets its estimate (a slow first reply replaces it at once). Never above
-  ``defaultRtt``: failing or slow peers do not make a newcomer look slow;
-- failures (``failure``): a failed call adds a fading penalty in in-flight units (``load = estimate * (in flight
-  + 1) + reference * penalty``, the reference being the larger latency of the pair compared), its latency is not
-  sampled (a backend that fails fast must not look fast, one that fails slowly is penalised already, and neither
-  must look slow once it answers again; a request error's latency is sampled only as a peak); the age of a call
-  outstanding since the backend's last answer is a lower bound of its estimate (a black hole looks slower every
-  second); cancelled calls and deadlines below the backend's usual latency are not sampled at all; a backend that
-  sent ``grpc-retry-pushback-ms`` loses every comparison with one that did not, for that long.
+- a sample above the estimate replaces it at once (the "peak": avoided from its first slow reply); a lower one is
+  averaged in with weight ``1 - w``, ``w = exp(-elapsed / decayTime)``; between samples the estimate decays
+  towards zero by the same ``w`` when read (the stored value changes only on samples), so a backend that lost
+  its traffic for being slow is tried again after a while;
+- ``load = estimate * (in flight + 1)``, the in-flight count per unit of capacity when registered weights differ
+  (weighted P2C, ``weights.Capacity``); an estimate decayed to zero, or never measured, with calls in flight
+  counts as ``PENALTY + in flight`` (Finagle's rule): a new backend gets one call at once, not a flood, and its
+  first reply sets its estimate outright (averaging a guess in over the 10 s window kept 4 ms backends looking
+  ~30 ms for seconds, and a 25 ms backend looked the fastest);
+- a backend never sampled starts at ``defaultRtt`` or its sampled peers' median when lower: at 30 ms among peers
+  at 5 ms it would starve for the ~7 s its estimate takes to decay below theirs; never above ``defaultRtt``, so
+  failing or slow peers do not make a newcomer look slow;
+- failures (``failure``): a fading penalty in in-flight units (times the larger latency of the pair compared)
+  instead of a latency sample (a backend that fails fast must not look fast; a request error's latency counts
+  only as a peak); a call outstanding since the backend's last answer is a lower bound of its estimate (a black
+  hole looks slower every second); cancelled calls and deadlines below the backend's usual latency are not
+  sampled; a pushback loses every comparison for its duration.
 
-A pick draws ``choiceCount`` distinct backends at random (4 by default; all of them when there are no more) and takes
-the lowest load, comparing them in draw order. Two (P2C, tower's and Finagle's draw) caps what one backend can get
-near ``2 / n`` of the calls: in 50 backends where 16 have 8 slots and the rest 2 or 4, the 16 could get at most 54 %
-of the calls against 56 % of the capacity, and the small ones queued (p99 1.40-2.35x an oracle's at 70-95 %
-utilization with 20 clients, against 0.87-1.09x with four). When the weights differ two are drawn by weight
-(weighted P2C: ``choiceCount`` does not apply), with replacement; one drawn twice is taken, unless a call failed there within
-``decayTime``: it is then compared with a second one drawn from the others (``weights.Capacity``).
-
-Config (``loadBalancingConfig``): ``{"peak_ewma": {"decayTime": "10s", "defaultRtt": "0.03s", "choiceCount": 4}}``
-(gRPC JSON durations; the decay and RTT defaults are Linkerd's; ``choiceCount`` 2..10, 2 being Linkerd's P2C),
-``slowStartWindow`` (``slow_start``: a backend that just appeared is admitted to each comparison of a pick with a
-probability ramping from 10 % to 1 over the window; default off), ``methodCosts`` (``method_costs``: a call of a
-listed method counts as that many calls in flight) and ``concurrencyLimit`` (``concurrency_limit``: an adaptive
-limit of calls in flight per backend; beyond every backend's, calls wait in the client; default off).
-
-A statistics line ``peak_ewma - conn: ADDR, inflight: N, latency: X ms, reqs: N; ...`` is logged
-(``waypost.balancer.peak_ewma``, INFO) when a minute has passed on the policy clock, from a pick (no
-timer thread). ``prequal`` builds on this policy's statistics (``take``, ``stats_of``), it keeps no copy.
-
-Thread safety: one lock per policy guards the in-flight counts and samples; a pick reads two
-backends' state under it.
+A pick draws ``choiceCount`` distinct backends (all of them when there are no more) and takes the lowest load in
+draw order; when the weights differ, two drawn by weight with replacement (``weights.Capacity``: one drawn twice
+is taken unless a call failed there within ``decayTime``). ``prequal`` builds on this policy's statistics
+(``take``, ``stats_of``) and keeps no copy. A statistics line is logged once a minute on the policy clock, from a
+pick (no timer thread). Thread safety: one lock per policy guards the in-flight counts and samples; a pick reads
+its draws' state under it.
 """
 
 from __future__ import annotations
@@ -68,14 +39,14 @@ from collections.abc import Callable, Sequence
 from typing import Any
 
 from ..durations import parse_config_duration
-from ..errors import InvalidServiceConfig, NoBackendAvailable
+from ..metrics import BackendLoad
 from ..types import Backend
 from . import concurrency_limit, method_costs, p2c, slow_start
-from .base import BackendSignal, DoneHook, Outcome, Picker, PickInfo, PickResult
+from .base import DoneHook, Outcome, Picker, PickInfo, PickResult
 from .config_fields import policy_config
 from .failure import BackendFailures, Verdict, prefer_second
 from .load_aware import LoadAwarePolicy
-from .weights import CapacityPicker, all_drained
+from .weights import CapacityPicker, no_backend
 
 log = logging.getLogger("waypost.balancer.peak_ewma")
 
@@ -89,18 +60,7 @@ CONFIG_FIELDS = FALLBACK_FIELDS | {method_costs.FIELD, concurrency_limit.FIELD}
 #: backends compared per pick when the weights are equal (best of k). Two (P2C) caps a backend's share near 2 / n:
 #: 16 backends of 8 slots among 50 with 2 or 4 could get at most 54 % of the calls, their capacity is 56 %
 DEFAULT_CHOICE_COUNT = 4
-MIN_CHOICE_COUNT = 2
-MAX_CHOICE_COUNT = 10
 LOG_INTERVAL = 60.0  # seconds between statistics lines
-
-
-def parse_choice_count(cfg: dict[str, Any], path: str) -> None:
-    """Check ``cfg``'s ``choiceCount`` when present (this policy's, and prequal's for its fallback)."""
-    if "choiceCount" in cfg:
-        count = cfg["choiceCount"]
-        if isinstance(count, bool) or not isinstance(count, int) or not MIN_CHOICE_COUNT <= count <= MAX_CHOICE_COUNT:
-            raise InvalidServiceConfig(f"{path}.choiceCount: expected an integer from {MIN_CHOICE_COUNT} to "
-                                       f"{MAX_CHOICE_COUNT} (backends compared per pick), got {count!r}")
 
 
 class PeakEwmaStats:
@@ -228,9 +188,7 @@ class PeakEwmaPicker(CapacityPicker["PeakEwmaPolicy", PeakEwmaStats]):
         under its own lock, which the line's extra text (``log_extra``) takes; it calls ``maybe_log`` after."""
         n = len(self._stats)
         if n == 0:
-            if self._drained:
-                raise all_drained(self._policy.name, self._drained)
-            raise NoBackendAvailable("peak_ewma: no READY backend")
+            raise no_backend(self._policy.name, self._drained)
         policy = self._policy
         i = 0
         now = policy.clock()
@@ -299,7 +257,7 @@ class PeakEwmaPolicy(LoadAwarePolicy[PeakEwmaStats]):
         slow_start.parse_window(cfg, path)
         method_costs.parse_costs(cfg, path)
         concurrency_limit.parse_limit(cfg, path)
-        parse_choice_count(cfg, path)
+        p2c.parse_choice_count(cfg, path)
         return cfg
 
     def build(self, backends: Sequence[Backend]) -> Picker:
@@ -365,10 +323,10 @@ class PeakEwmaPolicy(LoadAwarePolicy[PeakEwmaStats]):
         st = self._stats.get(address)
         return 0 if st is None else st.inflight
 
-    def signals(self) -> list[BackendSignal]:
+    def signals(self) -> list[BackendLoad]:
         now = self.clock()
         with self.lock:
-            return [BackendSignal(addr, st.inflight, st.estimate(now, self.decay)) for addr, st in self._stats.items()]
+            return [BackendLoad(addr, st.inflight, st.estimate(now, self.decay)) for addr, st in self._stats.items()]
 
     def maybe_log(self) -> None:
         """Log the statistics line when ``LOG_INTERVAL`` has passed on the policy clock."""

@@ -1,67 +1,27 @@
 """prequal: balance on what the servers report, probed asynchronously, with hot-cold lexicographic choice.
 
-After "Load is not what you should balance: Introducing Prequal" (Wydrowski, Kleinberg, Rumble; NSDI '24).
-Every backend served by ``waypost.serve`` answers ``waypost.load.v1.LoadReporter/Report`` with its requests in
-flight from every client (RIF) and its latency estimate at that load, and ends every call's trailing metadata with
-the same two figures (``waypost.orca.call_load``). This policy:
+After "Load is not what you should balance: Introducing Prequal" (Wydrowski, Kleinberg, Rumble; NSDI '24). What it
+does, its fields and the measurements behind each choice: docs/policies.md ("prequal"). In this module:
 
-- **reads the server's load from every call it picks** (``callReports``, on by default: the pick asks for the
-  trailer, the done hook feeds it to the pool as a probe answer that cost no RPC). The paper ties the probing rate
-  to the query rate; a report per call is that rate, for a trailer lookup instead of an RPC;
-- **probes off the call path.** Each pick earns ``probesPerPick`` probe credits; a credit is spent on a probe of a
-  backend drawn at random among the READY ones, through the channel's ``LoadProber`` (``base.LoadProber``), which
-  sends it asynchronously and returns at once (of two backends drawn, the one reported on least recently is
-  probed: the pool of a small fleet then covers every backend). Probes are also limited to ``maxProbeRate`` per
-  second per channel (a token bucket), which bounds their CPU cost at high call rates. At most one probe per
-  backend is outstanding; a probe that failed pauses that backend's probes for ``PROBE_PAUSE`` seconds; a backend
-  that left the READY set is not probed and its late answers are ignored.
-- **keeps a pool** of the recent answers (``prequal_pool.ProbePool``): one per backend, dropped after
-  ``maxProbeAge``, each used at most ``reuseBudget`` times (by default four times the picks per probe of the last
-  second, so a probe rate capped below the call rate still covers every pick); a probe's RIF has this client's
-  part brought up to date from peak_ewma's in-flight counts, its latency scaled with it (``prequal_pool``);
-- **chooses hot-cold lexicographically** (HCL): among the pool's probes of this picker's backends, the cold ones
-  (RIF at or below the ``hotQuantile`` of recent RIFs; 0.95, not the paper's 0.84: RIF is not per capacity, and
-  the largest backends of a heterogeneous fleet were hot for carrying their share; 0.84 when registered weights
-  differ, RIF then counting per unit of capacity) by lowest latency. When a hot
-  probe promises a lower latency than the best cold one, peak_ewma decides: a slow or cold-starting backend stays
-  cold *because* it is slow (its few calls keep its RIF low), and HCL would send it every pick (bench/simulate.py:
-  one client, 1 of 4 backends 10x slower, p99 74 ms before, 35 ms after). The paper takes the hot ones by lowest
-  RIF when no probe is cold; here peak_ewma decides then too: the pool holds a few probes of the fleet, cold ones are
-  used up first, so a pool left with hot probes only holds the overloaded backends and would herd every pick
-  onto them (bench/simulate.py's 50-backend sweep: p99 up to 9x the oracle), while peak_ewma's best-of-4 draws from
-  every READY backend. With fewer than two usable probes (and more than one backend) there is no choice to
-  make from the pool either;
-- **latency as compared**: the server's estimate at its load; for a server that has none yet (no call ended
-  there: it just joined), the fastest fresh probe's, so that it is tried and measured;
-- **failures** (``failure``): a probe of a backend where this client's calls failed lately (a penalty left), that
-  pushed back or that has left a call unanswered for over twice its latency is not used: peak_ewma, which counts
-  them, decides that pick (a backend that fails fast reports few requests in flight and must not look idle);
-- **falls back to ``peak_ewma``** (its very statistics: every call is counted there, whichever way it was chosen)
-  when the pool holds fewer than two usable probes, and whenever no server reported its load within
-  ``maxProbeAge`` (a fleet without load reports: the picks are peak_ewma's, the pool of this client's own views
-  is not consulted). Backends without load reports (the probe answered
-  UNIMPLEMENTED, or the report carries no in-flight count) are not probed again while they stay; when drawn as
-  probe targets they enter
-  the pool with peak_ewma's view of them (this client's calls in flight, its latency estimate), so a mixed fleet
-  is still compared in one pool.
+- each pick asks for the server's ``waypost-server-load`` trailer (``callReports``; ``waypost.orca.call_load``):
+  the done hook feeds it to the pool as a probe answer that cost no RPC;
+- probes go off the call path through the channel's ``base.LoadProber``: ``probesPerPick`` credits per pick, at
+  most ``maxProbeRate`` per second (a token bucket: their CPU cost), one outstanding per backend, a failed one
+  pausing that backend's probes for ``PROBE_PAUSE`` seconds; of two backends drawn, the one reported on least
+  recently is probed, so a small fleet's pool covers every backend;
+- the pool (``prequal_pool.ProbePool``) chooses hot-cold lexicographically; peak_ewma (its very statistics: every
+  call is counted there) decides whenever the pool cannot be trusted: fewer than two usable probes, no cold one,
+  a hot probe faster than the best cold one (a slow backend stays cold *because* it is slow), no report within
+  ``maxProbeAge``, or a probe of a backend with a failure penalty, a pushback or an overdue call (a backend that
+  fails fast reports few requests in flight and must not look idle);
+- backends without load reports (UNIMPLEMENTED, or no in-flight count) are not probed again while they stay and
+  enter the pool with peak_ewma's view of them, so a mixed fleet is compared in one pool;
+- registered weights that differ: the fallback is peak_ewma's weighted P2C, and the pool counts RIF per unit of
+  capacity and draws cold candidates by weight; ``slowStartWindow`` ramps the fallback's draws and admits a ramping
+  backend's probe to a pool choice with the ramp's probability.
 
-A probe never blocks or fails a call: the pick reads the pool and peak_ewma's statistics only.
-
-Registered weights, when they differ (``weights.Capacity``): the fallback is peak_ewma's weighted P2C, and the pool
-counts each probe's RIF per unit of capacity and draws two cold candidates by weight (``prequal_pool``), so idle,
-each backend gets its weight's share; weight 0 keeps a backend out of both.
-
-Config (``loadBalancingConfig``)::
-
-    {"prequal": {"probesPerPick": 1, "maxProbeRate": 16, "poolSize": 16, "maxProbeAge": "1s",
-                 "reuseBudget": 4, "hotQuantile": 0.95, "callReports": true, "probeTimeout": "0.25s",
-                 "decayTime": "10s", "defaultRtt": "0.03s"}}
-
-(``decayTime``/``defaultRtt``/``choiceCount`` configure the peak_ewma fallback.) ``slowStartWindow``
-(``slow_start``, default off) goes to the fallback, whose draw ramps a new backend as peak_ewma does, and applies to the pool: a probe of a backend
-in its window is a candidate of a pool choice only with the ramp's probability (drawn per candidate, O(pool)).
-Thread safety: one lock guards the pool and the
-probe scheduling; probes are sent and answers received outside any pick.
+A probe never blocks or fails a call: the pick reads the pool and peak_ewma's statistics only. Thread safety: one
+lock guards the pool and the probe scheduling; probes are sent and answers received outside any pick.
 """
 
 from __future__ import annotations
@@ -74,18 +34,19 @@ from dataclasses import replace
 from typing import Any
 
 from ..durations import parse_config_duration
-from ..errors import InvalidServiceConfig, NoBackendAvailable
+from ..errors import InvalidServiceConfig
+from ..metrics import BackendLoad
 from ..orca import call_load
 from ..types import Backend
-from . import slow_start
-from .base import BackendSignal, DoneHook, LoadProber, Outcome, Picker, PickInfo, PickResult, Policy
+from . import p2c, slow_start
+from .base import DoneHook, LoadProber, Outcome, Picker, PickInfo, PickResult, Policy
 from .config_fields import policy_config
 from .peak_ewma import DURATION_FIELDS as PEAK_DURATIONS
 from .peak_ewma import FALLBACK_FIELDS as PEAK_FIELDS
-from .peak_ewma import PeakEwmaPicker, PeakEwmaPolicy, parse_choice_count
+from .peak_ewma import PeakEwmaPicker, PeakEwmaPolicy
 from .prequal_pool import Probe, ProbePool
 from .stats import dedupe
-from .weights import all_drained
+from .weights import no_backend
 
 log = logging.getLogger("waypost.balancer.prequal")
 
@@ -126,9 +87,7 @@ class PrequalPicker(Picker):
 
     def pick(self, info: PickInfo) -> PickResult:
         if not self._addresses:
-            if self._fallback.drained:
-                raise all_drained(PrequalPolicy.name, self._fallback.drained)
-            raise NoBackendAvailable("prequal: no READY backend")
+            raise no_backend(PrequalPolicy.name, self._fallback.drained)
         policy = self._policy
         result, targets = policy._choose(self._index, self._addresses, self._fallback)
         policy.fallback.maybe_log()  # outside our lock: the line's extra text takes it
@@ -197,7 +156,7 @@ class PrequalPolicy(Policy):
         for key in (DURATION_FIELDS | PEAK_DURATIONS) & set(cfg):
             cfg[key] = parse_config_duration(cfg[key], f"{path}.{key}", positive=True)
         slow_start.parse_window(cfg, path)
-        parse_choice_count(cfg, path)
+        p2c.parse_choice_count(cfg, path)
         return cfg
 
     # ---- the channel's side --------------------------------------------------------------------------
@@ -408,7 +367,7 @@ class PrequalPolicy(Policy):
         with self._lock:
             return set(self._no_reports)
 
-    def signals(self) -> list[BackendSignal]:
+    def signals(self) -> list[BackendLoad]:
         """Per backend: the server's RIF and latency from its last report while fresh, else peak_ewma's view. The
         RIF has this client's part brought up to date, as the pool does (``reported - ours then + ours now``)."""
         now = self.clock()
@@ -420,9 +379,9 @@ class PrequalPolicy(Policy):
             rep = last.get(address)
             if rep is not None and now - rep[2] <= self._pool.max_age:
                 rif = max(sig.in_flight, rep[0] - rep[3] + sig.in_flight)
-                out.append(BackendSignal(address, rif, sig.latency if rep[1] is None else rep[1], now - rep[2]))
+                out.append(BackendLoad(address, rif, sig.latency if rep[1] is None else rep[1], now - rep[2]))
             else:
-                out.append(BackendSignal(address, sig.in_flight, sig.latency, None if rep is None else now - rep[2]))
+                out.append(BackendLoad(address, sig.in_flight, sig.latency, None if rep is None else now - rep[2]))
         return out
 
     def _log_extra(self) -> dict[str, str]:

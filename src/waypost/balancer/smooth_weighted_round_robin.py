@@ -36,7 +36,7 @@ from ..errors import NoBackendAvailable
 from ..types import Backend
 from .base import DoneHook, Outcome, Picker, PickInfo, PickResult, Policy
 from .stats import StatsTable, dedupe, is_failure
-from .weights import DEFAULT_WEIGHT, all_drained, parse_weight, weight_of
+from .weights import DEFAULT_WEIGHT, no_backend, parse_weight, weight_of
 
 log = logging.getLogger("waypost.balancer.smooth_weighted_round_robin")
 
@@ -66,9 +66,7 @@ class SmoothWeightedRoundRobinPicker(Picker):
 
     def pick(self, info: PickInfo) -> PickResult:
         if not self._entries:
-            if self._count:
-                raise all_drained(SmoothWeightedRoundRobinPolicy.name, self._count)
-            raise NoBackendAvailable("smooth_weighted_round_robin: no READY backend")
+            raise no_backend(SmoothWeightedRoundRobinPolicy.name, self._count)
         with self._policy._lock:
             total = 0
             best: tuple[Backend, _WeightState] | None = None

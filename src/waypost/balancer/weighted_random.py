@@ -20,11 +20,10 @@ import random
 from collections.abc import Sequence
 from typing import Any
 
-from ..errors import NoBackendAvailable
 from ..types import Backend
 from .base import Picker, PickInfo, PickResult, Policy
 from .stats import dedupe
-from .weights import WeightMemo, all_drained
+from .weights import WeightMemo, no_backend
 
 log = logging.getLogger("waypost.balancer.weighted_random")
 
@@ -60,9 +59,7 @@ class WeightedRandomPicker(Picker):
     def pick(self, info: PickInfo) -> PickResult:
         n = len(self._results)
         if not n:
-            if self._count:
-                raise all_drained(WeightedRandomPolicy.name, self._count)
-            raise NoBackendAvailable("weighted_random: no READY backend")
+            raise no_backend(WeightedRandomPolicy.name, self._count)
         u = self._rng.random() * n
         i = int(u)
         if i >= n:  # not reached: random() < 1

@@ -27,12 +27,13 @@ from typing import Any, Generic, TypeVar
 
 import grpc
 
+from ..errors import NoBackendAvailable
 from .base import Picker, PickError
 from .p2c import WeightedDraw
 from .stats import dedupe
 
-__all__ = ["DEFAULT_WEIGHT", "DRAINED", "Capacity", "CapacityMemo", "CapacityPicker", "all_drained", "parse_weight",
-           "weight_of"]
+__all__ = ["DEFAULT_WEIGHT", "DRAINED", "Capacity", "CapacityMemo", "CapacityPicker", "all_drained", "no_backend",
+           "parse_weight", "weight_of"]
 
 P = TypeVar("P")
 S = TypeVar("S")
@@ -94,6 +95,12 @@ def all_drained(policy: str, count: int) -> PickError:
         f"{policy}: every backend has weight 0 (all {count} READY backends are drained); "
         "register a backend with a positive metadata weight to send it traffic",
     )
+
+
+def no_backend(policy: str, drained: int) -> Exception:
+    """The pick error of an empty picker: ``all_drained`` when ``drained`` backends were left out, else
+    NoBackendAvailable."""
+    return all_drained(policy, drained) if drained else NoBackendAvailable(f"{policy}: no READY backend")
 
 
 class WeightMemo:

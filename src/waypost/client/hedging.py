@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import math
 import threading
+import time
 from collections.abc import Callable
 from typing import Any
 
@@ -23,6 +24,7 @@ import grpc
 
 from ..balancer.base import Outcome, PickError, PickResult
 from ..service_config import HedgingPolicy
+from .retry import PREVIOUS_ATTEMPTS
 from .retry_throttle import RetryThrottle
 
 __all__ = ["CANCELLED_PICK", "ChannelHedging", "ExtraShare", "HedgePlan", "LatencyQuantile", "MethodHedging", "RaceState"]
@@ -256,3 +258,37 @@ class RaceState:
         self._stream = stream
         self.tried: set[str] = set()
         self.started = 0
+        self.live: list[Any] = []  # the attempts still running
+
+    _launch: Callable[[Any], None]  # starts an attempt (a begun pick): the sync and the aio race each have theirs
+
+    def _next_metadata(self) -> Any:
+        """The metadata of the next attempt: a hedge says how many went before it (A6)."""
+        md = self._metadata
+        if self.started:
+            md = (*(md or ()), (PREVIOUS_ATTEMPTS, str(self.started)))
+        self.started += 1
+        return md
+
+    def _commit(self, att: Any) -> None:
+        """The call goes on with ``att``: cancel the others (their servers see the cancellation)."""
+        self.plan.stop()
+        for other in self.live:
+            other.call.cancel()
+        self.live.clear()
+
+    def _hedge(self) -> None:
+        """The next hedge, on a backend not tried yet: none (and no more) past the deadline or with every READY
+        backend tried; none this time when the share of hedges is spent."""
+        m, plan = self.m, self.plan
+        if self._deadline is not None and time.monotonic() >= self._deadline:
+            plan.stop()
+            return
+        picked = pick_untried(m.pickers, m.pick_info(self._metadata), self.tried)
+        if picked is None:
+            plan.stop()
+            return
+        if not plan.admit():
+            picked[0].done(CANCELLED_PICK)
+            return
+        self._launch(m.begin(self._metadata, self._deadline, self.tried, picked=picked))

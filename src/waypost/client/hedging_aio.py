@@ -14,9 +14,9 @@ import grpc.aio
 
 from ..balancer.failure import pushback_of
 from .aio_call_base import AioMethod, aio_error, status_now
-from .hedging import CANCELLED_PICK, RaceState, pick_untried
+from .hedging import RaceState
 from .method import Attempt
-from .retry import PREVIOUS_ATTEMPTS, never_sent
+from .retry import never_sent
 from .rpcerror import BalancerRpcError
 
 _OK = grpc.StatusCode.OK
@@ -45,7 +45,6 @@ class AioRace(RaceState):
         super().__init__(m, request, deadline, metadata, credentials, wfr, compression, stream)
         self.m: AioMethod = m
         self._q: asyncio.Queue[tuple[_Attempt, str, Any]] = asyncio.Queue()
-        self.live: list[_Attempt] = []
 
     async def _first(self) -> None:
         m, md, deadline = self.m, self._metadata, self._deadline
@@ -61,10 +60,7 @@ class AioRace(RaceState):
     def _launch(self, a: Attempt) -> None:
         m = self.m
         res, sc, mc, t0, timeout = a
-        md = self._metadata
-        if self.started:  # a hedge says how many went before it (A6)
-            md = (*(md or ()), (PREVIOUS_ATTEMPTS, str(self.started)))
-        self.started += 1
+        md = self._next_metadata()
         try:
             call = mc(self._request, timeout=timeout, metadata=md, credentials=self._credentials,
                       compression=self._compression)
@@ -93,20 +89,6 @@ class AioRace(RaceState):
             q.put_nowait((att, _ERR, e))
         except asyncio.CancelledError:
             pass  # cancelled by the race (another attempt committed, or the application cancelled the call)
-
-    def _hedge(self) -> None:
-        m, plan = self.m, self.plan
-        if self._deadline is not None and plan.m.clock() >= self._deadline:
-            plan.stop()
-            return
-        picked = pick_untried(m.pickers, m.pick_info(self._metadata), self.tried)
-        if picked is None:
-            plan.stop()
-            return
-        if not plan.admit():
-            picked[0].done(CANCELLED_PICK)
-            return
-        self._launch(m.begin(self._metadata, self._deadline, self.tried, picked=picked))
 
     async def run(self) -> tuple[_Attempt, str, Any]:
         plan = self.plan
@@ -137,13 +119,6 @@ class AioRace(RaceState):
                 self._commit(att)
                 return ev
             last = ev
-
-    def _commit(self, att: _Attempt) -> None:
-        """The call goes on with ``att``: cancel the others (their servers see the cancellation)."""
-        self.plan.stop()
-        for other in self.live:
-            other.call.cancel()
-        self.live.clear()
 
     def cancel(self) -> None:
         """The call was cancelled: no more hedges, every attempt cancelled."""

@@ -9,22 +9,20 @@ from __future__ import annotations
 
 import queue
 import threading
-import time
 from collections.abc import Iterator
 from typing import Any
 
 import grpc
 
 from ..balancer.failure import pushback_of
-from .hedging import CANCELLED_PICK, RaceState, pick_untried
+from .hedging import RaceState
 from .method import Attempt, BalancedChannel, MethodBase
-from .retry import PREVIOUS_ATTEMPTS, never_sent
+from .retry import never_sent
 from .retrying_stream import DelegatedCall
 
 _OK = grpc.StatusCode.OK
 _CANCELLED = grpc.StatusCode.CANCELLED
 _UNKNOWN = grpc.StatusCode.UNKNOWN
-_mono = time.monotonic
 
 # what an attempt reports: a message came, the stream ended (OK, no message), the attempt is done (unary)
 _MSG, _END, _DONE, _ERR = "msg", "end", "done", "err"
@@ -48,17 +46,12 @@ class SyncRace(RaceState):
         super().__init__(m, request, deadline, metadata, credentials, wfr, compression, stream)
         self.m: MethodBase[BalancedChannel] = m
         self._q: queue.SimpleQueue[tuple[_Attempt, str, Any]] = queue.SimpleQueue()
-        self.live: list[_Attempt] = []
-        self.committed: _Attempt | None = None
         self._launch(m.begin(metadata, deadline, self.tried, wfr, wait=True))
 
     def _launch(self, a: Attempt) -> None:
         m = self.m
         res, sc, mc, t0, timeout = a
-        md = self._metadata
-        if self.started:  # a hedge says how many went before it (A6)
-            md = (*(md or ()), (PREVIOUS_ATTEMPTS, str(self.started)))
-        self.started += 1
+        md = self._next_metadata()
         q = self._q
         try:
             if self._stream:
@@ -79,20 +72,6 @@ class SyncRace(RaceState):
                 q.put((att, _DONE, f))
 
             call.add_done_callback(done)
-
-    def _hedge(self) -> None:
-        m, plan = self.m, self.plan
-        if self._deadline is not None and _mono() >= self._deadline:
-            plan.stop()
-            return
-        picked = pick_untried(m.pickers, m.pick_info(self._metadata), self.tried)
-        if picked is None:
-            plan.stop()
-            return
-        if not plan.admit():
-            picked[0].done(CANCELLED_PICK)
-            return
-        self._launch(m.begin(self._metadata, self._deadline, self.tried, picked=picked))
 
     def run(self) -> tuple[_Attempt, str, Any]:
         plan = self.plan
@@ -121,14 +100,6 @@ class SyncRace(RaceState):
                 self._commit(att)
                 return ev
             last = ev
-
-    def _commit(self, att: _Attempt) -> None:
-        """The call goes on with ``att``: cancel the others (their servers see the cancellation)."""
-        self.committed = att
-        self.plan.stop()
-        for other in self.live:
-            other.call.cancel()
-        self.live.clear()
 
     def cancel(self) -> None:
         """The application cancelled the call: no more hedges, every attempt cancelled."""

@@ -62,8 +62,7 @@ def _channel_samples() -> Iterator[_metrics.ChannelSample]:
         for sc in b.subconns():
             inflight.append((sc.address, max(sc.inflight, 0)))
             counts[STATE_NAMES[sc.state] if 0 <= sc.state < len(STATE_NAMES) else "SHUTDOWN"] += 1
-        load = [_metrics.BackendLoad(s.address, s.in_flight, s.latency, s.probe_age) for s in b.policy.signals()]
-        yield _metrics.ChannelSample(b.target, counts, inflight, load)
+        yield _metrics.ChannelSample(b.target, counts, inflight, b.policy.signals())
 
 
 _metrics.register_live_source(_channel_samples)

@@ -43,13 +43,15 @@ class _Values:
         self._utilization: dict[str, float] = {}
         self.version = 0  # bumped on each change: a cached report knows it is stale
 
-    def _set(self, field: str, value: float | None, upper: float | None = None) -> None:
-        v = None if value is None else _check(field, value, upper)
+    def _set(self, field: str, value: float | None, upper: float | None = None, *, named: bool = False) -> None:
+        """Set ``field`` (a named utilization with ``named``) to the checked ``value``; None deletes it."""
+        values = self._utilization if named else self._fields
+        v = None if value is None else _check(f"utilization[{field!r}]" if named else field, value, upper)
         with self._lock:
             if v is None:
-                self._fields.pop(field, None)
+                values.pop(field, None)
             else:
-                self._fields[field] = v
+                values[field] = v
             self.version += 1
 
     def set_cpu_utilization(self, value: float | None) -> None:
@@ -74,13 +76,7 @@ class _Values:
 
     def set_named_utilization(self, name: str, value: float | None) -> None:
         """``utilization[name]`` in [0, 1]; None deletes it."""
-        v = None if value is None else _check(f"utilization[{name!r}]", value, 1.0)
-        with self._lock:
-            if v is None:
-                self._utilization.pop(name, None)
-            else:
-                self._utilization[str(name)] = v
-            self.version += 1
+        self._set(str(name), value, 1.0, named=True)
 
     def values(self) -> tuple[dict[str, float], dict[str, float]]:
         """A copy of (fields, named utilizations)."""

@@ -15,7 +15,7 @@ from typing import Any, TypeVar
 
 import grpc
 
-from ..redaction import redact_url
+from ..redaction import RedactedTargets
 from .hooks import CALL, AttemptStart
 from .sink import OtelSink
 
@@ -175,21 +175,17 @@ class Telemetry:
     def __init__(self, tracer: Any, sink: OtelSink | None) -> None:
         self.tracer = tracer
         self.sink = sink
-        self._targets: dict[str, str] = {}
+        self._targets = RedactedTargets()
 
     def _target(self, balancer: Any) -> str:
-        raw: str = balancer.target
-        label = self._targets.get(raw)
-        if label is None:
-            label = self._targets[raw] = redact_url(raw)
-        return label
+        return self._targets[balancer.target]
 
-    def blocking_call(self, method: str, balancer: Any, run: Callable[[], T]) -> T:
-        """Run a blocking call (``run``: its attempts) as one call: its span current while it runs."""
+    def _run_as_call(self, method: str, balancer: Any, fn: Callable[[], T]) -> tuple[_Call, T]:
+        """``fn()`` with a new call current; the call ends here only when ``fn`` raises."""
         call = _Call(self, method, self._target(balancer))
         token = CALL.set(call)
         try:
-            out = run()
+            return call, fn()
         except grpc.RpcError as e:
             call.end(*status_of(e))
             raise
@@ -198,6 +194,10 @@ class Telemetry:
             raise
         finally:
             CALL.reset(token)
+
+    def blocking_call(self, method: str, balancer: Any, run: Callable[[], T]) -> T:
+        """Run a blocking call (``run``: its attempts) as one call: its span current while it runs."""
+        call, out = self._run_as_call(method, balancer, run)
         call.end(_OK)
         return out
 
@@ -205,18 +205,7 @@ class Telemetry:
         """Start a call that goes on after ``start`` returns its call object (a response stream, a future, a
         grpc.aio call): its attempts started now or later (tasks copy the context) belong to it; it ends when the
         call object's done callbacks run."""
-        call = _Call(self, method, self._target(balancer))
-        token = CALL.set(call)
-        try:
-            obj = start()
-        except grpc.RpcError as e:
-            call.end(*status_of(e))
-            raise
-        except BaseException:
-            call.end(_UNKNOWN)
-            raise
-        finally:
-            CALL.reset(token)
+        call, obj = self._run_as_call(method, balancer, start)
         add = getattr(obj, "add_done_callback", None)
         if add is None:  # a failed call returned as the call object (grpc's way for streams)
             call.end(*status_of(obj))

@@ -15,7 +15,7 @@ from typing import Any
 import grpc
 
 from .. import metrics
-from ..redaction import redact_url
+from ..redaction import RedactedTargets
 
 #: A66's latency buckets (seconds) for the duration histograms
 DURATION_BUCKETS = (0.0, 0.00001, 0.00005, 0.0001, 0.0003, 0.0006, 0.0008, 0.001, 0.002, 0.003, 0.004, 0.005,
@@ -94,7 +94,7 @@ class OtelSink(metrics.Observer):
 
     def __init__(self, meter: Any, grpc_metrics: bool) -> None:
         self.grpc_metrics = grpc_metrics
-        self._targets: dict[str, str] = {}
+        self._targets = RedactedTargets()
         self._lock = threading.Lock()
         self._levels: dict[tuple[str, str], float] = {}  # last value of each level kept in an up-down counter
         i = {name: self._make(meter, name, kind, unit, doc) for name, (kind, unit, _a, doc) in NAMES.items()}
@@ -145,10 +145,7 @@ class OtelSink(metrics.Observer):
 
     def target(self, target: str) -> str:
         """``target`` as an attribute: without secrets (computed once per target)."""
-        label = self._targets.get(target)
-        if label is None:
-            label = self._targets[target] = redact_url(target)
-        return label
+        return self._targets[target]
 
     def _level(self, instrument: Any, key: tuple[str, str], value: float, attributes: dict[str, str]) -> None:
         """Set a level kept in an up-down counter (the API's synchronous gauge is too recent to rely on)."""
@@ -267,10 +264,7 @@ class OtelSink(metrics.Observer):
     def _stale(self, _options: Any) -> Iterable[Any]:
         from opentelemetry.metrics import Observation
 
-        keys: dict[str, int] = {}
-        for s in metrics.discovery_samples():
-            keys[s.key] = max(keys.get(s.key, 0), int(s.stale))
-        for key, value in sorted(keys.items()):
+        for key, value in metrics.stale_per_key().items():
             yield Observation(value, {"waypost.key": key})
 
     def _registered(self, _options: Any) -> Iterable[Any]:

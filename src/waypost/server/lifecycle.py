@@ -102,21 +102,15 @@ _Steps = Generator[Callable[[], Any], Any, Any]
 
 def _drive(steps: _Steps) -> Any:
     """Run a sequence of steps in this thread; a step's exception is raised inside the sequence."""
-    value: Any = None
-    error: BaseException | None = None
-    while True:
-        try:
-            step = steps.send(value) if error is None else steps.throw(error)
-        except StopIteration as done:
-            return done.value
-        value, error = None, None
-        try:
-            value = step()
-        except BaseException as e:  # noqa: BLE001 -- the sequence decides (it re-raises what it does not handle)
-            error = e
+    run = _drive_async(steps, awaiting=False)  # never suspends: nothing is awaited
+    try:
+        run.send(None)
+    except StopIteration as done:
+        return done.value
+    raise AssertionError("a sync sequence of steps suspended")
 
 
-async def _drive_async(steps: _Steps) -> Any:
+async def _drive_async(steps: _Steps, awaiting: bool = True) -> Any:
     """Run a sequence of steps on this event loop, awaiting what a step returns when it is awaitable."""
     value: Any = None
     error: BaseException | None = None
@@ -128,7 +122,7 @@ async def _drive_async(steps: _Steps) -> Any:
         value, error = None, None
         try:
             value = step()
-            if inspect.isawaitable(value):
+            if awaiting and inspect.isawaitable(value):
                 value = await value
         except BaseException as e:  # noqa: BLE001 -- the sequence decides (it re-raises what it does not handle)
             error = e

@@ -10,7 +10,6 @@ until enough latencies are known) and ``maxExtraShare`` (hedges as a share of ca
 
 from __future__ import annotations
 
-import logging
 import re
 from typing import Any
 
@@ -20,9 +19,7 @@ from ..durations import parse_config_duration
 from ..errors import describe_value
 from .fields import check_fields, fail, number
 from .model import HedgingPolicy
-from .retry import MAX_ATTEMPTS_CAP, status_codes
-
-log = logging.getLogger("waypost.service_config")
+from .retry import max_attempts, status_codes
 
 _FIELDS = ("maxAttempts", "hedgingDelay", "nonFatalStatusCodes", "maxExtraShare", "minHedgingDelay",
            "fallbackHedgingDelay")
@@ -45,13 +42,7 @@ def parse_hedging_policy(value: Any, path: str) -> HedgingPolicy:
     if "maxAttempts" not in value:
         fail(f"{path}.maxAttempts", "missing (a hedgingPolicy needs maxAttempts: the copies of a call, the first "
              "one included, 2 or more)")
-    attempts_path = f"{path}.maxAttempts"
-    attempts = value["maxAttempts"]
-    if isinstance(attempts, bool) or not isinstance(attempts, int) or attempts < 2:
-        fail(attempts_path, f"expected an integer >= 2, got {describe_value(attempts)}")
-    if attempts > MAX_ATTEMPTS_CAP:
-        log.debug("%s: %d capped at %d as gRPC does", attempts_path, attempts, MAX_ATTEMPTS_CAP)
-        attempts = MAX_ATTEMPTS_CAP
+    attempts = max_attempts(value["maxAttempts"], f"{path}.maxAttempts")
     delay, quantile = _delay(value.get("hedgingDelay", "0s"), f"{path}.hedgingDelay")
     if quantile is None:
         for name in _ADAPTIVE_ONLY:

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from dataclasses import replace
 from types import MappingProxyType
 from typing import Any
@@ -21,6 +21,11 @@ _METHOD_FIELDS = ("name", "timeout", "waitForReady", "retryPolicy", "hedgingPoli
 _METHOD_UNSUPPORTED = ("maxRequestMessageBytes", "maxResponseMessageBytes")
 _NAME_FIELDS = ("service", "method")
 _HEALTH_FIELDS = ("serviceName",)
+
+
+def _optional(entry: dict[str, Any], path: str, name: str, parse: Callable[[Any, str], Any]) -> Any:
+    """``entry[name]`` parsed, or None when the field is absent."""
+    return parse(entry[name], f"{path}.{name}") if name in entry else None
 
 
 def parse_service_config(
@@ -160,22 +165,13 @@ def _parse_method_configs(
         check_fields(entry, entry_path, _METHOD_FIELDS, _METHOD_UNSUPPORTED)
         names = _parse_names(entry.get("name"), "name" in entry, f"{entry_path}.name", seen)
         all_names.extend((service, method, f"{entry_path}.name[{j}]") for j, (service, method) in enumerate(names))
-        timeout = None
-        if "timeout" in entry:
-            timeout = duration(entry["timeout"], f"{entry_path}.timeout")
-        wait_for_ready = None
-        if "waitForReady" in entry:
-            wait_for_ready = boolean(entry["waitForReady"], f"{entry_path}.waitForReady")
         if "retryPolicy" in entry and "hedgingPolicy" in entry:
             fail(entry_path, "retryPolicy and hedgingPolicy both given: a method is retried or hedged, not both "
                  "(gRFC A6); keep one")
-        retry = None
-        if "retryPolicy" in entry:
-            retry = parse_retry_policy(entry["retryPolicy"], f"{entry_path}.retryPolicy")
-        hedging = None
-        if "hedgingPolicy" in entry:
-            hedging = parse_hedging_policy(entry["hedgingPolicy"], f"{entry_path}.hedgingPolicy")
-        mc = MethodConfig(timeout=timeout, retry_policy=retry, wait_for_ready=wait_for_ready, hedging_policy=hedging)
+        mc = MethodConfig(timeout=_optional(entry, entry_path, "timeout", duration),
+                          retry_policy=_optional(entry, entry_path, "retryPolicy", parse_retry_policy),
+                          wait_for_ready=_optional(entry, entry_path, "waitForReady", boolean),
+                          hedging_policy=_optional(entry, entry_path, "hedgingPolicy", parse_hedging_policy))
         configs.append(mc)
         for service, method in names:
             if not service:

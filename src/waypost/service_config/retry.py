@@ -30,6 +30,15 @@ _CODES_BY_NAME = {code.name: code for code in grpc.StatusCode}
 _CODES_BY_NUMBER = {code.value[0]: code for code in grpc.StatusCode}
 
 
+def max_attempts(attempts: Any, path: str) -> int:
+    """A retry or hedging policy's ``maxAttempts``: an integer >= 2, lowered to gRPC's cap."""
+    if isinstance(attempts, bool) or not isinstance(attempts, int) or attempts < 2:
+        fail(path, f"expected an integer >= 2, got {describe_value(attempts)}")
+    if attempts > MAX_ATTEMPTS_CAP:
+        log.debug("%s: %d capped at %d as gRPC does", path, attempts, MAX_ATTEMPTS_CAP)
+    return min(attempts, MAX_ATTEMPTS_CAP)
+
+
 def parse_retry_policy(value: Any, path: str) -> RetryPolicy:
     if not isinstance(value, dict):
         fail(path, f"expected an object, got {describe_value(value)}")
@@ -38,13 +47,7 @@ def parse_retry_policy(value: Any, path: str) -> RetryPolicy:
         if name not in value:
             fail(f"{path}.{name}", "missing (a retryPolicy needs maxAttempts, initialBackoff, maxBackoff, "
                   "backoffMultiplier and retryableStatusCodes)")
-    attempts_path = f"{path}.maxAttempts"
-    attempts = value["maxAttempts"]
-    if isinstance(attempts, bool) or not isinstance(attempts, int) or attempts < 2:
-        fail(attempts_path, f"expected an integer >= 2, got {describe_value(attempts)}")
-    if attempts > MAX_ATTEMPTS_CAP:
-        log.debug("%s: %d capped at %d as gRPC does", attempts_path, attempts, MAX_ATTEMPTS_CAP)
-        attempts = MAX_ATTEMPTS_CAP
+    attempts = max_attempts(value["maxAttempts"], f"{path}.maxAttempts")
     initial = duration(value["initialBackoff"], f"{path}.initialBackoff")
     maximum = duration(value["maxBackoff"], f"{path}.maxBackoff")
     multiplier = positive_number(value["backoffMultiplier"], f"{path}.backoffMultiplier")
