@@ -17,7 +17,7 @@ from click.testing import CliRunner
 
 from waypost.cli.commands import app
 from waypost.etcd.local import LocalEtcd, free_port
-from waypost.registry import kinds
+from waypost import kind_table as kinds
 
 ROOT = Path(__file__).resolve().parents[2]
 EXPORT = ("--export", "e=direct:///127.0.0.1:1")

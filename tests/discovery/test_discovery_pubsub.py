@@ -8,6 +8,7 @@ import random
 import threading
 
 import pytest
+from waypost.registries.memory.store import MemoryRegistry
 
 import waypost
 from harness.waiting import wait_until
@@ -16,7 +17,6 @@ from waypost import _loop
 from waypost.discovery import Publisher, Subscriber, active_subscriptions
 from waypost.discovery import subscriber as submod
 from waypost.errors import RegistryUnavailable
-from waypost.registry.memory import MemoryRegistry
 
 
 def _group(sub: Subscriber) -> submod.SharedReader:

@@ -28,7 +28,7 @@ from waypost.discovery.multi_publisher import MultiPublisher
 from waypost.discovery.no_registration import NoRegistration
 from waypost.discovery.registration_contract import Registration
 from waypost.discovery.registration_factory import make_publisher
-from waypost.registry import kinds
+from waypost import kind_table as kinds
 
 ADDR = "127.0.0.1:7301"
 KINDS = ["etcd", "consul", "zk", "eureka", "files"]

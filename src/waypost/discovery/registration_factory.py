@@ -19,7 +19,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from ..registry.kinds import kind_of, part
+from ..kind_table import kind_of, part
 from .multi_publisher import MultiPublisher
 from .no_registration import NoRegistration
 from .registration_contract import Registration

@@ -10,11 +10,10 @@ target's registry kind's (``registry/kinds.py``; each kind's resolver lives in i
 from __future__ import annotations
 
 from ..errors import InvalidTarget
-from ..registry.kinds import lookup, part
+from ..kind_table import lookup, part
 from .base import OnError, OnUpdate, Resolver, ResolverFactory, ResolverOptions
 from .direct import DirectResolver
 from .multi import MultiResolver
-from .registry_resolver import RegistryResolver
 from .subset import DEFAULT_SUBSET_SIZE, Subsetter, deterministic_subset
 from .target import Target, parse_target, parse_targets
 
@@ -48,7 +47,6 @@ __all__ = [
     "MultiResolver",
     "OnError",
     "OnUpdate",
-    "RegistryResolver",
     "Resolver",
     "ResolverFactory",
     "ResolverOptions",
