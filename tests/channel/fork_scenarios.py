@@ -263,10 +263,9 @@ def open_aio_channel_is_a_clear_error(endpoint: str, key: str, a: str, b: str) -
 def closed_registry_before_fork(endpoint: str, key: str, a: str, b: str) -> None:
     """A registry closed (but still referenced) before the fork: its closed channels must not keep grpc.aio's
     poller alive, which would leave the children unable to use gRPC at all."""
-    from waypost.registries.etcd.registry import EtcdRegistry
-
     from waypost import _loop
     from waypost.etcd.config import EtcdConfig
+    from waypost.registries.etcd.registry import EtcdRegistry
 
     _register(endpoint, key, "a", a)
     target = f"etcd:///{endpoint}?key={key}"

@@ -10,7 +10,6 @@ import urllib.request
 import grpc
 import pytest
 from prometheus_client import CollectorRegistry, generate_latest
-from waypost.registries.etcd.registry import EtcdRegistry
 
 import waypost
 from harness.backends import echo_pb2, echo_pb2_grpc
@@ -20,6 +19,7 @@ from tests.channel.support import direct, echo_servers
 from waypost import _loop, metrics
 from waypost.discovery import Publisher, Subscriber
 from waypost.etcd.config import EtcdConfig
+from waypost.registries.etcd.registry import EtcdRegistry
 
 Req = echo_pb2.EchoRequest
 

@@ -8,7 +8,6 @@ import random
 import threading
 
 import pytest
-from waypost.registries.memory.store import MemoryRegistry
 
 import waypost
 from harness.waiting import wait_until
@@ -17,6 +16,7 @@ from waypost import _loop
 from waypost.discovery import Publisher, Subscriber, active_subscriptions
 from waypost.discovery import subscriber as submod
 from waypost.errors import RegistryUnavailable
+from waypost.registries.memory.store import MemoryRegistry
 
 
 def _group(sub: Subscriber) -> submod.SharedReader:

@@ -9,12 +9,11 @@ import contextlib
 from collections.abc import Callable, Iterator
 from typing import Any
 
-from waypost.registries.etcd.registry import EtcdRegistry
-
 from harness.waiting import wait_until
 from waypost import _loop
 from waypost.errors import RegistryUnavailable
 from waypost.etcd.config import EtcdConfig
+from waypost.registries.etcd.registry import EtcdRegistry
 
 
 def run(coro: Any, timeout: float = 30.0) -> Any:

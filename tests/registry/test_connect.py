@@ -7,11 +7,11 @@ import threading
 import time
 
 import pytest
-from waypost.registries.etcd.registry import EtcdRegistry
 
 from tests.etcd.helpers import run
 from waypost.errors import InvalidTarget, RegistryUnavailable
 from waypost.etcd.local import free_port
+from waypost.registries.etcd.registry import EtcdRegistry
 from waypost.registry import connect, parse_registry_url
 
 

@@ -20,11 +20,11 @@ from urllib.parse import quote
 
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
-from waypost.registries.memory.store import MemoryRegistry
 
 import waypost
 from waypost import _loop
 from waypost.discovery import Subscriber
+from waypost.registries.memory.store import MemoryRegistry
 from waypost.registry.formats import FORMATS, MAX_VALUE_BYTES, get_format
 
 FUZZ = settings(max_examples=int(os.environ.get("WAYPOST_FUZZ_EXAMPLES", "150")), deadline=None,

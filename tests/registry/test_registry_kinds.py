@@ -13,7 +13,9 @@ from hypothesis import strategies as st
 
 from waypost import urlparams
 from waypost.errors import InvalidTarget
+from waypost.kind_table import all_kinds, instance_registries, keyed, kind_of, part
 from waypost.registries.consul import ConsulConfig
+from waypost.registries.etcd.config import EtcdURL
 from waypost.registries.zookeeper.client import ZkConfig
 from waypost.registry.formats import (
     DEFAULT_FORMAT,
@@ -24,8 +26,6 @@ from waypost.registry.formats import (
     Entry,
     SideRecords,
 )
-from waypost.kind_table import all_kinds, instance_registries, keyed, kind_of, part
-from waypost.registries.etcd.config import EtcdURL
 from waypost.registry.url import parse_any, parse_registry_url
 from waypost.resolver.target import known_schemes, parse_target
 
