@@ -64,6 +64,9 @@ class Words:
     read_failed: str = "{title}: reading {what} failed: {error}"
     #: a deregistration that failed; fields ``instance``, ``id``, ``ttl``
     left_behind: str = "could not remove {instance} {id!r} (the registry drops it within {ttl}s)"
+    #: a direct target's backend that answers like this kind's server (``RegistryKind.misdial``); fields ``title``,
+    #: ``target`` (the target probably meant)
+    misdialed: str = "this looks like a {title} endpoint: did you mean {target}?"
 
 
 @dataclass(frozen=True)
@@ -133,6 +136,9 @@ class RegistryKind:
     registrar: Ref | None = None
     #: the ``waypost.kinds.Discovery`` factory: ``discovery(target)``
     discovery: Ref | None = None
+    #: ``misdial(address, probe)`` -> the target probably meant when a direct target's backend at ``address`` is
+    #: this kind's server (None: it is not; ``probe``: it may ask the address, blocking and bounded)
+    misdial: Ref | None = None
     #: what its messages call its things
     words: Words = Words()
 
@@ -288,6 +294,17 @@ def all_kinds() -> Mapping[str, RegistryKind]:
     """Every kind, plug-ins included, by scheme, in the order messages list them."""
     load_plugins()
     return KINDS
+
+
+def misdialed(address: str, probe: bool, quote: bool = False) -> str | None:
+    """What a direct target's backend at ``address`` probably was meant as, in its kind's words
+    (``Words.misdialed``; ``quote``: the target in quotes), when a kind recognises its own server there."""
+    for kind in all_kinds().values():
+        if kind.misdial is not None:
+            meant = part(kind, "misdial")(address, probe)
+            if meant:
+                return kind.words.misdialed.format(title=kind.title, target=repr(meant) if quote else meant)
+    return None
 
 
 def keyed() -> tuple[str, ...]:

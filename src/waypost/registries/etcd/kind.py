@@ -3,7 +3,7 @@
 
 from __future__ import annotations
 
-from ...kind_table import RegistryKind
+from ...kind_table import RegistryKind, Words
 
 _HERE = "waypost.registries.etcd."
 
@@ -16,4 +16,7 @@ KIND = RegistryKind(
     target_params=("key", "format", "exact", "cache", "user", "password", "tls", "cacert", "certfile", "keyfile",
                    "dial_timeout", "request_timeout"),
     target_registry_url=_HERE + "target:registry_url", resolver=_HERE + "resolver:RegistryResolver",
+    misdial=_HERE + "misdial:meant_target",
+    words=Words(misdialed="this looks like an etcd endpoint: did you mean {target} (the key the servers register "
+                          "under)?"),
 )
