@@ -19,4 +19,5 @@ KIND = RegistryKind(
     misdial=_HERE + "misdial:meant_target",
     words=Words(misdialed="this looks like an etcd endpoint: did you mean {target} (the key the servers register "
                           "under)?"),
+    discovery=_HERE + "discovery:KeyedDiscovery",
 )
