@@ -102,8 +102,8 @@ _LAZY = {
     "connect": ("waypost.registry", "connect"),
     "Registry": ("waypost.registry.base", "Registry"),
     # registry kinds as plug-ins (docs/registry-kinds.md)
-    "RegistryKind": ("waypost.registry.kinds", "RegistryKind"),
-    "register_kind": ("waypost.registry.kinds", "register_kind"),
+    "RegistryKind": ("waypost.kind_table", "RegistryKind"),
+    "register_kind": ("waypost.kind_table", "register_kind"),
     "Publisher": ("waypost.discovery", "Publisher"),
     "ConsulPublisher": ("waypost.registries.consul.publisher", "ConsulPublisher"),
     "ZkPublisher": ("waypost.registries.zookeeper.publisher", "ZkPublisher"),

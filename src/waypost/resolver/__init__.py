@@ -3,7 +3,7 @@
 The contract (``resolver.base``): a resolver is built as ``SomeResolver(target, ResolverOptions)`` and
 implements ``Resolver``: ``start(on_update, on_error)``, ``resolve_now(reason)``, ``close()`` and
 ``aclose()``. ``make_resolver(target, options)`` picks one by scheme: ``multi`` (several targets), else the
-target's registry kind's (``registry/kinds.py``; each kind's resolver lives in its package under
+target's registry kind's (``kind_table.py``; each kind's resolver lives in its package under
 ``waypost.registries``).
 """
 
@@ -20,7 +20,7 @@ from .target import Target, parse_target, parse_targets
 
 def resolver_factory(scheme: str) -> ResolverFactory:
     """The resolver class of a target scheme (``multi``: several targets as one; any other: its registry kind's,
-    ``registry/kinds.py``, loaded on first use)."""
+    ``kind_table.py``, loaded on first use)."""
     if scheme == "multi":
         return MultiResolver
     kind = lookup(scheme)
