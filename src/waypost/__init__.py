@@ -73,6 +73,8 @@ if TYPE_CHECKING:
     from .discovery import Subscriber as Subscriber
     from .discovery.registration_contract import Registration as Registration
     from .discovery.registration_factory import MultiPublisher as MultiPublisher
+    from .kind_table import RegistryKind as RegistryKind
+    from .kind_table import register_kind as register_kind
     from .orca import load_interceptor as load_interceptor
     from .orca import set_load as set_load
     from .registries.consul.publisher import ConsulPublisher as ConsulPublisher
@@ -80,8 +82,6 @@ if TYPE_CHECKING:
     from .registries.zookeeper.publisher import ZkPublisher as ZkPublisher
     from .registry import connect as connect
     from .registry.base import Registry as Registry
-    from .registry.kinds import RegistryKind as RegistryKind
-    from .registry.kinds import register_kind as register_kind
     from .resolver.target import parse_target as parse_target
     from .server import AsyncServeHandle as AsyncServeHandle
     from .server import BindError as BindError
@@ -102,8 +102,8 @@ _LAZY = {
     "connect": ("waypost.registry", "connect"),
     "Registry": ("waypost.registry.base", "Registry"),
     # registry kinds as plug-ins (docs/registry-kinds.md)
-    "RegistryKind": ("waypost.registry.kinds", "RegistryKind"),
-    "register_kind": ("waypost.registry.kinds", "register_kind"),
+    "RegistryKind": ("waypost.kind_table", "RegistryKind"),
+    "register_kind": ("waypost.kind_table", "register_kind"),
     "Publisher": ("waypost.discovery", "Publisher"),
     "ConsulPublisher": ("waypost.registries.consul.publisher", "ConsulPublisher"),
     "ZkPublisher": ("waypost.registries.zookeeper.publisher", "ZkPublisher"),

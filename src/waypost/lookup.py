@@ -83,12 +83,10 @@ def _one(key: str, value: bytes, lease: int) -> dict[str, Any]:
 def resolver_for(t: Any, timeout: float) -> Any:
     """The resolver of target ``t`` for a one-off lookup: blocking (its start raises RegistryUnavailable naming
     why), the first answer bounded by ``timeout``, no subsetting (the full list is shown)."""
-    from .resolver import RegistryResolver, ResolverOptions, make_resolver, resolver_factory
+    from .resolver import ResolverOptions, make_resolver, resolver_factory
 
-    if t.scheme == "dns":
-        return resolver_factory("dns")(t, timeout=timeout)  # type: ignore[call-arg]
-    if t.uses_registry:
-        return RegistryResolver(t, timeout=timeout)
+    if t.scheme == "dns" or t.uses_registry:  # blocking already: their start raises naming why
+        return resolver_factory(t.scheme)(t, timeout=timeout)  # type: ignore[call-arg]
     if t.scheme != "direct":  # a kind followed by a loop (consul, k8s, zk, a plug-in's) or several targets
         return resolver_factory(t.scheme)(t, ResolverOptions(blocking=True), timeout=timeout)  # type: ignore[call-arg]
     return make_resolver(t)

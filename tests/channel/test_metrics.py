@@ -19,7 +19,7 @@ from tests.channel.support import direct, echo_servers
 from waypost import _loop, metrics
 from waypost.discovery import Publisher, Subscriber
 from waypost.etcd.config import EtcdConfig
-from waypost.registry.etcd import EtcdRegistry
+from waypost.registries.etcd.registry import EtcdRegistry
 
 Req = echo_pb2.EchoRequest
 

@@ -15,9 +15,9 @@ from pathlib import Path
 import pytest
 from click.testing import CliRunner
 
+from waypost import kind_table as kinds
 from waypost.cli.commands import app
 from waypost.etcd.local import LocalEtcd, free_port
-from waypost.registry import kinds
 
 ROOT = Path(__file__).resolve().parents[2]
 EXPORT = ("--export", "e=direct:///127.0.0.1:1")

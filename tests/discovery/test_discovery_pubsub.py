@@ -16,7 +16,7 @@ from waypost import _loop
 from waypost.discovery import Publisher, Subscriber, active_subscriptions
 from waypost.discovery import subscriber as submod
 from waypost.errors import RegistryUnavailable
-from waypost.registry.memory import MemoryRegistry
+from waypost.registries.memory.store import MemoryRegistry
 
 
 def _group(sub: Subscriber) -> submod.SharedReader:

@@ -9,7 +9,7 @@ from pathlib import Path
 
 import pytest
 
-from waypost.registry.kinds import all_kinds
+from waypost.kind_table import all_kinds
 
 ROOT = Path(__file__).resolve().parents[2]
 #: every page of the docs, the site's subfolders (how-to/, reference/) included

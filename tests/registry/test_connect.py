@@ -11,8 +11,8 @@ import pytest
 from tests.etcd.helpers import run
 from waypost.errors import InvalidTarget, RegistryUnavailable
 from waypost.etcd.local import free_port
+from waypost.registries.etcd.registry import EtcdRegistry
 from waypost.registry import connect, parse_registry_url
-from waypost.registry.etcd import EtcdRegistry
 
 
 def test_parse_etcd_url_normalizes_and_hides_the_password():
@@ -69,7 +69,7 @@ def test_connect_does_not_touch_the_network_and_first_call_fails_fast():
 
 
 def test_memory_scheme_delegates_and_close_forgets():
-    from waypost.registry.memory import MemoryRegistry
+    from waypost.registries.memory.store import MemoryRegistry
 
     a = connect("memory://connect-test")
     assert isinstance(a, MemoryRegistry)

@@ -11,7 +11,7 @@ from pathlib import Path
 import pytest
 
 import waypost
-from waypost.registry import kinds
+from waypost import kind_table as kinds
 
 from .kind_contract import KindContract
 

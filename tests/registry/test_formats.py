@@ -209,7 +209,7 @@ _fuzz_names = iter(range(10**9))
 def test_subscriber_keeps_every_good_record_next_to_garbage(fmt, records):
     """Through a real Subscriber (memory registry): garbage never hides a good record, never raises."""
     from waypost.discovery import Subscriber
-    from waypost.registry.memory import MemoryRegistry
+    from waypost.registries.memory.store import MemoryRegistry
 
     name = f"fuzz-{next(_fuzz_names)}"
     reg = MemoryRegistry(name)

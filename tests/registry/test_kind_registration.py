@@ -14,7 +14,7 @@ import pytest
 import waypost
 from harness.backends.server import EchoServer
 from harness.waiting import wait_until
-from waypost.registry import kinds
+from waypost import kind_table as kinds
 
 from . import board_kind
 from .board_kind import BOARD, BOARD_DOWN, RECORDS

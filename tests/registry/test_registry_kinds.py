@@ -1,4 +1,4 @@
-"""The registry-kind table (``waypost.registry.kinds``) agrees with the parsers that read it; the shared URL option
+"""The registry-kind table (``waypost.kind_table``) agrees with the parsers that read it; the shared URL option
 checks (``waypost.urlparams``); go-zero's side records joined to addresses (``formats.SideRecords``)."""
 
 from __future__ import annotations
@@ -13,7 +13,9 @@ from hypothesis import strategies as st
 
 from waypost import urlparams
 from waypost.errors import InvalidTarget
+from waypost.kind_table import all_kinds, instance_registries, keyed, kind_of, part
 from waypost.registries.consul import ConsulConfig
+from waypost.registries.etcd.config import EtcdURL
 from waypost.registries.zookeeper.client import ZkConfig
 from waypost.registry.formats import (
     DEFAULT_FORMAT,
@@ -24,8 +26,7 @@ from waypost.registry.formats import (
     Entry,
     SideRecords,
 )
-from waypost.registry.kinds import KEYED, KINDS, instance_registries, kind_of, part
-from waypost.registry.url import RegistryURL, parse_any, parse_registry_url
+from waypost.registry.url import parse_any, parse_registry_url
 from waypost.resolver.target import known_schemes, parse_target
 
 
@@ -37,7 +38,7 @@ def _fail(problem: str) -> InvalidTarget:
 
 
 def test_every_kind_has_a_resolver_and_a_target_example_of_its_own_scheme():
-    for scheme, kind in KINDS.items():
+    for scheme, kind in all_kinds().items():
         assert callable(part(kind, "resolver")), scheme
         assert parse_target(kind.target_example).scheme == scheme
         for alias in kind.aliases:
@@ -46,13 +47,13 @@ def test_every_kind_has_a_resolver_and_a_target_example_of_its_own_scheme():
 
 def test_the_schemes_messages_list_keep_their_order():
     assert known_schemes() == ("direct", "etcd", "discov", "memory", "dns", "k8s", "consul", "zk", "eureka", "ipv4", "ipv6")
-    assert KEYED == ("etcd", "memory")
+    assert keyed() == ("etcd", "memory")
     assert instance_registries() == ("consul", "zk", "eureka")
 
 
 @pytest.mark.parametrize("scheme", ["etcd", "consul", "zk", "eureka"])
 def test_a_host_without_a_port_gets_the_kinds_default_port_in_urls_and_targets(scheme):
-    port = KINDS[scheme].default_port
+    port = all_kinds()[scheme].default_port
     url = f"{scheme}://10.0.0.7"
     target = f"{scheme}://10.0.0.7/greet"
     parsed = parse_any(url)
@@ -63,11 +64,11 @@ def test_a_host_without_a_port_gets_the_kinds_default_port_in_urls_and_targets(s
 
 
 def test_dns_names_take_the_kinds_default_port():
-    assert parse_target("dns:///greet.example.com").endpoints == (f"greet.example.com:{KINDS['dns'].default_port}",)
+    assert parse_target("dns:///greet.example.com").endpoints == (f"greet.example.com:{all_kinds()['dns'].default_port}",)
 
 
 def test_parse_any_hands_each_kind_to_its_parser():
-    assert isinstance(parse_any("etcd://127.0.0.1:2379"), RegistryURL)
+    assert isinstance(parse_any("etcd://127.0.0.1:2379"), EtcdURL)
     assert parse_any("memory://r1").name == "r1"  # type: ignore[attr-defined]
     assert isinstance(parse_any("consul://127.0.0.1"), ConsulConfig)
     assert isinstance(parse_any("zk://127.0.0.1"), ZkConfig)
@@ -80,16 +81,16 @@ def test_parse_any_hands_each_kind_to_its_parser():
 def test_connect_refuses_instance_registries_naming_their_publisher():
     for scheme in instance_registries():
         # its targets as its own table entry writes them (a kind's grammar may not be HOST/SERVICE)
-        with pytest.raises(InvalidTarget, match=re.escape(f"{KINDS[scheme].publisher_name}, and dial its targets "
-                                                          f"({KINDS[scheme].target_example})")):
+        with pytest.raises(InvalidTarget, match=re.escape(f"{all_kinds()[scheme].publisher_name}, and dial its targets "
+                                                          f"({all_kinds()[scheme].target_example})")):
             parse_registry_url(f"{scheme}://127.0.0.1")
 
 
 def test_kind_of_reads_the_scheme_and_its_aliases():
-    assert kind_of("DISCOV:///h:2379?key=k") is KINDS["etcd"]
-    assert kind_of(" zk://h") is KINDS["zk"]
+    assert kind_of("DISCOV:///h:2379?key=k") is all_kinds()["etcd"]
+    assert kind_of(" zk://h") is all_kinds()["zk"]
     assert kind_of("h:2379") is None and kind_of("nacos://h") is None
-    assert KINDS["zk"].install_hint == "pip install 'waypost[zk]'" and KINDS["etcd"].install_hint == ""
+    assert all_kinds()["zk"].install_hint == "pip install 'waypost[zk]'" and all_kinds()["etcd"].install_hint == ""
 
 
 def test_one_list_of_wire_formats():

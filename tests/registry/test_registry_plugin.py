@@ -19,7 +19,7 @@ import pytest
 import waypost
 from harness.backends import echo_pb2, echo_pb2_grpc
 from harness.waiting import wait_until
-from waypost.registry import kinds
+from waypost import kind_table as kinds
 
 ROOT = Path(__file__).resolve().parents[2]
 PLUGIN = ROOT / "examples" / "registry_plugin"
@@ -105,7 +105,7 @@ def test_the_entry_point_is_read_only_when_its_scheme_is_used(site: Path) -> Non
     out = _python(site, """
         import sys, waypost
         from waypost.resolver.target import parse_target
-        from waypost.registry import kinds
+        from waypost import kind_table as kinds
         before = "waypost_files" in sys.modules
         t = parse_target("files:///srv/registry/greeter?interval=0.2s")
         print(before, t.scheme, t.key, t.authority, t.options["interval"], kinds.KINDS["files"].title,

@@ -47,7 +47,7 @@ def _act(c: Any, verb: str, key: str, addr: str, weight: int | None = None) -> N
         action = make_action(verb, {"key": key, "address": addr, "weight": weight})
     except ActionError as e:
         raise click.ClickException(str(e)) from None
-    from ..registry.kinds import kind_of, part
+    from ..kind_table import kind_of, part
 
     kind = kind_of(c.registry_url)
     written = ""  # what a store that writes no override record did instead (Eureka's status override)

@@ -80,14 +80,16 @@ def _wrapped(body: Callable[..., Any]) -> Callable[..., Any]:
 
 def not_a_key_registry(url: str, command: str) -> str | None:
     """Why ``waypost COMMAND`` (``ls``, ``register``, ...: the commands that read or write keys) cannot use the
-    registry ``url`` of a kind that holds no keys, and what to run instead; None for etcd, memory and unknown
+    registry ``url`` of a kind that holds no keys, and what to run instead; None for the keyed kinds and unknown
     schemes (``waypost.connect`` names those problems itself)."""
+    from ..kind_table import keyed as keyed_schemes
+    from ..kind_table import kind_of
     from ..redaction import redact_url
-    from ..registry.kinds import KEYED, kind_of
 
     kind = kind_of(url)
     if kind is None or kind.keyed:
         return None
+    KEYED = keyed_schemes()
     keyed = " and ".join(KEYED)
     # watch and resolve take a dial target instead of a KEY: the same command, with the kind's own target grammar
     shows = command if command in ("watch", "resolve") else "resolve"

@@ -91,7 +91,7 @@ def build_config(
                             f"waypost.connect() with key=..., got {type(target).__name__}")
     if isinstance(target, str):
         t = parse_target(target)
-    _warn_if_etcd_port(t)
+    _warn_if_misdialed(t)
     # no policy named: service_config.DEFAULT_POLICY
     sc = parse_service_config(options.service_config, balancer=options.balancer, retries=options.retries)
     routing = Routing.make(options.metadata_filter, options.prefer, options.min_preferred)
@@ -122,16 +122,16 @@ def build_config(
     )
 
 
-def _warn_if_etcd_port(t: Target) -> None:
-    """A direct target (``host:2379``, ``direct:///host:2379``) on etcd's client port dials etcd as a backend:
-    almost certainly meant as an etcd target with a key."""
+def _warn_if_misdialed(t: Target) -> None:
+    """A direct target on a registry's port (``host:2379``: etcd's) dials the registry as a backend: almost
+    certainly meant as a target of the registry's kind (a kind's ``misdial`` says which)."""
     from ..errors import warn_config
+    from ..kind_table import misdialed
 
     if t.scheme != "direct":
         return
     for ep in t.endpoints:
-        if ep.rpartition(":")[2] == "2379":
-            warn_config(f"waypost: dial({t.redacted!r}): {ep} is on etcd's client port and a direct target dials "
-                        f"it as a backend; this looks like an etcd endpoint: did you mean "
-                        f"'etcd:///{ep}?key=SERVICE_KEY' (the key the servers register under)?")
+        meant = misdialed(ep, probe=False, quote=True)
+        if meant:
+            warn_config(f"waypost: dial({t.redacted!r}): a direct target dials {ep} as a backend; {meant}")
             return

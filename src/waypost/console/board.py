@@ -38,7 +38,7 @@ class Service:
     source: str  # the registry URL (passwords hidden) or the target followed
     key: str
     format: str
-    writable: bool  # drain and weight act on it (an etcd or memory registry)
+    writable: bool  # drain and weight act on it (a keyed registry, or a kind's override store)
     exact: bool = False
     instances: dict[str, Instance] = field(default_factory=dict)
     error: str | None = None
@@ -60,7 +60,7 @@ class SourceState:
     """Whether a registry can be read now: ``error`` is why not (None: it can), ``since`` when that began (the
     first failure of an outage, or the read that ended one; the console's start until its first answer)."""
 
-    kind: str  # etcd, memory, consul, zk
+    kind: str  # the registry's scheme
     error: str | None
     since: float
     read: bool = False  # read at least once (False: the page has never had its list)

@@ -18,11 +18,11 @@ from typing import Any
 
 from aiohttp import web
 
+from ..kind_table import all_kinds, kind_of, part
 from ..netutil import split_host_port
 from ..redaction import redact_url
 from ..registry import connect
 from ..registry.base import Registry
-from ..registry.kinds import all_kinds, kind_of, part
 from .board import Board
 from .clients import ClientMetrics
 from .probe import HealthProber
@@ -73,7 +73,7 @@ class Console:
         for r in config.registries:
             kind = kind_of(r) if isinstance(r, str) else None
             if kind is None or kind.keyed:
-                keyed.append(r)  # etcd, memory, a Registry (connect() names an unknown scheme)
+                keyed.append(r)  # a keyed kind's URL, a Registry (connect() names an unknown scheme)
             elif kind.console_source is not None:
                 self.store_urls.append(r)  # type: ignore[arg-type]  # kind_of saw a string
             else:
@@ -99,7 +99,7 @@ class Console:
                 + [redact_url(t) for t in self.config.targets])
 
     def writable(self) -> list[tuple[str, Any]]:
-        """(name, store) of every registry the console's actions may write: etcd and memory registries, and
+        """(name, store) of every registry the console's actions may write: the keyed registries, and
         each other kind's override store (its console source's ``writer``: Consul's KV, ZooKeeper's znodes)."""
         return [(r.url, r) for r in self.registries] + [(c.name, c.writer) for c in self._store_sources]
 

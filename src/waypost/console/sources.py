@@ -1,13 +1,13 @@
 """What feeds the console's board: registries (every key, found live) and dial targets (through their resolver).
 
-``RegistrySource`` (etcd, memory): one read of the whole keyspace, then one watch of it, finds the keys (each
+``RegistrySource`` (a keyed registry): one read of the whole keyspace, then one watch of it, finds the keys (each
 record's wire format recognised as ``waypost ls`` does) and the override records; each key is followed by a
 ``waypost.Subscriber``, the same reader ``waypost watch`` and every client use, so the console shows what clients
 see. One subscriber per key, whatever the number of browsers. Lease TTLs are looked up every few seconds for the
 leases on screen (bounded).
 
 ``TargetSource``: a dial target (``k8s://``, ``consul://``, ``zk://``, ``dns:///``...) followed through its
-resolver, as ``waypost watch TARGET`` does; shown read-only (drain acts on etcd/memory registrations).
+resolver, as ``waypost watch TARGET`` does; shown read-only (drain acts on the registrations of keyed registries and of the kinds with an override store).
 
 Registry calls and subscribers live on waypost's control loop; their results come back to the console's loop.
 """
@@ -25,7 +25,7 @@ from ..discovery import Subscriber
 from ..discovery.override import OVERRIDE_ROOT, parse_override, split_override_key
 from ..lookup import classify
 from ..registry.base import KeyValue, Registry
-from ..registry.formats import GOZERO_META_ROOT
+from ..registry.formats import FORMAT_NAMES, GOZERO_META_ROOT
 from .board import Board, Instance, Service
 
 log = logging.getLogger("waypost.console")
@@ -50,7 +50,7 @@ async def on_control(coro: Awaitable[T]) -> T:
 def _sid(kv_entry: dict[str, Any]) -> tuple[str, str, bool] | None:
     """(subscriber key, format, exact) of a classified record; None for records that are no registration."""
     fmt = kv_entry["format"]
-    if kv_entry["address"] is None or fmt not in ("gozero", "etcd-naming", "kratos"):
+    if kv_entry["address"] is None or fmt not in FORMAT_NAMES:
         return None
     if fmt == "gozero" and kv_entry["id"] == "" and "/" not in kv_entry["key"]:
         return kv_entry["key"], fmt, True  # go-zero's exact-match key
@@ -62,7 +62,7 @@ class RegistrySource:
         self.registry = registry
         self.board = board
         self.name = registry.url
-        self.kind = registry.url.split("://", 1)[0]  # etcd, memory
+        self.kind = registry.url.split("://", 1)[0]  # the keyed kind's scheme
         self.writable = writable
         self._loop = asyncio.get_running_loop()
         #: record key -> (service id, address, lease), from the keyspace read and watch

@@ -207,8 +207,9 @@ def _action_handler(verb: str) -> Any:
         targets = state.registries_for(action.key, action.address, body.get("source"))
         if not targets:
             named = body.get("source")
-            return _refuse(404, f"no etcd or memory registry {named!r} in this console" if named else
-                           "no etcd or memory registry in this console: drain and weight act on registrations there")
+            return _refuse(404, f"no registry {named!r} that drain and weight write to in this console" if named else
+                           "no registry in this console that drain and weight write to (a keyed registry, or a "
+                           "kind's override store)")
         who = request.remote or "?"
         done = []
         for name, registry in targets:

@@ -2,9 +2,9 @@
 
 ``make_publisher(registry, key, address, ...)`` is what ``serve()`` uses:
 
-- an etcd or memory registry (a URL or a ``waypost.connect`` result) -> ``Publisher`` (a key under a lease);
-- a URL of a kind that holds service instances (``consul://``, ``zk://``, a plug-in's) -> that kind's publisher
-  (``registry/kinds.py``: e.g. ``ConsulPublisher``, a service instance in Consul's catalog with a TTL check);
+- a keyed registry (a URL of a keyed kind, or a ``waypost.connect`` result) -> ``Publisher`` (a key under a lease);
+- a URL of a kind that holds service instances -> that kind's registration (``kind_table.py``: its
+  ``registrar`` under the generic ``KindRegistration``, or its own publisher);
 - a list of them -> ``MultiPublisher`` over one of each;
 - None -> ``NoRegistration``: nothing is written anywhere (inside Kubernetes: the readiness probe decides).
 
@@ -19,32 +19,30 @@ from __future__ import annotations
 
 from typing import Any
 
-from ..registry.kinds import kind_of, part
+from ..kind_table import kind_of, part
 from .multi_publisher import MultiPublisher
 from .no_registration import NoRegistration
 from .registration_contract import Registration
 
-__all__ = ["MultiPublisher", "NoRegistration", "Registration", "connect_registries", "make_publisher",
-           "registry_scheme"]
+__all__ = ["MultiPublisher", "NoRegistration", "Registration", "connect_registries", "make_publisher"]
 
 
-def registry_scheme(registry: Any) -> str:
-    """The kind (``registry/kinds.py``) whose publisher registers in ``registry``: one that holds service
-    instances (``consul``, ``zk``, a plug-in's), or ``etcd`` for the keyed registries (etcd and memory URLs,
+def _holds_instances(registry: Any) -> bool:
+    """True for the URL of a kind that registers service instances; False for the keyed registries (their URLs,
     Registry objects; an unknown scheme too: ``connect`` names it)."""
     kind = kind_of(registry) if isinstance(registry, str) else None
-    return kind.scheme if kind is not None and kind.holds_instances else "etcd"
+    return kind is not None and kind.holds_instances
 
 
 def connect_registries(registry: Any) -> Any:
-    """What a publisher is made with: etcd URLs connected (``waypost.connect``: one shared connection per
-    cluster), lists member by member, the URLs of the kinds holding instances as they are (their publishers
-    connect)."""
+    """What a publisher is made with: keyed registries' URLs connected (``waypost.connect``: one shared
+    connection per cluster), lists member by member, the URLs of the kinds holding instances as they are (their
+    registrations connect)."""
     if registry is None:
         return None
     if isinstance(registry, list | tuple):
         return [connect_registries(r) for r in registry]
-    if isinstance(registry, str) and registry_scheme(registry) == "etcd":
+    if isinstance(registry, str) and not _holds_instances(registry):
         from ..registry import connect
 
         return connect(registry)
@@ -61,8 +59,9 @@ def make_publisher(registry: Any, key: str, address: str, **kw: Any) -> Registra
         alerts = {k: kw.pop(k) for k in ("max_unregistered", "on_unregistered") if k in kw}
         members = [make_publisher(r, key, address, **kw) for r in registry]
         return MultiPublisher(members, timeout=kw.get("timeout", 5.0), **alerts)
-    kind = kind_of(registry) if isinstance(registry, str) else None
-    if kind is not None and kind.holds_instances:
+    if _holds_instances(registry):
+        kind = kind_of(registry)
+        assert kind is not None
         publisher: Registration = part(kind, "publisher")(registry, key, address, **kw)
         return publisher
     from .publisher import Publisher

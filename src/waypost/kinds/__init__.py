@@ -39,8 +39,8 @@ from ..backoff import Backoff
 from ..discovery.override import parse_override, split_override_key
 from ..durations import parse_positive_duration
 from ..errors import InvalidTarget, PermissionDenied, RegistryError, RegistryUnavailable
-from ..registry.kinds import RegistryKind, Words, register_kind
-from ..registry.kinds import part as load_part
+from ..kind_table import RegistryKind, Words, register_kind
+from ..kind_table import part as load_part
 from ..resolver.target import Target
 from ..types import Backend
 

@@ -23,8 +23,8 @@ from ..backoff import cool_down
 from ..discovery.heartbeat_publisher import HeartbeatPublisher
 from ..discovery.outage import OnUnregistered
 from ..discovery.override import apply_override, override_key, parse_override
+from ..kind_table import RegistryKind, part
 from ..redaction import redact_url
-from ..registry.kinds import RegistryKind, part
 from . import Instance, InstanceGone, Registrar
 
 __all__ = ["KindRegistration"]

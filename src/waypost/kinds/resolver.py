@@ -18,7 +18,7 @@ import time
 from collections.abc import AsyncIterator, Callable
 
 from ..errors import InvalidTarget, PermissionDenied, RegistryUnavailable
-from ..registry.kinds import RegistryKind, part
+from ..kind_table import RegistryKind, part
 from ..resolver.base import ResolverOptions
 from ..resolver.loop_resolver import START_GRACE, LoopResolver
 from ..resolver.target import Target

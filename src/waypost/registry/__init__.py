@@ -1,11 +1,11 @@
-"""Registries: ``connect(url)`` returns the process-wide shared Registry for a URL.
+"""Keyed registries: ``connect(url)`` returns the process-wide shared Registry for a URL of a keyed kind
+(``kind_table.py``: its ``parse_url`` reads the URL, its ``registry`` makes the store), e.g.
+``etcd://[user:pass@]h1:2379,h2:2379[?tls=1&...]`` or ``memory://[name]``. Creation is single-flight and never
+touches the network; the first call on an unreachable registry raises ``RegistryUnavailable``. After ``fork()`` a
+child gets fresh objects.
 
-``etcd://[user:pass@]h1:2379,h2:2379[?tls=1&ca=...&cert=...&key=...&dial_timeout=3]`` and
-``memory://[name]``. Creation is single-flight and never touches the network; the first call on
-an unreachable etcd raises ``RegistryUnavailable``. After ``fork()`` a child gets fresh objects.
-
-The package imports its modules when first used, so that ``waypost.registry.formats`` or
-``waypost.registry.kinds`` alone (the command line's option lists) does not load the etcd client and gRPC.
+The package imports its modules when first used, so that ``waypost.registry.formats`` alone (the command line's
+option lists) does not load a registry's client and gRPC.
 """
 
 from __future__ import annotations
@@ -16,9 +16,9 @@ from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
     from .base import Registry, SyncRegistry
-    from .url import RegistryURL, parse_registry_url
+    from .url import parse_registry_url
 
-__all__ = ["Registry", "RegistryURL", "SyncRegistry", "connect", "parse_registry_url"]
+__all__ = ["Registry", "SyncRegistry", "connect", "parse_registry_url"]
 
 
 def __getattr__(name: str) -> Any:
@@ -27,7 +27,7 @@ def __getattr__(name: str) -> Any:
         from . import base
 
         return getattr(base, name)
-    if name in ("RegistryURL", "parse_registry_url"):
+    if name == "parse_registry_url":
         from . import url
 
         return getattr(url, name)
@@ -44,9 +44,11 @@ def connect(url: str) -> Registry:
     Raises ``waypost.InvalidTarget`` for a malformed URL (the message names the problem and shows
     an example). Closing the registry removes it from the cache.
     """
-    from .url import parse_registry_url
+    from ..kind_table import part
+    from .url import keyed_kind
 
-    parsed = parse_registry_url(url)
+    kind = keyed_kind(url)
+    parsed = part(kind, "parse_url")(url.strip())
     key = (os.getpid(), *parsed.cache_key())
     reg = _cache.get(key)
     if reg is not None:
@@ -54,21 +56,10 @@ def connect(url: str) -> Registry:
     with _lock:
         reg = _cache.get(key)
         if reg is None:
-            reg = _create(parsed)
+            reg = part(kind, "registry")(parsed)
             _cache[key] = reg
             _register_close(reg, key)
         return reg
-
-
-def _create(parsed: RegistryURL) -> Registry:
-    if parsed.scheme == "memory":
-        from .memory import MemoryRegistry  # written alongside; imported lazily
-
-        return MemoryRegistry(parsed.name)
-    from .etcd import EtcdRegistry
-
-    assert parsed.config is not None  # an etcd URL always carries its settings
-    return EtcdRegistry(parsed.config, parsed.redacted)
 
 
 def _register_close(reg: Registry, key: tuple[object, ...]) -> None:

@@ -3,25 +3,24 @@
 The contract (``resolver.base``): a resolver is built as ``SomeResolver(target, ResolverOptions)`` and
 implements ``Resolver``: ``start(on_update, on_error)``, ``resolve_now(reason)``, ``close()`` and
 ``aclose()``. ``make_resolver(target, options)`` picks one by scheme: ``multi`` (several targets), else the
-target's registry kind's (``registry/kinds.py``; each kind's resolver lives in its package under
+target's registry kind's (``kind_table.py``; each kind's resolver lives in its package under
 ``waypost.registries``).
 """
 
 from __future__ import annotations
 
 from ..errors import InvalidTarget
-from ..registry.kinds import lookup, part
+from ..kind_table import lookup, part
 from .base import OnError, OnUpdate, Resolver, ResolverFactory, ResolverOptions
 from .direct import DirectResolver
 from .multi import MultiResolver
-from .registry_resolver import RegistryResolver
 from .subset import DEFAULT_SUBSET_SIZE, Subsetter, deterministic_subset
 from .target import Target, parse_target, parse_targets
 
 
 def resolver_factory(scheme: str) -> ResolverFactory:
     """The resolver class of a target scheme (``multi``: several targets as one; any other: its registry kind's,
-    ``registry/kinds.py``, loaded on first use)."""
+    ``kind_table.py``, loaded on first use)."""
     if scheme == "multi":
         return MultiResolver
     kind = lookup(scheme)
@@ -48,7 +47,6 @@ __all__ = [
     "MultiResolver",
     "OnError",
     "OnUpdate",
-    "RegistryResolver",
     "Resolver",
     "ResolverFactory",
     "ResolverOptions",

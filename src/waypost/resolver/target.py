@@ -5,31 +5,10 @@ Accepted forms (the scheme is case-insensitive):
 - ``direct:///10.0.0.1:8080,10.0.0.2:8080``: fixed addresses (``host:port``, IPv6 in brackets, port
   required). gRPC's ``ipv4:a:1,b:2`` / ``ipv6:[::1]:1`` and a plain ``host:port[,host:port]`` are
   the same thing and come out with scheme ``direct``.
-- ``etcd:///h1:2379,h2:2379?key=greet.rpc`` (go-zero's current form; the key is URL-escaped) and
-  ``discov:///...`` (the same; comes out with scheme ``etcd``).
-- ``etcd://h1:2379/greet.rpc`` (go-zero's legacy form): the etcd hosts are the authority and the key is
-  the path with its slashes trimmed, as go-zero does, so a key's leading ``/`` cannot be written in
-  this form (``etcd://h:2379//svc`` means key ``svc``); use ``?key=%2Fsvc`` for such keys. Older
-  go-zero versions wrote several comma-separated hosts in the authority; that is accepted too.
-- ``memory:///?key=K`` or ``memory://NAME/?key=K``: the in-process registry NAME.
-- ``dns:///host:port`` or ``dns://DNS_IP:DNS_PORT/host:port`` (port default 443, DNS port default 53).
-- ``consul://HOST:PORT/SERVICE`` (grpc-consul-resolver's form; port default 8500): the passing instances of a
-  service in Consul's catalog. Parameters: ``tag=T`` (several: ``tag=a,b``, all required), ``dc=NAME``,
-  ``token=ACL_TOKEN`` (else ``$CONSUL_HTTP_TOKEN``), and ``tls=1``, ``cacert``, ``certfile``, ``keyfile``.
-- ``zk://H1:2181,H2:2181/SERVICE`` (port default 2181): the instances a Kratos service (or waypost) keeps as
-  ephemeral nodes under ``/microservices/SERVICE``. Parameters: ``namespace=/PATH`` (Kratos' ``WithRootPath``),
-  ``session_timeout=SECONDS``.
-- ``k8s://NAMESPACE/SERVICE:PORT`` and the other forms of ``resolver/k8s_target.py`` (Kubernetes' grammar).
-- a plug-in kind's (``registry/kinds.py``): ``SCHEME://HOST:PORT,.../SERVICE?PARAMS``, or its own parser's.
-
-Query parameters of etcd targets: ``key``, ``format=gozero|etcd-naming|kratos`` (default gozero),
-``exact=1`` (go-zero's exact key match), ``cache=PATH`` (the on-disk cache of the last list, read only
-when etcd cannot be read at start: ``waypost.discovery.cache``), and registry options ``user``, ``password``, ``tls=1``,
-``cacert``, ``certfile``, ``keyfile``, ``dial_timeout``, ``request_timeout`` (seconds). An etcd host
-without a port means port 2379, as in registry URLs. The TLS files have these names (not ``ca``/``cert``/``key`` as
-in a registry URL) because ``key`` is the service key in go-zero's targets. Credentials may also be
-written as ``etcd://user:pass@/h1:2379?key=K`` or ``etcd://user:pass@h:2379/K``. Memory targets take
-``key``, ``format`` and ``exact``; direct and dns targets take none. Unknown parameters are errors.
+- ``SCHEME://...`` of a registry kind (``kind_table.py``; each kind's package under ``waypost.registries`` has
+  its grammar): ``SCHEME://HOST:PORT,.../SERVICE?PARAMS`` (``parse_service_target``), or the kind's own parser's
+  (``parse_target``), e.g. go-zero's ``etcd:///h1:2379?key=greet.rpc``. The parameters a kind's targets take are
+  its ``target_params``; unknown parameters are errors.
 
 Passwords never appear in ``repr(target)``, ``str(target)`` or error messages.
 """
@@ -42,14 +21,14 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from types import MappingProxyType
 from typing import NoReturn
-from urllib.parse import quote, unquote, urlencode
+from urllib.parse import unquote
 
+from .. import kind_table as _kinds
 from ..errors import InvalidTarget, did_you_mean
+from ..kind_table import SCHEMES, RegistryKind, all_kinds, keyed, lookup
 from ..netutil import AddressError, join_host_port, parse_host_port
 from ..redaction import redact_url as redact
-from ..registry import kinds as _kinds
-from ..registry.formats import DEFAULT_FORMAT, FORMAT_NAMES
-from ..registry.kinds import KEYED, KINDS, SCHEMES, RegistryKind, all_kinds, lookup
+from ..registry.formats import DEFAULT_FORMAT
 
 # gRPC's forms of direct addresses (``ipv4:a:1,b:2``, ``ipv6:[::1]:1``); they come out with scheme direct
 _ADDRESS_SCHEMES = ("ipv4", "ipv6")
@@ -57,9 +36,8 @@ _ADDRESS_SCHEMES = ("ipv4", "ipv6")
 #: gRPC's port of an address given without one (``ipv4:``, ``ipv6:``)
 GRPC_DEFAULT_PORT = 443
 
-#: examples of the target forms that are no kind's own scheme
+#: examples of the target forms that are no kind's scheme
 _OTHER_EXAMPLES = {
-    "discov": KINDS["etcd"].target_example.replace("etcd:", "discov:", 1),
     "ipv4": "ipv4:127.0.0.1:8080,127.0.0.2:8080",
     "ipv6": "ipv6:[::1]:8080",
 }
@@ -73,21 +51,18 @@ def known_schemes() -> tuple[str, ...]:
 
 def example(scheme: str) -> str | None:
     """A dial target of ``scheme`` (an alias or gRPC's address forms too), or None."""
-    kind = SCHEMES.get(scheme)
-    if kind is not None and kind.scheme == scheme:
-        return kind.target_example
+    kind = lookup(scheme) if scheme not in _OTHER_EXAMPLES else None
+    if kind is not None:  # an alias: the kind's example in its words (discov:///... for etcd:///...)
+        return kind.target_example.replace(f"{kind.scheme}:", f"{scheme}:", 1)
     return _OTHER_EXAMPLES.get(scheme)
 
 
-_REGISTRY_OPTIONS = ("user", "password", "tls", "cacert", "certfile", "keyfile", "dial_timeout", "request_timeout")
-_SECONDS_PARAMS = ("dial_timeout", "request_timeout")
-# the built-in grammars' parameters; every other kind's are its ``target_params``
-_BUILTIN_PARAMS = {
-    "etcd": ("key", "format", "exact", "cache", *_REGISTRY_OPTIONS),
-    "memory": ("key", "format", "exact"),
-    "direct": (),
-}
-_BOOL_PARAMS = ("exact", "tls")
+def _first_example() -> str | None:
+    """The target shown when a text names no kind: the first keyed kind's."""
+    schemes = keyed()
+    return example(schemes[0]) if schemes else None
+
+
 _TRUE = ("1", "true")
 _FALSE = ("0", "false")
 # names people carry over from registry URLs
@@ -96,15 +71,17 @@ _RENAMED = {"ca": "cacert", "cert": "certfile", "username": "user", "pass": "pas
 _UNSUPPORTED = ("unix", "unix-abstract", "vsock", "xds", "passthrough")
 
 _SCHEME_RE = re.compile(r"[A-Za-z][A-Za-z0-9+.-]*")
-_BAD_CHARS_RE = re.compile(r"[\x00-\x20\x7f]")
+#: whitespace and control characters: refused in a target, a key, a service name
+BAD_CHARS_RE = re.compile(r"[\x00-\x20\x7f]")
 _BAD_ESCAPE_RE = re.compile(r"%(?![0-9A-Fa-f]{2})")
 
 
 @dataclass(frozen=True)
 class Target:
-    """A parsed dial target. ``endpoints`` are ``host:port`` strings: the backends for ``direct``,
-    the etcd hosts for ``etcd``, the name to resolve for ``dns``, none for ``memory``.
-    ``authority`` is the memory registry name or the DNS server (``ip:port``), else empty."""
+    """A parsed dial target. ``endpoints`` are ``host:port`` strings: the backends for ``direct``, else what the
+    kind's grammar says (the registry's hosts, the name to resolve, none). ``key`` is the service (or key) to
+    read, ``format`` a keyed kind's wire format, ``authority`` what a kind's grammar keeps from it (a store's
+    name, a DNS server)."""
 
     scheme: str
     endpoints: tuple[str, ...]
@@ -118,8 +95,8 @@ class Target:
 
     @property
     def uses_registry(self) -> bool:
-        """True for targets resolved through a registry (etcd, memory)."""
-        return self.scheme in KEYED
+        """True for targets resolved through a keyed registry (``waypost.connect``'s kinds)."""
+        return self.scheme in keyed()
 
     @property
     def exact(self) -> bool:
@@ -137,26 +114,13 @@ class Target:
         return redact(self.raw)
 
     def registry_url(self) -> str:
-        """The URL ``waypost.connect`` takes for this target's registry.
-
-        ``etcd://[user:pass@]h1:2379,h2:2379[?tls=1&ca=...&cert=...&key=...]`` or ``memory://NAME``.
-        This string carries the password, if any: do not log it.
-        """
-        if self.scheme == "memory":
-            return f"memory://{self.authority}"
-        if self.scheme != "etcd":
+        """The URL ``waypost.connect`` takes for this target's registry (a keyed kind's: its
+        ``target_registry_url``). This string carries the password, if any: do not log it."""
+        kind = lookup(self.scheme)
+        if kind is None or kind.target_registry_url is None:
             raise InvalidTarget(f"{self.scheme} targets have no registry: {self.redacted}")
-        userinfo = ""
-        if "user" in self.options:
-            userinfo = quote(self.options["user"], safe="")
-            if "password" in self.options:
-                userinfo += ":" + quote(self.options["password"], safe="")
-            userinfo += "@"
-        renames = (("tls", "tls"), ("cacert", "ca"), ("certfile", "cert"), ("keyfile", "key"),
-                   ("dial_timeout", "dial_timeout"), ("request_timeout", "request_timeout"))
-        query = [(url_name, self.options[name]) for name, url_name in renames if name in self.options]
-        suffix = "?" + urlencode(query, quote_via=quote, safe="/") if query else ""
-        return f"etcd://{userinfo}{','.join(self.endpoints)}{suffix}"
+        url: str = _kinds.part(kind, "target_registry_url")(self)
+        return url
 
     def __repr__(self) -> str:
         options = {k: ("***" if k == "password" else v) for k, v in self.options.items()}
@@ -187,7 +151,8 @@ def parse_targets(targets: Sequence[str]) -> Target:
         if t.raw not in [p.raw for p in parsed]:
             parsed.append(t)
     if not parsed:
-        raise InvalidTarget(f"an empty list of targets; for example [{example('etcd')!r}, {example('consul')!r}]")
+        shown = [t for t in (_first_example(), *(example(s) for s in _kinds.instance_registries()[:1])) if t]
+        raise InvalidTarget(f"an empty list of targets; for example {shown!r}")
     if len(parsed) == 1:
         return parsed[0]
     raw = " + ".join(t.raw for t in parsed)
@@ -199,8 +164,8 @@ def parse_target(target: str) -> Target:
     if not isinstance(target, str):
         raise InvalidTarget(f"a target must be a string, got {type(target).__name__}")
     if not target:
-        raise InvalidTarget(f"empty target; for example {example('etcd')} or {example('direct')}")
-    if _BAD_CHARS_RE.search(target):
+        raise InvalidTarget(f"empty target; for example {_first_example()} or {example('direct')}")
+    if BAD_CHARS_RE.search(target):
         raise InvalidTarget(f"target {redact(target)!r} contains whitespace or control characters")
     if "://" in target:
         scheme, _, rest = target.partition("://")
@@ -225,7 +190,7 @@ def parse_target(target: str) -> Target:
     if colon and lowered in _UNSUPPORTED:
         _unknown_scheme(lowered, target)
     # gRPC-style plain "host:port" (comma-separated list accepted): direct addresses
-    endpoints = _endpoints(target, "direct", target, what="address")
+    endpoints = endpoints_of(target, "direct", target, what="address")
     return Target(scheme="direct", endpoints=endpoints, raw=target)
 
 
@@ -249,10 +214,10 @@ def _parse_hierarchical(scheme: str, rest: str, raw: str) -> Target:
     if "@" in path or "@" in query:
         fail(scheme, raw, "unexpected '@' after the host list; percent-escape '@' in keys (%40) and "
               "'/', '?', '#', '@' in passwords (%2F, %3F, %23, %40)")
-    if "@" in authority and kind != "etcd":
+    if "@" in authority and not found.credentials:
         fail(scheme, raw, f"{scheme} targets take no credentials")
     params = _query(query, scheme, raw) if has_query else {}
-    allowed = _BUILTIN_PARAMS.get(kind, found.target_params)
+    allowed = found.target_params
     for name in params:
         if name not in allowed:
             _unknown_param(scheme, raw, name, allowed)
@@ -260,13 +225,10 @@ def _parse_hierarchical(scheme: str, rest: str, raw: str) -> Target:
     if kind == "direct":
         if authority:
             fail(scheme, raw, f"direct targets have no authority ({authority!r}): use three slashes")
-        return Target(scheme="direct", endpoints=_endpoints(path[1:], scheme, raw, what="address"), raw=raw)
-    if kind == "memory":
-        return _parse_memory(authority, path, params, raw)
-    if kind == "etcd":
-        return _parse_etcd(scheme, authority, path, params, raw)
+        return Target(scheme="direct", endpoints=endpoints_of(path[1:], scheme, raw, what="address"), raw=raw)
     if found.parse_target is not None:
-        parsed: Target = _kinds.part(found, "parse_target")(kind, authority, path, params, raw)
+        # the scheme as written: an alias's messages name it (discov:///... for etcd's)
+        parsed: Target = _kinds.part(found, "parse_target")(scheme, authority, path, params, raw)
         return parsed
     return parse_service_target(found, authority, path, params, raw)
 
@@ -281,21 +243,12 @@ def _parse_opaque(scheme: str, rest: str, raw: str) -> Target:
         assert dns is not None
         parsed: Target = _kinds.part(dns, "parse_target")("dns", "", "/" + rest, {}, raw)
         return parsed
-    endpoints = _endpoints(rest, scheme, raw, what="address", default_port=GRPC_DEFAULT_PORT)
+    endpoints = endpoints_of(rest, scheme, raw, what="address", default_port=GRPC_DEFAULT_PORT)
     for endpoint in endpoints:
         host = parse_host_port(endpoint)[0]
         if (scheme == "ipv6") != (":" in host) or (scheme == "ipv4" and not _is_ipv4(host)):
             fail(scheme, raw, f"{endpoint!r} is not an {scheme.upper()} address")
     return Target(scheme="direct", endpoints=endpoints, raw=raw)
-
-
-def _parse_memory(authority: str, path: str, params: dict[str, str], raw: str) -> Target:
-    if path not in ("", "/"):
-        fail("memory", raw, f"unexpected path {path!r}: the key goes in ?key=")
-    key = _key(params, "memory", raw)
-    fmt, options = _common_options(params, "memory", raw)
-    return Target(scheme="memory", endpoints=(), key=key, format=fmt, options=options, raw=raw,
-                  authority=authority)
 
 
 def parse_service_target(kind: RegistryKind, authority: str, path: str, params: dict[str, str], raw: str) -> Target:
@@ -307,14 +260,14 @@ def parse_service_target(kind: RegistryKind, authority: str, path: str, params: 
     default_port = kind.default_port
     if not authority:
         fail(scheme, raw, f"the {kind.title} hosts go in the authority: {kind.target_example}")
-    hosts = _endpoints(authority, scheme, raw, what=f"{scheme} host", default_port=default_port)
+    hosts = endpoints_of(authority, scheme, raw, what=f"{scheme} host", default_port=default_port)
     if kind.max_hosts is not None and len(hosts) > kind.max_hosts:
         many = "one host" if kind.max_hosts == 1 else f"at most {kind.max_hosts} hosts"
         fail(scheme, raw, f"a {scheme} target names {many} (the {kind.title} registry knows its peers)")
     service = unquote_strict(path, scheme, raw).strip("/")
     if not service:
         fail(scheme, raw, f"missing the service name after the hosts: {kind.target_example}")
-    if "/" in service or _BAD_CHARS_RE.search(service):
+    if "/" in service or BAD_CHARS_RE.search(service):
         fail(scheme, raw, f"the service name {service!r} cannot contain '/' or control characters")
     options: dict[str, str] = {}
     for name, value in params.items():
@@ -331,78 +284,6 @@ def parse_service_target(kind: RegistryKind, authority: str, path: str, params: 
     if ("certfile" in options) != ("keyfile" in options):
         fail(scheme, raw, "certfile= and keyfile= go together")
     return Target(scheme=scheme, endpoints=hosts, key=service, options=MappingProxyType(options), raw=raw)
-
-
-def _parse_etcd(scheme: str, authority: str, path: str, params: dict[str, str], raw: str) -> Target:
-    userinfo = ""
-    if "@" in authority:
-        userinfo, _, authority = authority.rpartition("@")
-    if authority:
-        # legacy form: hosts in the authority, key in the path (go-zero trims the slashes)
-        hosts = _endpoints(authority, scheme, raw, what="etcd host", default_port=KINDS["etcd"].default_port)
-        key = unquote_strict(path, scheme, raw).strip("/")
-        if key and "key" in params:
-            fail(scheme, raw, "the key is given twice (in the path and as ?key=); use one: "
-                  f"{example(scheme)}")
-        if not key:
-            key = _key(params, scheme, raw)
-    else:
-        hosts = _endpoints(path[1:], scheme, raw, what="etcd host", default_port=KINDS["etcd"].default_port)
-        key = _key(params, scheme, raw)
-    fmt, options = _common_options(params, scheme, raw)
-    if userinfo:
-        if "user" in options or "password" in options:
-            fail(scheme, raw, "credentials are given twice (user:pass@ and ?user=/?password=)")
-        user, colon, password = userinfo.partition(":")
-        user = unquote_strict(user, scheme, raw)
-        if not user:
-            fail(scheme, raw, "empty user name before '@'")
-        options["user"] = user
-        if colon:
-            options["password"] = unquote_strict(password, scheme, raw)
-    if "password" in options and "user" not in options:
-        fail(scheme, raw, "a password needs a user")
-    for name in ("user", "cacert", "certfile", "keyfile", "cache"):
-        if name in options and not options[name]:
-            fail(scheme, raw, f"empty {name}=")
-    if ("certfile" in options) != ("keyfile" in options):
-        hint = ""
-        if "keyfile" not in options and key.endswith((".pem", ".key", ".crt")):
-            hint = " (key= is the service key; the TLS private key file is keyfile=)"
-        fail(scheme, raw, f"certfile= and keyfile= go together{hint}")
-    return Target(scheme="etcd", endpoints=hosts, key=key, format=fmt,
-                  options=MappingProxyType(options), raw=raw)
-
-
-def _key(params: dict[str, str], scheme: str, raw: str) -> str:
-    key = params.get("key")
-    if key is None:
-        fail(scheme, raw, f"{scheme} target needs ?key=: {example(scheme)}")
-    if not key:
-        fail(scheme, raw, f"empty ?key=: {example(scheme)}")
-    if _BAD_CHARS_RE.search(key.replace(" ", "")):
-        fail(scheme, raw, "the key contains control characters")
-    return key
-
-
-def _common_options(params: dict[str, str], scheme: str, raw: str) -> tuple[str, dict[str, str]]:
-    fmt = params.get("format", DEFAULT_FORMAT)
-    if fmt not in FORMAT_NAMES:
-        close = did_you_mean(fmt, FORMAT_NAMES)
-        fail(scheme, raw, f"unknown format {fmt!r}{close}; expected one of: {', '.join(FORMAT_NAMES)}")
-    options: dict[str, str] = {}
-    for name, value in params.items():
-        if name in ("key", "format"):
-            continue
-        if name in _BOOL_PARAMS:
-            lowered = value.lower()
-            if lowered not in _TRUE + _FALSE:
-                fail(scheme, raw, f"{name}= expects 1, 0, true or false, got {value!r}")
-            value = "1" if lowered in _TRUE else "0"
-        elif name in _SECONDS_PARAMS and not _is_positive_number(value):
-            fail(scheme, raw, f"{name}= expects a number of seconds > 0, got {value!r}")
-        options[name] = value
-    return fmt, options
 
 
 def _query(query: str, scheme: str, raw: str) -> dict[str, str]:
@@ -433,7 +314,7 @@ def unquote_strict(text: str, scheme: str, raw: str) -> str:
     return decoded
 
 
-def _endpoints(
+def endpoints_of(
     text: str, scheme: str, raw: str, *, what: str, default_port: int | None = None
 ) -> tuple[str, ...]:
     if not text:
@@ -455,14 +336,6 @@ def _hostport(text: str, scheme: str, raw: str, *, default_port: int | None, wha
         return parse_host_port(text, what=what, default_port=default_port)
     except AddressError as e:
         fail(scheme, raw, str(e))
-
-
-def _is_positive_number(text: str) -> bool:
-    try:
-        value = float(text)
-    except ValueError:
-        return False
-    return 0 < value < float("inf")
 
 
 def _is_ipv4(host: str) -> bool:
@@ -489,7 +362,7 @@ def _unknown_scheme(scheme: str, raw: str) -> NoReturn:
     note = " (not supported by waypost)" if scheme in _UNSUPPORTED else did_you_mean(scheme, known_schemes())
     raise InvalidTarget(
         f"unknown target scheme {scheme!r}{note} in {redact(raw)!r}; known schemes: {', '.join(known_schemes())}"
-        f" (e.g. {example('etcd')})"
+        f" (e.g. {_first_example()})"
     )
 
 
@@ -507,28 +380,9 @@ def target_for_registry(registry: object, key: str) -> str:
     the same settings returns the same shared registry, so the channel reads through the same connection."""
     if not isinstance(key, str) or not key or key.endswith("/") or key.startswith("/"):
         raise InvalidTarget(f"dial: key= must be a service key such as 'greet.rpc', got {key!r}")
-    from ..etcd.config import EtcdConfig, default  # the URL grammar's defaults: only what differs is written
-
-    config = getattr(registry, "config", None)
-    url = getattr(registry, "url", "")
-    if config is None and isinstance(url, str) and url.startswith("memory://"):
-        return f"{url}/?{urlencode({'key': key})}"
-    if not isinstance(config, EtcdConfig):
+    dial_target = getattr(registry, "dial_target", None)
+    if not callable(dial_target):
         raise InvalidTarget(f"dial: expected a target string or a registry from waypost.connect(), got "
                             f"{type(registry).__name__}")
-    endpoints = config.endpoints
-    options: list[tuple[str, str]] = [("key", key)]
-    if config.username:
-        options.append(("user", config.username))
-        if config.password:
-            options.append(("password", config.password))
-    if config.tls:
-        options.append(("tls", "1"))
-    for name, value in (("cacert", config.ca_file), ("certfile", config.cert_file), ("keyfile", config.key_file)):
-        if value:
-            options.append((name, value))
-    for name in ("dial_timeout", "request_timeout"):
-        value = getattr(config, name)
-        if value != default(name):
-            options.append((name, f"{value:g}"))
-    return f"etcd:///{','.join(endpoints)}?{urlencode(options, quote_via=quote, safe='/')}"
+    target: str = dial_target(key)
+    return target

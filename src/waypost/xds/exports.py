@@ -57,7 +57,7 @@ from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
-from ..registry.kinds import kind_of
+from ..kind_table import kind_of
 from .errors import XdsConfigError
 from .policy import check_export
 from .tls import TlsFiles, tls_files_from_table

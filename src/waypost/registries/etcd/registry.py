@@ -7,15 +7,15 @@ import logging
 from collections import deque
 from collections.abc import Iterator, Sequence
 from dataclasses import fields
-from typing import Any, overload
+from typing import TYPE_CHECKING, Any, overload
 
-from .. import _loop
-from ..errors import LeaseNotFound, RegistryUnavailable
-from ..etcd import records
-from ..etcd.client import EtcdClient
-from ..etcd.config import EtcdConfig
-from ..etcd.keys import decode_key, encode_key, key_range
-from .base import (
+from ... import _loop
+from ...errors import LeaseNotFound, RegistryUnavailable
+from ...etcd import records
+from ...etcd.client import EtcdClient
+from ...etcd.config import EtcdConfig
+from ...etcd.keys import decode_key, encode_key, key_range
+from ...registry.base import (
     DeleteResult,
     Event,
     GetResult,
@@ -27,6 +27,9 @@ from .base import (
     ValueColumns,
     Watch,
 )
+
+if TYPE_CHECKING:
+    from .config import EtcdURL
 
 log = logging.getLogger("waypost.registry.etcd")
 
@@ -176,6 +179,11 @@ class EtcdRegistry(Registry):
     def __repr__(self) -> str:
         return f"<EtcdRegistry {self.url}>"
 
+    def dial_target(self, key: str) -> str:
+        from .target import dial_target  # the target grammar: loaded when a channel is dialed this way
+
+        return dial_target(self.config, key)
+
     @property
     def client(self) -> EtcdClient:
         """The underlying etcd client (created on first use; only on the control loop)."""
@@ -297,3 +305,8 @@ class EtcdRegistry(Registry):
                 log.exception("close hook failed")
         if self._client is not None:
             await self._client.close()
+
+
+def from_url(url: EtcdURL) -> EtcdRegistry:
+    """The registry of a parsed ``etcd://`` URL (the kind's ``registry``: ``waypost.connect`` shares it)."""
+    return EtcdRegistry(url.config, url.redacted)

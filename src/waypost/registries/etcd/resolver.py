@@ -13,12 +13,12 @@ import re
 from collections.abc import Sequence
 from typing import Any
 
-from .. import _loop
-from ..backoff import Backoff
-from ..errors import RegistryUnavailable
-from ..types import Backend
-from .base import OnError, OnUpdate, ResolverOptions
-from .target import Target
+from ... import _loop
+from ...backoff import Backoff
+from ...errors import RegistryUnavailable
+from ...resolver.base import OnError, OnUpdate, ResolverOptions
+from ...resolver.target import Target
+from ...types import Backend
 
 log = logging.getLogger("waypost.resolver")
 
@@ -61,7 +61,7 @@ class RegistryResolver:
         """Blocking mode (sync dial): returns after the initial load, raising RegistryUnavailable when the
         registry cannot be read in time. Non-blocking mode (aio dial): loads in the background; calls wait
         for the first list meanwhile, and a failure is reported through ``on_error`` and retried."""
-        from ..discovery import Subscriber
+        from ...discovery import Subscriber
 
         if self.blocking:
             try:
@@ -77,7 +77,7 @@ class RegistryResolver:
 
     async def _why_unreachable(self) -> str | None:
         """The registry's own account of why it cannot be reached (bounded; None if it can or cannot say)."""
-        from ..discovery.subscriber import resolve_registry
+        from ...discovery.subscriber import resolve_registry
 
         try:
             return await asyncio.wait_for(resolve_registry(self.target.registry_url()).unreachable(), PROBE_LIMIT)
@@ -94,7 +94,7 @@ class RegistryResolver:
         return text if text.startswith("could not read") else f"{what}: {text}"
 
     async def _open_async(self, on_update: OnUpdate, on_error: OnError) -> None:
-        from ..discovery import Subscriber
+        from ...discovery import Subscriber
 
         failures = 0
         while not self._closed:

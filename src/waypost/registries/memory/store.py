@@ -27,11 +27,13 @@ import dataclasses
 import itertools
 import logging
 import threading
+import urllib.parse
 from collections.abc import AsyncIterator
+from typing import TYPE_CHECKING
 
-from .. import _loop
-from ..errors import Compacted, LeaseNotFound, RegistryError, RegistryUnavailable
-from .base import (
+from ... import _loop
+from ...errors import Compacted, LeaseNotFound, RegistryError, RegistryUnavailable
+from ...registry.base import (
     DeleteResult,
     Event,
     GetResult,
@@ -43,6 +45,9 @@ from .base import (
     ValueColumns,
     Watch,
 )
+
+if TYPE_CHECKING:
+    from .config import MemoryURL
 
 log = logging.getLogger("waypost.registry.memory")
 
@@ -394,6 +399,9 @@ class MemoryRegistry(Registry):
         self._keepalives: set[_MemKeepAlive] = set()
         self._closed = False
 
+    def dial_target(self, key: str) -> str:
+        return f"{self.url}/?{urllib.parse.urlencode({'key': key})}"
+
     @classmethod
     def get_or_create(cls, name: str = "default") -> MemoryRegistry:
         """The process-wide shared handle for ``name`` (a new one if the previous one was closed)."""
@@ -510,3 +518,8 @@ class MemoryRegistry(Registry):
         for ka in list(self._keepalives):
             ka._stop()
 
+
+
+def from_url(url: MemoryURL) -> MemoryRegistry:
+    """A handle on the store a parsed ``memory://NAME`` URL names (the kind's ``registry``)."""
+    return MemoryRegistry(url.name)

@@ -1,0 +1,23 @@
+"""The etcd kind's row: ``waypost.connect("etcd://...")`` makes its ``EtcdRegistry``, ``etcd:///HOSTS?key=K``
+(and go-zero's ``discov://``) targets are read through a ``waypost.Subscriber``."""
+
+from __future__ import annotations
+
+from ...kind_table import RegistryKind, Words
+
+_HERE = "waypost.registries.etcd."
+
+KIND = RegistryKind(
+    "etcd", 2379, "etcd:///127.0.0.1:2379?key=greet.rpc",
+    "etcd://user:secret@127.0.0.1:2379,10.0.0.2:2379?tls=1&ca=/etc/etcd/ca.pem&dial_timeout=3",
+    keyed=True, aliases=("discov",), credentials=True,
+    parse_url=_HERE + "config:parse_etcd_url", registry=_HERE + "registry:from_url",
+    parse_target=_HERE + "target:parse_etcd_target",
+    target_params=("key", "format", "exact", "cache", "user", "password", "tls", "cacert", "certfile", "keyfile",
+                   "dial_timeout", "request_timeout"),
+    target_registry_url=_HERE + "target:registry_url", resolver=_HERE + "resolver:RegistryResolver",
+    misdial=_HERE + "misdial:meant_target",
+    words=Words(misdialed="this looks like an etcd endpoint: did you mean {target} (the key the servers register "
+                          "under)?"),
+    discovery=_HERE + "discovery:KeyedDiscovery",
+)
