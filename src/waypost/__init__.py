@@ -75,7 +75,7 @@ if TYPE_CHECKING:
     from .discovery.registration_factory import MultiPublisher as MultiPublisher
     from .orca import load_interceptor as load_interceptor
     from .orca import set_load as set_load
-    from .registries.consul.publisher import ConsulPublisher as ConsulPublisher
+    from .registries.consul.registrar import ConsulPublisher as ConsulPublisher
     from .registries.eureka.publisher import EurekaPublisher as EurekaPublisher
     from .registries.zookeeper.publisher import ZkPublisher as ZkPublisher
     from .registry import connect as connect
@@ -105,7 +105,7 @@ _LAZY = {
     "RegistryKind": ("waypost.registry.kinds", "RegistryKind"),
     "register_kind": ("waypost.registry.kinds", "register_kind"),
     "Publisher": ("waypost.discovery", "Publisher"),
-    "ConsulPublisher": ("waypost.registries.consul.publisher", "ConsulPublisher"),
+    "ConsulPublisher": ("waypost.registries.consul.registrar", "ConsulPublisher"),
     "ZkPublisher": ("waypost.registries.zookeeper.publisher", "ZkPublisher"),
     "EurekaPublisher": ("waypost.registries.eureka.publisher", "EurekaPublisher"),
     "MultiPublisher": ("waypost.discovery.registration_factory", "MultiPublisher"),

@@ -115,8 +115,19 @@ class KindRegistration(HeartbeatPublisher):
 
     def _start_keepers(self) -> None:
         super()._start_keepers()
+        if type(self.client).guard is not Registrar.guard:
+            self._keep("guard", self._guard)
         if self.url is not None and self.kind.override_store is not None:
             self._keep("override", self._follow_override)
+
+    async def _guard(self) -> None:
+        """The registrar's ``guard``: the instance gone or changed from outside is registered again at once."""
+        try:
+            await self.client.guard(self.instance)
+        except InstanceGone as e:
+            if self._state == "running" and self._registered:
+                log.debug("%r: the registry no longer has the registration as written (%s)", self, e)
+                self._recover_later(e)
 
     async def _follow_override(self) -> None:
         """Follow this instance's override record while registered; a change is written at once. A store without

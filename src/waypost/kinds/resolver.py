@@ -47,6 +47,7 @@ class KindResolver(LoopResolver[Discovery]):
         self._answered = False  # a LookupFailed came: failures are answers, never held back
         # made here, so that a target, an option or a client library the kind refuses fails the dial itself
         self._discovery: Discovery = part(kind, "discovery")(target)
+        self._discovery.dial_timeout = timeout
         self._discovery.configure(dict(options.channel_options) if options is not None else {})
         if self._discovery.backoff is not None:
             self.backoff = self._discovery.backoff

@@ -5,21 +5,16 @@ poll: the answer comes when the result changes or the wait ends) would hold a th
 per resolver and one per publisher guard; on the control loop (``waypost._loop``) every one of them is a
 coroutine holding a socket, next to the etcd watches and the k8s informers. The API surface needed is small:
 
-- ``register_service`` / ``deregister_service``: ``PUT /v1/agent/service/register``, ``.../deregister/<id>``
-  (the local agent: it owns the registration and syncs it to the catalog; its checks run there);
-- ``pass_check`` / ``update_check``: ``PUT /v1/agent/check/pass/<id>``, ``/v1/agent/check/update/<id>`` (TTL
-  checks); an unknown check answers 404, which ``ConsulNotFound`` carries (the agent lost it: restarted,
-  or someone deregistered the service);
-- ``agent_service``: ``GET /v1/agent/service/<id>`` (blocking on its content hash);
+- ``request``: any call (the registrar's register, deregister, TTL pass and guard read; the override store's KV
+  reads and writes);
 - ``health_service``: ``GET /v1/health/service/<name>?passing=1&index=N&wait=Ws&tag=..&dc=..`` -> the new
-  index (``X-Consul-Index``) and the instances;
-- ``leader``: ``GET /v1/status/leader``.
+  index (``X-Consul-Index``) and the instances.
 
 Every request has a timeout: ``timeout`` seconds for a plain one, ``wait * 17/16 + timeout`` for a blocking
 one (Consul adds up to wait/16 of jitter). Errors: unreachable, timed out, 502/503/504 or "No cluster leader"
 -> ``RegistryUnavailable``; 403 -> ``PermissionDenied`` with a hint on the ACL rule needed; 404 ->
-``ConsulNotFound``; a failed TLS handshake -> ``ConsulTLSError`` (a RegistryUnavailable); any other non-200 ->
-``RegistryError`` with Consul's message; a 200 whose body is not JSON (or, for the health API, not a list) ->
+``ConsulNotFound`` (an unknown check or service on the agent); a failed TLS handshake -> ``ConsulTLSError`` (a
+RegistryUnavailable); any other non-200 -> ``RegistryError`` with Consul's message; a 200 whose body is not JSON (or, for the health API, not a list) ->
 ``MalformedAnswer``. A timeout says how far the request got: no connection, a connection and no answer, or
 an answer that did not finish. The ACL token goes in ``X-Consul-Token`` and never into a message.
 
@@ -158,11 +153,6 @@ def _quote(segment: str) -> str:
     return urllib.parse.quote(segment, safe="")
 
 
-def _duration(seconds: float) -> str:
-    """Go duration text for Consul (``"55s"``, ``"1.5s"``): the gRPC JSON form, which Go's parser reads too."""
-    return format_duration(seconds)
-
-
 class ConsulClient(HttpApiClient):
     """One agent's HTTP API (``config``); ``timeout`` bounds every non-blocking request, in seconds."""
 
@@ -176,9 +166,6 @@ class ConsulClient(HttpApiClient):
         self.filtered_by_acls = False
         #: Consul's ACL default policy as its last answer said (``X-Consul-Default-Acl-Policy``: allow, deny)
         self.default_acl_policy = ""
-        #: how far the last request got when its caller's own bound cancelled it (``asyncio.wait_for``): how and
-        #: what, for ``no_answer``; None when the last request was not cancelled
-        self.stalled: tuple[str, str] | None = None
 
     def __repr__(self) -> str:
         return f"<ConsulClient {self.config.redacted}>"
@@ -206,13 +193,6 @@ class ConsulClient(HttpApiClient):
         token = self.config.effective_token()
         return {"X-Consul-Token": token} if token else {}
 
-    def no_answer(self, how: str, within: float, what: str) -> RegistryUnavailable:
-        """The one text of a request the agent did not answer in time, whoever timed it out (this client, or a
-        caller's bound around it): which agent, how far the request got (``how``: it accepted the connection
-        but did not answer, ...), the bound the caller set (``within`` seconds) and the request (``what``)."""
-        return RegistryUnavailable(f"consul agent at {self.config.base_url} {how} within {format_duration(within)} "
-                                   f"({what})")
-
     async def request(self, method: str, path: str, *, params: Iterable[tuple[str, str]] = (), body: Any = None,
                       timeout: float | None = None, what: str = "", missing_ok: bool = False,
                       within: float | None = None) -> tuple[Mapping[str, str], Any]:
@@ -233,18 +213,15 @@ class ConsulClient(HttpApiClient):
         data = None if body is None else json.dumps(body, separators=(",", ":"))
         client_timeout = aiohttp.ClientTimeout(total=limit, sock_connect=min(limit, self.timeout))
         progress: dict[str, bool] = {}
-        self.stalled = None
         try:
             async with session.request(method, path, params=list(params), data=data, headers=self._headers(),
                                        timeout=client_timeout, trace_request_ctx=progress) as resp:
                 progress["answered"] = True
                 raw = await resp.read()
                 status, headers = resp.status, resp.headers
-        except asyncio.CancelledError:
-            self.stalled = (_how_far(progress), what)  # a caller's wait_for: its error can say the same
-            raise
         except asyncio.TimeoutError:
-            raise self.no_answer(_how_far(progress), limit if within is None else within, what) from None
+            raise RegistryUnavailable(f"consul agent at {self.config.base_url} {_how_far(progress)} within "
+                                      f"{format_duration(limit if within is None else within)} ({what})") from None
         except (aiohttp.ClientSSLError, ssl.SSLError) as e:
             raise ConsulTLSError(f"consul agent at {self.config.base_url}: TLS failed ({what}): "
                                  f"{str(e) or type(e).__name__}") from None
@@ -281,52 +258,12 @@ class ConsulClient(HttpApiClient):
 
     # ---- the API --------------------------------------------------------------------------------------
 
-    async def leader(self) -> str:
-        """The leader's server address (``""`` while the cluster has none)."""
-        _, body = await self.request("GET", "/v1/status/leader", what="status/leader")
-        return body if isinstance(body, str) else ""
-
-    async def register_service(self, definition: Mapping[str, Any]) -> None:
-        """``PUT /v1/agent/service/register`` (same ID: updated in place)."""
-        await self.request("PUT", "/v1/agent/service/register", body=dict(definition),
-                           what=f"registering service {definition.get('ID') or definition.get('Name')!r}")
-
-    async def deregister_service(self, service_id: str) -> None:
-        await self.request("PUT", f"/v1/agent/service/deregister/{_quote(service_id)}",
-                           what=f"deregistering service {service_id!r}")
-
-    async def pass_check(self, check_id: str, note: str = "") -> None:
-        """Mark a TTL check passing (and restart its TTL); ``ConsulNotFound`` when the agent does not know it."""
-        params = [("note", note)] if note else []
-        await self.request("PUT", f"/v1/agent/check/pass/{_quote(check_id)}", params=params,
-                           what=f"passing check {check_id!r}")
-
-    async def update_check(self, check_id: str, status: str, output: str = "") -> None:
-        """Set a TTL check's status (``passing``, ``warning``, ``critical``) and output."""
-        await self.request("PUT", f"/v1/agent/check/update/{_quote(check_id)}",
-                           body={"Status": status, "Output": output}, what=f"updating check {check_id!r}")
-
-    async def agent_service(self, service_id: str, *, hash: str = "", wait: float | None = None
-                            ) -> tuple[str, dict[str, Any]]:
-        """The local agent's registration ``service_id`` and its content hash; with ``hash`` and ``wait``, a
-        blocking query that answers when the registration changes (or after ``wait`` s). ``ConsulNotFound``
-        when the agent has no such service."""
-        params: list[tuple[str, str]] = []
-        if hash and wait:
-            params = [("hash", hash), ("wait", _duration(min(wait, MAX_WAIT)))]
-        headers, body = await self.request("GET", f"/v1/agent/service/{_quote(service_id)}", params=params,
-                                           timeout=self._blocking_timeout(wait if hash else None),
-                                           what=f"reading service {service_id!r}")
-        if not isinstance(body, dict):
-            raise RegistryError(f"consul agent at {self.config.base_url}: service {service_id!r} is not an object")
-        return headers.get("X-Consul-ContentHash", "") or str(body.get("ContentHash", "")), body
-
     async def health_service(self, name: str, *, index: int = 0, wait: float | None = None,
                              tags: Iterable[str] = (), datacenter: str | None = None, passing: bool = True,
                              timeout: float | None = None, within: float | None = None) -> tuple[int, list[Any]]:
         """``GET /v1/health/service/<name>``: the result's index (``X-Consul-Index``) and its entries (each
         ``{"Node": ..., "Service": ..., "Checks": ...}`` from Consul; the entries are not checked here:
-        ``waypost.registries.consul.health.read_entries`` does that). With ``index`` > 0 and ``wait``, a blocking query.
+        ``ConsulDiscovery.backends`` does that). With ``index`` > 0 and ``wait``, a blocking query.
         ``tags``: every one required; ``datacenter``: another datacenter than the agent's (default: the
         config's ``datacenter``, else the agent's). ``timeout`` bounds a non-blocking read instead of the
         client's ``timeout``, and ``within`` is the bound its timeout names (``request``). ``MalformedAnswer``
@@ -341,7 +278,7 @@ class ConsulClient(HttpApiClient):
         blocking = index > 0 and wait is not None
         if blocking:
             assert wait is not None
-            params += [("index", str(index)), ("wait", _duration(min(wait, MAX_WAIT)))]
+            params += [("index", str(index)), ("wait", format_duration(min(wait, MAX_WAIT)))]
         limit = self._blocking_timeout(wait) if blocking else (timeout or self.timeout)
         headers, body = await self.request("GET", f"/v1/health/service/{_quote(name)}", params=params,
                                            timeout=limit, within=None if blocking else within,

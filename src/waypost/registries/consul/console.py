@@ -4,31 +4,27 @@ The catalog's service list is followed by one blocking query (``/v1/catalog/serv
 changes, ``WAIT`` at most) on waypost's control loop; each service is shown through waypost's own Consul resolver
 (a ``consul://host:8500/SERVICE`` target: the passing instances, what a client dialing it sees). The override
 records live in Consul's KV store under the same path as in etcd (``_waypost/override/<service>/<address>``,
-followed by one more blocking query), where ``ConsulPublisher`` follows its own: drain and weight work the same.
+followed by one more blocking query), where a server registered there follows its own: drain and weight work the same.
 """
 
 from __future__ import annotations
 
 import asyncio
-import json
 import logging
 import urllib.parse
-from collections.abc import Callable
 
 from ...console.board import Board
 from ...console.catalog_source import CatalogSource
 from ...console.sources import RETRY_INTERVAL, on_control
 from ...discovery.override import OVERRIDE_ROOT, parse_override, split_override_key
-from ...netutil import parse_host_port
-from ...registry.base import DeleteResult, KeyValue, PutResult
-from .api import ConsulClient
 from .config import ConsulConfig, parse_registry_url
-from .kv import kv_delete, kv_get, kv_list, kv_put
+from .overrides import ConsulOverrideStore, kv_read
 
 log = logging.getLogger("waypost.console")
 
 #: the longest a blocking query of the catalog waits for a change
 WAIT = 10.0
+
 
 def service_target(config: ConsulConfig, service: str) -> str:
     """The dial target of ``service`` through the agent of ``config`` (its token, TLS and datacenter)."""
@@ -50,9 +46,10 @@ class ConsulSource(CatalogSource):
 
     def __init__(self, url: str, board: Board, timeout: float = 5.0) -> None:
         self.config = parse_registry_url(url)
-        super().__init__(self.config.redacted, board, timeout, lambda: ConsulClient(self.config, timeout=timeout))
-        #: what the console's writes go through (``actions.apply``): the KV store of this agent
-        self.writer = ConsulOverrides(self.name, self.client)
+        #: what the console's writes go through (``actions.apply``): the KV store of this agent, whose client
+        #: the source reads with too
+        self.writer = ConsulOverrideStore(self.config, timeout)
+        super().__init__(self.config.redacted, board, timeout, lambda: self.writer.client)
 
     def _target(self, service: str) -> str:
         return service_target(self.config, service)
@@ -86,7 +83,8 @@ class ConsulSource(CatalogSource):
         index = 0
         while not self._closed:
             try:
-                new_index, items = await on_control(kv_list(self.client(), OVERRIDE_ROOT, index=index, wait=WAIT))
+                new_index, items = await on_control(kv_read(self.client(), OVERRIDE_ROOT, recurse=True, index=index,
+                                                                   wait=WAIT))
             except asyncio.CancelledError:
                 raise
             except Exception as e:  # noqa: BLE001 (the next query tries again)
@@ -119,45 +117,3 @@ class ConsulSource(CatalogSource):
     async def _apply(self, names: list[str]) -> None:
         self.board.source_up(self.name, "consul")
         await self._follow_names(names)
-
-
-class ConsulOverrides:
-    """The two writes ``actions.apply`` makes, on Consul's KV store (run on the control loop)."""
-
-    def __init__(self, name: str, client: Callable[[], ConsulClient]) -> None:
-        self.url = name
-        self._client = client
-
-    async def _previous(self, key: str) -> KeyValue | None:
-        _, value = await kv_get(self._client(), key)
-        return None if value is None else KeyValue(key, value)
-
-    async def put(self, key: str, value: bytes, *, prev_kv: bool = False) -> PutResult:
-        prev = await self._previous(key) if prev_kv else None
-        await kv_put(self._client(), key, json.loads(value))
-        return PutResult(0, prev)
-
-    async def delete(self, key: str, *, prev_kv: bool = False) -> DeleteResult:
-        prev = await self._previous(key) if prev_kv else None
-        await kv_delete(self._client(), key)
-        return DeleteResult(0, int(prev is not None), [prev] if prev is not None else [])
-
-
-class ConsulOverrideStore(ConsulOverrides):
-    """``waypost drain`` on a Consul registry URL: the overrides over a client of its own (``close()`` after)."""
-
-    def __init__(self, url: str) -> None:
-        config = parse_registry_url(url)
-        self._own = ConsulClient(config)
-        super().__init__(config.redacted, lambda: self._own)
-
-    async def registered(self, key: str, address: str) -> bool:
-        """Whether ``address`` is an instance of service ``key`` in the catalog now (passing or not)."""
-        _, entries = await self._own.health_service(key, passing=False)
-        host, port = parse_host_port(address)
-        return any((e.get("Service") or {}).get("Port") == port and
-                   (e.get("Service") or {}).get("Address") in (host, address.rpartition(":")[0])
-                   for e in entries if isinstance(e, dict))
-
-    async def close(self) -> None:
-        await self._own.close()
