@@ -129,6 +129,27 @@ class KindRegistration(HeartbeatPublisher):
                 log.debug("%r: the registry no longer has the registration as written (%s)", self, e)
                 self._recover_later(e)
 
+    async def _register(self) -> None:
+        await self._read_override()  # an operator's drain applies from the first registration on
+        await super()._register()
+
+    async def _read_override(self) -> None:
+        """The instance's override record now, before a registration (the first value of the store's ``watch``;
+        a store without one has nothing to read). A failure fails this attempt, as the registration would."""
+        if self.url is None or self.kind.override_store is None:
+            return
+        store = part(self.kind, "override_store")(self.url)
+        try:
+            if hasattr(store, "watch"):
+                values = store.watch(override_key(self.base_key, self.value))
+                try:
+                    value = await anext(values)  # bounded by the registration's attempt
+                finally:
+                    await values.aclose()
+                self.override = parse_override(value) if value is not None else None
+        finally:
+            await store.close()
+
     async def _follow_override(self) -> None:
         """Follow this instance's override record while registered; a change is written at once. A store without
         ``watch`` has nothing to follow; a failure is retried every ~1 s (the registration stays as it is)."""

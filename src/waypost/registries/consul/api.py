@@ -41,6 +41,9 @@ from .config import TOKEN_ENV, ConsulConfig
 INSTALL_HINT = "consul:// registries and targets need the consul extra: pip install 'waypost[consul]'"
 #: Consul's own cap on a blocking query's wait
 MAX_WAIT = 600.0
+#: a registration's requests are bounded a little inside its timeout (and name it): their own error (which agent,
+#: how far the request got) comes before the registration's bound ends the attempt, too late for another one
+INSIDE = 0.96
 
 
 #: Consul's limits on service Meta (agent/structs: metaKeyFormat, metaMaxKeyPairs, metaValueMaxLength)

@@ -18,7 +18,7 @@ from ...discovery.override import OVERRIDE_ROOT
 from ...kinds import PermissionDenied, RegistryError
 from ...netutil import parse_host_port
 from ...registry.base import DeleteResult, KeyValue, PutResult
-from .api import MAX_WAIT, ConsulClient, result_index
+from .api import INSIDE, MAX_WAIT, ConsulClient, result_index
 from .config import ConsulConfig, parse_registry_url
 
 log = logging.getLogger("waypost.discovery")
@@ -37,7 +37,7 @@ def _value(item: Any) -> bytes:
 
 
 async def kv_read(client: ConsulClient, key: str, *, recurse: bool = False, index: int = 0,
-                  wait: float | None = None) -> tuple[int, list[tuple[str, bytes]]]:
+                  wait: float | None = None, within: float | None = None) -> tuple[int, list[tuple[str, bytes]]]:
     """The key (``recurse``: every key under the prefix) with its value, and the index to block on next; with
     ``index`` > 0 and ``wait``, a blocking query that answers when it changes (or after ``wait`` s)."""
     params, limit = [("recurse", "1")] if recurse else [], None
@@ -46,6 +46,7 @@ async def kv_read(client: ConsulClient, key: str, *, recurse: bool = False, inde
         params += [("index", str(index)), ("wait", f"{wait:g}s")]
         limit = wait * 1.1 + client.timeout
     headers, body = await client.request("GET", _path(key), params=params, timeout=limit, missing_ok=True,
+                                         within=None if limit else within,
                                          what=f"reading the key{'s under' if recurse else ''} {key!r}")
     if body is not None and not isinstance(body, list):
         raise RegistryError(f"consul at {client.config.base_url}: the key {key!r} answered {str(body)[:120]!r}")
@@ -59,7 +60,8 @@ class ConsulOverrideStore:
     def __init__(self, url: str | ConsulConfig, timeout: float = 5.0) -> None:
         self.config = url if isinstance(url, ConsulConfig) else parse_registry_url(url)
         self.url = self.config.redacted
-        self.client = ConsulClient(self.config, timeout=timeout)
+        self.timeout = timeout
+        self.client = ConsulClient(self.config, timeout=timeout * INSIDE)
 
     async def _previous(self, key: str) -> KeyValue | None:
         _, items = await kv_read(self.client, key)
@@ -89,10 +91,12 @@ class ConsulOverrideStore:
         index, last, first = 0, None, True
         while True:
             try:
-                new_index, items = await kv_read(self.client, key, index=index, wait=WAIT)
+                new_index, items = await kv_read(self.client, key, index=index, wait=WAIT, within=self.timeout)
             except PermissionDenied as e:
                 log.info("cannot read the override key %r in consul, so operator drains do not reach this server "
                          "(give its token key_prefix \"%s\" read): %s", key, OVERRIDE_ROOT, e)
+                if first:
+                    yield None  # no override it may read
                 await asyncio.Event().wait()  # until the registration goes (cancelled)
                 return
             index = 0 if new_index < index else new_index  # an index that went back: start over

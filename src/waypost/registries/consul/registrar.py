@@ -24,7 +24,7 @@ from typing import Any
 from ...backoff import Backoff
 from ...kinds import Instance, InstanceGone, PermissionDenied, Registrar, RegistryError
 from ...kinds.registration import KindRegistration
-from .api import ConsulClient, ConsulNotFound, encode_meta, require_client
+from .api import INSIDE, ConsulClient, ConsulNotFound, encode_meta, require_client
 from .config import ConsulConfig
 
 log = logging.getLogger("waypost.discovery")
@@ -36,9 +36,6 @@ GUARD_WAIT = 60.0
 #: the guard's retries after its read failed: soon at first (an agent back without the registration is noticed
 #: within ~0.2 s), then every second
 GUARD_BACKOFF = Backoff(0.2, 1.0, 0.05)
-#: a request is bounded a little inside the registration's timeout, so that its own error (which agent, how far
-#: the request got) comes first, naming the registration's bound
-INSIDE = 0.9
 
 
 def _quote(segment: str) -> str:
