@@ -55,7 +55,7 @@ def _resolver(target: str, *, blocking: bool = True, settle: float | None = None
               ) -> tuple[KindResolver, Updates]:
     r = KindResolver(KIND, parse_target(target), ResolverOptions(blocking=blocking), **kw)
     if settle is not None:
-        r.discovery.settle = settle  # type: ignore[attr-defined]
+        r.discovery.empty.settle = settle  # type: ignore[attr-defined]
     u = Updates()
     r.start(u.on_update, u.on_error)
     return r, u
@@ -108,7 +108,7 @@ def test_publisher_validates_its_arguments():
     with pytest.raises(ValueError, match="Meta key"):
         ConsulPublisher("consul://127.0.0.1:1", "greet", "127.0.0.1:80", metadata={"a b": 1})
     with pytest.raises(ValueError, match="cannot contain '/'"):
-        ConsulPublisher("consul://127.0.0.1:1", "a/b", "127.0.0.1:80").start()  # Consul's rule: at the first write
+        ConsulPublisher("consul://127.0.0.1:1", "a/b", "127.0.0.1:80")
     with pytest.raises(InvalidTarget):
         ConsulPublisher("consul://127.0.0.1:1?x=1", "greet", "127.0.0.1:80")
 

@@ -69,7 +69,7 @@ def _resolver(target: str, *, blocking: bool = True, settle: float | None = None
               ) -> tuple[KindResolver, Updates]:
     r = KindResolver(KIND, parse_target(target), ResolverOptions(blocking=blocking), **kw)
     if settle is not None:
-        r.discovery.settle = settle  # type: ignore[attr-defined]
+        r.discovery.empty.settle = settle  # type: ignore[attr-defined]
     u = Updates()
     r.start(u.on_update, u.on_error)
     return r, u
@@ -291,7 +291,7 @@ def test_agent_restart_with_its_state_keeps_the_list_under_load(persistent_agent
             t_up = time.monotonic()
             # the resolver has read the restarted agent and seen no passing instance (held, or pushed)
             wait_until(lambda: resolver.discovery.failures > failures_before and resolver.discovery.queries > queries
-                       and (resolver.discovery.holds >= 1 or resolver._last == ()), 40,
+                       and (resolver.discovery.empty.holds >= 1 or resolver._last == ()), 40,
                        what="the resolver reading the restarted agent's empty answer")
             seen_empty_after = time.monotonic() - t_up
             time.sleep(1.0)  # calls go on meanwhile
@@ -302,9 +302,9 @@ def test_agent_restart_with_its_state_keeps_the_list_under_load(persistent_agent
             time.sleep(1.0)
             load.stop()
             print(f"agent restart: {load.sent} calls, {len(load.failed)} failed; the resolver saw the empty "
-                  f"answer {seen_empty_after:.2f}s after the agent was back; holds={resolver.discovery.holds}")
+                  f"answer {seen_empty_after:.2f}s after the agent was back; holds={resolver.discovery.empty.holds}")
             assert load.failed == [], f"{len(load.failed)} of {load.sent} calls failed: {load.failed[:3]}"
-            assert resolver.discovery.holds == 1
+            assert resolver.discovery.empty.holds == 1
     finally:
         if load is not None:
             load.stop()
@@ -326,7 +326,7 @@ def test_an_empty_list_after_a_reconnect_is_applied_once_confirmed(persistent_ag
         agent.stop()
         time.sleep(3.0)  # longer than the TTL: the check comes back critical
         agent.start()
-        wait_until(lambda: r.discovery.holds == 1, 40, what="the empty answer after the reconnect held")
+        wait_until(lambda: r.discovery.empty.holds == 1, 40, what="the empty answer after the reconnect held")
         assert u.addresses() == ["127.0.0.1:7021"]
         wait_until(lambda: u.addresses() == [], 20, what="the empty list applied once confirmed")
         # no reconnect since: an empty answer is applied at once
@@ -334,7 +334,7 @@ def test_an_empty_list_after_a_reconnect_is_applied_once_confirmed(persistent_ag
         wait_until(lambda: u.addresses() == ["127.0.0.1:7022"], 10)
         agent.deregister(f"{name}-127.0.0.1-7022")
         wait_until(lambda: u.addresses() == [], 5)
-        assert r.discovery.holds == 1
+        assert r.discovery.empty.holds == 1
     finally:
         r.close()
 

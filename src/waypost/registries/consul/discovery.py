@@ -1,26 +1,7 @@
-"""consul://HOST:PORT/SERVICE: the passing instances of a Consul service, followed with blocking queries.
-
-One long poll at a time on the agent's health endpoint
-(``/v1/health/service/SERVICE?passing=1[&tag=T...][&dc=DC]&index=N&wait=55s``):
-
-1. the first query (index 0) answers at once: the list, and ``X-Consul-Index``; each next one passes that index
-   and waits until the result changes (or ``wait`` s pass); a list equal to the last is not pushed again;
-2. an index that goes backwards (a restarted agent or servers, a snapshot restore) resets to 0 (Consul's advice);
-   the index is kept at >= 1 so a query always blocks; queries are at least ``MIN_SPACING`` s apart;
-3. after a failure (the channel keeps its last list, retried with backoff), the first query is an immediate read:
-   against an agent restarted with less state, a blocking query with the old index would wait its whole ``wait``;
-4. an answer that is not Consul's (not JSON, not a list, no well-formed entry) is a failure like 3, counted in
-   ``waypost_resolver_errors_total{reason="malformed"}``; malformed entries beside good ones are skipped (each
-   distinct problem logged once); an entry without a usable address (no host, a port outside 1-65535) too;
-5. within ``settle`` s of a reconnect, an empty answer does not replace a list that had instances until it has
-   stayed empty for ``settle`` s: an agent back from an outage longer than its TTL checks restores every instance
-   as critical until their owners pass the checks again;
-6. a TLS failure and "no path to datacenter" fail a blocking dial at once (``PermissionDenied``), as a 403 does.
-
-With ACLs on, Consul silently leaves out what a token may not read: a WARNING when it says so
-(``X-Consul-Results-Filtered-By-ACLs``) or when the list is empty under a default-deny policy.
-Backends: ``host:port`` (the service's ``Address``, else the node's) with the service's ``Meta`` decoded plus
-``tags``; two instances on one address: the first by ID wins.
+"""consul://HOST:PORT/SERVICE: the passing instances of a Consul service, followed with blocking queries of
+``/v1/health/service/SERVICE?passing=1[&tag=..][&dc=..]&index=N&wait=55s``, as Consul advises blocking clients to
+(an index that went back starts over; after a failure a plain read first), keeping the last list through failures,
+malformed answers and, right after a reconnect, an empty answer until it lasts (docs/consul.md, "Targets").
 """
 
 from __future__ import annotations
@@ -43,7 +24,7 @@ from ...kinds import (
 )
 from ...netutil import join_host_port
 from ...resolver.empty_hold import EmptyListHold
-from .api import ConsulClient, ConsulTLSError, MalformedAnswer, decode_meta, require_client
+from .api import ConsulClient, ConsulTLSError, MalformedAnswer, decode_meta
 from .config import TOKEN_ENV, from_target
 
 log = logging.getLogger("waypost.resolver.consul")
@@ -86,7 +67,6 @@ class ConsulDiscovery(Discovery):
     """The passing instances of a ``consul://`` target's service; see the module docstring."""
 
     def __init__(self, target: Target) -> None:
-        require_client()
         if target.scheme != "consul" or not target.key:
             raise InvalidTarget(f"not a consul target: {target.redacted}")
         self.target = target
@@ -96,8 +76,8 @@ class ConsulDiscovery(Discovery):
         self.datacenter: str | None = target.options.get("dc") or None
         self.client = ConsulClient(self.config, timeout=READ_TIMEOUT)
         self.wait = WAIT
-        #: an empty answer right after a reconnect, held that long (see the module docstring, 5)
-        self._empty = EmptyListHold(SETTLE, time.monotonic, on_start=self._hold_started,
+        #: the hold of an empty answer right after a reconnect (``settle`` s; ``holds``: how many so far)
+        self.empty = EmptyListHold(SETTLE, time.monotonic, on_start=self._hold_started,
                                     on_expired=self._hold_expired)
         self._last: tuple[Backend, ...] = ()
         self._failing = False
@@ -106,28 +86,11 @@ class ConsulDiscovery(Discovery):
         self._reconnected_at: float | None = None
         self._warned: set[str] = set()  # the malformed-entry problems already logged
         self.service = target.key
-        # introspection (and tests)
-        self.index = 0
-        self.queries = 0
-        self.failures = 0
-        self.resets = 0
-        #: malformed entries skipped in answers otherwise used
-        self.malformed = 0
+        # introspection (and tests): the index followed, answers, failed reads, index resets, malformed entries
+        # skipped in answers otherwise used
+        self.index = self.queries = self.failures = self.resets = self.malformed = 0
         #: whether the last answer may have left out instances for lack of ACL permission (warned on each change)
         self.acl_hidden = False
-
-    @property
-    def settle(self) -> float:
-        return self._empty.settle
-
-    @settle.setter
-    def settle(self, seconds: float) -> None:
-        self._empty.settle = seconds
-
-    @property
-    def holds(self) -> int:
-        """Empty answers held after a reconnect."""
-        return self._empty.holds
 
     def __repr__(self) -> str:
         return f"<ConsulDiscovery {self.target.redacted} index={self.index}>"
@@ -176,9 +139,9 @@ class ConsulDiscovery(Discovery):
     def _query_wait(self) -> float:
         """``wait``, or, while an empty answer is held, what is left of the hold (the answer after it confirms
         the empty list, unless the list changed meanwhile)."""
-        if self._empty.since is None:
+        if self.empty.since is None:
             return self.wait
-        return min(self.wait, max(self._empty.since + self.settle - time.monotonic(), 0.1))
+        return min(self.wait, max(self.empty.since + self.empty.settle - time.monotonic(), 0.1))
 
     def _failed(self, e: Exception) -> Exception:
         """Count a failed read; a refusal a retry will not cure becomes ``PermissionDenied`` (a dial fails)."""
@@ -188,10 +151,13 @@ class ConsulDiscovery(Discovery):
             isinstance(e, RegistryError) and "no path to datacenter" in str(e).lower())
         reason = ("malformed" if isinstance(e, MalformedAnswer) else "refused" if refused
                   else "unavailable" if isinstance(e, RegistryUnavailable) else "error")
-        obs = metrics.current
-        if obs is not None:
-            obs.resolver_error(self.target.raw or self.target.redacted, reason)
+        self._count(reason)
         return PermissionDenied(str(e)) if refused and not isinstance(e, PermissionDenied) else e
+
+    def _count(self, reason: str) -> None:
+        """``waypost_resolver_errors_total{reason=...}`` when metrics are on."""
+        if metrics.current is not None:
+            metrics.current.resolver_error(self.target.raw or self.target.redacted, reason)
 
     def _answered(self, service: str, index: int, backends: tuple[Backend, ...]) -> bool:
         """A good answer: follow its index; whether to push its list (not an empty one held after a reconnect)."""
@@ -217,12 +183,12 @@ class ConsulDiscovery(Discovery):
                         else "has no instance this token can see", client.default_acl_policy or "?",
                         "none given" if not self.config.effective_token() else "the one given", service, TOKEN_ENV)
         self.acl_hidden = hidden
-        reconnected = self._reconnected_at is not None and now - self._reconnected_at < self.settle
-        return not self._empty.hold(not backends and bool(self._last), may_start=reconnected)
+        reconnected = self._reconnected_at is not None and now - self._reconnected_at < self.empty.settle
+        return not self.empty.hold(not backends and bool(self._last), may_start=reconnected)
 
     def _hold_started(self) -> None:
         log.info("waypost: consul: %s answered no passing instance right after a reconnect; keeping the last %d "
-                 "for up to %gs unless they come back", self.describe(self.service), len(self._last), self.settle)
+                 "for up to %gs unless they come back", self.describe(self.service), len(self._last), self.empty.settle)
 
     def _hold_expired(self, held: float) -> None:
         log.warning("waypost: consul: %s has had no passing instance for %gs since a reconnect: applying the "
@@ -254,9 +220,7 @@ class ConsulDiscovery(Discovery):
                 raise MalformedAnswer(f"malformed answer from consul at {self.config.base_url}: no entry of the "
                                       f"{len(problems)} is an instance ({'; '.join(distinct)[:300]})")
             self.malformed += len(problems)
-            obs = metrics.current
-            if obs is not None:
-                obs.resolver_error(self.target.raw or self.target.redacted, "malformed_entry")
+            self._count("malformed_entry")
             for problem in distinct:
                 if problem not in self._warned:
                     if len(self._warned) >= 64:

@@ -18,13 +18,15 @@ from ...discovery.override import OVERRIDE_ROOT
 from ...kinds import PermissionDenied, RegistryError
 from ...netutil import parse_host_port
 from ...registry.base import DeleteResult, KeyValue, PutResult
-from .api import INSIDE, MAX_WAIT, ConsulClient, result_index
+from .api import INSIDE, ConsulClient, result_index
 from .config import ConsulConfig, parse_registry_url
 
 log = logging.getLogger("waypost.discovery")
 
 #: the longest one blocking query of a key waits for a change
 WAIT = 60.0
+#: the keys a token was refused (said once per process)
+_DENIED: set[str] = set()
 
 
 def _path(key: str) -> str:
@@ -40,12 +42,9 @@ async def kv_read(client: ConsulClient, key: str, *, recurse: bool = False, inde
                   wait: float | None = None, within: float | None = None) -> tuple[int, list[tuple[str, bytes]]]:
     """The key (``recurse``: every key under the prefix) with its value, and the index to block on next; with
     ``index`` > 0 and ``wait``, a blocking query that answers when it changes (or after ``wait`` s)."""
-    params, limit = [("recurse", "1")] if recurse else [], None
-    if index > 0 and wait:
-        wait = min(wait, MAX_WAIT)
-        params += [("index", str(index)), ("wait", f"{wait:g}s")]
-        limit = wait * 1.1 + client.timeout
-    headers, body = await client.request("GET", _path(key), params=params, timeout=limit, missing_ok=True,
+    params, limit = client.blocking(index, wait)
+    headers, body = await client.request("GET", _path(key), params=[("recurse", "1")] * recurse + params,
+                                         timeout=limit, missing_ok=True,
                                          within=None if limit else within,
                                          what=f"reading the key{'s under' if recurse else ''} {key!r}")
     if body is not None and not isinstance(body, list):
@@ -93,8 +92,9 @@ class ConsulOverrideStore:
             try:
                 new_index, items = await kv_read(self.client, key, index=index, wait=WAIT, within=self.timeout)
             except PermissionDenied as e:
-                log.info("cannot read the override key %r in consul, so operator drains do not reach this server "
+                (log.info if key not in _DENIED else log.debug)("cannot read the override key %r in consul, so operator drains do not reach this server "
                          "(give its token key_prefix \"%s\" read): %s", key, OVERRIDE_ROOT, e)
+                _DENIED.add(key)
                 if first:
                     yield None  # no override it may read
                 await asyncio.Event().wait()  # until the registration goes (cancelled)

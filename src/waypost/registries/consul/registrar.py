@@ -1,15 +1,9 @@
-"""Registering a server in Consul: ``serve(registry="consul://HOST:8500")``.
-
-What is registered (``PUT /v1/agent/service/register`` on the agent of the URL; the same ID updates in place):
-``Name`` the service, ``ID`` the instance's id (``<service>-<host>-<port>`` unless given), ``Address``/``Port``,
-``Meta`` from the metadata (``api.encode_meta``: strings as they are, other values as JSON text; ``tags`` as the
-``Tags``), and one TTL check (``service:<ID>``, ``TTL`` = ttl s, registered passing) passed every ttl/3 s, with
-``DeregisterCriticalServiceAfter`` = max(1 min, 3 * ttl): a crashed process's instance leaves the passing list
-after ttl s and the catalog a minute or so later. A pass answered "unknown check" (the agent restarted without its
-state, or someone deregistered the instance) is ``InstanceGone``: registered again at once.
-
-``guard`` follows the registration on the agent (a blocking read of ``/v1/agent/service/<ID>`` on its content
-hash): gone, or overwritten with other content (same ID), it is ``InstanceGone`` at once, not at the next pass.
+"""Registering a server in Consul (``serve(registry="consul://HOST:8500")``): the instance as a service of the
+agent of the URL (``PUT /v1/agent/service/register``: the same ID updates in place) with its metadata as ``Meta``
+and ``Tags`` (``api.encode_meta``) and one TTL check, passed every ttl/3 s; a pass answered "unknown check" (the
+agent restarted without its state, someone deregistered it) is ``InstanceGone``. ``guard`` follows the
+registration (a blocking read of ``/v1/agent/service/<ID>`` on its content hash): gone, or overwritten with other
+content, it is ``InstanceGone`` at once, not at the next pass. docs/consul.md, "What is registered".
 """
 
 from __future__ import annotations
@@ -17,14 +11,13 @@ from __future__ import annotations
 import asyncio
 import logging
 import random
-import urllib.parse
 from collections.abc import Mapping
 from typing import Any
 
 from ...backoff import Backoff
 from ...kinds import Instance, InstanceGone, PermissionDenied, Registrar, RegistryError
 from ...kinds.registration import KindRegistration
-from .api import INSIDE, ConsulClient, ConsulNotFound, encode_meta, require_client
+from .api import INSIDE, ConsulClient, ConsulNotFound, encode_meta, quote
 from .config import ConsulConfig
 
 log = logging.getLogger("waypost.discovery")
@@ -38,15 +31,15 @@ GUARD_WAIT = 60.0
 GUARD_BACKOFF = Backoff(0.2, 1.0, 0.05)
 
 
-def _quote(segment: str) -> str:
-    return urllib.parse.quote(segment, safe="")
+def check_service(name: str) -> None:
+    if "/" in name or any(ord(c) < 32 for c in name):
+        raise ValueError(f"Consul service name {name!r} cannot contain '/' or control characters")
 
 
 class ConsulRegistrar(Registrar):
     """Registers instances through the agent of ``config``; ``timeout`` bounds one request (seconds)."""
 
     def __init__(self, config: ConsulConfig, timeout: float = 5.0) -> None:
-        require_client()
         self.config, self.timeout = config, timeout
         self.client = ConsulClient(config, timeout=timeout * INSIDE)
         #: the definition last written of each instance id (what ``guard`` compares the agent's copy with)
@@ -77,9 +70,7 @@ class ConsulRegistrar(Registrar):
         }
 
     async def register(self, instance: Instance) -> None:
-        if "/" in instance.service or any(ord(c) < 32 for c in instance.service):
-            raise ValueError(f"Consul service name {instance.service!r} cannot contain '/' or control characters: "
-                             "give serve() another service name")
+        check_service(instance.service)
         # noted first: the guard's blocking read may answer with the new content before the PUT's own answer
         self.written[instance.id] = definition = self.definition(instance)
         await self._request("PUT", "/v1/agent/service/register", f"registering service {instance.id!r}",
@@ -88,7 +79,7 @@ class ConsulRegistrar(Registrar):
     async def renew(self, instance: Instance) -> None:
         check = f"service:{instance.id}"
         try:
-            await self._request("PUT", f"/v1/agent/check/pass/{_quote(check)}", f"passing check {check!r}")
+            await self._request("PUT", f"/v1/agent/check/pass/{quote(check)}", f"passing check {check!r}")
         except ConsulNotFound as e:
             raise InstanceGone(str(e)) from None
         except RegistryError as e:
@@ -99,7 +90,7 @@ class ConsulRegistrar(Registrar):
     async def deregister(self, instance: Instance) -> None:
         self.written.pop(instance.id, None)
         try:
-            await self._request("PUT", f"/v1/agent/service/deregister/{_quote(instance.id)}",
+            await self._request("PUT", f"/v1/agent/service/deregister/{quote(instance.id)}",
                                 f"deregistering service {instance.id!r}")
         except ConsulNotFound:
             pass  # gone already
@@ -114,7 +105,7 @@ class ConsulRegistrar(Registrar):
 
     async def guard(self, instance: Instance) -> None:
         content_hash, failures = "", 0
-        path, what = f"/v1/agent/service/{_quote(instance.id)}", f"reading service {instance.id!r}"
+        path, what = f"/v1/agent/service/{quote(instance.id)}", f"reading service {instance.id!r}"
         while True:
             params = [("hash", content_hash), ("wait", f"{GUARD_WAIT:g}s")] if content_hash else []
             try:
@@ -155,4 +146,6 @@ class ConsulPublisher(KindRegistration):
                  **kw: Any) -> None:
         from .kind import KIND
 
-        super().__init__(KIND, registry, key, address, ttl, id, metadata, format, **kw)
+        url = registry.url if isinstance(registry, ConsulConfig) else registry  # a URL: drains are followed
+        super().__init__(KIND, url, key, address, ttl, id, metadata, format, **kw)
+        check_service(key)  # at once, as the other arguments (serve() checks it at the first registration)
