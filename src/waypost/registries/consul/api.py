@@ -116,11 +116,8 @@ def _connected_trace() -> Any:
 
 
 def _how_far(progress: Mapping[str, bool]) -> str:
-    if progress.get("answered"):
-        return "started answering but did not finish"
-    if progress.get("connected"):
-        return "accepted the connection but did not answer"
-    return "did not accept a connection"
+    return ("started answering but did not finish" if progress.get("answered") else
+            "accepted the connection but did not answer" if progress.get("connected") else "did not accept a connection")
 
 
 def quote(segment: str) -> str:
@@ -154,16 +151,15 @@ class ConsulClient(HttpApiClient):
             self._ssl = ctx
         return self._ssl
 
+    def _token(self) -> dict[str, str]:
+        return {"X-Consul-Token": token} if (token := self.config.effective_token()) else {}
+
     def _new_session(self) -> Any:
         import aiohttp
 
         connector = aiohttp.TCPConnector(ssl=self._ssl_context() or False, limit=0)
         return aiohttp.ClientSession(connector=connector, base_url=self.config.base_url,
                                      headers={"User-Agent": "waypost"}, trace_configs=[_connected_trace()])
-
-    def _headers(self) -> dict[str, str]:
-        token = self.config.effective_token()
-        return {"X-Consul-Token": token} if token else {}
 
     async def request(self, method: str, path: str, *, params: Iterable[tuple[str, str]] = (), body: Any = None,
                       timeout: float | None = None, what: str = "", missing_ok: bool = False,
@@ -181,7 +177,7 @@ class ConsulClient(HttpApiClient):
         client_timeout = aiohttp.ClientTimeout(total=limit, sock_connect=min(limit, self.timeout))
         progress: dict[str, bool] = {}
         try:
-            async with session.request(method, path, params=list(params), data=data, headers=self._headers(),
+            async with session.request(method, path, params=list(params), data=data, headers=self._token(),
                                        timeout=client_timeout, trace_request_ctx=progress) as resp:
                 progress["answered"] = True
                 raw = await resp.read()

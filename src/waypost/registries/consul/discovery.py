@@ -113,14 +113,11 @@ class ConsulDiscovery(Discovery):
             if spacing > 0:
                 await asyncio.sleep(spacing)
             self._last_query = loop.time()
-            if self._started is None:
-                self._started = loop.time()
-            first = not self.queries and self.dial_timeout  # a timeout then names the dial's bound
+            timeout, within = self._first_read(loop.time())
             try:
                 index, entries = await self.client.health_service(
                     service, index=self.index, wait=None if self._failing else self._query_wait(),
-                    tags=self.tags, datacenter=self.datacenter, timeout=self._read_timeout(loop.time()),
-                    within=self.dial_timeout if first else None)
+                    tags=self.tags, datacenter=self.datacenter, timeout=timeout, within=within)
                 backends = self.backends(entries)
             except Exception as e:  # noqa: BLE001 (counted, then raised on to the resolver)
                 raise self._failed(e) from None
@@ -128,13 +125,14 @@ class ConsulDiscovery(Discovery):
                 self._last = backends
                 yield backends
 
-    def _read_timeout(self, now: float) -> float | None:
-        """The bound of a non-blocking read. Until the first list, shorter than what is left of the dial's bound:
-        a read that hangs then fails (saying how) before the dial gives up, and the dial's error names it."""
-        if self.queries or not self.dial_timeout or self._started is None:
-            return None
+    def _first_read(self, now: float) -> tuple[float | None, float | None]:
+        """Until the first list, a read's bound (shorter than what is left of the dial's: a read that hangs fails,
+        saying how, before the dial gives up) and the bound its timeout names (the dial's); then None, None."""
+        if self.queries or not self.dial_timeout:
+            return None, None
+        self._started = now if self._started is None else self._started
         left = self._started + self.dial_timeout - now
-        return max(0.8 * left, 0.1) if left > 0 else None
+        return (max(0.8 * left, 0.1) if left > 0 else None), self.dial_timeout
 
     def _query_wait(self) -> float:
         """``wait``, or, while an empty answer is held, what is left of the hold (the answer after it confirms

@@ -92,8 +92,9 @@ class ConsulOverrideStore:
             try:
                 new_index, items = await kv_read(self.client, key, index=index, wait=WAIT, within=self.timeout)
             except PermissionDenied as e:
-                (log.info if key not in _DENIED else log.debug)("cannot read the override key %r in consul, so operator drains do not reach this server "
-                         "(give its token key_prefix \"%s\" read): %s", key, OVERRIDE_ROOT, e)
+                (log.debug if key in _DENIED else log.info)(
+                    "cannot read the override key %r in consul, so operator drains do not reach this server (give its "
+                    "token key_prefix \"%s\" read): %s", key, OVERRIDE_ROOT, e)
                 _DENIED.add(key)
                 if first:
                     yield None  # no override it may read
