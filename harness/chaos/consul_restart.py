@@ -61,6 +61,6 @@ def consul_agent_restart(down_s: float = 10.0, ttl: int = 5, key: str = "chaos-c
             r.check(got, "a backend registered after the agent's return never got traffic")
         load.stop()
         r.details["agent_startup_s"] = round(agent.startup_seconds or 0.0, 3)
-        r.details["empty_answers_held"] = getattr(ch._resolver, "holds", None)
+        r.details["empty_answers_held"] = ch._resolver.discovery.empty.holds
         load.fill(r)
     return r

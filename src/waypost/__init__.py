@@ -77,7 +77,7 @@ if TYPE_CHECKING:
     from .kind_table import register_kind as register_kind
     from .orca import load_interceptor as load_interceptor
     from .orca import set_load as set_load
-    from .registries.consul.publisher import ConsulPublisher as ConsulPublisher
+    from .registries.consul.registrar import ConsulPublisher as ConsulPublisher
     from .registries.eureka.registrar import EurekaPublisher as EurekaPublisher
     from .registries.zookeeper.publisher import ZkPublisher as ZkPublisher
     from .registry import connect as connect
@@ -105,7 +105,7 @@ _LAZY = {
     "RegistryKind": ("waypost.kind_table", "RegistryKind"),
     "register_kind": ("waypost.kind_table", "register_kind"),
     "Publisher": ("waypost.discovery", "Publisher"),
-    "ConsulPublisher": ("waypost.registries.consul.publisher", "ConsulPublisher"),
+    "ConsulPublisher": ("waypost.registries.consul.registrar", "ConsulPublisher"),
     "ZkPublisher": ("waypost.registries.zookeeper.publisher", "ZkPublisher"),
     "EurekaPublisher": ("waypost.registries.eureka.registrar", "EurekaPublisher"),
     "MultiPublisher": ("waypost.discovery.registration_factory", "MultiPublisher"),

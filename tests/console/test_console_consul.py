@@ -14,7 +14,6 @@ from harness.waiting import wait_until
 from tests.console.support import echo_serve, http, running_console, write
 from waypost.cli.commands import app
 from waypost.registries.consul import ConsulConfig
-from waypost.registries.consul.console import service_target
 
 
 def test_consul_services_are_listed_drained_through_the_kv_store_and_follow_the_catalog(shared_agent):
@@ -55,7 +54,7 @@ def test_consul_services_are_listed_drained_through_the_kv_store_and_follow_the_
 
 def test_service_target_carries_the_agent_settings():
     config = ConsulConfig(address="127.0.0.1:8500", token="s3cret", datacenter="dc2")
-    assert service_target(config, "a b") == "consul://127.0.0.1:8500/a%20b?token=s3cret&dc=dc2"
+    assert config.target("a b") == "consul://127.0.0.1:8500/a%20b?token=s3cret&dc=dc2"
 
 
 def test_cli_drain_in_consul_reaches_the_publisher(shared_agent):

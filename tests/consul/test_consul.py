@@ -1,4 +1,4 @@
-"""Consul: ConsulPublisher, ConsulResolver and consul:// channels against a real Consul agent (v1.14.11, built once
+"""Consul: ConsulPublisher, the Consul kind's discovery and consul:// channels against a real Consul agent (v1.14.11, built once
 and cached by harness/consul_agent.py; skipped, saying why, without Go). Other clients' views go through plain
 HTTP (urllib), never through waypost's client."""
 
@@ -25,10 +25,11 @@ from harness.waiting import wait_until
 from tests.resolver.updates import ResolverUpdates
 from waypost.errors import InvalidTarget, RegistryUnavailable
 from waypost.etcd.local import free_port
+from waypost.kinds.resolver import KindResolver
 from waypost.registries.consul import ConsulConfig, from_target, parse_registry_url
 from waypost.registries.consul.api import decode_meta, encode_meta
-from waypost.registries.consul.publisher import ConsulPublisher
-from waypost.registries.consul.resolver import ConsulResolver
+from waypost.registries.consul.kind import KIND
+from waypost.registries.consul.registrar import ConsulPublisher
 from waypost.resolver import ResolverOptions, parse_target
 from waypost.types import Backend
 
@@ -50,8 +51,11 @@ class Updates(ResolverUpdates):
     sort = True
 
 
-def _resolver(target: str, *, blocking: bool = True, **kw: Any) -> tuple[ConsulResolver, Updates]:
-    r = ConsulResolver(parse_target(target), ResolverOptions(blocking=blocking), **kw)
+def _resolver(target: str, *, blocking: bool = True, settle: float | None = None, **kw: Any
+              ) -> tuple[KindResolver, Updates]:
+    r = KindResolver(KIND, parse_target(target), ResolverOptions(blocking=blocking), **kw)
+    if settle is not None:
+        r.discovery.empty.settle = settle  # type: ignore[attr-defined]
     u = Updates()
     r.start(u.on_update, u.on_error)
     return r, u
@@ -154,7 +158,7 @@ def test_publisher_registers_for_every_client_and_stop_deregisters(shared_agent)
         # the TTL (1 s) is kept passing well beyond itself
         time.sleep(2.5)
         assert a.passing_addresses(name) == ["127.0.0.1:50051"]
-        assert p.passes >= 4 and p.registrations == 1
+        assert p.renewals >= 4 and p.registrations == 1
     finally:
         p.stop()
     assert not p.registered and p.key is None
@@ -178,7 +182,7 @@ def test_resolver_follows_registrations_of_another_client(shared_agent):
         # an instance without its own Address has its node's
         a.put("/v1/agent/service/register", {"ID": f"{name}-noaddr", "Name": name, "Port": 7003})
         wait_until(lambda: u.addresses() == ["127.0.0.1:7003", "127.0.0.2:7002"], 10)
-        assert u.errors == [] and r.index > 1
+        assert u.errors == [] and r.discovery.index > 1
     finally:
         r.close()
 
@@ -291,7 +295,7 @@ def test_registration_removed_from_outside_comes_back(shared_agent):
         # overwritten by someone else with other content: ours is put back
         a.register(name, "127.0.0.9", 9999, id="inst-1")
         wait_until(lambda: a.passing_addresses(name) == ["127.0.0.1:7501"], 10)
-        assert p.restored >= 1 and p.outage.since is None
+        assert p.client.restored >= 1 and p.outage.since is None
     finally:
         p.stop()
 
@@ -310,7 +314,7 @@ def test_agent_restart_registers_again_and_resolver_follows(agent):
         assert reregistered < 4, reregistered
         wait_until(lambda: p.registrations == 2 and p.registered and p.outage.since is None, 5)
         wait_until(lambda: u.addresses() == ["127.0.0.1:7601"], 15)
-        assert r.failures >= 1
+        assert r.discovery.failures >= 1
         # the resolver follows the new agent at once (no query held with the old agent's index)
         t0 = time.monotonic()
         agent.register(name, "127.0.0.1", 7602)
@@ -337,10 +341,10 @@ def test_consul_down_keeps_the_last_list_and_resumes(shared_agent):
         a.register(name, "127.0.0.1", 7702)  # while the resolver cannot see it
         time.sleep(1.0)
         assert len(u.lists) == n and u.addresses() == ["127.0.0.1:7701"]
-        index = r.index
+        index = r.discovery.index
         proxy.restore()
         wait_until(lambda: u.addresses() == ["127.0.0.1:7701", "127.0.0.1:7702"], 15)
-        assert r.resets == 0 and r.index > index  # resumed from its index
+        assert r.discovery.resets == 0 and r.discovery.index > index  # resumed from its index
     finally:
         r.close()
         proxy.close()
@@ -359,7 +363,7 @@ def test_pass_failures_within_the_ttl_cause_no_churn(shared_agent):
             time.sleep(0.1)
             assert a.passing_addresses(name) == ["127.0.0.1:7801"]
         proxy.restore()
-        wait_until(lambda: p.passes >= 2, 10)
+        wait_until(lambda: p.renewals >= 2, 10)
         assert p.registrations == 1 and p.outage.since is None and p.registered
         proxy.cut()  # longer than the TTL: lost, registered again once the agent is reachable
         wait_until(lambda: p.outage.since is not None and not p.registered, 10)
@@ -383,7 +387,7 @@ def test_slow_link_keeps_one_registration(shared_agent):
         while time.monotonic() < deadline:
             assert a.passing_addresses(name) == ["127.0.0.1:7901"]
             time.sleep(0.2)
-        assert p.registrations == 1 and p.outage.since is None and p.passes >= 2
+        assert p.registrations == 1 and p.outage.since is None and p.renewals >= 2
     finally:
         p.stop()
         proxy.close()
@@ -445,14 +449,14 @@ def test_acl_token_from_url_target_and_environment(consul_bin, tmp_path, monkeyp
             assert u.addresses() == ["127.0.0.1:8101"]
             r, u = _resolver(f"consul://{a.address}/{name}")  # anonymous: the ACLs hide the instance
             r.close()
-            assert u.addresses() == [] and r.acl_hidden
+            assert u.addresses() == [] and r.discovery.acl_hidden
             assert any("has no instance this token can see" in m for m in caplog.messages)
             monkeypatch.setenv("CONSUL_HTTP_TOKEN", reader)
             r, u = _resolver(f"consul://{a.address}/{name}")
             r.close()
             assert u.addresses() == ["127.0.0.1:8101"]
             time.sleep(0.5)
-            assert p.passes >= 0 and p.registrations == 1 and p.registered
+            assert p.renewals >= 0 and p.registrations == 1 and p.registered
         finally:
             p.stop()
         assert a.health(name, passing=False) == []

@@ -27,8 +27,9 @@ from harness.tcp_proxy import TcpProxy
 from harness.waiting import wait_until
 from tests.resolver.updates import ResolverUpdates
 from waypost.errors import RegistryUnavailable
-from waypost.registries.consul.publisher import ConsulPublisher
-from waypost.registries.consul.resolver import ConsulResolver
+from waypost.kinds.resolver import KindResolver
+from waypost.registries.consul.kind import KIND
+from waypost.registries.consul.registrar import ConsulPublisher
 from waypost.resolver import ResolverOptions, parse_target
 
 pytestmark = [consul_agent.timeout_mark()]
@@ -64,8 +65,11 @@ class Updates(ResolverUpdates):
     sort = True
 
 
-def _resolver(target: str, *, blocking: bool = True, **kw: Any) -> tuple[ConsulResolver, Updates]:
-    r = ConsulResolver(parse_target(target), ResolverOptions(blocking=blocking), **kw)
+def _resolver(target: str, *, blocking: bool = True, settle: float | None = None, **kw: Any
+              ) -> tuple[KindResolver, Updates]:
+    r = KindResolver(KIND, parse_target(target), ResolverOptions(blocking=blocking), **kw)
+    if settle is not None:
+        r.discovery.empty.settle = settle  # type: ignore[attr-defined]
     u = Updates()
     r.start(u.on_update, u.on_error)
     return r, u
@@ -152,14 +156,14 @@ def test_malformed_entries_are_skipped_and_the_good_ones_used(shared_agent, heal
     r, u = _resolver(f"consul://{health_proxy.address}/{name}")
     try:
         assert u.addresses() == ["127.0.0.1:7011"]
-        wait_until(lambda: r.queries >= 10, 20, what="ten answers read")
+        wait_until(lambda: r.discovery.queries >= 10, 20, what="ten answers read")
         a.register(name, "127.0.0.1", 7012)
         wait_until(lambda: u.addresses() == ["127.0.0.1:7011", "127.0.0.1:7012"], 10)
         skipped = [m for m in caplog.messages if "skipping malformed entries" in m]
         assert sorted(m.split(": ")[-1] for m in skipped) == sorted([
             "an entry is a int, not an object", "an entry is a str, not an object",
             "an entry's 'Service' is a str, not an object", "an entry's 'Service.Port' is a str, not a number"]), skipped
-        assert r.malformed >= 4 * 10 and u.errors == []
+        assert r.discovery.malformed >= 4 * 10 and u.errors == []
     finally:
         r.close()
 
@@ -169,14 +173,15 @@ def test_any_json_is_read_without_raising_anything_but_malformed_answer():
     never another exception (which would have ended the resolver's loop)."""
     hypothesis = pytest.importorskip("hypothesis")
     st = hypothesis.strategies
-    from waypost.registries.consul.health import MalformedAnswer
+    from waypost.registries.consul.api import MalformedAnswer
+    from waypost.registries.consul.discovery import ConsulDiscovery
 
     leaf = st.none() | st.booleans() | st.integers(-5, 70000) | st.floats(allow_nan=False) | st.text(max_size=8)
     json_values = st.recursive(leaf, lambda inner: st.lists(inner, max_size=3)
                                | st.dictionaries(st.sampled_from(["Service", "Node", "Address", "Port", "ID", "Meta",
                                                                   "Tags", "x"]), inner, max_size=4), max_leaves=12)
     entry = st.fixed_dictionaries({"Service": json_values, "Node": json_values}) | json_values
-    resolver = ConsulResolver(parse_target("consul://127.0.0.1:1/svc"), ResolverOptions(blocking=False))
+    resolver = ConsulDiscovery(parse_target("consul://127.0.0.1:1/svc"))
 
     @hypothesis.settings(max_examples=300, deadline=None, database=None)
     @hypothesis.given(st.lists(entry, max_size=5))
@@ -278,15 +283,15 @@ def test_agent_restart_with_its_state_keeps_the_list_under_load(persistent_agent
             load = _Load(stub)
             wait_until(lambda: load.sent > 20, 20, what="calls under way")
             agent.stop()  # SIGTERM
-            failures_before = resolver.failures
+            failures_before = resolver.discovery.failures
             time.sleep(10.0)
             link.cut()
-            queries = resolver.queries  # no answer while the agent is down
+            queries = resolver.discovery.queries  # no answer while the agent is down
             agent.start()  # same data dir: the instance is back, critical (its TTL ran out meanwhile)
             t_up = time.monotonic()
             # the resolver has read the restarted agent and seen no passing instance (held, or pushed)
-            wait_until(lambda: resolver.failures > failures_before and resolver.queries > queries
-                       and (getattr(resolver, "holds", 0) >= 1 or resolver._last == ()), 40,
+            wait_until(lambda: resolver.discovery.failures > failures_before and resolver.discovery.queries > queries
+                       and (resolver.discovery.empty.holds >= 1 or resolver._last == ()), 40,
                        what="the resolver reading the restarted agent's empty answer")
             seen_empty_after = time.monotonic() - t_up
             time.sleep(1.0)  # calls go on meanwhile
@@ -297,9 +302,9 @@ def test_agent_restart_with_its_state_keeps_the_list_under_load(persistent_agent
             time.sleep(1.0)
             load.stop()
             print(f"agent restart: {load.sent} calls, {len(load.failed)} failed; the resolver saw the empty "
-                  f"answer {seen_empty_after:.2f}s after the agent was back; holds={getattr(resolver, 'holds', '-')}")
+                  f"answer {seen_empty_after:.2f}s after the agent was back; holds={resolver.discovery.empty.holds}")
             assert load.failed == [], f"{len(load.failed)} of {load.sent} calls failed: {load.failed[:3]}"
-            assert resolver.holds == 1
+            assert resolver.discovery.empty.holds == 1
     finally:
         if load is not None:
             load.stop()
@@ -321,7 +326,7 @@ def test_an_empty_list_after_a_reconnect_is_applied_once_confirmed(persistent_ag
         agent.stop()
         time.sleep(3.0)  # longer than the TTL: the check comes back critical
         agent.start()
-        wait_until(lambda: r.holds == 1, 40, what="the empty answer after the reconnect held")
+        wait_until(lambda: r.discovery.empty.holds == 1, 40, what="the empty answer after the reconnect held")
         assert u.addresses() == ["127.0.0.1:7021"]
         wait_until(lambda: u.addresses() == [], 20, what="the empty list applied once confirmed")
         # no reconnect since: an empty answer is applied at once
@@ -329,7 +334,7 @@ def test_an_empty_list_after_a_reconnect_is_applied_once_confirmed(persistent_ag
         wait_until(lambda: u.addresses() == ["127.0.0.1:7022"], 10)
         agent.deregister(f"{name}-127.0.0.1-7022")
         wait_until(lambda: u.addresses() == [], 5)
-        assert r.holds == 1
+        assert r.discovery.empty.holds == 1
     finally:
         r.close()
 

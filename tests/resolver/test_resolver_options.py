@@ -57,9 +57,10 @@ current-context: x
 
 def _consul(tmp_path: Path, options: ResolverOptions, timeout: float) -> LoopResolver[Any]:
     pytest.importorskip("aiohttp")
-    from waypost.registries.consul.resolver import ConsulResolver
+    from waypost.kinds.resolver import KindResolver
+    from waypost.registries.consul.kind import KIND
 
-    return ConsulResolver(parse_target(f"consul://127.0.0.1:{free_port()}/greet"), options, timeout=timeout)
+    return KindResolver(KIND, parse_target(f"consul://127.0.0.1:{free_port()}/greet"), options, timeout=timeout)
 
 
 def _zk(tmp_path: Path, options: ResolverOptions, timeout: float) -> LoopResolver[Any]:

@@ -130,6 +130,12 @@ class Registrar(abc.ABC):
         other failure is retried, and the instance counts as lost after ``ttl`` s without a renewal. The default
         does nothing: a registry that keeps instances on its own."""
 
+    async def guard(self, instance: Instance) -> None:
+        """Optional: follow the registered ``instance`` in the registry (a long poll) and raise ``InstanceGone``
+        as soon as it is gone or changed from outside: waypost registers it again at once instead of at the next
+        ``renew``. Runs beside the renewals while registered (cancelled when it is not); returning ends it
+        (e.g. not allowed to read). The default returns at once: nothing followed."""
+
     def check_metadata(self, metadata: Mapping[str, Any]) -> None:
         """Raise ``TypeError``/``ValueError`` naming what this registry cannot carry of ``metadata`` (JSON values,
         already checked; e.g. Consul's key and value limits). Called at ``serve`` and at every
@@ -152,6 +158,9 @@ class Discovery(abc.ABC):
     #: the bound of one read, seconds (at most the dial's timeout, which lowers it): a blocking dial waits at
     #: least this (and a second) for the first answer
     read_timeout: float = 0.0
+    #: set by waypost before the first read: the dial's bound, in seconds, on the first list (its ``timeout``); a
+    #: kind may bound its first reads within it, so that the dial's error names why a read did not answer
+    dial_timeout: float | None = None
 
     @abc.abstractmethod
     async def instances(self, service: str) -> Sequence[Backend]:

@@ -115,8 +115,40 @@ class KindRegistration(HeartbeatPublisher):
 
     def _start_keepers(self) -> None:
         super()._start_keepers()
+        if type(self.client).guard is not Registrar.guard:
+            self._keep("guard", self._guard)
         if self.url is not None and self.kind.override_store is not None:
             self._keep("override", self._follow_override)
+
+    async def _guard(self) -> None:
+        """The registrar's ``guard``: the instance gone or changed from outside is registered again at once."""
+        try:
+            await self.client.guard(self.instance)
+        except InstanceGone as e:
+            if self._state == "running" and self._registered:
+                log.debug("%r: the registry no longer has the registration as written (%s)", self, e)
+                self._recover_later(e)
+
+    async def _register(self) -> None:
+        await self._read_override()  # an operator's drain applies from the first registration on
+        await super()._register()
+
+    async def _read_override(self) -> None:
+        """The instance's override record now, before a registration (the first value of the store's ``watch``;
+        a store without one has nothing to read). A failure fails this attempt, as the registration would."""
+        if self.url is None or self.kind.override_store is None:
+            return
+        store = part(self.kind, "override_store")(self.url)
+        try:
+            if hasattr(store, "watch"):
+                values = store.watch(override_key(self.base_key, self.value))
+                try:
+                    value = await anext(values)  # bounded by the registration's attempt
+                finally:
+                    await values.aclose()
+                self.override = parse_override(value) if value is not None else None
+        finally:
+            await store.close()
 
     async def _follow_override(self) -> None:
         """Follow this instance's override record while registered; a change is written at once. A store without

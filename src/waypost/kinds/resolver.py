@@ -47,6 +47,7 @@ class KindResolver(LoopResolver[Discovery]):
         self._answered = False  # a LookupFailed came: failures are answers, never held back
         # made here, so that a target, an option or a client library the kind refuses fails the dial itself
         self._discovery: Discovery = part(kind, "discovery")(target)
+        self._discovery.dial_timeout = timeout
         self._discovery.configure(dict(options.channel_options) if options is not None else {})
         # one read is bounded by the dial's timeout too: a lookup given 1 s answers (naming why) within it
         self._discovery.read_timeout = min(self._discovery.read_timeout, timeout)

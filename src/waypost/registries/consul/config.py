@@ -1,18 +1,6 @@
-"""Where and how to reach a Consul agent: ``ConsulConfig``, from a registry URL or a dial target.
-
-Registry URL (what ``serve(registry=...)`` and ``ConsulPublisher`` take)::
-
-    consul://HOST[:PORT][?token=T&tls=1&ca=CA.pem&cert=C.pem&key=K.pem&dc=NAME]
-
-- the port defaults to 8500 (Consul's HTTP port; 8501 is the usual HTTPS one: give it);
-- ``token``: the ACL token sent as ``X-Consul-Token`` (none given: ``$CONSUL_HTTP_TOKEN``, read per request);
-- ``tls=1``: HTTPS; ``ca``, ``cert``/``key`` (together) imply it; ``cacert``, ``certfile``, ``keyfile`` are
-  accepted too (the names dial targets use);
-- ``dc``: the datacenter for reads (``?dc=`` on catalog/health queries); registration always goes to the
-  local agent, which belongs to one datacenter.
-
-One agent per URL: the local agent is how Consul clients reach the cluster. The token never appears in
-``repr`` or ``redacted``.
+"""Where and how to reach a Consul agent: ``ConsulConfig``, from a registry URL
+(``consul://HOST[:PORT][?token=T&tls=1&ca=CA.pem&cert=C.pem&key=K.pem&dc=NAME]``: docs/consul.md, "Registry URLs")
+or a dial target. The token (else ``$CONSUL_HTTP_TOKEN``, read per request) never shows in ``repr`` or ``redacted``.
 """
 
 from __future__ import annotations
@@ -25,7 +13,7 @@ from typing import Any
 
 from ... import urlparams
 from ...errors import InvalidTarget
-from ...netutil import AddressError, normalize_host_port, split_host_port
+from ...netutil import AddressError, normalize_host_port
 from ...registry.url_form import URLForm
 from ...urlparams import TargetLike
 
@@ -65,10 +53,6 @@ class ConsulConfig:
             object.__setattr__(self, "tls", True)
 
     @property
-    def host(self) -> str:
-        return split_host_port(self.address)[0]
-
-    @property
     def base_url(self) -> str:
         """``http://host:port`` or ``https://host:port``."""
         return f"{'https' if self.tls else 'http'}://{self.address}"
@@ -83,18 +67,22 @@ class ConsulConfig:
         """The registry URL with the token hidden (``token=***``): safe to log."""
         return self._url("***" if self.token else None)
 
-    def _url(self, token: str | None) -> str:
-        q: list[tuple[str, str]] = []
-        if token:
-            q.append(("token", token))
-        if self.tls and not (self.ca_file or self.cert_file):
+    def _url(self, token: str | None, service: str = "") -> str:
+        """The registry URL, or with ``service`` the dial target of it (the TLS files under the target's names)."""
+        names = ("cacert", "certfile", "keyfile") if service else ("ca", "cert", "key")
+        q = [("token", token)] if token else []
+        if self.tls and (service or not (self.ca_file or self.cert_file)):
             q.append(("tls", "1"))
-        for name, value in (("ca", self.ca_file), ("cert", self.cert_file), ("key", self.key_file),
-                            ("dc", self.datacenter)):
+        for name, value in (*zip(names, (self.ca_file, self.cert_file, self.key_file)), ("dc", self.datacenter)):
             if value:
                 q.append((name, value))
         query = urllib.parse.urlencode(q, quote_via=urllib.parse.quote, safe="/*")
-        return f"consul://{self.address}" + (f"?{query}" if query else "")
+        path = "/" + urllib.parse.quote(service, safe="") if service else ""
+        return f"consul://{self.address}{path}" + (f"?{query}" if query else "")
+
+    def target(self, service: str) -> str:
+        """The dial target of ``service`` through this agent (its token, TLS and datacenter)."""
+        return self._url(self.token, service)
 
     def effective_token(self) -> str | None:
         """The token to send: ``token``, else ``$CONSUL_HTTP_TOKEN`` (read now), else None."""
@@ -137,23 +125,14 @@ def from_target(target: TargetLike) -> ConsulConfig:
     if target.scheme != "consul" or len(target.endpoints) != 1:
         raise InvalidTarget(f"not a consul target (one agent): scheme {target.scheme!r}, "
                             f"endpoints {list(target.endpoints)}")
-    o = target.options
-    opts: dict[str, Any] = {}
-    if o.get("token"):
-        opts["token"] = o["token"]
+    o, bad = target.options, lambda problem: InvalidTarget(f"consul target: {problem}")
+    opts: dict[str, Any] = {attr: urlparams.tls_file(f"{what} ({name}=)", o[name], bad) for name, attr, what in (
+        ("cacert", "ca_file", "CA"), ("certfile", "cert_file", "certificate"), ("keyfile", "key_file", "key"))
+        if o.get(name)}
+    opts.update({attr: o[name] for name, attr in (("token", "token"), ("dc", "datacenter")) if o.get(name)})
     if "tls" in o:
         opts["tls"] = o["tls"] == "1"
-    for name, fname, what in (("cacert", "ca_file", "CA"), ("certfile", "cert_file", "certificate"),
-                              ("keyfile", "key_file", "key")):
-        value = o.get(name)
-        if value:
-            path = os.path.expanduser(value)
-            if not os.path.isfile(path):
-                raise InvalidTarget(f"consul target: TLS {what} file {value!r} ({name}=) does not exist")
-            opts[fname] = os.path.abspath(path)
-    if o.get("dc"):
-        opts["datacenter"] = o["dc"]
-    return _config({"address": target.endpoints[0], **opts}, lambda problem: InvalidTarget(f"consul target: {problem}"))
+    return _config({"address": target.endpoints[0], **opts}, bad)
 
 
 def _config(opts: dict[str, Any], bad: Any) -> ConsulConfig:
@@ -162,8 +141,3 @@ def _config(opts: dict[str, Any], bad: Any) -> ConsulConfig:
     if ("ca_file" in opts or "cert_file" in opts) and opts.get("tls") is False:
         raise bad("ca/cert/key given with tls=0")
     return ConsulConfig(**opts)
-
-
-def resolve_config(registry: ConsulConfig | str) -> ConsulConfig:
-    """A ``ConsulConfig`` as given, or parsed from a registry URL."""
-    return URL_FORM.settings(registry, ConsulConfig, parse_registry_url)

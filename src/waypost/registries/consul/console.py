@@ -1,48 +1,27 @@
-"""A Consul registry on the console (``--registry consul://host:8500``): every service of the catalog.
-
-The catalog's service list is followed by one blocking query (``/v1/catalog/services``, answered when it
-changes, ``WAIT`` at most) on waypost's control loop; each service is shown through waypost's own Consul resolver
-(a ``consul://host:8500/SERVICE`` target: the passing instances, what a client dialing it sees). The override
-records live in Consul's KV store under the same path as in etcd (``_waypost/override/<service>/<address>``,
-followed by one more blocking query), where ``ConsulPublisher`` follows its own: drain and weight work the same.
+"""A Consul registry on the console (``--registry consul://host:8500``): the catalog's services (a blocking
+query of ``/v1/catalog/services``), each shown through a ``consul://host:8500/SERVICE`` target as a client dialing
+it sees it, and the override records of the agent's KV store (another blocking query), written by its buttons.
 """
 
 from __future__ import annotations
 
 import asyncio
-import json
 import logging
-import urllib.parse
-from collections.abc import Callable
+from collections.abc import Awaitable, Callable
+from typing import Any
 
 from ...console.board import Board
 from ...console.catalog_source import CatalogSource
 from ...console.sources import RETRY_INTERVAL, on_control
 from ...discovery.override import OVERRIDE_ROOT, parse_override, split_override_key
-from ...netutil import parse_host_port
-from ...registry.base import DeleteResult, KeyValue, PutResult
-from .api import ConsulClient
-from .config import ConsulConfig, parse_registry_url
-from .kv import kv_delete, kv_get, kv_list, kv_put
+from .api import result_index
+from .config import parse_registry_url
+from .overrides import ConsulOverrideStore, kv_read
 
 log = logging.getLogger("waypost.console")
 
 #: the longest a blocking query of the catalog waits for a change
 WAIT = 10.0
-
-def service_target(config: ConsulConfig, service: str) -> str:
-    """The dial target of ``service`` through the agent of ``config`` (its token, TLS and datacenter)."""
-    opts: list[tuple[str, str]] = []
-    if config.token:
-        opts.append(("token", config.token))
-    if config.tls:
-        opts.append(("tls", "1"))
-    for name, value in (("cacert", config.ca_file), ("certfile", config.cert_file), ("keyfile", config.key_file),
-                        ("dc", config.datacenter)):
-        if value:
-            opts.append((name, value))
-    query = f"?{urllib.parse.urlencode(opts)}" if opts else ""
-    return f"consul://{config.address}/{urllib.parse.quote(service, safe='')}{query}"
 
 
 class ConsulSource(CatalogSource):
@@ -50,27 +29,25 @@ class ConsulSource(CatalogSource):
 
     def __init__(self, url: str, board: Board, timeout: float = 5.0) -> None:
         self.config = parse_registry_url(url)
-        super().__init__(self.config.redacted, board, timeout, lambda: ConsulClient(self.config, timeout=timeout))
-        #: what the console's writes go through (``actions.apply``): the KV store of this agent
-        self.writer = ConsulOverrides(self.name, self.client)
+        #: what the console's writes go through (``actions.apply``): the KV store of this agent, whose client
+        #: the source reads with too
+        self.writer = ConsulOverrideStore(self.config, timeout)
+        super().__init__(self.config.redacted, board, timeout, lambda: self.writer.client)
 
     def _target(self, service: str) -> str:
-        return service_target(self.config, service)
+        return self.config.target(service)
 
     async def _list(self, index: int, wait: float | None) -> tuple[int, list[str]]:
         """On the control loop: the catalog's service names, and the index to wait from next."""
-        params = [("index", str(index)), ("wait", f"{wait:g}s")] if wait else []
-        if self.config.datacenter:
-            params.append(("dc", self.config.datacenter))
-        headers, body = await self.client().request(
-            "GET", "/v1/catalog/services", params=params, timeout=(wait or 0) + self.timeout,
-            what="the catalog's services")
-        names = sorted(n for n in (body or {}) if isinstance(n, str) and n != "consul")
-        return int(headers.get("X-Consul-Index", "0") or 0), names
+        params, limit = self.client().blocking(index, wait)
+        dc = [("dc", self.config.datacenter)] if self.config.datacenter else []
+        headers, body = await self.client().request("GET", "/v1/catalog/services", params=params + dc, timeout=limit,
+                                                    what="the catalog's services")
+        return result_index(headers), sorted(n for n in (body or {}) if isinstance(n, str) and n != "consul")
 
     async def start(self) -> None:
-        """One read of the catalog, then the blocking queries. An agent that does not answer is shown as down, not
-        raised: ``_follow`` asks again until it answers."""
+        """One read of the catalog, then blocking queries of it and of the override records. An agent that does
+        not answer is shown as down, not raised: it is asked again until it answers."""
         index = 0
         try:
             index, names = await on_control(self._list(0, None))
@@ -78,86 +55,37 @@ class ConsulSource(CatalogSource):
             self._down(e)
         else:
             await self._apply(names)
-        self._spawn(self._follow(index), "consul")
-        self._spawn(self._follow_overrides(), "consul-kv")
+        self._spawn(self._follow(lambda i: self._list(i, WAIT), self._apply, self._down, index), "consul")
+        self._spawn(self._follow(lambda i: kv_read(self.client(), OVERRIDE_ROOT, recurse=True, index=i, wait=WAIT),
+                                 self._overrides, lambda e: log.debug("console: overrides in %s: %s", self.name, e)),
+                    "consul-kv")
 
-    async def _follow_overrides(self) -> None:
-        """The override records of this agent's KV store on the board (a blocking query of the prefix)."""
-        index = 0
+    async def _follow(self, read: Callable[[int], Awaitable[tuple[int, Any]]], take: Callable[[Any], Awaitable[None]],
+                      failed: Callable[[Exception], None], index: int = 0) -> None:
+        """Blocking reads from the last index until ``close``, each answer given to ``take``; a failure to
+        ``failed``, then a pause. An index that went back starts over (Consul's rule); none to block on: a pause."""
         while not self._closed:
             try:
-                new_index, items = await on_control(kv_list(self.client(), OVERRIDE_ROOT, index=index, wait=WAIT))
+                new_index, got = await on_control(read(index))
             except asyncio.CancelledError:
                 raise
-            except Exception as e:  # noqa: BLE001 (the next query tries again)
-                log.debug("console: overrides in %s: %s", self.name, e)
+            except Exception as e:  # noqa: BLE001 (shown or logged; tried again)
+                failed(e)
                 await asyncio.sleep(RETRY_INTERVAL)
                 continue
             index = 0 if new_index < index else new_index
-            now = {}
-            for key, value in items:
-                parts, o = split_override_key(key), parse_override(value)
-                if parts is not None and o is not None:
-                    now[(self.name, parts[0], parts[1])] = o
-            self._show_overrides(now)
+            await take(got)
             if not index:
                 await asyncio.sleep(RETRY_INTERVAL)
 
-    async def _follow(self, index: int) -> None:
-        while not self._closed:
-            try:
-                new_index, names = await on_control(self._list(index, WAIT))
-            except asyncio.CancelledError:
-                raise
-            except Exception as e:  # noqa: BLE001 (shown on the page; tried again)
-                self._down(e)
-                await asyncio.sleep(RETRY_INTERVAL)
-                continue
-            index = 0 if new_index < index else new_index  # an index that went back: start over (Consul's rule)
-            await self._apply(names)
+    async def _overrides(self, items: list[tuple[str, bytes]]) -> None:
+        now = {}
+        for key, value in items:
+            parts, o = split_override_key(key), parse_override(value)
+            if parts is not None and o is not None:
+                now[(self.name, parts[0], parts[1])] = o
+        self._show_overrides(now)
 
     async def _apply(self, names: list[str]) -> None:
         self.board.source_up(self.name, "consul")
         await self._follow_names(names)
-
-
-class ConsulOverrides:
-    """The two writes ``actions.apply`` makes, on Consul's KV store (run on the control loop)."""
-
-    def __init__(self, name: str, client: Callable[[], ConsulClient]) -> None:
-        self.url = name
-        self._client = client
-
-    async def _previous(self, key: str) -> KeyValue | None:
-        _, value = await kv_get(self._client(), key)
-        return None if value is None else KeyValue(key, value)
-
-    async def put(self, key: str, value: bytes, *, prev_kv: bool = False) -> PutResult:
-        prev = await self._previous(key) if prev_kv else None
-        await kv_put(self._client(), key, json.loads(value))
-        return PutResult(0, prev)
-
-    async def delete(self, key: str, *, prev_kv: bool = False) -> DeleteResult:
-        prev = await self._previous(key) if prev_kv else None
-        await kv_delete(self._client(), key)
-        return DeleteResult(0, int(prev is not None), [prev] if prev is not None else [])
-
-
-class ConsulOverrideStore(ConsulOverrides):
-    """``waypost drain`` on a Consul registry URL: the overrides over a client of its own (``close()`` after)."""
-
-    def __init__(self, url: str) -> None:
-        config = parse_registry_url(url)
-        self._own = ConsulClient(config)
-        super().__init__(config.redacted, lambda: self._own)
-
-    async def registered(self, key: str, address: str) -> bool:
-        """Whether ``address`` is an instance of service ``key`` in the catalog now (passing or not)."""
-        _, entries = await self._own.health_service(key, passing=False)
-        host, port = parse_host_port(address)
-        return any((e.get("Service") or {}).get("Port") == port and
-                   (e.get("Service") or {}).get("Address") in (host, address.rpartition(":")[0])
-                   for e in entries if isinstance(e, dict))
-
-    async def close(self) -> None:
-        await self._own.close()
