@@ -77,7 +77,7 @@ if TYPE_CHECKING:
     from .orca import set_load as set_load
     from .registries.consul.publisher import ConsulPublisher as ConsulPublisher
     from .registries.eureka.publisher import EurekaPublisher as EurekaPublisher
-    from .registries.zookeeper.publisher import ZkPublisher as ZkPublisher
+    from .registries.zookeeper.registrar import ZkPublisher as ZkPublisher
     from .registry import connect as connect
     from .registry.base import Registry as Registry
     from .registry.kinds import RegistryKind as RegistryKind
@@ -106,7 +106,7 @@ _LAZY = {
     "register_kind": ("waypost.registry.kinds", "register_kind"),
     "Publisher": ("waypost.discovery", "Publisher"),
     "ConsulPublisher": ("waypost.registries.consul.publisher", "ConsulPublisher"),
-    "ZkPublisher": ("waypost.registries.zookeeper.publisher", "ZkPublisher"),
+    "ZkPublisher": ("waypost.registries.zookeeper.registrar", "ZkPublisher"),
     "EurekaPublisher": ("waypost.registries.eureka.publisher", "EurekaPublisher"),
     "MultiPublisher": ("waypost.discovery.registration_factory", "MultiPublisher"),
     "Registration": ("waypost.discovery.registration_contract", "Registration"),

@@ -1,11 +1,9 @@
-"""ZooKeeper support: settings (``config``), Kratos' node layout (``layout``), and the few helpers that the
-publisher (``waypost.registries.zookeeper.publisher``) and the resolver (``waypost.registries.zookeeper.resolver``) share to drive a kazoo
-client from the control loop.
+"""Driving kazoo from waypost's control loop, for the registrar, the discovery, the override store and the console.
 
 kazoo runs threads of its own (per client: a connection thread and two callback workers). Nothing here blocks the
-loop: operations are kazoo's ``*_async`` ones, awaited as asyncio futures (``result``); connection state changes and
-watch events are handed to the loop with ``call_soon_threadsafe``; stopping a client (which joins its threads) runs
-in a worker thread, bounded (``close_client``). kazoo itself is imported only when a client is made.
+loop: operations are kazoo's ``*_async`` ones, awaited as asyncio futures (``result``); state changes and watch
+events are handed to the loop with ``call_soon_threadsafe`` (``on_loop``); stopping a client (which joins its
+threads) runs in a worker thread, bounded (``close_client``). kazoo itself is imported only when a client is made.
 """
 
 from __future__ import annotations
@@ -18,18 +16,9 @@ import threading
 from collections.abc import Sequence
 from typing import Any
 
-from ...errors import RegistryUnavailable
+from ...kinds import RegistryUnavailable
 from ...netutil import parse_host_port
-from .config import (
-    DEFAULT_PORT,
-    DEFAULT_SESSION_TIMEOUT,
-    ZkConfig,
-    from_target,
-    parse_registry_url,
-    require_kazoo,
-    resolve_config,
-)
-from .layout import DEFAULT_NAMESPACE, LayoutError, check_node_name, instance_path, service_path
+from .config import DEFAULT_PORT, ZkConfig
 
 log = logging.getLogger("waypost.zk")
 
@@ -37,6 +26,57 @@ log = logging.getLogger("waypost.zk")
 PROBE_TIMEOUT = 3.0
 #: how long ``close_client`` waits for kazoo to close the session and join its threads
 CLOSE_TIMEOUT = 3.0
+#: where kazoo's own connection chatter goes (a WARNING per failed reconnection attempt): raised to ERROR
+#: unless the application configured this logger; waypost logs the state changes itself, once each
+KAZOO_LOGGER = "waypost.zk.kazoo"
+
+
+def require_kazoo() -> None:
+    """ImportError naming the extra when kazoo is not installed."""
+    try:
+        import kazoo  # noqa: F401
+    except ImportError:
+        raise ImportError("ZooKeeper (zk://) needs kazoo: pip install 'waypost[zk]'") from None
+
+
+class SessionLog(logging.LoggerAdapter):  # type: ignore[type-arg]
+    """The logger a kazoo client is given (kazoo's public ``logger=``), which also notes the session timeout the
+    server granted: the server bounds the one asked to its ``[minSessionTimeout, maxSessionTimeout]``, and the
+    granted one decides when an ephemeral node goes. kazoo says it only in its "Session created" log line; should
+    a kazoo version word it otherwise, ``granted`` stays None and callers count the timeout they asked for."""
+
+    #: the granted session timeout, seconds (None: none seen)
+    granted: float | None = None
+
+    def __init__(self) -> None:
+        super().__init__(logging.getLogger(KAZOO_LOGGER), {})
+
+    def log(self, level: int, msg: Any, *args: Any, **kwargs: Any) -> None:
+        if isinstance(msg, str) and msg.startswith("Session created") and len(args) >= 3:
+            with contextlib.suppress(TypeError, ValueError):
+                self.granted = float(args[2]) / 1000.0  # (session id, password, negotiated timeout in ms, ...)
+        super().log(level, msg, *args, **kwargs)
+
+    warn = logging.LoggerAdapter.warning  # kazoo calls warn(), which newer Pythons dropped from adapters
+
+
+def new_client(config: ZkConfig, session_timeout: float, session_log: SessionLog | None = None) -> Any:
+    """A kazoo client (not started) for ``config``'s hosts: ``session_timeout`` s asked for, reconnecting forever
+    with a pause growing from 0.1 s to ``config.max_reconnect_delay`` s (jittered); no command retries (callers
+    bound and retry their own operations)."""
+    require_kazoo()
+    from kazoo.client import KazooClient
+    from kazoo.retry import KazooRetry
+
+    quiet = logging.getLogger(KAZOO_LOGGER)
+    if quiet.level == logging.NOTSET:
+        quiet.setLevel(logging.ERROR)
+    return KazooClient(
+        hosts=config.connect_string, timeout=float(session_timeout),
+        connection_retry=KazooRetry(max_tries=-1, delay=0.1, backoff=2, max_jitter=0.4,
+                                    max_delay=config.max_reconnect_delay),
+        command_retry=KazooRetry(max_tries=0), logger=session_log or SessionLog(),
+    )
 
 
 async def result(async_result: Any) -> Any:
@@ -45,8 +85,7 @@ async def result(async_result: Any) -> Any:
     fut: asyncio.Future[Any] = loop.create_future()
 
     def settle(ar: Any) -> None:  # on kazoo's completion thread (or here, when already set)
-        with contextlib.suppress(RuntimeError):  # the loop is gone: nobody waits any more
-            loop.call_soon_threadsafe(_copy, fut, ar)
+        on_loop(loop, _copy, fut, ar)
 
     async_result.rawlink(settle)
     try:
@@ -68,38 +107,38 @@ def _copy(fut: asyncio.Future[Any], ar: Any) -> None:
 
 def on_loop(loop: asyncio.AbstractEventLoop, fn: Any, *args: Any) -> None:
     """Call ``fn(*args)`` on ``loop`` from a kazoo thread (a listener or a watch); never blocks, never raises."""
-    with contextlib.suppress(RuntimeError):
+    with contextlib.suppress(RuntimeError):  # the loop is gone: nobody waits any more
         loop.call_soon_threadsafe(fn, *args)
 
 
-async def connect(client: Any, hosts: Sequence[str], timeout: float) -> None:
-    """Start ``client`` and wait until it has a session, at most ``timeout`` s; RegistryUnavailable naming why not
-    (each host probed meanwhile: refused, not answering, not resolvable, or answering TCP without a session)."""
+async def session(client: Any, hosts: Sequence[str], timeout: float) -> None:
+    """Wait until the started ``client`` has a session, at most ``timeout`` s; RegistryUnavailable naming why not
+    (each host probed meanwhile: refused, not answering, not resolvable, or answering TCP without a session). When
+    no host takes a TCP connection it is raised at once: kazoo goes on reconnecting, the caller retries."""
     loop = asyncio.get_running_loop()
-    ready = asyncio.Event()
+    up = asyncio.Event()
 
     def on_state(state: str) -> None:
         if state == "CONNECTED":
-            on_loop(loop, ready.set)
+            on_loop(loop, up.set)
 
     client.add_listener(on_state)
-    probing = loop.create_task(probe(hosts, min(timeout, PROBE_TIMEOUT)))
+    probing = loop.create_task(probe_hosts(hosts, min(timeout, PROBE_TIMEOUT)))
+    waiting = loop.create_task(up.wait())
     try:
-        client.start_async()
-        if not client.connected:
-            await asyncio.wait_for(ready.wait(), timeout)
+        if client.connected:
+            return
+        await asyncio.wait({probing, waiting}, timeout=timeout, return_when=asyncio.FIRST_COMPLETED)
+        if not waiting.done() and probing.done() and not any(ok for _, _, ok in probing.result()):
+            raise RegistryUnavailable(f"no ZooKeeper session with {','.join(hosts)} ({describe(probing.result())})")
+        await asyncio.wait_for(asyncio.shield(waiting), timeout)
     except asyncio.TimeoutError:
-        why = probing.result() if probing.done() else "still connecting"
-        raise RegistryUnavailable(
-            f"no ZooKeeper session with {','.join(hosts)} within {timeout:g}s ({why})") from None
+        why = describe(probing.result()) if probing.done() else "still connecting"
+        raise RegistryUnavailable(f"no ZooKeeper session with {','.join(hosts)} within {timeout:g}s ({why})") from None
     finally:
         client.remove_listener(on_state)
         probing.cancel()
-
-
-async def probe(hosts: Sequence[str], timeout: float = PROBE_TIMEOUT) -> str:
-    """What each host does with a TCP connection, as a short text for an error message."""
-    return describe_probes(await probe_hosts(hosts, timeout))
+        waiting.cancel()
 
 
 async def probe_hosts(hosts: Sequence[str], timeout: float = PROBE_TIMEOUT) -> list[tuple[str, str, bool]]:
@@ -107,7 +146,7 @@ async def probe_hosts(hosts: Sequence[str], timeout: float = PROBE_TIMEOUT) -> l
     return list(await asyncio.gather(*(_probe_one(h, timeout) for h in hosts)))
 
 
-def describe_probes(probes: Sequence[tuple[str, str, bool]]) -> str:
+def describe(probes: Sequence[tuple[str, str, bool]]) -> str:
     return "; ".join(f"{host}: {answer}" for host, answer, _ in probes)
 
 
@@ -136,60 +175,29 @@ async def close_client(client: Any, timeout: float = CLOSE_TIMEOUT) -> None:
     loop = asyncio.get_running_loop()
     done: asyncio.Future[None] = loop.create_future()
 
-    def finished() -> None:
-        if not done.done():
-            done.set_result(None)
-
     def work() -> None:
         try:
-            stop_client(client)
+            client.stop()
+            client.close()
+        except Exception as e:  # noqa: BLE001 -- a client that cannot stop cleanly is abandoned, not fatal
+            log.debug("waypost: closing a ZooKeeper client: %s", e)
         finally:
-            on_loop(loop, finished)
+            on_loop(loop, _settle, done)
 
     threading.Thread(target=work, name="waypost-zk-close", daemon=True).start()
     with contextlib.suppress(asyncio.TimeoutError):
         await asyncio.wait_for(asyncio.shield(done), timeout)
 
 
-_closing: set[asyncio.Task[None]] = set()
+def _settle(done: asyncio.Future[None]) -> None:
+    if not done.done():
+        done.set_result(None)
 
 
-def close_later(client: Any) -> None:
-    """``close_client`` in the background, from the loop (the task is kept until it is done)."""
-    task = asyncio.get_running_loop().create_task(close_client(client))
-    _closing.add(task)
-    task.add_done_callback(_closing.discard)
-
-
-def stop_client(client: Any) -> None:
-    """``client.stop()`` then ``client.close()``, in the calling thread (it blocks; never on the loop)."""
-    try:
-        client.stop()
-        client.close()
-    except Exception as e:  # noqa: BLE001 -- a client that cannot stop cleanly is abandoned, not fatal
-        log.debug("waypost: closing a ZooKeeper client: %s", e)
-
-
-__all__ = [
-    "CLOSE_TIMEOUT",
-    "DEFAULT_NAMESPACE",
-    "DEFAULT_PORT",
-    "DEFAULT_SESSION_TIMEOUT",
-    "LayoutError",
-    "ZkConfig",
-    "check_node_name",
-    "close_client",
-    "close_later",
-    "connect",
-    "describe_probes",
-    "from_target",
-    "instance_path",
-    "on_loop",
-    "parse_registry_url",
-    "probe",
-    "probe_hosts",
-    "require_kazoo",
-    "resolve_config",
-    "result",
-    "service_path",
-]
+def why(e: BaseException) -> str:
+    """A failure in words: kazoo's exceptions carry no text of their own, so their name is the text."""
+    if isinstance(e, asyncio.TimeoutError):
+        return "timed out"
+    text = str(e)
+    return f"{type(e).__name__}: {text}" if text and type(e).__module__.startswith("kazoo") else (
+        text or type(e).__name__)

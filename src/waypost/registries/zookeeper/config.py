@@ -1,24 +1,21 @@
 """Connection settings of a ZooKeeper client: ``ZkConfig``, from a registry URL or a ``zk://`` dial target.
 
-Registry URL (what a publisher is given): ``zk://H1:2181,H2:2181[?session_timeout=S&namespace=/microservices]``.
+Registry URL (what a registrar is given): ``zk://H1:2181,H2:2181[?session_timeout=S&namespace=/microservices]``.
 A host without a port means 2181; IPv6 hosts go in brackets. The URL names the ensemble only: the service is the
 publisher's key, so a path is an error. Options:
 
 - ``session_timeout``: seconds (a number, 0 < S <= 3600) asked of ZooKeeper for the session; the server grants a
   value between its ``minSessionTimeout`` and ``maxSessionTimeout`` (2 and 20 ticks: 4..40 s with the default
-  ``tickTime=2000``). Unset: a publisher asks for its ``ttl``, a resolver for ``DEFAULT_SESSION_TIMEOUT``.
+  ``tickTime=2000``). Unset: a registrar asks for its ``ttl``, a discovery for ``DEFAULT_SESSION_TIMEOUT``.
 - ``namespace``: the root of Kratos' layout (Kratos' ``WithRootPath``), default ``/microservices``.
 
-Dial target (what a resolver is given): ``zk://H1:2181,H2:2181/SERVICE`` (``waypost.resolver.target``); the same
+Dial target (what a discovery is given): ``zk://H1:2181,H2:2181/SERVICE`` (``waypost.resolver.target``); the same
 options are read from the target when its parser lets them through.
-
-kazoo is imported only when a client is made (``new_client``): it is the ``zk`` extra.
 """
 
 from __future__ import annotations
 
 import functools
-import logging
 import urllib.parse
 from collections.abc import Mapping
 from dataclasses import dataclass
@@ -39,9 +36,6 @@ DEFAULT_SESSION_TIMEOUT = 10.0
 MAX_RECONNECT_DELAY = 1.0
 EXAMPLE = "zk://10.0.0.1:2181,10.0.0.2:2181?session_timeout=10"
 OPTIONS = ("session_timeout", "namespace")
-#: where kazoo's own connection chatter goes (a WARNING per failed reconnection attempt): raised to ERROR
-#: unless the application configured this logger; waypost logs the state changes itself, once each
-KAZOO_LOGGER = "waypost.zk.kazoo"
 
 
 @dataclass(frozen=True)
@@ -99,47 +93,6 @@ class ZkConfig:
 
     def session_timeout_or(self, default: float) -> float:
         return float(self.session_timeout) if self.session_timeout is not None else float(default)
-
-    def new_client(self, session_timeout: float) -> Any:
-        """A kazoo client (not started) for these hosts: ``session_timeout`` s asked for, reconnecting forever with
-        a pause growing from 0.1 s to ``max_reconnect_delay`` s (jittered); no command retries (callers bound and
-        retry their own operations)."""
-        require_kazoo()
-        from kazoo.client import KazooClient
-        from kazoo.retry import KazooRetry
-
-        from .session import record_granted
-
-        _quiet_kazoo()
-        client = KazooClient(
-            hosts=self.connect_string,
-            timeout=float(session_timeout),
-            connection_retry=KazooRetry(max_tries=-1, delay=0.1, backoff=2, max_jitter=0.4,
-                                        max_delay=self.max_reconnect_delay),
-            command_retry=KazooRetry(max_tries=0),
-            logger=logging.getLogger(KAZOO_LOGGER),
-        )
-        record_granted(client)  # the server may grant another session timeout than the one asked
-        return client
-
-
-_quieted: list[bool] = []
-
-
-def _quiet_kazoo() -> None:
-    if not _quieted:
-        _quieted.append(True)
-        logger = logging.getLogger(KAZOO_LOGGER)
-        if logger.level == logging.NOTSET:
-            logger.setLevel(logging.ERROR)
-
-
-def require_kazoo() -> None:
-    """ImportError naming the extra when kazoo is not installed."""
-    try:
-        import kazoo  # noqa: F401
-    except ImportError:
-        raise ImportError("ZooKeeper (zk://) needs kazoo: pip install 'waypost[zk]'") from None
 
 
 # ---- registry URLs and targets -------------------------------------------------------------------------------
@@ -201,8 +154,3 @@ def from_target(target: TargetLike) -> ZkConfig:
         if isinstance(e, InvalidTarget):
             raise
         raise fail(str(e)) from None
-
-
-def resolve_config(registry_url_or_config: ZkConfig | str) -> ZkConfig:
-    """A ZkConfig as it is, a string parsed as a registry URL; TypeError for anything else."""
-    return URL_FORM.settings(registry_url_or_config, ZkConfig, parse_registry_url)

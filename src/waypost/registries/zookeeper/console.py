@@ -4,7 +4,7 @@
 One session on waypost's control loop lists the namespace's children and the override znodes every ``INTERVAL``
 seconds (shared by every browser); each service is shown through waypost's ZooKeeper resolver (a
 ``zk://hosts/SERVICE`` target: what a client dialing it sees). Drain and weight write the override znode
-(``zk_store.py``), which ``ZkPublisher`` watches.
+(``overrides.py``), which the registrations in ZooKeeper follow.
 """
 
 from __future__ import annotations
@@ -18,8 +18,8 @@ from ...console.board import Board
 from ...console.catalog_source import CatalogSource
 from ...console.sources import on_control
 from ...discovery.override import OVERRIDE_ROOT, parse_override
-from . import client as zk
-from .store import ZkOverrides
+from .config import DEFAULT_NAMESPACE
+from .overrides import ZkOverrides
 
 log = logging.getLogger("waypost.console")
 
@@ -38,31 +38,18 @@ class ZkSource(CatalogSource):
 
     def _target(self, service: str) -> str:
         q = f"?namespace={urllib.parse.quote(self.config.namespace, safe='/')}" \
-            if self.config.namespace != zk.DEFAULT_NAMESPACE else ""
+            if self.config.namespace != DEFAULT_NAMESPACE else ""
         return f"zk://{self.config.connect_string}/{urllib.parse.quote(service, safe='')}{q}"
 
     async def _read(self) -> tuple[list[str], dict[tuple[str, str, str], dict[str, Any]]]:
         """On the control loop: the services under the namespace, and the override znodes."""
-        from kazoo.exceptions import NoNodeError
-
-        client = await self.writer._session()
-
-        async def children(path: str) -> list[str]:
-            try:
-                return list(await zk.result(client.get_children_async(path)))
-            except NoNodeError:
-                return []
-
-        names = sorted(await children(self.config.namespace))
+        names = await self.writer.children(self.config.namespace)
         overrides: dict[tuple[str, str, str], dict[str, Any]] = {}
         root = "/" + OVERRIDE_ROOT.rstrip("/")
-        for key in (await children(root))[:MAX_OVERRIDES]:
-            for address in (await children(f"{root}/{key}"))[:MAX_OVERRIDES]:
-                try:
-                    value, _ = await zk.result(client.get_async(f"{root}/{key}/{address}"))
-                except NoNodeError:
-                    continue
-                o = parse_override(value)
+        for key in (await self.writer.children(root))[:MAX_OVERRIDES]:
+            for address in (await self.writer.children(f"{root}/{key}"))[:MAX_OVERRIDES]:
+                value = await self.writer.get(f"{root}/{key}/{address}")
+                o = parse_override(value) if value is not None else None
                 if o is not None:
                     overrides[(self.name, key, address)] = o
         return names, overrides

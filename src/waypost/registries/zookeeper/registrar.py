@@ -1,0 +1,222 @@
+"""A server's instance in ZooKeeper: the EPHEMERAL node ``<namespace>/<service>/<id>`` in Kratos' layout (``layout``),
+holding Go's JSON of Kratos' ``ServiceInstance`` (``waypost.registry.formats.Kratos``'s encoder: metadata values
+as strings, ``metadata["version"]`` as the ``version`` field). The persistent parents are created when missing,
+with empty data, as Kratos does.
+
+A ``waypost.kinds.Registrar`` (waypost's generic registration drives it; ``ZkPublisher`` is that registration
+made by hand). The node lives as long as the registrar's session (``ttl`` s asked of the server unless the URL
+says ``session_timeout``; the server grants a value between its min and max session timeout, and the granted one
+is what counts: ``SessionLog``):
+
+- ``register``: opens the session if needed (``RegistryUnavailable`` naming each host's answer when there is
+  none), then makes the node exist, belong to this session and hold this data: created when missing, its data
+  rewritten in place when it differs (one ``setData``: clients see one change of metadata, never a removal and an
+  add); a node of another session at our path (a previous incarnation with the same id) is deleted and ours
+  created, as Kratos does; when that session puts it back within ``TAKEOVER_PAUSE`` s it is live, and the
+  registration fails naming the shared id instead of taking the node back and forth at network speed;
+- ``renew`` (every ttl/3 s): the session and the node checked: ``InstanceGone`` when the node was deleted from
+  outside or belongs to another session, when kazoo reported the session expired, or when there has been no
+  connection for the whole granted session timeout (the server has expired it); our data put back when someone
+  rewrote it; while disconnected within the session timeout, ``RegistryUnavailable`` (the node lives on);
+- ``deregister``: the node deleted if it is ours (not connected: it goes when the session ends); ``close``: the
+  session closed (the server deletes what is left at once).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import logging
+import time
+from collections.abc import Iterator, Mapping
+from typing import Any
+
+from ...kinds import Instance, InstanceGone, PermissionDenied, Registrar, RegistryError, RegistryUnavailable
+from ...kinds.registration import KindRegistration
+from ...registry.formats import Kratos
+from . import client as zk
+from .config import ZkConfig, parse_registry_url
+from .layout import LayoutError, check_node_name, instance_path
+
+log = logging.getLogger("waypost.discovery")
+
+#: reconcile attempts in a row before giving up for this round (the node changing under us each time)
+MAX_ATTEMPTS = 5
+#: a node of another session replaced again within this many seconds: refuse (retried every ~1 s), so two live
+#: instances sharing one id do not take the node from each other as fast as the network allows
+TAKEOVER_PAUSE = 5.0
+
+
+@contextlib.contextmanager
+def _kazoo_errors(path: str) -> Iterator[None]:
+    """kazoo's failures in waypost's terms: an ACL's refusal is ``PermissionDenied``, the rest (connection lost,
+    session expired, ...) ``RegistryUnavailable``, retried."""
+    from kazoo.exceptions import KazooException, NoAuthError
+
+    try:
+        yield
+    except NoAuthError as e:
+        raise PermissionDenied(f"ZooKeeper refused access to {path} (an ACL): {zk.why(e)}") from None
+    except KazooException as e:
+        raise RegistryUnavailable(f"ZooKeeper, at {path}: {zk.why(e)}") from e
+
+
+class ZkRegistrar(Registrar):
+    """One server's ephemeral node (see the module docstring). ``settings``: a ``ZkConfig`` or a registry URL."""
+
+    def __init__(self, settings: ZkConfig | str, timeout: float) -> None:
+        zk.require_kazoo()
+        self.config = settings if isinstance(settings, ZkConfig) else parse_registry_url(settings)
+        self.timeout = timeout
+        self._codec = Kratos(self.config.namespace)
+        self._client: Any = None
+        self._log = zk.SessionLog()
+        #: the session timeout asked of ZooKeeper (set with the session)
+        self.session_timeout_asked = 0.0
+        self._down_since: float | None = None  # monotonic time the connection was lost (None: connected)
+        self._expired = False  # kazoo reported the session expired, and no node was made since
+        self._last_takeover = float("-inf")
+        self.writes = 0  # setData calls (metadata updates, data put back)
+
+    @property
+    def session_timeout(self) -> float:
+        """The session timeout the server granted (what decides when the node goes), else the one asked."""
+        return self._log.granted or self.session_timeout_asked
+
+    @property
+    def session_id(self) -> int | None:
+        ids = self._client.client_id if self._client is not None else None
+        return ids[0] if ids else None
+
+    def check_metadata(self, metadata: Mapping[str, Any]) -> None:
+        self._codec.encode("check", "127.0.0.1:1", "check", metadata)  # what Kratos' map[string]string refuses
+
+    def _node(self, instance: Instance) -> tuple[str, bytes]:
+        try:
+            path = instance_path(self.config.namespace, instance.service, instance.id)
+        except LayoutError as e:
+            raise ValueError(str(e)) from None
+        return path, self._codec.encode(instance.service, instance.address, instance.id, instance.metadata)[1]
+
+    def _on_state(self, state: str) -> None:  # on kazoo's connection thread: plain assignments only
+        if state == "CONNECTED":
+            self._down_since = None
+            return
+        if self._down_since is None:
+            self._down_since = time.monotonic()
+        if state == "LOST":
+            self._expired = True
+
+    async def _session(self, ttl: int) -> Any:
+        if self._client is None:
+            self.session_timeout_asked = self.config.session_timeout_or(ttl)
+            self._client = zk.new_client(self.config, self.session_timeout_asked, self._log)
+            self._client.add_listener(self._on_state)
+            self._client.start_async()
+        await zk.session(self._client, self.config.hosts, self.timeout)
+        if self._log.granted not in (None, self.session_timeout_asked) and self.writes == 0:
+            log.info("ZooKeeper granted a session timeout of %gs (%gs asked; the server's min/maxSessionTimeout bound "
+                     "it): the node goes %gs after the connection is lost", self._log.granted,
+                     self.session_timeout_asked, self._log.granted)
+        return self._client
+
+    async def register(self, instance: Instance) -> None:
+        from kazoo.exceptions import BadVersionError, NodeExistsError, NoNodeError
+
+        path, data = self._node(instance)
+        client = await self._session(instance.ttl)
+        with _kazoo_errors(path):
+            for _ in range(MAX_ATTEMPTS):
+                session = self.session_id
+                try:
+                    value, stat = await zk.result(client.get_async(path))
+                except NoNodeError:
+                    try:
+                        await zk.result(client.create_async(path, data, ephemeral=True, makepath=True))
+                    except NodeExistsError:
+                        continue
+                    self._expired = False
+                    return
+                if stat.ephemeralOwner != session:
+                    now = time.monotonic()
+                    if now - self._last_takeover < TAKEOVER_PAUSE:
+                        raise RegistryError(f"{path} is held by another live session ({stat.ephemeralOwner:#x}) "
+                                            "that puts it back: do two running instances share this id?")
+                    self._last_takeover = now
+                    log.info("%s belongs to another session (%#x; an earlier incarnation with this id?): replacing "
+                             "it, as Kratos does", path, stat.ephemeralOwner)
+                    with contextlib.suppress(NoNodeError, BadVersionError):
+                        await zk.result(client.delete_async(path, version=stat.version))
+                    continue
+                if value != data:
+                    try:
+                        await zk.result(client.set_async(path, data, version=stat.version))
+                    except (NoNodeError, BadVersionError):
+                        continue
+                    self.writes += 1
+                self._expired = False
+                return
+        raise RegistryError(f"{path} changed under us {MAX_ATTEMPTS} times in a row")
+
+    async def renew(self, instance: Instance) -> None:
+        from kazoo.exceptions import BadVersionError, NoNodeError
+
+        client, down = self._client, self._down_since
+        if client is None or self._expired:
+            raise InstanceGone("the ZooKeeper session expired, and the node with it")
+        if down is not None:
+            if time.monotonic() - down >= self.session_timeout:
+                raise InstanceGone(f"no connection for the whole session timeout ({self.session_timeout:g}s): the "
+                                   "server has expired the session, and the node with it")
+            raise RegistryUnavailable("not connected to ZooKeeper (the node lives as long as the session)")
+        path, data = self._node(instance)
+        with _kazoo_errors(path):
+            try:
+                value, stat = await zk.result(client.get_async(path))
+            except NoNodeError:
+                raise InstanceGone(f"{path} was deleted from outside") from None
+            if stat.ephemeralOwner != self.session_id:
+                raise InstanceGone(f"{path} belongs to another session ({stat.ephemeralOwner:#x})")
+            if value != data:
+                log.info("%s was rewritten from outside: putting our data back", path)
+                with contextlib.suppress(NoNodeError, BadVersionError):  # the next renewal looks again
+                    await zk.result(client.set_async(path, data, version=stat.version))
+                    self.writes += 1
+
+    async def deregister(self, instance: Instance) -> None:
+        from kazoo.exceptions import BadVersionError, NoNodeError
+
+        client = self._client
+        path, _ = self._node(instance)
+        if client is None or not client.connected:
+            log.warning("not connected to ZooKeeper, so %s stays until its session expires (<= %gs)", path,
+                        self.session_timeout)
+            return
+        with _kazoo_errors(path):
+            stat = await zk.result(client.exists_async(path))
+            if stat is None or stat.ephemeralOwner != self.session_id:
+                return  # gone already, or someone else's
+            with contextlib.suppress(NoNodeError, BadVersionError):
+                await zk.result(client.delete_async(path, version=stat.version))
+
+    async def close(self) -> None:
+        client, self._client = self._client, None
+        if client is not None:
+            await zk.close_client(client)
+
+
+class ZkPublisher(KindRegistration):
+    """``address`` registered as an instance of service ``key`` in ZooKeeper, by hand: what
+    ``serve(registry="zk://...")`` makes. The arguments are ``waypost.Publisher``'s (``registry``: a ``zk://`` URL or
+    a ``ZkConfig``; ``format`` is ignored: the layout is Kratos'); the registrar is ``client``."""
+
+    client: ZkRegistrar
+
+    def __init__(self, registry: ZkConfig | str, key: str, address: str, ttl: int = 10, id: int | str | None = None,
+                 metadata: Mapping[str, Any] | None = None, format: object = None, **kw: Any) -> None:
+        from .kind import KIND
+
+        try:
+            check_node_name(key, "publisher key (the service name)")
+        except LayoutError as e:
+            raise ValueError(str(e)) from None
+        super().__init__(KIND, registry, key, address, ttl, id, metadata, format, **kw)
