@@ -14,7 +14,7 @@ from hypothesis import strategies as st
 from waypost import urlparams
 from waypost.errors import InvalidTarget
 from waypost.registries.consul import ConsulConfig
-from waypost.registries.zookeeper.client import ZkConfig
+from waypost.registries.zookeeper.config import ZkConfig
 from waypost.registry.formats import (
     DEFAULT_FORMAT,
     ETCD_NAMING,
