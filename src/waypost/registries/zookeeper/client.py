@@ -1,10 +1,6 @@
-"""Driving kazoo from waypost's control loop, for the registrar, the discovery, the override store and the console.
-
-kazoo runs threads of its own (per client: a connection thread and two callback workers). Nothing here blocks the
-loop: operations are kazoo's ``*_async`` ones, awaited as asyncio futures (``result``); state changes and watch
-events are handed to the loop with ``call_soon_threadsafe`` (``on_loop``); stopping a client (which joins its
-threads) runs in a worker thread, bounded (``close_client``). kazoo itself is imported only when a client is made.
-"""
+"""Driving kazoo from waypost's control loop without blocking it: kazoo's ``*_async`` operations awaited as asyncio
+futures (``result``), its threads' state changes and watch events handed over (``on_loop``), a client stopped in a
+worker thread, bounded (``close_client``). kazoo is imported only when a client is made (the ``zk`` extra)."""
 
 from __future__ import annotations
 
@@ -116,6 +112,7 @@ async def session(client: Any, hosts: Sequence[str], timeout: float) -> None:
     (each host probed meanwhile: refused, not answering, not resolvable, or answering TCP without a session). When
     no host takes a TCP connection it is raised at once: kazoo goes on reconnecting, the caller retries."""
     loop = asyncio.get_running_loop()
+    deadline = loop.time() + timeout
     up = asyncio.Event()
 
     def on_state(state: str) -> None:
@@ -123,17 +120,17 @@ async def session(client: Any, hosts: Sequence[str], timeout: float) -> None:
             on_loop(loop, up.set)
 
     client.add_listener(on_state)
-    probing = loop.create_task(probe_hosts(hosts, min(timeout, PROBE_TIMEOUT)))
+    probing = loop.create_task(probe(hosts, min(timeout, PROBE_TIMEOUT)))
     waiting = loop.create_task(up.wait())
     try:
         if client.connected:
             return
         await asyncio.wait({probing, waiting}, timeout=timeout, return_when=asyncio.FIRST_COMPLETED)
-        if not waiting.done() and probing.done() and not any(ok for _, _, ok in probing.result()):
-            raise RegistryUnavailable(f"no ZooKeeper session with {','.join(hosts)} ({describe(probing.result())})")
-        await asyncio.wait_for(asyncio.shield(waiting), timeout)
+        if not waiting.done() and probing.done() and not probing.result()[1]:
+            raise RegistryUnavailable(f"no ZooKeeper session with {','.join(hosts)} ({probing.result()[0]})")
+        await asyncio.wait_for(asyncio.shield(waiting), max(0.0, deadline - loop.time()))
     except asyncio.TimeoutError:
-        why = describe(probing.result()) if probing.done() else "still connecting"
+        why = probing.result()[0] if probing.done() else "still connecting"
         raise RegistryUnavailable(f"no ZooKeeper session with {','.join(hosts)} within {timeout:g}s ({why})") from None
     finally:
         client.remove_listener(on_state)
@@ -141,13 +138,10 @@ async def session(client: Any, hosts: Sequence[str], timeout: float) -> None:
         waiting.cancel()
 
 
-async def probe_hosts(hosts: Sequence[str], timeout: float = PROBE_TIMEOUT) -> list[tuple[str, str, bool]]:
-    """``(host, what it did, whether it accepted a TCP connection)`` for each host, probed at once."""
-    return list(await asyncio.gather(*(_probe_one(h, timeout) for h in hosts)))
-
-
-def describe(probes: Sequence[tuple[str, str, bool]]) -> str:
-    return "; ".join(f"{host}: {answer}" for host, answer, _ in probes)
+async def probe(hosts: Sequence[str], timeout: float) -> tuple[str, bool]:
+    """What each host does with a TCP connection (probed at once), in words, and whether any took one."""
+    probes = await asyncio.gather(*(_probe_one(h, timeout) for h in hosts))
+    return "; ".join(f"{host}: {answer}" for host, answer, _ in probes), any(ok for _, _, ok in probes)
 
 
 async def _probe_one(host: str, timeout: float) -> tuple[str, str, bool]:
@@ -192,12 +186,3 @@ async def close_client(client: Any, timeout: float = CLOSE_TIMEOUT) -> None:
 def _settle(done: asyncio.Future[None]) -> None:
     if not done.done():
         done.set_result(None)
-
-
-def why(e: BaseException) -> str:
-    """A failure in words: kazoo's exceptions carry no text of their own, so their name is the text."""
-    if isinstance(e, asyncio.TimeoutError):
-        return "timed out"
-    text = str(e)
-    return f"{type(e).__name__}: {text}" if text and type(e).__module__.startswith("kazoo") else (
-        text or type(e).__name__)

@@ -1,17 +1,9 @@
-"""Connection settings of a ZooKeeper client: ``ZkConfig``, from a registry URL or a ``zk://`` dial target.
-
-Registry URL (what a registrar is given): ``zk://H1:2181,H2:2181[?session_timeout=S&namespace=/microservices]``.
-A host without a port means 2181; IPv6 hosts go in brackets. The URL names the ensemble only: the service is the
-publisher's key, so a path is an error. Options:
-
-- ``session_timeout``: seconds (a number, 0 < S <= 3600) asked of ZooKeeper for the session; the server grants a
-  value between its ``minSessionTimeout`` and ``maxSessionTimeout`` (2 and 20 ticks: 4..40 s with the default
-  ``tickTime=2000``). Unset: a registrar asks for its ``ttl``, a discovery for ``DEFAULT_SESSION_TIMEOUT``.
-- ``namespace``: the root of Kratos' layout (Kratos' ``WithRootPath``), default ``/microservices``.
-
-Dial target (what a discovery is given): ``zk://H1:2181,H2:2181/SERVICE`` (``waypost.resolver.target``); the same
-options are read from the target when its parser lets them through.
-"""
+"""Connection settings of a ZooKeeper client (``ZkConfig``), from a registry URL
+``zk://H1:2181,H2:2181[?session_timeout=S&namespace=/P]`` (the ensemble only: the service is the registration's,
+so a path is an error) or a dial target ``zk://H1:2181,H2:2181/SERVICE[?...]``. A host without a port means 2181;
+IPv6 hosts go in brackets. ``session_timeout``: seconds asked of the server for the session (it grants a value
+between its min and max session timeout); unset, a registrar asks for its ``ttl``, a discovery for 10 s.
+``namespace``: the root of Kratos' layout (Kratos' ``WithRootPath``), default ``/microservices``."""
 
 from __future__ import annotations
 
@@ -29,7 +21,7 @@ from ...urlparams import TargetLike, seconds_ok
 from .layout import DEFAULT_NAMESPACE, LayoutError, check_namespace
 
 DEFAULT_PORT = 2181
-#: what a resolver asks for when the URL says nothing (kazoo's default too)
+#: what a discovery asks for when the URL says nothing (kazoo's default too)
 DEFAULT_SESSION_TIMEOUT = 10.0
 #: the longest pause between two reconnection attempts (kazoo's own default grows to an hour; go-zookeeper, which
 #: Kratos uses, pauses 1 s after trying every host)
@@ -40,11 +32,8 @@ OPTIONS = ("session_timeout", "namespace")
 
 @dataclass(frozen=True)
 class ZkConfig:
-    """Where ZooKeeper is and how to hold a session with it.
-
-    ``hosts`` are ``host:port`` strings (normalized: port filled in, IPv6 in brackets, duplicates dropped).
-    ``session_timeout`` None lets the user pick (a publisher: its ``ttl``; a resolver: 10 s).
-    """
+    """Where ZooKeeper is and how to hold a session with it. ``hosts``: ``host:port`` strings (normalized: port
+    filled in, IPv6 in brackets, duplicates dropped); ``session_timeout`` None: the user's default (above)."""
 
     hosts: tuple[str, ...]
     session_timeout: float | None = None
@@ -63,12 +52,9 @@ class ZkConfig:
             except AddressError as e:
                 raise ValueError(str(e)) from None
         object.__setattr__(self, "hosts", tuple(dict.fromkeys(normalized)))
-        if self.session_timeout is not None and not seconds_ok(self.session_timeout):
-            raise ValueError(f"ZkConfig: session_timeout must be a number of seconds in (0, 3600], "
-                             f"got {self.session_timeout!r}")
-        if not seconds_ok(self.max_reconnect_delay):
-            raise ValueError(f"ZkConfig: max_reconnect_delay must be a number of seconds in (0, 3600], "
-                             f"got {self.max_reconnect_delay!r}")
+        for name in ("session_timeout", "max_reconnect_delay"):
+            if (value := getattr(self, name)) is not None and not seconds_ok(value):
+                raise ValueError(f"ZkConfig: {name} must be a number of seconds in (0, 3600], got {value!r}")
         try:
             object.__setattr__(self, "namespace", check_namespace(self.namespace))
         except LayoutError as e:

@@ -10,7 +10,6 @@ seconds (shared by every browser); each service is shown through waypost's ZooKe
 from __future__ import annotations
 
 import asyncio
-import logging
 import urllib.parse
 from typing import Any
 
@@ -20,8 +19,6 @@ from ...console.sources import on_control
 from ...discovery.override import OVERRIDE_ROOT, parse_override
 from .config import DEFAULT_NAMESPACE
 from .overrides import ZkOverrides
-
-log = logging.getLogger("waypost.console")
 
 INTERVAL = 2.0
 #: at most this many overrides are read per round
@@ -68,14 +65,9 @@ class ZkSource(CatalogSource):
     async def _round(self) -> None:
         try:
             names, overrides = await asyncio.wait_for(on_control(self._read()), self.timeout + 5)
-        except asyncio.CancelledError:
-            raise
         except Exception as e:  # noqa: BLE001 (shown on the page; tried again)
             self._down(e)
             return
-        await self._apply(names, overrides)
-
-    async def _apply(self, names: list[str], overrides: dict[tuple[str, str, str], dict[str, Any]]) -> None:
         self.board.source_up(self.name, "zk")
         self._show_overrides(overrides)
         await self._follow_names(names)

@@ -1,29 +1,20 @@
-"""zk://H1:2181,H2:2181/SERVICE: the instances of a service kept in ZooKeeper in Kratos' layout.
+"""zk://H1:2181,H2:2181/SERVICE: the instances of a service kept in ZooKeeper in Kratos' layout (``layout``): a
+backend per child of ``<namespace>/SERVICE``, the instance's first ``grpc://`` endpoint with its metadata (plus
+``version``). Children that are HTTP-only, of another ``name`` or not such JSON are skipped (logged once per node),
+as are duplicate addresses.
 
-What is read (``layout``): the children of ``/microservices/SERVICE`` (one ephemeral node per instance, written by
-Kratos' ``contrib/registry/zookeeper`` or by waypost's registrar), each holding Kratos' ``ServiceInstance`` JSON; a
-backend is the instance's first ``grpc://`` endpoint with its metadata (strings, plus ``version`` when set).
-Instances without a ``grpc://`` endpoint (HTTP-only), with another ``name`` or with data that is not such JSON are
-skipped (logged once per node), as are duplicates of an address; the rest stay.
-
-A ``waypost.kinds.Discovery`` (waypost's generic resolver follows it), on the control loop with kazoo's
-asynchronous operations. One session for the discovery's life; each ``watch``:
-
-1. waits for the session (no host taking a TCP connection: ``RegistryUnavailable`` at once, naming each host's
-   answer; kazoo goes on reconnecting, every <= 1 s, and the resolver calls ``watch`` again after its backoff);
-2. **loads**: the service node's children with a children watch (an exists watch while the node does not exist:
-   no instance yet), then every child's data with a data watch, and yields the list;
-3. **follows**: a children event lists the children again (new ones read, gone ones dropped), a data event reads
-   that child again (its metadata changed); each change of the list is yielded;
-4. ends with ``RegistryUnavailable`` when the connection is lost (kazoo forgets its watches then): the channel
-   keeps the last list, and the next ``watch`` reads everything again once connected, the new list replacing the
-   old in one push (an instance that stayed is never removed and added back).
+A ``waypost.kinds.Discovery`` over one session for its life. Each ``watch`` waits for the session (no host taking a
+TCP connection: ``RegistryUnavailable`` at once naming each host's answer; kazoo goes on reconnecting), loads the
+children (a children watch; an exists watch while the service node does not exist) and each child's data (a data
+watch: Kratos sets none, waypost sees metadata changes at once), yields the list, then one per change. A lost
+connection ends it with ``RegistryUnavailable``: kazoo forgets its watches then, so the next ``watch`` reads
+everything again and the new list replaces the old in one push (an instance that stayed is never removed).
 """
 
 from __future__ import annotations
 
 import asyncio
-from collections.abc import AsyncIterator
+from collections.abc import AsyncGenerator
 from typing import Any
 
 from ...kinds import Backend, Discovery, InvalidTarget, RegistryUnavailable, Target
@@ -65,11 +56,8 @@ class ZkDiscovery(Discovery):
         if self._loop is not None:
             zk.on_loop(self._loop, self._events.put_nowait, (kind, arg))
 
-    def _on_children(self, event: Any) -> None:
-        self._post("children", event)
-
-    def _on_data(self, event: Any) -> None:
-        self._post("data", event)
+    def _on_watch(self, event: Any) -> None:
+        self._post("watch", event)
 
     def _started(self) -> Any:
         if self._client is None:
@@ -80,12 +68,13 @@ class ZkDiscovery(Discovery):
         return self._client
 
     async def instances(self, service: str) -> list[Backend]:
-        client = self._started()
-        await zk.session(client, self.config.hosts, SESSION_WAIT)
-        await asyncio.wait_for(self._load(client), LOAD_TIMEOUT)
-        return self._backends()
+        lists = self.watch(service)
+        try:
+            return await anext(lists)
+        finally:
+            await lists.aclose()
 
-    async def watch(self, service: str) -> AsyncIterator[list[Backend]]:
+    async def watch(self, service: str) -> AsyncGenerator[list[Backend], None]:
         client = self._started()
         await zk.session(client, self.config.hosts, SESSION_WAIT)
         while not self._events.empty():  # what happened before is read again below
@@ -104,10 +93,8 @@ class ZkDiscovery(Discovery):
                 raise RegistryUnavailable(f"{what} ({self.config.connect_string}); reconnecting")
             if arg.type == "NONE":
                 continue  # kazoo forgot its watches (connection lost): the state change says what to do
-            if kind == "children":
-                await asyncio.wait_for(self._list(client), LOAD_TIMEOUT)
-            else:
-                await asyncio.wait_for(self._read_child(client, arg.path), LOAD_TIMEOUT)
+            self._children.pop((arg.path or "").removeprefix(self.path + "/"), None)  # a child's data changed
+            await asyncio.wait_for(self._load(client, everything=False), LOAD_TIMEOUT)
             if (now := self._backends()) != last:
                 last = now
                 yield now
@@ -119,42 +106,27 @@ class ZkDiscovery(Discovery):
 
     # ---- reading ------------------------------------------------------------------------------------
 
-    async def _load(self, client: Any) -> None:
-        """Everything again: the children (watched) and each child's data (watched)."""
+    async def _load(self, client: Any, everything: bool = True) -> None:
+        """The children (watched) and the data (watched) of each one, or, after an event, of those not known (the
+        gone ones dropped)."""
         names = await self._names(client)
-        entries = await asyncio.gather(*(self._get(client, name) for name in names))
-        self._children = {name: entry for name, entry in zip(names, entries) if entry is not _GONE}
-        self.loads += 1
-
-    async def _list(self, client: Any) -> None:
-        """The children changed: read the new ones, drop the gone ones."""
-        names = await self._names(client)
-        new = [n for n in names if n not in self._children]
+        children = {} if everything else {n: self._children[n] for n in names if n in self._children}
+        new = [n for n in names if n not in children]
         entries = await asyncio.gather(*(self._get(client, n) for n in new))
-        children = {n: self._children[n] for n in names if n in self._children}
         children.update((n, e) for n, e in zip(new, entries) if e is not _GONE)
         self._children = children
-
-    async def _read_child(self, client: Any, path: str | None) -> None:
-        name = (path or "").removeprefix(self.path + "/")
-        if not path or name == path:
-            return
-        entry = await self._get(client, name)
-        if entry is _GONE:
-            self._children.pop(name, None)  # (the children watch says so too)
-        else:
-            self._children[name] = entry
+        self.loads += everything
 
     async def _names(self, client: Any) -> list[str]:
         from kazoo.exceptions import NoNodeError
 
         try:
-            names = await zk.result(client.get_children_async(self.path, watch=self._on_children))
+            names = await zk.result(client.get_children_async(self.path, watch=self._on_watch))
         except NoNodeError:
             # no instance ever registered here: wait for the service node to appear
-            if await zk.result(client.exists_async(self.path, watch=self._on_children)) is None:
+            if await zk.result(client.exists_async(self.path, watch=self._on_watch)) is None:
                 return []
-            names = await zk.result(client.get_children_async(self.path, watch=self._on_children))
+            names = await zk.result(client.get_children_async(self.path, watch=self._on_watch))
         return sorted(names)
 
     async def _get(self, client: Any, name: str) -> Any:
@@ -163,7 +135,7 @@ class ZkDiscovery(Discovery):
 
         path = f"{self.path}/{name}"
         try:
-            data, _stat = await zk.result(client.get_async(path, watch=self._on_data))
+            data, _stat = await zk.result(client.get_async(path, watch=self._on_watch))
         except NoNodeError:
             return _GONE
         return self._codec.decode(path, data or b"")

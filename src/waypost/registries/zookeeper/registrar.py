@@ -1,25 +1,15 @@
-"""A server's instance in ZooKeeper: the EPHEMERAL node ``<namespace>/<service>/<id>`` in Kratos' layout (``layout``),
-holding Go's JSON of Kratos' ``ServiceInstance`` (``waypost.registry.formats.Kratos``'s encoder: metadata values
-as strings, ``metadata["version"]`` as the ``version`` field). The persistent parents are created when missing,
-with empty data, as Kratos does.
+"""A server's instance in ZooKeeper: the EPHEMERAL node ``<namespace>/<service>/<id>`` of Kratos' layout (``layout``;
+parents created when missing, as Kratos does), living as long as the registrar's session: ``ttl`` s asked unless
+the URL says ``session_timeout``, and the timeout the server granted is what counts (``client.SessionLog``).
 
-A ``waypost.kinds.Registrar`` (waypost's generic registration drives it; ``ZkPublisher`` is that registration
-made by hand). The node lives as long as the registrar's session (``ttl`` s asked of the server unless the URL
-says ``session_timeout``; the server grants a value between its min and max session timeout, and the granted one
-is what counts: ``SessionLog``):
-
-- ``register``: opens the session if needed (``RegistryUnavailable`` naming each host's answer when there is
-  none), then makes the node exist, belong to this session and hold this data: created when missing, its data
-  rewritten in place when it differs (one ``setData``: clients see one change of metadata, never a removal and an
-  add); a node of another session at our path (a previous incarnation with the same id) is deleted and ours
-  created, as Kratos does; when that session puts it back within ``TAKEOVER_PAUSE`` s it is live, and the
-  registration fails naming the shared id instead of taking the node back and forth at network speed;
-- ``renew`` (every ttl/3 s): the session and the node checked: ``InstanceGone`` when the node was deleted from
-  outside or belongs to another session, when kazoo reported the session expired, or when there has been no
-  connection for the whole granted session timeout (the server has expired it); our data put back when someone
-  rewrote it; while disconnected within the session timeout, ``RegistryUnavailable`` (the node lives on);
-- ``deregister``: the node deleted if it is ours (not connected: it goes when the session ends); ``close``: the
-  session closed (the server deletes what is left at once).
+- ``register``: the session opened if needed, then the node made to exist, belong to this session and hold this
+  data (rewritten in place: one ``setData``, so clients see a change of metadata, never a removal and an add). A
+  node of another session at our path (an earlier incarnation with this id) is deleted and ours created, as
+  Kratos does; put back within ``TAKEOVER_PAUSE`` s, it is live: the registration fails naming the shared id.
+- ``renew`` (every ttl/3 s): ``InstanceGone`` when the node was deleted or is another session's, when kazoo
+  reported the session expired, or after no connection for the whole granted session timeout (the server has
+  expired it); data rewritten from outside is put back; disconnected within the timeout: ``RegistryUnavailable``.
+- ``deregister``: the node deleted if it is ours; ``close``: the session closed (the server deletes what is left).
 """
 
 from __future__ import annotations
@@ -54,10 +44,10 @@ def _kazoo_errors(path: str) -> Iterator[None]:
 
     try:
         yield
-    except NoAuthError as e:
-        raise PermissionDenied(f"ZooKeeper refused access to {path} (an ACL): {zk.why(e)}") from None
-    except KazooException as e:
-        raise RegistryUnavailable(f"ZooKeeper, at {path}: {zk.why(e)}") from e
+    except NoAuthError:
+        raise PermissionDenied(f"ZooKeeper refused access to {path} (an ACL)") from None
+    except KazooException as e:  # kazoo's exceptions carry no text of their own: their name is the text
+        raise RegistryUnavailable(f"ZooKeeper, at {path}: {type(e).__name__}{f': {e}' if str(e) else ''}") from e
 
 
 class ZkRegistrar(Registrar):
@@ -75,6 +65,7 @@ class ZkRegistrar(Registrar):
         self._down_since: float | None = None  # monotonic time the connection was lost (None: connected)
         self._expired = False  # kazoo reported the session expired, and no node was made since
         self._last_takeover = float("-inf")
+        self._told: float | None = None  # the granted session timeout last logged
         self.writes = 0  # setData calls (metadata updates, data put back)
 
     @property
@@ -113,41 +104,63 @@ class ZkRegistrar(Registrar):
             self._client.add_listener(self._on_state)
             self._client.start_async()
         await zk.session(self._client, self.config.hosts, self.timeout)
-        if self._log.granted not in (None, self.session_timeout_asked) and self.writes == 0:
+        if (granted := self._log.granted) not in (None, self.session_timeout_asked, self._told):
+            self._told = granted
             log.info("ZooKeeper granted a session timeout of %gs (%gs asked; the server's min/maxSessionTimeout bound "
                      "it): the node goes %gs after the connection is lost", self._log.granted,
                      self.session_timeout_asked, self._log.granted)
         return self._client
 
     async def register(self, instance: Instance) -> None:
+        await self._session(instance.ttl)
+        await self._reconcile(instance, renewing=False)
+
+    async def renew(self, instance: Instance) -> None:
+        down = self._down_since
+        if self._client is None or self._expired:
+            raise InstanceGone("the ZooKeeper session expired, and the node with it")
+        if down is not None:
+            if time.monotonic() - down >= self.session_timeout:
+                raise InstanceGone(f"no connection for the whole session timeout ({self.session_timeout:g}s): the "
+                                   "server has expired the session, and the node with it")
+            raise RegistryUnavailable("not connected to ZooKeeper (the node lives as long as the session)")
+        await self._reconcile(instance, renewing=True)
+
+    async def _reconcile(self, instance: Instance, renewing: bool) -> None:
+        """Make the node exist (renewing: ``InstanceGone`` instead), belong to this session (taken over; renewing:
+        ``InstanceGone``) and hold this data (put back)."""
         from kazoo.exceptions import BadVersionError, NodeExistsError, NoNodeError
 
         path, data = self._node(instance)
-        client = await self._session(instance.ttl)
+        client = self._client
         with _kazoo_errors(path):
             for _ in range(MAX_ATTEMPTS):
-                session = self.session_id
                 try:
                     value, stat = await zk.result(client.get_async(path))
                 except NoNodeError:
+                    if renewing:
+                        raise InstanceGone(f"{path} was deleted from outside") from None
                     try:
                         await zk.result(client.create_async(path, data, ephemeral=True, makepath=True))
                     except NodeExistsError:
                         continue
                     self._expired = False
                     return
-                if stat.ephemeralOwner != session:
-                    now = time.monotonic()
-                    if now - self._last_takeover < TAKEOVER_PAUSE:
+                if stat.ephemeralOwner != self.session_id:
+                    if renewing:
+                        raise InstanceGone(f"{path} belongs to another session ({stat.ephemeralOwner:#x})")
+                    if time.monotonic() - self._last_takeover < TAKEOVER_PAUSE:
                         raise RegistryError(f"{path} is held by another live session ({stat.ephemeralOwner:#x}) "
                                             "that puts it back: do two running instances share this id?")
-                    self._last_takeover = now
+                    self._last_takeover = time.monotonic()
                     log.info("%s belongs to another session (%#x; an earlier incarnation with this id?): replacing "
                              "it, as Kratos does", path, stat.ephemeralOwner)
                     with contextlib.suppress(NoNodeError, BadVersionError):
                         await zk.result(client.delete_async(path, version=stat.version))
                     continue
                 if value != data:
+                    if renewing:
+                        log.info("%s was rewritten from outside: putting our data back", path)
                     try:
                         await zk.result(client.set_async(path, data, version=stat.version))
                     except (NoNodeError, BadVersionError):
@@ -156,31 +169,6 @@ class ZkRegistrar(Registrar):
                 self._expired = False
                 return
         raise RegistryError(f"{path} changed under us {MAX_ATTEMPTS} times in a row")
-
-    async def renew(self, instance: Instance) -> None:
-        from kazoo.exceptions import BadVersionError, NoNodeError
-
-        client, down = self._client, self._down_since
-        if client is None or self._expired:
-            raise InstanceGone("the ZooKeeper session expired, and the node with it")
-        if down is not None:
-            if time.monotonic() - down >= self.session_timeout:
-                raise InstanceGone(f"no connection for the whole session timeout ({self.session_timeout:g}s): the "
-                                   "server has expired the session, and the node with it")
-            raise RegistryUnavailable("not connected to ZooKeeper (the node lives as long as the session)")
-        path, data = self._node(instance)
-        with _kazoo_errors(path):
-            try:
-                value, stat = await zk.result(client.get_async(path))
-            except NoNodeError:
-                raise InstanceGone(f"{path} was deleted from outside") from None
-            if stat.ephemeralOwner != self.session_id:
-                raise InstanceGone(f"{path} belongs to another session ({stat.ephemeralOwner:#x})")
-            if value != data:
-                log.info("%s was rewritten from outside: putting our data back", path)
-                with contextlib.suppress(NoNodeError, BadVersionError):  # the next renewal looks again
-                    await zk.result(client.set_async(path, data, version=stat.version))
-                    self.writes += 1
 
     async def deregister(self, instance: Instance) -> None:
         from kazoo.exceptions import BadVersionError, NoNodeError
