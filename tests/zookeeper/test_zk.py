@@ -387,8 +387,8 @@ def test_server_restart_keeps_the_list_then_resumes(own_server):
         restarted = time.monotonic()
         own_server.start()
         # sessions survive a restart (ZooKeeper keeps them in its data dir): same session, same node
-        wait_until(lambda: a.registered and r.discovery.connected and r.discovery.loads >= 2, 15,
-                   what="reconnected and read again")
+        wait_until(lambda: a.registered and a.client.session_id is not None and r.discovery.connected
+                   and r.discovery.loads >= 2, 15, what="reconnected and read again")
         reconnected = time.monotonic() - restarted
         assert a.client.session_id == session and a.registrations == 1
         b = ZkPublisher(f"zk://{own_server.hosts}", service, "127.0.0.1:7051", id="b").start()
@@ -501,7 +501,7 @@ def test_the_granted_session_timeout_falls_back_to_the_one_asked():
 
     registrar = ZkRegistrar("zk://127.0.0.1:1", 1.0)
     registrar.session_timeout_asked = 10.0
-    registrar._log = other
+    registrar._zk.log = other
     assert registrar.session_timeout == 10.0
-    registrar._log = noted
+    registrar._zk.log = noted
     assert registrar.session_timeout == 3.0

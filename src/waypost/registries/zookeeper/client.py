@@ -1,6 +1,6 @@
 """Driving kazoo from waypost's control loop without blocking it: kazoo's ``*_async`` operations awaited as asyncio
 futures (``result``), its threads' state changes and watch events handed over (``on_loop``), a client stopped in a
-worker thread, bounded (``close_client``). kazoo is imported only when a client is made (the ``zk`` extra)."""
+worker thread, bounded (``Session.close``). kazoo is imported only when a client is made (the ``zk`` extra)."""
 
 from __future__ import annotations
 
@@ -9,21 +9,18 @@ import contextlib
 import logging
 import socket
 import threading
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from typing import Any
 
 from ...kinds import RegistryUnavailable
 from ...netutil import parse_host_port
 from .config import DEFAULT_PORT, ZkConfig
 
-log = logging.getLogger("waypost.zk")
-
 #: the longest a probe of one host (why is there no session?) waits for a TCP connection
 PROBE_TIMEOUT = 3.0
-#: how long ``close_client`` waits for kazoo to close the session and join its threads
+#: how long ``Session.close`` waits for kazoo to close the session and join its threads
 CLOSE_TIMEOUT = 3.0
-#: where kazoo's own connection chatter goes (a WARNING per failed reconnection attempt): raised to ERROR
-#: unless the application configured this logger; waypost logs the state changes itself, once each
+#: kazoo's own chatter (a WARNING per failed reconnection): ERROR unless the application set it (waypost says each once)
 KAZOO_LOGGER = "waypost.zk.kazoo"
 
 
@@ -56,23 +53,55 @@ class SessionLog(logging.LoggerAdapter):  # type: ignore[type-arg]
     warn = logging.LoggerAdapter.warning  # kazoo calls warn(), which newer Pythons dropped from adapters
 
 
-def new_client(config: ZkConfig, session_timeout: float, session_log: SessionLog | None = None) -> Any:
-    """A kazoo client (not started) for ``config``'s hosts: ``session_timeout`` s asked for, reconnecting forever
-    with a pause growing from 0.1 s to ``config.max_reconnect_delay`` s (jittered); no command retries (callers
-    bound and retry their own operations)."""
-    require_kazoo()
-    from kazoo.client import KazooClient
-    from kazoo.retry import KazooRetry
+class Session:
+    """The kazoo client of a registrar, a discovery or an override store: made and started on first use, then
+    reconnecting on its own until ``close``."""
 
-    quiet = logging.getLogger(KAZOO_LOGGER)
-    if quiet.level == logging.NOTSET:
-        quiet.setLevel(logging.ERROR)
-    return KazooClient(
-        hosts=config.connect_string, timeout=float(session_timeout),
-        connection_retry=KazooRetry(max_tries=-1, delay=0.1, backoff=2, max_jitter=0.4,
-                                    max_delay=config.max_reconnect_delay),
-        command_retry=KazooRetry(max_tries=0), logger=session_log or SessionLog(),
-    )
+    def __init__(self, config: ZkConfig, on_state: Callable[[str], None] | None = None) -> None:
+        self.config, self.on_state = config, on_state
+        self.log = SessionLog()
+        self.client: Any = None
+
+    async def ready(self, session_timeout: float, wait: float) -> Any:
+        """The client once it has a session (``session_timeout`` s asked), or ``session``'s error after ``wait`` s."""
+        if self.client is None:
+            require_kazoo()
+            from kazoo.client import KazooClient
+            from kazoo.retry import KazooRetry
+
+            if logging.getLogger(KAZOO_LOGGER).level == logging.NOTSET:
+                logging.getLogger(KAZOO_LOGGER).setLevel(logging.ERROR)
+            # reconnecting forever (pauses from 0.1 s to max_reconnect_delay s, jittered); no command retries: the
+            # callers bound and retry their own operations
+            self.client = KazooClient(
+                hosts=self.config.connect_string, timeout=float(session_timeout), logger=self.log,
+                connection_retry=KazooRetry(max_tries=-1, delay=0.1, backoff=2, max_jitter=0.4,
+                                            max_delay=self.config.max_reconnect_delay),
+                command_retry=KazooRetry(max_tries=0))
+            if self.on_state is not None:
+                self.client.add_listener(self.on_state)
+            self.client.start_async()
+        await session(self.client, self.config.hosts, wait)
+        return self.client
+
+    async def close(self) -> None:
+        """Close the session (the server deletes its ephemeral nodes at once) and free the client's threads, in a
+        worker thread (stopping kazoo joins its threads), waiting at most ``CLOSE_TIMEOUT`` s for it."""
+        client, self.client = self.client, None
+        if client is None:
+            return
+        loop = asyncio.get_running_loop()
+        done: asyncio.Future[None] = loop.create_future()
+
+        def work() -> None:
+            with contextlib.suppress(Exception):  # a client that cannot stop cleanly is abandoned, not fatal
+                client.stop()
+                client.close()
+            on_loop(loop, done.set_result, None)
+
+        threading.Thread(target=work, name="waypost-zk-close", daemon=True).start()
+        with contextlib.suppress(asyncio.TimeoutError):
+            await asyncio.wait_for(asyncio.shield(done), CLOSE_TIMEOUT)
 
 
 async def result(async_result: Any) -> Any:
@@ -161,28 +190,3 @@ async def _probe_one(host: str, timeout: float) -> tuple[str, str, bool]:
         await asyncio.wait_for(writer.wait_closed(), 1.0)
     return host, ("accepts TCP connections but gave no session (not ZooKeeper, or a server not serving: starting "
                   "up, out of quorum, or refusing the session)"), True
-
-
-async def close_client(client: Any, timeout: float = CLOSE_TIMEOUT) -> None:
-    """Close the session (the server then deletes its ephemeral nodes at once) and free the client's threads and
-    sockets, in a worker thread, waiting at most ``timeout`` s (the rest goes on in the background)."""
-    loop = asyncio.get_running_loop()
-    done: asyncio.Future[None] = loop.create_future()
-
-    def work() -> None:
-        try:
-            client.stop()
-            client.close()
-        except Exception as e:  # noqa: BLE001 -- a client that cannot stop cleanly is abandoned, not fatal
-            log.debug("waypost: closing a ZooKeeper client: %s", e)
-        finally:
-            on_loop(loop, _settle, done)
-
-    threading.Thread(target=work, name="waypost-zk-close", daemon=True).start()
-    with contextlib.suppress(asyncio.TimeoutError):
-        await asyncio.wait_for(asyncio.shield(done), timeout)
-
-
-def _settle(done: asyncio.Future[None]) -> None:
-    if not done.done():
-        done.set_result(None)

@@ -1,9 +1,6 @@
 """Connection settings of a ZooKeeper client (``ZkConfig``), from a registry URL
-``zk://H1:2181,H2:2181[?session_timeout=S&namespace=/P]`` (the ensemble only: the service is the registration's,
-so a path is an error) or a dial target ``zk://H1:2181,H2:2181/SERVICE[?...]``. A host without a port means 2181;
-IPv6 hosts go in brackets. ``session_timeout``: seconds asked of the server for the session (it grants a value
-between its min and max session timeout); unset, a registrar asks for its ``ttl``, a discovery for 10 s.
-``namespace``: the root of Kratos' layout (Kratos' ``WithRootPath``), default ``/microservices``."""
+``zk://H1:2181,H2:2181[?session_timeout=S&namespace=/P]`` (no path: the service is the registration's) or a dial
+target ``zk://H1:2181,H2:2181/SERVICE[?...]``; a host without a port means 2181, IPv6 hosts go in brackets."""
 
 from __future__ import annotations
 
@@ -81,9 +78,6 @@ class ZkConfig:
         return float(self.session_timeout) if self.session_timeout is not None else float(default)
 
 
-# ---- registry URLs and targets -------------------------------------------------------------------------------
-
-
 URL_FORM = URLForm("zk", "ZooKeeper registry URL", EXAMPLE)
 
 
@@ -125,18 +119,15 @@ def parse_registry_url(url: str) -> ZkConfig:
 def from_target(target: TargetLike) -> ZkConfig:
     """The ZkConfig of a parsed ``zk://H1:2181,H2:2181/SERVICE`` dial target (hosts already normalized by the
     target parser; options ``session_timeout`` and ``namespace`` when present)."""
-    if target.scheme != "zk":
-        raise InvalidTarget(f"not a zk target: {target.redacted}")
-    if not target.endpoints:
-        raise InvalidTarget(f"zk target without ZooKeeper hosts: {target.redacted} (example: "
-                            "zk://127.0.0.1:2181/greet)")
+    if target.scheme != "zk" or not target.endpoints:
+        raise InvalidTarget(f"not a zk target with ZooKeeper hosts: {target.redacted} (zk://127.0.0.1:2181/greet)")
 
     def fail(problem: str) -> InvalidTarget:
         return InvalidTarget(f"invalid zk target {target.redacted!r}: {problem}")
 
     try:
         return ZkConfig(hosts=tuple(target.endpoints), **_options(dict(target.options), fail))
+    except InvalidTarget:
+        raise
     except ValueError as e:
-        if isinstance(e, InvalidTarget):
-            raise
         raise fail(str(e)) from None

@@ -1,11 +1,7 @@
-"""A ZooKeeper registry on the console (``--registry zk://h1:2181,h2:2181``): every service under its namespace
-(Kratos' layout, ``/microservices`` by default).
-
-One session on waypost's control loop lists the namespace's children and the override znodes every ``INTERVAL``
-seconds (shared by every browser); each service is shown through waypost's ZooKeeper resolver (a
-``zk://hosts/SERVICE`` target: what a client dialing it sees). Drain and weight write the override znode
-(``overrides.py``), which the registrations in ZooKeeper follow.
-"""
+"""A ZooKeeper registry on the console (``--registry zk://h1:2181,h2:2181``): the services under its namespace and
+the override znodes, listed every ``INTERVAL`` s over the override store's session (shared by every browser); each
+service shown through a ``zk://hosts/SERVICE`` target (what a client dialing it sees). Drain and weight write the
+override znode, which the registrations in ZooKeeper follow."""
 
 from __future__ import annotations
 

@@ -1,15 +1,9 @@
-"""zk://H1:2181,H2:2181/SERVICE: the instances of a service kept in ZooKeeper in Kratos' layout (``layout``): a
-backend per child of ``<namespace>/SERVICE``, the instance's first ``grpc://`` endpoint with its metadata (plus
-``version``). Children that are HTTP-only, of another ``name`` or not such JSON are skipped (logged once per node),
-as are duplicate addresses.
-
-A ``waypost.kinds.Discovery`` over one session for its life. Each ``watch`` waits for the session (no host taking a
-TCP connection: ``RegistryUnavailable`` at once naming each host's answer; kazoo goes on reconnecting), loads the
-children (a children watch; an exists watch while the service node does not exist) and each child's data (a data
-watch: Kratos sets none, waypost sees metadata changes at once), yields the list, then one per change. A lost
-connection ends it with ``RegistryUnavailable``: kazoo forgets its watches then, so the next ``watch`` reads
-everything again and the new list replaces the old in one push (an instance that stayed is never removed).
-"""
+"""zk://H1:2181,H2:2181/SERVICE: a backend per usable child of ``<namespace>/SERVICE`` (Kratos' layout: the first
+``grpc://`` endpoint and the metadata; the rest skipped, logged once per node). One session for the discovery's
+life; each ``watch`` waits for it (no host taking a TCP connection: ``RegistryUnavailable`` at once, naming each
+host's answer), loads the children and their data with watches (a data watch too: metadata changes are seen at
+once, where Kratos waits for the next children change), yields the list, then one per change. A lost connection
+ends it (kazoo forgets its watches): the next ``watch`` reads everything again, the new list replacing the old."""
 
 from __future__ import annotations
 
@@ -17,14 +11,13 @@ import asyncio
 from collections.abc import AsyncGenerator
 from typing import Any
 
-from ...kinds import Backend, Discovery, InvalidTarget, RegistryUnavailable, Target
+from ...kinds import Backend, Backoff, Discovery, InvalidTarget, RegistryUnavailable, Target
 from ...registry.formats import Entry, Kratos
 from . import client as zk
 from .config import DEFAULT_SESSION_TIMEOUT, from_target
 from .layout import LayoutError, service_path
 
-#: bound on one (re)load of the service's children and their data
-LOAD_TIMEOUT = 30.0
+LOAD_TIMEOUT = 30.0  # bound on one (re)load of the service's children and their data
 #: how long one ``watch`` waits for a session while a host takes TCP connections (then it fails, naming why)
 SESSION_WAIT = 10.0
 _GONE: Any = object()
@@ -32,6 +25,8 @@ _GONE: Any = object()
 
 class ZkDiscovery(Discovery):
     """The instances of ``target``'s service (scheme zk), loaded and watched; see the module docstring."""
+
+    backoff = Backoff(first=0.5, cap=1.0, jitter=0.2)  # as kazoo reconnects: read again within ~1 s of it
 
     def __init__(self, target: Target) -> None:
         zk.require_kazoo()
@@ -41,7 +36,7 @@ class ZkDiscovery(Discovery):
         except LayoutError as e:
             raise InvalidTarget(f"invalid zk target {target.redacted!r}: {e}") from None
         self._codec = Kratos(self.config.namespace)
-        self._client: Any = None
+        self._zk = zk.Session(self.config, lambda state: self._post("state", state))
         self._events: asyncio.Queue[tuple[str, Any]] = asyncio.Queue()
         self._loop: asyncio.AbstractEventLoop | None = None
         self._children: dict[str, Entry | None] = {}  # child name -> its decoded instance (None: unusable)
@@ -59,14 +54,6 @@ class ZkDiscovery(Discovery):
     def _on_watch(self, event: Any) -> None:
         self._post("watch", event)
 
-    def _started(self) -> Any:
-        if self._client is None:
-            self._loop = asyncio.get_running_loop()
-            self._client = zk.new_client(self.config, self.config.session_timeout_or(DEFAULT_SESSION_TIMEOUT))
-            self._client.add_listener(lambda state: self._post("state", state))
-            self._client.start_async()
-        return self._client
-
     async def instances(self, service: str) -> list[Backend]:
         lists = self.watch(service)
         try:
@@ -75,8 +62,8 @@ class ZkDiscovery(Discovery):
             await lists.aclose()
 
     async def watch(self, service: str) -> AsyncGenerator[list[Backend], None]:
-        client = self._started()
-        await zk.session(client, self.config.hosts, SESSION_WAIT)
+        self._loop = asyncio.get_running_loop()
+        client = await self._zk.ready(self.config.session_timeout_or(DEFAULT_SESSION_TIMEOUT), SESSION_WAIT)
         while not self._events.empty():  # what happened before is read again below
             self._events.get_nowait()
         self.connected = True
@@ -100,9 +87,7 @@ class ZkDiscovery(Discovery):
                 yield now
 
     async def close(self) -> None:
-        client, self._client = self._client, None
-        if client is not None:
-            await zk.close_client(client)
+        await self._zk.close()
 
     # ---- reading ------------------------------------------------------------------------------------
 

@@ -14,9 +14,6 @@ KIND = RegistryKind(
     discovery=_HERE + "discovery:ZkDiscovery", console_source=_HERE + "console:ZkSource",
     override_store=_HERE + "overrides:ZkOverrides", target_params=("namespace", "session_timeout"),
     extra="zk", title="ZooKeeper",
-    words=Words(instance="node", renewal="a session check",
-                lost="no {renewal} worked for {overdue:.0f}s (ttl {ttl}s), the node has gone with the session: "
-                     "{error}",
-                read_failed="zk: reading {what} failed: {error}",
+    words=Words(instance="node", renewal="a session check", read_failed="zk: reading {what} failed: {error}",
                 left_behind="could not delete {instance} {id!r} (it goes when its session ends)"),
 )

@@ -1,10 +1,7 @@
-"""Kratos' ZooKeeper layout (go-kratos/kratos ``contrib/registry/zookeeper``), docs/zookeeper.md: the persistent
-``<namespace>`` (``/microservices``, Kratos' ``WithRootPath``) and ``<namespace>/<service>``, each with empty data,
-and under it one EPHEMERAL node per instance, named by the instance id, holding Go's JSON of Kratos'
-``ServiceInstance`` (``waypost.registry.formats.Kratos``'s encoder and decoder). Paths are joined as Go's
-``path.Join`` does. Node names follow ZooKeeper's rules (``PathUtils.validatePath``): not empty, no ``/``, not
-``.`` or ``..``, no NUL or other control characters and none of U+D800..U+F8FF, U+FFF0 and above; ``/zookeeper``
-is the server's own."""
+"""Kratos' ZooKeeper layout (``contrib/registry/zookeeper``, docs/zookeeper.md): ``<namespace>/<service>/<id>``,
+paths joined as Go's ``path.Join``. Node names follow ZooKeeper's ``PathUtils.validatePath``: not empty, no ``/``,
+not ``.`` or ``..``, no control characters, none of U+D800..U+F8FF, U+FFF0 and above; ``/zookeeper`` is the
+server's own."""
 
 from __future__ import annotations
 
@@ -52,20 +49,11 @@ def check_namespace(namespace: object) -> str:
     return "/" + "/".join(parts)
 
 
-def _join(*parts: str) -> str:
-    # Go's path.Join of an absolute namespace and names: one '/' between parts, none doubled at the root
-    head = parts[0].rstrip("/")
-    return "/".join((head, *parts[1:]))
-
-
 def service_path(namespace: str, service: str) -> str:
-    """``<namespace>/<service>``: the node whose children are the service's instances."""
-    return _join(check_namespace(namespace), check_node_name(service, "service name"))
+    """``<namespace>/<service>`` (as Go's path.Join: no '/' doubled at the root): the instances' parent."""
+    return f"{check_namespace(namespace).rstrip('/')}/{check_node_name(service, 'service name')}"
 
 
 def instance_path(namespace: str, service: str, instance_id: str) -> str:
     """``<namespace>/<service>/<id>``: the ephemeral node of one instance."""
-    return _join(service_path(namespace, service), check_node_name(instance_id, "instance id"))
-
-
-__all__ = ["DEFAULT_NAMESPACE", "LayoutError", "check_namespace", "check_node_name", "instance_path", "service_path"]
+    return f"{service_path(namespace, service)}/{check_node_name(instance_id, 'instance id')}"

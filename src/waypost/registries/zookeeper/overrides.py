@@ -1,11 +1,11 @@
-"""Operator overrides in ZooKeeper (``waypost --registry zk://... drain``, the console): the persistent znode
-``/_waypost/override/<key>/<address>`` holding the same JSON as in etcd (``waypost.discovery.override``), over a
-session of the store's own (on waypost's control loop; ``close()`` after). ``watch`` follows one record, which
-is how a registration in ZooKeeper carries an operator's weight (``waypost.kinds.OverrideStore``)."""
+"""Operator overrides in ZooKeeper (``waypost drain``, the console): the persistent znode
+``/_waypost/override/<key>/<address>`` holding the JSON etcd holds (``waypost.discovery.override``), over a session
+of the store's own. ``watch`` follows one record: how a registration in ZooKeeper carries an operator's weight."""
 
 from __future__ import annotations
 
 import asyncio
+import contextlib
 from collections.abc import AsyncIterator
 from typing import Any
 
@@ -23,15 +23,11 @@ class ZkOverrides:
         self.config = parse_registry_url(url)
         self.url = self.config.url
         self.timeout = timeout
-        self._client: Any = None
+        self._zk = zk.Session(self.config)
 
     async def connected(self) -> Any:
         """The store's kazoo client, with a session (``RegistryUnavailable`` naming why not, within ``timeout``)."""
-        if self._client is None:
-            self._client = zk.new_client(self.config, SESSION_TIMEOUT)
-            self._client.start_async()
-        await zk.session(self._client, self.config.hosts, self.timeout)
-        return self._client
+        return await self._zk.ready(SESSION_TIMEOUT, self.timeout)
 
     async def get(self, path: str, watch: Any = None) -> bytes | None:
         """The node's data (None: no node); ``watch`` is called once when it comes, changes or goes."""
@@ -65,15 +61,12 @@ class ZkOverrides:
         path = self._path(key)
         prev = await self.get(path) if prev_kv else None
         for _ in range(3):  # created or deleted by someone else meanwhile: once more
-            try:
+            with contextlib.suppress(NoNodeError):
                 await zk.result(client.set_async(path, value))
                 break
-            except NoNodeError:
-                try:
-                    await zk.result(client.create_async(path, value, makepath=True))
-                    break
-                except NodeExistsError:
-                    continue
+            with contextlib.suppress(NodeExistsError):
+                await zk.result(client.create_async(path, value, makepath=True))
+                break
         return PutResult(0, KeyValue(path, prev) if prev is not None else None)
 
     async def delete(self, key: str, *, prev_kv: bool = False) -> DeleteResult:
@@ -82,21 +75,16 @@ class ZkOverrides:
         client = await self.connected()
         path = self._path(key)
         prev = await self.get(path) if prev_kv else None
-        try:
+        with contextlib.suppress(NoNodeError):
             await zk.result(client.delete_async(path))
-        except NoNodeError:
-            pass
         return DeleteResult(0, int(prev is not None), [KeyValue(path, prev)] if prev is not None else [])
 
     async def registered(self, key: str, address: str) -> bool:
         """Whether ``address`` is an instance of service ``key`` in Kratos' layout now."""
         base = f"{self.config.namespace.rstrip('/')}/{key}"
         codec = Kratos(self.config.namespace)
-        for child in await self.children(base):
-            entry = codec.decode(f"{base}/{child}", await self.get(f"{base}/{child}") or b"")
-            if entry is not None and entry.address == address:
-                return True
-        return False
+        found = [codec.decode(f"{base}/{c}", await self.get(f"{base}/{c}") or b"") for c in await self.children(base)]
+        return any(entry is not None and entry.address == address for entry in found)
 
     async def watch(self, key: str) -> AsyncIterator[bytes | None]:
         """The record's value now (None: none), then at each change; ends when the connection is lost (kazoo
@@ -117,6 +105,4 @@ class ZkOverrides:
                 return  # kazoo forgot its watches (the session expired)
 
     async def close(self) -> None:
-        client, self._client = self._client, None
-        if client is not None:
-            await zk.close_client(client)
+        await self._zk.close()

@@ -1,16 +1,10 @@
-"""A server's instance in ZooKeeper: the EPHEMERAL node ``<namespace>/<service>/<id>`` of Kratos' layout (``layout``;
-parents created when missing, as Kratos does), living as long as the registrar's session: ``ttl`` s asked unless
-the URL says ``session_timeout``, and the timeout the server granted is what counts (``client.SessionLog``).
-
-- ``register``: the session opened if needed, then the node made to exist, belong to this session and hold this
-  data (rewritten in place: one ``setData``, so clients see a change of metadata, never a removal and an add). A
-  node of another session at our path (an earlier incarnation with this id) is deleted and ours created, as
-  Kratos does; put back within ``TAKEOVER_PAUSE`` s, it is live: the registration fails naming the shared id.
-- ``renew`` (every ttl/3 s): ``InstanceGone`` when the node was deleted or is another session's, when kazoo
-  reported the session expired, or after no connection for the whole granted session timeout (the server has
-  expired it); data rewritten from outside is put back; disconnected within the timeout: ``RegistryUnavailable``.
-- ``deregister``: the node deleted if it is ours; ``close``: the session closed (the server deletes what is left).
-"""
+"""A server's instance in ZooKeeper (docs/zookeeper.md): the EPHEMERAL node ``<namespace>/<service>/<id>`` of
+Kratos' layout, living as long as the registrar's session (the timeout the server granted counts: ``SessionLog``).
+``register`` makes it exist, belong to this session (a node of an earlier incarnation with this id is taken over,
+as Kratos does, unless its session puts it back: a live twin) and hold this data (one ``setData``: clients see a
+change of metadata, never a removal and an add). ``renew`` checks it: ``InstanceGone`` when it was deleted or is
+another session's, or when the session expired (kazoo says so, or no connection for the whole granted timeout);
+data rewritten from outside is put back. ``close`` ends the session (the server deletes what is left)."""
 
 from __future__ import annotations
 
@@ -25,7 +19,7 @@ from ...kinds.registration import KindRegistration
 from ...registry.formats import Kratos
 from . import client as zk
 from .config import ZkConfig, parse_registry_url
-from .layout import LayoutError, check_node_name, instance_path
+from .layout import check_node_name, instance_path
 
 log = logging.getLogger("waypost.discovery")
 
@@ -38,8 +32,7 @@ TAKEOVER_PAUSE = 5.0
 
 @contextlib.contextmanager
 def _kazoo_errors(path: str) -> Iterator[None]:
-    """kazoo's failures in waypost's terms: an ACL's refusal is ``PermissionDenied``, the rest (connection lost,
-    session expired, ...) ``RegistryUnavailable``, retried."""
+    """kazoo's failures in waypost's terms: an ACL's refusal, the rest (connection lost, ...: retried)."""
     from kazoo.exceptions import KazooException, NoAuthError
 
     try:
@@ -58,10 +51,8 @@ class ZkRegistrar(Registrar):
         self.config = settings if isinstance(settings, ZkConfig) else parse_registry_url(settings)
         self.timeout = timeout
         self._codec = Kratos(self.config.namespace)
-        self._client: Any = None
-        self._log = zk.SessionLog()
-        #: the session timeout asked of ZooKeeper (set with the session)
-        self.session_timeout_asked = 0.0
+        self._zk = zk.Session(self.config, self._on_state)
+        self.session_timeout_asked = 0.0  # (set with the session)
         self._down_since: float | None = None  # monotonic time the connection was lost (None: connected)
         self._expired = False  # kazoo reported the session expired, and no node was made since
         self._last_takeover = float("-inf")
@@ -71,53 +62,38 @@ class ZkRegistrar(Registrar):
     @property
     def session_timeout(self) -> float:
         """The session timeout the server granted (what decides when the node goes), else the one asked."""
-        return self._log.granted or self.session_timeout_asked
+        return self._zk.log.granted or self.session_timeout_asked
 
     @property
     def session_id(self) -> int | None:
-        ids = self._client.client_id if self._client is not None else None
+        ids = self._zk.client.client_id if self._zk.client is not None else None
         return ids[0] if ids else None
 
     def check_metadata(self, metadata: Mapping[str, Any]) -> None:
         self._codec.encode("check", "127.0.0.1:1", "check", metadata)  # what Kratos' map[string]string refuses
 
-    def _node(self, instance: Instance) -> tuple[str, bytes]:
-        try:
-            path = instance_path(self.config.namespace, instance.service, instance.id)
-        except LayoutError as e:
-            raise ValueError(str(e)) from None
+    def _node(self, instance: Instance) -> tuple[str, bytes]:  # (a name ZooKeeper refuses: LayoutError, a ValueError)
+        path = instance_path(self.config.namespace, instance.service, instance.id)
         return path, self._codec.encode(instance.service, instance.address, instance.id, instance.metadata)[1]
 
     def _on_state(self, state: str) -> None:  # on kazoo's connection thread: plain assignments only
-        if state == "CONNECTED":
-            self._down_since = None
-            return
-        if self._down_since is None:
-            self._down_since = time.monotonic()
-        if state == "LOST":
-            self._expired = True
-
-    async def _session(self, ttl: int) -> Any:
-        if self._client is None:
-            self.session_timeout_asked = self.config.session_timeout_or(ttl)
-            self._client = zk.new_client(self.config, self.session_timeout_asked, self._log)
-            self._client.add_listener(self._on_state)
-            self._client.start_async()
-        await zk.session(self._client, self.config.hosts, self.timeout)
-        if (granted := self._log.granted) not in (None, self.session_timeout_asked, self._told):
-            self._told = granted
-            log.info("ZooKeeper granted a session timeout of %gs (%gs asked; the server's min/maxSessionTimeout bound "
-                     "it): the node goes %gs after the connection is lost", self._log.granted,
-                     self.session_timeout_asked, self._log.granted)
-        return self._client
+        self._down_since = None if state == "CONNECTED" else self._down_since or time.monotonic()
+        self._expired = self._expired or state == "LOST"
 
     async def register(self, instance: Instance) -> None:
-        await self._session(instance.ttl)
+        if self._zk.client is None:
+            self.session_timeout_asked = self.config.session_timeout_or(instance.ttl)
+        await self._zk.ready(self.session_timeout_asked, self.timeout)
+        if (granted := self._zk.log.granted) not in (None, self.session_timeout_asked, self._told):
+            self._told = granted
+            log.info("ZooKeeper granted a session timeout of %gs (%gs asked; the server's min/maxSessionTimeout bound "
+                     "it): the node goes %gs after the connection is lost", granted, self.session_timeout_asked,
+                     granted)
         await self._reconcile(instance, renewing=False)
 
     async def renew(self, instance: Instance) -> None:
         down = self._down_since
-        if self._client is None or self._expired:
+        if self._zk.client is None or self._expired:
             raise InstanceGone("the ZooKeeper session expired, and the node with it")
         if down is not None:
             if time.monotonic() - down >= self.session_timeout:
@@ -132,7 +108,7 @@ class ZkRegistrar(Registrar):
         from kazoo.exceptions import BadVersionError, NodeExistsError, NoNodeError
 
         path, data = self._node(instance)
-        client = self._client
+        client = self._zk.client
         with _kazoo_errors(path):
             for _ in range(MAX_ATTEMPTS):
                 try:
@@ -173,7 +149,7 @@ class ZkRegistrar(Registrar):
     async def deregister(self, instance: Instance) -> None:
         from kazoo.exceptions import BadVersionError, NoNodeError
 
-        client = self._client
+        client = self._zk.client
         path, _ = self._node(instance)
         if client is None or not client.connected:
             log.warning("not connected to ZooKeeper, so %s stays until its session expires (<= %gs)", path,
@@ -187,15 +163,13 @@ class ZkRegistrar(Registrar):
                 await zk.result(client.delete_async(path, version=stat.version))
 
     async def close(self) -> None:
-        client, self._client = self._client, None
-        if client is not None:
-            await zk.close_client(client)
+        await self._zk.close()
 
 
 class ZkPublisher(KindRegistration):
-    """``address`` registered as an instance of service ``key`` in ZooKeeper, by hand: what
-    ``serve(registry="zk://...")`` makes. The arguments are ``waypost.Publisher``'s (``registry``: a ``zk://`` URL or
-    a ``ZkConfig``; ``format`` is ignored: the layout is Kratos'); the registrar is ``client``."""
+    """What ``serve(registry="zk://...")`` registers with, made by hand: ``waypost.Publisher``'s arguments
+    (``registry`` a ``zk://`` URL or a ``ZkConfig``; ``format`` ignored: the layout is Kratos'). Its registrar is
+    ``client``."""
 
     client: ZkRegistrar
 
@@ -203,8 +177,5 @@ class ZkPublisher(KindRegistration):
                  metadata: Mapping[str, Any] | None = None, format: object = None, **kw: Any) -> None:
         from .kind import KIND
 
-        try:
-            check_node_name(key, "publisher key (the service name)")
-        except LayoutError as e:
-            raise ValueError(str(e)) from None
+        check_node_name(key, "publisher key (the service name)")  # LayoutError, a ValueError, naming the problem
         super().__init__(KIND, registry, key, address, ttl, id, metadata, format, **kw)
