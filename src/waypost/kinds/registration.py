@@ -132,18 +132,20 @@ class KindRegistration(HeartbeatPublisher):
         """The record in force, before the instance is written (a store that cannot say within ``within`` s
         leaves it to the follower, once registered)."""
         assert self.url is not None
-        store = self._store = self._store or part(self.kind, "override_store")(self.url)
-        if not hasattr(store, "watch"):
-            return
-        records = store.watch(override_key(self.base_key, self.value))
         try:
-            value = await asyncio.wait_for(anext(records), within)
+            store = self._store = self._store or part(self.kind, "override_store")(self.url)
+            if not hasattr(store, "watch"):
+                return
+            records = store.watch(override_key(self.base_key, self.value))
+            try:
+                value = await asyncio.wait_for(anext(records), within)
+            finally:
+                if hasattr(records, "aclose"):
+                    await records.aclose()
         except Exception as e:  # noqa: BLE001 (registering comes first)
-            log.info("%r: could not read the override record before registering (followed once registered): %s",
-                     self, str(e) or type(e).__name__)
+            log.debug("%r: could not read the override record before registering (followed once registered): %s",
+                      self, str(e) or type(e).__name__)
             return
-        finally:
-            await records.aclose()
         self.override = parse_override(value) if value is not None else None
 
     def _start_keepers(self) -> None:
