@@ -140,6 +140,8 @@ async def session(client: Any, hosts: Sequence[str], timeout: float) -> None:
     """Wait until the started ``client`` has a session, at most ``timeout`` s; RegistryUnavailable naming why not
     (each host probed meanwhile: refused, not answering, not resolvable, or answering TCP without a session). When
     no host takes a TCP connection it is raised at once: kazoo goes on reconnecting, the caller retries."""
+    if client.connected:
+        return  # the common case, without a probe
     loop = asyncio.get_running_loop()
     deadline = loop.time() + timeout
     up = asyncio.Event()

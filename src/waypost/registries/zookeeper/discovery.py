@@ -18,8 +18,7 @@ from .config import DEFAULT_SESSION_TIMEOUT, from_target
 from .layout import LayoutError, service_path
 
 LOAD_TIMEOUT = 30.0  # bound on one (re)load of the service's children and their data
-#: how long one ``watch`` waits for a session while a host takes TCP connections (then it fails, naming why)
-SESSION_WAIT = 10.0
+SESSION_WAIT = 10.0  # how long a ``watch`` waits for a session while a host takes TCP connections (then fails)
 _GONE: Any = object()
 
 

@@ -14,8 +14,7 @@ from ...registry.formats import Kratos
 from . import client as zk
 from .config import parse_registry_url
 
-#: the session asked for these writes (they take a moment)
-SESSION_TIMEOUT = 10.0
+SESSION_TIMEOUT = 10.0  # the session asked for these reads and writes (they take a moment)
 
 
 class ZkOverrides:
