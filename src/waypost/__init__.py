@@ -79,7 +79,7 @@ if TYPE_CHECKING:
     from .orca import set_load as set_load
     from .registries.consul.registrar import ConsulPublisher as ConsulPublisher
     from .registries.eureka.registrar import EurekaPublisher as EurekaPublisher
-    from .registries.zookeeper.publisher import ZkPublisher as ZkPublisher
+    from .registries.zookeeper.registrar import ZkPublisher as ZkPublisher
     from .registry import connect as connect
     from .registry.base import Registry as Registry
     from .resolver.target import parse_target as parse_target
@@ -106,7 +106,7 @@ _LAZY = {
     "register_kind": ("waypost.kind_table", "register_kind"),
     "Publisher": ("waypost.discovery", "Publisher"),
     "ConsulPublisher": ("waypost.registries.consul.registrar", "ConsulPublisher"),
-    "ZkPublisher": ("waypost.registries.zookeeper.publisher", "ZkPublisher"),
+    "ZkPublisher": ("waypost.registries.zookeeper.registrar", "ZkPublisher"),
     "EurekaPublisher": ("waypost.registries.eureka.registrar", "EurekaPublisher"),
     "MultiPublisher": ("waypost.discovery.registration_factory", "MultiPublisher"),
     "Registration": ("waypost.discovery.registration_contract", "Registration"),

@@ -1,5 +1,5 @@
 """Drain for ZooKeeper registrations: ``waypost --registry zk://... drain`` writes the override znode that
-``ZkPublisher`` watches (a real ZooKeeper; skips, saying why, without Java or its jars)."""
+a registration in ZooKeeper follows (a real ZooKeeper; skips, saying why, without Java or its jars)."""
 
 from __future__ import annotations
 
@@ -64,8 +64,17 @@ def test_a_zk_publisher_started_under_an_override_registers_drained(server):
     assert res.exit_code == 0 and json.loads(res.output.splitlines()[0])["registered"] is False, res.output
     try:
         with waypost.ZkPublisher(url, name, addr) as pub:
-            assert json.loads(pub.data)["metadata"] == {"weight": "0"}
-            assert pub.override.current is not None and pub.override.current["weight"] == 0
+            from kazoo.client import KazooClient
+
+            plain = KazooClient(hosts=server.hosts, timeout=10)
+            plain.start(timeout=10)
+            try:  # the node as first written: drained already
+                data, stat = plain.get(f"/microservices/{name}/{pub.instance_id}")
+                assert json.loads(data)["metadata"] == {"weight": "0"} and stat.version == 0
+            finally:
+                plain.stop()
+                plain.close()
+            assert pub.override is not None and pub.override["weight"] == 0
     finally:
         run.invoke(app, ["--registry", url, "undrain", name, addr], catch_exceptions=False)
 

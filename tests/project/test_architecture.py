@@ -151,8 +151,6 @@ PRIVATE_REACH_ALLOWED = {
     ("errors.py", "sys._getframe"): "documented in sys (CPython): the caller's frame names the keyword's function",
     ("xds/tls_probe.py", "ctx._msg_callback"): "CPython's SSL message callback (checked to be a property first): "
                                                "the only way to see whether a server asks for a client certificate",
-    ("registries/zookeeper/console.py", "self.writer._session"): "kind redesign pending",
-    ("registries/zookeeper/session.py", "conn._invoke"): "kind redesign pending",
 }
 
 

@@ -254,7 +254,7 @@ def _check_target(text) -> None:
         if target.scheme in ("consul", "zk"):
             assert target.key and "/" not in target.key
             from waypost.registries.consul import from_target as consul_config
-            from waypost.registries.zookeeper.client import from_target as zk_config
+            from waypost.registries.zookeeper.config import from_target as zk_config
 
             try:  # the registry's own settings from the target: valid, or a clear InvalidTarget
                 (consul_config if target.scheme == "consul" else zk_config)(target)

@@ -28,6 +28,8 @@ BOARD: dict[str, Instance] = {}
 RECORDS: dict[str, bytes] = {}
 #: set: the registry does not answer
 BOARD_DOWN: list[bool] = []
+#: every instance registered, in order (what was ever written, not only what is there now)
+WRITES: list[Instance] = []
 
 
 def _reachable(settings: str = "board://") -> None:
@@ -47,6 +49,7 @@ class BoardRegistrar(Registrar):
     async def register(self, instance: Instance) -> None:
         _reachable(self.settings)
         BOARD[instance.id] = instance
+        WRITES.append(instance)
 
     async def renew(self, instance: Instance) -> None:
         _reachable(self.settings)

@@ -17,7 +17,7 @@ from harness.waiting import wait_until
 from waypost import kind_table as kinds
 
 from . import board_kind
-from .board_kind import BOARD, BOARD_DOWN, RECORDS
+from .board_kind import BOARD, BOARD_DOWN, RECORDS, WRITES
 from .kind_contract import KindContract
 
 
@@ -29,6 +29,7 @@ def _board_kind() -> Iterator[None]:
     BOARD.clear()
     RECORDS.clear()
     BOARD_DOWN.clear()
+    WRITES.clear()
     yield
     BOARD_DOWN.clear()
     with kinds._lock:
@@ -72,6 +73,22 @@ def test_the_instance_is_the_registrations_and_pause_resume_remove_and_write_it(
     finally:
         handle.stop(0.5)
     assert BOARD == {}
+
+
+def test_a_server_started_under_a_drain_is_registered_drained() -> None:
+    """The override record is read before the instance is first written: never listed with its own weight."""
+    from waypost.discovery.override import encode_override, override_key
+    from waypost.etcd.local import free_port
+
+    address = f"127.0.0.1:{free_port()}"
+    RECORDS[override_key("greeter", address)] = encode_override(0, "test", 0.0)
+    echo = EchoServer("a")
+    handle = waypost.serve(echo.server, "greeter", listen_on=address, registry="board://", ttl=3, grace=0.5,
+                           metadata={"weight": 20})
+    try:
+        assert [dict(i.metadata) for i in WRITES] == [{"weight": 0}]  # drained from its first write
+    finally:
+        handle.stop(0.5)
 
 
 class TestBoardKind(KindContract):

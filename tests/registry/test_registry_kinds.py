@@ -16,7 +16,7 @@ from waypost.errors import InvalidTarget
 from waypost.kind_table import all_kinds, instance_registries, keyed, kind_of, part
 from waypost.registries.consul import ConsulConfig
 from waypost.registries.etcd.config import EtcdURL
-from waypost.registries.zookeeper.client import ZkConfig
+from waypost.registries.zookeeper.config import ZkConfig
 from waypost.registry.formats import (
     DEFAULT_FORMAT,
     ETCD_NAMING,

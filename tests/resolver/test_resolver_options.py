@@ -65,9 +65,11 @@ def _consul(tmp_path: Path, options: ResolverOptions, timeout: float) -> LoopRes
 
 def _zk(tmp_path: Path, options: ResolverOptions, timeout: float) -> LoopResolver[Any]:
     pytest.importorskip("kazoo")
-    from waypost.registries.zookeeper.resolver import ZkResolver
+    from waypost.resolver import resolver_factory
 
-    return ZkResolver(parse_target(f"zk://127.0.0.1:{free_port()}/greet"), options, timeout=timeout)
+    resolver: LoopResolver[Any] = resolver_factory("zk")(  # type: ignore[call-arg]
+        parse_target(f"zk://127.0.0.1:{free_port()}/greet"), options, timeout=timeout)
+    return resolver
 
 
 def _k8s(tmp_path: Path, options: ResolverOptions, timeout: float) -> LoopResolver[Any]:

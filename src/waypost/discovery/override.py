@@ -161,21 +161,3 @@ class OverrideFollower:
                     log.debug("reading the override record %r failed: %s", self.key, e2)
             finally:
                 watch.cancel()
-
-
-class OverrideState:
-    """The record in force for a publisher that reads it within its own reconciliation (``ZkPublisher``: the
-    znode ``/_waypost/override/<key>/<address>``, read with a watch before each write of its node)."""
-
-    def __init__(self, key: str, address: str) -> None:
-        self.key = "/" + override_key(key, address)
-        self.current: dict[str, Any] | None = None
-        self.denied = False
-        self._bad_logged = False
-
-    def take(self, value: bytes | None) -> bool:
-        """Make ``value`` (None: no record) the one in force; True when the weight changed."""
-        changed = take_record(self, value)
-        if changed:
-            log.warning("override %r: %s", self.key, shown_record(self.current))
-        return changed

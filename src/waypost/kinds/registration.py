@@ -6,7 +6,8 @@ with backoff (``RegistryUnavailable`` naming the last cause when the time is up)
 instance lost after ttl s without a renewal or at once on ``InstanceGone``, then registered again, forever;
 pause / resume / stop idempotent; ``update_metadata`` written through ``register``; a bounded ``deregister`` at
 pause and stop. When the kind's override store can ``watch`` a record, the registration follows its own
-(``waypost drain``): while one is there, the instance is registered with the override's ``weight``.
+(``waypost drain``): while one is there, the instance is registered with the override's ``weight`` (read before
+each registration too, so an instance started under a drain is registered drained).
 """
 
 from __future__ import annotations
@@ -50,6 +51,7 @@ class KindRegistration(HeartbeatPublisher):
         self.url = registry if isinstance(registry, str) else None
         #: the operator's override in force (``waypost drain``), followed through the kind's override store
         self.override: dict[str, Any] | None = None
+        self._store: Any = None  # the override store opened before registering, handed to the follower
         super().__init__(registry, key, address, ttl, id, metadata, format, timeout=timeout,
                          max_unregistered=max_unregistered, on_unregistered=on_unregistered,
                          retry_interval=retry_interval, rng=rng, clock=clock)
@@ -111,7 +113,40 @@ class KindRegistration(HeartbeatPublisher):
     def _terms(self) -> str:
         return f"ttl {self.ttl}s, {self._renewal()} every {self.renew_interval:.3g}s"
 
+    async def _close(self) -> None:
+        store, self._store = self._store, None
+        if store is not None:
+            await store.close()
+        await super()._close()
+
     # -- following the operator's override --------------------------------------------------------------
+
+    async def _attempt(self, left: float) -> None:
+        loop = asyncio.get_running_loop()
+        began = loop.time()
+        if self.url is not None and self.kind.override_store is not None and "override" not in self._keepers:
+            await self._read_override(left / 2)
+        await super()._attempt(left - (loop.time() - began))
+
+    async def _read_override(self, within: float) -> None:
+        """The record in force, before the instance is written (a store that cannot say within ``within`` s
+        leaves it to the follower, once registered)."""
+        assert self.url is not None
+        try:
+            store = self._store = self._store or part(self.kind, "override_store")(self.url)
+            if not hasattr(store, "watch"):
+                return
+            records = store.watch(override_key(self.base_key, self.value))
+            try:
+                value = await asyncio.wait_for(anext(records), within)
+            finally:
+                if hasattr(records, "aclose"):
+                    await records.aclose()
+        except Exception as e:  # noqa: BLE001 (registering comes first)
+            log.debug("%r: could not read the override record before registering (followed once registered): %s",
+                      self, str(e) or type(e).__name__)
+            return
+        self.override = parse_override(value) if value is not None else None
 
     def _start_keepers(self) -> None:
         super()._start_keepers()
@@ -129,32 +164,11 @@ class KindRegistration(HeartbeatPublisher):
                 log.debug("%r: the registry no longer has the registration as written (%s)", self, e)
                 self._recover_later(e)
 
-    async def _register(self) -> None:
-        await self._read_override()  # an operator's drain applies from the first registration on
-        await super()._register()
-
-    async def _read_override(self) -> None:
-        """The instance's override record now, before a registration (the first value of the store's ``watch``;
-        a store without one has nothing to read). A failure fails this attempt, as the registration would."""
-        if self.url is None or self.kind.override_store is None:
-            return
-        store = part(self.kind, "override_store")(self.url)
-        try:
-            if hasattr(store, "watch"):
-                values = store.watch(override_key(self.base_key, self.value))
-                try:
-                    value = await anext(values)  # bounded by the registration's attempt
-                finally:
-                    await values.aclose()
-                self.override = parse_override(value) if value is not None else None
-        finally:
-            await store.close()
-
     async def _follow_override(self) -> None:
         """Follow this instance's override record while registered; a change is written at once. A store without
         ``watch`` has nothing to follow; a failure is retried every ~1 s (the registration stays as it is)."""
         assert self.url is not None
-        store = part(self.kind, "override_store")(self.url)
+        store, self._store = self._store or part(self.kind, "override_store")(self.url), None
         try:
             if not hasattr(store, "watch"):
                 return

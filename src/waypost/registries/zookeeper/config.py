@@ -1,24 +1,10 @@
-"""Connection settings of a ZooKeeper client: ``ZkConfig``, from a registry URL or a ``zk://`` dial target.
-
-Registry URL (what a publisher is given): ``zk://H1:2181,H2:2181[?session_timeout=S&namespace=/microservices]``.
-A host without a port means 2181; IPv6 hosts go in brackets. The URL names the ensemble only: the service is the
-publisher's key, so a path is an error. Options:
-
-- ``session_timeout``: seconds (a number, 0 < S <= 3600) asked of ZooKeeper for the session; the server grants a
-  value between its ``minSessionTimeout`` and ``maxSessionTimeout`` (2 and 20 ticks: 4..40 s with the default
-  ``tickTime=2000``). Unset: a publisher asks for its ``ttl``, a resolver for ``DEFAULT_SESSION_TIMEOUT``.
-- ``namespace``: the root of Kratos' layout (Kratos' ``WithRootPath``), default ``/microservices``.
-
-Dial target (what a resolver is given): ``zk://H1:2181,H2:2181/SERVICE`` (``waypost.resolver.target``); the same
-options are read from the target when its parser lets them through.
-
-kazoo is imported only when a client is made (``new_client``): it is the ``zk`` extra.
-"""
+"""Connection settings of a ZooKeeper client (``ZkConfig``), from a registry URL
+``zk://H1:2181,H2:2181[?session_timeout=S&namespace=/P]`` (no path: the service is the registration's) or a dial
+target ``zk://H1:2181,H2:2181/SERVICE[?...]``; a host without a port means 2181, IPv6 hosts go in brackets."""
 
 from __future__ import annotations
 
 import functools
-import logging
 import urllib.parse
 from collections.abc import Mapping
 from dataclasses import dataclass
@@ -32,25 +18,19 @@ from ...urlparams import TargetLike, seconds_ok
 from .layout import DEFAULT_NAMESPACE, LayoutError, check_namespace
 
 DEFAULT_PORT = 2181
-#: what a resolver asks for when the URL says nothing (kazoo's default too)
+#: what a discovery asks for when the URL says nothing (kazoo's default too)
 DEFAULT_SESSION_TIMEOUT = 10.0
 #: the longest pause between two reconnection attempts (kazoo's own default grows to an hour; go-zookeeper, which
 #: Kratos uses, pauses 1 s after trying every host)
 MAX_RECONNECT_DELAY = 1.0
 EXAMPLE = "zk://10.0.0.1:2181,10.0.0.2:2181?session_timeout=10"
 OPTIONS = ("session_timeout", "namespace")
-#: where kazoo's own connection chatter goes (a WARNING per failed reconnection attempt): raised to ERROR
-#: unless the application configured this logger; waypost logs the state changes itself, once each
-KAZOO_LOGGER = "waypost.zk.kazoo"
 
 
 @dataclass(frozen=True)
 class ZkConfig:
-    """Where ZooKeeper is and how to hold a session with it.
-
-    ``hosts`` are ``host:port`` strings (normalized: port filled in, IPv6 in brackets, duplicates dropped).
-    ``session_timeout`` None lets the user pick (a publisher: its ``ttl``; a resolver: 10 s).
-    """
+    """Where ZooKeeper is and how to hold a session with it. ``hosts``: ``host:port`` strings (normalized: port
+    filled in, IPv6 in brackets, duplicates dropped); ``session_timeout`` None: the user's default (above)."""
 
     hosts: tuple[str, ...]
     session_timeout: float | None = None
@@ -69,12 +49,9 @@ class ZkConfig:
             except AddressError as e:
                 raise ValueError(str(e)) from None
         object.__setattr__(self, "hosts", tuple(dict.fromkeys(normalized)))
-        if self.session_timeout is not None and not seconds_ok(self.session_timeout):
-            raise ValueError(f"ZkConfig: session_timeout must be a number of seconds in (0, 3600], "
-                             f"got {self.session_timeout!r}")
-        if not seconds_ok(self.max_reconnect_delay):
-            raise ValueError(f"ZkConfig: max_reconnect_delay must be a number of seconds in (0, 3600], "
-                             f"got {self.max_reconnect_delay!r}")
+        for name in ("session_timeout", "max_reconnect_delay"):
+            if (value := getattr(self, name)) is not None and not seconds_ok(value):
+                raise ValueError(f"ZkConfig: {name} must be a number of seconds in (0, 3600], got {value!r}")
         try:
             object.__setattr__(self, "namespace", check_namespace(self.namespace))
         except LayoutError as e:
@@ -99,50 +76,6 @@ class ZkConfig:
 
     def session_timeout_or(self, default: float) -> float:
         return float(self.session_timeout) if self.session_timeout is not None else float(default)
-
-    def new_client(self, session_timeout: float) -> Any:
-        """A kazoo client (not started) for these hosts: ``session_timeout`` s asked for, reconnecting forever with
-        a pause growing from 0.1 s to ``max_reconnect_delay`` s (jittered); no command retries (callers bound and
-        retry their own operations)."""
-        require_kazoo()
-        from kazoo.client import KazooClient
-        from kazoo.retry import KazooRetry
-
-        from .session import record_granted
-
-        _quiet_kazoo()
-        client = KazooClient(
-            hosts=self.connect_string,
-            timeout=float(session_timeout),
-            connection_retry=KazooRetry(max_tries=-1, delay=0.1, backoff=2, max_jitter=0.4,
-                                        max_delay=self.max_reconnect_delay),
-            command_retry=KazooRetry(max_tries=0),
-            logger=logging.getLogger(KAZOO_LOGGER),
-        )
-        record_granted(client)  # the server may grant another session timeout than the one asked
-        return client
-
-
-_quieted: list[bool] = []
-
-
-def _quiet_kazoo() -> None:
-    if not _quieted:
-        _quieted.append(True)
-        logger = logging.getLogger(KAZOO_LOGGER)
-        if logger.level == logging.NOTSET:
-            logger.setLevel(logging.ERROR)
-
-
-def require_kazoo() -> None:
-    """ImportError naming the extra when kazoo is not installed."""
-    try:
-        import kazoo  # noqa: F401
-    except ImportError:
-        raise ImportError("ZooKeeper (zk://) needs kazoo: pip install 'waypost[zk]'") from None
-
-
-# ---- registry URLs and targets -------------------------------------------------------------------------------
 
 
 URL_FORM = URLForm("zk", "ZooKeeper registry URL", EXAMPLE)
@@ -186,23 +119,15 @@ def parse_registry_url(url: str) -> ZkConfig:
 def from_target(target: TargetLike) -> ZkConfig:
     """The ZkConfig of a parsed ``zk://H1:2181,H2:2181/SERVICE`` dial target (hosts already normalized by the
     target parser; options ``session_timeout`` and ``namespace`` when present)."""
-    if target.scheme != "zk":
-        raise InvalidTarget(f"not a zk target: {target.redacted}")
-    if not target.endpoints:
-        raise InvalidTarget(f"zk target without ZooKeeper hosts: {target.redacted} (example: "
-                            "zk://127.0.0.1:2181/greet)")
+    if target.scheme != "zk" or not target.endpoints:
+        raise InvalidTarget(f"not a zk target with ZooKeeper hosts: {target.redacted} (zk://127.0.0.1:2181/greet)")
 
     def fail(problem: str) -> InvalidTarget:
         return InvalidTarget(f"invalid zk target {target.redacted!r}: {problem}")
 
     try:
         return ZkConfig(hosts=tuple(target.endpoints), **_options(dict(target.options), fail))
+    except InvalidTarget:
+        raise
     except ValueError as e:
-        if isinstance(e, InvalidTarget):
-            raise
         raise fail(str(e)) from None
-
-
-def resolve_config(registry_url_or_config: ZkConfig | str) -> ZkConfig:
-    """A ZkConfig as it is, a string parsed as a registry URL; TypeError for anything else."""
-    return URL_FORM.settings(registry_url_or_config, ZkConfig, parse_registry_url)

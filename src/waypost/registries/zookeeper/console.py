@@ -1,16 +1,11 @@
-"""A ZooKeeper registry on the console (``--registry zk://h1:2181,h2:2181``): every service under its namespace
-(Kratos' layout, ``/microservices`` by default).
-
-One session on waypost's control loop lists the namespace's children and the override znodes every ``INTERVAL``
-seconds (shared by every browser); each service is shown through waypost's ZooKeeper resolver (a
-``zk://hosts/SERVICE`` target: what a client dialing it sees). Drain and weight write the override znode
-(``zk_store.py``), which ``ZkPublisher`` watches.
-"""
+"""A ZooKeeper registry on the console (``--registry zk://h1:2181,h2:2181``): the services under its namespace and
+the override znodes, listed every ``INTERVAL`` s over the override store's session (shared by every browser); each
+service shown through a ``zk://hosts/SERVICE`` target (what a client dialing it sees). Drain and weight write the
+override znode, which the registrations in ZooKeeper follow."""
 
 from __future__ import annotations
 
 import asyncio
-import logging
 import urllib.parse
 from typing import Any
 
@@ -18,10 +13,8 @@ from ...console.board import Board
 from ...console.catalog_source import CatalogSource
 from ...console.sources import on_control
 from ...discovery.override import OVERRIDE_ROOT, parse_override
-from . import client as zk
-from .store import ZkOverrides
-
-log = logging.getLogger("waypost.console")
+from .config import DEFAULT_NAMESPACE
+from .overrides import ZkOverrides
 
 INTERVAL = 2.0
 #: at most this many overrides are read per round
@@ -38,31 +31,18 @@ class ZkSource(CatalogSource):
 
     def _target(self, service: str) -> str:
         q = f"?namespace={urllib.parse.quote(self.config.namespace, safe='/')}" \
-            if self.config.namespace != zk.DEFAULT_NAMESPACE else ""
+            if self.config.namespace != DEFAULT_NAMESPACE else ""
         return f"zk://{self.config.connect_string}/{urllib.parse.quote(service, safe='')}{q}"
 
     async def _read(self) -> tuple[list[str], dict[tuple[str, str, str], dict[str, Any]]]:
         """On the control loop: the services under the namespace, and the override znodes."""
-        from kazoo.exceptions import NoNodeError
-
-        client = await self.writer._session()
-
-        async def children(path: str) -> list[str]:
-            try:
-                return list(await zk.result(client.get_children_async(path)))
-            except NoNodeError:
-                return []
-
-        names = sorted(await children(self.config.namespace))
+        names = await self.writer.children(self.config.namespace)
         overrides: dict[tuple[str, str, str], dict[str, Any]] = {}
         root = "/" + OVERRIDE_ROOT.rstrip("/")
-        for key in (await children(root))[:MAX_OVERRIDES]:
-            for address in (await children(f"{root}/{key}"))[:MAX_OVERRIDES]:
-                try:
-                    value, _ = await zk.result(client.get_async(f"{root}/{key}/{address}"))
-                except NoNodeError:
-                    continue
-                o = parse_override(value)
+        for key in (await self.writer.children(root))[:MAX_OVERRIDES]:
+            for address in (await self.writer.children(f"{root}/{key}"))[:MAX_OVERRIDES]:
+                value = await self.writer.get(f"{root}/{key}/{address}")
+                o = parse_override(value) if value is not None else None
                 if o is not None:
                     overrides[(self.name, key, address)] = o
         return names, overrides
@@ -81,14 +61,9 @@ class ZkSource(CatalogSource):
     async def _round(self) -> None:
         try:
             names, overrides = await asyncio.wait_for(on_control(self._read()), self.timeout + 5)
-        except asyncio.CancelledError:
-            raise
         except Exception as e:  # noqa: BLE001 (shown on the page; tried again)
             self._down(e)
             return
-        await self._apply(names, overrides)
-
-    async def _apply(self, names: list[str], overrides: dict[tuple[str, str, str], dict[str, Any]]) -> None:
         self.board.source_up(self.name, "zk")
         self._show_overrides(overrides)
         await self._follow_names(names)

@@ -1,37 +1,7 @@
-"""Kratos' ZooKeeper layout (go-kratos/kratos ``contrib/registry/zookeeper``): where an instance lives and what it holds.
-
-Nodes (Kratos ``register.go``: ``New`` defaults the namespace to ``/microservices``, ``WithRootPath`` changes it;
-``Register`` joins the paths with Go's ``path.Join``)::
-
-    /microservices                      persistent, data b"" (created if missing)
-    /microservices/<service name>       persistent, data b"" (created if missing)
-    /microservices/<service name>/<id>  EPHEMERAL, data = the instance's JSON (below)
-
-Parents are created with empty data and the open ACL (world:anyone, all permissions), as Kratos does without
-``WithDigestACL``. The instance node is named by the instance ID (Kratos' default ID is a UUID; waypost's too,
-unless ``id`` is given) and lives as long as the session that created it. Before creating it Kratos deletes a
-node already at that path (a previous incarnation with the same ID), and it re-creates the node when its session
-changes (``reRegister`` polls the session ID every second).
-
-Data: Go's ``json.Marshal`` of Kratos' ``registry.ServiceInstance``, fields in struct order::
-
-    {"id":"<id>","name":"<service>","version":"<version>","metadata":{"k":"v"}|null,
-     "endpoints":["grpc://10.0.0.5:9000","http://10.0.0.5:8000"]}
-
-``metadata`` is ``map[string]string`` (``null`` when empty, keys sorted); ``endpoints`` are URLs: Kratos' gRPC
-server writes ``grpc://host:port`` (``grpcs://`` with TLS; ``?isSecure=true`` is the older spelling of that), its
-HTTP server ``http://``. The byte-for-byte encoder and the decoder are the ones of Kratos' etcd records
-(``waypost.registry.formats.Kratos``, the same ``ServiceInstance`` JSON): the publisher and the resolver use it
-with ``instance_path`` below, which is exactly the key that encoder produces (namespace, service, id joined).
-
-Watching (Kratos ``watcher.go``): a children watch of ``/microservices/<service>`` (an exists watch while it does
-not exist), then ``Children`` + ``Get`` of every child, skipping instances whose ``name`` is not the service.
-Kratos sets no data watch, so it sees a changed instance (metadata) only at the next change of the children;
-waypost's resolver watches each child's data too.
-
-Node names follow ZooKeeper's rules (``PathUtils.validatePath``): not empty, no ``/``, not ``.`` or ``..``, no NUL
-or other control characters and none of U+D800..U+F8FF, U+FFF0 and above. ``/zookeeper`` is the server's own.
-"""
+"""Kratos' ZooKeeper layout (``contrib/registry/zookeeper``, docs/zookeeper.md): ``<namespace>/<service>/<id>``,
+paths joined as Go's ``path.Join``. Node names follow ZooKeeper's ``PathUtils.validatePath``: not empty, no ``/``,
+not ``.`` or ``..``, no control characters, none of U+D800..U+F8FF, U+FFF0 and above; ``/zookeeper`` is the
+server's own."""
 
 from __future__ import annotations
 
@@ -79,20 +49,11 @@ def check_namespace(namespace: object) -> str:
     return "/" + "/".join(parts)
 
 
-def _join(*parts: str) -> str:
-    # Go's path.Join of an absolute namespace and names: one '/' between parts, none doubled at the root
-    head = parts[0].rstrip("/")
-    return "/".join((head, *parts[1:]))
-
-
 def service_path(namespace: str, service: str) -> str:
-    """``<namespace>/<service>``: the node whose children are the service's instances."""
-    return _join(check_namespace(namespace), check_node_name(service, "service name"))
+    """``<namespace>/<service>`` (as Go's path.Join: no '/' doubled at the root): the instances' parent."""
+    return f"{check_namespace(namespace).rstrip('/')}/{check_node_name(service, 'service name')}"
 
 
 def instance_path(namespace: str, service: str, instance_id: str) -> str:
     """``<namespace>/<service>/<id>``: the ephemeral node of one instance."""
-    return _join(service_path(namespace, service), check_node_name(instance_id, "instance id"))
-
-
-__all__ = ["DEFAULT_NAMESPACE", "LayoutError", "check_namespace", "check_node_name", "instance_path", "service_path"]
+    return f"{service_path(namespace, service)}/{check_node_name(instance_id, 'instance id')}"
