@@ -185,23 +185,36 @@ def test_publisher_node_is_kratos_layout_and_stop_deletes_it(server, plain):
         pub.stop()
 
 
-def test_node_deleted_from_outside_is_created_again(server, plain):
+def test_node_deleted_from_outside_is_created_again_at_once(server, plain):
+    """The guard's watch sees the delete: the node is back long before the first renewal check (ttl/3 = 10 s),
+    and again when another session takes the path."""
     service = _service()
-    with ZkPublisher(f"zk://{server.hosts}", service, "127.0.0.1:7010", id="me") as pub:
+    with ZkPublisher(f"zk://{server.hosts}", service, "127.0.0.1:7010", id="me", ttl=30) as pub:
         path = _path(pub)
         session = pub.client.session_id
         ours = plain.get(path)[0]
         started = time.monotonic()
         plain.delete(path)
-        stat = wait_until(lambda: plain.exists(path), 10, what="the node created again")
+        stat = wait_until(lambda: plain.exists(path), 5, what="the node created again before any renewal")
         recreated = time.monotonic() - started
         assert stat.ephemeralOwner == session  # in the same session
         wait_until(lambda: pub.registrations == 2 and pub.registered and pub.outage.since is None, 5,
                    what="registered again")
-        # someone rewrites the data: ours is put back
+        assert pub.renewals == 0  # the guard did it, not a renewal
+        # another session takes the path (deletes ours, writes its own): ours again at once
+        taking = plain.transaction()
+        taking.delete(path)
+        taking.create(path, b"theirs", ephemeral=True)
+        assert taking.commit() == [True, path]
+        wait_until(lambda: plain.exists(path).ephemeralOwner == session, 5, what="our node back")
+        wait_until(lambda: pub.registrations == 3 and pub.registered, 5, what="registered again")
+        assert (plain.get(path)[0], pub.renewals) == (ours, 0)
+    with ZkPublisher(f"zk://{server.hosts}", service, "127.0.0.1:7010", id="me", ttl=3) as pub:
+        # someone rewrites the data: ours is put back at the next renewal check (ttl/3 s)
         plain.set(path, b"garbage")
         wait_until(lambda: plain.get(path)[0] == ours, 10, what="our data put back")
-    print(f"re-created {recreated * 1000:.0f} ms after an outside delete")
+        assert pub.client.writes == 1
+    print(f"re-created {recreated * 1000:.0f} ms after an outside delete (ttl 30 s: first renewal at 10 s)")
 
 
 def test_a_stale_node_of_another_session_is_replaced(server, plain):

@@ -8,6 +8,7 @@ data rewritten from outside is put back. ``close`` ends the session (the server 
 
 from __future__ import annotations
 
+import asyncio
 import contextlib
 import logging
 import time
@@ -28,6 +29,8 @@ MAX_ATTEMPTS = 5
 #: a node of another session replaced again within this many seconds: refuse (retried every ~1 s), so two live
 #: instances sharing one id do not take the node from each other as fast as the network allows
 TAKEOVER_PAUSE = 5.0
+#: the guard's pause after a failed look at the node (no session yet, closing, ...)
+GUARD_RETRY = 0.5
 
 
 @contextlib.contextmanager
@@ -145,6 +148,31 @@ class ZkRegistrar(Registrar):
                 self._expired = False
                 return
         raise RegistryError(f"{path} changed under us {MAX_ATTEMPTS} times in a row")
+
+    async def guard(self, instance: Instance) -> None:
+        """``InstanceGone`` as soon as the node is deleted or another session's (an ``exists`` watch on it, set
+        again after each event). A failed look (no connection: kazoo fires the watch and queues the next one until
+        it is back) is retried; the session is ``renew``'s to judge."""
+        path, _ = self._node(instance)
+        loop = asyncio.get_running_loop()
+        changed = asyncio.Event()
+
+        def on_event(_event: Any) -> None:  # on kazoo's thread; one function, so kazoo's set holds one watch
+            zk.on_loop(loop, changed.set)
+
+        while True:
+            changed.clear()
+            try:
+                stat = await zk.result(self._zk.client.exists_async(path, watch=on_event))
+            except Exception as e:  # noqa: BLE001 (session expired, closing, ...: looked at again soon)
+                log.debug("watching %s failed (retrying): %s", path, str(e) or type(e).__name__)
+                await asyncio.sleep(GUARD_RETRY)
+                continue
+            if stat is None:
+                raise InstanceGone(f"{path} was deleted from outside")
+            if stat.ephemeralOwner != self.session_id:
+                raise InstanceGone(f"{path} belongs to another session ({stat.ephemeralOwner:#x})")
+            await changed.wait()
 
     async def deregister(self, instance: Instance) -> None:
         from kazoo.exceptions import BadVersionError, NoNodeError
