@@ -220,7 +220,7 @@ class ZkServer:
             f"minSessionTimeout={2 * self.tick_time_ms}",
             f"maxSessionTimeout={self.max_session_timeout_ms}",
             "admin.enableServer=false",
-            "4lw.commands.whitelist=ruok,srvr,stat,cons",
+            "4lw.commands.whitelist=ruok,srvr,stat,cons,wchc",
             "preAllocSize=1024",  # KB: no 64 MB transaction log per test
             "forceSync=no",  # a test server on a shared machine: no fsync per write
             "",

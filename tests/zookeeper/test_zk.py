@@ -103,6 +103,17 @@ def _sessions(server: zk_support.ZkServer) -> set[int]:
     return {int(m, 16) for m in re.findall(r"sid=0x([0-9a-f]+)", zk_support.four_letter(server.port, b"cons"))}
 
 
+def _watched(server: zk_support.ZkServer, session: int) -> set[str]:
+    """The paths ``session`` has a watch on, as the server counts them (the ``wchc`` four-letter word)."""
+    watched: dict[int, set[str]] = {}
+    for line in zk_support.four_letter(server.port, b"wchc").splitlines():
+        if line.startswith("0x"):
+            current = watched.setdefault(int(line, 16), set())
+        elif line.strip():
+            current.add(line.strip())
+    return watched.get(session, set())
+
+
 def _kratos_instance(id: str, name: str, endpoints: list[str], metadata: dict[str, str] | None = None,
                      version: str = "") -> bytes:
     """What Kratos' json.Marshal of a ServiceInstance writes (struct field order, compact)."""
@@ -264,13 +275,18 @@ def test_pause_resume_and_update_metadata_is_one_change(server, plain):
         assert pushes.lists[before:] == [[Backend("127.0.0.1:7020", {"weight": "3"})]]  # one change, no removal
         assert plain.get(_path(pub))[1].version == 1  # one setData
         assert pub.client.writes == 1
+        session = pub.client.session_id
+        wait_until(lambda: _watched(server, session) == {_path(pub)}, 5,
+                   what="the guard's watch, set again after our own setData")
         pub.pause()
         assert plain.exists(_path(pub)) is None and not pub.registered
+        assert _watched(server, session) == set()  # the guard ended with the registration, leaving no watch
         wait_until(lambda: pushes.last == [], 10, what="paused backend removed")
         pub.update_metadata({"weight": 4})  # while paused: carried by the next registration
         pub.resume()
         assert pub.registered and pub.registrations == 2
         assert json.loads(plain.get(_path(pub))[0])["metadata"] == {"weight": "4"}
+        wait_until(lambda: _watched(server, session) == {_path(pub)}, 5, what="the guard watching again")
         wait_until(lambda: pushes.last == [Backend("127.0.0.1:7020", {"weight": "4"})], 10, what="resumed")
     finally:
         r.close()
@@ -404,6 +420,9 @@ def test_server_restart_keeps_the_list_then_resumes(own_server):
                    and r.discovery.loads >= 2, 15, what="reconnected and read again")
         reconnected = time.monotonic() - restarted
         assert a.client.session_id == session and a.registrations == 1
+        # the guard set its watch again once reconnected (kazoo drops watches on a disconnection)
+        wait_until(lambda: _watched(own_server, session) == {_path(a)}, 10, what="the guard watching again")
+        assert a.registrations == 1  # a disconnection is not a lost node
         b = ZkPublisher(f"zk://{own_server.hosts}", service, "127.0.0.1:7051", id="b").start()
         try:
             wait_until(lambda: pushes.addresses() == ["127.0.0.1:7050", "127.0.0.1:7051"], 10,
