@@ -54,10 +54,11 @@ class SessionLog(logging.LoggerAdapter):  # type: ignore[type-arg]
 
 
 class Session:
-    """The kazoo client of a registrar, a discovery or an override store: made and started on first use, then
-    reconnecting on its own until ``close``."""
+    """The kazoo client of a registrar, a discovery or an override store (kazoo required at once): made and started
+    on first use, then reconnecting on its own until ``close``."""
 
     def __init__(self, config: ZkConfig, on_state: Callable[[str], None] | None = None) -> None:
+        require_kazoo()
         self.config, self.on_state = config, on_state
         self.log = SessionLog()
         self.client: Any = None
@@ -65,7 +66,6 @@ class Session:
     async def ready(self, session_timeout: float, wait: float) -> Any:
         """The client once it has a session (``session_timeout`` s asked), or ``session``'s error after ``wait`` s."""
         if self.client is None:
-            require_kazoo()
             from kazoo.client import KazooClient
             from kazoo.retry import KazooRetry
 

@@ -65,9 +65,7 @@ class ZkConfig:
     @property
     def url(self) -> str:
         """The registry URL of this configuration (no secrets: it holds none)."""
-        q = []
-        if self.session_timeout is not None:
-            q.append(f"session_timeout={self.session_timeout:g}")
+        q = [f"session_timeout={self.session_timeout:g}"] if self.session_timeout is not None else []
         if self.namespace != DEFAULT_NAMESPACE:
             q.append(f"namespace={urllib.parse.quote(self.namespace, safe='/')}")
         return f"zk://{self.connect_string}" + (f"?{'&'.join(q)}" if q else "")
@@ -101,15 +99,10 @@ def parse_registry_url(url: str) -> ZkConfig:
     url, rest = URL_FORM.rest(url, wrong_scheme="a ZooKeeper registry URL starts with zk://")
     if "#" in rest:
         raise URL_FORM.error(url, "a registry URL has no '#fragment'")
-    before_query, _, query = rest.partition("?")
-    netloc, slash, path = before_query.partition("/")
-    if "@" in netloc:
-        raise URL_FORM.error(url, "ZooKeeper registry URLs take no credentials (digest ACLs are not supported)")
-    if path.strip("/"):
-        raise URL_FORM.error(url, f"unexpected path {slash + path!r}: a registry URL names the ZooKeeper hosts only, the "
-                        "service is the publisher's key (dial targets are zk://HOSTS/SERVICE)")
-    if not netloc:
-        raise URL_FORM.error(url, "no host")
+    url, netloc, query = URL_FORM.host_part(
+        url, no_userinfo="is refused: ZooKeeper registry URLs take no credentials (digest ACLs are not supported)",
+        no_path=": a registry URL names the ZooKeeper hosts only, the service is the publisher's key (dial targets "
+                "are zk://HOSTS/SERVICE)")
     hosts = URL_FORM.hosts(url, netloc, what="ZooKeeper host", default_port=DEFAULT_PORT)
     fail = functools.partial(URL_FORM.error, url)
     given = dict(urlparams.options(query, fail))  # the names are checked with a target's, by _options
@@ -125,9 +118,8 @@ def from_target(target: TargetLike) -> ZkConfig:
     def fail(problem: str) -> InvalidTarget:
         return InvalidTarget(f"invalid zk target {target.redacted!r}: {problem}")
 
+    options = _options(dict(target.options), fail)
     try:
-        return ZkConfig(hosts=tuple(target.endpoints), **_options(dict(target.options), fail))
-    except InvalidTarget:
-        raise
+        return ZkConfig(hosts=tuple(target.endpoints), **options)
     except ValueError as e:
         raise fail(str(e)) from None

@@ -8,6 +8,8 @@ ends it (kazoo forgets its watches): the next ``watch`` reads everything again, 
 from __future__ import annotations
 
 import asyncio
+import contextlib
+import functools
 from collections.abc import AsyncGenerator
 from typing import Any
 
@@ -28,7 +30,6 @@ class ZkDiscovery(Discovery):
     backoff = Backoff(first=0.5, cap=1.0, jitter=0.2)  # as kazoo reconnects: read again within ~1 s of it
 
     def __init__(self, target: Target) -> None:
-        zk.require_kazoo()
         self.config = from_target(target)
         try:
             self.path = service_path(self.config.namespace, target.key or "")
@@ -36,6 +37,7 @@ class ZkDiscovery(Discovery):
             raise InvalidTarget(f"invalid zk target {target.redacted!r}: {e}") from None
         self._codec = Kratos(self.config.namespace)
         self._zk = zk.Session(self.config, lambda state: self._post("state", state))
+        self._on_watch = functools.partial(self._post, "watch")  # one object: kazoo keeps one watch of it a path
         self._events: asyncio.Queue[tuple[str, Any]] = asyncio.Queue()
         self._loop: asyncio.AbstractEventLoop | None = None
         self._children: dict[str, Entry | None] = {}  # child name -> its decoded instance (None: unusable)
@@ -50,15 +52,9 @@ class ZkDiscovery(Discovery):
         if self._loop is not None:
             zk.on_loop(self._loop, self._events.put_nowait, (kind, arg))
 
-    def _on_watch(self, event: Any) -> None:
-        self._post("watch", event)
-
     async def instances(self, service: str) -> list[Backend]:
-        lists = self.watch(service)
-        try:
+        async with contextlib.aclosing(self.watch(service)) as lists:
             return await anext(lists)
-        finally:
-            await lists.aclose()
 
     async def watch(self, service: str) -> AsyncGenerator[list[Backend], None]:
         self._loop = asyncio.get_running_loop()

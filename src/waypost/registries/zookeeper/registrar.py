@@ -2,9 +2,10 @@
 Kratos' layout, living as long as the registrar's session (the timeout the server granted counts: ``SessionLog``).
 ``register`` makes it exist, belong to this session (a node of an earlier incarnation with this id is taken over,
 as Kratos does, unless its session puts it back: a live twin) and hold this data (one ``setData``: clients see a
-change of metadata, never a removal and an add). ``renew`` checks it: ``InstanceGone`` when it was deleted or is
-another session's, or when the session expired (kazoo says so, or no connection for the whole granted timeout);
-data rewritten from outside is put back. ``close`` ends the session (the server deletes what is left)."""
+change of metadata, never a removal and an add). ``guard`` watches it: deleted or another session's, it is
+``InstanceGone`` at once. ``renew`` checks it too, and the session: ``InstanceGone`` when it expired (kazoo says so,
+or no connection for the whole granted timeout); data rewritten from outside is put back. ``close`` ends the
+session (the server deletes what is left)."""
 
 from __future__ import annotations
 
@@ -50,7 +51,6 @@ class ZkRegistrar(Registrar):
     """One server's ephemeral node (see the module docstring). ``settings``: a ``ZkConfig`` or a registry URL."""
 
     def __init__(self, settings: ZkConfig | str, timeout: float) -> None:
-        zk.require_kazoo()
         self.config = settings if isinstance(settings, ZkConfig) else parse_registry_url(settings)
         self.timeout = timeout
         self._codec = Kratos(self.config.namespace)
@@ -89,9 +89,8 @@ class ZkRegistrar(Registrar):
         await self._zk.ready(self.session_timeout_asked, self.timeout)
         if (granted := self._zk.log.granted) not in (None, self.session_timeout_asked, self._told):
             self._told = granted
-            log.info("ZooKeeper granted a session timeout of %gs (%gs asked; the server's min/maxSessionTimeout bound "
-                     "it): the node goes %gs after the connection is lost", granted, self.session_timeout_asked,
-                     granted)
+            log.info("ZooKeeper granted a session timeout of %gs, not the %gs asked (its min/maxSessionTimeout): the "
+                     "node goes %gs after the connection is lost", granted, self.session_timeout_asked, granted)
         await self._reconcile(instance, renewing=False)
 
     async def renew(self, instance: Instance) -> None:
@@ -150,12 +149,11 @@ class ZkRegistrar(Registrar):
         raise RegistryError(f"{path} changed under us {MAX_ATTEMPTS} times in a row")
 
     async def guard(self, instance: Instance) -> None:
-        """``InstanceGone`` as soon as the node is deleted or another session's (an ``exists`` watch on it, set
-        again after each event). A failed look (no connection: kazoo fires the watch and queues the next one until
-        it is back) is retried; the session is ``renew``'s to judge."""
+        """``InstanceGone`` as soon as the node is deleted or another session's: an ``exists`` watch, set again
+        after each event. A failed look is retried (no connection: kazoo fires the watch, and holds the next look
+        until it is back); the session is ``renew``'s to judge."""
         path, _ = self._node(instance)
-        loop = asyncio.get_running_loop()
-        changed = asyncio.Event()
+        loop, changed = asyncio.get_running_loop(), asyncio.Event()
 
         def on_event(_event: Any) -> None:  # on kazoo's thread; one function, so kazoo's set holds one watch
             zk.on_loop(loop, changed.set)
