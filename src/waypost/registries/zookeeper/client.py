@@ -140,8 +140,6 @@ async def session(client: Any, hosts: Sequence[str], timeout: float) -> None:
     """Wait until the started ``client`` has a session, at most ``timeout`` s; RegistryUnavailable naming why not
     (each host probed meanwhile: refused, not answering, not resolvable, or answering TCP without a session). When
     no host takes a TCP connection it is raised at once: kazoo goes on reconnecting, the caller retries."""
-    if client.connected:
-        return  # the common case, without a probe
     loop = asyncio.get_running_loop()
     deadline = loop.time() + timeout
     up = asyncio.Event()
@@ -155,7 +153,7 @@ async def session(client: Any, hosts: Sequence[str], timeout: float) -> None:
     waiting = loop.create_task(up.wait())
     try:
         if client.connected:
-            return
+            return  # the common case (the probe, cancelled before it runs, connects nowhere)
         await asyncio.wait({probing, waiting}, timeout=timeout, return_when=asyncio.FIRST_COMPLETED)
         if not waiting.done() and probing.done() and not probing.result()[1]:
             raise RegistryUnavailable(f"no ZooKeeper session with {','.join(hosts)} ({probing.result()[0]})")

@@ -12,7 +12,7 @@ from typing import Any
 
 from ... import urlparams
 from ...errors import InvalidTarget
-from ...netutil import AddressError, normalize_host_port
+from ...netutil import normalize_host_port
 from ...registry.url_form import URLForm
 from ...urlparams import TargetLike, seconds_ok
 from .layout import DEFAULT_NAMESPACE, LayoutError, check_namespace
@@ -42,13 +42,8 @@ class ZkConfig:
         hosts = (self.hosts,) if isinstance(self.hosts, str) else tuple(self.hosts)
         if not hosts:
             raise ValueError("ZkConfig needs at least one host (e.g. ('127.0.0.1:2181',))")
-        normalized = []
-        for h in hosts:
-            try:
-                normalized.append(normalize_host_port(h, what="ZooKeeper host", default_port=DEFAULT_PORT))
-            except AddressError as e:
-                raise ValueError(str(e)) from None
-        object.__setattr__(self, "hosts", tuple(dict.fromkeys(normalized)))
+        normalized = (normalize_host_port(h, what="ZooKeeper host", default_port=DEFAULT_PORT) for h in hosts)
+        object.__setattr__(self, "hosts", tuple(dict.fromkeys(normalized)))  # (AddressError: a ValueError)
         for name in ("session_timeout", "max_reconnect_delay"):
             if (value := getattr(self, name)) is not None and not seconds_ok(value):
                 raise ValueError(f"ZkConfig: {name} must be a number of seconds in (0, 3600], got {value!r}")

@@ -121,10 +121,8 @@ class ZkDiscovery(Discovery):
         return self._codec.decode(path, data or b"")
 
     def _backends(self) -> list[Backend]:
-        seen: set[str] = set()
-        out = []
+        first: dict[str, Entry] = {}  # address -> the entry of the first node (by name) with it
         for _name, entry in sorted(self._children.items()):
-            if entry is not None and entry.address not in seen:
-                seen.add(entry.address)
-                out.append(Backend(entry.address, entry.metadata))
-        return out
+            if entry is not None:
+                first.setdefault(entry.address, entry)
+        return [Backend(entry.address, entry.metadata) for entry in first.values()]

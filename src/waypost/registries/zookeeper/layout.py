@@ -1,7 +1,6 @@
-"""Kratos' ZooKeeper layout (``contrib/registry/zookeeper``, docs/zookeeper.md): ``<namespace>/<service>/<id>``,
-paths joined as Go's ``path.Join``. Node names follow ZooKeeper's ``PathUtils.validatePath``: not empty, no ``/``,
-not ``.`` or ``..``, no control characters, none of U+D800..U+F8FF, U+FFF0 and above; ``/zookeeper`` is the
-server's own."""
+"""Kratos' ZooKeeper layout (``contrib/registry/zookeeper``, docs/zookeeper.md): ``<namespace>/<service>/<id>``, joined
+as Go's ``path.Join``. Node names follow ZooKeeper's ``PathUtils.validatePath``: not empty, no ``/``, not ``.`` or
+``..``, no control characters, none of U+D800..U+F8FF, U+FFF0 and above; ``/zookeeper`` is the server's own."""
 
 from __future__ import annotations
 

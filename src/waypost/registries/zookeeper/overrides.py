@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import functools
 from collections.abc import AsyncIterator
 from typing import Any
 
@@ -88,12 +89,8 @@ class ZkOverrides:
     async def watch(self, key: str) -> AsyncIterator[bytes | None]:
         """The record's value now (None: none), then at each change; ends when the connection is lost (kazoo
         forgets its watches then: the caller watches again)."""
-        loop = asyncio.get_running_loop()
         events: asyncio.Queue[Any] = asyncio.Queue()
-
-        def poke(event: Any) -> None:  # on kazoo's callback thread
-            zk.on_loop(loop, events.put_nowait, event)
-
+        poke = functools.partial(zk.on_loop, asyncio.get_running_loop(), events.put_nowait)  # from kazoo's threads
         last: Any = object()
         while True:
             value = await self.get(self._path(key), watch=poke)

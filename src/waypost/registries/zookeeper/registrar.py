@@ -3,9 +3,8 @@ Kratos' layout, living as long as the registrar's session (the timeout the serve
 ``register`` makes it exist, belong to this session (a node of an earlier incarnation with this id is taken over,
 as Kratos does, unless its session puts it back: a live twin) and hold this data (one ``setData``: clients see a
 change of metadata, never a removal and an add). ``guard`` watches it: deleted or another session's, it is
-``InstanceGone`` at once. ``renew`` checks it too, and the session: ``InstanceGone`` when it expired (kazoo says so,
-or no connection for the whole granted timeout); data rewritten from outside is put back. ``close`` ends the
-session (the server deletes what is left)."""
+``InstanceGone`` at once; ``renew`` checks it too, and the session (expired: kazoo says so, or no connection for the
+whole granted timeout); data rewritten from outside is put back. ``close`` ends the session (what is left goes)."""
 
 from __future__ import annotations
 
