@@ -1,4 +1,4 @@
-"""Every loop-driven resolver (consul, zk, k8s, dns) honours the same ``ResolverOptions``.
+"""The resolver of every registry kind (``KindResolver``: consul, zk, k8s, dns) honours the same ``ResolverOptions``.
 
 - ``blocking``: a blocking start returns once the first list is known, and raises RegistryUnavailable naming what
   could not be read when there is none in time; a non-blocking start returns at once.
@@ -22,8 +22,8 @@ import pytest
 from harness.waiting import wait_until
 from waypost import RegistryUnavailable
 from waypost.etcd.local import free_port
+from waypost.kinds.resolver import KindResolver
 from waypost.resolver import ResolverOptions, parse_target
-from waypost.resolver.loop_resolver import LoopResolver
 
 
 class Calls:
@@ -55,34 +55,33 @@ current-context: x
     return path
 
 
-def _consul(tmp_path: Path, options: ResolverOptions, timeout: float) -> LoopResolver[Any]:
+def _consul(tmp_path: Path, options: ResolverOptions, timeout: float) -> KindResolver:
     pytest.importorskip("aiohttp")
-    from waypost.kinds.resolver import KindResolver
     from waypost.registries.consul.kind import KIND
 
     return KindResolver(KIND, parse_target(f"consul://127.0.0.1:{free_port()}/greet"), options, timeout=timeout)
 
 
-def _zk(tmp_path: Path, options: ResolverOptions, timeout: float) -> LoopResolver[Any]:
+def _zk(tmp_path: Path, options: ResolverOptions, timeout: float) -> KindResolver:
     pytest.importorskip("kazoo")
     from waypost.resolver import resolver_factory
 
-    resolver: LoopResolver[Any] = resolver_factory("zk")(  # type: ignore[call-arg]
+    resolver: KindResolver = resolver_factory("zk")(  # type: ignore[call-arg]
         parse_target(f"zk://127.0.0.1:{free_port()}/greet"), options, timeout=timeout)
     return resolver
 
 
-def _k8s(tmp_path: Path, options: ResolverOptions, timeout: float) -> LoopResolver[Any]:
+def _k8s(tmp_path: Path, options: ResolverOptions, timeout: float) -> KindResolver:
     pytest.importorskip("kubernetes_asyncio")
     from waypost.resolver import resolver_factory
 
     target = parse_target(f"k8s://default/greet:80?kubeconfig={_kubeconfig(tmp_path, free_port())}")
-    resolver: LoopResolver[Any] = resolver_factory("k8s")(target, options, timeout=timeout)  # type: ignore[call-arg]
+    resolver: KindResolver = resolver_factory("k8s")(target, options, timeout=timeout)  # type: ignore[call-arg]
     return resolver
 
 
 #: each registry resolver against a port where nothing listens, and what its errors name
-REFUSED: dict[str, tuple[Callable[[Path, ResolverOptions, float], LoopResolver[Any]], str]] = {
+REFUSED: dict[str, tuple[Callable[[Path, ResolverOptions, float], KindResolver], str]] = {
     "consul": (_consul, "instances of service 'greet'"),
     "zk": (_zk, "connection refused"),
     "k8s": (_k8s, "EndpointSlices of service default/greet (port 80)"),
@@ -90,8 +89,8 @@ REFUSED: dict[str, tuple[Callable[[Path, ResolverOptions, float], LoopResolver[A
 
 
 @pytest.fixture
-def started() -> Iterator[list[LoopResolver[Any]]]:
-    resolvers: list[LoopResolver[Any]] = []
+def started() -> Iterator[list[KindResolver]]:
+    resolvers: list[KindResolver] = []
     yield resolvers
     for r in resolvers:
         r.close()

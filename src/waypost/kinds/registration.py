@@ -1,13 +1,23 @@
 """The registration of every kind written against ``waypost.kinds``: the state machine over any ``Registrar``.
 
-``serve(registry="SCHEME://...")`` gets a ``KindRegistration`` for such a kind. From the registrar's four calls it
-does what a registration does (``waypost.discovery.heartbeat_publisher``): register within ``timeout``, retrying
-with backoff (``RegistryUnavailable`` naming the last cause when the time is up); renew every ttl/3 s, the
-instance lost after ttl s without a renewal or at once on ``InstanceGone``, then registered again, forever;
-pause / resume / stop idempotent; ``update_metadata`` written through ``register``; a bounded ``deregister`` at
-pause and stop. When the kind's override store can ``watch`` a record, the registration follows its own
-(``waypost drain``): while one is there, the instance is registered with the override's ``weight`` (read before
-each registration too, so an instance started under a drain is registered drained).
+``serve(registry="SCHEME://...")`` gets a ``KindRegistration`` for such a kind. Registries without leases (a TTL
+check passed from outside, an instance evicted unless its heartbeats come) keep an instance while its owner renews
+it; from the registrar's four calls this does what such a registration does, on top of ``PublisherBase``:
+
+- the arguments checked in the same words for every kind (``ttl``, ``timeout``, a ``host:port`` address, ``id``);
+  the instance id is ``id``, else one made from the key and the address (the kind's ``id_format``): stable across
+  restarts, so a restarted server replaces its own stale instance;
+- register within ``timeout``, retrying with backoff (``RegistryUnavailable`` naming the last cause when the time
+  is up); then kept: the heartbeat, the registrar's ``guard`` when it has one, the override follower;
+- the heartbeat: a renewal every ``ttl/3`` s; a failed one is retried about every ``retry_interval`` s and the
+  registration counts as lost only when none has worked for ``ttl`` s (the registry drops it then), or at once on
+  ``InstanceGone``; lost: registered again (``PublisherBase._recover_later``), forever;
+- pause / resume / stop idempotent; ``update_metadata`` written through ``register``; a bounded ``deregister`` at
+  pause and stop (a registry that does not answer drops the instance after ttl s); ``stop`` closes the registrar.
+
+When the kind's override store can ``watch`` a record, the registration follows its own (``waypost drain``): while
+one is there, the instance is registered with the override's ``weight`` (read before each registration too, so an
+instance started under a drain is registered drained).
 """
 
 from __future__ import annotations
@@ -16,15 +26,17 @@ import asyncio
 import logging
 import random
 import time
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Coroutine, Mapping
 from types import MappingProxyType
 from typing import Any
 
 from ..backoff import cool_down
-from ..discovery.heartbeat_publisher import HeartbeatPublisher
-from ..discovery.outage import OnUnregistered
+from ..discovery.outage import OnUnregistered, Outage
 from ..discovery.override import apply_override, override_key, parse_override
+from ..discovery.publisher_base import REVOKE_TIMEOUT, PublisherBase
+from ..errors import PermissionDenied, RegistryError, RegistryUnavailable, describe_value
 from ..kind_table import RegistryKind, part
+from ..netutil import AddressError, check_dialable, parse_host_port
 from ..redaction import redact_url
 from . import Instance, InstanceGone, Registrar
 
@@ -33,10 +45,11 @@ __all__ = ["KindRegistration"]
 log = logging.getLogger("waypost.discovery")
 
 
-class KindRegistration(HeartbeatPublisher):
+class KindRegistration(PublisherBase):
     """``address`` registered as an instance of ``key`` in ``registry`` (a URL of ``kind``, or the settings its
-    ``parse_url`` makes) through the kind's ``Registrar``. The arguments are ``waypost.Publisher``'s; ``format`` is
-    accepted and ignored (a kind has one format). ``retry_interval``, ``rng`` and ``clock`` are for tests."""
+    ``parse_url`` makes) through the kind's ``Registrar``, renewed every ``ttl/3`` s (see the module docstring).
+    The arguments are ``waypost.Publisher``'s; ``format`` is accepted and ignored (a kind has one format).
+    ``retry_interval``, ``rng`` and ``clock`` are for tests."""
 
     client: Registrar
 
@@ -46,19 +59,51 @@ class KindRegistration(HeartbeatPublisher):
                  retry_interval: float = 1.0, rng: random.Random | None = None,
                  clock: Callable[[], float] = time.monotonic) -> None:
         self.kind = kind
-        self.registry_name = kind.title
-        self.not_found = InstanceGone
         self.url = registry if isinstance(registry, str) else None
         #: the operator's override in force (``waypost drain``), followed through the kind's override store
         self.override: dict[str, Any] | None = None
         self._store: Any = None  # the override store opened before registering, handed to the follower
-        super().__init__(registry, key, address, ttl, id, metadata, format, timeout=timeout,
-                         max_unregistered=max_unregistered, on_unregistered=on_unregistered,
-                         retry_interval=retry_interval, rng=rng, clock=clock)
+        if isinstance(ttl, bool) or not isinstance(ttl, int) or ttl < 1:
+            raise ValueError(f"ttl must be a whole number of seconds >= 1, got {describe_value(ttl)}")
+        if not isinstance(timeout, (int, float)) or timeout <= 0:
+            raise ValueError(f"timeout must be positive, got {timeout!r}")
+        if not isinstance(address, str) or address.startswith(("unix:", "unix-abstract:")):
+            raise ValueError(f"{kind.title} registers host:port addresses, got {describe_value(address)}")
+        check_dialable(address, what="publisher address")
+        try:
+            self.host, self.port = parse_host_port(address, what="publisher address")
+        except AddressError as e:
+            raise ValueError(str(e)) from None
+        if id is not None and (isinstance(id, bool) or not isinstance(id, (int, str)) or str(id) == ""):
+            raise ValueError(f"id must be a non-empty string or an int, got {describe_value(id)}")
+        self.config = (part(kind, "parse_url")(registry) if self.url is not None and kind.parse_url is not None
+                       else registry)
+        self.outage = Outage(self, max_unregistered, on_unregistered, clock)
+        self.base_key = key
+        self.value = address
+        #: the instance's name in the registry
+        self.instance_id = (str(id) if id is not None
+                            else kind.words.id_format.format(service=key, host=self.host, port=self.port))
+        self.ttl = ttl
+        self.timeout = float(timeout)
+        self.retry_interval = retry_interval
+        #: one renewal every ttl/3 s
+        self.renew_interval = ttl / 3
+        self.format = format  # accepted for Publisher compatibility; a kind has one format
+        self.metadata = self._checked_metadata(metadata)  # makes the registrar (``client``) first
+        self._rng = rng or random.Random()
+        self._clock = clock
+        self._last_ok = 0.0  # clock time of the last successful write or renewal
+        #: the tasks that run while registered (the heartbeat, the guard, the override follower): name -> task
+        self._keepers: dict[str, asyncio.Task[None]] = {}
+        self.registrations = 0  # successful registrations (1 after start, +1 per recovery or resume)
+        self.renewals = 0
 
     def __repr__(self) -> str:
         return (f"<{self.kind.title} registration {self.base_key!r}={self.value!r} at {self._where()} {self._state}"
                 f"{' as ' + repr(self.instance_id) if self._registered else ''}>")
+
+    # -- properties ----------------------------------------------------------------------------------
 
     @property
     def instance(self) -> Instance:
@@ -66,60 +111,29 @@ class KindRegistration(HeartbeatPublisher):
         metadata = apply_override(self.metadata, self.override) or {}
         return Instance(self.base_key, self.value, self.instance_id, MappingProxyType(metadata), self.ttl)
 
-    # -- HeartbeatPublisher's hooks, each one call of the registrar or one of the kind's words -------------
+    @property
+    def key(self) -> str | None:
+        """The instance id registered now (None while not registered)."""
+        return self.instance_id if self._registered else None
 
-    def _resolve_config(self, registry: Any) -> Any:
-        if isinstance(registry, str) and self.kind.parse_url is not None:
-            return part(self.kind, "parse_url")(registry)
-        return registry
+    @property
+    def lease_id(self) -> None:
+        """No named lease here (the renewals play its role): always None."""
+        return None
 
-    def _new_client(self) -> Registrar:
-        made: Registrar | None = self.__dict__.get("client")  # made already, to check the first metadata
-        if made is None:
-            made = part(self.kind, "registrar")(self.config, self.timeout)
-        return made
+    @property
+    def registry(self) -> Any:
+        return self.config
+
+    # -- PublisherBase's hooks -----------------------------------------------------------------------
 
     def _check_carried(self, metadata: dict[str, Any] | None) -> None:
-        if "client" not in self.__dict__:  # the first check comes before HeartbeatPublisher makes the client
-            self.client = self._new_client()
+        if "client" not in self.__dict__:  # the first check, in __init__, makes the registrar that answers it
+            self.client = part(self.kind, "registrar")(self.config, self.timeout)
         self.client.check_metadata(MappingProxyType(metadata or {}))
-
-    def _default_id(self, key: str) -> str:
-        return self.kind.words.id_format.format(service=key, host=self.host, port=self.port)
-
-    async def _write_registration(self) -> None:
-        await self.client.register(self.instance)
-
-    async def _renew(self) -> None:
-        await self.client.renew(self.instance)
-
-    async def _remove(self) -> None:
-        await self.client.deregister(self.instance)
 
     def _where(self) -> str:
         return redact_url(self.url) if self.url is not None else repr(self.config)
-
-    def _renewal(self) -> str:
-        return self.kind.words.renewal
-
-    def _lost_text(self, overdue: float, e: Exception) -> str:
-        return self.kind.words.lost.format(renewal=self._renewal(), overdue=overdue, ttl=self.ttl,
-                                           error=str(e) or type(e).__name__)
-
-    def _left_behind(self) -> str:
-        return self.kind.words.left_behind.format(instance=self.kind.words.instance, id=self.instance_id,
-                                                  ttl=self.ttl)
-
-    def _terms(self) -> str:
-        return f"ttl {self.ttl}s, {self._renewal()} every {self.renew_interval:.3g}s"
-
-    async def _close(self) -> None:
-        store, self._store = self._store, None
-        if store is not None:
-            await store.close()
-        await super()._close()
-
-    # -- following the operator's override --------------------------------------------------------------
 
     async def _attempt(self, left: float) -> None:
         loop = asyncio.get_running_loop()
@@ -127,6 +141,128 @@ class KindRegistration(HeartbeatPublisher):
         if self.url is not None and self.kind.override_store is not None and "override" not in self._keepers:
             await self._read_override(left / 2)
         await super()._attempt(left - (loop.time() - began))
+
+    async def _register(self) -> None:
+        """Write the registration, then keep it alive."""
+        async with self._write_lock():
+            await self.client.register(self.instance)
+        if self._state != "running":  # paused or stopped meanwhile: the caller removes it
+            return
+        self._registered = True
+        self._last_ok = self._clock()
+        self.registrations += 1
+        self.outage.end()
+        self._keep("heartbeat", self._heartbeat)
+        if type(self.client).guard is not Registrar.guard:
+            self._keep("guard", self._guard)
+        if self.url is not None and self.kind.override_store is not None:
+            self._keep("override", self._follow_override)
+        log.debug("%r: registered (ttl %ss, %s every %.3gs)", self, self.ttl, self.kind.words.renewal,
+                  self.renew_interval)
+
+    async def _withdraw(self) -> None:
+        """Stop renewing and remove the registration (bounded; else the registry drops it after ttl s)."""
+        self._cancel_tasks(include_retry=True)
+        self._registered = False
+        self.outage.end()  # paused or stopped on purpose: not an outage
+        try:
+            async with self._write_lock():
+                await asyncio.wait_for(self.client.deregister(self.instance), REVOKE_TIMEOUT)
+        except InstanceGone:
+            pass  # gone already (the registry restarted, or dropped it)
+        except Exception as e:  # noqa: BLE001 (the control plane must not die)
+            words = self.kind.words
+            log.warning("%r: %s: %s", self, words.left_behind.format(instance=words.instance, id=self.instance_id,
+                                                                     ttl=self.ttl), str(e) or type(e).__name__)
+
+    async def _close(self) -> None:
+        store, self._store = self._store, None
+        if store is not None:
+            await store.close()
+        await self.client.close()
+
+    def _forget(self, reason: BaseException | None) -> None:
+        self._cancel_tasks(include_retry=False)
+        was_registered, self._registered = self._registered, False
+        if was_registered:
+            log.warning("%r: registration lost (%s); registering again", self, reason or "unknown reason")
+
+    async def _update_metadata(self, metadata: dict[str, Any] | None) -> None:
+        self.metadata = metadata
+        if self._state != "running" or not self._registered:
+            return  # the next registration carries it
+        try:
+            async with self._write_lock():
+                await asyncio.wait_for(self.client.register(self.instance), self.timeout)
+        except PermissionDenied:
+            raise
+        except (asyncio.TimeoutError, RegistryError, RegistryUnavailable, OSError) as e:
+            raise RegistryUnavailable(f"could not update the metadata of {self.instance_id!r} in {self._where()} "
+                                      f"within {self.timeout:g}s: {self._why(e)}") from e
+        self._last_ok = self._clock()
+
+    # -- what runs while registered ------------------------------------------------------------------
+
+    def _keep(self, name: str, run: Callable[[], Coroutine[Any, Any, None]]) -> None:
+        """Run ``run()`` as the keeper ``name`` unless it runs already (cancelled when the registration goes)."""
+        task = self._keepers.get(name)
+        if task is None or task.done():
+            self._keepers[name] = asyncio.get_running_loop().create_task(run())
+
+    def _cancel_tasks(self, include_retry: bool) -> None:
+        current = asyncio.current_task()
+        tasks = [*self._keepers.values()] + ([self._retry_task] if include_retry else [])
+        for task in tasks:
+            if task is not None and task is not current:
+                task.cancel()
+        self._keepers.clear()
+        if include_retry:
+            self._retry_task = None
+
+    async def _heartbeat(self) -> None:
+        """Renew every ttl/3 s; gone: register again now; other failures: retry ~1 s, lost after ttl s."""
+        renewal = self.kind.words.renewal
+        failing = False
+        while self._state == "running" and self._registered:
+            delay = min(self.retry_interval, self.renew_interval) if failing else self.renew_interval
+            await asyncio.sleep(cool_down(self._rng, delay))
+            if self._state != "running" or not self._registered:
+                return
+            try:
+                await self.client.renew(self.instance)
+            except asyncio.CancelledError:
+                raise
+            except Exception as e:  # noqa: BLE001 (the control plane must not die)
+                if isinstance(e, InstanceGone):
+                    log.debug("%r: the registry no longer has the registration (%s)", self, e)
+                    self._recover_later(e)
+                    return
+                overdue = self._clock() - self._last_ok
+                if overdue >= self.ttl:
+                    self._recover_later(RegistryUnavailable(self.kind.words.lost.format(
+                        renewal=renewal, overdue=overdue, ttl=self.ttl, error=str(e) or type(e).__name__)))
+                    return
+                (log.warning if not failing else log.debug)(
+                    "%r: %s failed (retrying; lost only after %ds without one): %s", self, renewal, self.ttl,
+                    str(e) or type(e).__name__)
+                failing = True
+                continue
+            self.renewals += 1
+            self._last_ok = self._clock()
+            if failing:
+                log.info("%r: %s works again", self, renewal)
+            failing = False
+
+    async def _guard(self) -> None:
+        """The registrar's ``guard``: the instance gone or changed from outside is registered again at once."""
+        try:
+            await self.client.guard(self.instance)
+        except InstanceGone as e:
+            if self._state == "running" and self._registered:
+                log.debug("%r: the registry no longer has the registration as written (%s)", self, e)
+                self._recover_later(e)
+
+    # -- following the operator's override --------------------------------------------------------------
 
     async def _read_override(self, within: float) -> None:
         """The record in force, before the instance is written (a store that cannot say within ``within`` s
@@ -147,22 +283,6 @@ class KindRegistration(HeartbeatPublisher):
                       self, str(e) or type(e).__name__)
             return
         self.override = parse_override(value) if value is not None else None
-
-    def _start_keepers(self) -> None:
-        super()._start_keepers()
-        if type(self.client).guard is not Registrar.guard:
-            self._keep("guard", self._guard)
-        if self.url is not None and self.kind.override_store is not None:
-            self._keep("override", self._follow_override)
-
-    async def _guard(self) -> None:
-        """The registrar's ``guard``: the instance gone or changed from outside is registered again at once."""
-        try:
-            await self.client.guard(self.instance)
-        except InstanceGone as e:
-            if self._state == "running" and self._registered:
-                log.debug("%r: the registry no longer has the registration as written (%s)", self, e)
-                self._recover_later(e)
 
     async def _follow_override(self) -> None:
         """Follow this instance's override record while registered; a change is written at once. A store without
@@ -193,7 +313,7 @@ class KindRegistration(HeartbeatPublisher):
         if self._state == "running" and self._registered:
             try:
                 async with self._write_lock():
-                    await asyncio.wait_for(self._write_registration(), self.timeout)
+                    await asyncio.wait_for(self.client.register(self.instance), self.timeout)
             except BaseException:
                 self.override = previous  # not written: the next look at the record tries again
                 raise

@@ -10,8 +10,8 @@ A channel builds one resolver per dial with ``SomeResolver(target, options)`` (`
   never blocking; resolvers with nothing to re-read ignore it).
 - ``close()`` (sync channel) or ``await aclose()`` (aio channel) once, when the channel closes.
 
-The resolvers that follow their source from a task on the control loop (consul, k8s, zk, dns) share how they
-do all this, ``ResolverOptions`` included: ``resolver.loop_resolver.LoopResolver``.
+The registry kinds written against ``waypost.kinds`` (consul, k8s, zk, dns, eureka) share one resolver that
+does all this, ``ResolverOptions`` included: ``waypost.kinds.resolver.KindResolver``.
 """
 
 from __future__ import annotations
