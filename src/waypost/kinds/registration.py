@@ -139,7 +139,7 @@ class KindRegistration(PublisherBase):
         loop = asyncio.get_running_loop()
         began = loop.time()
         if self.url is not None and self.kind.override_store is not None and "override" not in self._keepers:
-            await self._read_override(left / 2)
+            await self._read_override(left)
         await super()._attempt(left - (loop.time() - began))
 
     async def _register(self) -> None:
@@ -265,23 +265,18 @@ class KindRegistration(PublisherBase):
     # -- following the operator's override --------------------------------------------------------------
 
     async def _read_override(self, within: float) -> None:
-        """The record in force, before the instance is written (a store that cannot say within ``within`` s
-        leaves it to the follower, once registered)."""
+        """The record in force, before the instance is written. The read is part of the attempt: one that fails
+        fails it, naming the store's error (the registry that cannot answer it would not take the registration)."""
         assert self.url is not None
-        try:
-            store = self._store = self._store or part(self.kind, "override_store")(self.url)
-            if not hasattr(store, "watch"):
-                return
-            records = store.watch(override_key(self.base_key, self.value))
-            try:
-                value = await asyncio.wait_for(anext(records), within)
-            finally:
-                if hasattr(records, "aclose"):
-                    await records.aclose()
-        except Exception as e:  # noqa: BLE001 (registering comes first)
-            log.debug("%r: could not read the override record before registering (followed once registered): %s",
-                      self, str(e) or type(e).__name__)
+        store = self._store = self._store or part(self.kind, "override_store")(self.url)
+        if not hasattr(store, "watch"):
             return
+        records = store.watch(override_key(self.base_key, self.value))
+        try:
+            value = await asyncio.wait_for(anext(records), within)
+        finally:
+            if hasattr(records, "aclose"):
+                await records.aclose()
         self.override = parse_override(value) if value is not None else None
 
     async def _follow_override(self) -> None:
