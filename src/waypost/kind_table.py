@@ -91,8 +91,8 @@ class RegistryKind:
     ``target_params`` says which parameters it takes, ``max_hosts`` how many hosts, ``default_port`` the port of a
     host without one).
 
-    ``resolver`` and ``publisher`` are the older form of the two parts (a whole resolver, a whole registration),
-    for the kinds that still build their own.
+    ``resolver`` is the older form of ``discovery`` (a whole resolver), for the kinds that still build their own
+    (etcd, memory and direct: a resolver over a shared watch, or over nothing).
     """
 
     scheme: str
@@ -110,8 +110,6 @@ class RegistryKind:
     registry: Ref | None = None
     #: a keyed kind's ``Target`` -> the registry URL ``waypost.connect`` takes for it (``Target.registry_url``)
     target_registry_url: Ref | None = None
-    #: the registration ``serve(registry=URL)`` makes (kinds that hold instances)
-    publisher: Ref | None = None
     #: the resolver of its dial targets
     resolver: Ref | None = None
     #: what ``waypost console --registry URL`` follows
@@ -157,20 +155,8 @@ class RegistryKind:
 
     @property
     def holds_instances(self) -> bool:
-        """True for a kind that ``serve()`` registers in through its own publisher."""
-        return (self.publisher is not None or self.registrar is not None) and not self.keyed
-
-    @property
-    def publisher_name(self) -> str:
-        """What its publisher is called in messages: ``waypost.ConsulPublisher`` for waypost's own kinds,
-        ``module.Class`` for a plug-in's ("" for none, and for a kind with a ``registrar``)."""
-        ref = self.publisher  # a kind with a registrar has no class of its own to name: serve() is the way
-        if ref is None:
-            return ""
-        if not isinstance(ref, str):
-            return f"{getattr(ref, '__module__', '?')}.{getattr(ref, '__qualname__', '?')}"
-        module, _, attr = ref.partition(":")
-        return f"waypost.{attr}" if module.startswith("waypost.") else f"{module}.{attr}"
+        """True for a kind that ``serve()`` registers in through its registrar."""
+        return self.registrar is not None and not self.keyed
 
 
 def load(ref: Ref, what: str = "") -> Any:
@@ -233,9 +219,9 @@ def register_kind(kind: RegistryKind, *, replace: bool = False) -> RegistryKind:
 
 
 def _add(kind: RegistryKind, *, replace: bool = False) -> RegistryKind:
-    if kind.resolver is None and kind.publisher is None and kind.discovery is None and kind.registrar is None:
+    if kind.resolver is None and kind.discovery is None and kind.registrar is None:
         raise ValueError(f"register_kind: {kind.scheme}: a kind needs a discovery (dial targets), a registrar "
-                         "(serve(registry=...)), or both (or, in the older form, a resolver or a publisher)")
+                         "(serve(registry=...)), or both")
     load_plugins()  # waypost's own kinds first, so their schemes are taken even before the first look-up
     with _lock:
         builtin = {s for k in _BUILTIN for s in (k.scheme, *k.aliases)} | _OWN_SCHEMES
@@ -339,7 +325,7 @@ def part(kind: RegistryKind, name: str) -> Any:
     ``registrar``, ``discovery``), loaded; a missing client library is an ``ImportError`` saying what to install.
     The ``resolver`` and ``publisher`` of a kind that gives a ``discovery`` and a ``registrar`` are the generic
     ones, bound to the kind."""
-    ref = getattr(kind, name)
+    ref = getattr(kind, name, None)
     if ref is None and name in _GENERIC and getattr(kind, _GENERIC[name][0]) is not None:
         return functools.partial(load(_GENERIC[name][1]), kind)
     if ref is None:

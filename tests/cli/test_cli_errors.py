@@ -130,7 +130,7 @@ def plugin_kind() -> Iterator[kinds.RegistryKind]:
     saved = dict(kinds.KINDS), dict(kinds.SCHEMES)
     kind = kinds.register_kind(kinds.RegistryKind(
         "nacos", 8848, "nacos://127.0.0.1:8848/greeter?group=DEFAULT_GROUP", "nacos://127.0.0.1:8848",
-        publisher="waypost_nacos:NacosPublisher", resolver="waypost_nacos:NacosResolver", title="Nacos"))
+        registrar="waypost_nacos:NacosRegistrar", discovery="waypost_nacos:NacosDiscovery", title="Nacos"))
     yield kind
     with kinds._lock:
         kinds.KINDS.clear()

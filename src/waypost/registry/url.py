@@ -31,7 +31,7 @@ def _not_keyed(url: str, scheme: str) -> InvalidTarget:
         return urlparams.url_error(
             url, f"{scheme}:// registries hold service instances, not keys: register with "
                  f"serve(..., registry={redact_url(url)!r})"
-                 f"{' or ' + kind.publisher_name if kind.publisher_name else ''}, and dial its targets "
+                 f", and dial its targets "
                  f"({kind.target_example}); connect() takes {' and '.join(schemes)} URLs", example=example)
     others = instance_registries()
     shown = urlparams.shown_scheme(scheme)
