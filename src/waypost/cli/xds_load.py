@@ -37,13 +37,20 @@ def fetch_load(server: str, credentials: Any, timeout: float) -> dict[str, Any]:
         if code is grpc.StatusCode.UNIMPLEMENTED:
             raise click.ClickException(f"{server} serves no load reports (a waypost xds serve of this version "
                                        "answers waypost.xds.v1.LoadStatus)") from None
-        if code is grpc.StatusCode.UNAVAILABLE:
-            raise click.ClickException(f"cannot reach {server}: {details}") from None
-        if code is grpc.StatusCode.DEADLINE_EXCEEDED:
-            raise click.ClickException(f"{server} did not answer within {timeout:g}s") from None
-        raise click.ClickException(f"{server}: {code.name}: {details}") from None
+        raise call_failed(server, code, details, timeout) from None
     finally:
         channel.close()
+
+
+def call_failed(server: str, code: Any, details: str, timeout: float) -> click.ClickException:
+    """A call to the control plane at ``server`` that failed with ``code``, in one line (the status views')."""
+    import grpc
+
+    if code is grpc.StatusCode.UNAVAILABLE:
+        return click.ClickException(f"cannot reach {server}: {details}")
+    if code is grpc.StatusCode.DEADLINE_EXCEEDED:
+        return click.ClickException(f"{server} did not answer within {timeout:g}s")
+    return click.ClickException(f"{server}: {code.name}: {details}")
 
 
 def _rate(x: float) -> str:

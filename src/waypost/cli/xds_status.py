@@ -20,6 +20,8 @@ from typing import Any
 
 import click
 
+from .xds_load import call_failed
+
 #: a type's cell names the worst state among its resources (NACKED first)
 _WORST_FIRST = ("ERROR", "STALE", "SYNCED", "NOT_SENT")
 _SHOWN = {"ERROR": "NACKED", "STALE": "STALE", "SYNCED": "SYNCED", "NOT_SENT": "NOT SENT"}
@@ -51,11 +53,7 @@ def fetch_status(server: str, node_prefix: str | None, tls: TlsFlags, timeout: f
         if code in (grpc.StatusCode.UNAVAILABLE, grpc.StatusCode.DEADLINE_EXCEEDED) and not tls.given:
             # gRPC says "Socket closed" when a plaintext call meets a TLS port: a probe of the port tells
             raise_on_tls_mismatch(server, tls, timeout)
-        if code is grpc.StatusCode.UNAVAILABLE:
-            raise click.ClickException(f"cannot reach {server}: {details}") from None
-        if code is grpc.StatusCode.DEADLINE_EXCEEDED:
-            raise click.ClickException(f"{server} did not answer within {timeout:g}s") from None
-        raise click.ClickException(f"{server}: {code.name}: {details}") from None
+        raise call_failed(server, code, details, timeout) from None
     finally:
         channel.close()
 
