@@ -15,7 +15,7 @@ from waypost.registries.eureka.apps import (
 )
 from waypost.registries.eureka.config import EurekaConfig, parse_registry_url, target_for
 from waypost.registries.eureka.discovery import EurekaDiscovery
-from waypost.registry.kinds import KINDS, kind_of
+from waypost.kind_table import KINDS, kind_of
 from waypost.registry.url import parse_any
 from waypost.resolver import parse_target
 
