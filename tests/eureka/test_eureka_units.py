@@ -6,6 +6,7 @@ from __future__ import annotations
 import pytest
 
 from waypost.errors import InvalidTarget
+from waypost.kind_table import KINDS, kind_of
 from waypost.registries.eureka.apps import (
     Instance,
     RegistryCopy,
@@ -15,7 +16,6 @@ from waypost.registries.eureka.apps import (
 )
 from waypost.registries.eureka.config import EurekaConfig, parse_registry_url, target_for
 from waypost.registries.eureka.discovery import EurekaDiscovery
-from waypost.kind_table import KINDS, kind_of
 from waypost.registry.url import parse_any
 from waypost.resolver import parse_target
 
