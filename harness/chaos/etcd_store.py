@@ -22,7 +22,7 @@ from waypost import _loop
 from waypost.discovery import Publisher
 from waypost.etcd.config import EtcdConfig
 from waypost.etcd.local import LocalEtcd, find_binary
-from waypost.registry.etcd import EtcdRegistry
+from waypost.registries.etcd.registry import EtcdRegistry
 
 
 def _bump(reg: EtcdRegistry, key: str, n: int) -> None:
