@@ -84,12 +84,20 @@ def _assignment(export: Any, servers: dict[str, EchoServer], *names: str) -> byt
     return load_assignment(export, [Backend(servers[n].address) for n in names]).SerializeToString()
 
 
+def _serve(served: dict[str, Any], *names: str) -> None:
+    """The assignment of ``names``: each test sets the state it starts from (xdist may run them in any order)."""
+    export, servers = served["export"], served["servers"]
+    served["engine"].update_resources(ENDPOINT, {export.name: _assignment(export, servers, *names)},
+                                      version="".join(names))
+
+
 def _stream(engine: Any, node_id: str = "native-test-client") -> dict[str, Any] | None:
     return next((s for s in engine.streams() if s["node_id"] == node_id), None)
 
 
 def test_serves_a_stock_client_and_pushes_an_endpoint_change(served: dict[str, Any]) -> None:
     engine, client, export, servers = served["engine"], served["client"], served["export"], served["servers"]
+    _serve(served, "a", "b")
     assert picks_all(client, "svc", {"a", "b"})
     woken = engine.update_resources(ENDPOINT, {export.name: _assignment(export, servers, "a", "b", "c")},
                                     version="2")
@@ -111,6 +119,7 @@ def test_serves_a_stock_client_and_pushes_an_endpoint_change(served: dict[str, A
 
 def test_nack_keeps_the_last_good_version_and_is_shown(served: dict[str, Any]) -> None:
     engine, client, export = served["engine"], served["client"], served["export"]
+    _serve(served, "a", "b", "c")
     assert picks_all(client, "svc", {"a", "b", "c"})
     acked = _stream(engine)["types"][CLUSTER]["acked_version"]  # type: ignore[index]
     bad = cluster_pb2.Cluster(name=export.name, type=cluster_pb2.Cluster.STATIC)  # gRPC takes EDS and DNS only
@@ -135,6 +144,7 @@ def test_a_second_client_gets_the_current_state_and_a_closed_stream_leaves(serve
     bootstrap = subprocess.run([sys.executable, "-m", "waypost.cli", "xds", "bootstrap", "--server",
                                 f"127.0.0.1:{engine.port}", "--node-id", "second"], cwd=ROOT, env=_env(),
                                capture_output=True, text=True, timeout=60, check=True).stdout
+    _serve(served, "a", "b", "c")
     second = StockClient(bootstrap, tmp_path)
     try:
         assert picks_all(second, "svc", {"a", "b", "c"})
