@@ -131,10 +131,10 @@ class Registry(abc.ABC):
     #: the URL it was created from, with any password removed
     url: str
 
+    @abc.abstractmethod
     def dial_target(self, key: str) -> str:
         """The dial target that reads ``key`` in this registry, through the same shared connection
         (``waypost.dial(registry=..., key=...)``)."""
-        raise NotImplementedError(f"{type(self).__name__} gives no dial target")
 
     @abc.abstractmethod
     async def get(
