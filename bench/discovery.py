@@ -36,9 +36,9 @@ from typing import Any
 
 from waypost import _loop
 from waypost.discovery import Publisher, Subscriber
+from waypost.discovery.connections import connect
+from waypost.discovery.store import Registry
 from waypost.etcd.local import LocalEtcd
-from waypost.registry import connect
-from waypost.registry.base import Registry
 
 
 def pct(xs: list[float], q: float) -> float:

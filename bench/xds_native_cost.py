@@ -31,7 +31,6 @@ import os
 import statistics
 import subprocess
 import sys
-import time
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -96,7 +95,7 @@ def _child(variant: str, mode: str, seconds: float, addrs: list[str], remote: st
 
 def _measure(variant: str, mode: str, seconds: float, addrs: list[str], remote: str) -> dict[str, float]:
     out = subprocess.run([sys.executable, __file__, "--child", variant, mode, str(seconds), ",".join(addrs), remote],
-                         cwd=ROOT, env=_env(), capture_output=True, text=True, timeout=120 + seconds)
+                         check=False, cwd=ROOT, env=_env(), capture_output=True, text=True, timeout=120 + seconds)
     if out.returncode != 0:
         raise RuntimeError(f"{variant} {mode} failed: {out.stderr[-2000:]}")
     return json.loads(out.stdout.strip().splitlines()[-1])

@@ -64,8 +64,8 @@ sys.path.insert(0, str(ROOT / "src"))
 from harness import native_engine
 from harness.xds_scale_programs import XDS_SCALE_PROGRAMS
 from waypost import _loop
+from waypost.discovery.connections import connect
 from waypost.etcd.local import LocalEtcd
-from waypost.registry import connect
 
 PROGRAMS = XDS_SCALE_PROGRAMS
 #: file descriptors each process may open: a stream is a connection on each side

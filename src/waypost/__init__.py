@@ -71,8 +71,10 @@ if TYPE_CHECKING:
     from .client.hashkey import hash_key as hash_key
     from .discovery import Publisher as Publisher
     from .discovery import Subscriber as Subscriber
+    from .discovery.connections import connect as connect
     from .discovery.registration_contract import Registration as Registration
     from .discovery.registration_factory import MultiPublisher as MultiPublisher
+    from .discovery.store import Registry as Registry
     from .kind_table import RegistryKind as RegistryKind
     from .kind_table import register_kind as register_kind
     from .orca import load_interceptor as load_interceptor
@@ -80,8 +82,6 @@ if TYPE_CHECKING:
     from .registries.consul.registrar import ConsulPublisher as ConsulPublisher
     from .registries.eureka.registrar import EurekaPublisher as EurekaPublisher
     from .registries.zookeeper.registrar import ZkPublisher as ZkPublisher
-    from .registry import connect as connect
-    from .registry.base import Registry as Registry
     from .resolver.target import parse_target as parse_target
     from .server import AsyncServeHandle as AsyncServeHandle
     from .server import BindError as BindError
@@ -99,8 +99,8 @@ _LAZY = {
     "xds": ("waypost.xds", None),
     # ORCA load reports (the xds extra): waypost.orca.server_recorder(handle), call_recorder(context), ...
     "orca": ("waypost.orca", None),
-    "connect": ("waypost.registry", "connect"),
-    "Registry": ("waypost.registry.base", "Registry"),
+    "connect": ("waypost.discovery.connections", "connect"),
+    "Registry": ("waypost.discovery.store", "Registry"),
     # registry kinds as plug-ins (docs/registry-kinds.md)
     "RegistryKind": ("waypost.kind_table", "RegistryKind"),
     "register_kind": ("waypost.kind_table", "register_kind"),

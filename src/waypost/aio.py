@@ -44,7 +44,7 @@ from .types import STATE_NAMES
 if TYPE_CHECKING:
     from typing_extensions import Unpack
 
-    from .registry.base import Registry
+    from .discovery.store import Registry
     from .server import serve_async as serve
 
 __all__ = ["Channel", "dial", "serve"]

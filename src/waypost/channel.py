@@ -33,7 +33,7 @@ from .types import STATE_NAMES
 if TYPE_CHECKING:
     from typing_extensions import Unpack
 
-    from .registry.base import Registry
+    from .discovery.store import Registry
 
 log = logging.getLogger("waypost.channel")
 

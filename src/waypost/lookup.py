@@ -13,8 +13,8 @@ import threading
 from collections.abc import Callable, Iterable, Sequence
 from typing import Any
 
+from .discovery.formats import ETCD_NAMING, GOZERO, GOZERO_META_ROOT, KRATOS, valid_address
 from .discovery.override import OVERRIDE_ROOT
-from .registry.formats import ETCD_NAMING, GOZERO, GOZERO_META_ROOT, KRATOS, valid_address
 
 #: seconds a lookup waits past its timeout for the resolver's own error (which says why)
 GRACE = 0.5

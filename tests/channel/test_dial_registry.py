@@ -9,7 +9,7 @@ import waypost
 import waypost.aio
 from harness.backends import echo_pb2, echo_pb2_grpc
 from tests.channel.support import echo_servers
-from waypost.registry.url import parse_registry_url
+from waypost.discovery.registry_url import parse_registry_url
 from waypost.resolver.target import parse_target, target_for_registry
 
 

@@ -119,7 +119,7 @@ def test_registry_url():
 
 
 def test_registry_url_is_accepted_by_connect(tmp_path):
-    from waypost.registry.url import parse_registry_url
+    from waypost.discovery.registry_url import parse_registry_url
 
     for name in ("ca.pem", "c d.pem", "k.pem"):
         (tmp_path / name).write_text("x")

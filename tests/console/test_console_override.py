@@ -9,6 +9,7 @@ import pytest
 
 import waypost
 from harness.waiting import wait_until
+from waypost.discovery.formats import get_format
 from waypost.discovery.override import (
     apply_override,
     encode_override,
@@ -16,7 +17,6 @@ from waypost.discovery.override import (
     parse_override,
     split_override_key,
 )
-from waypost.registry.formats import get_format
 
 ADDR = "127.0.0.1:7301"
 

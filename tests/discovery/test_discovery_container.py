@@ -3,8 +3,8 @@
 from __future__ import annotations
 
 from waypost.discovery.container import Container
+from waypost.discovery.formats import Entry
 from waypost.discovery.subscriber import diff
-from waypost.registry.formats import Entry
 from waypost.types import Backend
 
 
@@ -119,7 +119,7 @@ def test_container_bulk_fill_equals_adding_one_by_one():
     from types import MappingProxyType
 
     from waypost.discovery.container import Container
-    from waypost.registry.formats import Entry
+    from waypost.discovery.formats import Entry
 
     md = MappingProxyType({"zone": "a"})
     batches = [
@@ -151,7 +151,7 @@ def test_container_bulk_fill_equals_adding_one_by_one():
 
 def test_container_plain_bulk_load_equals_adding_entries():
     from waypost.discovery.container import Container
-    from waypost.registry.formats import Entry
+    from waypost.discovery.formats import Entry
 
     cases = [
         ([f"k/{i}" for i in range(50)], [f"10.0.0.{i}:80" for i in range(50)]),  # the fast path

@@ -16,8 +16,8 @@ import pytest
 from harness.waiting import wait_until
 from tests.etcd.helpers import run
 from waypost.discovery import Publisher, Subscriber
+from waypost.discovery.connections import connect
 from waypost.errors import PermissionDenied
-from waypost.registry import connect
 
 
 def _registered(reg, key_prefix: str) -> dict[str, bytes]:

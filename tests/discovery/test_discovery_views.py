@@ -17,7 +17,7 @@ from hypothesis import strategies as st
 from harness.waiting import wait_until
 from waypost.discovery import Subscriber
 from waypost.discovery.container import Container
-from waypost.registry.formats import Entry
+from waypost.discovery.formats import Entry
 
 
 class Model:

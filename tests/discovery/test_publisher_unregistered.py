@@ -24,8 +24,8 @@ from tests.balancer.support import FakeClock
 from tests.etcd.helpers import run
 from waypost import metrics
 from waypost.discovery import Publisher
+from waypost.discovery.connections import connect
 from waypost.discovery.outage import UNREGISTERED_EXIT_CODE, Outage, check_unregistered_args
-from waypost.registry import connect
 
 ROOT = Path(__file__).resolve().parents[2]
 

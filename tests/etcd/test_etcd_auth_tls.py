@@ -9,9 +9,9 @@ import pytest
 
 from harness.waiting import wait_until
 from tests.etcd.helpers import add_user, collect_events, enable_auth, on_loop, registry, run
+from waypost.discovery.connections import connect
 from waypost.errors import PermissionDenied, RegistryUnavailable
 from waypost.etcd.local import LocalEtcd
-from waypost.registry import connect
 
 ROOT_PW = "r00t-Secret-pw"
 APP_PW = "app-Secret-pw"

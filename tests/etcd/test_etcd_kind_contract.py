@@ -16,7 +16,7 @@ from waypost.kind_table import lookup
 def delete_records(url: str, service: str, address: str) -> None:
     """Delete ``service``'s go-zero records of ``address`` (``service/ID`` -> ``address``) behind the publisher's
     back, as an operator's ``etcdctl del`` would."""
-    from waypost.registry.base import SyncRegistry
+    from waypost.discovery.store import SyncRegistry
 
     reg = SyncRegistry(waypost.connect(url))
     found = [kv.key for kv in reg.get(f"{service}/", prefix=True).kvs if kv.value == address.encode()]

@@ -15,12 +15,12 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from tests.etcd.helpers import registry, run
+from waypost.discovery.store import GetResult, KeyValue
 from waypost.errors import RegistryError
 from waypost.etcd import records
 from waypost.etcd._generated import waypost_etcd_pb2 as pb
 from waypost.etcd.keys import key_range
 from waypost.registries.etcd.registry import _LazyKeyValues
-from waypost.registry.base import GetResult, KeyValue
 
 FUZZ = settings(max_examples=int(os.environ.get("WAYPOST_FUZZ_EXAMPLES", "150")), deadline=None,
                 suppress_health_check=[HealthCheck.too_slow])

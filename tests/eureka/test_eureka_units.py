@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import pytest
 
+from waypost.discovery.registry_url import parse_any
 from waypost.errors import InvalidTarget
 from waypost.kind_table import KINDS, kind_of
 from waypost.registries.eureka.apps import (
@@ -16,7 +17,6 @@ from waypost.registries.eureka.apps import (
 )
 from waypost.registries.eureka.config import EurekaConfig, parse_registry_url, target_for
 from waypost.registries.eureka.discovery import EurekaDiscovery
-from waypost.registry.url import parse_any
 from waypost.resolver import parse_target
 
 

@@ -11,6 +11,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from waypost import InvalidServiceConfig, InvalidTarget
+from waypost.discovery.registry_url import parse_registry_url
 from waypost.durations import DurationError, format_duration, parse_duration
 from waypost.netutil import (
     AddressError,
@@ -20,7 +21,6 @@ from waypost.netutil import (
     split_host_port,
 )
 from waypost.redaction import redact_url as redact
-from waypost.registry.url import parse_registry_url
 from waypost.resolver.target import Target, parse_target
 from waypost.service_config import ServiceConfig, parse_service_config
 

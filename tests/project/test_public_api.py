@@ -126,7 +126,7 @@ PROGRAM = textwrap.dedent('''
 # (what is revealed, a part of what mypy says, a part of what pyright says), in the order of the program
 EXPECTED = [
     # the keywords are DialKeywords (typed once for both dials; tests/test_options.py checks each one)
-    ("dial", ("def (target: str | typing.Sequence[str] | waypost.registry.base.Registry, "
+    ("dial", ("def (target: str | typing.Sequence[str] | waypost.discovery.store.Registry, "
              "**options: **TypedDict(waypost.client.dial_options.DialKeywords"),
      "(target: str | Sequence[str] | Registry, **options: **DialKeywords)"),
     ("channel", "", "Channel"),
@@ -139,8 +139,8 @@ EXPECTED = [
      "CoroutineType[Any, Any, AsyncServeHandle]"),
     ("handle", "waypost.server.lifecycle.AsyncServeHandle", "AsyncServeHandle"),
     ("handle", "waypost.server.lifecycle.AsyncServeHandle", "AsyncServeHandle"),
-    ("waypost.connect", "def (url: str) -> waypost.registry.base.Registry", "(url: str) -> Registry"),
-    ("registry", "waypost.registry.base.Registry", "Registry"),
+    ("waypost.connect", "def (url: str) -> waypost.discovery.store.Registry", "(url: str) -> Registry"),
+    ("registry", "waypost.discovery.store.Registry", "Registry"),
     ("publisher", "waypost.discovery.publisher.Publisher", "Publisher"),
     ("subscriber", "waypost.discovery.subscriber.Subscriber", "Subscriber"),
     ("backend", "waypost.types.Backend", "Backend"),

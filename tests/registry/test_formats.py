@@ -9,7 +9,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from waypost.registry.formats import (
+from waypost.discovery.formats import (
     ETCD_NAMING,
     FORMATS,
     GOZERO,
@@ -108,7 +108,7 @@ def test_kratos_rejects_wrong_types(value):
 
 
 def test_bad_key_logged_once(caplog):
-    caplog.set_level(logging.DEBUG, logger="waypost.registry.formats")
+    caplog.set_level(logging.DEBUG, logger="waypost.discovery.formats")
     for _ in range(5):
         assert GOZERO.decode("once/1", b"garbage") is None
     warnings = [r for r in caplog.records if r.levelno == logging.WARNING and "once/1" in r.getMessage()]
@@ -246,7 +246,7 @@ def _one_by_one(fmt, records):
 
 
 def test_gozero_decode_many_matches_decode_on_every_port_spelling():
-    from waypost.registry.formats import GOZERO
+    from waypost.discovery.formats import GOZERO
 
     ports = [str(p) for p in range(70000)] + ["0" * n + str(p) for n in (1, 2, 4) for p in (0, 1, 80, 6553, 65535)]
     ports += ["", "-1", "+80", "8O80", "\u0668\u0660", "080800", "655350", "99999"]
@@ -260,7 +260,7 @@ def test_gozero_decode_many_matches_decode_on_odd_values():
     from hypothesis import given, settings
     from hypothesis import strategies as st
 
-    from waypost.registry.formats import GOZERO
+    from waypost.discovery.formats import GOZERO
 
     samples = [b"[::1]:443", b"[fe80::1%eth0]:80", b"unix:/tmp/s.sock", b"unix-abstract:x", b"h\xc3\xa9te:1",
                b"\xff\xfe:80", b"host:80 ", b" host:80", b"ho st:80", b"host:80\n", b"a:b:80", b"host/x:80",
@@ -288,7 +288,7 @@ def test_gozero_decode_many_random_batches():
     from hypothesis import given, settings
     from hypothesis import strategies as st
 
-    from waypost.registry.formats import GOZERO
+    from waypost.discovery.formats import GOZERO
 
     address = st.builds(lambda a, b, p: f"10.{a}.{b}.1:{p}".encode(), st.integers(0, 255), st.integers(0, 255),
                         st.integers(0, 70000))
@@ -309,7 +309,7 @@ def test_gozero_decode_many_random_batches():
 def test_decode_many_needs_parallel_lists():
     import pytest
 
-    from waypost.registry.formats import ETCD_NAMING, GOZERO
+    from waypost.discovery.formats import ETCD_NAMING, GOZERO
 
     for fmt in (GOZERO, ETCD_NAMING):
         with pytest.raises(ValueError, match="2 keys but 1 values"):
@@ -319,7 +319,7 @@ def test_decode_many_needs_parallel_lists():
 
 
 def test_gozero_decode_many_whole_batch_check_agrees_with_decode():
-    from waypost.registry.formats import GOZERO
+    from waypost.discovery.formats import GOZERO
 
     ports = [str(p) for p in range(70000)] + ["01", "080", "06553", "00001", "065535", "000080", ""]
     for i, p in enumerate(ports):  # one record a batch: every spelling through the batch check
@@ -337,7 +337,7 @@ def test_gozero_decode_many_whole_batch_check_agrees_with_decode():
 
 
 def test_decode_plain_is_decode_many_without_entries():
-    from waypost.registry.formats import EtcdNaming, GoZero
+    from waypost.discovery.formats import EtcdNaming, GoZero
 
     gz = GoZero()
     keys = ["k/1", "k/2"]

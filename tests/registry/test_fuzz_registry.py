@@ -24,8 +24,8 @@ from hypothesis import strategies as st
 import waypost
 from waypost import _loop
 from waypost.discovery import Subscriber
+from waypost.discovery.formats import FORMATS, MAX_VALUE_BYTES, get_format
 from waypost.registries.memory.store import MemoryRegistry
-from waypost.registry.formats import FORMATS, MAX_VALUE_BYTES, get_format
 
 FUZZ = settings(max_examples=int(os.environ.get("WAYPOST_FUZZ_EXAMPLES", "150")), deadline=None,
                 suppress_health_check=[HealthCheck.too_slow])

@@ -29,7 +29,7 @@ class TestMemoryKind(KindContract):
 
     def delete_instance(self, service: str, address: str) -> None:
         from waypost import connect
-        from waypost.registry.base import SyncRegistry
+        from waypost.discovery.store import SyncRegistry
 
         reg = SyncRegistry(connect(self.registry_url()))
         found = [kv.key for kv in reg.get(f"{service}/", prefix=True).kvs if kv.value == address.encode()]

@@ -94,7 +94,7 @@ def test_get_values_are_the_get_as_columns(registry, unique_key):
 
 def test_get_kvs_behave_like_a_list(registry, unique_key):
     """``GetResult.kvs`` (a lazy sequence with etcd) looks like the list of its KeyValues."""
-    from waypost.registry.base import GetResult, KeyValue
+    from waypost.discovery.store import GetResult, KeyValue
 
     s = registry.sync
     for name, value in (("b", b"2"), ("a", b"1"), ("c", b"3")):

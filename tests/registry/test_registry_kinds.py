@@ -12,12 +12,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from waypost import urlparams
-from waypost.errors import InvalidTarget
-from waypost.kind_table import all_kinds, instance_registries, keyed, kind_of, part
-from waypost.registries.consul import ConsulConfig
-from waypost.registries.etcd.config import EtcdURL
-from waypost.registries.zookeeper.config import ZkConfig
-from waypost.registry.formats import (
+from waypost.discovery.formats import (
     DEFAULT_FORMAT,
     ETCD_NAMING,
     FORMAT_NAMES,
@@ -26,7 +21,12 @@ from waypost.registry.formats import (
     Entry,
     SideRecords,
 )
-from waypost.registry.url import parse_any, parse_registry_url
+from waypost.discovery.registry_url import parse_any, parse_registry_url
+from waypost.errors import InvalidTarget
+from waypost.kind_table import all_kinds, instance_registries, keyed, kind_of, part
+from waypost.registries.consul import ConsulConfig
+from waypost.registries.etcd.config import EtcdURL
+from waypost.registries.zookeeper.config import ZkConfig
 from waypost.resolver.target import known_schemes, parse_target
 
 

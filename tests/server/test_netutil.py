@@ -257,7 +257,7 @@ def test_the_expected_form_says_whether_the_port_may_be_left_out():
 
 def test_every_host_port_field_gives_the_same_error_text():
     from waypost import InvalidTarget
-    from waypost.registry.url import parse_registry_url
+    from waypost.discovery.registry_url import parse_registry_url
     from waypost.resolver.target import parse_target
 
     tail = "with PORT in 1..65535 and IPv6 addresses in brackets (e.g. 10.0.0.5:8080, [fd00::2]:8080)"

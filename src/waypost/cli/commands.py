@@ -20,8 +20,8 @@ import click
 from rich.console import Console
 from rich.table import Table
 
+from ..discovery.formats import DEFAULT_FORMAT, FORMAT_NAMES
 from ..errors import PermissionDenied, RegistryUnavailable, WaypostError
-from ..registry.formats import DEFAULT_FORMAT, FORMAT_NAMES
 from .console import register as _register_console
 from .demo import register as _register_demo
 from .errors import not_a_key_registry, one_line_errors, unreachable, user_error
@@ -67,7 +67,7 @@ class Ctx:
         """The registry of --registry, for a command that reads or writes keys (etcd, memory). ``wait``: how long
         a call may wait for an etcd endpoint to connect (a diagnostic command's --timeout), unless the URL says."""
         if self._registry is None:
-            from ..registry import connect
+            from ..discovery.connections import connect
 
             wrong = not_a_key_registry(self.registry_url, click.get_current_context().info_name or "")
             if wrong:
@@ -254,9 +254,9 @@ def etcd_cmd(c: Ctx, port: int, peer_port: int | None, data_dir: Path | None) ->
 @pass_ctx
 def ls_cmd(c: Ctx, prefix: str, timeout: float) -> None:
     """List services and their instances under PREFIX (all keys by default), wire format detected per key."""
+    from ..discovery.formats import GOZERO_META_ROOT
+    from ..discovery.store import SyncRegistry
     from ..lookup import classify
-    from ..registry import SyncRegistry
-    from ..registry.formats import GOZERO_META_ROOT
     from .inspect import group, lease_ttls
 
     reg = SyncRegistry(c.registry(wait=timeout), timeout=timeout)

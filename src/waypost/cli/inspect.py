@@ -94,7 +94,8 @@ def close_keys_in(registry: Any, key: str, timeout: float) -> list[str]:
     """The service keys of ``registry`` closest to ``key`` (a key with nothing registered: a misspelt one?),
     best first; [] when none is close or the keys cannot be read within ``timeout``."""
     from ..client.empty_key import LIST_LIMIT, close_keys
-    from ..registry import SyncRegistry, connect
+    from ..discovery.connections import connect
+    from ..discovery.store import SyncRegistry
 
     try:
         reg = connect(registry) if isinstance(registry, str) else registry
@@ -109,7 +110,7 @@ def other_formats_hint(registry: Any, key: str, fmt: str, found: int, *, exact: 
     """A note when ``key``'s records are in another wire format than ``fmt`` (what was asked): a go-zero client
     asked for etcd-naming records shows nothing, which otherwise looks like a service with no instance. None
     when nothing else is there (or it cannot be read: the lookup itself already said what it could)."""
-    from ..registry import connect
+    from ..discovery.connections import connect
 
     try:
         reg = connect(registry) if isinstance(registry, str) else registry
@@ -142,7 +143,7 @@ def follow_reachability(registry: Any, key: str, on_change: Callable[[str | None
     (``why``: its own account, such as "etcd at h:2379 unreachable: connection refused") and ``on_change(None)``
     when it answers again: once per change, never per check."""
     from .. import _loop
-    from ..registry.base import SyncRegistry
+    from ..discovery.store import SyncRegistry
 
     reader = SyncRegistry(registry, timeout=timeout)
 

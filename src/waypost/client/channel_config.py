@@ -21,7 +21,7 @@ from .retry_throttle import RetryThrottle
 from .routing import FilteringSubsetter, Routing
 
 if TYPE_CHECKING:
-    from ..registry.base import Registry
+    from ..discovery.store import Registry
 
 
 @dataclass

@@ -87,7 +87,7 @@ class EmptyKey:
         _loop.submit(self._read(done))
 
     async def _read(self, done: Callable[[], None]) -> None:
-        from ..registry import connect
+        from ..discovery.connections import connect
 
         try:
             reg = connect(self.target.registry_url())

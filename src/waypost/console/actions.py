@@ -10,8 +10,8 @@ from dataclasses import dataclass
 from typing import Any
 
 from ..discovery.override import encode_override, override_key, parse_override
+from ..discovery.store import Registry
 from ..netutil import check_dialable, split_host_port
-from ..registry.base import Registry
 
 audit = logging.getLogger("waypost.console.audit")
 

@@ -18,11 +18,11 @@ from typing import Any
 
 from aiohttp import web
 
+from ..discovery.connections import connect
+from ..discovery.store import Registry
 from ..kind_table import all_kinds, kind_of, part
 from ..netutil import split_host_port
 from ..redaction import redact_url
-from ..registry import connect
-from ..registry.base import Registry
 from .board import Board
 from .clients import ClientMetrics
 from .probe import HealthProber

@@ -22,10 +22,10 @@ from typing import Any, TypeVar
 
 from .. import _loop
 from ..discovery import Subscriber
+from ..discovery.formats import FORMAT_NAMES, GOZERO_META_ROOT
 from ..discovery.override import OVERRIDE_ROOT, parse_override, split_override_key
+from ..discovery.store import KeyValue, Registry
 from ..lookup import classify
-from ..registry.base import KeyValue, Registry
-from ..registry.formats import FORMAT_NAMES, GOZERO_META_ROOT
 from .board import Board, Instance, Service
 
 log = logging.getLogger("waypost.console")

@@ -39,7 +39,8 @@ class DemoBackend:
 
 def _reachable(url: str, timeout: float = 1.5) -> bool:
     """True when every endpoint of an etcd URL accepts TCP and answers a read."""
-    from ..registry import connect, parse_registry_url
+    from ..discovery.connections import connect
+    from ..discovery.registry_url import parse_registry_url
 
     try:
         parsed = parse_registry_url(url)
@@ -77,8 +78,8 @@ class Cluster:
     # -- registry ---------------------------------------------------------------------------------
 
     def start_registry(self) -> None:
+        from ..discovery.registry_url import parse_registry_url
         from ..etcd.local import EtcdNotFound, LocalEtcd
-        from ..registry import parse_registry_url
 
         if self.preferred and self.preferred.startswith("etcd://") and _reachable(self.preferred):
             self.mode, self.registry_url = "reused etcd", self.preferred
@@ -198,7 +199,7 @@ class Cluster:
                 b.handle.stop(0)
         if self._etcd is not None:
             from .. import _loop
-            from ..registry import connect
+            from ..discovery.connections import connect
 
             with contextlib.suppress(Exception):
                 _loop.run(connect(self.registry_url).close(), 5)

@@ -1,14 +1,38 @@
-"""Discovery: Publisher (server side) and Subscriber (client side) over a Registry.
+"""Discovery over the keyed registries (etcd, memory): the store contract they implement (``store.py``), the wire
+formats of their records (``formats.py``: go-zero's, grpc-go's etcd naming, Kratos'), ``connect(url)``
+(``connections.py``), and reading them: ``Subscriber`` (client side, go-zero's ``core/discov`` semantics with metadata,
+a cache file and stale reads); besides, the registration machinery every kind's registration runs on
+(``registration_contract.py``, ``publisher_base.py``, ``registration_factory.py``).
 
-go-zero's ``core/discov`` semantics, with metadata, never-ending re-registration, and value changes
-applied on every path. Wire formats live in ``waypost.registry.formats``.
+The package imports its modules when first used, so that ``waypost.discovery.formats`` alone (the command line's
+option lists) does not load a registry's client and gRPC.
 """
 
 from __future__ import annotations
 
-from .container import Container
-from .publisher import Publisher
-from .registration_contract import Registration
-from .subscriber import Subscriber, active_subscriptions
+import importlib
+from typing import TYPE_CHECKING, Any
 
-__all__ = ["Container", "Publisher", "Registration", "Subscriber", "active_subscriptions"]
+if TYPE_CHECKING:
+    from .connections import connect
+    from .container import Container
+    from .publisher import Publisher
+    from .registration_contract import Registration
+    from .store import Registry, SyncRegistry
+    from .subscriber import Subscriber, active_subscriptions
+
+__all__ = ["Container", "Publisher", "Registration", "Registry", "Subscriber", "SyncRegistry", "active_subscriptions",
+           "connect"]
+
+
+#: where each name lives (its module imported on first use)
+_HOMES = {"connect": "connections", "Container": "container", "Publisher": "publisher",
+          "Registration": "registration_contract", "Registry": "store", "SyncRegistry": "store",
+          "Subscriber": "subscriber", "active_subscriptions": "subscriber"}
+
+
+def __getattr__(name: str) -> Any:
+    home = _HOMES.get(name)
+    if home is None:
+        raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+    return getattr(importlib.import_module(f"{__name__}.{home}"), name)

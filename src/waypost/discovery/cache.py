@@ -34,7 +34,7 @@ from typing import Any
 
 from .. import _loop
 from ..redaction import redact_url
-from ..registry.base import ValueColumns
+from .store import ValueColumns
 
 log = logging.getLogger("waypost.discovery")
 

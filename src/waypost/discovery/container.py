@@ -16,8 +16,8 @@ from collections.abc import Callable, Iterable, Mapping
 from types import MappingProxyType, MemberDescriptorType
 from typing import Any
 
-from ..registry.formats import Entry
 from ..types import Backend
+from .formats import Entry
 
 log = logging.getLogger("waypost.discovery")
 

@@ -27,7 +27,7 @@ from typing import Any
 
 from ..backoff import cool_down
 from ..errors import PermissionDenied
-from ..registry.base import Registry
+from .store import Registry
 
 log = logging.getLogger("waypost.discovery")
 

@@ -58,12 +58,12 @@ from ..errors import (
 )
 from ..etcd import deadline as caller_deadline
 from ..netutil import check_dialable
-from ..registry.base import Registry
-from ..registry.formats import WireFormat, get_format
+from .formats import WireFormat, get_format
 from .outage import OnUnregistered, Outage
 from .override import OverrideFollower, apply_override
 from .permissions import grant_hint, role_refused
 from .publisher_base import REVOKE_TIMEOUT, Cleanup, PublisherBase, spawn
+from .store import Registry
 from .subscriber import resolve_registry
 
 log = logging.getLogger("waypost.discovery")

@@ -43,7 +43,7 @@ def connect_registries(registry: Any) -> Any:
     if isinstance(registry, list | tuple):
         return [connect_registries(r) for r in registry]
     if isinstance(registry, str) and not _holds_instances(registry):
-        from ..registry import connect
+        from ..discovery.connections import connect
 
         return connect(registry)
     return registry

@@ -8,7 +8,7 @@ watch failure triggers a reload: Get again, diff against the cache, apply delete
 the new revision; while the registry is unreachable the reload retries every ~1 s (jittered) and the
 last known addresses stay in place. The group's watch stops when its last subscriber closes.
 
-The go-zero format keeps metadata in side records (see ``waypost.registry.formats``); the group
+The go-zero format keeps metadata in side records (see ``waypost.discovery.formats``); the group
 reads that prefix too and ``SideRecords`` joins metadata to addresses.
 """
 
@@ -27,11 +27,11 @@ from typing import Any
 from .. import _loop, metrics
 from ..backoff import COOL_DOWN, cool_down
 from ..errors import Compacted, PermissionDenied, RegistryError, RegistryUnavailable, StoreReset
-from ..registry.base import Event, Registry, ValueColumns, Watch
-from ..registry.formats import Entry, SideRecords, WireFormat
 from .container import Container
+from .formats import Entry, SideRecords, WireFormat
 from .permissions import grant_hint, role_refused
 from .stale import StaleStart
+from .store import Event, Registry, ValueColumns, Watch
 
 log = logging.getLogger("waypost.discovery")
 

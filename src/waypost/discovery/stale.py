@@ -27,9 +27,9 @@ from collections.abc import Callable, Iterator
 from typing import Any, Protocol
 
 from .. import _loop, metrics
-from ..registry.base import Registry, ValueColumns
-from ..registry.formats import WireFormat
 from . import cache
+from .formats import WireFormat
+from .store import Registry, ValueColumns
 
 log = logging.getLogger("waypost.discovery")
 

@@ -14,12 +14,12 @@ from collections.abc import Callable
 from .. import _loop
 from ..backoff import cool_down
 from ..errors import suggests_keywords
-from ..registry.base import Registry
-from ..registry.formats import WireFormat, get_format
 from ..types import Backend
 from .cache import CacheWriter
 from .container import Container, Listener
+from .formats import WireFormat, get_format
 from .shared_reader import SharedReader, acquire_reader, active_subscriptions, diff, release_reader
+from .store import Registry
 
 __all__ = ["Subscriber", "active_subscriptions", "cool_down", "diff", "resolve_registry"]
 
@@ -29,7 +29,7 @@ log = logging.getLogger("waypost.discovery")
 def resolve_registry(registry: Registry | str) -> Registry:
     """A Registry as given, or ``waypost.connect(url)`` for a URL string."""
     if isinstance(registry, str):
-        from ..registry import connect
+        from ..discovery.connections import connect
 
         return connect(registry)
     if not isinstance(registry, Registry):

@@ -24,11 +24,11 @@ from typing import NoReturn
 from urllib.parse import unquote
 
 from .. import kind_table as _kinds
+from ..discovery.formats import DEFAULT_FORMAT
 from ..errors import InvalidTarget, did_you_mean
 from ..kind_table import SCHEMES, RegistryKind, all_kinds, keyed, lookup
 from ..netutil import AddressError, join_host_port, parse_host_port
 from ..redaction import redact_url as redact
-from ..registry.formats import DEFAULT_FORMAT
 
 # gRPC's forms of direct addresses (``ipv4:a:1,b:2``, ``ipv6:[::1]:1``); they come out with scheme direct
 _ADDRESS_SCHEMES = ("ipv4", "ipv6")

@@ -16,7 +16,7 @@ import asyncio
 import logging
 from collections.abc import Callable, Sequence
 
-from ..registry.formats import GOZERO_META_ROOT
+from ..discovery.formats import GOZERO_META_ROOT
 from ..resolver import Resolver, ResolverOptions, make_resolver
 from ..resolver.target import parse_target, parse_targets, target_for_registry
 from ..types import Backend
@@ -56,7 +56,7 @@ class PrefixWatcher:
 
     def __init__(self, registry_url: str, prefix: str, on_new: Callable[[str, str], None],
                  interval: float = 2.0) -> None:
-        from ..registry import connect
+        from ..discovery.connections import connect
 
         self.registry = connect(registry_url)
         self.prefix = prefix

@@ -21,8 +21,8 @@ from typing import Any
 
 from ...durations import format_duration
 from ...errors import PermissionDenied, RegistryError, RegistryUnavailable
-from ...registry.http_api import HttpApiClient
-from ...registry.meta_text import decode_value, encode_value
+from ..http_api import HttpApiClient
+from ..meta_text import decode_value, encode_value
 from .config import TOKEN_ENV, ConsulConfig
 
 INSTALL_HINT = "consul:// registries and targets need the consul extra: pip install 'waypost[consul]'"

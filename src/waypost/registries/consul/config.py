@@ -14,8 +14,8 @@ from typing import Any
 from ... import urlparams
 from ...errors import InvalidTarget
 from ...netutil import AddressError, normalize_host_port
-from ...registry.url_form import URLForm
 from ...urlparams import TargetLike
+from ..url_form import URLForm
 
 CONSUL_DEFAULT_PORT = 8500
 CONSUL_EXAMPLE = "consul://127.0.0.1:8500?token=SECRET&tls=1&ca=/etc/consul/ca.pem&dc=dc1"

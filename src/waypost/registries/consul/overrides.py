@@ -15,9 +15,9 @@ from collections.abc import AsyncIterator
 from typing import Any
 
 from ...discovery.override import OVERRIDE_ROOT
+from ...discovery.store import DeleteResult, KeyValue, PutResult
 from ...kinds import PermissionDenied, RegistryError
 from ...netutil import parse_host_port
-from ...registry.base import DeleteResult, KeyValue, PutResult
 from .api import INSIDE, ConsulClient, result_index
 from .config import ConsulConfig, parse_registry_url
 

@@ -15,10 +15,10 @@ from typing import Any, TypeVar
 
 from ... import _loop
 from ...discovery import Subscriber
+from ...discovery.formats import get_format
 from ...discovery.shared_reader import SharedReader
 from ...discovery.subscriber import resolve_registry
 from ...kinds import Backend, Discovery, Target
-from ...registry.formats import get_format
 
 T = TypeVar("T")
 

@@ -10,12 +10,7 @@ from dataclasses import fields
 from typing import TYPE_CHECKING, Any, overload
 
 from ... import _loop
-from ...errors import LeaseNotFound, RegistryUnavailable
-from ...etcd import records
-from ...etcd.client import EtcdClient
-from ...etcd.config import EtcdConfig
-from ...etcd.keys import decode_key, encode_key, key_range
-from ...registry.base import (
+from ...discovery.store import (
     DeleteResult,
     Event,
     GetResult,
@@ -27,6 +22,11 @@ from ...registry.base import (
     ValueColumns,
     Watch,
 )
+from ...errors import LeaseNotFound, RegistryUnavailable
+from ...etcd import records
+from ...etcd.client import EtcdClient
+from ...etcd.config import EtcdConfig
+from ...etcd.keys import decode_key, encode_key, key_range
 
 if TYPE_CHECKING:
     from .config import EtcdURL

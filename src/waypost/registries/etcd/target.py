@@ -15,9 +15,9 @@ from __future__ import annotations
 from types import MappingProxyType
 from urllib.parse import quote, urlencode
 
+from ...discovery.formats import DEFAULT_FORMAT, FORMAT_NAMES
 from ...errors import did_you_mean
 from ...etcd.config import EtcdConfig, default
-from ...registry.formats import DEFAULT_FORMAT, FORMAT_NAMES
 from ...resolver.target import BAD_CHARS_RE, Target, endpoints_of, example, fail, unquote_strict
 from .config import DEFAULT_PORT
 

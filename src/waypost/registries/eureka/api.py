@@ -22,7 +22,7 @@ from typing import Any
 
 from ...errors import RegistryError, RegistryUnavailable
 from ...kinds import InstanceGone
-from ...registry.http_api import HttpApiClient, connect_problem
+from ..http_api import HttpApiClient, connect_problem
 from .apps import MalformedAnswer
 from .config import EurekaConfig
 

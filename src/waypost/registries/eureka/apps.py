@@ -20,7 +20,7 @@ from typing import Any
 
 from ...errors import RegistryError
 from ...netutil import AddressError, join_host_port, parse_host_port
-from ...registry.meta_text import decode_value, encode_value
+from ..meta_text import decode_value, encode_value
 
 #: metadata keys Eureka's codecs (JSON and XML) carry: XML names, so Spring's ``management.port`` too
 META_KEY_RE = re.compile(r"[A-Za-z_][A-Za-z0-9_.-]{0,127}")

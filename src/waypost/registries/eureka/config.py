@@ -18,7 +18,7 @@ from ... import urlparams
 from ...durations import DurationError, format_duration, parse_positive_duration
 from ...errors import InvalidTarget
 from ...netutil import AddressError, normalize_host_port
-from ...registry.url_form import URLForm
+from ..url_form import URLForm
 
 DEFAULT_PORT = 8761
 DEFAULT_PATH = "/eureka"

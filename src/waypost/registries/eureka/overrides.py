@@ -16,8 +16,8 @@ import logging
 import time
 from collections.abc import Callable
 
+from ...discovery.store import DeleteResult, KeyValue, PutResult
 from ...kinds import parse_override, split_override_key
-from ...registry.base import DeleteResult, KeyValue, PutResult
 from .api import EurekaClient
 from .apps import Instance, MalformedAnswer, as_list
 from .config import app_name, parse_registry_url

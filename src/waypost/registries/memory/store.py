@@ -32,8 +32,7 @@ from collections.abc import AsyncIterator
 from typing import TYPE_CHECKING
 
 from ... import _loop
-from ...errors import Compacted, LeaseNotFound, RegistryError, RegistryUnavailable
-from ...registry.base import (
+from ...discovery.store import (
     DeleteResult,
     Event,
     GetResult,
@@ -45,6 +44,7 @@ from ...registry.base import (
     ValueColumns,
     Watch,
 )
+from ...errors import Compacted, LeaseNotFound, RegistryError, RegistryUnavailable
 
 if TYPE_CHECKING:
     from .config import MemoryURL

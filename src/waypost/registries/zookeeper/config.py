@@ -13,8 +13,8 @@ from typing import Any
 from ... import urlparams
 from ...errors import InvalidTarget
 from ...netutil import normalize_host_port
-from ...registry.url_form import URLForm
 from ...urlparams import TargetLike, seconds_ok
+from ..url_form import URLForm
 from .layout import DEFAULT_NAMESPACE, LayoutError, check_namespace
 
 DEFAULT_PORT = 2181

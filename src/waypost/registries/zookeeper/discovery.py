@@ -13,8 +13,8 @@ import functools
 from collections.abc import AsyncGenerator
 from typing import Any
 
+from ...discovery.formats import Entry, Kratos
 from ...kinds import Backend, Backoff, Discovery, InvalidTarget, RegistryUnavailable, Target
-from ...registry.formats import Entry, Kratos
 from . import client as zk
 from .config import DEFAULT_SESSION_TIMEOUT, from_target
 from .layout import LayoutError, service_path

@@ -10,8 +10,8 @@ import functools
 from collections.abc import AsyncIterator
 from typing import Any
 
-from ...registry.base import DeleteResult, KeyValue, PutResult
-from ...registry.formats import Kratos
+from ...discovery.formats import Kratos
+from ...discovery.store import DeleteResult, KeyValue, PutResult
 from . import client as zk
 from .config import parse_registry_url
 

@@ -15,9 +15,9 @@ import time
 from collections.abc import Iterator, Mapping
 from typing import Any
 
+from ...discovery.formats import Kratos
 from ...kinds import Instance, InstanceGone, PermissionDenied, Registrar, RegistryError, RegistryUnavailable
 from ...kinds.registration import KindRegistration
-from ...registry.formats import Kratos
 from . import client as zk
 from .config import ZkConfig, parse_registry_url
 from .layout import check_node_name, instance_path

@@ -1,37 +1,19 @@
-"""Keyed registries: ``connect(url)`` returns the process-wide shared Registry for a URL of a keyed kind
-(``kind_table.py``: its ``parse_url`` reads the URL, its ``registry`` makes the store), e.g.
-``etcd://[user:pass@]h1:2379,h2:2379[?tls=1&...]`` or ``memory://[name]``. Creation is single-flight and never
-touches the network; the first call on an unreachable registry raises ``RegistryUnavailable``. After ``fork()`` a
-child gets fresh objects.
-
-The package imports its modules when first used, so that ``waypost.registry.formats`` alone (the command line's
-option lists) does not load a registry's client and gRPC.
+"""``connect(url)``: the process-wide shared ``Registry`` for a URL of a keyed kind (``kind_table.py``: its
+``parse_url`` reads the URL, its ``registry`` makes the store), e.g. ``etcd://[user:pass@]h1:2379,h2:2379[?tls=1&...]``
+or ``memory://[name]``. Creation is single-flight and never touches the network; the first call on an unreachable
+registry raises ``RegistryUnavailable``. After ``fork()`` a child gets fresh objects.
 """
 
 from __future__ import annotations
 
 import os
 import threading
-from typing import TYPE_CHECKING, Any
 
-if TYPE_CHECKING:
-    from .base import Registry, SyncRegistry
-    from .url import parse_registry_url
+from ..kind_table import part
+from .registry_url import keyed_kind
+from .store import Registry
 
-__all__ = ["Registry", "SyncRegistry", "connect", "parse_registry_url"]
-
-
-def __getattr__(name: str) -> Any:
-    # plain imports (not importlib), so that the layer checks see them
-    if name in ("Registry", "SyncRegistry"):
-        from . import base
-
-        return getattr(base, name)
-    if name == "parse_registry_url":
-        from . import url
-
-        return getattr(url, name)
-    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+__all__ = ["connect"]
 
 
 _lock = threading.Lock()
@@ -44,9 +26,6 @@ def connect(url: str) -> Registry:
     Raises ``waypost.InvalidTarget`` for a malformed URL (the message names the problem and shows
     an example). Closing the registry removes it from the cache.
     """
-    from ..kind_table import part
-    from .url import keyed_kind
-
     kind = keyed_kind(url)
     parsed = part(kind, "parse_url")(url.strip())
     key = (os.getpid(), *parsed.cache_key())

@@ -38,7 +38,7 @@ from typing import Any, NamedTuple
 
 from ..netutil import MAX_ADDRESS_LENGTH, WIRE_BRACKETED_HOST, WIRE_HOST_PORT, WIRE_PLAIN_HOST, valid_address
 
-log = logging.getLogger("waypost.registry.formats")
+log = logging.getLogger("waypost.discovery.formats")
 
 #: values larger than this are never decoded (a registration is a few hundred bytes)
 MAX_VALUE_BYTES = 64 * 1024
