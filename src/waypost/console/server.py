@@ -26,7 +26,7 @@ from ..redaction import redact_url
 from .board import Board
 from .clients import ClientMetrics
 from .probe import HealthProber
-from .sources import RegistrySource, TargetSource, on_control
+from .sources import TargetSource, on_control
 from .web import is_loopback, make_app
 from .xds_clients import XdsClients
 
@@ -35,6 +35,10 @@ log = logging.getLogger("waypost.console")
 DEFAULT_LISTEN = "127.0.0.1:8470"
 #: seconds requests still running get when the console stops
 SHUTDOWN_TIMEOUT = 2.0
+
+
+def _shown(registry: str | Registry) -> str:
+    return redact_url(registry) if isinstance(registry, str) else registry.url
 
 
 @dataclass
@@ -67,20 +71,20 @@ class Console:
         self.loopback_only = is_loopback(self.host)
         if (config.tls_cert is None) != (config.tls_key is None):
             raise ValueError("--tls-cert and --tls-key go together")
-        #: the registries of kinds holding service instances, each followed by its kind's console source
-        self.store_urls: list[str] = []
-        keyed: list[str | Registry] = []
+        #: every registry shown, each followed by its kind's console source (a ``Registry`` object: its URL's kind)
+        self.registry_urls: list[str | Registry] = []
         for r in config.registries:
-            kind = kind_of(r) if isinstance(r, str) else None
-            if kind is None or kind.keyed:
-                keyed.append(r)  # a keyed kind's URL, a Registry (connect() names an unknown scheme)
-            elif kind.console_source is not None:
-                self.store_urls.append(r)  # type: ignore[arg-type]  # kind_of saw a string
-            else:
-                listed = ", ".join(f"{k.scheme}://" for k in all_kinds().values() if k.keyed or k.console_source)
+            kind = kind_of(r if isinstance(r, str) else r.url)
+            if kind is None and isinstance(r, str):
+                connect(r)  # raises InvalidTarget naming the scheme it does not know
+            if kind is None or kind.console_source is None:
+                listed = ", ".join(f"{k.scheme}://" for k in all_kinds().values() if k.console_source)
+                title, example = (kind.title, kind.target_example) if kind else ("", "")
                 raise ValueError(f"{redact_url(str(r))}: the console lists {listed} registries; show a "
-                                 f"{kind.title} service with --target {kind.target_example}")
-        self.registries: list[Registry] = [connect(r) if isinstance(r, str) else r for r in keyed]
+                                 f"{title} service with --target {example}")
+            if kind.keyed and isinstance(r, str):
+                part(kind, "parse_url")(r)  # a malformed URL fails here, not once the console starts
+            self.registry_urls.append(r)
         self.board: Board | None = None
         self._sources: list[Any] = []
         self._store_sources: list[Any] = []
@@ -95,13 +99,13 @@ class Console:
     on_control = staticmethod(on_control)
 
     def source_names(self) -> list[str]:
-        return ([r.url for r in self.registries] + [redact_url(u) for u in self.store_urls]
-                + [redact_url(t) for t in self.config.targets])
+        names = [s.name for s in self._store_sources] or [_shown(r) for r in self.registry_urls]
+        return names + [redact_url(t) for t in self.config.targets]
 
     def writable(self) -> list[tuple[str, Any]]:
-        """(name, store) of every registry the console's actions may write: the keyed registries, and
-        each other kind's override store (its console source's ``writer``: Consul's KV, ZooKeeper's znodes)."""
-        return [(r.url, r) for r in self.registries] + [(c.name, c.writer) for c in self._store_sources]
+        """(name, store) of every registry the console's actions may write: each console source's ``writer`` (a keyed
+        registry itself, Consul's KV, ZooKeeper's znodes; None: read only)."""
+        return [(c.name, c.writer) for c in self._store_sources if c.writer is not None]
 
     def metrics_urls(self) -> list[str]:
         return [redact_url(u) for u in self.config.metrics]
@@ -123,14 +127,10 @@ class Console:
         """Start following every source and serve; returns the page's URL."""
         self.board = board = Board()
         try:
-            for r in self.registries:
-                src = RegistrySource(r, board)
-                self._sources.append(src)
-                await src.start()
-            for url in self.store_urls:
-                kind = kind_of(url)
+            for r in self.registry_urls:
+                kind = kind_of(r if isinstance(r, str) else r.url)
                 assert kind is not None  # sorted in __init__
-                ssrc = part(kind, "console_source")(url, board, self.config.timeout)
+                ssrc = part(kind, "console_source")(r, board, self.config.timeout)
                 self._sources.append(ssrc)
                 self._store_sources.append(ssrc)
                 await ssrc.start()

@@ -19,5 +19,6 @@ KIND = RegistryKind(
     misdial=_HERE + "misdial:meant_target",
     words=Words(misdialed="this looks like an etcd endpoint: did you mean {target} (the key the servers register "
                           "under)?"),
+    console_source="waypost.registries.etcd.console:KeyedSource",
     discovery=_HERE + "discovery:KeyedDiscovery",
 )

@@ -12,5 +12,6 @@ KIND = RegistryKind(
     parse_url=_HERE + "config:parse_memory_url", registry=_HERE + "store:from_url",
     parse_target=_HERE + "config:parse_memory_target", target_params=("key", "format", "exact"),
     target_registry_url=_HERE + "config:registry_url", resolver="waypost.registries.etcd.resolver:RegistryResolver",
+    console_source="waypost.registries.etcd.console:KeyedSource",
     discovery="waypost.registries.etcd.discovery:KeyedDiscovery",
 )
