@@ -3,7 +3,7 @@
 A kind is a URL scheme (``etcd``, ``memory``, ``consul``, ``zk``, ``k8s``, ``dns``, ``direct``, or one a plug-in
 adds). Two families:
 
-- *keyed* kinds hold keys under leases: the ``Registry`` contract of ``registry/base.py``. ``waypost.connect``
+- *keyed* kinds hold keys under leases: the ``Registry`` contract of ``discovery/store.py``. ``waypost.connect``
   takes their URLs (each kind's ``parse_url``, its ``registry`` makes the store) and every wire format works on
   them.
 - the other kinds hold something else: service instances (registered through a ``Registrar`` or their own
@@ -102,11 +102,10 @@ class RegistryKind:
     target_example: str
     #: a registry URL of this kind (None: no registry URL: a kind that is only read)
     url_example: str | None = None
-    #: keys under leases (the Registry contract): ``waypost.connect`` takes the URL
-    keyed: bool = False
     #: the URL -> settings parser (a keyed kind's settings have ``cache_key()`` and ``redacted``)
     parse_url: Ref | None = None
-    #: a keyed kind's store: ``registry(settings)`` -> a ``Registry`` (``waypost.connect``)
+    #: a keyed kind's store (keys under leases, the ``Registry`` contract): ``registry(settings)`` -> a ``Registry``
+    #: (``waypost.connect`` takes its URLs)
     registry: Ref | None = None
     #: a keyed kind's ``Target`` -> the registry URL ``waypost.connect`` takes for it (``Target.registry_url``)
     target_registry_url: Ref | None = None
@@ -152,6 +151,11 @@ class RegistryKind:
     def install_hint(self) -> str:
         """How to get what the kind needs, e.g. ``pip install 'waypost[zk]'`` ("" when nothing)."""
         return f"pip install 'waypost[{self.extra}]'" if self.extra else ""
+
+    @property
+    def keyed(self) -> bool:
+        """A kind of keys under leases (etcd, memory): it gives ``registry``, and ``waypost.connect`` takes its URLs."""
+        return self.registry is not None
 
     @property
     def holds_instances(self) -> bool:

@@ -1,4 +1,4 @@
-"""EtcdRegistry: the Registry contract (registry/base.py) on waypost's etcd client."""
+"""EtcdRegistry: the Registry contract (discovery/store.py) on waypost's etcd client."""
 
 from __future__ import annotations
 

@@ -8,7 +8,7 @@ from ...kind_table import RegistryKind
 _HERE = "waypost.registries.memory."
 
 KIND = RegistryKind(
-    "memory", None, "memory:///?key=greet.rpc", "memory://default", keyed=True,
+    "memory", None, "memory:///?key=greet.rpc", "memory://default",
     parse_url=_HERE + "config:parse_memory_url", registry=_HERE + "store:from_url",
     parse_target=_HERE + "config:parse_memory_target", target_params=("key", "format", "exact"),
     target_registry_url=_HERE + "config:registry_url", resolver="waypost.registries.etcd.resolver:RegistryResolver",
