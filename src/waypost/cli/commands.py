@@ -255,8 +255,8 @@ def etcd_cmd(c: Ctx, port: int, peer_port: int | None, data_dir: Path | None) ->
 def ls_cmd(c: Ctx, prefix: str, timeout: float) -> None:
     """List services and their instances under PREFIX (all keys by default), wire format detected per key."""
     from ..discovery.formats import GOZERO_META_ROOT
+    from ..discovery.listing import classify
     from ..discovery.store import SyncRegistry
-    from ..lookup import classify
     from .inspect import group, lease_ttls
 
     reg = SyncRegistry(c.registry(wait=timeout), timeout=timeout)

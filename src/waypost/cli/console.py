@@ -30,7 +30,7 @@ def _who() -> str:
 def _registered(registry: Any, key: str, address: str) -> bool:
     """Whether ``address`` is registered under ``key`` now, in any wire format (for a note only)."""
     from ..discovery.formats import KRATOS_NAMESPACE
-    from ..lookup import classify
+    from ..discovery.listing import classify
 
     kvs: list[Any] = []
     for prefix in (key + "/", f"{KRATOS_NAMESPACE}/{key}/"):

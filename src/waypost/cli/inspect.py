@@ -10,7 +10,8 @@ import threading
 from collections.abc import Callable, Iterable, Sequence
 from typing import Any
 
-from ..lookup import GRACE, classify, resolver_for
+from ..discovery.listing import classify
+from ..lookup import GRACE, resolver_for
 
 #: at most this many distinct leases are asked for their TTL by ``ls``
 MAX_TTL_LOOKUPS = 256

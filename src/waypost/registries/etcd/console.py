@@ -21,10 +21,10 @@ from ...console.board import Board, Instance, Service
 from ...console.sources import RETRY_INTERVAL, on_control
 from ...discovery.connections import connect
 from ...discovery.formats import FORMAT_NAMES, GOZERO_META_ROOT
+from ...discovery.listing import classify
 from ...discovery.override import OVERRIDE_ROOT, parse_override, split_override_key
 from ...discovery.store import KeyValue, Registry
 from ...discovery.subscriber import Subscriber
-from ...lookup import classify
 
 log = logging.getLogger("waypost.console")
 
