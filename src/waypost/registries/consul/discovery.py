@@ -13,18 +13,11 @@ from collections.abc import AsyncIterator, Mapping, Sequence
 from typing import Any
 
 from ... import metrics
-from ...kinds import (
-    Backend,
-    Discovery,
-    InvalidTarget,
-    PermissionDenied,
-    RegistryError,
-    RegistryUnavailable,
-    Target,
-)
+from ...kinds import Backend, Discovery, PermissionDenied, RegistryError, RegistryUnavailable, Target
 from ...netutil import join_host_port
 from ...resolver.empty_hold import EmptyListHold
-from .api import ConsulClient, ConsulTLSError, MalformedAnswer, decode_meta
+from ..http_kind import MalformedAnswer, ProblemsSaid
+from .api import ConsulClient, ConsulTLSError, decode_meta
 from .config import TOKEN_ENV, from_target
 
 log = logging.getLogger("waypost.resolver.consul")
@@ -67,13 +60,10 @@ class ConsulDiscovery(Discovery):
     """The passing instances of a ``consul://`` target's service; see the module docstring."""
 
     def __init__(self, target: Target) -> None:
-        if target.scheme != "consul" or not target.key:
-            raise InvalidTarget(f"not a consul target: {target.redacted}")
         self.target = target
-        self.config = from_target(target)
+        self.config = from_target(target)  # not a consul target: InvalidTarget
         tag = target.options.get("tag")
         self.tags: tuple[str, ...] = tuple(tag.split(",")) if tag else ()
-        self.datacenter: str | None = target.options.get("dc") or None
         self.client = ConsulClient(self.config, timeout=READ_TIMEOUT)
         self.wait = WAIT
         #: the hold of an empty answer right after a reconnect (``settle`` s; ``holds``: how many so far)
@@ -84,8 +74,8 @@ class ConsulDiscovery(Discovery):
         self._last_query = 0.0
         self._started: float | None = None  # when the first read started (the dial's bound runs from there)
         self._reconnected_at: float | None = None
-        self._warned: set[str] = set()  # the malformed-entry problems already logged
-        self.service = target.key
+        self._said = ProblemsSaid()  # the malformed-entry problems already logged
+        self.service = target.key or ""  # KindResolver refuses a target naming none
         # introspection (and tests): the index followed, answers, failed reads, index resets, malformed entries
         # skipped in answers otherwise used
         self.index = self.queries = self.failures = self.resets = self.malformed = 0
@@ -96,14 +86,15 @@ class ConsulDiscovery(Discovery):
         return f"<ConsulDiscovery {self.target.redacted} index={self.index}>"
 
     def describe(self, service: str) -> str:
-        extra = "".join(f" tag={t}" for t in self.tags) + (f" dc={self.datacenter}" if self.datacenter else "")
+        dc = self.config.datacenter
+        extra = "".join(f" tag={t}" for t in self.tags) + (f" dc={dc}" if dc else "")
         return f"service {service!r}{extra} at {self.config.redacted}"
 
     async def close(self) -> None:
         await self.client.close()
 
     async def instances(self, service: str) -> Sequence[Backend]:
-        _, entries = await self.client.health_service(service, tags=self.tags, datacenter=self.datacenter)
+        _, entries = await self.client.health_service(service, tags=self.tags)
         return self.backends(entries)
 
     async def watch(self, service: str) -> AsyncIterator[Sequence[Backend]]:
@@ -117,7 +108,7 @@ class ConsulDiscovery(Discovery):
             try:
                 index, entries = await self.client.health_service(
                     service, index=self.index, wait=None if self._failing else self._query_wait(),
-                    tags=self.tags, datacenter=self.datacenter, timeout=timeout, within=within)
+                    tags=self.tags, timeout=timeout, within=within)
                 backends = self.backends(entries)
             except Exception as e:  # noqa: BLE001 (counted, then raised on to the resolver)
                 raise self._failed(e) from None
@@ -219,11 +210,7 @@ class ConsulDiscovery(Discovery):
                                       f"{len(problems)} is an instance ({'; '.join(distinct)[:300]})")
             self.malformed += len(problems)
             self._count("malformed_entry")
-            for problem in distinct:
-                if problem not in self._warned:
-                    if len(self._warned) >= 64:
-                        self._warned.clear()
-                    self._warned.add(problem)
-                    log.warning("waypost: consul: skipping malformed entries in the answer for %s: %s",
-                                self.describe(self.service), problem)
+            for problem in self._said.new(distinct):
+                log.warning("waypost: consul: skipping malformed entries in the answer for %s: %s",
+                            self.describe(self.service), problem)
         return tuple(by_address[a][1] for a in sorted(by_address))

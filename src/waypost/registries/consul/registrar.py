@@ -113,8 +113,6 @@ class ConsulRegistrar(Registrar):
                     "GET", path, params=params, what=what,
                     timeout=GUARD_WAIT * 17 / 16 + self.timeout if content_hash else None)
                 failures = 0
-            except asyncio.CancelledError:
-                raise
             except ConsulNotFound as e:
                 raise InstanceGone(f"{instance.id!r} is gone from the agent ({e})") from None
             except PermissionDenied as e:

@@ -18,19 +18,14 @@ from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
-from ...errors import RegistryError
 from ...netutil import AddressError, join_host_port, parse_host_port
 from ...registry.meta_text import decode_value, encode_value
+from ..http_kind import MalformedAnswer
 
 #: metadata keys Eureka's codecs (JSON and XML) carry: XML names, so Spring's ``management.port`` too
 META_KEY_RE = re.compile(r"[A-Za-z_][A-Za-z0-9_.-]{0,127}")
 #: grpc-spring-boot-starter's metadata key for the gRPC port of an instance (its ``port`` is the HTTP one)
 GRPC_PORT_KEY = "gRPC_port"
-
-
-class MalformedAnswer(RegistryError):
-    """An Eureka server's address answered something that is not Eureka's answer (not JSON, no
-    ``applications``): a proxy or another server in the way. A resolver keeps its last list."""
 
 
 class MalformedInstance(ValueError):

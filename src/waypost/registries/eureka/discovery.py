@@ -26,6 +26,7 @@ from ...backoff import cool_down
 from ...kinds import Backend, InvalidTarget, PollingDiscovery, RegistryUnavailable, Target
 from ...resolver.empty_hold import EmptyListHold
 from ...resolver.read_failure import failure_text
+from ..http_kind import ProblemsSaid
 from .api import EurekaClient, EurekaUnreachable
 from .apps import RegistryCopy, applications
 from .config import DEFAULT_INTERVAL, DEFAULT_PATH, EurekaConfig, app_name, parse_interval
@@ -58,7 +59,7 @@ class EurekaDiscovery(PollingDiscovery):
         self._last: tuple[Backend, ...] = ()
         #: the hold of an empty list from a full fetch (``hold.settle`` s; ``hold.holds``: how many so far)
         self.hold = EmptyListHold(SETTLE, time.monotonic, on_start=self._hold_started, on_expired=self._hold_expired)
-        self._warned: set[str] = set()
+        self._said = ProblemsSaid()  # the malformed-instance problems already logged
         self._rng = random.Random()
         self.full_fetches = self.delta_fetches = self.mismatches = self.failures = self.malformed = 0
 
@@ -117,10 +118,7 @@ class EurekaDiscovery(PollingDiscovery):
 
     def _warn(self, problems: list[str]) -> None:
         self.malformed += len(problems)
-        for problem in [p for p in dict.fromkeys(problems) if p not in self._warned]:
-            if len(self._warned) >= 64:
-                self._warned.clear()
-            self._warned.add(problem)
+        for problem in self._said.new(problems):
             log.warning("waypost: eureka: skipping a malformed instance in the answer for app %s: %s", self.app, problem)
 
     def _hold_started(self) -> None:
