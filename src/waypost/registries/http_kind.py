@@ -8,6 +8,7 @@ problems of malformed answers said once each.
 - ``json_answer``: a 2xx body as JSON (None when empty); anything else is ``MalformedAnswer``;
 - ``answer_text``: what a refusal says (the ``error`` or ``message`` of a JSON body, else its text);
 - ``ProblemsSaid``: which problems of malformed entries were logged, so that each is said once;
+- ``logged_hold``: the hold of an empty answer (``EmptyListHold``), its start and end logged;
 - ``RereadCatalog``: a console source that reads its registry again and again, each answer shown.
 """
 
@@ -16,12 +17,15 @@ from __future__ import annotations
 import abc
 import asyncio
 import json
-from collections.abc import Iterable, Mapping, Sequence
+import logging
+import time
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from typing import Any, ClassVar
 
 from ..console.catalog_source import CatalogSource
 from ..console.sources import RETRY_INTERVAL, on_control
 from ..errors import RegistryError
+from ..resolver.empty_hold import EmptyListHold
 
 #: the longest part of an answer an error message shows
 SHOWN = 400
@@ -111,6 +115,22 @@ class ProblemsSaid:
                 self._said.add(problem)
                 fresh.append(problem)
         return fresh
+
+
+def logged_hold(settle: float, log: logging.Logger, subject: Callable[[], str],
+                kept: Callable[[], int]) -> EmptyListHold:
+    """An ``EmptyListHold`` of ``settle`` s (on ``time.monotonic``) whose start and end are logged: ``subject()``
+    says what was answered and when (``consul: service 'greet' answered no passing instance right after a
+    reconnect``), ``kept()`` how many instances the list kept meanwhile has."""
+    def started() -> None:
+        log.info("waypost: %s; keeping the last %d for up to %gs unless they come back", subject(), kept(),
+                 hold.settle)
+
+    def expired(held: float) -> None:
+        log.warning("waypost: %s, and none came back within %gs: applying the empty list", subject(), held)
+
+    hold = EmptyListHold(settle, time.monotonic, on_start=started, on_expired=expired)
+    return hold
 
 
 class RereadCatalog(CatalogSource):

@@ -106,10 +106,6 @@ class ConsulClient(HttpApiClient):
     def __init__(self, config: ConsulConfig, *, timeout: float = 5.0) -> None:
         super().__init__(timeout)
         self.config = config
-        #: whether the last ``health_service`` answer left out instances the token may not read (ACLs on)
-        self.filtered_by_acls = False
-        #: Consul's ACL default policy as its last answer said (``X-Consul-Default-Acl-Policy``: allow, deny)
-        self.default_acl_policy = ""
 
     def __repr__(self) -> str:
         return f"<ConsulClient {self.config.redacted}>"
@@ -188,10 +184,10 @@ class ConsulClient(HttpApiClient):
 
     async def health_service(self, name: str, *, index: int = 0, wait: float | None = None, tags: Iterable[str] = (),
                              passing: bool = True, timeout: float | None = None,
-                             within: float | None = None) -> tuple[int, list[Any]]:
-        """``GET /v1/health/service/<name>`` in the config's datacenter (else the agent's): the result's index and
-        its entries (unchecked), blocking from ``index`` for ``wait`` s when both are given. ``tags``: every one
-        required; ``timeout`` and ``within`` bound a plain read (``request``)."""
+                             within: float | None = None) -> tuple[Mapping[str, str], list[Any]]:
+        """``GET /v1/health/service/<name>`` in the config's datacenter (else the agent's): the answer's headers
+        (its index, what ACLs left out) and its entries (unchecked), blocking from ``index`` for ``wait`` s when
+        both are given. ``tags``: every one required; ``timeout`` and ``within`` bound a plain read (``request``)."""
         params = [("passing", "1")] if passing else []
         params += [("tag", t) for t in tags]
         params += [("dc", self.config.datacenter)] if self.config.datacenter else []
@@ -199,10 +195,8 @@ class ConsulClient(HttpApiClient):
         headers, body = await self.request("GET", f"/v1/health/service/{quote(name)}", params=params + more,
                                            timeout=limit or timeout, within=None if limit else within,
                                            what=f"reading the instances of {name!r}")
-        self.filtered_by_acls = headers.get("X-Consul-Results-Filtered-By-ACLs", "").lower() == "true"
-        self.default_acl_policy = headers.get("X-Consul-Default-Acl-Policy", "")
         if not isinstance(body, list):
             raise MalformedAnswer(f"malformed answer from consul at {self.config.base_url}: the instances of "
                                   f"{name!r} are a {'null' if body is None else type(body).__name__}, not a list: "
                                   f"{str(body)[:120]!r}")
-        return result_index(headers), body
+        return headers, body
