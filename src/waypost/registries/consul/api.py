@@ -3,10 +3,11 @@
 Why not py-consul: it is synchronous, and a blocking query (Consul's long poll) would hold a thread for its whole
 wait; on waypost's control loop it is a coroutine holding a socket. ``ConsulClient.request`` makes any call (the
 registrar's, the override store's KV reads and writes) and ``health_service`` reads the instances of a service.
-Every request has a timeout; errors: unreachable, timed out (saying how far the request got: ``http_kind``), 502/503/504
-or "No cluster leader" -> ``RegistryUnavailable``; 403 -> ``PermissionDenied`` naming the ACL rule needed; 404 ->
-``ConsulNotFound``; a failed TLS handshake -> ``ConsulTLSError``; any other non-200 -> ``RegistryError``; a 200
-that is not the JSON asked for -> ``MalformedAnswer``. The ACL token goes in ``X-Consul-Token``, never in a message.
+Every request has a timeout; errors: unreachable, timed out (saying how far the request got: ``http_kind``),
+502/503/504 or "No cluster leader" -> ``RegistryUnavailable``; 403 -> ``PermissionDenied`` naming the ACL rule
+needed; 404 -> ``ConsulNotFound`` (an ``InstanceGone``); a failed TLS handshake -> ``ConsulTLSError``; any other
+non-200 -> ``RegistryError``; a 200 that is not the JSON asked for -> ``MalformedAnswer``. The ACL token goes in
+``X-Consul-Token``, never in a message.
 """
 
 from __future__ import annotations
@@ -19,13 +20,12 @@ from typing import Any
 
 from ...durations import format_duration
 from ...errors import PermissionDenied, RegistryError, RegistryUnavailable
+from ...kinds import InstanceGone
 from ...registry.http_api import HttpApiClient
 from ...registry.meta_text import decode_value, encode_value
 from ..http_kind import MalformedAnswer, NoAnswer, answer_text, connected_trace, exchange, json_answer
 from .config import TOKEN_ENV, ConsulConfig
 
-#: Consul's own cap on a blocking query's wait
-MAX_WAIT = 600.0
 #: a registration's requests are bounded a little inside its timeout (and name it): their own error (which agent,
 #: how far the request got) comes before the registration's bound ends the attempt, too late for another one
 INSIDE = 0.96
@@ -90,8 +90,8 @@ class ConsulTLSError(RegistryUnavailable):
     """The TLS handshake with the agent failed: a configuration problem (a dial fails at once)."""
 
 
-class ConsulNotFound(RegistryError):
-    """Consul answered 404: no such service or check on the agent."""
+class ConsulNotFound(InstanceGone):
+    """Consul answered 404: no such service or check on the agent (a renewal's, a deregistration's: gone)."""
 
 
 def quote(segment: str) -> str:
@@ -110,22 +110,18 @@ class ConsulClient(HttpApiClient):
     def __repr__(self) -> str:
         return f"<ConsulClient {self.config.redacted}>"
 
-    def _ssl_context(self) -> ssl.SSLContext | None:
-        """The TLS settings of a new session (its files read again: a session reopened sees renewed ones)."""
-        if not self.config.tls:
-            return None
-        ctx = ssl.create_default_context(cafile=self.config.ca_file)
-        if self.config.cert_file and self.config.key_file:
-            ctx.load_cert_chain(self.config.cert_file, self.config.key_file)
-        return ctx
-
     def _token(self) -> dict[str, str]:
         return {"X-Consul-Token": token} if (token := self.config.effective_token()) else {}
 
     def _new_session(self) -> Any:
         import aiohttp
 
-        connector = aiohttp.TCPConnector(ssl=self._ssl_context() or False, limit=0)
+        tls: ssl.SSLContext | bool = False  # the files read again by each session: a reopened one sees renewed ones
+        if self.config.tls:
+            tls = ssl.create_default_context(cafile=self.config.ca_file)
+            if self.config.cert_file and self.config.key_file:
+                tls.load_cert_chain(self.config.cert_file, self.config.key_file)
+        connector = aiohttp.TCPConnector(ssl=tls, limit=0)
         return aiohttp.ClientSession(connector=connector, base_url=self.config.base_url,
                                      headers={"User-Agent": "waypost"}, trace_configs=[connected_trace()])
 
@@ -174,13 +170,14 @@ class ConsulClient(HttpApiClient):
             return RegistryUnavailable(f"{where}: HTTP {status} {message}")
         return RegistryError(f"{where}: HTTP {status} {message}")
 
-    def blocking(self, index: int, wait: float | None) -> tuple[list[tuple[str, str]], float | None]:
-        """The query parameters and the bound of a read from ``index``: a blocking query for ``wait`` s when both
-        are given (bounded by the wait, Consul's jitter of up to wait/16, and ``timeout``), else a plain read."""
-        if index <= 0 or not wait:
+    def blocking(self, since: int | str, wait: float | None) -> tuple[list[tuple[str, str]], float | None]:
+        """The query parameters and the bound of a read from ``since`` (an index, or a content hash): a blocking
+        query for ``wait`` s (Consul's cap: 10 min) when both are given (bounded by the wait, Consul's jitter of up
+        to wait/16, and ``timeout``), else a plain read."""
+        if not since or not wait:
             return [], None
-        wait = min(wait, MAX_WAIT)
-        return [("index", str(index)), ("wait", format_duration(wait))], wait * 17 / 16 + self.timeout
+        name = "hash" if isinstance(since, str) else "index"
+        return [(name, str(since)), ("wait", format_duration(wait))], wait * 17 / 16 + self.timeout
 
     async def health_service(self, name: str, *, index: int = 0, wait: float | None = None, tags: Iterable[str] = (),
                              passing: bool = True, timeout: float | None = None,

@@ -98,9 +98,7 @@ class ConsulDiscovery(Discovery):
     async def watch(self, service: str) -> AsyncIterator[Sequence[Backend]]:
         loop = asyncio.get_running_loop()
         while True:
-            spacing = self._last_query + MIN_SPACING - loop.time()
-            if spacing > 0:
-                await asyncio.sleep(spacing)
+            await asyncio.sleep(max(0.0, self._last_query + MIN_SPACING - loop.time()))
             self._last_query = loop.time()
             timeout, within = self._first_read(loop.time())
             try:
@@ -180,13 +178,10 @@ class ConsulDiscovery(Discovery):
         ``MalformedAnswer`` when there are entries and every one is malformed (the answer is not Consul's)."""
         problems: list[str] = []
         by_address: dict[str, tuple[str, Backend]] = {}
-        good = 0
         for entry in entries:
-            problem = entry_problem(entry)
-            if problem is not None:
+            if (problem := entry_problem(entry)) is not None:
                 problems.append(problem)
                 continue
-            good += 1
             svc, node = entry["Service"], entry.get("Node") or {}
             host, port, sid = svc.get("Address") or node.get("Address") or "", svc.get("Port"), svc.get("ID") or ""
             if not host or not isinstance(port, int) or not 0 < port < 65536:
@@ -197,7 +192,7 @@ class ConsulDiscovery(Discovery):
                 by_address[address] = (sid, Backend(address, decode_meta(svc.get("Meta"), svc.get("Tags"))))
         if problems:
             distinct = list(dict.fromkeys(problems))
-            if not good:
+            if len(problems) == len(entries):
                 raise MalformedAnswer(f"malformed answer from consul at {self.config.base_url}: no entry of the "
                                       f"{len(problems)} is an instance ({'; '.join(distinct)[:300]})")
             self.malformed += len(problems)

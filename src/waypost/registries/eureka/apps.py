@@ -91,14 +91,10 @@ class Instance:
         return cls(str(name).upper(), iid, str(host), _port(doc.get("port")), str(status).upper(), metadata, doc)
 
     @property
-    def grpc_port(self) -> int | None:
-        """The port a gRPC client dials: metadata ``gRPC_port`` when it is a port number, else ``port``."""
-        return _port(self.metadata.get(GRPC_PORT_KEY)) or self.port
-
-    @property
     def address(self) -> str | None:
-        """``host:port`` to dial (None: no usable port or host)."""
-        port = self.grpc_port
+        """``host:port`` a gRPC client dials, the port metadata ``gRPC_port`` when it is a port number, else
+        ``port`` (None: no usable port or host)."""
+        port = _port(self.metadata.get(GRPC_PORT_KEY)) or self.port
         if port is None:
             return None
         try:
