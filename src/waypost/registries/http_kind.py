@@ -1,6 +1,5 @@
 """What the kinds whose registry is an HTTP API (Consul, Eureka) share, beside the client's plumbing
-(``registry.http_api``): one request and how far it got, the JSON of an answer, a refusal's words, and the
-problems of malformed answers said once each.
+(``registry.http_api``), written once so that both say and do it alike:
 
 - ``exchange`` makes one request; one that times out raises ``NoAnswer`` saying how far it got (``did not accept
   a connection``, ``accepted the connection but did not answer``, ``started answering but did not finish``: a host
