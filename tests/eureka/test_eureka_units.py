@@ -3,11 +3,15 @@ reconcile hash code (the JSON is what a Spring Cloud Eureka server answers: shar
 
 from __future__ import annotations
 
+import asyncio
+import socket
+
 import pytest
 
 from waypost.discovery.registry_url import parse_any
-from waypost.errors import InvalidTarget
+from waypost.errors import InvalidTarget, RegistryUnavailable
 from waypost.kind_table import KINDS, kind_of
+from waypost.registries.eureka.api import EurekaClient
 from waypost.registries.eureka.apps import (
     Instance,
     RegistryCopy,
@@ -17,6 +21,7 @@ from waypost.registries.eureka.apps import (
 )
 from waypost.registries.eureka.config import EurekaConfig, parse_registry_url, target_for
 from waypost.registries.eureka.discovery import EurekaDiscovery
+from waypost.registries.http_kind import ProblemsSaid
 from waypost.resolver import parse_target
 
 
@@ -92,3 +97,30 @@ def test_the_delta_and_the_reconcile_hash_code() -> None:
     assert [i.id for i in copy.instances("GREETER")] == ["b"] and copy.hashcode() == "UP_1_"
     copy.apply_delta({"application": {"name": "GREETER", "instance": _inst("b", action="DELETED")}}, problems)
     assert copy.names() == [] and copy.hashcode() == ""
+
+
+def test_a_server_that_accepts_and_never_answers_is_named_with_how_far_the_request_got() -> None:
+    """A loopback socket that completes the handshake and never answers: the failure says the server accepted the
+    connection but did not answer (not only that it timed out), as Consul's client says it (registries.http_kind)."""
+    with socket.socket() as hole:
+        hole.bind(("127.0.0.1", 0))
+        hole.listen(8)
+        port = hole.getsockname()[1]
+        client = EurekaClient(EurekaConfig(servers=(f"127.0.0.1:{port}",)), timeout=0.5)
+
+        async def fetch() -> None:
+            try:
+                await client.apps()
+            finally:
+                await client.close()
+
+        with pytest.raises(RegistryUnavailable) as e:
+            asyncio.run(fetch())
+    assert f"http://127.0.0.1:{port}/eureka accepted the connection but did not answer within 0.5s" in str(e.value)
+
+
+def test_each_malformed_problem_is_said_once() -> None:
+    said = ProblemsSaid()
+    assert said.new(["a", "b", "a"]) == ["a", "b"] and said.new(["b", "c"]) == ["c"] and said.new(["a"]) == []
+    said.new(f"p{i}" for i in range(ProblemsSaid.LIMIT))  # the memory is bounded: it starts over
+    assert said.new(["a"]) == ["a"]

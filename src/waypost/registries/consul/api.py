@@ -3,16 +3,15 @@
 Why not py-consul: it is synchronous, and a blocking query (Consul's long poll) would hold a thread for its whole
 wait; on waypost's control loop it is a coroutine holding a socket. ``ConsulClient.request`` makes any call (the
 registrar's, the override store's KV reads and writes) and ``health_service`` reads the instances of a service.
-Every request has a timeout; errors: unreachable, timed out (saying how far the request got), 502/503/504 or "No
-cluster leader" -> ``RegistryUnavailable``; 403 -> ``PermissionDenied`` naming the ACL rule needed; 404 ->
-``ConsulNotFound``; a failed TLS handshake -> ``ConsulTLSError``; any other non-200 -> ``RegistryError``; a 200
-that is not the JSON asked for -> ``MalformedAnswer``. The ACL token goes in ``X-Consul-Token``, never in a message.
+Every request has a timeout; errors: unreachable, timed out (saying how far the request got: ``http_kind``),
+502/503/504 or "No cluster leader" -> ``RegistryUnavailable``; 403 -> ``PermissionDenied`` naming the ACL rule
+needed; 404 -> ``ConsulNotFound`` (an ``InstanceGone``); a failed TLS handshake -> ``ConsulTLSError``; any other
+non-200 -> ``RegistryError``; a 200 that is not the JSON asked for -> ``MalformedAnswer``. The ACL token goes in
+``X-Consul-Token``, never in a message.
 """
 
 from __future__ import annotations
 
-import asyncio
-import json
 import re
 import ssl
 import urllib.parse
@@ -21,13 +20,12 @@ from typing import Any
 
 from ...durations import format_duration
 from ...errors import PermissionDenied, RegistryError, RegistryUnavailable
+from ...kinds import InstanceGone
 from ..http_api import HttpApiClient
+from ..http_kind import MalformedAnswer, NoAnswer, answer_text, connected_trace, exchange, json_answer
 from ..meta_text import decode_value, encode_value
 from .config import TOKEN_ENV, ConsulConfig
 
-INSTALL_HINT = "consul:// registries and targets need the consul extra: pip install 'waypost[consul]'"
-#: Consul's own cap on a blocking query's wait
-MAX_WAIT = 600.0
 #: a registration's requests are bounded a little inside its timeout (and name it): their own error (which agent,
 #: how far the request got) comes before the registration's bound ends the attempt, too late for another one
 INSIDE = 0.96
@@ -92,32 +90,8 @@ class ConsulTLSError(RegistryUnavailable):
     """The TLS handshake with the agent failed: a configuration problem (a dial fails at once)."""
 
 
-class ConsulNotFound(RegistryError):
-    """Consul answered 404: no such service or check on the agent."""
-
-
-class MalformedAnswer(RegistryError):
-    """A 200 that is not Consul's answer (not JSON, not the type asked for, no entry well-formed): a proxy or
-    another server at the agent's address."""
-
-
-def _connected_trace() -> Any:
-    """An aiohttp trace marking a request's ``trace_request_ctx`` once connected (a timeout says how far it got)."""
-    import aiohttp
-
-    async def connected(_session: Any, ctx: Any, _params: Any) -> None:
-        if isinstance(ctx.trace_request_ctx, dict):
-            ctx.trace_request_ctx["connected"] = True
-
-    trace = aiohttp.TraceConfig()
-    trace.on_connection_create_end.append(connected)
-    trace.on_connection_reuseconn.append(connected)
-    return trace
-
-
-def _how_far(progress: Mapping[str, bool]) -> str:
-    return ("started answering but did not finish" if progress.get("answered") else
-            "accepted the connection but did not answer" if progress.get("connected") else "did not accept a connection")
+class ConsulNotFound(InstanceGone):
+    """Consul answered 404: no such service or check on the agent (a renewal's, a deregistration's: gone)."""
 
 
 def quote(segment: str) -> str:
@@ -127,29 +101,14 @@ def quote(segment: str) -> str:
 class ConsulClient(HttpApiClient):
     """One agent's HTTP API (``config``); ``timeout`` bounds every non-blocking request, in seconds."""
 
-    install_hint = INSTALL_HINT
+    install_hint = "consul:// registries and targets need the consul extra: pip install 'waypost[consul]'"
 
     def __init__(self, config: ConsulConfig, *, timeout: float = 5.0) -> None:
         super().__init__(timeout)
         self.config = config
-        self._ssl: ssl.SSLContext | None = None
-        #: whether the last ``health_service`` answer left out instances the token may not read (ACLs on)
-        self.filtered_by_acls = False
-        #: Consul's ACL default policy as its last answer said (``X-Consul-Default-Acl-Policy``: allow, deny)
-        self.default_acl_policy = ""
 
     def __repr__(self) -> str:
         return f"<ConsulClient {self.config.redacted}>"
-
-    def _ssl_context(self) -> ssl.SSLContext | None:
-        if not self.config.tls:
-            return None
-        if self._ssl is None:
-            ctx = ssl.create_default_context(cafile=self.config.ca_file)
-            if self.config.cert_file and self.config.key_file:
-                ctx.load_cert_chain(self.config.cert_file, self.config.key_file)
-            self._ssl = ctx
-        return self._ssl
 
     def _token(self) -> dict[str, str]:
         return {"X-Consul-Token": token} if (token := self.config.effective_token()) else {}
@@ -157,9 +116,14 @@ class ConsulClient(HttpApiClient):
     def _new_session(self) -> Any:
         import aiohttp
 
-        connector = aiohttp.TCPConnector(ssl=self._ssl_context() or False, limit=0)
+        tls: ssl.SSLContext | bool = False  # the files read again by each session: a reopened one sees renewed ones
+        if self.config.tls:
+            tls = ssl.create_default_context(cafile=self.config.ca_file)
+            if self.config.cert_file and self.config.key_file:
+                tls.load_cert_chain(self.config.cert_file, self.config.key_file)
+        connector = aiohttp.TCPConnector(ssl=tls, limit=0)
         return aiohttp.ClientSession(connector=connector, base_url=self.config.base_url,
-                                     headers={"User-Agent": "waypost"}, trace_configs=[_connected_trace()])
+                                     headers={"User-Agent": "waypost"}, trace_configs=[connected_trace()])
 
     async def request(self, method: str, path: str, *, params: Iterable[tuple[str, str]] = (), body: Any = None,
                       timeout: float | None = None, what: str = "", missing_ok: bool = False,
@@ -172,18 +136,12 @@ class ConsulClient(HttpApiClient):
 
         limit = self.timeout if timeout is None else timeout
         what = what or f"{method} {path}"
-        session = self._get_session()
-        data = None if body is None else json.dumps(body, separators=(",", ":"))
         client_timeout = aiohttp.ClientTimeout(total=limit, sock_connect=min(limit, self.timeout))
-        progress: dict[str, bool] = {}
         try:
-            async with session.request(method, path, params=list(params), data=data, headers=self._token(),
-                                       timeout=client_timeout, trace_request_ctx=progress) as resp:
-                progress["answered"] = True
-                raw = await resp.read()
-                status, headers = resp.status, resp.headers
-        except asyncio.TimeoutError:
-            raise RegistryUnavailable(f"consul agent at {self.config.base_url} {_how_far(progress)} within "
+            status, headers, raw = await exchange(self._get_session(), method, path, params=list(params), body=body,
+                                                  headers=self._token(), timeout=client_timeout)
+        except NoAnswer as e:
+            raise RegistryUnavailable(f"consul agent at {self.config.base_url} {e} within "
                                       f"{format_duration(limit if within is None else within)} ({what})") from None
         except (aiohttp.ClientSSLError, ssl.SSLError) as e:
             raise ConsulTLSError(f"consul agent at {self.config.base_url}: TLS failed ({what}): "
@@ -195,17 +153,10 @@ class ConsulClient(HttpApiClient):
             return headers, None
         if status != 200:
             raise self._http_error(status, raw, what)
-        text = raw.strip()
-        if not text:
-            return headers, None
-        try:
-            return headers, json.loads(text)
-        except ValueError:
-            raise MalformedAnswer(f"malformed answer from consul at {self.config.base_url}: {what}: not JSON: "
-                                  f"{text[:200]!r}") from None
+        return headers, json_answer(raw, f"consul at {self.config.base_url}", what)
 
     def _http_error(self, status: int, raw: bytes, what: str) -> Exception:
-        message = raw.decode(errors="replace").strip()[:400] or f"HTTP {status}"
+        message = answer_text(raw) or f"HTTP {status}"
         where = f"consul agent at {self.config.base_url}: {what}"
         if status == 403:
             token = ("no token was sent (give ?token= or set $" + TOKEN_ENV + ")"
@@ -219,32 +170,30 @@ class ConsulClient(HttpApiClient):
             return RegistryUnavailable(f"{where}: HTTP {status} {message}")
         return RegistryError(f"{where}: HTTP {status} {message}")
 
-    def blocking(self, index: int, wait: float | None) -> tuple[list[tuple[str, str]], float | None]:
-        """The query parameters and the bound of a read from ``index``: a blocking query for ``wait`` s when both
-        are given (bounded by the wait, Consul's jitter of up to wait/16, and ``timeout``), else a plain read."""
-        if index <= 0 or not wait:
+    def blocking(self, since: int | str, wait: float | None) -> tuple[list[tuple[str, str]], float | None]:
+        """The query parameters and the bound of a read from ``since`` (an index, or a content hash): a blocking
+        query for ``wait`` s (Consul's cap: 10 min) when both are given (bounded by the wait, Consul's jitter of up
+        to wait/16, and ``timeout``), else a plain read."""
+        if not since or not wait:
             return [], None
-        wait = min(wait, MAX_WAIT)
-        return [("index", str(index)), ("wait", format_duration(wait))], wait * 17 / 16 + self.timeout
+        name = "hash" if isinstance(since, str) else "index"
+        return [(name, str(since)), ("wait", format_duration(wait))], wait * 17 / 16 + self.timeout
 
-    async def health_service(self, name: str, *, index: int = 0, wait: float | None = None,
-                             tags: Iterable[str] = (), datacenter: str | None = None, passing: bool = True,
-                             timeout: float | None = None, within: float | None = None) -> tuple[int, list[Any]]:
-        """``GET /v1/health/service/<name>``: the result's index and its entries (unchecked), blocking from
-        ``index`` for ``wait`` s when both are given. ``tags``: every one required; ``datacenter``: default the
-        config's, else the agent's; ``timeout`` and ``within`` bound a plain read (``request``)."""
+    async def health_service(self, name: str, *, index: int = 0, wait: float | None = None, tags: Iterable[str] = (),
+                             passing: bool = True, timeout: float | None = None,
+                             within: float | None = None) -> tuple[Mapping[str, str], list[Any]]:
+        """``GET /v1/health/service/<name>`` in the config's datacenter (else the agent's): the answer's headers
+        (its index, what ACLs left out) and its entries (unchecked), blocking from ``index`` for ``wait`` s when
+        both are given. ``tags``: every one required; ``timeout`` and ``within`` bound a plain read (``request``)."""
         params = [("passing", "1")] if passing else []
         params += [("tag", t) for t in tags]
-        dc = datacenter or self.config.datacenter
-        params += [("dc", dc)] if dc else []
+        params += [("dc", self.config.datacenter)] if self.config.datacenter else []
         more, limit = self.blocking(index, wait)
         headers, body = await self.request("GET", f"/v1/health/service/{quote(name)}", params=params + more,
                                            timeout=limit or timeout, within=None if limit else within,
                                            what=f"reading the instances of {name!r}")
-        self.filtered_by_acls = headers.get("X-Consul-Results-Filtered-By-ACLs", "").lower() == "true"
-        self.default_acl_policy = headers.get("X-Consul-Default-Acl-Policy", "")
         if not isinstance(body, list):
             raise MalformedAnswer(f"malformed answer from consul at {self.config.base_url}: the instances of "
                                   f"{name!r} are a {'null' if body is None else type(body).__name__}, not a list: "
                                   f"{str(body)[:120]!r}")
-        return result_index(headers), body
+        return headers, body

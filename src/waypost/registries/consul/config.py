@@ -8,6 +8,7 @@ from __future__ import annotations
 import functools
 import os
 import urllib.parse
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -104,19 +105,8 @@ def parse_registry_url(url: str) -> ConsulConfig:
         raise URL_FORM.error(url, "one Consul agent per URL (the local agent knows the cluster)")
     address = URL_FORM.host(url, urllib.parse.unquote(netloc), what="consul address",
                             default_port=CONSUL_DEFAULT_PORT)
-    opts: dict[str, Any] = {}
     fail = functools.partial(URL_FORM.error, url)
-    for name, value in urlparams.options(query, fail, known=_URL_OPTIONS, aliases=_ALIASES):
-        fname = _URL_OPTIONS[name]
-        if name == "tls":
-            opts[fname] = urlparams.flag(name, value, fail)
-        elif name in urlparams.TLS_FILE_WORDS:
-            opts[fname] = urlparams.tls_file(urlparams.TLS_FILE_WORDS[name], value, fail)
-        else:
-            if not value:
-                raise fail(f"empty {name}=")
-            opts[fname] = value
-    return _config({"address": address, **opts}, fail)
+    return _config(address, urlparams.options(query, fail, known=_URL_OPTIONS, aliases=_ALIASES), fail)
 
 
 def from_target(target: TargetLike) -> ConsulConfig:
@@ -125,19 +115,27 @@ def from_target(target: TargetLike) -> ConsulConfig:
     if target.scheme != "consul" or len(target.endpoints) != 1:
         raise InvalidTarget(f"not a consul target (one agent): scheme {target.scheme!r}, "
                             f"endpoints {list(target.endpoints)}")
-    o, bad = target.options, lambda problem: InvalidTarget(f"consul target: {problem}")
-    opts: dict[str, Any] = {attr: urlparams.tls_file(f"{what} ({name}=)", o[name], bad) for name, attr, what in (
-        ("cacert", "ca_file", "CA"), ("certfile", "cert_file", "certificate"), ("keyfile", "key_file", "key"))
-        if o.get(name)}
-    opts.update({attr: o[name] for name, attr in (("token", "token"), ("dc", "datacenter")) if o.get(name)})
-    if "tls" in o:
-        opts["tls"] = o["tls"] == "1"
-    return _config({"address": target.endpoints[0], **opts}, bad)
+    options = [(name, value) for name, value in target.options.items()
+               if _ALIASES.get(name, name) in _URL_OPTIONS]  # not tag=: the discovery's
+    return _config(target.endpoints[0], options, lambda problem: InvalidTarget(f"consul target: {problem}"))
 
 
-def _config(opts: dict[str, Any], bad: Any) -> ConsulConfig:
+def _config(address: str, options: Iterable[tuple[str, str]], fail: Callable[[str], Exception]) -> ConsulConfig:
+    """The agent at ``address`` with ``options``, each checked (named as written, so errors name them)."""
+    opts: dict[str, Any] = {}
+    for written, value in options:
+        name = _ALIASES.get(written, written)
+        if name == "tls":
+            opts["tls"] = urlparams.flag(name, value, fail)
+        elif name in urlparams.TLS_FILE_WORDS:
+            what = f"{urlparams.TLS_FILE_WORDS[name]} ({written}=)"
+            opts[_URL_OPTIONS[name]] = urlparams.tls_file(what, value, fail)
+        elif not value:
+            raise fail(f"empty {name}=")
+        else:
+            opts[_URL_OPTIONS[name]] = value
     if ("cert_file" in opts) != ("key_file" in opts):
-        raise bad("cert and key must be given together")
+        raise fail("cert and key must be given together")
     if ("ca_file" in opts or "cert_file" in opts) and opts.get("tls") is False:
-        raise bad("ca/cert/key given with tls=0")
-    return ConsulConfig(**opts)
+        raise fail("ca/cert/key given with tls=0")
+    return ConsulConfig(address, **opts)

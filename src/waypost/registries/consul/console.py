@@ -7,13 +7,11 @@ from __future__ import annotations
 
 import asyncio
 import logging
-from collections.abc import Awaitable, Callable
-from typing import Any
 
 from ...console.board import Board
-from ...console.catalog_source import CatalogSource
 from ...console.sources import RETRY_INTERVAL, on_control
 from ...discovery.override import OVERRIDE_ROOT, parse_override, split_override_key
+from ..http_kind import RereadCatalog
 from .api import result_index
 from .config import parse_registry_url
 from .overrides import ConsulOverrideStore, kv_read
@@ -24,7 +22,7 @@ log = logging.getLogger("waypost.console")
 WAIT = 10.0
 
 
-class ConsulSource(CatalogSource):
+class ConsulSource(RereadCatalog):
     kind = "consul"
 
     def __init__(self, url: str, board: Board, timeout: float = 5.0) -> None:
@@ -33,59 +31,42 @@ class ConsulSource(CatalogSource):
         #: the source reads with too
         self.writer = ConsulOverrideStore(self.config, timeout)
         super().__init__(self.config.redacted, board, timeout, lambda: self.writer.client)
+        self._index: int | None = None  # the catalog's index to block from (None: not read yet)
 
     def _target(self, service: str) -> str:
         return self.config.target(service)
 
-    async def _list(self, index: int, wait: float | None) -> tuple[int, list[str]]:
-        """On the control loop: the catalog's service names, and the index to wait from next."""
-        params, limit = self.client().blocking(index, wait)
+    async def _read(self) -> tuple[list[str], None]:
+        """The catalog's service names: a blocking query from the last answer's index (the first read, and one
+        from an index that went back, a plain one)."""
+        if self._index == 0:  # no index to block on: no spinning
+            await asyncio.sleep(RETRY_INTERVAL)
+        params, limit = self.client().blocking(self._index or 0, WAIT)
         dc = [("dc", self.config.datacenter)] if self.config.datacenter else []
         headers, body = await self.client().request("GET", "/v1/catalog/services", params=params + dc, timeout=limit,
                                                     what="the catalog's services")
-        return result_index(headers), sorted(n for n in (body or {}) if isinstance(n, str) and n != "consul")
+        index = result_index(headers)
+        self._index = 0 if index < (self._index or 0) else index
+        return sorted(n for n in (body or {}) if isinstance(n, str) and n != "consul"), None
 
     async def start(self) -> None:
-        """One read of the catalog, then blocking queries of it and of the override records. An agent that does
-        not answer is shown as down, not raised: it is asked again until it answers."""
-        index = 0
-        try:
-            index, names = await on_control(self._list(0, None))
-        except Exception as e:  # noqa: BLE001 (shown on the page; asked again)
-            self._down(e)
-        else:
-            await self._apply(names)
-        self._spawn(self._follow(lambda i: self._list(i, WAIT), self._apply, self._down, index), "consul")
-        self._spawn(self._follow(lambda i: kv_read(self.client(), OVERRIDE_ROOT, recurse=True, index=i, wait=WAIT),
-                                 self._overrides, lambda e: log.debug("console: overrides in %s: %s", self.name, e)),
-                    "consul-kv")
+        """The catalog followed (``RereadCatalog``), and the override records of the KV store."""
+        await super().start()
+        self._spawn(self._follow_overrides(), "consul-kv")
 
-    async def _follow(self, read: Callable[[int], Awaitable[tuple[int, Any]]], take: Callable[[Any], Awaitable[None]],
-                      failed: Callable[[Exception], None], index: int = 0) -> None:
-        """Blocking reads from the last index until ``close``, each answer given to ``take``; a failure to
-        ``failed``, then a pause. An index that went back starts over (Consul's rule); none to block on: a pause."""
+    async def _follow_overrides(self) -> None:
+        """Blocking queries of the records until ``close``, each answer shown; a failure logged, then a pause."""
+        index = 0
         while not self._closed:
             try:
-                new_index, got = await on_control(read(index))
-            except asyncio.CancelledError:
-                raise
-            except Exception as e:  # noqa: BLE001 (shown or logged; tried again)
-                failed(e)
+                new_index, items = await on_control(kv_read(self.client(), OVERRIDE_ROOT, recurse=True, index=index,
+                                                            wait=WAIT))
+            except Exception as e:  # noqa: BLE001 (logged; read again)
+                log.debug("console: overrides in %s: %s", self.name, e)
                 await asyncio.sleep(RETRY_INTERVAL)
                 continue
-            index = 0 if new_index < index else new_index
-            await take(got)
-            if not index:
+            index = 0 if new_index < index else new_index  # an index that went back: start over
+            self._show_overrides({(self.name, *parts): o for key, value in items
+                                  if (parts := split_override_key(key)) and (o := parse_override(value))})
+            if not index:  # no index to block on: no spinning
                 await asyncio.sleep(RETRY_INTERVAL)
-
-    async def _overrides(self, items: list[tuple[str, bytes]]) -> None:
-        now = {}
-        for key, value in items:
-            parts, o = split_override_key(key), parse_override(value)
-            if parts is not None and o is not None:
-                now[(self.name, parts[0], parts[1])] = o
-        self._show_overrides(now)
-
-    async def _apply(self, names: list[str]) -> None:
-        self.board.source_up(self.name, "consul")
-        await self._follow_names(names)

@@ -13,18 +13,10 @@ from collections.abc import AsyncIterator, Mapping, Sequence
 from typing import Any
 
 from ... import metrics
-from ...kinds import (
-    Backend,
-    Discovery,
-    InvalidTarget,
-    PermissionDenied,
-    RegistryError,
-    RegistryUnavailable,
-    Target,
-)
+from ...kinds import Backend, Discovery, PermissionDenied, RegistryError, RegistryUnavailable, Target
 from ...netutil import join_host_port
-from ...resolver.empty_hold import EmptyListHold
-from .api import ConsulClient, ConsulTLSError, MalformedAnswer, decode_meta
+from ..http_kind import MalformedAnswer, ProblemsSaid, logged_hold
+from .api import ConsulClient, ConsulTLSError, decode_meta, result_index
 from .config import TOKEN_ENV, from_target
 
 log = logging.getLogger("waypost.resolver.consul")
@@ -67,25 +59,21 @@ class ConsulDiscovery(Discovery):
     """The passing instances of a ``consul://`` target's service; see the module docstring."""
 
     def __init__(self, target: Target) -> None:
-        if target.scheme != "consul" or not target.key:
-            raise InvalidTarget(f"not a consul target: {target.redacted}")
         self.target = target
-        self.config = from_target(target)
+        self.config = from_target(target)  # not a consul target: InvalidTarget
         tag = target.options.get("tag")
         self.tags: tuple[str, ...] = tuple(tag.split(",")) if tag else ()
-        self.datacenter: str | None = target.options.get("dc") or None
         self.client = ConsulClient(self.config, timeout=READ_TIMEOUT)
-        self.wait = WAIT
         #: the hold of an empty answer right after a reconnect (``settle`` s; ``holds``: how many so far)
-        self.empty = EmptyListHold(SETTLE, time.monotonic, on_start=self._hold_started,
-                                    on_expired=self._hold_expired)
+        self.empty = logged_hold(SETTLE, log, lambda: f"consul: {self.describe(self.service)} answered no passing "
+                                 "instance right after a reconnect", lambda: len(self._last))
         self._last: tuple[Backend, ...] = ()
         self._failing = False
         self._last_query = 0.0
         self._started: float | None = None  # when the first read started (the dial's bound runs from there)
         self._reconnected_at: float | None = None
-        self._warned: set[str] = set()  # the malformed-entry problems already logged
-        self.service = target.key
+        self._said = ProblemsSaid()  # the malformed-entry problems already logged
+        self.service = target.key or ""  # KindResolver refuses a target naming none
         # introspection (and tests): the index followed, answers, failed reads, index resets, malformed entries
         # skipped in answers otherwise used
         self.index = self.queries = self.failures = self.resets = self.malformed = 0
@@ -96,32 +84,31 @@ class ConsulDiscovery(Discovery):
         return f"<ConsulDiscovery {self.target.redacted} index={self.index}>"
 
     def describe(self, service: str) -> str:
-        extra = "".join(f" tag={t}" for t in self.tags) + (f" dc={self.datacenter}" if self.datacenter else "")
+        dc = self.config.datacenter
+        extra = "".join(f" tag={t}" for t in self.tags) + (f" dc={dc}" if dc else "")
         return f"service {service!r}{extra} at {self.config.redacted}"
 
     async def close(self) -> None:
         await self.client.close()
 
     async def instances(self, service: str) -> Sequence[Backend]:
-        _, entries = await self.client.health_service(service, tags=self.tags, datacenter=self.datacenter)
+        _, entries = await self.client.health_service(service, tags=self.tags)
         return self.backends(entries)
 
     async def watch(self, service: str) -> AsyncIterator[Sequence[Backend]]:
         loop = asyncio.get_running_loop()
         while True:
-            spacing = self._last_query + MIN_SPACING - loop.time()
-            if spacing > 0:
-                await asyncio.sleep(spacing)
+            await asyncio.sleep(max(0.0, self._last_query + MIN_SPACING - loop.time()))
             self._last_query = loop.time()
             timeout, within = self._first_read(loop.time())
             try:
-                index, entries = await self.client.health_service(
+                headers, entries = await self.client.health_service(
                     service, index=self.index, wait=None if self._failing else self._query_wait(),
-                    tags=self.tags, datacenter=self.datacenter, timeout=timeout, within=within)
+                    tags=self.tags, timeout=timeout, within=within)
                 backends = self.backends(entries)
             except Exception as e:  # noqa: BLE001 (counted, then raised on to the resolver)
                 raise self._failed(e) from None
-            if self._answered(service, index, backends):
+            if self._answered(service, headers, backends):
                 self._last = backends
                 yield backends
 
@@ -135,11 +122,11 @@ class ConsulDiscovery(Discovery):
         return (max(0.8 * left, 0.1) if left > 0 else None), self.dial_timeout
 
     def _query_wait(self) -> float:
-        """``wait``, or, while an empty answer is held, what is left of the hold (the answer after it confirms
+        """``WAIT``, or, while an empty answer is held, what is left of the hold (the answer after it confirms
         the empty list, unless the list changed meanwhile)."""
         if self.empty.since is None:
-            return self.wait
-        return min(self.wait, max(self.empty.since + self.empty.settle - time.monotonic(), 0.1))
+            return WAIT
+        return min(WAIT, max(self.empty.since + self.empty.settle - time.monotonic(), 0.1))
 
     def _failed(self, e: Exception) -> Exception:
         """Count a failed read; a refusal a retry will not cure becomes ``PermissionDenied`` (a dial fails)."""
@@ -157,9 +144,10 @@ class ConsulDiscovery(Discovery):
         if metrics.current is not None:
             metrics.current.resolver_error(self.target.raw or self.target.redacted, reason)
 
-    def _answered(self, service: str, index: int, backends: tuple[Backend, ...]) -> bool:
+    def _answered(self, service: str, headers: Mapping[str, str], backends: tuple[Backend, ...]) -> bool:
         """A good answer: follow its index; whether to push its list (not an empty one held after a reconnect)."""
         self.queries += 1
+        index = result_index(headers)
         now = time.monotonic()
         if self._failing:
             self._failing, self._reconnected_at = False, now
@@ -172,38 +160,28 @@ class ConsulDiscovery(Discovery):
             self.index = max(index, 1)
         # a token that may not read some instances gets them left out (flagged), or all of them (not flagged:
         # only the default policy tells)
-        client = self.client
-        hidden = client.filtered_by_acls or (not backends and client.default_acl_policy == "deny")
+        filtered = headers.get("X-Consul-Results-Filtered-By-ACLs", "").lower() == "true"
+        policy = headers.get("X-Consul-Default-Acl-Policy", "")
+        hidden = filtered or (not backends and policy == "deny")
         if hidden and not self.acl_hidden:
             log.warning("waypost: consul: %s %s; with ACLs on (default policy %s) the token (%s) needs "
                         "service:read on %r and node:read (give ?token= or set $%s)", self.describe(service),
-                        "has instances this token may not read" if client.filtered_by_acls
-                        else "has no instance this token can see", client.default_acl_policy or "?",
+                        "has instances this token may not read" if filtered
+                        else "has no instance this token can see", policy or "?",
                         "none given" if not self.config.effective_token() else "the one given", service, TOKEN_ENV)
         self.acl_hidden = hidden
         reconnected = self._reconnected_at is not None and now - self._reconnected_at < self.empty.settle
         return not self.empty.hold(not backends and bool(self._last), may_start=reconnected)
-
-    def _hold_started(self) -> None:
-        log.info("waypost: consul: %s answered no passing instance right after a reconnect; keeping the last %d "
-                 "for up to %gs unless they come back", self.describe(self.service), len(self._last), self.empty.settle)
-
-    def _hold_expired(self, held: float) -> None:
-        log.warning("waypost: consul: %s has had no passing instance for %gs since a reconnect: applying the "
-                    "empty list", self.describe(self.service), held)
 
     def backends(self, entries: Sequence[Any]) -> tuple[Backend, ...]:
         """The backends of health entries (sorted by address; one per address: the first by service ID).
         ``MalformedAnswer`` when there are entries and every one is malformed (the answer is not Consul's)."""
         problems: list[str] = []
         by_address: dict[str, tuple[str, Backend]] = {}
-        good = 0
         for entry in entries:
-            problem = entry_problem(entry)
-            if problem is not None:
+            if (problem := entry_problem(entry)) is not None:
                 problems.append(problem)
                 continue
-            good += 1
             svc, node = entry["Service"], entry.get("Node") or {}
             host, port, sid = svc.get("Address") or node.get("Address") or "", svc.get("Port"), svc.get("ID") or ""
             if not host or not isinstance(port, int) or not 0 < port < 65536:
@@ -214,16 +192,12 @@ class ConsulDiscovery(Discovery):
                 by_address[address] = (sid, Backend(address, decode_meta(svc.get("Meta"), svc.get("Tags"))))
         if problems:
             distinct = list(dict.fromkeys(problems))
-            if not good:
+            if len(problems) == len(entries):
                 raise MalformedAnswer(f"malformed answer from consul at {self.config.base_url}: no entry of the "
                                       f"{len(problems)} is an instance ({'; '.join(distinct)[:300]})")
             self.malformed += len(problems)
             self._count("malformed_entry")
-            for problem in distinct:
-                if problem not in self._warned:
-                    if len(self._warned) >= 64:
-                        self._warned.clear()
-                    self._warned.add(problem)
-                    log.warning("waypost: consul: skipping malformed entries in the answer for %s: %s",
-                                self.describe(self.service), problem)
+            for problem in self._said.new(distinct):
+                log.warning("waypost: consul: skipping malformed entries in the answer for %s: %s",
+                            self.describe(self.service), problem)
         return tuple(by_address[a][1] for a in sorted(by_address))

@@ -19,6 +19,7 @@ from ...kinds import Instance, InstanceGone, PermissionDenied, Registrar, Regist
 from ...kinds.registration import KindRegistration
 from .api import INSIDE, ConsulClient, ConsulNotFound, encode_meta, quote
 from .config import ConsulConfig
+from .kind import KIND
 
 log = logging.getLogger("waypost.discovery")
 
@@ -78,10 +79,8 @@ class ConsulRegistrar(Registrar):
 
     async def renew(self, instance: Instance) -> None:
         check = f"service:{instance.id}"
-        try:
+        try:  # 404: ConsulNotFound, an InstanceGone
             await self._request("PUT", f"/v1/agent/check/pass/{quote(check)}", f"passing check {check!r}")
-        except ConsulNotFound as e:
-            raise InstanceGone(str(e)) from None
         except RegistryError as e:
             if "does not have associated TTL" in str(e):
                 raise InstanceGone(str(e)) from None
@@ -89,11 +88,8 @@ class ConsulRegistrar(Registrar):
 
     async def deregister(self, instance: Instance) -> None:
         self.written.pop(instance.id, None)
-        try:
-            await self._request("PUT", f"/v1/agent/service/deregister/{quote(instance.id)}",
-                                f"deregistering service {instance.id!r}")
-        except ConsulNotFound:
-            pass  # gone already
+        await self._request("PUT", f"/v1/agent/service/deregister/{quote(instance.id)}",
+                            f"deregistering service {instance.id!r}")  # gone already: ConsulNotFound, an InstanceGone
 
     def _matches(self, instance_id: str, service: Mapping[str, Any]) -> bool:
         """Whether the agent's copy of the registration is the one last written."""
@@ -107,14 +103,10 @@ class ConsulRegistrar(Registrar):
         content_hash, failures = "", 0
         path, what = f"/v1/agent/service/{quote(instance.id)}", f"reading service {instance.id!r}"
         while True:
-            params = [("hash", content_hash), ("wait", f"{GUARD_WAIT:g}s")] if content_hash else []
+            params, limit = self.client.blocking(content_hash, GUARD_WAIT)
             try:
-                headers, service = await self.client.request(
-                    "GET", path, params=params, what=what,
-                    timeout=GUARD_WAIT * 17 / 16 + self.timeout if content_hash else None)
+                headers, service = await self.client.request("GET", path, params=params, what=what, timeout=limit)
                 failures = 0
-            except asyncio.CancelledError:
-                raise
             except ConsulNotFound as e:
                 raise InstanceGone(f"{instance.id!r} is gone from the agent ({e})") from None
             except PermissionDenied as e:
@@ -144,8 +136,6 @@ class ConsulPublisher(KindRegistration):
     def __init__(self, registry: ConsulConfig | str, key: str, address: str, ttl: int = 10,
                  id: int | str | None = None, metadata: Mapping[str, Any] | None = None, format: object = None,
                  **kw: Any) -> None:
-        from .kind import KIND
-
         url = registry.url if isinstance(registry, ConsulConfig) else registry  # a URL: drains are followed
         super().__init__(KIND, url, key, address, ttl, id, metadata, format, **kw)
         check_service(key)  # at once, as the other arguments (serve() checks it at the first registration)

@@ -14,8 +14,6 @@ Another non-2xx is ``RegistryError`` with Eureka's message; a 200 that is not JS
 
 from __future__ import annotations
 
-import asyncio
-import json
 import logging
 from collections.abc import Iterable, Mapping
 from typing import Any
@@ -23,7 +21,7 @@ from typing import Any
 from ...errors import RegistryError, RegistryUnavailable
 from ...kinds import InstanceGone
 from ..http_api import HttpApiClient, connect_problem
-from .apps import MalformedAnswer
+from ..http_kind import NoAnswer, answer_text, connected_trace, exchange, json_answer
 from .config import EurekaConfig
 
 log = logging.getLogger("waypost.eureka")
@@ -71,7 +69,8 @@ class EurekaClient(HttpApiClient):
     def _new_session(self) -> Any:
         import aiohttp
 
-        return aiohttp.ClientSession(connector=aiohttp.TCPConnector(limit=0), headers=_JSON)
+        return aiohttp.ClientSession(connector=aiohttp.TCPConnector(limit=0), headers=_JSON,
+                                     trace_configs=[connected_trace()])
 
     async def request(self, method: str, path: str, *, params: Iterable[tuple[str, str]] = (), body: Any = None,
                       what: str = "", missing_ok: bool = False) -> Any:
@@ -102,39 +101,24 @@ class EurekaClient(HttpApiClient):
         import aiohttp
 
         base = self.config.base_url(server)
-        data = None if body is None else json.dumps(body, separators=(",", ":"))
-        progress: dict[str, bool] = {}
         try:
-            async with self._get_session().request(method, base + path, params=params, data=data,
-                                                   timeout=aiohttp.ClientTimeout(total=self.timeout)) as resp:
-                progress["answered"] = True
-                raw = await resp.read()
-                status = resp.status
-        except asyncio.CancelledError:
-            raise
-        except asyncio.TimeoutError:
-            how = "started answering but did not finish" if progress else "did not answer"
-            raise _ServerFailed(f"{base} {how} within {self.timeout:g}s", base) from None
+            status, _, raw = await exchange(self._get_session(), method, base + path, params=params, body=body,
+                                            timeout=aiohttp.ClientTimeout(total=self.timeout))
+        except NoAnswer as e:
+            raise _ServerFailed(f"{base} {e} within {self.timeout:g}s", base) from None
         except (aiohttp.ClientError, OSError) as e:
             refused = connect_problem(e)
             raise _ServerFailed(f"{base} is unreachable: {refused or str(e) or type(e).__name__}", base,
                                 refused) from None
         if status >= 500:
-            raise _ServerFailed(f"{base} answered HTTP {status} {_message(raw)}", base)
+            raise _ServerFailed(f"{base} answered HTTP {status} {answer_text(raw)}", base)
         if status == 404:
             if missing_ok:
                 return None
-            raise EurekaNotFound(f"eureka at {base}: {what}: 404 {_message(raw)}")
+            raise EurekaNotFound(f"eureka at {base}: {what}: 404 {answer_text(raw)}")
         if not 200 <= status < 300:
-            raise RegistryError(f"eureka at {base}: {what}: HTTP {status} {_message(raw)}")
-        text = raw.strip()
-        if not text:
-            return None
-        try:
-            return json.loads(text)
-        except ValueError:
-            raise MalformedAnswer(f"malformed answer from eureka at {base}: {what}: not JSON: {text[:200]!r}") \
-                from None
+            raise RegistryError(f"eureka at {base}: {what}: HTTP {status} {answer_text(raw)}")
+        return json_answer(raw, f"eureka at {base}", what)
 
     # ---- the API --------------------------------------------------------------------------------------
 
@@ -184,14 +168,3 @@ def _all_failed(failures: list[_ServerFailed], what: str) -> RegistryUnavailable
         return EurekaUnreachable(f"cannot reach Eureka at {where}; is it running?")
     return RegistryUnavailable(f"eureka at {', '.join(f.base for f in failures)}: {what} failed: "
                                f"{'; '.join(map(str, failures))}")
-
-
-def _message(raw: bytes) -> str:
-    text = raw.decode(errors="replace").strip()
-    try:
-        doc = json.loads(text)
-    except ValueError:
-        return text[:300]
-    if isinstance(doc, Mapping):
-        return str(doc.get("error") or doc.get("message") or text)[:300]
-    return text[:300]

@@ -18,19 +18,14 @@ from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
-from ...errors import RegistryError
 from ...netutil import AddressError, join_host_port, parse_host_port
+from ..http_kind import MalformedAnswer
 from ..meta_text import decode_value, encode_value
 
 #: metadata keys Eureka's codecs (JSON and XML) carry: XML names, so Spring's ``management.port`` too
 META_KEY_RE = re.compile(r"[A-Za-z_][A-Za-z0-9_.-]{0,127}")
 #: grpc-spring-boot-starter's metadata key for the gRPC port of an instance (its ``port`` is the HTTP one)
 GRPC_PORT_KEY = "gRPC_port"
-
-
-class MalformedAnswer(RegistryError):
-    """An Eureka server's address answered something that is not Eureka's answer (not JSON, no
-    ``applications``): a proxy or another server in the way. A resolver keeps its last list."""
 
 
 class MalformedInstance(ValueError):
@@ -96,14 +91,10 @@ class Instance:
         return cls(str(name).upper(), iid, str(host), _port(doc.get("port")), str(status).upper(), metadata, doc)
 
     @property
-    def grpc_port(self) -> int | None:
-        """The port a gRPC client dials: metadata ``gRPC_port`` when it is a port number, else ``port``."""
-        return _port(self.metadata.get(GRPC_PORT_KEY)) or self.port
-
-    @property
     def address(self) -> str | None:
-        """``host:port`` to dial (None: no usable port or host)."""
-        port = self.grpc_port
+        """``host:port`` a gRPC client dials, the port metadata ``gRPC_port`` when it is a port number, else
+        ``port`` (None: no usable port or host)."""
+        port = _port(self.metadata.get(GRPC_PORT_KEY)) or self.port
         if port is None:
             return None
         try:

@@ -110,11 +110,6 @@ def parse_registry_url(url: str) -> EurekaConfig:
     return EurekaConfig(servers=tuple(servers), **opts)  # type: ignore[arg-type]
 
 
-def resolve_config(registry: EurekaConfig | str) -> EurekaConfig:
-    """An ``EurekaConfig`` as given, or parsed from a registry URL."""
-    return URL_FORM.settings(registry, EurekaConfig, parse_registry_url)
-
-
 def app_name(key: str, fail: Callable[[str], Exception] = ValueError) -> str:
     """The Eureka application name of a service key: upper case, as the server stores it."""
     if not isinstance(key, str) or not key.strip():

@@ -18,14 +18,13 @@ from __future__ import annotations
 
 import logging
 import random
-import time
 from collections.abc import Sequence
 
 from ... import urlparams
 from ...backoff import cool_down
 from ...kinds import Backend, InvalidTarget, PollingDiscovery, RegistryUnavailable, Target
-from ...resolver.empty_hold import EmptyListHold
 from ...resolver.read_failure import failure_text
+from ..http_kind import ProblemsSaid, logged_hold
 from .api import EurekaClient, EurekaUnreachable
 from .apps import RegistryCopy, applications
 from .config import DEFAULT_INTERVAL, DEFAULT_PATH, EurekaConfig, app_name, parse_interval
@@ -44,12 +43,10 @@ class EurekaDiscovery(PollingDiscovery):
     """Follows the UP instances of ``target``'s app (see the module docstring). The counters are for tests."""
 
     def __init__(self, target: Target) -> None:
-        if target.scheme != "eureka" or not target.key:
-            raise InvalidTarget(f"not a eureka target: {target.redacted}")
         o = target.options
         self.config = EurekaConfig(servers=tuple(target.endpoints), path=o.get("path", DEFAULT_PATH),
                                    tls=urlparams.flag("tls", o.get("tls", "0"), InvalidTarget))
-        self.app = app_name(target.key, InvalidTarget)
+        self.app = app_name(target.key or "", InvalidTarget)
         self.interval = parse_interval(o["interval"], InvalidTarget) if "interval" in o else DEFAULT_INTERVAL
         self.min_interval = self.interval  # a failed connection changes nothing in Eureka: no extra fetch
         self.client = EurekaClient(self.config, timeout=FIRST_TIMEOUT / len(self.config.servers))
@@ -57,8 +54,9 @@ class EurekaDiscovery(PollingDiscovery):
         self._full_next, self._full_reason = True, "first fetch"  # the next fetch is a full one, and why
         self._last: tuple[Backend, ...] = ()
         #: the hold of an empty list from a full fetch (``hold.settle`` s; ``hold.holds``: how many so far)
-        self.hold = EmptyListHold(SETTLE, time.monotonic, on_start=self._hold_started, on_expired=self._hold_expired)
-        self._warned: set[str] = set()
+        self.hold = logged_hold(SETTLE, log, lambda: f"eureka: app {self.app} has no UP instance after a full fetch "
+                                f"({self._full_reason})", lambda: len(self._last))
+        self._said = ProblemsSaid()  # the malformed-instance problems already logged
         self._rng = random.Random()
         self.full_fetches = self.delta_fetches = self.mismatches = self.failures = self.malformed = 0
 
@@ -117,18 +115,8 @@ class EurekaDiscovery(PollingDiscovery):
 
     def _warn(self, problems: list[str]) -> None:
         self.malformed += len(problems)
-        for problem in [p for p in dict.fromkeys(problems) if p not in self._warned]:
-            if len(self._warned) >= 64:
-                self._warned.clear()
-            self._warned.add(problem)
+        for problem in self._said.new(problems):
             log.warning("waypost: eureka: skipping a malformed instance in the answer for app %s: %s", self.app, problem)
-
-    def _hold_started(self) -> None:
-        log.info("waypost: eureka: app %s has no UP instance after a full fetch (%s); keeping the last %d for up to "
-                 "%gs unless they come back", self.app, self._full_reason, len(self._last), self.hold.settle)
-
-    def _hold_expired(self, held: float) -> None:
-        log.warning("waypost: eureka: app %s has had no UP instance for %gs: applying the empty list", self.app, held)
 
     def _backends(self) -> tuple[Backend, ...]:
         """The app's UP instances as backends (sorted by address; one per address: the first by instance id)."""

@@ -3,6 +3,8 @@ renewed by heartbeats) and ``eureka://H:8761/APP`` targets (its UP instances). d
 
 from __future__ import annotations
 
+import functools
+
 from ...kinds import RegistryKind, Target, Words
 from ...resolver.target import fail, parse_service_target
 from .config import DEFAULT_PORT, EXAMPLE, TARGET_EXAMPLE, TARGET_OPTIONS, check_path, parse_interval
@@ -23,9 +25,7 @@ KIND = RegistryKind(
 
 def parse_eureka_target(scheme: str, authority: str, path: str, params: dict[str, str], raw: str) -> Target:
     """The hosts-and-service grammar of every kind holding instances, ``interval=`` and ``path=`` checked."""
-    def bad(problem: str) -> Exception:
-        fail(scheme, raw, problem)
-
+    bad = functools.partial(fail, scheme, raw)
     for name, value in params.items():
         if name == "interval":
             parse_interval(value, bad)

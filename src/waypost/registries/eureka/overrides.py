@@ -14,7 +14,6 @@ from __future__ import annotations
 import json
 import logging
 import time
-from collections.abc import Callable
 
 from ...discovery.store import DeleteResult, KeyValue, PutResult
 from ...kinds import parse_override, split_override_key
@@ -36,13 +35,12 @@ def drained(inst: Instance) -> bool:
 
 class EurekaOverrideStore:
     """``waypost drain|weight|undrain`` on an Eureka registry URL, and the console's writes (see the module
-    docstring; on the control loop). ``client``: the console's client (else its own, closed by ``close()``)."""
+    docstring; on the control loop, where its ``client`` is used: the console reads with it too)."""
 
-    def __init__(self, url: str, timeout: float = 5.0, client: Callable[[], EurekaClient] | None = None) -> None:
+    def __init__(self, url: str, timeout: float = 5.0) -> None:
         config = parse_registry_url(url)
         self.url = config.url
-        self._own = EurekaClient(config, timeout=timeout)  # no connection until used
-        self._client = client or (lambda: self._own)
+        self.client = EurekaClient(config, timeout=timeout)  # no connection until used
         #: what the last put or delete did, in words (``waypost drain`` prints it: no override record is written)
         self.written = ""
 
@@ -55,7 +53,7 @@ class EurekaOverrideStore:
     async def _instances_at(self, key: str, address: str) -> tuple[str, list[Instance]]:
         """The app of service ``key`` and its instances at ``address`` (whatever their status)."""
         app = app_name(key)
-        body = await self._client().app(app)
+        body = await self.client.app(app)
         doc = body.get("application") if isinstance(body, dict) else None
         if body is not None and not isinstance(doc, dict):
             raise MalformedAnswer(f"malformed answer from eureka at {self.url}: reading {app}: {str(body)[:160]!r}")
@@ -80,17 +78,16 @@ class EurekaOverrideStore:
             raise LookupError(f"eureka at {self.url}: no instance of {app} at {split_override_key(key)}: nothing to "
                               "drain (Eureka's overrides apply to registered instances only)")
         prev = self._record(found[0])
-        client = self._client()
         for inst in found:
             if override["weight"] == 0:
-                await client.set_status(app, inst.id, DRAINED)
+                await self.client.set_status(app, inst.id, DRAINED)
                 continue
             meta = {"weight": str(override["weight"])}
             if _own_weight(inst) is None:
                 meta[OWN_WEIGHT_KEY] = _raw_meta(inst, "weight") or "-"
-            await client.update_metadata(app, inst.id, meta)
+            await self.client.update_metadata(app, inst.id, meta)
             if drained(inst):
-                await client.clear_status(app, inst.id)
+                await self.client.clear_status(app, inst.id)
         log.info("eureka: %s %s at %s", "drained" if override["weight"] == 0 else f"weight {override['weight']} for",
                  app, [i.id for i in found])
         ids = ", ".join(f"{app}/{i.id}" for i in found)
@@ -102,15 +99,15 @@ class EurekaOverrideStore:
     async def delete(self, key: str, *, prev_kv: bool = False) -> DeleteResult:
         app, found = await self._instances(key)
         prev = self._record(found[0]) if found else None
-        client = self._client()
         done = []
         for inst in found:
             if drained(inst):
-                await client.clear_status(app, inst.id)
+                await self.client.clear_status(app, inst.id)
                 done.append(f"Eureka's status override of {app}/{inst.id} removed")
             own = _own_weight(inst)
             if own is not None:
-                await client.update_metadata(app, inst.id, {"weight": "" if own == "-" else own, OWN_WEIGHT_KEY: ""})
+                await self.client.update_metadata(app, inst.id,
+                                                  {"weight": "" if own == "-" else own, OWN_WEIGHT_KEY: ""})
                 done.append(f"its own weight ({'none' if own == '-' else own}) back in the metadata of {app}/{inst.id}")
         self.written = "; ".join(done) or f"nothing to undo on {app} in Eureka (no status override, no weight set)"
         return DeleteResult(0, int(prev is not None), [prev] if prev is not None and prev_kv else [])
@@ -120,7 +117,7 @@ class EurekaOverrideStore:
         return bool((await self._instances_at(key, address))[1])
 
     async def close(self) -> None:
-        await self._own.close()
+        await self.client.close()
 
 
 def _raw_meta(inst: Instance, key: str) -> str:

@@ -22,7 +22,7 @@ from ...kinds import Instance, Registrar
 from ...kinds.registration import KindRegistration
 from .api import EurekaClient
 from .apps import GRPC_PORT_KEY, encode_metadata
-from .config import EurekaConfig, app_name, resolve_config
+from .config import URL_FORM, EurekaConfig, app_name, parse_registry_url
 from .kind import KIND
 
 DATA_CENTER = {"@class": "com.netflix.appinfo.InstanceInfo$DefaultDataCenterInfo", "name": "MyOwn"}
@@ -32,7 +32,7 @@ class EurekaRegistrar(Registrar):
     """Registers instances in the Eureka cluster of ``config``; ``timeout`` bounds each server's try."""
 
     def __init__(self, config: EurekaConfig | str, timeout: float) -> None:
-        self.client = EurekaClient(resolve_config(config), timeout=timeout)
+        self.client = EurekaClient(URL_FORM.settings(config, EurekaConfig, parse_registry_url), timeout=timeout)
 
     def check_metadata(self, metadata: Mapping[str, Any]) -> None:
         encode_metadata(metadata)  # Eureka's key rules, named
