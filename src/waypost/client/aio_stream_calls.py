@@ -7,6 +7,7 @@ from __future__ import annotations
 import asyncio
 import logging
 from collections.abc import AsyncIterator, Callable
+from contextlib import suppress
 from typing import Any
 
 import grpc
@@ -166,10 +167,8 @@ class _StreamResponseCall(CallBase):
         await self._until_started()
         while self._error is None and self._call is not None:
             call = self._call
-            try:
+            with suppress(Exception):  # the code is read again by the caller
                 await call.code()
-            except Exception:  # noqa: BLE001, S110  # the code is read again by the caller
-                pass
             if call is self._call:
                 return
             await asyncio.sleep(0)
