@@ -496,6 +496,5 @@ def serve(port: int, addr: str = "127.0.0.1", registry: Any = None) -> Any:
     one), ``server.shutdown()`` stops it."""
     pc = _import_prometheus()
     obs = enable(registry)
-    started = pc.start_http_server(port, addr=addr, registry=obs.registry)
-    # prometheus-client >= 0.17 returns (server, thread); older versions return None
-    return started[0] if isinstance(started, tuple) else started
+    server, _thread = pc.start_http_server(port, addr=addr, registry=obs.registry)  # prometheus-client >= 0.17
+    return server

@@ -14,7 +14,7 @@ import grpc
 import grpc.aio
 
 from ..balancer.base import PickResult
-from .aio_call_base import AioMethod, CallBase, is_stand_in, status_now
+from .aio_call_base import AioMethod, CallBase, is_stand_in, messages, status_now
 from .aio_replay import replay_for
 from .hedging_aio import HedgedUnaryStreamCall
 from .subconn import SubConn
@@ -152,15 +152,8 @@ class _StreamResponseCall(CallBase):
         if self._writes is not None:
             await self._writes.feed(self._current)  # replay; a failure shows on the next read
 
-    async def _iterate(self) -> AsyncIterator[Any]:
-        while True:
-            msg = await self.read()
-            if msg is _EOF:
-                return
-            yield msg
-
     def __aiter__(self) -> AsyncIterator[Any]:
-        return self._iterate()
+        return messages(self)
 
     async def _final(self) -> None:
         # Wait for the current attempt to end; if a retry replaced it meanwhile, wait for that one.

@@ -12,7 +12,7 @@ from typing import Any
 import grpc
 import grpc.aio
 
-from .aio_call_base import AioMethod, aio_error, status_now
+from .aio_call_base import AioMethod, aio_error, messages, status_now
 from .hedging import RaceState
 from .method import Attempt
 from .rpcerror import BalancerRpcError
@@ -241,12 +241,5 @@ class HedgedUnaryStreamCall(_HedgedCall, grpc.aio.UnaryStreamCall):  # type: ign
             return self._first.pop()
         return await self._call.read()
 
-    async def _iterate(self) -> AsyncIterator[Any]:
-        while True:
-            msg = await self.read()
-            if msg is _EOF:
-                return
-            yield msg
-
     def __aiter__(self) -> AsyncIterator[Any]:
-        return self._iterate()
+        return messages(self)
