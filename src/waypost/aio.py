@@ -22,6 +22,7 @@ from __future__ import annotations
 import asyncio
 import logging
 from collections.abc import Callable, Sequence
+from contextlib import suppress
 from typing import TYPE_CHECKING, Any
 
 import grpc
@@ -90,10 +91,8 @@ class Channel(ChannelBase, grpc.aio.Channel):
         self._closing: set[asyncio.Future[Any]] = set()
         self._poller: asyncio.Task[None] | None = None
         self._closed = False
-        try:
+        with suppress(RuntimeError):  # no loop yet: bind on first use
             self._bind(asyncio.get_running_loop())
-        except RuntimeError:
-            pass  # no loop yet: bind on first use
         try:
             self._resolver.start(self._on_update, self._on_resolver_error)
         except BaseException:

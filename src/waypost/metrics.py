@@ -18,43 +18,6 @@ The scrape-time gauges (in-flight calls, backends per state, per-backend load si
 sources that the client registers with :func:`register_live_source`; this module imports nothing of the layers
 above it.
 
-client_requests_total{target,backend}        counter    calls finished on a backend (one per attempt)
-client_failures_total{target,backend,code}   counter    attempts that ended with a non-OK status
-client_latency_seconds{target,backend}       histogram  attempt latency
-client_in_flight{target,backend}             gauge      calls running now (read from the channels at scrape time)
-client_backends{target,state}                gauge      backends per connectivity state (ditto)
-client_ejections_total{target,backend}       counter    outlier-detection ejections
-client_picker_rebuilds_total{target}         counter    pickers built (address set or READY set changed)
-registry_reconnects_total{stream}            counter    etcd watch / keepalive streams re-established
-watch_reloads_total{key,reason}              counter    subscriber reloads (reason: compacted, reset, error)
-registry_store_resets_total                  counter    etcd stores found gone back in time (emptied/restored)
-lease_reregistrations_total{key}             counter    publishers registered again after losing their lease
-registrations_restored_total{key}            counter    publisher records put back after an outside delete
-resolver_errors_total{target,reason}         counter    failed reads of a consul:// target's agent, by reason:
-                                                        unavailable, refused, malformed (an answer that is not
-                                                        the registry's: kept the last list, retried),
-                                                        malformed_entry (entries skipped in an answer otherwise
-                                                        used), error (anything else)
-publisher_registered{key,registry}           gauge      1 while every publisher of the key in this process is
-                                                        registered there, else 0 (read from the publishers at scrape
-                                                        time; one series per registry with several registries)
-publisher_unregistered_seconds{key,registry} gauge      how long the registration has been lost against the
-                                                        publisher's will (0 while registered or paused; ditto)
-discovery_stale{key}                         gauge      1 while the key's list comes from a stale (serializable)
-                                                        read or a cache file, else 0 (read at scrape time)
-xds_streams                                  gauge      ADS streams open on this process's xDS control plane
-xds_pushes_total{type}                       counter    xDS responses sent (type: LDS, RDS, CDS, EDS)
-xds_nacks_total{type}                        counter    xDS responses a client rejected (NACK; it keeps its last)
-xds_resources{type}                          gauge      resources served per type in the current snapshot
-xds_push_seconds                             histogram  from a change in a source to its responses queued for every
-                                                        stream (the push interval's wait included)
-xds_source_up{export}                        gauge      1 while the export's source (its resolver) answers, 0 while it
-                                                        fails (its last endpoints, if any, stay served)
-xds_load_*                                   (several)  what the xDS clients report over LRS (``waypost.xds.lrs``:
-                                                        ``LoadCollector``, read at scrape time; docs/xds.md)
-===========================================  =========  =========================================================
-
-=======
 The publisher gauges come from sources the discovery layer registers with :func:`register_publisher_source`.
 Every metric's name, labels and meaning: the table in docs/operations.md (``target`` labels are redacted).
 """
@@ -64,6 +27,7 @@ from __future__ import annotations
 import logging
 import threading
 from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
+from contextlib import suppress
 from dataclasses import dataclass
 from typing import Any
 
@@ -271,16 +235,12 @@ class PrometheusObserver(Observer):
     def backend_removed(self, target: str, backend: str) -> None:
         """``backend`` left ``target``'s address set: drop its series so churn does not grow the registry."""
         t = self.target_label(target)
-        for metric, extra in ((self.requests, ()), (self.latency, ()), (self.ejections, ())):
-            try:
-                metric.remove(t, backend, *extra)
-            except KeyError:
-                pass
+        for metric in (self.requests, self.latency, self.ejections):
+            with suppress(KeyError):
+                metric.remove(t, backend)
         for code in grpc.StatusCode:
-            try:
+            with suppress(KeyError):
                 self.failures.remove(t, backend, code.name)
-            except KeyError:
-                pass
 
     def registry_reconnect(self, stream: str) -> None:
         self.reconnects.labels(stream).inc()
@@ -325,10 +285,8 @@ class PrometheusObserver(Observer):
 
     def unregister(self) -> None:
         for m in self._all:
-            try:
+            with suppress(KeyError):
                 self.registry.unregister(m)
-            except KeyError:
-                pass
 
 
 class _LiveCollector:
@@ -356,22 +314,18 @@ class _LiveCollector:
         age = GaugeMetricFamily("waypost_client_backend_probe_age_seconds",
                                 "Seconds since the backend's last load report", labels=["target", "backend"])
         for sample in live_samples():
-                t = self._obs.target_label(sample.target)
-                for address, n in sample.in_flight:
-                    inflight.add_metric([t, address], n)
-                for name, count in sample.backends_per_state.items():
-                    states.add_metric([t, name], count)
-                for b in sample.backend_load:
-                    load.add_metric([t, b.address], b.in_flight)
-                    if b.latency is not None:
-                        latency.add_metric([t, b.address], b.latency)
-                    if b.probe_age is not None:
-                        age.add_metric([t, b.address], b.probe_age)
-        yield inflight
-        yield states
-        yield load
-        yield latency
-        yield age
+            t = self._obs.target_label(sample.target)
+            for address, n in sample.in_flight:
+                inflight.add_metric([t, address], n)
+            for name, count in sample.backends_per_state.items():
+                states.add_metric([t, name], count)
+            for b in sample.backend_load:
+                load.add_metric([t, b.address], b.in_flight)
+                if b.latency is not None:
+                    latency.add_metric([t, b.address], b.latency)
+                if b.probe_age is not None:
+                    age.add_metric([t, b.address], b.probe_age)
+        yield from (inflight, states, load, latency, age)
 
 
 # ---- publishers: registration state, read at scrape time ----------------------------------------------
@@ -428,11 +382,7 @@ class _PublisherCollector:
         for (key, where), (up, seconds) in sorted(publisher_gauges(publisher_samples()).items()):
             registered.add_metric([key, where], up)
             lost.add_metric([key, where], seconds)
-        yield registered
-        yield lost
-
-
-# ---- end of the publisher block ------------------------------------------------------------------------
+        yield from (registered, lost)
 
 
 @dataclass(frozen=True)
@@ -546,6 +496,5 @@ def serve(port: int, addr: str = "127.0.0.1", registry: Any = None) -> Any:
     one), ``server.shutdown()`` stops it."""
     pc = _import_prometheus()
     obs = enable(registry)
-    started = pc.start_http_server(port, addr=addr, registry=obs.registry)
-    # prometheus-client >= 0.17 returns (server, thread); older versions return None
-    return started[0] if isinstance(started, tuple) else started
+    server, _thread = pc.start_http_server(port, addr=addr, registry=obs.registry)  # prometheus-client >= 0.17
+    return server

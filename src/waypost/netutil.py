@@ -46,6 +46,7 @@ import socket
 import struct
 import sys
 from collections.abc import Callable, Iterable, Mapping, Sequence
+from contextlib import suppress
 from dataclasses import dataclass
 from typing import NoReturn
 from urllib.parse import urlsplit
@@ -352,12 +353,10 @@ def list_interfaces() -> list[Interface]:
         except OSError as e:  # a sandbox without /proc or ioctl: fall through
             log.debug("interface listing failed: %s", e)
     found: list[Interface] = []
-    try:
+    with suppress(OSError):
         for info in socket.getaddrinfo(socket.gethostname(), None):
             addr = str(info[4][0])
             found.append(Interface("?", addr, True, is_loopback(addr)))
-    except OSError:
-        pass
     return found
 
 

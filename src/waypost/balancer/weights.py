@@ -23,6 +23,7 @@ from __future__ import annotations
 
 import math
 from collections.abc import Mapping, Sequence
+from contextlib import suppress
 from typing import Any, Generic, TypeVar
 
 import grpc
@@ -62,10 +63,8 @@ def parse_weight(metadata: Mapping[str, Any]) -> int | None:
         value = raw
     elif isinstance(raw, (str, bytes)):
         text = raw.decode(errors="replace") if isinstance(raw, bytes) else raw
-        try:
+        with suppress(ValueError):
             value = float(text.strip())
-        except ValueError:
-            pass
     if math.isnan(value):
         raise ValueError(f"weight {raw!r} is not a number")
     if not math.isfinite(value) or value != int(value):

@@ -15,7 +15,7 @@ import abc
 import asyncio
 import logging
 import time
-from collections.abc import Callable
+from collections.abc import AsyncIterator, Callable
 from typing import Any
 
 import grpc
@@ -70,6 +70,12 @@ def status_now(call: Any) -> tuple[grpc.StatusCode, str] | None:
         coro.close()
         return None
     return out[0], out[1]
+
+
+async def messages(call: Any) -> AsyncIterator[Any]:
+    """A stream call's responses, read with its ``read()`` until EOF: what ``async for`` over the call iterates."""
+    while (msg := await call.read()) is not grpc.aio.EOF:
+        yield msg
 
 
 def aio_error(e: BalancerRpcError) -> grpc.aio.AioRpcError:

@@ -7,13 +7,14 @@ from __future__ import annotations
 import asyncio
 import logging
 from collections.abc import AsyncIterator, Callable
+from contextlib import suppress
 from typing import Any
 
 import grpc
 import grpc.aio
 
 from ..balancer.base import PickResult
-from .aio_call_base import AioMethod, CallBase, is_stand_in, status_now
+from .aio_call_base import AioMethod, CallBase, is_stand_in, messages, status_now
 from .aio_replay import replay_for
 from .hedging_aio import HedgedUnaryStreamCall
 from .subconn import SubConn
@@ -151,25 +152,16 @@ class _StreamResponseCall(CallBase):
         if self._writes is not None:
             await self._writes.feed(self._current)  # replay; a failure shows on the next read
 
-    async def _iterate(self) -> AsyncIterator[Any]:
-        while True:
-            msg = await self.read()
-            if msg is _EOF:
-                return
-            yield msg
-
     def __aiter__(self) -> AsyncIterator[Any]:
-        return self._iterate()
+        return messages(self)
 
     async def _final(self) -> None:
         # Wait for the current attempt to end; if a retry replaced it meanwhile, wait for that one.
         await self._until_started()
         while self._error is None and self._call is not None:
             call = self._call
-            try:
+            with suppress(Exception):  # the code is read again by the caller
                 await call.code()
-            except Exception:  # noqa: BLE001, S110  # the code is read again by the caller
-                pass
             if call is self._call:
                 return
             await asyncio.sleep(0)

@@ -11,6 +11,7 @@ from __future__ import annotations
 import asyncio
 import time
 from collections.abc import Callable, Collection
+from contextlib import suppress
 
 from ..balancer.base import PickInfo, PickResult
 from .picker_wrapper import PickerWrapper
@@ -56,7 +57,5 @@ class AioPickWaiter:
                 if wait <= 0:
                     raise b.deadline_exceeded(bool(tried))
                 wait = min(wait, 1.0)
-            try:
+            with suppress(asyncio.TimeoutError):
                 await asyncio.wait_for(ev.wait(), wait)
-            except asyncio.TimeoutError:
-                pass

@@ -13,6 +13,7 @@ import logging
 import threading
 import time
 from collections.abc import Callable, Sequence
+from contextlib import suppress
 from typing import Any
 
 import grpc
@@ -363,10 +364,8 @@ class BalancerWrapper:
         self._listeners.append(fn)
 
     def remove_listener(self, fn: Callable[[], None]) -> None:
-        try:
+        with suppress(ValueError):
             self._listeners.remove(fn)
-        except ValueError:
-            pass
 
     # ---- introspection ----------------------------------------------------------------------------
 

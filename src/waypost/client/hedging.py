@@ -23,8 +23,9 @@ from typing import Any
 import grpc
 
 from ..balancer.base import Outcome, PickError, PickResult
+from ..balancer.failure import pushback_of
 from ..service_config import HedgingPolicy
-from .retry import PREVIOUS_ATTEMPTS
+from .retry import PREVIOUS_ATTEMPTS, never_sent
 from .retry_throttle import RetryThrottle
 
 __all__ = ["CANCELLED_PICK", "ChannelHedging", "ExtraShare", "HedgePlan", "LatencyQuantile", "MethodHedging", "RaceState"]
@@ -259,8 +260,36 @@ class RaceState:
         self.tried: set[str] = set()
         self.started = 0
         self.live: list[Any] = []  # the attempts still running
+        self.last: tuple[Any, str, Any] | None = None  # the last attempt that failed
 
     _launch: Callable[[Any], None]  # starts an attempt (a begun pick): the sync and the aio race each have theirs
+
+    def _due(self) -> float | None | bool:
+        """Send the hedges that are due; then the seconds to wait for an attempt's end (None: no limit), or True
+        when the call ends with ``last``, its last failed attempt (every attempt failed with a non-fatal code)."""
+        while (wait := self.plan.wait()) == 0:
+            self._hedge()
+        if wait is None and not self.live:
+            assert self.last is not None
+            self._commit(self.last[0])
+            return True
+        return wait
+
+    def _ended(self, event: tuple[Any, str, Any], answered: bool) -> bool:
+        """An attempt ended (``event``: attempt, kind, payload; ``answered``: with a response, a stream's first
+        message or its end, else with an error as payload): True when the call commits to it."""
+        att, _kind, payload = event
+        self.live.remove(att)
+        if answered:
+            self.plan.succeeded()
+        else:
+            code, details = payload.code(), payload.details()
+            pushback = pushback_of(tuple(payload.trailing_metadata() or ()))
+            if not self.plan.failed(code, pushback, not_sent=never_sent(code, details)):
+                self.last = event
+                return False
+        self._commit(att)
+        return True
 
     def _next_metadata(self) -> Any:
         """The metadata of the next attempt: a hedge says how many went before it (A6)."""

@@ -12,11 +12,9 @@ from typing import Any
 import grpc
 import grpc.aio
 
-from ..balancer.failure import pushback_of
-from .aio_call_base import AioMethod, aio_error, status_now
+from .aio_call_base import AioMethod, aio_error, messages, status_now
 from .hedging import RaceState
 from .method import Attempt
-from .retry import never_sent
 from .rpcerror import BalancerRpcError
 
 _OK = grpc.StatusCode.OK
@@ -91,34 +89,16 @@ class AioRace(RaceState):
             pass  # cancelled by the race (another attempt committed, or the application cancelled the call)
 
     async def run(self) -> tuple[_Attempt, str, Any]:
-        plan = self.plan
         await self._first()
-        last: tuple[_Attempt, str, Any] | None = None
-        while True:
-            wait = plan.wait()
-            if wait == 0:
-                self._hedge()
-                continue
-            if wait is None and not self.live:
-                assert last is not None  # every attempt failed with a non-fatal code
-                self._commit(last[0])
-                return last
+        while (wait := self._due()) is not True:
             try:
                 ev = await asyncio.wait_for(self._q.get(), wait)
             except asyncio.TimeoutError:
                 continue
-            att, kind, payload = ev
-            self.live.remove(att)
-            if kind != _ERR:
-                plan.succeeded()
-                self._commit(att)
+            if self._ended(ev, ev[1] != _ERR):
                 return ev
-            code, details = payload.code(), payload.details()
-            if plan.failed(code, pushback_of(tuple(payload.trailing_metadata() or ())),
-                           not_sent=never_sent(code, details)):
-                self._commit(att)
-                return ev
-            last = ev
+        assert self.last is not None
+        return self.last
 
     def cancel(self) -> None:
         """The call was cancelled: no more hedges, every attempt cancelled."""
@@ -261,12 +241,5 @@ class HedgedUnaryStreamCall(_HedgedCall, grpc.aio.UnaryStreamCall):  # type: ign
             return self._first.pop()
         return await self._call.read()
 
-    async def _iterate(self) -> AsyncIterator[Any]:
-        while True:
-            msg = await self.read()
-            if msg is _EOF:
-                return
-            yield msg
-
     def __aiter__(self) -> AsyncIterator[Any]:
-        return self._iterate()
+        return messages(self)

@@ -14,10 +14,8 @@ from typing import Any
 
 import grpc
 
-from ..balancer.failure import pushback_of
 from .hedging import RaceState
 from .method import Attempt, BalancedChannel, MethodBase
-from .retry import never_sent
 from .retrying_stream import DelegatedCall
 
 _OK = grpc.StatusCode.OK
@@ -74,32 +72,15 @@ class SyncRace(RaceState):
             call.add_done_callback(done)
 
     def run(self) -> tuple[_Attempt, str, Any]:
-        plan = self.plan
-        last: tuple[_Attempt, str, Any] | None = None
-        while True:
-            wait = plan.wait()
-            if wait == 0:
-                self._hedge()
-                continue
-            if wait is None and not self.live:
-                assert last is not None  # every attempt failed with a non-fatal code
-                self._commit(last[0])
-                return last
+        while (wait := self._due()) is not True:
             try:
                 ev = self._q.get(timeout=wait)
             except queue.Empty:
                 continue
-            att, kind, payload = ev
-            self.live.remove(att)
-            if kind in (_MSG, _END) or (kind == _DONE and payload.code() is _OK):
-                plan.succeeded()
-                self._commit(att)
+            if self._ended(ev, ev[1] in (_MSG, _END) or (ev[1] == _DONE and ev[2].code() is _OK)):
                 return ev
-            code, details = payload.code(), payload.details()
-            if plan.failed(code, pushback_of(payload.trailing_metadata()), not_sent=never_sent(code, details)):
-                self._commit(att)
-                return ev
-            last = ev
+        assert self.last is not None
+        return self.last
 
     def cancel(self) -> None:
         """The application cancelled the call: no more hedges, every attempt cancelled."""

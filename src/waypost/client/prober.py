@@ -27,6 +27,7 @@ import asyncio
 import logging
 import threading
 from collections.abc import Callable
+from contextlib import suppress
 from typing import Any
 
 import grpc
@@ -72,10 +73,8 @@ class SubConnProber:
         return True
 
     def _probe_aio(self, address: str, stub: Any) -> bool:
-        try:
+        with suppress(RuntimeError):  # asked from another thread: use the loop of the earlier probes
             self._loop = asyncio.get_running_loop()
-        except RuntimeError:
-            pass  # asked from another thread: use the loop of the earlier probes
         loop = self._loop
         if loop is None:
             return False
@@ -257,7 +256,5 @@ class _Stream:
                 log.debug("stream %s of %s: cancel", self.method, self.address, exc_info=True)
         if task is not None:
             loop = task.get_loop()
-            try:
+            with suppress(RuntimeError):  # the loop is closed: the task ended with it
                 loop.call_soon_threadsafe(task.cancel)
-            except RuntimeError:  # the loop is closed: the task ended with it
-                pass

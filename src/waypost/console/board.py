@@ -10,6 +10,7 @@ from __future__ import annotations
 import asyncio
 import logging
 import time
+from contextlib import suppress
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -92,10 +93,8 @@ class Board:
     async def wait_change(self, seen: int, timeout: float) -> int:
         """Wait (at most ``timeout`` s) until ``version`` differs from ``seen``; returns the version now."""
         if self.version == seen:
-            try:
+            with suppress(asyncio.TimeoutError):
                 await asyncio.wait_for(self._changed.wait(), timeout)
-            except asyncio.TimeoutError:
-                pass
         return self.version
 
     def source_down(self, name: str, kind: str, why: str) -> None:

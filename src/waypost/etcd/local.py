@@ -19,6 +19,7 @@ import tempfile
 import time
 import urllib.request
 from collections.abc import Sequence
+from contextlib import suppress
 from pathlib import Path
 
 from ..errors import WaypostError
@@ -54,10 +55,8 @@ def find_binary(name: str = "etcd") -> str:
         p = d / name
         if p.is_file():
             if not os.access(p, os.X_OK):
-                try:
+                with suppress(OSError):
                     p.chmod(p.stat().st_mode | 0o111)
-                except OSError:
-                    pass
             return str(p)
     found = shutil.which(name)
     if found:

@@ -17,6 +17,7 @@ import collections
 import itertools
 import logging
 from collections.abc import AsyncIterator, Awaitable, Callable
+from contextlib import suppress
 from typing import Any
 
 import grpc
@@ -249,10 +250,8 @@ class WatchManager(StreamOwner):
         w.cancelled = True
         w._end(None)
         self._watchers.pop(w, None)
-        try:
+        with suppress(ValueError):
             self._to_create.remove(w)
-        except ValueError:
-            pass
         if w.watch_id is not None and self._by_id.get(w.watch_id) is w:
             del self._by_id[w.watch_id]
             self._send(pb.WatchRequest(cancel_request=pb.WatchCancelRequest(watch_id=w.watch_id)))

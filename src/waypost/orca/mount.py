@@ -26,6 +26,7 @@ import logging
 import threading
 import weakref
 from collections.abc import Callable
+from contextlib import suppress
 from dataclasses import dataclass
 from typing import Any
 
@@ -105,11 +106,8 @@ def mount(server: Any, recorder: ServerMetricsRecorder | None = None) -> ServerM
         reporter = OrcaReporter(account, recorder)
         oob = OobService(reporter, settings.min_interval, settings.max_streams)
     server.add_generic_rpc_handlers((oob.generic_handler(aio=aio),))
-    try:
-        with _lock:
-            _recorders[server] = reporter.recorder
-    except TypeError:  # a server object that takes no weak reference: found through its handle only
-        pass
+    with suppress(TypeError), _lock:  # a server object that takes no weak reference: found through its handle only
+        _recorders[server] = reporter.recorder
     return reporter.recorder
 
 

@@ -15,6 +15,7 @@ it to Python code, so waypost's own Python client reads the second one.
 from __future__ import annotations
 
 import logging
+from contextlib import suppress
 from functools import partial
 from typing import Any
 
@@ -46,10 +47,8 @@ class ReportedCall(CountedCall):
         CountedCall.raised(self)
 
     def end(self, failed: bool) -> None:
-        try:
+        with suppress(ValueError):  # a response stream closed from another context (grpcio cancelling it)
             current_slot.reset(self._reset)
-        except ValueError:  # a response stream closed from another context (grpcio cancelling it)
-            pass
         self._account.end(self._token, failed)
         # after the call left the account: the load its client's next call meets
         md = self.load_trailer()

@@ -96,35 +96,10 @@ class OtelSink(metrics.Observer):
         self.grpc_metrics = grpc_metrics
         self._targets = RedactedTargets()
         self._lock = threading.Lock()
-        self._levels: dict[tuple[str, str], float] = {}  # last value of each level kept in an up-down counter
-        i = {name: self._make(meter, name, kind, unit, doc) for name, (kind, unit, _a, doc) in NAMES.items()}
-        self.attempt_started_ = i["grpc.client.attempt.started"]
-        self.attempt_duration = i["grpc.client.attempt.duration"]
-        self.call_duration = i["grpc.client.call.duration"]
-        self.call_retries = i["grpc.client.call.retries"]
-        self.wrr_fallback = i["grpc.lb.wrr.rr_fallback"]
-        self.wrr_not_yet_usable = i["grpc.lb.wrr.endpoint_weight_not_yet_usable"]
-        self.wrr_stale = i["grpc.lb.wrr.endpoint_weight_stale"]
-        self.wrr_weights = i["grpc.lb.wrr.endpoint_weights"]
-        self.pick_first = {event: i[f"grpc.lb.pick_first.{event}"] for event in
-                           ("connection_attempts_succeeded", "connection_attempts_failed", "disconnections")}
-        self.picks = i["waypost.client.picks"]
-        self.retries = i["waypost.client.retries"]
-        self.ejections = i["waypost.client.ejections"]
-        self.rebuilds = i["waypost.client.picker_rebuilds"]
-        self.updates = i["waypost.resolver.updates"]
-        self.resolver_errors = i["waypost.resolver.errors"]
-        self.reconnects = i["waypost.registry.reconnects"]
-        self.store_resets = i["waypost.registry.store_resets"]
-        self.reloads = i["waypost.discovery.reloads"]
-        self.reregistrations = i["waypost.publisher.reregistrations"]
-        self.restored = i["waypost.publisher.restored"]
-        self.xds_clients = i["waypost.xds.clients"]
-        self.xds_pushes = i["waypost.xds.pushes"]
-        self.xds_nacks = i["waypost.xds.nacks"]
-        self.xds_push_duration = i["waypost.xds.push.duration"]
-        self.xds_resource_count = i["waypost.xds.resources"]
-        self.xds_sources_up = i["waypost.xds.source_up"]
+        self._levels: dict[tuple[str, ...], float] = {}  # last value of each level kept in an up-down counter
+        #: the instruments by name (``NAMES``)
+        self.instruments = {name: self._make(meter, name, kind, unit, doc)
+                            for name, (kind, unit, _a, doc) in NAMES.items()}
 
     def _make(self, meter: Any, name: str, kind: str, unit: str, doc: str) -> Any:
         if kind == "counter":
@@ -147,101 +122,106 @@ class OtelSink(metrics.Observer):
         """``target`` as an attribute: without secrets (computed once per target)."""
         return self._targets[target]
 
-    def _level(self, instrument: Any, key: tuple[str, str], value: float, attributes: dict[str, str]) -> None:
-        """Set a level kept in an up-down counter (the API's synchronous gauge is too recent to rely on)."""
+    def _level(self, name: str, value: float, attributes: dict[str, str]) -> None:
+        """Set a level kept in the up-down counter ``name`` (the API's synchronous gauge is too recent to rely
+        on)."""
+        key = (name, *attributes.values())
         with self._lock:
             delta = value - self._levels.get(key, 0.0)
             self._levels[key] = value
         if delta:
-            instrument.add(delta, attributes)
+            self.instruments[name].add(delta, attributes)
 
     # -- the client's own events (``waypost.otel.client``) ----------------------------------------------------
 
     def attempt_started(self, method: str, target: str, backend: str) -> None:
         t = self.target(target)
-        self.picks.add(1, {"grpc.target": t, "waypost.backend": backend})
+        self.instruments["waypost.client.picks"].add(1, {"grpc.target": t, "waypost.backend": backend})
         if self.grpc_metrics:
-            self.attempt_started_.add(1, {"grpc.method": method, "grpc.target": t})
+            self.instruments["grpc.client.attempt.started"].add(1, {"grpc.method": method, "grpc.target": t})
 
     def attempt_ended(self, method: str, target: str, code: grpc.StatusCode, latency: float, kind: str) -> None:
         attributes = {"grpc.method": method, "grpc.target": self.target(target), "grpc.status": code.name}
         if self.grpc_metrics:
-            self.attempt_duration.record(latency, attributes)
+            self.instruments["grpc.client.attempt.duration"].record(latency, attributes)
         if kind != "first":  # a first attempt's outcome is grpc.client.attempt.duration's (one SDK call less)
-            self.retries.add(1, {**attributes, "waypost.attempt.kind": kind})
+            self.instruments["waypost.client.retries"].add(1, {**attributes, "waypost.attempt.kind": kind})
 
     def call_ended(self, method: str, target: str, code: grpc.StatusCode, seconds: float, retries: int) -> None:
         if not self.grpc_metrics:
             return
         t = self.target(target)
-        self.call_duration.record(seconds, {"grpc.method": method, "grpc.target": t, "grpc.status": code.name})
+        attributes = {"grpc.method": method, "grpc.target": t}
+        self.instruments["grpc.client.call.duration"].record(seconds, {**attributes, "grpc.status": code.name})
         if retries:
-            self.call_retries.record(retries, {"grpc.method": method, "grpc.target": t})
+            self.instruments["grpc.client.call.retries"].record(retries, attributes)
 
     # -- metrics.Observer: the events every sink receives -------------------------------------------------------
 
     def picker_rebuilt(self, target: str) -> None:
-        self.rebuilds.add(1, {"grpc.target": self.target(target)})
+        self.instruments["waypost.client.picker_rebuilds"].add(1, {"grpc.target": self.target(target)})
 
     def backend_ejected(self, backend: str, target: str = "") -> None:
-        self.ejections.add(1, {"grpc.target": self.target(target), "waypost.backend": backend})
+        attributes = {"grpc.target": self.target(target), "waypost.backend": backend}
+        self.instruments["waypost.client.ejections"].add(1, attributes)
 
     def wrr_scheduler_update(self, target: str, weights: Sequence[float], not_yet_usable: int, stale: int,
                              rr_fallback: bool) -> None:
         attributes = {"grpc.target": self.target(target)}
         if rr_fallback:
-            self.wrr_fallback.add(1, attributes)
+            self.instruments["grpc.lb.wrr.rr_fallback"].add(1, attributes)
         if not_yet_usable:
-            self.wrr_not_yet_usable.add(not_yet_usable, attributes)
+            self.instruments["grpc.lb.wrr.endpoint_weight_not_yet_usable"].add(not_yet_usable, attributes)
         if stale:
-            self.wrr_stale.add(stale, attributes)
+            self.instruments["grpc.lb.wrr.endpoint_weight_stale"].add(stale, attributes)
         for w in weights:
-            self.wrr_weights.record(max(w, 0.0), attributes)
+            self.instruments["grpc.lb.wrr.endpoint_weights"].record(max(w, 0.0), attributes)
 
     def pick_first_event(self, target: str, event: str) -> None:
-        self.pick_first[event].add(1, {"grpc.target": self.target(target)})
+        self.instruments[f"grpc.lb.pick_first.{event}"].add(1, {"grpc.target": self.target(target)})
 
     def resolver_update(self, target: str) -> None:
-        self.updates.add(1, {"grpc.target": self.target(target)})
+        self.instruments["waypost.resolver.updates"].add(1, {"grpc.target": self.target(target)})
 
     def registry_reconnect(self, stream: str) -> None:
-        self.reconnects.add(1, {"waypost.stream": stream})
+        self.instruments["waypost.registry.reconnects"].add(1, {"waypost.stream": stream})
 
     def store_reset(self) -> None:
-        self.store_resets.add(1)
+        self.instruments["waypost.registry.store_resets"].add(1)
 
     def watch_reload(self, key: str, reason: str) -> None:
-        self.reloads.add(1, {"waypost.key": key, "waypost.reason": reason})
+        self.instruments["waypost.discovery.reloads"].add(1, {"waypost.key": key, "waypost.reason": reason})
 
     def lease_reregistered(self, key: str) -> None:
-        self.reregistrations.add(1, {"waypost.key": key})
+        self.instruments["waypost.publisher.reregistrations"].add(1, {"waypost.key": key})
 
     def registration_restored(self, key: str) -> None:
-        self.restored.add(1, {"waypost.key": key})
+        self.instruments["waypost.publisher.restored"].add(1, {"waypost.key": key})
 
     def resolver_error(self, target: str, reason: str) -> None:
-        self.resolver_errors.add(1, {"grpc.target": self.target(target), "waypost.reason": reason})
+        attributes = {"grpc.target": self.target(target), "waypost.reason": reason}
+        self.instruments["waypost.resolver.errors"].add(1, attributes)
 
     def xds_stream(self, delta: int) -> None:
-        self.xds_clients.add(delta)
+        self.instruments["waypost.xds.clients"].add(delta)
 
     def xds_push(self, type_: str) -> None:
-        self.xds_pushes.add(1, {"waypost.xds.type": type_})
+        self.instruments["waypost.xds.pushes"].add(1, {"waypost.xds.type": type_})
 
     def xds_push_many(self, type_: str, count: int) -> None:
-        self.xds_pushes.add(count, {"waypost.xds.type": type_})
+        self.instruments["waypost.xds.pushes"].add(count, {"waypost.xds.type": type_})
 
     def xds_nack(self, type_: str) -> None:
-        self.xds_nacks.add(1, {"waypost.xds.type": type_})
+        self.instruments["waypost.xds.nacks"].add(1, {"waypost.xds.type": type_})
 
     def xds_pushed(self, seconds: float) -> None:
-        self.xds_push_duration.record(seconds)
+        self.instruments["waypost.xds.push.duration"].record(seconds)
 
     def xds_resources(self, type_: str, count: int) -> None:
-        self._level(self.xds_resource_count, ("resources", type_), count, {"waypost.xds.type": type_})
+        self._level("waypost.xds.resources", count, {"waypost.xds.type": type_})
 
     def xds_source(self, export: str, up: bool) -> None:
-        self._level(self.xds_sources_up, ("source", export), 1 if up else 0, {"waypost.xds.export": export})
+        self._level("waypost.xds.source_up", 1 if up else 0, {"waypost.xds.export": export})
 
     # -- gauges read when the SDK collects --------------------------------------------------------------------
 

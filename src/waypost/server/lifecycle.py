@@ -46,7 +46,7 @@ import signal
 import threading
 import time
 from collections.abc import Callable, Generator, Iterable, Iterator, Mapping
-from contextlib import contextmanager
+from contextlib import contextmanager, suppress
 from typing import TYPE_CHECKING, Any, ClassVar, Protocol
 
 import grpc
@@ -462,11 +462,9 @@ class AsyncServeHandle(_Base):
         installed: list[signal.Signals] = []
         if threading.current_thread() is threading.main_thread():
             for s in _SIGNALS:
-                try:
+                with suppress(NotImplementedError, RuntimeError, ValueError):
                     loop.add_signal_handler(s, self._on_signal, s)
                     installed.append(s)
-                except (NotImplementedError, RuntimeError, ValueError):
-                    pass
         try:
             await self._requested.wait()
             await self.stop()

@@ -4,16 +4,8 @@
 ``ClientConfig`` per open ADS stream: the Node its client sent, its ``client_scope`` (``xds:///NAME``, the target
 a per-target xDS client serves: ``client_scope()``), and one ``GenericXdsConfig`` per resource it subscribed to
 (wildcard: every resource of the last response of that type), built from ``StreamState.statuses()``. Several
-streams of one node (one process dialing several targets) are each a ClientConfig of their own:
-
-===============  ===============  ===================================================================
-state            config_status    client_status
-===============  ===============  ===================================================================
-synced           SYNCED           ACKED: the client ACKed the response that carried the version sent
-stale            STALE            ACKED when it ACKed an older response with the resource, else REQUESTED
-nacked           ERROR            NACKED, with ``error_state``: the client's message, version, time
-not_sent         NOT_SENT         REQUESTED, or DOES_NOT_EXIST when an ACKed full-state response said so
-===============  ===============  ===================================================================
+streams of one node (one process dialing several targets) are each a ClientConfig of their own. How each
+resource's state maps to ``config_status`` and ``client_status``: docs/xds.md, "Client status".
 
 ``node_matchers`` filter the clients as csds.proto defines them: a client is listed when any matcher matches
 (none given: every client); a matcher matches when its ``node_id`` StringMatcher (if set) and every one of its

@@ -1,49 +1,13 @@
 """What an xDS control plane serves: exports (``NAME=TARGET [OPTION=VALUE ...]``), config files, prefixes.
 
 An export names one xDS service (the ``NAME`` of ``xds:///NAME``) and where its endpoints come from (any
-waypost dial target, or a list of them), with options that shape the resources:
-
-===================  =========================================================================================
-``policy``           round_robin (default), pick_first, ring_hash (``consistent_hash`` is the same),
-                     least_request, client_side_weighted_round_robin (see ``waypost.xds.policy``)
-``policy_config``    the policy's own settings (config file only; e.g. ``{"minRingSize": 1024}``)
-``hash_header``      ring_hash: hash this request header (without it each call hashes randomly)
-``prefer``           ``zone:ZONE`` or ``region:REGION``: those localities at priority 0, the rest at priority 1
-``service_config``   a gRPC service config's ``methodConfig`` (per-method retries) as routes (``routes.py``;
-                     an object in a config file, JSON text without spaces on the command line); instead of
-                     ``retries``. Timeouts are not sent over xDS (``routes.py`` says why)
-``retries``          the route's retry policy: number of retries on UNAVAILABLE (0: none)
-``retry_on``         status codes to retry (comma list: unavailable, cancelled, deadline-exceeded, internal,
-                     resource-exhausted); default ``unavailable``
-``outlier_detection``  the ``outlier_detection`` policy config of a service config (config file only)
-``serve_empty``      ``true`` (default): a service whose source answered with no endpoint is served with an
-                     empty assignment (calls fail at once); ``false``: left unanswered until it has endpoints
-``subset_key``,      traffic policy: subsets of the instances by metadata, weighted splits between them, routes
-``subsets``,         on headers or methods (with timeouts), circuit breaking (``max_requests``) and fault
-``split``,           injection (``waypost.xds.traffic``); ``routes`` and ``fault`` are config-file only
-``routes``,
-``max_requests``,
-``fault``
-``load_reporting``   ``true``: clients report their load to this control plane (LRS, ``waypost.xds.lrs``)
-===================  =========================================================================================
+waypost dial target, or a list of them), with options that shape the resources; every option and the config
+file's layout: docs/xds.md, "Exports".
 
 On the command line an export is one argument: ``NAME=TARGET`` followed by space-separated options
-(targets never contain spaces): ``--export "greeter=etcd:///127.0.0.1:2379?key=greet.rpc policy=ring_hash
-hash_header=x-user"``. A config file (JSON, or TOML read with ``tomllib``) holds the same as tables::
-
-    [exports.greeter]
-    target = "etcd:///127.0.0.1:2379?key=greet.rpc"
-    policy = "ring_hash"
-    hash_header = "x-user"
-
-    [[prefixes]]              # every service key under the prefix becomes an export of that name
-    registry = "etcd://127.0.0.1:2379"
-    prefix = "prod/"
-    policy = "round_robin"    # options for each export found
-
-    [tls]                     # the server's TLS (waypost.xds.tls): cert, key, optionally client_ca (mTLS)
-    cert = "/etc/waypost/tls.crt"
-    key = "/etc/waypost/tls.key"
+(targets never contain spaces). A config file (JSON, or TOML read with ``tomllib``) holds the same as tables
+(``[exports.NAME]``), ``[[prefixes]]`` (every service key under a registry's prefix becomes an export of that
+name) and ``[tls]`` (``waypost.xds.tls``).
 
 Every mistake raises ``XdsConfigError`` naming the export (or file) and the field.
 """

@@ -1,35 +1,10 @@
 """What a route of an export's ``routes`` matches, as gRPC's xDS routing defines it (gRFC A28): the call's path,
 its headers, and a share of the calls. The first route whose matchers all match takes the call.
 
-==========================================  ==================================================================
-route key                                   matches
-==========================================  ==================================================================
-``service = "pkg.Svc"`` [``method = "M"``]  the path ``/pkg.Svc/`` (prefix) or ``/pkg.Svc/M`` (exact)
-``prefix = "/pkg.Svc/Un"``                  paths starting with it (``""``: every call); a prefix may end inside a
-                                            method name
-``path = "/pkg.Svc/M"``                     that path only
-``safe_regex = "/pkg[.].*/Unary"``          paths the regex matches *whole* (RE2 syntax: gRPC's clients use RE2)
-``case_sensitive = false``                  the path matcher above ignores case (not for ``safe_regex``: write
-                                            ``(?i)`` in it)
-``headers = {NAME = MATCH, ...}``           every named header matches (below)
-``runtime_fraction = 25``                   that percentage of the calls the rest matches (a fraction of a
-                                            percent is sent per million), or ``{numerator = N, denominator =
-                                            "hundred" | "ten_thousand" | "million"}`` as Envoy writes it
-==========================================  ==================================================================
-
-At most one path matcher per route (``service``/``method``, ``prefix``, ``path`` or ``safe_regex``); none is the
-prefix ``""``. A header MATCH is ``"VALUE"`` (exact) or a table with one matcher and optionally ``invert_match =
-true`` (the route matches when the matcher does *not*):
-
-========================================  ===================================================================
-``{exact = "V"}``                         the value is V
-``{prefix = "P"}``, ``{suffix = "S"}``,   starts with P, ends with S, contains C (non-empty: gRPC refuses an
-``{contains = "C"}``                      empty one)
-``{present = true}``                      the header is sent (``false``: it is not)
-``{safe_regex = "R"}``                    the regex matches the whole value (RE2 syntax)
-``{range = {start = 100, end = 200}}``    the value is an integer (int64) in [start, end): start inclusive,
-                                          end exclusive
-========================================  ===================================================================
+A route matches on a path (``service`` [+ ``method``], ``prefix``, ``path`` or ``safe_regex``, at most one;
+none is the prefix ``""``; ``case_sensitive``), ``headers`` (a header MATCH is ``"VALUE"`` or a table with one
+matcher and optionally ``invert_match = true``) and ``runtime_fraction``: every key and matcher, docs/xds.md,
+"Route matching".
 
 gRPC matches a header sent several times as its values joined with ``,``, never matches ``-bin`` headers, and
 hides ``grpc-`` headers from matchers: such names are refused here.

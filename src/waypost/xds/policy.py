@@ -1,26 +1,9 @@
 """waypost policy names -> the xDS ``Cluster.load_balancing_policy``, outlier detection and route hashing.
 
-==================================  =============================================================================
-export ``policy``                   what the Cluster carries (``load_balancing_policy.policies``, first match wins)
-==================================  =============================================================================
-round_robin (default)               wrr_locality(round_robin): locality weights honoured, endpoints in turn
-pick_first                          wrr_locality(pick_first): the first endpoint of the list while it works
-ring_hash, consistent_hash          ring_hash (endpoint weights honoured; ``hash_header`` adds a route
-                                    hash_policy on that header, else each call hashes randomly)
-least_request                       wrr_locality([least_request, round_robin]): grpc-go and grpc-java use
-                                    least_request; grpcio, which has none, takes round_robin
-client_side_weighted_round_robin,   wrr_locality(client_side_weighted_round_robin): weights from the backends'
-weighted_round_robin                ORCA reports (waypost's ``weighted_round_robin`` is gRPC's A58 policy too); ``blackoutPeriod`` is never sent as 0 (grpc-go drops a 0 and
-                                    waits its 10 s default): 0 becomes 1 ns, and the default is 1 s
-==================================  =============================================================================
-
-waypost's own policies (peak_ewma, prequal, p2c_ewma, smooth_weighted_round_robin, ...) run in waypost's channel,
-not in gRPC's xDS clients: asking for one is an error at start naming the ones above.
-
-``policy_config`` keys (gRPC's JSON names): ring_hash ``minRingSize``, ``maxRingSize``; least_request
-``choiceCount``; pick_first ``shuffleAddressList``; client_side_weighted_round_robin ``enableOobLoadReport``,
-``oobReportingPeriod``, ``blackoutPeriod``, ``weightExpirationPeriod``, ``weightUpdatePeriod``,
-``errorUtilizationPenalty``.
+What each export ``policy`` is sent as, and its ``policy_config`` keys (gRPC's JSON names): docs/xds.md, "The
+mapping". ``blackoutPeriod`` is never sent as 0: grpc-go drops a 0 and waits its 10 s default, so 0 becomes 1 ns
+(the default is 1 s). waypost's own policies (peak_ewma, prequal, p2c_ewma, smooth_weighted_round_robin, ...)
+run in waypost's channel, not in gRPC's xDS clients: asking for one is an error at start naming the others.
 
 ``outlier_detection`` takes the config of waypost's ``outlier_detection`` policy (interval,
 baseEjectionTime, maxEjectionTime, maxEjectionPercent, successRateEjection, failurePercentageEjection)

@@ -17,25 +17,10 @@ For the service NAME (what a client dials as ``xds:///NAME``):
   instances only), routes to them (``weighted_clusters`` for a split), and the fault filter (``faults.py``) before
   the router in the Listener when the export or one of its routes injects faults.
 
-Endpoint mapping:
-
-=====================================  ======================================================================
-registration                           ClusterLoadAssignment
-=====================================  ======================================================================
-address ``ip:port``                    ``lb_endpoints[].endpoint.address.socket_address`` (a host name is left
-                                       out with a warning: gRPC's xDS clients reject it)
-metadata ``weight`` (``weight_of``)    ``load_balancing_weight`` (missing: 100; honoured by ring_hash)
-``weight`` 0 (drained)                 ``health_status`` DRAINING: the client sends it nothing
-metadata ``region`` / ``zone``         ``locality``: endpoints grouped per (region, zone)
-distinct weights in one locality       round_robin, pick_first, least_request (which spread evenly inside a
-                                       locality): one ``sub_zone`` ``weight-W`` per distinct weight W, so the
-                                       locality weights carry them; equal weights: no sub-zone (``_sub_zones``)
-(per locality)                         ``load_balancing_weight`` = the sum of its endpoints' weights (at least
-                                       1: a locality without a weight is dropped by gRPC)
-export ``prefer=zone:Z``               localities in zone Z at ``priority`` 0, the others at 1 (no gaps: all at 0
-                                       when none or all match); a client fails over to priority 1 when
-                                       every priority-0 endpoint fails
-=====================================  ======================================================================
+Each backend becomes an endpoint as docs/xds.md, "The mapping", lays out: its weight as
+``load_balancing_weight`` (0: ``health_status`` DRAINING), its ``region``/``zone`` as the locality, one
+``sub_zone`` per distinct weight inside a locality for the policies that spread evenly inside one
+(``_sub_zones``), ``prefer=zone:Z`` as priorities.
 
 Everything is deterministic (backends sorted by address, localities by name), so the same inputs give the
 same bytes in every control-plane replica.

@@ -1,31 +1,19 @@
 """The routes of an export's RouteConfiguration: its ``service_config`` (per-method retries) as routes gRPC's xDS
 clients honour, or the export's ``retries`` option on one catch-all route.
 
-A gRPC service config's ``methodConfig`` becomes, in gRPC's precedence order (gRFC A28: the first matching
-route wins):
-
-============================================  =======================================================
-methodConfig name                             route
-============================================  =======================================================
-``{"service": "pkg.Svc", "method": "M"}``     ``match.path`` ``/pkg.Svc/M``
-``{"service": "pkg.Svc"}``                    ``match.prefix`` ``/pkg.Svc/``
-``{}`` (the default), or none                 ``match.prefix`` ``""`` (always last)
-============================================  =======================================================
-
-and each route carries the entry's ``retryPolicy`` as ``retry_policy`` (gRFC A44): ``num_retries`` =
-maxAttempts - 1, ``retry_on`` = retryableStatusCodes (gRPC honours cancelled, deadline-exceeded, internal,
-resource-exhausted and unavailable: other codes are refused at start), ``retry_back_off`` = initialBackoff /
-maxBackoff. xDS has no backoff multiplier: gRPC uses 2.
+A gRPC service config's ``methodConfig`` becomes routes in gRPC's precedence order (gRFC A28: the first
+matching route wins): a method's ``match.path``, then a service's ``match.prefix``, then the catch-all; each
+carries the entry's ``retryPolicy`` as ``retry_policy`` (gRFC A44; docs/xds.md, "The mapping"). xDS has no backoff
+multiplier: gRPC uses 2.
 
 **A methodConfig timeout is not sent.** A route's ``max_stream_duration`` (gRFC A31) is where xDS carries it, but
 grpcio 1.85 ends calls about 1.06 s before it (with 1 s every call fails at once with DEADLINE_EXCEEDED, with 2 s
 calls end at 0.94 s), while grpc-go and grpc-java honour it: a methodConfig ``timeout`` is therefore left out (a
 warning says so). An export's ``routes`` may set one explicitly (``timeout``, ``traffic.py``), knowing this.
 
-The export's own ``routes`` (``traffic.py``: path, header and runtime_fraction matches of ``matching.py``, subsets
-and splits, timeouts, faults, their own max_requests) come
-first, in their order, each with the export's default retry policy; the service_config routes and the catch-all go
-where the export's ``split`` sends (its whole cluster without one).
+The export's own ``routes`` (``traffic.py``) come first, in their order, each with the export's default retry
+policy; the service_config routes and the catch-all go where the export's ``split`` sends (its whole cluster
+without one).
 """
 
 from __future__ import annotations

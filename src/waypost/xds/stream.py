@@ -73,10 +73,6 @@ class TypeState:
     def sent_version(self) -> str:
         return self.sent.version if self.sent is not None else ""
 
-    @property
-    def sent_nonce(self) -> str:
-        return self.sent.nonce if self.sent is not None else ""
-
 
 @dataclass(frozen=True)
 class ResourceStatus:
@@ -123,10 +119,6 @@ class StreamState:
     @property
     def node_id(self) -> str:
         return self.node.id if self.node is not None else ""
-
-    @property
-    def node_cluster(self) -> str:
-        return self.node.cluster if self.node is not None else ""
 
     @property
     def who(self) -> str:

@@ -1,27 +1,6 @@
 """An export's traffic policy: subsets of its instances, weighted splits between them, routes on headers or
-methods with their timeouts, circuit breaking and fault injection (docs/xds.md, "Traffic policy").
-
-===================  =========================================================================================
-export option        meaning
-===================  =========================================================================================
-``subset_key``       a metadata key (``version``): each value named in ``split``, ``routes`` or ``subsets``
-                     is a subset, the instances whose metadata has that value
-``subsets``          the subsets by name: a list of values of ``subset_key`` (``v1,v2`` on the command line),
-                     or a table ``NAME = {KEY = VALUE, ...}`` (every pair must match; config file)
-``split``            the default route's weighted split: ``{v1 = 95, v2 = 5}`` (``v1:95,v2:5`` on the command
-                     line); weights are integers, a weight 0 keeps the subset out; a target may be ``{weight = 5,
-                     max_requests = 10}``: its subset cluster's own limit (in a route's split: its route cluster's)
-``routes``           a list of routes tried in order before the service_config routes and the default route
-                     (config file): a path (``service`` [+ ``method``], ``prefix``, ``path`` or ``safe_regex``,
-                     ``case_sensitive``), ``headers`` and/or ``runtime_fraction`` to match (``matching.py``),
-                     ``subset`` or ``split`` to send to (neither: where the default route sends), ``timeout``,
-                     ``fault``, ``max_requests`` (the route's own limit, on clusters of its own)
-``max_requests``     circuit breaking (gRFC A32): at most N calls in flight per client to each of the export's
-                     clusters (a route's own ``max_requests`` replaces it on that route's clusters); more fail at
-                     once with UNAVAILABLE
-``fault``            fault injection (gRFC A33) on every route: ``{delay = "2s", delay_percent = 50,
-                     abort = "unavailable", abort_percent = 10}`` (a route's own ``fault`` replaces it there)
-===================  =========================================================================================
+methods with their timeouts, circuit breaking and fault injection: the export options ``subset_key``,
+``subsets``, ``split``, ``routes``, ``max_requests`` and ``fault`` (docs/xds.md, "Traffic policy").
 
 Every subset is a Cluster of its own, named ``NAME/KEY=VALUE`` (``NAME/KEY1=V1,KEY2=V2`` for several keys), with
 the export's policy, outlier detection and circuit breaking, and a ClusterLoadAssignment of the instances it
