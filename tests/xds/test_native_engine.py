@@ -145,6 +145,7 @@ def test_a_second_client_gets_the_current_state_and_a_closed_stream_leaves(serve
                                 f"127.0.0.1:{engine.port}", "--node-id", "second"], cwd=ROOT, env=_env(),
                                capture_output=True, text=True, timeout=60, check=True).stdout
     _serve(served, "a", "b", "c")
+    assert picks_all(served["client"], "svc", {"a", "b", "c"})  # the first client's stream is open (alone too)
     second = StockClient(bootstrap, tmp_path)
     try:
         assert picks_all(second, "svc", {"a", "b", "c"})
