@@ -13,6 +13,8 @@ the control loop.
   now): the channel hears it at once and a blocking start returns, while the reads go on.
 - ``options.report_early``: until the first list, failures reach ``on_error`` only with it (calls then fail at once
   naming the reason); without it they wait for the first list's deadline, when the reason is reported anyway.
+  With it, a non-blocking start whose first read has not answered within ``DIAGNOSE_AFTER`` asks the discovery
+  why (``Discovery.diagnose``) and reports that while the read goes on.
 - A list goes to the channel (subset) when it changed, or after an error was shown (the update tells the channel
   the resolver works again). ``resolve_now`` reaches the discovery (a polling one reads again soon); ``close`` and
   ``aclose`` end the task.
@@ -37,11 +39,13 @@ from ..resolver.target import Target
 from ..types import Backend
 from . import Discovery, LookupFailed
 
-__all__ = ["START_GRACE", "KindResolver"]
+__all__ = ["DIAGNOSE_AFTER", "START_GRACE", "KindResolver"]
 
 #: how much longer than the first list's deadline a blocking start waits: the loop gives up at the deadline
 #: itself, with the reason it knows; this only bounds a loop that cannot run at all
 START_GRACE = 1.0
+#: a non-blocking start that reports early and has no first list after this many seconds asks the discovery why
+DIAGNOSE_AFTER = 0.3
 
 
 class KindResolver:
@@ -131,6 +135,7 @@ class KindResolver:
 
     async def _run(self) -> None:
         deadline = asyncio.get_running_loop().call_later(self._first_list_within(), self._give_up_first)
+        early = asyncio.ensure_future(self._diagnose_early()) if self.report_early and not self.blocking else None
         try:
             while not self._closed:
                 try:
@@ -147,7 +152,23 @@ class KindResolver:
                     await asyncio.sleep(self.backoff.delay(self._failing, self._rng))
         finally:
             deadline.cancel()
+            if early is not None:
+                early.cancel()
             await self._discovery.close()
+
+    async def _diagnose_early(self) -> None:
+        """A first read slow to answer: the discovery's account of why goes to the channel (calls fail naming it)
+        while the read goes on, unless a list or a failure came meanwhile."""
+        await asyncio.sleep(DIAGNOSE_AFTER)
+        if self._first.done() or self._last_error:
+            return
+        try:
+            why = await self._discovery.diagnose(self.service)
+        except Exception as e:  # noqa: BLE001 -- a diagnosis only: the read goes on
+            self.log.debug("waypost: %s: diagnosing %s failed: %r", self.registry_kind.scheme, self._what(), e)
+            return
+        if why and not self._first.done() and not self._last_error and self._notify(self._on_error, why):
+            self._error_shown = True
 
     def _what(self) -> str:
         """What is followed, for messages (``service 'greet' at ...``)."""
@@ -159,10 +180,13 @@ class KindResolver:
         return max(self.timeout, self._discovery.read_timeout + START_GRACE if self._discovery.read_timeout else 0)
 
     def _no_list_error(self) -> str:
-        """A blocking start's error when the first list's deadline passed."""
-        why = self._last_error
-        return (f"{self.registry_kind.scheme}: no {self.registry_kind.words.list_name} of {self._what()} within "
-                f"{self._first_list_within():g}s{f' ({why})' if why else ''}")
+        """A blocking start's error when the first list's deadline passed: the kind's ``Words.no_list`` when a
+        read failed, naming why."""
+        kind, within = self.registry_kind, self._first_list_within()
+        if self._last_error:
+            return kind.words.no_list.format(scheme=kind.scheme, list_name=kind.words.list_name, what=self._what(),
+                                             within=within, why=self._last_error)
+        return f"{kind.scheme}: no {kind.words.list_name} of {self._what()} within {within:g}s"
 
     def _failed(self, e: Exception) -> None:
         """A failed read: reported; a refusal ends a blocking start's wait with an error, a ``LookupFailed``
