@@ -17,7 +17,8 @@ the control loop.
   why (``Discovery.diagnose``) and reports that while the read goes on.
 - A list goes to the channel (subset) when it changed, or after an error was shown (the update tells the channel
   the resolver works again). ``resolve_now`` reaches the discovery (a polling one reads again soon); ``close`` and
-  ``aclose`` end the task.
+  ``aclose`` end the task, and return once the discovery is closed (bounded: what it held, e.g. a shared watch,
+  is released when they return), except ``close`` called on the control loop itself, which never waits.
 """
 
 from __future__ import annotations
@@ -26,6 +27,7 @@ import asyncio
 import concurrent.futures
 import logging
 import random
+import threading
 import time
 from collections.abc import Callable, Sequence
 from typing import Any
@@ -46,6 +48,8 @@ __all__ = ["DIAGNOSE_AFTER", "START_GRACE", "KindResolver"]
 START_GRACE = 1.0
 #: a non-blocking start that reports early and has no first list after this many seconds asks the discovery why
 DIAGNOSE_AFTER = 0.3
+#: how long ``close`` and ``aclose`` wait for the discovery's close
+CLOSE_WAIT = 5.0
 
 
 class KindResolver:
@@ -76,6 +80,9 @@ class KindResolver:
         # done once the first list is known, or given up (an error, raised by a blocking start)
         self._first: concurrent.futures.Future[None] = concurrent.futures.Future()
         self._closed = False
+        # the loop's task began (there is something to wait for at close), and ended (the discovery is closed)
+        self._began = threading.Event()
+        self._ended: concurrent.futures.Future[None] = concurrent.futures.Future()
         self._on_update: OnUpdate | None = None
         self._on_error: OnError | None = None
         self._last: tuple[Backend, ...] | None = None  # the last list the channel took
@@ -123,17 +130,35 @@ class KindResolver:
         self._discovery.resolve_now()
 
     def close(self) -> None:
+        if not self._stop() or _loop.in_loop():
+            return
+        try:
+            self._ended.result(CLOSE_WAIT)
+        except concurrent.futures.TimeoutError:
+            self.log.warning("waypost: %s: the discovery of %s did not close within %gs", self.registry_kind.scheme,
+                             self._what(), CLOSE_WAIT)
+
+    async def aclose(self) -> None:
+        """close() without blocking an event loop."""
+        if not self._stop():
+            return
+        try:
+            await asyncio.wait_for(asyncio.wrap_future(self._ended), CLOSE_WAIT)
+        except asyncio.TimeoutError:
+            self.log.warning("waypost: %s: the discovery of %s did not close within %gs", self.registry_kind.scheme,
+                             self._what(), CLOSE_WAIT)
+
+    def _stop(self) -> bool:
+        """End the task; True when it began (its end is worth waiting for)."""
         self._closed = True
         if self._future is not None:
             self._future.cancel()
-
-    async def aclose(self) -> None:
-        """close() never blocks: the same."""
-        self.close()
+        return self._began.is_set() and not self._ended.done()
 
     # ---- the loop -----------------------------------------------------------------------------------
 
     async def _run(self) -> None:
+        self._began.set()
         deadline = asyncio.get_running_loop().call_later(self._first_list_within(), self._give_up_first)
         early = asyncio.ensure_future(self._diagnose_early()) if self.report_early and not self.blocking else None
         try:
@@ -154,7 +179,10 @@ class KindResolver:
             deadline.cancel()
             if early is not None:
                 early.cancel()
-            await self._discovery.close()
+            try:
+                await self._discovery.close()
+            finally:
+                self._ended.set_result(None)
 
     async def _diagnose_early(self) -> None:
         """A first read slow to answer: the discovery's account of why goes to the channel (calls fail naming it)
