@@ -62,6 +62,9 @@ class Words:
     lost: str = "no {renewal} worked for {overdue:.0f}s (ttl {ttl}s), the registry has dropped it: {error}"
     #: a read that failed (the registry down, ...); fields ``title``, ``what``, ``error``
     read_failed: str = "{title}: reading {what} failed: {error}"
+    #: a blocking dial's error when no first list came within its timeout after a read failed; fields ``scheme``,
+    #: ``list_name``, ``what``, ``within`` (seconds), ``why`` (the last failure, as ``read_failed`` said it)
+    no_list: str = "{scheme}: no {list_name} of {what} within {within:g}s ({why})"
     #: a deregistration that failed; fields ``instance``, ``id``, ``ttl``
     left_behind: str = "could not remove {instance} {id!r} (the registry drops it within {ttl}s)"
     #: a direct target's backend that answers like this kind's server (``RegistryKind.misdial``); fields ``title``,
@@ -83,16 +86,14 @@ class RegistryKind:
     - optionally ``override_store(url)`` -> a ``waypost.kinds.OverrideStore`` (``waypost drain``) and
       ``console_source(url, board, timeout)`` -> a ``waypost.kinds.ConsoleSource`` (``waypost console``).
 
-    waypost builds the resolver and the registration over them. Each part is a ``Ref``.
+    waypost builds the resolver (one for every kind: ``waypost.kinds.resolver.KindResolver``) and the registration
+    over them. Each part is a ``Ref``.
 
     The grammar: ``parse_url(url)`` -> the settings of a registry URL (raises ``waypost.InvalidTarget`` naming what
     is wrong); ``parse_target(scheme, authority, path, params, raw)`` -> a ``Target`` for a kind whose dial
     targets are not ``SCHEME://HOST:PORT[,HOST:PORT]/SERVICE?PARAMS`` (that grammar is the default:
     ``target_params`` says which parameters it takes, ``max_hosts`` how many hosts, ``default_port`` the port of a
     host without one).
-
-    ``resolver`` is the older form of ``discovery`` (a whole resolver), for the kinds that still build their own
-    (etcd, memory and direct: a resolver over a shared watch, or over nothing).
     """
 
     scheme: str
@@ -109,8 +110,6 @@ class RegistryKind:
     registry: Ref | None = None
     #: a keyed kind's ``Target`` -> the registry URL ``waypost.connect`` takes for it (``Target.registry_url``)
     target_registry_url: Ref | None = None
-    #: the resolver of its dial targets
-    resolver: Ref | None = None
     #: what ``waypost console --registry URL`` follows
     console_source: Ref | None = None
     #: where ``waypost drain|weight|undrain --registry URL`` writes (None: a keyed registry's own keys)
@@ -182,14 +181,10 @@ def load(ref: Ref, what: str = "") -> Any:
 
 # ---- the table ---------------------------------------------------------------------------------------------
 
-_BUILTIN = (
-    RegistryKind("direct", None, "direct:///127.0.0.1:8080,127.0.0.1:8081",
-                 resolver="waypost.resolver.direct:DirectResolver"),
-)
-
 #: the modules of waypost's kinds (``waypost.registries``), each declaring its ``KIND``: loaded, in this order, the
-#: first time a scheme is looked up that the rows above do not have
+#: first time a scheme is looked up
 BUILTIN_MODULES = (
+    "waypost.registries.direct.kind",
     "waypost.registries.etcd.kind",
     "waypost.registries.memory.kind",
     "waypost.registries.dns.kind",
@@ -200,9 +195,9 @@ BUILTIN_MODULES = (
 )
 
 #: every kind by scheme, in the order messages list them (plug-ins after waypost's own)
-KINDS: dict[str, RegistryKind] = {k.scheme: k for k in _BUILTIN}
+KINDS: dict[str, RegistryKind] = {}
 #: every scheme that names a kind, its aliases included, in the order messages list them
-SCHEMES: dict[str, RegistryKind] = {s: k for k in KINDS.values() for s in (k.scheme, *k.aliases)}
+SCHEMES: dict[str, RegistryKind] = {}
 
 _lock = threading.RLock()
 _plugins_loaded = False
@@ -223,17 +218,16 @@ def register_kind(kind: RegistryKind, *, replace: bool = False) -> RegistryKind:
 
 
 def _add(kind: RegistryKind, *, replace: bool = False) -> RegistryKind:
-    if kind.resolver is None and kind.discovery is None and kind.registrar is None:
+    if kind.discovery is None and kind.registrar is None:
         raise ValueError(f"register_kind: {kind.scheme}: a kind needs a discovery (dial targets), a registrar "
                          "(serve(registry=...)), or both")
     load_plugins()  # waypost's own kinds first, so their schemes are taken even before the first look-up
     with _lock:
-        builtin = {s for k in _BUILTIN for s in (k.scheme, *k.aliases)} | _OWN_SCHEMES
         for s in (kind.scheme, *kind.aliases):
             taken = SCHEMES.get(s)
             if taken is None or taken == kind:
                 continue
-            if s in builtin or not replace:
+            if s in _OWN_SCHEMES or not replace:
                 raise ValueError(f"register_kind: scheme {s!r} is taken by the {taken.title} kind "
                                  f"({taken.target_example})")
         old = KINDS.get(kind.scheme)
@@ -327,8 +321,8 @@ _GENERIC = {"resolver": ("discovery", "waypost.kinds.resolver:KindResolver"),
 def part(kind: RegistryKind, name: str) -> Any:
     """A kind's part (``resolver``, ``publisher``, ``parse_url``, ``console_source``, ``parse_target``,
     ``registrar``, ``discovery``), loaded; a missing client library is an ``ImportError`` saying what to install.
-    The ``resolver`` and ``publisher`` of a kind that gives a ``discovery`` and a ``registrar`` are the generic
-    ones, bound to the kind."""
+    The ``resolver`` of a kind is the generic one over its ``discovery``, bound to the kind (so is the
+    ``publisher`` of a kind that gives a ``registrar``)."""
     ref = getattr(kind, name, None)
     if ref is None and name in _GENERIC and getattr(kind, _GENERIC[name][0]) is not None:
         return functools.partial(load(_GENERIC[name][1]), kind)

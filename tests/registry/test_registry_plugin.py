@@ -169,7 +169,7 @@ def test_a_broken_plugin_is_logged_and_skipped(tmp_path: Path) -> None:
 
 def test_register_kind_refuses_taken_schemes_and_empty_kinds() -> None:
     with pytest.raises(ValueError, match="scheme 'consul' is taken by the Consul kind"):
-        waypost.register_kind(waypost.RegistryKind("consul", 8500, "consul://h/s", resolver="x:y"))
+        waypost.register_kind(waypost.RegistryKind("consul", 8500, "consul://h/s", discovery="x:y"))
     with pytest.raises(ValueError, match="needs a discovery"):
         waypost.register_kind(waypost.RegistryKind("nothing", None, "nothing:///x"))
     with pytest.raises(ValueError, match="is not a URL scheme"):
@@ -179,7 +179,7 @@ def test_register_kind_refuses_taken_schemes_and_empty_kinds() -> None:
 
 
 def test_a_registered_kind_is_listed_in_unknown_scheme_errors_and_parsed_by_the_default_grammar() -> None:
-    kind = waypost.RegistryKind("examplereg", 7777, "examplereg://127.0.0.1:7777/greeter", resolver="x:y",
+    kind = waypost.RegistryKind("examplereg", 7777, "examplereg://127.0.0.1:7777/greeter", discovery="x:y",
                                 target_params=("token",), max_hosts=2)
     waypost.register_kind(kind)
     t = waypost.parse_target("examplereg://10.0.0.1,10.0.0.2:7000/greeter?token=t")

@@ -1,4 +1,5 @@
-"""The resolver of every registry kind (``KindResolver``: consul, zk, k8s, dns) honours the same ``ResolverOptions``.
+"""The resolver of every registry kind (``KindResolver``: etcd, consul, zk, k8s, dns) honours the same
+``ResolverOptions``.
 
 - ``blocking``: a blocking start returns once the first list is known, and raises RegistryUnavailable naming what
   could not be read when there is none in time; a non-blocking start returns at once.
@@ -55,6 +56,14 @@ current-context: x
     return path
 
 
+def _etcd(tmp_path: Path, options: ResolverOptions, timeout: float) -> KindResolver:
+    from waypost.resolver import resolver_factory
+
+    resolver: KindResolver = resolver_factory("etcd")(  # type: ignore[call-arg]
+        parse_target(f"etcd:///127.0.0.1:{free_port()}?key=greet"), options, timeout=timeout)
+    return resolver
+
+
 def _consul(tmp_path: Path, options: ResolverOptions, timeout: float) -> KindResolver:
     pytest.importorskip("aiohttp")
     from waypost.registries.consul.kind import KIND
@@ -82,6 +91,7 @@ def _k8s(tmp_path: Path, options: ResolverOptions, timeout: float) -> KindResolv
 
 #: each registry resolver against a port where nothing listens, and what its errors name
 REFUSED: dict[str, tuple[Callable[[Path, ResolverOptions, float], KindResolver], str]] = {
+    "etcd": (_etcd, "unreachable: connection refused"),
     "consul": (_consul, "instances of service 'greet'"),
     "zk": (_zk, "connection refused"),
     "k8s": (_k8s, "EndpointSlices of service default/greet (port 80)"),

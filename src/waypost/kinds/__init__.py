@@ -184,6 +184,13 @@ class Discovery(abc.ABC):
         """A hint that a connection to an instance failed: a polling kind reads again soon. Called from any
         thread. The default does nothing (a watch sees changes anyway)."""
 
+    async def diagnose(self, service: str) -> str | None:
+        """Why reads of ``service`` do not answer, in the registry's own words (``etcd at h:2379 unreachable:
+        connection refused``), bounded; None when it cannot say. Asked once when the first list of a dial that
+        reports early (an aio dial) has not come within 0.3 s: calls then fail naming it while the
+        read goes on. The default cannot say."""
+        return None
+
     async def close(self) -> None:
         """Free what the discovery holds open (when the channel closes)."""
 

@@ -13,9 +13,12 @@ the control loop.
   now): the channel hears it at once and a blocking start returns, while the reads go on.
 - ``options.report_early``: until the first list, failures reach ``on_error`` only with it (calls then fail at once
   naming the reason); without it they wait for the first list's deadline, when the reason is reported anyway.
+  With it, a non-blocking start whose first read has not answered within ``DIAGNOSE_AFTER`` asks the discovery
+  why (``Discovery.diagnose``) and reports that while the read goes on.
 - A list goes to the channel (subset) when it changed, or after an error was shown (the update tells the channel
   the resolver works again). ``resolve_now`` reaches the discovery (a polling one reads again soon); ``close`` and
-  ``aclose`` end the task.
+  ``aclose`` end the task, and return once the discovery is closed (bounded: what it held, e.g. a shared watch,
+  is released when they return), except ``close`` called on the control loop itself, which never waits.
 """
 
 from __future__ import annotations
@@ -24,6 +27,7 @@ import asyncio
 import concurrent.futures
 import logging
 import random
+import threading
 import time
 from collections.abc import Callable, Sequence
 from typing import Any
@@ -37,11 +41,15 @@ from ..resolver.target import Target
 from ..types import Backend
 from . import Discovery, LookupFailed
 
-__all__ = ["START_GRACE", "KindResolver"]
+__all__ = ["DIAGNOSE_AFTER", "START_GRACE", "KindResolver"]
 
 #: how much longer than the first list's deadline a blocking start waits: the loop gives up at the deadline
 #: itself, with the reason it knows; this only bounds a loop that cannot run at all
 START_GRACE = 1.0
+#: a non-blocking start that reports early and has no first list after this many seconds asks the discovery why
+DIAGNOSE_AFTER = 0.3
+#: how long ``close`` and ``aclose`` wait for the discovery's close
+CLOSE_WAIT = 5.0
 
 
 class KindResolver:
@@ -72,6 +80,9 @@ class KindResolver:
         # done once the first list is known, or given up (an error, raised by a blocking start)
         self._first: concurrent.futures.Future[None] = concurrent.futures.Future()
         self._closed = False
+        # the loop's task began (there is something to wait for at close), and ended (the discovery is closed)
+        self._began = threading.Event()
+        self._ended: concurrent.futures.Future[None] = concurrent.futures.Future()
         self._on_update: OnUpdate | None = None
         self._on_error: OnError | None = None
         self._last: tuple[Backend, ...] | None = None  # the last list the channel took
@@ -119,18 +130,39 @@ class KindResolver:
         self._discovery.resolve_now()
 
     def close(self) -> None:
+        if not self._stop() or _loop.in_loop():
+            return
+        try:
+            self._ended.result(CLOSE_WAIT)
+        except concurrent.futures.TimeoutError:
+            self.log.warning("waypost: %s: the discovery of %s did not close within %gs", self.registry_kind.scheme,
+                             self._what(), CLOSE_WAIT)
+
+    async def aclose(self) -> None:
+        """close() without blocking an event loop."""
+        if not self._stop():
+            return
+        try:
+            await asyncio.wait_for(asyncio.wrap_future(self._ended), CLOSE_WAIT)
+        except asyncio.TimeoutError:
+            self.log.warning("waypost: %s: the discovery of %s did not close within %gs", self.registry_kind.scheme,
+                             self._what(), CLOSE_WAIT)
+
+    def _stop(self) -> bool:
+        """End the task; True when it began (its end is worth waiting for)."""
         self._closed = True
         if self._future is not None:
             self._future.cancel()
-
-    async def aclose(self) -> None:
-        """close() never blocks: the same."""
-        self.close()
+        return self._began.is_set() and not self._ended.done()
 
     # ---- the loop -----------------------------------------------------------------------------------
 
     async def _run(self) -> None:
-        deadline = asyncio.get_running_loop().call_later(self._first_list_within(), self._give_up_first)
+        self._began.set()
+        loop = asyncio.get_running_loop()
+        started = loop.time()
+        deadline = loop.call_later(self._first_list_within(), self._give_up_first)
+        early = asyncio.ensure_future(self._diagnose_early()) if self.report_early and not self.blocking else None
         try:
             while not self._closed:
                 try:
@@ -144,10 +176,31 @@ class KindResolver:
                 except Exception as e:  # noqa: BLE001  # keep the last list, retry with backoff
                     self._failing += 1
                     self._failed(e)
+                    if loop.time() - started >= self.timeout:  # the dial's time is spent and why is known: no
+                        self._give_up_first()  # grace past it (that is for a read still under way)
                     await asyncio.sleep(self.backoff.delay(self._failing, self._rng))
         finally:
             deadline.cancel()
-            await self._discovery.close()
+            if early is not None:
+                early.cancel()
+            try:
+                await self._discovery.close()
+            finally:
+                self._ended.set_result(None)
+
+    async def _diagnose_early(self) -> None:
+        """A first read slow to answer: the discovery's account of why goes to the channel (calls fail naming it)
+        while the read goes on, unless a list or a failure came meanwhile."""
+        await asyncio.sleep(DIAGNOSE_AFTER)
+        if self._first.done() or self._last_error:
+            return
+        try:
+            why = await self._discovery.diagnose(self.service)
+        except Exception as e:  # noqa: BLE001 -- a diagnosis only: the read goes on
+            self.log.debug("waypost: %s: diagnosing %s failed: %r", self.registry_kind.scheme, self._what(), e)
+            return
+        if why and not self._first.done() and not self._last_error and self._notify(self._on_error, why):
+            self._error_shown = True
 
     def _what(self) -> str:
         """What is followed, for messages (``service 'greet' at ...``)."""
@@ -159,10 +212,13 @@ class KindResolver:
         return max(self.timeout, self._discovery.read_timeout + START_GRACE if self._discovery.read_timeout else 0)
 
     def _no_list_error(self) -> str:
-        """A blocking start's error when the first list's deadline passed."""
-        why = self._last_error
-        return (f"{self.registry_kind.scheme}: no {self.registry_kind.words.list_name} of {self._what()} within "
-                f"{self._first_list_within():g}s{f' ({why})' if why else ''}")
+        """A blocking start's error when the first list's deadline passed: the kind's ``Words.no_list`` when a
+        read failed, naming why."""
+        kind, within = self.registry_kind, self._first_list_within()
+        if self._last_error:
+            return kind.words.no_list.format(scheme=kind.scheme, list_name=kind.words.list_name, what=self._what(),
+                                             within=within, why=self._last_error)
+        return f"{kind.scheme}: no {kind.words.list_name} of {self._what()} within {within:g}s"
 
     def _failed(self, e: Exception) -> None:
         """A failed read: reported; a refusal ends a blocking start's wait with an error, a ``LookupFailed``

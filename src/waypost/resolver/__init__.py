@@ -3,8 +3,8 @@
 The contract (``resolver.base``): a resolver is built as ``SomeResolver(target, ResolverOptions)`` and
 implements ``Resolver``: ``start(on_update, on_error)``, ``resolve_now(reason)``, ``close()`` and
 ``aclose()``. ``make_resolver(target, options)`` picks one by scheme: ``multi`` (several targets), else the
-target's registry kind's (``kind_table.py``; each kind's resolver lives in its package under
-``waypost.registries``).
+resolver of every registry kind (``waypost.kinds.resolver.KindResolver``) over the target's kind's ``Discovery``
+(``kind_table.py``; each kind's discovery lives in its package under ``waypost.registries``).
 """
 
 from __future__ import annotations
@@ -12,19 +12,18 @@ from __future__ import annotations
 from ..errors import InvalidTarget
 from ..kind_table import lookup, part
 from .base import OnError, OnUpdate, Resolver, ResolverFactory, ResolverOptions
-from .direct import DirectResolver
 from .multi import MultiResolver
 from .subset import DEFAULT_SUBSET_SIZE, Subsetter, deterministic_subset
 from .target import Target, parse_target, parse_targets
 
 
 def resolver_factory(scheme: str) -> ResolverFactory:
-    """The resolver class of a target scheme (``multi``: several targets as one; any other: its registry kind's,
-    ``kind_table.py``, loaded on first use)."""
+    """The resolver class of a target scheme (``multi``: several targets as one; any other: the generic resolver
+    bound to its registry kind, ``kind_table.py``, loaded on first use)."""
     if scheme == "multi":
         return MultiResolver
     kind = lookup(scheme)
-    if kind is None or (kind.resolver is None and kind.discovery is None):
+    if kind is None or kind.discovery is None:
         raise InvalidTarget(f"no resolver for scheme {scheme!r}")
     factory: ResolverFactory = part(kind, "resolver")
     return factory
@@ -43,7 +42,6 @@ def make_resolver(target: Target | str, options: ResolverOptions | None = None) 
 
 __all__ = [
     "DEFAULT_SUBSET_SIZE",
-    "DirectResolver",
     "MultiResolver",
     "OnError",
     "OnUpdate",

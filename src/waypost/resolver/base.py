@@ -10,8 +10,9 @@ A channel builds one resolver per dial with ``SomeResolver(target, options)`` (`
   never blocking; resolvers with nothing to re-read ignore it).
 - ``close()`` (sync channel) or ``await aclose()`` (aio channel) once, when the channel closes.
 
-The registry kinds written against ``waypost.kinds`` (consul, k8s, zk, dns, eureka) share one resolver that
-does all this, ``ResolverOptions`` included: ``waypost.kinds.resolver.KindResolver``.
+Every registry kind (etcd, memory, direct, consul, k8s, zk, dns, eureka, a plug-in's) has the one resolver that
+does all this, ``ResolverOptions`` included, over its ``waypost.kinds.Discovery``:
+``waypost.kinds.resolver.KindResolver``; ``MultiResolver`` merges several.
 """
 
 from __future__ import annotations

@@ -4,23 +4,30 @@ records joined.
 
 ``watch`` follows the key through a ``waypost.Subscriber`` (the process' shared reader of that key: one Get, one
 Watch, whatever the number of channels; ``cache=PATH`` honoured); ``instances`` makes one read of its own (never
-the shared reader's list), so that it fails while the registry cannot be read.
+the shared reader's list), so that it fails while the registry cannot be read. A first read that fails raises
+``RegistryUnavailable`` with the registry's own account of why, cause first (``etcd at 127.0.0.1:2379
+unreachable: connection refused (could not read the key 'greet' within 5s; ...)``); ``diagnose`` gives that
+account alone, for the early report of an aio dial.
 """
 
 from __future__ import annotations
 
 import asyncio
+import re
 from collections.abc import AsyncIterator, Sequence
-from typing import Any, TypeVar
+from typing import Any
 
 from ... import _loop
 from ...discovery import Subscriber
 from ...discovery.formats import get_format
 from ...discovery.shared_reader import SharedReader
 from ...discovery.subscriber import resolve_registry
-from ...kinds import Backend, Discovery, Target
+from ...kinds import Backend, Backoff, Discovery, RegistryUnavailable, Target
 
-T = TypeVar("T")
+#: how long asking the registry why it cannot be reached may take, seconds
+PROBE_LIMIT = 2.0
+#: a key's internal side records (go-zero metadata), never named in messages
+_INTERNAL_KEY = re.compile(r"'_waypost/[^']*'")
 
 
 async def _on_control(coro: Any) -> Any:
@@ -35,6 +42,9 @@ class KeyedDiscovery(Discovery):
 
     #: the bound of one read (the first list of a watch, an ``instances`` read), seconds
     read_timeout: float = 5.0
+    #: each read is bounded by ``read_timeout`` already: the pauses between them are short, so that a channel
+    #: waiting for its first list is not kept waiting long once etcd is back
+    backoff = Backoff(first=0.5, cap=5.0, jitter=0.0)
 
     def __init__(self, target: Target) -> None:
         if not target.key:
@@ -58,9 +68,12 @@ class KeyedDiscovery(Discovery):
             reader.close()
 
     async def watch(self, service: str) -> AsyncIterator[Sequence[Backend]]:
-        sub = await Subscriber.open(self.target.registry_url(), service, exact=self.target.exact,
-                                    format=self.target.format, timeout=self.read_timeout,
-                                    cache_file=self.target.cache_file)
+        try:
+            sub = await Subscriber.open(self.target.registry_url(), service, exact=self.target.exact,
+                                        format=self.target.format, timeout=self.read_timeout,
+                                        cache_file=self.target.cache_file)
+        except (RegistryUnavailable, OSError) as e:
+            raise RegistryUnavailable(self._failure_text(service, e, await self.diagnose(service))) from e
         loop = asyncio.get_running_loop()
         changed = asyncio.Event()
 
@@ -76,3 +89,22 @@ class KeyedDiscovery(Discovery):
         finally:
             sub.remove_listener(fire)
             await sub.aclose()
+
+    async def diagnose(self, service: str) -> str | None:
+        """The registry's own account of why it cannot be reached (``etcd at h:2379 unreachable: connection
+        refused``), within ``PROBE_LIMIT``; None when it can, or cannot say."""
+        try:
+            why: str | None = await asyncio.wait_for(
+                _on_control(resolve_registry(self.target.registry_url()).unreachable()), PROBE_LIMIT)
+        except Exception:  # noqa: BLE001 -- a diagnosis only
+            return None
+        return why
+
+    def _failure_text(self, service: str, e: BaseException, why: str | None) -> str:
+        """Why the first read failed, cause first: the unreachable endpoints and why, then what could not be read;
+        never waypost's internal keys."""
+        what = f"could not read the key {service!r} within {self.read_timeout:g}s"
+        if why is not None:
+            return f"{why} ({what}; is etcd running there? `waypost etcd` starts one)"
+        text = _INTERNAL_KEY.sub("its metadata records", str(e)) or type(e).__name__
+        return text if text.startswith("could not read") else f"{what}: {text}"

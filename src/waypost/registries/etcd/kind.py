@@ -1,5 +1,5 @@
 """The etcd kind's row: ``waypost.connect("etcd://...")`` makes its ``EtcdRegistry``, ``etcd:///HOSTS?key=K``
-(and go-zero's ``discov://``) targets are read through a ``waypost.Subscriber``."""
+(and go-zero's ``discov://``) targets are read by its ``KeyedDiscovery`` (through a ``waypost.Subscriber``)."""
 
 from __future__ import annotations
 
@@ -15,10 +15,11 @@ KIND = RegistryKind(
     parse_target=_HERE + "target:parse_etcd_target",
     target_params=("key", "format", "exact", "cache", "user", "password", "tls", "cacert", "certfile", "keyfile",
                    "dial_timeout", "request_timeout"),
-    target_registry_url=_HERE + "target:registry_url", resolver=_HERE + "resolver:RegistryResolver",
+    target_registry_url=_HERE + "target:registry_url",
     misdial=_HERE + "misdial:meant_target",
+    # a failed read says it all, cause first (``etcd at h:2379 unreachable: ...``): no prefix
     words=Words(misdialed="this looks like an etcd endpoint: did you mean {target} (the key the servers register "
-                          "under)?"),
+                          "under)?", read_failed="{error}", no_list="{why}"),
     console_source="waypost.registries.etcd.console:KeyedSource",
     discovery=_HERE + "discovery:KeyedDiscovery",
 )

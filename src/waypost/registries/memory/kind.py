@@ -1,9 +1,9 @@
 """The memory kind's row: ``waypost.connect("memory://NAME")`` is a handle on the process' store NAME, and
-``memory://NAME/?key=K`` targets are read through a ``waypost.Subscriber`` like etcd's."""
+``memory://NAME/?key=K`` targets are read by etcd's ``KeyedDiscovery`` (through a ``waypost.Subscriber``)."""
 
 from __future__ import annotations
 
-from ...kind_table import RegistryKind
+from ...kind_table import RegistryKind, Words
 
 _HERE = "waypost.registries.memory."
 
@@ -11,7 +11,7 @@ KIND = RegistryKind(
     "memory", None, "memory:///?key=greet.rpc", "memory://default",
     parse_url=_HERE + "config:parse_memory_url", registry=_HERE + "store:from_url",
     parse_target=_HERE + "config:parse_memory_target", target_params=("key", "format", "exact"),
-    target_registry_url=_HERE + "config:registry_url", resolver="waypost.registries.etcd.resolver:RegistryResolver",
+    target_registry_url=_HERE + "config:registry_url",
     console_source="waypost.registries.etcd.console:KeyedSource",
-    discovery="waypost.registries.etcd.discovery:KeyedDiscovery",
+    discovery="waypost.registries.etcd.discovery:KeyedDiscovery", words=Words(read_failed="{error}", no_list="{why}"),
 )
