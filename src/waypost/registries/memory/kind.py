@@ -3,7 +3,8 @@
 
 from __future__ import annotations
 
-from ...kind_table import RegistryKind
+from ...kind_table import RegistryKind, Words
+from ..etcd.kind import KEYED_WORDS
 
 _HERE = "waypost.registries.memory."
 
@@ -13,4 +14,5 @@ KIND = RegistryKind(
     parse_target=_HERE + "config:parse_memory_target", target_params=("key", "format", "exact"),
     target_registry_url=_HERE + "config:registry_url", resolver="waypost.registries.etcd.resolver:RegistryResolver",
     discovery="waypost.registries.etcd.discovery:KeyedDiscovery",
+    registrar="waypost.registries.etcd.registrar:EtcdRegistrar", words=Words(**KEYED_WORDS),
 )
