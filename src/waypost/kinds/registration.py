@@ -35,6 +35,7 @@ from ..discovery.outage import OnUnregistered, Outage
 from ..discovery.override import apply_override, override_key, parse_override
 from ..discovery.publisher_base import REVOKE_TIMEOUT, PublisherBase
 from ..errors import PermissionDenied, RegistryError, RegistryUnavailable, describe_value
+from ..etcd import deadline as caller_deadline
 from ..kind_table import RegistryKind, part
 from ..netutil import AddressError, check_dialable, parse_host_port
 from ..redaction import redact_url
@@ -43,6 +44,9 @@ from . import Instance, InstanceGone, Registrar
 __all__ = ["KindRegistration"]
 
 log = logging.getLogger("waypost.discovery")
+
+#: an attempt's etcd calls end this long before the attempt's own timer, so that their error says why
+CAUSE_MARGIN = 0.5
 
 
 class KindRegistration(PublisherBase):
@@ -140,7 +144,8 @@ class KindRegistration(PublisherBase):
             if self._options["exclusive"] and "exclusive" not in taken:
                 raise ValueError(f"exclusive=True is an option of the keyed registries (etcd, memory), not of "
                                  f"{self.kind.title}: register without it")
-            self.client = factory(self.config, self.timeout, **{k: v for k, v in self._options.items() if k in taken})
+            self.client = factory(self.config, self.timeout, **{k: v for k, v in self._options.items()
+                                                                     if k in taken and v is not None})
         self.client.check_metadata(MappingProxyType(metadata or {}))
 
     def _where(self) -> str:
@@ -159,11 +164,14 @@ class KindRegistration(PublisherBase):
         return self.client.override_store()
 
     async def _attempt(self, left: float) -> None:
-        loop = asyncio.get_running_loop()
-        began = loop.time()
-        if self._follows_overrides() and "override" not in self._keepers:
-            await self._read_override(left)
-        await super()._attempt(left - (loop.time() - began))
+        # a kind over waypost's etcd client (etcd, memory): its calls end with the client's own error, naming the
+        # cause (e.g. connection refused), a little before the attempt's timer would cut them without one
+        with caller_deadline.within(left - min(CAUSE_MARGIN, left / 4)):
+            loop = asyncio.get_running_loop()
+            began = loop.time()
+            if self._follows_overrides() and "override" not in self._keepers:
+                await self._read_override(left)
+            await super()._attempt(left - (loop.time() - began))
 
     async def _register(self) -> None:
         """Write the registration, then keep it alive."""
@@ -230,7 +238,8 @@ class KindRegistration(PublisherBase):
         """Run ``run()`` as the keeper ``name`` unless it runs already (cancelled when the registration goes)."""
         task = self._keepers.get(name)
         if task is None or task.done():
-            self._keepers[name] = asyncio.get_running_loop().create_task(run())
+            # they outlive the attempt that starts them: without its etcd deadline
+            self._keepers[name] = caller_deadline.detached().run(asyncio.get_running_loop().create_task, run())
 
     def _cancel_tasks(self, include_retry: bool) -> None:
         current = asyncio.current_task()

@@ -18,8 +18,8 @@ resume, stop, the operator's override), and ``Publisher`` is that registration m
   take this address out of every subscriber meanwhile. A reused key (custom id) belongs to the new lease by then.
 - ``exclusive=True`` (a publisher-side take-over; go-zero's exclusive is a subscriber option): before each new
   lease, delete the other records under the key that hold the same address (a previous incarnation's stale key).
-- A refused put names the permission to grant; each attempt's registry calls end a little before the attempt's
-  bound, so its error names the cause (connection refused, ...) rather than a bare timeout.
+- A refused put names the permission to grant (``discovery/permissions.py``); the registration bounds each
+  attempt's etcd calls (``waypost.etcd.deadline``), so a failed attempt names its cause (connection refused, ...).
 - ``deregister`` revokes the lease (the key disappears at once); the operator's override records are followed
   through ``override_store`` (``overrides.py``).
 """
@@ -59,8 +59,6 @@ __all__ = ["EtcdRegistrar", "Publisher", "check_key"]
 
 log = logging.getLogger("waypost.discovery")
 
-#: an attempt's registry calls end this long before the attempt's own bound, so that their error says why
-CAUSE_MARGIN = 0.5
 #: bound on revoking a lease left behind (after it, the lease expires by its TTL)
 REVOKE_TIMEOUT = 2.0
 
@@ -125,16 +123,14 @@ class EtcdRegistrar(Registrar):
     async def register(self, instance: Instance) -> None:
         check_key(instance.service)
         self._loop = asyncio.get_running_loop()
-        # the etcd client splits this time between its attempts and ends with its own error, naming the cause
-        with caller_deadline.within(self.timeout - min(CAUSE_MARGIN, self.timeout / 4)):
-            async with self._lock():
-                if self.lease:
-                    try:
-                        await self._rewrite(instance)
-                        return
-                    except LeaseNotFound as e:  # lost meanwhile: registered anew, with what was to be written
-                        self._lose(self.lease, e)
-                await self._register_new(instance)
+        async with self._lock():
+            if self.lease:
+                try:
+                    await self._rewrite(instance)
+                    return
+                except LeaseNotFound as e:  # lost meanwhile: registered anew, with what was to be written
+                    self._lose(self.lease, e)
+            await self._register_new(instance)
 
     async def renew(self, instance: Instance) -> None:
         """The shared keep-alive stream renews the lease; this says when it could not."""
