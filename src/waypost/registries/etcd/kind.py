@@ -24,4 +24,5 @@ KIND = RegistryKind(
     words=Words(misdialed="this looks like an etcd endpoint: did you mean {target} (the key the servers register "
                           "under)?", **KEYED_WORDS),
     discovery=_HERE + "discovery:KeyedDiscovery", registrar=_HERE + "registrar:EtcdRegistrar",
+    override_store=_HERE + "overrides:from_url",
 )

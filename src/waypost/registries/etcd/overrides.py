@@ -12,15 +12,17 @@ from __future__ import annotations
 import asyncio
 import logging
 import random
-from collections.abc import AsyncIterator
-from typing import Any
+from collections.abc import AsyncIterator, Coroutine
+from typing import Any, TypeVar
 
+from ... import _loop
 from ...backoff import cool_down
 from ...errors import PermissionDenied
 from ...kinds import parse_override
 from ...registry.base import Registry
 
 log = logging.getLogger("waypost.discovery")
+T = TypeVar("T")
 
 OVERRIDE_ROOT = "_waypost/override/"
 #: bounded pause after a failed watch of the record
@@ -37,13 +39,16 @@ class RegistryOverrides:
         self._bad_logged = False
 
     async def put(self, key: str, value: bytes, *, prev_kv: bool = False) -> Any:
-        return await self.registry.put(key, value, prev_kv=prev_kv)
+        return await _on_control_loop(self.registry.put(key, value, prev_kv=prev_kv))
 
     async def delete(self, key: str, *, prev_kv: bool = False) -> Any:
-        return await self.registry.delete(key, prev_kv=prev_kv)
+        return await _on_control_loop(self.registry.delete(key, prev_kv=prev_kv))
 
     async def registered(self, key: str, address: str) -> bool:
         """Whether ``address`` has a record under ``key`` in any wire format."""
+        return await _on_control_loop(self._registered(key, address))
+
+    async def _registered(self, key: str, address: str) -> bool:
         from ...registry.formats import FORMATS
 
         for fmt in FORMATS.values():
@@ -116,7 +121,21 @@ class RegistryOverrides:
                  "read on %r to follow them): %s", key, OVERRIDE_ROOT, e)
 
 
+async def _on_control_loop(coro: Coroutine[Any, Any, T]) -> T:
+    """``coro`` run where the shared registry lives (the control loop), awaited from any loop."""
+    if _loop.in_loop():
+        return await coro
+    return await asyncio.wrap_future(_loop.submit(coro))
+
+
 async def _forever() -> None:
     """A role that may not read the record follows none: the follower is held still (it is cancelled with the
     registration) instead of asking again and again."""
     await asyncio.Event().wait()
+
+
+def from_url(url: str) -> RegistryOverrides:
+    """The override records of the keyed registry at ``url`` (the kind's ``override_store``: ``waypost drain``)."""
+    from ...registry import connect
+
+    return RegistryOverrides(connect(url))

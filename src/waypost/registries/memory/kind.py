@@ -15,4 +15,5 @@ KIND = RegistryKind(
     target_registry_url=_HERE + "config:registry_url", resolver="waypost.registries.etcd.resolver:RegistryResolver",
     discovery="waypost.registries.etcd.discovery:KeyedDiscovery",
     registrar="waypost.registries.etcd.registrar:EtcdRegistrar", words=Words(**KEYED_WORDS),
+    override_store="waypost.registries.etcd.overrides:from_url",
 )
