@@ -17,6 +17,7 @@ from typing import Any, TypeVar
 
 from ... import _loop
 from ...backoff import cool_down
+from ...discovery.override import OVERRIDE_ROOT
 from ...errors import PermissionDenied
 from ...kinds import parse_override
 from ...registry.base import Registry
@@ -24,7 +25,6 @@ from ...registry.base import Registry
 log = logging.getLogger("waypost.discovery")
 T = TypeVar("T")
 
-OVERRIDE_ROOT = "_waypost/override/"
 #: bounded pause after a failed watch of the record
 RETRY_INTERVAL = 1.0
 
