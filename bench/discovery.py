@@ -34,8 +34,8 @@ import urllib.request
 from pathlib import Path
 from typing import Any
 
-from waypost import _loop
-from waypost.discovery import Publisher, Subscriber
+from waypost import Publisher, _loop
+from waypost.discovery import Subscriber
 from waypost.etcd.local import LocalEtcd
 from waypost.registry import connect
 from waypost.registry.base import Registry

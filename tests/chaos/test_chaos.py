@@ -89,8 +89,8 @@ def test_lease_recovery_is_make_before_break(etcd):
     extended the lease) registers the new record BEFORE revoking the old one: subscribers never see the
     address missing. (Revoking first emptied every client's backend list at once when several publishers
     recovered together: 91 failed RPCs in the 'etcd down longer than the TTL' scenario.)"""
-    from waypost import _loop
-    from waypost.discovery import Publisher, Subscriber
+    from waypost import Publisher, _loop
+    from waypost.discovery import Subscriber
 
     reg = private_registry(etcd.endpoints)
     try:
