@@ -34,8 +34,8 @@ import urllib.request
 from pathlib import Path
 from typing import Any
 
-from waypost import _loop
-from waypost.discovery import Publisher, Subscriber
+from waypost import Publisher, _loop
+from waypost.discovery import Subscriber
 from waypost.discovery.connections import connect
 from waypost.discovery.store import Registry
 from waypost.etcd.local import LocalEtcd

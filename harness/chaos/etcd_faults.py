@@ -20,8 +20,8 @@ from harness.chaos.observe import (
 )
 from harness.chaos.result import Result
 from harness.waiting import holds_within
-from waypost import _loop
-from waypost.discovery import Publisher, Subscriber
+from waypost import Publisher, _loop
+from waypost.discovery import Subscriber
 from waypost.etcd.local import LocalEtcd
 from waypost.registries.etcd.registry import EtcdRegistry
 

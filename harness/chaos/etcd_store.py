@@ -18,8 +18,7 @@ from harness.chaos.observe import LOG, close_registry, private_registry, registe
 from harness.chaos.result import Result
 from harness.latency_proxy import LatencyProxy
 from harness.waiting import holds_within
-from waypost import _loop
-from waypost.discovery import Publisher
+from waypost import Publisher, _loop
 from waypost.etcd.config import EtcdConfig
 from waypost.etcd.local import LocalEtcd, find_binary
 from waypost.registries.etcd.registry import EtcdRegistry

@@ -31,7 +31,7 @@ import grpc
 import waypost
 from harness.backends import echo_pb2_grpc
 from harness.backends.server import EchoServicer
-from waypost.discovery import Publisher
+from waypost import Publisher
 
 
 def _churn(pubs: list[Publisher], seconds: float, rate: float, seed: int) -> float:

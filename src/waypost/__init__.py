@@ -69,7 +69,6 @@ if TYPE_CHECKING:
     from .client.dial_options import DialKeywords as DialKeywords
     from .client.dial_options import DialOptions as DialOptions
     from .client.hashkey import hash_key as hash_key
-    from .discovery import Publisher as Publisher
     from .discovery import Subscriber as Subscriber
     from .discovery.connections import connect as connect
     from .discovery.registration_contract import Registration as Registration
@@ -80,6 +79,7 @@ if TYPE_CHECKING:
     from .orca import load_interceptor as load_interceptor
     from .orca import set_load as set_load
     from .registries.consul.registrar import ConsulPublisher as ConsulPublisher
+    from .registries.etcd.registrar import Publisher as Publisher
     from .registries.eureka.registrar import EurekaPublisher as EurekaPublisher
     from .registries.zookeeper.registrar import ZkPublisher as ZkPublisher
     from .resolver.target import parse_target as parse_target
@@ -104,7 +104,7 @@ _LAZY = {
     # registry kinds as plug-ins (docs/registry-kinds.md)
     "RegistryKind": ("waypost.kind_table", "RegistryKind"),
     "register_kind": ("waypost.kind_table", "register_kind"),
-    "Publisher": ("waypost.discovery", "Publisher"),
+    "Publisher": ("waypost.registries.etcd.registrar", "Publisher"),
     "ConsulPublisher": ("waypost.registries.consul.registrar", "ConsulPublisher"),
     "ZkPublisher": ("waypost.registries.zookeeper.registrar", "ZkPublisher"),
     "EurekaPublisher": ("waypost.registries.eureka.registrar", "EurekaPublisher"),

@@ -56,7 +56,8 @@ class Words:
     list_name: str = "instance list"
     #: what one renewal is called ("a heartbeat", "a TTL check pass", "a lease keep-alive")
     renewal: str = "a renewal"
-    #: the instance id when ``serve`` gives none; fields ``service``, ``host``, ``port``
+    #: the instance id when ``serve`` gives none; fields ``service``, ``host``, ``port`` (``""``: the registrar names
+    #: it when it writes it, e.g. etcd's lease id; ``Registrar.registered_name`` says what it became)
     id_format: str = "{service}-{host}-{port}"
     #: why the registration counts as lost; fields ``renewal``, ``overdue`` (seconds), ``ttl``, ``error``
     lost: str = "no {renewal} worked for {overdue:.0f}s (ttl {ttl}s), the registry has dropped it: {error}"

@@ -16,8 +16,8 @@ from harness.backends import echo_pb2, echo_pb2_grpc
 from harness.tcp_proxy import TcpProxy
 from harness.waiting import wait_until
 from tests.channel.support import direct, echo_servers
-from waypost import _loop, metrics
-from waypost.discovery import Publisher, Subscriber
+from waypost import Publisher, _loop, metrics
+from waypost.discovery import Subscriber
 from waypost.etcd.config import EtcdConfig
 from waypost.registries.etcd.registry import EtcdRegistry
 

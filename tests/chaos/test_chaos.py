@@ -89,8 +89,8 @@ def test_lease_recovery_is_make_before_break(etcd):
     extended the lease) registers the new record BEFORE revoking the old one: subscribers never see the
     address missing. (Revoking first emptied every client's backend list at once when several publishers
     recovered together: 91 failed RPCs in the 'etcd down longer than the TTL' scenario.)"""
-    from waypost import _loop
-    from waypost.discovery import Publisher, Subscriber
+    from waypost import Publisher, _loop
+    from waypost.discovery import Subscriber
 
     reg = private_registry(etcd.endpoints)
     try:
@@ -101,7 +101,7 @@ def test_lease_recovery_is_make_before_break(etcd):
         sub.add_listener(lambda: seen.append(sorted(sub.values())))
         old = {p: p.lease_id for p in pubs}
         for p in pubs:
-            _loop.call_soon(p._on_lost, old[p], None)
+            _loop.call_soon(p.client._on_lost, old[p], None)  # what the keep-alive stream says of a lost lease
         assert wait_until(lambda: all(p.registered and p.lease_id not in (0, old[p]) for p in pubs), 20)
         # the old leases are revoked (after the new records are in): one record per publisher again
         assert wait_until(lambda: len(reg.sync.get("mbb.rpc/", prefix=True).kvs) == 3, 20)

@@ -47,7 +47,7 @@ def test_lists_drains_through_the_guard_and_undrains(shared_etcd, unique_key):
 
             # the publisher's guard puts its records back when they go: with the override applied
             reg = waypost.connect(url_reg)
-            for k, _ in a.publisher._records:
+            for k, _ in a.publisher.client.records:  # the registrar's records (side records first)
                 reg.sync.delete(k)
             time.sleep(2.0)  # longer than a guard cycle (~1 s)
             wait_until(lambda: _weights_seen_by_clients(sub).get(a.address) == 0, 10, what="still drained")

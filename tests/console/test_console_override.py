@@ -38,7 +38,7 @@ def test_override_applies_survives_the_guard_and_goes(registry, unique_key, fmt)
         wait_until(lambda: _meta(sub) == {"weight": zero, "zone": "a"}, 10, what="the drained registration")
         assert pub.metadata == {"weight": 20, "zone": "a"}  # the publisher's own metadata is unchanged
         # the guard puts back the drained registration, not the publisher's own metadata
-        for key, _ in pub._records:
+        for key, _ in pub.client.records:
             sync.delete(key)
         time.sleep(1.5)
         wait_until(lambda: _meta(sub) == {"weight": zero, "zone": "a"}, 10, what="the drained registration back")
@@ -69,7 +69,7 @@ def test_a_bad_override_record_is_ignored(registry, unique_key):
         sync.put(override_key(unique_key, ADDR), b'{"weight": -1}')
         sync.put(override_key(unique_key, ADDR), encode_override(3, "ops", 1.0))
         wait_until(lambda: _meta(sub) == {"weight": 3}, 10)
-        assert pub.override.current is not None and pub.override.current["by"] == "ops"
+        assert pub.override is not None and pub.override["by"] == "ops"
 
 
 def test_override_record_helpers():

@@ -15,7 +15,8 @@ import pytest
 
 from harness.waiting import wait_until
 from tests.etcd.helpers import run
-from waypost.discovery import Publisher, Subscriber
+from waypost import Publisher
+from waypost.discovery import Subscriber
 from waypost.discovery.connections import connect
 from waypost.errors import PermissionDenied
 
@@ -59,7 +60,7 @@ def test_etcd_restart_keeps_registrations_and_subscriber_sees_final_set(etcd, et
 
 _FROZEN_PUBLISHER = textwrap.dedent("""
     import sys, time
-    from waypost.discovery import Publisher
+    from waypost import Publisher
     pub = Publisher(sys.argv[1], "frozen.rpc", "127.0.0.1:7201", ttl=2).start()
     print("ready", pub.key, flush=True)
     deadline = time.monotonic() + 120

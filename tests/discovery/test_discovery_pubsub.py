@@ -12,8 +12,8 @@ import pytest
 import waypost
 from harness.waiting import wait_until
 from tests.etcd.helpers import run
-from waypost import _loop
-from waypost.discovery import Publisher, Subscriber, active_subscriptions
+from waypost import Publisher, _loop
+from waypost.discovery import Subscriber, active_subscriptions
 from waypost.discovery import subscriber as submod
 from waypost.errors import RegistryUnavailable
 from waypost.registries.memory.store import MemoryRegistry

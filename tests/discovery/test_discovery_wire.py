@@ -2,7 +2,8 @@
 
 from __future__ import annotations
 
-from waypost.discovery import Publisher, Subscriber
+from waypost import Publisher
+from waypost.discovery import Subscriber
 
 
 def _raw(registry, prefix):

@@ -22,8 +22,7 @@ from prometheus_client import CollectorRegistry
 from harness.waiting import wait_until
 from tests.balancer.support import FakeClock
 from tests.etcd.helpers import run
-from waypost import metrics
-from waypost.discovery import Publisher
+from waypost import Publisher, metrics
 from waypost.discovery.connections import connect
 from waypost.discovery.outage import UNREGISTERED_EXIT_CODE, Outage, check_unregistered_args
 

@@ -20,7 +20,8 @@ import waypost
 from harness.etcd_partition import PartitionCluster, etcdctl, linearizable_read_fails
 from harness.waiting import wait_until
 from tests.etcd.helpers import run
-from waypost.discovery import Publisher, Subscriber
+from waypost import Publisher
+from waypost.discovery import Subscriber
 from waypost.etcd.local import LocalEtcd
 
 pytestmark = [pytest.mark.slow, pytest.mark.timeout(120)]

@@ -8,7 +8,7 @@ import time
 
 from harness.latency_proxy import LatencyProxy
 from tests.etcd.helpers import registry
-from waypost.discovery import Publisher
+from waypost import Publisher
 
 WATCH_FOR = 20.0  # seconds: four TTLs
 

@@ -71,12 +71,13 @@ def test_every_kind_is_listed_where_the_kinds_are_listed():
     assert {s for s in every if f"| `{s}`" not in table} == set()
     targets = _paragraph("docs/discovery.md", "| target | what it resolves |")
     assert {s for s in every if f"`{s}:" not in targets} == set()
-    # the kinds a server registers in: the README's opening line and its registries bullet
-    titles = {k.title for k in all_kinds().values() if k.registrar is not None or k.scheme == "k8s"}
+    # the kinds a server registers in beside the keyed ones (etcd, and memory for tests): the README's opening line
+    # and its registries bullet
+    titles = {k.title for k in all_kinds().values() if (k.registrar is not None and not k.keyed) or k.scheme == "k8s"}
     intro = _paragraph("README.md", "Service registration, discovery and client-side load balancing")
     assert {t for t in titles if t not in intro} == set(), intro
     bullet = _paragraph("README.md", "- registries beyond etcd:")
-    assert {s for s in _kinds(lambda k: k.registrar is not None) if f"`{s}://" not in bullet} == set(), bullet
+    assert {s for s in _kinds(lambda k: k.registrar is not None and not k.keyed) if f"`{s}://" not in bullet} == set(), bullet
     # the registries the console lists and `waypost drain` writes to
     console_kinds = _kinds(lambda k: k.keyed or k.console_source is not None)
     row = _line("docs/cli.md", "| `--registry URL` |")

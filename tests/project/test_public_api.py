@@ -141,7 +141,7 @@ EXPECTED = [
     ("handle", "waypost.server.lifecycle.AsyncServeHandle", "AsyncServeHandle"),
     ("waypost.connect", "def (url: str) -> waypost.discovery.store.Registry", "(url: str) -> Registry"),
     ("registry", "waypost.discovery.store.Registry", "Registry"),
-    ("publisher", "waypost.discovery.publisher.Publisher", "Publisher"),
+    ("publisher", "waypost.registries.etcd.registrar.Publisher", "Publisher"),
     ("subscriber", "waypost.discovery.subscriber.Subscriber", "Subscriber"),
     ("backend", "waypost.types.Backend", "Backend"),
     ("exc", "waypost.errors.RegistryUnavailable", "RegistryUnavailable"),

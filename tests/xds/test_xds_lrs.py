@@ -34,7 +34,7 @@ from tests.xds.orca_peers import ClientRun, client_args, start_orca_server
 from tests.xds.peer_procs import ROOT, fixture_xds_procs  # noqa: F401 (the xds_procs fixture)
 from tests.xds.test_xds_traffic import toml_config
 from tests.xds.xds_peers import xds_control_plane
-from waypost.discovery import Publisher
+from waypost import Publisher
 
 pytestmark = pytest.mark.usefixtures("xds_procs")
 

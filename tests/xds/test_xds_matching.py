@@ -27,7 +27,7 @@ from tests.xds.matching_cases import CALLS, EXAMPLE, EXPECT, SHARES
 from tests.xds.orca_peers import ClientRun, client_args
 from tests.xds.peer_procs import ROOT, fixture_xds_procs  # noqa: F401 (the xds_procs fixture)
 from tests.xds.xds_peers import run_xds_client, serve_echo, xds_control_plane
-from waypost.discovery import Publisher
+from waypost import Publisher
 
 pytestmark = pytest.mark.usefixtures("xds_procs")
 

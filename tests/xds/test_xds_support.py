@@ -30,7 +30,7 @@ from typing import Any
 
 from harness.backends.server import EchoServer
 from harness.waiting import wait_until
-from waypost.discovery import Publisher
+from waypost import Publisher
 
 ROOT = Path(__file__).resolve().parents[2]
 

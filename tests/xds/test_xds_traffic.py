@@ -27,7 +27,7 @@ from tests.xds.peer_procs import ROOT, fixture_xds_procs  # noqa: F401 (the xds_
 from tests.xds.test_xds_support import stock_client
 from tests.xds.xds_peers import run_xds_client, serve_echo, start_xds_client, xds_control_plane
 from tests.xds.xds_scenarios import PROPAGATION_BOUND, watch
-from waypost.discovery import Publisher
+from waypost import Publisher
 
 pytestmark = pytest.mark.usefixtures("xds_procs")
 

@@ -437,8 +437,8 @@ def _watch_target(c: Ctx, target: str, timeout: float, duration: float | None,
 def register_cmd(c: Ctx, key: str, addr: str, ttl: int, meta: tuple[str, ...], id_: str | None, fmt: str,
                  duration: float | None) -> None:
     """Register ADDR under KEY and keep it alive until Ctrl-C (then deregister)."""
-    from ..discovery import Publisher
     from ..netutil import split_host_port
+    from ..registries.etcd.registrar import Publisher
 
     host, port = split_host_port(addr, what="ADDR")
     if not host or port is None:

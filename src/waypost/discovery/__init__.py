@@ -1,8 +1,9 @@
 """Discovery over the keyed registries (etcd, memory): the store contract they implement (``store.py``), the wire
 formats of their records (``formats.py``: go-zero's, grpc-go's etcd naming, Kratos'), ``connect(url)``
-(``connections.py``), and reading them: ``Subscriber`` (client side, go-zero's ``core/discov`` semantics with metadata,
-a cache file and stale reads); besides, the registration machinery every kind's registration runs on
-(``registration_contract.py``, ``publisher_base.py``, ``registration_factory.py``).
+(``connections.py``), the override records (``override.py``), and reading them: ``Subscriber`` (client side,
+go-zero's ``core/discov`` semantics with metadata, a cache file and stale reads). The server side's registration is
+``waypost.Publisher`` (the etcd kind's, ``waypost.registries.etcd.registrar``); besides, the registration machinery
+every kind's registration runs on (``registration_contract.py``, ``publisher_base.py``, ``registration_factory.py``).
 
 The package imports its modules when first used, so that ``waypost.discovery.formats`` alone (the command line's
 option lists) does not load a registry's client and gRPC.
@@ -16,19 +17,17 @@ from typing import TYPE_CHECKING, Any
 if TYPE_CHECKING:
     from .connections import connect
     from .container import Container
-    from .publisher import Publisher
     from .registration_contract import Registration
     from .store import Registry, SyncRegistry
     from .subscriber import Subscriber, active_subscriptions
 
-__all__ = ["Container", "Publisher", "Registration", "Registry", "Subscriber", "SyncRegistry", "active_subscriptions",
-           "connect"]
+__all__ = ["Container", "Registration", "Registry", "Subscriber", "SyncRegistry", "active_subscriptions", "connect"]
 
 
 #: where each name lives (its module imported on first use)
-_HOMES = {"connect": "connections", "Container": "container", "Publisher": "publisher",
-          "Registration": "registration_contract", "Registry": "store", "SyncRegistry": "store",
-          "Subscriber": "subscriber", "active_subscriptions": "subscriber"}
+_HOMES = {"connect": "connections", "Container": "container", "Registration": "registration_contract",
+          "Registry": "store", "SyncRegistry": "store", "Subscriber": "subscriber",
+          "active_subscriptions": "subscriber"}
 
 
 def __getattr__(name: str) -> Any:

@@ -1,6 +1,6 @@
-"""The life of a registration in one registry (etcd, memory, Consul, ZooKeeper), written once: the
+"""The life of a registration in one registry (etcd, memory, Consul, ZooKeeper, Eureka), written once: the
 start / pause / resume / stop transitions and their idempotence, registering within ``timeout`` with retries,
-and registering again, forever, once the registration is lost. Each registry's publisher supplies the hooks:
+and registering again, forever, once the registration is lost. ``KindRegistration`` (every kind) supplies the hooks:
 
 - ``_register()``: one attempt that leaves nothing behind when it fails (``_attempt(left)`` bounds it; a
   publisher may add to the bounding, e.g. etcd's per-call deadline or ZooKeeper's connection);
@@ -8,7 +8,7 @@ and registering again, forever, once the registration is lost. Each registry's p
   connection at stop; ``_abandon()``: undo a start that failed;
 - ``_forget(reason)``: drop a lost registration before registering again;
 - ``_update_metadata(md)``, ``_check_carried(md)`` (what the registry cannot carry), ``_where()`` (for messages) and, where the defaults do
-  not fit, ``_retryable(e)``, ``_why(e)``, ``_resuming()`` and ``_recover_later(reason)``.
+  not fit, ``_retryable(e)``, ``_why(e)`` and ``_recover_later(reason)``.
 
 Registering at start or resume: retried with backoff (``FIRST_RETRY`` s doubling to ``MAX_RETRY`` s, jittered)
 until ``timeout`` runs out, so a registry that starts a little after this server (docker compose and Kubernetes
@@ -26,7 +26,7 @@ import asyncio
 import logging
 import math
 import random
-from collections.abc import Callable, Coroutine, Mapping
+from collections.abc import Coroutine, Mapping
 from typing import Any
 
 from .. import metrics
@@ -50,8 +50,6 @@ MIN_START_ATTEMPT = 0.2
 #: the pauses between registering attempts (go-zero's +-5% jitter)
 START_BACKOFF = Backoff(first=FIRST_RETRY, cap=MAX_RETRY, jitter=0.05)
 MAX_START_ATTEMPTS = 1000
-
-Cleanup = Callable[[], Coroutine[Any, Any, None]]
 
 
 def check_json(value: Any, where: str, depth: int = 0) -> None:
@@ -122,14 +120,9 @@ class PublisherBase(RegistrationFaces):
         """Undo a start that failed."""
         await self._close()
 
-    def _forget(self, reason: BaseException | None) -> Cleanup | None:
-        """Drop a lost registration before registering again; may return a clean-up to run once that is
-        done (or given up)."""
+    def _forget(self, reason: BaseException | None) -> None:
+        """Drop a lost registration before registering again."""
         self._registered = False
-        return None
-
-    def _resuming(self) -> None:
-        """Before registering again at resume."""
 
     @abc.abstractmethod
     def _where(self) -> str:
@@ -191,7 +184,6 @@ class PublisherBase(RegistrationFaces):
         if self._state != "paused":
             return
         self._state = "running"
-        self._resuming()
         try:
             await self._register_within_timeout()
         except (RegistryUnavailable, PermissionDenied) as e:
@@ -263,17 +255,13 @@ class PublisherBase(RegistrationFaces):
         self._retry_task = spawn(self._recover(reason), name=f"waypost-pub-retry {self.base_key}")
 
     async def _recover(self, reason: BaseException | None) -> None:
-        cleanup = self._forget(reason)
+        self._forget(reason)
         if self._state == "running":
             self.outage.begin()
-        try:
-            if await self._register_until_done():
-                obs = metrics.current
-                if obs is not None:
-                    obs.lease_reregistered(self.base_key)
-        finally:
-            if cleanup is not None:
-                spawn(cleanup())
+        if await self._register_until_done():
+            obs = metrics.current
+            if obs is not None:
+                obs.lease_reregistered(self.base_key)
 
     async def _register_until_done(self) -> bool:
         """Register every ~``retry_interval`` s (+-5%) while running, until it works (True) or the publisher
@@ -299,12 +287,3 @@ class PublisherBase(RegistrationFaces):
                 log.warning("%r: registered again after failures", self)
             return True
         return False
-
-    async def _update_late(self) -> None:
-        """Write the metadata again (an operator's override changed); on failure the next put-back or
-        registration writes it."""
-        try:
-            await self._update_metadata(self.metadata)
-        except (RegistryUnavailable, PermissionDenied) as e:
-            log.warning("%r: %s", self, e)
-

@@ -2,9 +2,9 @@
 
 ``make_publisher(registry, key, address, ...)`` is what ``serve()`` uses:
 
-- a keyed registry (a URL of a keyed kind, or a ``waypost.connect`` result) -> ``Publisher`` (a key under a lease);
-- a URL of a kind that holds service instances -> that kind's registration (``kind_table.py``: its
-  ``registrar`` under the generic ``KindRegistration``, or its own publisher);
+- a registry of any kind (a URL, or a ``waypost.connect`` result) -> the kind's registration: its ``registrar``
+  under the generic ``KindRegistration`` (``kind_table.py``); a keyed registry's URL is connected first (one
+  shared connection per cluster), and its registrar keeps a key under a lease;
 - a list of them -> ``MultiPublisher`` over one of each;
 - None -> ``NoRegistration``: nothing is written anywhere (inside Kubernetes: the readiness probe decides).
 
@@ -23,6 +23,7 @@ from ..kind_table import kind_of, part
 from .multi_publisher import MultiPublisher
 from .no_registration import NoRegistration
 from .registration_contract import Registration
+from .subscriber import resolve_registry
 
 __all__ = ["MultiPublisher", "NoRegistration", "Registration", "connect_registries", "make_publisher"]
 
@@ -59,11 +60,9 @@ def make_publisher(registry: Any, key: str, address: str, **kw: Any) -> Registra
         alerts = {k: kw.pop(k) for k in ("max_unregistered", "on_unregistered") if k in kw}
         members = [make_publisher(r, key, address, **kw) for r in registry]
         return MultiPublisher(members, timeout=kw.get("timeout", 5.0), **alerts)
-    if _holds_instances(registry):
-        kind = kind_of(registry)
-        assert kind is not None
-        publisher: Registration = part(kind, "publisher")(registry, key, address, **kw)
-        return publisher
-    from .publisher import Publisher
-
-    return Publisher(registry, key, address, **kw)
+    if not _holds_instances(registry):  # a keyed registry: its kind's registration over the shared connection
+        registry = resolve_registry(registry)
+    kind = kind_of(registry if isinstance(registry, str) else registry.url)
+    assert kind is not None
+    publisher: Registration = part(kind, "publisher")(registry, key, address, **kw)
+    return publisher

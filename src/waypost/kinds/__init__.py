@@ -112,7 +112,14 @@ class Registrar(abc.ABC):
     ``registrar(settings, timeout)``, ``settings`` being what ``RegistryKind.parse_url`` made of the URL (the URL
     itself when the kind has no ``parse_url``) and ``timeout`` the bound, in seconds, of one call to the registry.
 
-    waypost calls it from one task at a time (never two calls at once for one instance), on its control loop."""
+    waypost calls it from one task at a time (never two calls at once for one instance), on its control loop.
+
+    A factory that takes more of ``serve``'s / ``waypost.Publisher``'s keywords names them in its attribute
+    ``options`` (etcd: ``("format", "exclusive")``) and is given them: ``registrar(settings, timeout, **options)``."""
+
+    #: the lease the instance is kept under, for registries with named leases (etcd: 0 while there is none);
+    #: None: no named lease (the renewals play its role)
+    lease_id: int | None = None
 
     @abc.abstractmethod
     async def register(self, instance: Instance) -> None:
@@ -135,6 +142,18 @@ class Registrar(abc.ABC):
         as soon as it is gone or changed from outside: waypost registers it again at once instead of at the next
         ``renew``. Runs beside the renewals while registered (cancelled when it is not); returning ends it
         (e.g. not allowed to read). The default returns at once: nothing followed."""
+
+    def registered_name(self, instance: Instance) -> str:
+        """The name the registry has the written ``instance`` under (``waypost.Publisher.key``): by default its id;
+        etcd: the record's key, whose last part is the lease when ``instance.id`` is empty (``Words.id_format``
+        ``""``: the registry names it)."""
+        return instance.id
+
+    def override_store(self) -> OverrideStore | None:
+        """Optional: where this registrar's registry keeps operator overrides, for a registration made with a
+        registry object rather than a URL (``RegistryKind.override_store(url)`` needs the URL; etcd: its own keys).
+        A store with ``watch`` is followed as the kind's is. The default: none."""
+        return None
 
     def check_metadata(self, metadata: Mapping[str, Any]) -> None:
         """Raise ``TypeError``/``ValueError`` naming what this registry cannot carry of ``metadata`` (JSON values,

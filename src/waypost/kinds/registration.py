@@ -35,6 +35,7 @@ from ..discovery.outage import OnUnregistered, Outage
 from ..discovery.override import apply_override, override_key, parse_override
 from ..discovery.publisher_base import REVOKE_TIMEOUT, PublisherBase
 from ..errors import PermissionDenied, RegistryError, RegistryUnavailable, describe_value
+from ..etcd import deadline as caller_deadline
 from ..kind_table import RegistryKind, part
 from ..netutil import AddressError, check_dialable, parse_host_port
 from ..redaction import redact_url
@@ -44,18 +45,22 @@ __all__ = ["KindRegistration"]
 
 log = logging.getLogger("waypost.discovery")
 
+#: an attempt's etcd calls end this long before the attempt's own timer, so that their error says why
+CAUSE_MARGIN = 0.5
+
 
 class KindRegistration(PublisherBase):
     """``address`` registered as an instance of ``key`` in ``registry`` (a URL of ``kind``, or the settings its
     ``parse_url`` makes) through the kind's ``Registrar``, renewed every ``ttl/3`` s (see the module docstring).
-    The arguments are ``waypost.Publisher``'s; ``format`` is accepted and ignored (a kind has one format).
+    The arguments are ``waypost.Publisher``'s; ``format`` and ``exclusive`` reach a registrar that takes them
+    (``Registrar`` ``options``: etcd's), else ``format`` is ignored (a kind has one format).
     ``retry_interval``, ``rng`` and ``clock`` are for tests."""
 
     client: Registrar
 
     def __init__(self, kind: RegistryKind, registry: Any, key: str, address: str, ttl: int = 10,
                  id: int | str | None = None, metadata: Mapping[str, Any] | None = None, format: object = None, *,
-                 timeout: float = 5.0, max_unregistered: float | None = None, on_unregistered: OnUnregistered = None,
+                 exclusive: bool = False, timeout: float = 5.0, max_unregistered: float | None = None, on_unregistered: OnUnregistered = None,
                  retry_interval: float = 1.0, rng: random.Random | None = None,
                  clock: Callable[[], float] = time.monotonic) -> None:
         self.kind = kind
@@ -89,8 +94,10 @@ class KindRegistration(PublisherBase):
         self.retry_interval = retry_interval
         #: one renewal every ttl/3 s
         self.renew_interval = ttl / 3
-        self.format = format  # accepted for Publisher compatibility; a kind has one format
+        self._options = {"format": format, "exclusive": exclusive}
         self.metadata = self._checked_metadata(metadata)  # makes the registrar (``client``) first
+        #: the registrar's wire format where it has several (etcd), else what was given (accepted and ignored)
+        self.format = getattr(self.client, "format", format)
         self._rng = rng or random.Random()
         self._clock = clock
         self._last_ok = 0.0  # clock time of the last successful write or renewal
@@ -113,13 +120,16 @@ class KindRegistration(PublisherBase):
 
     @property
     def key(self) -> str | None:
-        """The instance id registered now (None while not registered)."""
-        return self.instance_id if self._registered else None
+        """The instance's name in the registry now (``Registrar.registered_name``: the instance id; etcd: the
+        record's key), None while not registered."""
+        return self.client.registered_name(self.instance) if self._registered else None
 
     @property
-    def lease_id(self) -> None:
-        """No named lease here (the renewals play its role): always None."""
-        return None
+    def lease_id(self) -> int | None:
+        """The lease the instance is kept under (``Registrar.lease_id``; etcd: 0 while not registered); None for
+        a registry without named leases (the renewals play its role)."""
+        lease = self.client.lease_id
+        return lease if lease is None or self._registered else 0
 
     @property
     def registry(self) -> Any:
@@ -129,18 +139,39 @@ class KindRegistration(PublisherBase):
 
     def _check_carried(self, metadata: dict[str, Any] | None) -> None:
         if "client" not in self.__dict__:  # the first check, in __init__, makes the registrar that answers it
-            self.client = part(self.kind, "registrar")(self.config, self.timeout)
+            factory = part(self.kind, "registrar")
+            taken = getattr(factory, "options", ())
+            if self._options["exclusive"] and "exclusive" not in taken:
+                raise ValueError(f"exclusive=True is an option of the keyed registries (etcd, memory), not of "
+                                 f"{self.kind.title}: register without it")
+            self.client = factory(self.config, self.timeout, **{k: v for k, v in self._options.items()
+                                                                     if k in taken and v is not None})
         self.client.check_metadata(MappingProxyType(metadata or {}))
 
     def _where(self) -> str:
-        return redact_url(self.url) if self.url is not None else repr(self.config)
+        url = self.url if self.url is not None else getattr(self.config, "url", None)  # a Registry object's
+        return redact_url(url) if isinstance(url, str) else repr(self.config)
+
+    def _follows_overrides(self) -> bool:
+        """Whether there is an override store to follow: the kind's for a URL, else the registrar's own."""
+        if self.url is not None and self.kind.override_store is not None:
+            return True
+        return type(self.client).override_store is not Registrar.override_store
+
+    def _open_store(self) -> Any:
+        if self.url is not None and self.kind.override_store is not None:
+            return part(self.kind, "override_store")(self.url)
+        return self.client.override_store()
 
     async def _attempt(self, left: float) -> None:
-        loop = asyncio.get_running_loop()
-        began = loop.time()
-        if self.url is not None and self.kind.override_store is not None and "override" not in self._keepers:
-            await self._read_override(left)
-        await super()._attempt(left - (loop.time() - began))
+        # a kind over waypost's etcd client (etcd, memory): its calls end with the client's own error, naming the
+        # cause (e.g. connection refused), a little before the attempt's timer would cut them without one
+        with caller_deadline.within(left - min(CAUSE_MARGIN, left / 4)):
+            loop = asyncio.get_running_loop()
+            began = loop.time()
+            if self._follows_overrides() and "override" not in self._keepers:
+                await self._read_override(left)
+            await super()._attempt(left - (loop.time() - began))
 
     async def _register(self) -> None:
         """Write the registration, then keep it alive."""
@@ -155,7 +186,7 @@ class KindRegistration(PublisherBase):
         self._keep("heartbeat", self._heartbeat)
         if type(self.client).guard is not Registrar.guard:
             self._keep("guard", self._guard)
-        if self.url is not None and self.kind.override_store is not None:
+        if self._follows_overrides():
             self._keep("override", self._follow_override)
         log.debug("%r: registered (ttl %ss, %s every %.3gs)", self, self.ttl, self.kind.words.renewal,
                   self.renew_interval)
@@ -207,7 +238,8 @@ class KindRegistration(PublisherBase):
         """Run ``run()`` as the keeper ``name`` unless it runs already (cancelled when the registration goes)."""
         task = self._keepers.get(name)
         if task is None or task.done():
-            self._keepers[name] = asyncio.get_running_loop().create_task(run())
+            # they outlive the attempt that starts them: without its etcd deadline
+            self._keepers[name] = caller_deadline.detached().run(asyncio.get_running_loop().create_task, run())
 
     def _cancel_tasks(self, include_retry: bool) -> None:
         current = asyncio.current_task()
@@ -267,9 +299,8 @@ class KindRegistration(PublisherBase):
     async def _read_override(self, within: float) -> None:
         """The record in force, before the instance is written. The read is part of the attempt: one that fails
         fails it, naming the store's error (the registry that cannot answer it would not take the registration)."""
-        assert self.url is not None
-        store = self._store = self._store or part(self.kind, "override_store")(self.url)
-        if not hasattr(store, "watch"):
+        store = self._store = self._store or self._open_store()
+        if store is None or not hasattr(store, "watch"):
             return
         records = store.watch(override_key(self.base_key, self.value))
         try:
@@ -282,10 +313,9 @@ class KindRegistration(PublisherBase):
     async def _follow_override(self) -> None:
         """Follow this instance's override record while registered; a change is written at once. A store without
         ``watch`` has nothing to follow; a failure is retried every ~1 s (the registration stays as it is)."""
-        assert self.url is not None
-        store, self._store = self._store or part(self.kind, "override_store")(self.url), None
+        store, self._store = self._store or self._open_store(), None
         try:
-            if not hasattr(store, "watch"):
+            if store is None or not hasattr(store, "watch"):
                 return
             key = override_key(self.base_key, self.value)
             while self._state == "running" and self._registered:
@@ -299,7 +329,8 @@ class KindRegistration(PublisherBase):
                                 str(e) or type(e).__name__)
                 await asyncio.sleep(cool_down(self._rng))
         finally:
-            await store.close()
+            if store is not None:
+                await store.close()
 
     async def _take_override(self, record: dict[str, Any] | None) -> None:
         if record == self.override:

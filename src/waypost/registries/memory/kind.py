@@ -4,6 +4,7 @@
 from __future__ import annotations
 
 from ...kind_table import RegistryKind, Words
+from ..etcd.kind import KEYED_WORDS
 
 _HERE = "waypost.registries.memory."
 
@@ -13,5 +14,8 @@ KIND = RegistryKind(
     parse_target=_HERE + "config:parse_memory_target", target_params=("key", "format", "exact"),
     target_registry_url=_HERE + "config:registry_url",
     console_source="waypost.registries.etcd.console:KeyedSource",
-    discovery="waypost.registries.etcd.discovery:KeyedDiscovery", words=Words(read_failed="{error}", no_list="{why}"),
+    discovery="waypost.registries.etcd.discovery:KeyedDiscovery",
+    registrar="waypost.registries.etcd.registrar:EtcdRegistrar",
+    words=Words(read_failed="{error}", no_list="{why}", **KEYED_WORDS),
+    override_store="waypost.registries.etcd.overrides:from_url",
 )
