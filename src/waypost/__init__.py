@@ -71,13 +71,13 @@ if TYPE_CHECKING:
     from .client.hashkey import hash_key as hash_key
     from .discovery import Subscriber as Subscriber
     from .discovery.connections import connect as connect
-    from .discovery.registration_contract import Registration as Registration
-    from .discovery.registration_factory import MultiPublisher as MultiPublisher
     from .discovery.store import Registry as Registry
     from .kind_table import RegistryKind as RegistryKind
     from .kind_table import register_kind as register_kind
     from .orca import load_interceptor as load_interceptor
     from .orca import set_load as set_load
+    from .registration.contract import Registration as Registration
+    from .registration.factory import MultiPublisher as MultiPublisher
     from .registries.consul.registrar import ConsulPublisher as ConsulPublisher
     from .registries.etcd.registrar import Publisher as Publisher
     from .registries.eureka.registrar import EurekaPublisher as EurekaPublisher
@@ -108,8 +108,8 @@ _LAZY = {
     "ConsulPublisher": ("waypost.registries.consul.registrar", "ConsulPublisher"),
     "ZkPublisher": ("waypost.registries.zookeeper.registrar", "ZkPublisher"),
     "EurekaPublisher": ("waypost.registries.eureka.registrar", "EurekaPublisher"),
-    "MultiPublisher": ("waypost.discovery.registration_factory", "MultiPublisher"),
-    "Registration": ("waypost.discovery.registration_contract", "Registration"),
+    "MultiPublisher": ("waypost.registration.factory", "MultiPublisher"),
+    "Registration": ("waypost.registration.contract", "Registration"),
     "Subscriber": ("waypost.discovery", "Subscriber"),
     "serve": ("waypost.server", "serve"),
     "serve_async": ("waypost.server", "serve_async"),

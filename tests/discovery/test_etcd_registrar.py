@@ -7,9 +7,9 @@ import pytest
 
 import waypost
 from harness.waiting import wait_until
-from waypost.discovery.registration_factory import make_publisher
 from waypost.kind_table import lookup
 from waypost.kinds.registration import KindRegistration
+from waypost.registration.factory import make_publisher
 from waypost.registries.etcd.registrar import EtcdRegistrar
 
 ADDR = "127.0.0.1:7301"

@@ -24,7 +24,7 @@ from tests.balancer.support import FakeClock
 from tests.etcd.helpers import run
 from waypost import Publisher, metrics
 from waypost.discovery.connections import connect
-from waypost.discovery.outage import UNREGISTERED_EXIT_CODE, Outage, check_unregistered_args
+from waypost.registration.outage import UNREGISTERED_EXIT_CODE, Outage, check_unregistered_args
 
 ROOT = Path(__file__).resolve().parents[2]
 

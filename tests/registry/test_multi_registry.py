@@ -17,9 +17,9 @@ import waypost
 from harness.backends import echo_pb2, echo_pb2_grpc
 from harness.backends.server import EchoServer, EchoServicer
 from harness.waiting import wait_until
-from waypost.discovery.registration_factory import MultiPublisher
 from waypost.errors import InvalidTarget, RegistryUnavailable
 from waypost.etcd.local import LocalEtcd, free_port
+from waypost.registration.factory import MultiPublisher
 
 Req = echo_pb2.EchoRequest
 

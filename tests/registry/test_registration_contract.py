@@ -25,10 +25,10 @@ from harness.waiting import wait_until
 from tests.eureka import support as eureka_support
 from tests.zookeeper import support as zk_support
 from waypost import kind_table as kinds
-from waypost.discovery.multi_publisher import MultiPublisher
-from waypost.discovery.no_registration import NoRegistration
-from waypost.discovery.registration_contract import Registration
-from waypost.discovery.registration_factory import make_publisher
+from waypost.registration.contract import Registration
+from waypost.registration.factory import make_publisher
+from waypost.registration.multi import MultiPublisher
+from waypost.registration.no_registry import NoRegistration
 
 ADDR = "127.0.0.1:7301"
 KINDS = ["etcd", "consul", "zk", "eureka", "files"]

@@ -29,7 +29,7 @@ log = logging.getLogger("waypost.discovery")
 def resolve_registry(registry: Registry | str) -> Registry:
     """A Registry as given, or ``waypost.connect(url)`` for a URL string."""
     if isinstance(registry, str):
-        from ..discovery.connections import connect
+        from .connections import connect
 
         return connect(registry)
     if not isinstance(registry, Registry):

@@ -31,14 +31,14 @@ from types import MappingProxyType
 from typing import Any
 
 from ..backoff import cool_down
-from ..discovery.outage import OnUnregistered, Outage
 from ..discovery.override import apply_override, override_key, parse_override
-from ..discovery.publisher_base import REVOKE_TIMEOUT, PublisherBase
 from ..errors import PermissionDenied, RegistryError, RegistryUnavailable, describe_value
 from ..etcd import deadline as caller_deadline
 from ..kind_table import RegistryKind, part
 from ..netutil import AddressError, check_dialable, parse_host_port
 from ..redaction import redact_url
+from ..registration.outage import OnUnregistered, Outage
+from ..registration.state_machine import REVOKE_TIMEOUT, PublisherBase
 from . import Instance, InstanceGone, Registrar
 
 __all__ = ["KindRegistration"]

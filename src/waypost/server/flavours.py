@@ -21,9 +21,9 @@ import time
 from collections.abc import Callable, Iterable
 from typing import Any
 
-from ..discovery.outage import exit_process, positive_seconds
-from ..discovery.registration_contract import Registration
 from ..errors import describe_value
+from ..registration.contract import Registration
+from ..registration.outage import exit_process, positive_seconds
 
 log = logging.getLogger("waypost.server")
 

@@ -51,12 +51,12 @@ from typing import TYPE_CHECKING, Any, ClassVar, Protocol
 
 import grpc
 
-from ..discovery.registration_contract import Registration
-from ..discovery.registration_factory import connect_registries, make_publisher
 from ..errors import WaypostError
 from ..netutil import advertised_address, bind_problem
 from ..orca import mount as mount_load_reports
 from ..otel import mount_server as mount_tracing
+from ..registration.contract import Registration
+from ..registration.factory import connect_registries, make_publisher
 from .flavours import Aio, HardDeadline, ShutdownHook, Threads, hook_name
 from .options import DEFAULT_DRAIN_DELAY, LISTEN_ANY, ServeKeywords, ServeOptions
 
@@ -375,7 +375,7 @@ class ServeHandle(_Base):
             self._stopped.set()
 
     def _exit_unregistered(self) -> None:
-        from ..discovery.outage import UNREGISTERED_EXIT_CODE, exit_process
+        from ..registration.outage import UNREGISTERED_EXIT_CODE, exit_process
 
         self._exit_code = UNREGISTERED_EXIT_CODE
         self.stop()
@@ -400,7 +400,7 @@ def serve(server: grpc.Server, key: str, listen_on: str = LISTEN_ANY, **options:
     of ``waypost.ServeOptions`` (their defaults and meanings; ``serve_async`` takes the same ones).
 
     ``registry`` is a registry URL (``etcd://``, ``consul://``, ``zk://``), a Registry (``waypost.connect``), a list
-    of them (registered in each; see ``waypost.discovery.registration_factory``), or None (nothing registered: inside
+    of them (registered in each; see ``waypost.registration.factory``), or None (nothing registered: inside
     Kubernetes, readiness through the health service). ``advertise`` overrides the
     detected address (see ``waypost.netutil``). Raises ``waypost.RegistryUnavailable`` (server stopped
     again) when the registry cannot be reached within ``register_timeout`` seconds. When stopping, the
@@ -476,7 +476,7 @@ class AsyncServeHandle(_Base):
         asyncio.ensure_future(self.server.stop(0))
 
     def _exit_unregistered(self) -> None:
-        from ..discovery.outage import UNREGISTERED_EXIT_CODE, exit_process
+        from ..registration.outage import UNREGISTERED_EXIT_CODE, exit_process
 
         try:  # the task's SystemExit propagates out of the server's event loop (and asyncio.run)
             asyncio.run_coroutine_threadsafe(self._stop_and_exit(UNREGISTERED_EXIT_CODE), self._loop)

@@ -55,7 +55,7 @@ class ServeOptions:
 
     registry: Any = DEFAULT_REGISTRY
     """A registry URL (``etcd://``, ``consul://``, ``zk://``, ``eureka://``, ``memory://``), a Registry
-    (``waypost.connect``), a list of them (registered in each; ``waypost.discovery.registration_factory``), or None
+    (``waypost.connect``), a list of them (registered in each; ``waypost.registration.factory``), or None
     (nothing registered: inside Kubernetes, readiness through the health service)."""
     metadata: Mapping[str, Any] | None = None
     """A JSON object carried with the registration (``{"weight": 20}``)."""
@@ -96,7 +96,7 @@ class ServeOptions:
     None: never."""
 
     def __post_init__(self) -> None:
-        from ..discovery.outage import check_unregistered_args
+        from ..registration.outage import check_unregistered_args
 
         if self.grace < 0:
             raise ValueError(f"serve: grace must be >= 0 seconds, got {self.grace!r}")

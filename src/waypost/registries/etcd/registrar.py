@@ -36,7 +36,6 @@ from typing import Any
 from ... import metrics
 from ...backoff import cool_down
 from ...discovery.formats import WireFormat, get_format
-from ...discovery.outage import OnUnregistered
 from ...discovery.permissions import grant_hint, role_refused
 from ...discovery.store import KeepAlive, Registry
 from ...discovery.subscriber import resolve_registry
@@ -53,6 +52,7 @@ from ...etcd import deadline as caller_deadline
 from ...kind_table import kind_of
 from ...kinds import Instance, InstanceGone, Registrar
 from ...kinds.registration import KindRegistration
+from ...registration.outage import OnUnregistered
 from .overrides import RegistryOverrides
 
 __all__ = ["EtcdRegistrar", "Publisher", "check_key"]

@@ -33,8 +33,8 @@ from .. import metrics
 from ..backoff import Backoff, cool_down
 from ..errors import PermissionDenied, RegistryError, RegistryUnavailable, describe_value
 from ..etcd import deadline as caller_deadline
+from .contract import RegistrationFaces, on_control_loop
 from .outage import track, untrack
-from .registration_contract import RegistrationFaces, on_control_loop
 
 __all__ = ["REVOKE_TIMEOUT", "PublisherBase", "check_json", "on_control_loop", "spawn"]
 

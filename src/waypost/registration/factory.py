@@ -12,18 +12,18 @@ Every one is a ``Registration`` (``registration.py``: start / stop / pause / res
 check_metadata, their ``a*`` twins, ``key``, ``registered``, ``state``, ``outage``), so ``serve()``'s lifecycle is
 the same whatever the registry.
 
-``MultiPublisher`` (``multi_publisher.py``) says how several registries back each other up.
+``MultiPublisher`` (``multi.py``) says how several registries back each other up.
 """
 
 from __future__ import annotations
 
 from typing import Any
 
+from ..discovery.subscriber import resolve_registry
 from ..kind_table import kind_of, part
-from .multi_publisher import MultiPublisher
-from .no_registration import NoRegistration
-from .registration_contract import Registration
-from .subscriber import resolve_registry
+from .contract import Registration
+from .multi import MultiPublisher
+from .no_registry import NoRegistration
 
 __all__ = ["MultiPublisher", "NoRegistration", "Registration", "connect_registries", "make_publisher"]
 

@@ -5,8 +5,8 @@ from __future__ import annotations
 from collections.abc import Awaitable, Mapping
 from typing import Any, TypeVar
 
+from .contract import RegistrationFaces
 from .outage import Outage
-from .registration_contract import RegistrationFaces
 
 T = TypeVar("T")
 

@@ -19,8 +19,8 @@ from collections.abc import Awaitable, Mapping, Sequence
 from typing import Any
 
 from ..errors import RegistryUnavailable, suggests_keywords
+from .contract import Registration, RegistrationFaces
 from .outage import OnUnregistered, Outage, registry_label
-from .registration_contract import Registration, RegistrationFaces
 
 log = logging.getLogger("waypost.discovery")
 

@@ -47,7 +47,7 @@ class Registration(Protocol):
     def unregistered_seconds(self) -> float:
         """How long the registration has been lost against our will (0 while registered or paused)."""
 
-    #: the outage clock and the alert after ``max_unregistered`` (``waypost.discovery.outage``)
+    #: the outage clock and the alert after ``max_unregistered`` (``waypost.registration.outage``)
     outage: Outage
 
     def start(self) -> Self: ...
