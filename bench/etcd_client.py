@@ -35,7 +35,7 @@ from waypost.etcd import _methods
 from waypost.etcd._generated import waypost_etcd_pb2 as pb
 from waypost.etcd.config import EtcdConfig
 from waypost.etcd.local import LocalEtcd
-from waypost.registries.etcd.registry import EtcdRegistry
+from waypost.registries.etcd.store import EtcdRegistry
 
 RESULTS = Path(__file__).resolve().parent / "results" / "etcd_client.json"
 

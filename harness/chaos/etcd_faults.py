@@ -23,7 +23,7 @@ from harness.waiting import holds_within
 from waypost import Publisher, _loop
 from waypost.discovery import Subscriber
 from waypost.etcd.local import LocalEtcd
-from waypost.registries.etcd.registry import EtcdRegistry
+from waypost.registries.etcd.store import EtcdRegistry
 
 
 def etcd_down(etcd: LocalEtcd, down_s: float = 10.0, ttl: int = 10, key: str = "chaos-down.rpc") -> Result:

@@ -21,7 +21,7 @@ from harness.waiting import holds_within
 from waypost import Publisher, _loop
 from waypost.etcd.config import EtcdConfig
 from waypost.etcd.local import LocalEtcd, find_binary
-from waypost.registries.etcd.registry import EtcdRegistry
+from waypost.registries.etcd.store import EtcdRegistry
 
 
 def _bump(reg: EtcdRegistry, key: str, n: int) -> None:

@@ -13,7 +13,7 @@ from collections.abc import Callable, Iterator
 from harness.waiting import holds_within
 from waypost import _loop
 from waypost.etcd.config import EtcdConfig
-from waypost.registries.etcd.registry import EtcdRegistry
+from waypost.registries.etcd.store import EtcdRegistry
 
 
 def private_registry(endpoints: list[str]) -> EtcdRegistry:

@@ -19,7 +19,7 @@ from harness.waiting import holds_within, wait_until
 from waypost import _loop
 from waypost.discovery import Subscriber
 from waypost.etcd.config import EtcdConfig
-from waypost.registries.etcd.registry import EtcdRegistry
+from waypost.registries.etcd.store import EtcdRegistry
 
 
 def pin_member(reg: EtcdRegistry, address: str, tries: int = 50) -> None:

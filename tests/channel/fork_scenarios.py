@@ -265,7 +265,7 @@ def closed_registry_before_fork(endpoint: str, key: str, a: str, b: str) -> None
     poller alive, which would leave the children unable to use gRPC at all."""
     from waypost import _loop
     from waypost.etcd.config import EtcdConfig
-    from waypost.registries.etcd.registry import EtcdRegistry
+    from waypost.registries.etcd.store import EtcdRegistry
 
     _register(endpoint, key, "a", a)
     target = f"etcd:///{endpoint}?key={key}"

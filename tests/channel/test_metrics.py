@@ -19,7 +19,7 @@ from tests.channel.support import direct, echo_servers
 from waypost import Publisher, _loop, metrics
 from waypost.discovery import Subscriber
 from waypost.etcd.config import EtcdConfig
-from waypost.registries.etcd.registry import EtcdRegistry
+from waypost.registries.etcd.store import EtcdRegistry
 
 Req = echo_pb2.EchoRequest
 

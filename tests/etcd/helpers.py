@@ -13,7 +13,7 @@ from harness.waiting import wait_until
 from waypost import _loop
 from waypost.errors import RegistryUnavailable
 from waypost.etcd.config import EtcdConfig
-from waypost.registries.etcd.registry import EtcdRegistry
+from waypost.registries.etcd.store import EtcdRegistry
 
 
 def run(coro: Any, timeout: float = 30.0) -> Any:

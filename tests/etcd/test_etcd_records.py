@@ -20,7 +20,7 @@ from waypost.errors import RegistryError
 from waypost.etcd import records
 from waypost.etcd._generated import waypost_etcd_pb2 as pb
 from waypost.etcd.keys import key_range
-from waypost.registries.etcd.registry import _LazyKeyValues
+from waypost.registries.etcd.store import _LazyKeyValues
 
 FUZZ = settings(max_examples=int(os.environ.get("WAYPOST_FUZZ_EXAMPLES", "150")), deadline=None,
                 suppress_health_check=[HealthCheck.too_slow])
@@ -140,7 +140,7 @@ def test_real_etcd_records_line_up_and_mixed_ones_fall_back(shared_etcd, unique_
 def test_keyvalues_built_from_columns_are_frozen_keyvalues():
     import dataclasses
 
-    from waypost.registries.etcd.registry import _keyvalues
+    from waypost.registries.etcd.store import _keyvalues
 
     cols = records.Columns(["svc/\udcff", "svc/b"], [b"10.0.0.1:80", b""], [3, 4], [9, 5], [2, 1], [-(2**63), 0])
     built = _keyvalues(cols)

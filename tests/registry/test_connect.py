@@ -13,7 +13,7 @@ from waypost.discovery.connections import connect
 from waypost.discovery.registry_url import parse_registry_url
 from waypost.errors import InvalidTarget, RegistryUnavailable
 from waypost.etcd.local import free_port
-from waypost.registries.etcd.registry import EtcdRegistry
+from waypost.registries.etcd.store import EtcdRegistry
 
 
 def test_parse_etcd_url_normalizes_and_hides_the_password():

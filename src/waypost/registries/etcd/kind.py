@@ -15,7 +15,7 @@ KIND = RegistryKind(
     "etcd", 2379, "etcd:///127.0.0.1:2379?key=greet.rpc",
     "etcd://user:secret@127.0.0.1:2379,10.0.0.2:2379?tls=1&ca=/etc/etcd/ca.pem&dial_timeout=3",
     aliases=("discov",), credentials=True,
-    parse_url=_HERE + "config:parse_etcd_url", registry=_HERE + "registry:from_url",
+    parse_url=_HERE + "config:parse_etcd_url", registry=_HERE + "store:from_url",
     parse_target=_HERE + "target:parse_etcd_target",
     target_params=("key", "format", "exact", "cache", "user", "password", "tls", "cacert", "certfile", "keyfile",
                    "dial_timeout", "request_timeout"),
