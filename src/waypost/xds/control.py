@@ -259,7 +259,7 @@ class ControlPlane:
                       self._subset_clusters, self._subset_eds, self._empty):
             table.pop(name, None)
 
-    def _prefix_found(self, p: PrefixExport) -> Any:
+    def _prefix_found(self, p: PrefixExport) -> Callable[[str, str], None]:
         def found(service: str, target: str) -> None:
             if service in self.exports:
                 return

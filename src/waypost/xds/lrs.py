@@ -51,7 +51,7 @@ DEFAULT_INTERVAL = 10.0
 SEND_ALL_FEATURE = "envoy.lrs.supports_send_all_clusters"
 
 
-def check_interval(seconds: Any, where: str = "load reporting interval") -> float:
+def check_interval(seconds: object, where: str = "load reporting interval") -> float:
     """``seconds`` as a float from 0.1 to 3600; ValueError naming ``where`` otherwise."""
     if isinstance(seconds, bool) or not isinstance(seconds, (int, float)) or not 0.1 <= seconds <= 3600:
         raise ValueError(f"{where}: expected seconds from 0.1 to 3600, got {seconds!r}")
@@ -76,7 +76,7 @@ class LrsServer:
         self.clusters = clusters
         self._ids = itertools.count(1)
 
-    def add_to_server(self, server: Any) -> None:
+    def add_to_server(self, server: grpc.aio.Server) -> None:
         """Register LRS and the status method on a ``grpc.aio`` server."""
         stream = grpc.stream_stream_rpc_method_handler(
             self._stream, request_deserializer=lrs_pb2.LoadStatsRequest.FromString,

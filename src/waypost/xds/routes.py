@@ -19,7 +19,7 @@ without one).
 from __future__ import annotations
 
 import logging
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import grpc
 from envoy.config.route.v3 import route_components_pb2 as rc_pb2
@@ -33,6 +33,9 @@ from .matching import Match
 from .policy import hash_policies
 from .traffic import Route, Split, destination, owns_clusters
 
+if TYPE_CHECKING:
+    from ..service_config.model import ServiceConfig
+
 log = logging.getLogger("waypost.xds")
 _DENOMINATORS = {100: percent_pb2.FractionalPercent.HUNDRED, 10_000: percent_pb2.FractionalPercent.TEN_THOUSAND,
                  1_000_000: percent_pb2.FractionalPercent.MILLION}
@@ -41,7 +44,7 @@ _CODES = {grpc.StatusCode.CANCELLED: "cancelled", grpc.StatusCode.DEADLINE_EXCEE
           grpc.StatusCode.UNAVAILABLE: "unavailable"}
 
 
-def parse_service_config(value: Any, where: str) -> Any:
+def parse_service_config(value: object, where: str) -> ServiceConfig:
     """A service config (an object or JSON text) holding only ``methodConfig``, validated by waypost's parser."""
     import json
 

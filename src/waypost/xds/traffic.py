@@ -32,6 +32,7 @@ from typing import Any
 import grpc
 
 from ..durations import DurationError, parse_positive_duration
+from ..types import Backend
 from .errors import XdsConfigError
 from .matching import Match, parse_match
 
@@ -99,7 +100,7 @@ class Route:
     max_requests: int | None = None
 
 
-def _text(value: Any) -> str:
+def _text(value: object) -> str:
     return value if isinstance(value, str) else "" if value is None else str(value)
 
 
@@ -107,14 +108,14 @@ def _fail(where: str, message: str) -> XdsConfigError:
     return XdsConfigError(f"{where}: {message}")
 
 
-def _token(value: Any, where: str, what: str) -> str:
+def _token(value: object, where: str, what: str) -> str:
     if not isinstance(value, str) or not TOKEN_RE.fullmatch(value):
         raise _fail(where, f"{what} must be letters, digits, '.', '-' or '_' (at most 63, starting with a letter "
                            f"or digit), got {str(value)[:80]!r}")
     return value
 
 
-def _integer(value: Any, where: str, lo: int, hi: int) -> int:
+def _integer(value: object, where: str, lo: int, hi: int) -> int:
     if isinstance(value, str) and value.strip().isdigit():
         value = int(value)
     if isinstance(value, bool) or not isinstance(value, int) or not lo <= value <= hi:
@@ -124,11 +125,11 @@ def _integer(value: Any, where: str, lo: int, hi: int) -> int:
 
 # ------------------------------------------------------------------ option parsers (exports._OPTION_PARSERS)
 
-def parse_subset_key(value: Any, where: str) -> str:
+def parse_subset_key(value: object, where: str) -> str:
     return _token(value, where, "the metadata key")
 
 
-def parse_subsets(value: Any, where: str) -> tuple[Subset, ...]:
+def parse_subsets(value: object, where: str) -> tuple[Subset, ...]:
     """A list of subset_key values (or a comma list), or a table NAME -> {KEY: VALUE}."""
     if isinstance(value, str):
         value = [v.strip() for v in value.split(",")]
@@ -149,13 +150,13 @@ def parse_subsets(value: Any, where: str) -> tuple[Subset, ...]:
     return tuple(Subset(v) for v in dict.fromkeys(names))
 
 
-def _scalar(value: Any, where: str) -> str:
+def _scalar(value: object, where: str) -> str:
     if isinstance(value, bool) or not isinstance(value, (str, int)):
         raise _fail(where, f"a metadata value must be a string or an integer, got {type(value).__name__}")
     return str(value)
 
 
-def parse_split(value: Any, where: str) -> Split:
+def parse_split(value: object, where: str) -> Split:
     """``{v1 = 95, v2 = 5}`` (a table: integer weights; a target may be ``{weight = 5, max_requests = 10}``) or
     ``v1:95,v2:5`` (the command line's text)."""
     if isinstance(value, str):
@@ -195,17 +196,17 @@ def parse_split(value: Any, where: str) -> Split:
     return Split(weights, tuple(sorted(limits)))
 
 
-def parse_max_requests(value: Any, where: str) -> int:
+def parse_max_requests(value: object, where: str) -> int:
     return _integer(value, where, 1, MAX_REQUESTS)
 
 
-def _percent(value: Any, where: str) -> float:
+def _percent(value: object, where: str) -> float:
     if isinstance(value, bool) or not isinstance(value, (int, float)) or not 0 <= value <= 100:
         raise _fail(where, f"expected a percentage from 0 to 100, got {str(value)[:40]!r}")
     return float(value)
 
 
-def _status(value: Any, where: str) -> int:
+def _status(value: object, where: str) -> int:
     if isinstance(value, int) and not isinstance(value, bool) and 1 <= value <= 16:
         return value
     if isinstance(value, str):
@@ -217,7 +218,7 @@ def _status(value: Any, where: str) -> int:
                        f"got {str(value)[:40]!r}")
 
 
-def _table(value: Any, where: str, keys: tuple[str, ...], expected: str) -> Mapping[str, Any]:
+def _table(value: object, where: str, keys: tuple[str, ...], expected: str) -> Mapping[str, Any]:
     """``value`` as a table whose keys are all among ``keys``."""
     if not isinstance(value, Mapping):
         raise _fail(where, f"expected a table ({expected})")
@@ -227,14 +228,14 @@ def _table(value: Any, where: str, keys: tuple[str, ...], expected: str) -> Mapp
     return value
 
 
-def _duration(value: Any, where: str) -> float:
+def _duration(value: object, where: str) -> float:
     try:
         return parse_positive_duration(value)
     except DurationError as e:
         raise _fail(where, str(e)) from None
 
 
-def parse_fault(value: Any, where: str) -> Fault:
+def parse_fault(value: object, where: str) -> Fault:
     """``{delay = "2s", delay_percent = 50, abort = "unavailable", abort_percent = 10}``."""
     value = _table(value, where, _FAULT_KEYS, "delay and/or abort, and their _percent")
     if "delay" not in value and "abort" not in value:
@@ -248,7 +249,7 @@ def parse_fault(value: Any, where: str) -> Fault:
                  abort_percent=_percent(value.get("abort_percent", 100), f"{where}: abort_percent"))
 
 
-def _route(value: Any, where: str) -> Route:
+def _route(value: object, where: str) -> Route:
     value = _table(value, where, _ROUTE_KEYS, ", ".join(_ROUTE_KEYS))
     match = parse_match(value, where)
     if match.path is None and not match.headers and match.fraction is None:
@@ -272,7 +273,7 @@ def _route(value: Any, where: str) -> Route:
     return Route(match=match, to=to, timeout=timeout, fault=fault, max_requests=limit)
 
 
-def parse_routes(value: Any, where: str) -> tuple[Route, ...]:
+def parse_routes(value: object, where: str) -> tuple[Route, ...]:
     if not isinstance(value, (list, tuple)):
         raise _fail(where, "expected a list of route tables ([[exports.NAME.routes]])")
     out = tuple(_route(r, f"{where}[{i}]") for i, r in enumerate(value))
@@ -315,7 +316,7 @@ def resolve_subsets(export: Any, where: str) -> tuple[Subset, ...]:
     return out
 
 
-def subset_backends(subset: Subset, backends: Iterable[Any]) -> list[Any]:
+def subset_backends(subset: Subset, backends: Iterable[Backend]) -> list[Backend]:
     """The backends ``subset`` selects."""
     return [b for b in backends if subset.selects(b.metadata)]
 
