@@ -28,7 +28,7 @@ import json
 import logging
 from collections.abc import Callable, Iterable, Iterator
 from dataclasses import replace
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import grpc
 from envoy.service.load_stats.v3 import lrs_pb2
@@ -36,6 +36,9 @@ from google.protobuf import duration_pb2
 
 from .exports import Export, PrefixExport
 from .load_stats import LoadStats
+
+if TYPE_CHECKING:
+    from prometheus_client.metrics_core import Metric
 
 log = logging.getLogger("waypost.xds")
 
@@ -135,10 +138,10 @@ class LoadCollector:
     def __init__(self, stats: LoadStats) -> None:
         self.stats = stats
 
-    def describe(self) -> list[Any]:
+    def describe(self) -> list[Metric]:
         return []
 
-    def collect(self) -> Iterator[Any]:
+    def collect(self) -> Iterator[Metric]:
         from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
 
         labels = ["export", "cluster", "locality"]
