@@ -9,13 +9,18 @@ from __future__ import annotations
 
 import logging
 from collections.abc import AsyncIterator, Callable, Iterator
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import grpc
 import grpc.aio
 
 from .._grpc_private import prepend_server_interceptor
 from .client import rpc_attributes, span_name
+
+if TYPE_CHECKING:
+    from contextlib import AbstractContextManager
+
+    from opentelemetry.trace import Span, Tracer
 
 log = logging.getLogger("waypost.otel")
 
@@ -26,10 +31,10 @@ _KINDS = (("unary_unary", grpc.unary_unary_rpc_method_handler, False),
 
 
 #: where an interceptor's tracer comes from, asked at each call (``waypost.otel``'s, else the global provider's)
-TracerSource = Callable[[], Any]
+TracerSource = Callable[[], "Tracer"]
 
 
-def _start(tracer: Any, details: Any) -> Any:
+def _start(tracer: Tracer, details: grpc.HandlerCallDetails) -> AbstractContextManager[Span]:
     from opentelemetry import propagate, trace
 
     carrier = {k: v for k, v in (details.invocation_metadata or ()) if isinstance(v, str)}
@@ -105,7 +110,7 @@ class AsyncTraceInterceptor(grpc.aio.ServerInterceptor):
         return _wrapped(handler, wrap)
 
 
-def mount(server: Any, tracer: TracerSource) -> None:
+def mount(server: grpc.Server | grpc.aio.Server, tracer: TracerSource) -> None:
     """Put a ``TraceInterceptor`` first on ``server`` (a ``grpc.server``; one already there is kept). A
     ``grpc.aio.server`` cannot take one once created: said once at debug level."""
     if isinstance(server, grpc.aio.Server):
