@@ -23,13 +23,10 @@ from typing import TYPE_CHECKING, Any
 
 from ..kind_table import kind_of
 from .errors import XdsConfigError
+from .model import Export
 from .policy import check_export
 from .tls import TlsFiles, tls_files_from_table
 from .traffic import (
-    Fault,
-    Route,
-    Split,
-    Subset,
     parse_fault,
     parse_max_requests,
     parse_routes,
@@ -51,35 +48,6 @@ OPTIONS = ("policy", "policy_config", "hash_header", "prefer", "retries", "retry
 #: options that only a config file can set (their values are objects)
 _OBJECT_OPTIONS = ("policy_config", "outlier_detection", "routes", "fault")
 _HEADER_RE = re.compile(r"[a-z0-9][a-z0-9._\-]{0,127}")
-
-
-@dataclass(frozen=True)
-class Export:
-    """One exported service: its name, its source target(s) and the options (module docstring)."""
-
-    name: str
-    target: str | tuple[str, ...]
-    policy: str = "round_robin"
-    policy_config: Mapping[str, Any] = field(default_factory=dict)
-    hash_header: str | None = None
-    prefer: tuple[str, str] | None = None  # ("zone" | "region", value)
-    retries: int = 0
-    retry_on: tuple[str, ...] = ("unavailable",)
-    outlier_detection: Mapping[str, Any] | None = None
-    serve_empty: bool = True
-    service_config: ServiceConfig | None = None  # validated, methodConfig only
-    # traffic policy (waypost.xds.traffic)
-    subset_key: str | None = None
-    subsets: tuple[Subset, ...] = ()  # resolved by make_export: every subset named anywhere, with its selector
-    split: Split | None = None
-    routes: tuple[Route, ...] = ()
-    max_requests: int | None = None
-    fault: Fault | None = None
-    #: clients report load over LRS (``lrs.py``); None: not set (off, and ``--load-reporting`` turns it on)
-    load_reporting: bool | None = None
-
-    def __hash__(self) -> int:  # the mappings are never mutated; hash what identifies the export
-        return hash((self.name, self.target))
 
 
 @dataclass(frozen=True)

@@ -31,9 +31,7 @@ from google.protobuf.message import Message
 
 from ..durations import DurationError, parse_nonnegative_duration
 from .errors import XdsConfigError
-
-#: an ``exports.Export`` (typed loosely: this module sits below ``exports``)
-Export = Any
+from .model import Export
 
 #: the policies an xDS client runs itself (export ``policy`` values); consistent_hash is waypost's name of ring_hash,
 #: weighted_round_robin the name of gRPC's A58 policy in a service config (client_side_weighted_round_robin in xDS)

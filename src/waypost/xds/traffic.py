@@ -25,8 +25,6 @@ from __future__ import annotations
 import logging
 import re
 from collections.abc import Iterable, Mapping, Sequence
-from dataclasses import dataclass
-from dataclasses import field as dataclass_field
 from typing import Any
 
 import grpc
@@ -34,7 +32,8 @@ import grpc
 from ..durations import DurationError, parse_positive_duration
 from ..types import Backend
 from .errors import XdsConfigError
-from .matching import Match, parse_match
+from .matching import parse_match
+from .model import Export, Fault, Route, Split, Subset
 
 log = logging.getLogger("waypost.xds")
 
@@ -48,60 +47,6 @@ GRPCIO_TIMEOUT_EARLY = 1.06
 #: the largest split weight (gRPC sums them in a uint32)
 MAX_WEIGHT = 1_000_000
 MAX_REQUESTS = 2**32 - 1
-
-
-@dataclass(frozen=True)
-class Subset:
-    """Instances whose metadata has every (key, value) of ``selector``; an empty selector is filled from
-    ``subset_key`` (the name is the value) when the export is checked."""
-
-    name: str
-    selector: tuple[tuple[str, str], ...] = ()
-
-    def cluster(self, export_name: str) -> str:
-        """The name of its Cluster (and ClusterLoadAssignment)."""
-        return f"{export_name}/" + ",".join(f"{k}={v}" for k, v in self.selector)
-
-    def selects(self, metadata: Mapping[str, Any]) -> bool:
-        return all(_text(metadata.get(k)) == v for k, v in self.selector)
-
-
-@dataclass(frozen=True)
-class Split:
-    """Where a route sends: subsets and their weights, sorted by name (equal configs, equal resources), and the
-    targets given their own ``max_requests`` (``{v2 = {weight = 5, max_requests = 10}}``)."""
-
-    weights: tuple[tuple[str, int], ...]
-    limits: tuple[tuple[str, int], ...] = ()
-
-    def limit(self, name: str) -> int | None:
-        return dict(self.limits).get(name)
-
-
-@dataclass(frozen=True)
-class Fault:
-    """gRFC A33's HTTPFault: a fixed delay and/or an abort with a gRPC status, each on a percentage of calls."""
-
-    delay: float | None = None
-    delay_percent: float = 100.0
-    abort: int | None = None  # a gRPC status code number
-    abort_percent: float = 100.0
-
-
-@dataclass(frozen=True)
-class Route:
-    """One entry of ``routes``: what it matches (``matching.py``), where it sends (None: where the default route
-    sends); ``max_requests``: its own circuit-breaking limit, on clusters of its own (``route_cluster``)."""
-
-    match: Match = dataclass_field(default_factory=Match)
-    to: Split | None = None
-    timeout: float | None = None
-    fault: Fault | None = None
-    max_requests: int | None = None
-
-
-def _text(value: object) -> str:
-    return value if isinstance(value, str) else "" if value is None else str(value)
 
 
 def _fail(where: str, message: str) -> XdsConfigError:
@@ -286,7 +231,7 @@ def parse_routes(value: object, where: str) -> tuple[Route, ...]:
 
 # ------------------------------------------------------------------ the export as a whole
 
-def resolve_subsets(export: Any, where: str) -> tuple[Subset, ...]:
+def resolve_subsets(export: Export, where: str) -> tuple[Subset, ...]:
     """The export's subsets, every name in ``split`` and ``routes`` checked against them (by ``subset_key``,
     the names used are subsets too); raises XdsConfigError naming the field."""
     given = {s.name: s for s in export.subsets}
@@ -304,7 +249,8 @@ def resolve_subsets(export: Any, where: str) -> tuple[Subset, ...]:
             known = ", ".join(sorted(subsets)) or "none: set subset_key or subsets"
             raise _fail(where, f"{field}: unknown subset {name!r} (subsets: {known})")
         subsets[name] = Subset(name)
-    out = tuple(sorted((s if s.selector else Subset(s.name, ((key, s.name),)) for s in subsets.values()),
+    # a subset without a selector is named by a value of subset_key (without one, the checks above raised)
+    out = tuple(sorted((s if s.selector or key is None else Subset(s.name, ((key, s.name),)) for s in subsets.values()),
                        key=lambda s: s.name))
     by_selector: dict[tuple[tuple[str, str], ...], str] = {}
     for s in out:
@@ -321,7 +267,7 @@ def subset_backends(subset: Subset, backends: Iterable[Backend]) -> list[Backend
     return [b for b in backends if subset.selects(b.metadata)]
 
 
-def destination(export: Any, to: Split | None, empty: frozenset[str], own: int | None = None) -> list[tuple[str, int]]:
+def destination(export: Export, to: Split | None, empty: frozenset[str], own: int | None = None) -> list[tuple[str, int]]:
     """The (cluster, weight) pairs a route sends to: ``to`` (None: the export's split, else its whole cluster),
     less the subsets in ``empty`` and the weights 0; nothing left: the export's whole cluster. ``own``: the
     index of a route with its own ``max_requests``, whose calls go to its own clusters (``route_cluster``)."""
@@ -346,7 +292,7 @@ def owns_clusters(route: Route) -> bool:
     return route.max_requests is not None or bool(route.to and route.to.limits)
 
 
-def route_clusters(export: Any) -> dict[str, tuple[str, int | None]]:
+def route_clusters(export: Export) -> dict[str, tuple[str, int | None]]:
     """The clusters of the routes that own clusters (``owns_clusters``): name -> (the cluster whose endpoints it
     shares, its limit). Every cluster such a route may send to has one: each subset of its split, with the
     target's own ``max_requests`` or else the route's or else the export's, and the export's whole cluster
@@ -366,18 +312,18 @@ def route_clusters(export: Any) -> dict[str, tuple[str, int | None]]:
     return out
 
 
-def subset_limit(export: Any, subset: str) -> int | None:
+def subset_limit(export: Export, subset: str) -> int | None:
     """The ``max_requests`` of a subset's own cluster: its target's in the export's ``split``, else the
     export's (shared by every route sending there without clusters of its own)."""
     own = export.split.limit(subset) if export.split is not None else None
     return own if own is not None else export.max_requests
 
 
-def fault_filters_needed(export: Any) -> bool:
+def fault_filters_needed(export: Export) -> bool:
     return export.fault is not None or any(r.fault is not None for r in export.routes)
 
 
-def empty_subsets(export: Any, counts: Mapping[str, int]) -> frozenset[str]:
+def empty_subsets(export: Export, counts: Mapping[str, int]) -> frozenset[str]:
     """The subsets whose assignment has no endpoint that takes calls (``counts``: subset -> such endpoints)."""
     return frozenset(s.name for s in export.subsets if not counts.get(s.name))
 
