@@ -14,7 +14,7 @@ import threading
 import time
 from collections.abc import Callable
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import click
 from rich.console import Console
@@ -28,6 +28,9 @@ from .errors import not_a_key_registry, one_line_errors, unreachable, user_error
 from .errors import one_line as _one_line
 from .signals import exit_if_interrupted, stop_on_signals
 from .xds import xds_commands
+
+if TYPE_CHECKING:
+    from ..discovery.store import Registry
 
 DEFAULT_REGISTRY = "etcd://127.0.0.1:2379"
 #: the logger of the operator actions' audit lines (``waypost.console.actions``, imported only when one runs)
@@ -61,9 +64,9 @@ class Ctx:
         self.verbose = verbose
         self.out = Console(highlight=False, soft_wrap=True)
         self.err = Console(stderr=True, highlight=False, soft_wrap=True)
-        self._registry: Any = None
+        self._registry: Registry | None = None
 
-    def registry(self, wait: float | None = None) -> Any:
+    def registry(self, wait: float | None = None) -> Registry:
         """The registry of --registry, for a command that reads or writes keys (etcd, memory). ``wait``: how long
         a call may wait for an etcd endpoint to connect (a diagnostic command's --timeout), unless the URL says."""
         if self._registry is None:

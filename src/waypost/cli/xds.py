@@ -12,12 +12,15 @@ import re
 import sys
 from collections.abc import Callable
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import click
 
 from .signals import exit_if_interrupted, stop_on_signals
 from .xds_status import status_command
+
+if TYPE_CHECKING:
+    from types import FrameType
 
 log = logging.getLogger("waypost.xds")
 
@@ -104,7 +107,7 @@ def _supervise(c: Any, address: str, count: int, exports: Any, prefixes: Any, re
         raise click.ClickException(f"xds serve cannot listen on {address}: {e.strerror or e}") from None
     import signal
 
-    def on_hup(signum: int, _frame: Any) -> None:
+    def on_hup(signum: int, _frame: FrameType | None) -> None:
         if reloads:
             pool.forward(signum)  # each worker re-reads --config
         else:
