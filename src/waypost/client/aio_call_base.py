@@ -99,8 +99,8 @@ class CallBase(abc.ABC):
     """What every call kind shares: settings, the attempt start (pick, maybe wait) and the Call API."""
 
     def __init__(self, m: AioMethod, request: Any, timeout: float | None, metadata: Any,
-                 credentials: Any,
-                 wait_for_ready: bool | None, compression: Any, *,
+                 credentials: grpc.CallCredentials | None,
+                 wait_for_ready: bool | None, compression: grpc.Compression | None, *,
                  replay: Replay | AsyncReplay | None = None, writes: WriteReplay | None = None) -> None:
         self._m = m
         self._request = request

@@ -211,8 +211,8 @@ class StreamStreamCall(_StreamResponseCall, grpc.aio.StreamStreamCall):
 class UnaryStreamMultiCallable(AioMethod, grpc.aio.UnaryStreamMultiCallable):
     _kind = "unary_stream"
 
-    def __call__(self, request: Any, *, timeout: float | None = None, metadata: Any = None, credentials: Any = None,
-                 wait_for_ready: bool | None = None, compression: Any = None) -> UnaryStreamCall | HedgedUnaryStreamCall:
+    def __call__(self, request: Any, *, timeout: float | None = None, metadata: Any = None, credentials: grpc.CallCredentials | None = None,
+                 wait_for_ready: bool | None = None, compression: grpc.Compression | None = None) -> UnaryStreamCall | HedgedUnaryStreamCall:
         cls = HedgedUnaryStreamCall if self.hedging is not None else UnaryStreamCall
         return self.started_call(lambda: cls(self, request, timeout, metadata, credentials, wait_for_ready,
                                              compression))
@@ -222,7 +222,7 @@ class StreamStreamMultiCallable(AioMethod, grpc.aio.StreamStreamMultiCallable):
     _kind = "stream_stream"
 
     def __call__(self, request_iterator: Any = None, timeout: float | None = None, metadata: Any = None,
-                 credentials: Any = None, wait_for_ready: bool | None = None, compression: Any = None
+                 credentials: grpc.CallCredentials | None = None, wait_for_ready: bool | None = None, compression: grpc.Compression | None = None
                  ) -> StreamStreamCall:
         return self.started_call(lambda: StreamStreamCall(self, None, timeout, metadata, credentials,
                                                           wait_for_ready, compression, **replay_for(request_iterator)))

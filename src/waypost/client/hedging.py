@@ -245,8 +245,8 @@ class RaceState:
     arguments for every attempt, the backends tried and the attempts still running (``hedging_sync``,
     ``hedging_aio``)."""
 
-    def __init__(self, m: Any, request: Any, deadline: float | None, metadata: Any, credentials: Any,
-                 wfr: bool | None, compression: Any, stream: bool) -> None:
+    def __init__(self, m: Any, request: Any, deadline: float | None, metadata: Any, credentials: grpc.CallCredentials | None,
+                 wfr: bool | None, compression: grpc.Compression | None, stream: bool) -> None:
         assert m.hedging is not None
         self.m = m
         self.plan: HedgePlan = m.hedging.plan()

@@ -40,7 +40,7 @@ class SyncRace(RaceState):
     stream's final error)."""
 
     def __init__(self, m: MethodBase[BalancedChannel], request: Any, deadline: float | None, metadata: Any,
-                 credentials: Any, wfr: bool | None, compression: Any, *, stream: bool) -> None:
+                 credentials: grpc.CallCredentials | None, wfr: bool | None, compression: grpc.Compression | None, *, stream: bool) -> None:
         super().__init__(m, request, deadline, metadata, credentials, wfr, compression, stream)
         self.m: MethodBase[BalancedChannel] = m
         self._q: queue.SimpleQueue[tuple[_Attempt, str, Any]] = queue.SimpleQueue()
@@ -121,7 +121,7 @@ class _LocalError(grpc.RpcError):  # type: ignore[misc]
 
 
 def hedged_with_call(m: MethodBase[BalancedChannel], request: Any, deadline: float | None, metadata: Any,
-                     credentials: Any, wfr: bool | None, compression: Any) -> tuple[Any, grpc.Call]:
+                     credentials: grpc.CallCredentials | None, wfr: bool | None, compression: grpc.Compression | None) -> tuple[Any, grpc.Call]:
     """A hedged unary-unary call: (response, the winning attempt's call), or the final error raised."""
     race = SyncRace(m, request, deadline, metadata, credentials, wfr, compression, stream=False)
     att, _kind, fut = race.run()
@@ -194,7 +194,7 @@ class HedgedStream(DelegatedCall):
         return bool(self._call.cancel())
 
 def hedged_stream(m: MethodBase[BalancedChannel], request: Any, deadline: float | None, metadata: Any,
-                  credentials: Any, wfr: bool | None, compression: Any) -> HedgedStream:
+                  credentials: grpc.CallCredentials | None, wfr: bool | None, compression: grpc.Compression | None) -> HedgedStream:
     """A hedged unary-stream call: its first attempt starts now; the race runs when the stream is first read."""
     return HedgedStream(SyncRace(m, request, deadline, metadata, credentials, wfr, compression, stream=True))
 

@@ -27,13 +27,13 @@ _UNKNOWN = grpc.StatusCode.UNKNOWN
 class _StreamResponseMethod(MethodBase[BalancedChannel]):
     """unary_stream and stream_stream: the call object is the response iterator."""
 
-    def __call__(self, request: Any, timeout: float | None = None, metadata: Any = None, credentials: Any = None,
-                 wait_for_ready: bool | None = None, compression: Any = None) -> Any:
+    def __call__(self, request: Any, timeout: float | None = None, metadata: Any = None, credentials: grpc.CallCredentials | None = None,
+                 wait_for_ready: bool | None = None, compression: grpc.Compression | None = None) -> Any:
         return self.started_call(lambda: self._call(request, timeout, metadata, credentials, wait_for_ready,
                                                     compression))
 
-    def _call(self, request: Any, timeout: float | None, metadata: Any, credentials: Any,
-              wait_for_ready: bool | None, compression: Any) -> Any:
+    def _call(self, request: Any, timeout: float | None, metadata: Any, credentials: grpc.CallCredentials | None,
+              wait_for_ready: bool | None, compression: grpc.Compression | None) -> Any:
         deadline, wfr = self.settings(timeout, wait_for_ready)
         if self.hedging is not None:
             try:
@@ -67,8 +67,8 @@ class _StreamResponseMethod(MethodBase[BalancedChannel]):
         except grpc.RpcError as e:  # no backend at all: return the failed call, as grpc does
             return e
 
-    def _start(self, a: Attempt, request: Any, metadata: Any, credentials: Any, wfr: bool | None,
-               compression: Any) -> Any:
+    def _start(self, a: Attempt, request: Any, metadata: Any, credentials: grpc.CallCredentials | None, wfr: bool | None,
+               compression: grpc.Compression | None) -> Any:
         res, sc, mc, t0, timeout = a
         try:
             call = mc(request, timeout, metadata, credentials, None, compression)  # wfr: see MethodBase.begin
