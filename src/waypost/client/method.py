@@ -22,6 +22,7 @@ from .._grpc_private import registered_method_kwargs
 from ..balancer.base import Outcome, PickError, PickInfo, PickResult, noop_done
 from ..balancer.failure import pushback_of
 from ..otel import hooks as _otel
+from ..types import CallMetadata
 from .aio_wait import AioPickWaiter
 from .balancer_wrapper import BalancerWrapper
 from .channel_config import ChannelConfig
@@ -110,7 +111,8 @@ class MethodBase(Generic[ChannelT]):
             sc.mcs[self._key] = mc
         return mc
 
-    def settings(self, timeout: float | None, wait_for_ready: bool | None) -> tuple[float | None, bool | None]:
+    def settings(self, timeout: float | None, wait_for_ready: bool | None) -> tuple[float | None,
+                 bool | None]:
         """A call's deadline (``time.monotonic``; None: no deadline) and wait_for_ready: the call's own, else
         the method config's."""
         if timeout is None:
@@ -119,7 +121,7 @@ class MethodBase(Generic[ChannelT]):
             wait_for_ready = self.wait_for_ready
         return (None if timeout is None else _mono() + timeout), wait_for_ready
 
-    def pick_info(self, metadata: Any) -> PickInfo:
+    def pick_info(self, metadata: CallMetadata | None) -> PickInfo:
         """What the picker sees of this call: the method, the hash key in context (``hashkey``), the metadata."""
         hk = HASH_KEY.get()
         if hk is None and not metadata:
@@ -131,18 +133,22 @@ class MethodBase(Generic[ChannelT]):
         return RetryState(self.retry_policy, self.throttle, self.rng, deadline, first)
 
     @overload
-    def begin(self, metadata: Any, deadline: float | None, tried: set[str] | None = None, wfr: bool | None = None,
+    def begin(self, metadata: CallMetadata | None, deadline: float | None, tried: set[str] | None = None,
+              wfr: bool | None = None,
               *, wait: Literal[True], picked: tuple[PickResult, SubConn] | None = None) -> Attempt: ...
 
     @overload
-    def begin(self, metadata: Any, deadline: float | None, tried: set[str] | None = None, wfr: bool | None = None,
+    def begin(self, metadata: CallMetadata | None, deadline: float | None, tried: set[str] | None = None,
+              wfr: bool | None = None,
               *, wait: bool = False, picked: tuple[PickResult, SubConn]) -> Attempt: ...
 
     @overload
-    def begin(self, metadata: Any, deadline: float | None, tried: set[str] | None = None, wfr: bool | None = None,
+    def begin(self, metadata: CallMetadata | None, deadline: float | None, tried: set[str] | None = None,
+              wfr: bool | None = None,
               *, wait: bool = False, picked: None = None) -> Attempt | None: ...
 
-    def begin(self, metadata: Any, deadline: float | None, tried: set[str] | None = None, wfr: bool | None = None,
+    def begin(self, metadata: CallMetadata | None, deadline: float | None, tried: set[str] | None = None,
+              wfr: bool | None = None,
               *, wait: bool = False, picked: tuple[PickResult, SubConn] | None = None) -> Attempt | None:
         """Start an attempt: pick its backend, count it in flight there, note its start (``Attempt``; ``finish``
         ends it: exactly once, whatever happens to the attempt after this).
