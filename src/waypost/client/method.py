@@ -38,6 +38,10 @@ _mono = time.monotonic
 _UNAVAILABLE = grpc.StatusCode.UNAVAILABLE
 _OK = grpc.StatusCode.OK
 
+#: how a stub turns its request message into bytes, and a response's bytes into its message (grpc's own types)
+RequestSerializer = Callable[[Any], bytes]
+ResponseDeserializer = Callable[[bytes], Any]
+
 #: A started attempt, from ``MethodBase.begin``: (pick result, subconn, the backend's multicallable, start time
 #: (``perf_counter``), the attempt's timeout: what is left of the call's deadline, or None).
 Attempt = tuple[PickResult, SubConn, Any, float, "float | None"]
@@ -78,8 +82,8 @@ class MethodBase(Generic[ChannelT]):
 
     _kind = ""
 
-    def __init__(self, channel: ChannelT, method: str, request_serializer: Any, response_deserializer: Any,
-                 registered: Any) -> None:
+    def __init__(self, channel: ChannelT, method: str, request_serializer: RequestSerializer | None,
+                 response_deserializer: ResponseDeserializer | None, registered: object) -> None:
         self.channel = channel
         self.balancer = channel.balancer
         self.pickers = channel.pickers
@@ -278,25 +282,29 @@ class MulticallableFactory:
 
     multicallables: ClassVar[Mapping[str, type[MethodBase[Any]]]]
 
-    def _make(self, kind: str, method: str, request_serializer: Any, response_deserializer: Any,
-              registered: Any) -> Any:
+    def _make(self, kind: str, method: str, request_serializer: RequestSerializer | None,
+              response_deserializer: ResponseDeserializer | None, registered: object) -> Any:
         return self.multicallables[kind](self, method, request_serializer,  # type: ignore[call-arg,arg-type]
                                          response_deserializer, registered)
 
-    def unary_unary(self, method: str, request_serializer: Any = None, response_deserializer: Any = None,
-                    _registered_method: Any = False) -> Any:
+    def unary_unary(self, method: str, request_serializer: RequestSerializer | None = None,
+                    response_deserializer: ResponseDeserializer | None = None,
+                    _registered_method: object = False) -> Any:
         return self._make("unary_unary", method, request_serializer, response_deserializer, _registered_method)
 
-    def unary_stream(self, method: str, request_serializer: Any = None, response_deserializer: Any = None,
-                     _registered_method: Any = False) -> Any:
+    def unary_stream(self, method: str, request_serializer: RequestSerializer | None = None,
+                     response_deserializer: ResponseDeserializer | None = None,
+                     _registered_method: object = False) -> Any:
         return self._make("unary_stream", method, request_serializer, response_deserializer, _registered_method)
 
-    def stream_unary(self, method: str, request_serializer: Any = None, response_deserializer: Any = None,
-                     _registered_method: Any = False) -> Any:
+    def stream_unary(self, method: str, request_serializer: RequestSerializer | None = None,
+                     response_deserializer: ResponseDeserializer | None = None,
+                     _registered_method: object = False) -> Any:
         return self._make("stream_unary", method, request_serializer, response_deserializer, _registered_method)
 
-    def stream_stream(self, method: str, request_serializer: Any = None, response_deserializer: Any = None,
-                      _registered_method: Any = False) -> Any:
+    def stream_stream(self, method: str, request_serializer: RequestSerializer | None = None,
+                      response_deserializer: ResponseDeserializer | None = None,
+                      _registered_method: object = False) -> Any:
         return self._make("stream_stream", method, request_serializer, response_deserializer, _registered_method)
 
 
