@@ -30,7 +30,7 @@ import itertools
 import logging
 import math
 import threading
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
 from .. import metrics as _metrics
@@ -215,7 +215,7 @@ class OrcaWeightedRoundRobinPolicy(Policy):
 
     # ---- reports ---------------------------------------------------------------------------------------
 
-    def _oob_hook(self, ep: _Endpoint) -> Any:
+    def _oob_hook(self, ep: _Endpoint) -> Callable[[bytes], None]:
         def on_message(data: bytes) -> None:
             self._on_report(ep, data)
 
@@ -235,7 +235,7 @@ class OrcaWeightedRoundRobinPolicy(Policy):
 
         return done
 
-    def _on_report(self, ep: _Endpoint, data: Any) -> None:
+    def _on_report(self, ep: _Endpoint, data: str | bytes) -> None:
         try:
             report = parse_report_or_error(data if isinstance(data, bytes) else str(data).encode())
         except (ReportError, LookupError) as e:
