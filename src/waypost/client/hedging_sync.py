@@ -119,7 +119,7 @@ class _LocalError(grpc.RpcError):  # type: ignore[misc]
     def details(self) -> str:
         return str(self.error)
 
-    def trailing_metadata(self) -> Any:
+    def trailing_metadata(self) -> CallMetadata | None:
         return ()
 
 
@@ -176,19 +176,19 @@ class HedgedStream(DelegatedCall):
         return next(self._call)
 
     # grpc.Call / grpc.Future: the winning attempt's (before the race ends: the first attempt's)
-    def initial_metadata(self) -> Any:
+    def initial_metadata(self) -> CallMetadata | None:
         self._settle()
         return self._call.initial_metadata()
 
-    def trailing_metadata(self) -> Any:
+    def trailing_metadata(self) -> CallMetadata | None:
         self._settle()
         return self._call.trailing_metadata()
 
-    def code(self) -> Any:
+    def code(self) -> grpc.StatusCode | None:
         self._settle()
         return self._call.code()
 
-    def details(self) -> Any:
+    def details(self) -> str | None:
         self._settle()
         return self._call.details()
 
