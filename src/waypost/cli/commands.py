@@ -81,7 +81,7 @@ class Ctx:
             self._registry = connect(url)
         return self._registry
 
-    def emit(self, obj: Any) -> None:
+    def emit(self, obj: object) -> None:
         click.echo(json.dumps(obj, sort_keys=True, default=str))
 
 
@@ -297,7 +297,7 @@ def _ttl_text(ttl: int | None) -> str:
     return "-" if ttl is None else ("expired" if ttl < 0 else f"{ttl}s")
 
 
-def _meta_text(meta: Any) -> str:
+def _meta_text(meta: object) -> str:
     if isinstance(meta, dict):
         return ", ".join(f"{k}={v}" for k, v in sorted(meta.items()))
     return str(meta) if meta else ""
@@ -369,7 +369,7 @@ def watch_cmd(c: Ctx, key: str, fmt: str, exact: bool, duration: float | None, t
         return
     from ..discovery import Subscriber
 
-    def snapshot(sub: Any) -> dict[str, dict[str, Any]]:
+    def snapshot(sub: Subscriber) -> dict[str, dict[str, Any]]:
         return {b.address: dict(b.metadata) for b in sub.backends()}
 
     with stop_on_signals() as stop:
@@ -402,7 +402,8 @@ def _is_target(arg: str) -> bool:
 
 
 def _watch_target(c: Ctx, target: str, timeout: float, duration: float | None,
-                  present: Any, changed: Any) -> None:
+                  present: Callable[[dict[str, dict[str, Any]], str], None],
+                  changed: Callable[[dict[str, dict[str, Any]]], None]) -> None:
     """``waypost watch TARGET``: the dial target's resolver, reporting every list it pushes."""
     from ..lookup import follow
 
