@@ -65,12 +65,12 @@ class TraceInterceptor(grpc.ServerInterceptor):
 
         def wrap(behavior: Any, streaming: bool) -> Any:
             if streaming:
-                def stream(request: Any, context: Any) -> Iterator[Any]:
+                def stream(request: Any, context: grpc.ServicerContext) -> Iterator[Any]:
                     with _start(tracer, details):
                         yield from behavior(request, context)
                 return stream
 
-            def unary(request: Any, context: Any) -> Any:
+            def unary(request: Any, context: grpc.ServicerContext) -> Any:
                 with _start(tracer, details):
                     return behavior(request, context)
             return unary
@@ -92,7 +92,7 @@ class AsyncTraceInterceptor(grpc.aio.ServerInterceptor):
 
         def wrap(behavior: Any, streaming: bool) -> Any:
             if streaming:
-                async def stream(request: Any, context: Any) -> AsyncIterator[Any]:
+                async def stream(request: Any, context: grpc.aio.ServicerContext) -> AsyncIterator[Any]:
                     with _start(tracer, details):
                         out = behavior(request, context)
                         if hasattr(out, "__aiter__"):
@@ -102,7 +102,7 @@ class AsyncTraceInterceptor(grpc.aio.ServerInterceptor):
                             await out
                 return stream
 
-            async def unary(request: Any, context: Any) -> Any:
+            async def unary(request: Any, context: grpc.aio.ServicerContext) -> Any:
                 with _start(tracer, details):
                     return await behavior(request, context)
             return unary
