@@ -58,7 +58,7 @@ class Participant(Protocol):
         """In the child: never touch the inherited channels again; later use fails with a clear error."""
 
 
-_participants: weakref.WeakSet[Any] = weakref.WeakSet()
+_participants: weakref.WeakSet[Participant] = weakref.WeakSet()
 _plock = threading.Lock()
 #: In a child where gRPC cannot work, why (the message of check_child_can_use_grpc); None elsewhere.
 _unsafe_child: str | None = None
@@ -72,7 +72,7 @@ _CORE_FORK_DISABLED = (
     "fork and no channel can connect here. Leave GRPC_ENABLE_FORK_SUPPORT unset (or set it to 1)."
 )
 _release: threading.Event | None = None
-_suspended: list[Any] = []
+_suspended: list[Participant] = []
 #: whether grpc.aio's poller thread was still alive at the last fork (after the participants were suspended)
 _alive_at_fork = False
 #: True from the start of the before-fork hook until the parent resumed
@@ -147,7 +147,7 @@ def check_child_can_use_grpc(what: str) -> None:
         raise RuntimeError(f"{what}: {_unsafe_child}")
 
 
-async def _suspend_all(parts: list[Any]) -> None:
+async def _suspend_all(parts: list[Participant]) -> None:
     for p in parts:
         try:
             await p.suspend_for_fork()
@@ -155,7 +155,7 @@ async def _suspend_all(parts: list[Any]) -> None:
             log.exception("waypost: suspending %r before fork failed", p)
 
 
-def _park(parked: threading.Event, release: threading.Event, parts: list[Any]) -> None:
+def _park(parked: threading.Event, release: threading.Event, parts: list[Participant]) -> None:
     # Runs on the control loop: blocks it until the fork is over, then reconnects in the parent.
     parked.set()
     release.wait(WAIT_S * 4)

@@ -56,7 +56,7 @@ from __future__ import annotations
 
 import inspect
 from collections.abc import Callable
-from typing import Any
+from typing import TypeVar
 
 import grpc
 import grpc.aio
@@ -71,6 +71,8 @@ try:
 except ImportError:  # pragma: no cover
     _cygrpc = None
 
+_I = TypeVar("_I")
+
 PLAIN_UNARY_UNARY_CALL: type | None = getattr(getattr(grpc.aio, "_call", None), "UnaryUnaryCall", None)
 
 EXECUTE_BATCH_ERROR: type[BaseException] = getattr(_cygrpc, "ExecuteBatchError", grpc.aio.AioRpcError)
@@ -79,12 +81,12 @@ EXECUTE_BATCH_ERROR: type[BaseException] = getattr(_cygrpc, "ExecuteBatchError",
 _TAKES_REGISTERED_METHOD = "_registered_method" in inspect.signature(grpc.Channel.unary_unary).parameters
 
 
-def registered_method_kwargs(flag: Any) -> dict[str, Any]:
+def registered_method_kwargs(flag: object) -> dict[str, object]:
     """The keyword arguments that forward a stub's ``_registered_method`` to a backend channel, if grpcio takes it."""
     return {"_registered_method": flag} if _TAKES_REGISTERED_METHOD else {}
 
 
-def status_of(call: Any) -> tuple[grpc.StatusCode, str] | None:
+def status_of(call: object) -> tuple[grpc.StatusCode, str] | None:
     """A finished grpc.aio call's (code, details), read synchronously; None if it has not ended, or if this
     grpcio keeps it elsewhere. Runs once per call: kept to a few attribute reads."""
     status = getattr(getattr(call, "_cython_call", None), "_status", None)
@@ -96,7 +98,7 @@ def status_of(call: Any) -> tuple[grpc.StatusCode, str] | None:
     return code, status.details()
 
 
-def locally_cancelled(call: Any) -> bool:
+def locally_cancelled(call: object) -> bool:
     """The grpc.aio call was cancelled on this side (False when this grpcio cannot tell)."""
     cy = getattr(call, "_cython_call", None)
     if cy is not None and hasattr(cy, "is_locally_cancelled"):
@@ -104,7 +106,7 @@ def locally_cancelled(call: Any) -> bool:
     return False
 
 
-def prepend_server_interceptor(server: Any, interceptor: Any, keep: type) -> Any:
+def prepend_server_interceptor(server: grpc.Server, interceptor: _I, keep: type[_I]) -> _I | None:
     """Put ``interceptor`` first in a ``grpc.server``'s pipeline, keeping the application's interceptors.
 
     An interceptor of type ``keep`` already in the pipeline wins (returned, nothing added). Returns the

@@ -23,7 +23,7 @@ import asyncio
 import logging
 from collections.abc import Callable, Sequence
 from contextlib import suppress
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, TypeVar
 
 import grpc
 import grpc.aio
@@ -40,7 +40,7 @@ from .client.health import watch_health
 from .client.method import by_kind
 from .client.subconn import SubConn
 from .client.watcher import INTERVAL
-from .types import STATE_NAMES
+from .types import STATE_NAMES, Backend
 
 if TYPE_CHECKING:
     from typing_extensions import Unpack
@@ -49,6 +49,8 @@ if TYPE_CHECKING:
     from .server import serve_async as serve
 
 __all__ = ["Channel", "dial", "serve"]
+
+_T = TypeVar("_T")
 
 log = logging.getLogger("waypost.aio")
 
@@ -62,7 +64,7 @@ class Channel(ChannelBase, grpc.aio.Channel):
                              StreamStreamMultiCallable)
 
     def __init__(self, config: ChannelConfig, *, options: Sequence[tuple[str, Any]] | None = None,
-                 credentials: grpc.ChannelCredentials | None = None, interceptors: Sequence[Any] | None = None,
+                 credentials: grpc.ChannelCredentials | None = None, interceptors: Sequence[grpc.aio.ClientInterceptor] | None = None,
                  block: bool = False) -> None:
         super().__init__(config, options, credentials)
         self._interceptors = list(interceptors or ()) or None
@@ -87,7 +89,7 @@ class Channel(ChannelBase, grpc.aio.Channel):
         self._balancer.add_listener(self._waiter.changed)
         self._balancer.pickers.on_wake = self._waiter.changed  # a backend at its concurrency limit freed (on the loop)
         self._loop: asyncio.AbstractEventLoop | None = None
-        self._pending: list[Any] = []
+        self._pending: list[tuple[Callable[[Any], None], object]] = []
         self._closing: set[asyncio.Future[Any]] = set()
         self._poller: asyncio.Task[None] | None = None
         self._closed = False
@@ -115,7 +117,7 @@ class Channel(ChannelBase, grpc.aio.Channel):
         if self._loop is None:
             self._bind(asyncio.get_running_loop())
 
-    def _post(self, fn: Callable[[Any], None], arg: Any) -> None:
+    def _post(self, fn: Callable[[_T], None], arg: _T) -> None:
         loop = self._loop
         if loop is None:
             self._pending.append((fn, arg))
@@ -129,7 +131,7 @@ class Channel(ChannelBase, grpc.aio.Channel):
         else:
             loop.call_soon_threadsafe(fn, arg)
 
-    def _on_update(self, backends: Sequence[Any]) -> None:
+    def _on_update(self, backends: Sequence[Backend]) -> None:
         self._post(self._balancer.update, list(backends))
 
     def _on_resolver_error(self, message: str) -> None:
@@ -220,7 +222,7 @@ def _probe(channel: grpc.aio.Channel) -> Callable[[bool], int]:
     return state
 
 
-def _stop_task(task: asyncio.Future[Any]) -> None:
+def _stop_task(task: asyncio.Task[None]) -> None:
     task.cancel()
 
 
@@ -242,7 +244,7 @@ def dial(target: str | Sequence[str] | Registry, **options: Unpack[DialKeywords]
                    interceptors=list(opts.interceptors or ()), block=opts.blocks(False))
 
 
-def __getattr__(name: str) -> Any:
+def __getattr__(name: str) -> object:
     # ``waypost.aio.serve`` is ``waypost.serve_async`` (imported lazily: the server module is heavier)
     if name == "serve":
         from .server import serve_async

@@ -83,7 +83,7 @@ class Channel(ChannelBase, grpc.Channel):
             return grpc.secure_channel(address, self._credentials, options=self._options)
         return grpc.insecure_channel(address, options=self._options)
 
-    def _start_health(self, sc: SubConn) -> Any:
+    def _start_health(self, sc: SubConn) -> _fork.PausableTask:
 
         b = self._balancer
         service = self._config.health_service or ""

@@ -7,13 +7,17 @@ from __future__ import annotations
 
 import threading
 from collections.abc import Callable, Sequence
-from typing import Any
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:
+    from .resolver import Resolver, Target
+    from .types import Backend
 
 #: seconds a lookup waits past its timeout for the resolver's own error (which says why)
 GRACE = 0.5
 
 
-def resolver_for(t: Any, timeout: float) -> Any:
+def resolver_for(t: Target, timeout: float) -> Resolver:
     """The resolver of target ``t`` for a one-off lookup: blocking (its start raises RegistryUnavailable naming
     why), the first answer bounded by ``timeout``, no subsetting (the full list is shown)."""
     from .resolver import ResolverOptions, make_resolver, resolver_factory
@@ -27,7 +31,7 @@ def resolver_for(t: Any, timeout: float) -> Any:
 
 def follow(target: str, present: Callable[[dict[str, dict[str, Any]], str], None],
            changed: Callable[[dict[str, dict[str, Any]]], None], on_error: Callable[[str], None], *,
-           timeout: float = 5.0) -> Any:
+           timeout: float = 5.0) -> Resolver:
     """Follow ``target``'s resolver (``waypost watch TARGET``): ``present(addresses, where)`` with the first list,
     ``changed(addresses)`` with each one after (``{address: metadata}``). Returns the started resolver (close it);
     raises RegistryUnavailable when there is no first list within ``timeout``."""
@@ -39,7 +43,7 @@ def follow(target: str, present: Callable[[dict[str, dict[str, Any]], str], None
     first = threading.Event()
     errors: list[str] = []
 
-    def on_update(backends: Sequence[Any]) -> None:
+    def on_update(backends: Sequence[Backend]) -> None:
         now = {b.address: dict(b.metadata) for b in backends}
         if first.is_set():
             changed(now)

@@ -29,12 +29,20 @@ import threading
 from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from contextlib import suppress
 from dataclasses import dataclass
-from typing import Any
+from typing import TYPE_CHECKING, Any, TypeVar
 
 import grpc
 
 from .observer import Observer
 from .redaction import RedactedTargets
+
+if TYPE_CHECKING:
+    from wsgiref.simple_server import WSGIServer
+
+    from prometheus_client import CollectorRegistry
+    from prometheus_client.metrics_core import Metric
+
+_T = TypeVar("_T")
 
 __all__ = ["Observer", "PrometheusObserver", "attach_sink", "detach_sink", "disable", "enable", "serve"]
 
@@ -81,13 +89,13 @@ LiveSource = Callable[[], Iterable[ChannelSample]]
 _sources: list[LiveSource] = []
 
 
-def _add_source(sources: list[Any], source: Any) -> None:
+def _add_source(sources: list[_T], source: _T) -> None:
     with _lock:
         if source not in sources:
             sources.append(source)
 
 
-def prometheus_registry() -> Any:
+def prometheus_registry() -> CollectorRegistry | None:
     """The CollectorRegistry metrics are recorded into (None while disabled): other layers add collectors there."""
     return None if _prometheus is None else _prometheus.registry
 
@@ -169,7 +177,7 @@ class PrometheusObserver(Observer):
     The methods are the hooks the library calls; each is cheap and never raises into the caller.
     """
 
-    def __init__(self, registry: Any = None) -> None:
+    def __init__(self, registry: CollectorRegistry | None = None) -> None:
         pc = _import_prometheus()
         self.registry = registry if registry is not None else pc.REGISTRY
         r = self.registry
@@ -296,10 +304,10 @@ class _LiveCollector:
     def __init__(self, observer: PrometheusObserver) -> None:
         self._obs = observer
 
-    def describe(self) -> list[Any]:
+    def describe(self) -> list[Metric]:
         return []  # unchecked collector: families are produced at collect time
 
-    def collect(self) -> Iterator[Any]:
+    def collect(self) -> Iterator[Metric]:
         from prometheus_client.core import GaugeMetricFamily
 
         inflight = GaugeMetricFamily("waypost_client_in_flight", "Calls running now", labels=["target", "backend"])
@@ -367,10 +375,10 @@ def publisher_gauges(samples: Iterable[PublisherSample]) -> dict[tuple[str, str]
 class _PublisherCollector:
     """``waypost_publisher_registered`` and ``waypost_publisher_unregistered_seconds``, from the sources."""
 
-    def describe(self) -> list[Any]:
+    def describe(self) -> list[Metric]:
         return []  # unchecked collector: families are produced at collect time
 
-    def collect(self) -> Iterator[Any]:
+    def collect(self) -> Iterator[Metric]:
         from prometheus_client.core import GaugeMetricFamily
 
         registered = GaugeMetricFamily("waypost_publisher_registered",
@@ -408,10 +416,10 @@ def register_discovery_source(source: DiscoverySource) -> None:
 class _DiscoveryCollector:
     """``waypost_discovery_stale{key}``: 1 while the key's list is stale, 0 while live (one series per key)."""
 
-    def describe(self) -> list[Any]:
+    def describe(self) -> list[Metric]:
         return []
 
-    def collect(self) -> Iterator[Any]:
+    def collect(self) -> Iterator[Metric]:
         from prometheus_client.core import GaugeMetricFamily
 
         stale = GaugeMetricFamily("waypost_discovery_stale",
@@ -445,10 +453,10 @@ def stale_per_key() -> dict[str, int]:
     return dict(sorted(keys.items()))
 
 
-def _read(sources: list[Any], kind: str) -> list[Any]:
+def _read(sources: list[Callable[[], Iterable[_T]]], kind: str) -> list[_T]:
     with _lock:
         sources = list(sources)
-    out: list[Any] = []
+    out: list[_T] = []
     for source in sources:
         try:
             out.extend(source())
@@ -462,7 +470,7 @@ def observer() -> PrometheusObserver | None:
     return _prometheus
 
 
-def enable(registry: Any = None) -> PrometheusObserver:
+def enable(registry: CollectorRegistry | None = None) -> PrometheusObserver:
     """Start recording metrics into ``registry`` (prometheus-client's default registry if None).
 
     Idempotent for the same registry; enabling with another registry moves the metrics there. Raises
@@ -490,7 +498,7 @@ def disable() -> None:
         _recompose()
 
 
-def serve(port: int, addr: str = "127.0.0.1", registry: Any = None) -> Any:
+def serve(port: int, addr: str = "127.0.0.1", registry: CollectorRegistry | None = None) -> WSGIServer:
     """``enable(registry)`` and expose it over HTTP on ``addr:port`` (prometheus-client's exporter, in a
     daemon thread). Returns the HTTP server: ``server.server_port`` is the port (``port=0`` picks a free
     one), ``server.shutdown()`` stops it."""

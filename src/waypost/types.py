@@ -7,10 +7,10 @@ or a registry subscriber can build ``Backend`` values without depending on the l
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from types import MappingProxyType
-from typing import Any
+from typing import Any, TypeAlias
 
 
 @dataclass(frozen=True, slots=True)
@@ -32,4 +32,7 @@ class Backend:
 # Connectivity states of a backend (and of a channel, aggregated), numbered as gRPC's
 # ``grpc_connectivity_state`` and ``grpc.ChannelConnectivity`` are.
 IDLE, CONNECTING, READY, TRANSIENT_FAILURE, SHUTDOWN = range(5)
+#: gRPC call metadata as waypost reads it: (key, value) pairs, bytes for a ``-bin`` key
+CallMetadata: TypeAlias = Sequence[tuple[str, str | bytes]]
+
 STATE_NAMES = ("IDLE", "CONNECTING", "READY", "TRANSIENT_FAILURE", "SHUTDOWN")

@@ -139,7 +139,7 @@ class Policy(abc.ABC):
         self.rng = rng if rng is not None else random.Random()
 
     @classmethod
-    def parse_config(cls, raw: Any, path: str) -> dict[str, Any]:
+    def parse_config(cls, raw: object, path: str) -> dict[str, Any]:
         """Validate this policy's ``loadBalancingConfig`` entry; raise InvalidServiceConfig naming ``path``.
 
         This default is for policies that take no fields: ``{}`` or nothing; any field is an error (a typo

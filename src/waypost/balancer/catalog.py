@@ -78,7 +78,7 @@ class PolicyChoice(NamedTuple):
     path: str
 
 
-def parse_policy_config(name: str, config: Any, path: str) -> dict[str, Any]:
+def parse_policy_config(name: str, config: object, path: str) -> dict[str, Any]:
     """``config`` validated by the registered policy ``name``; InvalidServiceConfig naming ``path``."""
     try:
         parsed = POLICIES[name].parse_config(config, path)
@@ -89,7 +89,7 @@ def parse_policy_config(name: str, config: Any, path: str) -> dict[str, Any]:
     return dict(parsed)
 
 
-def parse_lb_config_list(value: Any, path: str) -> PolicyChoice:
+def parse_lb_config_list(value: object, path: str) -> PolicyChoice:
     """Read a ``loadBalancingConfig`` list as gRPC does: single-key ``{policy_name: config}`` objects,
     the first registered policy wins, unknown names before it are skipped (with a warning).
 

@@ -17,7 +17,7 @@ from ..errors import InvalidServiceConfig, did_you_mean
 __all__ = ["check_fields", "first_unknown", "parse_config_object", "policy_config"]
 
 
-def parse_config_object(raw: Any, path: str) -> dict[str, Any]:
+def parse_config_object(raw: object, path: str) -> dict[str, Any]:
     """A config object as a fresh dict: absent (None) -> ``{}``, anything but a JSON object -> an error."""
     if raw is None:
         return {}
@@ -45,7 +45,7 @@ def check_fields(obj: Mapping[str, Any], path: str, known: Collection[str], *, o
     raise InvalidServiceConfig(f"{where}: unknown field{whose}{did_you_mean(name, listed)}{expected}{note}")
 
 
-def policy_config(raw: Any, path: str, owner: str, known: Collection[str] = (), *, note: str = "") -> dict[str, Any]:
+def policy_config(raw: object, path: str, owner: str, known: Collection[str] = (), *, note: str = "") -> dict[str, Any]:
     """A policy's config entry as a fresh dict, every field in ``known`` (none: the policy takes no fields)."""
     cfg = parse_config_object(raw, path)
     check_fields(cfg, path, known, owner=owner, note=note)

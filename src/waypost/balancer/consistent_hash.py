@@ -118,7 +118,7 @@ class ConsistentHashPolicy(Policy):
 
     name = "consistent_hash"
 
-    def __init__(self, config: Any = None, **kwargs: Any) -> None:
+    def __init__(self, config: Mapping[str, Any] | None = None, **kwargs: Any) -> None:
         super().__init__(config, **kwargs)
         header = self.config.get("hashHeader")
         self._header = header.lower() if isinstance(header, str) and header else None
@@ -128,7 +128,7 @@ class ConsistentHashPolicy(Policy):
         self._weights = WeightMemo(log)
 
     @classmethod
-    def parse_config(cls, raw: Any, path: str) -> dict[str, Any]:
+    def parse_config(cls, raw: object, path: str) -> dict[str, Any]:
         cfg = policy_config(raw, path, cls.name, ("hashHeader", "weighted"))
         if "hashHeader" in cfg:
             h = cfg["hashHeader"]

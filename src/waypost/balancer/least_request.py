@@ -25,7 +25,7 @@ per backend; beyond every backend's, calls wait in the client; default off).
 from __future__ import annotations
 
 import logging
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from typing import Any
 
 from ..types import Backend
@@ -137,7 +137,7 @@ class LeastRequestPolicy(LoadAwarePolicy[_Inflight]):
     name = "least_request"
     log = log
 
-    def __init__(self, config: Any = None, **kwargs: Any) -> None:
+    def __init__(self, config: Mapping[str, Any] | None = None, **kwargs: Any) -> None:
         super().__init__(config, **kwargs)
         self.choice_count = int(self.config.get("choiceCount", DEFAULT_CHOICE_COUNT))
         self.costs: dict[str, int] = dict(self.config.get(method_costs.FIELD, {}))
@@ -147,7 +147,7 @@ class LeastRequestPolicy(LoadAwarePolicy[_Inflight]):
         return _Inflight(self.slow_start.born(self.clock()), limit)
 
     @classmethod
-    def parse_config(cls, raw: Any, path: str) -> dict[str, Any]:
+    def parse_config(cls, raw: object, path: str) -> dict[str, Any]:
         cfg = policy_config(raw, path, cls.name, CONFIG_FIELDS)
         method_costs.parse_costs(cfg, path)
         slow_start.parse_window(cfg, path)

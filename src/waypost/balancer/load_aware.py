@@ -12,7 +12,7 @@ from __future__ import annotations
 import abc
 import logging
 import threading
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from typing import Any, ClassVar, Generic, TypeVar
 
 from ..types import Backend
@@ -31,7 +31,7 @@ class LoadAwarePolicy(Policy, Generic[S]):
     #: where a bad registered weight is logged (each policy's own logger, so the line names the policy)
     log: ClassVar[logging.Logger]
 
-    def __init__(self, config: Any = None, **kwargs: Any) -> None:
+    def __init__(self, config: Mapping[str, Any] | None = None, **kwargs: Any) -> None:
         super().__init__(config, **kwargs)
         self.slow_start = slow_start.SlowStart.of(self.config, self.rng)
         #: guards the per-backend state; the policy's pickers take it too while they read that state

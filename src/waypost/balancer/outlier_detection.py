@@ -62,7 +62,7 @@ FAILURE_PERCENT_DEFAULTS = {"threshold": 85, "enforcementPercentage": 100, "mini
 DEFAULT_CHILD: list[dict[str, Any]] = [{"round_robin": {}}]
 
 
-def _uint(value: Any, path: str, lo: int = 0, hi: int | None = None) -> int:
+def _uint(value: object, path: str, lo: int = 0, hi: int | None = None) -> int:
     if isinstance(value, float) and value.is_integer():
         value = int(value)
     if isinstance(value, bool) or not isinstance(value, int):
@@ -73,7 +73,7 @@ def _uint(value: Any, path: str, lo: int = 0, hi: int | None = None) -> int:
     return value
 
 
-def _sub(raw: Any, path: str, defaults: Mapping[str, int], pct_fields: set[str]) -> dict[str, int] | None:
+def _sub(raw: object, path: str, defaults: Mapping[str, int], pct_fields: set[str]) -> dict[str, int] | None:
     if raw is None:
         return None
     cfg = parse_config_object(raw, path)
@@ -97,7 +97,7 @@ class OutlierConfig:
     child_config: dict[str, Any]
 
     @classmethod
-    def parse(cls, raw: Any, path: str) -> OutlierConfig:
+    def parse(cls, raw: object, path: str) -> OutlierConfig:
         known = (*DEFAULTS, "successRateEjection", "failurePercentageEjection", "childPolicy")
         cfg = policy_config(raw, path, "outlier_detection", known)
         interval = parse_config_duration(cfg.get("interval", DEFAULTS["interval"]), f"{path}.interval", positive=True)
@@ -160,7 +160,7 @@ class OutlierDetectionPolicy(Policy):
 
     name = "outlier_detection"
 
-    def __init__(self, config: Any = None, **kwargs: Any) -> None:
+    def __init__(self, config: Mapping[str, Any] | None = None, **kwargs: Any) -> None:
         super().__init__(config, **kwargs)
         self.settings = OutlierConfig.parse(self.config, "outlier_detection")
         self.child = get_policy(self.settings.child_name)(self.settings.child_config, clock=self.clock, rng=self.rng)
@@ -183,7 +183,7 @@ class OutlierDetectionPolicy(Policy):
         self.child.attach_waker(wake)  # a child with a concurrency limit wakes the calls waiting for it
 
     @classmethod
-    def parse_config(cls, raw: Any, path: str) -> dict[str, Any]:
+    def parse_config(cls, raw: object, path: str) -> dict[str, Any]:
         OutlierConfig.parse(raw, path)  # validates; the policy re-reads the raw form
         return parse_config_object(raw, path)
 

@@ -39,7 +39,7 @@ from __future__ import annotations
 
 import logging
 import math
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from typing import Any
 
 from ..types import Backend
@@ -161,7 +161,7 @@ class P2CEwmaPolicy(LoadAwarePolicy[P2CStats]):
     name = "p2c_ewma"
     log = log
 
-    def __init__(self, config: Any = None, **kwargs: Any) -> None:
+    def __init__(self, config: Mapping[str, Any] | None = None, **kwargs: Any) -> None:
         super().__init__(config, **kwargs)
         self._log_stamp = self.clock()
 
@@ -169,7 +169,7 @@ class P2CEwmaPolicy(LoadAwarePolicy[P2CStats]):
         return P2CStats(backend.address, self.clock(), self.slow_start.born(self.clock()))
 
     @classmethod
-    def parse_config(cls, raw: Any, path: str) -> dict[str, Any]:
+    def parse_config(cls, raw: object, path: str) -> dict[str, Any]:
         cfg = policy_config(raw, path, cls.name, (slow_start.FIELD,), note=" (go-zero's constants are fixed)")
         slow_start.parse_window(cfg, path)
         return cfg

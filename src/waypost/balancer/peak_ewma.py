@@ -35,7 +35,7 @@ from __future__ import annotations
 import logging
 import math
 import statistics
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
 from ..durations import parse_config_duration
@@ -237,7 +237,7 @@ class PeakEwmaPolicy(LoadAwarePolicy[PeakEwmaStats]):
     name = "peak_ewma"
     log = log
 
-    def __init__(self, config: Any = None, **kwargs: Any) -> None:
+    def __init__(self, config: Mapping[str, Any] | None = None, **kwargs: Any) -> None:
         super().__init__(config, **kwargs)
         self.decay = float(self.config.get("decayTime", DEFAULT_DECAY_TIME))
         self.default_rtt = float(self.config.get("defaultRtt", DEFAULT_RTT))
@@ -250,7 +250,7 @@ class PeakEwmaPolicy(LoadAwarePolicy[PeakEwmaStats]):
         self.log_extra: Callable[[], dict[str, str]] | None = None
 
     @classmethod
-    def parse_config(cls, raw: Any, path: str) -> dict[str, Any]:
+    def parse_config(cls, raw: object, path: str) -> dict[str, Any]:
         cfg = policy_config(raw, path, cls.name, CONFIG_FIELDS)
         for key in DURATION_FIELDS & set(cfg):
             cfg[key] = parse_config_duration(cfg[key], f"{path}.{key}", positive=True)

@@ -58,7 +58,7 @@ class PickFirstPolicy(Policy):
 
     name = "pick_first"
 
-    def __init__(self, config: Any = None, *, connection_attempt_delay: float = CONNECTION_ATTEMPT_DELAY,
+    def __init__(self, config: Mapping[str, Any] | None = None, *, connection_attempt_delay: float = CONNECTION_ATTEMPT_DELAY,
                  **kwargs: Any) -> None:
         super().__init__(config, **kwargs)
         if not connection_attempt_delay >= 0:  # also rejects NaN
@@ -77,7 +77,7 @@ class PickFirstPolicy(Policy):
         self._seen: dict[str, int] = {}  # the states ``connections`` saw last (A78's connection metrics)
 
     @classmethod
-    def parse_config(cls, raw: Any, path: str) -> dict[str, Any]:
+    def parse_config(cls, raw: object, path: str) -> dict[str, Any]:
         cfg = policy_config(raw, path, cls.name, ("shuffleAddressList",))
         if "shuffleAddressList" in cfg and not isinstance(cfg["shuffleAddressList"], bool):
             raise InvalidServiceConfig(

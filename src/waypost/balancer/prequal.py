@@ -102,7 +102,7 @@ class PrequalPolicy(Policy):
     name = "prequal"
     wants_load_reports = True
 
-    def __init__(self, config: Any = None, **kwargs: Any) -> None:
+    def __init__(self, config: Mapping[str, Any] | None = None, **kwargs: Any) -> None:
         super().__init__(config, **kwargs)
         cfg = self.config
         self.probes_per_pick = float(cfg.get("probesPerPick", DEFAULT_PROBES_PER_PICK))
@@ -142,7 +142,7 @@ class PrequalPolicy(Policy):
         self.probe_picks = 0  # picks decided by a probe (the rest fell back to peak_ewma)
 
     @classmethod
-    def parse_config(cls, raw: Any, path: str) -> dict[str, Any]:
+    def parse_config(cls, raw: object, path: str) -> dict[str, Any]:
         cfg = policy_config(raw, path, cls.name, CONFIG_FIELDS)
         for key, (lo, hi) in NUMBER_FIELDS.items():
             if key in cfg:
@@ -408,14 +408,14 @@ class _Admitted:
         return address in self._index and isinstance(address, str) and self._admits(address)
 
 
-def _number(value: Any, path: str, lo: float, hi: float) -> float:
+def _number(value: object, path: str, lo: float, hi: float) -> float:
     if isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(value) \
             or not lo <= value <= hi:
         raise InvalidServiceConfig(f"{path}: expected a number from {lo:g} to {hi:g}, got {value!r}")
     return float(value)
 
 
-def _integer(value: Any, path: str, lo: int, hi: int) -> int:
+def _integer(value: object, path: str, lo: int, hi: int) -> int:
     if isinstance(value, float) and value.is_integer():
         value = int(value)
     if isinstance(value, bool) or not isinstance(value, int) or not lo <= value <= hi:

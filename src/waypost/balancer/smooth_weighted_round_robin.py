@@ -29,7 +29,7 @@ from __future__ import annotations
 
 import logging
 import threading
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from typing import Any
 
 from ..errors import NoBackendAvailable
@@ -88,7 +88,7 @@ class SmoothWeightedRoundRobinPolicy(Policy):
 
     name = "smooth_weighted_round_robin"
 
-    def __init__(self, config: Any = None, **kwargs: Any) -> None:
+    def __init__(self, config: Mapping[str, Any] | None = None, **kwargs: Any) -> None:
         super().__init__(config, **kwargs)
         self._lock = threading.Lock()
         self._states: StatsTable[_WeightState] = StatsTable(

@@ -17,7 +17,7 @@ from __future__ import annotations
 
 import logging
 import random
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from typing import Any
 
 from ..types import Backend
@@ -72,7 +72,7 @@ class WeightedRandomPolicy(Policy):
 
     name = "weighted_random"
 
-    def __init__(self, config: Any = None, **kwargs: Any) -> None:
+    def __init__(self, config: Mapping[str, Any] | None = None, **kwargs: Any) -> None:
         super().__init__(config, **kwargs)
         self._weights = WeightMemo(log)
 

@@ -30,7 +30,7 @@ import itertools
 import logging
 import math
 import threading
-from collections.abc import Sequence
+from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
 from .. import metrics as _metrics
@@ -151,7 +151,7 @@ class OrcaWeightedRoundRobinPolicy(Policy):
 
     name = "weighted_round_robin"
 
-    def __init__(self, config: Any = None, **kwargs: Any) -> None:
+    def __init__(self, config: Mapping[str, Any] | None = None, **kwargs: Any) -> None:
         super().__init__(config, **kwargs)
         cfg = {**DEFAULTS, **self.config}
         self.oob = bool(cfg["enableOobLoadReport"])
@@ -169,7 +169,7 @@ class OrcaWeightedRoundRobinPolicy(Policy):
         self._registration_weights_noted = False
 
     @classmethod
-    def parse_config(cls, raw: Any, path: str) -> dict[str, Any]:
+    def parse_config(cls, raw: object, path: str) -> dict[str, Any]:
         cfg = policy_config(raw, path, cls.name, set(DEFAULTS))
         for key in _DURATIONS:
             if key in cfg:
@@ -215,7 +215,7 @@ class OrcaWeightedRoundRobinPolicy(Policy):
 
     # ---- reports ---------------------------------------------------------------------------------------
 
-    def _oob_hook(self, ep: _Endpoint) -> Any:
+    def _oob_hook(self, ep: _Endpoint) -> Callable[[bytes], None]:
         def on_message(data: bytes) -> None:
             self._on_report(ep, data)
 
@@ -235,7 +235,7 @@ class OrcaWeightedRoundRobinPolicy(Policy):
 
         return done
 
-    def _on_report(self, ep: _Endpoint, data: Any) -> None:
+    def _on_report(self, ep: _Endpoint, data: str | bytes) -> None:
         try:
             report = parse_report_or_error(data if isinstance(data, bytes) else str(data).encode())
         except (ReportError, LookupError) as e:

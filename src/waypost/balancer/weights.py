@@ -21,6 +21,7 @@ weight is reported once per backend and not on every rebuild.
 
 from __future__ import annotations
 
+import logging
 import math
 from collections.abc import Mapping, Sequence
 from contextlib import suppress
@@ -29,6 +30,7 @@ from typing import Any, Generic, TypeVar
 import grpc
 
 from ..errors import NoBackendAvailable
+from ..types import Backend
 from .base import Picker, PickError
 from .p2c import WeightedDraw
 from .stats import dedupe
@@ -106,11 +108,11 @@ class WeightMemo:
     """The weights of the current backends, each parsed (and its problem logged on ``log``) once per distinct
     metadata value: a rebuild with unchanged metadata neither re-parses nor logs again."""
 
-    def __init__(self, log: Any) -> None:
+    def __init__(self, log: logging.Logger) -> None:
         self._log = log
         self._weights: dict[str, tuple[object, int]] = {}  # address -> (metadata weight, weight used)
 
-    def update(self, backends: Any) -> dict[str, int]:
+    def update(self, backends: Sequence[Backend]) -> dict[str, int]:
         """address -> weight used, for ``backends`` (addresses no longer there are forgotten)."""
         known, self._weights = self._weights, {}
         for b in backends:
@@ -165,7 +167,7 @@ class Capacity:
 
     __slots__ = ("backends", "drained", "draws", "units", "weights")
 
-    def __init__(self, backends: list[Any], weights: tuple[int, ...] | None, drained: int) -> None:
+    def __init__(self, backends: list[Backend], weights: tuple[int, ...] | None, drained: int) -> None:
         self.backends = backends
         self.weights = weights
         self.drained = drained
@@ -179,10 +181,10 @@ class Capacity:
 class CapacityMemo:
     """``Capacity`` per build, each weight parsed (and a bad one logged) once per distinct metadata value."""
 
-    def __init__(self, log: Any) -> None:
+    def __init__(self, log: logging.Logger) -> None:
         self._memo = WeightMemo(log)
 
-    def split(self, backends: Any) -> Capacity:
+    def split(self, backends: Sequence[Backend]) -> Capacity:
         """``backends`` (duplicate addresses dropped) split by their weights."""
         backends = dedupe(backends)
         weights = self._memo.update(backends)

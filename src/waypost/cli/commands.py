@@ -14,7 +14,7 @@ import threading
 import time
 from collections.abc import Callable
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import click
 from rich.console import Console
@@ -28,6 +28,9 @@ from .errors import not_a_key_registry, one_line_errors, unreachable, user_error
 from .errors import one_line as _one_line
 from .signals import exit_if_interrupted, stop_on_signals
 from .xds import xds_commands
+
+if TYPE_CHECKING:
+    from ..discovery.store import Registry
 
 DEFAULT_REGISTRY = "etcd://127.0.0.1:2379"
 #: the logger of the operator actions' audit lines (``waypost.console.actions``, imported only when one runs)
@@ -61,9 +64,9 @@ class Ctx:
         self.verbose = verbose
         self.out = Console(highlight=False, soft_wrap=True)
         self.err = Console(stderr=True, highlight=False, soft_wrap=True)
-        self._registry: Any = None
+        self._registry: Registry | None = None
 
-    def registry(self, wait: float | None = None) -> Any:
+    def registry(self, wait: float | None = None) -> Registry:
         """The registry of --registry, for a command that reads or writes keys (etcd, memory). ``wait``: how long
         a call may wait for an etcd endpoint to connect (a diagnostic command's --timeout), unless the URL says."""
         if self._registry is None:
@@ -78,7 +81,7 @@ class Ctx:
             self._registry = connect(url)
         return self._registry
 
-    def emit(self, obj: Any) -> None:
+    def emit(self, obj: object) -> None:
         click.echo(json.dumps(obj, sort_keys=True, default=str))
 
 
@@ -294,7 +297,7 @@ def _ttl_text(ttl: int | None) -> str:
     return "-" if ttl is None else ("expired" if ttl < 0 else f"{ttl}s")
 
 
-def _meta_text(meta: Any) -> str:
+def _meta_text(meta: object) -> str:
     if isinstance(meta, dict):
         return ", ".join(f"{k}={v}" for k, v in sorted(meta.items()))
     return str(meta) if meta else ""
@@ -366,7 +369,7 @@ def watch_cmd(c: Ctx, key: str, fmt: str, exact: bool, duration: float | None, t
         return
     from ..discovery import Subscriber
 
-    def snapshot(sub: Any) -> dict[str, dict[str, Any]]:
+    def snapshot(sub: Subscriber) -> dict[str, dict[str, Any]]:
         return {b.address: dict(b.metadata) for b in sub.backends()}
 
     with stop_on_signals() as stop:
@@ -399,7 +402,8 @@ def _is_target(arg: str) -> bool:
 
 
 def _watch_target(c: Ctx, target: str, timeout: float, duration: float | None,
-                  present: Any, changed: Any) -> None:
+                  present: Callable[[dict[str, dict[str, Any]], str], None],
+                  changed: Callable[[dict[str, dict[str, Any]]], None]) -> None:
     """``waypost watch TARGET``: the dial target's resolver, reporting every list it pushes."""
     from ..lookup import follow
 

@@ -10,11 +10,14 @@ import socket
 import sys
 import threading
 from collections.abc import Callable
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import click
 
 from .signals import exit_if_interrupted, stop_on_signals
+
+if TYPE_CHECKING:
+    from ..discovery.store import Registry
 
 CONSOLE_TOKEN_ENV = "WAYPOST_CONSOLE_TOKEN"
 
@@ -27,7 +30,7 @@ def _who() -> str:
     return f"{user}@{socket.gethostname()} (cli)"
 
 
-def _registered(registry: Any, key: str, address: str) -> bool:
+def _registered(registry: Registry, key: str, address: str) -> bool:
     """Whether ``address`` is registered under ``key`` now, in any wire format (for a note only)."""
     from ..discovery.formats import KRATOS_NAMESPACE
     from ..discovery.listing import classify

@@ -18,11 +18,14 @@ import concurrent.futures
 import functools
 import logging
 from collections.abc import Callable
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import click
 
 from ..errors import RegistryUnavailable, WaypostError
+
+if TYPE_CHECKING:
+    from ..discovery.store import Registry
 
 log = logging.getLogger("waypost.cli")
 
@@ -104,7 +107,7 @@ def not_a_key_registry(url: str, command: str) -> str | None:
             f"`waypost {shows} {kind.target_example}` shows the instances of one service")
 
 
-def unreachable(registry: Any, what: str, timeout: float) -> str:
+def unreachable(registry: Registry, what: str, timeout: float) -> str:
     """A registry that did not answer ``what`` (``list 'greet.rpc'``) within ``timeout`` s, cause first: its own
     account of why (``etcd at 127.0.0.1:2379 unreachable: connection refused``), then the hint to start one."""
     from .. import _loop

@@ -8,16 +8,19 @@ from __future__ import annotations
 
 import threading
 from collections.abc import Callable, Iterable, Sequence
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from ..discovery.listing import classify
 from ..lookup import GRACE, resolver_for
+
+if TYPE_CHECKING:
+    from ..discovery.store import Registry, SyncRegistry
 
 #: at most this many distinct leases are asked for their TTL by ``ls``
 MAX_TTL_LOOKUPS = 256
 
 
-def lease_ttls(sync_registry: Any, entries: Sequence[dict[str, Any]]) -> dict[int, int]:
+def lease_ttls(sync_registry: SyncRegistry, entries: Sequence[dict[str, Any]]) -> dict[int, int]:
     """Remaining TTL per lease (-1: expired), for at most MAX_TTL_LOOKUPS leases."""
     leases = sorted({e["lease"] for e in entries if e["lease"]})[:MAX_TTL_LOOKUPS]
     return {lease: int(sync_registry.time_to_live(lease)) for lease in leases}
@@ -91,7 +94,7 @@ def resolve(target: str, *, subset_size: int = 32, client_id: str | None = None,
     }
 
 
-def close_keys_in(registry: Any, key: str, timeout: float) -> list[str]:
+def close_keys_in(registry: str | Registry, key: str, timeout: float) -> list[str]:
     """The service keys of ``registry`` closest to ``key`` (a key with nothing registered: a misspelt one?),
     best first; [] when none is close or the keys cannot be read within ``timeout``."""
     from ..client.empty_key import LIST_LIMIT, close_keys
@@ -107,7 +110,7 @@ def close_keys_in(registry: Any, key: str, timeout: float) -> list[str]:
 
 
 
-def other_formats_hint(registry: Any, key: str, fmt: str, found: int, *, exact: bool = False) -> str | None:
+def other_formats_hint(registry: str | Registry, key: str, fmt: str, found: int, *, exact: bool = False) -> str | None:
     """A note when ``key``'s records are in another wire format than ``fmt`` (what was asked): a go-zero client
     asked for etcd-naming records shows nothing, which otherwise looks like a service with no instance. None
     when nothing else is there (or it cannot be read: the lookup itself already said what it could)."""
@@ -136,7 +139,7 @@ REACH_INTERVAL = 1.0
 REACH_TIMEOUT = 3.0
 
 
-def follow_reachability(registry: Any, key: str, on_change: Callable[[str | None], None],
+def follow_reachability(registry: Registry, key: str, on_change: Callable[[str | None], None],
                         stop: threading.Event, *, interval: float = REACH_INTERVAL,
                         timeout: float = REACH_TIMEOUT) -> threading.Thread:
     """``waypost watch KEY`` through an outage: a thread that reads ``key`` (one key, keys only) every

@@ -7,9 +7,12 @@ import signal
 import threading
 from collections.abc import Iterator
 from contextlib import contextmanager
-from typing import Any
+from typing import TYPE_CHECKING
 
 import click
+
+if TYPE_CHECKING:
+    from types import FrameType
 
 
 class Stop(threading.Event):
@@ -28,7 +31,7 @@ def stop_on_signals() -> Iterator[Stop]:
         return
     previous = {s: signal.getsignal(s) for s in (signal.SIGTERM, signal.SIGINT)}
 
-    def handler(signum: int, _frame: Any) -> None:
+    def handler(signum: int, _frame: FrameType | None) -> None:
         stop.signum = signum
         stop.set()
 

@@ -10,14 +10,26 @@ from __future__ import annotations
 import logging
 import re
 import sys
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import click
 
 from .signals import exit_if_interrupted, stop_on_signals
 from .xds_status import status_command
+
+if TYPE_CHECKING:
+    from types import FrameType
+
+    import grpc
+
+    from ..xds.control import ControlPlane
+    from ..xds.exports import Export, PrefixExport
+    from ..xds.tls import TlsFiles
+
+    #: what a config load gives: the exports, the prefixes, the config file's [tls] files
+    Loaded = tuple[list[Export], list[PrefixExport], TlsFiles | None]
 
 log = logging.getLogger("waypost.xds")
 
@@ -25,10 +37,10 @@ log = logging.getLogger("waypost.xds")
 _SCHEME = re.compile(r"[A-Za-z][A-Za-z0-9+.-]*://")
 
 
-def _exports(c: Any, specs: tuple[str, ...], config: Path | None, prefixes: tuple[str, ...]) -> Any:
+def _exports(c: Any, specs: tuple[str, ...], config: Path | None, prefixes: tuple[str, ...]) -> Loaded:
     from ..resolver.target import target_for_registry
     from ..xds.errors import XdsConfigError
-    from ..xds.exports import PrefixExport, XdsConfig, check_unique, load_config, parse_export, parse_prefix
+    from ..xds.exports import XdsConfig, check_unique, load_config, parse_export, parse_prefix
 
     cfg = load_config(config) if config is not None else XdsConfig()
     exports = list(cfg.exports)
@@ -63,7 +75,7 @@ def _exports(c: Any, specs: tuple[str, ...], config: Path | None, prefixes: tupl
 
 
 def _server_credentials(cert: Path | None, key: Path | None, client_ca: Path | None, config: Path | None,
-                        config_tls: Any) -> Any:
+                        config_tls: TlsFiles | None) -> grpc.ServerCredentials | None:
     """The ADS server's TLS (``xds/tls.py``) from the flags or the config file's ``[tls]``; None: plaintext."""
     from ..xds.tls import ServerTls, TlsFileError, TlsFiles
 
@@ -88,13 +100,14 @@ def _server_credentials(cert: Path | None, key: Path | None, client_ca: Path | N
         raise click.ClickException(f"{names[e.field]} {e.path}: {e.problem}") from None
 
 
-def _print_exports(c: Any, exports: Any, prefixes: Any) -> None:
+def _print_exports(c: Any, exports: Sequence[Export], prefixes: Sequence[PrefixExport]) -> None:
     names = ", ".join(e.name for e in exports) or "none yet"
     c.err.print(f"exports: {names}" + (f"; prefixes: {', '.join(p.prefix for p in prefixes)}" if prefixes else ""),
                 markup=False)
 
 
-def _supervise(c: Any, address: str, count: int, exports: Any, prefixes: Any, reloads: bool) -> None:
+def _supervise(c: Any, address: str, count: int, exports: Sequence[Export], prefixes: Sequence[PrefixExport],
+               reloads: bool) -> None:
     """``--workers N``: run N workers on one port until SIGTERM (``xds/workers.py``); exit with their code."""
     from ..xds.workers import Workers
 
@@ -104,7 +117,7 @@ def _supervise(c: Any, address: str, count: int, exports: Any, prefixes: Any, re
         raise click.ClickException(f"xds serve cannot listen on {address}: {e.strerror or e}") from None
     import signal
 
-    def on_hup(signum: int, _frame: Any) -> None:
+    def on_hup(signum: int, _frame: FrameType | None) -> None:
         if reloads:
             pool.forward(signum)  # each worker re-reads --config
         else:
@@ -126,7 +139,8 @@ def _supervise(c: Any, address: str, count: int, exports: Any, prefixes: Any, re
         raise SystemExit(code)
 
 
-def _reload_on_change(config: Path, load: Callable[[], Any], control: Any, prefixes: list[Any]) -> Callable[[], None]:
+def _reload_on_change(config: Path, load: Callable[[], Loaded], control: ControlPlane, prefixes: list[PrefixExport]
+                      ) -> Callable[[], None]:
     """Start a ConfigReloader of ``config`` applying its exports to ``control`` (SIGHUP asks for a reload; prefixes
     are read at start only); returns what stops it."""
     import signal
@@ -134,7 +148,7 @@ def _reload_on_change(config: Path, load: Callable[[], Any], control: Any, prefi
 
     from ..xds.reload import ConfigReloader
 
-    def apply(loaded: Any) -> None:
+    def apply(loaded: Loaded) -> None:
         exports, found, _tls = loaded  # [tls] paths are read at start; xds/tls.py re-reads the files themselves
         if list(found) != list(prefixes):
             log.warning("xds: config %s: prefixes are read at start only; restart to apply their change", config)
@@ -217,7 +231,7 @@ def xds_commands(global_options: Callable[[Any], Any], pass_ctx: Callable[[Any],
             raise click.ClickException(str(e)) from None  # names the extra to install
         address = bind_address(listen, what="--listen")  # :PORT and PORT (every interface) as gRPC takes them
 
-        def load() -> Any:
+        def load() -> Loaded:
             exports, found, tls = _exports(c, specs, config, prefixes)
             if load_reporting:
                 from ..xds.lrs import with_load_reporting

@@ -11,9 +11,12 @@ printed by ``cli.xds_status`` (rich on a terminal, plain text otherwise), as its
 from __future__ import annotations
 
 import json
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import click
+
+if TYPE_CHECKING:
+    import grpc
 
 #: how many ORCA metrics a row names (the ones most calls carried)
 TOP_METRICS = 3
@@ -21,7 +24,7 @@ HEADER = ["EXPORT", "CLUSTER", "LOCALITY", "ISSUED/S", "OK/S", "ERR/S", "IN FLIG
           "DROPPED", "METRICS"]
 
 
-def fetch_load(server: str, credentials: Any, timeout: float) -> dict[str, Any]:
+def fetch_load(server: str, credentials: grpc.ChannelCredentials | None, timeout: float) -> dict[str, Any]:
     """The load view of the control plane at ``server``; raises click.ClickException saying why there is none."""
     import grpc
 

@@ -16,11 +16,14 @@ import json
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import click
 
 from .xds_load import call_failed
+
+if TYPE_CHECKING:
+    import grpc
 
 #: a type's cell names the worst state among its resources (NACKED first)
 _WORST_FIRST = ("ERROR", "STALE", "SYNCED", "NOT_SENT")
@@ -74,7 +77,7 @@ class TlsFlags:
     def given(self) -> bool:
         return self.ca is not None or self.cert is not None
 
-    def credentials(self) -> Any:
+    def credentials(self) -> grpc.ChannelCredentials | None:
         """TLS channel credentials from the flags (None: plaintext)."""
         if not self.given:
             return None

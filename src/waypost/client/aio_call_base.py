@@ -24,6 +24,7 @@ import grpc.aio
 from .._grpc_private import status_of
 from ..balancer.base import PickResult
 from ..balancer.failure import pushback_of
+from ..types import CallMetadata
 from .aio_replay import AsyncReplay, WriteReplay
 from .aio_wait import AioPickWaiter
 from .method import AsyncBalancedChannel, Attempt, MethodBase, trailers_of
@@ -98,9 +99,10 @@ class AioMethod(MethodBase[AsyncBalancedChannel]):
 class CallBase(abc.ABC):
     """What every call kind shares: settings, the attempt start (pick, maybe wait) and the Call API."""
 
-    def __init__(self, m: AioMethod, request: Any, timeout: float | None, metadata: Any,
-                 credentials: Any,
-                 wait_for_ready: bool | None, compression: Any, *,
+    def __init__(self, m: AioMethod, request: Any, timeout: float | None,
+                 metadata: CallMetadata | grpc.aio.Metadata | None,
+                 credentials: grpc.CallCredentials | None,
+                 wait_for_ready: bool | None, compression: grpc.Compression | None, *,
                  replay: Replay | AsyncReplay | None = None, writes: WriteReplay | None = None) -> None:
         self._m = m
         self._request = request

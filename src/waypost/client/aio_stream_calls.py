@@ -14,6 +14,7 @@ import grpc
 import grpc.aio
 
 from ..balancer.base import PickResult
+from ..types import CallMetadata
 from .aio_call_base import AioMethod, CallBase, is_stand_in, messages, status_now
 from .aio_replay import replay_for
 from .hedging_aio import HedgedUnaryStreamCall
@@ -211,8 +212,11 @@ class StreamStreamCall(_StreamResponseCall, grpc.aio.StreamStreamCall):
 class UnaryStreamMultiCallable(AioMethod, grpc.aio.UnaryStreamMultiCallable):
     _kind = "unary_stream"
 
-    def __call__(self, request: Any, *, timeout: float | None = None, metadata: Any = None, credentials: Any = None,
-                 wait_for_ready: bool | None = None, compression: Any = None) -> UnaryStreamCall | HedgedUnaryStreamCall:
+    def __call__(self, request: Any, *, timeout: float | None = None,
+                 metadata: CallMetadata | grpc.aio.Metadata | None = None,
+                 credentials: grpc.CallCredentials | None = None,
+                 wait_for_ready: bool | None = None,
+                 compression: grpc.Compression | None = None) -> UnaryStreamCall | HedgedUnaryStreamCall:
         cls = HedgedUnaryStreamCall if self.hedging is not None else UnaryStreamCall
         return self.started_call(lambda: cls(self, request, timeout, metadata, credentials, wait_for_ready,
                                              compression))
@@ -221,8 +225,11 @@ class UnaryStreamMultiCallable(AioMethod, grpc.aio.UnaryStreamMultiCallable):
 class StreamStreamMultiCallable(AioMethod, grpc.aio.StreamStreamMultiCallable):
     _kind = "stream_stream"
 
-    def __call__(self, request_iterator: Any = None, timeout: float | None = None, metadata: Any = None,
-                 credentials: Any = None, wait_for_ready: bool | None = None, compression: Any = None
+    def __call__(self, request_iterator: Any = None, timeout: float | None = None,
+                 metadata: CallMetadata | grpc.aio.Metadata | None = None,
+                 credentials: grpc.CallCredentials | None = None, wait_for_ready: bool | None = None,
+                 compression: grpc.Compression | None = None
                  ) -> StreamStreamCall:
         return self.started_call(lambda: StreamStreamCall(self, None, timeout, metadata, credentials,
-                                                          wait_for_ready, compression, **replay_for(request_iterator)))
+                                                          wait_for_ready, compression,
+                                                          **replay_for(request_iterator)))

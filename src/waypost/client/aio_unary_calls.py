@@ -15,6 +15,7 @@ import grpc.aio
 
 from .._grpc_private import PLAIN_UNARY_UNARY_CALL, locally_cancelled
 from ..balancer.base import PickResult
+from ..types import CallMetadata
 from .aio_call_base import AioMethod, CallBase, status_now
 from .aio_replay import replay_for
 from .hedging_aio import HedgedUnaryUnaryCall
@@ -159,8 +160,9 @@ class UnaryUnaryCall(_UnaryResponseCall, grpc.aio.UnaryUnaryCall):
     grpc.aio's call, and its end is handled in that call's done callback, which grpc.aio runs before anyone
     awaiting the call wakes up. Only a retry (or a pick that has to wait) runs in a task."""
 
-    def __init__(self, m: AioMethod, request: Any, timeout: float | None, metadata: Any, credentials: Any,
-                 wait_for_ready: bool | None, compression: Any) -> None:
+    def __init__(self, m: AioMethod, request: Any, timeout: float | None,
+                 metadata: CallMetadata | grpc.aio.Metadata | None, credentials: grpc.CallCredentials | None,
+                 wait_for_ready: bool | None, compression: grpc.Compression | None) -> None:
         CallBase.__init__(self, m, request, timeout, metadata, credentials, wait_for_ready, compression)
         # True while the first attempt runs without a task of ours (then ``_first`` is its grpc.aio call, and
         # ``_task`` is set only if it is retried)
@@ -264,8 +266,11 @@ class StreamUnaryCall(_UnaryResponseCall, grpc.aio.StreamUnaryCall):
 class UnaryUnaryMultiCallable(AioMethod, grpc.aio.UnaryUnaryMultiCallable):
     _kind = "unary_unary"
 
-    def __call__(self, request: Any, *, timeout: float | None = None, metadata: Any = None, credentials: Any = None,
-                 wait_for_ready: bool | None = None, compression: Any = None) -> UnaryUnaryCall | HedgedUnaryUnaryCall:
+    def __call__(self, request: Any, *, timeout: float | None = None,
+                 metadata: CallMetadata | grpc.aio.Metadata | None = None,
+                 credentials: grpc.CallCredentials | None = None,
+                 wait_for_ready: bool | None = None,
+                 compression: grpc.Compression | None = None) -> UnaryUnaryCall | HedgedUnaryUnaryCall:
         cls = HedgedUnaryUnaryCall if self.hedging is not None else UnaryUnaryCall
         return self.started_call(lambda: cls(self, request, timeout, metadata, credentials, wait_for_ready,
                                              compression))
@@ -274,8 +279,10 @@ class UnaryUnaryMultiCallable(AioMethod, grpc.aio.UnaryUnaryMultiCallable):
 class StreamUnaryMultiCallable(AioMethod, grpc.aio.StreamUnaryMultiCallable):
     _kind = "stream_unary"
 
-    def __call__(self, request_iterator: Any = None, timeout: float | None = None, metadata: Any = None,
-                 credentials: Any = None, wait_for_ready: bool | None = None, compression: Any = None
+    def __call__(self, request_iterator: Any = None, timeout: float | None = None,
+                 metadata: CallMetadata | grpc.aio.Metadata | None = None,
+                 credentials: grpc.CallCredentials | None = None, wait_for_ready: bool | None = None,
+                 compression: grpc.Compression | None = None
                  ) -> StreamUnaryCall:
         return self.started_call(lambda: StreamUnaryCall(self, None, timeout, metadata, credentials, wait_for_ready,
                                                          compression, **replay_for(request_iterator)))

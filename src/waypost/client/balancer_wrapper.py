@@ -19,7 +19,7 @@ from typing import Any
 import grpc
 
 from .. import metrics as _metrics
-from ..balancer.base import Policy
+from ..balancer.base import Picker, Policy
 from ..types import CONNECTING, IDLE, READY, SHUTDOWN, TRANSIENT_FAILURE, Backend
 from . import live
 from .empty_key import EmptyKey
@@ -339,7 +339,7 @@ class BalancerWrapper:
         if obs is not None:
             obs.picker_rebuilt(self.target)
 
-    def _publish(self, picker: Any, ready: dict[str, SubConn]) -> None:
+    def _publish(self, picker: Picker | None, ready: dict[str, SubConn]) -> None:
         # Caller holds _lock: wake waiting calls now; listeners run after the lock is released (_fire).
         empty = self._empty
         self.pickers.publish(PickerSnapshot(

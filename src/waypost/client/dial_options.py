@@ -11,11 +11,17 @@ from __future__ import annotations
 import random
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, fields
-from typing import Any, TypedDict
+from typing import Any, TypeAlias, TypedDict
 
 import grpc
+import grpc.aio
 
 from ..errors import check_keywords
+
+#: what ``interceptors=`` holds: grpc's client interceptors (``waypost.dial``) or grpc.aio's (``waypost.aio.dial``)
+ClientInterceptor: TypeAlias = (grpc.UnaryUnaryClientInterceptor | grpc.UnaryStreamClientInterceptor
+                     | grpc.StreamUnaryClientInterceptor | grpc.StreamStreamClientInterceptor
+                     | grpc.aio.ClientInterceptor)
 
 
 class DialKeywords(TypedDict, total=False):
@@ -26,14 +32,14 @@ class DialKeywords(TypedDict, total=False):
     service_config: Mapping[str, Any] | str | None
     options: Sequence[tuple[str, Any]] | None
     credentials: grpc.ChannelCredentials | None
-    interceptors: Iterable[Any] | None
+    interceptors: Iterable[ClientInterceptor] | None
     subset_size: int | None
     client_id: str | None
     rng: random.Random | None
     block: bool | None
     retries: int | None
-    metadata_filter: Mapping[str, Any] | None
-    prefer: Mapping[str, Any] | None
+    metadata_filter: Mapping[str, object] | None
+    prefer: Mapping[str, object] | None
     min_preferred: int | None
     key: str | None
 
@@ -53,7 +59,7 @@ class DialOptions:
     """grpc channel options (``[("grpc.max_receive_message_length", ...)]``), given to every backend's channel."""
     credentials: grpc.ChannelCredentials | None = None
     """TLS for the backends' channels (``grpc.ssl_channel_credentials(...)``); None: insecure."""
-    interceptors: Iterable[Any] | None = None
+    interceptors: Iterable[ClientInterceptor] | None = None
     """Client interceptors: ``grpc`` interceptors applied as ``grpc.intercept_channel`` does (``waypost.dial``), or
     ``grpc.aio`` interceptors applied to every attempt on its backend (``waypost.aio.dial``)."""
     subset_size: int | None = None
@@ -67,9 +73,9 @@ class DialOptions:
     the call (True), ``waypost.aio.dial`` never blocks the event loop (False: calls wait instead)."""
     retries: int | None = None
     """N retries on UNAVAILABLE for every method (a retryPolicy; an error next to a service config with one)."""
-    metadata_filter: Mapping[str, Any] | None = None
+    metadata_filter: Mapping[str, object] | None = None
     """Use only the backends whose registration metadata matches (``{"group": "canary"}``)."""
-    prefer: Mapping[str, Any] | None = None
+    prefer: Mapping[str, object] | None = None
     """Use only the matching backends while at least ``min_preferred`` of them are READY, else all of them."""
     min_preferred: int | None = None
     """With ``prefer``: how many matching READY backends are enough; None: 1."""

@@ -10,9 +10,12 @@ import concurrent.futures
 import contextvars
 import threading
 from collections.abc import Callable
+from types import TracebackType
 from typing import Any
 
 import grpc
+
+from ..types import CallMetadata
 
 _executor_lock = threading.Lock()
 _executor: concurrent.futures.ThreadPoolExecutor | None = None
@@ -69,17 +72,17 @@ class ThreadFuture(grpc.Future, grpc.Call):  # type: ignore[misc]
         except concurrent.futures.CancelledError:
             raise grpc.FutureCancelledError() from None
 
-    def traceback(self, timeout: float | None = None) -> Any:
+    def traceback(self, timeout: float | None = None) -> TracebackType | None:
         exc = self.exception(timeout)
         return exc.__traceback__ if exc is not None else None
 
     def add_done_callback(self, fn: Callable[[Any], None]) -> None:
         self._fut.add_done_callback(lambda _f: fn(self))
 
-    def initial_metadata(self) -> Any:
+    def initial_metadata(self) -> CallMetadata | None:
         return self._call().initial_metadata()
 
-    def trailing_metadata(self) -> Any:
+    def trailing_metadata(self) -> CallMetadata | None:
         return self._call().trailing_metadata()
 
     def code(self) -> grpc.StatusCode:
@@ -94,6 +97,6 @@ class ThreadFuture(grpc.Future, grpc.Call):  # type: ignore[misc]
     def time_remaining(self) -> float | None:
         return None
 
-    def add_callback(self, callback: Any) -> bool:
+    def add_callback(self, callback: Callable[[], None]) -> bool:
         self._fut.add_done_callback(lambda _f: callback())
         return True

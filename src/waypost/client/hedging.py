@@ -25,6 +25,7 @@ import grpc
 from ..balancer.base import Outcome, PickError, PickResult
 from ..balancer.failure import pushback_of
 from ..service_config import HedgingPolicy
+from ..types import CallMetadata
 from .retry import PREVIOUS_ATTEMPTS, never_sent
 from .retry_throttle import RetryThrottle
 
@@ -245,8 +246,9 @@ class RaceState:
     arguments for every attempt, the backends tried and the attempts still running (``hedging_sync``,
     ``hedging_aio``)."""
 
-    def __init__(self, m: Any, request: Any, deadline: float | None, metadata: Any, credentials: Any,
-                 wfr: bool | None, compression: Any, stream: bool) -> None:
+    def __init__(self, m: Any, request: Any, deadline: float | None, metadata: CallMetadata | None,
+                 credentials: grpc.CallCredentials | None,
+                 wfr: bool | None, compression: grpc.Compression | None, stream: bool) -> None:
         assert m.hedging is not None
         self.m = m
         self.plan: HedgePlan = m.hedging.plan()

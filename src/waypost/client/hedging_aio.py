@@ -12,6 +12,7 @@ from typing import Any
 import grpc
 import grpc.aio
 
+from ..types import CallMetadata
 from .aio_call_base import AioMethod, aio_error, messages, status_now
 from .hedging import RaceState
 from .method import Attempt
@@ -38,8 +39,9 @@ class _Attempt:
 class AioRace(RaceState):
     """The attempts of one hedged grpc.aio call; ``run`` returns (attempt, kind, payload) of the one that commits."""
 
-    def __init__(self, m: AioMethod, request: Any, deadline: float | None, metadata: Any, credentials: Any,
-                 wfr: bool | None, compression: Any, *, stream: bool) -> None:
+    def __init__(self, m: AioMethod, request: Any, deadline: float | None,
+                 metadata: CallMetadata | grpc.aio.Metadata | None, credentials: grpc.CallCredentials | None,
+                 wfr: bool | None, compression: grpc.Compression | None, *, stream: bool) -> None:
         super().__init__(m, request, deadline, metadata, credentials, wfr, compression, stream)
         self.m: AioMethod = m
         self._q: asyncio.Queue[tuple[_Attempt, str, Any]] = asyncio.Queue()
@@ -112,8 +114,9 @@ class _HedgedCall:
     """What the hedged grpc.aio call kinds share: a task runs the race; then the winning attempt answers for the
     call (its metadata, code, details), or the final error does."""
 
-    def __init__(self, m: AioMethod, request: Any, timeout: float | None, metadata: Any, credentials: Any,
-                 wait_for_ready: bool | None, compression: Any, *, stream: bool) -> None:
+    def __init__(self, m: AioMethod, request: Any, timeout: float | None,
+                 metadata: CallMetadata | grpc.aio.Metadata | None, credentials: grpc.CallCredentials | None,
+                 wait_for_ready: bool | None, compression: grpc.Compression | None, *, stream: bool) -> None:
         deadline, wfr = m.settings(timeout, wait_for_ready)
         self._m = m
         self._deadline = deadline
@@ -216,8 +219,9 @@ class _HedgedCall:
 class HedgedUnaryUnaryCall(_HedgedCall, grpc.aio.UnaryUnaryCall):  # type: ignore[misc]
     """A hedged unary-unary grpc.aio call: awaiting it awaits the race."""
 
-    def __init__(self, m: AioMethod, request: Any, timeout: float | None, metadata: Any, credentials: Any,
-                 wait_for_ready: bool | None, compression: Any) -> None:
+    def __init__(self, m: AioMethod, request: Any, timeout: float | None,
+                 metadata: CallMetadata | grpc.aio.Metadata | None, credentials: grpc.CallCredentials | None,
+                 wait_for_ready: bool | None, compression: grpc.Compression | None) -> None:
         super().__init__(m, request, timeout, metadata, credentials, wait_for_ready, compression, stream=False)
 
     def __await__(self) -> Any:
@@ -227,8 +231,9 @@ class HedgedUnaryUnaryCall(_HedgedCall, grpc.aio.UnaryUnaryCall):  # type: ignor
 class HedgedUnaryStreamCall(_HedgedCall, grpc.aio.UnaryStreamCall):  # type: ignore[misc]
     """A hedged unary-stream grpc.aio call: the first read awaits the race; then the winner's messages."""
 
-    def __init__(self, m: AioMethod, request: Any, timeout: float | None, metadata: Any, credentials: Any,
-                 wait_for_ready: bool | None, compression: Any) -> None:
+    def __init__(self, m: AioMethod, request: Any, timeout: float | None,
+                 metadata: CallMetadata | grpc.aio.Metadata | None, credentials: grpc.CallCredentials | None,
+                 wait_for_ready: bool | None, compression: grpc.Compression | None) -> None:
         super().__init__(m, request, timeout, metadata, credentials, wait_for_ready, compression, stream=True)
 
     async def read(self) -> Any:

@@ -14,6 +14,7 @@ from typing import Any
 
 import grpc
 
+from ..types import CallMetadata
 from .hedging import RaceState
 from .method import Attempt, BalancedChannel, MethodBase
 from .retrying_stream import DelegatedCall
@@ -39,8 +40,10 @@ class SyncRace(RaceState):
     ``_MSG`` with the first message, ``_END``, ``_DONE`` (a unary future, OK or the final error) or ``_ERR`` (a
     stream's final error)."""
 
-    def __init__(self, m: MethodBase[BalancedChannel], request: Any, deadline: float | None, metadata: Any,
-                 credentials: Any, wfr: bool | None, compression: Any, *, stream: bool) -> None:
+    def __init__(self, m: MethodBase[BalancedChannel], request: Any, deadline: float | None,
+                 metadata: CallMetadata | None,
+                 credentials: grpc.CallCredentials | None, wfr: bool | None,
+                 compression: grpc.Compression | None, *, stream: bool) -> None:
         super().__init__(m, request, deadline, metadata, credentials, wfr, compression, stream)
         self.m: MethodBase[BalancedChannel] = m
         self._q: queue.SimpleQueue[tuple[_Attempt, str, Any]] = queue.SimpleQueue()
@@ -116,12 +119,14 @@ class _LocalError(grpc.RpcError):  # type: ignore[misc]
     def details(self) -> str:
         return str(self.error)
 
-    def trailing_metadata(self) -> Any:
+    def trailing_metadata(self) -> CallMetadata | None:
         return ()
 
 
-def hedged_with_call(m: MethodBase[BalancedChannel], request: Any, deadline: float | None, metadata: Any,
-                     credentials: Any, wfr: bool | None, compression: Any) -> tuple[Any, grpc.Call]:
+def hedged_with_call(m: MethodBase[BalancedChannel], request: Any, deadline: float | None,
+                     metadata: CallMetadata | None,
+                     credentials: grpc.CallCredentials | None, wfr: bool | None,
+                     compression: grpc.Compression | None) -> tuple[Any, grpc.Call]:
     """A hedged unary-unary call: (response, the winning attempt's call), or the final error raised."""
     race = SyncRace(m, request, deadline, metadata, credentials, wfr, compression, stream=False)
     att, _kind, fut = race.run()
@@ -171,19 +176,19 @@ class HedgedStream(DelegatedCall):
         return next(self._call)
 
     # grpc.Call / grpc.Future: the winning attempt's (before the race ends: the first attempt's)
-    def initial_metadata(self) -> Any:
+    def initial_metadata(self) -> CallMetadata | None:
         self._settle()
         return self._call.initial_metadata()
 
-    def trailing_metadata(self) -> Any:
+    def trailing_metadata(self) -> CallMetadata | None:
         self._settle()
         return self._call.trailing_metadata()
 
-    def code(self) -> Any:
+    def code(self) -> grpc.StatusCode | None:
         self._settle()
         return self._call.code()
 
-    def details(self) -> Any:
+    def details(self) -> str | None:
         self._settle()
         return self._call.details()
 
@@ -193,8 +198,10 @@ class HedgedStream(DelegatedCall):
             return True
         return bool(self._call.cancel())
 
-def hedged_stream(m: MethodBase[BalancedChannel], request: Any, deadline: float | None, metadata: Any,
-                  credentials: Any, wfr: bool | None, compression: Any) -> HedgedStream:
+def hedged_stream(m: MethodBase[BalancedChannel], request: Any, deadline: float | None,
+                  metadata: CallMetadata | None,
+                  credentials: grpc.CallCredentials | None, wfr: bool | None,
+                  compression: grpc.Compression | None) -> HedgedStream:
     """A hedged unary-stream call: its first attempt starts now; the race runs when the stream is first read."""
     return HedgedStream(SyncRace(m, request, deadline, metadata, credentials, wfr, compression, stream=True))
 

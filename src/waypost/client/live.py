@@ -13,24 +13,40 @@ from __future__ import annotations
 
 import os
 import weakref
-from collections.abc import Iterator
-from typing import Any
+from collections.abc import Iterable, Iterator
+from typing import Protocol
 
 from .. import metrics as _metrics
+from ..balancer.base import Policy
 from ..types import STATE_NAMES
+from .subconn import SubConn
 
-_live: weakref.WeakSet[Any] = weakref.WeakSet()
+
+class LiveBalancer(Protocol):
+    """What this module reads of a channel's balancer (``BalancerWrapper``, which registers itself here)."""
+
+    target: str
+    policy: Policy
+
+    @property
+    def closed(self) -> bool: ...
+
+    def subconns(self) -> Iterable[SubConn]: ...
+
+    def mark_forked(self) -> None: ...
+
+_live: weakref.WeakSet[LiveBalancer] = weakref.WeakSet()
 
 
-def track(balancer: Any) -> None:
+def track(balancer: LiveBalancer) -> None:
     _live.add(balancer)
 
 
-def untrack(balancer: Any) -> None:
+def untrack(balancer: LiveBalancer) -> None:
     _live.discard(balancer)
 
 
-def live_balancers() -> list[Any]:
+def live_balancers() -> list[LiveBalancer]:
     """The live balancer wrappers (a copy: safe to iterate while channels come and go)."""
     return list(_live)
 

@@ -22,6 +22,7 @@ from .._grpc_private import registered_method_kwargs
 from ..balancer.base import Outcome, PickError, PickInfo, PickResult, noop_done
 from ..balancer.failure import pushback_of
 from ..otel import hooks as _otel
+from ..types import CallMetadata
 from .aio_wait import AioPickWaiter
 from .balancer_wrapper import BalancerWrapper
 from .channel_config import ChannelConfig
@@ -36,6 +37,10 @@ _perf = time.perf_counter
 _mono = time.monotonic
 _UNAVAILABLE = grpc.StatusCode.UNAVAILABLE
 _OK = grpc.StatusCode.OK
+
+#: how a stub turns its request message into bytes, and a response's bytes into its message (grpc's own types)
+RequestSerializer = Callable[[Any], bytes]
+ResponseDeserializer = Callable[[bytes], Any]
 
 #: A started attempt, from ``MethodBase.begin``: (pick result, subconn, the backend's multicallable, start time
 #: (``perf_counter``), the attempt's timeout: what is left of the call's deadline, or None).
@@ -77,8 +82,8 @@ class MethodBase(Generic[ChannelT]):
 
     _kind = ""
 
-    def __init__(self, channel: ChannelT, method: str, request_serializer: Any, response_deserializer: Any,
-                 registered: Any) -> None:
+    def __init__(self, channel: ChannelT, method: str, request_serializer: RequestSerializer | None,
+                 response_deserializer: ResponseDeserializer | None, registered: object) -> None:
         self.channel = channel
         self.balancer = channel.balancer
         self.pickers = channel.pickers
@@ -110,7 +115,8 @@ class MethodBase(Generic[ChannelT]):
             sc.mcs[self._key] = mc
         return mc
 
-    def settings(self, timeout: float | None, wait_for_ready: bool | None) -> tuple[float | None, bool | None]:
+    def settings(self, timeout: float | None, wait_for_ready: bool | None) -> tuple[float | None,
+                 bool | None]:
         """A call's deadline (``time.monotonic``; None: no deadline) and wait_for_ready: the call's own, else
         the method config's."""
         if timeout is None:
@@ -119,7 +125,7 @@ class MethodBase(Generic[ChannelT]):
             wait_for_ready = self.wait_for_ready
         return (None if timeout is None else _mono() + timeout), wait_for_ready
 
-    def pick_info(self, metadata: Any) -> PickInfo:
+    def pick_info(self, metadata: CallMetadata | None) -> PickInfo:
         """What the picker sees of this call: the method, the hash key in context (``hashkey``), the metadata."""
         hk = HASH_KEY.get()
         if hk is None and not metadata:
@@ -131,18 +137,22 @@ class MethodBase(Generic[ChannelT]):
         return RetryState(self.retry_policy, self.throttle, self.rng, deadline, first)
 
     @overload
-    def begin(self, metadata: Any, deadline: float | None, tried: set[str] | None = None, wfr: bool | None = None,
+    def begin(self, metadata: CallMetadata | None, deadline: float | None, tried: set[str] | None = None,
+              wfr: bool | None = None,
               *, wait: Literal[True], picked: tuple[PickResult, SubConn] | None = None) -> Attempt: ...
 
     @overload
-    def begin(self, metadata: Any, deadline: float | None, tried: set[str] | None = None, wfr: bool | None = None,
+    def begin(self, metadata: CallMetadata | None, deadline: float | None, tried: set[str] | None = None,
+              wfr: bool | None = None,
               *, wait: bool = False, picked: tuple[PickResult, SubConn]) -> Attempt: ...
 
     @overload
-    def begin(self, metadata: Any, deadline: float | None, tried: set[str] | None = None, wfr: bool | None = None,
+    def begin(self, metadata: CallMetadata | None, deadline: float | None, tried: set[str] | None = None,
+              wfr: bool | None = None,
               *, wait: bool = False, picked: None = None) -> Attempt | None: ...
 
-    def begin(self, metadata: Any, deadline: float | None, tried: set[str] | None = None, wfr: bool | None = None,
+    def begin(self, metadata: CallMetadata | None, deadline: float | None, tried: set[str] | None = None,
+              wfr: bool | None = None,
               *, wait: bool = False, picked: tuple[PickResult, SubConn] | None = None) -> Attempt | None:
         """Start an attempt: pick its backend, count it in flight there, note its start (``Attempt``; ``finish``
         ends it: exactly once, whatever happens to the attempt after this).
@@ -272,25 +282,29 @@ class MulticallableFactory:
 
     multicallables: ClassVar[Mapping[str, type[MethodBase[Any]]]]
 
-    def _make(self, kind: str, method: str, request_serializer: Any, response_deserializer: Any,
-              registered: Any) -> Any:
+    def _make(self, kind: str, method: str, request_serializer: RequestSerializer | None,
+              response_deserializer: ResponseDeserializer | None, registered: object) -> Any:
         return self.multicallables[kind](self, method, request_serializer,  # type: ignore[call-arg,arg-type]
                                          response_deserializer, registered)
 
-    def unary_unary(self, method: str, request_serializer: Any = None, response_deserializer: Any = None,
-                    _registered_method: Any = False) -> Any:
+    def unary_unary(self, method: str, request_serializer: RequestSerializer | None = None,
+                    response_deserializer: ResponseDeserializer | None = None,
+                    _registered_method: object = False) -> Any:
         return self._make("unary_unary", method, request_serializer, response_deserializer, _registered_method)
 
-    def unary_stream(self, method: str, request_serializer: Any = None, response_deserializer: Any = None,
-                     _registered_method: Any = False) -> Any:
+    def unary_stream(self, method: str, request_serializer: RequestSerializer | None = None,
+                     response_deserializer: ResponseDeserializer | None = None,
+                     _registered_method: object = False) -> Any:
         return self._make("unary_stream", method, request_serializer, response_deserializer, _registered_method)
 
-    def stream_unary(self, method: str, request_serializer: Any = None, response_deserializer: Any = None,
-                     _registered_method: Any = False) -> Any:
+    def stream_unary(self, method: str, request_serializer: RequestSerializer | None = None,
+                     response_deserializer: ResponseDeserializer | None = None,
+                     _registered_method: object = False) -> Any:
         return self._make("stream_unary", method, request_serializer, response_deserializer, _registered_method)
 
-    def stream_stream(self, method: str, request_serializer: Any = None, response_deserializer: Any = None,
-                      _registered_method: Any = False) -> Any:
+    def stream_stream(self, method: str, request_serializer: RequestSerializer | None = None,
+                      response_deserializer: ResponseDeserializer | None = None,
+                      _registered_method: object = False) -> Any:
         return self._make("stream_stream", method, request_serializer, response_deserializer, _registered_method)
 
 

@@ -29,6 +29,7 @@ from ..balancer.base import Outcome, PickResult
 from ..balancer.failure import PUSHBACK_STOP
 from ..service_config import RetryPolicy
 from .retry_throttle import RetryThrottle
+from .subconn import SubConn
 
 __all__ = ["MAX_TRANSPARENT", "PREVIOUS_ATTEMPTS", "RetryState", "Rng", "avoid_tried", "backoff_delay", "never_sent"]
 
@@ -141,12 +142,12 @@ class RetryState:
 
 
 def avoid_tried(
-    picked: tuple[PickResult, Any],
+    picked: tuple[PickResult, SubConn],
     tried: Collection[str],
-    ready: Iterable[Any],
-    backends: Iterable[Any],
-    repick: Callable[[], tuple[PickResult, Any] | None],
-) -> tuple[PickResult, Any] | None:
+    ready: Iterable[SubConn],
+    backends: Iterable[SubConn],
+    repick: Callable[[], tuple[PickResult, SubConn] | None],
+) -> tuple[PickResult, SubConn] | None:
     """Where a retry goes when the policy picked ``picked``: the one rule that moves attempts across backends.
 
     ``tried``: addresses this call's earlier attempts went to; ``ready``: the subconns the picker may return;

@@ -5,9 +5,12 @@ from __future__ import annotations
 
 import time
 from collections.abc import Callable
+from types import TracebackType
 from typing import Any
 
 import grpc
+
+from ..types import CallMetadata
 
 
 class DelegatedCall(grpc.Call, grpc.Future):  # type: ignore[misc]
@@ -16,28 +19,28 @@ class DelegatedCall(grpc.Call, grpc.Future):  # type: ignore[misc]
 
     _call: Any
 
-    def initial_metadata(self) -> Any:
+    def initial_metadata(self) -> CallMetadata | None:
         return self._call.initial_metadata()
 
-    def trailing_metadata(self) -> Any:
+    def trailing_metadata(self) -> CallMetadata | None:
         return self._call.trailing_metadata()
 
-    def code(self) -> Any:
+    def code(self) -> grpc.StatusCode | None:
         return self._call.code()
 
-    def details(self) -> Any:
+    def details(self) -> str | None:
         return self._call.details()
 
     def is_active(self) -> bool:
         return bool(self._call.is_active())
 
-    def time_remaining(self) -> Any:
+    def time_remaining(self) -> float | None:
         return self._call.time_remaining()
 
     def cancel(self) -> bool:
         return bool(self._call.cancel())
 
-    def add_callback(self, callback: Any) -> bool:
+    def add_callback(self, callback: Callable[[], None]) -> bool:
         return bool(self._call.add_callback(callback))
 
     def cancelled(self) -> bool:
@@ -55,7 +58,7 @@ class DelegatedCall(grpc.Call, grpc.Future):  # type: ignore[misc]
     def exception(self, timeout: float | None = None) -> Any:
         return self._call.exception(timeout)
 
-    def traceback(self, timeout: float | None = None) -> Any:
+    def traceback(self, timeout: float | None = None) -> TracebackType | None:
         return self._call.traceback(timeout)
 
     def add_done_callback(self, fn: Any) -> None:

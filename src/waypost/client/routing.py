@@ -19,7 +19,6 @@ from __future__ import annotations
 
 import logging
 from collections.abc import Mapping, Sequence
-from typing import Any
 
 from ..resolver import Subsetter
 from ..types import Backend
@@ -28,7 +27,7 @@ from .subconn import SubConn
 log = logging.getLogger("waypost.client")
 
 
-def _text(value: Any) -> str:
+def _text(value: object) -> str:
     if isinstance(value, bool):
         return "true" if value else "false"
     return str(value)
@@ -39,7 +38,7 @@ class MetadataMatch:
 
     __slots__ = ("_items", "spec", "what")
 
-    def __init__(self, spec: Any, what: str) -> None:
+    def __init__(self, spec: object, what: str) -> None:
         if not isinstance(spec, Mapping) or not spec:
             raise ValueError(f"dial: {what} must be a non-empty mapping of metadata key -> value "
                              f"(e.g. {{'zone': 'us-east-1a'}}), got {spec!r}")
@@ -71,7 +70,7 @@ class MetadataMatch:
 class Routing:
     """One channel's metadata filter and locality preference (None parts: not in use)."""
 
-    def __init__(self, metadata_filter: Mapping[str, Any] | None, prefer: Mapping[str, Any] | None,
+    def __init__(self, metadata_filter: Mapping[str, object] | None, prefer: Mapping[str, object] | None,
                  min_preferred: int, target: str = "") -> None:
         self.filter = MetadataMatch(metadata_filter, "metadata_filter") if metadata_filter is not None else None
         self.prefer = MetadataMatch(prefer, "prefer") if prefer is not None else None
@@ -86,7 +85,7 @@ class Routing:
         self.upstream_resolved = 0  # how many backends the subsetter's latest list had before the filter
 
     @classmethod
-    def make(cls, metadata_filter: Mapping[str, Any] | None, prefer: Mapping[str, Any] | None,
+    def make(cls, metadata_filter: Mapping[str, object] | None, prefer: Mapping[str, object] | None,
              min_preferred: int | None) -> Routing | None:
         """The routing of a dial, or None when no routing argument is given (nothing to do at all)."""
         if metadata_filter is None and prefer is None:

@@ -2,9 +2,13 @@
 
 from __future__ import annotations
 
+from collections.abc import Callable
+from types import TracebackType
 from typing import Any
 
 import grpc
+
+from ..types import CallMetadata
 
 
 class BalancerRpcError(grpc.RpcError, grpc.Call, grpc.Future):  # type: ignore[misc]
@@ -28,10 +32,10 @@ class BalancerRpcError(grpc.RpcError, grpc.Call, grpc.Future):  # type: ignore[m
     def details(self) -> str:
         return self._details
 
-    def initial_metadata(self) -> Any:
+    def initial_metadata(self) -> CallMetadata | None:
         return ()
 
-    def trailing_metadata(self) -> Any:
+    def trailing_metadata(self) -> CallMetadata | None:
         return ()
 
     def debug_error_string(self) -> str:
@@ -43,7 +47,7 @@ class BalancerRpcError(grpc.RpcError, grpc.Call, grpc.Future):  # type: ignore[m
     def time_remaining(self) -> float | None:
         return None
 
-    def add_callback(self, callback: Any) -> bool:
+    def add_callback(self, callback: Callable[[], None]) -> bool:
         return False
 
     # grpc.Future
@@ -65,7 +69,7 @@ class BalancerRpcError(grpc.RpcError, grpc.Call, grpc.Future):  # type: ignore[m
     def exception(self, timeout: float | None = None) -> BaseException | None:
         return self
 
-    def traceback(self, timeout: float | None = None) -> Any:
+    def traceback(self, timeout: float | None = None) -> TracebackType | None:
         return None
 
     def add_done_callback(self, fn: Any) -> None:
@@ -87,10 +91,10 @@ class ExplainedRpcError(BalancerRpcError):
         super().__init__(original.code(), details)  # type: ignore[attr-defined]
         self.original = original
 
-    def initial_metadata(self) -> Any:
+    def initial_metadata(self) -> CallMetadata | None:
         return self.original.initial_metadata()  # type: ignore[attr-defined]
 
-    def trailing_metadata(self) -> Any:
+    def trailing_metadata(self) -> CallMetadata | None:
         return self.original.trailing_metadata()  # type: ignore[attr-defined]
 
     def debug_error_string(self) -> str:

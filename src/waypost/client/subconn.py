@@ -2,9 +2,13 @@
 
 from __future__ import annotations
 
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from ..types import CONNECTING, IDLE, READY, STATE_NAMES, TRANSIENT_FAILURE, Backend
+
+if TYPE_CHECKING:
+    import grpc
+    import grpc.aio
 
 
 class SubConn:
@@ -31,7 +35,7 @@ class SubConn:
         "state",
     )
 
-    def __init__(self, backend: Backend, channel: Any, *, health: bool) -> None:
+    def __init__(self, backend: Backend, channel: grpc.Channel | grpc.aio.Channel, *, health: bool) -> None:
         self.address = backend.address
         self.backend = backend
         self.channel = channel
@@ -45,7 +49,7 @@ class SubConn:
         self.mcs: dict[Any, Any] = {}  # (kind, method, ser, deser) -> the backend channel's multicallable
         self.removed = False
         self.removed_at = 0.0
-        self.health_task: Any = None
+        self.health_task: object = None  # what start_health returned, for stop_health
         self.probe: Any = None  # f(try_to_connect) -> connectivity int, set by the SubConnPool
 
     @property

@@ -15,6 +15,7 @@ from typing import Any
 import grpc
 
 from ..balancer.failure import pushback_of
+from ..types import CallMetadata
 from .hedging_sync import hedged_stream
 from .method import Attempt, BalancedChannel, MethodBase, trailers_of
 from .replay import Replay
@@ -27,13 +28,15 @@ _UNKNOWN = grpc.StatusCode.UNKNOWN
 class _StreamResponseMethod(MethodBase[BalancedChannel]):
     """unary_stream and stream_stream: the call object is the response iterator."""
 
-    def __call__(self, request: Any, timeout: float | None = None, metadata: Any = None, credentials: Any = None,
-                 wait_for_ready: bool | None = None, compression: Any = None) -> Any:
+    def __call__(self, request: Any, timeout: float | None = None, metadata: CallMetadata | None = None,
+                 credentials: grpc.CallCredentials | None = None,
+                 wait_for_ready: bool | None = None, compression: grpc.Compression | None = None) -> Any:
         return self.started_call(lambda: self._call(request, timeout, metadata, credentials, wait_for_ready,
                                                     compression))
 
-    def _call(self, request: Any, timeout: float | None, metadata: Any, credentials: Any,
-              wait_for_ready: bool | None, compression: Any) -> Any:
+    def _call(self, request: Any, timeout: float | None, metadata: CallMetadata | None,
+              credentials: grpc.CallCredentials | None,
+              wait_for_ready: bool | None, compression: grpc.Compression | None) -> Any:
         deadline, wfr = self.settings(timeout, wait_for_ready)
         if self.hedging is not None:
             try:
@@ -67,8 +70,9 @@ class _StreamResponseMethod(MethodBase[BalancedChannel]):
         except grpc.RpcError as e:  # no backend at all: return the failed call, as grpc does
             return e
 
-    def _start(self, a: Attempt, request: Any, metadata: Any, credentials: Any, wfr: bool | None,
-               compression: Any) -> Any:
+    def _start(self, a: Attempt, request: Any, metadata: CallMetadata | None,
+               credentials: grpc.CallCredentials | None, wfr: bool | None,
+               compression: grpc.Compression | None) -> Any:
         res, sc, mc, t0, timeout = a
         try:
             call = mc(request, timeout, metadata, credentials, None, compression)  # wfr: see MethodBase.begin

@@ -13,6 +13,7 @@ from typing import Any
 import grpc
 
 from ..balancer.failure import pushback_of
+from ..types import CallMetadata
 from .future import ThreadFuture
 from .hedging_sync import hedged_with_call
 from .method import BalancedChannel, MethodBase, trailers_of
@@ -29,17 +30,22 @@ _mono = time.monotonic
 class _UnaryRequestMethod(MethodBase[BalancedChannel]):
     """unary_unary and stream_unary: one response, so a whole attempt is one blocking inner call."""
 
-    def __call__(self, request: Any, timeout: float | None = None, metadata: Any = None, credentials: Any = None,
-                 wait_for_ready: bool | None = None, compression: Any = None) -> Any:
+    def __call__(self, request: Any, timeout: float | None = None, metadata: CallMetadata | None = None,
+                 credentials: grpc.CallCredentials | None = None,
+                 wait_for_ready: bool | None = None, compression: grpc.Compression | None = None) -> Any:
         return self.with_call(request, timeout, metadata, credentials, wait_for_ready, compression)[0]
 
-    def with_call(self, request: Any, timeout: float | None = None, metadata: Any = None, credentials: Any = None,
-                  wait_for_ready: bool | None = None, compression: Any = None) -> tuple[Any, grpc.Call]:
+    def with_call(self, request: Any, timeout: float | None = None, metadata: CallMetadata | None = None,
+                  credentials: grpc.CallCredentials | None = None,
+                  wait_for_ready: bool | None = None,
+                  compression: grpc.Compression | None = None) -> tuple[Any, grpc.Call]:
         return self.blocking_call(lambda: self._with_call(request, timeout, metadata, credentials, wait_for_ready,
                                                           compression))
 
-    def _with_call(self, request: Any, timeout: float | None, metadata: Any, credentials: Any,
-                   wait_for_ready: bool | None, compression: Any) -> tuple[Any, grpc.Call]:
+    def _with_call(self, request: Any, timeout: float | None, metadata: CallMetadata | None,
+                   credentials: grpc.CallCredentials | None,
+                   wait_for_ready: bool | None, compression: grpc.Compression | None) -> tuple[Any,
+                   grpc.Call]:
         deadline, wfr = self.settings(timeout, wait_for_ready)
         if self.hedging is not None:
             return hedged_with_call(self, request, deadline, metadata, credentials, wfr, compression)
@@ -84,13 +90,16 @@ class _UnaryRequestMethod(MethodBase[BalancedChannel]):
             self.finish(res, sc, t0, _OK, out[1], True)
             return out  # type: ignore[no-any-return]
 
-    def future(self, request: Any, timeout: float | None = None, metadata: Any = None, credentials: Any = None,
-               wait_for_ready: bool | None = None, compression: Any = None) -> grpc.Future:
+    def future(self, request: Any, timeout: float | None = None, metadata: CallMetadata | None = None,
+               credentials: grpc.CallCredentials | None = None,
+               wait_for_ready: bool | None = None,
+               compression: grpc.Compression | None = None) -> grpc.Future:
         return self.started_call(lambda: self._future(request, timeout, metadata, credentials, wait_for_ready,
                                                       compression))
 
-    def _future(self, request: Any, timeout: float | None, metadata: Any, credentials: Any,
-                wait_for_ready: bool | None, compression: Any) -> grpc.Future:
+    def _future(self, request: Any, timeout: float | None, metadata: CallMetadata | None,
+                credentials: grpc.CallCredentials | None,
+                wait_for_ready: bool | None, compression: grpc.Compression | None) -> grpc.Future:
         deadline, wfr = self.settings(timeout, wait_for_ready)
         if self.retry_policy is None and self.hedging is None and not wfr:  # waiting for a backend may mean picking again: the thread
             try:

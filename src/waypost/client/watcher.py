@@ -11,7 +11,7 @@ import logging
 import os
 import threading
 import weakref
-from typing import Any
+from typing import Protocol
 
 log = logging.getLogger("waypost.client")
 
@@ -20,15 +20,22 @@ log = logging.getLogger("waypost.client")
 INTERVAL = 0.04
 
 
+class Polled(Protocol):
+    """A sync channel's balancer, as the watcher thread sees it."""
+
+    def poll(self) -> None:
+        """Read every backend's connectivity now (one pass; on the watcher thread)."""
+
+
 class _Watcher:
     def __init__(self) -> None:
-        self._members: weakref.WeakSet[Any] = weakref.WeakSet()
+        self._members: weakref.WeakSet[Polled] = weakref.WeakSet()
         self._lock = threading.Lock()
         self._wake = threading.Event()
         self._thread: threading.Thread | None = None
         self._pid = 0
 
-    def add(self, balancer: Any) -> None:
+    def add(self, balancer: Polled) -> None:
         with self._lock:
             self._members.add(balancer)
             if self._thread is None or self._pid != os.getpid() or not self._thread.is_alive():
@@ -37,7 +44,7 @@ class _Watcher:
                 self._thread.start()
         self._wake.set()
 
-    def discard(self, balancer: Any) -> None:
+    def discard(self, balancer: Polled) -> None:
         with self._lock:
             self._members.discard(balancer)
 

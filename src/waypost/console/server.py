@@ -12,7 +12,7 @@ import logging
 import secrets
 import ssl
 import threading
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -182,7 +182,7 @@ class Console:
         self._sources = []
         self._store_sources = []
 
-    def run(self, stop: threading.Event, started: Any = None) -> None:
+    def run(self, stop: threading.Event, started: Callable[[str], object] | None = None) -> None:
         """Serve until ``stop`` is set (blocking; its own event loop). ``started(url)`` once it serves."""
 
         async def main() -> None:

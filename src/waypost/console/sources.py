@@ -11,11 +11,14 @@ from __future__ import annotations
 import asyncio
 import logging
 import time
-from collections.abc import Awaitable, Sequence
-from typing import Any, TypeVar
+from collections.abc import Awaitable, Callable, Sequence
+from typing import TYPE_CHECKING, Any, TypeVar
 
 from .. import _loop
 from .board import Board, Instance, Service
+
+if TYPE_CHECKING:
+    from ..resolver import Resolver
 
 log = logging.getLogger("waypost.console")
 T = TypeVar("T")
@@ -43,7 +46,7 @@ class TargetSource:
         self.board = board
         self.timeout = timeout
         self._loop = asyncio.get_running_loop()
-        self._resolver: Any = None
+        self._resolver: Resolver | None = None
         self._reopen: asyncio.Task[None] | None = None
         self._closed = False
         shown, key = _target_names(target)
@@ -117,8 +120,8 @@ MAX_SERVICES = 500
 
 
 async def follow_services(services: dict[str, TargetSource], names: Sequence[str], board: Board, *,
-                          target: Any, source: str, fmt: str, timeout: float,
-                          closed: Any = lambda: False) -> None:
+                          target: Callable[[str], str], source: str, fmt: str, timeout: float,
+                          closed: Callable[[], bool] = lambda: False) -> None:
     """Make ``services`` (name -> its TargetSource) follow the catalog's ``names``: the ones gone are closed, the
     new ones started (at most ``MAX_SERVICES``; ``target(name)`` is the dial target of one); one that cannot be
     started is shown with its error."""

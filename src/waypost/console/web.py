@@ -17,11 +17,13 @@ import ipaddress
 import json
 import logging
 import time
+from collections.abc import Awaitable, Callable
 from importlib import resources
 from typing import Any
 from urllib.parse import urlsplit
 
 from aiohttp import web
+from aiohttp.typedefs import Handler
 
 from .actions import ActionError, apply, audit, make_action
 from .board import Board
@@ -56,7 +58,7 @@ def _refuse(status: int, message: str, **extra: Any) -> web.Response:
 
 
 @web.middleware
-async def security_headers(request: web.Request, handler: Any) -> web.StreamResponse:
+async def security_headers(request: web.Request, handler: Handler) -> web.StreamResponse:
     state = request.app[APP_STATE]
     if state.loopback_only:
         host = (request.host or "").rsplit(":", 1)[0] if not (request.host or "").startswith("[") \
@@ -189,7 +191,7 @@ async def events(request: web.Request) -> web.StreamResponse:
     return resp
 
 
-def _action_handler(verb: str) -> Any:
+def _action_handler(verb: str) -> Callable[[web.Request], Awaitable[web.Response]]:
     async def handle(request: web.Request) -> web.Response:
         refused = guard_write(request)
         if refused is not None:

@@ -17,9 +17,12 @@ import sys
 import threading
 import time
 from concurrent import futures
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import grpc
+
+if TYPE_CHECKING:
+    from ..server import ServeHandle
 
 SERVICE = "waypost.demo.Demo"
 METHOD = f"/{SERVICE}/Hello"
@@ -61,8 +64,8 @@ def build_server(name: str, delay_ms: float, workers: int = 16, slots: int = SLO
     return server
 
 
-def start_backend(name: str, registry: Any, key: str, delay_ms: float = 2.0, weight: int | None = None,
-                  ttl: int = 5, grace: float = 2.0, slots: int = SLOTS) -> Any:
+def start_backend(name: str, registry: str, key: str, delay_ms: float = 2.0, weight: int | None = None,
+                  ttl: int = 5, grace: float = 2.0, slots: int = SLOTS) -> ServeHandle:
     """Start and register a demo backend in this process; returns the ``waypost.serve`` handle."""
     from ..server import serve
 
@@ -100,7 +103,7 @@ def main(argv: list[str] | None = None) -> int:
     return 0
 
 
-def _stop_when_orphaned(handle: Any, parent: int) -> None:
+def _stop_when_orphaned(handle: ServeHandle, parent: int) -> None:
     """The demo was killed without cleaning up (SIGKILL): do not outlive it."""
     while not handle.stopped:
         if os.getppid() != parent:

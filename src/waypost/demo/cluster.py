@@ -16,10 +16,14 @@ import sys
 import tempfile
 import time
 from dataclasses import dataclass, field
-from typing import Any
+from typing import IO, TYPE_CHECKING, Any
 
 from ..errors import WaypostError
 from ..netutil import parse_host_port
+
+if TYPE_CHECKING:
+    from ..etcd.local import LocalEtcd
+    from ..server import ServeHandle
 
 log = logging.getLogger("waypost.demo")
 
@@ -32,7 +36,7 @@ class DemoBackend:
     address: str = ""
     registered_at: float = 0.0  # time.monotonic() when it was registered
     proc: subprocess.Popen[str] | None = None
-    handle: Any = None  # in-process mode: the serve() handle
+    handle: ServeHandle | None = None  # in-process mode: the serve() handle
     killed: bool = False
     extra: dict[str, Any] = field(default_factory=dict)
 
@@ -73,7 +77,7 @@ class Cluster:
         self.target = ""
         self.notice = ""
         self.backends: dict[str, DemoBackend] = {}
-        self._etcd: Any = None
+        self._etcd: LocalEtcd | None = None
 
     # -- registry ---------------------------------------------------------------------------------
 
@@ -143,7 +147,7 @@ class Cluster:
                     raise WaypostError(f"demo backend {b.name} exited ({b.proc.returncode}): {err[-300:]}")
 
     @staticmethod
-    def _log_file(b: DemoBackend) -> Any:
+    def _log_file(b: DemoBackend) -> IO[str]:
         f = tempfile.TemporaryFile("w+")  # noqa: SIM115 -- closed in close()
         b.extra["log"] = f
         return f
@@ -167,6 +171,7 @@ class Cluster:
             b.proc.kill()
             b.proc.wait(10)
             return f"killed {name} (SIGKILL of its process)"
+        assert b.handle is not None  # a backend runs either as a process or in-process, with a handle
         b.handle.stop(2.0)
         return f"stopped {name} (graceful stop: in-process backends cannot be SIGKILLed)"
 

@@ -8,7 +8,7 @@ import os
 import time
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from rich.console import Console
 from rich.table import Table
@@ -17,6 +17,9 @@ from ..service_config import DEFAULT_POLICY
 from .backend import SLOTS
 from .cluster import Cluster
 from .load import Load, Sample, summarize
+
+if TYPE_CHECKING:
+    from ..channel import Channel
 
 #: the policies the demo runs (``NOT_SHOWN`` says why the others are not); the default (what ``dial`` uses without ``balancer=``) comes last, beside
 #: go-zero's p2c_ewma and round_robin in the comparison table
@@ -162,7 +165,7 @@ def _label(policy: str) -> str:
     return f"{policy} (default)" if policy == DEFAULT_POLICY else policy
 
 
-def _dial(cluster: Cluster, policy: str | None) -> Any:
+def _dial(cluster: Cluster, policy: str | None) -> Channel:
     """A channel whose connections to every live backend are up, so each policy starts from the same
     state (pick_first, say, would otherwise take whichever backend connected first, then move)."""
     from ..channel import dial

@@ -24,12 +24,16 @@ from __future__ import annotations
 import inspect
 import logging
 from collections.abc import AsyncIterator, Callable, Iterator
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from . import call_load
 from .account import LoadAccount
 from .service import SERVICE as ORCA_SERVICE
 from .waypost_report import REPORT_METHOD
+
+if TYPE_CHECKING:
+    import grpc
+    import grpc.aio
 
 log = logging.getLogger("waypost.orca")
 
@@ -46,7 +50,8 @@ class CountedCall:
 
     __slots__ = ("_account", "_context", "_token")
 
-    def __init__(self, account: LoadAccount, context: Any) -> None:
+    def __init__(self, account: LoadAccount,
+                 context: grpc.ServicerContext | grpc.aio.ServicerContext) -> None:
         self._account = account
         self._context = context
         self._token = account.begin()
@@ -74,7 +79,8 @@ class CountedCall:
         """The response stream is being iterated."""
 
 
-def add_trailers(context: Any, md: tuple[tuple[str, Any], ...]) -> None:
+def add_trailers(context: grpc.ServicerContext | grpc.aio.ServicerContext,
+                 md: tuple[tuple[str, Any], ...]) -> None:
     """Append ``md`` to the call's trailing metadata (after any the handler set); a report must never fail the call
     it rides on."""
     try:
@@ -122,7 +128,7 @@ class HandlerWrapper:
 def accounted(behavior: Callable[..., Any], streaming_response: bool, start_call: StartCall) -> Callable[..., Any]:
     """``behavior`` with each of its calls run in ``start_call(context)``; keeps its kind (see the module doc)."""
     if inspect.isasyncgenfunction(behavior):
-        async def accounted_agen(request: Any, context: Any) -> AsyncIterator[Any]:
+        async def accounted_agen(request: Any, context: grpc.aio.ServicerContext) -> AsyncIterator[Any]:
             call = start_call(context)
             failed = True
             try:
@@ -134,7 +140,7 @@ def accounted(behavior: Callable[..., Any], streaming_response: bool, start_call
 
         return accounted_agen
     if inspect.iscoroutinefunction(behavior):
-        async def accounted_coro(request: Any, context: Any) -> Any:
+        async def accounted_coro(request: Any, context: grpc.aio.ServicerContext) -> Any:
             call = start_call(context)
             try:
                 result = await behavior(request, context)
@@ -146,7 +152,7 @@ def accounted(behavior: Callable[..., Any], streaming_response: bool, start_call
 
         return accounted_coro
     if streaming_response:
-        def accounted_stream(request: Any, context: Any) -> Any:
+        def accounted_stream(request: Any, context: grpc.ServicerContext) -> Any:
             call = start_call(context)
             responses = _run(behavior, request, context, call)
             call.detach()
@@ -156,7 +162,7 @@ def accounted(behavior: Callable[..., Any], streaming_response: bool, start_call
 
         return accounted_stream
 
-    def accounted_unary(request: Any, context: Any) -> Any:
+    def accounted_unary(request: Any, context: grpc.ServicerContext) -> Any:
         call = start_call(context)
         result = _run(behavior, request, context, call)
         call.end(False)
@@ -165,7 +171,8 @@ def accounted(behavior: Callable[..., Any], streaming_response: bool, start_call
     return accounted_unary
 
 
-def _run(behavior: Callable[..., Any], request: Any, context: Any, call: CountedCall) -> Any:
+def _run(behavior: Callable[..., Any], request: Any, context: grpc.ServicerContext | grpc.aio.ServicerContext,
+         call: CountedCall) -> Any:
     """``behavior(request, context)``, the call ended as raised when it raises."""
     try:
         return behavior(request, context)

@@ -41,7 +41,8 @@ class LoadInterceptorBase:
 class LoadInterceptor(LoadInterceptorBase, grpc.ServerInterceptor):
     """Accounts a ``grpc.server``'s calls and answers its load reports (see the module doc)."""
 
-    def intercept_service(self, continuation: Callable[[Any], Any], handler_call_details: Any) -> Any:
+    def intercept_service(self, continuation: Callable[[Any], Any],
+                          handler_call_details: grpc.HandlerCallDetails) -> Any:
         method = handler_call_details.method
         answer = self._answers.get(method)
         if answer is not None:
@@ -55,7 +56,7 @@ class AsyncLoadInterceptor(LoadInterceptorBase, grpc.aio.ServerInterceptor):
     aio = True
 
     async def intercept_service(self, continuation: Callable[[Any], Awaitable[Any]],
-                                handler_call_details: Any) -> Any:
+                                handler_call_details: grpc.HandlerCallDetails) -> Any:
         method = handler_call_details.method
         answer = self._answers.get(method)
         if answer is not None:

@@ -28,7 +28,7 @@ import weakref
 from collections.abc import Callable
 from contextlib import suppress
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, Literal, overload
 
 import grpc
 
@@ -80,7 +80,15 @@ def configure(*, per_call: bool | None = None, min_interval: float | None = None
         settings.per_call = bool(per_call)
 
 
-def interceptor(aio: bool = False, recorder: ServerMetricsRecorder | None = None) -> Any:
+@overload
+def interceptor(aio: Literal[False] = False, recorder: ServerMetricsRecorder | None = None) -> OrcaInterceptor: ...
+@overload
+def interceptor(aio: Literal[True], recorder: ServerMetricsRecorder | None = None) -> AsyncOrcaInterceptor: ...
+@overload
+def interceptor(aio: bool, recorder: ServerMetricsRecorder | None = None
+                ) -> OrcaInterceptor | AsyncOrcaInterceptor: ...
+def interceptor(aio: bool = False, recorder: ServerMetricsRecorder | None = None
+                ) -> OrcaInterceptor | AsyncOrcaInterceptor:
     """A new ORCA interceptor (load accounting included) for ``grpc.server`` or, ``aio=True``, ``grpc.aio.server``.
 
     ``recorder``: the server's ``ServerMetricsRecorder`` (default: a new one, at ``.recorder``).
@@ -90,7 +98,7 @@ def interceptor(aio: bool = False, recorder: ServerMetricsRecorder | None = None
                max_streams=settings.max_streams)
 
 
-def mount(server: Any, recorder: ServerMetricsRecorder | None = None) -> ServerMetricsRecorder | None:
+def mount(server: grpc.Server | grpc.aio.Server, recorder: ServerMetricsRecorder | None = None) -> ServerMetricsRecorder | None:
     """Add waypost's load reports and ORCA to ``server`` (see the module doc); the server's recorder, or None
     without xds-protos (then only ``waypost.load.v1`` is mounted)."""
     if protos() is None:
@@ -111,7 +119,7 @@ def mount(server: Any, recorder: ServerMetricsRecorder | None = None) -> ServerM
     return reporter.recorder
 
 
-def mount_waypost_report(server: Any) -> LoadAccount | None:
+def mount_waypost_report(server: grpc.Server | grpc.aio.Server) -> LoadAccount | None:
     """Add the ``waypost.load.v1`` service (and, on a ``grpc.server``, the load interceptor) to ``server``.
 
     Returns the account the reports are built from (None when the calls cannot be accounted here).
@@ -120,7 +128,7 @@ def mount_waypost_report(server: Any) -> LoadAccount | None:
     return _serve_waypost_report(server, installed, isinstance(server, grpc.aio.Server))
 
 
-def _install(server: Any, make: Callable[[], LoadInterceptor], what: str, hint: str,
+def _install(server: grpc.Server | grpc.aio.Server, make: Callable[[], LoadInterceptor], what: str, hint: str,
              purpose: str) -> LoadInterceptor | None:
     """The load interceptor first in a ``grpc.server``'s pipeline: ``make()``'s, or the one already there; None on
     a ``grpc.aio.server`` (it takes interceptors only when created) or when grpcio's internals are not known."""
@@ -133,7 +141,7 @@ def _install(server: Any, make: Callable[[], LoadInterceptor], what: str, hint: 
     return installed
 
 
-def _serve_waypost_report(server: Any, installed: LoadInterceptor | None, aio: bool) -> LoadAccount | None:
+def _serve_waypost_report(server: grpc.Server | grpc.aio.Server, installed: LoadInterceptor | None, aio: bool) -> LoadAccount | None:
     """Mount the ``waypost.load.v1`` service on ``server``, reporting from ``installed``'s account (if any)."""
     account = installed.account if installed is not None else None
     # answers only when no load interceptor is present: an interceptor answers the reports itself
@@ -141,7 +149,7 @@ def _serve_waypost_report(server: Any, installed: LoadInterceptor | None, aio: b
     return account
 
 
-def server_recorder(server: Any) -> ServerMetricsRecorder:
+def server_recorder(server: object) -> ServerMetricsRecorder:
     """The ``ServerMetricsRecorder`` of a server: a ``waypost.serve``/``serve_async`` handle, a grpc server
     mounted by it, or an ORCA interceptor. Raises LookupError when there is none (not served by waypost, or
     xds-protos missing)."""

@@ -17,14 +17,13 @@ import math
 import threading
 from collections.abc import Mapping
 from contextvars import ContextVar
-from typing import Any
 
 __all__ = ["CallMetricsRecorder", "ServerMetricsRecorder", "call_recorder"]
 
 _FIELDS = ("cpu_utilization", "mem_utilization", "application_utilization", "rps_fractional", "eps")
 
 
-def _check(name: str, value: Any, upper: float | None = None) -> float:
+def _check(name: str, value: object, upper: float | None = None) -> float:
     if isinstance(value, bool) or not isinstance(value, (int, float)):
         raise TypeError(f"{name}: expected a number, got {value!r}")
     v = float(value)
@@ -127,7 +126,7 @@ class CallSlot:
 current_slot: ContextVar[CallSlot | None] = ContextVar("waypost_orca_call", default=None)
 
 
-def call_recorder(context: Any = None) -> CallMetricsRecorder:
+def call_recorder(context: object = None) -> CallMetricsRecorder:
     """The ORCA recorder of the call being handled (inside a handler of a server with waypost's ORCA
     interceptor: ``waypost.serve`` adds it to a ``grpc.server``; pass ``waypost.orca.interceptor(aio=True)`` to
     a ``grpc.aio.server``). ``context`` is the handler's context (accepted for symmetry with grpc-go's

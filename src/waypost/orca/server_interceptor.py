@@ -17,7 +17,7 @@ from __future__ import annotations
 import logging
 from contextlib import suppress
 from functools import partial
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from .account import LoadAccount
 from .handler_wrapper import CountedCall, add_trailers
@@ -25,6 +25,10 @@ from .load_interceptor import AsyncLoadInterceptor, LoadInterceptor, LoadInterce
 from .recorder import CallSlot, ServerMetricsRecorder, current_slot
 from .reporter import OrcaReporter
 from .service import DEFAULT_MAX_STREAMS, DEFAULT_MIN_INTERVAL, OOB_METHOD, OobService
+
+if TYPE_CHECKING:
+    import grpc
+    import grpc.aio
 
 log = logging.getLogger("waypost.orca")
 
@@ -36,7 +40,8 @@ class ReportedCall(CountedCall):
 
     __slots__ = ("_reporter", "_reset", "slot")
 
-    def __init__(self, account: LoadAccount, reporter: OrcaReporter | None, context: Any) -> None:
+    def __init__(self, account: LoadAccount, reporter: OrcaReporter | None,
+                 context: grpc.ServicerContext | grpc.aio.ServicerContext) -> None:
         CountedCall.__init__(self, account, context)
         self._reporter = reporter
         self.slot = CallSlot()

@@ -49,7 +49,7 @@ class OobService:
         self._lock = threading.Lock()
         self.open_streams = 0
 
-    def _enter(self, context: Any) -> bool:
+    def _enter(self, context: grpc.ServicerContext | grpc.aio.ServicerContext) -> bool:
         with self._lock:
             if self.open_streams >= self.max_streams:
                 return False
@@ -60,7 +60,7 @@ class OobService:
         with self._lock:
             self.open_streams -= 1
 
-    def _stream(self, request: Any, context: Any) -> Iterator[bytes]:
+    def _stream(self, request: Any, context: grpc.ServicerContext) -> Iterator[bytes]:
         if not self._enter(context):
             context.abort(grpc.StatusCode.RESOURCE_EXHAUSTED,
                           f"ORCA: {self.max_streams} report streams are open on this server already")
@@ -75,7 +75,7 @@ class OobService:
         finally:
             self._leave()
 
-    async def _stream_async(self, request: Any, context: Any) -> AsyncIterator[bytes]:
+    async def _stream_async(self, request: Any, context: grpc.aio.ServicerContext) -> AsyncIterator[bytes]:
         if not self._enter(context):
             await context.abort(grpc.StatusCode.RESOURCE_EXHAUSTED,
                                 f"ORCA: {self.max_streams} report streams are open on this server already")

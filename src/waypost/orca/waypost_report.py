@@ -47,12 +47,12 @@ class Reporter:
     def method_handler(self, aio: bool = False) -> grpc.RpcMethodHandler:
         """The Report method's handler (a coroutine for grpc.aio servers)."""
         if aio:
-            async def report_async(request: Any, context: Any) -> pb.LoadReport:
+            async def report_async(request: Any, context: grpc.aio.ServicerContext) -> pb.LoadReport:
                 return self.report()
 
             behavior: Any = report_async
         else:
-            def report(request: Any, context: Any) -> pb.LoadReport:
+            def report(request: Any, context: grpc.ServicerContext) -> pb.LoadReport:
                 return self.report()
 
             behavior = report

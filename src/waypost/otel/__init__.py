@@ -27,18 +27,28 @@ from __future__ import annotations
 
 import logging
 import threading
-from typing import Any
+from collections.abc import Callable
+from typing import TYPE_CHECKING, Literal, overload
 
 from .. import metrics
 from . import hooks
+
+if TYPE_CHECKING:
+    import grpc
+    import grpc.aio
+    from opentelemetry.metrics import MeterProvider
+    from opentelemetry.trace import Tracer, TracerProvider
+
+    from .server import AsyncTraceInterceptor, TraceInterceptor
+    from .sink import OtelSink
 
 log = logging.getLogger("waypost.otel")
 
 __all__ = ["disable", "enable", "enabled", "server_interceptor"]
 
 _lock = threading.Lock()
-_sink: Any = None
-_tracer: Any = None
+_sink: OtelSink | None = None
+_tracer: Tracer | None = None
 
 
 def _import_api() -> None:
@@ -51,7 +61,8 @@ def _import_api() -> None:
             " (and opentelemetry-sdk with an exporter to send what it records)") from None
 
 
-def enable(*, meter_provider: Any = None, tracer_provider: Any = None, metrics_on: bool = True,
+def enable(*, meter_provider: MeterProvider | None = None, tracer_provider: TracerProvider | None = None,
+           metrics_on: bool = True,
            tracing: bool = True, grpc_metrics: bool | None = None) -> None:
     """Record waypost's metrics and traces with OpenTelemetry.
 
@@ -104,7 +115,17 @@ def enabled() -> bool:
     return hooks.current is not None
 
 
-def server_interceptor(aio: bool = False, tracer_provider: Any = None) -> Any:
+@overload
+def server_interceptor(aio: Literal[False] = False, tracer_provider: TracerProvider | None = None
+                       ) -> TraceInterceptor: ...
+@overload
+def server_interceptor(aio: Literal[True], tracer_provider: TracerProvider | None = None
+                       ) -> AsyncTraceInterceptor: ...
+@overload
+def server_interceptor(aio: bool, tracer_provider: TracerProvider | None = None
+                       ) -> TraceInterceptor | AsyncTraceInterceptor: ...
+def server_interceptor(aio: bool = False, tracer_provider: TracerProvider | None = None
+                       ) -> TraceInterceptor | AsyncTraceInterceptor:
     """An interceptor that joins each call's server span to the client's trace, for ``grpc.server(interceptors=)``
     or, ``aio=True``, ``grpc.aio.server(interceptors=)`` (``waypost.serve`` adds one to a ``grpc.server`` itself).
 
@@ -115,19 +136,19 @@ def server_interceptor(aio: bool = False, tracer_provider: Any = None) -> Any:
 
     if tracer_provider is not None:
         fixed = tracer_provider.get_tracer("waypost")
-        source: Any = lambda: fixed
+        source: Callable[[], Tracer] = lambda: fixed
     else:
         source = _current_tracer
     return AsyncTraceInterceptor(source) if aio else TraceInterceptor(source)
 
 
-def _current_tracer() -> Any:
+def _current_tracer() -> Tracer:
     from opentelemetry import trace
 
     return _tracer if _tracer is not None else trace.get_tracer_provider().get_tracer("waypost")
 
 
-def mount_server(server: Any) -> None:
+def mount_server(server: grpc.Server | grpc.aio.Server) -> None:
     """What ``waypost.serve`` calls on a server before it starts: the trace interceptor while tracing is on."""
     if _tracer is not None:
         from .server import mount

@@ -11,13 +11,16 @@ from __future__ import annotations
 import threading
 import time
 from collections.abc import Callable, Sequence
-from typing import Any, TypeVar
+from typing import TYPE_CHECKING, Any, TypeVar
 
 import grpc
 
 from ..redaction import RedactedTargets
 from .hooks import CALL, AttemptStart
 from .sink import OtelSink
+
+if TYPE_CHECKING:
+    from opentelemetry.trace import Span, Tracer
 
 T = TypeVar("T")
 _OK = grpc.StatusCode.OK
@@ -82,7 +85,7 @@ class _Call:
         self.ended = False
         self.lock = threading.Lock()
         self.t0 = _perf()
-        self.span: Any = None
+        self.span: Span | None = None
         self.context: Any = None
         tracer = tel.tracer
         if tracer is not None:
@@ -129,7 +132,7 @@ class _Attempt:
             _end_span(self.span, code, details, {})
 
 
-def _end_span(span: Any, code: grpc.StatusCode, details: str, attributes: dict[str, Any]) -> None:
+def _end_span(span: Span, code: grpc.StatusCode, details: str, attributes: dict[str, Any]) -> None:
     from opentelemetry.trace import Status, StatusCode
 
     span.set_attribute("rpc.grpc.status_code", code.value[0])
@@ -172,7 +175,7 @@ class Telemetry:
     """The client hooks (``hooks.ClientTelemetry``): ``tracer`` (None: no spans) and ``sink`` (None: no
     metrics)."""
 
-    def __init__(self, tracer: Any, sink: OtelSink | None) -> None:
+    def __init__(self, tracer: Tracer | None, sink: OtelSink | None) -> None:
         self.tracer = tracer
         self.sink = sink
         self._targets = RedactedTargets()

@@ -9,13 +9,18 @@ from __future__ import annotations
 
 import logging
 from collections.abc import AsyncIterator, Callable, Iterator
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import grpc
 import grpc.aio
 
 from .._grpc_private import prepend_server_interceptor
 from .client import rpc_attributes, span_name
+
+if TYPE_CHECKING:
+    from contextlib import AbstractContextManager
+
+    from opentelemetry.trace import Span, Tracer
 
 log = logging.getLogger("waypost.otel")
 
@@ -26,10 +31,10 @@ _KINDS = (("unary_unary", grpc.unary_unary_rpc_method_handler, False),
 
 
 #: where an interceptor's tracer comes from, asked at each call (``waypost.otel``'s, else the global provider's)
-TracerSource = Callable[[], Any]
+TracerSource = Callable[[], "Tracer"]
 
 
-def _start(tracer: Any, details: Any) -> Any:
+def _start(tracer: Tracer, details: grpc.HandlerCallDetails) -> AbstractContextManager[Span]:
     from opentelemetry import propagate, trace
 
     carrier = {k: v for k, v in (details.invocation_metadata or ()) if isinstance(v, str)}
@@ -60,12 +65,12 @@ class TraceInterceptor(grpc.ServerInterceptor):
 
         def wrap(behavior: Any, streaming: bool) -> Any:
             if streaming:
-                def stream(request: Any, context: Any) -> Iterator[Any]:
+                def stream(request: Any, context: grpc.ServicerContext) -> Iterator[Any]:
                     with _start(tracer, details):
                         yield from behavior(request, context)
                 return stream
 
-            def unary(request: Any, context: Any) -> Any:
+            def unary(request: Any, context: grpc.ServicerContext) -> Any:
                 with _start(tracer, details):
                     return behavior(request, context)
             return unary
@@ -87,7 +92,7 @@ class AsyncTraceInterceptor(grpc.aio.ServerInterceptor):
 
         def wrap(behavior: Any, streaming: bool) -> Any:
             if streaming:
-                async def stream(request: Any, context: Any) -> AsyncIterator[Any]:
+                async def stream(request: Any, context: grpc.aio.ServicerContext) -> AsyncIterator[Any]:
                     with _start(tracer, details):
                         out = behavior(request, context)
                         if hasattr(out, "__aiter__"):
@@ -97,7 +102,7 @@ class AsyncTraceInterceptor(grpc.aio.ServerInterceptor):
                             await out
                 return stream
 
-            async def unary(request: Any, context: Any) -> Any:
+            async def unary(request: Any, context: grpc.aio.ServicerContext) -> Any:
                 with _start(tracer, details):
                     return await behavior(request, context)
             return unary
@@ -105,7 +110,7 @@ class AsyncTraceInterceptor(grpc.aio.ServerInterceptor):
         return _wrapped(handler, wrap)
 
 
-def mount(server: Any, tracer: TracerSource) -> None:
+def mount(server: grpc.Server | grpc.aio.Server, tracer: TracerSource) -> None:
     """Put a ``TraceInterceptor`` first on ``server`` (a ``grpc.server``; one already there is kept). A
     ``grpc.aio.server`` cannot take one once created: said once at debug level."""
     if isinstance(server, grpc.aio.Server):

@@ -10,12 +10,15 @@ from __future__ import annotations
 
 import threading
 from collections.abc import Iterable, Mapping, Sequence
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import grpc
 
 from .. import metrics
 from ..redaction import RedactedTargets
+
+if TYPE_CHECKING:
+    from opentelemetry.metrics import CallbackOptions, Meter, Observation
 
 #: A66's latency buckets (seconds) for the duration histograms
 DURATION_BUCKETS = (0.0, 0.00001, 0.00005, 0.0001, 0.0003, 0.0006, 0.0008, 0.001, 0.002, 0.003, 0.004, 0.005,
@@ -92,7 +95,7 @@ class OtelSink(metrics.Observer):
     """Records waypost's metric events with an OpenTelemetry ``Meter``. ``grpc_metrics``: also the A66/A96
     ``grpc.client.*`` metrics (off when grpcio's own OpenTelemetry plugin records them: see ``waypost.otel``)."""
 
-    def __init__(self, meter: Any, grpc_metrics: bool) -> None:
+    def __init__(self, meter: Meter, grpc_metrics: bool) -> None:
         self.grpc_metrics = grpc_metrics
         self._targets = RedactedTargets()
         self._lock = threading.Lock()
@@ -101,7 +104,7 @@ class OtelSink(metrics.Observer):
         self.instruments = {name: self._make(meter, name, kind, unit, doc)
                             for name, (kind, unit, _a, doc) in NAMES.items()}
 
-    def _make(self, meter: Any, name: str, kind: str, unit: str, doc: str) -> Any:
+    def _make(self, meter: Meter, name: str, kind: str, unit: str, doc: str) -> Any:
         if kind == "counter":
             return meter.create_counter(name, unit=unit, description=doc)
         if kind == "updowncounter":
@@ -225,7 +228,7 @@ class OtelSink(metrics.Observer):
 
     # -- gauges read when the SDK collects --------------------------------------------------------------------
 
-    def _in_flight(self, _options: Any) -> Iterable[Any]:
+    def _in_flight(self, _options: CallbackOptions) -> Iterable[Observation]:
         from opentelemetry.metrics import Observation
 
         for sample in metrics.live_samples():
@@ -233,7 +236,7 @@ class OtelSink(metrics.Observer):
             for address, n in sample.in_flight:
                 yield Observation(n, {"grpc.target": t, "waypost.backend": address})
 
-    def _backends(self, _options: Any) -> Iterable[Any]:
+    def _backends(self, _options: CallbackOptions) -> Iterable[Observation]:
         from opentelemetry.metrics import Observation
 
         for sample in metrics.live_samples():
@@ -241,13 +244,13 @@ class OtelSink(metrics.Observer):
             for state, n in sample.backends_per_state.items():
                 yield Observation(n, {"grpc.target": t, "waypost.state": state})
 
-    def _stale(self, _options: Any) -> Iterable[Any]:
+    def _stale(self, _options: CallbackOptions) -> Iterable[Observation]:
         from opentelemetry.metrics import Observation
 
         for key, value in metrics.stale_per_key().items():
             yield Observation(value, {"waypost.key": key})
 
-    def _registered(self, _options: Any) -> Iterable[Any]:
+    def _registered(self, _options: CallbackOptions) -> Iterable[Observation]:
         from opentelemetry.metrics import Observation
 
         for (key, where), (up, _seconds) in sorted(metrics.publisher_gauges(metrics.publisher_samples()).items()):

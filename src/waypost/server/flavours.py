@@ -18,8 +18,10 @@ import inspect
 import logging
 import threading
 import time
-from collections.abc import Callable, Iterable
-from typing import Any
+from collections.abc import Awaitable, Callable, Iterable, Mapping
+from typing import Any, Protocol
+
+import grpc
 
 from ..errors import describe_value
 from ..registration.contract import Registration
@@ -30,7 +32,13 @@ log = logging.getLogger("waypost.server")
 #: the exit status after ``hard_deadline`` (``EX_SOFTWARE``: the stop did not finish in time)
 HARD_DEADLINE_EXIT_CODE = 70
 
-ShutdownHook = Callable[[], Any]
+ShutdownHook = Callable[[], object]
+
+
+class Forceable(Protocol):
+    """A serve handle, as a stop waiting for its server sees it: did a second signal ask to cancel what still runs?"""
+
+    def take_force(self) -> bool: ...
 
 
 def check_shutdown_args(on_shutdown: Iterable[ShutdownHook] | None, hard_deadline: float | None, *,
@@ -101,7 +109,7 @@ class Threads:
     def resume_publisher(self, publisher: Registration) -> None:
         publisher.resume()
 
-    def update_metadata(self, publisher: Registration, metadata: Any) -> None:
+    def update_metadata(self, publisher: Registration, metadata: Mapping[str, object] | None) -> None:
         publisher.update_metadata(metadata)
 
     def run_hook(self, hook: ShutdownHook) -> None:
@@ -111,11 +119,12 @@ class Threads:
                 result.close()
             raise TypeError("it returned an awaitable, which serve() cannot await: use serve_async")
 
-    def begin_stop(self, server: Any, grace: float) -> tuple[Any]:
+    def begin_stop(self, server: grpc.Server, grace: float) -> tuple[threading.Event]:
         """Refuse new calls; in-flight ones get ``grace`` seconds. A 1-tuple for ``wait_stopped``."""
         return (server.stop(grace),)
 
-    def wait_stopped(self, server: Any, begun: tuple[Any], handle: Any = None, limit: float | None = None) -> None:
+    def wait_stopped(self, server: grpc.Server, begun: tuple[threading.Event], handle: Forceable | None = None,
+                     limit: float | None = None) -> None:
         """Return once the stop ``begun`` has finished (or after ``limit`` seconds); ``handle``: whose second
         signal (``handle.take_force()``) cancels what still runs, at once."""
         done = begun[0]
@@ -126,7 +135,8 @@ class Threads:
             if handle is not None and handle.take_force():
                 server.stop(0)
 
-    def stop_server(self, server: Any, grace: float, handle: Any = None, limit: float | None = None) -> None:
+    def stop_server(self, server: grpc.Server, grace: float, handle: Forceable | None = None,
+                    limit: float | None = None) -> None:
         self.wait_stopped(server, self.begin_stop(server, grace), handle, limit)
 
 
@@ -138,32 +148,34 @@ class Aio:
 
         return health_aio.HealthServicer()
 
-    def sleep(self, seconds: float) -> Any:
+    def sleep(self, seconds: float) -> Awaitable[None]:
         return asyncio.sleep(seconds)
 
-    def start_publisher(self, publisher: Registration) -> Any:
+    def start_publisher(self, publisher: Registration) -> Awaitable[Registration]:
         return publisher.astart()
 
-    def stop_publisher(self, publisher: Registration) -> Any:
+    def stop_publisher(self, publisher: Registration) -> Awaitable[None]:
         return publisher.astop()
 
-    def pause_publisher(self, publisher: Registration) -> Any:
+    def pause_publisher(self, publisher: Registration) -> Awaitable[None]:
         return publisher.apause()
 
-    def resume_publisher(self, publisher: Registration) -> Any:
+    def resume_publisher(self, publisher: Registration) -> Awaitable[None]:
         return publisher.aresume()
 
-    def update_metadata(self, publisher: Registration, metadata: Any) -> Any:
+    def update_metadata(self, publisher: Registration, metadata: Mapping[str, object] | None) -> Awaitable[None]:
         return publisher.aupdate_metadata(metadata)
 
-    def run_hook(self, hook: ShutdownHook) -> Any:
+    def run_hook(self, hook: ShutdownHook) -> object:
         return hook()  # a coroutine function's result is awaited by the driver
 
-    def begin_stop(self, server: Any, grace: float) -> tuple[Any]:
+    def begin_stop(self, server: grpc.aio.Server, grace: float) -> tuple[asyncio.Future[None]]:
         return (asyncio.ensure_future(server.stop(grace)),)  # (a tuple: the driver must not await it yet)
 
-    def wait_stopped(self, server: Any, begun: tuple[Any], handle: Any = None, limit: float | None = None) -> Any:
+    def wait_stopped(self, server: grpc.aio.Server, begun: tuple[asyncio.Future[None]], handle: Forceable | None = None,
+                     limit: float | None = None) -> asyncio.Future[None]:
         return begun[0]  # a second signal stops it at once from AsyncServeHandle._force_now
 
-    def stop_server(self, server: Any, grace: float, handle: Any = None, limit: float | None = None) -> Any:
+    def stop_server(self, server: grpc.aio.Server, grace: float, handle: Forceable | None = None,
+                    limit: float | None = None) -> Awaitable[None]:
         return server.stop(grace)

@@ -58,10 +58,14 @@ from ..otel import mount_server as mount_tracing
 from ..registration.contract import Registration
 from ..registration.factory import connect_registries, make_publisher
 from .flavours import Aio, HardDeadline, ShutdownHook, Threads, hook_name
-from .options import DEFAULT_DRAIN_DELAY, LISTEN_ANY, ServeKeywords, ServeOptions
+from .options import DEFAULT_DRAIN_DELAY, LISTEN_ANY, RegistrySpec, ServeKeywords, ServeOptions
 
 if TYPE_CHECKING:
+    from types import FrameType
+
     from typing_extensions import Unpack
+
+    from ..orca.recorder import ServerMetricsRecorder
 
 log = logging.getLogger("waypost.server")
 
@@ -78,7 +82,7 @@ def _health_pb2() -> Any:
     return health_pb2
 
 
-def _bind(server: Any, listen_on: str, credentials: grpc.ServerCredentials | None) -> int:
+def _bind(server: grpc.Server | grpc.aio.Server, listen_on: str, credentials: grpc.ServerCredentials | None) -> int:
     try:
         port = (server.add_secure_port(listen_on, credentials) if credentials is not None
                 else server.add_insecure_port(listen_on))
@@ -135,7 +139,7 @@ def _health_steps(servicer: Any, services: Iterable[str], serving: bool) -> _Ste
         yield functools.partial(servicer.set, name, status)
 
 
-def _serve_steps(handle_cls: type[_Base], server: Any, key: str, listen_on: str, options: ServeOptions) -> _Steps:
+def _serve_steps(handle_cls: type[_Base], server: grpc.Server | grpc.aio.Server, key: str, listen_on: str, options: ServeOptions) -> _Steps:
     """Start-up (module docstring, steps 1-5); returns the handle."""
     fl = handle_cls.flavor
     if not isinstance(key, str) or not key:
@@ -191,9 +195,12 @@ class _Base:
     #: how this handle's server runs its operations (set by each handle class)
     flavor: ClassVar[Threads | Aio]
     #: the server's ORCA ServerMetricsRecorder (None without xds-protos); see waypost.orca.server_recorder
-    orca_recorder: Any = None
+    orca_recorder: ServerMetricsRecorder | None = None
 
-    def __init__(self, server: Any, key: str, address: str, port: int, registry: Any,
+    #: the server serve() started: a grpc.Server (ServeHandle) or a grpc.aio.Server (AsyncServeHandle)
+    server: grpc.Server | grpc.aio.Server
+
+    def __init__(self, server: grpc.Server | grpc.aio.Server, key: str, address: str, port: int, registry: RegistrySpec,
                  publisher: Registration, health: Any, grace: float) -> None:
         self.server = server
         self.key = key
@@ -228,7 +235,7 @@ class _Base:
         if self.health is not None:
             yield from _health_steps(self.health, self._health_services(), serving)
 
-    def _update_steps(self, metadata: Mapping[str, Any] | None) -> _Steps:
+    def _update_steps(self, metadata: Mapping[str, object] | None) -> _Steps:
         yield functools.partial(self.flavor.update_metadata, self.publisher, metadata)
 
     def _pause_steps(self) -> _Steps:
@@ -272,7 +279,7 @@ class _Base:
         yield functools.partial(fl.wait_stopped, self.server, begun, self)
         log.info("%r: stopped", self)
 
-    def _on_signal(self, signum: int, _frame: Any = None) -> None:
+    def _on_signal(self, signum: int, _frame: FrameType | None = None) -> None:
         if self._requested.is_set():
             log.warning("%r: second %s, stopping now", self, signal.Signals(signum).name)
             self._force = True
@@ -297,6 +304,7 @@ class ServeHandle(_Base):
     """A running, registered ``grpc.server`` (returned by ``waypost.serve``)."""
 
     flavor = Threads()
+    server: grpc.Server
     _requested: threading.Event
 
     def __init__(self, *args: Any, **kw: Any) -> None:
@@ -317,7 +325,7 @@ class ServeHandle(_Base):
         """Undo pause(): register again (RegistryUnavailable if that fails in time) and report SERVING."""
         _drive(self._resume_steps())
 
-    def update_metadata(self, metadata: Mapping[str, Any] | None) -> None:
+    def update_metadata(self, metadata: Mapping[str, object] | None) -> None:
         """Replace the registration's metadata (e.g. ``{"weight": 5}``): same lease and key, subscribers see
         one change (``Publisher.update_metadata``)."""
         _drive(self._update_steps(metadata))
@@ -419,7 +427,7 @@ def serve(server: grpc.Server, key: str, listen_on: str = LISTEN_ANY, **options:
     return handle
 
 
-def _publisher(reg: Any, key: str, listen_on: str, port: int, options: ServeOptions) -> tuple[str, Registration]:
+def _publisher(reg: RegistrySpec, key: str, listen_on: str, port: int, options: ServeOptions) -> tuple[str, Registration]:
     """The advertised address and the (not yet started) publisher that will register it."""
 
     address = advertised_address(listen_on, port, advertise=options.advertise, registry=reg,
@@ -434,6 +442,7 @@ class AsyncServeHandle(_Base):
     """A running, registered ``grpc.aio.server`` (returned by ``await waypost.serve_async(...)``)."""
 
     flavor = Aio()
+    server: grpc.aio.Server
     _requested: asyncio.Event
 
     def __init__(self, *args: Any, **kw: Any) -> None:
@@ -451,7 +460,7 @@ class AsyncServeHandle(_Base):
         """Undo pause()."""
         await _drive_async(self._resume_steps())
 
-    async def update_metadata(self, metadata: Mapping[str, Any] | None) -> None:
+    async def update_metadata(self, metadata: Mapping[str, object] | None) -> None:
         """Replace the registration's metadata: same lease and key, subscribers see one change."""
         await _drive_async(self._update_steps(metadata))
 

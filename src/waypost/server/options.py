@@ -6,14 +6,18 @@ signatures), so each default and each check is written here once; ``lifecycle.py
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterable, Mapping
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, fields
-from typing import Any, TypedDict
+from typing import TYPE_CHECKING, Any, TypedDict, Union
 
 import grpc
 
 from ..errors import check_keywords
 from .flavours import check_shutdown_args
+
+if TYPE_CHECKING:
+    from ..discovery.registration_contract import Registration
+    from ..discovery.store import Registry
 
 #: how long a stopping server keeps serving after deregistering: a watch event reaches clients in
 #: milliseconds on a healthy etcd; one second also covers a loaded client
@@ -24,13 +28,16 @@ DEFAULT_REGISTRY = "etcd://127.0.0.1:2379"
 #: ``listen_on``'s default: every interface, a port the OS picks (the real port is the one registered)
 LISTEN_ANY = "0.0.0.0:0"
 
+#: what ``registry=`` takes: a registry URL, a Registry, a list of them, or None (``ServeOptions.registry``)
+RegistrySpec = Union[str, "Registry", Sequence[Union[str, "Registry"]], None]
+
 
 class ServeKeywords(TypedDict, total=False):
     """The keyword arguments of ``serve`` / ``serve_async`` after ``listen_on``: each is the ``ServeOptions`` field
     of the same name and type (its default and meaning are documented there)."""
 
-    registry: Any
-    metadata: Mapping[str, Any] | None
+    registry: RegistrySpec
+    metadata: Mapping[str, object] | None
     grace: float
     advertise: str | None
     ttl: int
@@ -42,7 +49,7 @@ class ServeKeywords(TypedDict, total=False):
     register_timeout: float
     drain_delay: float
     max_unregistered: float | None
-    on_unregistered: Callable[[Any], object] | str | None
+    on_unregistered: Callable[[Registration], object] | str | None
     on_shutdown: Iterable[Callable[[], object]] | None
     hard_deadline: float | None
 
@@ -53,11 +60,11 @@ class ServeOptions:
     ``listen_on``. Checked when made: a bad value raises ``ValueError`` / ``TypeError`` naming its field (what
     the registry decides, such as ``ttl`` or ``format``, is checked when the server registers)."""
 
-    registry: Any = DEFAULT_REGISTRY
+    registry: RegistrySpec = DEFAULT_REGISTRY
     """A registry URL (``etcd://``, ``consul://``, ``zk://``, ``eureka://``, ``memory://``), a Registry
     (``waypost.connect``), a list of them (registered in each; ``waypost.registration.factory``), or None
     (nothing registered: inside Kubernetes, readiness through the health service)."""
-    metadata: Mapping[str, Any] | None = None
+    metadata: Mapping[str, object] | None = None
     """A JSON object carried with the registration (``{"weight": 20}``)."""
     grace: float = 10.0
     """Seconds in-flight calls get to finish when stopping."""
@@ -84,7 +91,7 @@ class ServeOptions:
     before it refuses calls."""
     max_unregistered: float | None = None
     """Seconds the registration may stay lost (lease not renewed) before ``on_unregistered``; None: no alert."""
-    on_unregistered: Callable[[Any], object] | str | None = None
+    on_unregistered: Callable[[Registration], object] | str | None = None
     """What to do then: ``f(publisher)`` (in a thread of its own), or ``"exit"`` (the graceful stop, then exit
     status 75); None: the ERROR logged is all."""
     on_shutdown: Iterable[Callable[[], object]] | None = None

@@ -34,7 +34,7 @@ def check_fields(obj: dict[str, Any], path: str, known: tuple[str, ...], unsuppo
     config_fields.check_fields(obj, path, known)
 
 
-def number(value: Any, path: str, expected: str) -> float:
+def number(value: object, path: str, expected: str) -> float:
     if isinstance(value, bool) or not isinstance(value, (int, float)):
         fail(path, f"expected {expected}, got {describe_value(value)}")
     if not math.isfinite(value):
@@ -42,19 +42,19 @@ def number(value: Any, path: str, expected: str) -> float:
     return value
 
 
-def positive_number(value: Any, path: str) -> float:
+def positive_number(value: object, path: str) -> float:
     checked = number(value, path, "a number > 0")
     if checked <= 0:
         fail(path, f"expected a number > 0, got {describe_value(checked)}")
     return float(checked)
 
 
-def boolean(value: Any, path: str) -> bool:
+def boolean(value: object, path: str) -> bool:
     if not isinstance(value, bool):
         fail(path, f"expected true or false, got {describe_value(value)}")
     return value
 
 
-def duration(value: Any, path: str) -> float:
+def duration(value: object, path: str) -> float:
     """A duration that must be > 0s (timeouts, backoffs)."""
     return parse_config_duration(value, path, positive=True)

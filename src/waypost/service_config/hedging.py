@@ -11,7 +11,6 @@ until enough latencies are known) and ``maxExtraShare`` (hedges as a share of ca
 from __future__ import annotations
 
 import re
-from typing import Any
 
 import grpc
 
@@ -35,7 +34,7 @@ DEFAULT_FALLBACK_DELAY = 0.1
 _QUANTILE = re.compile(r"p(\d{1,2}(?:\.\d{1,3})?)")
 
 
-def parse_hedging_policy(value: Any, path: str) -> HedgingPolicy:
+def parse_hedging_policy(value: object, path: str) -> HedgingPolicy:
     if not isinstance(value, dict):
         fail(path, f"expected an object, got {describe_value(value)}")
     check_fields(value, path, _FIELDS, ())
@@ -71,7 +70,7 @@ def parse_hedging_policy(value: Any, path: str) -> HedgingPolicy:
                          min_delay=min_delay, fallback_delay=fallback, max_extra_share=float(share))
 
 
-def _delay(value: Any, path: str) -> tuple[float, float | None]:
+def _delay(value: object, path: str) -> tuple[float, float | None]:
     """(fixed delay, quantile): a gRPC JSON duration >= 0s, or "pNN" (50 <= NN < 100) for the adaptive delay."""
     if isinstance(value, str):
         m = _QUANTILE.fullmatch(value.strip())

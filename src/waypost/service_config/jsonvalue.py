@@ -43,7 +43,7 @@ def load_json(text: str | bytes | bytearray) -> Any:
         fail("service config", f"not valid JSON: {exc}")
 
 
-def normalize(value: Any, path: str, depth: int) -> Any:
+def normalize(value: object, path: str, depth: int) -> Any:
     """A plain-dict/list deep copy of a JSON-like value; rejects what JSON cannot hold."""
     if depth > MAX_DEPTH:
         fail(path, f"nested too deeply (at most {MAX_DEPTH} levels)")

@@ -134,7 +134,7 @@ def _parse_lb(doc: dict[str, Any], balancer: str | None) -> tuple[str, dict[str,
     return chosen.name, chosen.config
 
 
-def _policy_name(value: Any, path: str) -> str:
+def _policy_name(value: object, path: str) -> str:
     """A legacy/shortcut policy name: case-insensitive, must be registered."""
     if not isinstance(value, str) or not value:
         fail(path, f"expected a policy name string, got {describe_value(value)}")
@@ -148,7 +148,7 @@ def _policy_name(value: Any, path: str) -> str:
 
 
 def _parse_method_configs(
-    value: Any, all_names: list[tuple[str, str, str]],
+    value: object, all_names: list[tuple[str, str, str]],
 ) -> tuple[list[MethodConfig], dict[str, MethodConfig], dict[str, MethodConfig], MethodConfig | None]:
     path = "methodConfig"
     if not isinstance(value, list):
@@ -184,7 +184,7 @@ def _parse_method_configs(
 
 
 def _parse_names(
-    value: Any, present: bool, path: str, seen: dict[tuple[str, str], str]
+    value: object, present: bool, path: str, seen: dict[tuple[str, str], str]
 ) -> list[tuple[str, str]]:
     if not present:
         fail(path, 'missing: each methodConfig needs a "name" list ([{}] for the default config)')
@@ -215,7 +215,7 @@ def _parse_names(
     return names
 
 
-def _parse_health(value: Any) -> str:
+def _parse_health(value: object) -> str:
     path = "healthCheckConfig"
     if not isinstance(value, dict):
         fail(path, f"expected an object, got {describe_value(value)}")

@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import logging
-from typing import Any
 
 import grpc
 
@@ -30,7 +29,7 @@ _CODES_BY_NAME = {code.name: code for code in grpc.StatusCode}
 _CODES_BY_NUMBER = {code.value[0]: code for code in grpc.StatusCode}
 
 
-def max_attempts(attempts: Any, path: str) -> int:
+def max_attempts(attempts: object, path: str) -> int:
     """A retry or hedging policy's ``maxAttempts``: an integer >= 2, lowered to gRPC's cap."""
     if isinstance(attempts, bool) or not isinstance(attempts, int) or attempts < 2:
         fail(path, f"expected an integer >= 2, got {describe_value(attempts)}")
@@ -39,7 +38,7 @@ def max_attempts(attempts: Any, path: str) -> int:
     return min(attempts, MAX_ATTEMPTS_CAP)
 
 
-def parse_retry_policy(value: Any, path: str) -> RetryPolicy:
+def parse_retry_policy(value: object, path: str) -> RetryPolicy:
     if not isinstance(value, dict):
         fail(path, f"expected an object, got {describe_value(value)}")
     check_fields(value, path, _RETRY_FIELDS, _RETRY_UNSUPPORTED)
@@ -66,7 +65,7 @@ def parse_retry_policy(value: Any, path: str) -> RetryPolicy:
     )
 
 
-def shortcut_retry_policy(retries: Any) -> RetryPolicy | None:
+def shortcut_retry_policy(retries: object) -> RetryPolicy | None:
     """The retryPolicy of ``dial(retries=N)``: N retries (maxAttempts N+1, capped at 5 attempts as gRPC
     does) on UNAVAILABLE, backoff 0.05s doubling to 1s. 0 or None: no policy."""
     if retries is None:
@@ -81,7 +80,7 @@ def shortcut_retry_policy(retries: Any) -> RetryPolicy | None:
                        retryable_status_codes=frozenset({grpc.StatusCode.UNAVAILABLE}))
 
 
-def status_codes(value: Any, path: str, *, allow_empty: bool = False, what: str = "retryable status code",
+def status_codes(value: object, path: str, *, allow_empty: bool = False, what: str = "retryable status code",
                  why_not_ok: str = "retries follow failures") -> frozenset[grpc.StatusCode]:
     """A list of status codes (names or numbers); OK is refused (``what``, ``why_not_ok`` say why)."""
     if not isinstance(value, list) or (not value and not allow_empty):
@@ -107,7 +106,7 @@ def status_codes(value: Any, path: str, *, allow_empty: bool = False, what: str 
     return frozenset(codes)
 
 
-def parse_throttling(value: Any) -> RetryThrottling:
+def parse_throttling(value: object) -> RetryThrottling:
     path = "retryThrottling"
     if not isinstance(value, dict):
         fail(path, f"expected an object, got {describe_value(value)}")

@@ -30,7 +30,7 @@ import asyncio
 import logging
 import time
 from collections.abc import Callable, Iterable, Sequence
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import grpc
 
@@ -58,6 +58,9 @@ from .server import AdsServer
 from .snapshot import Resource, Snapshot
 from .sources import PrefixWatcher, start_source
 from .traffic import describe, empty_subsets
+
+if TYPE_CHECKING:
+    from prometheus_client import CollectorRegistry
 
 log = logging.getLogger("waypost.xds")
 #: the shortest time between two pushes (seconds): a change after a quiet spell goes out at once, a burst of
@@ -120,7 +123,7 @@ class ControlPlane:
         if isinstance(self.ads, AdsServer):  # the Rust engine serves ADS alone: no load reports there
             self.ads.services.append(LrsServer(self.load, self._reporting_clusters).add_to_server)
         self._load_collector = LoadCollector(self.load)
-        self._load_registry: Any = None  # the Prometheus registry it is in
+        self._load_registry: CollectorRegistry | None = None  # the Prometheus registry it is in
         #: figures: snapshots built, the last push's duration (seconds) and response count
         self.stats: dict[str, Any] = {"snapshots": 0, "last_push_seconds": 0.0, "last_push_responses": 0}
         self._started = False
@@ -259,7 +262,7 @@ class ControlPlane:
                       self._subset_clusters, self._subset_eds, self._empty):
             table.pop(name, None)
 
-    def _prefix_found(self, p: PrefixExport) -> Any:
+    def _prefix_found(self, p: PrefixExport) -> Callable[[str, str], None]:
         def found(service: str, target: str) -> None:
             if service in self.exports:
                 return

@@ -16,20 +16,17 @@ from __future__ import annotations
 
 import json
 import re
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field, replace
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from ..kind_table import kind_of
 from .errors import XdsConfigError
+from .model import Export
 from .policy import check_export
 from .tls import TlsFiles, tls_files_from_table
 from .traffic import (
-    Fault,
-    Route,
-    Split,
-    Subset,
     parse_fault,
     parse_max_requests,
     parse_routes,
@@ -38,6 +35,9 @@ from .traffic import (
     parse_subsets,
     resolve_subsets,
 )
+
+if TYPE_CHECKING:
+    from ..service_config.model import ServiceConfig
 
 #: an xDS service name: what follows ``xds:///`` (a DNS-ish name, also the Listener/Cluster name)
 NAME_RE = re.compile(r"[A-Za-z0-9](?:[A-Za-z0-9._/\-]{0,251}[A-Za-z0-9._\-])?")
@@ -48,35 +48,6 @@ OPTIONS = ("policy", "policy_config", "hash_header", "prefer", "retries", "retry
 #: options that only a config file can set (their values are objects)
 _OBJECT_OPTIONS = ("policy_config", "outlier_detection", "routes", "fault")
 _HEADER_RE = re.compile(r"[a-z0-9][a-z0-9._\-]{0,127}")
-
-
-@dataclass(frozen=True)
-class Export:
-    """One exported service: its name, its source target(s) and the options (module docstring)."""
-
-    name: str
-    target: str | tuple[str, ...]
-    policy: str = "round_robin"
-    policy_config: Mapping[str, Any] = field(default_factory=dict)
-    hash_header: str | None = None
-    prefer: tuple[str, str] | None = None  # ("zone" | "region", value)
-    retries: int = 0
-    retry_on: tuple[str, ...] = ("unavailable",)
-    outlier_detection: Mapping[str, Any] | None = None
-    serve_empty: bool = True
-    service_config: Any = None  # a validated waypost.service_config.ServiceConfig (methodConfig only)
-    # traffic policy (waypost.xds.traffic)
-    subset_key: str | None = None
-    subsets: tuple[Subset, ...] = ()  # resolved by make_export: every subset named anywhere, with its selector
-    split: Split | None = None
-    routes: tuple[Route, ...] = ()
-    max_requests: int | None = None
-    fault: Fault | None = None
-    #: clients report load over LRS (``lrs.py``); None: not set (off, and ``--load-reporting`` turns it on)
-    load_reporting: bool | None = None
-
-    def __hash__(self) -> int:  # the mappings are never mutated; hash what identifies the export
-        return hash((self.name, self.target))
 
 
 @dataclass(frozen=True)
@@ -98,7 +69,7 @@ class XdsConfig:
     tls: TlsFiles | None = None
 
 
-def parse_export(spec: str, *, bare_key: Any = None) -> Export:
+def parse_export(spec: str, *, bare_key: Callable[[str], str] | None = None) -> Export:
     """``NAME=TARGET [OPTION=VALUE ...]`` -> Export. ``bare_key(key) -> target``, when given, turns a TARGET
     without a scheme (a key) into a target (the CLI's ``--registry`` rule)."""
     if not isinstance(spec, str) or not spec.strip():
@@ -125,7 +96,7 @@ def parse_export(spec: str, *, bare_key: Any = None) -> Export:
     return make_export(name, target, options, where)
 
 
-def make_export(name: Any, target: Any, options: Mapping[str, Any], where: str | None = None) -> Export:
+def make_export(name: object, target: object, options: Mapping[str, Any], where: str | None = None) -> Export:
     """An Export from its parts, every field checked (``where`` prefixes the errors)."""
     where = where or f"export {name!r}"
     if not isinstance(name, str) or not NAME_RE.fullmatch(name):
@@ -145,7 +116,7 @@ def make_export(name: Any, target: Any, options: Mapping[str, Any], where: str |
     return export
 
 
-def _targets(target: Any, where: str) -> str | tuple[str, ...]:
+def _targets(target: object, where: str) -> str | tuple[str, ...]:
     items = [target] if isinstance(target, str) else target
     if not isinstance(items, (list, tuple)) or not items:
         raise XdsConfigError(f"{where}: target must be a target string or a non-empty list of them, got "
@@ -165,37 +136,37 @@ def _targets(target: Any, where: str) -> str | tuple[str, ...]:
     return items[0] if len(items) == 1 else tuple(items)
 
 
-def _str(value: Any, where: str) -> str:
+def _str(value: object, where: str) -> str:
     if not isinstance(value, str) or not value:
         raise XdsConfigError(f"{where}: expected a non-empty string, got {value!r}")
     return value
 
 
-def _policy(value: Any, where: str) -> str:
+def _policy(value: object, where: str) -> str:
     return _str(value, where)
 
 
-def _object(value: Any, where: str) -> Mapping[str, Any]:
+def _object(value: object, where: str) -> Mapping[str, Any]:
     if not isinstance(value, Mapping) or not all(isinstance(k, str) for k in value):
         raise XdsConfigError(f"{where}: expected an object, got {type(value).__name__}")
     return dict(value)
 
 
-def _header(value: Any, where: str) -> str:
+def _header(value: object, where: str) -> str:
     text = _str(value, where).lower()
     if not _HEADER_RE.fullmatch(text) or text.endswith("-bin"):
         raise XdsConfigError(f"{where}: not a usable header name (lower-case token, not -bin): {value!r}")
     return text
 
 
-def _prefer(value: Any, where: str) -> tuple[str, str]:
+def _prefer(value: object, where: str) -> tuple[str, str]:
     kind, sep, want = _str(value, where).partition(":")
     if not sep or kind not in ("zone", "region") or not want:
         raise XdsConfigError(f"{where}: expected zone:ZONE or region:REGION, got {value!r}")
     return kind, want
 
 
-def _retries(value: Any, where: str) -> int:
+def _retries(value: object, where: str) -> int:
     if isinstance(value, str) and value.strip().isdigit():
         value = int(value)
     if isinstance(value, bool) or not isinstance(value, int) or not 0 <= value <= 10:
@@ -203,7 +174,7 @@ def _retries(value: Any, where: str) -> int:
     return value
 
 
-def _retry_on(value: Any, where: str) -> tuple[str, ...]:
+def _retry_on(value: object, where: str) -> tuple[str, ...]:
     items = value.split(",") if isinstance(value, str) else value
     if not isinstance(items, (list, tuple)) or not items:
         raise XdsConfigError(f"{where}: expected a comma list of {', '.join(RETRY_CODES)}")
@@ -216,7 +187,7 @@ def _retry_on(value: Any, where: str) -> tuple[str, ...]:
     return tuple(dict.fromkeys(out))
 
 
-def _bool(value: Any, where: str) -> bool:
+def _bool(value: object, where: str) -> bool:
     if isinstance(value, bool):
         return value
     if isinstance(value, str) and value.lower() in ("true", "1", "yes", "false", "0", "no"):
@@ -224,13 +195,13 @@ def _bool(value: Any, where: str) -> bool:
     raise XdsConfigError(f"{where}: expected true or false, got {value!r}")
 
 
-def _service_config(value: Any, where: str) -> Any:
+def _service_config(value: object, where: str) -> ServiceConfig:
     from .routes import parse_service_config
 
     return parse_service_config(value, where)
 
 
-_OPTION_PARSERS: dict[str, Any] = {
+_OPTION_PARSERS: dict[str, Callable[[object, str], object]] = {
     "service_config": _service_config,
     "policy": _policy, "policy_config": _object, "hash_header": _header, "prefer": _prefer,
     "retries": _retries, "retry_on": _retry_on, "outlier_detection": _object,
@@ -268,7 +239,7 @@ def parse_config(raw: bytes | str, where: str = "config", *, as_json: bool = Fal
     return config_from_dict(data, where)
 
 
-def config_from_dict(data: Any, where: str = "config") -> XdsConfig:
+def config_from_dict(data: object, where: str = "config") -> XdsConfig:
     if not isinstance(data, Mapping):
         raise XdsConfigError(f"{where}: expected a table/object with 'exports' and/or 'prefixes'")
     unknown = sorted(set(data) - {"exports", "prefixes", "tls"})
@@ -295,7 +266,7 @@ def config_from_dict(data: Any, where: str = "config") -> XdsConfig:
     return XdsConfig(tuple(exports), tuple(prefixes), tls)
 
 
-def parse_prefix(body: Any, where: str) -> PrefixExport:
+def parse_prefix(body: object, where: str) -> PrefixExport:
     """A prefix entry: ``{registry, prefix, OPTION...}``; the options are checked with a sample export."""
     if not isinstance(body, Mapping):
         raise XdsConfigError(f"{where}: expected a table with 'registry' and 'prefix'")

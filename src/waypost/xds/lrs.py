@@ -28,7 +28,7 @@ import json
 import logging
 from collections.abc import Callable, Iterable, Iterator
 from dataclasses import replace
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import grpc
 from envoy.service.load_stats.v3 import lrs_pb2
@@ -36,6 +36,9 @@ from google.protobuf import duration_pb2
 
 from .exports import Export, PrefixExport
 from .load_stats import LoadStats
+
+if TYPE_CHECKING:
+    from prometheus_client.metrics_core import Metric
 
 log = logging.getLogger("waypost.xds")
 
@@ -51,7 +54,7 @@ DEFAULT_INTERVAL = 10.0
 SEND_ALL_FEATURE = "envoy.lrs.supports_send_all_clusters"
 
 
-def check_interval(seconds: Any, where: str = "load reporting interval") -> float:
+def check_interval(seconds: object, where: str = "load reporting interval") -> float:
     """``seconds`` as a float from 0.1 to 3600; ValueError naming ``where`` otherwise."""
     if isinstance(seconds, bool) or not isinstance(seconds, (int, float)) or not 0.1 <= seconds <= 3600:
         raise ValueError(f"{where}: expected seconds from 0.1 to 3600, got {seconds!r}")
@@ -76,7 +79,7 @@ class LrsServer:
         self.clusters = clusters
         self._ids = itertools.count(1)
 
-    def add_to_server(self, server: Any) -> None:
+    def add_to_server(self, server: grpc.aio.Server) -> None:
         """Register LRS and the status method on a ``grpc.aio`` server."""
         stream = grpc.stream_stream_rpc_method_handler(
             self._stream, request_deserializer=lrs_pb2.LoadStatsRequest.FromString,
@@ -135,10 +138,10 @@ class LoadCollector:
     def __init__(self, stats: LoadStats) -> None:
         self.stats = stats
 
-    def describe(self) -> list[Any]:
+    def describe(self) -> list[Metric]:
         return []
 
-    def collect(self) -> Iterator[Any]:
+    def collect(self) -> Iterator[Metric]:
         from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
 
         labels = ["export", "cluster", "locality"]

@@ -107,7 +107,7 @@ def _fail(where: str, message: str) -> XdsConfigError:
     return XdsConfigError(f"{where}: {message}")
 
 
-def _text(value: Any, where: str, what: str, *, empty: bool = False) -> str:
+def _text(value: object, where: str, what: str, *, empty: bool = False) -> str:
     if not isinstance(value, str) or (not value and not empty) or len(value) > MAX_TEXT:
         need = "a string" if empty else "a non-empty string"
         raise _fail(where, f"{what}: expected {need} (at most {MAX_TEXT} characters), got {str(value)[:80]!r}")
@@ -211,7 +211,7 @@ def _walk(sub: Any, bad_flags: int) -> str | None:
     return None
 
 
-def _regex(value: Any, where: str) -> str:
+def _regex(value: object, where: str) -> str:
     text = _text(value, where, "the regex")
     problem = re2_problem(text)
     if problem:
@@ -266,7 +266,7 @@ def parse_path(route: Mapping[str, Any], where: str) -> PathMatch | None:
 # ------------------------------------------------------------------ headers
 
 
-def _header_name(name: Any, where: str) -> str:
+def _header_name(name: object, where: str) -> str:
     if not isinstance(name, str) or not HEADER_NAME_RE.fullmatch(name):
         raise _fail(where, "not a header name (lower-case letters, digits, '.', '-', '_')")
     if name.endswith("-bin") or name.startswith("grpc-"):
@@ -274,13 +274,13 @@ def _header_name(name: Any, where: str) -> str:
     return name
 
 
-def _int64(value: Any, where: str) -> int:
+def _int64(value: object, where: str) -> int:
     if isinstance(value, bool) or not isinstance(value, int) or not INT64[0] <= value <= INT64[1]:
         raise _fail(where, f"expected an integer (int64), got {str(value)[:40]!r}")
     return value
 
 
-def _header(name: str, match: Any, where: str) -> HeaderMatch:
+def _header(name: str, match: object, where: str) -> HeaderMatch:
     if isinstance(match, str):
         return HeaderMatch(name, "exact", _text(match, where, "the value", empty=True))
     if not isinstance(match, Mapping):
@@ -316,7 +316,7 @@ def _header(name: str, match: Any, where: str) -> HeaderMatch:
     return HeaderMatch(name, kind, _text(arg, here, "the value", empty=kind == "exact"), invert=invert)
 
 
-def parse_headers(value: Any, where: str) -> tuple[HeaderMatch, ...]:
+def parse_headers(value: object, where: str) -> tuple[HeaderMatch, ...]:
     if not isinstance(value, Mapping) or not value:
         raise _fail(where, 'expected a table of HEADER = "VALUE" or HEADER = {MATCHER = ...} (at least one)')
     out = []
@@ -329,7 +329,7 @@ def parse_headers(value: Any, where: str) -> tuple[HeaderMatch, ...]:
 # ------------------------------------------------------------------ runtime_fraction
 
 
-def parse_fraction(value: Any, where: str) -> Fraction:
+def parse_fraction(value: object, where: str) -> Fraction:
     """A percentage (``25``, ``0.5``) or ``{numerator = N, denominator = "hundred"|"ten_thousand"|"million"}``."""
     if isinstance(value, Mapping):
         if set(value) - {"numerator", "denominator"} or "numerator" not in value:

@@ -31,9 +31,7 @@ from google.protobuf.message import Message
 
 from ..durations import DurationError, parse_nonnegative_duration
 from .errors import XdsConfigError
-
-#: an ``exports.Export`` (typed loosely: this module sits below ``exports``)
-Export = Any
+from .model import Export
 
 #: the policies an xDS client runs itself (export ``policy`` values); consistent_hash is waypost's name of ring_hash,
 #: weighted_round_robin the name of gRPC's A58 policy in a service config (client_side_weighted_round_robin in xDS)
@@ -86,7 +84,7 @@ def _typed(name: str, msg: Message) -> cluster_pb2.LoadBalancingPolicy.Policy:
         typed_extension_config=extension_pb2.TypedExtensionConfig(name=name, typed_config=packed))
 
 
-def _duration(value: Any, where: str) -> duration_pb2.Duration:
+def _duration(value: object, where: str) -> duration_pb2.Duration:
     try:
         seconds = parse_nonnegative_duration(value)
     except DurationError as e:
@@ -96,13 +94,13 @@ def _duration(value: Any, where: str) -> duration_pb2.Duration:
     return d
 
 
-def _int(value: Any, where: str, lo: int, hi: int) -> int:
+def _int(value: object, where: str, lo: int, hi: int) -> int:
     if isinstance(value, bool) or not isinstance(value, int) or not lo <= value <= hi:
         _fail(where, f"expected an integer from {lo} to {hi}, got {value!r}")
     return int(value)
 
 
-def _flag(value: Any, where: str) -> bool:
+def _flag(value: object, where: str) -> bool:
     if not isinstance(value, bool):
         _fail(where, f"expected true or false, got {value!r}")
     return bool(value)

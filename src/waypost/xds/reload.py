@@ -14,7 +14,7 @@ import os
 import threading
 from collections.abc import Callable
 from pathlib import Path
-from typing import Any
+from typing import Generic, TypeVar
 
 log = logging.getLogger("waypost.xds")
 
@@ -27,11 +27,14 @@ def _signature(path: Path) -> tuple[int, int, int] | None:
     return st.st_mtime_ns, st.st_size, st.st_ino
 
 
-class ConfigReloader:
+_C = TypeVar("_C")
+
+
+class ConfigReloader(Generic[_C]):
     """Calls ``apply(load())`` when ``path`` changes or ``request()`` is called (module docstring). ``load``
     raises on a bad file (its message is logged; ``apply`` is not called)."""
 
-    def __init__(self, path: Path, load: Callable[[], Any], apply: Callable[[Any], None], *,
+    def __init__(self, path: Path, load: Callable[[], _C], apply: Callable[[_C], None], *,
                  interval: float = 1.0) -> None:
         self.path, self.load, self.apply, self.interval = path, load, apply, interval
         self.reloads = 0  # reloads applied

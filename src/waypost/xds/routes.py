@@ -19,7 +19,7 @@ without one).
 from __future__ import annotations
 
 import logging
-from typing import Any
+from typing import TYPE_CHECKING
 
 import grpc
 from envoy.config.route.v3 import route_components_pb2 as rc_pb2
@@ -30,8 +30,12 @@ from google.protobuf import wrappers_pb2
 from .errors import XdsConfigError
 from .faults import FAULT_FILTER, http_fault
 from .matching import Match
+from .model import Export
 from .policy import hash_policies
 from .traffic import Route, Split, destination, owns_clusters
+
+if TYPE_CHECKING:
+    from ..service_config.model import RetryPolicy, ServiceConfig
 
 log = logging.getLogger("waypost.xds")
 _DENOMINATORS = {100: percent_pb2.FractionalPercent.HUNDRED, 10_000: percent_pb2.FractionalPercent.TEN_THOUSAND,
@@ -41,7 +45,7 @@ _CODES = {grpc.StatusCode.CANCELLED: "cancelled", grpc.StatusCode.DEADLINE_EXCEE
           grpc.StatusCode.UNAVAILABLE: "unavailable"}
 
 
-def parse_service_config(value: Any, where: str) -> Any:
+def parse_service_config(value: object, where: str) -> ServiceConfig:
     """A service config (an object or JSON text) holding only ``methodConfig``, validated by waypost's parser."""
     import json
 
@@ -77,7 +81,7 @@ def parse_service_config(value: Any, where: str) -> Any:
     return cfg
 
 
-def _action(export: Any, retry: rc_pb2.RetryPolicy | None, to: Split | None = None,
+def _action(export: Export, retry: rc_pb2.RetryPolicy | None, to: Split | None = None,
             empty: frozenset[str] = frozenset(), own: int | None = None) -> rc_pb2.RouteAction:
     action = rc_pb2.RouteAction(hash_policy=hash_policies(export))
     pairs = destination(export, to, empty, own)
@@ -92,7 +96,7 @@ def _action(export: Any, retry: rc_pb2.RetryPolicy | None, to: Split | None = No
     return action
 
 
-def _retry(rp: Any) -> rc_pb2.RetryPolicy | None:
+def _retry(rp: RetryPolicy | None) -> rc_pb2.RetryPolicy | None:
     if rp is None or rp.max_attempts < 2:
         return None
     codes = [_CODES[c] for c in _CODES if c in rp.retryable_status_codes]
@@ -102,14 +106,14 @@ def _retry(rp: Any) -> rc_pb2.RetryPolicy | None:
     return policy
 
 
-def _export_retry(export: Any) -> rc_pb2.RetryPolicy | None:
+def _export_retry(export: Export) -> rc_pb2.RetryPolicy | None:
     if not export.retries:
         return None
     return rc_pb2.RetryPolicy(retry_on=",".join(export.retry_on),
                               num_retries=wrappers_pb2.UInt32Value(value=export.retries))
 
 
-def routes(export: Any, empty: frozenset[str] = frozenset()) -> list[rc_pb2.Route]:
+def routes(export: Export, empty: frozenset[str] = frozenset()) -> list[rc_pb2.Route]:
     """The export's routes (module docstring): its own ``routes``, then per method and per service of its
     service_config, then the catch-all; ``empty``: the subsets that have no endpoint now (``traffic.py``)."""
     cfg = export.service_config
@@ -124,10 +128,12 @@ def routes(export: Any, empty: frozenset[str] = frozenset()) -> list[rc_pb2.Rout
         services = sorted({s for s, m, _ in cfg.names if s and not m})
         for service, method in methods:
             mc = cfg.method_config(f"/{service}/{method}")
+            assert mc is not None  # cfg.names lists the configured names only
             out.append(rc_pb2.Route(match=rc_pb2.RouteMatch(path=f"/{service}/{method}"),
                                     route=_action(export, _retry(mc.retry_policy), empty=empty)))
         for service in services:
             mc = cfg.method_config(f"/{service}/")
+            assert mc is not None  # cfg.names lists the configured names only
             out.append(rc_pb2.Route(match=rc_pb2.RouteMatch(prefix=f"/{service}/"),
                                     route=_action(export, _retry(mc.retry_policy), empty=empty)))
     out.append(rc_pb2.Route(match=rc_pb2.RouteMatch(prefix=""), route=_action(export, default_retry, empty=empty)))
@@ -165,7 +171,7 @@ def route_match(m: Match) -> rc_pb2.RouteMatch:
     return match
 
 
-def _traffic_route(export: Any, index: int, r: Route, retry: rc_pb2.RetryPolicy | None,
+def _traffic_route(export: Export, index: int, r: Route, retry: rc_pb2.RetryPolicy | None,
                    empty: frozenset[str]) -> rc_pb2.Route:
     """``routes[index]`` of the export, with the export's default retry policy."""
     own = index if owns_clusters(r) else None

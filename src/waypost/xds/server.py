@@ -101,10 +101,10 @@ class AdsServer:
         self.snapshot = snapshot
         self.streams: set[Stream] = set()
         self.nacks = 0
-        self.server: Any = None
+        self.server: grpc.aio.Server | None = None
         self.port = 0
         #: more services on the same server, port and credentials: each is called with the server before it starts
-        self.services: list[Callable[[Any], None]] = []
+        self.services: list[Callable[[grpc.aio.Server], None]] = []
 
     def handler(self) -> grpc.GenericRpcHandler:
         method = grpc.stream_stream_rpc_method_handler(

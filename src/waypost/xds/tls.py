@@ -52,7 +52,7 @@ class TlsFiles:
     client_ca: str | None = None
 
 
-def tls_files_from_table(table: Any, where: str) -> TlsFiles:
+def tls_files_from_table(table: object, where: str) -> TlsFiles:
     """A config file's ``[tls]`` table: ``cert``, ``key`` and optionally ``client_ca``, each a path."""
     if not isinstance(table, Mapping):
         raise XdsConfigError(f"{where}: expected a table with 'cert', 'key' and optionally 'client_ca'")

@@ -25,15 +25,15 @@ from __future__ import annotations
 import logging
 import re
 from collections.abc import Iterable, Mapping, Sequence
-from dataclasses import dataclass
-from dataclasses import field as dataclass_field
 from typing import Any
 
 import grpc
 
 from ..durations import DurationError, parse_positive_duration
+from ..types import Backend
 from .errors import XdsConfigError
-from .matching import Match, parse_match
+from .matching import parse_match
+from .model import Export, Fault, Route, Split, Subset
 
 log = logging.getLogger("waypost.xds")
 
@@ -49,72 +49,18 @@ MAX_WEIGHT = 1_000_000
 MAX_REQUESTS = 2**32 - 1
 
 
-@dataclass(frozen=True)
-class Subset:
-    """Instances whose metadata has every (key, value) of ``selector``; an empty selector is filled from
-    ``subset_key`` (the name is the value) when the export is checked."""
-
-    name: str
-    selector: tuple[tuple[str, str], ...] = ()
-
-    def cluster(self, export_name: str) -> str:
-        """The name of its Cluster (and ClusterLoadAssignment)."""
-        return f"{export_name}/" + ",".join(f"{k}={v}" for k, v in self.selector)
-
-    def selects(self, metadata: Mapping[str, Any]) -> bool:
-        return all(_text(metadata.get(k)) == v for k, v in self.selector)
-
-
-@dataclass(frozen=True)
-class Split:
-    """Where a route sends: subsets and their weights, sorted by name (equal configs, equal resources), and the
-    targets given their own ``max_requests`` (``{v2 = {weight = 5, max_requests = 10}}``)."""
-
-    weights: tuple[tuple[str, int], ...]
-    limits: tuple[tuple[str, int], ...] = ()
-
-    def limit(self, name: str) -> int | None:
-        return dict(self.limits).get(name)
-
-
-@dataclass(frozen=True)
-class Fault:
-    """gRFC A33's HTTPFault: a fixed delay and/or an abort with a gRPC status, each on a percentage of calls."""
-
-    delay: float | None = None
-    delay_percent: float = 100.0
-    abort: int | None = None  # a gRPC status code number
-    abort_percent: float = 100.0
-
-
-@dataclass(frozen=True)
-class Route:
-    """One entry of ``routes``: what it matches (``matching.py``), where it sends (None: where the default route
-    sends); ``max_requests``: its own circuit-breaking limit, on clusters of its own (``route_cluster``)."""
-
-    match: Match = dataclass_field(default_factory=Match)
-    to: Split | None = None
-    timeout: float | None = None
-    fault: Fault | None = None
-    max_requests: int | None = None
-
-
-def _text(value: Any) -> str:
-    return value if isinstance(value, str) else "" if value is None else str(value)
-
-
 def _fail(where: str, message: str) -> XdsConfigError:
     return XdsConfigError(f"{where}: {message}")
 
 
-def _token(value: Any, where: str, what: str) -> str:
+def _token(value: object, where: str, what: str) -> str:
     if not isinstance(value, str) or not TOKEN_RE.fullmatch(value):
         raise _fail(where, f"{what} must be letters, digits, '.', '-' or '_' (at most 63, starting with a letter "
                            f"or digit), got {str(value)[:80]!r}")
     return value
 
 
-def _integer(value: Any, where: str, lo: int, hi: int) -> int:
+def _integer(value: object, where: str, lo: int, hi: int) -> int:
     if isinstance(value, str) and value.strip().isdigit():
         value = int(value)
     if isinstance(value, bool) or not isinstance(value, int) or not lo <= value <= hi:
@@ -124,11 +70,11 @@ def _integer(value: Any, where: str, lo: int, hi: int) -> int:
 
 # ------------------------------------------------------------------ option parsers (exports._OPTION_PARSERS)
 
-def parse_subset_key(value: Any, where: str) -> str:
+def parse_subset_key(value: object, where: str) -> str:
     return _token(value, where, "the metadata key")
 
 
-def parse_subsets(value: Any, where: str) -> tuple[Subset, ...]:
+def parse_subsets(value: object, where: str) -> tuple[Subset, ...]:
     """A list of subset_key values (or a comma list), or a table NAME -> {KEY: VALUE}."""
     if isinstance(value, str):
         value = [v.strip() for v in value.split(",")]
@@ -149,13 +95,13 @@ def parse_subsets(value: Any, where: str) -> tuple[Subset, ...]:
     return tuple(Subset(v) for v in dict.fromkeys(names))
 
 
-def _scalar(value: Any, where: str) -> str:
+def _scalar(value: object, where: str) -> str:
     if isinstance(value, bool) or not isinstance(value, (str, int)):
         raise _fail(where, f"a metadata value must be a string or an integer, got {type(value).__name__}")
     return str(value)
 
 
-def parse_split(value: Any, where: str) -> Split:
+def parse_split(value: object, where: str) -> Split:
     """``{v1 = 95, v2 = 5}`` (a table: integer weights; a target may be ``{weight = 5, max_requests = 10}``) or
     ``v1:95,v2:5`` (the command line's text)."""
     if isinstance(value, str):
@@ -195,17 +141,17 @@ def parse_split(value: Any, where: str) -> Split:
     return Split(weights, tuple(sorted(limits)))
 
 
-def parse_max_requests(value: Any, where: str) -> int:
+def parse_max_requests(value: object, where: str) -> int:
     return _integer(value, where, 1, MAX_REQUESTS)
 
 
-def _percent(value: Any, where: str) -> float:
+def _percent(value: object, where: str) -> float:
     if isinstance(value, bool) or not isinstance(value, (int, float)) or not 0 <= value <= 100:
         raise _fail(where, f"expected a percentage from 0 to 100, got {str(value)[:40]!r}")
     return float(value)
 
 
-def _status(value: Any, where: str) -> int:
+def _status(value: object, where: str) -> int:
     if isinstance(value, int) and not isinstance(value, bool) and 1 <= value <= 16:
         return value
     if isinstance(value, str):
@@ -217,7 +163,7 @@ def _status(value: Any, where: str) -> int:
                        f"got {str(value)[:40]!r}")
 
 
-def _table(value: Any, where: str, keys: tuple[str, ...], expected: str) -> Mapping[str, Any]:
+def _table(value: object, where: str, keys: tuple[str, ...], expected: str) -> Mapping[str, Any]:
     """``value`` as a table whose keys are all among ``keys``."""
     if not isinstance(value, Mapping):
         raise _fail(where, f"expected a table ({expected})")
@@ -227,14 +173,14 @@ def _table(value: Any, where: str, keys: tuple[str, ...], expected: str) -> Mapp
     return value
 
 
-def _duration(value: Any, where: str) -> float:
+def _duration(value: object, where: str) -> float:
     try:
         return parse_positive_duration(value)
     except DurationError as e:
         raise _fail(where, str(e)) from None
 
 
-def parse_fault(value: Any, where: str) -> Fault:
+def parse_fault(value: object, where: str) -> Fault:
     """``{delay = "2s", delay_percent = 50, abort = "unavailable", abort_percent = 10}``."""
     value = _table(value, where, _FAULT_KEYS, "delay and/or abort, and their _percent")
     if "delay" not in value and "abort" not in value:
@@ -248,7 +194,7 @@ def parse_fault(value: Any, where: str) -> Fault:
                  abort_percent=_percent(value.get("abort_percent", 100), f"{where}: abort_percent"))
 
 
-def _route(value: Any, where: str) -> Route:
+def _route(value: object, where: str) -> Route:
     value = _table(value, where, _ROUTE_KEYS, ", ".join(_ROUTE_KEYS))
     match = parse_match(value, where)
     if match.path is None and not match.headers and match.fraction is None:
@@ -272,7 +218,7 @@ def _route(value: Any, where: str) -> Route:
     return Route(match=match, to=to, timeout=timeout, fault=fault, max_requests=limit)
 
 
-def parse_routes(value: Any, where: str) -> tuple[Route, ...]:
+def parse_routes(value: object, where: str) -> tuple[Route, ...]:
     if not isinstance(value, (list, tuple)):
         raise _fail(where, "expected a list of route tables ([[exports.NAME.routes]])")
     out = tuple(_route(r, f"{where}[{i}]") for i, r in enumerate(value))
@@ -285,7 +231,7 @@ def parse_routes(value: Any, where: str) -> tuple[Route, ...]:
 
 # ------------------------------------------------------------------ the export as a whole
 
-def resolve_subsets(export: Any, where: str) -> tuple[Subset, ...]:
+def resolve_subsets(export: Export, where: str) -> tuple[Subset, ...]:
     """The export's subsets, every name in ``split`` and ``routes`` checked against them (by ``subset_key``,
     the names used are subsets too); raises XdsConfigError naming the field."""
     given = {s.name: s for s in export.subsets}
@@ -303,7 +249,8 @@ def resolve_subsets(export: Any, where: str) -> tuple[Subset, ...]:
             known = ", ".join(sorted(subsets)) or "none: set subset_key or subsets"
             raise _fail(where, f"{field}: unknown subset {name!r} (subsets: {known})")
         subsets[name] = Subset(name)
-    out = tuple(sorted((s if s.selector else Subset(s.name, ((key, s.name),)) for s in subsets.values()),
+    # a subset without a selector is named by a value of subset_key (without one, the checks above raised)
+    out = tuple(sorted((s if s.selector or key is None else Subset(s.name, ((key, s.name),)) for s in subsets.values()),
                        key=lambda s: s.name))
     by_selector: dict[tuple[tuple[str, str], ...], str] = {}
     for s in out:
@@ -315,12 +262,12 @@ def resolve_subsets(export: Any, where: str) -> tuple[Subset, ...]:
     return out
 
 
-def subset_backends(subset: Subset, backends: Iterable[Any]) -> list[Any]:
+def subset_backends(subset: Subset, backends: Iterable[Backend]) -> list[Backend]:
     """The backends ``subset`` selects."""
     return [b for b in backends if subset.selects(b.metadata)]
 
 
-def destination(export: Any, to: Split | None, empty: frozenset[str], own: int | None = None) -> list[tuple[str, int]]:
+def destination(export: Export, to: Split | None, empty: frozenset[str], own: int | None = None) -> list[tuple[str, int]]:
     """The (cluster, weight) pairs a route sends to: ``to`` (None: the export's split, else its whole cluster),
     less the subsets in ``empty`` and the weights 0; nothing left: the export's whole cluster. ``own``: the
     index of a route with its own ``max_requests``, whose calls go to its own clusters (``route_cluster``)."""
@@ -345,7 +292,7 @@ def owns_clusters(route: Route) -> bool:
     return route.max_requests is not None or bool(route.to and route.to.limits)
 
 
-def route_clusters(export: Any) -> dict[str, tuple[str, int | None]]:
+def route_clusters(export: Export) -> dict[str, tuple[str, int | None]]:
     """The clusters of the routes that own clusters (``owns_clusters``): name -> (the cluster whose endpoints it
     shares, its limit). Every cluster such a route may send to has one: each subset of its split, with the
     target's own ``max_requests`` or else the route's or else the export's, and the export's whole cluster
@@ -365,18 +312,18 @@ def route_clusters(export: Any) -> dict[str, tuple[str, int | None]]:
     return out
 
 
-def subset_limit(export: Any, subset: str) -> int | None:
+def subset_limit(export: Export, subset: str) -> int | None:
     """The ``max_requests`` of a subset's own cluster: its target's in the export's ``split``, else the
     export's (shared by every route sending there without clusters of its own)."""
     own = export.split.limit(subset) if export.split is not None else None
     return own if own is not None else export.max_requests
 
 
-def fault_filters_needed(export: Any) -> bool:
+def fault_filters_needed(export: Export) -> bool:
     return export.fault is not None or any(r.fault is not None for r in export.routes)
 
 
-def empty_subsets(export: Any, counts: Mapping[str, int]) -> frozenset[str]:
+def empty_subsets(export: Export, counts: Mapping[str, int]) -> frozenset[str]:
     """The subsets whose assignment has no endpoint that takes calls (``counts``: subset -> such endpoints)."""
     return frozenset(s.name for s in export.subsets if not counts.get(s.name))
 
