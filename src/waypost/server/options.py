@@ -16,8 +16,8 @@ from ..errors import check_keywords
 from .flavours import check_shutdown_args
 
 if TYPE_CHECKING:
-    from ..discovery.registration_contract import Registration
     from ..discovery.store import Registry
+    from ..registration.contract import Registration
 
 #: how long a stopping server keeps serving after deregistering: a watch event reaches clients in
 #: milliseconds on a healthy etcd; one second also covers a loaded client
