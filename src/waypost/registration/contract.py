@@ -85,27 +85,27 @@ class RegistrationFaces(abc.ABC):
 
     @abc.abstractmethod
     async def _start(self) -> None:
-        raise NotImplementedError
+        """Start: register within the timeout."""
 
     @abc.abstractmethod
     async def _pause(self) -> None:
-        raise NotImplementedError
+        """Pause: remove the registration (traffic drains)."""
 
     @abc.abstractmethod
     async def _resume(self) -> None:
-        raise NotImplementedError
+        """Resume: register again."""
 
     @abc.abstractmethod
     async def _stop(self) -> None:
-        raise NotImplementedError
+        """Stop for good: remove the registration, free what it holds."""
 
     @abc.abstractmethod
     async def _update_metadata(self, metadata: Any) -> None:
-        raise NotImplementedError
+        """Register ``metadata`` (checked) in place of the current metadata."""
 
     @abc.abstractmethod
     def _checked_metadata(self, metadata: Mapping[str, Any] | None) -> Any:
-        raise NotImplementedError
+        """``metadata`` as it will be registered; TypeError/ValueError naming what is wrong."""
 
     def check_metadata(self, metadata: Mapping[str, Any] | None) -> None:
         """Raise TypeError/ValueError, naming what is wrong, if this registration cannot carry ``metadata``
@@ -117,7 +117,7 @@ class RegistrationFaces(abc.ABC):
     @property
     @abc.abstractmethod
     def key(self) -> str | None:
-        raise NotImplementedError
+        """The registration's name in the registry now (None while not registered)."""
 
     @property
     def registered(self) -> bool:

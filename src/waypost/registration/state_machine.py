@@ -97,11 +97,9 @@ class PublisherBase(RegistrationFaces):
 
     # -- hooks -------------------------------------------------------------------------------------
 
+    @abc.abstractmethod
     async def _register(self) -> None:
-        """One registration attempt; leaves nothing behind when it fails. The default ``_attempt`` bounds it; a
-        publisher whose attempt needs the bound itself (opening a session first) overrides ``_attempt``
-        instead, so this is the one hook that is not abstract."""
-        raise NotImplementedError(f"{type(self).__name__} overrides neither _register nor _attempt")
+        """One registration attempt; leaves nothing behind when it fails (``_attempt`` bounds it)."""
 
     async def _attempt(self, left: float) -> None:
         """One attempt, bounded by ``left`` seconds."""
@@ -111,7 +109,6 @@ class PublisherBase(RegistrationFaces):
     async def _withdraw(self) -> None:
         """Stop keeping the registration alive and remove it (bounded: a registry that does not answer
         lets it expire)."""
-        raise NotImplementedError
 
     async def _close(self) -> None:
         """Free what the publisher holds open (at stop, after ``_withdraw``)."""
@@ -127,7 +124,6 @@ class PublisherBase(RegistrationFaces):
     @abc.abstractmethod
     def _where(self) -> str:
         """The registry, for messages (no secrets)."""
-        raise NotImplementedError
 
     def _retryable(self, e: Exception) -> bool:
         """Whether a failed start-up attempt is worth another (the registry not reachable yet)."""

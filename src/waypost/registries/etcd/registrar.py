@@ -53,14 +53,12 @@ from ...kind_table import kind_of
 from ...kinds import Instance, InstanceGone, Registrar
 from ...kinds.registration import KindRegistration
 from ...registration.outage import OnUnregistered
+from ...registration.state_machine import REVOKE_TIMEOUT  # a lease left behind expires by its TTL after it
 from .overrides import RegistryOverrides
 
 __all__ = ["EtcdRegistrar", "Publisher", "check_key"]
 
 log = logging.getLogger("waypost.discovery")
-
-#: bound on revoking a lease left behind (after it, the lease expires by its TTL)
-REVOKE_TIMEOUT = 2.0
 
 
 def check_key(key: object) -> str:
