@@ -2,7 +2,7 @@
 
 ``serve(registry="SCHEME://...")`` gets a ``KindRegistration`` for such a kind. Registries without leases (a TTL
 check passed from outside, an instance evicted unless its heartbeats come) keep an instance while its owner renews
-it; from the registrar's four calls this does what such a registration does, on top of ``PublisherBase``:
+it; from the registrar's four calls this does what such a registration does, written once:
 
 - the arguments checked in the same words for every kind (``ttl``, ``timeout``, a ``host:port`` address, ``id``);
   the instance id is ``id``, else one made from the key and the address (the kind's ``id_format``): stable across
@@ -11,45 +11,95 @@ it; from the registrar's four calls this does what such a registration does, on 
   is up); then kept: the heartbeat, the registrar's ``guard`` when it has one, the override follower;
 - the heartbeat: a renewal every ``ttl/3`` s; a failed one is retried about every ``retry_interval`` s and the
   registration counts as lost only when none has worked for ``ttl`` s (the registry drops it then), or at once on
-  ``InstanceGone``; lost: registered again (``PublisherBase._recover_later``), forever;
+  ``InstanceGone``; lost: registered again (``_recover_later``), forever;
 - pause / resume / stop idempotent; ``update_metadata`` written through ``register``; a bounded ``deregister`` at
   pause and stop (a registry that does not answer drops the instance after ttl s); ``stop`` closes the registrar.
 
 When the kind's override store can ``watch`` a record, the registration follows its own (``waypost drain``): while
 one is there, the instance is registered with the override's ``weight`` (read before each registration too, so an
 instance started under a drain is registered drained).
+
+Registering at start or resume: retried with backoff (``FIRST_RETRY`` s doubling to ``MAX_RETRY`` s, jittered)
+until ``timeout`` runs out, so a registry that starts a little after this server (docker compose and Kubernetes
+start them together) is waited for. A refusal (``PermissionDenied``) or an answer that another attempt would get
+again (``RegistryError``) raises at once; when the time is up, ``RegistryUnavailable`` names the last cause. A
+resume that fails goes on in the background (``_recover_later``). The public face (blocking methods, ``a*`` twins,
+context managers) is ``RegistrationFaces``' (``waypost.registration.contract``).
 """
 
 from __future__ import annotations
 
 import asyncio
 import logging
+import math
 import random
 import time
 from collections.abc import Callable, Coroutine, Mapping
 from types import MappingProxyType
 from typing import Any
 
-from ..backoff import cool_down
+from .. import metrics
+from ..backoff import Backoff, cool_down
 from ..discovery.override import apply_override, override_key, parse_override
 from ..errors import PermissionDenied, RegistryError, RegistryUnavailable, describe_value
 from ..etcd import deadline as caller_deadline
 from ..kind_table import RegistryKind, part
 from ..netutil import AddressError, check_dialable, parse_host_port
 from ..redaction import redact_url
-from ..registration.outage import OnUnregistered, Outage
-from ..registration.state_machine import REVOKE_TIMEOUT, PublisherBase
+from ..registration.contract import RegistrationFaces
+from ..registration.outage import OnUnregistered, Outage, track, untrack
 from . import Instance, InstanceGone, Registrar
 
-__all__ = ["KindRegistration"]
+__all__ = ["REVOKE_TIMEOUT", "KindRegistration", "check_json", "spawn"]
 
 log = logging.getLogger("waypost.discovery")
 
 #: an attempt's etcd calls end this long before the attempt's own timer, so that their error says why
 CAUSE_MARGIN = 0.5
 
+#: bound on a deregistration at pause/stop (after it, the TTL / session expiry cleans up)
+REVOKE_TIMEOUT = 2.0
+#: start-up retries: the first pause, doubling up to the last, +-5% (``_register_within_timeout``)
+FIRST_RETRY = 0.25
+MAX_RETRY = 2.0
+#: no new attempt with less time left than this after the pause; and at most this many attempts
+MIN_START_ATTEMPT = 0.2
+#: the pauses between registering attempts (go-zero's +-5% jitter)
+START_BACKOFF = Backoff(first=FIRST_RETRY, cap=MAX_RETRY, jitter=0.05)
+MAX_START_ATTEMPTS = 1000
 
-class KindRegistration(PublisherBase):
+
+def check_json(value: Any, where: str, depth: int = 0) -> None:
+    """TypeError/ValueError naming the field of ``value`` (at ``where``) that JSON cannot carry."""
+    if value is None or isinstance(value, (str, bool, int)):
+        return
+    if isinstance(value, float):
+        if not math.isfinite(value):
+            raise ValueError(f"{where} is {value!r}, which JSON cannot carry (use a finite number or a string)")
+        return
+    if depth > 32:
+        raise ValueError(f"{where}: metadata nested more than 32 levels deep")
+    if isinstance(value, Mapping):
+        for k, v in value.items():
+            if not isinstance(k, str):
+                raise TypeError(f"{where}: key {describe_value(k)} is not a string (JSON object keys are strings)")
+            check_json(v, f"{where}[{k!r}]", depth + 1)
+        return
+    if isinstance(value, (list, tuple)):
+        for i, v in enumerate(value):
+            check_json(v, f"{where}[{i}]", depth + 1)
+        return
+    raise TypeError(f"{where} is of type {type(value).__name__}, which is not JSON-serialisable "
+                    "(use str, int, float, bool, None, lists and dicts)")
+
+
+def spawn(coro: Coroutine[Any, Any, None], name: str | None = None) -> asyncio.Task[None]:
+    """A task on the running loop that does not inherit a caller's etcd deadline (``etcd.deadline``): a
+    publisher's guard, retries and revokes outlive the call that started them."""
+    return caller_deadline.detached().run(asyncio.get_running_loop().create_task, coro, name=name)
+
+
+class KindRegistration(RegistrationFaces):
     """``address`` registered as an instance of ``key`` in ``registry`` (a URL of ``kind``, or the settings its
     ``parse_url`` makes) through the kind's ``Registrar``, renewed every ``ttl/3`` s (see the module docstring).
     The arguments are ``waypost.Publisher``'s; ``format`` and ``exclusive`` reach a registrar that takes them
@@ -57,6 +107,9 @@ class KindRegistration(PublisherBase):
     ``retry_interval``, ``rng`` and ``clock`` are for tests."""
 
     client: Registrar
+    _retry_task: asyncio.Task[None] | None = None
+    _writing: asyncio.Lock | None = None
+    _extra_wait = REVOKE_TIMEOUT + 10
 
     def __init__(self, kind: RegistryKind, registry: Any, key: str, address: str, ttl: int = 10,
                  id: int | str | None = None, metadata: Mapping[str, Any] | None = None, format: object = None, *,
@@ -135,7 +188,7 @@ class KindRegistration(PublisherBase):
     def registry(self) -> Any:
         return self.config
 
-    # -- PublisherBase's hooks -----------------------------------------------------------------------
+    # -- one attempt, its tear-down, and the checks ------------------------------------------------------
 
     def _check_carried(self, metadata: dict[str, Any] | None) -> None:
         if "client" not in self.__dict__:  # the first check, in __init__, makes the registrar that answers it
@@ -171,7 +224,7 @@ class KindRegistration(PublisherBase):
             began = loop.time()
             if self._follows_overrides() and "override" not in self._keepers:
                 await self._read_override(left)
-            await super()._attempt(left - (loop.time() - began))
+            await asyncio.wait_for(self._register(), left - (loop.time() - began))
 
     async def _register(self) -> None:
         """Write the registration, then keep it alive."""
@@ -231,6 +284,166 @@ class KindRegistration(PublisherBase):
             raise RegistryUnavailable(f"could not update the metadata of {self.instance_id!r} in {self._where()} "
                                       f"within {self.timeout:g}s: {self._why(e)}") from e
         self._last_ok = self._clock()
+
+    async def _abandon(self) -> None:
+        """Undo a start that failed."""
+        await self._close()
+
+    def _retryable(self, e: Exception) -> bool:
+        """Whether a failed start-up attempt is worth another (the registry not reachable yet)."""
+        return isinstance(e, (RegistryUnavailable, asyncio.TimeoutError, OSError))
+
+    def _why(self, e: BaseException) -> str:
+        if isinstance(e, asyncio.TimeoutError):
+            return "timed out"
+        return str(e) or type(e).__name__
+
+    def _checked_metadata(self, metadata: Mapping[str, Any] | None) -> dict[str, Any] | None:
+        """``metadata`` as it will be registered (a mapping of JSON values, and what the registry carries);
+        raises TypeError/ValueError naming what is wrong."""
+        if metadata is not None and not isinstance(metadata, Mapping):
+            raise TypeError(f"metadata must be a mapping of str keys to JSON values (e.g. {{'weight': 20}}), "
+                            f"got {describe_value(metadata)}")
+        md = dict(metadata) if metadata else None
+        if md:
+            check_json(md, "metadata")
+        self._check_carried(md)
+        return md
+
+    # -- the transitions, on the control loop --------------------------------------------------------
+
+    def _write_lock(self) -> asyncio.Lock:
+        """One rewrite of the registration at a time (made on the control loop)."""
+        if self._writing is None:
+            self._writing = asyncio.Lock()
+        return self._writing
+
+    async def _start(self) -> None:
+        if self._state in ("running", "paused"):
+            return
+        self._state = "running"
+        try:
+            await self._register_within_timeout()
+        except BaseException:
+            self._state = "new"
+            await self._abandon()
+            raise
+        track(self)
+
+    async def _pause(self) -> None:
+        if self._state != "running":
+            return
+        self._state = "paused"
+        log.info("%r: paused, removing the registration", self)
+        await self._withdraw()
+
+    async def _resume(self) -> None:
+        if self._state != "paused":
+            return
+        self._state = "running"
+        try:
+            await self._register_within_timeout()
+        except (RegistryUnavailable, PermissionDenied) as e:
+            self._recover_later(e)  # running: unregistered against our will from now on, until it works
+            raise
+
+    async def _stop(self) -> None:
+        if self._state == "stopped":
+            return
+        was = self._state
+        self._state = "stopped"
+        untrack(self)
+        try:
+            if was != "new":
+                await self._withdraw()
+        finally:
+            await self._close()
+
+    # -- registering within the timeout -------------------------------------------------------------
+
+    async def _register_within_timeout(self) -> None:
+        """Register, retrying with backoff until ``timeout`` runs out (see the module docstring)."""
+        loop = asyncio.get_running_loop()
+        deadline = loop.time() + self.timeout
+        attempts = 0
+        cause: BaseException | None = None  # the last failure that said why
+        last: BaseException | None = None
+        while attempts < MAX_START_ATTEMPTS:
+            attempts += 1
+            try:
+                await self._attempt(deadline - loop.time())
+                if attempts > 1:
+                    log.info("%r: registered at attempt %d", self, attempts)
+                return
+            except PermissionDenied:
+                raise  # a refusal, not an outage: say so as it is
+            except Exception as e:
+                if not self._retryable(e):
+                    if isinstance(e, RegistryError):  # the registry answered: another attempt gets the same answer
+                        raise self._not_registered(e, e, attempts) from e
+                    raise
+                last = e
+                if not isinstance(e, asyncio.TimeoutError):
+                    cause = e
+            pause = START_BACKOFF.delay(attempts, self._rng)
+            if deadline - loop.time() <= pause + MIN_START_ATTEMPT:
+                break
+            log.debug("%r: registering failed (%s); again in %.2fs", self, last, pause)
+            await asyncio.sleep(pause)
+        assert last is not None
+        raise self._not_registered(last, cause, attempts) from last
+
+    def _not_registered(self, last: BaseException, cause: BaseException | None, attempts: int) -> RegistryUnavailable:
+        why = self._why(last)
+        if isinstance(last, asyncio.TimeoutError) and cause is not None:
+            why += f" (before that: {self._why(cause)})"
+        tries = f" ({attempts} attempts)" if attempts > 1 else ""
+        return RegistryUnavailable(f"could not register {self.base_key!r}={self.value!r} in {self._where()} "
+                                   f"within {self.timeout:g}s{tries}: {why}")
+
+    # -- registering again after a loss ---------------------------------------------------------------
+
+    def _recover_later(self, reason: BaseException | None) -> None:
+        """Start registering again (once at a time) after the registration was lost."""
+        if self._state != "running":
+            return
+        if self._retry_task is not None and not self._retry_task.done():
+            return
+        self._retry_task = spawn(self._recover(reason), name=f"waypost-pub-retry {self.base_key}")
+
+    async def _recover(self, reason: BaseException | None) -> None:
+        self._forget(reason)
+        if self._state == "running":
+            self.outage.begin()
+        if await self._register_until_done():
+            obs = metrics.current
+            if obs is not None:
+                obs.lease_reregistered(self.base_key)
+
+    async def _register_until_done(self) -> bool:
+        """Register every ~``retry_interval`` s (+-5%) while running, until it works (True) or the publisher
+        is paused or stopped (False); a failure is logged once when the state changes, not on every retry."""
+        failing = False
+        while self._state == "running":
+            try:
+                await self._attempt(self.timeout)
+            except asyncio.CancelledError:
+                if self._state != "running":
+                    return False
+                raise
+            except Exception as e:  # noqa: BLE001 (the control plane must not die)
+                if not failing:
+                    failing = True
+                    log.warning("%r: registering failed, retrying every ~%gs until it works: %s", self,
+                                self.retry_interval, self._why(e))
+                else:
+                    log.debug("%r: registering failed again: %s", self, self._why(e))
+                await asyncio.sleep(cool_down(self._rng, self.retry_interval))
+                continue
+            if failing:
+                log.warning("%r: registered again after failures", self)
+            return True
+        return False
 
     # -- what runs while registered ------------------------------------------------------------------
 

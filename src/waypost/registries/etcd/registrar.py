@@ -51,9 +51,11 @@ from ...errors import (
 from ...etcd import deadline as caller_deadline
 from ...kind_table import kind_of
 from ...kinds import Instance, InstanceGone, Registrar
-from ...kinds.registration import KindRegistration
+from ...kinds.registration import (
+    REVOKE_TIMEOUT,  # a lease left behind expires by its TTL after it
+    KindRegistration,
+)
 from ...registration.outage import OnUnregistered
-from ...registration.state_machine import REVOKE_TIMEOUT  # a lease left behind expires by its TTL after it
 from .overrides import RegistryOverrides
 
 __all__ = ["EtcdRegistrar", "Publisher", "check_key"]
