@@ -104,6 +104,16 @@ def consul_binary(timeout: float | None = None) -> Path:
 
 # ------------------------------------------------------------------------------------------------- the agent
 
+def _distinct_ports(n: int) -> list[int]:
+    """``n`` free loopback ports, no two alike."""
+    ports: list[int] = []
+    while len(ports) < n:
+        port = free_port()
+        if port not in ports:
+            ports.append(port)
+    return ports
+
+
 class ConsulAgent:
     """``consul agent -dev`` on 127.0.0.1, free ports, a temporary data dir. Use as a context manager too.
 
@@ -118,13 +128,16 @@ class ConsulAgent:
                  ready_timeout: float = 30.0, acl_token: str | None = None,
                  tls_files: tuple[str, str, str] | None = None, dns: bool = False, persistent: bool = False) -> None:
         self.acl_token = acl_token
+        # six ports drawn one after another may repeat (a port freed is free again): the agent refuses two roles on
+        # one port, so draw until they differ
+        ports = _distinct_ports(6)
         #: a server agent keeping its data dir across restarts (not -dev)
         self.persistent = persistent
         #: Consul's DNS interface on this loopback port (UDP and TCP), with ``dns``; -1: off
-        self.dns_port = free_port() if dns else -1
+        self.dns_port = ports[0] if dns else -1
         #: (CA, certificate, key): serve HTTPS too, on ``https_port``, requiring client certificates
         self.tls_files = tls_files
-        self.https_port = free_port() if tls_files else -1
+        self.https_port = ports[1] if tls_files else -1
         self._binary = Path(binary) if binary else None
         self._own_dir = base_dir is None
         self.dir = Path(base_dir) if base_dir else Path(tempfile.mkdtemp(prefix="waypost-consul-"))
@@ -132,10 +145,7 @@ class ConsulAgent:
         self.datacenter = datacenter
         self.node = node
         self.ready_timeout = ready_timeout
-        self.http_port = free_port()
-        self.server_port = free_port()
-        self.serf_lan_port = free_port()
-        self.serf_wan_port = free_port()
+        self.http_port, self.server_port, self.serf_lan_port, self.serf_wan_port = ports[2:]
         self.proc: subprocess.Popen[bytes] | None = None
         self.log_path = self.dir / "consul.log"
         self.startup_seconds: float | None = None  # of the last start(), until a leader was elected

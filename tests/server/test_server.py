@@ -315,6 +315,18 @@ def test_secure_port_with_credentials(unique_key):
         h.stop()
 
 
+# Says "ADDRESS ..." once wait() has taken SIGTERM (before that, a signal would end the child by default).
+READY_WHEN_HANDLED = textwrap.dedent("""
+    import signal, threading, time
+
+    def ready_when_handled(address):
+        def watch():
+            while signal.getsignal(signal.SIGTERM) in (signal.SIG_DFL, None):
+                time.sleep(0.01)
+            print("ADDRESS", address, flush=True)
+        threading.Thread(target=watch, daemon=True).start()
+""")
+
 # A server (sync or aio) whose every call runs until the server cancels it, stopped by signals.
 STUCK_CHILD = {
     "sync": textwrap.dedent("""
@@ -332,7 +344,7 @@ STUCK_CHILD = {
         server = grpc.server(futures.ThreadPoolExecutor(4))
         echo_pb2_grpc.add_EchoServicer_to_server(Stuck(), server)
         handle = waypost.serve(server, sys.argv[2], listen_on="127.0.0.1:0", registry=sys.argv[1], grace=120)
-        print("ADDRESS", handle.address, flush=True)
+        ready_when_handled(handle.address)
         handle.wait()
         print("EXITED", flush=True)
     """),
@@ -351,7 +363,7 @@ STUCK_CHILD = {
             echo_pb2_grpc.add_EchoServicer_to_server(Stuck(), server)
             handle = await waypost.serve_async(server, sys.argv[2], listen_on="127.0.0.1:0", registry=sys.argv[1],
                                                grace=120)
-            print("ADDRESS", handle.address, flush=True)
+            ready_when_handled(handle.address)
             await handle.wait()
             print("EXITED", flush=True)
 
@@ -363,7 +375,7 @@ STUCK_CHILD = {
 @pytest.mark.parametrize("kind", ["sync", "aio"])
 def test_second_signal_cancels_what_still_runs(kind, shared_etcd, unique_key, tmp_path):
     script = tmp_path / "child.py"
-    script.write_text(STUCK_CHILD[kind])
+    script.write_text(READY_WHEN_HANDLED + STUCK_CHILD[kind])
     env = dict(os.environ, PYTHONPATH=str(ROOT))
     proc = subprocess.Popen([sys.executable, str(script), shared_etcd.url(), unique_key],
                             stdout=subprocess.PIPE, text=True, env=env, cwd=ROOT)
